@@ -1,0 +1,31 @@
+"""memfit: fine-tune LLMs on the GPU you have.
+
+Plan the peak GPU memory of a fine-tuning run before it starts (``memfit.plan``), merge adapters
+shard by shard (``memfit.merge``). Heavy dependencies (torch, transformers, peft) are imported only
+when a function that needs them is called, so ``import memfit`` is cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+__all__ = ["plan", "merge", "__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from memfit.plan.report import MemoryPlan
+
+
+def plan(model: str, **knobs: Any) -> "MemoryPlan":
+    """Plan the peak GPU memory of one training step. See :func:`memfit.plan.api.plan`."""
+    from memfit.plan.api import plan as _plan
+
+    return _plan(model, **knobs)
+
+
+def merge(base: str, adapter: str, out: str, **options: Any):
+    """Merge a LoRA adapter into its base checkpoint shard by shard. See :func:`memfit.merge.merge`."""
+    from memfit.merge import merge as _merge
+
+    return _merge(base, adapter, out, **options)
