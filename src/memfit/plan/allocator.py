@@ -1,0 +1,320 @@
+"""A model of PyTorch's CUDA caching allocator.
+
+The planner records every storage allocation and free of a training step (run
+under FakeTensorMode, so no GPU is touched) and replays that sequence here to
+learn what the real allocator would *reserve* from the device, which is what
+decides an out-of-memory error.
+
+The rules follow ``c10/cuda/CUDACachingAllocator.cpp`` (torch 2.4 to 2.13)
+with the default configuration: no ``expandable_segments``, no
+``max_split_size_mb``, no ``garbage_collection_threshold``,
+``roundup_power2_divisions`` off, one device, one stream.
+
+* ``round_size``: a request of ``n`` bytes becomes a block of ``n`` rounded up
+  to a multiple of 512 bytes (``kMinBlockSize``), at least 512. Zero-byte
+  requests never reach the allocator (``allocate(0)`` returns a null pointer).
+* ``get_pool``: rounded sizes up to 1 MiB (``kSmallSize``) use the small pool,
+  the rest the large pool. Free blocks of one pool never serve the other.
+* ``get_free_block``: best fit. Free blocks are kept ordered by
+  ``(stream, size, address)`` and the allocator takes the first one whose size
+  is at least the request, i.e. the smallest fitting block, lowest address on
+  ties.
+* ``get_allocation_size``: when nothing fits, a new segment is requested from
+  ``cudaMalloc``: 2 MiB (``kSmallBuffer``) for the small pool, 20 MiB
+  (``kLargeBuffer``) for large requests below 10 MiB (``kMinLargeAlloc``),
+  otherwise the request rounded up to a multiple of 2 MiB (``kRoundLarge``).
+* ``should_split``: the block found (or the new segment) is split when the
+  remainder is at least 512 bytes (small pool) or more than 1 MiB (large
+  pool); otherwise the whole block is handed out and counts as allocated.
+* ``free_block``: a freed block merges with free neighbours of the same
+  segment and goes back to its pool. The segment stays reserved (cached).
+* ``release_cached_blocks`` (``torch.cuda.empty_cache()`` and the OOM path):
+  every free block that is a whole segment (never split, or merged back) is
+  returned with ``cudaFree``; split segments stay.
+* ``malloc`` with a device limit: if ``cudaMalloc`` fails, the allocator frees
+  all whole cached segments and tries ``cudaMalloc`` once more (it does not
+  search the pools again); if that fails too it raises
+  ``torch.OutOfMemoryError``.
+
+``memory_allocated`` counts rounded block sizes (including the slack of an
+unsplit block); ``memory_reserved`` counts segment sizes.
+
+Not modelled: expandable segments, ``max_split_size_mb`` and the
+``release_available_cached_blocks`` path it enables, garbage collection,
+``roundup_power2_divisions``, several streams (``record_stream`` events),
+CUDA graph private pools, the CUDA context and memory outside the allocator,
+and the addresses ``cudaMalloc`` really returns: new segments get increasing
+addresses here, which only matters for the tie break between free blocks of
+equal size.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, insort
+from dataclasses import dataclass
+from typing import Iterable
+
+K_MIN_BLOCK_SIZE = 512  # every block is a multiple of this
+K_SMALL_SIZE = 1 << 20  # largest request served by the small pool (1 MiB)
+K_SMALL_BUFFER = 2 << 20  # segment size of the small pool (2 MiB)
+K_MIN_LARGE_ALLOC = 10 << 20  # large requests below this share a 20 MiB segment
+K_LARGE_BUFFER = 20 << 20  # segment size for large requests below 10 MiB
+K_ROUND_LARGE = 2 << 20  # bigger requests get their own segment, 2 MiB granular
+
+# Space left between consecutive model segments so that blocks of different
+# segments are never address-adjacent and can never be merged.
+_SEGMENT_GAP = K_MIN_BLOCK_SIZE
+
+ALLOC = "alloc"
+FREE = "free"
+EMPTY_CACHE = "empty_cache"
+
+Event = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class AllocatorResult:
+    """What the allocator model saw over a replayed event sequence.
+
+    Peaks are taken after every event. ``allocated_at_peak_reserved_bytes`` is
+    the allocated figure right after the event that first reached the reserved
+    peak: the gap between the two is the fragmentation at the worst moment.
+    When ``oom`` is true the replay stopped at event ``oom_event_index`` (the
+    allocation that could not be served) and every figure describes the state
+    just before it, as a real run would have raised there.
+    """
+
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    allocated_at_peak_reserved_bytes: int
+    final_allocated_bytes: int
+    final_reserved_bytes: int
+    num_segments: int
+    num_allocs: int
+    oom: bool
+    reserved_trace: tuple[int, ...] | None
+    allocated_trace: tuple[int, ...] | None
+    peak_requested_bytes: int = 0
+    final_requested_bytes: int = 0
+    oom_event_index: int | None = None
+
+
+def round_size(nbytes: int) -> int:
+    """Block size for a request of ``nbytes`` (``round_size`` in torch)."""
+    if nbytes < K_MIN_BLOCK_SIZE:
+        return K_MIN_BLOCK_SIZE
+    return -(-nbytes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+
+
+def allocation_size(block_bytes: int) -> int:
+    """Segment size ``cudaMalloc``'d for a rounded request (``get_allocation_size``)."""
+    if block_bytes <= K_SMALL_SIZE:
+        return K_SMALL_BUFFER
+    if block_bytes < K_MIN_LARGE_ALLOC:
+        return K_LARGE_BUFFER
+    return -(-block_bytes // K_ROUND_LARGE) * K_ROUND_LARGE
+
+
+def should_split(block_bytes: int, request_bytes: int, small_pool: bool) -> bool:
+    """Whether a free block is split to serve a rounded request (``should_split``)."""
+    remaining = block_bytes - request_bytes
+    if small_pool:
+        return remaining >= K_MIN_BLOCK_SIZE
+    return remaining > K_SMALL_SIZE
+
+
+def simulate(
+    events: Iterable[Event],
+    *,
+    capacity_bytes: int | None = None,
+    record_trace: bool = False,
+) -> AllocatorResult:
+    """Replay allocation events through the caching-allocator model.
+
+    Args:
+        events: ``("alloc", key, nbytes)``, ``("free", key, 0)`` or
+            ``("empty_cache", 0, 0)``. ``key`` names a live block; it may be
+            reused once freed. ``nbytes`` is the unrounded request.
+        capacity_bytes: what ``cudaMalloc`` may hand out in total (device
+            memory minus the CUDA context and anything else outside the
+            allocator). When a new segment would exceed it, whole cached
+            segments are released and the segment is tried again; if it still
+            does not fit, the replay stops with ``oom=True``. ``None``: no limit.
+        record_trace: keep reserved and allocated bytes after every event.
+
+    Raises:
+        ValueError: on an unknown event kind, a negative size, an alloc of a
+            key that is live, a free of a key that is not, or a capacity that
+            is not positive.
+    """
+    if capacity_bytes is not None and capacity_bytes <= 0:
+        raise ValueError(
+            f"capacity_bytes must be a positive number of bytes or None, got {capacity_bytes!r}"
+        )
+
+    # Free blocks of each pool, as a sorted list of (size, addr): best fit is
+    # one bisect, and (size, addr) is the order torch's std::set keeps.
+    small_free: list[tuple[int, int]] = []
+    large_free: list[tuple[int, int]] = []
+    block_size: dict[int, int] = {}  # addr -> size, every block (free or in use)
+    block_at_end: dict[int, int] = {}  # addr + size -> addr, to find the left neighbour
+    free_pool: dict[int, list[tuple[int, int]]] = {}  # free block addr -> its pool list
+    segments: dict[int, int] = {}  # segment start addr -> segment size
+    live: dict[int, tuple[int, int]] = {}  # key -> (addr, requested bytes); addr -1: 0 bytes
+
+    next_addr = 0
+    allocated = reserved = requested = 0
+    peak_allocated = peak_reserved = peak_requested = 0
+    allocated_at_peak_reserved = 0
+    num_allocs = 0
+    oom_index: int | None = None
+    reserved_trace: list[int] | None = [] if record_trace else None
+    allocated_trace: list[int] | None = [] if record_trace else None
+
+    def release_cached_segments() -> int:
+        """cudaFree every free block that is a whole segment; bytes released."""
+        released = 0
+        for pool in (large_free, small_free):
+            kept = []
+            for entry in pool:
+                size, addr = entry
+                if segments.get(addr) == size:
+                    del segments[addr]
+                    del block_size[addr]
+                    del block_at_end[addr + size]
+                    del free_pool[addr]
+                    released += size
+                else:
+                    kept.append(entry)
+            pool[:] = kept
+        return released
+
+    index = -1
+    for index, event in enumerate(events):
+        kind, key, nbytes = event
+        if kind == ALLOC:
+            if key in live:
+                raise ValueError(
+                    f"event {index}: alloc of key {key} which is still live; "
+                    "free it first or use a new key"
+                )
+            if nbytes < 0:
+                raise ValueError(f"event {index}: alloc of key {key} with negative size {nbytes}")
+            if nbytes == 0:
+                # torch hands out a null pointer without touching the allocator
+                live[key] = (-1, 0)
+            else:
+                size = nbytes if nbytes % K_MIN_BLOCK_SIZE == 0 else round_size(nbytes)
+                small = size <= K_SMALL_SIZE
+                pool = small_free if small else large_free
+                i = bisect_left(pool, (size, -1))
+                if i < len(pool):
+                    bsize, addr = pool.pop(i)
+                    del free_pool[addr]
+                else:
+                    seg_size = allocation_size(size)
+                    if capacity_bytes is not None and reserved + seg_size > capacity_bytes:
+                        # cudaMalloc failed: free whole cached segments, retry once
+                        reserved -= release_cached_segments()
+                        if reserved + seg_size > capacity_bytes:
+                            oom_index = index
+                            break
+                    addr = next_addr
+                    next_addr += seg_size + _SEGMENT_GAP
+                    segments[addr] = seg_size
+                    reserved += seg_size
+                    bsize = seg_size
+                    block_size[addr] = bsize
+                    block_at_end[addr + bsize] = addr
+                remaining = bsize - size
+                # should_split(), inlined: this loop is the planner's hot path
+                if (remaining >= K_MIN_BLOCK_SIZE) if small else (remaining > K_SMALL_SIZE):
+                    rest = addr + size
+                    block_size[addr] = size
+                    del block_at_end[addr + bsize]
+                    block_at_end[rest] = addr
+                    block_size[rest] = remaining
+                    block_at_end[rest + remaining] = rest
+                    insort(pool, (remaining, rest))
+                    free_pool[rest] = pool
+                    bsize = size
+                live[key] = (addr, nbytes)
+                allocated += bsize
+                requested += nbytes
+                num_allocs += 1
+                if allocated > peak_allocated:
+                    peak_allocated = allocated
+                if requested > peak_requested:
+                    peak_requested = requested
+        elif kind == FREE:
+            entry = live.pop(key, None)
+            if entry is None:
+                raise ValueError(
+                    f"event {index}: free of key {key} which is not live "
+                    "(never allocated, or freed already)"
+                )
+            addr, nbytes = entry
+            if addr >= 0:
+                size = block_size[addr]
+                allocated -= size
+                requested -= nbytes
+                # An in-use block's pool follows from its size alone: small-pool
+                # blocks in use are never above 1 MiB (their requests are at
+                # most 1 MiB and a remainder of 512 B or more is split off),
+                # large-pool blocks always are.
+                pool = small_free if size <= K_SMALL_SIZE else large_free
+                # merge with a free left neighbour (same segment: segments
+                # never touch)
+                left = block_at_end.get(addr)
+                if left is not None and left in free_pool:
+                    lsize = block_size[left]
+                    del pool[bisect_left(pool, (lsize, left))]
+                    del free_pool[left]
+                    del block_size[addr]
+                    del block_at_end[addr]
+                    addr = left
+                    size += lsize
+                    block_size[addr] = size
+                    block_at_end[addr + size] = addr
+                # merge with a free right neighbour
+                right = addr + size
+                if right in free_pool:
+                    rsize = block_size.pop(right)
+                    del pool[bisect_left(pool, (rsize, right))]
+                    del free_pool[right]
+                    del block_at_end[right]
+                    del block_at_end[right + rsize]
+                    size += rsize
+                    block_size[addr] = size
+                    block_at_end[addr + size] = addr
+                insort(pool, (size, addr))
+                free_pool[addr] = pool
+        elif kind == EMPTY_CACHE:
+            reserved -= release_cached_segments()
+        else:
+            raise ValueError(
+                f"event {index}: unknown event kind {kind!r}; "
+                f"expected {ALLOC!r}, {FREE!r} or {EMPTY_CACHE!r}"
+            )
+        if reserved > peak_reserved:
+            peak_reserved = reserved
+            allocated_at_peak_reserved = allocated
+        if reserved_trace is not None:
+            reserved_trace.append(reserved)
+            allocated_trace.append(allocated)  # type: ignore[union-attr]
+
+    return AllocatorResult(
+        peak_allocated_bytes=peak_allocated,
+        peak_reserved_bytes=peak_reserved,
+        allocated_at_peak_reserved_bytes=allocated_at_peak_reserved,
+        final_allocated_bytes=allocated,
+        final_reserved_bytes=reserved,
+        num_segments=len(segments),
+        num_allocs=num_allocs,
+        oom=oom_index is not None,
+        reserved_trace=tuple(reserved_trace) if reserved_trace is not None else None,
+        allocated_trace=tuple(allocated_trace) if allocated_trace is not None else None,
+        peak_requested_bytes=peak_requested,
+        final_requested_bytes=requested,
+        oom_event_index=oom_index,
+    )
