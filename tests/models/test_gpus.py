@@ -100,9 +100,13 @@ def test_unknown_gpu_without_close_match():
         get_gpu("quantum-toaster-9000")
 
 
-def test_ambiguous_a100_is_not_guessed():
-    with pytest.raises(UnknownGpuError, match="a100-40gb|a100-80gb"):
-        get_gpu("a100")
+@pytest.mark.parametrize("query, options", [("a100", ("a100-40gb", "a100-80gb")), ("V100", ("v100-16gb", "v100-32gb"))])
+def test_ambiguous_names_are_not_guessed_but_all_variants_suggested(query, options):
+    with pytest.raises(UnknownGpuError) as info:
+        get_gpu(query)
+    suggestion = str(info.value).split("Known GPUs")[0]
+    for option in options:
+        assert repr(option) in suggestion
 
 
 def test_normalize():

@@ -172,8 +172,11 @@ def get_gpu(name: str) -> Gpu:
     key = normalize_gpu_name(name) if isinstance(name, str) else ""
     if key in index:
         return gpus[index[key]]
-    close = difflib.get_close_matches(key, list(index), n=3, cutoff=0.5)
-    suggestions = list(dict.fromkeys(index[c] for c in close))
+    # cards whose name starts with the query first ("a100" -> both A100s),
+    # then spelling neighbours
+    prefixed = sorted(index[k] for k in index if key and k.startswith(key))
+    close = difflib.get_close_matches(key, list(index), n=5, cutoff=0.5)
+    suggestions = list(dict.fromkeys([*prefixed, *(index[c] for c in close)]))[:4]
     hint = f" Did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
     raise UnknownGpuError(
         f"unknown GPU {name!r}.{hint} Known GPUs: {', '.join(sorted(gpus))}."
