@@ -158,7 +158,7 @@ def simulate(
     large_free: list[tuple[int, int]] = []
     block_size: dict[int, int] = {}  # addr -> size, every block (free or in use)
     block_at_end: dict[int, int] = {}  # addr + size -> addr, to find the left neighbour
-    free_pool: dict[int, list[tuple[int, int]]] = {}  # free block addr -> its pool list
+    free_addrs: set[int] = set()  # addresses of the free blocks
     segments: dict[int, int] = {}  # segment start addr -> segment size
     live: dict[int, tuple[int, int]] = {}  # key -> (addr, requested bytes); addr -1: 0 bytes
 
@@ -182,14 +182,13 @@ def simulate(
                     del segments[addr]
                     del block_size[addr]
                     del block_at_end[addr + size]
-                    del free_pool[addr]
+                    free_addrs.remove(addr)
                     released += size
                 else:
                     kept.append(entry)
             pool[:] = kept
         return released
 
-    index = -1
     for index, event in enumerate(events):
         kind, key, nbytes = event
         if kind == ALLOC:
@@ -210,7 +209,7 @@ def simulate(
                 i = bisect_left(pool, (size, -1))
                 if i < len(pool):
                     bsize, addr = pool.pop(i)
-                    del free_pool[addr]
+                    free_addrs.remove(addr)
                 else:
                     seg_size = allocation_size(size)
                     if capacity_bytes is not None and reserved + seg_size > capacity_bytes:
@@ -236,7 +235,7 @@ def simulate(
                     block_size[rest] = remaining
                     block_at_end[rest + remaining] = rest
                     insort(pool, (remaining, rest))
-                    free_pool[rest] = pool
+                    free_addrs.add(rest)
                     bsize = size
                 live[key] = (addr, nbytes)
                 allocated += bsize
@@ -266,10 +265,10 @@ def simulate(
                 # merge with a free left neighbour (same segment: segments
                 # never touch)
                 left = block_at_end.get(addr)
-                if left is not None and left in free_pool:
+                if left is not None and left in free_addrs:
                     lsize = block_size[left]
                     del pool[bisect_left(pool, (lsize, left))]
-                    del free_pool[left]
+                    free_addrs.remove(left)
                     del block_size[addr]
                     del block_at_end[addr]
                     addr = left
@@ -278,17 +277,17 @@ def simulate(
                     block_at_end[addr + size] = addr
                 # merge with a free right neighbour
                 right = addr + size
-                if right in free_pool:
+                if right in free_addrs:
                     rsize = block_size.pop(right)
                     del pool[bisect_left(pool, (rsize, right))]
-                    del free_pool[right]
+                    free_addrs.remove(right)
                     del block_at_end[right]
                     del block_at_end[right + rsize]
                     size += rsize
                     block_size[addr] = size
                     block_at_end[addr + size] = addr
                 insort(pool, (size, addr))
-                free_pool[addr] = pool
+                free_addrs.add(addr)
         elif kind == EMPTY_CACHE:
             reserved -= release_cached_segments()
         else:
