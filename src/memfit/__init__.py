@@ -14,12 +14,12 @@ __version__ = "0.1.0"
 __all__ = ["plan", "merge", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from memfit.plan.report import MemoryPlan
+    from memfit.planner.report import MemoryPlan
 
 
 def plan(model: str, **knobs: Any) -> "MemoryPlan":
-    """Plan the peak GPU memory of one training step. See :func:`memfit.plan.api.plan`."""
-    from memfit.plan.api import plan as _plan
+    """Plan the peak GPU memory of one training step. See :func:`memfit.planner.api.plan`."""
+    from memfit.planner.api import plan as _plan
 
     return _plan(model, **knobs)
 

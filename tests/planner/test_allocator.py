@@ -1,7 +1,7 @@
 """Tests for the caching-allocator model.
 
 Hand-computed cases follow the rules of c10/cuda/CUDACachingAllocator.cpp
-(see the module docstring of memfit.plan.allocator); a slow, independent
+(see the module docstring of memfit.planner.allocator); a slow, independent
 reference model cross-checks random sequences; a GPU test replays a random
 sequence against the real allocator.
 """
@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from memfit.plan.allocator import (
+from memfit.planner.allocator import (
     K_LARGE_BUFFER,
     K_SMALL_BUFFER,
     AllocatorResult,

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from memfit.plan.allocator import simulate
-from memfit.plan.runtime import (
+from memfit.planner.allocator import simulate
+from memfit.planner.runtime import (
     CUBLAS_WORKSPACE_DEFAULT_BYTES,
     CUBLAS_WORKSPACE_LARGE_BYTES,
     DEFAULT_CUDA_CONTEXT_BYTES,

@@ -1,0 +1,249 @@
+"""Build a causal LM from its config on the ``meta`` device, and prepare it for a training method.
+
+Everything here runs without memory: the model is built on ``meta`` (shapes only), quantized
+layers are swapped in on ``meta``, and PEFT attaches adapters on ``meta``. The planner then
+materialises the result inside ``FakeTensorMode`` (:func:`materialize`), the trainer loads real
+weights into the same structure. The order is always the trainer's: quantize, attach adapters,
+enable checkpointing.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from memfit.spec import ALL_LINEAR, RunSpec
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+#: bitsandbytes NF4 settings memfit uses for QLoRA (the QLoRA paper's: NF4, double quantization,
+#: 64-element blocks, uint8 storage).
+NF4_BLOCKSIZE = 64
+
+
+class ModelBuildError(ValueError):
+    """transformers cannot build a causal LM from this config, or a knob does not fit the model."""
+
+
+def make_config(config_dict: dict[str, Any], num_layers: int | None = None):
+    """A transformers config from a config dict, optionally cut to ``num_layers`` decoder layers."""
+    from transformers import AutoConfig
+
+    data = copy.deepcopy(config_dict)
+    model_type = data.pop("model_type", None)
+    try:
+        config = AutoConfig.for_model(model_type, **data)
+    except (ValueError, KeyError, TypeError) as err:
+        raise ModelBuildError(
+            f"transformers cannot make a config for model_type {model_type!r}: {err}. "
+            "Check the model_type field, or upgrade transformers if the architecture is new."
+        ) from None
+    if num_layers is not None:
+        config.num_hidden_layers = num_layers
+        layer_types = getattr(config, "layer_types", None)
+        if layer_types:
+            config.layer_types = list(layer_types[:num_layers])
+    return config
+
+
+def layer_period(config) -> int:
+    """Smallest number of decoder layers after which the layer pattern repeats (1 if uniform).
+
+    Models such as Gemma-2 alternate sliding-window and global attention; a partial simulation must
+    contain whole periods for the extrapolation to hold. Returns 0 when there is no period.
+    """
+    layer_types = list(getattr(config, "layer_types", None) or [])
+    if not layer_types:
+        return 1
+    n = len(layer_types)
+    for period in range(1, n + 1):
+        if all(layer_types[i] == layer_types[i % period] for i in range(n)):
+            return period if period <= n // 3 or period == 1 else 0
+    return 0
+
+
+def build_meta_model(config, dtype: torch.dtype) -> nn.Module:
+    """The causal LM of ``config`` on the ``meta`` device, in ``dtype``, with SDPA attention."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    except ValueError as err:
+        if "sdpa" not in str(err).lower():
+            raise ModelBuildError(f"transformers cannot build a causal LM for {config.model_type!r}: {err}") from None
+        with torch.device("meta"):  # architectures without SDPA support use their eager attention
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The ModuleList of decoder blocks (the longest ModuleList in the model)."""
+    best = None
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and (best is None or len(module) > len(best)):
+            best = module
+    if best is None:
+        raise ModelBuildError(f"{type(model).__name__} has no list of decoder layers")
+    return best
+
+
+def linear_names_in_layers(model: nn.Module) -> list[str]:
+    """Short names of the linear layers inside the decoder blocks (``q_proj``, ``down_proj``, ...)."""
+    names = set()
+    for block in decoder_layers(model):
+        for name, module in block.named_modules():
+            if _is_linear(module) and name:
+                names.add(name.rsplit(".", 1)[-1])
+    return sorted(names)
+
+
+def _is_linear(module: nn.Module) -> bool:
+    if isinstance(module, nn.Linear):
+        return True
+    # GPT-2 style models use transformers' Conv1D (a linear layer with transposed weight).
+    return type(module).__name__ == "Conv1D"
+
+
+def check_targets(model: nn.Module, spec: RunSpec) -> None:
+    """Raise ModelBuildError when a ``--targets`` name matches no linear layer of the decoder."""
+    if not spec.uses_adapters or spec.targets == (ALL_LINEAR,):
+        return
+    available = linear_names_in_layers(model)
+    missing = [t for t in spec.targets if t not in available]
+    if missing:
+        raise ModelBuildError(
+            f"--targets: {', '.join(missing)} match no linear layer of this model's decoder. "
+            f"Available: {', '.join(available)} (or all-linear)."
+        )
+
+
+def quantize_linears_on_meta(model: nn.Module, compute_dtype: torch.dtype) -> int:
+    """Swap every linear layer of the decoder blocks for a bitsandbytes NF4 ``Linear4bit`` (on meta).
+
+    This is the set transformers quantizes for ``load_in_4bit`` (every linear except the output
+    head). Returns the number of layers swapped.
+    """
+    import bitsandbytes as bnb
+
+    swapped = 0
+    for block in decoder_layers(model):
+        for name, module in list(block.named_modules()):
+            if not isinstance(module, nn.Linear):
+                continue
+            parent_name, _, child = name.rpartition(".")
+            parent = block.get_submodule(parent_name) if parent_name else block
+            with torch.device("meta"):
+                q = bnb.nn.Linear4bit(
+                    module.in_features,
+                    module.out_features,
+                    bias=module.bias is not None,
+                    compute_dtype=compute_dtype,
+                    compress_statistics=True,
+                    quant_type="nf4",
+                    quant_storage=torch.uint8,
+                )
+            # Hold the packed shape already, so that materialising the model never allocates the
+            # dense weights of every layer at once (a real 4-bit load does not either).
+            q.weight.data = torch.empty(packed_nf4_shape(module.out_features, module.in_features), dtype=torch.uint8, device="meta")
+            q.weight.requires_grad_(False)
+            if q.bias is not None:
+                q.bias.requires_grad_(False)
+            setattr(parent, child, q)
+            swapped += 1
+    model.is_loaded_in_4bit = True  # PEFT reads this to pick its 4-bit LoRA layers
+    return swapped
+
+
+def packed_nf4_shape(out_features: int, in_features: int) -> tuple[int, int]:
+    """Shape of the uint8 tensor bitsandbytes packs an ``[out, in]`` weight into (two 4-bit values a byte)."""
+    return ((out_features * in_features + 1) // 2, 1)
+
+
+def attach_lora(model: nn.Module, spec: RunSpec) -> nn.Module:
+    """Wrap ``model`` with PEFT LoRA adapters as ``spec`` says (works on meta and on real models)."""
+    from peft import LoraConfig, get_peft_model
+
+    targets: str | list[str] = ALL_LINEAR if spec.targets == (ALL_LINEAR,) else list(spec.targets)
+    config = LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.lora_alpha,
+        lora_dropout=spec.dropout,
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def enable_checkpointing(model: nn.Module) -> None:
+    """Activation checkpointing on every decoder layer (non-reentrant, so frozen inputs are fine)."""
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # With use_cache=True, transformers turns checkpointing off with a warning; training never
+    # needs the KV cache.
+    if getattr(model, "config", None) is not None:
+        model.config.use_cache = False
+
+
+def prepare_for_method(model: nn.Module, spec: RunSpec) -> nn.Module:
+    """Quantize (qlora), freeze, attach adapters and enable checkpointing, in the trainer's order."""
+    check_targets(model, spec)
+    if spec.method == "qlora":
+        quantize_linears_on_meta(model, DTYPES[spec.precision])
+    if spec.uses_adapters:
+        model = attach_lora(model, spec)
+    else:
+        for p in model.parameters():
+            p.requires_grad_(True)
+    if spec.checkpointing != "off":
+        enable_checkpointing(model)
+    return model
+
+
+def materialize(model: nn.Module, device: str | torch.device) -> nn.Module:
+    """Give a meta model storage on ``device`` (call inside ``FakeTensorMode``: nothing is allocated).
+
+    4-bit layers get the packed weight and quantization state that bitsandbytes would store, made by
+    bitsandbytes' own ``quantize_4bit`` on a fake weight.
+    """
+    import importlib.util
+
+    model.to_empty(device=device)
+    if importlib.util.find_spec("bitsandbytes") is None:
+        return model
+    import bitsandbytes as bnb
+    import bitsandbytes.functional as bnbf
+
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            dense = torch.empty(module.out_features, module.in_features, dtype=module.compute_dtype, device=device)
+            packed, quant_state = bnbf.quantize_4bit(
+                dense,
+                blocksize=NF4_BLOCKSIZE,
+                compress_statistics=True,
+                quant_type="nf4",
+                quant_storage=torch.uint8,
+            )
+            del dense
+            weight = module.weight
+            weight.data = packed
+            weight.quant_state = quant_state
+            weight.quant_type = "nf4"
+            weight.compress_statistics = True
+            weight.bnb_quantized = True
+    return model
+
+
+def count_parameters(model: nn.Module) -> tuple[int, int]:
+    """(total, trainable) parameter counts; 4-bit packed weights count as their unpacked elements."""
+    total = trainable = 0
+    for p in model.parameters():
+        quant_state = getattr(p, "quant_state", None)
+        n = int(torch.Size(quant_state.shape).numel()) if quant_state is not None else p.numel()
+        total += n
+        if p.requires_grad:
+            trainable += n
+    return total, trainable

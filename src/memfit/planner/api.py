@@ -1,0 +1,263 @@
+"""``memfit.planner``: the peak GPU memory of a fine-tuning run, before it runs.
+
+The steps, each in its own module:
+
+1. resolve the model argument and validate every knob (:mod:`memfit.spec`), all problems at once;
+2. simulate the real training step under fake tensors (:mod:`memfit.planner.simulate`) for a few
+   whole periods of decoder layers, and extrapolate linearly to the full depth (memory per decoder
+   layer is the same for every layer of a period, so this is exact up to rounding; a test checks
+   it against the full simulation);
+3. replay the recorded allocations through the CUDA caching-allocator model
+   (:mod:`memfit.planner.allocator`) to get reserved memory;
+4. add the runtime (CUDA context, cuBLAS workspaces: :mod:`memfit.planner.runtime`) and compare with
+   the GPU or budget.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from memfit.models.catalog import ModelSource, resolve_model
+from memfit.planner import allocator
+from memfit.planner.report import MemoryPlan
+from memfit.planner.runtime import parse_bytes, runtime_overhead
+from memfit.spec import RunSpec, SpecError, make_spec
+
+
+class PlanError(SpecError):
+    """Bad input for a plan (model, knobs, GPU or budget); every problem is listed."""
+
+
+@dataclass(frozen=True)
+class _Target:
+    """What the plan is compared against: a named GPU and/or a memory budget."""
+
+    name: str | None
+    memory_bytes: int | None
+    arch: str | None
+    supports_bf16: bool | None
+
+
+def plan(
+    model: str | dict,
+    *,
+    gpu: str | None = None,
+    budget: str | int | None = None,
+    context_bytes: int | None = None,
+    cublas_workspace_bytes: int | None = None,
+    extrapolate: bool = True,
+    **knobs: Any,
+) -> MemoryPlan:
+    """Predict the peak GPU memory of one training step of ``model`` configured by ``knobs``.
+
+    Args:
+        model: a catalog name (``memfit models``), a path to a config.json, a model folder, or a
+            config dict.
+        gpu: a GPU catalog name (``rtx-4090``, ``a100-80gb``...) to check the plan against.
+        budget: a memory budget instead of (or overriding the memory of) ``gpu``: ``"24GiB"``,
+            ``"80GB"`` or a number of bytes.
+        context_bytes, cublas_workspace_bytes: override the runtime estimates (see
+            :mod:`memfit.planner.runtime`).
+        extrapolate: simulate a few layers and extrapolate (fast); False simulates every layer.
+        **knobs: the :class:`~memfit.spec.RunSpec` fields: method, rank, alpha, dropout, targets,
+            precision, optimizer, batch_size, seq_len, grad_accum, checkpointing, gpus, shard.
+
+    Raises:
+        PlanError: listing every problem with the input, before any simulation runs.
+    """
+    started = time.perf_counter()
+    source, spec, target = validate(model, gpu=gpu, budget=budget, **knobs)
+    runtime = runtime_overhead(target.arch, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes)
+    estimate = estimate_step(source.config, spec, runtime.cublas_workspace_allocs, extrapolate=extrapolate)
+
+    categories = dict(estimate["categories"])
+    tracked_runtime = categories.pop("runtime", 0)
+    allocated = estimate["allocated_bytes"]
+    reserved = max(estimate["reserved_bytes"], allocated)
+    device_total = reserved + runtime.context_bytes
+    categories["allocator"] = reserved - allocated
+    categories["runtime"] = tracked_runtime + runtime.context_bytes
+
+    gpu_json = fits = headroom = None
+    if target.memory_bytes is not None:
+        gpu_json = {"name": target.name or "budget", "memory_bytes": target.memory_bytes}
+        headroom = target.memory_bytes - device_total
+        fits = headroom >= 0
+    notes = list(runtime.notes) + estimate["notes"]
+    if target.supports_bf16 is False and spec.precision == "bf16":
+        notes.append(f"{target.name} has no bf16 support: use --precision fp16 (LoRA/QLoRA) or fp32")
+    details = {
+        "total_params": estimate["total_params"],
+        "trainable_params": estimate["trainable_params"],
+        "host_peak_bytes": estimate["host_peak_bytes"],
+        "phase_peaks_allocated_bytes": estimate["phase_peaks"],
+        "simulated_layers": estimate["simulated_layers"],
+        "num_layers": estimate["num_layers"],
+        "context_bytes": runtime.context_bytes,
+        "cublas_workspace_bytes": runtime.cublas_workspace_bytes,
+        "attention": "sdpa flash / memory-efficient kernel (no attention matrix kept)",
+        "notes": notes,
+        "plan_seconds": round(time.perf_counter() - started, 3),
+    }
+    return MemoryPlan(
+        model=source.name,
+        spec=spec.knobs(),
+        allocated_bytes=allocated,
+        reserved_bytes=reserved,
+        device_total_bytes=device_total,
+        phase=estimate["phase"],
+        categories=categories,
+        gpu=gpu_json,
+        fits=fits,
+        headroom_bytes=headroom,
+        details=details,
+    )
+
+
+def validate(model: str | dict, *, gpu: str | None = None, budget: str | int | None = None, **knobs: Any) -> tuple[ModelSource, RunSpec, _Target]:
+    """Check the model, every knob, the GPU and the budget; raise one PlanError listing all problems."""
+    problems: list[str] = []
+    source = spec = None
+    try:
+        source = resolve_model(model)
+    except ValueError as err:
+        problems.append(f"model: {err}")
+    try:
+        spec = make_spec(**knobs)
+    except SpecError as err:
+        problems.extend(err.problems)
+
+    target = _Target(None, None, None, None)
+    if gpu is not None:
+        from memfit.models.gpus import get_gpu
+
+        try:
+            card = get_gpu(gpu)
+            target = _Target(card.name, card.memory_bytes, card.arch, card.supports_bf16)
+        except ValueError as err:
+            problems.append(f"--gpu: {err}")
+    if budget is not None:
+        try:
+            budget_bytes = parse_bytes(budget)
+            if budget_bytes <= 0:
+                raise ValueError(f"{budget!r} must be more than 0 bytes (e.g. '24GiB')")
+            target = _Target(target.name or f"budget {budget}", budget_bytes, target.arch, target.supports_bf16)
+        except ValueError as err:
+            problems.append(f"--budget: {err}")
+
+    if source is not None and spec is not None:
+        problems.extend(_model_problems(source, spec))
+    if problems:
+        raise PlanError(problems)
+    return source, spec, target
+
+
+def _model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
+    """Problems that need both the model and the knobs (cheap: the config only, no model build)."""
+    problems = []
+    max_positions = source.config.get("max_position_embeddings") or source.config.get("n_positions")
+    if isinstance(max_positions, int) and spec.seq_len > max_positions:
+        problems.append(
+            f"--seq-len: {spec.seq_len} is beyond {source.name}'s max_position_embeddings ({max_positions}). "
+            f"Use --seq-len {max_positions} or less (or extend the context with RoPE scaling in the config)."
+        )
+    if spec.method == "qlora" or spec.optimizer in ("adamw8bit", "paged-adamw8bit"):
+        import importlib.util
+
+        if importlib.util.find_spec("bitsandbytes") is None:
+            what = "--method qlora" if spec.method == "qlora" else f"--optimizer {spec.optimizer}"
+            problems.append(f"{what} needs bitsandbytes, which is not installed: pip install 'memfit[qlora]'")
+    if spec.gpus > 1 or spec.shard != "none":
+        problems.append(
+            f"--gpus {spec.gpus} / --shard {spec.shard}: multi-GPU plans are not available in this version; "
+            "plan one GPU (--gpus 1 --shard none)."
+        )
+    return problems
+
+
+def estimate_step(
+    config: dict[str, Any],
+    spec: RunSpec,
+    workspace_allocs: tuple[int, ...] = (),
+    *,
+    extrapolate: bool = True,
+) -> dict[str, Any]:
+    """Simulate (and extrapolate) the step; return peaks, categories and counts for the full model."""
+    from memfit.models.build import layer_period, make_config
+    from memfit.planner.simulate import simulate
+
+    full_config = make_config(config)
+    num_layers = int(full_config.num_hidden_layers)
+    period = layer_period(full_config)
+    layers = sample_layer_counts(num_layers, period) if extrapolate else None
+    notes: list[str] = []
+    if layers is None:
+        sims = [simulate(config, spec, workspace_allocs=workspace_allocs)]
+        points = [_summarise(sims[0])]
+        values = points[0]
+        simulated = [num_layers]
+    else:
+        sims = [simulate(config, spec, num_layers=k, workspace_allocs=workspace_allocs) for k in layers]
+        points = [_summarise(s) for s in sims]
+        values = {key: extrapolate_linear(layers, [p[key] for p in points], num_layers) for key in _SCALARS}
+        values["categories"] = {
+            name: extrapolate_linear(layers, [p["categories"][name] for p in points], num_layers)
+            for name in points[0]["categories"]
+        }
+        simulated = list(layers)
+        if points[0]["phase"] != points[1]["phase"]:
+            notes.append("the peak moves between phases as layers are added; extrapolation is less exact")
+    # Categories at the peak sum to the peak; rounding in extrapolation must not break that.
+    values["allocated_bytes"] = sum(values["categories"].values())
+    phases = {k: extrapolate_linear(layers, [p["phase_peaks"].get(k, 0) for p in points], num_layers) if layers else v
+              for k, v in points[-1]["phase_peaks"].items()}
+    return {
+        "allocated_bytes": values["allocated_bytes"],
+        "reserved_bytes": values["reserved_bytes"],
+        "host_peak_bytes": values["host_peak_bytes"],
+        "categories": values["categories"],
+        "phase": points[-1]["phase"],
+        "phase_peaks": phases,
+        "total_params": values["total_params"],
+        "trainable_params": values["trainable_params"],
+        "simulated_layers": simulated,
+        "num_layers": num_layers,
+        "notes": notes,
+    }
+
+
+def sample_layer_counts(num_layers: int, period: int) -> tuple[int, int] | None:
+    """The two depths to simulate for extrapolation, or None when the whole model is cheap or irregular.
+
+    Two and three whole periods: the first period is skipped as a reference point because the first
+    decoder layer sees the embedding output (which needs no gradient), unlike the others.
+    """
+    if period <= 0 or num_layers <= 3 * period:
+        return None
+    return 2 * period, 3 * period
+
+
+def extrapolate_linear(xs: tuple[int, int], ys: list[int], x: int) -> int:
+    """The value at ``x`` of the line through (xs[0], ys[0]) and (xs[1], ys[1]), rounded to bytes."""
+    (x0, x1), (y0, y1) = xs, ys
+    return int(round(y0 + (y1 - y0) * (x - x0) / (x1 - x0)))
+
+
+_SCALARS = ("allocated_bytes", "reserved_bytes", "host_peak_bytes", "total_params", "trainable_params")
+
+
+def _summarise(sim) -> dict[str, Any]:
+    result = sim.tracker
+    replay = allocator.simulate(result.events)
+    return {
+        "allocated_bytes": result.peak.allocated_bytes,
+        "reserved_bytes": replay.peak_reserved_bytes,
+        "host_peak_bytes": result.host_peak_bytes,
+        "categories": dict(result.peak.categories),
+        "phase": result.peak.phase,
+        "phase_peaks": dict(result.phase_peaks),
+        "total_params": sim.total_params,
+        "trainable_params": sim.trainable_params,
+    }

@@ -1,0 +1,64 @@
+"""Make the fake CPU step allocate what the CUDA step allocates.
+
+The planner runs the step on a fake CPU device. Most ops allocate the same on CPU and CUDA (their
+outputs have the same shapes and dtypes); the exceptions are rewritten here, each one named,
+explained and tested:
+
+- ``bitsandbytes::gemm_4bit`` (QLoRA forward): its fake implementation allocates only the output.
+  On CUDA, for more than 1,536 rows (any training batch of 2k+ tokens) bitsandbytes dequantizes the
+  whole weight to the compute dtype and calls ``linear`` (``_dequant_linear_fallback``); with double
+  quantization it first dequantizes the absmax to fp32. Both transients are real device memory at
+  the moment of the matmul, so the planner runs that same decomposition.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from memfit.planner.tracker import MemoryTracker
+
+
+def _bnb_gemm_4bit_op():
+    try:
+        return torch.ops.bitsandbytes.gemm_4bit.default
+    except (AttributeError, RuntimeError):  # bitsandbytes not imported / not installed
+        return None
+
+
+class CudaParityMode(TorchDispatchMode):
+    """Rewrite ops whose CPU memory behaviour differs from CUDA's (enter it above the tracker)."""
+
+    def __init__(self, tracker: MemoryTracker) -> None:
+        super().__init__()
+        self.tracker = tracker
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        gemm_4bit = _bnb_gemm_4bit_op()
+        if gemm_4bit is not None and func is gemm_4bit:
+            return self._gemm_4bit_as_cuda(*args, **kwargs)
+        return func(*args, **kwargs)
+
+    def _gemm_4bit_as_cuda(
+        self,
+        A,
+        B,
+        shapeB,
+        absmax,
+        blocksize,
+        quant_type,
+        bias=None,
+        absmax_8bit=None,
+        absmax_code=None,
+        absmax_offset=None,
+    ):
+        # Ops called here go to the next mode down (the tracker), so each transient is counted
+        # while it is alive and freed when this frame drops it.
+        ops = torch.ops.bitsandbytes
+        if absmax_8bit is not None:
+            absmax = ops.dequantize_blockwise.default(absmax_8bit, absmax, absmax_code, 256, torch.float32)
+            absmax = absmax + absmax_offset
+        dense = ops.dequantize_4bit.default(B, absmax, blocksize, quant_type, shapeB, A.dtype)
+        del absmax
+        return torch.nn.functional.linear(A, dense, bias)

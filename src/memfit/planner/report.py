@@ -1,0 +1,121 @@
+"""The plan a user reads: :class:`MemoryPlan`, its JSON form and its Rich table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from memfit.planner.runtime import format_bytes
+
+#: Categories of the device total, in the order they are shown. They sum to ``device_total_bytes``.
+CATEGORIES = (
+    "weights",
+    "trainable",
+    "gradients",
+    "optimizer",
+    "activations",
+    "temporaries",
+    "allocator",
+    "runtime",
+)
+
+CATEGORY_HELP = {
+    "weights": "frozen base weights in their storage dtype (incl. 4-bit packed + quant state)",
+    "trainable": "trainable parameters (LoRA A/B, or all weights for full fine-tuning)",
+    "gradients": "gradients of the trainable parameters",
+    "optimizer": "optimizer states",
+    "activations": "tensors forward keeps for backward",
+    "temporaries": "transient tensors (logits, dequantized weights, recomputation, grads of activations)",
+    "allocator": "CUDA caching allocator: reserved but not allocated (rounding, segments, fragmentation)",
+    "runtime": "CUDA context and cuBLAS workspaces",
+}
+
+
+@dataclass
+class MemoryPlan:
+    """Predicted peak GPU memory of one training step, per GPU.
+
+    ``categories`` are taken at the moment of peak allocated memory, plus the allocator's reserve and
+    the runtime; they sum to ``device_total_bytes`` (what ``nvidia-smi`` would show at the peak).
+    """
+
+    model: str
+    spec: dict[str, Any]
+    allocated_bytes: int
+    reserved_bytes: int
+    device_total_bytes: int
+    phase: str
+    categories: dict[str, int]
+    gpu: dict[str, Any] | None = None
+    fits: bool | None = None
+    headroom_bytes: int | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The stable JSON form (the keys documented in docs/plan.md; scripts rely on them)."""
+        return {
+            "model": self.model,
+            "spec": dict(self.spec),
+            "peak": {
+                "allocated_bytes": int(self.allocated_bytes),
+                "reserved_bytes": int(self.reserved_bytes),
+                "device_total_bytes": int(self.device_total_bytes),
+                "phase": self.phase,
+            },
+            "categories": {name: int(self.categories[name]) for name in CATEGORIES},
+            "gpu": self.gpu,
+            "fits": self.fits,
+            "headroom_bytes": self.headroom_bytes,
+            "details": self.details,
+        }
+
+    def render(self, console=None) -> None:
+        """Print the plan as Rich tables to ``console`` (a new Console by default)."""
+        from rich.console import Console
+        from rich.table import Table
+
+        console = console or Console()
+        spec = self.spec
+        title = (
+            f"[bold]{self.model}[/] · {spec['method']}"
+            + (f" r={spec['rank']}" if spec["method"] != "full" else "")
+            + f" · {spec['precision']} · {spec['optimizer']} · batch {spec['batch_size']} x {spec['seq_len']} tokens"
+            + f" · checkpointing {spec['checkpointing']}"
+        )
+        table = Table(title=title, title_justify="left", show_footer=True)
+        table.add_column("category", footer="device total")
+        table.add_column("at peak", justify="right", footer=format_bytes(self.device_total_bytes))
+        table.add_column("share", justify="right", footer="100%")
+        table.add_column("what it is", style="dim")
+        for name in CATEGORIES:
+            value = self.categories[name]
+            share = value / self.device_total_bytes if self.device_total_bytes else 0.0
+            table.add_row(name, format_bytes(value), f"{share:.0%}", CATEGORY_HELP[name])
+        console.print(table)
+
+        peaks = Table.grid(padding=(0, 2))
+        peaks.add_row("peak allocated", format_bytes(self.allocated_bytes), "torch.cuda.max_memory_allocated")
+        peaks.add_row("peak reserved", format_bytes(self.reserved_bytes), "torch.cuda.max_memory_reserved")
+        peaks.add_row("device total", format_bytes(self.device_total_bytes), "what nvidia-smi shows; OOM depends on this")
+        peaks.add_row("peak happens in", self.phase, "")
+        d = self.details
+        if d.get("host_peak_bytes"):
+            peaks.add_row("host memory (offload)", format_bytes(d["host_peak_bytes"]), "pinned CPU memory")
+        console.print(peaks)
+        if "total_params" in d:
+            console.print(
+                f"parameters: {d['total_params'] / 1e9:.3f} B, trainable {d['trainable_params'] / 1e6:,.2f} M "
+                f"({100 * d['trainable_params'] / max(d['total_params'], 1):.3f}%)"
+            )
+        if self.gpu is not None:
+            name = self.gpu["name"]
+            cap = format_bytes(self.gpu["memory_bytes"])
+            if self.fits:
+                console.print(f"[green]fits[/] {name} ({cap}) with {format_bytes(self.headroom_bytes)} headroom")
+            else:
+                console.print(
+                    f"[red]does not fit[/] {name} ({cap}): {format_bytes(-self.headroom_bytes)} over. "
+                    "Try --checkpointing on, a smaller --batch-size or --seq-len, --method qlora, or --optimizer adamw8bit."
+                )
+        for note in d.get("notes", []):
+            console.print(f"[dim]note: {note}[/]")

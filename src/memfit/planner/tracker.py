@@ -1,0 +1,296 @@
+"""Count every byte a piece of PyTorch code allocates, and say what each byte was for.
+
+:class:`MemoryTracker` is a ``TorchDispatchMode``: it sees the output of every aten op, notes each
+storage it has not seen before, and learns of its death through ``weakref.finalize``. It works the
+same on real tensors and on fake ones (``FakeTensorMode``), which is what lets the planner run the
+real training step with no GPU and no weights and still get the byte counts that a real run gets.
+
+Each storage gets a role when its purpose becomes known:
+
+- parameters: ``weights`` (frozen) or ``trainable`` (``mark_model``);
+- ``gradients``: tensors that end up in ``param.grad`` (a post-accumulate-grad hook);
+- ``optimizer``: tensors held in ``optimizer.state`` (``mark_optimizer``);
+- ``activations``: what forward allocated and is still alive when backward starts (saved tensors,
+  checkpoint inputs, the logits the loss keeps);
+- ``runtime``: library workspaces that the planner injects (``allocate_runtime``);
+- everything else is ``temporaries``.
+
+Roles are final knowledge, applied to the whole lifetime of a storage: a tensor made in forward and
+saved for backward is an activation from the moment it was allocated.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+#: The categories a tracked byte can belong to (the allocator and the CUDA context are added by the
+#: planner, outside the tracker).
+TRACKED_CATEGORIES = (
+    "weights",
+    "trainable",
+    "gradients",
+    "optimizer",
+    "activations",
+    "temporaries",
+    "runtime",
+)
+
+# Roles win over each other in this order: a parameter saved for backward stays a parameter.
+_ROLE_PRIORITY = {name: rank for rank, name in enumerate(TRACKED_CATEGORIES)}
+
+#: CUDA's caching allocator hands out blocks in multiples of 512 bytes; counting the same way keeps
+#: our "allocated" comparable with ``torch.cuda.memory_allocated``.
+BLOCK_BYTES = 512
+
+
+def round_block_bytes(nbytes: int) -> int:
+    """Size of the allocator block that holds ``nbytes`` (multiple of 512, at least 512)."""
+    return max(BLOCK_BYTES, -(-nbytes // BLOCK_BYTES) * BLOCK_BYTES)
+
+
+@dataclass
+class Allocation:
+    """One storage's life: when it was allocated and freed (event indices) and what it was for."""
+
+    alloc_id: int
+    nbytes: int
+    phase: str
+    alloc_event: int
+    free_event: int | None = None
+    role: str | None = None
+    host: bool = False
+    op: str = ""  # the aten op whose output it was, for "what allocated this" reports
+
+    @property
+    def category(self) -> str:
+        return self.role or "temporaries"
+
+
+@dataclass
+class Snapshot:
+    """Live bytes by category at one moment (the peak), and where in the step it was."""
+
+    event_index: int
+    phase: str
+    allocated_bytes: int
+    categories: dict[str, int]
+
+
+@dataclass
+class TrackerResult:
+    """What the tracker saw: every allocation, the event sequence and the peak."""
+
+    allocations: list[Allocation]
+    events: list[tuple[str, int, int]]  # device only: ("alloc", id, bytes) / ("free", id, 0)
+    peak: Snapshot
+    host_peak_bytes: int
+    phase_peaks: dict[str, int] = field(default_factory=dict)
+
+    def categories_at(self, event_index: int) -> dict[str, int]:
+        """Live device bytes by category just after event ``event_index``."""
+        totals = dict.fromkeys(TRACKED_CATEGORIES, 0)
+        for a in self.allocations:
+            if a.host or a.alloc_event > event_index:
+                continue
+            if a.free_event is not None and a.free_event <= event_index:
+                continue
+            totals[a.category] += a.nbytes
+        return totals
+
+
+class MemoryTracker(TorchDispatchMode):
+    """Dispatch mode that records each new storage, its size, its phase and (later) its role.
+
+    Use it as a context manager around the code to measure, call :meth:`set_phase` as the code moves
+    between ``setup``, ``forward``, ``backward`` and ``optimizer``, and read :meth:`result`.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = "setup"
+        self.allocations: list[Allocation] = []
+        self.events: list[tuple[str, int, int]] = []
+        self._by_storage: dict[int, Allocation] = {}
+        self._live_device_bytes = 0
+        self._live_host_bytes = 0
+        self._peak_device_bytes = 0
+        self._peak_host_bytes = 0
+        self._peak_event = -1
+        self._phase_peaks: dict[str, int] = {}
+        self._host_scope = 0
+
+    # ----------------------------------------------------------------- recording
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        flat, _ = tree_flatten(out)
+        for t in flat:
+            if isinstance(t, torch.Tensor):
+                self._note(t, func)
+        return out
+
+    def _note(self, tensor: torch.Tensor, func=None) -> Allocation | None:
+        if tensor.device.type == "meta":
+            return None
+        try:
+            storage = tensor.untyped_storage()
+        except (NotImplementedError, RuntimeError):  # sparse or opaque tensors have no storage
+            return None
+        key = storage._cdata
+        known = self._by_storage.get(key)
+        if known is not None:
+            return known
+        nbytes = round_block_bytes(storage.nbytes())
+        alloc = Allocation(
+            alloc_id=len(self.allocations),
+            nbytes=nbytes,
+            phase=self.phase,
+            alloc_event=len(self.events),
+            host=self._host_scope > 0,
+            op=getattr(func, "__name__", "") if func is not None else "",
+        )
+        self.allocations.append(alloc)
+        self._by_storage[key] = alloc
+        if alloc.host:
+            self._live_host_bytes += nbytes
+            self._peak_host_bytes = max(self._peak_host_bytes, self._live_host_bytes)
+        else:
+            self.events.append(("alloc", alloc.alloc_id, nbytes))
+            self._live_device_bytes += nbytes
+            if self._live_device_bytes > self._peak_device_bytes:
+                self._peak_device_bytes = self._live_device_bytes
+                self._peak_event = alloc.alloc_event
+            if self._live_device_bytes > self._phase_peaks.get(self.phase, 0):
+                self._phase_peaks[self.phase] = self._live_device_bytes
+        weakref.finalize(storage, self._free, key, alloc)
+        return alloc
+
+    def _free(self, key: int, alloc: Allocation) -> None:
+        if self._by_storage.get(key) is alloc:
+            del self._by_storage[key]
+        alloc.free_event = len(self.events)
+        if alloc.host:
+            self._live_host_bytes -= alloc.nbytes
+        else:
+            # Device events are what the caching-allocator model replays; host memory is not in it.
+            self.events.append(("free", alloc.alloc_id, 0))
+            self._live_device_bytes -= alloc.nbytes
+
+    # ----------------------------------------------------------------- phases and roles
+    def set_phase(self, phase: str) -> None:
+        """Name the part of the step that runs from now on (forward, backward, optimizer, ...).
+
+        When forward ends, whatever forward allocated and is still alive is held for backward
+        (saved tensors, checkpoint inputs, the logits the loss keeps): those are the activations.
+        """
+        if self.phase == "forward" and phase != "forward":
+            for alloc in self._by_storage.values():
+                if alloc.phase == "forward" and alloc.role is None:
+                    alloc.role = "activations"
+        self.phase = phase
+
+    # The training step reports its phases through ``on_phase`` (see memfit.train.step.StepObserver).
+    on_phase = set_phase
+
+    def reset_peak(self) -> None:
+        """Forget the peak so far (setup is not part of the step): the peak restarts at live bytes."""
+        self._peak_device_bytes = self._live_device_bytes
+        self._peak_event = len(self.events) - 1
+        self._peak_host_bytes = self._live_host_bytes
+        self._phase_peaks = {}
+
+    def assign(self, tensor: torch.Tensor, role: str) -> None:
+        """Give the storage behind ``tensor`` a role, unless it already has a stronger one."""
+        alloc = self._note(tensor)
+        if alloc is None:
+            return
+        if alloc.role is None or _ROLE_PRIORITY[role] < _ROLE_PRIORITY[alloc.role]:
+            alloc.role = role
+
+    def mark_model(self, model: torch.nn.Module) -> None:
+        """Label parameters (trainable or frozen weights) and buffers (weights) of ``model``."""
+        for p in model.parameters():
+            self.assign(p, "trainable" if p.requires_grad else "weights")
+            # Quantized parameters (bitsandbytes Params4bit) carry their quantization state beside
+            # the packed data; it is stored on the device too.
+            quant_state = getattr(p, "quant_state", None)
+            if quant_state is not None:
+                for t in _quant_state_tensors(quant_state):
+                    self.assign(t, "weights")
+        for b in model.buffers():
+            self.assign(b, "weights")
+
+    def watch_gradients(self, model: torch.nn.Module) -> list:
+        """Label each ``param.grad`` as gradients when autograd accumulates it. Returns the hook handles."""
+        handles = []
+        for p in model.parameters():
+            if p.requires_grad:
+                handles.append(p.register_post_accumulate_grad_hook(lambda q: self.assign(q.grad, "gradients")))
+        return handles
+
+    def mark_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Label every tensor held in ``optimizer.state`` as optimizer state."""
+        for state in optimizer.state.values():
+            for value in state.values():
+                if isinstance(value, torch.Tensor):
+                    self.assign(value, "optimizer")
+                for t in _quant_state_tensors(value):
+                    self.assign(t, "optimizer")
+
+    @contextlib.contextmanager
+    def on_host(self) -> Iterator[None]:
+        """Storages created within this block live in host memory, not on the device."""
+        self._host_scope += 1
+        try:
+            yield
+        finally:
+            self._host_scope -= 1
+
+    def allocate_runtime(self, nbytes: int, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Allocate ``nbytes`` that stand for a library workspace (cuBLAS) and label them runtime."""
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        self.assign(workspace, "runtime")
+        return workspace
+
+    # ----------------------------------------------------------------- results
+    @property
+    def live_device_bytes(self) -> int:
+        return self._live_device_bytes
+
+    def result(self) -> TrackerResult:
+        """Everything recorded so far, with the category breakdown at the device peak."""
+        partial = TrackerResult(
+            allocations=list(self.allocations),
+            events=list(self.events),
+            peak=Snapshot(-1, "setup", 0, {}),
+            host_peak_bytes=self._peak_host_bytes,
+            phase_peaks=dict(self._phase_peaks),
+        )
+        index = self._peak_event
+        phase = self.allocations[self.events[index][1]].phase if index >= 0 else "setup"
+        partial.peak = Snapshot(
+            event_index=index,
+            phase=phase,
+            allocated_bytes=self._peak_device_bytes,
+            categories=partial.categories_at(index),
+        )
+        return partial
+
+
+def _quant_state_tensors(obj) -> list[torch.Tensor]:
+    """Tensors inside a bitsandbytes QuantState (absmax, code, nested state), if ``obj`` is one."""
+    found: list[torch.Tensor] = []
+    for name in ("absmax", "code", "offset"):
+        value = getattr(obj, name, None)
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+    nested = getattr(obj, "state2", None)
+    if nested is not None and nested is not obj:
+        found.extend(_quant_state_tensors(nested))
+    return found

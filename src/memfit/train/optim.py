@@ -1,0 +1,43 @@
+"""Optimizers by name, built the same way for the trainer and the planner."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+OPTIMIZERS = ("adamw", "adamw8bit", "paged-adamw8bit", "sgd")
+
+
+def build_optimizer(
+    params: Iterable[torch.nn.Parameter],
+    name: str,
+    *,
+    lr: float = 2e-4,
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+) -> torch.optim.Optimizer:
+    """Make optimizer ``name`` over ``params``.
+
+    - ``adamw``: PyTorch's fused AdamW. The fused kernel updates every parameter in place, so unlike
+      the default foreach implementation it needs no temporary copy of all gradients; it exists for
+      CUDA and CPU alike, which keeps planner (fake CPU) and trainer (CUDA) on the same code path.
+    - ``adamw8bit`` / ``paged-adamw8bit``: bitsandbytes' 8-bit AdamW (block-wise quantized states),
+      the paged one keeps its states in CUDA unified memory.
+    - ``sgd``: plain SGD without momentum (no state at all).
+    """
+    params = [p for p in params if p.requires_grad]
+    if not params:
+        raise ValueError("no trainable parameters: nothing for the optimizer to update")
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
+    if name in ("adamw8bit", "paged-adamw8bit"):
+        try:
+            import bitsandbytes as bnb
+        except ImportError as err:  # pragma: no cover - depends on the environment
+            raise ImportError(f"--optimizer {name} needs bitsandbytes: pip install 'memfit[qlora]'") from err
+        cls = bnb.optim.PagedAdamW8bit if name == "paged-adamw8bit" else bnb.optim.AdamW8bit
+        return cls(params, lr=lr, betas=betas, weight_decay=weight_decay)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
+    raise ValueError(f"--optimizer: {name!r} is not one of {', '.join(OPTIMIZERS)}")
