@@ -1,0 +1,162 @@
+"""Train the tiny byte-level BPE tokenizer shipped in src/memfit/assets/tokenizer/.
+
+It is trained on the demo data under examples/data/ (run scripts/make_tiny_dataset.py first), with
+512 tokens in all: 256 byte tokens, 7 special tokens and the most frequent merges. Digits are split
+one by one, which helps tiny models with the arithmetic records. The output loads offline with
+``transformers.AutoTokenizer.from_pretrained(path)``:
+
+- tokenizer.json: the tokenizers-library model (BPE, byte-level, BOS added to plain text),
+- tokenizer_config.json: special tokens, the chat template (Jinja), the tokenizer class,
+- special_tokens_map.json: the special tokens, as transformers 4.x writes them.
+
+    python scripts/make_tiny_tokenizer.py            # writes src/memfit/assets/tokenizer/
+    python scripts/make_tiny_tokenizer.py --check    # exits 1 if the committed files differ
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA_DIR = ROOT / "examples" / "data"
+OUT_DIR = ROOT / "src" / "memfit" / "assets" / "tokenizer"
+VOCAB_SIZE = 512
+MODEL_MAX_LENGTH = 4096
+
+BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
+CHAT_MARKERS = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+SPECIAL_TOKENS = [BOS, EOS, PAD, *CHAT_MARKERS]  # ids 0..6 in this order
+
+# Each turn: role marker, newline, content, <|end|>. The assistant's answer is followed directly by
+# <|end|> (no newline), so the trained tokens of a turn are exactly its content and <|end|>.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{ raise_exception('unknown role: ' + message['role']) }}"
+    "{% endif %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def corpus_lines(data_dir: Path) -> list[str]:
+    """Every text the demo data holds, in file order; chat turns rendered with the template's
+    markers so common marker-adjacent text (newline, first words) gets merges too."""
+    lines: list[str] = []
+    for path in sorted(data_dir.glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            if "text" in record:
+                lines.append(record["text"])
+            for turn in record.get("messages", []):
+                lines.append(f"<|{turn['role']}|>\n{turn['content']}<|end|>")
+            for turn in record.get("conversations", []):
+                lines.append(turn["value"])
+    for path in sorted(data_dir.glob("*.json")):
+        for record in json.loads(path.read_text(encoding="utf-8")):
+            lines += [record["instruction"], record.get("input", ""), record["output"]]
+    return [line for line in lines if line]
+
+
+def build_tokenizer(lines: list[str]):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(lines, trainer)
+    # BOS before plain text (tokenizer(text)); chat templates write their own BOS and are encoded
+    # with add_special_tokens=False.
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B:1", special_tokens=[(BOS, SPECIAL_TOKENS.index(BOS))]
+    )
+    return tokenizer
+
+
+def _token_entry(content: str) -> dict:
+    return {"content": content, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False}
+
+
+def render_files(data_dir: Path) -> dict[str, str]:
+    """File name -> file text for the tokenizer directory."""
+    tokenizer = build_tokenizer(corpus_lines(data_dir))
+    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    config = {
+        "added_tokens_decoder": {str(ids[t]): {**_token_entry(t), "special": True} for t in SPECIAL_TOKENS},
+        "additional_special_tokens": CHAT_MARKERS,
+        "bos_token": BOS,
+        "chat_template": CHAT_TEMPLATE,
+        "clean_up_tokenization_spaces": False,
+        "eos_token": EOS,
+        "model_max_length": MODEL_MAX_LENGTH,
+        "pad_token": PAD,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    special_map = {
+        "additional_special_tokens": [_token_entry(t) for t in CHAT_MARKERS],
+        "bos_token": _token_entry(BOS),
+        "eos_token": _token_entry(EOS),
+        "pad_token": _token_entry(PAD),
+    }
+    return {
+        "tokenizer.json": tokenizer.to_str(pretty=True) + "\n",
+        "tokenizer_config.json": json.dumps(config, indent=2) + "\n",
+        "special_tokens_map.json": json.dumps(special_map, indent=2) + "\n",
+    }
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    # Write next to the target, then rename: a crash never leaves a half-written file.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates owner-only files; these are shipped
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    parser.add_argument("--check", action="store_true", help="compare with the files on disk; write nothing")
+    args = parser.parse_args(argv)
+    if not any(args.data_dir.glob("*.jsonl")):
+        print(f"no .jsonl files in {args.data_dir}; run scripts/make_tiny_dataset.py first", file=sys.stderr)
+        return 2
+    files = render_files(args.data_dir)
+    if args.check:
+        stale = [n for n, t in files.items() if not (args.out_dir / n).is_file()
+                 or (args.out_dir / n).read_text(encoding="utf-8") != t]
+        for name in stale:
+            print(f"out of date: {args.out_dir / name}", file=sys.stderr)
+        return 1 if stale else 0
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        _write_atomic(args.out_dir / name, text)
+        print(f"wrote {args.out_dir / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,151 @@
+"""Batches for the training loop: padding into tensors and a resumable, deterministic order."""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+from memfit.train.data.tokenization import IGNORE_INDEX
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+
+def collate(batch: Sequence[dict[str, list[int]]], pad_token_id: int) -> dict[str, "torch.Tensor"]:
+    """Right-pad a batch of examples into int64 tensors of shape ``[batch, longest]``.
+
+    Returns ``input_ids`` (padded with ``pad_token_id``), ``labels`` (padded with -100, so padding
+    is never trained), ``attention_mask`` (1 on real tokens, 0 on padding) and, when every example
+    has them (packed rows), ``position_ids`` (padded with 0).
+    """
+    import torch
+
+    if not batch:
+        raise ValueError("collate got an empty batch")
+    if not isinstance(pad_token_id, int) or isinstance(pad_token_id, bool) or pad_token_id < 0:
+        raise ValueError(
+            f"pad_token_id must be a non-negative integer, got {pad_token_id!r}; "
+            "use tokenizer.pad_token_id, or tokenizer.eos_token_id when the tokenizer has no pad token"
+        )
+    longest = max(len(example["input_ids"]) for example in batch)
+    with_positions = all("position_ids" in example for example in batch)
+    size = (len(batch), longest)
+    input_ids = torch.full(size, pad_token_id, dtype=torch.long)
+    labels = torch.full(size, IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros(size, dtype=torch.long)
+    position_ids = torch.zeros(size, dtype=torch.long)
+    for row, example in enumerate(batch):
+        length = len(example["input_ids"])
+        if len(example["labels"]) != length:
+            raise ValueError(f"example {row} has {length} input_ids but {len(example['labels'])} labels")
+        input_ids[row, :length] = torch.tensor(example["input_ids"], dtype=torch.long)
+        labels[row, :length] = torch.tensor(example["labels"], dtype=torch.long)
+        attention_mask[row, :length] = 1
+        if with_positions:
+            position_ids[row, :length] = torch.tensor(example["position_ids"], dtype=torch.long)
+    out = {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
+    if with_positions:
+        out["position_ids"] = position_ids
+    return out
+
+
+class BatchIterator:
+    """Endless, deterministic batches of examples, epoch after epoch, that can resume mid-epoch.
+
+    Each epoch visits every example once, in an order that depends only on ``seed`` and the epoch
+    number (or in stored order when ``shuffle`` is False). Batches never span two epochs, so the
+    last batch of an epoch may be smaller unless ``drop_last``. ``state_dict()`` after any batch,
+    passed to ``load_state_dict()`` on a new iterator over the same examples, continues with exactly
+    the batches the first one would have produced.
+    """
+
+    def __init__(
+        self,
+        examples: Sequence[Any],
+        batch_size: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+    ) -> None:
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        if not examples:
+            raise ValueError("BatchIterator needs at least one example")
+        if drop_last and len(examples) < batch_size:
+            raise ValueError(
+                f"drop_last with batch_size={batch_size} but only {len(examples)} examples: "
+                "every batch would be dropped; lower batch_size or set drop_last=False"
+            )
+        self.examples = examples
+        self.batch_size = batch_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.epoch = 0
+        self.position = 0  # examples of the current epoch's order already handed out
+        self._order = self._epoch_order(0)
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        order = list(range(len(self.examples)))
+        if self.shuffle:
+            # A fresh generator per epoch, seeded from (seed, epoch): any epoch's order can be
+            # rebuilt on resume without replaying the ones before it.
+            random.Random(f"memfit-batches-{self.seed}-{epoch}").shuffle(order)
+        return order
+
+    def batches_per_epoch(self) -> int:
+        """Number of batches in one epoch."""
+        full, rest = divmod(len(self.examples), self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        return self
+
+    def __next__(self) -> list[Any]:
+        remaining = len(self._order) - self.position
+        if remaining == 0 or (self.drop_last and remaining < self.batch_size):
+            self.epoch += 1
+            self.position = 0
+            self._order = self._epoch_order(self.epoch)
+        indices = self._order[self.position : self.position + self.batch_size]
+        self.position += len(indices)
+        return [self.examples[i] for i in indices]
+
+    def state_dict(self) -> dict[str, int | bool]:
+        """Where the iterator stands: ``epoch`` and ``position`` (examples of that epoch already
+        handed out), plus the settings that must match on resume."""
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "num_examples": len(self.examples),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`. Raises ValueError when the examples or the settings
+        differ from the run that saved it, since the order would then not be the same."""
+        mismatches = [
+            f"{key}: saved {state.get(key)!r}, now {now!r}"
+            for key, now in (
+                ("seed", self.seed),
+                ("shuffle", self.shuffle),
+                ("batch_size", self.batch_size),
+                ("drop_last", self.drop_last),
+                ("num_examples", len(self.examples)),
+            )
+            if state.get(key) != now
+        ]
+        if mismatches:
+            raise ValueError(
+                "cannot resume the batch order: " + "; ".join(mismatches)
+                + ". Resume with the same data and batch settings"
+            )
+        epoch, position = state["epoch"], state["position"]
+        if not (isinstance(epoch, int) and epoch >= 0 and isinstance(position, int)
+                and 0 <= position <= len(self.examples)):
+            raise ValueError(f"invalid batch iterator state: epoch={epoch!r}, position={position!r}")
+        self.epoch, self.position = epoch, position
+        self._order = self._epoch_order(epoch)

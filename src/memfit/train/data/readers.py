@@ -1,0 +1,179 @@
+"""Read local data files into raw records, each tagged with where it came from.
+
+One small reader per file type. Readers never raise on bad content: they add a problem (with the
+file and line) and carry on, so validation can report everything at once.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from memfit.train.data.errors import Problems
+
+SUFFIXES = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".csv": "csv"}
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """One record as read from disk. ``where`` is what error messages print (``data.jsonl, line 3``);
+    ``file_type`` is json, jsonl, parquet or csv (CSV records hold strings only)."""
+
+    where: str
+    value: Any
+    file_type: str
+
+
+def expand_paths(paths: str | Path | list[str | Path] | tuple[str | Path, ...], problems: Problems) -> list[Path]:
+    """Turn the user's paths into data files: a directory stands for its data files (sorted, not
+    recursive). Missing paths and unsupported file types become problems."""
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in SUFFIXES)
+            if not found:
+                problems.add(str(path), f"directory holds no data files ({', '.join(SUFFIXES)})")
+            files.extend(found)
+        elif not path.exists():
+            problems.add(str(path), "no such file or directory")
+        elif path.suffix.lower() not in SUFFIXES:
+            problems.add(
+                str(path),
+                f"unsupported file type {path.suffix or '(no suffix)'!r}; "
+                f"use one of {', '.join(SUFFIXES)}",
+            )
+        else:
+            files.append(path)
+    if not files and not problems:
+        problems.add("paths", "no data files given")
+    return files
+
+
+def read_file(path: Path, problems: Problems) -> list[RawRecord]:
+    """Read one data file (type from its suffix) into raw records."""
+    reader = _READERS[SUFFIXES[path.suffix.lower()]]
+    records = reader(path, problems)
+    return records
+
+
+def _read_text(path: Path, problems: Problems) -> str | None:
+    try:
+        # utf-8-sig: files saved by spreadsheet programs often start with a byte-order mark.
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        problems.add(str(path), f"not UTF-8 text (byte {exc.start}); save the file as UTF-8")
+        return None
+    except OSError as exc:
+        problems.add(str(path), f"cannot read file: {exc.strerror or exc}")
+        return None
+    if not text.strip():
+        problems.add(str(path), "empty file")
+        return None
+    return text
+
+
+def _read_jsonl_text(path: Path, text: str, problems: Problems) -> list[RawRecord]:
+    records = []
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue  # blank lines (a trailing newline, a gap) carry no record
+        where = f"{path}, line {line_number}"
+        try:
+            records.append(RawRecord(where, json.loads(line), "jsonl"))
+        except json.JSONDecodeError as exc:
+            problems.add(where, f"invalid JSON: {exc.msg} (column {exc.colno})")
+    return records
+
+
+def _read_jsonl(path: Path, problems: Problems) -> list[RawRecord]:
+    text = _read_text(path, problems)
+    return [] if text is None else _read_jsonl_text(path, text, problems)
+
+
+def _read_json(path: Path, problems: Problems) -> list[RawRecord]:
+    text = _read_text(path, problems)
+    if text is None:
+        return []
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.msg == "Extra data" and exc.lineno > 1:
+            # One object per line saved as .json: read it as the JSON Lines it is.
+            return _read_jsonl_text(path, text, problems)
+        problems.add(str(path), f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}")
+        return []
+    if not isinstance(data, list):
+        problems.add(
+            str(path),
+            f"top level is {_json_type(data)}; expected a list of records [{{...}}, ...] "
+            "(or save one record per line as .jsonl)",
+        )
+        return []
+    return [RawRecord(f"{path}, record {i}", value, "json") for i, value in enumerate(data, start=1)]
+
+
+def _read_csv(path: Path, problems: Problems) -> list[RawRecord]:
+    text = _read_text(path, problems)
+    if text is None:
+        return []
+    reader = csv.DictReader(text.splitlines(keepends=True))
+    records = []
+    header_width = len(reader.fieldnames or [])
+    start_line = reader.line_num + 1  # line_num counts lines read so far: the header
+    for row in reader:
+        where = f"{path}, line {start_line}"
+        start_line = reader.line_num + 1
+        if None in row:
+            problems.add(where, f"row has more fields than the header ({header_width}); quote fields that hold commas")
+            continue
+        missing = [k for k, v in row.items() if v is None]
+        if missing:
+            problems.add(where, f"row has fewer fields than the header; missing {', '.join(missing)}")
+            continue
+        records.append(RawRecord(where, dict(row), "csv"))
+    return records
+
+
+def _read_parquet(path: Path, problems: Problems) -> list[RawRecord]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        problems.add(str(path), "reading Parquet files needs pyarrow: pip install pyarrow")
+        return []
+    try:
+        rows = pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises several types for corrupt or non-Parquet files
+        problems.add(str(path), f"cannot read Parquet file: {exc}")
+        return []
+    return [RawRecord(f"{path}, row {i}", row, "parquet") for i, row in enumerate(rows, start=1)]
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a value's type, for error messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+_READERS: dict[str, Callable[[Path, Problems], list[RawRecord]]] = {
+    "json": _read_json,
+    "jsonl": _read_jsonl,
+    "csv": _read_csv,
+    "parquet": _read_parquet,
+}
