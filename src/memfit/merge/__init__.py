@@ -1,0 +1,10 @@
+"""Merge a PEFT LoRA adapter into a base checkpoint, streaming shard by shard.
+
+    from memfit.merge import merge
+    merge("./Llama-3.1-8B", "./runs/my-run/adapter", "./merged", dtype="bf16")
+"""
+
+from .api import MergeResult, merge
+from .errors import MergeError
+
+__all__ = ["merge", "MergeResult", "MergeError"]

@@ -1,0 +1,210 @@
+"""`merge`: stream a base checkpoint shard by shard, adding a PEFT LoRA adapter on the way."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from .dtypes import CONFIG_NAMES, FLOAT_CODES, parse_dtype, torch_dtype
+from .errors import MergeError
+from .plan import MergePlan, OutputTensor, build_plan, work_code
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    """What `merge` wrote."""
+
+    out_dir: Path
+    shard_count: int
+    tensor_count: int  # tensors written
+    merged_tensor_count: int  # tensors that received at least one LoRA delta
+    replaced_tensor_count: int  # tensors taken from the adapter (modules_to_save, base_layer copies)
+    output_bytes: int  # tensor bytes written (shard files are slightly larger: headers)
+    dtype: str | None  # safetensors code forced by --dtype, None when each tensor kept its dtype
+    untied_embeddings: bool  # True when tied embeddings had to be written as two tensors
+    tokenizer_from: Path  # folder the tokenizer files were copied from
+    seconds: float
+
+
+def parse_device(value: str) -> str:
+    """Check a --device value: cpu, cuda or cuda:N (the GPU must exist)."""
+    text = (value or "").strip().lower()
+    if text == "cpu":
+        return "cpu"
+    if text == "cuda" or (text.startswith("cuda:") and text[5:].isdigit()):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise MergeError(f"--device {value!r}: no CUDA GPU is visible to torch. Use --device cpu.")
+        index = int(text[5:]) if ":" in text else 0
+        if index >= torch.cuda.device_count():
+            raise MergeError(f"--device {value!r}: only {torch.cuda.device_count()} CUDA device(s) visible (cuda:0 ...).")
+        return f"cuda:{index}"
+    raise MergeError(f"--device {value!r} is not supported. Use cpu, cuda or cuda:N.")
+
+
+def merge(
+    base: str | os.PathLike,
+    adapter: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    dtype: str | None = None,
+    device: str = "cpu",
+    overwrite: bool = False,
+    safe: bool = False,
+    progress: bool = True,
+) -> MergeResult:
+    """Merge a PEFT LoRA adapter into a safetensors base checkpoint, one tensor in memory at a time.
+
+    Args:
+        base: Hugging Face checkpoint folder (config.json + model.safetensors or sharded + index).
+        adapter: PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors).
+        out: folder to create. Must be outside `base`; must be empty or absent unless `overwrite`.
+        dtype: "bf16", "fp16" or "fp32" to cast every float tensor; None keeps the base's dtypes.
+        device: where the LoRA products are computed: "cpu", "cuda" or "cuda:N".
+        overwrite: replace a non-empty `out`; the old content is removed only after the new
+            checkpoint is complete.
+        safe: check every merged or replaced tensor is finite; stop at the first that is not.
+        progress: show a progress bar over shards.
+
+    Returns:
+        MergeResult describing what was written.
+
+    Raises:
+        MergeError: for any bad input, before anything is written where it can be seen up front.
+    """
+    started = time.perf_counter()
+    base_dir, adapter_dir = Path(base).expanduser(), Path(adapter).expanduser()
+    out_code = parse_dtype(dtype)
+    device_name = parse_device(device)
+    from .base import model_structure, read_base
+    from .outdir import check_free_space, check_paths
+
+    if not base_dir.is_dir():
+        raise MergeError(f"--base {base} is not a folder: pass a Hugging Face checkpoint folder.")
+    if not adapter_dir.is_dir():
+        raise MergeError(f"--adapter {adapter} is not a folder: pass a PEFT adapter folder.")
+    out_dir = check_paths(base_dir, adapter_dir, Path(out), overwrite)
+
+    from .adapter import read_adapter
+
+    checkpoint = read_base(base_dir)
+    lora = read_adapter(adapter_dir)
+    structure = model_structure(base_dir)
+    plan = build_plan(checkpoint, lora, structure, out_code)
+    check_free_space(out_dir, plan.output_bytes + 2**20)
+
+    from .outdir import copy_side_files, make_build_folder, publish, tokenizer_source, write_config
+
+    build = make_build_folder(out_dir)
+    try:
+        _write_shards(plan, checkpoint, lora, build, device_name, safe, progress)
+        if checkpoint.sharded:
+            _write_index(plan, build)
+        write_config(checkpoint.config, build, CONFIG_NAMES[out_code] if out_code else None, plan.untied)
+        copy_side_files(base_dir, adapter_dir, build)
+        publish(build, out_dir)
+    except BaseException:
+        # an interrupted or failed merge leaves nothing that looks like a checkpoint
+        shutil.rmtree(build, ignore_errors=True)
+        raise
+    return MergeResult(
+        out_dir=out_dir,
+        shard_count=len(plan.shards),
+        tensor_count=plan.tensor_count,
+        merged_tensor_count=plan.merged_tensor_count,
+        replaced_tensor_count=plan.replaced_tensor_count,
+        output_bytes=plan.output_bytes,
+        dtype=out_code,
+        untied_embeddings=plan.untied,
+        tokenizer_from=tokenizer_source(base_dir, adapter_dir),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _progress(enabled: bool, shard_count: int):
+    if not enabled:
+        return nullcontext(None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn("[bold]merge[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("shards"),
+        TimeElapsedColumn(),
+    )
+
+
+def _write_shards(plan: MergePlan, checkpoint, lora, build: Path, device: str, safe: bool, progress: bool) -> None:
+    from .safetensors_stream import StreamingWriter
+
+    with _progress(progress, len(plan.shards)) as bar:
+        task = bar.add_task("", total=len(plan.shards)) if bar is not None else None
+        for shard, tensors in plan.shards.items():
+            if bar is not None:
+                bar.update(task, description=shard)
+            tmp = build / f"{shard}.tmp"
+            writer = StreamingWriter(tmp, [t.spec for t in tensors], {"format": "pt"})
+            by_name = {t.name: t for t in tensors}
+            try:
+                for spec in writer.order:
+                    item = by_name[spec.name]
+                    value = _produce(item, checkpoint, lora, device, plan.out_dtype)
+                    if safe and item.storage.touched:
+                        _check_finite(item.name, value)
+                    writer.write(item.name, value)
+                    # drop the tensor (and the file mapping behind it) before reading the next one
+                    del value
+                writer.close()
+            except BaseException:
+                writer.abort()
+                raise
+            os.replace(tmp, build / shard)
+            if bar is not None:
+                bar.advance(task)
+
+
+def _read_tensor(path: Path, name: str):
+    """One tensor from a shard. Each read opens the file anew: safetensors maps the file, and
+    touched pages stay resident until the handle and every tensor from it are gone, so a
+    shard-long handle would grow the process to the size of the shard."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt", device="cpu") as handle:
+        return handle.get_tensor(name)
+
+
+def _produce(item: OutputTensor, checkpoint, lora, device: str, out_code: str | None):
+    from .arith import apply_deltas
+
+    storage = item.storage
+    base_code = checkpoint.specs[storage.base_key].dtype
+    if storage.adapter_key is not None:
+        # PEFT copies saved tensors into parameters of the base's dtype
+        value = lora.tensors[storage.adapter_key].to(torch_dtype(base_code))
+    else:
+        value = _read_tensor(checkpoint.folder / checkpoint.shard_of[storage.base_key], storage.base_key)
+    if storage.deltas:
+        value = value.to(torch_dtype(work_code(base_code, out_code)))
+        value = apply_deltas(value, storage.deltas, lora.tensors, device).to("cpu")
+    return value.to(torch_dtype(item.spec.dtype))
+
+
+def _check_finite(name: str, value) -> None:
+    import torch
+
+    if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
+        raise MergeError(f"--safe: merged tensor {name!r} has NaN or infinite values; the adapter is broken. Nothing was written to --out.")
+
+
+def _write_index(plan: MergePlan, build: Path) -> None:
+    from .outdir import write_json_atomic
+
+    weight_map = {t.name: shard for shard, tensors in plan.shards.items() for t in tensors}
+    index = {"metadata": {"total_size": plan.output_bytes}, "weight_map": dict(sorted(weight_map.items()))}
+    write_json_atomic(build / "model.safetensors.index.json", index)

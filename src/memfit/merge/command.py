@@ -1,0 +1,45 @@
+"""`memfit merge`: the command line face of `memfit.merge.merge`.
+
+Importing this module imports neither torch nor transformers, so the CLI starts fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .errors import MergeError
+
+
+def merge_command(
+    base: Annotated[Path, typer.Option("--base", help="Base model folder: config.json + model.safetensors (or shards + model.safetensors.index.json).", show_default=False)],
+    adapter: Annotated[Path, typer.Option("--adapter", help="PEFT LoRA adapter folder: adapter_config.json + adapter_model.safetensors.", show_default=False)],
+    out: Annotated[Path, typer.Option("--out", help="Folder to write the merged checkpoint to (must be outside --base).", show_default=False)],
+    dtype: Annotated[Optional[str], typer.Option("--dtype", help="Output dtype for float tensors: bf16, fp16 or fp32. Default: keep the base's dtype.")] = None,
+    device: Annotated[str, typer.Option("--device", help="Where to compute the LoRA products: cpu, cuda or cuda:N.")] = "cpu",
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty --out; the old content is deleted only after the new merge is complete.")] = False,
+    safe: Annotated[bool, typer.Option("--safe", help="Check every merged tensor is finite and stop at the first that is not.")] = False,
+) -> None:
+    """Merge a LoRA adapter into its base model, one shard at a time, into a Hugging Face checkpoint folder."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from .dtypes import parse_dtype
+
+    console = Console(stderr=True)
+    try:
+        parse_dtype(dtype)  # fail on a typo before importing torch
+        from .api import merge
+
+        result = merge(base, adapter, out, dtype=dtype, device=device, overwrite=overwrite, safe=safe, progress=True)
+    except MergeError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(code=2) from None
+    console.print(
+        f"[green]merged[/green] {result.merged_tensor_count} tensors"
+        + (f", replaced {result.replaced_tensor_count}" if result.replaced_tensor_count else "")
+        + f" -> {result.out_dir} ({result.shard_count} shards, {result.output_bytes / 2**30:.2f} GiB, {result.seconds:.1f} s)",
+        highlight=False,
+    )

@@ -1,0 +1,223 @@
+"""Decide, before any weight is read, what every output tensor is made of.
+
+The merge follows what PEFT's `PeftModel.from_pretrained(...).merge_and_unload()` followed by
+`save_pretrained` produces:
+
+* every module with a LoRA pair gets `scale * B @ A` added to its weight, in the order PEFT
+  visits modules (`named_modules()`); a weight shared by tied modules (lm_head and the input
+  embedding) receives the deltas of both, one after the other;
+* `modules_to_save` tensors replace the module's weight; on a tied model that unties the pair
+  (the output keeps both tensors and `tie_word_embeddings` becomes false) unless the adapter was
+  trained with `ensure_weight_tying`, in which case both stay one tensor;
+* `<module>.base_layer.weight` tensors saved in the adapter overwrite the base weight before
+  the deltas are added, as PEFT's loader does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .adapter import Adapter, LoraPair
+from .base import BaseCheckpoint, ModelStructure
+from .dtypes import FLOAT_CODES, BYTES_PER_ELEMENT
+from .errors import MergeError
+from .safetensors_stream import TensorSpec
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One LoRA update to apply to a stored tensor."""
+
+    pair: LoraPair
+    transpose: bool  # True for fan_in_fan_out (GPT-2 Conv1D) layers and for embeddings
+    order: int  # PEFT's merge order among deltas on the same tensor
+
+
+@dataclass
+class Storage:
+    """One tensor of the merged model, before it is given a name in the output."""
+
+    base_key: str  # the checkpoint tensor it starts from (its dtype and shape)
+    adapter_key: str | None = None  # when set, the start value comes from the adapter instead
+    deltas: list[Delta] = field(default_factory=list)
+
+    @property
+    def touched(self) -> bool:
+        return self.adapter_key is not None or bool(self.deltas)
+
+
+@dataclass(frozen=True)
+class OutputTensor:
+    name: str
+    storage: Storage
+    spec: TensorSpec  # dtype and shape as written
+
+
+@dataclass
+class MergePlan:
+    shards: dict[str, list[OutputTensor]]  # output shard file name -> tensors, in input shard order
+    untied: bool  # True when a tied pair became two tensors (config.json tie_word_embeddings -> false)
+    out_dtype: str | None  # safetensors code given with --dtype, None to keep each tensor's own
+
+    @property
+    def merged_tensor_count(self) -> int:
+        return sum(1 for tensors in self.shards.values() for t in tensors if t.storage.deltas)
+
+    @property
+    def replaced_tensor_count(self) -> int:
+        return sum(1 for tensors in self.shards.values() for t in tensors if t.storage.adapter_key is not None)
+
+    @property
+    def tensor_count(self) -> int:
+        return sum(len(tensors) for tensors in self.shards.values())
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(t.spec.nbytes for tensors in self.shards.values() for t in tensors)
+
+
+def delta_shape(pair: LoraPair, a_shape, b_shape, transpose: bool) -> tuple[int, int]:
+    """Shape of the delta PEFT adds: B @ A is (out, in); transposed for Conv1D and embeddings."""
+    shape = (b_shape[0], a_shape[1])
+    return (shape[1], shape[0]) if transpose else shape
+
+
+def output_code(base_code: str, out_dtype: str | None) -> str:
+    """The dtype a tensor is written in: --dtype applies to float tensors only."""
+    return out_dtype if out_dtype is not None and base_code in FLOAT_CODES else base_code
+
+
+def work_code(base_code: str, out_dtype: str | None) -> str:
+    """The dtype PEFT would hold the weight in while merging.
+
+    Equal to the base dtype, or the output dtype when that one is wider: merging a bf16 base
+    into fp32 output equals PEFT on the base loaded in fp32; merging an fp32 base into bf16
+    output equals PEFT at fp32 followed by one cast.
+    """
+    out = output_code(base_code, out_dtype)
+    if base_code in FLOAT_CODES and BYTES_PER_ELEMENT[out] > BYTES_PER_ELEMENT[base_code]:
+        return out
+    return base_code
+
+
+def build_plan(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure, out_dtype: str | None) -> MergePlan:
+    """Map the adapter onto the base; raises MergeError listing every mismatch."""
+    problems: list[str] = []
+    # Each checkpoint tensor is its own storage; a tied name missing from the checkpoint (lm_head
+    # when tie_word_embeddings is true) points to the storage of the name that is present.
+    binding: dict[str, Storage] = {key: Storage(key) for key in base.specs}
+    tied_alias: dict[str, str] = {}  # alias weight name -> checkpoint weight name
+    for group in structure.tied_groups:
+        present = [name for name in group if name in base.specs]
+        if len(present) == 1:
+            for name in group:
+                if name != present[0]:
+                    binding[name] = binding[present[0]]
+                    tied_alias[name] = present[0]
+
+    # modules_to_save: a fresh tensor per module, shared by the whole tied group under
+    # ensure_weight_tying (PEFT then ties the two saved copies back together).
+    tied_by_replacement: set[int] = set()
+    for key, adapter_key in sorted(adapter.replacements.items()):
+        if key not in binding:
+            problems.append(f"modules_to_save tensor {adapter_key!r} matches no base tensor {key!r}.")
+            continue
+        target = base.specs[tied_alias.get(key, key)]
+        got = tuple(adapter.tensors[adapter_key].shape)
+        if got != target.shape:
+            problems.append(f"shape mismatch: adapter tensor {adapter_key!r} is {list(got)} but base tensor {key!r} is {list(target.shape)}.")
+            continue
+        if id(binding[key]) in tied_by_replacement:
+            continue  # already replaced together with its tied partner
+        group = [name for name in _group_of(key, structure) if name in binding]
+        if adapter.ensure_weight_tying and len(group) > 1 and len({id(binding[name]) for name in group}) == 1:
+            # one fresh tensor for the whole group, valued as the checkpoint member's saved copy
+            source = tied_alias.get(key, key)
+            chosen = next((adapter.replacements[n] for n in group if n == source and n in adapter.replacements), adapter_key)
+            fresh = Storage(source, chosen)
+            for name in group:
+                binding[name] = fresh
+            tied_by_replacement.add(id(fresh))
+        else:
+            binding[key] = Storage(tied_alias.get(key, key), adapter_key)
+
+    for key, adapter_key in adapter.base_copies.items():
+        if key not in binding:
+            problems.append(f"adapter tensor {adapter_key!r} matches no base tensor {key!r}.")
+            continue
+        got = tuple(adapter.tensors[adapter_key].shape)
+        want = base.specs[binding[key].base_key].shape
+        if got != want:
+            problems.append(f"shape mismatch: adapter tensor {adapter_key!r} is {list(got)} but base tensor {key!r} is {list(want)}.")
+            continue
+        storage = binding[key]
+        if storage.adapter_key is None:
+            storage.adapter_key = adapter_key
+        elif not adapter.tensors[storage.adapter_key].equal(adapter.tensors[adapter_key]):
+            problems.append(f"adapter tensors {storage.adapter_key!r} and {adapter_key!r} are different copies of one tied base weight.")
+
+    for module, pair in sorted(adapter.pairs.items()):
+        key = f"{module}.weight"
+        if key not in binding:
+            problems.append(f"adapter LoRA module {module!r} matches no base tensor (looked for {key!r}).")
+            continue
+        kind = structure.kinds.get(module)
+        if pair.kind == "embedding":
+            if structure.known and kind != "embedding":
+                problems.append(f"adapter module {module!r} has embedding LoRA weights but the base module is {kind}.")
+                continue
+            transpose = True
+        elif structure.known:
+            if kind not in ("linear", "conv1d"):
+                problems.append(f"adapter module {module!r} targets a {kind} layer: only Linear, Conv1D and Embedding LoRA can be merged.")
+                continue
+            # PEFT decides fan_in_fan_out from the layer type and overrides the config
+            transpose = kind == "conv1d"
+        else:
+            transpose = adapter.fan_in_fan_out
+        a_shape = tuple(adapter.tensors[pair.a_key].shape)
+        b_shape = tuple(adapter.tensors[pair.b_key].shape)
+        storage = binding[key]
+        want = base.specs[storage.base_key].shape
+        got = delta_shape(pair, a_shape, b_shape, transpose)
+        if got != want:
+            problems.append(
+                f"shape mismatch: adapter module {module!r} (lora A {list(a_shape)}, lora B {list(b_shape)}) "
+                f"gives a {list(got)} update but base tensor {key!r} is {list(want)}."
+            )
+            continue
+        if base.specs[storage.base_key].dtype not in FLOAT_CODES:
+            problems.append(f"base tensor {key!r} is {base.specs[storage.base_key].dtype}: LoRA can only be merged into float weights.")
+            continue
+        order = structure.order.get(module, 1 if key in tied_alias else 0)
+        storage.deltas.append(Delta(pair, transpose, order))
+
+    if problems:
+        raise MergeError("adapter does not match the base model:\n  " + "\n  ".join(problems))
+
+    for storage in {id(s): s for s in binding.values()}.values():
+        storage.deltas.sort(key=lambda d: d.order)
+
+    shards: dict[str, list[OutputTensor]] = {shard: [] for shard in base.shards}
+    for key, spec in base.specs.items():
+        storage = binding[key]
+        shards[base.shard_of[key]].append(OutputTensor(key, storage, _out_spec(key, base.specs[storage.base_key], out_dtype)))
+    untied = False
+    for alias, source in tied_alias.items():
+        if binding[alias] is not binding[source]:
+            # the pair came apart: write the alias next to the tensor it used to share
+            untied = True
+            storage = binding[alias]
+            shards[base.shard_of[source]].append(OutputTensor(alias, storage, _out_spec(alias, base.specs[storage.base_key], out_dtype)))
+    return MergePlan(shards, untied, out_dtype)
+
+
+def _group_of(key: str, structure: ModelStructure) -> list[str]:
+    for group in structure.tied_groups:
+        if key in group:
+            return group
+    return []
+
+
+def _out_spec(name: str, base_spec: TensorSpec, out_dtype: str | None) -> TensorSpec:
+    return TensorSpec(name, output_code(base_spec.dtype, out_dtype), base_spec.shape)
