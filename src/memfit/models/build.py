@@ -10,7 +10,7 @@ enable checkpointing.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -188,11 +188,22 @@ def enable_checkpointing(model: nn.Module) -> None:
         model.config.use_cache = False
 
 
-def prepare_for_method(model: nn.Module, spec: RunSpec) -> nn.Module:
-    """Quantize (qlora), freeze, attach adapters and enable checkpointing, in the trainer's order."""
+def prepare_for_method(
+    model: nn.Module,
+    spec: RunSpec,
+    load_weights: Callable[[nn.Module], None] | None = None,
+) -> nn.Module:
+    """Quantize (qlora), load, attach adapters and enable checkpointing, always in this order.
+
+    ``model`` is a meta model from :func:`build_meta_model`. ``load_weights`` (the trainer's) gives
+    it real weights after 4-bit layers are swapped in and before adapters are attached, so that PEFT
+    creates the adapters on the weights' device; the planner passes None and materialises later.
+    """
     check_targets(model, spec)
     if spec.method == "qlora":
         quantize_linears_on_meta(model, DTYPES[spec.precision])
+    if load_weights is not None:
+        load_weights(model)
     if spec.uses_adapters:
         model = attach_lora(model, spec)
     else:

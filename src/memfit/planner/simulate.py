@@ -14,7 +14,6 @@ rewrites the op to what CUDA does.
 from __future__ import annotations
 
 import contextlib
-import gc
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -88,7 +87,6 @@ def simulate(
         result = tracker.result()
         del fake
     del model, optimizer, batch, observer
-    gc.collect()
     return SimulationResult(
         num_layers=config.num_hidden_layers,
         tracker=result,
