@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.train.data.errors import Problems
-from memfit.train.data.readers import RawRecord, _json_type, expand_paths, read_file
+from memfit.train.data.readers import RawRecord, json_type_name, expand_paths, read_file
 
 # The keys that identify each format, in the order they are listed to users.
 FORMAT_KEYS: dict[str, tuple[str, ...]] = {
@@ -103,7 +103,7 @@ def detect_format(raw: RawRecord, problems: Problems) -> str | None:
     """Name the format of a record from its keys; add a problem and return None when the keys
     match no format or more than one."""
     if not isinstance(raw.value, dict):
-        problems.add(raw.where, f"record is {_json_type(raw.value)}; expected an object")
+        problems.add(raw.where, f"record is {json_type_name(raw.value)}; expected an object")
         return None
     keys = set(raw.value)
     matches = [name for name, needed in FORMAT_KEYS.items() if keys.issuperset(needed)]
@@ -135,7 +135,7 @@ def _check_string(
             problems.add(raw.where, "missing (required)", field)
         return None
     if not isinstance(value, str):
-        problems.add(raw.where, f"expected a string, got {_json_type(value)}", field)
+        problems.add(raw.where, f"expected a string, got {json_type_name(value)}", field)
         return None
     if required and not value.strip():
         problems.add(raw.where, "empty text", field)
@@ -145,7 +145,7 @@ def _check_string(
 
 def _record_object(raw: RawRecord, problems: Problems) -> dict | None:
     if not isinstance(raw.value, dict):
-        problems.add(raw.where, f"record is {_json_type(raw.value)}; expected an object")
+        problems.add(raw.where, f"record is {json_type_name(raw.value)}; expected an object")
         return None
     return raw.value
 
@@ -182,7 +182,7 @@ def _normalize_turns(
         problems.add(raw.where, "missing (required)", list_key)
         return None
     if not isinstance(turns, list):
-        problems.add(raw.where, f"expected a list of turns, got {_json_type(turns)}", list_key)
+        problems.add(raw.where, f"expected a list of turns, got {json_type_name(turns)}", list_key)
         return None
     if not turns:
         problems.add(raw.where, "empty conversation", list_key)
@@ -192,7 +192,7 @@ def _normalize_turns(
     for index, turn in enumerate(turns):
         field = f"{list_key}[{index}]"
         if not isinstance(turn, dict):
-            problems.add(raw.where, f"expected an object with {role_key!r} and {content_key!r}, got {_json_type(turn)}", field)
+            problems.add(raw.where, f"expected an object with {role_key!r} and {content_key!r}, got {json_type_name(turn)}", field)
             continue
         role_value = turn.get(role_key)
         role = role_names.get(role_value) if isinstance(role_value, str) else None

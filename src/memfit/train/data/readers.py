@@ -111,7 +111,7 @@ def _read_json(path: Path, problems: Problems) -> list[RawRecord]:
     if not isinstance(data, list):
         problems.add(
             str(path),
-            f"top level is {_json_type(data)}; expected a list of records [{{...}}, ...] "
+            f"top level is {json_type_name(data)}; expected a list of records [{{...}}, ...] "
             "(or save one record per line as .jsonl)",
         )
         return []
@@ -154,7 +154,7 @@ def _read_parquet(path: Path, problems: Problems) -> list[RawRecord]:
     return [RawRecord(f"{path}, row {i}", row, "parquet") for i, row in enumerate(rows, start=1)]
 
 
-def _json_type(value: Any) -> str:
+def json_type_name(value: Any) -> str:
     """The JSON name of a value's type, for error messages."""
     if value is None:
         return "null"
