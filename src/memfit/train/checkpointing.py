@@ -1,0 +1,221 @@
+"""Training checkpoints: everything needed to continue a run exactly where it stopped.
+
+A checkpoint is a folder ``<run>/checkpoints/step-00000012/`` holding
+
+- ``trainable.safetensors``: the trainable parameters by name (the LoRA matrices, or every weight
+  in full fine-tuning); frozen base weights are not repeated, they come from the model again;
+- ``state.pt``: optimizer, lr scheduler and grad scaler state, the RNG states (python, numpy,
+  torch CPU, the CUDA device of the run) and the data position (``BatchIterator.state_dict()``);
+- ``meta.json``: step, reason (interval, final, interrupt, oom) and time, readable without torch.
+
+It is written under a temporary name and renamed into place, so a crash while saving never leaves
+a half-written checkpoint that ``--resume`` would pick up. Only the last ``keep`` are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+CHECKPOINTS = "checkpoints"
+TRAINABLE_FILE = "trainable.safetensors"
+STATE_FILE = "state.pt"
+META_FILE = "meta.json"
+_PREFIX = "step-"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete or does not fit the model being resumed."""
+
+
+def checkpoint_name(step: int) -> str:
+    return f"{_PREFIX}{step:08d}"
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Complete checkpoints of a run, oldest first (temporary folders are ignored)."""
+    folder = Path(run_dir) / CHECKPOINTS
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and (p / META_FILE).is_file()]
+    return sorted(found, key=lambda p: int(p.name[len(_PREFIX):]))
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+# ------------------------------------------------------------------------------------------------
+# RNG states
+
+
+def capture_rng(device: torch.device) -> dict[str, Any]:
+    """The state of every random generator the run uses, as plain types and tensors."""
+    state: dict[str, Any] = {"python": _to_lists(random.getstate()), "torch": torch.get_rng_state()}
+    if "numpy" in sys.modules:  # only when something already uses numpy: never import it for this
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def restore_rng(state: dict[str, Any], device: torch.device) -> None:
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _to_lists(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_to_lists(v) for v in value]
+    return value
+
+
+# ------------------------------------------------------------------------------------------------
+# Saving and loading
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The trainable parameters by name, copied to CPU (tied weights once)."""
+    return {name: p.detach().to("cpu").contiguous() for name, p in model.named_parameters() if p.requires_grad}
+
+
+@dataclass
+class TrainingState:
+    """What a checkpoint restores besides tensors: the step, data position and RNG states."""
+
+    step: int
+    data: dict[str, Any]
+    rng: dict[str, Any]
+    path: Path
+
+
+def save_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    grad_scaler: Any,
+    data_state: dict[str, Any],
+    rng_state: dict[str, Any],
+    reason: str,
+    keep: int,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write the checkpoint of ``step`` atomically and keep only the last ``keep``; return its folder."""
+    from safetensors.torch import save_file
+
+    folder = Path(run_dir) / CHECKPOINTS
+    folder.mkdir(parents=True, exist_ok=True)
+    final = folder / checkpoint_name(step)
+    tmp = folder / f".tmp-{checkpoint_name(step)}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    save_file(trainable_state(model), str(tmp / TRAINABLE_FILE))
+    torch.save(
+        {
+            "step": step,
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "grad_scaler": grad_scaler.state_dict() if grad_scaler is not None else None,
+            "data": data_state,
+            "rng": rng_state,
+        },
+        tmp / STATE_FILE,
+    )
+    meta = {"step": step, "reason": reason, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")} | (extra or {})
+    (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    _fsync_dir(tmp)
+    replace_dir(tmp, final)
+    for old in list_checkpoints(run_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move folder ``src`` to ``dst``; an existing ``dst`` is removed only once ``src`` is in place."""
+    if dst.exists():
+        old = dst.with_name(f".old-{dst.name}-{os.getpid()}")
+        os.replace(dst, old)
+        os.replace(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
+
+
+def _fsync_dir(folder: Path) -> None:
+    for path in folder.iterdir():
+        with open(path, "rb") as f:
+            os.fsync(f.fileno())
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    grad_scaler: Any,
+    device: torch.device,
+) -> TrainingState:
+    """Restore the tensors and optimizer/scheduler/scaler states of checkpoint ``path`` in place.
+
+    The RNG states and data position are returned (not applied): the caller restores them at the
+    moment the interrupted run had them, right before its next step.
+    """
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    for name in (TRAINABLE_FILE, STATE_FILE, META_FILE):
+        if not (path / name).is_file():
+            raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
+    saved = load_file(str(path / TRAINABLE_FILE), device=str(device) if device.type == "cuda" else "cpu")
+    params = {name: p for name, p in model.named_parameters() if p.requires_grad}
+    missing = sorted(set(params) - set(saved))
+    unexpected = sorted(set(saved) - set(params))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this model: {len(missing)} trainable parameters missing "
+            f"(first: {missing[:3]}), {len(unexpected)} unknown (first: {unexpected[:3]}). Resume with the "
+            "same method, rank, targets and model."
+        )
+    with torch.no_grad():
+        for name, param in params.items():
+            if saved[name].shape != param.shape:
+                raise CheckpointError(f"checkpoint {path}: {name} has shape {tuple(saved[name].shape)}, the model {tuple(param.shape)}")
+            param.copy_(saved[name])
+    del saved
+    state = torch.load(path / STATE_FILE, map_location=device, weights_only=True)
+    optimizer.load_state_dict(state["optimizer"])
+    if scheduler is not None and state["scheduler"] is not None:
+        scheduler.load_state_dict(state["scheduler"])
+    if grad_scaler is not None and state["grad_scaler"] is not None:
+        grad_scaler.load_state_dict(state["grad_scaler"])
+    rng = state["rng"]
+    # RNG states must be CPU byte tensors whatever map_location did to them.
+    rng = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in rng.items()}
+    return TrainingState(step=int(state["step"]), data=state["data"], rng=rng, path=path)

@@ -1,0 +1,343 @@
+"""The training configuration: a YAML file of serialized arguments, validated in one pass.
+
+A run is described by the :class:`~memfit.spec.RunSpec` knobs that ``memfit plan`` takes (method,
+rank, precision, batch_size, ...) plus what only training needs (model weights, data, schedule,
+output). :func:`load_config` reads the YAML, applies command-line overrides and returns a
+:class:`TrainConfig`, or raises one :class:`ConfigError` that lists every problem with its field
+name (unknown keys get a "did you mean"). Nothing here imports torch.
+
+Relative paths written in a YAML file are relative to that file's folder, so a config and its data
+can move together; paths given as overrides (command-line flags) are relative to the current
+directory.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from memfit.spec import RunSpec, SpecError, make_spec
+
+#: The RunSpec knobs a training config may set (multi-GPU knobs are not trained by this version).
+SPEC_FIELDS = ("method", "rank", "alpha", "dropout", "targets", "precision", "optimizer", "batch_size", "seq_len", "grad_accum", "checkpointing")
+
+#: Fields holding paths, resolved against the YAML file's folder.
+PATH_FIELDS = ("model", "tokenizer", "data", "eval_data", "output_dir")
+
+
+class ConfigError(ValueError):
+    """The training configuration has problems; ``problems`` holds one line each, naming the field."""
+
+    def __init__(self, problems: list[str], source: str | None = None):
+        self.problems = problems
+        where = f" in {source}" if source else ""
+        super().__init__(f"invalid training configuration{where}:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class TrainConfig(BaseModel):
+    """Every setting of a training run. Field docs double as the YAML reference (docs/train.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # -- model ------------------------------------------------------------------------------
+    model: str = Field(description="local Hugging Face model folder (config.json + *.safetensors), a config.json, or a catalog name (with init: random)")
+    init: Literal["pretrained", "random"] = Field("pretrained", description="pretrained: load the folder's weights; random: random weights (demos, tests, benchmarks)")
+    model_overrides: dict[str, Any] = Field(default_factory=dict, description="config.json fields to change, e.g. {num_hidden_layers: 2} (init: random only)")
+    tokenizer: str | None = Field(None, description="tokenizer folder; default: the model folder, or the shipped tiny tokenizer with init: random")
+
+    # -- data -------------------------------------------------------------------------------
+    data: list[str] = Field(description="training data: file(s) or folder(s)")
+    data_format: Literal["auto", "alpaca", "sharegpt", "messages", "text"] = "auto"
+    packing: bool = Field(False, description="concatenate examples into rows of exactly seq_len tokens")
+    train_on_inputs: bool = Field(False, description="also take the loss on prompt tokens")
+    eval_split: float = Field(0.0, description="fraction of the training examples held out for evaluation (0 = none)")
+    eval_data: str | None = Field(None, description="evaluation data file(s) instead of a split")
+    eval_every: int = Field(0, description="evaluate every N optimizer steps (0 = only at the end when there is eval data)")
+
+    # -- schedule ---------------------------------------------------------------------------
+    epochs: float | None = Field(None, description="passes over the training data (default 1 when max_steps is not set)")
+    max_steps: int | None = Field(None, description="optimizer steps; takes precedence over epochs")
+    lr: float = 2e-4
+    weight_decay: float = 0.0
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"
+    warmup_steps: int | None = None
+    warmup_ratio: float | None = Field(None, description="warmup as a fraction of the optimizer steps (instead of warmup_steps)")
+    min_lr_ratio: float = Field(0.0, description="lr at the end of a cosine or linear decay, as a fraction of lr")
+    max_grad_norm: float | None = Field(1.0, description="clip gradients to this L2 norm (null = no clipping)")
+    seed: int = 0
+
+    # -- the RunSpec knobs (same meaning as in memfit plan) ----------------------------------
+    method: str = "lora"
+    rank: int = 16
+    alpha: float | None = None
+    dropout: float = 0.0
+    targets: list[str] | str = "all-linear"
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    batch_size: int = 1
+    seq_len: int = 2048
+    grad_accum: int = 1
+    checkpointing: str = "on"
+
+    # -- where and how ----------------------------------------------------------------------
+    device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
+    output_dir: str | None = Field(None, description="run folder; default runs/<config file name>")
+    log_every: int = Field(1, description="write metrics every N optimizer steps")
+    save_every: int = Field(0, description="save a checkpoint every N optimizer steps (0 = only at the end and on interrupt)")
+    keep_checkpoints: int = Field(2, description="how many recent checkpoints to keep")
+    gpu: str | None = Field(None, description="GPU to plan against before loading (default: detected on CUDA)")
+    budget: str | None = Field(None, description="memory budget to plan against, e.g. 20GiB (also on CPU runs)")
+    force: bool = Field(False, description="train even when the plan says the run does not fit")
+
+    @field_validator("data", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, (str, Path)) else value
+
+    @property
+    def spec(self) -> RunSpec:
+        """The validated RunSpec of the knobs (one GPU)."""
+        return make_spec(**self.knobs())
+
+    def knobs(self) -> dict[str, Any]:
+        """The RunSpec fields of this config, as ``memfit plan`` takes them."""
+        return {name: getattr(self, name) for name in SPEC_FIELDS}
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None, *, base_dir: str | Path | None = None) -> TrainConfig:
+    """Read the YAML at ``path`` (or none), apply ``overrides`` on top, validate everything.
+
+    ``None`` values in ``overrides`` are ignored (an unset flag). Raises :class:`ConfigError`.
+    """
+    import yaml
+
+    data: dict[str, Any] = {}
+    source = None
+    yaml_dir = Path(base_dir) if base_dir is not None else Path.cwd()
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        if not path.is_file():
+            raise ConfigError([f"config file {str(path)!r} does not exist"])
+        try:
+            loaded = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as err:
+            raise ConfigError([f"not valid YAML: {err}"], source) from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError([f"the file must hold a mapping of settings (key: value), not a {type(loaded).__name__}"], source)
+        data = {str(k).replace("-", "_"): v for k, v in loaded.items()}
+        yaml_dir = path.resolve().parent
+        data = _resolve_paths(data, yaml_dir)
+        if "output_dir" not in data:
+            data["output_dir"] = str(Path("runs") / path.stem)
+    flags = {k.replace("-", "_"): v for k, v in (overrides or {}).items() if v is not None}
+    data.update(_resolve_paths(flags, Path.cwd()))
+    return validate_config(data, source)
+
+
+def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
+    out = dict(data)
+    for key in PATH_FIELDS:
+        value = out.get(key)
+        if isinstance(value, (str, Path)):
+            out[key] = _resolve_one(key, str(value), folder)
+        elif isinstance(value, list):
+            out[key] = [_resolve_one(key, str(v), folder) if isinstance(v, (str, Path)) else v for v in value]
+    return out
+
+
+def _resolve_one(key: str, value: str, folder: Path) -> str:
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return str(path)
+    candidate = folder / path
+    if key == "model" and not candidate.exists():
+        return value  # a catalog name, not a path
+    return str(candidate)
+
+
+def validate_config(data: dict[str, Any], source: str | None = None) -> TrainConfig:
+    """Validate a dict of settings; raise one :class:`ConfigError` listing every problem."""
+    problems: list[str] = []
+    fields = set(TrainConfig.model_fields)
+    clean = {}
+    for key, value in data.items():
+        if key not in fields:
+            close = difflib.get_close_matches(key, sorted(fields), n=1, cutoff=0.6)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            problems.append(f"{key}: unknown setting.{hint}")
+        else:
+            clean[key] = value
+    # YAML reads a bare on/off as a boolean.
+    if isinstance(clean.get("checkpointing"), bool):
+        clean["checkpointing"] = "on" if clean["checkpointing"] else "off"
+    for required in ("model", "data"):
+        if clean.get(required) in (None, "", []):
+            problems.append(f"{required}: required (see docs/train.md)")
+    config = None
+    try:
+        config = TrainConfig(**clean)
+    except ValidationError as err:
+        for item in err.errors():
+            loc = ".".join(str(p) for p in item.get("loc", ()))
+            if item.get("type") == "missing":
+                continue  # reported above
+            if item.get("loc", ("",))[0] in SPEC_FIELDS:
+                continue  # make_spec below names the knob and its allowed values better
+            problems.append(f"{loc}: {item.get('input')!r}: {item.get('msg')}")
+    knobs = {k: clean.get(k) for k in SPEC_FIELDS}
+    try:
+        make_spec(**knobs)
+    except SpecError as err:
+        problems.extend(err.problems)
+    if config is not None:
+        problems.extend(_semantic_problems(config))
+    if problems:
+        raise ConfigError(problems, source)
+    assert config is not None
+    return config
+
+
+def _semantic_problems(c: TrainConfig) -> list[str]:
+    """Problems of values that are each well-typed but do not make sense (cheap: no file reading
+    beyond existence checks)."""
+    problems = []
+    if c.epochs is not None and not (c.epochs > 0 and math.isfinite(c.epochs)):
+        problems.append(f"epochs: {c.epochs!r} must be more than 0 (e.g. epochs: 1)")
+    if c.max_steps is not None and c.max_steps < 1:
+        problems.append(f"max_steps: {c.max_steps!r} must be 1 or more")
+    if not (c.lr > 0 and math.isfinite(c.lr)):
+        problems.append(f"lr: {c.lr!r} must be a positive number (e.g. lr: 2e-4)")
+    if c.weight_decay < 0:
+        problems.append(f"weight_decay: {c.weight_decay!r} must be 0 or more")
+    if c.warmup_steps is not None and c.warmup_ratio is not None:
+        problems.append("warmup_steps and warmup_ratio: set one of them, not both")
+    if c.warmup_steps is not None and c.warmup_steps < 0:
+        problems.append(f"warmup_steps: {c.warmup_steps!r} must be 0 or more")
+    if c.warmup_ratio is not None and not 0 <= c.warmup_ratio < 1:
+        problems.append(f"warmup_ratio: {c.warmup_ratio!r} must be in [0, 1)")
+    if not 0 <= c.min_lr_ratio <= 1:
+        problems.append(f"min_lr_ratio: {c.min_lr_ratio!r} must be in [0, 1]")
+    if c.max_grad_norm is not None and not c.max_grad_norm > 0:
+        problems.append(f"max_grad_norm: {c.max_grad_norm!r} must be positive, or null for no clipping")
+    if not 0 <= c.eval_split < 1:
+        problems.append(f"eval_split: {c.eval_split!r} must be a fraction in [0, 1) (e.g. eval_split: 0.05)")
+    if c.eval_split > 0 and c.eval_data is not None:
+        problems.append("eval_split and eval_data: use one of them, not both")
+    for name in ("eval_every", "save_every", "log_every", "keep_checkpoints"):
+        value = getattr(c, name)
+        low = 1 if name in ("log_every", "keep_checkpoints") else 0
+        if value < low:
+            problems.append(f"{name}: {value!r} must be {low} or more")
+    if c.init == "pretrained":
+        folder = Path(c.model)
+        if not folder.is_dir():
+            problems.append(
+                f"model: {c.model!r} is not a local model folder. Pretrained weights are read from a folder "
+                "with config.json and *.safetensors; for a catalog name or a config.json add init: random."
+            )
+        if c.model_overrides:
+            problems.append("model_overrides: only with init: random (pretrained weights fix the architecture)")
+    else:
+        from memfit.models.catalog import resolve_model
+
+        try:
+            resolve_model(c.model)
+        except ValueError as err:
+            problems.append(f"model: {err}")
+    for name in ("tokenizer",):
+        value = getattr(c, name)
+        if value is not None and not Path(value).is_dir():
+            problems.append(f"{name}: {value!r} is not a folder (a tokenizer folder holds tokenizer.json)")
+    for path in c.data + ([c.eval_data] if c.eval_data else []):
+        if not Path(path).exists():
+            field = "eval_data" if path == c.eval_data else "data"
+            problems.append(f"{field}: {path!r} does not exist")
+    if c.device.strip().lower() not in ("auto", "cpu", "cuda") and not c.device.strip().lower().startswith("cuda:"):
+        problems.append(f"device: {c.device!r} is not one of auto, cpu, cuda, cuda:N")
+    if c.budget is not None:
+        from memfit.planner.runtime import parse_bytes
+
+        try:
+            if parse_bytes(c.budget) <= 0:
+                raise ValueError("must be more than 0 bytes")
+        except ValueError as err:
+            problems.append(f"budget: {c.budget!r}: {err} (e.g. budget: 24GiB)")
+    if c.gpu is not None:
+        from memfit.models.gpus import get_gpu
+
+        try:
+            get_gpu(c.gpu)
+        except ValueError as err:
+            problems.append(f"gpu: {err}")
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------
+# Derived values (pure)
+
+
+def model_config_dict(config: TrainConfig) -> dict[str, Any]:
+    """The model's config dict (config.json) with ``model_overrides`` applied."""
+    from memfit.models.catalog import resolve_model
+
+    data = dict(resolve_model(config.model).config)
+    data.update(config.model_overrides)
+    return data
+
+
+def tokenizer_path(config: TrainConfig) -> Path:
+    """Where the tokenizer is read from (see :attr:`TrainConfig.tokenizer`)."""
+    if config.tokenizer is not None:
+        return Path(config.tokenizer)
+    if config.init == "pretrained":
+        return Path(config.model)
+    from memfit.train.data import tiny_tokenizer_path
+
+    return tiny_tokenizer_path()
+
+
+def total_steps(config: TrainConfig, batches_per_epoch: int) -> int:
+    """Optimizer steps of the run: ``max_steps``, or ``epochs`` x steps per epoch (rounded up)."""
+    if config.max_steps is not None:
+        return config.max_steps
+    epochs = config.epochs if config.epochs is not None else 1.0
+    return max(1, math.ceil(epochs * batches_per_epoch / config.grad_accum))
+
+
+def warmup_steps(config: TrainConfig, steps: int) -> int:
+    """Warmup steps in effect for a run of ``steps`` optimizer steps."""
+    if config.warmup_steps is not None:
+        return min(config.warmup_steps, steps)
+    if config.warmup_ratio is not None:
+        return int(config.warmup_ratio * steps)
+    return 0
+
+
+def lr_factor(step: int, *, total: int, warmup: int, schedule: str, min_ratio: float = 0.0) -> float:
+    """Multiplier of the base lr for optimizer step ``step`` (0-based): linear warmup from 0 over
+    ``warmup`` steps, then cosine / linear decay to ``min_ratio`` at ``total``, or constant."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    decay_steps = max(1, total - warmup)
+    progress = min(1.0, (step - warmup) / decay_steps)
+    if schedule == "linear":
+        shape = 1.0 - progress
+    else:
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return min_ratio + (1.0 - min_ratio) * shape
