@@ -119,13 +119,13 @@ def test_bad_dtype(tmp_path, llama_bf16, plain_adapter, dtype):
     _refused(tmp_path, llama_bf16, plain_adapter, rf"--dtype '{dtype}' is not supported", dtype=dtype)
 
 
-@pytest.mark.parametrize("device", ["gpu", "cuda:x", "tpu:0"])
+@pytest.mark.parametrize("device", ["graphics", "cuda:x", "tpu:0"])
 def test_bad_device(tmp_path, llama_bf16, plain_adapter, device):
     _refused(tmp_path, llama_bf16, plain_adapter, rf"--device '{device}' is not supported", device=device)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_cuda_without_gpu(tmp_path, llama_bf16, plain_adapter):
+def test_cuda_device_when_none_is_visible(tmp_path, llama_bf16, plain_adapter):
     _refused(tmp_path, llama_bf16, plain_adapter, "no CUDA GPU", device="cuda:0")
 
 

@@ -141,8 +141,9 @@ def _progress(enabled: bool, shard_count: int):
 
 
 def _write_shards(plan: MergePlan, checkpoint, lora, build: Path, device: str, safe: bool, progress: bool) -> None:
-    from .safetensors_stream import StreamingWriter
+    from .safetensors_stream import StreamingWriter, copy_bytes
 
+    layouts: dict = {}
     with _progress(progress, len(plan.shards)) as bar:
         task = bar.add_task("", total=len(plan.shards)) if bar is not None else None
         for shard, tensors in plan.shards.items():
@@ -154,6 +155,14 @@ def _write_shards(plan: MergePlan, checkpoint, lora, build: Path, device: str, s
             try:
                 for spec in writer.order:
                     item = by_name[spec.name]
+                    source_spec = checkpoint.specs[item.storage.base_key]
+                    if not item.storage.touched and item.spec.dtype == source_spec.dtype:
+                        # unchanged tensor: a byte copy, no tensor built, no file page mapped
+                        source = checkpoint.folder / checkpoint.shard_of[item.storage.base_key]
+                        data_start, offsets = _offsets(source, layouts)
+                        begin, end = offsets[item.storage.base_key]
+                        copy_bytes(writer, item.name, source, data_start + begin, data_start + end)
+                        continue
                     value = _produce(item, checkpoint, lora, device, plan.out_dtype)
                     if safe and item.storage.touched:
                         _check_finite(item.name, value)
@@ -167,6 +176,14 @@ def _write_shards(plan: MergePlan, checkpoint, lora, build: Path, device: str, s
             os.replace(tmp, build / shard)
             if bar is not None:
                 bar.advance(task)
+
+
+def _offsets(path: Path, cache: dict):
+    from .safetensors_stream import read_offsets
+
+    if path not in cache:
+        cache[path] = read_offsets(path)
+    return cache[path]
 
 
 def _read_tensor(path: Path, name: str):

@@ -96,3 +96,37 @@ class StreamingWriter:
     def abort(self) -> None:
         """Close without checks (the caller removes the file)."""
         self._file.close()
+
+
+def read_offsets(path: Path) -> tuple[int, dict[str, tuple[int, int]]]:
+    """Where each tensor's bytes live in a safetensors file: (data start, name -> [begin, end)).
+
+    Used to copy tensors the merge does not change as plain bytes, with ordinary reads: no
+    tensor is built and no file page is mapped into the process.
+    """
+    with open(path, "rb") as handle:
+        (header_len,) = struct.unpack("<Q", handle.read(8))
+        header = json.loads(handle.read(header_len))
+    offsets = {name: tuple(entry["data_offsets"]) for name, entry in header.items() if name != "__metadata__"}
+    return 8 + header_len, offsets
+
+
+def copy_bytes(writer: "StreamingWriter", name: str, source: Path, start: int, end: int, chunk_bytes: int = 16 * 2**20) -> None:
+    """Write tensor `name` by copying bytes [start, end) of `source` in chunks of `chunk_bytes`."""
+    spec = writer.order[writer._next]
+    if name != spec.name:
+        raise RuntimeError(f"tensor {name!r} written out of order; expected {spec.name!r}")
+    if end - start != spec.nbytes:
+        raise RuntimeError(f"tensor {name!r} has {end - start} bytes in {source.name}, header says {spec.nbytes}")
+    buffer = bytearray(min(chunk_bytes, max(spec.nbytes, 1)))
+    view = memoryview(buffer)
+    with open(source, "rb") as handle:
+        handle.seek(start)
+        left = end - start
+        while left:
+            got = handle.readinto(view[: min(left, len(buffer))])
+            if not got:
+                raise RuntimeError(f"{source.name} ends before tensor {name!r} does")
+            writer._file.write(view[:got])
+            left -= got
+    writer._next += 1
