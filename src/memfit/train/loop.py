@@ -62,6 +62,7 @@ class TrainResult:
     eval_losses: list[tuple[int, float]] = field(default_factory=list)
     setup: dict[str, Any] = field(default_factory=dict)
     tokens_per_second: float | None = None
+    model: Any = field(default=None, repr=False)  # the trained model, still on its device
 
 
 def train(
@@ -151,7 +152,7 @@ def train(
         console.print(f"resuming from {checkpoint} (step {start_step} of {steps})", highlight=False)
     write_run_json(run_dir, config, preflight, setup, device, steps, status="running", step=start_step)
 
-    result = TrainResult(status="completed", step=start_step, total_steps=steps, run_dir=run_dir, setup=setup)
+    result = TrainResult(status="completed", step=start_step, total_steps=steps, run_dir=run_dir, setup=setup, model=model)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     meter = Throughput()

@@ -1,0 +1,178 @@
+"""The training config: YAML + flags -> one validated TrainConfig, or one error listing every problem."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from memfit.train.command import parse_set_options
+from memfit.train.config import (
+    ConfigError,
+    TrainConfig,
+    load_config,
+    lr_factor,
+    model_config_dict,
+    tokenizer_path,
+    total_steps,
+    validate_config,
+    warmup_steps,
+)
+
+from trainer_helpers import DEMO_DATA, REPO, tiny_settings
+
+SHIPPED = sorted((REPO / "examples").glob("*.yaml"))
+
+
+def test_there_are_shipped_configs():
+    assert {p.name for p in SHIPPED} >= {"tiny.yaml", "lora-1b.yaml", "qlora-8b.yaml"}
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    config = load_config(path)
+    assert isinstance(config, TrainConfig)
+    config.spec  # the knobs form a valid RunSpec
+    for data in config.data:
+        assert Path(data).exists(), data
+    assert model_config_dict(config)["model_type"]
+
+
+def test_demo_config_is_small_and_local():
+    config = load_config(REPO / "examples" / "tiny.yaml")
+    assert config.init == "random" and config.device == "cpu"
+    assert model_config_dict(config)["num_hidden_layers"] == 2
+    assert tokenizer_path(config).joinpath("tokenizer.json").is_file()
+    assert config.output_dir == str(Path("runs") / "tiny")
+    assert config.checkpointing == "on"  # YAML's bare `on` is a boolean; it must still mean "on"
+
+
+def test_paths_in_yaml_are_relative_to_the_file_and_flags_win(tmp_path, monkeypatch):
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "train.jsonl").write_text(DEMO_DATA.read_text())
+    (tmp_path / "cfg" / "run.yaml").write_text(
+        "model: smollm2-135m\ninit: random\ndata: train.jsonl\nlr: 1.0e-3\nepochs: 3\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    config = load_config("cfg/run.yaml", {"lr": 5e-5, "epochs": None, "output_dir": "out"})
+    assert config.data == [str(tmp_path / "cfg" / "train.jsonl")]
+    assert config.lr == 5e-5  # flag wins
+    assert config.epochs == 3  # an unset flag (None) keeps the file's value
+    assert config.output_dir == str(tmp_path / "out")
+    assert config.model == "smollm2-135m"  # a catalog name is not turned into a path
+
+
+def test_every_problem_is_listed_at_once_with_field_names(tmp_path):
+    settings = tiny_settings(tmp_path / "out")
+    settings.update(
+        method="lorra",
+        lr=-1.0,
+        batchsize=4,
+        data=[str(tmp_path / "missing.jsonl")],
+        warmup_steps=5,
+        warmup_ratio=0.1,
+        eval_split=1.5,
+        budget="lots",
+    )
+    with pytest.raises(ConfigError) as info:
+        validate_config(settings)
+    text = str(info.value)
+    problems = info.value.problems
+    assert len(problems) >= 7, problems
+    assert "batchsize: unknown setting. Did you mean 'batch_size'?" in text
+    assert "--method: 'lorra'" in text and "Did you mean 'lora'?" in text
+    assert "lr: -1.0" in text
+    assert "missing.jsonl" in text and "does not exist" in text
+    assert "warmup_steps and warmup_ratio" in text
+    assert "eval_split: 1.5" in text
+    assert "budget: 'lots'" in text
+
+
+def test_unknown_keys_get_did_you_mean(tmp_path):
+    settings = tiny_settings(tmp_path / "out")
+    settings["epoch"] = 2
+    settings["learning_rate_schedule"] = "cosine"
+    with pytest.raises(ConfigError) as info:
+        validate_config(settings)
+    assert "epoch: unknown setting. Did you mean 'epochs'?" in str(info.value)
+    assert "learning_rate_schedule: unknown setting." in str(info.value)
+
+
+def test_required_fields_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        validate_config({})
+    assert "model: required" in str(info.value) and "data: required" in str(info.value)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping of settings"):
+        load_config(listing)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_pretrained_needs_a_local_folder(tmp_path):
+    settings = tiny_settings(tmp_path / "out", init="pretrained")
+    with pytest.raises(ConfigError) as info:
+        validate_config(settings)
+    assert "model: 'smollm2-135m' is not a local model folder" in str(info.value)
+    assert "init: random" in str(info.value)
+    assert "model_overrides: only with init: random" in str(info.value)
+
+
+def test_unknown_catalog_model_and_gpu(tmp_path):
+    settings = tiny_settings(tmp_path / "out", model="smollm-135m", gpu="rtx-4099")
+    with pytest.raises(ConfigError) as info:
+        validate_config(settings)
+    assert "model: unknown model 'smollm-135m'" in str(info.value)
+    assert "gpu: unknown GPU 'rtx-4099'" in str(info.value)
+
+
+def test_spec_combinations_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match="fp32 cannot be used with --method qlora"):
+        validate_config(tiny_settings(tmp_path / "out", method="qlora", precision="fp32"))
+    config = validate_config(tiny_settings(tmp_path / "out", checkpointing=False))
+    assert config.spec.checkpointing == "off"
+
+
+def test_set_options_parse_as_yaml():
+    assert parse_set_options(["lr=1e-4", "targets=[q_proj, v_proj]", "eval_split=0.1", "max-grad-norm=null"]) == {
+        "lr": 1e-4,
+        "targets": ["q_proj", "v_proj"],
+        "eval_split": 0.1,
+        "max_grad_norm": None,
+    }
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_set_options(["lr"])
+
+
+def test_total_and_warmup_steps(tmp_path):
+    config = validate_config(tiny_settings(tmp_path / "o", max_steps=None, epochs=2.5, grad_accum=3))
+    assert total_steps(config, batches_per_epoch=10) == math.ceil(2.5 * 10 / 3)
+    config = validate_config(tiny_settings(tmp_path / "o", max_steps=7))
+    assert total_steps(config, batches_per_epoch=1000) == 7
+    config = validate_config(tiny_settings(tmp_path / "o", max_steps=None, epochs=None))
+    assert total_steps(config, batches_per_epoch=12) == 12  # one epoch by default
+    config = validate_config(tiny_settings(tmp_path / "o", warmup_steps=None, warmup_ratio=0.1))
+    assert warmup_steps(config, 95) == 9
+    config = validate_config(tiny_settings(tmp_path / "o", warmup_steps=50))
+    assert warmup_steps(config, 20) == 20
+
+
+def test_lr_schedules():
+    kw = dict(total=110, warmup=10)
+    # linear warmup from lr/warmup up to lr
+    assert lr_factor(0, schedule="cosine", **kw) == pytest.approx(0.1)
+    assert lr_factor(9, schedule="cosine", **kw) == pytest.approx(1.0)
+    assert lr_factor(10, schedule="cosine", **kw) == pytest.approx(1.0)
+    assert lr_factor(60, schedule="cosine", **kw) == pytest.approx(0.5)
+    assert lr_factor(110, schedule="cosine", **kw) == pytest.approx(0.0, abs=1e-12)
+    assert lr_factor(60, schedule="linear", **kw) == pytest.approx(0.5)
+    assert lr_factor(85, schedule="linear", **kw) == pytest.approx(0.25)
+    assert lr_factor(100, schedule="constant", **kw) == 1.0
+    assert lr_factor(110, schedule="cosine", min_ratio=0.1, **kw) == pytest.approx(0.1)
+    assert lr_factor(0, schedule="linear", total=5, warmup=0) == 1.0
