@@ -150,16 +150,10 @@ def models_command(as_json: bool = typer.Option(False, "--json", help="Print as 
     console.print("[dim]Any causal LM works too: pass a config.json or a local model folder.[/]")
 
 
-def _register_optional_commands() -> None:
-    """Commands whose modules exist in this install (each imports its heavy dependencies lazily)."""
-    try:
-        from memfit.merge.command import merge_command
-    except ImportError:
-        return
-    app.command("merge")(merge_command)
+# Commands implemented next to their API; each module imports its heavy dependencies lazily.
+from memfit.merge.command import merge_command  # noqa: E402
 
-
-_register_optional_commands()
+app.command("merge")(merge_command)
 
 
 def main() -> None:

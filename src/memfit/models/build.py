@@ -179,9 +179,19 @@ def attach_lora(model: nn.Module, spec: RunSpec) -> nn.Module:
     return get_peft_model(model, config)
 
 
-def enable_checkpointing(model: nn.Module) -> None:
-    """Activation checkpointing on every decoder layer (non-reentrant, so frozen inputs are fine)."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+def enable_checkpointing(model: nn.Module, *, offload: bool = False) -> None:
+    """Activation checkpointing on every decoder layer (non-reentrant, so frozen inputs are fine).
+
+    ``offload`` keeps each layer's saved input in pinned host memory until its recomputation
+    (transformers' own offloaded checkpointing, transformers 5.x).
+    """
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, offload=offload)
+    elif offload:
+        raise ModelBuildError("--checkpointing offload needs transformers 5 or newer: pip install -U transformers")
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     # With use_cache=True, transformers turns checkpointing off with a warning; training never
     # needs the KV cache.
     if getattr(model, "config", None) is not None:
@@ -210,19 +220,26 @@ def prepare_for_method(
         for p in model.parameters():
             p.requires_grad_(True)
     if spec.checkpointing != "off":
-        enable_checkpointing(model)
+        enable_checkpointing(model, offload=spec.checkpointing == "offload")
     return model
 
 
-def materialize(model: nn.Module, device: str | torch.device) -> nn.Module:
-    """Give a meta model storage on ``device`` (call inside ``FakeTensorMode``: nothing is allocated).
+def materialize(model: nn.Module, device: str | torch.device, *, random_values: bool = False) -> nn.Module:
+    """Give a meta model storage on ``device``; inside ``FakeTensorMode`` nothing is allocated.
 
     4-bit layers get the packed weight and quantization state that bitsandbytes would store, made by
-    bitsandbytes' own ``quantize_4bit`` on a fake weight.
+    bitsandbytes' own ``quantize_4bit`` on a (fake) dense weight. ``random_values`` fills real
+    storage with small random numbers (uninitialised memory could hold NaNs); fake storage has no
+    values to fill.
     """
     import importlib.util
 
     model.to_empty(device=device)
+    if random_values:
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.is_floating_point():
+                    p.normal_(0.0, 0.02)
     if importlib.util.find_spec("bitsandbytes") is None:
         return model
     import bitsandbytes as bnb
@@ -231,6 +248,8 @@ def materialize(model: nn.Module, device: str | torch.device) -> nn.Module:
     for module in model.modules():
         if isinstance(module, bnb.nn.Linear4bit):
             dense = torch.empty(module.out_features, module.in_features, dtype=module.compute_dtype, device=device)
+            if random_values:
+                dense.normal_(0.0, 0.02)
             packed, quant_state = bnbf.quantize_4bit(
                 dense,
                 blocksize=NF4_BLOCKSIZE,

@@ -202,6 +202,11 @@ def estimate_step(
         sims = [simulate(config, spec, num_layers=k, workspace_allocs=workspace_allocs) for k in layers]
         points = [_summarise(s) for s in sims]
         values = {key: extrapolate_linear(layers, [p[key] for p in points], num_layers) for key in _SCALARS}
+        # Fragmentation does not grow linearly with depth (it jumps with how blocks happen to fit in
+        # segments), so the allocator's overhead is not extrapolated: the larger of the sampled
+        # overheads is added to the extrapolated allocated peak.
+        overhead = max(p["reserved_bytes"] - p["allocated_bytes"] for p in points)
+        values["reserved_bytes"] = values["allocated_bytes"] + overhead
         values["categories"] = {
             name: extrapolate_linear(layers, [p["categories"][name] for p in points], num_layers)
             for name in points[0]["categories"]

@@ -9,9 +9,17 @@ explained and tested:
   whole weight to the compute dtype and calls ``linear`` (``_dequant_linear_fallback``); with double
   quantization it first dequantizes the absmax to fp32. Both transients are real device memory at
   the moment of the matmul, so the planner runs that same decomposition.
+- offloaded checkpointing (``torch.autograd.graph.save_on_cpu``): on CUDA, saving copies a layer's
+  input into pinned host memory and the recomputation copies it back to the device. On the fake
+  CPU device the copy back is a no-op (the tensor is already "on the CPU"), so
+  :func:`offload_parity` makes it a device copy, as on CUDA. The pinned copy itself is counted as
+  host memory by the tracker.
 """
 
 from __future__ import annotations
+
+import contextlib
+from typing import Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -62,3 +70,35 @@ class CudaParityMode(TorchDispatchMode):
         dense = ops.dequantize_4bit.default(B, absmax, blocksize, quant_type, shapeB, A.dtype)
         del absmax
         return torch.nn.functional.linear(A, dense, bias)
+
+
+class _SaveOnCpuAsOnCuda(torch.autograd.graph.save_on_cpu):
+    """``save_on_cpu`` whose unpack makes a device copy, as the copy back to CUDA does."""
+
+    def __init__(self, pin_memory: bool = False, device_type: str = "cuda") -> None:
+        def pack(tensor: torch.Tensor):
+            packed = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout, pin_memory=True)
+            packed.copy_(tensor)
+            return packed
+
+        def unpack(packed: torch.Tensor) -> torch.Tensor:
+            return packed.clone()
+
+        torch.autograd.graph.saved_tensors_hooks.__init__(self, pack, unpack)
+
+
+@contextlib.contextmanager
+def offload_parity() -> Iterator[None]:
+    """While active, transformers' offloaded checkpointing allocates what it allocates on CUDA."""
+    from unittest import mock
+
+    try:
+        import transformers.modeling_utils as modeling_utils
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    if not hasattr(modeling_utils, "save_on_cpu"):
+        yield
+        return
+    with mock.patch.object(modeling_utils, "save_on_cpu", _SaveOnCpuAsOnCuda):
+        yield

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import torch
 
 from memfit.models.build import DTYPES, build_meta_model, count_parameters, make_config, materialize, prepare_for_method
-from memfit.planner.cuda_parity import CudaParityMode
+from memfit.planner.cuda_parity import CudaParityMode, offload_parity
 from memfit.planner.tracker import MemoryTracker, TrackerResult
 from memfit.spec import RunSpec
 from memfit.train.optim import build_optimizer
@@ -51,6 +51,7 @@ def simulate(
     *,
     num_layers: int | None = None,
     workspace_allocs: tuple[int, ...] = (),
+    fake: bool = True,
 ) -> SimulationResult:
     """Simulate ``SIM_STEPS`` training steps of the model in ``config_dict`` as ``spec`` configures it.
 
@@ -58,6 +59,8 @@ def simulate(
     ``workspace_allocs`` are cuBLAS workspaces, allocated as ``runtime`` where CUDA allocates them:
     the first at the first forward matmul (Python thread), the next at the first backward
     (autograd's device thread has its own cuBLAS handle).
+    ``fake=False`` runs the same thing on real CPU tensors (random weights): tests use it to check
+    that fake and real runs count the same bytes.
     """
     config = make_config(config_dict, num_layers=num_layers)
     config.use_cache = False
@@ -66,8 +69,15 @@ def simulate(
         model = prepare_for_method(build_meta_model(config, dtype), spec)
 
     tracker = MemoryTracker()
-    with _fake_mode() as fake, tracker, CudaParityMode(tracker):
-        model = materialize(model, SIM_DEVICE)
+    with (
+        _bitsandbytes_tables(),
+        _fake_mode() if fake else contextlib.nullcontext(),
+        _unpacked_positions(),
+        offload_parity(),
+        tracker,
+        CudaParityMode(tracker),
+    ):
+        model = materialize(model, SIM_DEVICE, random_values=not fake)
         model.train()
         tracker.mark_model(model)
         hooks = tracker.watch_gradients(model)
@@ -85,7 +95,6 @@ def simulate(
         for h in hooks:
             h.remove()
         result = tracker.result()
-        del fake
     del model, optimizer, batch, observer
     return SimulationResult(
         num_layers=config.num_hidden_layers,
@@ -123,36 +132,59 @@ def _fake_batch(spec: RunSpec, vocab_size: int) -> dict[str, torch.Tensor]:
 def _fake_mode() -> Iterator[Any]:
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    restore = _prepare_bitsandbytes()
+    # Meta parameters are turned into fake ones by to_empty inside the mode.
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake:
+        yield fake
+
+
+@contextlib.contextmanager
+def _unpacked_positions() -> Iterator[None]:
+    """Let transformers see, under fake tensors, what it sees on real ones: no packed sequences.
+
+    transformers reads the values of ``position_ids`` to detect several sequences packed in one
+    row; fake tensors have no values, so it would assume packing and build an explicit
+    ``[batch, 1, seq, seq]`` mask, which also turns off SDPA's GQA path. The step passes default
+    positions (one sequence per row), for which the real check finds no packing. The check's own
+    transients (a few ``[batch, seq]`` integer tensors, freed at once) are left out of the plan, on
+    real tensors too, so that fake and real simulations stay comparable byte for byte.
+    """
+    from unittest import mock
+
     try:
-        # Meta parameters are turned into fake ones by to_empty inside the mode.
-        with FakeTensorMode(allow_non_fake_inputs=True) as fake:
-            yield fake
-    finally:
-        restore()
+        from transformers import masking_utils
+    except ImportError:  # pragma: no cover - older transformers without this check
+        yield
+        return
+    if not hasattr(masking_utils, "find_packed_sequence_indices"):
+        yield
+        return
+    with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None):
+        yield
 
 
-def _prepare_bitsandbytes():
-    """bitsandbytes caches a lookup table on first use; make it a real tensor before faking.
+@contextlib.contextmanager
+def _bitsandbytes_tables() -> Iterator[None]:
+    """Build bitsandbytes' cached lookup table before tracking, and restore the cache afterwards.
 
-    Otherwise the cache would hold a fake tensor after the simulation (and creating it under fake
-    mode fails, as it reads values). Returns a function that restores the cache as it was.
+    bitsandbytes creates a quantization map on first use and keeps it in a module-level cache.
+    Made under fake mode it would fail (it reads values) or leave a fake tensor in the cache; made
+    under the tracker it would count as the step's memory. On CUDA it is one 1 KiB tensor.
     """
     import importlib.util
 
     if importlib.util.find_spec("bitsandbytes") is None:
-        return lambda: None
+        yield
+        return
     with _quiet():
         import bitsandbytes.functional as bnbf
     saved = dict(bnbf.name2qmap)
     if "dynamic" not in bnbf.name2qmap:
         bnbf.name2qmap["dynamic"] = bnbf.create_dynamic_map().to("cpu")
-
-    def restore() -> None:
+    try:
+        yield
+    finally:
         bnbf.name2qmap.clear()
         bnbf.name2qmap.update(saved)
-
-    return restore
 
 
 @contextlib.contextmanager

@@ -92,6 +92,7 @@ class TrackerResult:
     peak: Snapshot
     host_peak_bytes: int
     phase_peaks: dict[str, int] = field(default_factory=dict)
+    phase_marks: list[tuple[str, int]] = field(default_factory=list)
 
     def categories_at(self, event_index: int) -> dict[str, int]:
         """Live device bytes by category just after event ``event_index``."""
@@ -125,14 +126,24 @@ class MemoryTracker(TorchDispatchMode):
         self._peak_event = -1
         self._phase_peaks: dict[str, int] = {}
         self._host_scope = 0
+        self.phase_marks: list[tuple[str, int]] = []  # (phase, index of the last event before it)
 
     # ----------------------------------------------------------------- recording
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         flat, _ = tree_flatten(out)
-        for t in flat:
-            if isinstance(t, torch.Tensor):
-                self._note(t, func)
+        # Pinned memory is host memory (offloaded activations), whatever device the fake run uses.
+        pinned = bool(kwargs.get("pin_memory"))
+        if pinned:
+            self._host_scope += 1
+        try:
+            for t in flat:
+                if isinstance(t, torch.Tensor):
+                    self._note(t, func)
+        finally:
+            if pinned:
+                self._host_scope -= 1
         return out
 
     def _note(self, tensor: torch.Tensor, func=None) -> Allocation | None:
@@ -193,6 +204,8 @@ class MemoryTracker(TorchDispatchMode):
             for alloc in self._by_storage.values():
                 if alloc.phase == "forward" and alloc.role is None:
                     alloc.role = "activations"
+        if phase != self.phase:
+            self.phase_marks.append((phase, len(self.events) - 1))
         self.phase = phase
 
     # The training step reports its phases through ``on_phase`` (see memfit.train.step.StepObserver).
@@ -271,6 +284,7 @@ class MemoryTracker(TorchDispatchMode):
             peak=Snapshot(-1, "setup", 0, {}),
             host_peak_bytes=self._peak_host_bytes,
             phase_peaks=dict(self._phase_peaks),
+            phase_marks=list(self.phase_marks),
         )
         index = self._peak_event
         phase = self.allocations[self.events[index][1]].phase if index >= 0 else "setup"
