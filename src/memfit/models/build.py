@@ -73,10 +73,11 @@ def build_meta_model(config, dtype: torch.dtype) -> nn.Module:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
     except ValueError as err:
-        if "sdpa" not in str(err).lower():
+        message = str(err).lower()
+        if "sdpa" not in message and "scaled_dot_product_attention" not in message:
             raise ModelBuildError(f"transformers cannot build a causal LM for {config.model_type!r}: {err}") from None
         with torch.device("meta"):  # architectures without SDPA support use their eager attention
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
     return model
 
 

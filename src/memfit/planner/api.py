@@ -26,6 +26,12 @@ from memfit.planner.runtime import parse_bytes, runtime_overhead
 from memfit.spec import RunSpec, SpecError, make_spec
 
 
+_ATTENTION_NOTES = {
+    "sdpa": "sdpa: flash / memory-efficient kernel, no [seq x seq] attention matrix kept",
+    "eager": "eager: this architecture has no SDPA path, the [batch x heads x seq x seq] attention matrix is materialised",
+}
+
+
 class PlanError(SpecError):
     """Bad input for a plan (model, knobs, GPU or budget); every problem is listed."""
 
@@ -97,7 +103,7 @@ def plan(
         "num_layers": estimate["num_layers"],
         "context_bytes": runtime.context_bytes,
         "cublas_workspace_bytes": runtime.cublas_workspace_bytes,
-        "attention": "sdpa flash / memory-efficient kernel (no attention matrix kept)",
+        "attention": _ATTENTION_NOTES.get(estimate["attention"], estimate["attention"]),
         "notes": notes,
         "plan_seconds": round(time.perf_counter() - started, 3),
     }
@@ -228,6 +234,7 @@ def estimate_step(
         "total_params": values["total_params"],
         "trainable_params": values["trainable_params"],
         "simulated_layers": simulated,
+        "attention": sims[-1].attention,
         "num_layers": num_layers,
         "notes": notes,
     }

@@ -43,6 +43,7 @@ class SimulationResult:
     total_params: int
     trainable_params: int
     workspace_bytes: int
+    attention: str  # the attention implementation the model runs ("sdpa" or "eager")
 
 
 def simulate(
@@ -102,6 +103,7 @@ def simulate(
         total_params=total,
         trainable_params=trainable,
         workspace_bytes=sum(workspace_allocs),
+        attention=str(getattr(config, "_attn_implementation", None) or "eager"),
     )
 
 

@@ -1,0 +1,49 @@
+"""Every bad knob is reported at once, naming the field, the value and the fix."""
+
+import pytest
+
+from memfit.spec import RunSpec, SpecError, make_spec
+
+
+def test_defaults():
+    spec = make_spec()
+    assert spec.method == "lora" and spec.rank == 16 and spec.lora_alpha == 32.0
+    assert spec.checkpointing == "on" and spec.targets == ("all-linear",)
+
+
+def test_targets_from_comma_string():
+    assert make_spec(targets="q_proj, v_proj").targets == ("q_proj", "v_proj")
+
+
+@pytest.mark.parametrize(
+    ("knobs", "expected"),
+    [
+        ({"rank": 0}, "--rank: 0 must be 1 or more"),
+        ({"batch_size": -2}, "--batch-size: -2 must be 1 or more"),
+        ({"seq_len": 0}, "--seq-len: 0 must be 1 or more"),
+        ({"seq_len": "long"}, "--seq-len: 'long' is not a whole number"),
+        ({"method": "lorra"}, "Did you mean 'lora'?"),
+        ({"optimizer": "adam"}, "--optimizer: 'adam' is not one of"),
+        ({"alpha": -1}, "--alpha: -1 must be a positive number"),
+        ({"dropout": 1.5}, "--dropout: 1.5 must be in [0, 1)"),
+        ({"method": "qlora", "precision": "fp32"}, "fp32 cannot be used with --method qlora"),
+        ({"method": "full", "precision": "fp16"}, "fp16 is not supported for --method full"),
+        ({"seqlen": 10}, "unknown knob 'seqlen'. Did you mean 'seq_len'?"),
+    ],
+)
+def test_bad_knobs(knobs, expected):
+    with pytest.raises(SpecError) as info:
+        make_spec(**knobs)
+    assert expected in str(info.value)
+
+
+def test_all_problems_at_once():
+    with pytest.raises(SpecError) as info:
+        make_spec(rank=0, batch_size=0, method="x")
+    assert len(info.value.problems) == 3
+
+
+def test_knobs_are_json_ready():
+    knobs = make_spec(method="qlora", rank=8).knobs()
+    assert knobs["alpha"] == 16.0 and knobs["targets"] == ["all-linear"] and knobs["method"] == "qlora"
+    assert set(knobs) == set(RunSpec.model_fields)
