@@ -1,0 +1,191 @@
+"""The training loop end to end on CPU with tiny models."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from memfit.train import step as step_module  # noqa: E402
+from memfit.train.checkpointing import latest_checkpoint  # noqa: E402
+from memfit.train.config import load_config  # noqa: E402
+from memfit.train.loading import SetupError  # noqa: E402
+from memfit.train.loop import OutOfMemory, TrainError, train  # noqa: E402
+
+from trainer_helpers import REPO, read_metrics, save_tiny_pretrained, step_losses, tiny_config  # noqa: E402
+
+
+def _mean(values):
+    values = list(values)
+    return sum(values) / len(values)
+
+
+def test_demo_config_trains_and_loss_decreases(tmp_path):
+    config = load_config(REPO / "examples" / "tiny.yaml", {"output_dir": str(tmp_path / "run"), "max_steps": 50, "eval_every": 25, "log_every": 1})
+    result = train(config, progress=False)
+    assert result.status == "completed" and result.step == 50
+    losses = [loss for _, loss in result.losses]
+    assert _mean(losses[-10:]) < _mean(losses[:10]) - 0.5, losses
+    assert [s for s, _ in result.eval_losses] == [25, 50]
+    assert result.eval_losses[-1][1] < result.eval_losses[0][1]
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, 51))
+    first = records[0]
+    assert first["tokens_per_second"] > 0 and first["rss_bytes"] > 0 and first["lr"] > 0
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["status"] == "completed" and run["step"] == 50
+    assert run["config"]["method"] == "lora" and run["model_config"]["num_hidden_layers"] == 2
+    assert run["preflight"]["target"] is None and run["plan"] is None  # CPU without gpu/budget: no plan
+    assert run["setup"]["trainable_params"] == run["setup"]["expected_trainable_params"]
+    adapter = tmp_path / "run" / "adapter"
+    assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
+    assert (adapter / "tokenizer.json").is_file()
+
+
+def test_adapter_loads_unchanged_with_peft(tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base_dir = save_tiny_pretrained(tmp_path / "base")
+    config = tiny_config(tmp_path / "run", model=str(base_dir), init="pretrained", model_overrides={}, dropout=0.1, max_steps=4)
+    result = train(config, progress=False)
+    trained = result.model.eval()
+    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base_dir)), str(result.output_dir)).eval()
+    ids = torch.randint(0, 512, (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = trained(input_ids=ids).logits
+        got = reloaded(input_ids=ids).logits
+        base_logits = AutoModelForCausalLM.from_pretrained(str(base_dir))(input_ids=ids).logits
+    assert torch.allclose(expected, got, atol=1e-6, rtol=0)
+    assert not torch.allclose(expected, base_logits, atol=1e-4)  # the adapter did learn something
+    saved = {n.replace(".default", "") for n, p in trained.named_parameters() if p.requires_grad}
+    from safetensors.torch import load_file
+
+    assert set(load_file(str(result.output_dir / "adapter_model.safetensors"))) == saved
+
+
+def test_full_fine_tuning_saves_a_loadable_model(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(tmp_path / "run", method="full", max_steps=8, lr=2e-3, batch_size=8)
+    result = train(config, progress=False)
+    assert result.setup["trainable_params"] == result.setup["total_params"]
+    losses = [loss for _, loss in result.losses]
+    assert losses[-1] < losses[0]
+    reloaded = AutoModelForCausalLM.from_pretrained(str(result.output_dir)).eval()
+    ids = torch.randint(0, 512, (1, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(result.model.eval()(input_ids=ids).logits, reloaded(input_ids=ids).logits, atol=1e-6)
+
+
+def test_qlora_trains_on_cpu(tmp_path):
+    pytest.importorskip("bitsandbytes")
+    config = tiny_config(tmp_path / "run", method="qlora", precision="bf16", max_steps=8, lr=1e-2, batch_size=8)
+    result = train(config, progress=False)
+    losses = [loss for _, loss in result.losses]
+    assert all(map(lambda x: x == x, losses))
+    assert _mean(losses[-3:]) < _mean(losses[:3])
+    assert (result.output_dir / "adapter_model.safetensors").is_file()
+
+
+def test_fp16_uses_a_grad_scaler_and_checkpoints_it(tmp_path):
+    config = tiny_config(tmp_path / "run", precision="fp16", max_steps=3)
+    result = train(config, progress=False)
+    assert result.status == "completed"
+    state = torch.load(latest_checkpoint(tmp_path / "run") / "state.pt", weights_only=True)
+    assert state["grad_scaler"] is not None and state["grad_scaler"]["scale"] > 0
+
+
+def test_gradient_accumulation_and_packing(tmp_path):
+    config = tiny_config(tmp_path / "run", grad_accum=2, packing=True, max_steps=3, eval_split=0.1)
+    result = train(config, progress=False)
+    records = read_metrics(tmp_path / "run")
+    tokens = [r["tokens"] for r in records if "loss" in r]
+    # packed rows are seq_len tokens long: 2 micro-batches x 4 rows x 64 tokens
+    assert tokens == [512, 512, 512]
+    assert result.eval_losses
+
+
+def test_out_of_memory_saves_the_step_before_and_explains(tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real_step = step_module.train_step
+
+    def flaky_step(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(step_module, "train_step", flaky_step)
+    config = tiny_config(tmp_path / "run", max_steps=5, batch_size=4)
+    with pytest.raises(OutOfMemory) as info:
+        train(config, progress=False)
+    message = str(info.value)
+    assert "out of device memory at step 3" in message
+    assert "batch_size: 2, grad_accum: 2" in message and "--resume" in message
+    assert info.value.plan is not None  # planned on the spot, to show where the memory goes
+    checkpoint = info.value.checkpoint
+    assert checkpoint.name == "step-00000002"
+    assert json.loads((checkpoint / "meta.json").read_text())["reason"] == "oom"
+
+    # the emergency checkpoint replays step 3: the run then matches one that never failed
+    monkeypatch.setattr(step_module, "train_step", real_step)
+    resumed = train(config, resume=True, progress=False)
+    assert resumed.status == "completed"
+    clean = train(tiny_config(tmp_path / "clean", max_steps=5, batch_size=4), progress=False)
+    got, want = step_losses(tmp_path / "run"), step_losses(tmp_path / "clean")
+    assert got.keys() == want.keys() == set(range(1, 6))
+    assert all(abs(got[k] - want[k]) <= 1e-6 for k in want)
+
+
+def test_custom_wrapper_models_are_refused(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from memfit.models.build import make_config
+    from trainer_helpers import tiny_model_dict
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = AutoModelForCausalLM.from_config(make_config(tiny_model_dict()))
+
+    with pytest.raises(SetupError, match="not a transformers PreTrainedModel"):
+        train(tiny_config(tmp_path / "run"), model=Wrapper(), progress=False)
+
+
+def test_a_given_pretrained_model_is_prepared_and_trained(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from memfit.models.build import make_config
+    from trainer_helpers import tiny_model_dict
+
+    model = AutoModelForCausalLM.from_config(make_config(tiny_model_dict()))
+    result = train(tiny_config(tmp_path / "run", max_steps=2), model=model, progress=False)
+    assert result.status == "completed"
+    assert result.setup["checkpointed_layers"] == 2
+    assert 0 < result.setup["trainable_params"] < result.setup["total_params"]
+
+
+def test_an_existing_run_is_never_overwritten(tmp_path):
+    config = tiny_config(tmp_path / "run", max_steps=1)
+    train(config, progress=False)
+    with pytest.raises(TrainError, match="already holds files"):
+        train(config, progress=False)
+    with pytest.raises(TrainError, match="holds no run to resume"):
+        train(tiny_config(tmp_path / "other", max_steps=1), resume=True, progress=False)
+
+
+def test_tokenizer_larger_than_the_model_vocab_fails_before_loading(tmp_path, monkeypatch):
+    from memfit.train import loading
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("weights were loaded before the vocabulary check")
+
+    monkeypatch.setattr(loading, "load_model", must_not_load)
+    overrides = dict(tiny_config(tmp_path / "x").model_overrides, vocab_size=100)
+    with pytest.raises(TrainError, match="vocab_size is 100"):
+        train(tiny_config(tmp_path / "run", model_overrides=overrides), progress=False)
