@@ -233,39 +233,41 @@ def materialize(model: nn.Module, device: str | torch.device, *, random_values: 
     storage with small random numbers (uninitialised memory could hold NaNs); fake storage has no
     values to fill.
     """
-    import importlib.util
-
     model.to_empty(device=device)
     if random_values:
         with torch.no_grad():
             for p in model.parameters():
                 if p.is_floating_point():
                     p.normal_(0.0, 0.02)
-    if importlib.util.find_spec("bitsandbytes") is None:
+    quantized = [m for m in model.modules() if _is_bnb_linear4bit(m)]
+    if not quantized:
         return model
-    import bitsandbytes as bnb
     import bitsandbytes.functional as bnbf
 
-    for module in model.modules():
-        if isinstance(module, bnb.nn.Linear4bit):
-            dense = torch.empty(module.out_features, module.in_features, dtype=module.compute_dtype, device=device)
-            if random_values:
-                dense.normal_(0.0, 0.02)
-            packed, quant_state = bnbf.quantize_4bit(
-                dense,
-                blocksize=NF4_BLOCKSIZE,
-                compress_statistics=True,
-                quant_type="nf4",
-                quant_storage=torch.uint8,
-            )
-            del dense
-            weight = module.weight
-            weight.data = packed
-            weight.quant_state = quant_state
-            weight.quant_type = "nf4"
-            weight.compress_statistics = True
-            weight.bnb_quantized = True
+    for module in quantized:
+        dense = torch.empty(module.out_features, module.in_features, dtype=module.compute_dtype, device=device)
+        if random_values:
+            dense.normal_(0.0, 0.02)
+        packed, quant_state = bnbf.quantize_4bit(
+            dense,
+            blocksize=NF4_BLOCKSIZE,
+            compress_statistics=True,
+            quant_type="nf4",
+            quant_storage=torch.uint8,
+        )
+        del dense
+        weight = module.weight
+        weight.data = packed
+        weight.quant_state = quant_state
+        weight.quant_type = "nf4"
+        weight.compress_statistics = True
+        weight.bnb_quantized = True
     return model
+
+
+def _is_bnb_linear4bit(module: nn.Module) -> bool:
+    """True for bitsandbytes' Linear4bit, checked without importing bitsandbytes (slow to import)."""
+    return any(c.__name__ == "Linear4bit" and c.__module__.startswith("bitsandbytes") for c in type(module).__mro__)
 
 
 def count_parameters(model: nn.Module) -> tuple[int, int]:

@@ -27,11 +27,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memfit.planner.tracker import MemoryTracker
 
 
-def _bnb_gemm_4bit_op():
-    try:
-        return torch.ops.bitsandbytes.gemm_4bit.default
-    except (AttributeError, RuntimeError):  # bitsandbytes not imported / not installed
-        return None
+#: bitsandbytes' 4-bit matmul op, by name (importing bitsandbytes to look it up costs seconds).
+_BNB_GEMM_4BIT = "bitsandbytes::gemm_4bit"
 
 
 class CudaParityMode(TorchDispatchMode):
@@ -43,8 +40,7 @@ class CudaParityMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        gemm_4bit = _bnb_gemm_4bit_op()
-        if gemm_4bit is not None and func is gemm_4bit:
+        if func.namespace == "bitsandbytes" and func.name() == _BNB_GEMM_4BIT:
             return self._gemm_4bit_as_cuda(*args, **kwargs)
         return func(*args, **kwargs)
 

@@ -113,9 +113,26 @@ class MemoryPlan:
             if self.fits:
                 console.print(f"[green]fits[/] {name} ({cap}) with {format_bytes(self.headroom_bytes)} headroom")
             else:
-                console.print(
-                    f"[red]does not fit[/] {name} ({cap}): {format_bytes(-self.headroom_bytes)} over. "
-                    "Try --checkpointing on, a smaller --batch-size or --seq-len, --method qlora, or --optimizer adamw8bit."
-                )
+                tips = ", ".join(suggestions(self.spec))
+                console.print(f"[red]does not fit[/] {name} ({cap}): {format_bytes(-self.headroom_bytes)} over. Try {tips}.")
         for note in d.get("notes", []):
             console.print(f"[dim]note: {note}[/]")
+
+
+def suggestions(spec: dict[str, Any]) -> list[str]:
+    """Knob changes that lower peak memory, for a spec that does not fit (only ones not already set)."""
+    tips = []
+    if spec["checkpointing"] == "off":
+        tips.append("--checkpointing on")
+    elif spec["checkpointing"] == "on":
+        tips.append("--checkpointing offload")
+    if spec["batch_size"] > 1:
+        tips.append(f"--batch-size {spec['batch_size'] // 2} with --grad-accum {spec['grad_accum'] * 2}")
+    if spec["method"] == "full":
+        tips.append("--method lora")
+    elif spec["method"] == "lora":
+        tips.append("--method qlora")
+    if spec["method"] == "full" and spec["optimizer"] == "adamw":
+        tips.append("--optimizer adamw8bit")
+    tips.append(f"a shorter --seq-len than {spec['seq_len']}")
+    return tips

@@ -71,7 +71,7 @@ def simulate(
 
     tracker = MemoryTracker()
     with (
-        _bitsandbytes_tables(),
+        _bitsandbytes_tables() if _uses_bitsandbytes(spec) else contextlib.nullcontext(),
         _fake_mode() if fake else contextlib.nullcontext(),
         _unpacked_positions(),
         offload_parity(),
@@ -162,6 +162,10 @@ def _unpacked_positions() -> Iterator[None]:
         return
     with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None):
         yield
+
+
+def _uses_bitsandbytes(spec: RunSpec) -> bool:
+    return spec.method == "qlora" or spec.optimizer in ("adamw8bit", "paged-adamw8bit")
 
 
 @contextlib.contextmanager

@@ -144,8 +144,11 @@ def train(
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is None:
             raise TrainError(f"--resume: {run_dir} has no checkpoint to resume from; start the run without --resume")
-        state = load_checkpoint(checkpoint, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler, device=device)
-        batches.load_state_dict(state.data)
+        try:
+            state = load_checkpoint(checkpoint, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler, device=device)
+            batches.load_state_dict(state.data)
+        except ValueError as err:  # CheckpointError, or data / batch settings that changed
+            raise TrainError(f"--resume from {checkpoint}: {err}") from None
         restore_rng(state.rng, device)
         start_step = state.step
         truncate_metrics(run_dir / METRICS_FILE, start_step)
@@ -156,6 +159,7 @@ def train(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     meter = Throughput()
+    loop_started = time.perf_counter()
 
     def checkpoint_now(step: int, reason: str, data_state=None, rng_state=None) -> Path:
         return save_checkpoint(
@@ -202,6 +206,7 @@ def train(
                 "grad_norm": float(grad_norm) if grad_norm is not None else None,
                 "tokens": tokens,
                 "tokens_per_second": meter.rate(),
+                "elapsed_s": round(time.perf_counter() - loop_started, 4),  # since this process's loop began
                 **memory_reading(device),
             }
             result.losses.append((done, loss_value))

@@ -1,0 +1,24 @@
+# Two commands on a fresh machine:
+#   make demo   set up .venv and plan a run of the built-in default model (no download, no GPU)
+#   make test   run the test suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of PyTorch. On a GPU machine, install the CUDA build of torch into the venv first.
+TORCH ?= torch==2.13.0
+
+.PHONY: demo test setup
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet $(TORCH)
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/memfit plan
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
