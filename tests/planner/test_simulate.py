@@ -183,3 +183,32 @@ def test_extrapolation_matches_full_simulation(knobs):
         assert quick.categories[name] == pytest.approx(full.categories[name], rel=0.005, abs=4096), name
     assert quick.reserved_bytes == pytest.approx(full.reserved_bytes, rel=0.025)
     assert quick.device_total_bytes == pytest.approx(full.device_total_bytes, rel=0.025)
+
+
+def test_8bit_adamw_states_are_bitsandbytes_layout():
+    """uint8 states plus an fp32 absmax per 256-element block; 32-bit states under 4096 elements."""
+    pytest.importorskip("bitsandbytes")
+    config = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024, "max_position_embeddings": 512}
+    spec = make_spec(method="full", precision="bf16", optimizer="adamw8bit", seq_len=32)
+    at_step = _at_phase_start(simulate(config, spec).tracker, "optimizer")
+    expected = 2 * round_block_bytes(256 * 4)  # the signed and unsigned quantization maps, once
+    for n, _, _ in _model_params(config, spec):
+        if n < 4096:
+            expected += 2 * round_block_bytes(4 * n)
+        else:
+            expected += 2 * round_block_bytes(n) + 2 * round_block_bytes(4 * -(-n // 256))
+    assert at_step["optimizer"] == expected
+
+
+def test_paged_states_live_outside_the_allocator():
+    pytest.importorskip("bitsandbytes")
+    config = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024, "max_position_embeddings": 512}
+    spec = make_spec(method="full", optimizer="paged-adamw8bit", seq_len=32)
+    result = simulate(config, spec).tracker
+    paged = sum(2 * round_block_bytes(n) for n, _, _ in _model_params(config, spec) if n >= 100_000)
+    assert paged > 0
+    assert result.outside_peaks["paged"] == paged
+    plain = simulate(config, make_spec(method="full", optimizer="adamw8bit", seq_len=32)).tracker
+    assert _at_phase_start(plain, "optimizer")["optimizer"] - _at_phase_start(result, "optimizer")["optimizer"] == paged

@@ -98,6 +98,7 @@ def plan(
         "total_params": estimate["total_params"],
         "trainable_params": estimate["trainable_params"],
         "host_peak_bytes": estimate["host_peak_bytes"],
+        "paged_peak_bytes": estimate["paged_peak_bytes"],
         "phase_peaks_allocated_bytes": estimate["phase_peaks"],
         "simulated_layers": estimate["simulated_layers"],
         "num_layers": estimate["num_layers"],
@@ -228,6 +229,7 @@ def estimate_step(
         "allocated_bytes": values["allocated_bytes"],
         "reserved_bytes": values["reserved_bytes"],
         "host_peak_bytes": values["host_peak_bytes"],
+        "paged_peak_bytes": values["paged_peak_bytes"],
         "categories": values["categories"],
         "phase": points[-1]["phase"],
         "phase_peaks": phases,
@@ -257,7 +259,7 @@ def extrapolate_linear(xs: tuple[int, int], ys: list[int], x: int) -> int:
     return int(round(y0 + (y1 - y0) * (x - x0) / (x1 - x0)))
 
 
-_SCALARS = ("allocated_bytes", "reserved_bytes", "host_peak_bytes", "total_params", "trainable_params")
+_SCALARS = ("allocated_bytes", "reserved_bytes", "host_peak_bytes", "paged_peak_bytes", "total_params", "trainable_params")
 
 
 def _summarise(sim) -> dict[str, Any]:
@@ -266,7 +268,8 @@ def _summarise(sim) -> dict[str, Any]:
     return {
         "allocated_bytes": result.peak.allocated_bytes,
         "reserved_bytes": replay.peak_reserved_bytes,
-        "host_peak_bytes": result.host_peak_bytes,
+        "host_peak_bytes": result.outside_peaks.get("host", 0),
+        "paged_peak_bytes": result.outside_peaks.get("paged", 0),
         "categories": dict(result.peak.categories),
         "phase": result.peak.phase,
         "phase_peaks": dict(result.phase_peaks),

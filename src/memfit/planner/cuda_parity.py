@@ -14,6 +14,12 @@ explained and tested:
   CPU device the copy back is a no-op (the tensor is already "on the CPU"), so
   :func:`offload_parity` makes it a device copy, as on CUDA. The pinned copy itself is counted as
   host memory by the tracker.
+- bitsandbytes 8-bit optimizers: their state initialisation (uint8 states, fp32 block absmax, 32-bit
+  states for small tensors) runs as is; the update is one in-place CUDA kernel that allocates
+  nothing, while the CPU implementation reads values (impossible on fake tensors), so the planner
+  skips the update (:func:`plan_bitsandbytes_optimizer`). Paged states (CUDA unified memory, for
+  tensors of 100k elements or more) live outside the caching allocator: the tracker counts them
+  as ``paged``.
 """
 
 from __future__ import annotations
@@ -98,3 +104,29 @@ def offload_parity() -> Iterator[None]:
         return
     with mock.patch.object(modeling_utils, "save_on_cpu", _SaveOnCpuAsOnCuda):
         yield
+
+
+#: bitsandbytes pages only optimizer states of tensors this large (``get_state_buffer``).
+BNB_PAGED_MIN_NUMEL = 100_000
+
+
+def plan_bitsandbytes_optimizer(optimizer: torch.optim.Optimizer, tracker: MemoryTracker) -> None:
+    """Make a bitsandbytes 8-bit optimizer plannable on the fake CPU device (see the module doc)."""
+    if not any(c.__module__.startswith("bitsandbytes") for c in type(optimizer).__mro__):
+        return
+
+    def update_in_place(group, p, gindex, pindex) -> None:
+        # The CUDA kernel updates the parameter and the quantized states in place: no memory.
+        return None
+
+    optimizer.update_step = update_in_place
+    if getattr(optimizer, "is_paged", False):
+        plain_buffer = optimizer.get_state_buffer
+
+        def paged_buffer(p, dtype=torch.float32):
+            if p.numel() < BNB_PAGED_MIN_NUMEL:
+                return plain_buffer(p, dtype=dtype)
+            with tracker.outside_device("paged"):
+                return torch.zeros_like(p, dtype=dtype)
+
+        optimizer.get_state_buffer = paged_buffer

@@ -101,6 +101,12 @@ class MemoryPlan:
         d = self.details
         if d.get("host_peak_bytes"):
             peaks.add_row("host memory (offload)", format_bytes(d["host_peak_bytes"]), "pinned CPU memory")
+        if d.get("paged_peak_bytes"):
+            peaks.add_row(
+                "paged optimizer states",
+                format_bytes(d["paged_peak_bytes"]),
+                "CUDA unified memory: on the GPU while it fits, paged to the host when memory runs short",
+            )
         console.print(peaks)
         if "total_params" in d:
             console.print(

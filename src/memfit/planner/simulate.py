@@ -21,7 +21,7 @@ from typing import Any, Iterator
 import torch
 
 from memfit.models.build import DTYPES, build_meta_model, count_parameters, make_config, materialize, prepare_for_method
-from memfit.planner.cuda_parity import CudaParityMode, offload_parity
+from memfit.planner.cuda_parity import CudaParityMode, offload_parity, plan_bitsandbytes_optimizer
 from memfit.planner.tracker import MemoryTracker, TrackerResult
 from memfit.spec import RunSpec
 from memfit.train.optim import build_optimizer
@@ -84,6 +84,7 @@ def simulate(
         hooks = tracker.watch_gradients(model)
         total, trainable = count_parameters(model)
         optimizer = build_optimizer(model.parameters(), spec.optimizer)
+        plan_bitsandbytes_optimizer(optimizer, tracker)
         batch = _fake_batch(spec, config.vocab_size)
         # The step's own peak is what matters; building the model is not part of it.
         tracker.reset_peak()
@@ -181,13 +182,24 @@ def _bitsandbytes_tables() -> Iterator[None]:
     if importlib.util.find_spec("bitsandbytes") is None:
         yield
         return
+    from unittest import mock
+
     with _quiet():
         import bitsandbytes.functional as bnbf
+        from bitsandbytes.optim.optimizer import Optimizer8bit
     saved = dict(bnbf.name2qmap)
     if "dynamic" not in bnbf.name2qmap:
         bnbf.name2qmap["dynamic"] = bnbf.create_dynamic_map().to("cpu")
+    # The 8-bit optimizers build the same two maps in their constructor.
+    signed, unsigned = bnbf.create_dynamic_map(signed=True), bnbf.create_dynamic_map(signed=False)
+
+    def fill_qmap(optimizer) -> None:
+        optimizer.name2qmap["dynamic"] = signed
+        optimizer.name2qmap["udynamic"] = unsigned
+
     try:
-        yield
+        with mock.patch.object(Optimizer8bit, "fill_qmap", fill_qmap):
+            yield
     finally:
         bnbf.name2qmap.clear()
         bnbf.name2qmap.update(saved)

@@ -65,7 +65,7 @@ class Allocation:
     alloc_event: int
     free_event: int | None = None
     role: str | None = None
-    host: bool = False
+    place: str = "device"  # or outside the device allocator: "host" (pinned), "paged" (unified memory)
     op: str = ""  # the aten op whose output it was, for "what allocated this" reports
 
     @property
@@ -90,7 +90,7 @@ class TrackerResult:
     allocations: list[Allocation]
     events: list[tuple[str, int, int]]  # device only: ("alloc", id, bytes) / ("free", id, 0)
     peak: Snapshot
-    host_peak_bytes: int
+    outside_peaks: dict[str, int]  # peak live bytes per place outside the device allocator
     phase_peaks: dict[str, int] = field(default_factory=dict)
     phase_marks: list[tuple[str, int]] = field(default_factory=list)
 
@@ -98,7 +98,7 @@ class TrackerResult:
         """Live device bytes by category just after event ``event_index``."""
         totals = dict.fromkeys(TRACKED_CATEGORIES, 0)
         for a in self.allocations:
-            if a.host or a.alloc_event > event_index:
+            if a.place != "device" or a.alloc_event > event_index:
                 continue
             if a.free_event is not None and a.free_event <= event_index:
                 continue
@@ -120,12 +120,12 @@ class MemoryTracker(TorchDispatchMode):
         self.events: list[tuple[str, int, int]] = []
         self._by_storage: dict[int, Allocation] = {}
         self._live_device_bytes = 0
-        self._live_host_bytes = 0
+        self._live_outside: dict[str, int] = {}
         self._peak_device_bytes = 0
-        self._peak_host_bytes = 0
+        self._peak_outside: dict[str, int] = {}
         self._peak_event = -1
         self._phase_peaks: dict[str, int] = {}
-        self._host_scope = 0
+        self._places: list[str] = []  # innermost last: where new storages live
         self.phase_marks: list[tuple[str, int]] = []  # (phase, index of the last event before it)
 
     # ----------------------------------------------------------------- recording
@@ -136,14 +136,14 @@ class MemoryTracker(TorchDispatchMode):
         # Pinned memory is host memory (offloaded activations), whatever device the fake run uses.
         pinned = bool(kwargs.get("pin_memory"))
         if pinned:
-            self._host_scope += 1
+            self._places.append("host")
         try:
             for t in flat:
                 if isinstance(t, torch.Tensor):
                     self._note(t, func)
         finally:
             if pinned:
-                self._host_scope -= 1
+                self._places.pop()
         return out
 
     def _note(self, tensor: torch.Tensor, func=None) -> Allocation | None:
@@ -163,14 +163,15 @@ class MemoryTracker(TorchDispatchMode):
             nbytes=nbytes,
             phase=self.phase,
             alloc_event=len(self.events),
-            host=self._host_scope > 0,
+            place=self._places[-1] if self._places else "device",
             op=getattr(func, "__name__", "") if func is not None else "",
         )
         self.allocations.append(alloc)
         self._by_storage[key] = alloc
-        if alloc.host:
-            self._live_host_bytes += nbytes
-            self._peak_host_bytes = max(self._peak_host_bytes, self._live_host_bytes)
+        if alloc.place != "device":
+            live = self._live_outside.get(alloc.place, 0) + nbytes
+            self._live_outside[alloc.place] = live
+            self._peak_outside[alloc.place] = max(self._peak_outside.get(alloc.place, 0), live)
         else:
             self.events.append(("alloc", alloc.alloc_id, nbytes))
             self._live_device_bytes += nbytes
@@ -186,8 +187,8 @@ class MemoryTracker(TorchDispatchMode):
         if self._by_storage.get(key) is alloc:
             del self._by_storage[key]
         alloc.free_event = len(self.events)
-        if alloc.host:
-            self._live_host_bytes -= alloc.nbytes
+        if alloc.place != "device":
+            self._live_outside[alloc.place] -= alloc.nbytes
         else:
             # Device events are what the caching-allocator model replays; host memory is not in it.
             self.events.append(("free", alloc.alloc_id, 0))
@@ -215,7 +216,7 @@ class MemoryTracker(TorchDispatchMode):
         """Forget the peak so far (setup is not part of the step): the peak restarts at live bytes."""
         self._peak_device_bytes = self._live_device_bytes
         self._peak_event = len(self.events) - 1
-        self._peak_host_bytes = self._live_host_bytes
+        self._peak_outside = dict(self._live_outside)
         self._phase_peaks = {}
 
     def assign(self, tensor: torch.Tensor, role: str) -> None:
@@ -257,13 +258,14 @@ class MemoryTracker(TorchDispatchMode):
                     self.assign(t, "optimizer")
 
     @contextlib.contextmanager
-    def on_host(self) -> Iterator[None]:
-        """Storages created within this block live in host memory, not on the device."""
-        self._host_scope += 1
+    def outside_device(self, place: str) -> Iterator[None]:
+        """Storages created within this block live outside the device allocator, in ``place``
+        (``"host"``: pinned host memory; ``"paged"``: CUDA unified memory)."""
+        self._places.append(place)
         try:
             yield
         finally:
-            self._host_scope -= 1
+            self._places.pop()
 
     def allocate_runtime(self, nbytes: int, device: torch.device | str = "cpu") -> torch.Tensor:
         """Allocate ``nbytes`` that stand for a library workspace (cuBLAS) and label them runtime."""
@@ -282,7 +284,7 @@ class MemoryTracker(TorchDispatchMode):
             allocations=list(self.allocations),
             events=list(self.events),
             peak=Snapshot(-1, "setup", 0, {}),
-            host_peak_bytes=self._peak_host_bytes,
+            outside_peaks=dict(self._peak_outside),
             phase_peaks=dict(self._phase_peaks),
             phase_marks=list(self.phase_marks),
         )
