@@ -182,3 +182,13 @@ def test_metrics_after_the_checkpoint_are_dropped_on_resume(tmp_path):
     path.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 7)))
     truncate_metrics(path, 4)
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_resume_with_other_batch_or_rank_is_refused(tmp_path):
+    from memfit.train.loop import TrainError
+
+    train(tiny_config(tmp_path / "run", max_steps=2), progress=False)
+    with pytest.raises(TrainError, match="batch_size: saved 4, now 2"):
+        train(tiny_config(tmp_path / "run", max_steps=4, batch_size=2), resume=True, progress=False)
+    with pytest.raises(TrainError, match="does not fit this model|shape"):
+        train(tiny_config(tmp_path / "run", max_steps=4, rank=8), resume=True, progress=False)
