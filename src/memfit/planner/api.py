@@ -15,6 +15,8 @@ The steps, each in its own module:
 
 from __future__ import annotations
 
+import copy
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -193,7 +195,6 @@ def estimate_step(
 ) -> dict[str, Any]:
     """Simulate (and extrapolate) the step; return peaks, categories and counts for the full model."""
     from memfit.models.build import layer_period, make_config
-    from memfit.planner.simulate import simulate
 
     full_config = make_config(config)
     num_layers = int(full_config.num_hidden_layers)
@@ -201,13 +202,11 @@ def estimate_step(
     layers = sample_layer_counts(num_layers, period) if extrapolate else None
     notes: list[str] = []
     if layers is None:
-        sims = [simulate(config, spec, workspace_allocs=workspace_allocs)]
-        points = [_summarise(sims[0])]
-        values = points[0]
+        points = [_sample(config, spec, None, workspace_allocs)]
+        values = dict(points[0])
         simulated = [num_layers]
     else:
-        sims = [simulate(config, spec, num_layers=k, workspace_allocs=workspace_allocs) for k in layers]
-        points = [_summarise(s) for s in sims]
+        points = [_sample(config, spec, k, workspace_allocs) for k in layers]
         values = {key: extrapolate_linear(layers, [p[key] for p in points], num_layers) for key in _SCALARS}
         # Fragmentation does not grow linearly with depth (it jumps with how blocks happen to fit in
         # segments), so the allocator's overhead is not extrapolated: the larger of the sampled
@@ -236,21 +235,22 @@ def estimate_step(
         "total_params": values["total_params"],
         "trainable_params": values["trainable_params"],
         "simulated_layers": simulated,
-        "attention": sims[-1].attention,
+        "attention": points[-1]["attention"],
         "num_layers": num_layers,
         "notes": notes,
     }
 
 
 def sample_layer_counts(num_layers: int, period: int) -> tuple[int, int] | None:
-    """The two depths to simulate for extrapolation, or None when the whole model is cheap or irregular.
+    """The two depths to simulate for extrapolation, or None when the model is simulated whole.
 
-    Two and three whole periods: the first period is skipped as a reference point because the first
-    decoder layer sees the embedding output (which needs no gradient), unlike the others.
+    One and two whole periods of the layer pattern. The difference between them is the memory of a
+    period of decoder layers that are not the first (the first layer differs: its input, the
+    embedding output, needs no gradient), which is what every further period adds.
     """
-    if period <= 0 or num_layers <= 3 * period:
+    if period <= 0 or num_layers <= 2 * period:
         return None
-    return 2 * period, 3 * period
+    return period, 2 * period
 
 
 def extrapolate_linear(xs: tuple[int, int], ys: list[int], x: int) -> int:
@@ -262,10 +262,30 @@ def extrapolate_linear(xs: tuple[int, int], ys: list[int], x: int) -> int:
 _SCALARS = ("allocated_bytes", "reserved_bytes", "host_peak_bytes", "paged_peak_bytes", "total_params", "trainable_params")
 
 
+#: Simulation summaries by (config, spec, depth, workspaces): searches plan the same step many times.
+_SAMPLE_CACHE: dict[tuple, dict[str, Any]] = {}
+_SAMPLE_CACHE_SIZE = 512
+
+
+def _sample(config: dict[str, Any], spec: RunSpec, num_layers: int | None, workspace_allocs: tuple[int, ...]) -> dict[str, Any]:
+    """Simulate (or recall) the step at one depth and summarise it: peaks, categories, counts."""
+    from memfit.planner.simulate import simulate
+
+    key = (json.dumps(config, sort_keys=True, default=str), spec.model_dump_json(), num_layers, tuple(workspace_allocs))
+    cached = _SAMPLE_CACHE.get(key)
+    if cached is None:
+        cached = _summarise(simulate(config, spec, num_layers=num_layers, workspace_allocs=workspace_allocs))
+        if len(_SAMPLE_CACHE) >= _SAMPLE_CACHE_SIZE:
+            _SAMPLE_CACHE.pop(next(iter(_SAMPLE_CACHE)))
+        _SAMPLE_CACHE[key] = cached
+    return copy.deepcopy(cached)
+
+
 def _summarise(sim) -> dict[str, Any]:
     result = sim.tracker
     replay = allocator.simulate(result.events)
     return {
+        "attention": sim.attention,
         "allocated_bytes": result.peak.allocated_bytes,
         "reserved_bytes": replay.peak_reserved_bytes,
         "host_peak_bytes": result.outside_peaks.get("host", 0),
