@@ -120,12 +120,16 @@ def run_hf(args, out_dir: Path, use_trl: bool = False) -> dict:
 
     from memfit.models.build import make_config
     from memfit.train.config import model_config_dict, tokenizer_path, validate_config
-    from memfit.train.data import collate, load_records, tokenize_records
+    from memfit.train.data import BatchIterator, collate, load_records, tokenize_records
 
     config = validate_config(_settings(args) | {"output_dir": str(out_dir / "hf")})
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path(config)))
     records, _ = load_records(config.data)
     examples = tokenize_records(records, tokenizer, seq_len=config.seq_len)
+    # The exact micro-batches memfit trains on, in its order: padded shapes (and so memory and
+    # speed) are then the same on both sides.
+    batches = BatchIterator(examples, batch_size=config.batch_size, seed=config.seed)
+    ordered = [example for _ in range(config.max_steps * config.grad_accum) for example in next(batches)]
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[config.precision]
     torch.manual_seed(0)
     with torch.device(args.device):
@@ -138,6 +142,9 @@ def run_hf(args, out_dir: Path, use_trl: bool = False) -> dict:
         return collate(batch, pad_token_id=pad_id)
 
     class CountingTrainer(Trainer):
+        def _get_train_sampler(self, train_dataset=None):
+            return torch.utils.data.SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
+
         def compute_loss(self, model, inputs, *a, **kw):
             counted["tokens"] += int(inputs["attention_mask"].sum())
             return super().compute_loss(model, inputs, *a, **kw)
@@ -183,12 +190,15 @@ def run_hf(args, out_dir: Path, use_trl: bool = False) -> dict:
         from trl import SFTConfig, SFTTrainer  # noqa: F401  (optional)
 
         class CountingSFT(SFTTrainer):
+            def _get_train_sampler(self, train_dataset=None):
+                return torch.utils.data.SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
+
             def compute_loss(self, model, inputs, *a, **kw):
                 counted["tokens"] += int(inputs["attention_mask"].sum())
                 return super().compute_loss(model, inputs, *a, **kw)
 
         trainer_cls = CountingSFT
-    trainer = trainer_cls(model=model, args=training_args, train_dataset=examples, data_collator=collator, callbacks=[Clock()], **kwargs)
+    trainer = trainer_cls(model=model, args=training_args, train_dataset=ordered, data_collator=collator, callbacks=[Clock()], **kwargs)
     before = _memory(args.device)
     trainer.train()
     seconds = timing["end"] - timing["start"]
@@ -317,6 +327,7 @@ def main(argv=None) -> int:
             "each side runs in a fresh subprocess; peak_rss_bytes is that process's ru_maxrss (imports included)",
             "tokens_per_second: non-padding input tokens over the training loop time, model loading excluded",
             "memfit: loop time from metrics.jsonl elapsed_s; HF: on_train_begin to on_train_end",
+            "both sides train on the same micro-batches in the same order (HF Trainer gets memfit's order, unshuffled)",
             "on a CPU shared with other processes, multi-threaded runs have multi-second stalls in single steps "
             "(OpenMP threads waiting for a busy core); --threads 1 avoids them",
         ],

@@ -131,6 +131,7 @@ def test_out_of_memory_saves_the_step_before_and_explains(tmp_path, monkeypatch)
     checkpoint = info.value.checkpoint
     assert checkpoint.name == "step-00000002"
     assert json.loads((checkpoint / "meta.json").read_text())["reason"] == "oom"
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "oom"
 
     # the emergency checkpoint replays step 3: the run then matches one that never failed
     monkeypatch.setattr(step_module, "train_step", real_step)
@@ -189,3 +190,17 @@ def test_tokenizer_larger_than_the_model_vocab_fails_before_loading(tmp_path, mo
     overrides = dict(tiny_config(tmp_path / "x").model_overrides, vocab_size=100)
     with pytest.raises(TrainError, match="vocab_size is 100"):
         train(tiny_config(tmp_path / "run", model_overrides=overrides), progress=False)
+
+
+def test_a_nonfinite_loss_stops_the_run_with_advice(tmp_path, monkeypatch):
+    real_step = step_module.train_step
+
+    def diverging(*args, **kwargs):
+        real_step(*args, **kwargs)
+        return torch.tensor(float("nan")), None
+
+    monkeypatch.setattr(step_module, "train_step", diverging)
+    with pytest.raises(TrainError, match="the loss is nan at step 1: training diverged. Lower lr"):
+        train(tiny_config(tmp_path / "run", max_steps=3), progress=False)
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "diverged"
+    assert latest_checkpoint(tmp_path / "run").name == "step-00000001"

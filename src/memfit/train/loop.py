@@ -143,7 +143,10 @@ def train(
     if resume:
         checkpoint = latest_checkpoint(run_dir)
         if checkpoint is None:
-            raise TrainError(f"--resume: {run_dir} has no checkpoint to resume from; start the run without --resume")
+            raise TrainError(
+                f"--resume: {run_dir} has no checkpoint to resume from (the run stopped before saving one). "
+                "Start again in another output_dir, or delete this one first."
+            )
         try:
             state = load_checkpoint(checkpoint, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler, device=device)
             batches.load_state_dict(state.data)
@@ -175,9 +178,9 @@ def train(
             # Where the run stands before this step: an emergency checkpoint taken if the step fails
             # must replay this step's batches, not skip them.
             data_before, rng_before = batches.state_dict(), capture_rng(device)
+            meter.start()
             micro_batches = [to_device(collate_batch(next(batches), pad_id), device) for _ in range(spec.grad_accum)]
             tokens = sum(int(b["attention_mask"].sum()) if "attention_mask" in b else b["input_ids"].numel() for b in micro_batches)
-            meter.start()
             try:
                 loss, grad_norm = step_module.train_step(
                     model, micro_batches, optimizer, loss_fn=loss_fn,
@@ -185,7 +188,9 @@ def train(
                 )
             except torch.OutOfMemoryError:
                 del micro_batches
-                raise handle_oom(model, optimizer, step, checkpoint_now, data_before, rng_before, config, preflight, device, console) from None
+                error = handle_oom(model, optimizer, step, checkpoint_now, data_before, rng_before, config, preflight, device, console)
+                write_run_json(run_dir, config, preflight, setup, device, steps, status="oom", step=step)
+                raise error from None
             scheduler.step()
             # Reading the loss syncs with the device: once a step is cheap next to the step itself.
             loss_value = float(loss)
@@ -195,6 +200,7 @@ def train(
             result.step = done
             if not math.isfinite(loss_value):
                 checkpoint_now(done, "nonfinite")
+                write_run_json(run_dir, config, preflight, setup, device, steps, status="diverged", step=done)
                 raise TrainError(
                     f"the loss is {loss_value} at step {done}: training diverged. Lower lr (now {config.lr:g}), "
                     "keep max_grad_norm set, or use bf16 instead of fp16."
@@ -249,6 +255,11 @@ def prepare_run_dir(run_dir: Path, resume: bool) -> None:
             raise TrainError(f"--resume: {run_dir} holds no run to resume (no {RUN_FILE}); check output_dir")
         return
     if run_dir.exists() and any(run_dir.iterdir()):
+        if (run_dir / RUN_FILE).is_file() and latest_checkpoint(run_dir) is None:
+            raise TrainError(
+                f"output_dir {str(run_dir)!r} holds an earlier run that saved no checkpoint, so it cannot be "
+                "resumed. Choose another output_dir (--output-dir), or delete that folder first."
+            )
         raise TrainError(
             f"output_dir {str(run_dir)!r} already holds files. Continue that run with --resume, or choose "
             "another output_dir (--output-dir); memfit never writes over an earlier run."
@@ -372,7 +383,7 @@ def memory_reading(device: torch.device) -> dict[str, int]:
 
 
 class Throughput:
-    """Tokens per second of the steps (data preparation between steps included, logging not)."""
+    """Tokens per second of the steps (batch collation and the step; logging and evaluation not)."""
 
     def __init__(self) -> None:
         self._t0 = 0.0
