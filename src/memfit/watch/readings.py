@@ -1,0 +1,218 @@
+"""Read memory off the machine: process RSS, PyTorch's CUDA allocator, and NVML.
+
+The only module of :mod:`memfit.watch` that talks to devices. torch and NVML (``nvidia-ml-py``,
+optional) are imported inside the functions that need them.
+
+Reading allocator counters (``memory_allocated``...) does not synchronise with the GPU and does
+not create a CUDA context, so it is cheap enough to do at every phase of every step. CUDA is never
+initialised by a reading: when this process has not initialised CUDA, PyTorch holds nothing on
+any GPU, and only NVML (which needs no context) is asked.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+
+def host_reading() -> dict[str, int]:
+    """The process's resident memory and the machine's available and total RAM, in bytes."""
+    import psutil
+
+    rss_bytes = psutil.Process().memory_info().rss
+    vm = psutil.virtual_memory()
+    return {"rss_bytes": int(rss_bytes), "host_available_bytes": int(vm.available), "host_total_bytes": int(vm.total)}
+
+
+def rss_bytes() -> int:
+    """Resident memory of this process (cheap: one read of /proc on Linux)."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+def cuda_in_use() -> bool:
+    """True when this process has initialised CUDA through PyTorch (so it may hold GPU memory)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    try:
+        return bool(torch.cuda.is_initialized())
+    except Exception:  # a CPU-only build without the cuda module state
+        return False
+
+
+def visible_cuda_count() -> int:
+    """Number of CUDA devices PyTorch can see (0 without CUDA); does not create a context."""
+    try:
+        import torch
+
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def allocator_reading(index: int) -> dict[str, int]:
+    """PyTorch's caching-allocator counters for ``cuda:index`` (no sync, no context)."""
+    import torch
+
+    return {
+        "allocated_bytes": int(torch.cuda.memory_allocated(index)),
+        "reserved_bytes": int(torch.cuda.memory_reserved(index)),
+        "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(index)),
+        "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(index)),
+    }
+
+
+def phase_reading(cuda_count: int) -> dict[str, Any]:
+    """The cheap reading taken when a step changes phase: RSS and allocated/reserved per device."""
+    reading: dict[str, Any] = {"rss_bytes": rss_bytes()}
+    if cuda_count and cuda_in_use():
+        import torch
+
+        reading["devices"] = {
+            f"cuda:{i}": {"allocated_bytes": int(torch.cuda.memory_allocated(i)), "reserved_bytes": int(torch.cuda.memory_reserved(i))}
+            for i in range(cuda_count)
+        }
+    return reading
+
+
+class Nvml:
+    """NVML handles for the CUDA devices this process sees, matched by UUID (``CUDA_VISIBLE_DEVICES``
+    renumbers devices; NVML does not). ``available`` is False without the package or a driver."""
+
+    def __init__(self, cuda_count: int) -> None:
+        self.available = False
+        self._nvml = None
+        self._handles: dict[int, Any] = {}
+        if cuda_count == 0:
+            return
+        try:
+            import pynvml  # the nvidia-ml-py package
+
+            pynvml.nvmlInit()
+        except Exception:
+            return
+        self._nvml = pynvml
+        self.available = True
+        for index in range(cuda_count):
+            handle = self._handle_for(index)
+            if handle is not None:
+                self._handles[index] = handle
+
+    def _handle_for(self, index: int):
+        """The NVML handle of PyTorch's ``cuda:index``, found without initialising CUDA when possible."""
+        pynvml = self._nvml
+        uuid = ""
+        if cuda_in_use():
+            try:
+                import torch
+
+                uuid = str(torch.cuda.get_device_properties(index).uuid)
+            except Exception:
+                uuid = ""
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if not uuid and visible is not None:
+            entries = [e.strip() for e in visible.split(",") if e.strip()]
+            if index >= len(entries):
+                return None
+            entry = entries[index]
+            if entry.isdigit():
+                return _safe(pynvml.nvmlDeviceGetHandleByIndex, int(entry))
+            uuid = entry  # a UUID (or MIG id) prefix
+        if uuid:
+            wanted = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+                found = pynvml.nvmlDeviceGetUUID(handle)
+                found = found.decode() if isinstance(found, bytes) else str(found)
+                if found.startswith(wanted):
+                    return handle
+            return None
+        return _safe(pynvml.nvmlDeviceGetHandleByIndex, index)
+
+    def reading(self, index: int) -> dict[str, int]:
+        """Device total and used bytes, this process's bytes and other processes' bytes."""
+        handle = self._handles.get(index)
+        if handle is None:
+            return {}
+        pynvml = self._nvml
+        out: dict[str, int] = {}
+        try:
+            info = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            out["total_bytes"] = int(info.total)
+            out["nvml_used_bytes"] = int(info.used)
+        except Exception:
+            return out
+        try:
+            processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        except Exception:
+            return out
+        pid = os.getpid()
+        mine = others = 0
+        seen_mine = False
+        for proc in processes:
+            used = proc.usedGpuMemory
+            if used is None:  # not reported under some drivers / containers
+                continue
+            if proc.pid == pid:
+                mine += int(used)
+                seen_mine = True
+            else:
+                others += int(used)
+        # Inside a container NVML may report host PIDs: then this process is not recognisable and
+        # the split between "mine" and "others" is unknown.
+        if seen_mine or not processes:
+            out["process_bytes"] = mine
+            out["other_processes_bytes"] = others
+        return out
+
+    def close(self) -> None:
+        if self.available:
+            try:
+                self._nvml.nvmlShutdown()
+            except Exception:
+                pass
+            self.available = False
+
+
+def _safe(fn, *args):
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
+def device_reading(cuda_count: int, nvml: Nvml | None) -> dict[str, dict[str, int]]:
+    """Full per-device reading for a step record: allocator counters (when CUDA is in use) and NVML."""
+    devices: dict[str, dict[str, int]] = {}
+    use_allocator = cuda_in_use()
+    for index in range(cuda_count):
+        entry: dict[str, int] = {}
+        if use_allocator:
+            entry.update(allocator_reading(index))
+        if nvml is not None and nvml.available:
+            entry.update(nvml.reading(index))
+        if entry:
+            devices[f"cuda:{index}"] = entry
+    return devices
+
+
+def device_capacities(cuda_count: int, nvml: Nvml | None) -> dict[str, int]:
+    """Total memory of each visible CUDA device, in bytes (NVML, else PyTorch's properties)."""
+    capacities: dict[str, int] = {}
+    for index in range(cuda_count):
+        total = 0
+        if nvml is not None and nvml.available:
+            total = nvml.reading(index).get("total_bytes", 0)
+        if not total and cuda_in_use():
+            try:
+                import torch
+
+                total = int(torch.cuda.get_device_properties(index).total_memory)
+            except Exception:
+                total = 0
+        if total:
+            capacities[f"cuda:{index}"] = total
+    return capacities

@@ -1,0 +1,249 @@
+"""The memory timeline of a run: the records of ``memory.jsonl``, findings, and reading them back.
+
+``memory.jsonl`` holds one JSON object per line, each with a ``kind``:
+
+- ``start``: once, first: schema version, expected devices, device capacities, the plan (if any);
+- ``step``: after every optimizer step: host and per-device readings, per-phase readings;
+- ``attribution``: the live bytes by category measured at the peak of the first step(s);
+- ``finding``: a problem found while the run was going (also those only the live model shows);
+- ``end``: once, last, when the recorder is closed cleanly (a crashed run has none).
+
+The full schema is in docs/watch.md. This module imports nothing heavy: ``memfit doctor`` and
+``memfit report`` read timelines without torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Version of the record layout; bumped when a field changes meaning.
+SCHEMA_VERSION = 1
+
+MEMORY_FILE = "memory.jsonl"
+METRICS_FILE = "metrics.jsonl"
+RUN_FILE = "run.json"
+
+SEVERITIES = ("error", "warning", "info")
+_SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
+
+
+@dataclass
+class Finding:
+    """Something wrong (or worth knowing) about a run's memory, in plain words, with the fix.
+
+    ``code`` is stable and machine-readable (``leak``, ``stray_device``...); ``data`` holds the
+    figures behind the message (bytes, steps, device names).
+    """
+
+    severity: str
+    code: str
+    message: str
+    fix: str
+    step: int | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.severity not in _SEVERITY_RANK:
+            raise ValueError(f"Finding.severity: {self.severity!r} is not one of {', '.join(SEVERITIES)}")
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What makes two findings "the same problem": the code and the device it is about."""
+        return self.code, str(self.data.get("device", ""))
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Finding":
+        return cls(
+            severity=data["severity"], code=data["code"], message=data["message"], fix=data.get("fix", ""),
+            step=data.get("step"), data=dict(data.get("data") or {}),
+        )
+
+
+def sort_findings(findings: list[Finding]) -> list[Finding]:
+    """Most important first: errors, then warnings, then info; earlier steps first within a level."""
+    return sorted(findings, key=lambda f: (_SEVERITY_RANK[f.severity], f.step if f.step is not None else -1))
+
+
+def merge_findings(*groups: list[Finding]) -> list[Finding]:
+    """One finding per (code, device): the most severe, and the first seen among equals."""
+    best: dict[tuple[str, str], Finding] = {}
+    for group in groups:
+        for f in group:
+            known = best.get(f.key)
+            if known is None or _SEVERITY_RANK[f.severity] < _SEVERITY_RANK[known.severity]:
+                best[f.key] = f
+    return sort_findings(list(best.values()))
+
+
+@dataclass
+class Timeline:
+    """A parsed ``memory.jsonl``."""
+
+    start: dict[str, Any]
+    steps: list[dict[str, Any]]
+    attribution: dict[str, Any] | None = None
+    findings: list[Finding] = field(default_factory=list)
+    end: dict[str, Any] | None = None
+
+    @property
+    def plan(self) -> dict[str, Any] | None:
+        """The plan's JSON (``MemoryPlan.to_json()``) the run was started with, if any."""
+        return self.start.get("plan")
+
+    @property
+    def expected_devices(self) -> list[str]:
+        return list(self.start.get("expected_devices") or [])
+
+    @property
+    def total_steps(self) -> int | None:
+        return self.start.get("total_steps")
+
+    def device_names(self) -> list[str]:
+        """Every CUDA device that appears in any step record, in order."""
+        names: list[str] = []
+        for record in self.steps:
+            for name in record.get("devices", {}):
+                if name not in names:
+                    names.append(name)
+        return sorted(names, key=_device_sort_key)
+
+
+def _device_sort_key(name: str) -> tuple[str, int]:
+    kind, _, index = name.partition(":")
+    return kind, int(index) if index.isdigit() else -1
+
+
+class TimelineError(ValueError):
+    """A run folder or memory.jsonl that cannot be read; the message names the file and the fix."""
+
+
+def parse_timeline(lines: list[str], source: str = MEMORY_FILE) -> Timeline:
+    """Build a :class:`Timeline` from the lines of a ``memory.jsonl``.
+
+    A damaged *last* line is dropped: a run killed mid-write leaves one, and everything before it
+    is still good. A damaged line elsewhere is an error naming the line.
+    """
+    start: dict[str, Any] | None = None
+    timeline = Timeline(start={}, steps=[])
+    numbered = [(i + 1, line) for i, line in enumerate(lines) if line.strip()]
+    for position, (number, line) in enumerate(numbered):
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as err:
+            if position == len(numbered) - 1:
+                break  # cut short by a crash
+            raise TimelineError(f"{source} line {number} is not a JSON object ({err}); the file is damaged") from None
+        kind = record.get("kind")
+        if kind == "start":
+            # A later start record is a resumed run (records after its resume step are replaced)
+            # or a new run in the same folder (everything before it is replaced).
+            resumed = record.get("resumed_from_step")
+            if resumed is None:
+                timeline = Timeline(start={}, steps=[])
+            else:
+                timeline.steps = [r for r in timeline.steps if r.get("step", 0) <= resumed]
+                timeline.end = None
+            start = record
+        elif kind == "step":
+            timeline.steps.append(record)
+        elif kind == "attribution":
+            timeline.attribution = record
+        elif kind == "finding":
+            timeline.findings.append(Finding.from_json(record["finding"]))
+        elif kind == "end":
+            timeline.end = record
+        # unknown kinds are skipped: newer writers may add records older readers do not know
+    if start is None:
+        raise TimelineError(
+            f"{source} has no start record: it was not written by memfit's recorder "
+            "(memfit train, or memfit.watch.MemoryCallback / MemoryRecorder)"
+        )
+    timeline.start = start
+    return timeline
+
+
+def load_timeline(path: str | Path) -> Timeline:
+    """Read and parse a ``memory.jsonl`` file."""
+    path = Path(path)
+    return parse_timeline(path.read_text(encoding="utf-8").splitlines(), source=str(path))
+
+
+def load_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` (damaged lines skipped: metrics are only drawn)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def loss_curve(metrics: list[dict[str, Any]]) -> list[tuple[int, float]]:
+    """(step, loss) pairs of the training loss (evaluation records have ``eval_loss`` instead)."""
+    points = []
+    for record in metrics:
+        step, loss = record.get("step"), record.get("loss")
+        if isinstance(step, (int, float)) and isinstance(loss, (int, float)):
+            points.append((int(step), float(loss)))
+    return points
+
+
+@dataclass
+class RunFolder:
+    """Everything memfit can read from a run folder."""
+
+    path: Path
+    timeline: Timeline
+    metrics: list[dict[str, Any]]
+    run: dict[str, Any] | None
+
+    @property
+    def plan(self) -> dict[str, Any] | None:
+        """The plan: from the recorder's start record, else from memfit train's ``run.json``."""
+        return self.timeline.plan or (self.run or {}).get("plan")
+
+
+def load_run(run_dir: str | Path) -> RunFolder:
+    """Read a run folder; raise :class:`TimelineError` with a clear message when it is not one."""
+    path = Path(run_dir)
+    if not path.exists():
+        raise TimelineError(f"run folder {str(path)!r} does not exist; pass the output_dir of a run")
+    if not path.is_dir():
+        raise TimelineError(f"{str(path)!r} is a file, not a run folder; pass the folder that holds {MEMORY_FILE}")
+    memory = path / MEMORY_FILE
+    if not memory.is_file():
+        raise TimelineError(
+            f"{str(path)!r} has no {MEMORY_FILE}: memory was not recorded for this run. Record it with "
+            "memfit train, or add memfit.watch.MemoryCallback(run_dir) to your Trainer's callbacks."
+        )
+    timeline = load_timeline(memory)
+    run = None
+    run_file = path / RUN_FILE
+    if run_file.is_file():
+        try:
+            run = json.loads(run_file.read_text(encoding="utf-8"))
+        except ValueError as err:
+            raise TimelineError(f"{run_file} is not valid JSON ({err}); it is rewritten atomically, so it was edited by hand") from None
+    # Fill what the recorder did not know from run.json (memfit train writes the resolved config there).
+    if run:
+        if not timeline.start.get("total_steps") and run.get("total_steps"):
+            timeline.start["total_steps"] = run["total_steps"]
+        if not timeline.start.get("expected_devices") and run.get("device"):
+            timeline.start["expected_devices"] = [str(run["device"])]
+        if not timeline.start.get("spec") and run.get("spec"):
+            timeline.start["spec"] = run["spec"]
+    return RunFolder(path=path, timeline=timeline, metrics=load_metrics(path / METRICS_FILE), run=run)
