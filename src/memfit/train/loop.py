@@ -107,6 +107,13 @@ def train(
         model_dict, config.knobs(), device_type=device.type, device_index=device.index,
         gpu=config.gpu, budget=config.budget, force=config.force,
     )
+    if preflight.plan is not None:
+        from memfit.planner.runtime import format_bytes
+
+        console.print(
+            f"plan: {format_bytes(preflight.plan.device_total_bytes)} at the peak, "
+            f"{format_bytes(preflight.target_bytes)} available ({preflight.target})", highlight=False,
+        )
     if preflight.forced:
         console.print("[yellow]warning:[/] the plan says this run does not fit; training anyway (force)", highlight=False)
 
@@ -124,6 +131,12 @@ def train(
     else:
         model = prepare_given_model(model, spec)
         setup = verify_setup(model, spec)
+    console.print(
+        f"model: {setup['total_params']:,} parameters, {setup['trainable_params']:,} trainable "
+        f"({setup['trainable_percent']:.2f}%, {spec.method}), checkpointing in "
+        f"{setup['checkpointed_layers']}/{setup['decoder_layers']} decoder layers, on {device}",
+        highlight=False,
+    )
 
     # 4. Optimizer, schedule, and the loss scaler fp16 needs (bf16 and fp32 have the range).
     optimizer = build_optimizer(model.parameters(), spec.optimizer, lr=config.lr, weight_decay=config.weight_decay)
