@@ -229,3 +229,14 @@ def test_bad_spec_type_is_refused(tiny_llama_config):
     with pytest.raises(TypeError, match="spec must be"):
         inspect_model(AutoModelForCausalLM.from_config(tiny_llama_config), "lora")
     assert Thresholds().leak_warmup_steps == 10
+
+
+def test_without_a_spec_checkpointing_is_expected_where_the_model_enabled_it(tiny_llama_config, lora_spec):
+    from memfit.watch.detectors import inspect_model
+
+    model = lora_model(tiny_llama_config, lora_spec)  # a PeftModel: the method is inferred too
+    assert inspect_model(model) == []
+    for layer in model.get_base_model().model.layers:
+        layer.gradient_checkpointing = False  # the flag the layers check, switched off behind the model's back
+    [finding] = inspect_model(model)
+    assert finding.code == "checkpointing_inactive"

@@ -428,9 +428,13 @@ def _trainable_count_finding(method: str, trainable: int, expected: int) -> Find
 
 def _says_checkpointing(model: Any) -> bool:
     """Whether the model reports checkpointing enabled (transformers 5 renamed the property)."""
+    from transformers import PreTrainedModel
+
+    # A PeftModel forwards attributes to the model inside; ask the transformers model directly.
+    base = next((m for m in model.modules() if isinstance(m, PreTrainedModel)), None) if model is not None else None
     for name in ("is_activation_checkpointing", "is_gradient_checkpointing"):
-        if hasattr(type(model), name):
-            return bool(getattr(model, name))
+        if base is not None and hasattr(type(base), name):
+            return bool(getattr(base, name))
     return False
 
 
