@@ -65,6 +65,7 @@ class MemoryRecorder:
         check_every: run the detectors every this many steps.
         resumed_from_step: the step a resumed run restarts from; records after it are superseded.
         source: who records (``memfit-train``, ``hf-trainer``, ``script``), stored in the start record.
+        file_name: the timeline's name in ``run_dir`` (each process of a multi-GPU run writes its own).
     """
 
     def __init__(
@@ -80,6 +81,7 @@ class MemoryRecorder:
         check_every: int = 10,
         resumed_from_step: int | None = None,
         source: str = "script",
+        file_name: str = MEMORY_FILE,
     ) -> None:
         if check_every < 1:
             raise ValueError(f"check_every: {check_every} must be 1 or more (steps between detector runs)")
@@ -87,7 +89,7 @@ class MemoryRecorder:
             raise ValueError(f"total_steps: {total_steps} must be 1 or more, or None when unknown")
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.run_dir / MEMORY_FILE
+        self.path = self.run_dir / file_name
         self.thresholds = thresholds
         self.check_every = check_every
         self._cuda_indices = _device_indices(devices)

@@ -1,0 +1,81 @@
+"""MemoryCallback inside a real Hugging Face Trainer on CPU (tiny llama, tiny dataset)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from memfit.watch.hf import MemoryCallback  # noqa: E402
+from memfit.watch.timeline import load_run  # noqa: E402
+
+LEAK_BYTES_PER_STEP = 3 * 2**20
+
+
+class TinyData(torch.utils.data.Dataset):
+    def __init__(self, n=16, seq_len=32, vocab=256):
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, vocab, (n, seq_len), generator=g)
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "labels": self.ids[i].clone()}
+
+
+class Leaky(transformers.TrainerCallback):
+    """The bug being caught: a callback that keeps a few MiB per step (a metrics buffer that grows)."""
+
+    def __init__(self):
+        self.kept = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.kept.append(torch.empty(LEAK_BYTES_PER_STEP, dtype=torch.uint8).fill_(1))
+
+
+def run_trainer(out, config, steps, extra_callbacks=(), **callback_kwargs):
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    args = TrainingArguments(
+        output_dir=str(out), max_steps=steps, per_device_train_batch_size=2, learning_rate=1e-3,
+        use_cpu=True, report_to=[], logging_steps=10, save_strategy="no", disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
+    callback = MemoryCallback(**callback_kwargs)
+    trainer = Trainer(model=model, args=args, train_dataset=TinyData(), callbacks=[callback, *extra_callbacks])
+    trainer.train()
+    return callback
+
+
+def test_leak_in_a_trainer_is_found_at_its_rate(tmp_path, tiny_llama_config, caplog):
+    with caplog.at_level(logging.WARNING, logger="memfit.watch"):
+        callback = run_trainer(tmp_path, tiny_llama_config, 100, extra_callbacks=[Leaky()])
+    [leak] = [f for f in callback.findings if f.code == "leak"]
+    assert leak.data["bytes_per_step"] == pytest.approx(LEAK_BYTES_PER_STEP, rel=0.2)
+    assert any("MiB per step" in r.getMessage() for r in caplog.records)
+    folder = load_run(tmp_path)
+    assert folder.timeline.start["source"] == "hf-trainer" and folder.timeline.expected_devices == ["cpu"]
+    assert len(folder.timeline.steps) == 100 and folder.timeline.end is not None
+
+
+def test_clean_trainer_run_of_200_steps_raises_nothing(tmp_path, tiny_llama_config):
+    callback = run_trainer(tmp_path, tiny_llama_config, 200)
+    assert callback.findings == []
+    folder = load_run(tmp_path)
+    assert [r["step"] for r in folder.timeline.steps] == list(range(1, 201))
+    phases = [p["phase"] for p in folder.timeline.steps[5]["phases"]]
+    assert phases == ["forward", "backward", "optimizer", "idle"]
+    # The first steps were attributed; the loss went to metrics.jsonl every logging step.
+    assert folder.timeline.attribution["categories"]["optimizer"] > 0
+    assert [m["step"] for m in folder.metrics if "loss" in m][:3] == [10, 20, 30]
+
+
+def test_bad_argument():
+    with pytest.raises(ValueError, match="attribute_steps"):
+        MemoryCallback(attribute_steps=-1)
