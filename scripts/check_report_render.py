@@ -1,0 +1,143 @@
+"""Check that a ``memfit report`` page renders in a real browser (headless Chromium).
+
+    python scripts/check_report_render.py RUN_DIR              # writes RUN_DIR/report.html, then checks it
+    python scripts/check_report_render.py path/to/report.html  # checks an existing page
+    python scripts/check_report_render.py --demo               # records a short real CPU run first
+
+The page is opened from disk with networking off, screenshotted at 1200x1600, and the screenshot
+is checked for content: enough non-white pixels, and enough distinct colours that charts (not just
+text) were drawn. Exit codes: 0 rendered, 1 blank or failed, 77 no Chromium installed (skipped).
+Install Chromium on Debian/Ubuntu with ``apt-get install -y chromium``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+SKIPPED = 77
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+
+#: A blank or failed page is white (or one flat colour); a report has text and coloured charts.
+MIN_INK_FRACTION = 0.02
+MIN_COLOURS = 64
+
+
+def find_browser() -> str | None:
+    for name in BROWSERS:
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def screenshot(browser: str, page: Path, png: Path, timeout_s: float = 90.0) -> None:
+    with tempfile.TemporaryDirectory(prefix="memfit-chromium-") as profile:
+        command = [
+            browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+            f"--screenshot={png}", "--window-size=1200,1600", "--hide-scrollbars", page.resolve().as_uri(),
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0 or not png.is_file():
+        raise RuntimeError(f"{browser} exited with {done.returncode}: {done.stderr.strip()[-2000:]}")
+
+
+def ink(png: Path) -> tuple[float, int]:
+    """(share of pixels that are not near-white, number of distinct colours) of a screenshot."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    pixels = mpimg.imread(str(png))[..., :3]
+    not_white = (pixels < 0.94).any(axis=-1)
+    quantised = (pixels * 255).astype(np.uint8).reshape(-1, 3)
+    colours = len(np.unique(quantised, axis=0))
+    return float(not_white.mean()), int(colours)
+
+
+def demo_run(folder: Path) -> Path:
+    """A real 80-step CPU run of a tiny llama with a 3 MiB-per-step leak, recorded with a plan."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from memfit.models.build import attach_lora, enable_checkpointing, make_config
+    from memfit.planner.api import plan
+    from memfit.spec import make_spec
+    from memfit.train.optim import build_optimizer
+    from memfit.train.step import train_step
+    from memfit.watch.recorder import MemoryRecorder
+
+    torch.set_num_threads(1)
+    tiny = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512,
+            "tie_word_embeddings": False}
+    knobs = dict(method="lora", rank=4, precision="fp32", batch_size=2, seq_len=32, checkpointing="on")
+    spec = make_spec(**knobs)
+    torch.manual_seed(0)
+    model = attach_lora(AutoModelForCausalLM.from_config(make_config(tiny), attn_implementation="sdpa"), spec)
+    enable_checkpointing(model)
+    model.train()
+    optimizer = build_optimizer(model.parameters(), "adamw", lr=1e-2)
+    ids = torch.randint(0, 256, (2, 32))
+    batch = {"input_ids": ids, "labels": ids.clone()}
+    run = folder / "demo-run"
+    kept = []
+    with MemoryRecorder(run, expected_device="cpu", plan=plan(tiny, **knobs), spec=spec, total_steps=80) as recorder, \
+            open(run / "metrics.jsonl", "w") as metrics:
+        recorder.inspect(model, spec)
+        for step in range(80):
+            if step == 0:
+                recorder.attribute(model, optimizer)
+            loss, _ = train_step(model, [batch], optimizer, observer=recorder.observer)
+            kept.append(torch.empty(3 * 2**20, dtype=torch.uint8).fill_(1))
+            recorder.end_step(step + 1, {"loss": float(loss)})
+            metrics.write(json.dumps({"step": step + 1, "loss": float(loss)}) + "\n")
+    return run
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("target", nargs="?", help="a run folder or a report .html")
+    parser.add_argument("--demo", action="store_true", help="record a short real CPU run and check its report")
+    parser.add_argument("--screenshot", type=Path, help="where to keep the screenshot (default: a temporary file)")
+    args = parser.parse_args(argv)
+    if not args.demo and not args.target:
+        parser.error("give a run folder, a report .html, or --demo")
+
+    browser = find_browser()
+    if browser is None:
+        print(f"skipped: no Chromium found ({', '.join(BROWSERS)}); install it with: apt-get install -y chromium")
+        return SKIPPED
+
+    from memfit.watch.report import write_report
+
+    workdir = Path(tempfile.mkdtemp(prefix="memfit-render-"))
+    if args.demo:
+        page = write_report(demo_run(workdir))
+    else:
+        target = Path(args.target)
+        page = write_report(target) if target.is_dir() else target
+    png = args.screenshot or workdir / "screenshot.png"
+    try:
+        screenshot(browser, page, png)
+    except (RuntimeError, subprocess.TimeoutExpired) as err:
+        print(f"FAILED: {page} did not render: {err}")
+        return 1
+    ink_fraction, colours = ink(png)
+    print(f"page: {page}")
+    print(f"screenshot: {png} ({ink_fraction:.1%} of pixels not white, {colours} distinct colours)")
+    if ink_fraction < MIN_INK_FRACTION or colours < MIN_COLOURS:
+        print(f"FAILED: the screenshot looks blank (need >= {MIN_INK_FRACTION:.0%} ink and >= {MIN_COLOURS} colours)")
+        return 1
+    print("OK: the report rendered with text and charts")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
