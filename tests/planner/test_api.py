@@ -91,8 +91,8 @@ def test_all_problems_listed_together():
 
 
 def test_layer_sampling_rules():
-    assert sample_layer_counts(32, 1) == (1, 2)
-    assert sample_layer_counts(26, 2) == (2, 4)
-    assert sample_layer_counts(2, 1) is None  # small: simulate whole
+    assert sample_layer_counts(32, 1) == (2, 3)
+    assert sample_layer_counts(26, 2) == (4, 6)
+    assert sample_layer_counts(3, 1) is None  # small: simulate whole
     assert sample_layer_counts(28, 0) is None  # irregular layer pattern: simulate whole
     assert extrapolate_linear((2, 3), [10, 13], 32) == 100

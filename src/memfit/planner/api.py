@@ -200,57 +200,109 @@ def estimate_step(
     num_layers = int(full_config.num_hidden_layers)
     period = layer_period(full_config)
     layers = sample_layer_counts(num_layers, period) if extrapolate else None
-    notes: list[str] = []
+    points = [_sample(config, spec, k, workspace_allocs) for k in (layers or (None,))]
+    if layers is not None and len(points[0]["result"].segments()) != len(points[1]["result"].segments()):
+        layers, points = None, [_sample(config, spec, None, workspace_allocs)]  # no common structure
     if layers is None:
-        points = [_sample(config, spec, None, workspace_allocs)]
         values = dict(points[0])
-        simulated = [num_layers]
+        peak_phase = points[0]["phase"]
+        phases = dict(points[0]["phase_peaks"])
     else:
-        points = [_sample(config, spec, k, workspace_allocs) for k in layers]
         values = {key: extrapolate_linear(layers, [p[key] for p in points], num_layers) for key in _SCALARS}
+        peak_phase, values["categories"] = _extrapolate_peak(layers, points, num_layers)
+        values["allocated_bytes"] = sum(values["categories"].values())
         # Fragmentation does not grow linearly with depth (it jumps with how blocks happen to fit in
         # segments), so the allocator's overhead is not extrapolated: the larger of the sampled
         # overheads is added to the extrapolated allocated peak.
         overhead = max(p["reserved_bytes"] - p["allocated_bytes"] for p in points)
         values["reserved_bytes"] = values["allocated_bytes"] + overhead
-        values["categories"] = {
-            name: extrapolate_linear(layers, [p["categories"][name] for p in points], num_layers)
-            for name in points[0]["categories"]
-        }
-        simulated = list(layers)
-        if points[0]["phase"] != points[1]["phase"]:
-            notes.append("the peak moves between phases as layers are added; extrapolation is less exact")
-    # Categories at the peak sum to the peak; rounding in extrapolation must not break that.
-    values["allocated_bytes"] = sum(values["categories"].values())
-    phases = {k: extrapolate_linear(layers, [p["phase_peaks"].get(k, 0) for p in points], num_layers) if layers else v
-              for k, v in points[-1]["phase_peaks"].items()}
+        phases = {k: extrapolate_linear(layers, [p["phase_peaks"].get(k, 0) for p in points], num_layers)
+                  for k in points[-1]["phase_peaks"]}
     return {
         "allocated_bytes": values["allocated_bytes"],
         "reserved_bytes": values["reserved_bytes"],
         "host_peak_bytes": values["host_peak_bytes"],
         "paged_peak_bytes": values["paged_peak_bytes"],
         "categories": values["categories"],
-        "phase": points[-1]["phase"],
+        "phase": peak_phase,
         "phase_peaks": phases,
         "total_params": values["total_params"],
         "trainable_params": values["trainable_params"],
-        "simulated_layers": simulated,
+        "simulated_layers": list(layers) if layers else [num_layers],
         "attention": points[-1]["attention"],
         "num_layers": num_layers,
-        "notes": notes,
+        "notes": [],
     }
+
+
+def _extrapolate_peak(layers: tuple[int, int], points: list[dict[str, Any]], num_layers: int) -> tuple[str, dict[str, int]]:
+    """Peak phase and categories at the peak of the full-depth step, from two sampled depths.
+
+    Where the peak lies can move with depth: in full fine-tuning the start of backward (logits,
+    every layer's activations) is highest for a few layers, the end of backward (every gradient)
+    for many. So the peak is not extrapolated as one number. Each phase of the deeper sample is
+    the shallower one with a period of layers inserted: the events both share at the phase's start
+    (the head) and at its end (the tail) are the same operations, shifted by memory that grows
+    linearly with depth. Memory moves by the same amount from layer to layer, so within a phase
+    the highest point is in its head or its tail; both are extrapolated, and the highest is the peak.
+    """
+    shallow, deep = (p["result"] for p in points)
+    live_shallow, live_deep = shallow.live_bytes(), deep.live_bytes()
+    best: tuple[int, str, dict[str, int]] | None = None
+    for seg_a, seg_b in zip(shallow.segments(), deep.segments()):
+        sig_a = _signatures(shallow, seg_a.start_event + 1, seg_a.end_event + 1)
+        sig_b = _signatures(deep, seg_b.start_event + 1, seg_b.end_event + 1)
+        head = _common_prefix(sig_a, sig_b)
+        tail = _common_prefix(sig_a[::-1], sig_b[::-1])
+        regions = []
+        if head:
+            regions.append((seg_a.start_event + 1, seg_b.start_event + 1, head))
+        if tail:
+            regions.append((seg_a.end_event + 1 - tail, seg_b.end_event + 1 - tail, tail))
+        for first_a, first_b, length in regions:
+            # The same operations in both samples: the highest point is at the same offset.
+            offset = max(range(length), key=lambda i: live_deep[first_b + i])
+            cats_a = shallow.categories_at(first_a + offset)
+            cats_b = deep.categories_at(first_b + offset)
+            categories = {name: max(extrapolate_linear(layers, [cats_a[name], cats_b[name]], num_layers), 0) for name in cats_a}
+            total = sum(categories.values())
+            if best is None or total > best[0]:
+                best = (total, seg_b.phase, categories)
+    if best is None:  # no shared structure at all: fall back to the deeper sample's own peak
+        return points[1]["phase"], dict(points[1]["categories"])
+    return best[1], best[2]
+
+
+def _signatures(result, first: int, stop: int) -> list[tuple[str, int, str]]:
+    """(event kind, bytes, op) of events ``first`` to ``stop - 1``: what an event does, without ids."""
+    by_id = {a.alloc_id: a for a in result.allocations}
+    out = []
+    for kind, alloc_id, _ in result.events[first:stop]:
+        a = by_id[alloc_id]
+        out.append((kind, a.nbytes, a.op))
+    return out
+
+
+def _common_prefix(a: list, b: list) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def sample_layer_counts(num_layers: int, period: int) -> tuple[int, int] | None:
     """The two depths to simulate for extrapolation, or None when the model is simulated whole.
 
-    One and two whole periods of the layer pattern. The difference between them is the memory of a
-    period of decoder layers that are not the first (the first layer differs: its input, the
-    embedding output, needs no gradient), which is what every further period adds.
+    Two and three whole periods of the layer pattern. The first decoder layer differs from the
+    others (its input, the embedding output, needs no gradient), so each sample has at least one
+    ordinary layer after it and before it in every phase, and the third period is what every
+    further period adds.
     """
-    if period <= 0 or num_layers <= 2 * period:
+    if period <= 0 or num_layers <= 3 * period:
         return None
-    return period, 2 * period
+    return 2 * period, 3 * period
 
 
 def extrapolate_linear(xs: tuple[int, int], ys: list[int], x: int) -> int:
@@ -264,7 +316,7 @@ _SCALARS = ("allocated_bytes", "reserved_bytes", "host_peak_bytes", "paged_peak_
 
 #: Simulation summaries by (config, spec, depth, workspaces): searches plan the same step many times.
 _SAMPLE_CACHE: dict[tuple, dict[str, Any]] = {}
-_SAMPLE_CACHE_SIZE = 512
+_SAMPLE_CACHE_SIZE = 128
 
 
 def _sample(config: dict[str, Any], spec: RunSpec, num_layers: int | None, workspace_allocs: tuple[int, ...]) -> dict[str, Any]:
@@ -278,13 +330,15 @@ def _sample(config: dict[str, Any], spec: RunSpec, num_layers: int | None, works
         if len(_SAMPLE_CACHE) >= _SAMPLE_CACHE_SIZE:
             _SAMPLE_CACHE.pop(next(iter(_SAMPLE_CACHE)))
         _SAMPLE_CACHE[key] = cached
-    return copy.deepcopy(cached)
+    # Callers must not change the tracker result; the dicts around it they may.
+    return {key: (value if key == "result" else copy.deepcopy(value)) for key, value in cached.items()}
 
 
 def _summarise(sim) -> dict[str, Any]:
     result = sim.tracker
     replay = allocator.simulate(result.events)
     return {
+        "result": result,
         "attention": sim.attention,
         "allocated_bytes": result.peak.allocated_bytes,
         "reserved_bytes": replay.peak_reserved_bytes,

@@ -106,6 +106,41 @@ class TrackerResult:
         return totals
 
 
+    def live_bytes(self) -> list[int]:
+        """Live device bytes just after each event."""
+        sizes = {a.alloc_id: a.nbytes for a in self.allocations}
+        live, series = 0, []
+        for kind, alloc_id, _ in self.events:
+            live += sizes[alloc_id] if kind == "alloc" else -sizes[alloc_id]
+            series.append(live)
+        return series
+
+    def segments(self) -> list["Segment"]:
+        """The step's phases in order, each with its live bytes at start, at end and at its highest."""
+        live = self.live_bytes()
+        marks = list(self.phase_marks) + [("end", len(live) - 1)]
+        found = []
+        for (phase, start), (_, end) in zip(marks, marks[1:]):
+            if start < 0 or end <= start:
+                continue
+            top = max(range(start + 1, end + 1), key=live.__getitem__)
+            found.append(Segment(phase, start, end, top, live[start], live[end], live[top]))
+        return found
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One phase of a simulated step: event indices and live device bytes at its start, end and top."""
+
+    phase: str
+    start_event: int
+    end_event: int
+    top_event: int
+    start_bytes: int
+    end_bytes: int
+    top_bytes: int
+
+
 class MemoryTracker(TorchDispatchMode):
     """Dispatch mode that records each new storage, its size, its phase and (later) its role.
 
