@@ -1,0 +1,307 @@
+"""``memfit fit``: the training configurations that fit a GPU or a budget, ranked by estimated speed.
+
+Every configuration this module returns has been planned (:func:`memfit.planner.api.plan`) and
+fits; no answer comes from a formula alone. The search is kept short with what is known about
+memory:
+
+- memory grows with micro-batch size and with sequence length (monotone), so the largest
+  micro-batch and the longest sequence are found by bracketing and bisection;
+- memory is close to affine in both, so two plans predict where the boundary lies and the
+  bisection starts from a tight bracket around the prediction;
+- a leaner setting (checkpointing offload < on < off; paged 8-bit < 8-bit < 32-bit AdamW) that
+  does not fit at micro-batch 1 rules out the heavier ones without planning them;
+- simulations are cached within the process (:mod:`memfit.planner.api`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from memfit.planner.api import PlanError, plan, validate
+from memfit.planner.report import MemoryPlan
+from memfit.planner.throughput import relative_speeds
+
+METHODS = ("full", "lora", "qlora")
+#: Leanest first: if the leanest does not fit, nothing heavier does.
+CHECKPOINTING_LEAN_FIRST = ("offload", "on", "off")
+OPTIMIZERS_LEAN_FIRST = {"full": ("paged-adamw8bit", "adamw8bit", "adamw"), "lora": ("adamw",), "qlora": ("adamw",)}
+#: Sequence lengths are reported in multiples of this many tokens.
+SEQ_STEP = 128
+
+
+@dataclass
+class Fit:
+    """A configuration that fits, its plan and its estimated relative speed."""
+
+    spec: dict[str, Any]
+    plan: MemoryPlan
+    relative_speed: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"spec": self.spec, "peak": self.plan.to_json()["peak"], "relative_speed": round(self.relative_speed, 4),
+                "headroom_bytes": self.plan.headroom_bytes}
+
+
+@dataclass
+class Miss:
+    """A faster setting that does not fit, and by how much."""
+
+    spec: dict[str, Any]
+    device_total_bytes: int
+    over_bytes: int
+
+
+@dataclass
+class FitResult:
+    """Everything `memfit fit` reports."""
+
+    model: str
+    gpu: dict[str, Any]
+    fits: list[Fit]
+    misses: list[Miss]
+    max_seq_len: dict[str, int]
+    max_seq_len_specs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    plans_made: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "gpu": self.gpu,
+            "fits": [f.to_json() for f in self.fits],
+            "max_seq_len": dict(self.max_seq_len),
+            "details": {
+                "max_seq_len_specs": self.max_seq_len_specs,
+                "not_fitting": [{"spec": m.spec, "device_total_bytes": m.device_total_bytes, "over_bytes": m.over_bytes} for m in self.misses],
+                "plans_made": self.plans_made,
+                "seconds": round(self.seconds, 2),
+                "relative_speed": "an estimate (memfit.planner.throughput), not a measurement",
+            },
+        }
+
+
+class _Planner:
+    """Plans with fixed model, target and base knobs; counts the plans it makes."""
+
+    def __init__(self, model: str | dict, target: dict[str, Any], base: dict[str, Any], progress: Callable[[str], None] | None):
+        self.model = model
+        self.target = target
+        self.base = base
+        self.count = 0
+        self.progress = progress or (lambda message: None)
+
+    def __call__(self, **knobs: Any) -> MemoryPlan:
+        merged = dict(self.base)
+        merged.update(knobs)
+        self.count += 1
+        self.progress(_describe(merged))
+        return plan(self.model, **self.target, **merged)
+
+
+def fit(
+    model: str | dict,
+    *,
+    gpu: str | None = None,
+    budget: str | int | None = None,
+    batch_size: int = 8,
+    seq_len: int | None = None,
+    methods: tuple[str, ...] | None = None,
+    max_seq_len: bool = True,
+    progress: Callable[[str], None] | None = None,
+    **knobs: Any,
+) -> FitResult:
+    """Find the configurations of ``model`` that fit ``gpu`` (or ``budget``), fastest first.
+
+    Args:
+        batch_size: the effective batch (sequences per optimizer step) to keep: each fit splits it
+            into a micro-batch and gradient accumulation.
+        seq_len: sequence length to hold fixed (default: 2048, or the model's maximum if smaller).
+        methods: restrict the search to these methods (default: full, lora, qlora).
+        max_seq_len: also find the longest sequence each method fits (micro-batch 1).
+        knobs: fixed RunSpec knobs passed through (rank, alpha, targets, precision...).
+    """
+    started = time.perf_counter()
+    problems = []
+    if gpu is None and budget is None:
+        problems.append("fit needs --gpu NAME or --budget SIZE (e.g. --gpu rtx-4090 or --budget 24GiB)")
+    methods = tuple(methods or METHODS)
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        problems.append(f"--method: {', '.join(bad)} is not one of {', '.join(METHODS)}")
+    for fixed in ("method", "checkpointing", "optimizer", "grad_accum"):
+        if fixed in knobs:
+            problems.append(f"--{fixed.replace('_', '-')} is chosen by the search; leave it out")
+    if problems:
+        raise PlanError(problems)
+    # Validate everything once, before any simulation.
+    source, _, _ = validate(model, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
+    max_positions = int(source.config.get("max_position_embeddings") or 0) or None
+    if seq_len is None:
+        seq_len = min(2048, max_positions) if max_positions else 2048
+    planner = _Planner(model, {"gpu": gpu, "budget": budget}, dict(knobs, seq_len=seq_len), progress)
+
+    fits: list[Fit] = []
+    misses: list[Miss] = []
+    for method in methods:
+        method_fits, method_misses = _search_method(planner, method, batch_size)
+        fits.extend(method_fits)
+        misses.extend(method_misses)
+    for f, speed in zip(fits, relative_speeds([f.spec for f in fits])):
+        f.relative_speed = speed
+    fits.sort(key=lambda f: (-f.relative_speed, -(f.plan.headroom_bytes or 0)))
+    if fits:
+        # Only settings that would have been faster than the best fit explain anything.
+        misses = [m for m in misses if _faster(m.spec, fits[0].spec)]
+
+    longest: dict[str, int] = {}
+    longest_specs: dict[str, dict[str, Any]] = {}
+    if max_seq_len:
+        limit = max_positions or 131072
+        for method in METHODS:
+            length, spec = _longest_sequence(planner, method, limit, batch_size) if method in methods else (0, None)
+            longest[method] = length
+            if spec is not None:
+                longest_specs[method] = spec
+    probe = fits[0].plan if fits else planner(method=methods[0], batch_size=1, grad_accum=batch_size, seq_len=SEQ_STEP)
+    return FitResult(
+        model=source.name,
+        gpu=probe.gpu,
+        fits=fits,
+        misses=misses,
+        max_seq_len=longest,
+        max_seq_len_specs=longest_specs,
+        plans_made=planner.count,
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _faster(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    speed_a, speed_b = relative_speeds([a, b])
+    return speed_a > speed_b
+
+
+def _search_method(planner: _Planner, method: str, effective_batch: int) -> tuple[list[Fit], list[Miss]]:
+    """For each checkpointing setting of ``method``: the preferred optimizer and largest micro-batch that fit."""
+    fits: list[Fit] = []
+    misses: list[Miss] = []
+    options = _micro_batches(effective_batch)
+    leanest = OPTIMIZERS_LEAN_FIRST[method][0]
+    preferred = OPTIMIZERS_LEAN_FIRST[method][::-1]  # 32-bit AdamW first
+    for checkpointing in CHECKPOINTING_LEAN_FIRST:
+        def at_micro_one(optimizer: str) -> MemoryPlan:
+            return planner(method=method, optimizer=optimizer, checkpointing=checkpointing, batch_size=1, grad_accum=effective_batch)
+
+        lean_plan = at_micro_one(leanest)
+        if not lean_plan.fits:
+            misses.append(Miss(lean_plan.spec, lean_plan.device_total_bytes, -lean_plan.headroom_bytes))
+            break  # heavier checkpointing needs more memory still
+        # 32-bit AdamW first (exact), then lighter states: the first that fits is the choice.
+        chosen = lean_plan
+        for optimizer in preferred:
+            if optimizer == leanest:
+                break
+            candidate = at_micro_one(optimizer)
+            if candidate.fits:
+                chosen = candidate
+                break
+            misses.append(Miss(candidate.spec, candidate.device_total_bytes, -candidate.headroom_bytes))
+        knobs = {"method": method, "optimizer": chosen.spec["optimizer"], "checkpointing": checkpointing}
+        best = _largest_micro_batch(planner, knobs, options, effective_batch, chosen)
+        fits.append(Fit(spec=best.spec, plan=best))
+    return fits, misses
+
+
+def _micro_batches(effective_batch: int) -> list[int]:
+    """Micro-batch sizes that divide the effective batch (so gradient accumulation keeps it exactly)."""
+    return [b for b in range(1, effective_batch + 1) if effective_batch % b == 0]
+
+
+def _largest_fitting(check: Callable[[int], MemoryPlan], lo: int, hi: int, guess: int | None, best: MemoryPlan | None):
+    """Largest index in (lo, hi) whose plan fits, given ``lo`` fits (or is a sentinel) and ``hi`` does not.
+
+    Memory grows with the index. The search gallops from ``guess`` (steps of 1, 2, 4... away from
+    it, in the direction the plans point) until the boundary is bracketed, then bisects: two plans
+    when the guess is right, a few more when it is off.
+    """
+    index, step, direction = guess, 1, 0
+    while hi - lo > 1:
+        if index is None or not lo < index < hi:
+            index = (lo + hi) // 2
+        result = check(index)
+        if result.fits:
+            lo, best = index, result
+            index, direction = (index + step, 1) if direction >= 0 else (None, direction)
+        else:
+            hi = index
+            index, direction = (index - step, -1) if direction <= 0 else (None, direction)
+        step *= 2
+    return lo, best
+
+
+def _largest_micro_batch(planner: _Planner, knobs: dict[str, Any], options: list[int], effective_batch: int, at_one: MemoryPlan) -> MemoryPlan:
+    """The plan with the largest micro-batch in ``options`` that fits (``at_one``, micro-batch 1, fits)."""
+
+    def check(index: int) -> MemoryPlan:
+        b = options[index]
+        return planner(**knobs, batch_size=b, grad_accum=effective_batch // b)
+
+    if len(options) == 1:
+        return at_one
+    second = check(1)
+    if not second.fits:
+        return at_one
+    per_sample = max((second.device_total_bytes - at_one.device_total_bytes) / (options[1] - 1), 1.0)
+    predicted = 1 + (at_one.headroom_bytes / per_sample)
+    guess = max((i for i, b in enumerate(options) if b <= predicted), default=1)
+    _, best = _largest_fitting(check, 1, len(options), guess, second)
+    return best
+
+
+def _longest_sequence(planner: _Planner, method: str, limit: int, effective_batch: int) -> tuple[int, dict[str, Any] | None]:
+    """Longest sequence (a multiple of SEQ_STEP, at most ``limit``) that ``method`` fits.
+
+    Micro-batch 1 (with gradient accumulation for the effective batch), the method's leanest
+    settings (offloaded checkpointing, its leanest optimizer).
+    Returns (0, None) when not even SEQ_STEP tokens fit.
+    """
+    knobs = {"method": method, "optimizer": OPTIMIZERS_LEAN_FIRST[method][0], "checkpointing": "offload",
+             "batch_size": 1, "grad_accum": effective_batch}
+
+    def check(steps: int) -> MemoryPlan:
+        return planner(**knobs, seq_len=steps * SEQ_STEP)
+
+    top = limit // SEQ_STEP
+    if top < 1:
+        return 0, None
+    # Two plans give the bytes per token; the boundary is predicted from them, then confirmed.
+    mid = min(2048 // SEQ_STEP, top)
+    at_mid = check(mid)
+    if at_mid.fits:
+        lo, hi, best = mid, top + 1, at_mid
+        if mid == top:
+            return top * SEQ_STEP, at_mid.spec
+        far = min(2 * mid, top)
+        at_far = check(far)
+        if at_far.fits:
+            lo, best = far, at_far
+        else:
+            hi = far
+        low_plan, low, high_plan, high = at_mid, mid, at_far, far
+    else:
+        at_one = check(1)
+        if not at_one.fits:
+            return 0, None
+        lo, hi, best = 1, mid, at_one
+        low_plan, low, high_plan, high = at_one, 1, at_mid, mid
+    per_step = max((high_plan.device_total_bytes - low_plan.device_total_bytes) / (high - low), 1.0)
+    guess = low + int(low_plan.headroom_bytes // per_step)
+    steps, best = _largest_fitting(check, lo, hi, guess, best)
+    return steps * SEQ_STEP, best.spec
+
+
+def _describe(knobs: dict[str, Any]) -> str:
+    return (f"{knobs.get('method')} · checkpointing {knobs.get('checkpointing')} · {knobs.get('optimizer')} · "
+            f"micro-batch {knobs.get('batch_size')} · {knobs.get('seq_len')} tokens")

@@ -1,0 +1,55 @@
+"""A relative throughput estimate for a training configuration (an estimate, used to rank fits).
+
+Pure arithmetic, no device: the cost of one token is counted in units of one forward pass over the
+model's weights (``2 x params`` FLOPs), and the factors below are stated assumptions, not
+measurements:
+
+- backward costs two forwards when the weights get gradients (full fine-tuning) and one forward
+  when only activations need gradients (LoRA and QLoRA: frozen weights get none; the adapters'
+  own matmuls are rank-r and negligible);
+- activation checkpointing recomputes the forward once more;
+- offloaded checkpointing also moves each layer's input to the host and back; on a PCIe link this
+  is partly hidden behind compute: a 10% surcharge is assumed;
+- QLoRA dequantizes every 4-bit weight in forward and backward: a 25% surcharge is assumed (the
+  published QLoRA speed cost is of that order);
+- small micro-batches leave the GPU underused: efficiency ``tokens / (tokens + 1024)`` per
+  micro-batch, i.e. half speed at 1,024 tokens and close to full from ~16k tokens.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+QLORA_DEQUANT_SURCHARGE = 0.25
+OFFLOAD_SURCHARGE = 0.10
+HALF_EFFICIENCY_TOKENS = 1024
+
+
+def forward_units(spec: dict[str, Any]) -> float:
+    """Forward-pass equivalents of compute per token for ``spec`` (a RunSpec's ``knobs()``)."""
+    units = 1.0  # forward
+    units += 2.0 if spec["method"] == "full" else 1.0  # backward
+    if spec["checkpointing"] in ("on", "offload"):
+        units += 1.0  # recomputation
+    return units
+
+
+def relative_cost(spec: dict[str, Any]) -> float:
+    """Estimated time per token, in forward-pass units, including surcharges and utilisation."""
+    cost = forward_units(spec)
+    if spec["method"] == "qlora":
+        cost *= 1.0 + QLORA_DEQUANT_SURCHARGE
+    if spec["checkpointing"] == "offload":
+        cost *= 1.0 + OFFLOAD_SURCHARGE
+    tokens = spec["batch_size"] * spec["seq_len"]
+    efficiency = tokens / (tokens + HALF_EFFICIENCY_TOKENS)
+    return cost / efficiency
+
+
+def relative_speeds(specs: list[dict[str, Any]]) -> list[float]:
+    """Speed of each spec relative to the fastest of them (the fastest gets 1.0)."""
+    if not specs:
+        return []
+    costs = [relative_cost(s) for s in specs]
+    best = min(costs)
+    return [best / c for c in costs]
