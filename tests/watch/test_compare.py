@@ -9,7 +9,7 @@ torch = pytest.importorskip("torch")
 
 from watch_helpers import GiB, MiB, start_record, step_records, tiny_plan  # noqa: E402
 
-from memfit.watch.compare import compare_categories, detect_above_plan, measured_categories  # noqa: E402
+from memfit.watch.compare import compare_categories, comparison_lines, detect_above_plan, measured_categories  # noqa: E402
 from memfit.watch.thresholds import Thresholds  # noqa: E402
 from memfit.watch.timeline import Timeline  # noqa: E402
 
@@ -118,7 +118,9 @@ def run_measured(tmp_path, model, optimizer, plan, batch):
         for step in range(2):
             train_step(model, [batch], optimizer, observer=recorder.observer)
             live = recorder.end_step(step + 1)
-    return load_timeline(tmp_path / "memory.jsonl"), live
+        timeline = load_timeline(tmp_path / "memory.jsonl")
+        assert recorder.comparison() == compare_categories(plan, timeline)
+    return timeline, live
 
 
 def test_real_lora_run_measures_what_the_plan_predicts(tmp_path, plan_json):
@@ -129,6 +131,9 @@ def test_real_lora_run_measures_what_the_plan_predicts(tmp_path, plan_json):
     # Same step, same model, real tensors instead of fake ones: the tracked categories agree.
     for name in ("weights", "trainable", "gradients", "optimizer", "activations"):
         assert rows[name].measured_bytes == pytest.approx(rows[name].predicted_bytes, rel=0.1), name
+    lines = comparison_lines(list(rows.values()))
+    assert lines[0].split() == ["category", "plan", "measured", "ratio"]
+    assert any(line.startswith("runtime") and "not measured" in line for line in lines)
 
 
 def test_wrapper_switching_checkpointing_off_is_caught_live_and_by_the_plan(tmp_path, plan_json):

@@ -72,6 +72,19 @@ def compare_categories(plan: dict[str, Any] | None, timeline: Timeline) -> list[
     return rows
 
 
+def comparison_lines(rows: list[CategoryRow]) -> list[str]:
+    """Plain-text table of predicted vs measured, for a trainer to print at the end of a run."""
+    if not rows:
+        return []
+    lines = [f"{'category':<12} {'plan':>11} {'measured':>13} {'ratio':>6}"]
+    for row in rows:
+        plan = format_bytes(row.predicted_bytes) if row.predicted_bytes is not None else "-"
+        measured = format_bytes(row.measured_bytes) if row.measured_bytes is not None else "not measured"
+        ratio = f"{row.ratio:.2f}" if row.ratio is not None else "-"
+        lines.append(f"{row.name:<12} {plan:>11} {measured:>13} {ratio:>6}")
+    return lines
+
+
 def measured_peak_allocated(timeline: Timeline) -> tuple[int | None, str]:
     """The run's peak allocated bytes and where it was read: the device counters, else the attribution."""
     device = _run_device(timeline)

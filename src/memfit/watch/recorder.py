@@ -211,6 +211,16 @@ class MemoryRecorder:
         """Every finding reported so far, most important first."""
         return sort_findings(list(self._reported.values()))
 
+    def comparison(self) -> list:
+        """The plan's categories next to the measured ones (:class:`~memfit.watch.compare.CategoryRow`);
+        empty without a plan. Print them with :func:`memfit.watch.compare.comparison_lines`."""
+        from memfit.watch.compare import compare_categories
+
+        if self._plan is None:
+            return []
+        timeline = Timeline(start=self._timeline.start, steps=list(self._timeline.steps), attribution=self._timeline.attribution)
+        return compare_categories(self._plan, timeline)
+
     # ------------------------------------------------------------------------------ the model
     def inspect(self, model: Any, spec: Any = None) -> list[Finding]:
         """Check the model for settings that silently cost memory (see
