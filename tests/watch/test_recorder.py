@@ -50,6 +50,7 @@ def test_injected_leak_is_found_at_its_rate(tmp_path, tiny_llama_config):
     rate = leaks[0].data["bytes_per_step"]
     assert rate == pytest.approx(LEAK_BYTES_PER_STEP, rel=0.2)
     assert leaks[0].data["device"] == "host" and leaks[0].data["full_at_step"] > 100
+    assert leaks[0].data["measure"] in ("heap_bytes", "rss_bytes")
     # Found while the run was going, well before its end.
     timeline = load_timeline(tmp_path / "memory.jsonl")
     assert [f.code for f in timeline.findings] == ["leak"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from watch_helpers import MiB, start_record, step_records, write_run
+from watch_helpers import start_record, step_records, write_run
 
 from memfit.watch.timeline import Finding, TimelineError, load_run, merge_findings, parse_timeline, sort_findings
 
@@ -78,4 +78,3 @@ def test_findings_sort_most_severe_first_and_merge_by_code_and_device():
     assert merge_findings([warn, other], [err, info]) == [err, other, info]
     with pytest.raises(ValueError, match="severity"):
         Finding("fatal", "x", "m", "f")
-    assert MiB == 2**20

@@ -36,16 +36,22 @@ class Point:
     value: int
 
 
-def series(timeline: Timeline, where: str) -> list[Point]:
-    """Memory after each step: host RSS (``where="host"``), or a CUDA device's allocated bytes
-    (falling back to NVML's bytes of this process when PyTorch's counters are absent)."""
+#: Host measures, in the order the leak detector trusts them: the malloc heap in use is exact
+#: (RSS stays flat while freed-but-resident pages are reused); RSS also sees Python's own objects.
+HOST_MEASURES = {"heap_bytes": "malloc heap in use", "rss_bytes": "process RSS"}
+
+
+def series(timeline: Timeline, where: str, key: str = "rss_bytes") -> list[Point]:
+    """Memory after each step: a host measure (``where="host"``, ``key`` one of
+    :data:`HOST_MEASURES`), or a CUDA device's allocated bytes (falling back to NVML's bytes of
+    this process when PyTorch's counters are absent)."""
     points = []
     for record in timeline.steps:
         step = record.get("step")
         if not isinstance(step, int):
             continue
         if where == HOST:
-            value = record.get("rss_bytes")
+            value = record.get(key)
         else:
             entry = record.get("devices", {}).get(where, {})
             value = entry.get("allocated_bytes", entry.get("process_bytes"))
@@ -103,8 +109,12 @@ def detect_leak(timeline: Timeline, thresholds: Thresholds = Thresholds()) -> li
     """
     t = thresholds
     findings = []
-    for where in [HOST] + timeline.device_names():
-        points = series(timeline, where)
+    candidates = [(HOST, key) for key in HOST_MEASURES] + [(name, "") for name in timeline.device_names()]
+    seen: set[str] = set()
+    for where, key in candidates:
+        if where in seen:
+            continue  # the host's heap already showed the climb; RSS would repeat it
+        points = series(timeline, where, key) if where == HOST else series(timeline, where)
         if not points:
             continue
         first = points[0].step
@@ -119,17 +129,18 @@ def detect_leak(timeline: Timeline, thresholds: Thresholds = Thresholds()) -> li
         growth = slope * (window[-1].step - window[0].step)
         if slope < threshold or min(halves) < t.leak_half_fraction * threshold or growth < min_growth:
             continue
-        findings.append(_leak_finding(timeline, where, window, slope, growth, t))
+        seen.add(where)
+        findings.append(_leak_finding(timeline, where, key, window, slope, growth, t))
     return findings
 
 
-def _leak_finding(timeline: Timeline, where: str, window: list[Point], slope: float, growth: float, t: Thresholds) -> Finding:
+def _leak_finding(timeline: Timeline, where: str, key: str, window: list[Point], slope: float, growth: float, t: Thresholds) -> Finding:
     last = timeline.steps[-1]
     last_step = window[-1].step
     if where == HOST:
         free = last.get("host_available_bytes")
         capacity_text = "host RAM"
-        label = "host memory (process RSS)"
+        label = f"host memory ({HOST_MEASURES[key]})"
     else:
         entry = last.get("devices", {}).get(where, {})
         capacity = (timeline.start.get("device_capacity_bytes") or {}).get(where) or entry.get("total_bytes")
@@ -162,6 +173,7 @@ def _leak_finding(timeline: Timeline, where: str, window: list[Point], slope: fl
         step=window[0].step,
         data={
             "device": where,
+            "measure": key or "allocated_bytes",
             "bytes_per_step": round(slope, 1),
             "mib_per_step": round(rate_mib, 4),
             "first_step": window[0].step,

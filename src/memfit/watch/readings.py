@@ -17,12 +17,56 @@ from typing import Any
 
 
 def host_reading() -> dict[str, int]:
-    """The process's resident memory and the machine's available and total RAM, in bytes."""
+    """The process's resident memory, its malloc heap in use (glibc only), and the machine's
+    available and total RAM, in bytes."""
     import psutil
 
     rss_bytes = psutil.Process().memory_info().rss
     vm = psutil.virtual_memory()
-    return {"rss_bytes": int(rss_bytes), "host_available_bytes": int(vm.available), "host_total_bytes": int(vm.total)}
+    reading = {"rss_bytes": int(rss_bytes), "host_available_bytes": int(vm.available), "host_total_bytes": int(vm.total)}
+    heap = heap_bytes()
+    if heap is not None:
+        reading["heap_bytes"] = heap
+    return reading
+
+
+_MALLINFO2: Any = False  # False: not looked up yet; None: not available
+
+
+def heap_bytes() -> int | None:
+    """Bytes in use through malloc (glibc ``mallinfo2``: in-use chunks + mmapped chunks, all arenas).
+
+    RSS alone hides a leak while the process has freed-but-resident memory to reuse: new tensors
+    land in pages that were already counted, and RSS stays flat until that pool runs out. The
+    heap in use counts every live allocation at once (CPU tensors are malloc'd). Python's own small
+    objects live in pymalloc arenas outside malloc; RSS still sees those. None off glibc.
+    """
+    global _MALLINFO2
+    if _MALLINFO2 is False:
+        _MALLINFO2 = _load_mallinfo2()
+    if _MALLINFO2 is None:
+        return None
+    info = _MALLINFO2()
+    return int(info.uordblks + info.hblkhd)
+
+
+def _load_mallinfo2():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        class Mallinfo2(ctypes.Structure):
+            _fields_ = [(name, ctypes.c_size_t) for name in (
+                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+        function = ctypes.CDLL(None).mallinfo2  # glibc 2.33+
+        function.restype = Mallinfo2
+        function.argtypes = []
+        function()
+        return function
+    except (OSError, AttributeError):
+        return None
 
 
 def rss_bytes() -> int:

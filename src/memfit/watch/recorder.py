@@ -165,6 +165,7 @@ class MemoryRecorder:
             "time": time.time(),
             "elapsed_s": round(time.perf_counter() - self._started, 4),
             "rss_bytes": host["rss_bytes"],
+            **({"heap_bytes": host["heap_bytes"]} if "heap_bytes" in host else {}),
             "host_available_bytes": host["host_available_bytes"],
             "devices": devices,
             "phases": self._phases,

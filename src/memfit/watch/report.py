@@ -134,13 +134,16 @@ def _device_chart(Figure, timeline, name: str, plan: dict[str, Any] | None, find
 
 def _host_chart(Figure, timeline, findings) -> bytes:
     points = series(timeline, HOST)
+    heap = series(timeline, HOST, "heap_bytes")
     scale, unit = _unit(max(p.value for p in points))
     fig = Figure(figsize=(9, 3.2))
     ax = fig.subplots()
     ax.plot([p.step for p in points], [p.value / scale for p in points], color="tab:purple", linewidth=1.4, label="process RSS after step")
+    if heap:
+        ax.plot([p.step for p in heap], [p.value / scale for p in heap], color="tab:brown", linewidth=1.2, label="malloc heap in use")
     for step in _leak_steps(findings, HOST):
         ax.axvline(step, color="crimson", linestyle=":", linewidth=1, label=f"climb detected from step {step}")
-    ax.set_title("host memory (resident set of the training process)")
+    ax.set_title("host memory of the training process")
     ax.set_xlabel("step")
     ax.set_ylabel(unit)
     ax.grid(alpha=0.3)
