@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from enum import Enum
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -103,6 +104,115 @@ def plan_command(
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
         result.render(console)
+
+
+class MaxTarget(str, Enum):
+    seq_len = "seq-len"
+
+
+@app.command("fit")
+def fit_command(
+    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a config.json, or a model folder."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU to fit (see `memfit models`)."),
+    budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget instead of a GPU, e.g. 24GiB."),
+    batch_size: int = typer.Option(8, "--batch-size", "-b", help="Effective batch (sequences per optimizer step) to keep."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", "-s", help="Sequence length to hold fixed (default 2048)."),
+    method: Optional[list[Method]] = typer.Option(None, "--method", help="Only these methods (repeat the option)."),
+    rank: int = typer.Option(16, help="LoRA rank (lora, qlora)."),
+    alpha: Optional[float] = typer.Option(None, help="LoRA alpha (default: 2 x rank)."),
+    targets: str = typer.Option("all-linear", help="Comma-separated module names for LoRA, or all-linear."),
+    precision: Optional[Precision] = typer.Option(None, help="Weight and compute dtype (default: bf16 where the GPU has it)."),
+    max_target: Optional[MaxTarget] = typer.Option(None, "--max", help="Show the longest sequence each method fits."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    write: Optional[Path] = typer.Option(None, "--write", help="Write the best configuration as a `memfit train` YAML."),
+    data: Optional[str] = typer.Option(None, "--data", help="Training data for the --write YAML (default: the demo dataset)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Let --write replace an existing file."),
+) -> None:
+    """Find the training configurations that fit a GPU, fastest first (estimated), and the longest sequences."""
+    from memfit.planner.api import PlanError
+    from memfit.planner.search import fit
+
+    progress = None if as_json else _status_printer()
+    try:
+        result = fit(
+            model,
+            gpu=gpu,
+            budget=budget,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            methods=tuple(m.value for m in method) if method else None,
+            progress=progress,
+            rank=rank,
+            alpha=alpha,
+            targets=targets,
+            **({"precision": precision.value} if precision else {}),
+        )
+    except PlanError as err:
+        _fail("\n".join(["cannot search this model:"] + [f"  - {p}" for p in err.problems]))
+        return
+    except ValueError as err:
+        _fail(str(err))
+        return
+    finally:
+        if progress is not None:
+            progress.close()
+    if write is not None:
+        _write_best(result, model, write, data, overwrite, gpu=gpu, budget=budget)
+    if as_json:
+        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+    else:
+        from memfit.planner.fit_report import render_fit
+
+        render_fit(result, console, focus_max_seq_len=max_target is not None)
+        if write is not None:
+            console.print(f"wrote {write}: train it with [bold]memfit train {write}[/]")
+
+
+def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: bool, *, gpu, budget) -> None:
+    from memfit.train.config import ConfigError, write_config
+
+    if not result.fits:
+        _fail("nothing fits, so there is no configuration to write")
+    spec = result.fits[0].spec
+    model_path = Path(model).expanduser()
+    values: dict = {"model": str(model_path.resolve()) if model_path.exists() else model}
+    header = f"# Written by `memfit fit`: the fastest configuration that fits {result.gpu['name']}.\n"
+    has_weights = model_path.is_dir() and any(model_path.glob("*.safetensors"))
+    if not has_weights:
+        values["init"] = "random"
+        header += "# init: random trains random weights; point model: at your local Hugging Face folder and delete it.\n"
+    values["data"] = data or str(_demo_dataset())
+    for key in ("method", "rank", "alpha", "dropout", "targets", "precision", "optimizer", "batch_size", "seq_len", "grad_accum", "checkpointing"):
+        values[key] = spec[key]
+    if gpu:
+        values["gpu"] = gpu
+    if budget:
+        values["budget"] = budget
+    try:
+        write_config(values, path, header=header, overwrite=overwrite)
+    except ConfigError as err:
+        _fail("\n".join([f"cannot write {path}:"] + [f"  - {p}" for p in err.problems]))
+
+
+def _demo_dataset() -> Path:
+    """The shipped demo dataset (examples/data/tiny-instruct.jsonl beside the package source)."""
+    return Path(__file__).resolve().parents[2] / "examples" / "data" / "tiny-instruct.jsonl"
+
+
+class _status_printer:
+    """One updating status line for long searches (Rich status on the error console)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._status = err_console.status("planning...")
+        self._status.start()
+
+    def __call__(self, message: str) -> None:
+        self.count += 1
+        self._status.update(f"plan {self.count}: {message}")
+
+    def close(self) -> None:
+        self._status.stop()
 
 
 @app.command("models")

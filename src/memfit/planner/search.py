@@ -8,8 +8,8 @@ memory:
   micro-batch and the longest sequence are found by bracketing and bisection;
 - memory is close to affine in both, so two plans predict where the boundary lies and the
   bisection starts from a tight bracket around the prediction;
-- a leaner setting (checkpointing offload < on < off; paged 8-bit < 8-bit < 32-bit AdamW) that
-  does not fit at micro-batch 1 rules out the heavier ones without planning them;
+- settings are tried fastest first (no checkpointing, then checkpointing, then offloaded); once
+  one fits the whole effective batch in a single micro-batch, the slower ones are not planned;
 - simulations are cached within the process (:mod:`memfit.planner.api`).
 """
 
@@ -25,8 +25,8 @@ from memfit.planner.report import MemoryPlan
 from memfit.planner.throughput import relative_speeds
 
 METHODS = ("full", "lora", "qlora")
-#: Leanest first: if the leanest does not fit, nothing heavier does.
-CHECKPOINTING_LEAN_FIRST = ("offload", "on", "off")
+#: Fastest first; each next one needs less memory.
+CHECKPOINTING_FAST_FIRST = ("off", "on", "offload")
 OPTIMIZERS_LEAN_FIRST = {"full": ("paged-adamw8bit", "adamw8bit", "adamw"), "lora": ("adamw",), "qlora": ("adamw",)}
 #: Sequence lengths are reported in multiples of this many tokens.
 SEQ_STEP = 128
@@ -92,10 +92,18 @@ class _Planner:
         self.base = base
         self.count = 0
         self.progress = progress or (lambda message: None)
+        self.supports_bf16 = True
+
+    def precision_for(self, method: str) -> str:
+        """bf16 where the card has it; otherwise fp16 for adapters and fp32 for full fine-tuning."""
+        if self.supports_bf16:
+            return "bf16"
+        return "fp32" if method == "full" else "fp16"
 
     def __call__(self, **knobs: Any) -> MemoryPlan:
         merged = dict(self.base)
         merged.update(knobs)
+        merged.setdefault("precision", self.precision_for(merged["method"]))
         self.count += 1
         self.progress(_describe(merged))
         return plan(self.model, **self.target, **merged)
@@ -121,7 +129,8 @@ def fit(
         seq_len: sequence length to hold fixed (default: 2048, or the model's maximum if smaller).
         methods: restrict the search to these methods (default: full, lora, qlora).
         max_seq_len: also find the longest sequence each method fits (micro-batch 1).
-        knobs: fixed RunSpec knobs passed through (rank, alpha, targets, precision...).
+        knobs: fixed RunSpec knobs passed through (rank, alpha, targets, precision...). Without a
+            precision, bf16 is used where the GPU supports it, else fp16 (LoRA, QLoRA) or fp32 (full).
     """
     started = time.perf_counter()
     problems = []
@@ -142,6 +151,10 @@ def fit(
     if seq_len is None:
         seq_len = min(2048, max_positions) if max_positions else 2048
     planner = _Planner(model, {"gpu": gpu, "budget": budget}, dict(knobs, seq_len=seq_len), progress)
+    if "precision" not in knobs and gpu is not None:
+        from memfit.models.gpus import get_gpu
+
+        planner.supports_bf16 = get_gpu(gpu).supports_bf16
 
     fits: list[Fit] = []
     misses: list[Miss] = []
@@ -184,33 +197,32 @@ def _faster(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def _search_method(planner: _Planner, method: str, effective_batch: int) -> tuple[list[Fit], list[Miss]]:
-    """For each checkpointing setting of ``method``: the preferred optimizer and largest micro-batch that fit."""
+    """For each checkpointing setting of ``method``, fastest first: the preferred optimizer and the
+    largest micro-batch that fit.
+
+    A setting that fits the whole effective batch in one micro-batch makes the slower settings
+    pointless (they cannot do better), so the search stops there.
+    """
     fits: list[Fit] = []
     misses: list[Miss] = []
     options = _micro_batches(effective_batch)
-    leanest = OPTIMIZERS_LEAN_FIRST[method][0]
-    preferred = OPTIMIZERS_LEAN_FIRST[method][::-1]  # 32-bit AdamW first
-    for checkpointing in CHECKPOINTING_LEAN_FIRST:
-        def at_micro_one(optimizer: str) -> MemoryPlan:
-            return planner(method=method, optimizer=optimizer, checkpointing=checkpointing, batch_size=1, grad_accum=effective_batch)
-
-        lean_plan = at_micro_one(leanest)
-        if not lean_plan.fits:
-            misses.append(Miss(lean_plan.spec, lean_plan.device_total_bytes, -lean_plan.headroom_bytes))
-            break  # heavier checkpointing needs more memory still
-        # 32-bit AdamW first (exact), then lighter states: the first that fits is the choice.
-        chosen = lean_plan
-        for optimizer in preferred:
-            if optimizer == leanest:
-                break
-            candidate = at_micro_one(optimizer)
+    for checkpointing in CHECKPOINTING_FAST_FIRST:
+        chosen = None
+        # 32-bit AdamW first (exact); then lighter states, leanest last.
+        for optimizer in OPTIMIZERS_LEAN_FIRST[method][::-1]:
+            candidate = planner(method=method, optimizer=optimizer, checkpointing=checkpointing, batch_size=1,
+                                grad_accum=effective_batch)
             if candidate.fits:
                 chosen = candidate
                 break
             misses.append(Miss(candidate.spec, candidate.device_total_bytes, -candidate.headroom_bytes))
+        if chosen is None:
+            continue  # leaner checkpointing may still fit
         knobs = {"method": method, "optimizer": chosen.spec["optimizer"], "checkpointing": checkpointing}
         best = _largest_micro_batch(planner, knobs, options, effective_batch, chosen)
         fits.append(Fit(spec=best.spec, plan=best))
+        if best.spec["batch_size"] == options[-1]:
+            break
     return fits, misses
 
 
@@ -226,7 +238,7 @@ def _largest_fitting(check: Callable[[int], MemoryPlan], lo: int, hi: int, guess
     it, in the direction the plans point) until the boundary is bracketed, then bisects: two plans
     when the guess is right, a few more when it is off.
     """
-    index, step, direction = guess, 1, 0
+    index, step, direction = (min(max(guess, lo + 1), hi - 1) if guess is not None else None), 1, 0
     while hi - lo > 1:
         if index is None or not lo < index < hi:
             index = (lo + hi) // 2

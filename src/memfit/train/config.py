@@ -341,3 +341,37 @@ def lr_factor(step: int, *, total: int, warmup: int, schedule: str, min_ratio: f
     else:
         shape = 0.5 * (1.0 + math.cos(math.pi * progress))
     return min_ratio + (1.0 - min_ratio) * shape
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing
+
+
+def write_config(values: dict[str, Any], path: str | Path, *, header: str = "", overwrite: bool = False) -> TrainConfig:
+    """Validate ``values`` as a train config and write them to ``path`` as YAML.
+
+    The file is written to a temporary name and renamed, so a reader never sees half a file; an
+    existing file is kept unless ``overwrite``. Relative paths in ``values`` are written as given
+    (``memfit train`` resolves them against the YAML's folder). Returns the validated config.
+    """
+    import os
+    import tempfile
+
+    import yaml
+
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise ConfigError([f"{path} exists; choose another file name or pass --overwrite"])
+    folder = path.resolve().parent
+    checked = validate_config(_resolve_paths(dict(values), folder), source=str(path))
+    text = header + yaml.safe_dump(values, sort_keys=False, default_flow_style=False)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return checked

@@ -1,0 +1,47 @@
+"""Render a :class:`~memfit.planner.search.FitResult` as Rich tables."""
+
+from __future__ import annotations
+
+from memfit.planner.runtime import format_bytes
+
+
+def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
+    """Print the fits (fastest first), what faster settings lack, and the longest sequences."""
+    from rich.table import Table
+
+    gpu = result.gpu
+    title = f"[bold]{result.model}[/] on {gpu['name']} ({format_bytes(gpu['memory_bytes'])})"
+    if not focus_max_seq_len:
+        table = Table(title=title, title_justify="left")
+        for column in ("#", "method", "checkpointing", "optimizer", "micro-batch x accum", "seq", "peak", "headroom", "speed (est.)"):
+            table.add_column(column, justify="right" if column in ("#", "seq", "peak", "headroom", "speed (est.)") else "left")
+        for rank, f in enumerate(result.fits, 1):
+            s = f.spec
+            table.add_row(
+                str(rank), s["method"], s["checkpointing"], s["optimizer"], f"{s['batch_size']} x {s['grad_accum']}",
+                str(s["seq_len"]), format_bytes(f.plan.device_total_bytes), format_bytes(f.plan.headroom_bytes),
+                f"{f.relative_speed:.2f}",
+            )
+        if result.fits:
+            console.print(table)
+        else:
+            console.print(f"{title}: [red]no configuration fits[/], not even micro-batch 1 with the leanest settings.")
+        for miss in result.misses:
+            s = miss.spec
+            console.print(
+                f"[dim]faster but does not fit: {s['method']}, checkpointing {s['checkpointing']}, {s['optimizer']}, "
+                f"micro-batch {s['batch_size']}: {format_bytes(miss.device_total_bytes)} ({format_bytes(miss.over_bytes)} over)[/]"
+            )
+    longest = Table(title=f"longest sequence, micro-batch 1 ({title})" if focus_max_seq_len else "longest sequence, micro-batch 1",
+                    title_justify="left")
+    for column in ("method", "tokens", "with"):
+        longest.add_column(column, justify="right" if column == "tokens" else "left")
+    for method, tokens in result.max_seq_len.items():
+        spec = result.max_seq_len_specs.get(method)
+        how = f"checkpointing {spec['checkpointing']}, {spec['optimizer']}" if spec else "does not fit"
+        longest.add_row(method, f"{tokens:,}", how)
+    console.print(longest)
+    console.print(
+        f"[dim]{result.plans_made} plans in {result.seconds:.1f} s. Speed is an estimate from FLOPs per token, "
+        "recomputation, offload and dequantization costs (memfit.planner.throughput), relative to the fastest fit.[/]"
+    )

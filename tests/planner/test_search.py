@@ -1,0 +1,92 @@
+"""memfit fit: every answer is a plan that fits, boundaries are exact, and the search reaches the
+conclusions practitioners know (they are not written into it)."""
+
+from __future__ import annotations
+
+import pytest
+
+import memfit
+from memfit.planner.api import PlanError
+from memfit.planner.search import SEQ_STEP, fit
+from memfit.planner.throughput import relative_speeds
+
+
+def test_every_fit_plans_under_the_budget():
+    result = fit("smollm2-135m", budget="4GiB", batch_size=4, seq_len=1024, max_seq_len=False)
+    assert result.fits
+    for f in result.fits:
+        again = memfit.plan("smollm2-135m", budget="4GiB", **{k: v for k, v in f.spec.items() if k not in ("gpus", "shard")})
+        assert again.fits and again.device_total_bytes <= 4 * 2**30
+        assert f.spec["batch_size"] * f.spec["grad_accum"] == 4  # the effective batch is kept
+    speeds = [f.relative_speed for f in result.fits]
+    assert speeds == sorted(speeds, reverse=True) and speeds[0] == 1.0
+
+
+def test_longest_sequence_fits_and_one_step_more_does_not():
+    result = fit("smollm2-135m", budget="3GiB", batch_size=1, methods=("lora",))
+    longest = result.max_seq_len["lora"]
+    assert 0 < longest < 8192
+    spec = {k: v for k, v in result.max_seq_len_specs["lora"].items() if k not in ("gpus", "shard")}
+    assert memfit.plan("smollm2-135m", budget="3GiB", **spec).fits
+    spec["seq_len"] = longest + SEQ_STEP
+    assert not memfit.plan("smollm2-135m", budget="3GiB", **spec).fits
+    assert result.max_seq_len["full"] == 0 and result.max_seq_len["qlora"] == 0  # not searched
+
+
+def test_full_fine_tuning_of_8b_does_not_fit_a_24gb_card():
+    result = fit("llama-3.1-8b", gpu="rtx-4090", batch_size=1, methods=("full",), max_seq_len=False)
+    assert result.fits == []
+    assert {m.spec["optimizer"] for m in result.misses} == {"adamw", "adamw8bit", "paged-adamw8bit"}
+
+
+def test_8b_at_4k_tokens_on_a_24gb_card_needs_qlora_with_checkpointing():
+    result = fit("llama-3.1-8b", gpu="rtx-4090", batch_size=1, seq_len=4096, methods=("lora", "qlora"), max_seq_len=False)
+    assert result.fits
+    assert {f.spec["method"] for f in result.fits} == {"qlora"}
+    assert all(f.spec["checkpointing"] != "off" for f in result.fits)
+
+
+def test_long_sequences_need_checkpointing():
+    result = fit("llama-3.2-1b", gpu="a100-40gb", batch_size=1, seq_len=16384, methods=("lora",), max_seq_len=False)
+    assert result.fits
+    assert all(f.spec["checkpointing"] in ("on", "offload") for f in result.fits)
+    assert any(m.spec["checkpointing"] == "off" for m in result.misses)
+
+
+def test_cards_without_bf16_get_fp16_adapters():
+    result = fit("smollm2-135m", gpu="t4", batch_size=2, seq_len=512, methods=("lora",), max_seq_len=False)
+    assert result.fits and all(f.spec["precision"] == "fp16" for f in result.fits)
+
+
+def test_json_contract():
+    data = fit("smollm2-135m", budget="4GiB", batch_size=2, seq_len=512, methods=("qlora",)).to_json()
+    assert set(data) >= {"model", "gpu", "fits", "max_seq_len"}
+    assert set(data["max_seq_len"]) == {"full", "lora", "qlora"}
+    assert data["gpu"]["memory_bytes"] == 4 * 2**30
+    for f in data["fits"]:
+        assert set(f) >= {"spec", "peak", "relative_speed"}
+        assert isinstance(f["relative_speed"], float)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, "fit needs --gpu NAME or --budget SIZE"),
+        ({"gpu": "rtx-4090", "methods": ("dora",)}, "--method: dora is not one of"),
+        ({"gpu": "rtx-4090", "checkpointing": "on"}, "--checkpointing is chosen by the search"),
+        ({"gpu": "rtx-4091"}, "Did you mean 'rtx-4090'"),
+    ],
+)
+def test_bad_input(kwargs, message):
+    with pytest.raises(PlanError) as info:
+        fit("smollm2-135m", **kwargs)
+    assert message in str(info.value)
+
+
+def test_speed_estimate_orders_settings():
+    base = {"method": "lora", "checkpointing": "off", "batch_size": 1, "seq_len": 2048}
+    full = dict(base, method="full")
+    recompute = dict(base, checkpointing="on")
+    qlora = dict(base, method="qlora")
+    speeds = relative_speeds([base, full, recompute, qlora])
+    assert speeds[0] == 1.0 and all(s < 1.0 for s in speeds[1:])
