@@ -119,6 +119,7 @@ def fit(
     methods: tuple[str, ...] | None = None,
     max_seq_len: bool = True,
     progress: Callable[[str], None] | None = None,
+    workers: int | None = None,
     **knobs: Any,
 ) -> FitResult:
     """Find the configurations of ``model`` that fit ``gpu`` (or ``budget``), fastest first.
@@ -129,6 +130,8 @@ def fit(
         seq_len: sequence length to hold fixed (default: 2048, or the model's maximum if smaller).
         methods: restrict the search to these methods (default: full, lora, qlora).
         max_seq_len: also find the longest sequence each method fits (micro-batch 1).
+        workers: processes to search the methods in (default: one per method, at most one per CPU
+            core); each method's search is independent of the others.
         knobs: fixed RunSpec knobs passed through (rank, alpha, targets, precision...). Without a
             precision, bf16 is used where the GPU supports it, else fp16 (LoRA, QLoRA) or fp32 (full).
     """
@@ -146,49 +149,116 @@ def fit(
     if problems:
         raise PlanError(problems)
     # Validate everything once, before any simulation.
-    source, _, _ = validate(model, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
+    source, _, target = validate(model, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
     max_positions = int(source.config.get("max_position_embeddings") or 0) or None
     if seq_len is None:
         seq_len = min(2048, max_positions) if max_positions else 2048
-    planner = _Planner(model, {"gpu": gpu, "budget": budget}, dict(knobs, seq_len=seq_len), progress)
+    supports_bf16 = True
     if "precision" not in knobs and gpu is not None:
         from memfit.models.gpus import get_gpu
 
-        planner.supports_bf16 = get_gpu(gpu).supports_bf16
+        supports_bf16 = get_gpu(gpu).supports_bf16
+    job = _MethodJob(model=model, target={"gpu": gpu, "budget": budget}, base=dict(knobs, seq_len=seq_len),
+                     supports_bf16=supports_bf16, effective_batch=batch_size,
+                     seq_limit=(max_positions or 131072) if max_seq_len else 0)
+    workers = _worker_count(len(methods)) if workers is None else max(1, workers)
+    if workers > 1:
+        outcomes = _run_parallel(job, methods, workers, progress)
+    else:
+        outcomes = [job.run(method, progress) for method in methods]
 
-    fits: list[Fit] = []
-    misses: list[Miss] = []
-    for method in methods:
-        method_fits, method_misses = _search_method(planner, method, batch_size)
-        fits.extend(method_fits)
-        misses.extend(method_misses)
+    fits = [f for o in outcomes for f in o.fits]
+    misses = [m for o in outcomes for m in o.misses]
     for f, speed in zip(fits, relative_speeds([f.spec for f in fits])):
         f.relative_speed = speed
     fits.sort(key=lambda f: (-f.relative_speed, -(f.plan.headroom_bytes or 0)))
     if fits:
         # Only settings that would have been faster than the best fit explain anything.
         misses = [m for m in misses if _faster(m.spec, fits[0].spec)]
-
-    longest: dict[str, int] = {}
+    longest = dict.fromkeys(METHODS, 0) if max_seq_len else {}
     longest_specs: dict[str, dict[str, Any]] = {}
-    if max_seq_len:
-        limit = max_positions or 131072
-        for method in METHODS:
-            length, spec = _longest_sequence(planner, method, limit, batch_size) if method in methods else (0, None)
-            longest[method] = length
-            if spec is not None:
-                longest_specs[method] = spec
-    probe = fits[0].plan if fits else planner(method=methods[0], batch_size=1, grad_accum=batch_size, seq_len=SEQ_STEP)
+    for o in outcomes:
+        if max_seq_len:
+            longest[o.method] = o.longest
+        if o.longest_spec is not None:
+            longest_specs[o.method] = o.longest_spec
     return FitResult(
         model=source.name,
-        gpu=probe.gpu,
+        gpu={"name": target.name, "memory_bytes": target.memory_bytes},
         fits=fits,
         misses=misses,
         max_seq_len=longest,
         max_seq_len_specs=longest_specs,
-        plans_made=planner.count,
+        plans_made=sum(o.plans for o in outcomes),
         seconds=time.perf_counter() - started,
     )
+
+
+@dataclass
+class _MethodOutcome:
+    method: str
+    fits: list[Fit]
+    misses: list[Miss]
+    longest: int
+    longest_spec: dict[str, Any] | None
+    plans: int
+
+
+@dataclass
+class _MethodJob:
+    """Everything one method's search needs; picklable, so a worker process can run it."""
+
+    model: str | dict
+    target: dict[str, Any]
+    base: dict[str, Any]
+    supports_bf16: bool
+    effective_batch: int
+    seq_limit: int  # 0: do not search the longest sequence
+
+    def planner(self, progress: Callable[[str], None] | None = None) -> "_Planner":
+        planner = _Planner(self.model, self.target, self.base, progress)
+        planner.supports_bf16 = self.supports_bf16
+        return planner
+
+    def run(self, method: str, progress: Callable[[str], None] | None = None) -> _MethodOutcome:
+        planner = self.planner(progress)
+        fits, misses = _search_method(planner, method, self.effective_batch)
+        longest, spec = (0, None)
+        if self.seq_limit:
+            longest, spec = _longest_sequence(planner, method, self.seq_limit, self.effective_batch)
+        return _MethodOutcome(method, fits, misses, longest, spec, planner.count)
+
+
+def _run_method_job(job: _MethodJob, method: str) -> _MethodOutcome:
+    import torch
+
+    torch.set_num_threads(1)  # one core per worker: the workers are the parallelism
+    return job.run(method)
+
+
+def _worker_count(num_methods: int) -> int:
+    import os
+
+    return max(1, min(num_methods, os.cpu_count() or 1, 3))
+
+
+def _run_parallel(job: _MethodJob, methods: tuple[str, ...], workers: int, progress) -> list[_MethodOutcome]:
+    """Each method's search in its own process (spawned: a clean interpreter, safe with torch)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        # Heaviest first (4-bit layers simulate slowest; full fine-tuning usually ends in a few plans).
+        order = sorted(methods, key=lambda m: ("qlora", "lora", "full").index(m))
+        futures = {method: pool.submit(_run_method_job, job, method) for method in order}
+        outcomes = []
+        for method in methods:
+            outcome = futures[method].result()
+            if progress is not None:
+                progress(f"{method}: {outcome.plans} plans done")
+            outcomes.append(outcome)
+    return outcomes
 
 
 def _faster(a: dict[str, Any], b: dict[str, Any]) -> bool:

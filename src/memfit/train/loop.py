@@ -185,8 +185,17 @@ def train(
             reason=reason, keep=config.keep_checkpoints,
         )
 
-    # 6. The loop.
-    with StopOnSignal() as stop, MetricsLog(run_dir) as log, LiveProgress(console, steps, start_step, enabled=progress) as bar:
+    # 6. The loop, watched: memory is recorded every step (memory.jsonl) and checked for leaks,
+    # stray devices and switched-off optimizations; the first steps are measured by category.
+    from memfit.watch.compare import comparison_lines
+    from memfit.watch.recorder import MemoryRecorder
+
+    recorder = MemoryRecorder(run_dir, plan=preflight.plan, expected_device=device, total_steps=steps, spec=spec,
+                              source="memfit-train", resumed_from_step=start_step or None)
+    for finding in recorder.inspect(model, spec):
+        _warn(console, finding)
+    recorder.attribute(model, optimizer)
+    with recorder, StopOnSignal() as stop, MetricsLog(run_dir) as log, LiveProgress(console, steps, start_step, enabled=progress) as bar:
         for step in range(start_step, steps):
             # Where the run stands before this step: an emergency checkpoint taken if the step fails
             # must replay this step's batches, not skip them.
@@ -197,10 +206,11 @@ def train(
             try:
                 loss, grad_norm = step_module.train_step(
                     model, micro_batches, optimizer, loss_fn=loss_fn,
-                    max_grad_norm=config.max_grad_norm, grad_scaler=grad_scaler,
+                    max_grad_norm=config.max_grad_norm, grad_scaler=grad_scaler, observer=recorder.observer,
                 )
             except torch.OutOfMemoryError:
                 del micro_batches
+                recorder.close(status="oom")
                 error = handle_oom(model, optimizer, step, checkpoint_now, data_before, rng_before, config, preflight, device, console)
                 write_run_json(run_dir, config, preflight, setup, device, steps, status="oom", step=step)
                 raise error from None
@@ -229,6 +239,8 @@ def train(
                 **memory_reading(device),
             }
             result.losses.append((done, loss_value))
+            for finding in recorder.end_step(done, {"loss": loss_value, "tokens": tokens}):
+                _warn(console, finding)
             if done % config.log_every == 0 or done == steps:
                 log.write(record)
             if eval_examples and config.eval_every and done % config.eval_every == 0 and done != steps:
@@ -250,6 +262,10 @@ def train(
                 log.write({"step": result.step, "eval_loss": eval_loss})
             result.checkpoint = checkpoint_now(result.step, "final")
             result.output_dir = save_outputs(model, tokenizer, run_dir, spec.uses_adapters)
+        for finding in recorder.close(status=result.status):
+            _warn(console, finding)
+    for line in comparison_lines(recorder.comparison()):
+        console.print(line, highlight=False)
 
     result.tokens_per_second = meter.overall_rate()
     write_run_json(run_dir, config, preflight, setup, device, steps, status=result.status, step=result.step,
@@ -259,6 +275,11 @@ def train(
 
 # ------------------------------------------------------------------------------------------------
 # Pieces of the recipe
+
+
+def _warn(console, finding) -> None:
+    color = "red" if finding.severity == "error" else "yellow"
+    console.print(f"[{color}]{finding.severity}:[/] {finding.message} {finding.fix}", highlight=False)
 
 
 def prepare_run_dir(run_dir: Path, resume: bool) -> None:
