@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = ["plan", "merge", "__version__"]
+__all__ = ["plan", "merge", "watch", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from memfit.planner.report import MemoryPlan
@@ -29,3 +29,12 @@ def merge(base: str, adapter: str, out: str, **options: Any):
     from memfit.merge import merge as _merge
 
     return _merge(base, adapter, out, **options)
+
+
+def __getattr__(name: str):
+    # ``memfit.watch.MemoryCallback(...)`` works after a plain ``import memfit``.
+    if name == "watch":
+        import importlib
+
+        return importlib.import_module("memfit.watch")
+    raise AttributeError(f"module 'memfit' has no attribute {name!r}")

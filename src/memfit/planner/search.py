@@ -301,30 +301,56 @@ def _micro_batches(effective_batch: int) -> list[int]:
     return [b for b in range(1, effective_batch + 1) if effective_batch % b == 0]
 
 
-def _largest_fitting(check: Callable[[int], MemoryPlan], lo: int, hi: int, guess: int | None, best: MemoryPlan | None):
+def _largest_fitting(
+    check: Callable[[int], MemoryPlan],
+    lo: int,
+    hi: int,
+    guess: int | None,
+    best: MemoryPlan | None,
+    *,
+    interpolate: bool = False,
+):
     """Largest index in (lo, hi) whose plan fits, given ``lo`` fits (or is a sentinel) and ``hi`` does not.
 
-    Memory grows with the index. The search gallops from ``guess`` (steps of 1, 2, 4... away from
-    it, in the direction the plans point) until the boundary is bracketed, then bisects: two plans
-    when the guess is right, a few more when it is off.
+    Memory grows with the index. The search starts at ``guess`` and steps away from it (1, 2, 4...)
+    in the direction the plans point until the boundary is bracketed, then narrows the bracket:
+    by interpolating where the headroom crosses zero when ``interpolate`` (memory close to linear
+    in the index, as it is in sequence length), else by bisection; when interpolation keeps moving
+    the same end, a bisection step ensures progress. Two plans when the guess is right.
     """
-    index, step, direction = (min(max(guess, lo + 1), hi - 1) if guess is not None else None), 1, 0
+    index = min(max(guess, lo + 1), hi - 1) if guess is not None else None
+    step, direction = 1, 0
+    lo_room = hi_room = None
+    same_side = 0
     while hi - lo > 1:
         if index is None or not lo < index < hi:
             index = (lo + hi) // 2
         result = check(index)
-        if result.fits:
-            lo, best = index, result
-            index, direction = (index + step, 1) if direction >= 0 else (None, direction)
+        moved_lo = result.fits
+        if moved_lo:
+            lo, best, lo_room = index, result, result.headroom_bytes
         else:
-            hi = index
-            index, direction = (index - step, -1) if direction <= 0 else (None, direction)
-        step *= 2
+            hi, hi_room = index, result.headroom_bytes
+        same_side = same_side + 1 if (moved_lo and direction > 0) or (not moved_lo and direction < 0) else 0
+        if lo_room is not None and hi_room is not None:
+            if interpolate and same_side < 2:
+                index = lo + int((hi - lo) * lo_room / (lo_room - hi_room))
+                index = min(max(index, lo + 1), hi - 1)
+            else:
+                index = None
+        else:  # not bracketed yet: keep stepping away from the guess
+            index = index + step if moved_lo else index - step
+            step *= 2
+        direction = 1 if moved_lo else -1
     return lo, best
 
 
 def _largest_micro_batch(planner: _Planner, knobs: dict[str, Any], options: list[int], effective_batch: int, at_one: MemoryPlan) -> MemoryPlan:
-    """The plan with the largest micro-batch in ``options`` that fits (``at_one``, micro-batch 1, fits)."""
+    """The plan with the largest micro-batch in ``options`` that fits (``at_one``, micro-batch 1, fits).
+
+    What one more sequence costs is guessed from micro-batch 1's plan (its activations and
+    temporaries grow with the batch; weights and states do not), and confirmed with plans.
+    """
 
     def check(index: int) -> MemoryPlan:
         b = options[index]
@@ -332,13 +358,10 @@ def _largest_micro_batch(planner: _Planner, knobs: dict[str, Any], options: list
 
     if len(options) == 1:
         return at_one
-    second = check(1)
-    if not second.fits:
-        return at_one
-    per_sample = max((second.device_total_bytes - at_one.device_total_bytes) / (options[1] - 1), 1.0)
-    predicted = 1 + (at_one.headroom_bytes / per_sample)
-    guess = max((i for i, b in enumerate(options) if b <= predicted), default=1)
-    _, best = _largest_fitting(check, 1, len(options), guess, second)
+    per_sample = max(at_one.categories["activations"] + at_one.categories["temporaries"], 1)
+    room = at_one.headroom_bytes
+    guess = max((i for i, b in enumerate(options) if (b - 1) * per_sample <= room), default=0)
+    _, best = _largest_fitting(check, 0, len(options), max(guess, 1), at_one)
     return best
 
 
@@ -380,7 +403,7 @@ def _longest_sequence(planner: _Planner, method: str, limit: int, effective_batc
         low_plan, low, high_plan, high = at_one, 1, at_mid, mid
     per_step = max((high_plan.device_total_bytes - low_plan.device_total_bytes) / (high - low), 1.0)
     guess = low + int(low_plan.headroom_bytes // per_step)
-    steps, best = _largest_fitting(check, lo, hi, guess, best)
+    steps, best = _largest_fitting(check, lo, hi, guess, best, interpolate=True)
     return steps * SEQ_STEP, best.spec
 
 
