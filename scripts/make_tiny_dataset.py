@@ -14,11 +14,11 @@ import argparse
 import csv
 import io
 import json
-import os
 import random
 import sys
-import tempfile
 from pathlib import Path
+
+from memfit.files import write_atomic
 
 OUT_DIR = Path(__file__).resolve().parents[1] / "examples" / "data"
 SEED = 20240601
@@ -192,21 +192,6 @@ def render_files() -> dict[str, str]:
     }
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    # Write next to the target, then rename: a crash never leaves a half-written dataset.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates owner-only files; these are shipped
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
@@ -221,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if stale else 0
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
-        _write_atomic(args.out_dir / name, text)
+        write_atomic(args.out_dir / name, text)
         print(f"wrote {args.out_dir / name}")
     return 0
 

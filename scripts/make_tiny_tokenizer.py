@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
+
+from memfit.files import write_atomic
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = ROOT / "examples" / "data"
@@ -120,21 +120,6 @@ def render_files(data_dir: Path) -> dict[str, str]:
     }
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    # Write next to the target, then rename: a crash never leaves a half-written file.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates owner-only files; these are shipped
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
@@ -153,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if stale else 0
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
-        _write_atomic(args.out_dir / name, text)
+        write_atomic(args.out_dir / name, text)
         print(f"wrote {args.out_dir / name}")
     return 0
 

@@ -6,7 +6,7 @@ import pytest
 
 import memfit
 from memfit.planner.api import PlanError, extrapolate_linear, sample_layer_counts
-from memfit.planner.report import CATEGORIES
+from memfit.planner.categories import CATEGORIES
 
 CONTRACT_KEYS = {"model", "spec", "peak", "categories", "gpu", "fits", "headroom_bytes"}
 

@@ -137,7 +137,7 @@ def test_out_of_memory_saves_the_step_before_and_explains(tmp_path, monkeypatch)
     monkeypatch.setattr(step_module, "train_step", real_step)
     resumed = train(config, resume=True, progress=False)
     assert resumed.status == "completed"
-    clean = train(tiny_config(tmp_path / "clean", max_steps=5, batch_size=4), progress=False)
+    train(tiny_config(tmp_path / "clean", max_steps=5, batch_size=4), progress=False)
     got, want = step_losses(tmp_path / "run"), step_losses(tmp_path / "clean")
     assert got.keys() == want.keys() == set(range(1, 6))
     assert all(abs(got[k] - want[k]) <= 1e-6 for k in want)

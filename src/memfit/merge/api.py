@@ -9,7 +9,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from .dtypes import CONFIG_NAMES, FLOAT_CODES, parse_dtype, torch_dtype
+from .dtypes import CONFIG_NAMES, parse_dtype, torch_dtype
 from .errors import MergeError
 from .plan import MergePlan, OutputTensor, build_plan, work_code
 

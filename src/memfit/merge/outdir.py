@@ -14,6 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from memfit.files import write_atomic
+
 from .errors import MergeError
 
 # Files copied from the base folder as they are (config.json is rewritten, see write_config).
@@ -113,9 +115,7 @@ def write_config(config: dict, build: Path, dtype_name: str | None, untied: bool
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
 def publish(build: Path, out: Path) -> None:

@@ -247,7 +247,7 @@ def _extrapolate_peak(layers: tuple[int, int], points: list[dict[str, Any]], num
     the highest point is in its head or its tail; both are extrapolated, and the highest is the peak.
     """
     shallow, deep = (p["result"] for p in points)
-    live_shallow, live_deep = shallow.live_bytes(), deep.live_bytes()
+    live_deep = deep.live_bytes()
     best: tuple[int, str, dict[str, int]] | None = None
     for seg_a, seg_b in zip(shallow.segments(), deep.segments()):
         sig_a = _signatures(shallow, seg_a.start_event + 1, seg_a.end_event + 1)

@@ -5,19 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from memfit.planner.categories import CATEGORIES
 from memfit.planner.runtime import format_bytes
 
-#: Categories of the device total, in the order they are shown. They sum to ``device_total_bytes``.
-CATEGORIES = (
-    "weights",
-    "trainable",
-    "gradients",
-    "optimizer",
-    "activations",
-    "temporaries",
-    "allocator",
-    "runtime",
-)
 
 CATEGORY_HELP = {
     "weights": "frozen base weights in their storage dtype (incl. 4-bit packed + quant state)",

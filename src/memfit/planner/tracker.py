@@ -30,17 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-#: The categories a tracked byte can belong to (the allocator and the CUDA context are added by the
-#: planner, outside the tracker).
-TRACKED_CATEGORIES = (
-    "weights",
-    "trainable",
-    "gradients",
-    "optimizer",
-    "activations",
-    "temporaries",
-    "runtime",
-)
+from memfit.planner.categories import TRACKED_CATEGORIES
 
 # Roles win over each other in this order: a parameter saved for backward stays a parameter.
 _ROLE_PRIORITY = {name: rank for rank, name in enumerate(TRACKED_CATEGORIES)}

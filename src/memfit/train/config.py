@@ -354,10 +354,9 @@ def write_config(values: dict[str, Any], path: str | Path, *, header: str = "", 
     existing file is kept unless ``overwrite``. Relative paths in ``values`` are written as given
     (``memfit train`` resolves them against the YAML's folder). Returns the validated config.
     """
-    import os
-    import tempfile
-
     import yaml
+
+    from memfit.files import write_atomic
 
     path = Path(path)
     if path.exists() and not overwrite:
@@ -366,12 +365,5 @@ def write_config(values: dict[str, Any], path: str | Path, *, header: str = "", 
     checked = validate_config(_resolve_paths(dict(values), folder), source=str(path))
     text = header + yaml.safe_dump(values, sort_keys=False, default_flow_style=False)
     folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, text)
     return checked

@@ -16,13 +16,13 @@ import signal
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
+from memfit.files import write_atomic
 from memfit.train import step as step_module
 from memfit.train.checkpointing import capture_rng, latest_checkpoint, load_checkpoint, replace_dir, restore_rng, save_checkpoint
 from memfit.train.config import TrainConfig, lr_factor, model_config_dict, tokenizer_path, total_steps, warmup_steps
@@ -480,9 +480,7 @@ def truncate_metrics(path: Path, step: int) -> None:
     if not path.is_file():
         return
     kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept))
-    os.replace(tmp, path)
+    write_atomic(path, "".join(line + "\n" for line in kept))
 
 
 def write_run_json(run_dir: Path, config: TrainConfig, preflight: PreflightResult, setup, device, steps, **status) -> None:
@@ -503,9 +501,7 @@ def write_run_json(run_dir: Path, config: TrainConfig, preflight: PreflightResul
         "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
         **status,
     }
-    tmp = run_dir / f".{RUN_FILE}.tmp"
-    tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    os.replace(tmp, run_dir / RUN_FILE)
+    write_atomic(run_dir / RUN_FILE, json.dumps(payload, indent=2, default=str) + "\n")
 
 
 def save_outputs(model, tokenizer, run_dir: Path, adapters: bool) -> Path:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memfit.planner.report import CATEGORIES
+from memfit.planner.categories import CATEGORIES
 from memfit.planner.runtime import format_bytes
 from memfit.watch.thresholds import Thresholds
 from memfit.watch.timeline import Finding, Timeline

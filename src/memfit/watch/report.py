@@ -10,10 +10,10 @@ from __future__ import annotations
 import base64
 import html
 import io
-import os
 from pathlib import Path
 from typing import Any
 
+from memfit.files import write_atomic
 from memfit.planner.runtime import format_bytes
 from memfit.watch.detectors import HOST, series
 from memfit.watch.doctor import Diagnosis, diagnose
@@ -47,8 +47,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, thresholds:
         raise ReportError(f"--out: the folder {str(out.parent)!r} does not exist; create it or choose another path")
     charts = render_charts(diagnosis)
     for name, png in charts:
-        _write_atomic(out.with_name(f"{out.stem}-{name}.png"), png)
-    _write_atomic(out, render_html(diagnosis, charts).encode("utf-8"))
+        write_atomic(out.with_name(f"{out.stem}-{name}.png"), png)
+    write_atomic(out, render_html(diagnosis, charts).encode("utf-8"))
     return out
 
 
@@ -232,7 +232,3 @@ def render_html(diagnosis: Diagnosis, charts: list[tuple[str, bytes]]) -> str:
     return "\n".join(parts) + "\n"
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
