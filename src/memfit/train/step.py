@@ -27,9 +27,40 @@ class _NoObserver:
 
 
 def causal_lm_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """Mean next-token cross-entropy over the tokens whose label is not -100."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=batch["labels"], use_cache=False)
-    return out.loss
+    """Mean next-token cross-entropy over the tokens whose label is not -100.
+
+    When the model's output head is a plain linear layer, the head and the loss run fused and a
+    chunk of tokens at a time (:mod:`memfit.train.losses`), so the ``[tokens, vocabulary]`` logits
+    never exist whole; otherwise (soft-capped or scaled logits, an adapter on the head) the model
+    computes its own loss. Both give the same number.
+    """
+    parts = backbone_and_head(model)
+    if parts is None:
+        out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=batch["labels"], use_cache=False)
+        return out.loss
+    from memfit.train.losses import chunked_cross_entropy
+
+    backbone, head = parts
+    hidden = backbone(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False).last_hidden_state
+    return chunked_cross_entropy(hidden, head.weight, batch["labels"])
+
+
+#: Config fields that change logits after the head: with any of them set, the model's own loss runs.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    """(decoder stack, output head) of a causal LM whose logits are just ``hidden @ head.weight.T``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    prefix = getattr(base, "base_model_prefix", None)
+    backbone = getattr(base, prefix, None) if prefix else None
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if config is None or not isinstance(backbone, torch.nn.Module) or type(head) is not torch.nn.Linear or head.bias is not None:
+        return None
+    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
+        return None
+    return backbone, head
 
 
 def train_step(

@@ -1,0 +1,88 @@
+"""Cross-entropy over a large vocabulary without the logits wall.
+
+A causal LM's loss needs ``hidden @ lm_head.T``: ``[tokens, vocab]`` logits, which the usual path
+upcasts to fp32 (4 bytes x 128k vocabulary = 512 KiB a token: 1 GiB per 2,048 tokens) and then
+holds again as their gradient. :class:`ChunkedLinearCrossEntropy` fuses the output projection with
+the loss and works through the tokens a chunk at a time: forward keeps only the per-token
+log-sum-exp, backward recomputes each chunk's logits and turns them straight into gradients for
+the hidden states (and the projection, when it trains). At most one chunk of logits exists at a
+time. Loss and gradients equal the standard computation (fp32 logits, mean over labelled tokens).
+"""
+
+from __future__ import annotations
+
+import torch
+
+IGNORE_INDEX = -100
+
+#: Tokens per chunk: with a 128k vocabulary, 1,024 tokens of fp32 logits are 512 MiB, small next to
+#: the rest of a step, and large enough that each chunk's matmul keeps a GPU busy.
+DEFAULT_CHUNK_TOKENS = 1024
+
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy of ``hidden @ weight.T`` against ``labels``, computed ``chunk`` rows at a time."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
+        # hidden: [N, H]; weight: [V, H]; labels: [N] (IGNORE_INDEX where no loss is taken).
+        valid = labels != IGNORE_INDEX
+        count = valid.sum()
+        wide = _wide(hidden[:0]).dtype
+        total = torch.zeros((), dtype=wide, device=hidden.device)
+        lse = torch.empty(hidden.shape[0], dtype=wide, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk):
+            stop = min(start + chunk, hidden.shape[0])
+            logits = _wide(hidden[start:stop] @ weight.t())
+            chunk_lse = torch.logsumexp(logits, dim=-1)
+            lse[start:stop] = chunk_lse
+            target = labels[start:stop].clamp(min=0)
+            picked = logits.gather(1, target.unsqueeze(1)).squeeze(1)
+            total = total + ((chunk_lse - picked) * valid[start:stop]).sum()
+            del logits
+        ctx.save_for_backward(hidden, weight, labels, lse, count)
+        ctx.chunk = chunk
+        return total / count.clamp(min=1)
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        hidden, weight, labels, lse, count = ctx.saved_tensors
+        chunk = ctx.chunk
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        scale = grad_loss.to(lse.dtype) / count.clamp(min=1)
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros(weight.shape, dtype=lse.dtype, device=weight.device) if need_weight else None
+        for start in range(0, hidden.shape[0], chunk):
+            stop = min(start + chunk, hidden.shape[0])
+            h = hidden[start:stop]
+            # d loss / d logits = (softmax - one_hot(label)) / count, zero where no label.
+            grad_logits = _wide(h @ weight.t())
+            grad_logits.sub_(lse[start:stop].unsqueeze(1)).exp_()
+            target = labels[start:stop]
+            valid = target != IGNORE_INDEX
+            grad_logits.scatter_add_(1, target.clamp(min=0).unsqueeze(1), -valid.unsqueeze(1).to(lse.dtype))
+            grad_logits.mul_((valid.to(lse.dtype) * scale).unsqueeze(1))
+            if need_hidden:
+                grad_hidden[start:stop] = (grad_logits @ weight.to(lse.dtype)).to(hidden.dtype)
+            if need_weight:
+                grad_weight.addmm_(grad_logits.t(), h.to(lse.dtype))
+            del grad_logits
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        return grad_hidden, grad_weight, None, None
+
+
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """Logits in at least fp32 (bf16 / fp16 logits lose the loss's precision), fp64 kept as is."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+    """Next-token loss from final hidden states ``[..., H]`` and the output projection ``[V, H]``.
+
+    ``labels`` are the input ids (or -100): like transformers' loss, position ``t`` predicts label
+    ``t + 1``. The labels are shifted (the last position gets none), not the hidden states, so no
+    copy of the hidden states is made.
+    """
+    targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX).reshape(-1)
+    return ChunkedLinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets, chunk)

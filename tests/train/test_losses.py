@@ -1,0 +1,106 @@
+"""The chunked, fused loss equals the standard one (loss and gradients) and never holds all logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from memfit.train.losses import IGNORE_INDEX, ChunkedLinearCrossEntropy, chunked_cross_entropy
+
+
+def _reference(hidden, weight, labels):
+    logits = hidden @ weight.t()
+    logits = logits if logits.dtype == torch.float64 else logits.float()
+    targets = F.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64, 1000])
+@pytest.mark.parametrize("train_head", [False, True])
+def test_loss_and_gradients_equal_the_standard_computation(chunk, train_head):
+    torch.manual_seed(0)
+    hidden = torch.randn(3, 21, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=train_head)
+    labels = torch.randint(0, 50, (3, 21))
+    labels[0, :5] = IGNORE_INDEX  # prompt tokens carry no loss
+    ours = chunked_cross_entropy(hidden, weight, labels, chunk=chunk)
+    ours.backward()
+    got = (hidden.grad.clone(), weight.grad.clone() if train_head else None)
+    hidden.grad = None
+    weight.grad = None
+    ref = _reference(hidden, weight, labels)
+    ref.backward()
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-12)
+    torch.testing.assert_close(got[0], hidden.grad, rtol=1e-10, atol=1e-12)
+    if train_head:
+        torch.testing.assert_close(got[1], weight.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_fp32_within_1e_5():
+    torch.manual_seed(1)
+    hidden = torch.randn(2, 300, 64, requires_grad=True)
+    weight = torch.randn(1000, 64) * 0.1
+    labels = torch.randint(0, 1000, (2, 300))
+    ours = chunked_cross_entropy(hidden, weight, labels, chunk=128)
+    ours.backward()
+    grad = hidden.grad.clone()
+    hidden.grad = None
+    ref = _reference(hidden, weight, labels)
+    ref.backward()
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-5)
+    torch.testing.assert_close(grad, hidden.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_all_labels_ignored_gives_zero_not_nan():
+    hidden = torch.randn(1, 4, 8, requires_grad=True)
+    loss = chunked_cross_entropy(hidden, torch.randn(10, 8), torch.full((1, 4), IGNORE_INDEX))
+    loss.backward()
+    assert loss.item() == 0.0 and torch.all(hidden.grad == 0)
+
+
+def test_at_most_one_chunk_of_logits_is_alive():
+    """Counted with the planner's tracker: the largest transient is one chunk, not all tokens."""
+    from memfit.planner.tracker import MemoryTracker
+
+    tokens, vocab, chunk = 4096, 2048, 256
+    hidden = torch.randn(tokens, 32, requires_grad=True)
+    weight = torch.randn(vocab, 32)
+    labels = torch.randint(0, vocab, (tokens,))
+    tracker = MemoryTracker()
+    with tracker:
+        tracker.reset_peak()
+        start = tracker.live_device_bytes
+        loss = ChunkedLinearCrossEntropy.apply(hidden, weight, labels, chunk)
+        loss.backward()
+    extra = tracker.result().peak.allocated_bytes - start
+    full_logits = tokens * vocab * 4
+    assert extra < full_logits / 4  # the unchunked loss holds all logits (and their gradient)
+
+
+def test_step_uses_the_fused_loss_and_matches_the_model_loss(tiny_llama):
+    from memfit.models.build import make_config
+    from memfit.train.step import backbone_and_head, causal_lm_loss
+
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(make_config(tiny_llama), dtype=torch.float32)
+    batch = {"input_ids": torch.randint(0, 256, (2, 24))}
+    batch["labels"] = batch["input_ids"].clone()
+    batch["labels"][:, :6] = IGNORE_INDEX
+    assert backbone_and_head(model) is not None
+    ours = causal_lm_loss(model, batch)
+    ref = model(input_ids=batch["input_ids"], labels=batch["labels"], use_cache=False).loss
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-5)
+
+
+def test_models_with_capped_logits_keep_their_own_loss(tiny_llama):
+    from memfit.models.build import make_config
+    from memfit.train.step import backbone_and_head
+
+    from transformers import AutoModelForCausalLM
+
+    config = make_config(dict(tiny_llama, model_type="gemma2", head_dim=16, final_logit_softcapping=30.0))
+    model = AutoModelForCausalLM.from_config(config)
+    assert backbone_and_head(model) is None
