@@ -319,7 +319,9 @@ def _largest_fitting(
     """
     index = min(max(guess, lo + 1), hi - 1) if guess is not None else None
     step, direction = 1, 0
-    lo_room = hi_room = None
+    # The headroom of the known-fitting end: once a plan fails, the boundary can be interpolated.
+    lo_room = best.headroom_bytes if best is not None else None
+    hi_room = None
     same_side = 0
     while hi - lo > 1:
         if index is None or not lo < index < hi:
