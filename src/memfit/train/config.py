@@ -38,6 +38,11 @@ class ConfigError(ValueError):
         super().__init__(f"invalid training configuration{where}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
+def _spec_default(name: str) -> Any:
+    """The default of RunSpec field ``name``: the trainer and the planner share one set of defaults."""
+    return RunSpec.model_fields[name].default
+
+
 class TrainConfig(BaseModel):
     """Every setting of a training run. Field docs double as the YAML reference (docs/train.md)."""
 
@@ -70,18 +75,18 @@ class TrainConfig(BaseModel):
     max_grad_norm: float | None = Field(1.0, description="clip gradients to this L2 norm (null = no clipping)")
     seed: int = 0
 
-    # -- the RunSpec knobs (same meaning as in memfit plan) ----------------------------------
-    method: str = "lora"
-    rank: int = 16
-    alpha: float | None = None
-    dropout: float = 0.0
-    targets: list[str] | str = "all-linear"
-    precision: str = "bf16"
-    optimizer: str = "adamw"
-    batch_size: int = 1
-    seq_len: int = 2048
-    grad_accum: int = 1
-    checkpointing: str = "on"
+    # -- the RunSpec knobs (same meaning and defaults as in memfit plan; RunSpec validates them) --
+    method: str = _spec_default("method")
+    rank: int = _spec_default("rank")
+    alpha: float | None = _spec_default("alpha")
+    dropout: float = _spec_default("dropout")
+    targets: list[str] | str = ",".join(_spec_default("targets"))
+    precision: str = _spec_default("precision")
+    optimizer: str = _spec_default("optimizer")
+    batch_size: int = _spec_default("batch_size")
+    seq_len: int = _spec_default("seq_len")
+    grad_accum: int = _spec_default("grad_accum")
+    checkpointing: str = _spec_default("checkpointing")
 
     # -- where and how ----------------------------------------------------------------------
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
