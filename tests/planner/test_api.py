@@ -96,3 +96,11 @@ def test_layer_sampling_rules():
     assert sample_layer_counts(3, 1) is None  # small: simulate whole
     assert sample_layer_counts(28, 0) is None  # irregular layer pattern: simulate whole
     assert extrapolate_linear((2, 3), [10, 13], 32) == 100
+
+
+def test_parameter_counts_read_well():
+    from memfit.planner.report import format_count
+
+    assert format_count(8_030_261_248) == "8.030 B"
+    assert format_count(41_943_040) == "41.94 M"
+    assert format_count(45_056) == "45,056"

@@ -100,7 +100,7 @@ class MemoryPlan:
         console.print(peaks)
         if "total_params" in d:
             console.print(
-                f"parameters: {d['total_params'] / 1e9:.3f} B, trainable {d['trainable_params'] / 1e6:,.2f} M "
+                f"parameters: {format_count(d['total_params'])}, trainable {format_count(d['trainable_params'])} "
                 f"({100 * d['trainable_params'] / max(d['total_params'], 1):.3f}%)"
             )
         if self.gpu is not None:
@@ -132,3 +132,12 @@ def suggestions(spec: dict[str, Any]) -> list[str]:
         tips.append("--optimizer adamw8bit")
     tips.append(f"a shorter --seq-len than {spec['seq_len']}")
     return tips
+
+
+def format_count(n: int) -> str:
+    """A parameter count for people: 8.030 B, 41.94 M, 45,056."""
+    if n >= 1e9:
+        return f"{n / 1e9:.3f} B"
+    if n >= 1e6:
+        return f"{n / 1e6:.2f} M"
+    return f"{n:,}"
