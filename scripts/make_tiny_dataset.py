@@ -15,10 +15,9 @@ import csv
 import io
 import json
 import random
-import sys
 from pathlib import Path
 
-from memfit.files import write_atomic
+from memfit.files import write_or_check
 
 OUT_DIR = Path(__file__).resolve().parents[1] / "examples" / "data"
 SEED = 20240601
@@ -198,17 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="compare with the files on disk; write nothing")
     args = parser.parse_args(argv)
     files = render_files()
-    if args.check:
-        stale = [n for n, t in files.items() if not (args.out_dir / n).is_file()
-                 or (args.out_dir / n).read_text(encoding="utf-8") != t]
-        for name in stale:
-            print(f"out of date: {args.out_dir / name}", file=sys.stderr)
-        return 1 if stale else 0
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        write_atomic(args.out_dir / name, text)
-        print(f"wrote {args.out_dir / name}")
-    return 0
+    return write_or_check(args.out_dir, files, check=args.check)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from memfit.files import write_atomic
+from memfit.files import write_or_check
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = ROOT / "examples" / "data"
@@ -130,17 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no .jsonl files in {args.data_dir}; run scripts/make_tiny_dataset.py first", file=sys.stderr)
         return 2
     files = render_files(args.data_dir)
-    if args.check:
-        stale = [n for n, t in files.items() if not (args.out_dir / n).is_file()
-                 or (args.out_dir / n).read_text(encoding="utf-8") != t]
-        for name in stale:
-            print(f"out of date: {args.out_dir / name}", file=sys.stderr)
-        return 1 if stale else 0
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        write_atomic(args.out_dir / name, text)
-        print(f"wrote {args.out_dir / name}")
-    return 0
+    return write_or_check(args.out_dir, files, check=args.check)
 
 
 if __name__ == "__main__":

@@ -27,3 +27,24 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_or_check(out_dir: str | Path, files: dict[str, str], *, check: bool) -> int:
+    """Write generated ``files`` (name -> text) into ``out_dir``, or with ``check`` only compare.
+
+    Returns a process exit code: with ``check``, 1 when a file is missing or differs (each is
+    named on stderr), else 0.
+    """
+    import sys
+
+    out_dir = Path(out_dir)
+    if check:
+        stale = [n for n, t in files.items() if not (out_dir / n).is_file() or (out_dir / n).read_text(encoding="utf-8") != t]
+        for name in stale:
+            print(f"out of date: {out_dir / name}", file=sys.stderr)
+        return 1 if stale else 0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        write_atomic(out_dir / name, text)
+        print(f"wrote {out_dir / name}")
+    return 0

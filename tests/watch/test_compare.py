@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from watch_helpers import GiB, MiB, start_record, step_records, tiny_plan  # noqa: E402
+from watch_helpers import GiB, MiB, checkpointing_off, start_record, step_records, tiny_plan  # noqa: E402
 
 from memfit.watch.compare import compare_categories, comparison_lines, detect_above_plan, measured_categories  # noqa: E402
 from memfit.watch.thresholds import Thresholds  # noqa: E402
@@ -88,23 +88,11 @@ def lora_setup(wrap: bool):
     model = attach_lora(model, spec)
     enable_checkpointing(model)
     if wrap:
-        model = CheckpointingOff(model)
+        model = checkpointing_off(model)
     model.train()
     optimizer = build_optimizer(model.parameters(), "adamw")
     ids = torch.randint(0, 256, (2, 32))
     return model, optimizer, {"input_ids": ids, "labels": ids.clone()}
-
-
-class CheckpointingOff(torch.nn.Module):
-    """A wrapper that "helpfully" turns activation checkpointing off in the model it wraps."""
-
-    def __init__(self, inner):
-        super().__init__()
-        (getattr(inner, "activation_checkpointing_disable", None) or inner.gradient_checkpointing_disable)()
-        self.inner = inner
-
-    def forward(self, **kwargs):
-        return self.inner(**kwargs)
 
 
 def run_measured(tmp_path, model, optimizer, plan, batch):

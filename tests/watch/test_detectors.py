@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from watch_helpers import GiB, MiB, start_record, step_records
+from watch_helpers import GiB, MiB, checkpointing_off, start_record, step_records
 
 from memfit.watch.detectors import (
     Point, detect_all, detect_fragmentation, detect_leak, detect_other_processes, detect_stray_device,
@@ -165,25 +165,14 @@ def test_a_clean_lora_model_has_no_findings(tiny_llama_config, lora_spec):
 
 
 def test_wrapper_that_switches_checkpointing_off(tiny_llama_config, lora_spec):
-    import torch
 
     from memfit.watch.detectors import inspect_model
 
-    class Wrapper(torch.nn.Module):
-        def __init__(self, inner):
-            super().__init__()
-            # What some wrappers do "to save time" (transformers 5 name first, 4.x name otherwise).
-            (getattr(inner, "activation_checkpointing_disable", None) or inner.gradient_checkpointing_disable)()
-            self.inner = inner
-
-        def forward(self, **kwargs):
-            return self.inner(**kwargs)
-
-    found = {f.code: f for f in inspect_model(Wrapper(lora_model(tiny_llama_config, lora_spec)), lora_spec)}
+    found = {f.code: f for f in inspect_model(checkpointing_off(lora_model(tiny_llama_config, lora_spec)), lora_spec)}
     assert set(found) == {"wrapped_model", "checkpointing_inactive"}
     assert found["checkpointing_inactive"].severity == "error"
     assert "off in 2 of 2 decoder layers" in found["checkpointing_inactive"].message
-    assert "Wrapper wrapped around a PeftModel" in found["wrapped_model"].message
+    assert "CheckpointingOff wrapped around a PeftModel" in found["wrapped_model"].message
 
 
 def test_eval_mode_makes_checkpointing_inactive(tiny_llama_config, lora_spec):

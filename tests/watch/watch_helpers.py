@@ -49,3 +49,20 @@ def tiny_plan(activations=20 * MiB, allocated=2 * GiB, checkpointing="on") -> di
             "peak": {"allocated_bytes": allocated, "reserved_bytes": allocated + 100 * MiB,
                      "device_total_bytes": allocated + 600 * MiB, "phase": "backward"},
             "categories": cats, "gpu": None, "fits": None, "headroom_bytes": None, "details": {}}
+
+
+def checkpointing_off(inner):
+    """Wrap ``inner`` in a module that "helpfully" turns its activation checkpointing off, as some
+    wrappers do (transformers 5 name first, 4.x name otherwise)."""
+    import torch
+
+    class CheckpointingOff(torch.nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
+            self.inner = model
+
+        def forward(self, **kwargs):
+            return self.inner(**kwargs)
+
+    return CheckpointingOff(inner)
