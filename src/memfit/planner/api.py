@@ -93,7 +93,7 @@ def plan(
         gpu_json = {"name": target.name or "budget", "memory_bytes": target.memory_bytes}
         headroom = target.memory_bytes - device_total
         fits = headroom >= 0
-    notes = list(runtime.notes) + estimate["notes"]
+    notes = list(runtime.notes)
     if target.supports_bf16 is False and spec.precision == "bf16":
         notes.append(f"{target.name} has no bf16 support: use --precision fp16 (LoRA/QLoRA) or fp32")
     details = {
@@ -231,7 +231,6 @@ def estimate_step(
         "simulated_layers": list(layers) if layers else [num_layers],
         "attention": points[-1]["attention"],
         "num_layers": num_layers,
-        "notes": [],
     }
 
 
@@ -311,7 +310,8 @@ def extrapolate_linear(xs: tuple[int, int], ys: list[int], x: int) -> int:
     return int(round(y0 + (y1 - y0) * (x - x0) / (x1 - x0)))
 
 
-_SCALARS = ("allocated_bytes", "reserved_bytes", "host_peak_bytes", "paged_peak_bytes", "total_params", "trainable_params")
+#: Summary numbers that grow linearly with depth (the peak and reserved memory are handled apart).
+_SCALARS = ("host_peak_bytes", "paged_peak_bytes", "total_params", "trainable_params")
 
 
 #: Simulation summaries by (config, spec, depth, workspaces): searches plan the same step many times.

@@ -42,7 +42,6 @@ class SimulationResult:
     tracker: TrackerResult
     total_params: int
     trainable_params: int
-    workspace_bytes: int
     attention: str  # the attention implementation the model runs ("sdpa" or "eager")
 
 
@@ -105,7 +104,6 @@ def simulate(
         tracker=result,
         total_params=total,
         trainable_params=trainable,
-        workspace_bytes=sum(workspace_allocs),
         attention=str(getattr(config, "_attn_implementation", None) or "eager"),
     )
 
