@@ -49,6 +49,27 @@ class Checkpointing(str, Enum):
     offload = "offload"
 
 
+class Tiling(str, Enum):
+    auto = "auto"
+    on = "on"
+    off = "off"
+
+
+class Recipe(str, Enum):
+    memfit = "memfit"
+    hf = "hf"
+
+
+class Shard(str, Enum):
+    none = "none"
+    ddp = "ddp"
+    zero1 = "zero1"
+    zero2 = "zero2"
+    zero3 = "zero3"
+    fsdp = "fsdp"
+    fsdp_offload = "fsdp-offload"
+
+
 def _fail(message: str) -> None:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code=2)
@@ -66,7 +87,12 @@ def plan_command(
     batch_size: int = typer.Option(1, "--batch-size", "-b", help="Micro-batch size per GPU."),
     seq_len: int = typer.Option(2048, "--seq-len", "-s", help="Tokens per sequence."),
     grad_accum: int = typer.Option(1, "--grad-accum", help="Micro-batches per optimizer step."),
-    checkpointing: Checkpointing = typer.Option(Checkpointing.on, help="Activation checkpointing."),
+    checkpointing: Checkpointing = typer.Option(Checkpointing.on, help="Activation checkpointing (offload: saved layer inputs in host memory)."),
+    tiling: Tiling = typer.Option(Tiling.auto, help="Sequence-tiled MLP (auto: from 8,192 tokens a micro-batch)."),
+    step_in_backward: bool = typer.Option(False, "--step-in-backward", help="Full fine-tuning: optimizer step per parameter inside backward."),
+    recipe: Recipe = typer.Option(Recipe.memfit, help="memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison."),
+    gpus: int = typer.Option(1, "--gpus", help="GPUs the run uses (memory is planned per GPU)."),
+    shard: Shard = typer.Option(Shard.none, "--shard", help="Sharding across GPUs: none, ddp, zero1, zero2, zero3, fsdp, fsdp-offload."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU to check against (see `memfit models`)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget instead of a GPU, e.g. 24GiB."),
     context_bytes: Optional[int] = typer.Option(None, "--context-bytes", help="Override the CUDA context estimate."),
@@ -93,6 +119,11 @@ def plan_command(
             seq_len=seq_len,
             grad_accum=grad_accum,
             checkpointing=checkpointing.value,
+            tiling=tiling.value,
+            step_in_backward=step_in_backward,
+            recipe=recipe.value,
+            gpus=gpus,
+            shard=shard.value,
         )
     except PlanError as err:
         _fail("\n".join(["cannot plan this run:"] + [f"  - {p}" for p in err.problems]))
@@ -122,6 +153,9 @@ def fit_command(
     alpha: Optional[float] = typer.Option(None, help="LoRA alpha (default: 2 x rank)."),
     targets: str = typer.Option("all-linear", help="Comma-separated module names for LoRA, or all-linear."),
     precision: Optional[Precision] = typer.Option(None, help="Weight and compute dtype (default: bf16 where the GPU has it)."),
+    recipe: Recipe = typer.Option(Recipe.memfit, help="memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison."),
+    gpus: int = typer.Option(1, "--gpus", help="GPUs the run uses (memory is planned per GPU)."),
+    shard: Optional[Shard] = typer.Option(None, "--shard", help="Sharding across GPUs (default with --gpus 2+: searched)."),
     max_target: Optional[MaxTarget] = typer.Option(None, "--max", help="Show the longest sequence each method fits."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     write: Optional[Path] = typer.Option(None, "--write", help="Write the best configuration as a `memfit train` YAML."),
@@ -146,6 +180,9 @@ def fit_command(
             alpha=alpha,
             targets=targets,
             **({"precision": precision.value} if precision else {}),
+            **({"recipe": recipe.value} if recipe is not Recipe.memfit else {}),
+            **({"gpus": gpus} if gpus != 1 else {}),
+            **({"shard": shard.value} if shard is not None else {}),
         )
     except PlanError as err:
         _fail("\n".join(["cannot search this model:"] + [f"  - {p}" for p in err.problems]))
@@ -182,7 +219,7 @@ def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: 
         values["init"] = "random"
         header += "# init: random trains random weights; point model: at your local Hugging Face folder and delete it.\n"
     values["data"] = data or str(_demo_dataset())
-    for key in ("method", "rank", "alpha", "dropout", "targets", "precision", "optimizer", "batch_size", "seq_len", "grad_accum", "checkpointing"):
+    for key in ("method", "rank", "alpha", "dropout", "targets", "precision", "optimizer", "batch_size", "seq_len", "grad_accum", "checkpointing", "tiling", "step_in_backward"):
         values[key] = spec[key]
     if gpu:
         values["gpu"] = gpu

@@ -17,6 +17,12 @@ Precision = Literal["bf16", "fp16", "fp32"]
 OptimizerName = Literal["adamw", "adamw8bit", "paged-adamw8bit", "sgd"]
 Checkpointing = Literal["off", "on", "offload"]
 Shard = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-offload"]
+Tiling = Literal["auto", "on", "off"]
+Recipe = Literal["memfit", "hf"]
+
+#: ``--tiling auto`` tiles the MLP from this many tokens a micro-batch: below it the MLP's
+#: intermediates are small next to the rest of the step, and tiling would only add recomputation.
+TILING_AUTO_TOKENS = 8192
 
 #: ``--targets all-linear`` means every linear layer inside the decoder blocks (not the output head).
 ALL_LINEAR = "all-linear"
@@ -27,12 +33,14 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "optimizer": ("adamw", "adamw8bit", "paged-adamw8bit", "sgd"),
     "checkpointing": ("off", "on", "offload"),
     "shard": ("none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-offload"),
+    "tiling": ("auto", "on", "off"),
+    "recipe": ("memfit", "hf"),
 }
 
 # How a field is spelled on the command line, for error messages.
 _FLAG = {name: "--" + name.replace("_", "-") for name in (
     "method", "rank", "alpha", "dropout", "targets", "precision", "optimizer", "batch_size",
-    "seq_len", "grad_accum", "checkpointing", "gpus", "shard",
+    "seq_len", "grad_accum", "checkpointing", "gpus", "shard", "tiling", "step_in_backward", "recipe",
 )}
 
 
@@ -66,6 +74,9 @@ class RunSpec(BaseModel):
     checkpointing: Checkpointing = "on"
     gpus: int = 1
     shard: Shard = "none"
+    tiling: Tiling = Field("auto", description="sequence-tiled MLP: auto (on from TILING_AUTO_TOKENS tokens a micro-batch), on, off")
+    step_in_backward: bool = Field(False, description="full fine-tuning: each parameter's optimizer step runs in backward")
+    recipe: Recipe = Field("memfit", description="memfit: memfit's step; hf: the plain Hugging Face + PEFT step (planner only)")
 
     @field_validator("targets", mode="before")
     @classmethod
@@ -87,6 +98,18 @@ class RunSpec(BaseModel):
                 "--precision: fp16 is not supported for --method full: pure fp16 weights and "
                 "optimizer states overflow and underflow. Use --precision bf16 or fp32."
             )
+        if self.step_in_backward and self.method != "full":
+            problems.append(
+                f"--step-in-backward: only for --method full (got --method {self.method}): adapters' "
+                "gradients are small, there is nothing to save. Drop --step-in-backward."
+            )
+        if self.step_in_backward and self.grad_accum != 1:
+            problems.append(
+                f"--step-in-backward: needs --grad-accum 1 (got {self.grad_accum}): each parameter is "
+                "updated as soon as its gradient exists, so gradients cannot accumulate over micro-batches."
+            )
+        if self.step_in_backward and self.recipe == "hf":
+            problems.append("--step-in-backward: the hf recipe has no optimizer step in backward. Use --recipe memfit.")
         if self.shard != "none" and self.gpus < 2:
             problems.append(f"--shard: {self.shard} needs --gpus 2 or more (got --gpus {self.gpus}).")
         if problems:
@@ -101,6 +124,13 @@ class RunSpec(BaseModel):
     @property
     def uses_adapters(self) -> bool:
         return self.method in ("lora", "qlora")
+
+    @property
+    def tiles_mlp(self) -> bool:
+        """Whether the decoder MLPs run over chunks of the sequence (``tiling`` resolved)."""
+        if self.recipe == "hf" or self.tiling == "off":
+            return False
+        return self.tiling == "on" or self.batch_size * self.seq_len >= TILING_AUTO_TOKENS
 
     def knobs(self) -> dict[str, Any]:
         """Every knob with its resolved value, as plain JSON types."""

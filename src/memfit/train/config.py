@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from memfit.spec import RunSpec, SpecError, make_spec
 
 #: The RunSpec knobs a training config may set (multi-GPU knobs are not trained by this version).
-SPEC_FIELDS = ("method", "rank", "alpha", "dropout", "targets", "precision", "optimizer", "batch_size", "seq_len", "grad_accum", "checkpointing")
+SPEC_FIELDS = ("method", "rank", "alpha", "dropout", "targets", "precision", "optimizer", "batch_size", "seq_len", "grad_accum", "checkpointing", "tiling", "step_in_backward")
 
 #: Fields holding paths, resolved against the YAML file's folder.
 PATH_FIELDS = ("model", "tokenizer", "data", "eval_data", "output_dir")
@@ -87,6 +87,8 @@ class TrainConfig(BaseModel):
     seq_len: int = _spec_default("seq_len")
     grad_accum: int = _spec_default("grad_accum")
     checkpointing: str = _spec_default("checkpointing")
+    tiling: str = _spec_default("tiling")
+    step_in_backward: bool = _spec_default("step_in_backward")
 
     # -- where and how ----------------------------------------------------------------------
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
@@ -238,6 +240,11 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
         problems.append(f"min_lr_ratio: {c.min_lr_ratio!r} must be in [0, 1]")
     if c.max_grad_norm is not None and not c.max_grad_norm > 0:
         problems.append(f"max_grad_norm: {c.max_grad_norm!r} must be positive, or null for no clipping")
+    if c.step_in_backward and c.max_grad_norm is not None:
+        problems.append(
+            f"max_grad_norm: {c.max_grad_norm!r} cannot be used with step_in_backward: true (each parameter is "
+            "updated before the global gradient norm exists). Set max_grad_norm: null, or step_in_backward: false."
+        )
     if not 0 <= c.eval_split < 1:
         problems.append(f"eval_split: {c.eval_split!r} must be a fraction in [0, 1) (e.g. eval_split: 0.05)")
     if c.eval_split > 0 and c.eval_data is not None:
