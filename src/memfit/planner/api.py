@@ -19,7 +19,7 @@ import copy
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from memfit.models.catalog import ModelSource, resolve_model
 from memfit.planner import allocator
@@ -78,7 +78,17 @@ def plan(
     started = time.perf_counter()
     source, spec, target = validate(model, gpu=gpu, budget=budget, **knobs)
     runtime = runtime_overhead(target.arch, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes)
-    estimate = estimate_step(source.config, spec, runtime.cublas_workspace_allocs, extrapolate=extrapolate)
+    layout = reshape = None
+    if spec.gpus > 1:
+        from functools import partial
+
+        from memfit.planner import sharding
+
+        # One simulation of one rank's step (the same for every N and mode: it is cached); the
+        # sharding arithmetic then decides what each rank holds at every candidate moment.
+        layout = param_layout(source.config, spec)
+        reshape = partial(sharding.per_rank_categories, shard=spec.shard, gpus=spec.gpus, layout=layout)
+    estimate = estimate_step(source.config, spec, runtime.cublas_workspace_allocs, extrapolate=extrapolate, reshape=reshape)
 
     categories = dict(estimate["categories"])
     tracked_runtime = categories.pop("runtime", 0)
@@ -108,8 +118,10 @@ def plan(
         "cublas_workspace_bytes": runtime.cublas_workspace_bytes,
         "attention": _ATTENTION_NOTES.get(estimate["attention"], estimate["attention"]),
         "notes": notes,
-        "plan_seconds": round(time.perf_counter() - started, 3),
     }
+    if layout is not None:
+        _add_per_rank_details(details, spec, layout, estimate)
+    details["plan_seconds"] = round(time.perf_counter() - started, 3)
     return MemoryPlan(
         model=source.name,
         spec=spec.knobs(),
@@ -178,12 +190,33 @@ def _model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
         if importlib.util.find_spec("bitsandbytes") is None:
             what = "--method qlora" if spec.method == "qlora" else f"--optimizer {spec.optimizer}"
             problems.append(f"{what} needs bitsandbytes, which is not installed: pip install 'memfit[qlora]'")
-    if spec.gpus > 1 or spec.shard != "none":
-        problems.append(
-            f"--gpus {spec.gpus} / --shard {spec.shard}: multi-GPU plans are not available in this version; "
-            "plan one GPU (--gpus 1 --shard none)."
-        )
+    if spec.gpus > 1:
+        from memfit.planner.sharding import mode_problems
+
+        problems.extend(mode_problems(spec.shard, spec.gpus, spec.optimizer))
     return problems
+
+
+def _add_per_rank_details(details: dict[str, Any], spec: RunSpec, layout, estimate: dict[str, Any]) -> None:
+    """What a multi-GPU plan adds: it is per rank, the mode planned, model states before and after."""
+    from memfit.planner import sharding
+
+    shard = sharding.effective_shard(spec.shard, spec.gpus)
+    states = sharding.model_state_bytes(estimate["single_gpu_categories"], shard=shard, gpus=spec.gpus, layout=layout)
+    details["per_rank"] = True
+    details["shard"] = shard
+    details["model_state_bytes"] = states
+    details["gathered_layer_bytes"] = layout.layer_param_bytes
+    details["root_param_bytes"] = layout.root_param_bytes
+    details["nccl_runtime_bytes"] = sharding.NCCL_RUNTIME_BYTES
+    details["host_peak_bytes"] += states["per_rank_host_bytes"]
+    if spec.shard == "none":
+        details["notes"].append(f"--gpus {spec.gpus} with --shard none is plain data parallel: planned as ddp")
+    if shard == "zero3":
+        details["notes"].append("zero3 is planned as fsdp (FSDP2, one decoder layer gathered at a time, next one prefetched)")
+    details["notes"].append(
+        f"per GPU, each of {spec.gpus} ranks; NCCL buffers ({sharding.NCCL_RUNTIME_BYTES // 2**20} MiB in runtime) are an estimate"
+    )
 
 
 def estimate_step(
@@ -192,10 +225,20 @@ def estimate_step(
     workspace_allocs: tuple[int, ...] = (),
     *,
     extrapolate: bool = True,
+    reshape: Reshape | None = None,
 ) -> dict[str, Any]:
-    """Simulate (and extrapolate) the step; return peaks, categories and counts for the full model."""
+    """Simulate (and extrapolate) the step; return peaks, categories and counts for the full model.
+
+    ``reshape`` maps the single-GPU categories at a moment of a phase to one rank's categories
+    (:func:`memfit.planner.sharding.per_rank_categories`); the peak is then the highest moment after
+    reshaping (sharding can move it, e.g. from the end of backward to its start), and
+    ``single_gpu_categories`` holds the unreshaped categories at the single-GPU peak. The
+    simulation itself is that of one GPU, whatever ``gpus`` and ``shard`` are: it is shared.
+    """
     from memfit.models.build import layer_period, make_config
 
+    if spec.gpus != 1 or spec.shard != "none":
+        spec = spec.model_copy(update={"gpus": 1, "shard": "none"})
     full_config = make_config(config)
     num_layers = int(full_config.num_hidden_layers)
     period = layer_period(full_config)
@@ -207,17 +250,29 @@ def estimate_step(
         values = dict(points[0])
         peak_phase = points[0]["phase"]
         phases = dict(points[0]["phase_peaks"])
+        single = dict(values["categories"])
+        if reshape is not None:
+            overhead = values["reserved_bytes"] - values["allocated_bytes"]
+            peak_phase, values["categories"], phases = _reshaped_peak(points[0]["result"], reshape)
+            values["allocated_bytes"] = sum(values["categories"].values())
+            values["reserved_bytes"] = values["allocated_bytes"] + overhead
     else:
         values = {key: extrapolate_linear(layers, [p[key] for p in points], num_layers) for key in _SCALARS}
         peak_phase, values["categories"] = _extrapolate_peak(layers, points, num_layers)
+        single = dict(values["categories"])
         values["allocated_bytes"] = sum(values["categories"].values())
         # Fragmentation does not grow linearly with depth (it jumps with how blocks happen to fit in
         # segments), so the allocator's overhead is not extrapolated: the larger of the sampled
         # overheads is added to the extrapolated allocated peak.
         overhead = max(p["reserved_bytes"] - p["allocated_bytes"] for p in points)
-        values["reserved_bytes"] = values["allocated_bytes"] + overhead
         phases = {k: extrapolate_linear(layers, [p["phase_peaks"].get(k, 0) for p in points], num_layers)
                   for k in points[-1]["phase_peaks"]}
+        if reshape is not None:
+            # One rank's fragmentation is taken to be the single GPU's (an assumption: sharded
+            # states are smaller blocks, so this errs high).
+            peak_phase, values["categories"], phases = _extrapolate_peak(layers, points, num_layers, reshape)
+            values["allocated_bytes"] = sum(values["categories"].values())
+        values["reserved_bytes"] = values["allocated_bytes"] + overhead
     return {
         "allocated_bytes": values["allocated_bytes"],
         "reserved_bytes": values["reserved_bytes"],
@@ -231,10 +286,11 @@ def estimate_step(
         "simulated_layers": list(layers) if layers else [num_layers],
         "attention": points[-1]["attention"],
         "num_layers": num_layers,
+        "single_gpu_categories": single,
     }
 
 
-def _extrapolate_peak(layers: tuple[int, int], points: list[dict[str, Any]], num_layers: int) -> tuple[str, dict[str, int]]:
+def _extrapolate_peak(layers: tuple[int, int], points: list[dict[str, Any]], num_layers: int, reshape: Reshape | None = None):
     """Peak phase and categories at the peak of the full-depth step, from two sampled depths.
 
     Where the peak lies can move with depth: in full fine-tuning the start of backward (logits,
@@ -244,8 +300,13 @@ def _extrapolate_peak(layers: tuple[int, int], points: list[dict[str, Any]], num
     (the head) and at its end (the tail) are the same operations, shifted by memory that grows
     linearly with depth. Memory moves by the same amount from layer to layer, so within a phase
     the highest point is in its head or its tail; both are extrapolated, and the highest is the peak.
+
+    With ``reshape`` (one rank of a multi-GPU run) the moments are weighed by one rank's bytes, and
+    the return value also holds the highest reshaped total of each phase.
     """
     shallow, deep = (p["result"] for p in points)
+    if reshape is not None:
+        return _extrapolate_reshaped_peak(layers, shallow, deep, num_layers, reshape)
     live_deep = deep.live_bytes()
     best: tuple[int, str, dict[str, int]] | None = None
     for seg_a, seg_b in zip(shallow.segments(), deep.segments()):
@@ -270,6 +331,80 @@ def _extrapolate_peak(layers: tuple[int, int], points: list[dict[str, Any]], num
     if best is None:  # no shared structure at all: fall back to the deeper sample's own peak
         return points[1]["phase"], dict(points[1]["categories"])
     return best[1], best[2]
+
+
+#: Maps single-GPU categories at a moment of a phase to one rank's categories.
+Reshape = Callable[[dict[str, int], str], dict[str, int]]
+
+
+def _extrapolate_reshaped_peak(layers, shallow, deep, num_layers: int, reshape: Reshape):
+    """:func:`_extrapolate_peak` where each moment counts as one rank holds it after ``reshape``."""
+    series_a, series_b = _category_series(shallow), _category_series(deep)
+    best: tuple[int, str, dict[str, int]] | None = None
+    phases: dict[str, int] = {}
+    for seg_a, seg_b in zip(shallow.segments(), deep.segments()):
+        sig_a = _signatures(shallow, seg_a.start_event + 1, seg_a.end_event + 1)
+        sig_b = _signatures(deep, seg_b.start_event + 1, seg_b.end_event + 1)
+        head = _common_prefix(sig_a, sig_b)
+        tail = _common_prefix(sig_a[::-1], sig_b[::-1])
+        regions = []
+        if head:
+            regions.append((seg_a.start_event + 1, seg_b.start_event + 1, head))
+        if tail:
+            regions.append((seg_a.end_event + 1 - tail, seg_b.end_event + 1 - tail, tail))
+        for first_a, first_b, length in regions:
+            offset = max(range(length), key=lambda i: sum(reshape(series_b[first_b + i], seg_b.phase).values()))
+            cats_a, cats_b = series_a[first_a + offset], series_b[first_b + offset]
+            single = {name: max(extrapolate_linear(layers, [cats_a[name], cats_b[name]], num_layers), 0) for name in cats_a}
+            categories = reshape(single, seg_b.phase)
+            total = sum(categories.values())
+            phases[seg_b.phase] = max(phases.get(seg_b.phase, 0), total)
+            if best is None or total > best[0]:
+                best = (total, seg_b.phase, categories)
+    if best is None:  # no shared structure: the deeper sample's own moments
+        return _reshaped_peak(deep, reshape)
+    return best[1], best[2], phases
+
+
+def _reshaped_peak(result, reshape: Reshape) -> tuple[str, dict[str, int], dict[str, int]]:
+    """The highest moment of a whole simulation after ``reshape``: phase, categories, per-phase peaks."""
+    series = _category_series(result)
+    best: tuple[int, str, dict[str, int]] | None = None
+    phases: dict[str, int] = {}
+    for seg in result.segments():
+        for event in range(seg.start_event + 1, seg.end_event + 1):
+            categories = reshape(series[event], seg.phase)
+            total = sum(categories.values())
+            phases[seg.phase] = max(phases.get(seg.phase, 0), total)
+            if best is None or total > best[0]:
+                best = (total, seg.phase, categories)
+    if best is None:
+        return result.peak.phase, reshape(dict(result.peak.categories), result.peak.phase), phases
+    return best[1], best[2], phases
+
+
+#: Live bytes by category after every event, by result (kept alongside the simulation cache).
+_SERIES_CACHE: dict[int, tuple[Any, list[dict[str, int]]]] = {}
+
+
+def _category_series(result) -> list[dict[str, int]]:
+    """Live device bytes by category just after each event (``categories_at`` for every event, in one pass)."""
+    cached = _SERIES_CACHE.get(id(result))
+    if cached is not None and cached[0] is result:
+        return cached[1]
+    from memfit.planner.categories import TRACKED_CATEGORIES
+
+    info = {a.alloc_id: (a.category, a.nbytes) for a in result.allocations if a.place == "device"}
+    live = dict.fromkeys(TRACKED_CATEGORIES, 0)
+    series = []
+    for kind, alloc_id, _ in result.events:
+        category, nbytes = info[alloc_id]
+        live[category] += nbytes if kind == "alloc" else -nbytes
+        series.append(dict(live))
+    if len(_SERIES_CACHE) >= _SAMPLE_CACHE_SIZE:
+        _SERIES_CACHE.pop(next(iter(_SERIES_CACHE)))
+    _SERIES_CACHE[id(result)] = (result, series)
+    return series
 
 
 def _signatures(result, first: int, stop: int) -> list[tuple[str, int, str]]:
@@ -350,3 +485,57 @@ def _summarise(sim) -> dict[str, Any]:
         "total_params": sim.total_params,
         "trainable_params": sim.trainable_params,
     }
+
+
+#: Parameter layouts by (config, method knobs): the same for every N, shard mode, batch and length.
+_LAYOUT_CACHE: dict[tuple, Any] = {}
+
+
+def param_layout(config: dict[str, Any], spec: RunSpec):
+    """The model's parameter shapes and per-layer bytes (:class:`memfit.planner.sharding.ParamLayout`).
+
+    One period of decoder layers is built on ``meta`` and prepared as the trainer prepares it
+    (4-bit packing for QLoRA, LoRA adapters), so the bytes are those of the real parameters; the
+    decoder layers are then counted as often as the full depth repeats them.
+    """
+    key = (json.dumps(config, sort_keys=True, default=str), spec.method, spec.rank, tuple(spec.targets), spec.precision)
+    cached = _LAYOUT_CACHE.get(key)
+    if cached is not None:
+        return cached
+    from memfit.models.build import DTYPES, build_meta_model, decoder_layers, layer_period, make_config, prepare_for_method
+    from memfit.planner.sharding import ParamGroup, ParamLayout
+    from memfit.planner.simulate import _quiet
+
+    full = make_config(config)
+    num_layers = int(full.num_hidden_layers)
+    period = max(layer_period(full), 1)
+    sampled = min(period, num_layers)
+    layer_spec = spec.model_copy(update={"checkpointing": "off", "gpus": 1, "shard": "none"})
+    with _quiet():
+        model = prepare_for_method(build_meta_model(make_config(config, num_layers=sampled), DTYPES[spec.precision]), layer_spec)
+    layers = decoder_layers(model)
+    in_layer = {}
+    for index, layer in enumerate(layers):
+        for p in layer.parameters():
+            in_layer[id(p)] = index
+    # How many decoder layers of the full depth each sampled layer stands for.
+    repeats = [len(range(i, num_layers, sampled)) for i in range(sampled)]
+    groups, layer_bytes, layer_grads = [], [0] * sampled, [0] * sampled
+    root_bytes = root_grads = 0
+    for p in model.parameters():
+        nbytes = p.numel() * p.element_size()
+        dim0 = int(p.shape[0]) if p.dim() > 0 else 1
+        index = in_layer.get(id(p))
+        count = repeats[index] if index is not None else 1
+        groups.append(ParamGroup(dim0=dim0, row_bytes=nbytes // max(dim0, 1), trainable=p.requires_grad, count=count))
+        if index is None:
+            root_bytes += nbytes
+            root_grads += nbytes if p.requires_grad else 0
+        else:
+            layer_bytes[index] += nbytes
+            layer_grads[index] += nbytes if p.requires_grad else 0
+    largest = max(range(sampled), key=layer_bytes.__getitem__)
+    layout = ParamLayout(groups=tuple(groups), layer_param_bytes=layer_bytes[largest], layer_grad_bytes=layer_grads[largest],
+                         root_param_bytes=root_bytes, root_grad_bytes=root_grads)
+    _LAYOUT_CACHE[key] = layout
+    return layout

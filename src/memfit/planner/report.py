@@ -72,9 +72,13 @@ class MemoryPlan:
             + f" · {spec['precision']} · {spec['optimizer']} · batch {spec['batch_size']} x {spec['seq_len']} tokens"
             + f" · checkpointing {spec['checkpointing']}"
         )
+        d = self.details
+        if d.get("per_rank"):
+            title += f" · [bold]per GPU[/], {spec['gpus']} GPUs, shard {d['shard']}"
         table = Table(title=title, title_justify="left", show_footer=True)
         table.add_column("category", footer="device total")
-        table.add_column("at peak", justify="right", footer=format_bytes(self.device_total_bytes))
+        table.add_column("at peak, per GPU" if self.details.get("per_rank") else "at peak", justify="right",
+                         footer=format_bytes(self.device_total_bytes))
         table.add_column("share", justify="right", footer="100%")
         table.add_column("what it is", style="dim")
         for name in CATEGORIES:
@@ -88,7 +92,11 @@ class MemoryPlan:
         peaks.add_row("peak reserved", format_bytes(self.reserved_bytes), "torch.cuda.max_memory_reserved")
         peaks.add_row("device total", format_bytes(self.device_total_bytes), "what nvidia-smi shows; OOM depends on this")
         peaks.add_row("peak happens in", self.phase, "")
-        d = self.details
+        if d.get("per_rank"):
+            states = d["model_state_bytes"]
+            peaks.add_row("model states, 1 GPU", format_bytes(states["before_bytes"]), "weights, gradients, optimizer states unsharded")
+            peaks.add_row("model states per GPU", format_bytes(states["per_rank_device_bytes"] + states["per_rank_host_bytes"]),
+                          "in host memory" if states["per_rank_host_bytes"] else f"after --shard {d['shard']}")
         if d.get("host_peak_bytes"):
             peaks.add_row("host memory (offload)", format_bytes(d["host_peak_bytes"]), "pinned CPU memory")
         if d.get("paged_peak_bytes"):
