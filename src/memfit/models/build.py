@@ -225,6 +225,43 @@ def prepare_for_method(
     return model
 
 
+def prepare_like_hf(
+    model: nn.Module,
+    spec: RunSpec,
+    load_weights: Callable[[nn.Module], None] | None = None,
+) -> nn.Module:
+    """Prepare ``model`` the way the plain Hugging Face + PEFT stack does (``--recipe hf``).
+
+    The planner uses it to put memfit's step next to the usual one on the same configuration. What
+    differs from :func:`prepare_for_method`: QLoRA goes through PEFT's
+    ``prepare_model_for_kbit_training``, which upcasts every parameter that is not 4-bit (embeddings,
+    norms, the output head) to fp32 and enables checkpointing with torch's default (reentrant)
+    variant; LoRA and full fine-tuning use transformers' own checkpointing (``offload`` is
+    transformers' synchronous ``save_on_cpu`` offload); nothing is tiled.
+    """
+    check_targets(model, spec)
+    if spec.method == "qlora":
+        quantize_linears_on_meta(model, DTYPES[spec.precision])
+    if load_weights is not None:
+        load_weights(model)
+    if spec.method == "qlora":
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.checkpointing != "off")
+        if spec.checkpointing == "offload":
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={}, offload=True)
+    elif spec.checkpointing != "off":
+        model.activation_checkpointing_enable(offload=spec.checkpointing == "offload")
+    if getattr(model, "config", None) is not None:
+        model.config.use_cache = False
+    if spec.uses_adapters:
+        model = attach_lora(model, spec)
+    else:
+        for p in model.parameters():
+            p.requires_grad_(True)
+    return model
+
+
 def materialize(model: nn.Module, device: str | torch.device, *, random_values: bool = False) -> nn.Module:
     """Give a meta model storage on ``device``; inside ``FakeTensorMode`` nothing is allocated.
 

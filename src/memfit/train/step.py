@@ -36,13 +36,22 @@ def causal_lm_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """
     parts = backbone_and_head(model)
     if parts is None:
-        out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=batch["labels"], use_cache=False)
-        return out.loss
+        return model_loss(model, batch)
     from memfit.train.losses import chunked_cross_entropy
 
     backbone, head = parts
     hidden = backbone(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False).last_hidden_state
     return chunked_cross_entropy(hidden, head.weight, batch["labels"])
+
+
+def model_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The model's own loss: called with ``labels=``, as plain Hugging Face training does.
+
+    transformers computes the whole ``[tokens, vocabulary]`` logits and upcasts them to fp32 for the
+    loss; the planner's ``--recipe hf`` uses this to show the plain stack's memory.
+    """
+    out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=batch["labels"], use_cache=False)
+    return out.loss
 
 
 #: Config fields that change logits after the head: with any of them set, the model's own loss runs.

@@ -1,0 +1,58 @@
+"""``--recipe hf``: the planner simulates the plain Hugging Face + PEFT step next to memfit's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memfit.models.build import DTYPES, build_meta_model, make_config, prepare_like_hf
+from memfit.planner.simulate import simulate
+from memfit.spec import make_spec
+
+
+def _largest_allocation(result) -> int:
+    return max(a.nbytes for a in result.allocations)
+
+
+def test_hf_qlora_upcasts_every_non_4bit_parameter_to_fp32(tiny_llama):
+    spec = make_spec(method="qlora", recipe="hf")
+    model = prepare_like_hf(build_meta_model(make_config(tiny_llama), DTYPES[spec.precision]), spec)
+    dtypes = {type(p).__name__ == "Params4bit": set() for p in model.parameters()}
+    for p in model.parameters():
+        dtypes[type(p).__name__ == "Params4bit"].add(p.dtype)
+    assert dtypes[True] == {torch.uint8}
+    # Embeddings, norms and the output head: fp32, as PEFT's prepare_model_for_kbit_training leaves
+    # them; the adapters are fp32 in both recipes.
+    assert dtypes[False] == {torch.float32}
+
+
+def test_hf_recipe_materialises_the_whole_fp32_logits(tiny_llama):
+    config = dict(tiny_llama, vocab_size=32768)  # a vocabulary large enough for logits to matter
+    tokens = 2048
+    logits_bytes = tokens * config["vocab_size"] * 4
+    hf = simulate(config, make_spec(method="lora", seq_len=tokens, recipe="hf")).tracker
+    memfit = simulate(config, make_spec(method="lora", seq_len=tokens)).tracker
+    assert _largest_allocation(hf) >= logits_bytes
+    # memfit's fused loss holds one chunk of 1,024 tokens' logits at a time.
+    assert _largest_allocation(memfit) < logits_bytes
+    assert memfit.peak.allocated_bytes < hf.peak.allocated_bytes
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [dict(method="lora", checkpointing="on"), dict(method="full", checkpointing="off", precision="fp32")],
+    ids=lambda k: f"{k['method']}-{k['checkpointing']}",
+)
+def test_hf_recipe_fake_run_counts_the_same_bytes_as_a_real_run(tiny_llama, knobs):
+    spec = make_spec(seq_len=64, batch_size=2, recipe="hf", **knobs)
+    fake = simulate(tiny_llama, spec, fake=True).tracker
+    real = simulate(tiny_llama, spec, fake=False).tracker
+    assert fake.peak.allocated_bytes == real.peak.allocated_bytes
+    assert fake.peak.categories == real.peak.categories
+
+
+def test_hf_recipe_refuses_step_in_backward():
+    from memfit.spec import SpecError
+
+    with pytest.raises(SpecError, match="--step-in-backward"):
+        make_spec(method="full", recipe="hf", step_in_backward=True)
