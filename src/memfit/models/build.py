@@ -209,7 +209,10 @@ def prepare_for_method(
     ``model`` is a meta model from :func:`build_meta_model`. ``load_weights`` (the trainer's) gives
     it real weights after 4-bit layers are swapped in and before adapters are attached, so that PEFT
     creates the adapters on the weights' device; the planner passes None and materialises later.
+    ``spec.recipe == "hf"`` prepares it the plain Hugging Face way instead (:func:`prepare_like_hf`).
     """
+    if spec.recipe == "hf":
+        return prepare_like_hf(model, spec, load_weights)
     check_targets(model, spec)
     if spec.method == "qlora":
         quantize_linears_on_meta(model, DTYPES[spec.precision])

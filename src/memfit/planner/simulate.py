@@ -20,12 +20,12 @@ from typing import Any, Iterator
 
 import torch
 
-from memfit.models.build import DTYPES, build_meta_model, count_parameters, make_config, materialize, prepare_for_method, prepare_like_hf
+from memfit.models.build import DTYPES, build_meta_model, count_parameters, make_config, materialize, prepare_for_method
 from memfit.planner.cuda_parity import CudaParityMode, offload_parity, plan_bitsandbytes_optimizer
 from memfit.planner.tracker import MemoryTracker, TrackerResult
 from memfit.spec import RunSpec
 from memfit.train.optim import build_optimizer
-from memfit.train.step import causal_lm_loss, model_loss, train_step
+from memfit.train.step import loss_for_recipe, train_step
 
 #: The fake device the step runs on (see the module docstring for why CPU, not CUDA).
 SIM_DEVICE = "cpu"
@@ -65,9 +65,9 @@ def simulate(
     config = make_config(config_dict, num_layers=num_layers)
     config.use_cache = False
     dtype = DTYPES[spec.precision]
-    prepare, loss_fn = (prepare_like_hf, model_loss) if spec.recipe == "hf" else (prepare_for_method, causal_lm_loss)
+    loss_fn = loss_for_recipe(spec.recipe)
     with _quiet():
-        model = prepare(build_meta_model(config, dtype), spec)
+        model = prepare_for_method(build_meta_model(config, dtype), spec)
 
     tracker = MemoryTracker()
     with (

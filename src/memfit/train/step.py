@@ -54,6 +54,11 @@ def model_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return out.loss
 
 
+def loss_for_recipe(recipe: str) -> LossFn:
+    """The loss a recipe's step uses: memfit's fused loss, or the model's own (``hf``)."""
+    return model_loss if recipe == "hf" else causal_lm_loss
+
+
 #: Config fields that change logits after the head: with any of them set, the model's own loss runs.
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
