@@ -11,14 +11,20 @@ def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
 
     gpu = result.gpu
     title = f"[bold]{result.model}[/] on {gpu['name']} ({format_bytes(gpu['memory_bytes'])})"
+    multi = getattr(result, "max_gpus", 1) > 1
+    if multi:
+        title += f", up to {result.max_gpus} GPUs (fewest that fit; memory per GPU)"
     if not focus_max_seq_len:
         table = Table(title=title, title_justify="left")
-        for column in ("#", "method", "checkpointing", "optimizer", "micro-batch x accum", "seq", "peak", "headroom", "speed (est.)"):
-            table.add_column(column, justify="right" if column in ("#", "seq", "peak", "headroom", "speed (est.)") else "left")
+        columns = ["#", "method"] + (["gpus", "shard"] if multi else []) + [
+            "checkpointing", "optimizer", "micro-batch x accum", "seq", "peak per GPU" if multi else "peak", "headroom", "speed (est.)"]
+        for column in columns:
+            table.add_column(column, justify="right" if column in ("#", "gpus", "seq", "peak", "peak per GPU", "headroom", "speed (est.)") else "left")
         for rank, f in enumerate(result.fits, 1):
             s = f.spec
+            placement = [str(s.get("gpus", 1)), f.plan.details.get("shard", s.get("shard", "none"))] if multi else []
             table.add_row(
-                str(rank), s["method"], s["checkpointing"], s["optimizer"], f"{s['batch_size']} x {s['grad_accum']}",
+                str(rank), s["method"], *placement, s["checkpointing"], s["optimizer"], f"{s['batch_size']} x {s['grad_accum']}",
                 str(s["seq_len"]), format_bytes(f.plan.device_total_bytes), format_bytes(f.plan.headroom_bytes),
                 f"{f.relative_speed:.2f}",
             )
@@ -39,6 +45,8 @@ def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
     for method, tokens in result.max_seq_len.items():
         spec = result.max_seq_len_specs.get(method)
         how = f"checkpointing {spec['checkpointing']}, {spec['optimizer']}" if spec else "does not fit"
+        if spec and spec.get("gpus", 1) > 1:
+            how += f", {spec['gpus']} GPUs, {spec['shard']}"
         longest.add_row(method, f"{tokens:,}", how)
     console.print(longest)
     console.print(

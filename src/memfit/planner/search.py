@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from memfit.planner.api import PlanError, plan, validate
 from memfit.planner.report import MemoryPlan
+from memfit.planner.sharding import mode_problems
 from memfit.planner.throughput import relative_speeds
 
 METHODS = ("full", "lora", "qlora")
@@ -29,6 +30,24 @@ CHECKPOINTING_FAST_FIRST = ("off", "on", "offload")
 OPTIMIZERS_LEAN_FIRST = {"full": ("paged-adamw8bit", "adamw8bit", "adamw"), "lora": ("adamw",), "qlora": ("adamw",)}
 #: Sequence lengths are reported in multiples of this many tokens.
 SEQ_STEP = 128
+#: With ``--gpus N`` and no ``--shard``: the modes tried at each GPU count, least communication
+#: first (zero3 is planned as fsdp, so it is not tried apart).
+SHARD_FAST_FIRST = ("ddp", "zero1", "zero2", "fsdp", "fsdp-offload")
+
+
+def gpu_levels(gpus: int, shard: str | None) -> list[tuple[int, str]]:
+    """(GPU count, shard mode) pairs to try, fewest GPUs first: 1, 2, 4, 8... up to ``gpus``, and ``gpus``.
+
+    ``--gpus N`` means "up to N GPUs": the search reports the smallest count that fits.
+    """
+    counts, n = [1], 2
+    while n < gpus:
+        counts.append(n)
+        n *= 2
+    if gpus > 1:
+        counts.append(gpus)
+    modes = (shard,) if shard and shard != "none" else SHARD_FAST_FIRST
+    return [(1, "none")] + [(n, mode) for n in counts[1:] for mode in modes]
 
 
 @dataclass
@@ -40,8 +59,9 @@ class Fit:
     relative_speed: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"spec": self.spec, "peak": self.plan.to_json()["peak"], "relative_speed": round(self.relative_speed, 4),
-                "headroom_bytes": self.plan.headroom_bytes}
+        return {"spec": self.spec, "gpus": self.spec.get("gpus", 1), "shard": self.plan.details.get("shard", self.spec.get("shard", "none")),
+                "per_rank": bool(self.plan.details.get("per_rank")), "peak": self.plan.to_json()["peak"],
+                "relative_speed": round(self.relative_speed, 4), "headroom_bytes": self.plan.headroom_bytes}
 
 
 @dataclass
@@ -65,6 +85,7 @@ class FitResult:
     max_seq_len_specs: dict[str, dict[str, Any]] = field(default_factory=dict)
     plans_made: int = 0
     seconds: float = 0.0
+    max_gpus: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -73,6 +94,8 @@ class FitResult:
             "fits": [f.to_json() for f in self.fits],
             "max_seq_len": dict(self.max_seq_len),
             "details": {
+                "max_gpus": self.max_gpus,
+                "per_rank": self.max_gpus > 1,
                 "max_seq_len_specs": self.max_seq_len_specs,
                 "not_fitting": [{"spec": m.spec, "device_total_bytes": m.device_total_bytes, "over_bytes": m.over_bytes} for m in self.misses],
                 "plans_made": self.plans_made,
@@ -129,6 +152,10 @@ def fit(
         seq_len: sequence length to hold fixed (default: 2048, or the model's maximum if smaller).
         methods: restrict the search to these methods (default: full, lora, qlora).
         max_seq_len: also find the longest sequence each method fits (micro-batch 1).
+        knobs ``gpus`` and ``shard``: ``gpus=N`` (N > 1) means "up to N GPUs": each method is searched
+            on 1, 2, 4... up to N GPUs and reported at the smallest count that fits, with the
+            first shard mode that fits (``shard``, or ddp, zero1, zero2, fsdp, fsdp-offload in turn);
+            memory is then per GPU. Each configuration is simulated once for all counts and modes.
         workers: processes to search the methods in (default: one per method, at most one per CPU
             core); each method's search is independent of the others.
         knobs: fixed RunSpec knobs passed through (rank, alpha, targets, precision...). Without a
@@ -149,6 +176,8 @@ def fit(
         raise PlanError(problems)
     # Validate everything once, before any simulation.
     source, _, target = validate(model, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
+    max_gpus = int(knobs.pop("gpus", 1) or 1)
+    levels = gpu_levels(max_gpus, knobs.pop("shard", None))
     max_positions = int(source.config.get("max_position_embeddings") or 0) or None
     if seq_len is None:
         seq_len = min(2048, max_positions) if max_positions else 2048
@@ -159,7 +188,7 @@ def fit(
         supports_bf16 = get_gpu(gpu).supports_bf16
     job = _MethodJob(model=model, target={"gpu": gpu, "budget": budget}, base=dict(knobs, seq_len=seq_len),
                      supports_bf16=supports_bf16, effective_batch=batch_size,
-                     seq_limit=(max_positions or 131072) if max_seq_len else 0)
+                     seq_limit=(max_positions or 131072) if max_seq_len else 0, levels=levels)
     workers = _worker_count(len(methods)) if workers is None else max(1, workers)
     if workers > 1:
         outcomes = _run_parallel(job, methods, workers, progress)
@@ -190,6 +219,7 @@ def fit(
         max_seq_len_specs=longest_specs,
         plans_made=sum(o.plans for o in outcomes),
         seconds=time.perf_counter() - started,
+        max_gpus=max_gpus,
     )
 
 
@@ -213,19 +243,32 @@ class _MethodJob:
     supports_bf16: bool
     effective_batch: int
     seq_limit: int  # 0: do not search the longest sequence
+    levels: list[tuple[int, str]] = field(default_factory=lambda: [(1, "none")])
 
-    def planner(self, progress: Callable[[str], None] | None = None) -> "_Planner":
-        planner = _Planner(self.model, self.target, self.base, progress)
+    def planner(self, progress: Callable[[str], None] | None = None, gpus: int = 1, shard: str = "none") -> "_Planner":
+        base = dict(self.base)
+        if gpus > 1:
+            base.update(gpus=gpus, shard=shard)
+        planner = _Planner(self.model, self.target, base, progress)
         planner.supports_bf16 = self.supports_bf16
         return planner
 
     def run(self, method: str, progress: Callable[[str], None] | None = None) -> _MethodOutcome:
-        planner = self.planner(progress)
-        fits, misses = _search_method(planner, method, self.effective_batch)
+        # Fewest GPUs first, least sharding first: the first level where anything fits is the answer.
+        # Every level plans the same single-GPU simulations (cached), only the sharding arithmetic differs.
+        count = 0
+        for gpus, shard in self.levels:
+            planner = self.planner(progress, gpus, shard)
+            fits, misses = _search_method(planner, method, self.effective_batch)
+            count += planner.count
+            if fits:
+                break
         longest, spec = (0, None)
         if self.seq_limit:
+            before = planner.count
             longest, spec = _longest_sequence(planner, method, self.seq_limit, self.effective_batch)
-        return _MethodOutcome(method, fits, misses, longest, spec, planner.count)
+            count += planner.count - before
+        return _MethodOutcome(method, fits, misses, longest, spec, count)
 
 
 def _run_method_job(job: _MethodJob, method: str) -> _MethodOutcome:
@@ -279,6 +322,8 @@ def _search_method(planner: _Planner, method: str, effective_batch: int) -> tupl
         chosen = None
         # 32-bit AdamW first (exact); then lighter states, leanest last.
         for optimizer in OPTIMIZERS_LEAN_FIRST[method][::-1]:
+            if mode_problems(planner.base.get("shard", "none"), planner.base.get("gpus", 1), optimizer):
+                continue  # cannot run with this shard mode
             candidate = planner(method=method, optimizer=optimizer, checkpointing=checkpointing, batch_size=1,
                                 grad_accum=effective_batch)
             if candidate.fits:
@@ -373,7 +418,9 @@ def _longest_sequence(planner: _Planner, method: str, limit: int, effective_batc
     settings (offloaded checkpointing, its leanest optimizer).
     Returns (0, None) when not even SEQ_STEP tokens fit.
     """
-    knobs = {"method": method, "optimizer": OPTIMIZERS_LEAN_FIRST[method][0], "checkpointing": "offload",
+    lean = [o for o in OPTIMIZERS_LEAN_FIRST[method]
+            if not mode_problems(planner.base.get("shard", "none"), planner.base.get("gpus", 1), o)]
+    knobs = {"method": method, "optimizer": lean[0], "checkpointing": "offload",
              "batch_size": 1, "grad_accum": effective_batch}
 
     def check(steps: int) -> MemoryPlan:
@@ -410,4 +457,5 @@ def _longest_sequence(planner: _Planner, method: str, limit: int, effective_batc
 
 def _describe(knobs: dict[str, Any]) -> str:
     return (f"{knobs.get('method')} · checkpointing {knobs.get('checkpointing')} · {knobs.get('optimizer')} · "
-            f"micro-batch {knobs.get('batch_size')} · {knobs.get('seq_len')} tokens")
+            f"micro-batch {knobs.get('batch_size')} · {knobs.get('seq_len')} tokens"
+            + (f" · {knobs['gpus']} GPUs, {knobs.get('shard')}" if knobs.get("gpus", 1) > 1 else ""))

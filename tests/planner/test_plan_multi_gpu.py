@@ -1,0 +1,75 @@
+"""memfit.plan with --gpus N: per-rank plans, the JSON contract, the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import memfit
+from memfit.cli import app
+from memfit.planner.api import PlanError
+from memfit.planner.categories import CATEGORIES
+
+MODEL = "smollm2-135m"
+KNOBS = dict(method="full", seq_len=256)
+
+
+def test_fsdp_per_rank_memory_falls_with_more_gpus():
+    plans = {n: memfit.plan(MODEL, gpus=n, shard="fsdp", **KNOBS) for n in (2, 4, 8)}
+    one = memfit.plan(MODEL, **KNOBS)
+    totals = [plans[n].device_total_bytes for n in (2, 4, 8)]
+    assert one.device_total_bytes > totals[0] > totals[1] > totals[2]
+    for p in plans.values():
+        floor = p.categories["activations"] + 2 * p.details["gathered_layer_bytes"]
+        assert p.allocated_bytes >= floor
+        states = p.details["model_state_bytes"]
+        assert states["per_rank_device_bytes"] == pytest.approx(states["before_bytes"] / p.spec["gpus"], rel=0.05)
+
+
+def test_multi_gpu_json_is_per_rank_and_keeps_the_contract():
+    data = memfit.plan(MODEL, gpus=4, shard="zero2", gpu="a100-40gb", **KNOBS).to_json()
+    assert {"model", "spec", "peak", "categories", "gpu", "fits", "headroom_bytes"} <= set(data)
+    assert set(data["categories"]) == set(CATEGORIES)
+    assert sum(data["categories"].values()) == data["peak"]["device_total_bytes"]
+    assert data["spec"]["gpus"] == 4 and data["spec"]["shard"] == "zero2"
+    assert data["details"]["per_rank"] is True and data["details"]["shard"] == "zero2"
+    assert data["headroom_bytes"] == data["gpu"]["memory_bytes"] - data["peak"]["device_total_bytes"]
+
+
+def test_shard_none_on_several_gpus_is_ddp():
+    plan = memfit.plan(MODEL, gpus=2, **KNOBS)
+    assert plan.details["shard"] == "ddp" and any("planned as ddp" in n for n in plan.details["notes"])
+    assert plan.categories["gradients"] > memfit.plan(MODEL, **KNOBS).categories["gradients"]
+
+
+def test_offload_moves_states_to_host():
+    plan = memfit.plan(MODEL, gpus=4, shard="fsdp-offload", **KNOBS)
+    states = plan.details["model_state_bytes"]
+    assert states["per_rank_device_bytes"] == 0 and plan.details["host_peak_bytes"] >= states["per_rank_host_bytes"] > 0
+    assert plan.categories["optimizer"] == 0
+
+
+def test_lora_shards_the_frozen_base():
+    one = memfit.plan(MODEL, method="lora", seq_len=256)
+    eight = memfit.plan(MODEL, method="lora", seq_len=256, gpus=8, shard="fsdp")
+    assert eight.categories["weights"] < one.categories["weights"] / 4
+
+
+def test_bad_combinations_are_refused():
+    with pytest.raises(PlanError, match="fsdp-offload"):
+        memfit.plan(MODEL, gpus=4, shard="fsdp-offload", optimizer="adamw8bit", **KNOBS)
+    with pytest.raises(PlanError, match="--gpus 2 or more"):
+        memfit.plan(MODEL, shard="fsdp", **KNOBS)
+
+
+def test_cli_plan_per_gpu():
+    runner = CliRunner()
+    result = runner.invoke(app, ["plan", MODEL, "--method", "full", "--seq-len", "256", "--gpus", "8", "--shard", "fsdp",
+                                 "--gpu", "h100-80gb"])
+    assert result.exit_code == 0, result.output
+    assert "per GPU" in result.output and "fits" in result.output
+    result = runner.invoke(app, ["plan", MODEL, "--method", "full", "--seq-len", "256", "--gpus", "8", "--shard", "fsdp", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["details"]["per_rank"] is True
