@@ -313,3 +313,23 @@ def test_check_step_in_backward():
     assert grad_accum.startswith("grad_accum: 4") and "grad_accum: 1" in grad_accum
     assert clip.startswith("max_grad_norm: 1.0") and "max_grad_norm: null" in clip
     assert fp16.startswith("precision: 'fp16'") and "bf16" in fp16
+
+
+def test_register_hooks_moves_the_update_behind_hooks_added_later():
+    from memfit.planner.tracker import MemoryTracker
+
+    model = tiny_model()
+    optimizer = in_backward(model)
+    tracker = MemoryTracker()
+    with tracker:
+        hooks = tracker.watch_gradients(model)  # added after the optimizer: would find .grad already freed
+        optimizer.register_hooks()
+        train_step(model, batches(1), optimizer, observer=tracker)
+        tracker.mark_optimizer(optimizer)
+        for h in hooks:
+            h.remove()
+    roles = [a.role for a in tracker.result().allocations]
+    n_params = len(list(model.parameters()))
+    assert roles.count("gradients") == n_params
+    assert len(optimizer.state) == n_params
+    assert all(set(state) == {"step", "exp_avg", "exp_avg_sq"} for state in optimizer.state.values())
