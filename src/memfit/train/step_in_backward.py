@@ -88,7 +88,7 @@ class OptimizerInBackward(torch.optim.Optimizer):
     ``loss.backward()`` performs the update, ``step()`` only runs the closure, if any.
 
     A parameter that receives a second gradient before ``step()`` or ``zero_grad()`` (two backward
-    passes for one step, or reentrant activation checkpointing) raises instead of being updated twice.
+    passes for one step: gradient accumulation) raises instead of being updated twice.
     """
 
     def __init__(self, params: Iterable[torch.nn.Parameter], make_optimizer: OptimizerFactory) -> None:
@@ -163,8 +163,8 @@ class OptimizerInBackward(torch.optim.Optimizer):
         if key in self._stepped:
             raise RuntimeError(
                 f"OptimizerInBackward: a parameter of shape {tuple(param.shape)} got a second gradient before "
-                "optimizer.step(); it would be updated twice. Use grad_accum 1 and non-reentrant activation "
-                "checkpointing (use_reentrant=False), and call optimizer.step() after every backward."
+                "optimizer.step(); it would be updated twice. Use grad_accum 1 (one backward per step) and call "
+                "optimizer.step() after every backward."
             )
         self._stepped.add(key)
         self._inner_by_param[key].step()
