@@ -67,7 +67,8 @@ def test_optimizers_and_precisions_plan():
         (("smollm2-135m", {"gpu": "rtx-4091"}), "Did you mean 'rtx-4090'"),
         (("smollm2-135m", {"budget": "lots"}), "--budget"),
         (("smollm2-135m", {"budget": "0GiB"}), "must be more than 0 bytes"),
-        (("smollm2-135m", {"gpus": 4, "shard": "zero3"}), "multi-GPU plans are not available"),
+        (("smollm2-135m", {"gpus": 1, "shard": "zero3"}), "--shard: zero3 needs --gpus 2 or more"),
+        (("smollm2-135m", {"gpus": 4, "shard": "fsdp-offload", "optimizer": "adamw8bit"}), "bitsandbytes' 8-bit optimizers need GPU tensors"),
     ],
 )
 def test_bad_input_is_refused_before_work(args, message):
