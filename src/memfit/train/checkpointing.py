@@ -10,6 +10,12 @@ A checkpoint is a folder ``<run>/checkpoints/step-00000012/`` holding
 
 It is written under a temporary name and renamed into place, so a crash while saving never leaves
 a half-written checkpoint that ``--resume`` would pick up. Only the last ``keep`` are kept.
+
+A multi-process run (:mod:`memfit.train.distributed`) saves the same folder in another format
+(``"format": "dcp"`` in ``meta.json``): the sharded trainable parameters and optimizer states as a
+``torch.distributed.checkpoint`` (each rank writes its shards), ``state.pt`` without RNG states, and
+``rng-rank<N>.pt`` per rank. Every rank writes into the temporary folder; rank 0 renames it after
+a barrier.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ CHECKPOINTS = "checkpoints"
 TRAINABLE_FILE = "trainable.safetensors"
 STATE_FILE = "state.pt"
 META_FILE = "meta.json"
+#: ``meta.json`` format of a sharded (multi-process) checkpoint.
+SHARDED_FORMAT = "dcp"
 _PREFIX = "step-"
 
 
@@ -169,6 +177,8 @@ def replace_dir(src: Path, dst: Path) -> None:
 
 def _fsync_dir(folder: Path) -> None:
     for path in folder.iterdir():
+        if not path.is_file():
+            continue
         with open(path, "rb") as f:
             os.fsync(f.fileno())
 
@@ -190,6 +200,13 @@ def load_checkpoint(
     from safetensors.torch import load_file
 
     path = Path(path)
+    meta = read_meta(path)
+    if meta.get("format") == SHARDED_FORMAT:
+        n = meta.get("world_size")
+        raise CheckpointError(
+            f"checkpoint {path} was saved by a run on {n} processes (sharded); resume it the same way: "
+            f"set gpus: {n} and start with torchrun --nproc-per-node {n} (or memfit train --nproc {n})"
+        )
     for name in (TRAINABLE_FILE, STATE_FILE, META_FILE):
         if not (path / name).is_file():
             raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
@@ -219,3 +236,137 @@ def load_checkpoint(
     # RNG states must be CPU byte tensors whatever map_location did to them.
     rng = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in rng.items()}
     return TrainingState(step=int(state["step"]), data=state["data"], rng=rng, path=path)
+
+
+def read_meta(path: str | Path) -> dict[str, Any]:
+    """The ``meta.json`` of checkpoint ``path`` (empty when missing or unreadable)."""
+    try:
+        return json.loads((Path(path) / META_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+# ------------------------------------------------------------------------------------------------
+# Sharded checkpoints (multi-process runs)
+
+
+def _rng_file(rank: int) -> str:
+    return f"rng-rank{rank}.pt"
+
+
+def _state_dict_options(strict: bool = True):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # Frozen base weights are not saved (they come from the model again), as in one-process
+    # checkpoints; loading then cannot be strict about them (dcp.load already refuses a checkpoint
+    # that lacks a trainable tensor).
+    return StateDictOptions(ignore_frozen_params=True, strict=strict)
+
+
+def save_sharded_checkpoint(
+    run_dir: str | Path,
+    step: int,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    data_state: dict[str, Any],
+    rng_state: dict[str, Any],
+    reason: str,
+    keep: int,
+    rank: int,
+    world_size: int,
+) -> Path:
+    """Every rank calls this: write the checkpoint of ``step`` with DCP, atomically; return its folder.
+
+    Rank 0 prepares the temporary folder, every rank writes its shards and RNG state into it, and
+    after a barrier rank 0 renames it into place and drops all but the last ``keep``.
+    """
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    folder = Path(run_dir) / CHECKPOINTS
+    final = folder / checkpoint_name(step)
+    tmp = folder / f".tmp-{checkpoint_name(step)}"  # one name for every rank
+    if rank == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+    dist.barrier()
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=_state_dict_options())
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=str(tmp))
+    torch.save(rng_state, tmp / _rng_file(rank))
+    if rank == 0:
+        torch.save(
+            {
+                "step": step,
+                "scheduler": scheduler.state_dict() if scheduler is not None else None,
+                "grad_scaler": None,
+                "data": data_state,
+            },
+            tmp / STATE_FILE,
+        )
+        meta = {"step": step, "reason": reason, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "format": SHARDED_FORMAT, "world_size": world_size}
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    dist.barrier()
+    if rank == 0:
+        _fsync_dir(tmp)
+        replace_dir(tmp, final)
+        for old in list_checkpoints(run_dir)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()  # nobody goes on (or reads the folder) before it is in place
+    return final
+
+
+def load_sharded_checkpoint(
+    path: str | Path,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    rank: int,
+    world_size: int,
+) -> TrainingState:
+    """Every rank calls this: restore the sharded parameters and optimizer states of ``path`` in place.
+
+    Returns this rank's RNG states and the data position, to be applied right before the next step.
+    Raises :class:`CheckpointError` for a one-process checkpoint or another number of processes
+    (the global batch, and so the data order, would differ).
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    path = Path(path)
+    meta = read_meta(path)
+    if meta.get("format") != SHARDED_FORMAT:
+        raise CheckpointError(
+            f"checkpoint {path} was saved by a one-process run; resume it with gpus: 1 (no torchrun), "
+            "or start a new run in another output_dir"
+        )
+    if meta.get("world_size") != world_size:
+        raise CheckpointError(
+            f"checkpoint {path} was saved by {meta.get('world_size')} processes, this run has {world_size}: "
+            f"the global batch and data order would change. Resume with gpus: {meta.get('world_size')}, or start a new run."
+        )
+    for name in (STATE_FILE, _rng_file(rank)):
+        if not (path / name).is_file():
+            raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=_state_dict_options())
+    state = {"model": model_state, "optimizer": optimizer_state}
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+    except Exception as err:  # DCP reports missing keys / shapes as a generic CheckpointException
+        raise CheckpointError(
+            f"checkpoint {path} does not fit this model ({type(err).__name__}: {str(err)[:300]}). Resume with "
+            "the same method, rank, targets and model."
+        ) from None
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=_state_dict_options(strict=False))
+    saved = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    if scheduler is not None and saved["scheduler"] is not None:
+        scheduler.load_state_dict(saved["scheduler"])
+    rng = torch.load(path / _rng_file(rank), map_location="cpu", weights_only=True)
+    rng = {k: (v.cpu() if isinstance(v, torch.Tensor) else v) for k, v in rng.items()}
+    return TrainingState(step=int(saved["step"]), data=saved["data"], rng=rng, path=path)

@@ -4,11 +4,17 @@ Importing this module imports neither torch nor transformers, so the CLI starts 
 0 finished, 2 bad configuration or input, 3 the run does not fit (preflight refusal or out of
 memory, with a checkpoint to resume from), 128 + signal number after SIGINT (130) / SIGTERM (143)
 once the checkpoint is saved.
+
+``--nproc N`` starts the same command on N processes through ``torchrun`` (one per GPU, on this
+machine) and exits with its exit code.
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -35,7 +41,70 @@ def parse_set_options(items: list[str]) -> dict[str, Any]:
     return out
 
 
+def relaunch_args(params: list[tuple[Any, Any]], skip: tuple[str, ...] = ("nproc",)) -> list[str]:
+    """Command-line arguments that repeat a parsed invocation: ``params`` is (click parameter, value)
+    pairs; unset options (None, or a flag left off) and the ``skip`` parameters are left out."""
+    args: list[str] = []
+    for param, value in params:
+        if param.name in skip or value is None:
+            continue
+        if getattr(param, "param_type_name", "") == "argument":
+            args.append(str(value))
+            continue
+        flag = param.opts[0]
+        if getattr(param, "is_flag", False):
+            if value and value != param.default:
+                args.append(flag)
+        elif getattr(param, "multiple", False):
+            for item in value:
+                args += [flag, str(item)]
+        else:
+            args += [flag, str(value)]
+    return args
+
+
+def torchrun_command(nproc: int, args: list[str]) -> list[str]:
+    """``python -m torch.distributed.run`` starting ``memfit train args`` on ``nproc`` local processes
+    (``--standalone``: one machine, a free port picked by torchrun)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "memfit", "train", *args]
+
+
+def run_forwarding_signals(command: list[str]) -> int:
+    """Run ``command`` and return its exit code (128 + N when signal N ended it).
+
+    Ctrl-C reaches torchrun from the terminal directly, and a SIGTERM sent to this process is passed
+    on: either way the ranks save a checkpoint and stop together, so this process only waits.
+    """
+    proc = subprocess.Popen(command)
+    previous = {
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum)),
+    }
+    try:
+        code = proc.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code
+
+
+def nproc_problem(nproc: int, gpus: int, env: dict[str, str] | None = None) -> str | None:
+    """Why ``--nproc`` cannot start this config (None when it can)."""
+    env = os.environ if env is None else env
+    if nproc < 1:
+        return f"--nproc: {nproc} must be 1 or more (one process per GPU)"
+    if env.get("WORLD_SIZE"):
+        return "--nproc: this command already runs under torchrun (WORLD_SIZE is set); drop --nproc"
+    if nproc != gpus:
+        return (
+            f"--nproc {nproc}, but the config says gpus: {gpus}. Set gpus: {nproc} in the config "
+            f"(or --set gpus={nproc}, with a shard such as --set shard=fsdp), or use --nproc {gpus}."
+        )
+    return None
+
+
 def train_command(
+    ctx: typer.Context,
     config: Annotated[Path, typer.Argument(help="YAML training config (see docs/train.md; examples/tiny.yaml is a demo).", show_default=False)],
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in output_dir from its latest checkpoint.")] = False,
     lr: Annotated[Optional[float], typer.Option("--lr", help="Peak learning rate.")] = None,
@@ -54,6 +123,7 @@ def train_command(
     force: Annotated[bool, typer.Option("--force", help="Train even when the plan says the run does not fit.")] = False,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Any other config field: --set KEY=VALUE (repeatable).")] = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No live progress bar (metrics still go to metrics.jsonl).")] = False,
+    nproc: Annotated[Optional[int], typer.Option("--nproc", help="Start N processes (one per GPU) with torchrun; must equal gpus in the config.")] = None,
 ) -> None:
     """Fine-tune a model as a YAML config says: plan first, then train, checkpoint and save the adapter."""
     from rich.console import Console
@@ -79,8 +149,19 @@ def train_command(
         fail(str(err), 2)
         return
 
+    if nproc is not None:
+        problem = nproc_problem(nproc, cfg.gpus)
+        if problem:
+            fail(problem, 2)
+            return
+        if nproc > 1:
+            command = torchrun_command(nproc, relaunch_args([(p, ctx.params.get(p.name)) for p in ctx.command.params]))
+            console.print(f"starting {nproc} processes: {' '.join(command[1:])}", highlight=False)
+            raise typer.Exit(code=run_forwarding_signals(command))
+
     _quiet_library_notices()
     from memfit.train.data import DataError
+    from memfit.train.distributed import DistributedError
     from memfit.train.loading import LoadError, SetupError
     from memfit.train.loop import OutOfMemory, TrainError, train
     from memfit.train.preflight import PreflightError
@@ -94,7 +175,7 @@ def train_command(
     except OutOfMemory as err:
         fail(str(err), 3)
         return
-    except (TrainError, DataError, LoadError, SetupError, ConfigError) as err:
+    except (TrainError, DataError, LoadError, SetupError, ConfigError, DistributedError) as err:
         fail(str(err), 2)
         return
 

@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from memfit.spec import RunSpec, SpecError, make_spec
 
-#: The RunSpec knobs a training config may set (multi-GPU knobs are not trained by this version).
-SPEC_FIELDS = ("method", "rank", "alpha", "dropout", "targets", "precision", "optimizer", "batch_size", "seq_len", "grad_accum", "checkpointing", "tiling", "step_in_backward")
+#: The RunSpec knobs a training config may set.
+SPEC_FIELDS = ("method", "rank", "alpha", "dropout", "targets", "precision", "optimizer", "batch_size", "seq_len", "grad_accum", "checkpointing", "tiling", "step_in_backward", "gpus", "shard")
 
 #: Fields holding paths, resolved against the YAML file's folder.
 PATH_FIELDS = ("model", "tokenizer", "data", "eval_data", "output_dir")
@@ -89,6 +89,8 @@ class TrainConfig(BaseModel):
     checkpointing: str = _spec_default("checkpointing")
     tiling: str = _spec_default("tiling")
     step_in_backward: bool = _spec_default("step_in_backward")
+    gpus: int = _spec_default("gpus")
+    shard: str = _spec_default("shard")
 
     # -- where and how ----------------------------------------------------------------------
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
@@ -107,7 +109,7 @@ class TrainConfig(BaseModel):
 
     @property
     def spec(self) -> RunSpec:
-        """The validated RunSpec of the knobs (one GPU)."""
+        """The validated RunSpec of the knobs (sizes per GPU)."""
         return make_spec(**self.knobs())
 
     def knobs(self) -> dict[str, Any]:
@@ -245,6 +247,7 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
             f"max_grad_norm: {c.max_grad_norm!r} cannot be used with step_in_backward: true (each parameter is "
             "updated before the global gradient norm exists). Set max_grad_norm: null, or step_in_backward: false."
         )
+    problems.extend(_multi_gpu_problems(c))
     if not 0 <= c.eval_split < 1:
         problems.append(f"eval_split: {c.eval_split!r} must be a fraction in [0, 1) (e.g. eval_split: 0.05)")
     if c.eval_split > 0 and c.eval_data is not None:
@@ -295,6 +298,36 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
             get_gpu(c.gpu)
         except ValueError as err:
             problems.append(f"gpu: {err}")
+    return problems
+
+
+def _multi_gpu_problems(c: TrainConfig) -> list[str]:
+    """What memfit train cannot do on several GPUs (the planner may still plan it)."""
+    if c.shard == "zero1":
+        return [
+            "shard: 'zero1' (optimizer states sharded, weights and gradients whole) is not trained by memfit; "
+            "use zero2 (weights gathered from forward to backward, the rest sharded) or zero3 / fsdp."
+        ]
+    if c.gpus < 2:
+        return []  # RunSpec refuses a shard without gpus >= 2
+    problems = []
+    if c.shard == "none":
+        problems.append(
+            f"shard: 'none' with gpus: {c.gpus}: say how the {c.gpus} processes split the model: ddp (each holds "
+            "everything), zero2, zero3 (= fsdp) or fsdp-offload; e.g. shard: fsdp."
+        )
+    if c.precision == "fp16":
+        problems.append(
+            f"precision: 'fp16' with gpus: {c.gpus}: fp16's loss scaling is not synchronised across processes. "
+            "Use precision: bf16 (or fp32)."
+        )
+    if c.step_in_backward:
+        problems.append(
+            f"step_in_backward: true with gpus: {c.gpus}: sharded gradients are complete only after their "
+            "reduction, not when autograd makes them. Set step_in_backward: false."
+        )
+    if c.device.strip().lower().startswith("cuda:"):
+        problems.append(f"device: {c.device!r} with gpus: {c.gpus}: each process takes the GPU of its LOCAL_RANK; use device: auto or cuda.")
     return problems
 
 

@@ -4,6 +4,10 @@
 same function the planner simulates, so the memory the plan predicted is the memory of this loop.
 Everything else here is bookkeeping around it: the learning-rate schedule, evaluation, metrics,
 checkpoints, signals and out-of-memory handling.
+
+Started by ``torchrun`` with ``gpus: N`` (N processes), the same recipe runs on every rank with a
+sharded model (:mod:`memfit.train.distributed`): each rank trains its slice of every global batch,
+rank 0 prints and writes the run's files, every rank records its own memory.
 """
 
 from __future__ import annotations
@@ -24,7 +28,16 @@ import torch
 
 from memfit.files import write_atomic
 from memfit.train import step as step_module
-from memfit.train.checkpointing import capture_rng, latest_checkpoint, load_checkpoint, replace_dir, restore_rng, save_checkpoint
+from memfit.train.checkpointing import (
+    capture_rng,
+    latest_checkpoint,
+    load_checkpoint,
+    load_sharded_checkpoint,
+    replace_dir,
+    restore_rng,
+    save_checkpoint,
+    save_sharded_checkpoint,
+)
 from memfit.train.config import TrainConfig, lr_factor, model_config_dict, tokenizer_path, total_steps, warmup_steps
 from memfit.train.preflight import PreflightResult, oom_advice, run_preflight
 
@@ -89,24 +102,67 @@ def train(
         TrainError: the output folder holds another run, the data or model do not fit, or the device
             ran out of memory (:class:`OutOfMemory`, after saving a checkpoint).
         PreflightError: the plan says the run does not fit the GPU or budget (``force`` overrides).
+
+    With ``gpus`` > 1 every process torchrun started calls this; the process group is joined here
+    (and left at the end) unless the caller joined it already.
     """
+    import torch.distributed as dist
     from rich.console import Console
 
+    from memfit.train import distributed as dist_module
+
+    world = dist_module.world_from_env()
+    spec = config.spec
+    try:
+        dist_module.check_world(spec.gpus, spec.shard, world)
+    except dist_module.DistributedError as err:
+        raise TrainError(str(err)) from None
+    if world.distributed and model is not None:
+        raise TrainError("train(model=...): a given model trains on one process only; let memfit load it for gpus > 1")
+    owns_group = world.distributed and not dist.is_initialized()
+    try:
+        return _train(config, world, resume=resume, model=model, console=console, progress=progress)
+    finally:
+        if owns_group:
+            dist_module.teardown()
+
+
+def _train(config: TrainConfig, world, *, resume: bool, model, console, progress: bool) -> TrainResult:
+    from rich.console import Console
+
+    from memfit.train import distributed as dist_module
     from memfit.train.loading import load_model, prepare_given_model, resolve_device, verify_setup
     from memfit.train.optim import build_optimizer
 
-    console = console or Console(stderr=True)
     spec = config.spec
+    sharded = world.distributed
+    if not world.is_main:  # one voice: rank 0 prints
+        console = Console(stderr=True, quiet=True)
+        progress = False
+    console = console or Console(stderr=True)
     run_dir = Path(config.output_dir or "runs/train")
-    prepare_run_dir(run_dir, resume)
+    if sharded:
+        device = dist_module.init_distributed(world, config.device)
+        # Every rank checks the folder before rank 0 writes into it; the first error stops them all.
+        problem = None
+        try:
+            check_run_dir(run_dir, resume)
+        except TrainError as err:
+            problem = str(err)
+        problem = dist_module.first_error(problem)
+        if problem:
+            raise TrainError(problem)
+        if world.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        dist_module.barrier()
+    else:
+        prepare_run_dir(run_dir, resume)
 
     # 1. Where, and whether it fits: decided before any weight is read.
-    device = resolve_device(config.device) if model is None else next(model.parameters()).device
+    if not sharded:
+        device = resolve_device(config.device) if model is None else next(model.parameters()).device
     model_dict = model_config_dict(config)
-    preflight = run_preflight(
-        model_dict, config.knobs(), device_type=device.type, device_index=device.index,
-        gpu=config.gpu, budget=config.budget, force=config.force,
-    )
+    preflight = plan_per_rank(config, model_dict, device, console)
     if preflight.plan is not None:
         from memfit.planner.runtime import format_bytes
 
@@ -123,6 +179,7 @@ def train(
     train_examples, eval_examples = prepare_examples(config, tokenizer)
     check_vocab(train_examples + eval_examples, int(model_dict.get("vocab_size") or 0), tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    loss_fn = packed_causal_lm_loss if config.packing else step_module.causal_lm_loss
 
     # 3. Model: meta -> weights on the device -> adapters -> checkpointing, then checked.
     if model is None:
@@ -131,25 +188,32 @@ def train(
     else:
         model = prepare_given_model(model, spec)
         setup = verify_setup(model, spec)
+    where = f"{world.world_size} processes ({spec.shard}), one on {device} each" if sharded else str(device)
     console.print(
         f"model: {setup['total_params']:,} parameters, {setup['trainable_params']:,} trainable "
         f"({setup['trainable_percent']:.2f}%, {spec.method}), checkpointing in "
-        f"{setup['checkpointed_layers']}/{setup['decoder_layers']} decoder layers, on {device}",
+        f"{setup['checkpointed_layers']}/{setup['decoder_layers']} decoder layers, on {where}",
         highlight=False,
     )
+    if sharded:
+        model = dist_module.shard_model(model, spec, device, world)
+        loss_fn = dist_module.sharded_loss_fn(model, loss_fn)
+        if dist_module.frozen_4bit_params(model):
+            console.print("note: the 4-bit base weights stay whole on every rank; adapters and the rest are sharded", highlight=False)
 
     # 4. Optimizer, schedule, and the loss scaler fp16 needs (bf16 and fp32 have the range).
     optimizer = build_optimizer(model.parameters(), spec.optimizer, lr=config.lr, weight_decay=config.weight_decay)
     from memfit.train.data import BatchIterator
 
-    batches = BatchIterator(train_examples, batch_size=spec.batch_size, seed=config.seed)
+    # One global micro-batch of batch_size x world_size examples; each rank takes its slice.
+    batches = BatchIterator(train_examples, batch_size=spec.batch_size * world.world_size, seed=config.seed)
     steps = total_steps(config, batches.batches_per_epoch())
     warmup = warmup_steps(config, steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, total=steps, warmup=warmup, schedule=config.schedule, min_ratio=config.min_lr_ratio)
     )
     grad_scaler = torch.amp.GradScaler(device.type) if spec.precision == "fp16" else None
-    loss_fn = packed_causal_lm_loss if config.packing else step_module.causal_lm_loss
+    step_loss_fn = dist_module.weighted_loss_fn(loss_fn) if sharded else loss_fn
 
     # 5. Resume: tensors and optimizer now, RNG and data position right before the next step.
     start_step = 0
@@ -161,15 +225,25 @@ def train(
                 "Start again in another output_dir, or delete this one first."
             )
         try:
-            state = load_checkpoint(checkpoint, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler, device=device)
+            if sharded:
+                state = load_sharded_checkpoint(checkpoint, model=model, optimizer=optimizer, scheduler=scheduler,
+                                                rank=world.rank, world_size=world.world_size)
+            else:
+                state = load_checkpoint(checkpoint, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler, device=device)
             batches.load_state_dict(state.data)
         except ValueError as err:  # CheckpointError, or data / batch settings that changed
             raise TrainError(f"--resume from {checkpoint}: {err}") from None
         restore_rng(state.rng, device)
         start_step = state.step
-        truncate_metrics(run_dir / METRICS_FILE, start_step)
+        if world.is_main:
+            truncate_metrics(run_dir / METRICS_FILE, start_step)
         console.print(f"resuming from {checkpoint} (step {start_step} of {steps})", highlight=False)
-    write_run_json(run_dir, config, preflight, setup, device, steps, status="running", step=start_step)
+
+    def save_run(**status) -> None:
+        if world.is_main:  # rank 0 alone writes run.json
+            write_run_json(run_dir, config, preflight, setup, device, steps, **status, **_world_fields(world, spec))
+
+    save_run(status="running", step=start_step)
 
     result = TrainResult(status="completed", step=start_step, total_steps=steps, run_dir=run_dir, setup=setup, model=model)
     if device.type == "cuda":
@@ -178,6 +252,13 @@ def train(
     loop_started = time.perf_counter()
 
     def checkpoint_now(step: int, reason: str, data_state=None, rng_state=None) -> Path:
+        if sharded:
+            return save_sharded_checkpoint(
+                run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler,
+                data_state=data_state if data_state is not None else batches.state_dict(),
+                rng_state=rng_state if rng_state is not None else capture_rng(device),
+                reason=reason, keep=config.keep_checkpoints, rank=world.rank, world_size=world.world_size,
+            )
         return save_checkpoint(
             run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
             data_state=data_state if data_state is not None else batches.state_dict(),
@@ -190,40 +271,61 @@ def train(
     from memfit.watch.compare import comparison_lines
     from memfit.watch.recorder import MemoryRecorder
 
+    from memfit.watch.recorder import memory_file_name
+
     recorder = MemoryRecorder(run_dir, plan=preflight.plan, expected_device=device, total_steps=steps, spec=spec,
-                              source="memfit-train", resumed_from_step=start_step or None)
+                              source="memfit-train", resumed_from_step=start_step or None,
+                              file_name=memory_file_name(world.rank), rank=world.rank if sharded else None)
     for finding in recorder.inspect(model, spec):
         _warn(console, finding)
-    recorder.attribute(model, optimizer)
-    with recorder, StopOnSignal() as stop, MetricsLog(run_dir) as log, LiveProgress(console, steps, start_step, enabled=progress) as bar:
+    if not sharded:
+        # The category tracker follows plain tensors; sharded parameters (DTensors) it cannot attribute.
+        recorder.attribute(model, optimizer)
+    metrics_log = MetricsLog(run_dir) if world.is_main else NullLog()
+    with recorder, StopOnSignal() as stop, metrics_log as log, LiveProgress(console, steps, start_step, enabled=progress) as bar:
         for step in range(start_step, steps):
             # Where the run stands before this step: an emergency checkpoint taken if the step fails
             # must replay this step's batches, not skip them.
             data_before, rng_before = batches.state_dict(), capture_rng(device)
             meter.start()
-            micro_batches = [to_device(collate_batch(next(batches), pad_id), device) for _ in range(spec.grad_accum)]
+            if sharded:
+                micro_batches = rank_micro_batches(batches, spec.grad_accum, pad_id, device, world)
+            else:
+                micro_batches = [to_device(collate_batch(next(batches), pad_id), device) for _ in range(spec.grad_accum)]
             tokens = sum(int(b["attention_mask"].sum()) if "attention_mask" in b else b["input_ids"].numel() for b in micro_batches)
             try:
                 loss, grad_norm = step_module.train_step(
-                    model, micro_batches, optimizer, loss_fn=loss_fn,
+                    model, micro_batches, optimizer, loss_fn=step_loss_fn,
                     max_grad_norm=config.max_grad_norm, grad_scaler=grad_scaler, observer=recorder.observer,
                 )
             except torch.OutOfMemoryError:
                 del micro_batches
                 recorder.close(status="oom")
-                error = handle_oom(model, optimizer, step, checkpoint_now, data_before, rng_before, config, preflight, device, console)
-                write_run_json(run_dir, config, preflight, setup, device, steps, status="oom", step=step)
+                # A sharded emergency checkpoint needs every rank, and the others are stuck in a
+                # collective: no checkpoint then (torchrun stops them when this rank exits).
+                save = (lambda *a, **k: None) if sharded else checkpoint_now
+                error = handle_oom(model, optimizer, step, save, data_before, rng_before, config, preflight, device, console)
+                save_run(status="oom", step=step)
                 raise error from None
             scheduler.step()
             # Reading the loss syncs with the device: once a step is cheap next to the step itself.
-            loss_value = float(loss)
+            if sharded:
+                # Rank losses are pre-weighted (see distributed.loss_weights): their mean is the global loss.
+                # The stop flag travels along, so that every rank stops after the same step.
+                summed = dist_module.all_reduce_sum([float(loss), tokens, 1.0 if stop.signal_name else 0.0], device)
+                loss_value, tokens = summed[0] / world.world_size, int(summed[1])
+                if summed[2] and stop.signal_name is None:
+                    stop.signal_name = "SIGTERM"
+                grad_norm = dist_module.local_value(grad_norm) if grad_norm is not None else None
+            else:
+                loss_value = float(loss)
             meter.stop(tokens)
             del micro_batches, loss
             done = step + 1
             result.step = done
             if not math.isfinite(loss_value):
                 checkpoint_now(done, "nonfinite")
-                write_run_json(run_dir, config, preflight, setup, device, steps, status="diverged", step=done)
+                save_run(status="diverged", step=done)
                 raise TrainError(
                     f"the loss is {loss_value} at step {done}: training diverged. Lower lr (now {config.lr:g}), "
                     "keep max_grad_norm set, or use bf16 instead of fp16."
@@ -261,16 +363,81 @@ def train(
                 result.eval_losses.append((result.step, eval_loss))
                 log.write({"step": result.step, "eval_loss": eval_loss})
             result.checkpoint = checkpoint_now(result.step, "final")
-            result.output_dir = save_outputs(model, tokenizer, run_dir, spec.uses_adapters)
+            if sharded:
+                result.output_dir = save_sharded_outputs(model, tokenizer, run_dir, spec.uses_adapters, world)
+            else:
+                result.output_dir = save_outputs(model, tokenizer, run_dir, spec.uses_adapters)
         for finding in recorder.close(status=result.status):
             _warn(console, finding)
     for line in comparison_lines(recorder.comparison()):
         console.print(line, highlight=False)
 
     result.tokens_per_second = meter.overall_rate()
-    write_run_json(run_dir, config, preflight, setup, device, steps, status=result.status, step=result.step,
-                   tokens_per_second=result.tokens_per_second, peak=memory_reading(device))
+    save_run(status=result.status, step=result.step,
+             tokens_per_second=result.tokens_per_second, peak=memory_reading(device))
     return result
+
+
+def _world_fields(world, spec) -> dict[str, Any]:
+    if not world.distributed:
+        return {}
+    return {"world_size": world.world_size, "shard": spec.shard}
+
+
+def plan_per_rank(config: TrainConfig, model_dict: dict[str, Any], device: torch.device, console) -> PreflightResult:
+    """The preflight plan (per rank for gpus > 1); skipped with a note when the planner cannot plan
+    several GPUs yet."""
+    try:
+        preflight = run_preflight(
+            model_dict, config.knobs(), device_type=device.type, device_index=device.index,
+            gpu=config.gpu, budget=config.budget, force=config.force,
+        )
+    except ValueError as err:  # PlanError: a SpecError, so a ValueError
+        if config.gpus > 1 and "--gpus" in str(err):
+            console.print(f"note: no preflight plan for gpus: {config.gpus} ({str(err).strip().splitlines()[-1].strip(' -')})", highlight=False)
+            return PreflightResult(plan=None, target=None, target_bytes=None, fits=None)
+        raise
+    if preflight.plan is not None:
+        from memfit.planner.runtime import format_bytes
+
+        per = " per GPU" if config.gpus > 1 else ""
+        console.print(
+            f"plan: {format_bytes(preflight.plan.device_total_bytes)} at the peak{per}, "
+            f"{format_bytes(preflight.target_bytes)} available ({preflight.target})", highlight=False,
+        )
+    if preflight.forced:
+        console.print("[yellow]warning:[/] the plan says this run does not fit; training anyway (force)", highlight=False)
+    return preflight
+
+
+def rank_micro_batches(batches, grad_accum: int, pad_id: int, device: torch.device, world) -> list[dict[str, Any]]:
+    """This rank's slices of the next ``grad_accum`` global micro-batches, each with its ``loss_weight``.
+
+    Every rank draws the same global batches (same seed and position) and keeps its slice; the
+    labelled-token counts are summed over ranks so each slice's loss is weighted by its share.
+    """
+    from memfit.train import distributed as dist_module
+
+    slices = []
+    for _ in range(grad_accum):
+        examples = dist_module.rank_slice(next(batches), world.rank, world.world_size)
+        if not examples:  # fewer examples than ranks at the end of an epoch: a slice that scores nothing
+            examples = [_unscored(next(iter(batches.examples)))]
+        slices.append(collate_batch(examples, pad_id))
+    local = [dist_module.labelled_tokens(b["labels"]) for b in slices]
+    total = dist_module.all_reduce_sum(local, device)
+    weights = dist_module.loss_weights(local, total, world.world_size)
+    out = []
+    for batch, weight in zip(slices, weights):
+        moved = to_device(batch, device)
+        moved["loss_weight"] = weight
+        out.append(moved)
+    return out
+
+
+def _unscored(example: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``example`` whose labels are all ignored: a forward for the collectives, no loss."""
+    return {**example, "labels": [-100] * len(example["labels"])}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -284,6 +451,13 @@ def _warn(console, finding) -> None:
 
 def prepare_run_dir(run_dir: Path, resume: bool) -> None:
     """Create the run folder; refuse to start a new run on top of an existing one."""
+    check_run_dir(run_dir, resume)
+    if not resume:
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def check_run_dir(run_dir: Path, resume: bool) -> None:
+    """Raise TrainError unless ``run_dir`` can hold this run (a new one, or one to resume)."""
     if resume:
         if not (run_dir / RUN_FILE).is_file():
             raise TrainError(f"--resume: {run_dir} holds no run to resume (no {RUN_FILE}); check output_dir")
@@ -298,7 +472,6 @@ def prepare_run_dir(run_dir: Path, resume: bool) -> None:
             f"output_dir {str(run_dir)!r} already holds files. Continue that run with --resume, or choose "
             "another output_dir (--output-dir); memfit never writes over an earlier run."
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
 
 
 def seed_everything(seed: int) -> None:
@@ -520,6 +693,40 @@ def save_outputs(model, tokenizer, run_dir: Path, adapters: bool) -> Path:
     tokenizer.save_pretrained(str(tmp))
     replace_dir(tmp, final)
     return final
+
+
+def save_sharded_outputs(model, tokenizer, run_dir: Path, adapters: bool, world) -> Path:
+    """:func:`save_outputs` for a sharded model: every rank helps gather the full state dict onto
+    rank 0's host, rank 0 writes the folder (temporary name, then renamed)."""
+    from memfit.train import distributed as dist_module
+
+    final = run_dir / (ADAPTER_DIR if adapters else MODEL_DIR)
+    state = dist_module.full_state_dict(model, trainable_only=adapters)
+    if world.is_main:
+        tmp = run_dir / f".tmp-{final.name}-{os.getpid()}"
+        if tmp.exists():
+            import shutil
+
+            shutil.rmtree(tmp)
+        model.save_pretrained(str(tmp), state_dict=state, safe_serialization=True)
+        tokenizer.save_pretrained(str(tmp))
+        replace_dir(tmp, final)
+    del state
+    dist_module.barrier()
+    return final
+
+
+class NullLog:
+    """Stands in for :class:`MetricsLog` on ranks other than 0."""
+
+    def __enter__(self) -> "NullLog":
+        return self
+
+    def write(self, record: dict[str, Any]) -> None:
+        pass
+
+    def __exit__(self, *exc) -> None:
+        pass
 
 
 class MetricsLog:

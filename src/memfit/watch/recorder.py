@@ -65,7 +65,9 @@ class MemoryRecorder:
         check_every: run the detectors every this many steps.
         resumed_from_step: the step a resumed run restarts from; records after it are superseded.
         source: who records (``memfit-train``, ``hf-trainer``, ``script``), stored in the start record.
-        file_name: the timeline's name in ``run_dir`` (each process of a multi-GPU run writes its own).
+        file_name: the timeline's name in ``run_dir`` (each process of a multi-GPU run writes its own,
+            see :func:`memory_file_name`).
+        rank: the process's rank in a multi-GPU run (stored in the start record); None for one process.
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class MemoryRecorder:
         resumed_from_step: int | None = None,
         source: str = "script",
         file_name: str = MEMORY_FILE,
+        rank: int | None = None,
     ) -> None:
         if check_every < 1:
             raise ValueError(f"check_every: {check_every} must be 1 or more (steps between detector runs)")
@@ -110,6 +113,7 @@ class MemoryRecorder:
             "schema": SCHEMA_VERSION,
             "time": time.time(),
             "source": source,
+            **({"rank": int(rank)} if rank is not None else {}),
             "expected_devices": _expected(expected_device),
             "cuda_devices": [f"cuda:{i}" for i in self._cuda_indices],
             "device_capacity_bytes": self._only_asked(readings.device_capacities(self._cuda_count, self._nvml)),
@@ -343,6 +347,14 @@ class _Attribution:
 
 # ------------------------------------------------------------------------------------------------
 # Small helpers
+
+
+def memory_file_name(rank: int) -> str:
+    """The timeline file of process ``rank``: ``memory.jsonl`` for rank 0 (what ``memfit report``
+    reads first), ``memory-rank<N>.jsonl`` for the others."""
+    if rank < 0:
+        raise ValueError(f"rank: {rank} must be 0 or more")
+    return MEMORY_FILE if rank == 0 else f"memory-rank{rank}.jsonl"
 
 
 def _rank(finding: Finding) -> int:
