@@ -83,8 +83,9 @@ def simulate(
         tracker.mark_model(model)
         hooks = tracker.watch_gradients(model)
         total, trainable = count_parameters(model)
-        optimizer = build_optimizer(model.parameters(), spec.optimizer)
-        plan_bitsandbytes_optimizer(optimizer, tracker)
+        optimizer = build_optimizer(model.parameters(), spec.optimizer, step_in_backward=spec.step_in_backward)
+        for inner in getattr(optimizer, "inner_optimizers", [optimizer]):
+            plan_bitsandbytes_optimizer(inner, tracker)
         batch = _fake_batch(spec, config.vocab_size)
         # The step's own peak is what matters; building the model is not part of it.
         tracker.reset_peak()

@@ -16,8 +16,13 @@ def build_optimizer(
     lr: float = 2e-4,
     weight_decay: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.999),
+    step_in_backward: bool = False,
 ) -> torch.optim.Optimizer:
     """Make optimizer ``name`` over ``params``.
+
+    ``step_in_backward`` (full fine-tuning) gives each parameter its own optimizer ``name`` and runs
+    its step as soon as its gradient is complete, inside backward
+    (:class:`~memfit.train.step_in_backward.OptimizerInBackward`): gradients never all exist at once.
 
     - ``adamw``: PyTorch's fused AdamW. The fused kernel updates every parameter in place, so unlike
       the default foreach implementation it needs no temporary copy of all gradients; it exists for
@@ -29,6 +34,10 @@ def build_optimizer(
     params = [p for p in params if p.requires_grad]
     if not params:
         raise ValueError("no trainable parameters: nothing for the optimizer to update")
+    if step_in_backward:
+        from memfit.train.step_in_backward import OptimizerInBackward
+
+        return OptimizerInBackward(params, lambda ps: build_optimizer(ps, name, lr=lr, weight_decay=weight_decay, betas=betas))
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
     if name in ("adamw8bit", "paged-adamw8bit"):
