@@ -220,6 +220,23 @@ def test_dropout_single_chunk_equals_untiled_with_same_seed():
     assert _rel(other[1], results[0][1]) > 1e-6
 
 
+@pytest.mark.gpu
+def test_dropout_masks_replayed_on_cuda():
+    # On CUDA the masks come from the device's generator: its state is replayed per chunk too.
+    ref_model = _build("llama", "lora", torch.float32, dropout=0.1, checkpointing=True).cuda()
+    tiled_model = copy.deepcopy(ref_model)
+    _chunked_with_graph(ref_model, CHUNK)
+    tile_mlps(tiled_model, CHUNK)
+    ids, embeds = (t.cuda() for t in _batch(torch.float32))
+    results, rng_after = [], []
+    for model in (ref_model, tiled_model):
+        torch.manual_seed(123)
+        results.append(_step(model, ids, embeds))
+        rng_after.append(torch.cuda.get_rng_state())
+    _assert_same(results[0], results[1], 1e-5)
+    assert torch.equal(rng_after[0], rng_after[1])
+
+
 # ------------------------------------------------------------------------------------------------
 # memory: only one chunk of the wide tensors at a time
 
