@@ -27,6 +27,11 @@ and the prefetched layer. Under :func:`pinned_host_copies` host copies are alloc
 ``pin_memory=True`` even on the CPU (fake tensors allow it), which is how the planner's memory
 tracker tells host memory from device memory.
 
+Limits: only tensors a layer receives as positional arguments are saved by the checkpoint, hence
+offloaded (transformers passes the hidden states positionally; ``stats.tensors_packed`` staying 0 in
+training means a model does not). Each copy is handed back once and freed, so a second backward
+through the same graph (``retain_graph=True``) is refused with a clear error.
+
 Use::
 
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -39,8 +44,9 @@ import contextlib
 import functools
 import threading
 import weakref
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -83,9 +89,9 @@ class OffloadStats:
 class _Offloaded:
     """One saved tensor in host memory, and the chain to the tensor saved just before it."""
 
-    __slots__ = ("host", "device", "offloaded_event", "device_copy", "fetched_event", "prev", "index", "__weakref__")
+    __slots__ = ("__weakref__", "device", "device_copy", "fetched_event", "host", "index", "offloaded_event", "prev")
 
-    def __init__(self, host: torch.Tensor, device: torch.device, prev: "_Offloaded | None") -> None:
+    def __init__(self, host: torch.Tensor, device: torch.device, prev: _Offloaded | None) -> None:
         self.host: torch.Tensor | None = host
         self.device = device
         self.offloaded_event: Any = None  # CUDA: the device-to-host copy is done
