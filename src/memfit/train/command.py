@@ -130,6 +130,8 @@ def train_command(
     from rich.markup import escape
 
     console = Console(stderr=True)
+    # Under torchrun every rank runs this command: rank 0 reports how the run ended (errors come from every rank).
+    say = console.print if os.environ.get("RANK", "0") in ("", "0") else (lambda *args, **kwargs: None)
 
     def fail(message: str, code: int) -> None:
         console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
@@ -180,7 +182,7 @@ def train_command(
         return
 
     if result.status == "interrupted":
-        console.print(
+        say(
             f"[yellow]stopped[/] by {result.signal_name} after step {result.step} of {result.total_steps}; "
             f"checkpoint {result.checkpoint}. Continue with: memfit train {config} --resume",
             highlight=False,
@@ -190,7 +192,7 @@ def train_command(
     first = result.losses[0][1] if result.losses else float("nan")
     evals = f", eval loss {result.eval_losses[-1][1]:.4f}" if result.eval_losses else ""
     rate = f", {result.tokens_per_second:.0f} tokens/s" if result.tokens_per_second else ""
-    console.print(
+    say(
         f"[green]done[/]: {result.step} steps, loss {first:.4f} -> {last:.4f}{evals}{rate}\n"
         f"  output  {result.output_dir}\n  metrics {result.run_dir / 'metrics.jsonl'}\n  run     {result.run_dir / 'run.json'}",
         highlight=False,
