@@ -183,16 +183,20 @@ def attach_lora(model: nn.Module, spec: RunSpec) -> nn.Module:
 def enable_checkpointing(model: nn.Module, *, offload: bool = False) -> None:
     """Activation checkpointing on every decoder layer (non-reentrant, so frozen inputs are fine).
 
-    ``offload`` keeps each layer's saved input in pinned host memory until its recomputation
-    (transformers' own offloaded checkpointing, transformers 5.x).
+    ``offload`` keeps each layer's saved input in host memory until its recomputation, copied on a
+    side stream and prefetched one layer ahead in backward (:mod:`memfit.train.offload`).
     """
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs, offload=offload)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     elif offload:
         raise ModelBuildError("--checkpointing offload needs transformers 5 or newer: pip install -U transformers")
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if offload:
+        from memfit.train.offload import enable_offloaded_checkpointing
+
+        enable_offloaded_checkpointing(model)
     # With use_cache=True, transformers turns checkpointing off with a warning; training never
     # needs the KV cache.
     if getattr(model, "config", None) is not None:
@@ -204,7 +208,7 @@ def prepare_for_method(
     spec: RunSpec,
     load_weights: Callable[[nn.Module], None] | None = None,
 ) -> nn.Module:
-    """Quantize (qlora), load, attach adapters and enable checkpointing, always in this order.
+    """Quantize (qlora), load, attach adapters, enable checkpointing and tile the MLPs, in this order.
 
     ``model`` is a meta model from :func:`build_meta_model`. ``load_weights`` (the trainer's) gives
     it real weights after 4-bit layers are swapped in and before adapters are attached, so that PEFT
@@ -219,12 +223,20 @@ def prepare_for_method(
     if load_weights is not None:
         load_weights(model)
     if spec.uses_adapters:
+        from memfit.train.lora_inputs import keep_lora_inputs_low_precision
+
         model = attach_lora(model, spec)
+        keep_lora_inputs_low_precision(model)
     else:
         for p in model.parameters():
             p.requires_grad_(True)
     if spec.checkpointing != "off":
         enable_checkpointing(model, offload=spec.checkpointing == "offload")
+    if spec.tiles_mlp:
+        from memfit.train.tiling import tile_mlps, tile_norms
+
+        tile_mlps(model)
+        tile_norms(model)
     return model
 
 

@@ -24,6 +24,7 @@ from memfit.models.build import DTYPES, build_meta_model, count_parameters, make
 from memfit.planner.cuda_parity import CudaParityMode, offload_parity, plan_bitsandbytes_optimizer
 from memfit.planner.tracker import MemoryTracker, TrackerResult
 from memfit.spec import RunSpec
+from memfit.train.offload import pinned_host_copies
 from memfit.train.optim import build_optimizer
 from memfit.train.step import loss_for_recipe, train_step
 
@@ -75,6 +76,7 @@ def simulate(
         _fake_mode() if fake else contextlib.nullcontext(),
         _unpacked_positions(),
         offload_parity(),
+        pinned_host_copies(),
         tracker,
         CudaParityMode(tracker),
     ):

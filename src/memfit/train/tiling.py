@@ -74,6 +74,38 @@ def tile_mlps(model: nn.Module, chunk_tokens: int = DEFAULT_TILE_TOKENS) -> int:
     return tiled
 
 
+def tile_norms(model: nn.Module, chunk_tokens: int = DEFAULT_TILE_TOKENS) -> int:
+    """Run the normalisation layers of every decoder layer over chunks of ``chunk_tokens`` tokens.
+
+    Norms are token-wise too, and at long context they rival the MLP: an RMSNorm computes in fp32,
+    so autograd keeps fp32 copies of its ``[tokens, hidden]`` input (Llama-3.1-8B at 100k tokens:
+    1.6 GB each, several per norm, two norms a layer). Tiled, a norm keeps only its input in the
+    compute dtype and makes the fp32 intermediates one chunk at a time, in forward and backward. The
+    same mechanism as :func:`tile_mlps` (one more norm forward per step, which is cheap). Returns
+    how many norms now run tiled.
+    """
+    if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}; pass e.g. {DEFAULT_TILE_TOKENS}")
+    from memfit.models.build import decoder_layers
+
+    tiled = 0
+    for block in decoder_layers(model):
+        for _, child in block.named_children():
+            if not _is_norm(child) or not is_dense_mlp(child):
+                continue
+            if not is_tiled(child):
+                child.__dict__[_UNTILED_ATTR] = child.__dict__.get("forward")
+                child.forward = types.MethodType(_tiled_forward, child)
+            child.__dict__[_CHUNK_ATTR] = chunk_tokens
+            tiled += 1
+    return tiled
+
+
+def _is_norm(module: nn.Module) -> bool:
+    """RMSNorm / LayerNorm children of a decoder layer (by class name: every architecture has its own)."""
+    return isinstance(module, nn.LayerNorm) or type(module).__name__.lower().endswith(("rmsnorm", "layernorm", "norm"))
+
+
 def untile_mlps(model: nn.Module) -> int:
     """Undo :func:`tile_mlps`; returns how many MLPs were restored."""
     from memfit.models.build import decoder_layers
