@@ -154,7 +154,7 @@ def fit_command(
     targets: str = typer.Option("all-linear", help="Comma-separated module names for LoRA, or all-linear."),
     precision: Optional[Precision] = typer.Option(None, help="Weight and compute dtype (default: bf16 where the GPU has it)."),
     recipe: Recipe = typer.Option(Recipe.memfit, help="memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison."),
-    gpus: int = typer.Option(1, "--gpus", help="GPUs the run uses (memory is planned per GPU)."),
+    gpus: int = typer.Option(1, "--gpus", help="Up to this many GPUs: the fewest that fit are reported, memory per GPU."),
     shard: Optional[Shard] = typer.Option(None, "--shard", help="Sharding across GPUs (default with --gpus 2+: searched)."),
     max_target: Optional[MaxTarget] = typer.Option(None, "--max", help="Show the longest sequence each method fits."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -221,6 +221,8 @@ def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: 
     values["data"] = data or str(_demo_dataset())
     for key in ("method", "rank", "alpha", "dropout", "targets", "precision", "optimizer", "batch_size", "seq_len", "grad_accum", "checkpointing", "tiling", "step_in_backward"):
         values[key] = spec[key]
+    if spec.get("gpus", 1) > 1:  # a multi-GPU fit: train it with torchrun or --nproc
+        values["gpus"], values["shard"] = spec["gpus"], spec["shard"]
     if gpu:
         values["gpu"] = gpu
     if budget:

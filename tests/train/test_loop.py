@@ -204,3 +204,29 @@ def test_a_nonfinite_loss_stops_the_run_with_advice(tmp_path, monkeypatch):
         train(tiny_config(tmp_path / "run", max_steps=3), progress=False)
     assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "diverged"
     assert latest_checkpoint(tmp_path / "run").name == "step-00000001"
+
+
+@pytest.mark.parametrize(
+    ("lean", "plain"),
+    [
+        (dict(method="full", step_in_backward=True, max_grad_norm=None), dict(method="full", max_grad_norm=None)),
+        (dict(checkpointing="offload", tiling="on"), dict(checkpointing="on", tiling="off")),
+    ],
+    ids=["step-in-backward", "offload-and-tiling"],
+)
+def test_memory_lean_settings_train_the_same_run(tmp_path, lean, plain):
+    lean_run = train(tiny_config(tmp_path / "lean", max_steps=4, **lean), progress=False)
+    plain_run = train(tiny_config(tmp_path / "plain", max_steps=4, **plain), progress=False)
+    assert lean_run.status == plain_run.status == "completed"
+    lean_losses = [loss for _, loss in lean_run.losses]
+    plain_losses = [loss for _, loss in plain_run.losses]
+    assert lean_losses == pytest.approx(plain_losses, rel=1e-5)
+    # The steps moved the weights the same way too (the losses of later steps depend on them).
+    assert len(lean_losses) == 4 and lean_losses[-1] != lean_losses[0]
+
+
+def test_step_in_backward_refuses_gradient_clipping(tmp_path):
+    from memfit.train.config import ConfigError
+
+    with pytest.raises(ConfigError, match="max_grad_norm"):
+        tiny_config(tmp_path / "run", method="full", step_in_backward=True)

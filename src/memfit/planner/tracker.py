@@ -270,8 +270,13 @@ class MemoryTracker(TorchDispatchMode):
         handles = []
         for p in model.parameters():
             if p.requires_grad:
-                handles.append(p.register_post_accumulate_grad_hook(lambda q: self.assign(q.grad, "gradients")))
+                handles.append(p.register_post_accumulate_grad_hook(self._label_gradient))
         return handles
+
+    def _label_gradient(self, param: torch.Tensor) -> None:
+        # An optimizer that steps inside backward may already have used and freed the gradient.
+        if param.grad is not None:
+            self.assign(param.grad, "gradients")
 
     def mark_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Label every tensor held in ``optimizer.state`` as optimizer state."""

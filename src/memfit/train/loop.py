@@ -202,7 +202,8 @@ def _train(config: TrainConfig, world, *, resume: bool, model, console, progress
             console.print("note: the 4-bit base weights stay whole on every rank; adapters and the rest are sharded", highlight=False)
 
     # 4. Optimizer, schedule, and the loss scaler fp16 needs (bf16 and fp32 have the range).
-    optimizer = build_optimizer(model.parameters(), spec.optimizer, lr=config.lr, weight_decay=config.weight_decay)
+    optimizer = build_optimizer(model.parameters(), spec.optimizer, lr=config.lr, weight_decay=config.weight_decay,
+                                step_in_backward=spec.step_in_backward)
     from memfit.train.data import BatchIterator
 
     # One global micro-batch of batch_size x world_size examples; each rank takes its slice.
@@ -621,10 +622,16 @@ def handle_oom(model, optimizer, step, checkpoint_now, data_before, rng_before, 
     if device.type == "cuda":
         torch.cuda.empty_cache()
     path = None
-    try:
-        path = checkpoint_now(step, "oom", data_before, rng_before)
-    except Exception as err:  # the checkpoint is a courtesy; the OOM is the error to report
-        console.print(f"[red]could not save an emergency checkpoint:[/] {err}", highlight=False)
+    if config.step_in_backward:
+        # Some parameters were already updated inside the failed backward: the weights are neither
+        # before nor after this step, so they are not saved; the last regular checkpoint stands.
+        console.print("step_in_backward: the failed step had already updated some weights; no emergency checkpoint "
+                      "is saved (continue from the last checkpoint with --resume)", highlight=False)
+    else:
+        try:
+            path = checkpoint_now(step, "oom", data_before, rng_before)
+        except Exception as err:  # the checkpoint is a courtesy; the OOM is the error to report
+            console.print(f"[red]could not save an emergency checkpoint:[/] {err}", highlight=False)
     plan = preflight.plan
     if plan is None:
         try:

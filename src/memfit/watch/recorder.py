@@ -321,6 +321,10 @@ class _Attribution:
         if optimizer is not None:
             self.tracker.mark_optimizer(optimizer)  # a resumed run already holds states
         self._hooks = self.tracker.watch_gradients(model)
+        if hasattr(optimizer, "register_hooks"):
+            # An optimizer stepping in backward frees each gradient in its hook: re-register its
+            # hooks after the tracker's, so that the tracker sees every gradient first.
+            optimizer.register_hooks()
         self.tracker.reset_peak()
 
     def finish(self) -> dict[str, Any]:
