@@ -71,6 +71,7 @@ class MemoryPlan:
             + (f" r={spec['rank']}" if spec["method"] != "full" else "")
             + f" · {spec['precision']} · {spec['optimizer']} · batch {spec['batch_size']} x {spec['seq_len']} tokens"
             + f" · checkpointing {spec['checkpointing']}"
+            + (" · [bold]recipe hf[/] (plain Hugging Face + PEFT step)" if spec.get("recipe") == "hf" else "")
         )
         d = self.details
         if d.get("per_rank"):
@@ -92,6 +93,7 @@ class MemoryPlan:
         peaks.add_row("peak reserved", format_bytes(self.reserved_bytes), "torch.cuda.max_memory_reserved")
         peaks.add_row("device total", format_bytes(self.device_total_bytes), "what nvidia-smi shows; OOM depends on this")
         peaks.add_row("peak happens in", self.phase, "")
+
         if d.get("per_rank"):
             states = d["model_state_bytes"]
             peaks.add_row("model states, 1 GPU", format_bytes(states["before_bytes"]), "weights, gradients, optimizer states unsharded")
@@ -111,6 +113,13 @@ class MemoryPlan:
                 f"parameters: {format_count(d['total_params'])}, trainable {format_count(d['trainable_params'])} "
                 f"({100 * d['trainable_params'] / max(d['total_params'], 1):.3f}%)"
             )
+        if d.get("attention"):
+            from rich.markup import escape
+
+            console.print(f"attention: {escape(d['attention'])}", highlight=False)
+        features = step_features(spec)
+        if features:
+            console.print(f"memory-lean step: {', '.join(features)}", highlight=False)
         if self.gpu is not None:
             name = self.gpu["name"]
             cap = format_bytes(self.gpu["memory_bytes"])
@@ -121,6 +130,25 @@ class MemoryPlan:
                 console.print(f"[red]does not fit[/] {name} ({cap}): {format_bytes(-self.headroom_bytes)} over. Try {tips}.")
         for note in d.get("notes", []):
             console.print(f"[dim]note: {note}[/]")
+
+
+def step_features(spec: dict[str, Any]) -> list[str]:
+    """The memory-lean techniques of memfit's step that this plan includes (none for ``recipe hf``)."""
+    from memfit.spec import make_spec
+
+    if spec.get("recipe", "memfit") == "hf":
+        return []
+    run = make_spec(**{k: v for k, v in spec.items() if k != "alpha" or v is not None})
+    features = ["fused chunked loss"]
+    if run.tiles_mlp:
+        features.append("tiled MLP and norms")
+    if run.checkpointing == "offload":
+        features.append("offloaded checkpointing with prefetch")
+    if run.uses_adapters:
+        features.append("LoRA inputs kept in the compute dtype")
+    if run.step_in_backward:
+        features.append("optimizer step in backward")
+    return features
 
 
 def suggestions(spec: dict[str, Any]) -> list[str]:
@@ -138,6 +166,10 @@ def suggestions(spec: dict[str, Any]) -> list[str]:
         tips.append("--method qlora")
     if spec["method"] == "full" and spec["optimizer"] == "adamw":
         tips.append("--optimizer adamw8bit")
+    if spec["method"] == "full" and spec["grad_accum"] == 1 and not spec.get("step_in_backward"):
+        tips.append("--step-in-backward (train with max_grad_norm: null)")
+    if spec.get("tiling") == "off":
+        tips.append("--tiling on")
     tips.append(f"a shorter --seq-len than {spec['seq_len']}")
     return tips
 
