@@ -78,3 +78,23 @@ def test_findings_sort_most_severe_first_and_merge_by_code_and_device():
     assert merge_findings([warn, other], [err, info]) == [err, other, info]
     with pytest.raises(ValueError, match="severity"):
         Finding("fatal", "x", "m", "f")
+
+
+def test_every_rank_of_a_multi_process_run_is_read_and_diagnosed(tmp_path):
+    from watch_helpers import GiB, MiB
+
+    from memfit.watch.doctor import diagnose, run_facts
+
+    steady = lambda s: {"cuda:0": {"allocated_bytes": 10 * GiB, "peak_allocated_bytes": 12 * GiB}}  # noqa: E731
+    leaking = lambda s: {"cuda:1": {"allocated_bytes": 10 * GiB + 2 * MiB * s, "peak_allocated_bytes": 12 * GiB + 2 * MiB * s}}  # noqa: E731
+    capacity = {"cuda:0": 80 * GiB, "cuda:1": 80 * GiB}
+    run = write_run(tmp_path / "run", [start_record(("cuda:0",), 50_000, capacity=capacity), *step_records(120, devices=steady)])
+    rank1 = [start_record(("cuda:1",), 50_000, capacity=capacity), *step_records(120, devices=leaking)]
+    (run / "memory-rank1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rank1))
+
+    timeline = load_run(run).timeline
+    assert timeline.device_names() == ["cuda:0", "rank1/cuda:1"]
+    assert timeline.expected_devices == ["cuda:0", "rank1/cuda:1"]
+    diagnosis = diagnose(run)
+    assert [(f.code, f.data.get("device")) for f in diagnosis.findings] == [("leak", "rank1/cuda:1")]
+    assert any(name == "rank1/cuda:1" for name, _ in run_facts(diagnosis.run))

@@ -231,6 +231,8 @@ def load_run(run_dir: str | Path) -> RunFolder:
             "memfit train, or add memfit.watch.MemoryCallback(run_dir) to your Trainer's callbacks."
         )
     timeline = load_timeline(memory)
+    for rank, rank_file in _rank_files(path):
+        merge_rank(timeline, load_timeline(rank_file), rank)
     run = None
     run_file = path / RUN_FILE
     if run_file.is_file():
@@ -247,3 +249,43 @@ def load_run(run_dir: str | Path) -> RunFolder:
         if not timeline.start.get("spec") and run.get("spec"):
             timeline.start["spec"] = run["spec"]
     return RunFolder(path=path, timeline=timeline, metrics=load_metrics(path / METRICS_FILE), run=run)
+
+
+def _rank_files(path: Path) -> list[tuple[int, Path]]:
+    """``memory-rank<N>.jsonl`` files of a multi-process run (rank 0 writes ``memory.jsonl``), by rank."""
+    found = []
+    for file in path.glob("memory-rank*.jsonl"):
+        suffix = file.name[len("memory-rank"):-len(".jsonl")]
+        if suffix.isdigit() and int(suffix) > 0:
+            found.append((int(suffix), file))
+    return sorted(found)
+
+
+def rank_device_name(rank: int, name: str) -> str:
+    """How another rank's device is named in the merged timeline: ``rank1/cuda:1``."""
+    return f"rank{rank}/{name}"
+
+
+def merge_rank(timeline: Timeline, other: Timeline, rank: int) -> None:
+    """Add rank ``rank``'s device readings and findings to rank 0's ``timeline``, step by step.
+
+    Each of that rank's devices becomes ``rank<N>/<device>``, so every detector (leaks, stray
+    devices, fragmentation) and every chart covers each rank's devices on their own; its expected
+    devices are renamed the same way, so a rank's own GPU is never taken for a stray one.
+    """
+    by_step = {record.get("step"): record for record in timeline.steps}
+    for record in other.steps:
+        target = by_step.get(record.get("step"))
+        if target is None:
+            continue  # a step rank 0 did not record (a crash in between): nothing to line it up with
+        devices = target.setdefault("devices", {})
+        for name, entry in (record.get("devices") or {}).items():
+            devices[rank_device_name(rank, name)] = entry
+    expected = list(timeline.start.get("expected_devices") or [])
+    expected += [rank_device_name(rank, name) for name in other.expected_devices]
+    timeline.start["expected_devices"] = expected
+    for finding in other.findings:
+        data = dict(finding.data)
+        if "device" in data:
+            data["device"] = rank_device_name(rank, str(data["device"]))
+        timeline.findings.append(Finding(finding.severity, finding.code, f"rank {rank}: {finding.message}", finding.fix, finding.step, data))
