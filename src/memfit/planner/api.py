@@ -309,25 +309,15 @@ def _extrapolate_peak(layers: tuple[int, int], points: list[dict[str, Any]], num
         return _extrapolate_reshaped_peak(layers, shallow, deep, num_layers, reshape)
     live_deep = deep.live_bytes()
     best: tuple[int, str, dict[str, int]] | None = None
-    for seg_a, seg_b in zip(shallow.segments(), deep.segments()):
-        sig_a = _signatures(shallow, seg_a.start_event + 1, seg_a.end_event + 1)
-        sig_b = _signatures(deep, seg_b.start_event + 1, seg_b.end_event + 1)
-        head = _common_prefix(sig_a, sig_b)
-        tail = _common_prefix(sig_a[::-1], sig_b[::-1])
-        regions = []
-        if head:
-            regions.append((seg_a.start_event + 1, seg_b.start_event + 1, head))
-        if tail:
-            regions.append((seg_a.end_event + 1 - tail, seg_b.end_event + 1 - tail, tail))
-        for first_a, first_b, length in regions:
-            # The same operations in both samples: the highest point is at the same offset.
-            offset = max(range(length), key=lambda i: live_deep[first_b + i])
-            cats_a = shallow.categories_at(first_a + offset)
-            cats_b = deep.categories_at(first_b + offset)
-            categories = {name: max(extrapolate_linear(layers, [cats_a[name], cats_b[name]], num_layers), 0) for name in cats_a}
-            total = sum(categories.values())
-            if best is None or total > best[0]:
-                best = (total, seg_b.phase, categories)
+    for phase, first_a, first_b, length in _shared_regions(shallow, deep):
+        # The same operations in both samples: the highest point is at the same offset.
+        offset = max(range(length), key=lambda i: live_deep[first_b + i])
+        cats_a = shallow.categories_at(first_a + offset)
+        cats_b = deep.categories_at(first_b + offset)
+        categories = {name: max(extrapolate_linear(layers, [cats_a[name], cats_b[name]], num_layers), 0) for name in cats_a}
+        total = sum(categories.values())
+        if best is None or total > best[0]:
+            best = (total, phase, categories)
     if best is None:  # no shared structure at all: fall back to the deeper sample's own peak
         return points[1]["phase"], dict(points[1]["categories"])
     return best[1], best[2]
@@ -342,25 +332,15 @@ def _extrapolate_reshaped_peak(layers, shallow, deep, num_layers: int, reshape: 
     series_a, series_b = _category_series(shallow), _category_series(deep)
     best: tuple[int, str, dict[str, int]] | None = None
     phases: dict[str, int] = {}
-    for seg_a, seg_b in zip(shallow.segments(), deep.segments()):
-        sig_a = _signatures(shallow, seg_a.start_event + 1, seg_a.end_event + 1)
-        sig_b = _signatures(deep, seg_b.start_event + 1, seg_b.end_event + 1)
-        head = _common_prefix(sig_a, sig_b)
-        tail = _common_prefix(sig_a[::-1], sig_b[::-1])
-        regions = []
-        if head:
-            regions.append((seg_a.start_event + 1, seg_b.start_event + 1, head))
-        if tail:
-            regions.append((seg_a.end_event + 1 - tail, seg_b.end_event + 1 - tail, tail))
-        for first_a, first_b, length in regions:
-            offset = max(range(length), key=lambda i: sum(reshape(series_b[first_b + i], seg_b.phase).values()))
-            cats_a, cats_b = series_a[first_a + offset], series_b[first_b + offset]
-            single = {name: max(extrapolate_linear(layers, [cats_a[name], cats_b[name]], num_layers), 0) for name in cats_a}
-            categories = reshape(single, seg_b.phase)
-            total = sum(categories.values())
-            phases[seg_b.phase] = max(phases.get(seg_b.phase, 0), total)
-            if best is None or total > best[0]:
-                best = (total, seg_b.phase, categories)
+    for phase, first_a, first_b, length in _shared_regions(shallow, deep):
+        offset = max(range(length), key=lambda i: sum(reshape(series_b[first_b + i], phase).values()))
+        cats_a, cats_b = series_a[first_a + offset], series_b[first_b + offset]
+        single = {name: max(extrapolate_linear(layers, [cats_a[name], cats_b[name]], num_layers), 0) for name in cats_a}
+        categories = reshape(single, phase)
+        total = sum(categories.values())
+        phases[phase] = max(phases.get(phase, 0), total)
+        if best is None or total > best[0]:
+            best = (total, phase, categories)
     if best is None:  # no shared structure: the deeper sample's own moments
         return _reshaped_peak(deep, reshape)
     return best[1], best[2], phases
@@ -405,6 +385,20 @@ def _category_series(result) -> list[dict[str, int]]:
         _SERIES_CACHE.pop(next(iter(_SERIES_CACHE)))
     _SERIES_CACHE[id(result)] = (result, series)
     return series
+
+
+def _shared_regions(shallow, deep):
+    """(phase, first event in ``shallow``, first event in ``deep``, length) of the runs of events
+    both samples share at the start (head) and at the end (tail) of each phase."""
+    for seg_a, seg_b in zip(shallow.segments(), deep.segments()):
+        sig_a = _signatures(shallow, seg_a.start_event + 1, seg_a.end_event + 1)
+        sig_b = _signatures(deep, seg_b.start_event + 1, seg_b.end_event + 1)
+        head = _common_prefix(sig_a, sig_b)
+        tail = _common_prefix(sig_a[::-1], sig_b[::-1])
+        if head:
+            yield seg_b.phase, seg_a.start_event + 1, seg_b.start_event + 1, head
+        if tail:
+            yield seg_b.phase, seg_a.end_event + 1 - tail, seg_b.end_event + 1 - tail, tail
 
 
 def _signatures(result, first: int, stop: int) -> list[tuple[str, int, str]]:

@@ -107,7 +107,6 @@ def train(
     (and left at the end) unless the caller joined it already.
     """
     import torch.distributed as dist
-    from rich.console import Console
 
     from memfit.train import distributed as dist_module
 
