@@ -382,3 +382,27 @@ def test_runs_under_fake_tensor_mode(dropout):
     grads = [p.grad for n, p in model.named_parameters() if p.requires_grad and ".mlp." in n]
     assert grads and all(g is not None and is_fake(g) for g in grads)
     assert probe.max_rows <= 256
+
+
+def test_norms_tile_too_and_keep_gradients():
+    """tile_norms: each decoder layer's RMSNorms run chunked; outputs and gradients unchanged."""
+    from memfit.train.tiling import tile_norms
+
+    torch.manual_seed(0)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=128, max_position_embeddings=512)
+    plain = LlamaForCausalLM(config).double()
+    tiled = copy.deepcopy(plain)
+    assert tile_norms(tiled, chunk_tokens=64) == 2 * 2  # input and post-attention norm of each layer
+    assert tile_norms(tiled, chunk_tokens=64) == 4  # idempotent
+    ids = torch.randint(0, 128, (2, 150))
+    losses = []
+    for model in (plain, tiled):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.detach())
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-12, atol=0)
+    for (name, a), (_, b) in zip(plain.named_parameters(), tiled.named_parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-10, atol=1e-12, msg=name)

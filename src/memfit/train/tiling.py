@@ -56,8 +56,7 @@ def tile_mlps(model: nn.Module, chunk_tokens: int = DEFAULT_TILE_TOKENS) -> int:
     is one more MLP forward per step. Idempotent: calling again only updates the chunk size.
     Returns how many MLPs now run tiled.
     """
-    if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}; pass e.g. {DEFAULT_TILE_TOKENS}")
+    _check_chunk_tokens(chunk_tokens)
     from memfit.models.build import decoder_layers
 
     tiled = 0
@@ -65,11 +64,7 @@ def tile_mlps(model: nn.Module, chunk_tokens: int = DEFAULT_TILE_TOKENS) -> int:
         mlp = getattr(block, "mlp", None)
         if not isinstance(mlp, nn.Module) or not is_dense_mlp(mlp):
             continue
-        if not is_tiled(mlp):
-            # Keep whatever forward the instance had (another library may have patched it too).
-            mlp.__dict__[_UNTILED_ATTR] = mlp.__dict__.get("forward")
-            mlp.forward = types.MethodType(_tiled_forward, mlp)
-        mlp.__dict__[_CHUNK_ATTR] = chunk_tokens
+        _tile(mlp, chunk_tokens)
         tiled += 1
     return tiled
 
@@ -84,8 +79,7 @@ def tile_norms(model: nn.Module, chunk_tokens: int = DEFAULT_TILE_TOKENS) -> int
     same mechanism as :func:`tile_mlps` (one more norm forward per step, which is cheap). Returns
     how many norms now run tiled.
     """
-    if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}; pass e.g. {DEFAULT_TILE_TOKENS}")
+    _check_chunk_tokens(chunk_tokens)
     from memfit.models.build import decoder_layers
 
     tiled = 0
@@ -93,12 +87,23 @@ def tile_norms(model: nn.Module, chunk_tokens: int = DEFAULT_TILE_TOKENS) -> int
         for _, child in block.named_children():
             if not _is_norm(child) or not is_dense_mlp(child):
                 continue
-            if not is_tiled(child):
-                child.__dict__[_UNTILED_ATTR] = child.__dict__.get("forward")
-                child.forward = types.MethodType(_tiled_forward, child)
-            child.__dict__[_CHUNK_ATTR] = chunk_tokens
+            _tile(child, chunk_tokens)
             tiled += 1
     return tiled
+
+
+def _tile(module: nn.Module, chunk_tokens: int) -> None:
+    """Patch ``module``'s forward to run tiled (or only update its chunk size when it already does)."""
+    if not is_tiled(module):
+        # Keep whatever forward the instance had (another library may have patched it too).
+        module.__dict__[_UNTILED_ATTR] = module.__dict__.get("forward")
+        module.forward = types.MethodType(_tiled_forward, module)
+    module.__dict__[_CHUNK_ATTR] = chunk_tokens
+
+
+def _check_chunk_tokens(chunk_tokens: int) -> None:
+    if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}; pass e.g. {DEFAULT_TILE_TOKENS}")
 
 
 def _is_norm(module: nn.Module) -> bool:
