@@ -73,3 +73,20 @@ def test_cli_plan_per_gpu():
     result = runner.invoke(app, ["plan", MODEL, "--method", "full", "--seq-len", "256", "--gpus", "8", "--shard", "fsdp", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["details"]["per_rank"] is True
+
+
+def test_qlora_4bit_weights_stay_whole_on_every_rank():
+    """memfit's trainer keeps packed 4-bit weights outside FSDP: the plan counts them on every rank."""
+    from memfit.models.build import DTYPES, build_meta_model, make_config, prepare_for_method
+    from memfit.models.catalog import resolve_model
+    from memfit.spec import make_spec
+
+    config = resolve_model(MODEL).config
+    model = prepare_for_method(build_meta_model(make_config(config), DTYPES["bf16"]), make_spec(method="qlora"))
+    packed = sum(p.numel() * p.element_size() for p in model.parameters() if type(p).__name__ == "Params4bit")
+    one = memfit.plan(MODEL, method="qlora", seq_len=256)
+    four = memfit.plan(MODEL, method="qlora", seq_len=256, gpus=4, shard="fsdp")
+    assert packed > 0
+    assert four.categories["weights"] >= packed  # not divided by 4
+    assert four.categories["weights"] < one.categories["weights"]  # the bf16 embeddings and head are sharded
+    assert four.details["gathered_layer_bytes"] < packed / config["num_hidden_layers"]  # 4-bit weights are never gathered

@@ -521,7 +521,11 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
         dim0 = int(p.shape[0]) if p.dim() > 0 else 1
         index = in_layer.get(id(p))
         count = repeats[index] if index is not None else 1
-        groups.append(ParamGroup(dim0=dim0, row_bytes=nbytes // max(dim0, 1), trainable=p.requires_grad, count=count))
+        # The trainer keeps packed 4-bit weights whole on every rank, outside FSDP (never gathered).
+        whole = type(p).__name__ == "Params4bit"
+        groups.append(ParamGroup(dim0=dim0, row_bytes=nbytes // max(dim0, 1), trainable=p.requires_grad, count=count, sharded=not whole))
+        if whole:
+            continue
         if index is None:
             root_bytes += nbytes
             root_grads += nbytes if p.requires_grad else 0

@@ -34,6 +34,9 @@ Behaviour modelled (PyTorch's documentation of ``fully_shard`` and ``Distributed
 - DDP's ``gradient_as_bucket_view`` defaults to False: the buckets (``bucket_cap_mb=25``) are flat
   tensors allocated when the model is wrapped, as large as all the gradients together, beside
   ``param.grad``; the documentation of that flag says setting it saves "the total gradients size".
+- memfit's trainer keeps QLoRA's packed 4-bit weights outside FSDP, whole on every rank (FSDP2
+  would lose bitsandbytes' quantization state): they count in full on every rank and are never
+  gathered; the adapters, embeddings, norms and head shard as usual.
 - ``CPUOffloadPolicy`` keeps sharded parameters, gradients and optimizer states in pinned host
   memory and runs the optimizer step on the CPU.
 
@@ -78,10 +81,12 @@ class ParamGroup:
     row_bytes: int
     trainable: bool
     count: int = 1
+    sharded: bool = True  # False: every rank keeps it whole (memfit's packed 4-bit QLoRA weights)
 
     def shard_bytes(self, gpus: int) -> int:
         """Bytes one rank holds: ``ceil(dim0 / gpus)`` rows (FSDP2 pads every chunk to the first)."""
-        return self.count * -(-self.dim0 // gpus) * self.row_bytes
+        rows = -(-self.dim0 // gpus) if self.sharded else self.dim0
+        return self.count * rows * self.row_bytes
 
 
 @dataclass(frozen=True)
