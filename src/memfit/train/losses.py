@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from memfit.train.chunking import chunk_starts
+
 IGNORE_INDEX = -100
 
 #: Tokens per chunk: with a 128k vocabulary, 1,024 tokens of fp32 logits are 512 MiB, small next to
@@ -31,7 +33,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         wide = _wide(hidden[:0]).dtype
         total = torch.zeros((), dtype=wide, device=hidden.device)
         lse = torch.empty(hidden.shape[0], dtype=wide, device=hidden.device)
-        for start in range(0, hidden.shape[0], chunk):
+        for start in chunk_starts(hidden.shape[0], chunk, hidden):
             stop = min(start + chunk, hidden.shape[0])
             logits = _wide(hidden[start:stop] @ weight.t())
             chunk_lse = torch.logsumexp(logits, dim=-1)
@@ -54,7 +56,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         # The head's gradient accumulates in the head's dtype: an fp32 buffer would cost 4 bytes per
         # head parameter (2 GiB for a 128k x 4096 head) on top of the gradient itself.
         grad_weight = torch.zeros_like(weight) if need_weight else None
-        for start in range(0, hidden.shape[0], chunk):
+        for start in chunk_starts(hidden.shape[0], chunk, hidden):
             stop = min(start + chunk, hidden.shape[0])
             h = hidden[start:stop]
             # d loss / d logits = (softmax - one_hot(label)) / count, zero where no label.

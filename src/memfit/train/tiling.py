@@ -27,6 +27,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from memfit.train.chunking import chunk_starts, is_fake
+
 #: Tokens per chunk. 2048 rows keep each chunk's matmuls ([2048, hidden] x [hidden, intermediate])
 #: large enough to run a GPU's tensor cores near full speed (a few hundred rows already do for
 #: 4k-wide layers; 2048 leaves margin for narrow models), while the chunk's intermediates stay
@@ -211,7 +213,7 @@ class TiledMLPFunction(torch.autograd.Function):
         # fork_rng: replaying the forward's RNG states must not change the RNG stream the rest of
         # the step sees afterwards.
         with torch.random.fork_rng(devices=devices, enabled=rng_states is not None):
-            for index, start in enumerate(range(0, flat_x.shape[0], ctx.chunk_tokens)):
+            for index, start in enumerate(chunk_starts(flat_x.shape[0], ctx.chunk_tokens, flat_x)):
                 stop = start + ctx.chunk_tokens
                 piece = flat_x[start:stop].detach().requires_grad_(need_x)
                 if rng_states is not None:
@@ -232,7 +234,10 @@ class TiledMLPFunction(torch.autograd.Function):
                         grad_params[i] = g
                     else:
                         grad_params[i] += g
+                # Drop the chunk's gradients now; ``g`` would keep the last one alive through the
+                # next chunk's recomputation.
                 del y, grads
+                g = None
         grad_x = grad_x.view(x.shape) if grad_x is not None else None
         return (None, None, None, grad_x, *grad_params)
 
@@ -248,7 +253,7 @@ def _chunked_forward(
     rows = flat.shape[0]
     devices = _cuda_devices(x) if rng_states is not None else []
     out = None
-    for start in range(0, rows, chunk_tokens):
+    for start in chunk_starts(rows, chunk_tokens, flat):
         piece = flat[start:start + chunk_tokens]
         if rng_states is not None:
             rng_states.append(_get_rng_state(devices))
@@ -278,8 +283,6 @@ def _dropout_active(mlp: nn.Module) -> bool:
 def _is_fake(x: torch.Tensor) -> bool:
     # Fake tensors have no values, so there are no masks to replay; and capturing a fake CUDA
     # device's RNG state would need a real CUDA device.
-    from torch._subclasses.fake_tensor import is_fake
-
     return is_fake(x)
 
 
