@@ -23,6 +23,7 @@ from memfit.planner.api import PlanError, plan, validate
 from memfit.planner.report import MemoryPlan
 from memfit.planner.sharding import mode_problems
 from memfit.planner.throughput import relative_speeds
+from memfit.spec import TILING_AUTO_TOKENS
 
 METHODS = ("full", "lora", "qlora")
 #: Fastest first; each next one needs less memory.
@@ -415,12 +416,14 @@ def _longest_sequence(planner: _Planner, method: str, limit: int, effective_batc
     """Longest sequence (a multiple of SEQ_STEP, at most ``limit``) that ``method`` fits.
 
     Micro-batch 1 (with gradient accumulation for the effective batch), the method's leanest
-    settings (offloaded checkpointing, its leanest optimizer).
+    settings (offloaded checkpointing, tiling on, its leanest optimizer).
     Returns (0, None) when not even SEQ_STEP tokens fit.
     """
     lean = [o for o in OPTIMIZERS_LEAN_FIRST[method]
             if not mode_problems(planner.base.get("shard", "none"), planner.base.get("gpus", 1), o)]
-    knobs = {"method": method, "optimizer": lean[0], "checkpointing": "offload",
+    # Tiling on at every length: the leanest setting, and it keeps memory monotonic in the length
+    # (with auto, lengths just below TILING_AUTO_TOKENS can need more than the threshold itself).
+    knobs = {"method": method, "optimizer": lean[0], "checkpointing": "offload", "tiling": "on",
              "batch_size": 1, "grad_accum": effective_batch}
 
     def check(steps: int) -> MemoryPlan:
@@ -429,8 +432,10 @@ def _longest_sequence(planner: _Planner, method: str, limit: int, effective_batc
     top = limit // SEQ_STEP
     if top < 1:
         return 0, None
-    # Two plans give the bytes per token; the boundary is predicted from them, then confirmed.
-    mid = min(2048 // SEQ_STEP, top)
+    # Two plans give the bytes per token; the boundary is predicted from them, then confirmed. They
+    # are taken where the step is what it is at long lengths (tiling on from TILING_AUTO_TOKENS), so
+    # that the slope holds far out.
+    mid = min(max(2048, TILING_AUTO_TOKENS) // SEQ_STEP, top) if limit > 4 * TILING_AUTO_TOKENS else min(2048 // SEQ_STEP, top)
     at_mid = check(mid)
     if at_mid.fits:
         lo, hi, best = mid, top + 1, at_mid
@@ -451,6 +456,12 @@ def _longest_sequence(planner: _Planner, method: str, limit: int, effective_batc
         low_plan, low, high_plan, high = at_one, 1, at_mid, mid
     per_step = max((high_plan.device_total_bytes - low_plan.device_total_bytes) / (high - low), 1.0)
     guess = low + int(low_plan.headroom_bytes // per_step)
+    if guess >= top and hi > top and lo < top:
+        # Predicted to fit all the way: one plan at the limit confirms it.
+        at_top = check(top)
+        if at_top.fits:
+            return top * SEQ_STEP, at_top.spec
+        hi = top
     steps, best = _largest_fitting(check, lo, hi, guess, best, interpolate=True)
     return steps * SEQ_STEP, best.spec
 
