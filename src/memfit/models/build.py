@@ -223,13 +223,22 @@ def prepare_for_method(
     if load_weights is not None:
         load_weights(model)
     if spec.uses_adapters:
-        from memfit.train.lora_inputs import keep_lora_inputs_low_precision
-
         model = attach_lora(model, spec)
-        keep_lora_inputs_low_precision(model)
     else:
         for p in model.parameters():
             p.requires_grad_(True)
+    apply_lean_step(model, spec)
+    return model
+
+
+def apply_lean_step(model: nn.Module, spec: RunSpec) -> None:
+    """The memory-lean pieces of memfit's step that shape the model (docs/memory-lean.md), after
+    adapters exist: LoRA inputs kept in the compute dtype, checkpointing (offloaded or not), tiled
+    MLPs and norms. The trainer and the planner both come through here."""
+    if spec.uses_adapters:
+        from memfit.train.lora_inputs import keep_lora_inputs_low_precision
+
+        keep_lora_inputs_low_precision(model)
     if spec.checkpointing != "off":
         enable_checkpointing(model, offload=spec.checkpointing == "offload")
     if spec.tiles_mlp:
@@ -237,7 +246,18 @@ def prepare_for_method(
 
         tile_mlps(model)
         tile_norms(model)
-    return model
+
+
+def place_for_training(model: nn.Module, spec: RunSpec) -> None:
+    """Placement once the weights exist: frozen, untied input embeddings go to host memory for
+    LoRA/QLoRA on one GPU (:mod:`memfit.train.host_embeddings`). The trainer calls it after loading,
+    the planner after materialising, so both place the same tensors."""
+    if spec.recipe == "hf" or not spec.uses_adapters or spec.gpus > 1:
+        return
+    from memfit.train.host_embeddings import keep_input_embeddings_on_host
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    keep_input_embeddings_on_host(base)
 
 
 def prepare_like_hf(
@@ -285,7 +305,14 @@ def materialize(model: nn.Module, device: str | torch.device, *, random_values: 
     storage with small random numbers (uninitialised memory could hold NaNs); fake storage has no
     values to fill.
     """
+    shared = _shared_parameter_slots(model)
     model.to_empty(device=device)
+    # to_empty makes a new Parameter for every slot, so tied weights (an embedding shared with the
+    # output head) would come out as two tensors; tie them again, as loading real weights does.
+    for (first_module, first_name), *others in shared:
+        tied = first_module._parameters[first_name]
+        for module, name in others:
+            module._parameters[name] = tied
     if random_values:
         with torch.no_grad():
             for p in model.parameters():
@@ -315,6 +342,16 @@ def materialize(model: nn.Module, device: str | torch.device, *, random_values: 
         weight.compress_statistics = True
         weight.bnb_quantized = True
     return model
+
+
+def _shared_parameter_slots(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """Groups of (module, attribute) slots that hold one and the same Parameter (tied weights)."""
+    slots: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                slots.setdefault(id(param), []).append((module, name))
+    return [group for group in slots.values() if len(group) > 1]
 
 
 def _is_bnb_linear4bit(module: nn.Module) -> bool:

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import torch
 
-from memfit.models.build import DTYPES, build_meta_model, count_parameters, make_config, materialize, prepare_for_method
+from memfit.models.build import DTYPES, build_meta_model, count_parameters, make_config, materialize, place_for_training, prepare_for_method
 from memfit.planner.cuda_parity import CudaParityMode, offload_parity, plan_bitsandbytes_optimizer
 from memfit.planner.tracker import MemoryTracker, TrackerResult
 from memfit.spec import RunSpec
@@ -81,6 +81,7 @@ def simulate(
         CudaParityMode(tracker),
     ):
         model = materialize(model, SIM_DEVICE, random_values=not fake)
+        place_for_training(model, spec)
         model.train()
         tracker.mark_model(model)
         hooks = tracker.watch_gradients(model)

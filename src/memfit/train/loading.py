@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from memfit.models.build import DTYPES, NF4_BLOCKSIZE, build_meta_model, count_parameters, decoder_layers, make_config, prepare_for_method
+from memfit.models.build import DTYPES, NF4_BLOCKSIZE, build_meta_model, count_parameters, decoder_layers, make_config, place_for_training, prepare_for_method
 from memfit.spec import RunSpec
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -344,6 +344,7 @@ def load_model(
         raise LoadError(f"tensors ended up on {', '.join(stray)} instead of {device}")
     model.train()
     setup = verify_setup(model, spec)
+    place_for_training(model, spec)
     return LoadedModel(model=model, device=device, config=config, setup=setup)
 
 
@@ -439,7 +440,7 @@ def verify_setup(model: nn.Module, spec: RunSpec) -> dict[str, Any]:
 def prepare_given_model(model: nn.Module, spec: RunSpec) -> nn.Module:
     """Prepare a model the caller built (``train(model=...)``): refuse wrappers, then adapters and
     checkpointing as ``spec`` says (a PeftModel is taken as already adapted)."""
-    from memfit.models.build import attach_lora, enable_checkpointing
+    from memfit.models.build import apply_lean_step, attach_lora, place_for_training
     from peft import PeftModel
 
     refuse_wrapped_model(model)
@@ -450,7 +451,7 @@ def prepare_given_model(model: nn.Module, spec: RunSpec) -> nn.Module:
     elif not spec.uses_adapters:
         for p in model.parameters():
             p.requires_grad_(True)
-    if spec.checkpointing != "off":
-        enable_checkpointing(model)
+    apply_lean_step(model, spec)
+    place_for_training(model, spec)
     model.train()
     return model

@@ -232,6 +232,12 @@ class ActivationOffloader:
         handle.device_copy = device_copy
 
 
+def pinned_copy_wanted(source: torch.Tensor) -> bool:
+    """Whether a host copy of ``source`` should be pinned: always from CUDA (fast, asynchronous
+    copies), and for CPU tensors under :func:`pinned_host_copies` (the planner)."""
+    return source.device.type == "cuda" or _pin_cpu_copy(source)
+
+
 def _pin_cpu_copy(source: torch.Tensor) -> bool:
     """Whether the host copy of a CPU tensor is allocated pinned (see :func:`pinned_host_copies`)."""
     if not getattr(_PIN_ON_CPU, "active", False):
