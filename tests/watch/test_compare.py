@@ -78,15 +78,16 @@ def plan_json():
 def lora_setup(wrap: bool):
     from transformers import AutoModelForCausalLM
 
-    from memfit.models.build import attach_lora, enable_checkpointing, make_config
+    from memfit.models.build import make_config
     from memfit.spec import make_spec
+    from memfit.train.loading import prepare_given_model
     from memfit.train.optim import build_optimizer
 
     torch.manual_seed(0)
     spec = make_spec(**KNOBS)
     model = AutoModelForCausalLM.from_config(make_config(TINY_LLAMA), attn_implementation="sdpa")
-    model = attach_lora(model, spec)
-    enable_checkpointing(model)
+    # Prepared as memfit's trainer prepares a given model (adapters, the lean step, placement).
+    model = prepare_given_model(model, spec)
     if wrap:
         model = checkpointing_off(model)
     model.train()

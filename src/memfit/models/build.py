@@ -248,16 +248,16 @@ def apply_lean_step(model: nn.Module, spec: RunSpec) -> None:
         tile_norms(model)
 
 
-def place_for_training(model: nn.Module, spec: RunSpec) -> None:
+def place_for_training(model: nn.Module, spec: RunSpec) -> bool:
     """Placement once the weights exist: frozen, untied input embeddings go to host memory for
     LoRA/QLoRA on one GPU (:mod:`memfit.train.host_embeddings`). The trainer calls it after loading,
-    the planner after materialising, so both place the same tensors."""
+    the planner after materialising, so both place the same tensors. True if the embeddings moved."""
     if spec.recipe == "hf" or not spec.uses_adapters or spec.gpus > 1:
-        return
+        return False
     from memfit.train.host_embeddings import keep_input_embeddings_on_host
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    keep_input_embeddings_on_host(base)
+    return keep_input_embeddings_on_host(base)
 
 
 def prepare_like_hf(

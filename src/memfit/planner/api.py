@@ -117,6 +117,7 @@ def plan(
         "context_bytes": runtime.context_bytes,
         "cublas_workspace_bytes": runtime.cublas_workspace_bytes,
         "attention": _ATTENTION_NOTES.get(estimate["attention"], estimate["attention"]),
+        "input_embeddings": "host" if estimate["embeddings_on_host"] else "device",
         "notes": notes,
     }
     if layout is not None:
@@ -285,6 +286,7 @@ def estimate_step(
         "trainable_params": values["trainable_params"],
         "simulated_layers": list(layers) if layers else [num_layers],
         "attention": points[-1]["attention"],
+        "embeddings_on_host": points[-1]["embeddings_on_host"],
         "num_layers": num_layers,
         "single_gpu_categories": single,
     }
@@ -469,6 +471,7 @@ def _summarise(sim) -> dict[str, Any]:
     return {
         "result": result,
         "attention": sim.attention,
+        "embeddings_on_host": sim.embeddings_on_host,
         "allocated_bytes": result.peak.allocated_bytes,
         "reserved_bytes": replay.peak_reserved_bytes,
         "host_peak_bytes": result.outside_peaks.get("host", 0),

@@ -100,7 +100,7 @@ class MemoryPlan:
             peaks.add_row("model states per GPU", format_bytes(states["per_rank_device_bytes"] + states["per_rank_host_bytes"]),
                           "in host memory" if states["per_rank_host_bytes"] else f"after --shard {d['shard']}")
         if d.get("host_peak_bytes"):
-            peaks.add_row("host memory (offload)", format_bytes(d["host_peak_bytes"]), "pinned CPU memory")
+            peaks.add_row("host memory", format_bytes(d["host_peak_bytes"]), "pinned CPU memory (offloaded layer inputs, input embeddings, offloaded shards)")
         if d.get("paged_peak_bytes"):
             peaks.add_row(
                 "paged optimizer states",
@@ -117,7 +117,7 @@ class MemoryPlan:
             from rich.markup import escape
 
             console.print(f"attention: {escape(d['attention'])}", highlight=False)
-        features = step_features(spec)
+        features = step_features(spec, d)
         if features:
             console.print(f"memory-lean step: {', '.join(features)}", highlight=False)
         if self.gpu is not None:
@@ -132,7 +132,7 @@ class MemoryPlan:
             console.print(f"[dim]note: {note}[/]")
 
 
-def step_features(spec: dict[str, Any]) -> list[str]:
+def step_features(spec: dict[str, Any], details: dict[str, Any] | None = None) -> list[str]:
     """The memory-lean techniques of memfit's step that this plan includes (none for ``recipe hf``)."""
     from memfit.spec import make_spec
 
@@ -148,6 +148,8 @@ def step_features(spec: dict[str, Any]) -> list[str]:
         features.append("LoRA inputs kept in the compute dtype")
     if run.step_in_backward:
         features.append("optimizer step in backward")
+    if (details or {}).get("input_embeddings") == "host":
+        features.append("frozen input embeddings in host memory")
     return features
 
 

@@ -44,6 +44,7 @@ class SimulationResult:
     total_params: int
     trainable_params: int
     attention: str  # the attention implementation the model runs ("sdpa" or "eager")
+    embeddings_on_host: bool = False  # frozen input embeddings kept in host memory
 
 
 def simulate(
@@ -81,7 +82,9 @@ def simulate(
         CudaParityMode(tracker),
     ):
         model = materialize(model, SIM_DEVICE, random_values=not fake)
-        place_for_training(model, spec)
+        # Real CPU tensors cannot be pinned without an accelerator: say where the host copies go.
+        with tracker.outside_device("host") if not fake else contextlib.nullcontext():
+            embeddings_on_host = place_for_training(model, spec)
         model.train()
         tracker.mark_model(model)
         hooks = tracker.watch_gradients(model)
@@ -110,6 +113,7 @@ def simulate(
         total_params=total,
         trainable_params=trainable,
         attention=str(getattr(config, "_attn_implementation", None) or "eager"),
+        embeddings_on_host=embeddings_on_host,
     )
 
 

@@ -40,6 +40,10 @@ _ROLE_PRIORITY = {name: rank for rank, name in enumerate(TRACKED_CATEGORIES)}
 BLOCK_BYTES = 512
 
 
+#: Attribute set (True) on tensors that live in host memory by design (see ``mark_model``).
+HOST_RESIDENT_ATTR = "_memfit_host_resident"
+
+
 def round_block_bytes(nbytes: int) -> int:
     """Size of the allocator block that holds ``nbytes`` (multiple of 512, at least 512)."""
     return max(BLOCK_BYTES, -(-nbytes // BLOCK_BYTES) * BLOCK_BYTES)
@@ -253,9 +257,14 @@ class MemoryTracker(TorchDispatchMode):
             alloc.role = role
 
     def mark_model(self, model: torch.nn.Module) -> None:
-        """Label parameters (trainable or frozen weights) and buffers (weights) of ``model``."""
+        """Label parameters (trainable or frozen weights) and buffers (weights) of ``model``.
+
+        Tensors flagged with :data:`HOST_RESIDENT_ATTR` (kept in host memory on purpose, e.g. frozen
+        input embeddings) count as host memory even when the tracker first sees them here.
+        """
         for p in model.parameters():
-            self.assign(p, "trainable" if p.requires_grad else "weights")
+            with self.outside_device("host") if getattr(p, HOST_RESIDENT_ATTR, False) else contextlib.nullcontext():
+                self.assign(p, "trainable" if p.requires_grad else "weights")
             # Quantized parameters (bitsandbytes Params4bit) carry their quantization state beside
             # the packed data; it is stored on the device too.
             quant_state = getattr(p, "quant_state", None)
@@ -263,7 +272,8 @@ class MemoryTracker(TorchDispatchMode):
                 for t in _quant_state_tensors(quant_state):
                     self.assign(t, "weights")
         for b in model.buffers():
-            self.assign(b, "weights")
+            with self.outside_device("host") if getattr(b, HOST_RESIDENT_ATTR, False) else contextlib.nullcontext():
+                self.assign(b, "weights")
 
     def watch_gradients(self, model: torch.nn.Module) -> list:
         """Label each ``param.grad`` as gradients when autograd accumulates it. Returns the hook handles."""

@@ -22,6 +22,7 @@ import types
 import torch
 from torch import nn
 
+from memfit.planner.tracker import HOST_RESIDENT_ATTR
 from memfit.train.offload import pinned_copy_wanted
 
 _HOST_ATTR = "_memfit_on_host"
@@ -48,8 +49,10 @@ def keep_input_embeddings_on_host(model: nn.Module) -> bool:
     with torch.no_grad():
         for p in params:
             p.data = _host_copy(p.data)
+            setattr(p, HOST_RESIDENT_ATTR, True)  # memory trackers count it as host memory
         for name, buffer in list(embeddings.named_buffers(recurse=False)):
             embeddings._buffers[name] = _host_copy(buffer)
+            setattr(embeddings._buffers[name], HOST_RESIDENT_ATTR, True)
     embeddings.__dict__["_memfit_device_forward"] = embeddings.__dict__.get("forward")
     embeddings.forward = types.MethodType(_host_forward, embeddings)
     embeddings.__dict__[_HOST_ATTR] = True
