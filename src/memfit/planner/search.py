@@ -423,8 +423,10 @@ def _longest_sequence(planner: _Planner, method: str, limit: int, effective_batc
             if not mode_problems(planner.base.get("shard", "none"), planner.base.get("gpus", 1), o)]
     # Tiling on at every length: the leanest setting, and it keeps memory monotonic in the length
     # (with auto, lengths just below TILING_AUTO_TOKENS can need more than the threshold itself).
-    knobs = {"method": method, "optimizer": lean[0], "checkpointing": "offload", "tiling": "on",
+    knobs = {"method": method, "optimizer": lean[0], "checkpointing": "offload",
              "batch_size": 1, "grad_accum": effective_batch}
+    if planner.base.get("recipe", "memfit") == "memfit":
+        knobs["tiling"] = "on"  # the hf recipe has no tiling to turn on
 
     def check(steps: int) -> MemoryPlan:
         return planner(**knobs, seq_len=steps * SEQ_STEP)
