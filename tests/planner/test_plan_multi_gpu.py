@@ -90,3 +90,12 @@ def test_qlora_4bit_weights_stay_whole_on_every_rank():
     assert four.categories["weights"] >= packed  # not divided by 4
     assert four.categories["weights"] < one.categories["weights"]  # the bf16 embeddings and head are sharded
     assert four.details["gathered_layer_bytes"] < packed / config["num_hidden_layers"]  # 4-bit weights are never gathered
+
+
+def test_input_embeddings_stay_on_the_device_under_sharding(tiny_llama):
+    """One GPU keeps a frozen, untied table in host memory; FSDP keeps it in its root group."""
+    one = memfit.plan(tiny_llama, method="lora", seq_len=64)
+    four = memfit.plan(tiny_llama, method="lora", seq_len=64, gpus=4, shard="fsdp")
+    assert one.details["input_embeddings"] == "host"
+    assert four.details["input_embeddings"] == "device"
+    assert four.details["host_peak_bytes"] == 0

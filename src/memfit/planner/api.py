@@ -239,7 +239,10 @@ def estimate_step(
     from memfit.models.build import layer_period, make_config
 
     if spec.gpus != 1 or spec.shard != "none":
-        spec = spec.model_copy(update={"gpus": 1, "shard": "none"})
+        # One rank's step, the same for every count and mode (so it is simulated once). gpus stays
+        # above 1 because placement differs there: under FSDP the input embeddings stay on the
+        # device, in the root group, where one GPU keeps a frozen table in host memory.
+        spec = spec.model_copy(update={"gpus": 2, "shard": "none"})
     full_config = make_config(config)
     num_layers = int(full_config.num_hidden_layers)
     period = layer_period(full_config)
