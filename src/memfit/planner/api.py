@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -24,7 +25,7 @@ from typing import Any, Callable
 from memfit.models.catalog import ModelSource, resolve_model
 from memfit.planner import allocator
 from memfit.planner.report import MemoryPlan
-from memfit.planner.runtime import parse_bytes, runtime_overhead
+from memfit.planner.runtime import format_bytes, parse_bytes, runtime_overhead
 from memfit.spec import RunSpec, SpecError, make_spec
 
 
@@ -89,6 +90,12 @@ def plan(
         layout = param_layout(source.config, spec)
         reshape = partial(sharding.per_rank_categories, shard=spec.shard, gpus=spec.gpus, layout=layout)
     estimate = estimate_step(source.config, spec, runtime.cublas_workspace_allocs, extrapolate=extrapolate, reshape=reshape)
+    if layout is not None and estimate["paged_peak_bytes"]:
+        from memfit.planner import sharding
+
+        # Paged optimizer states are optimizer states: sharded as the mode shards those.
+        ratio = sharding.state_ratios(spec.shard, spec.gpus, layout)["optimizer"]
+        estimate["paged_peak_bytes"] = int(math.ceil(estimate["paged_peak_bytes"] * ratio))
 
     categories = dict(estimate["categories"])
     tracked_runtime = categories.pop("runtime", 0)
@@ -104,6 +111,12 @@ def plan(
         headroom = target.memory_bytes - device_total
         fits = headroom >= 0
     notes = list(runtime.notes)
+    paged = estimate["paged_peak_bytes"]
+    if paged and headroom is not None and paged > headroom:
+        notes.append(
+            f"paged optimizer states ({format_bytes(paged)}) do not fit beside the peak ({format_bytes(max(headroom, 0))} free): "
+            "bitsandbytes will page them to host memory and back every step (slow); memfit fit counts them against the headroom"
+        )
     if target.supports_bf16 is False and spec.precision == "bf16":
         notes.append(f"{target.name} has no bf16 support: use --precision fp16 (LoRA/QLoRA) or fp32")
     details = {

@@ -15,6 +15,7 @@ memory:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -129,7 +130,24 @@ class _Planner:
         merged.setdefault("precision", self.precision_for(merged["method"]))
         self.count += 1
         self.progress(_describe(merged))
-        return plan(self.model, **self.target, **merged)
+        return _room_for_paged_states(plan(self.model, **self.target, **merged))
+
+
+def _room_for_paged_states(result: MemoryPlan) -> MemoryPlan:
+    """The plan as the search counts it: paged optimizer states need room on the device too.
+
+    bitsandbytes' paged states live in CUDA unified memory, outside the caching allocator, so a
+    plan fits without them. But when they do not fit beside the step's peak they are paged out to
+    host memory and back every step, which runs, slowly; the search looks for configurations
+    that run at speed, so it counts them against the headroom.
+    """
+    paged = int(result.details.get("paged_peak_bytes") or 0)
+    if not paged or result.headroom_bytes is None:
+        return result
+    headroom = result.headroom_bytes - paged
+    details = dict(result.details, notes=list(result.details.get("notes", [])) + [
+        "fit counts the paged optimizer states against the headroom (paged to the host every step otherwise)"])
+    return dataclasses.replace(result, headroom_bytes=headroom, fits=headroom >= 0, details=details)
 
 
 def fit(
@@ -204,7 +222,7 @@ def fit(
     if fits:
         # Only settings that would have been faster than the best fit explain anything.
         misses = [m for m in misses if _faster(m.spec, fits[0].spec)]
-    longest = dict.fromkeys(METHODS, 0) if max_seq_len else {}
+    longest = dict.fromkeys(methods, 0) if max_seq_len else {}
     longest_specs: dict[str, dict[str, Any]] = {}
     for o in outcomes:
         if max_seq_len:
@@ -330,7 +348,9 @@ def _search_method(planner: _Planner, method: str, effective_batch: int) -> tupl
             if candidate.fits:
                 chosen = candidate
                 break
-            misses.append(Miss(candidate.spec, candidate.device_total_bytes, -candidate.headroom_bytes))
+            # What it needs: the device total, plus paged optimizer states where the search counts them.
+            needed = candidate.device_total_bytes + int(candidate.details.get("paged_peak_bytes") or 0)
+            misses.append(Miss(candidate.spec, needed, -candidate.headroom_bytes))
         if chosen is None:
             continue  # leaner checkpointing may still fit
         knobs = {"method": method, "optimizer": chosen.spec["optimizer"], "checkpointing": checkpointing}

@@ -12,6 +12,8 @@ measurements:
   is partly hidden behind compute: a 10% surcharge is assumed;
 - QLoRA dequantizes every 4-bit weight in forward and backward: a 25% surcharge is assumed (the
   published QLoRA speed cost is of that order);
+- tiling (MLP and norms over chunks of the sequence) recomputes the MLP once more: about two
+  thirds of a Llama-shaped decoder layer's FLOPs, i.e. 2/3 of a forward;
 - small micro-batches leave the GPU underused: efficiency ``tokens / (tokens + 1024)`` per
   micro-batch, i.e. half speed at 1,024 tokens and close to full from ~16k tokens.
 """
@@ -23,6 +25,7 @@ from typing import Any
 QLORA_DEQUANT_SURCHARGE = 0.25
 OFFLOAD_SURCHARGE = 0.10
 HALF_EFFICIENCY_TOKENS = 1024
+TILING_FORWARD_UNITS = 2.0 / 3.0
 
 
 def forward_units(spec: dict[str, Any]) -> float:
@@ -31,7 +34,18 @@ def forward_units(spec: dict[str, Any]) -> float:
     units += 2.0 if spec["method"] == "full" else 1.0  # backward
     if spec["checkpointing"] in ("on", "offload"):
         units += 1.0  # recomputation
+    if _tiles(spec):
+        units += TILING_FORWARD_UNITS
     return units
+
+
+def _tiles(spec: dict[str, Any]) -> bool:
+    from memfit.spec import TILING_AUTO_TOKENS
+
+    tiling = spec.get("tiling", "auto")
+    if spec.get("recipe", "memfit") == "hf" or tiling == "off":
+        return False
+    return tiling == "on" or spec["batch_size"] * spec["seq_len"] >= TILING_AUTO_TOKENS
 
 
 def relative_cost(spec: dict[str, Any]) -> float:
