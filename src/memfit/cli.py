@@ -310,8 +310,18 @@ app.command("doctor")(doctor_command)
 app.command("report")(report_command)
 
 
+#: Library loggers whose warnings say nothing to someone running memfit: bitsandbytes' CPU backend
+#: looks for an optional fused kernel package at import on CPUs with AVX512-BF16 and warns when it
+#: is missing; memfit's CPU work (demo training, tests) does not use it.
+_QUIET_LOGGERS = ("bitsandbytes.backends.cpu.ops",)
+
+
 def main() -> None:
     """Console-script entry point."""
+    import logging
+
+    for name in _QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
     app()
 
 
