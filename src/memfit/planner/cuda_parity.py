@@ -9,7 +9,9 @@ explained and tested:
   whole weight to the compute dtype and calls ``linear`` (``_dequant_linear_fallback``); with double
   quantization it first dequantizes the absmax to fp32. Both transients are real device memory at
   the moment of the matmul, so the planner runs that same decomposition.
-- offloaded checkpointing (``torch.autograd.graph.save_on_cpu``): on CUDA, saving copies a layer's
+- transformers' offloaded checkpointing (``torch.autograd.graph.save_on_cpu``; only the
+  ``--recipe hf`` step uses it, memfit's own offload runs as on CUDA already, see
+  :mod:`memfit.train.offload`): on CUDA, saving copies a layer's
   input into pinned host memory and the recomputation copies it back to the device. On the fake
   CPU device the copy back is a no-op (the tensor is already "on the CPU"), so
   :func:`offload_parity` makes it a device copy, as on CUDA. The pinned copy itself is counted as
