@@ -47,3 +47,28 @@ def test_knobs_are_json_ready():
     knobs = make_spec(method="qlora", rank=8).knobs()
     assert knobs["alpha"] == 16.0 and knobs["targets"] == ["all-linear"] and knobs["method"] == "qlora"
     assert set(knobs) == set(RunSpec.model_fields)
+
+
+@pytest.mark.parametrize(
+    ("knobs", "expected"),
+    [
+        ({"tiling": "maybe"}, "--tiling: 'maybe' is not one of auto, on, off"),
+        ({"recipe": "hugging"}, "--recipe: 'hugging' is not one of memfit, hf"),
+        ({"method": "lora", "step_in_backward": True}, "--step-in-backward: only for --method full"),
+        ({"method": "full", "step_in_backward": True, "grad_accum": 4}, "--step-in-backward: needs --grad-accum 1"),
+    ],
+)
+def test_bad_lean_step_knobs(knobs, expected):
+    with pytest.raises(SpecError) as info:
+        make_spec(**knobs)
+    assert expected in str(info.value)
+
+
+def test_tiling_auto_follows_the_tokens_of_a_micro_batch():
+    from memfit.spec import TILING_AUTO_TOKENS
+
+    assert not make_spec(seq_len=TILING_AUTO_TOKENS // 2).tiles_mlp
+    assert make_spec(seq_len=TILING_AUTO_TOKENS // 2, batch_size=2).tiles_mlp
+    assert make_spec(seq_len=512, tiling="on").tiles_mlp
+    assert not make_spec(seq_len=65536, tiling="off").tiles_mlp
+    assert not make_spec(seq_len=65536, recipe="hf").tiles_mlp
