@@ -19,6 +19,7 @@ sequence. Goals: memfit >= 100,000 tokens; memfit's peak at 8,192 tokens <= 0.35
 GPU part (needs CUDA; a random-init 8B model, nothing downloaded)::
 
     python benchmarks/max_context.py --measure    # writes benchmarks/results/max_context-<gpu>.json
+    python benchmarks/max_context.py --tiny --device cpu --out /tmp/x.json   # check the harness
 
 caps the process at a 24 GB card's memory (``torch.cuda.set_per_process_memory_fraction``) and
 finds, with real training steps, the longest context each recipe trains at (growing in 1,024-token
@@ -132,8 +133,13 @@ def _hf_without_offload() -> dict:
     }
 
 
-def measure_recipe(recipe: str, lengths: list[int], cap_bytes: int, compare_tokens: int, steps: int = 2) -> dict:
-    """Real training steps on the GPU for each length (stop at the first OOM), and tokens/s at ``compare_tokens``."""
+def measure_recipe(recipe: str, lengths: list[int], cap_bytes: int | None, compare_tokens: int, steps: int = 2,
+                   model: str | dict = MODEL, device_name: str = "cuda", checkpointing: str = "offload") -> dict:
+    """Real training steps for each length (longer ones stop at the first OOM), and tokens/s at ``compare_tokens``.
+
+    On CUDA the process is capped at ``cap_bytes`` (a smaller card's memory). ``device_name="cpu"``
+    runs the same loop without a cap (the harness check: ``--tiny``).
+    """
     import torch
 
     from memfit.models.catalog import resolve_model
@@ -142,11 +148,13 @@ def measure_recipe(recipe: str, lengths: list[int], cap_bytes: int, compare_toke
     from memfit.train.optim import build_optimizer
     from memfit.train.step import loss_for_recipe, train_step
 
-    device = torch.device("cuda")
-    total = torch.cuda.get_device_properties(device).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), device)
-    spec = make_spec(batch_size=1, seq_len=max(lengths), recipe=recipe, checkpointing="offload", **KNOBS)
-    loaded = load_model(resolve_model(MODEL).config, spec, device, init="random", seed=0)
+    device = torch.device(device_name)
+    cuda = device.type == "cuda"
+    if cuda and cap_bytes is not None:
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, cap_bytes / total), device)
+    spec = make_spec(batch_size=1, seq_len=max(lengths + [compare_tokens]), recipe=recipe, checkpointing=checkpointing, **KNOBS)
+    loaded = load_model(resolve_model(model).config, spec, device, init="random", seed=0)
     optimizer = build_optimizer(loaded.model.parameters(), spec.optimizer)
     loss_fn = loss_for_recipe(recipe)
     vocab = int(loaded.config.vocab_size)
@@ -154,11 +162,13 @@ def measure_recipe(recipe: str, lengths: list[int], cap_bytes: int, compare_toke
     for tokens in sorted(set(lengths + [compare_tokens])):
         ids = torch.randint(0, vocab, (1, tokens), device=device)
         batch = {"input_ids": ids, "labels": ids.clone()}
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(device)
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
         try:
             train_step(loaded.model, [batch], optimizer, loss_fn=loss_fn)  # warm-up
-            torch.cuda.synchronize(device)
+            if cuda:
+                torch.cuda.synchronize(device)
             started = time.perf_counter()
             for _ in range(steps):
                 loss, _ = train_step(loaded.model, [batch], optimizer, loss_fn=loss_fn)
@@ -170,8 +180,9 @@ def measure_recipe(recipe: str, lengths: list[int], cap_bytes: int, compare_toke
             if tokens > compare_tokens:
                 break
             continue
-        row = {"tokens": tokens, "status": "ok", "step_seconds": round(seconds, 3), "tokens_per_second": round(tokens / seconds, 1),
-               "max_allocated_bytes": torch.cuda.max_memory_allocated(device), "max_reserved_bytes": torch.cuda.max_memory_reserved(device)}
+        row = {"tokens": tokens, "status": "ok", "step_seconds": round(seconds, 3), "tokens_per_second": round(tokens / seconds, 1)}
+        if cuda:
+            row.update(max_allocated_bytes=torch.cuda.max_memory_allocated(device), max_reserved_bytes=torch.cuda.max_memory_reserved(device))
         results.append(row)
         longest = max(longest, tokens)
         if tokens == compare_tokens:
@@ -180,14 +191,32 @@ def measure_recipe(recipe: str, lengths: list[int], cap_bytes: int, compare_toke
     return {"recipe": recipe, "runs": results, "longest_measured": longest, f"tokens_per_second_at_{compare_tokens}": speed}
 
 
+#: A tiny untied Llama for the harness check (``--tiny --device cpu``): every code path, in seconds.
+TINY_MODEL = {
+    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 4096,
+    "tie_word_embeddings": False,
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--measure", action="store_true", help="real runs on the CUDA GPU (needs one)")
     parser.add_argument("--recipe", choices=RECIPES, help="--measure one recipe only (each recipe in its own process is cleanest)")
     parser.add_argument("--compare-tokens", type=int, default=4096, help="--measure: length for the tokens/s comparison")
+    parser.add_argument("--tiny", action="store_true", help="--measure a tiny model (check the harness, e.g. with --device cpu)")
+    parser.add_argument("--device", default="cuda", help="--measure on this device (cuda; cpu only with --tiny)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    if not args.measure:
+    if args.tiny:
+        # transformers' offload pins host memory, which needs an accelerator: on a CPU the hf recipe
+        # runs with plain checkpointing (memfit's offload runs there synchronously).
+        runs = [measure_recipe(recipe, [256, 512], None, 512, steps=1, model=TINY_MODEL, device_name=args.device,
+                               checkpointing="on" if recipe == "hf" and args.device == "cpu" else "offload")
+                for recipe in ([args.recipe] if args.recipe else RECIPES)]
+        out = {"benchmark": "max_context (harness check)", "command": "python benchmarks/max_context.py --tiny", "runs": runs}
+        path = args.out or RESULTS / "max_context-tiny.json"
+    elif not args.measure:
         out = {"benchmark": "max_context", "command": "python benchmarks/max_context.py", "machine": describe_machine(),
                "model": MODEL, "card": CARD, "knobs": dict(KNOBS, batch_size=1),
                "goals": {"memfit_min_tokens": GOAL_TOKENS, f"max_peak_ratio_at_{COMPARE_TOKENS}": GOAL_RATIO},
@@ -196,8 +225,8 @@ def main() -> None:
     else:
         import torch
 
-        if not torch.cuda.is_available():
-            parser.error("--measure needs a CUDA GPU")
+        if not torch.cuda.is_available() or args.device != "cuda":
+            parser.error("--measure needs a CUDA GPU (check the harness on a CPU with --tiny --device cpu)")
         from memfit.models.gpus import get_gpu
 
         cap = get_gpu(CARD).memory_bytes
