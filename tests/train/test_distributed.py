@@ -240,3 +240,17 @@ def test_nproc_must_match_gpus_and_relaunches_through_torchrun(tmp_path, monkeyp
     assert cmd[6:] == ["memfit", "train", str(config), "--lr", "0.01", "--set", "eval_split=0.1", "--no-progress"]
     assert not (tmp_path / "out").exists()
     assert command.nproc_problem(2, 2, {"WORLD_SIZE": "2"}).startswith("--nproc: this command already runs under torchrun")
+
+
+def test_ranks_load_on_the_host_and_shard_onto_their_gpu():
+    """A model larger than one card is never whole on a GPU: ranks load on the host, FSDP moves shards."""
+    import torch
+
+    from memfit.spec import make_spec
+
+    cuda = torch.device("cuda", 1)
+    assert distributed.load_device(make_spec(method="lora", gpus=2, shard="fsdp"), cuda) == torch.device("cpu")
+    assert distributed.load_device(make_spec(method="full", gpus=2, shard="zero2"), cuda) == torch.device("cpu")
+    # QLoRA's 4-bit weights are quantized on the GPU and stay outside FSDP.
+    assert distributed.load_device(make_spec(method="qlora", gpus=2, shard="fsdp"), cuda) == cuda
+    assert distributed.load_device(make_spec(method="lora", gpus=2, shard="fsdp"), torch.device("cpu")) == torch.device("cpu")

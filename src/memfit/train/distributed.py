@@ -223,6 +223,38 @@ def frozen_4bit_params(model) -> set:
     return {module.weight for module in model.modules() if _is_4bit_weight(module, "weight")}
 
 
+def load_device(spec, device):
+    """Where a rank loads the whole model before sharding it: host memory, not the GPU.
+
+    ``fully_shard`` moves a module's host tensors to the GPU one decoder layer at a time and keeps
+    only this rank's shard, so a model larger than one card (LoRA of 70B: 140 GB of bf16 weights)
+    never exists whole on a GPU. The price is host memory: every rank holds the whole model there
+    until it is sharded. QLoRA loads on the device: its 4-bit weights stay outside FSDP (see
+    :func:`frozen_4bit_params`), are quantized on the GPU, and are a quarter of the bf16 size.
+    """
+    import torch
+
+    if device.type != "cuda" or spec.method == "qlora":
+        return device
+    return torch.device("cpu")
+
+
+def check_placed(model, device) -> None:
+    """Raise if a parameter or buffer of the sharded model is not on ``device`` (a sharding gap)."""
+    stray = sorted({name for name, t in list(model.named_parameters()) + list(model.named_buffers())
+                    if _local(t).device != device})
+    if stray:
+        raise DistributedError(
+            f"after sharding, {len(stray)} tensors are not on {device} (e.g. {', '.join(stray[:3])}); "
+            "this model has modules FSDP does not manage: report it with the model's config"
+        )
+
+
+def _local(tensor):
+    to_local = getattr(tensor, "to_local", None)
+    return to_local() if callable(to_local) else tensor
+
+
 def shard_model(model, spec, device, world: World):
     """Shard ``model`` with FSDP2 as ``spec.shard`` says and return it (the same object, now an FSDPModule).
 

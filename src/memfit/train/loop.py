@@ -182,7 +182,8 @@ def _train(config: TrainConfig, world, *, resume: bool, model, console, progress
 
     # 3. Model: meta -> weights on the device -> adapters -> checkpointing, then checked.
     if model is None:
-        loaded = load_model(model_dict, spec, device, init=config.init, weights_dir=config.model if config.init == "pretrained" else None, seed=config.seed)
+        load_device = dist_module.load_device(spec, device) if sharded else device
+        loaded = load_model(model_dict, spec, load_device, init=config.init, weights_dir=config.model if config.init == "pretrained" else None, seed=config.seed)
         model, setup = loaded.model, loaded.setup
     else:
         model = prepare_given_model(model, spec)
@@ -196,6 +197,7 @@ def _train(config: TrainConfig, world, *, resume: bool, model, console, progress
     )
     if sharded:
         model = dist_module.shard_model(model, spec, device, world)
+        dist_module.check_placed(model, device)
         loss_fn = dist_module.sharded_loss_fn(model, loss_fn)
         if dist_module.frozen_4bit_params(model):
             console.print("note: the 4-bit base weights stay whole on every rank; adapters and the rest are sharded", highlight=False)
