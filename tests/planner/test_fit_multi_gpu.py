@@ -25,3 +25,12 @@ def test_fit_finds_the_fewest_gpus_for_full_fine_tuning():
     if best.spec["gpus"] == 4:  # then two GPUs with any mode did not fit
         two = fit("llama-3.2-1b", gpus=2, **common)
         assert two.fits == []
+
+
+def test_fit_tries_only_modes_the_trainer_runs():
+    from memfit.planner.search import gpu_levels
+    from memfit.train.distributed import SHARD_MODES as TRAINED
+
+    modes = {mode for _, mode in gpu_levels(8, None)} - {"none"}
+    assert modes and modes <= set(TRAINED)
+    assert "zero1" not in modes

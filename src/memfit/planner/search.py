@@ -33,8 +33,9 @@ OPTIMIZERS_LEAN_FIRST = {"full": ("paged-adamw8bit", "adamw8bit", "adamw"), "lor
 #: Sequence lengths are reported in multiples of this many tokens.
 SEQ_STEP = 128
 #: With ``--gpus N`` and no ``--shard``: the modes tried at each GPU count, least communication
-#: first (zero3 is planned as fsdp, so it is not tried apart).
-SHARD_FAST_FIRST = ("ddp", "zero1", "zero2", "fsdp", "fsdp-offload")
+#: first; the ones memfit train runs, so every fit can be written as a config and trained (zero1
+#: is planned by ``memfit plan`` but not trained; zero3 is fsdp).
+SHARD_FAST_FIRST = ("ddp", "zero2", "fsdp", "fsdp-offload")
 
 
 def gpu_levels(gpus: int, shard: str | None) -> list[tuple[int, str]]:
