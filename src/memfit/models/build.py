@@ -208,7 +208,7 @@ def prepare_for_method(
     spec: RunSpec,
     load_weights: Callable[[nn.Module], None] | None = None,
 ) -> nn.Module:
-    """Quantize (qlora), load, attach adapters, enable checkpointing and tile the MLPs, in this order.
+    """Quantize (qlora), load, attach adapters, then the memory-lean step (:func:`apply_lean_step`).
 
     ``model`` is a meta model from :func:`build_meta_model`. ``load_weights`` (the trainer's) gives
     it real weights after 4-bit layers are swapped in and before adapters are attached, so that PEFT
