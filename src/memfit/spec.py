@@ -128,9 +128,7 @@ class RunSpec(BaseModel):
     @property
     def tiles_mlp(self) -> bool:
         """Whether the decoder MLPs run over chunks of the sequence (``tiling`` resolved)."""
-        if self.recipe == "hf" or self.tiling == "off":
-            return False
-        return self.tiling == "on" or self.batch_size * self.seq_len >= TILING_AUTO_TOKENS
+        return tiles_mlp(self.tiling, self.recipe, self.batch_size * self.seq_len)
 
     def knobs(self) -> dict[str, Any]:
         """Every knob with its resolved value, as plain JSON types."""
@@ -138,6 +136,13 @@ class RunSpec(BaseModel):
         data["targets"] = list(self.targets)
         data["alpha"] = self.lora_alpha
         return data
+
+
+def tiles_mlp(tiling: str, recipe: str, tokens: int) -> bool:
+    """``--tiling`` resolved for a micro-batch of ``tokens`` tokens (the hf recipe never tiles)."""
+    if recipe == "hf" or tiling == "off":
+        return False
+    return tiling == "on" or tokens >= TILING_AUTO_TOKENS
 
 
 _POSITIVE_INT_FIELDS = ("rank", "batch_size", "seq_len", "grad_accum", "gpus")

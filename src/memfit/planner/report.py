@@ -134,19 +134,19 @@ class MemoryPlan:
 
 def step_features(spec: dict[str, Any], details: dict[str, Any] | None = None) -> list[str]:
     """The memory-lean techniques of memfit's step that this plan includes (none for ``recipe hf``)."""
-    from memfit.spec import make_spec
+    from memfit.spec import tiles_mlp
 
-    if spec.get("recipe", "memfit") == "hf":
+    recipe = spec.get("recipe", "memfit")
+    if recipe == "hf":
         return []
-    run = make_spec(**{k: v for k, v in spec.items() if k != "alpha" or v is not None})
     features = ["fused chunked loss"]
-    if run.tiles_mlp:
+    if tiles_mlp(spec.get("tiling", "auto"), recipe, spec["batch_size"] * spec["seq_len"]):
         features.append("tiled MLP and norms")
-    if run.checkpointing == "offload":
+    if spec["checkpointing"] == "offload":
         features.append("offloaded checkpointing with prefetch")
-    if run.uses_adapters:
+    if spec["method"] in ("lora", "qlora"):
         features.append("LoRA inputs kept in the compute dtype")
-    if run.step_in_backward:
+    if spec.get("step_in_backward"):
         features.append("optimizer step in backward")
     if (details or {}).get("input_embeddings") == "host":
         features.append("frozen input embeddings in host memory")

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from memfit.spec import tiles_mlp
+
 QLORA_DEQUANT_SURCHARGE = 0.25
 OFFLOAD_SURCHARGE = 0.10
 HALF_EFFICIENCY_TOKENS = 1024
@@ -34,18 +36,9 @@ def forward_units(spec: dict[str, Any]) -> float:
     units += 2.0 if spec["method"] == "full" else 1.0  # backward
     if spec["checkpointing"] in ("on", "offload"):
         units += 1.0  # recomputation
-    if _tiles(spec):
+    if tiles_mlp(spec.get("tiling", "auto"), spec.get("recipe", "memfit"), spec["batch_size"] * spec["seq_len"]):
         units += TILING_FORWARD_UNITS
     return units
-
-
-def _tiles(spec: dict[str, Any]) -> bool:
-    from memfit.spec import TILING_AUTO_TOKENS
-
-    tiling = spec.get("tiling", "auto")
-    if spec.get("recipe", "memfit") == "hf" or tiling == "off":
-        return False
-    return tiling == "on" or spec["batch_size"] * spec["seq_len"] >= TILING_AUTO_TOKENS
 
 
 def relative_cost(spec: dict[str, Any]) -> float:
