@@ -145,8 +145,8 @@ def measure_recipe(recipe: str, lengths: list[int], cap_bytes: int | None, compa
     from memfit.models.catalog import resolve_model
     from memfit.spec import make_spec
     from memfit.train.loading import load_model
-    from memfit.train.optim import build_optimizer
-    from memfit.train.step import loss_for_recipe, train_step
+    from memfit.step.optim import build_optimizer
+    from memfit.step.builder import build_step
 
     device = torch.device(device_name)
     cuda = device.type == "cuda"
@@ -156,7 +156,7 @@ def measure_recipe(recipe: str, lengths: list[int], cap_bytes: int | None, compa
     spec = make_spec(batch_size=1, seq_len=max(lengths + [compare_tokens]), recipe=recipe, checkpointing=checkpointing, **KNOBS)
     loaded = load_model(resolve_model(model).config, spec, device, init="random", seed=0)
     optimizer = build_optimizer(loaded.model.parameters(), spec.optimizer)
-    loss_fn = loss_for_recipe(recipe)
+    step = build_step(spec)
     vocab = int(loaded.config.vocab_size)
     results, longest, speed = [], 0, None
     for tokens in sorted(set(lengths + [compare_tokens])):
@@ -166,12 +166,12 @@ def measure_recipe(recipe: str, lengths: list[int], cap_bytes: int | None, compa
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         try:
-            train_step(loaded.model, [batch], optimizer, loss_fn=loss_fn)  # warm-up
+            step(loaded.model, [batch], optimizer)  # warm-up
             if cuda:
                 torch.cuda.synchronize(device)
             started = time.perf_counter()
             for _ in range(steps):
-                loss, _ = train_step(loaded.model, [batch], optimizer, loss_fn=loss_fn)
+                loss, _ = step(loaded.model, [batch], optimizer)
             float(loss)
             seconds = (time.perf_counter() - started) / steps
         except torch.OutOfMemoryError:

@@ -72,8 +72,9 @@ def measure_one(model: str | dict, knobs: dict, device: str) -> dict:
     from memfit.planner.tracker import MemoryTracker
     from memfit.spec import make_spec
     from memfit.train.loading import load_model
-    from memfit.train.optim import build_optimizer
-    from memfit.train.step import train_step
+    from memfit.step.optim import build_optimizer
+    from memfit.step.losses import causal_lm_loss
+    from memfit.step.train_step import train_step
 
     spec = make_spec(**knobs)
     source = resolve_model(model)
@@ -100,7 +101,7 @@ def measure_one(model: str | dict, knobs: dict, device: str) -> dict:
     status = "ok"
     try:
         for _ in range(STEPS):
-            loss, _ = train_step(loaded.model, micro_batches, optimizer)
+            loss, _ = train_step(loaded.model, micro_batches, optimizer, loss_fn=causal_lm_loss)
         float(loss)
     except torch.OutOfMemoryError:
         status = "oom"

@@ -92,7 +92,7 @@ def _settings(args) -> dict:
 
 def run_memfit(args, out_dir: Path) -> dict:
     from memfit.train.config import validate_config
-    from memfit.train.loop import train
+    from memfit.train.recipe import train
 
     settings = _settings(args) | {"output_dir": str(out_dir / "memfit")}
     config = validate_config(settings)

@@ -27,7 +27,7 @@ def test_fit_json_and_write_trains(tmp_path):
     assert out.exists()
 
     from memfit.train.config import load_config
-    from memfit.train.loop import train
+    from memfit.train.recipe import train
 
     cfg = load_config(out, overrides={"max_steps": 2, "device": "cpu", "output_dir": str(tmp_path / "run"),
                                       "precision": "fp32", "budget": None})

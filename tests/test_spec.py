@@ -67,8 +67,8 @@ def test_bad_lean_step_knobs(knobs, expected):
 def test_tiling_auto_follows_the_tokens_of_a_micro_batch():
     from memfit.spec import TILING_AUTO_TOKENS
 
-    assert not make_spec(seq_len=TILING_AUTO_TOKENS // 2).tiles_mlp
-    assert make_spec(seq_len=TILING_AUTO_TOKENS // 2, batch_size=2).tiles_mlp
-    assert make_spec(seq_len=512, tiling="on").tiles_mlp
-    assert not make_spec(seq_len=65536, tiling="off").tiles_mlp
-    assert not make_spec(seq_len=65536, recipe="hf").tiles_mlp
+    assert not make_spec(seq_len=TILING_AUTO_TOKENS // 2).tiles_sequence
+    assert make_spec(seq_len=TILING_AUTO_TOKENS // 2, batch_size=2).tiles_sequence
+    assert make_spec(seq_len=512, tiling="on").tiles_sequence
+    assert not make_spec(seq_len=65536, tiling="off").tiles_sequence
+    assert not make_spec(seq_len=65536, recipe="hf").tiles_sequence

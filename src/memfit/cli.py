@@ -261,7 +261,7 @@ def models_command(as_json: bool = typer.Option(False, "--json", help="Print as 
 
     from memfit.models.catalog import catalog_names, load_catalog_config
     from memfit.models.gpus import load_gpus
-    from memfit.planner.runtime import format_bytes
+    from memfit.units import format_bytes
 
     models = []
     for name in catalog_names():

@@ -126,9 +126,9 @@ class RunSpec(BaseModel):
         return self.method in ("lora", "qlora")
 
     @property
-    def tiles_mlp(self) -> bool:
-        """Whether the decoder MLPs run over chunks of the sequence (``tiling`` resolved)."""
-        return tiles_mlp(self.tiling, self.recipe, self.batch_size * self.seq_len)
+    def tiles_sequence(self) -> bool:
+        """Whether the decoder MLPs and norms run over chunks of the sequence (``tiling`` resolved)."""
+        return tiles_sequence(self.tiling, self.recipe, self.batch_size * self.seq_len)
 
     def knobs(self) -> dict[str, Any]:
         """Every knob with its resolved value, as plain JSON types."""
@@ -138,7 +138,7 @@ class RunSpec(BaseModel):
         return data
 
 
-def tiles_mlp(tiling: str, recipe: str, tokens: int) -> bool:
+def tiles_sequence(tiling: str, recipe: str, tokens: int) -> bool:
     """``--tiling`` resolved for a micro-batch of ``tokens`` tokens (the hf recipe never tiles)."""
     if recipe == "hf" or tiling == "off":
         return False

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memfit.models.build import build_meta_model, make_config, materialize, prepare_for_method
+from memfit.models.build import build_meta_model, make_config, materialize
+from memfit.step.prepare import prepare_for_method
 from memfit.planner.simulate import simulate
 from memfit.planner.tracker import round_block_bytes
 from memfit.spec import make_spec

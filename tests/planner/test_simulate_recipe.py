@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memfit.models.build import DTYPES, build_meta_model, make_config, prepare_like_hf
+from memfit.models.build import DTYPES, build_meta_model, make_config
+from memfit.step.prepare import prepare_like_hf
 from memfit.planner.simulate import simulate
 from memfit.spec import make_spec
 

@@ -18,9 +18,9 @@ import sys
 def run_job(job: dict, world) -> None:
     import torch
 
-    from memfit.train import step as step_module
+    from memfit.step import train_step as step_module
     from memfit.train.config import validate_config
-    from memfit.train.loop import train
+    from memfit.train.recipe import train
 
     real_step = step_module.train_step
     calls = {"n": 0}
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     from memfit.train import distributed
 
     jobs = json.loads(open(argv[0]).read())
-    world = distributed.world_from_env()
+    world = distributed.placement_from_env()
     distributed.init_distributed(world, "cpu")  # joined here, so models stay usable after train()
     try:
         for job in jobs:

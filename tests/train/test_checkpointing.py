@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from memfit.train import step as step_module  # noqa: E402
+from memfit.step import train_step as step_module  # noqa: E402
 from memfit.train.checkpointing import (  # noqa: E402
     CheckpointError,
     capture_rng,
@@ -26,7 +26,8 @@ from memfit.train.checkpointing import (  # noqa: E402
     restore_rng,
     save_checkpoint,
 )
-from memfit.train.loop import train, truncate_metrics  # noqa: E402
+from memfit.train.recipe import train  # noqa: E402
+from memfit.train.run_folder import truncate_metrics  # noqa: E402
 
 from trainer_helpers import REPO, read_metrics, step_losses, tiny_config  # noqa: E402
 
@@ -180,12 +181,12 @@ def test_rng_states_round_trip():
 def test_metrics_after_the_checkpoint_are_dropped_on_resume(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 7)))
-    truncate_metrics(path, 4)
+    truncate_metrics(tmp_path, 4)
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4]
 
 
 def test_resume_with_other_batch_or_rank_is_refused(tmp_path):
-    from memfit.train.loop import TrainError
+    from memfit.train.recipe import TrainError
 
     train(tiny_config(tmp_path / "run", max_steps=2), progress=False)
     with pytest.raises(TrainError, match="batch_size: saved 4, now 2"):

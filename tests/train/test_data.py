@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from memfit.step.labels import IGNORE_INDEX
 from memfit.train.data import (
-    IGNORE_INDEX,
     BatchIterator,
     DataError,
     collate,

@@ -19,9 +19,9 @@ if not torch.distributed.is_available():  # pragma: no cover - depends on the bu
 
 from memfit.train import distributed  # noqa: E402
 from memfit.train.config import ConfigError  # noqa: E402
-from memfit.train.distributed import DistributedError, World  # noqa: E402
-from memfit.train.loop import TrainError, train  # noqa: E402
-from memfit.watch.recorder import memory_file_name  # noqa: E402
+from memfit.train.distributed import DistributedError, Placement  # noqa: E402
+from memfit.train.recipe import TrainError, train  # noqa: E402
+from memfit.run_files import memory_file_name  # noqa: E402
 
 from trainer_helpers import read_metrics, save_tiny_pretrained, step_losses, tiny_config, tiny_settings  # noqa: E402
 
@@ -171,13 +171,13 @@ def test_fsdp_settings_by_shard():
         distributed.fsdp_settings("zero1")
 
 
-def test_world_from_env():
-    assert distributed.world_from_env({}) == World(0, 0, 1)
-    assert distributed.world_from_env({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}) == World(3, 1, 4)
+def test_placement_from_env():
+    assert distributed.placement_from_env({}) == Placement(0, 0, 1)
+    assert distributed.placement_from_env({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4"}) == Placement(3, 1, 4)
     with pytest.raises(DistributedError, match="RANK=4 does not fit WORLD_SIZE=4"):
-        distributed.world_from_env({"RANK": "4", "WORLD_SIZE": "4"})
+        distributed.placement_from_env({"RANK": "4", "WORLD_SIZE": "4"})
     with pytest.raises(DistributedError, match="WORLD_SIZE='two'"):
-        distributed.world_from_env({"WORLD_SIZE": "two"})
+        distributed.placement_from_env({"WORLD_SIZE": "two"})
     assert memory_file_name(0) == "memory.jsonl" and memory_file_name(2) == "memory-rank2.jsonl"
 
 
@@ -187,10 +187,10 @@ def test_world_from_env():
 
 def test_gpus_must_match_the_processes_started():
     with pytest.raises(DistributedError, match="torchrun started 4 processes.*Set gpus: 4.*--nproc-per-node 2"):
-        distributed.check_world(2, "fsdp", World(0, 0, 4))
+        distributed.check_world(2, "fsdp", Placement(0, 0, 4))
     with pytest.raises(DistributedError, match="ddp, zero2, zero3, fsdp, fsdp-offload"):
-        distributed.check_world(2, "none", World(0, 0, 2))
-    distributed.check_world(2, "zero2", World(1, 1, 2))
+        distributed.check_world(2, "none", Placement(0, 0, 2))
+    distributed.check_world(2, "zero2", Placement(1, 1, 2))
 
 
 def test_gpus_without_torchrun_is_refused_before_loading(tmp_path, monkeypatch):

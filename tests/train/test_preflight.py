@@ -40,7 +40,7 @@ def test_force_trains_anyway_and_a_big_budget_fits():
 def test_train_refuses_before_loading_any_weight(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     from memfit.train import loading
-    from memfit.train.loop import train
+    from memfit.train.recipe import train
 
     def must_not_load(*args, **kwargs):
         raise AssertionError("weights were loaded before preflight")

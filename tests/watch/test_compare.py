@@ -80,8 +80,8 @@ def lora_setup(wrap: bool):
 
     from memfit.models.build import make_config
     from memfit.spec import make_spec
-    from memfit.train.loading import prepare_given_model
-    from memfit.train.optim import build_optimizer
+    from memfit.step.prepare import prepare_given_model
+    from memfit.step.optim import build_optimizer
 
     torch.manual_seed(0)
     spec = make_spec(**KNOBS)
@@ -97,7 +97,8 @@ def lora_setup(wrap: bool):
 
 
 def run_measured(tmp_path, model, optimizer, plan, batch):
-    from memfit.train.step import train_step
+    from memfit.step.losses import causal_lm_loss
+    from memfit.step.train_step import train_step
     from memfit.watch.recorder import MemoryRecorder
     from memfit.watch.timeline import load_timeline
 
@@ -105,7 +106,7 @@ def run_measured(tmp_path, model, optimizer, plan, batch):
         recorder.inspect(model, KNOBS)
         recorder.attribute(model, optimizer, steps=2)
         for step in range(2):
-            train_step(model, [batch], optimizer, observer=recorder.observer)
+            train_step(model, [batch], optimizer, loss_fn=causal_lm_loss, observer=recorder.observer)
             live = recorder.end_step(step + 1)
         timeline = load_timeline(tmp_path / "memory.jsonl")
         assert recorder.comparison() == compare_categories(plan, timeline)

@@ -150,7 +150,7 @@ def lora_spec():
 def lora_model(config, spec):
     from transformers import AutoModelForCausalLM
 
-    from memfit.models.build import attach_lora, enable_checkpointing
+    from memfit.step.prepare import attach_lora, enable_checkpointing
 
     model = attach_lora(AutoModelForCausalLM.from_config(config, attn_implementation="sdpa"), spec)
     enable_checkpointing(model)

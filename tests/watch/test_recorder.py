@@ -9,7 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from memfit.train.step import train_step  # noqa: E402
+from memfit.step.losses import causal_lm_loss  # noqa: E402
+from memfit.step.train_step import train_step  # noqa: E402
 from memfit.watch.recorder import MemoryRecorder  # noqa: E402
 from memfit.watch.timeline import load_timeline  # noqa: E402
 
@@ -32,7 +33,7 @@ def train(recorder, model, optimizer, batch, steps, leak_bytes=0):
     for step in range(steps):
         if step == 0:
             recorder.attribute(model, optimizer)
-        loss, _ = train_step(model, [batch], optimizer, observer=recorder.observer)
+        loss, _ = train_step(model, [batch], optimizer, loss_fn=causal_lm_loss, observer=recorder.observer)
         if leak_bytes:
             # The bug being caught: something keeps a few MiB alive every step (filled, so the pages
             # are really resident).
@@ -68,7 +69,7 @@ def test_clean_run_of_200_steps_raises_nothing(tmp_path, tiny_llama_config):
 def test_records_are_on_disk_as_soon_as_a_step_ends(tmp_path, tiny_llama_config):
     model, optimizer, batch = tiny_run(tiny_llama_config)
     recorder = MemoryRecorder(tmp_path, expected_device="cpu", devices=[])
-    train_step(model, [batch], optimizer, observer=recorder.observer)
+    train_step(model, [batch], optimizer, loss_fn=causal_lm_loss, observer=recorder.observer)
     recorder.end_step(1, {"loss": 1.5, "note": "x", "tensor": torch.tensor(2.0), "skipped": object()})
     # Not closed: a crash here would keep this much.
     lines = [json.loads(line) for line in (tmp_path / "memory.jsonl").read_text().splitlines()]
@@ -87,7 +88,7 @@ def test_first_steps_are_attributed_by_category(tmp_path, tiny_llama_config):
     with MemoryRecorder(tmp_path, expected_device="cpu") as recorder:
         recorder.attribute(model, optimizer, steps=2)
         for step in range(3):
-            train_step(model, [batch], optimizer, observer=recorder.observer)
+            train_step(model, [batch], optimizer, loss_fn=causal_lm_loss, observer=recorder.observer)
             recorder.end_step(step + 1)
     timeline = load_timeline(tmp_path / "memory.jsonl")
     attribution = timeline.attribution

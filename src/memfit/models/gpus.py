@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
-MiB = 1 << 20
+from memfit.units import MiB
 
 ARCHS = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
 

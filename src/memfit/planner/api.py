@@ -25,7 +25,8 @@ from typing import Any, Callable
 from memfit.models.catalog import ModelSource, resolve_model
 from memfit.planner import allocator
 from memfit.planner.report import MemoryPlan
-from memfit.planner.runtime import format_bytes, parse_bytes, runtime_overhead
+from memfit.planner.runtime import runtime_overhead
+from memfit.units import format_bytes, parse_bytes
 from memfit.spec import RunSpec, SpecError, make_spec
 
 
@@ -515,7 +516,9 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
     cached = _LAYOUT_CACHE.get(key)
     if cached is not None:
         return cached
-    from memfit.models.build import DTYPES, build_meta_model, decoder_layers, layer_period, make_config, prepare_for_method
+    from memfit.models.build import DTYPES, build_meta_model, layer_period, make_config
+    from memfit.models.layers import decoder_layers
+    from memfit.step.prepare import prepare_for_method
     from memfit.planner.sharding import ParamGroup, ParamLayout
     from memfit.planner.simulate import _quiet
 

@@ -11,7 +11,7 @@ explained and tested:
   the moment of the matmul, so the planner runs that same decomposition.
 - transformers' offloaded checkpointing (``torch.autograd.graph.save_on_cpu``; only the
   ``--recipe hf`` step uses it, memfit's own offload runs as on CUDA already, see
-  :mod:`memfit.train.offload`): on CUDA, saving copies a layer's
+  :mod:`memfit.step.offload`): on CUDA, saving copies a layer's
   input into pinned host memory and the recomputation copies it back to the device. On the fake
   CPU device the copy back is a no-op (the tensor is already "on the CPU"), so
   :func:`offload_parity` makes it a device copy, as on CUDA. The pinned copy itself is counted as

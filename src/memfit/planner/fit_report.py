@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memfit.planner.runtime import format_bytes
+from memfit.units import format_bytes
 
 
 def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memfit.planner.categories import CATEGORIES
-from memfit.planner.runtime import format_bytes
+from memfit.units import format_bytes
 
 
 CATEGORY_HELP = {
@@ -134,13 +134,13 @@ class MemoryPlan:
 
 def step_features(spec: dict[str, Any], details: dict[str, Any] | None = None) -> list[str]:
     """The memory-lean techniques of memfit's step that this plan includes (none for ``recipe hf``)."""
-    from memfit.spec import tiles_mlp
+    from memfit.spec import tiles_sequence
 
     recipe = spec.get("recipe", "memfit")
     if recipe == "hf":
         return []
     features = ["fused chunked loss"]
-    if tiles_mlp(spec.get("tiling", "auto"), recipe, spec["batch_size"] * spec["seq_len"]):
+    if tiles_sequence(spec.get("tiling", "auto"), recipe, spec["batch_size"] * spec["seq_len"]):
         features.append("tiled MLP and norms")
     if spec["checkpointing"] == "offload":
         features.append("offloaded checkpointing with prefetch")

@@ -1,4 +1,4 @@
-"""Device memory that a training step uses besides its tensors, and byte sizes.
+"""Device memory that a training step uses besides its tensors.
 
 Two kinds of runtime memory matter to the planner:
 
@@ -23,9 +23,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-KiB = 1 << 10
-MiB = 1 << 20
-GiB = 1 << 30
+from memfit.models.gpus import ARCHS
+from memfit.units import KiB, MiB, format_bytes
+
 
 # --- CUDA context ------------------------------------------------------------
 
@@ -78,7 +78,8 @@ allocated at that thread's first matmul and kept until the process ends (or
 
 _LARGE_WORKSPACE_ARCHS = frozenset({"hopper", "blackwell"})
 
-KNOWN_ARCHS = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
+#: The architectures the runtime figures know (those of the GPU catalog).
+KNOWN_ARCHS = ARCHS
 
 
 @dataclass(frozen=True)
@@ -197,73 +198,3 @@ def runtime_overhead(
         cublas_workspace_allocs=tuple(allocs),
         notes=tuple(notes),
     )
-
-
-# --- human-readable sizes --------------------------------------------------------
-
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 1000,
-    "mb": 1000**2,
-    "gb": 1000**3,
-    "tb": 1000**4,
-    "kib": 1 << 10,
-    "mib": 1 << 20,
-    "gib": 1 << 30,
-    "tib": 1 << 40,
-}
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-z]*)\s*$", re.IGNORECASE)
-_SIZE_EXAMPLES = "e.g. '24GiB', '80 GB', '512MiB', '1.5 TiB' or '1048576'"
-
-
-def parse_bytes(value: str | int) -> int:
-    """Bytes in a human size: ``"24GiB"``, ``"80 GB"``, ``"512"``, ``1024``.
-
-    KB/MB/GB/TB are decimal (1000^n), KiB/MiB/GiB/TiB binary (1024^n); units
-    are case-insensitive; a bare number is bytes. The result must be a whole,
-    non-negative number of bytes.
-    """
-    if isinstance(value, bool):
-        raise ValueError(f"size {value!r} is not a byte count; use {_SIZE_EXAMPLES}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"size {value!r} is negative; use {_SIZE_EXAMPLES}")
-        return value
-    if not isinstance(value, str):
-        raise ValueError(f"size {value!r} is not a string or an integer; use {_SIZE_EXAMPLES}")
-    match = _SIZE_RE.match(value)
-    if match is None:
-        raise ValueError(f"cannot read size {value!r}; use {_SIZE_EXAMPLES}")
-    number, unit = match.groups()
-    multiplier = _UNITS.get(unit.lower())
-    if multiplier is None:
-        raise ValueError(
-            f"unknown unit {unit!r} in size {value!r}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB "
-            f"({_SIZE_EXAMPLES})"
-        )
-    whole, _, frac = number.partition(".")
-    # exact arithmetic: 1.1 GB must be 1,100,000,000 B, not a float artefact
-    numerator = int(whole or "0") * 10 ** len(frac) + int(frac or "0")
-    total, remainder = divmod(numerator * multiplier, 10 ** len(frac))
-    if remainder:
-        raise ValueError(f"size {value!r} is not a whole number of bytes; use {_SIZE_EXAMPLES}")
-    return total
-
-
-_FORMAT_UNITS = ("KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def format_bytes(nbytes: int) -> str:
-    """Short binary-unit form: ``512 B``, ``1.2 MiB``, ``23.5 GiB``."""
-    sign = "-" if nbytes < 0 else ""
-    n = abs(nbytes)
-    if n < 1024:
-        return f"{sign}{n} B"
-    value = float(n)
-    for i, unit in enumerate(_FORMAT_UNITS):
-        value /= 1024
-        # move up a unit when rounding would print 1024.0
-        if round(value, 1) < 1024 or i == len(_FORMAT_UNITS) - 1:
-            return f"{sign}{value:.1f} {unit}"
-    raise AssertionError("unreachable")

@@ -20,13 +20,14 @@ from typing import Any, Iterator
 
 import torch
 
-from memfit.models.build import DTYPES, build_meta_model, count_parameters, make_config, materialize, place_for_training, prepare_for_method
+from memfit.models.build import DTYPES, build_meta_model, count_parameters, make_config, materialize
+from memfit.step.prepare import place_for_training, prepare_for_method
 from memfit.planner.cuda_parity import CudaParityMode, offload_parity, plan_bitsandbytes_optimizer
 from memfit.planner.tracker import MemoryTracker, TrackerResult
 from memfit.spec import RunSpec
-from memfit.train.offload import pinned_host_copies
-from memfit.train.optim import build_optimizer
-from memfit.train.step import loss_for_recipe, train_step
+from memfit.step.offload import pinned_host_copies
+from memfit.step.optim import build_optimizer
+from memfit.step.builder import build_step
 
 #: The fake device the step runs on (see the module docstring for why CPU, not CUDA).
 SIM_DEVICE = "cpu"
@@ -67,7 +68,7 @@ def simulate(
     config = make_config(config_dict, num_layers=num_layers)
     config.use_cache = False
     dtype = DTYPES[spec.precision]
-    loss_fn = loss_for_recipe(spec.recipe)
+    step_fn = build_step(spec)
     with _quiet():
         model = prepare_for_method(build_meta_model(config, dtype), spec)
 
@@ -101,7 +102,7 @@ def simulate(
             # show gradient accumulation's steady state (the second runs with gradients held).
             micro_batches = [batch] * (min(spec.grad_accum, 2) if step == SIM_STEPS - 1 else 1)
             with _quiet():
-                train_step(model, micro_batches, optimizer, loss_fn=loss_fn, observer=observer)
+                step_fn(model, micro_batches, optimizer, observer=observer)
             tracker.mark_optimizer(optimizer)
         for h in hooks:
             h.remove()

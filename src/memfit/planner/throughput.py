@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from memfit.spec import tiles_mlp
+from memfit.spec import tiles_sequence
 
 QLORA_DEQUANT_SURCHARGE = 0.25
 OFFLOAD_SURCHARGE = 0.10
@@ -36,7 +36,7 @@ def forward_units(spec: dict[str, Any]) -> float:
     units += 2.0 if spec["method"] == "full" else 1.0  # backward
     if spec["checkpointing"] in ("on", "offload"):
         units += 1.0  # recomputation
-    if tiles_mlp(spec.get("tiling", "auto"), spec.get("recipe", "memfit"), spec["batch_size"] * spec["seq_len"]):
+    if tiles_sequence(spec.get("tiling", "auto"), spec.get("recipe", "memfit"), spec["batch_size"] * spec["seq_len"]):
         units += TILING_FORWARD_UNITS
     return units
 

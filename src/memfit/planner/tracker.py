@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from memfit.planner.categories import TRACKED_CATEGORIES
+from memfit.step.host_embeddings import HOST_RESIDENT_ATTR
 
 # Roles win over each other in this order: a parameter saved for backward stays a parameter.
 _ROLE_PRIORITY = {name: rank for rank, name in enumerate(TRACKED_CATEGORIES)}
@@ -38,10 +39,6 @@ _ROLE_PRIORITY = {name: rank for rank, name in enumerate(TRACKED_CATEGORIES)}
 #: CUDA's caching allocator hands out blocks in multiples of 512 bytes; counting the same way keeps
 #: our "allocated" comparable with ``torch.cuda.memory_allocated``.
 BLOCK_BYTES = 512
-
-
-#: Attribute set (True) on tensors that live in host memory by design (see ``mark_model``).
-HOST_RESIDENT_ATTR = "_memfit_host_resident"
 
 
 def round_block_bytes(nbytes: int) -> int:
@@ -238,7 +235,7 @@ class MemoryTracker(TorchDispatchMode):
             self.phase_marks.append((phase, len(self.events) - 1))
         self.phase = phase
 
-    # The training step reports its phases through ``on_phase`` (see memfit.train.step.StepObserver).
+    # The training step reports its phases through ``on_phase`` (see memfit.step.train_step.StepObserver).
     on_phase = set_phase
 
     def reset_peak(self) -> None:

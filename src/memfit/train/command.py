@@ -1,4 +1,4 @@
-"""`memfit train`: the command-line face of :func:`memfit.train.loop.train`.
+"""`memfit train`: the command-line face of :func:`memfit.train.recipe.train`.
 
 Importing this module imports neither torch nor transformers, so the CLI starts fast. Exit codes:
 0 finished, 2 bad configuration or input, 3 the run does not fit (preflight refusal or out of
@@ -164,8 +164,9 @@ def train_command(
     _quiet_library_notices()
     from memfit.train.data import DataError
     from memfit.train.distributed import DistributedError
-    from memfit.train.loading import LoadError, SetupError
-    from memfit.train.loop import OutOfMemory, TrainError, train
+    from memfit.step.prepare import SetupError
+    from memfit.train.loading import LoadError
+    from memfit.train.recipe import OutOfMemory, TrainError, train
     from memfit.train.preflight import PreflightError
 
     try:

@@ -284,7 +284,7 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
     if c.device.strip().lower() not in ("auto", "cpu", "cuda") and not c.device.strip().lower().startswith("cuda:"):
         problems.append(f"device: {c.device!r} is not one of auto, cpu, cuda, cuda:N")
     if c.budget is not None:
-        from memfit.planner.runtime import parse_bytes
+        from memfit.units import parse_bytes
 
         try:
             if parse_bytes(c.budget) <= 0:

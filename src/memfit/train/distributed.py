@@ -23,9 +23,8 @@ Everything that is arithmetic (the slices, the weights, the checks) is a pure fu
 from __future__ import annotations
 
 import os
-import types
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 #: ``shard`` values the trainer runs (``none`` is one process; ``zero1`` is refused, see config).
 SHARD_MODES = ("ddp", "zero2", "zero3", "fsdp", "fsdp-offload")
@@ -36,7 +35,7 @@ class DistributedError(ValueError):
 
 
 @dataclass(frozen=True)
-class World:
+class Placement:
     """Where this process stands: ``rank`` of ``world_size`` processes, ``local_rank`` on its node."""
 
     rank: int = 0
@@ -57,8 +56,8 @@ class World:
 # Pure pieces
 
 
-def world_from_env(env: Mapping[str, str] | None = None) -> World:
-    """The :class:`World` torchrun describes in ``env`` (default ``os.environ``); one process when unset."""
+def placement_from_env(env: Mapping[str, str] | None = None) -> Placement:
+    """The :class:`Placement` torchrun describes in ``env`` (default ``os.environ``); one process when unset."""
     env = os.environ if env is None else env
 
     def number(name: str, default: int) -> int:
@@ -70,13 +69,13 @@ def world_from_env(env: Mapping[str, str] | None = None) -> World:
         except ValueError:
             raise DistributedError(f"environment: {name}={text!r} is not a whole number (torchrun sets it)") from None
 
-    world = World(rank=number("RANK", 0), local_rank=number("LOCAL_RANK", 0), world_size=number("WORLD_SIZE", 1))
-    if world.world_size < 1 or not 0 <= world.rank < world.world_size:
-        raise DistributedError(f"environment: RANK={world.rank} does not fit WORLD_SIZE={world.world_size}")
-    return world
+    placement = Placement(rank=number("RANK", 0), local_rank=number("LOCAL_RANK", 0), world_size=number("WORLD_SIZE", 1))
+    if placement.world_size < 1 or not 0 <= placement.rank < placement.world_size:
+        raise DistributedError(f"environment: RANK={placement.rank} does not fit WORLD_SIZE={placement.world_size}")
+    return placement
 
 
-def check_world(gpus: int, shard: str, world: World) -> None:
+def check_world(gpus: int, shard: str, world: Placement) -> None:
     """Raise :class:`DistributedError` unless ``gpus`` processes were started (and sharding set)."""
     if gpus != world.world_size:
         if world.world_size == 1:
@@ -117,11 +116,6 @@ def rank_slice(examples: Sequence[Any], rank: int, world_size: int) -> list[Any]
     return list(examples[rank::world_size])
 
 
-def labelled_tokens(labels) -> int:
-    """Tokens a causal LM loss scores in a batch: labels shifted by one, -100 ignored."""
-    return int((labels[:, 1:] != -100).sum())
-
-
 def loss_weights(local_tokens: Sequence[int], global_tokens: Sequence[int], world_size: int) -> list[float]:
     """Factor for each micro-batch's mean loss on this rank.
 
@@ -136,7 +130,7 @@ def loss_weights(local_tokens: Sequence[int], global_tokens: Sequence[int], worl
 # The process group
 
 
-def init_distributed(world: World, device_name: str):
+def init_distributed(world: Placement, device_name: str):
     """Join the process group and return this rank's device (``cuda:LOCAL_RANK``, or ``cpu``).
 
     NCCL on CUDA, gloo on CPU. ``device_name`` is the config's ``device``: ``auto`` takes CUDA when
@@ -255,7 +249,7 @@ def _local(tensor):
     return to_local() if callable(to_local) else tensor
 
 
-def shard_model(model, spec, device, world: World):
+def shard_model(model, spec, device, world: Placement):
     """Shard ``model`` with FSDP2 as ``spec.shard`` says and return it (the same object, now an FSDPModule).
 
     Each decoder layer (:func:`memfit.models.build.decoder_layers`) becomes one FSDP group, then the
@@ -266,7 +260,8 @@ def shard_model(model, spec, device, world: World):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    from memfit.models.build import DTYPES, decoder_layers
+    from memfit.models.build import DTYPES
+    from memfit.models.layers import decoder_layers
 
     settings = fsdp_settings(spec.shard)
     dtype = DTYPES[spec.precision]
@@ -285,38 +280,6 @@ def shard_model(model, spec, device, world: World):
     # The root's weights are needed again right at the start of backward (the output head): keep them.
     fully_shard(model, reshard_after_forward=False, **common)
     return model
-
-
-def sharded_loss_fn(model, loss_fn: Callable) -> Callable:
-    """A loss function that runs ``loss_fn`` as a forward of the FSDP root.
-
-    memfit's loss calls the decoder stack and reads the output head's weight directly (the fused
-    loss, :mod:`memfit.train.losses`), which would skip the root's hooks that gather the embeddings
-    and the head. Registering the loss as a forward method of the root runs them around it.
-    """
-    from torch.distributed.fsdp import register_fsdp_forward_method
-
-    def memfit_loss(self, batch):
-        return loss_fn(self, batch)
-
-    model.memfit_loss = types.MethodType(memfit_loss, model)
-    register_fsdp_forward_method(model, "memfit_loss")
-
-    def run(m, batch):
-        return m.memfit_loss(batch)
-
-    return run
-
-
-def weighted_loss_fn(loss_fn: Callable) -> Callable:
-    """``loss_fn`` times the batch's ``loss_weight`` (see :func:`loss_weights`), when it has one."""
-
-    def run(model, batch):
-        loss = loss_fn(model, batch)
-        weight = batch.get("loss_weight") if hasattr(batch, "get") else None
-        return loss if weight is None else loss * weight
-
-    return run
 
 
 def full_state_dict(model, *, trainable_only: bool) -> dict[str, Any]:

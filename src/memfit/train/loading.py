@@ -5,7 +5,7 @@ and each tensor goes straight to the target device in the target dtype, where it
 ``meta`` placeholder. 4-bit layers (QLoRA) receive their dense weight on the device and quantize
 it there, one layer at a time. ``init: random`` follows the same path with random tensors made on
 the device. The order of quantize -> load -> adapters -> checkpointing is
-:func:`memfit.models.build.prepare_for_method`'s; this module only supplies the ``load_weights``
+:func:`memfit.step.prepare.prepare_for_method`'s; this module only supplies the ``load_weights``
 step and the checks after it.
 """
 
@@ -19,8 +19,10 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from memfit.models.build import DTYPES, NF4_BLOCKSIZE, build_meta_model, count_parameters, decoder_layers, make_config, place_for_training, prepare_for_method
+from memfit.models.build import DTYPES, build_meta_model, count_parameters, make_config
+from memfit.models.quantize import is_linear4bit, quantize_on_device
 from memfit.spec import RunSpec
+from memfit.step.prepare import SetupError, checkpointed_layers, expected_lora_parameters, place_for_training, prepare_for_method
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -28,10 +30,6 @@ SINGLE_FILE = "model.safetensors"
 
 class LoadError(ValueError):
     """The weights cannot be loaded into the model as configured (missing files or tensors, shapes)."""
-
-
-class SetupError(ValueError):
-    """The prepared model is not what the method implies (trainable count, frozen base, checkpointing)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -125,28 +123,6 @@ def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
     return (model.get_submodule(module_name) if module_name else model), attr
 
 
-def _is_4bit(module: nn.Module) -> bool:
-    return type(module).__name__ == "Linear4bit"
-
-
-def _quantize_on_device(module: nn.Module, dense: torch.Tensor, device: torch.device) -> nn.Parameter:
-    """NF4-quantize ``dense`` (already on ``device``) with the settings memfit's QLoRA uses."""
-    import bitsandbytes as bnb
-
-    param = bnb.nn.Params4bit(
-        dense.to(module.compute_dtype or torch.bfloat16),
-        requires_grad=False,
-        compress_statistics=True,
-        quant_type="nf4",
-        quant_storage=torch.uint8,
-        blocksize=NF4_BLOCKSIZE,
-        module=module,
-    )
-    # _quantize replaces .data with the packed uint8 tensor; the dense one is freed when this
-    # function returns, so only one layer's dense weight exists at a time.
-    return param._quantize(device)
-
-
 def place_parameter(model: nn.Module, name: str, value: torch.Tensor, device: torch.device, tied: dict[str, list[str]]) -> None:
     """Replace meta parameter ``name`` (and those tied to it) with ``value`` on ``device``.
 
@@ -155,11 +131,11 @@ def place_parameter(model: nn.Module, name: str, value: torch.Tensor, device: to
     """
     module, attr = _owner(model, name)
     current = module._parameters[attr]
-    if _is_4bit(module) and attr == "weight":
+    if is_linear4bit(module) and attr == "weight":
         expected = (module.out_features, module.in_features)
         if tuple(value.shape) != expected:
             raise LoadError(f"{name}: checkpoint shape {tuple(value.shape)} but the model expects {expected}")
-        param = _quantize_on_device(module, value.to(device), device)
+        param = quantize_on_device(module, value.to(device), device)
     else:
         if tuple(value.shape) != tuple(current.shape):
             raise LoadError(f"{name}: checkpoint shape {tuple(value.shape)} but the model expects {tuple(current.shape)}")
@@ -239,7 +215,7 @@ def init_random_into(model: nn.Module, device: torch.device, initializer_range: 
         if name in done:
             continue
         module, attr = _owner(model, name)
-        if _is_4bit(module) and attr == "weight":
+        if is_linear4bit(module) and attr == "weight":
             shape: tuple[int, ...] = (module.out_features, module.in_features)
             dtype = module.compute_dtype or torch.bfloat16
         else:
@@ -352,48 +328,6 @@ def load_model(
 # Checks after setup
 
 
-def refuse_wrapped_model(model: nn.Module) -> None:
-    """Raise SetupError unless ``model`` is a plain transformers PreTrainedModel or a PeftModel.
-
-    A custom ``nn.Module`` around the model hides it from ``gradient_checkpointing_enable`` and from
-    PEFT's layer matching, and is the usual way memory optimisations are silently lost.
-    """
-    from peft import PeftModel
-    from transformers import PreTrainedModel
-
-    if isinstance(model, (PreTrainedModel, PeftModel)):
-        return
-    inner = [type(m).__name__ for m in model.modules() if isinstance(m, (PreTrainedModel, PeftModel))]
-    found = f" It wraps a {inner[0]}; pass that object instead." if inner else ""
-    raise SetupError(
-        f"model: a {type(model).__name__} is not a transformers PreTrainedModel or a PEFT PeftModel.{found} "
-        "memfit turns on activation checkpointing and attaches adapters through these classes; behind a "
-        "custom wrapper both can silently stop applying (and memory use jumps). Unwrap the model, or "
-        "put custom logic in a loss function instead."
-    )
-
-
-def expected_lora_parameters(model: nn.Module) -> int:
-    """Parameters LoRA adds: r x (in + out) for each adapted layer, from the layers themselves."""
-    total = 0
-    for module in model.modules():
-        lora_a = getattr(module, "lora_A", None)
-        lora_b = getattr(module, "lora_B", None)
-        if not isinstance(lora_a, nn.ModuleDict) or not isinstance(lora_b, nn.ModuleDict):
-            continue
-        for key in lora_a:
-            rank = module.r[key]
-            total += rank * (module.in_features + module.out_features)
-    return total
-
-
-def checkpointed_layers(model: nn.Module) -> tuple[int, int]:
-    """(decoder layers with activation checkpointing on, decoder layers)."""
-    layers = decoder_layers(model)
-    on = sum(1 for layer in layers if getattr(layer, "gradient_checkpointing", False))
-    return on, len(layers)
-
-
 def verify_setup(model: nn.Module, spec: RunSpec) -> dict[str, Any]:
     """Check the model is prepared the way ``spec`` says, and return what was checked.
 
@@ -435,23 +369,3 @@ def verify_setup(model: nn.Module, spec: RunSpec) -> dict[str, Any]:
         "decoder_layers": layers,
         "base_frozen": spec.uses_adapters,
     }
-
-
-def prepare_given_model(model: nn.Module, spec: RunSpec) -> nn.Module:
-    """Prepare a model the caller built (``train(model=...)``): refuse wrappers, then adapters and
-    checkpointing as ``spec`` says (a PeftModel is taken as already adapted)."""
-    from memfit.models.build import apply_lean_step, attach_lora, place_for_training
-    from peft import PeftModel
-
-    refuse_wrapped_model(model)
-    if spec.method == "qlora" and not getattr(model, "is_loaded_in_4bit", False) and not isinstance(model, PeftModel):
-        raise SetupError("method: qlora needs 4-bit base weights; let memfit load the model (model: <folder>) or pass a PeftModel")
-    if spec.uses_adapters and not isinstance(model, PeftModel):
-        model = attach_lora(model, spec)
-    elif not spec.uses_adapters:
-        for p in model.parameters():
-            p.requires_grad_(True)
-    apply_lean_step(model, spec)
-    place_for_training(model, spec)
-    model.train()
-    return model

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from memfit.planner.runtime import format_bytes
+from memfit.units import format_bytes
 
 
 class PreflightError(RuntimeError):
@@ -123,3 +123,21 @@ def run_preflight(
         )
         raise PreflightError(reason, result, oom_advice(knobs))
     return PreflightResult(plan=result, target=target, target_bytes=target_bytes, fits=result.fits, forced=bool(force and result.fits is False))
+
+
+def preflight_run(config, model_config: dict[str, Any], device, console) -> PreflightResult:
+    """:func:`run_preflight` for a training config on ``device``, with the plan's one-line summary
+    printed (per GPU for several GPUs) and a warning when ``force`` overrides a refusal."""
+    preflight = run_preflight(
+        model_config, config.knobs(), device_type=device.type, device_index=device.index,
+        gpu=config.gpu, budget=config.budget, force=config.force,
+    )
+    if preflight.plan is not None:
+        per = " per GPU" if config.gpus > 1 else ""
+        console.print(
+            f"plan: {format_bytes(preflight.plan.device_total_bytes)} at the peak{per}, "
+            f"{format_bytes(preflight.target_bytes)} available ({preflight.target})", highlight=False,
+        )
+    if preflight.forced:
+        console.print("[yellow]warning:[/] the plan says this run does not fit; training anyway (force)", highlight=False)
+    return preflight

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memfit.planner.categories import CATEGORIES
-from memfit.planner.runtime import format_bytes
+from memfit.units import format_bytes
 from memfit.watch.thresholds import Thresholds
 from memfit.watch.timeline import Finding, Timeline
 

@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from memfit.planner.runtime import format_bytes
-from memfit.watch.thresholds import MiB, Thresholds
+from memfit.units import MiB, format_bytes
+from memfit.watch.thresholds import Thresholds
 from memfit.watch.timeline import Finding, Timeline, merge_findings
 
 HOST = "host"
@@ -342,8 +342,8 @@ def inspect_model(model: Any, spec: Any = None) -> list[Finding]:
     - frozen base weights that train (``frozen_trainable``) or hold gradients (``frozen_gradients``);
     - a trainable parameter count other than the method implies (``trainable_count``).
     """
-    from memfit.models.build import decoder_layers
-    from memfit.train.loading import expected_lora_parameters
+    from memfit.models.layers import decoder_layers
+    from memfit.step.prepare import expected_lora_parameters
 
     knobs = _spec_dict(spec)
     inner = _inner_model(model)

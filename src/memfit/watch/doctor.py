@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memfit.planner.runtime import format_bytes
+from memfit.units import format_bytes
 from memfit.watch.compare import CategoryRow, compare_categories
 from memfit.watch.detectors import detect_all
 from memfit.watch.thresholds import Thresholds

@@ -22,7 +22,8 @@ from transformers import TrainerCallback
 
 from memfit.watch.recorder import MemoryRecorder
 from memfit.watch.thresholds import Thresholds
-from memfit.watch.timeline import MEMORY_FILE, METRICS_FILE, Finding
+from memfit.run_files import METRICS_FILE, memory_file_name
+from memfit.watch.timeline import Finding
 
 log = logging.getLogger("memfit.watch")
 
@@ -86,7 +87,7 @@ class MemoryCallback(TrainerCallback):
             check_every=self.check_every,
             resumed_from_step=int(state.global_step) if state.global_step else None,
             source="hf-trainer",
-            file_name=MEMORY_FILE if rank == 0 else f"memory-rank{rank}.jsonl",
+            file_name=memory_file_name(rank),
         )
         if rank == 0:
             self._metrics = open(run_dir / METRICS_FILE, "a", encoding="utf-8")

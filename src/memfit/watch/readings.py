@@ -260,3 +260,23 @@ def device_capacities(cuda_count: int, nvml: Nvml | None) -> dict[str, int]:
         if total:
             capacities[f"cuda:{index}"] = total
     return capacities
+
+
+def step_peak_reading(device: Any) -> dict[str, int]:
+    """The peaks a training step reports: allocated and reserved on a CUDA device; on the CPU the
+    process's resident memory and its peak (``ru_maxrss``)."""
+    if getattr(device, "type", str(device)) == "cuda":
+        import torch
+
+        return {
+            "peak_allocated_bytes": int(torch.cuda.max_memory_allocated(device)),
+            "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
+        }
+    reading = {"rss_bytes": rss_bytes()}
+    try:
+        import resource
+
+        reading["peak_rss_bytes"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
+    except ImportError:  # pragma: no cover - Windows
+        pass
+    return reading

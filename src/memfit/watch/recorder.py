@@ -27,7 +27,8 @@ from typing import Any
 
 from memfit.watch import readings
 from memfit.watch.thresholds import Thresholds
-from memfit.watch.timeline import MEMORY_FILE, SCHEMA_VERSION, Finding, Timeline, sort_findings
+from memfit.run_files import MEMORY_FILE
+from memfit.watch.timeline import SCHEMA_VERSION, SEVERITY_RANK, Finding, Timeline, sort_findings
 
 log = logging.getLogger("memfit.watch")
 
@@ -39,7 +40,7 @@ LIVE_WINDOW = 1000
 
 
 class _Observer:
-    """The :class:`~memfit.train.step.StepObserver` handed to ``train_step``: reads memory at each phase."""
+    """The :class:`~memfit.step.train_step.StepObserver` handed to ``train_step``: reads memory at each phase."""
 
     def __init__(self, recorder: "MemoryRecorder") -> None:
         self._recorder = recorder
@@ -66,7 +67,7 @@ class MemoryRecorder:
         resumed_from_step: the step a resumed run restarts from; records after it are superseded.
         source: who records (``memfit-train``, ``hf-trainer``, ``script``), stored in the start record.
         file_name: the timeline's name in ``run_dir`` (each process of a multi-GPU run writes its own,
-            see :func:`memory_file_name`).
+            see :func:`memfit.run_files.memory_file_name`).
         rank: the process's rank in a multi-GPU run (stored in the start record); None for one process.
     """
 
@@ -200,7 +201,7 @@ class MemoryRecorder:
         fresh = []
         for finding in detect_all(timeline, self._plan, self.thresholds):
             known = self._reported.get(finding.key)
-            if known is not None and _rank(finding) >= _rank(known):
+            if known is not None and SEVERITY_RANK[finding.severity] >= SEVERITY_RANK[known.severity]:
                 continue
             self._reported[finding.key] = finding
             self._record_finding(finding)
@@ -351,18 +352,6 @@ class _Attribution:
 
 # ------------------------------------------------------------------------------------------------
 # Small helpers
-
-
-def memory_file_name(rank: int) -> str:
-    """The timeline file of process ``rank``: ``memory.jsonl`` for rank 0 (what ``memfit report``
-    reads first), ``memory-rank<N>.jsonl`` for the others."""
-    if rank < 0:
-        raise ValueError(f"rank: {rank} must be 0 or more")
-    return MEMORY_FILE if rank == 0 else f"memory-rank{rank}.jsonl"
-
-
-def _rank(finding: Finding) -> int:
-    return {"error": 0, "warning": 1, "info": 2}[finding.severity]
 
 
 def _device_indices(devices: list[str | int] | None) -> list[int]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.files import write_atomic
-from memfit.planner.runtime import format_bytes
+from memfit.units import format_bytes
 from memfit.watch.detectors import HOST, series
 from memfit.watch.doctor import Diagnosis, diagnose
 from memfit.watch.thresholds import Thresholds

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-MiB = 2**20
-GiB = 2**30
+from memfit.units import GiB, MiB
 
 
 @dataclass(frozen=True)

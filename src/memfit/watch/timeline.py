@@ -19,15 +19,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memfit.run_files import MEMORY_FILE, METRICS_FILE, RUN_FILE, rank_of_memory_file
+
 #: Version of the record layout; bumped when a field changes meaning.
 SCHEMA_VERSION = 1
 
-MEMORY_FILE = "memory.jsonl"
-METRICS_FILE = "metrics.jsonl"
-RUN_FILE = "run.json"
 
 SEVERITIES = ("error", "warning", "info")
-_SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
+#: Errors first: lower is more severe.
+SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 
 
 @dataclass
@@ -46,7 +46,7 @@ class Finding:
     data: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.severity not in _SEVERITY_RANK:
+        if self.severity not in SEVERITY_RANK:
             raise ValueError(f"Finding.severity: {self.severity!r} is not one of {', '.join(SEVERITIES)}")
 
     @property
@@ -67,7 +67,7 @@ class Finding:
 
 def sort_findings(findings: list[Finding]) -> list[Finding]:
     """Most important first: errors, then warnings, then info; earlier steps first within a level."""
-    return sorted(findings, key=lambda f: (_SEVERITY_RANK[f.severity], f.step if f.step is not None else -1))
+    return sorted(findings, key=lambda f: (SEVERITY_RANK[f.severity], f.step if f.step is not None else -1))
 
 
 def merge_findings(*groups: list[Finding]) -> list[Finding]:
@@ -76,7 +76,7 @@ def merge_findings(*groups: list[Finding]) -> list[Finding]:
     for group in groups:
         for f in group:
             known = best.get(f.key)
-            if known is None or _SEVERITY_RANK[f.severity] < _SEVERITY_RANK[known.severity]:
+            if known is None or SEVERITY_RANK[f.severity] < SEVERITY_RANK[known.severity]:
                 best[f.key] = f
     return sort_findings(list(best.values()))
 
@@ -255,9 +255,9 @@ def _rank_files(path: Path) -> list[tuple[int, Path]]:
     """``memory-rank<N>.jsonl`` files of a multi-process run (rank 0 writes ``memory.jsonl``), by rank."""
     found = []
     for file in path.glob("memory-rank*.jsonl"):
-        suffix = file.name[len("memory-rank"):-len(".jsonl")]
-        if suffix.isdigit() and int(suffix) > 0:
-            found.append((int(suffix), file))
+        rank = rank_of_memory_file(file.name)
+        if rank:
+            found.append((rank, file))
     return sorted(found)
 
 

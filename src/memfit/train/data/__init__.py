@@ -21,7 +21,7 @@ from memfit.train.data.batching import BatchIterator, collate
 from memfit.train.data.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplateError, render_chat
 from memfit.train.data.errors import DataError
 from memfit.train.data.formats import FORMATS, detect_format, load_records
-from memfit.train.data.tokenization import IGNORE_INDEX, pack_examples, tokenize_records
+from memfit.train.data.tokenization import pack_examples, tokenize_records
 
 __all__ = [
     "BatchIterator",
@@ -29,7 +29,6 @@ __all__ = [
     "DEFAULT_CHAT_TEMPLATE",
     "DataError",
     "FORMATS",
-    "IGNORE_INDEX",
     "collate",
     "detect_format",
     "load_records",

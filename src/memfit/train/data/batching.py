@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
-from memfit.train.data.tokenization import IGNORE_INDEX
+from memfit.step.labels import IGNORE_INDEX
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch

@@ -24,7 +24,6 @@ FORMAT_KEYS: dict[str, tuple[str, ...]] = {
     "text": ("text",),
 }
 FORMATS = tuple(FORMAT_KEYS)
-CHAT_FORMATS = ("alpaca", "sharegpt", "messages")
 ROLES = ("system", "user", "assistant")
 # ShareGPT exports name the speakers in several ways; all map onto the three chat roles.
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}

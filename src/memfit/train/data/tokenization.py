@@ -11,10 +11,9 @@ import bisect
 import warnings
 from typing import Any, Sequence
 
+from memfit.step.labels import IGNORE_INDEX
 from memfit.train.data.chat import ChatTemplateError, render_chat
 from memfit.train.data.errors import DataError, Problems
-
-IGNORE_INDEX = -100
 
 
 def tokenize_records(

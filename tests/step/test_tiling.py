@@ -11,16 +11,12 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memfit.models.build import (
-    attach_lora,
-    build_meta_model,
-    decoder_layers,
-    enable_checkpointing,
-    materialize,
-    quantize_linears_on_meta,
-)
+from memfit.models.build import build_meta_model, materialize
+from memfit.models.layers import decoder_layers
+from memfit.models.quantize import quantize_linears_on_meta
+from memfit.step.prepare import attach_lora, enable_checkpointing
 from memfit.spec import RunSpec
-from memfit.train.tiling import DEFAULT_TILE_TOKENS, is_tiled, tile_mlps, untile_mlps
+from memfit.step.tiling import DEFAULT_TILE_TOKENS, is_tiled, tile_mlps
 
 INTERMEDIATE = 176  # a width no other tensor of the tiny models has (hidden 64, vocab 128)
 CHUNK = 64  # does not divide the 2 x 75 = 150 tokens of the default batch
@@ -289,10 +285,9 @@ def test_state_dict_and_parameters_unchanged_and_idempotent():
         assert is_tiled(block.mlp)
         assert block.mlp.__dict__["_memfit_untiled_forward"] is None  # not the tiled forward twice
     ids, embeds = _batch(torch.float32)
-    twice = _step(model, ids, embeds)
-    assert untile_mlps(model) == 2
-    assert not any(is_tiled(b.mlp) for b in decoder_layers(model))
-    _assert_same(_step(model, ids, embeds), twice, 1e-5)
+    untiled = _build("llama", "lora", torch.float32)  # same seed: the same weights
+    assert not any(is_tiled(b.mlp) for b in decoder_layers(untiled))
+    _assert_same(_step(untiled, ids, embeds), _step(model, ids, embeds), 1e-5)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -386,7 +381,7 @@ def test_runs_under_fake_tensor_mode(dropout):
 
 def test_norms_tile_too_and_keep_gradients():
     """tile_norms: each decoder layer's RMSNorms run chunked; outputs and gradients unchanged."""
-    from memfit.train.tiling import tile_norms
+    from memfit.step.tiling import tile_norms
 
     torch.manual_seed(0)
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -22,7 +22,7 @@ def build_optimizer(
 
     ``step_in_backward`` (full fine-tuning) gives each parameter its own optimizer ``name`` and runs
     its step as soon as its gradient is complete, inside backward
-    (:class:`~memfit.train.step_in_backward.OptimizerInBackward`): gradients never all exist at once.
+    (:class:`~memfit.step.step_in_backward.OptimizerInBackward`): gradients never all exist at once.
 
     - ``adamw``: PyTorch's fused AdamW. The fused kernel updates every parameter in place, so unlike
       the default foreach implementation it needs no temporary copy of all gradients; it exists for
@@ -35,7 +35,7 @@ def build_optimizer(
     if not params:
         raise ValueError("no trainable parameters: nothing for the optimizer to update")
     if step_in_backward:
-        from memfit.train.step_in_backward import OptimizerInBackward
+        from memfit.step.step_in_backward import OptimizerInBackward
 
         return OptimizerInBackward(params, lambda ps: build_optimizer(ps, name, lr=lr, weight_decay=weight_decay, betas=betas))
     if name == "adamw":

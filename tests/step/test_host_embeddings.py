@@ -6,10 +6,10 @@ import copy
 
 import torch
 
-from memfit.models.build import attach_lora
+from memfit.step.prepare import attach_lora
 from memfit.planner.simulate import simulate
 from memfit.spec import make_spec
-from memfit.train.host_embeddings import keep_input_embeddings_on_host
+from memfit.step.host_embeddings import keep_input_embeddings_on_host
 
 
 def _lora_model(tie: bool):

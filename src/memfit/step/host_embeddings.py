@@ -11,7 +11,7 @@ weight too). The cost is a host gather and one host-to-device copy of the looked
 micro-batch (64 MiB for 8,192 tokens of Llama-3.1-8B).
 
 The planner runs the same code on the fake CPU device: under
-:func:`memfit.train.offload.pinned_host_copies` the table's host copy is allocated pinned, which
+:func:`memfit.step.offload.pinned_host_copies` the table's host copy is allocated pinned, which
 the memory tracker counts as host memory.
 """
 
@@ -22,8 +22,11 @@ import types
 import torch
 from torch import nn
 
-from memfit.planner.tracker import HOST_RESIDENT_ATTR
-from memfit.train.offload import pinned_copy_wanted
+from memfit.step.offload import pinned_copy_wanted
+
+#: Attribute set (True) on tensors that live in host memory by design: memory trackers (the
+#: planner's and the run's) count them as host memory, not device memory.
+HOST_RESIDENT_ATTR = "_memfit_host_resident"
 
 _HOST_ATTR = "_memfit_on_host"
 

@@ -11,16 +11,11 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memfit.models.build import attach_lora, enable_checkpointing
+from memfit.step.prepare import attach_lora, enable_checkpointing
 from memfit.spec import make_spec
-from memfit.train.offload import (
-    MIN_OFFLOAD_BYTES,
-    ActivationOffloader,
-    enable_offloaded_checkpointing,
-    offloader_of,
-    pinned_host_copies,
-)
-from memfit.train.step import causal_lm_loss, train_step
+from memfit.step.offload import ActivationOffloader, MIN_OFFLOAD_BYTES, enable_offloaded_checkpointing, offloader_of, pinned_host_copies
+from memfit.step.losses import causal_lm_loss
+from memfit.step.train_step import train_step
 
 LAYERS = 3
 HIDDEN = 64
@@ -112,7 +107,7 @@ def test_adamw_steps_with_gradient_accumulation_equal_plain_checkpointing(method
         torch.manual_seed(2)
         losses = []
         for step in range(3):
-            loss, _ = train_step(model, [batch(10 * step), batch(10 * step + 1)], optimizer, max_grad_norm=1.0)
+            loss, _ = train_step(model, [batch(10 * step), batch(10 * step + 1)], optimizer, loss_fn=causal_lm_loss, max_grad_norm=1.0)
             losses.append(float(loss))
         return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -263,7 +258,8 @@ def test_pinned_host_copies_on_real_cpu_tensors_without_an_accelerator():
 def _tracked_step(offload: bool, num_layers: int, seq_len: int):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from memfit.models.build import build_meta_model, materialize, prepare_for_method
+    from memfit.models.build import build_meta_model, materialize
+    from memfit.step.prepare import prepare_for_method
     from memfit.planner.tracker import MemoryTracker
 
     config = tiny_config(num_layers)

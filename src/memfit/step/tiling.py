@@ -27,7 +27,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from memfit.train.chunking import chunk_starts, is_fake
+from memfit.models.layers import decoder_layers
+from memfit.step.chunking import chunk_starts, is_fake
 
 #: Tokens per chunk. 2048 rows keep each chunk's matmuls ([2048, hidden] x [hidden, intermediate])
 #: large enough to run a GPU's tensor cores near full speed (a few hundred rows already do for
@@ -49,7 +50,7 @@ def tile_mlps(model: nn.Module, chunk_tokens: int = DEFAULT_TILE_TOKENS) -> int:
     """Make the MLP of every decoder layer run over chunks of ``chunk_tokens`` tokens.
 
     The MLP is the child module named ``mlp`` of each block in
-    :func:`memfit.models.build.decoder_layers` (works on PEFT-wrapped models). Blocks that are not
+    :func:`memfit.models.layers.decoder_layers` (works on PEFT-wrapped models). Blocks that are not
     a dense token-wise MLP mapping ``[batch, seq, hidden]`` to the same shape (mixture-of-experts
     blocks, forwards taking more than the hidden states) are left alone.
 
@@ -59,8 +60,6 @@ def tile_mlps(model: nn.Module, chunk_tokens: int = DEFAULT_TILE_TOKENS) -> int:
     Returns how many MLPs now run tiled.
     """
     _check_chunk_tokens(chunk_tokens)
-    from memfit.models.build import decoder_layers
-
     tiled = 0
     for block in decoder_layers(model):
         mlp = getattr(block, "mlp", None)
@@ -82,8 +81,6 @@ def tile_norms(model: nn.Module, chunk_tokens: int = DEFAULT_TILE_TOKENS) -> int
     how many norms now run tiled.
     """
     _check_chunk_tokens(chunk_tokens)
-    from memfit.models.build import decoder_layers
-
     tiled = 0
     for block in decoder_layers(model):
         for _, child in block.named_children():
@@ -111,25 +108,6 @@ def _check_chunk_tokens(chunk_tokens: int) -> None:
 def _is_norm(module: nn.Module) -> bool:
     """RMSNorm / LayerNorm children of a decoder layer (by class name: every architecture has its own)."""
     return isinstance(module, nn.LayerNorm) or type(module).__name__.lower().endswith(("rmsnorm", "layernorm", "norm"))
-
-
-def untile_mlps(model: nn.Module) -> int:
-    """Undo :func:`tile_mlps`; returns how many MLPs were restored."""
-    from memfit.models.build import decoder_layers
-
-    restored = 0
-    for block in decoder_layers(model):
-        mlp = getattr(block, "mlp", None)
-        if not isinstance(mlp, nn.Module) or not is_tiled(mlp):
-            continue
-        previous = mlp.__dict__.pop(_UNTILED_ATTR)
-        del mlp.__dict__[_CHUNK_ATTR]
-        if previous is None:
-            del mlp.__dict__["forward"]
-        else:
-            mlp.forward = previous
-        restored += 1
-    return restored
 
 
 def is_tiled(mlp: nn.Module) -> bool:
@@ -170,7 +148,9 @@ def _tiled_forward(self: nn.Module, hidden_states: torch.Tensor, *args: Any, **k
         # Evaluation or no_grad: nothing to recompute, chunking alone bounds the intermediates.
         with torch.no_grad():
             return _chunked_forward(run, hidden_states, chunk_tokens, rng_states=None)
-    preserve_rng = _dropout_active(self) and not _is_fake(hidden_states)
+    # Fake tensors have no values, so there are no masks to replay; and capturing a fake CUDA
+    # device's RNG state would need a real CUDA device.
+    preserve_rng = _dropout_active(self) and not is_fake(hidden_states)
     return TiledMLPFunction.apply(run, chunk_tokens, preserve_rng, hidden_states, *params)
 
 
@@ -278,12 +258,6 @@ def _dropout_active(mlp: nn.Module) -> bool:
     return any(
         isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0 for m in mlp.modules()
     )
-
-
-def _is_fake(x: torch.Tensor) -> bool:
-    # Fake tensors have no values, so there are no masks to replay; and capturing a fake CUDA
-    # device's RNG state would need a real CUDA device.
-    return is_fake(x)
 
 
 def _cuda_devices(x: torch.Tensor) -> list[int]:

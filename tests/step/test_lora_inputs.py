@@ -6,9 +6,9 @@ import copy
 
 import torch
 
-from memfit.models.build import attach_lora
+from memfit.step.prepare import attach_lora
 from memfit.spec import make_spec
-from memfit.train.lora_inputs import keep_lora_inputs_low_precision
+from memfit.step.lora_inputs import keep_lora_inputs_low_precision
 
 HIDDEN = 64
 

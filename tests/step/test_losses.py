@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from memfit.train.losses import IGNORE_INDEX, ChunkedLinearCrossEntropy, chunked_cross_entropy
+from memfit.step.losses import ChunkedLinearCrossEntropy, IGNORE_INDEX, chunked_cross_entropy
 
 
 def _reference(hidden, weight, labels):
@@ -80,7 +80,7 @@ def test_at_most_one_chunk_of_logits_is_alive():
 
 def test_step_uses_the_fused_loss_and_matches_the_model_loss(tiny_llama):
     from memfit.models.build import make_config
-    from memfit.train.step import backbone_and_head, causal_lm_loss
+    from memfit.step.losses import backbone_and_head, causal_lm_loss
 
     from transformers import AutoModelForCausalLM
 
@@ -97,7 +97,7 @@ def test_step_uses_the_fused_loss_and_matches_the_model_loss(tiny_llama):
 
 def test_models_with_capped_logits_keep_their_own_loss(tiny_llama):
     from memfit.models.build import make_config
-    from memfit.train.step import backbone_and_head
+    from memfit.step.losses import backbone_and_head
 
     from transformers import AutoModelForCausalLM
 

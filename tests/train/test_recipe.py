@@ -10,11 +10,11 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-from memfit.train import step as step_module  # noqa: E402
+from memfit.step import train_step as step_module  # noqa: E402
 from memfit.train.checkpointing import latest_checkpoint  # noqa: E402
 from memfit.train.config import load_config  # noqa: E402
-from memfit.train.loading import SetupError  # noqa: E402
-from memfit.train.loop import OutOfMemory, TrainError, train  # noqa: E402
+from memfit.step.prepare import SetupError  # noqa: E402
+from memfit.train.recipe import OutOfMemory, TrainError, train  # noqa: E402
 
 from trainer_helpers import REPO, read_metrics, save_tiny_pretrained, step_losses, tiny_config  # noqa: E402
 

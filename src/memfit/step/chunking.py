@@ -1,7 +1,7 @@
 """Where the step's chunked loops start, and the planner's shortcut through them.
 
-The fused loss (:mod:`memfit.train.losses`) and the tiled MLPs and norms
-(:mod:`memfit.train.tiling`) loop over chunks of the tokens. Every chunk after the first does
+The fused loss (:mod:`memfit.step.losses`) and the tiled MLPs and norms
+(:mod:`memfit.step.tiling`) loop over chunks of the tokens. Every chunk after the first does
 exactly what the one before it did: the same ops on tensors of the same shapes, each transient
 freed before the next chunk starts (the outputs and gradient accumulators they write into exist
 from the first chunk on). So the memory timeline of chunks 2..n-1 is chunk 1's, repeated, and the

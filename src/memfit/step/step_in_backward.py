@@ -10,8 +10,8 @@ drive it through ``param_groups`` (the inner optimizers' own group dicts), check
 ``state_dict`` / ``load_state_dict``, the planner's tracker reads ``state``, and ``train_step``'s
 ``optimizer.step()`` / ``zero_grad()`` are no-ops. What it cannot do is anything that needs all
 gradients before the first update: gradient accumulation, clipping by the global norm, and fp16's
-GradScaler (which unscales and checks for inf across all gradients). :func:`check_step_in_backward`
-lists those conflicts for a run's settings.
+GradScaler (which unscales and checks for inf across all gradients); the run's configuration refuses
+those settings (:class:`memfit.spec.RunSpec` and :mod:`memfit.train.config`).
 """
 
 from __future__ import annotations
@@ -22,31 +22,6 @@ from typing import Any
 import torch
 
 OptimizerFactory = Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
-
-
-def check_step_in_backward(grad_accum: int, max_grad_norm: float | None, precision: str) -> list[str]:
-    """Problems with running the optimizer step inside backward under these settings, one line each.
-
-    Each line names the field, the value and the fix. An empty list means the settings are fine.
-    """
-    problems = []
-    if grad_accum != 1:
-        problems.append(
-            f"grad_accum: {grad_accum!r} cannot be used with step_in_backward (each parameter is updated as soon "
-            "as its gradient exists, so gradients cannot add up over micro-batches). Set grad_accum: 1 and raise "
-            "batch_size instead, or set step_in_backward: false."
-        )
-    if max_grad_norm is not None:
-        problems.append(
-            f"max_grad_norm: {max_grad_norm!r} cannot be used with step_in_backward (each parameter is updated "
-            "before the global gradient norm exists). Set max_grad_norm: null, or step_in_backward: false."
-        )
-    if precision == "fp16":
-        problems.append(
-            "precision: 'fp16' cannot be used with step_in_backward (fp16 needs a GradScaler, which unscales and "
-            "checks every gradient for inf before any update). Use precision: bf16 or fp32, or step_in_backward: false."
-        )
-    return problems
 
 
 class _InnerStates(Mapping):
@@ -84,7 +59,7 @@ class OptimizerInBackward(torch.optim.Optimizer):
     ``lambda ps: torch.optim.AdamW(ps, lr=2e-4, fused=True)``. Only parameters that require
     gradients are taken (repeats, such as an embedding tied to the output head, count once: autograd
     sums both contributions before the hook fires). Use it like any optimizer, with
-    ``grad_accum`` 1, no gradient clipping and no GradScaler (see :func:`check_step_in_backward`):
+    ``grad_accum`` 1, no gradient clipping and no GradScaler (refused by the configuration):
     ``loss.backward()`` performs the update, ``step()`` only runs the closure, if any.
 
     A parameter that receives a second gradient before ``step()`` or ``zero_grad()`` (two backward

@@ -9,8 +9,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from memfit.train.step import train_step
-from memfit.train.step_in_backward import OptimizerInBackward, check_step_in_backward
+from memfit.step.losses import causal_lm_loss
+from memfit.step.train_step import train_step
+from memfit.step.step_in_backward import OptimizerInBackward
 
 LR = 1e-2
 WEIGHT_DECAY = 0.1
@@ -55,7 +56,7 @@ def inner_lrs(optimizer: OptimizerInBackward) -> list[float]:
 def run(model, optimizer, data, scheduler=None) -> list[float]:
     losses = []
     for batch in data:
-        loss, grad_norm = train_step(model, [batch], optimizer)
+        loss, grad_norm = train_step(model, [batch], optimizer, loss_fn=causal_lm_loss)
         assert grad_norm is None
         losses.append(float(loss))
         if scheduler is not None:
@@ -248,7 +249,7 @@ def test_grad_scaler_is_refused():
     model = tiny_model()
     optimizer = in_backward(model)
     with pytest.raises(RuntimeError, match="cannot be used with a GradScaler"):
-        train_step(model, batches(1), optimizer, grad_scaler=torch.amp.GradScaler("cpu"))
+        train_step(model, batches(1), optimizer, loss_fn=causal_lm_loss, grad_scaler=torch.amp.GradScaler("cpu"))
 
 
 def test_only_trainable_parameters_and_clear_errors():
@@ -278,7 +279,7 @@ def test_runs_under_fake_tensor_mode_with_the_planner_tracker():
             optimizer = in_backward(model) if stepping else adamw(model.parameters())
             data = [{"input_ids": torch.zeros(2, 12, dtype=torch.long), "labels": torch.zeros(2, 12, dtype=torch.long)}]
             for _ in range(2):
-                train_step(model, data, optimizer, observer=tracker)
+                train_step(model, data, optimizer, loss_fn=causal_lm_loss, observer=tracker)
                 tracker.mark_optimizer(optimizer)
             for h in hooks:
                 h.remove()
@@ -304,17 +305,6 @@ def test_runs_under_fake_tensor_mode_with_the_planner_tracker():
     assert optim_normal >= 2 * param_bytes
 
 
-def test_check_step_in_backward():
-    assert check_step_in_backward(1, None, "bf16") == []
-    assert check_step_in_backward(1, None, "fp32") == []
-    problems = check_step_in_backward(4, 1.0, "fp16")
-    assert len(problems) == 3
-    grad_accum, clip, fp16 = problems
-    assert grad_accum.startswith("grad_accum: 4") and "grad_accum: 1" in grad_accum
-    assert clip.startswith("max_grad_norm: 1.0") and "max_grad_norm: null" in clip
-    assert fp16.startswith("precision: 'fp16'") and "bf16" in fp16
-
-
 def test_register_hooks_moves_the_update_behind_hooks_added_later():
     from memfit.planner.tracker import MemoryTracker
 
@@ -324,7 +314,7 @@ def test_register_hooks_moves_the_update_behind_hooks_added_later():
     with tracker:
         hooks = tracker.watch_gradients(model)  # added after the optimizer: would find .grad already freed
         optimizer.register_hooks()
-        train_step(model, batches(1), optimizer, observer=tracker)
+        train_step(model, batches(1), optimizer, loss_fn=causal_lm_loss, observer=tracker)
         tracker.mark_optimizer(optimizer)
         for h in hooks:
             h.remove()

@@ -1,6 +1,11 @@
-"""Cross-entropy over a large vocabulary without the logits wall.
+"""The losses a step can take, and the one function that chooses among them.
 
-A causal LM's loss needs ``hidden @ lm_head.T``: ``[tokens, vocab]`` logits, which the usual path
+:func:`choose_loss` is the only place that picks a loss: memfit's fused, chunked loss
+(:func:`causal_lm_loss`), the model's own loss for packed rows (:func:`packed_model_loss`) or for the
+``hf`` recipe (:func:`model_loss`). The trainer and the planner both take their loss from it
+(through :func:`memfit.step.builder.build_step`).
+
+The fused loss removes the logits wall. A causal LM's loss needs ``hidden @ lm_head.T``: ``[tokens, vocab]`` logits, which the usual path
 upcasts to fp32 (4 bytes x 128k vocabulary = 512 KiB a token: 1 GiB per 2,048 tokens) and then
 holds again as their gradient. :class:`ChunkedLinearCrossEntropy` fuses the output projection with
 the loss and works through the tokens a chunk at a time: forward keeps only the per-token
@@ -11,11 +16,16 @@ time. Loss and gradients equal the standard computation (fp32 logits, mean over 
 
 from __future__ import annotations
 
+from typing import Callable, Mapping
+
 import torch
 
-from memfit.train.chunking import chunk_starts
+from memfit.spec import RunSpec
+from memfit.step.chunking import chunk_starts
+from memfit.step.labels import IGNORE_INDEX
 
-IGNORE_INDEX = -100
+Batch = Mapping[str, torch.Tensor]
+LossFn = Callable[[torch.nn.Module, Batch], torch.Tensor]
 
 #: Tokens per chunk: with a 128k vocabulary, 1,024 tokens of fp32 logits are 512 MiB, small next to
 #: the rest of a step, and large enough that each chunk's matmul keeps a GPU busy.
@@ -92,3 +102,64 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: to
     """
     targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX).reshape(-1)
     return ChunkedLinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets, chunk)
+
+
+def causal_lm_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """Mean next-token cross-entropy over the tokens whose label is not -100.
+
+    When the model's output head is a plain linear layer, the head and the loss run fused and a
+    chunk of tokens at a time (:class:`ChunkedLinearCrossEntropy`), so the ``[tokens, vocabulary]`` logits
+    never exist whole; otherwise (soft-capped or scaled logits, an adapter on the head) the model
+    computes its own loss. Both give the same number.
+    """
+    parts = backbone_and_head(model)
+    if parts is None:
+        return model_loss(model, batch)
+    backbone, head = parts
+    hidden = backbone(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False).last_hidden_state
+    return chunked_cross_entropy(hidden, head.weight, batch["labels"])
+
+
+def model_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The model's own loss: called with ``labels=``, as plain Hugging Face training does.
+
+    transformers computes the whole ``[tokens, vocabulary]`` logits and upcasts them to fp32 for the
+    loss; the planner's ``--recipe hf`` uses this to show the plain stack's memory.
+    """
+    out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=batch["labels"], use_cache=False)
+    return out.loss
+
+
+#: Config fields that change logits after the head: with any of them set, the model's own loss runs.
+_LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    """(decoder stack, output head) of a causal LM whose logits are just ``hidden @ head.weight.T``."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    prefix = getattr(base, "base_model_prefix", None)
+    backbone = getattr(base, prefix, None) if prefix else None
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if config is None or not isinstance(backbone, torch.nn.Module) or type(head) is not torch.nn.Linear or head.bias is not None:
+        return None
+    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
+        return None
+    return backbone, head
+
+
+def packed_model_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """Loss for packed rows: position ids restart per example and no attention mask is passed, so
+    transformers keeps attention within each example (see memfit.train.data.pack_examples)."""
+    out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=batch["labels"], use_cache=False)
+    return out.loss
+
+
+def choose_loss(spec: RunSpec, *, packing: bool = False) -> LossFn:
+    """The loss a configuration's step takes: the ``hf`` recipe's model loss, the model loss of
+    packed rows, or memfit's fused chunked loss."""
+    if spec.recipe == "hf":
+        return model_loss
+    if packing:
+        return packed_model_loss
+    return causal_lm_loss

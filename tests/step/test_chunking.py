@@ -8,8 +8,8 @@ import torch
 from memfit.planner import allocator
 from memfit.planner.simulate import simulate
 from memfit.spec import make_spec
-from memfit.train import chunking
-from memfit.train.chunking import chunk_starts
+from memfit.step import chunking
+from memfit.step.chunking import chunk_starts
 
 
 def test_real_tensors_run_every_chunk_fake_ones_the_representative_ones():

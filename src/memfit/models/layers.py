@@ -1,0 +1,39 @@
+"""Where things are inside a causal LM: its decoder layers and the linear layers in them.
+
+Structure queries shared by every layer above (quantizing, adapters, tiling, sharding, checks);
+they read module types and names only, never tensor values.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from memfit.models.errors import ModelBuildError
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The ModuleList of decoder blocks (the longest ModuleList in the model)."""
+    best = None
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and (best is None or len(module) > len(best)):
+            best = module
+    if best is None:
+        raise ModelBuildError(f"{type(model).__name__} has no list of decoder layers")
+    return best
+
+
+def linear_names_in_layers(model: nn.Module) -> list[str]:
+    """Short names of the linear layers inside the decoder blocks (``q_proj``, ``down_proj``, ...)."""
+    names = set()
+    for block in decoder_layers(model):
+        for name, module in block.named_modules():
+            if _is_linear(module) and name:
+                names.add(name.rsplit(".", 1)[-1])
+    return sorted(names)
+
+
+def _is_linear(module: nn.Module) -> bool:
+    if isinstance(module, nn.Linear):
+        return True
+    # GPT-2 style models use transformers' Conv1D (a linear layer with transposed weight).
+    return type(module).__name__ == "Conv1D"

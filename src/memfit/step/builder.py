@@ -1,0 +1,106 @@
+"""The step a configuration runs: built here, once, for the planner and for the trainer.
+
+:func:`build_step` turns a configuration into a :class:`TrainingStep`: the loss
+(:func:`memfit.step.losses.choose_loss`), gradient clipping and fp16's loss scaling around
+:func:`memfit.step.train_step.train_step`. The trainer runs it on real tensors, one process or each
+rank of a sharded run (:meth:`TrainingStep.sharded`); the planner runs the same object under fake
+tensors. Neither picks a loss or wraps the step anywhere else.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, replace
+from typing import Any, Iterable
+
+import torch
+
+from memfit.spec import RunSpec
+from memfit.step import train_step as train_step_module
+from memfit.step.losses import Batch, LossFn, choose_loss
+
+
+@dataclass(frozen=True)
+class TrainingStep:
+    """One optimizer step as a configuration runs it.
+
+    ``loss_fn`` maps (model, batch) to the mean loss of the batch; ``max_grad_norm`` clips the
+    global gradient norm (None: no clipping); ``scales_loss``: fp16 needs a ``GradScaler``
+    (:meth:`grad_scaler` makes it; bf16 and fp32 have the range and need none).
+    """
+
+    loss_fn: LossFn
+    max_grad_norm: float | None = None
+    scales_loss: bool = False
+
+    def grad_scaler(self, device: torch.device) -> "torch.amp.GradScaler | None":
+        """The loss scaler this step needs on ``device``, or None."""
+        return torch.amp.GradScaler(device.type) if self.scales_loss else None
+
+    def __call__(
+        self,
+        model: torch.nn.Module,
+        micro_batches: Iterable[Batch],
+        optimizer: torch.optim.Optimizer,
+        *,
+        grad_scaler: "torch.amp.GradScaler | None" = None,
+        observer: Any = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the step (see :func:`memfit.step.train_step.train_step`); returns (loss, grad_norm)."""
+        # Looked up on the module at each call, so that tests can stand in for the step function.
+        return train_step_module.train_step(
+            model, micro_batches, optimizer, loss_fn=self.loss_fn, max_grad_norm=self.max_grad_norm,
+            grad_scaler=grad_scaler, observer=observer,
+        )
+
+    def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        """The mean loss of one batch (evaluation uses it, under ``no_grad``)."""
+        return self.loss_fn(model, batch)
+
+    def sharded(self, model: torch.nn.Module) -> "TrainingStep":
+        """This step for one rank of an FSDP2-sharded ``model``.
+
+        The loss runs as a forward method of the FSDP root, so that the root's hooks gather the
+        embeddings and the output head around it (memfit's fused loss calls the decoder stack and
+        reads the head's weight directly, which would skip them); and each micro-batch's loss is
+        weighted by its ``loss_weight`` (its share of the global batch's labelled tokens), so that
+        averaged gradients equal those of one process on the whole batch.
+        """
+        from torch.distributed.fsdp import register_fsdp_forward_method
+
+        loss_fn = self.loss_fn
+
+        def memfit_loss(self_model, batch):
+            return loss_fn(self_model, batch)
+
+        model.memfit_loss = types.MethodType(memfit_loss, model)
+        register_fsdp_forward_method(model, "memfit_loss")
+        return replace(self, loss_fn=_weighted(_root_forward))
+
+
+def _root_forward(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    return model.memfit_loss(batch)
+
+
+def _weighted(loss_fn: LossFn) -> LossFn:
+    """``loss_fn`` times the batch's ``loss_weight``, when it has one."""
+
+    def run(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        loss = loss_fn(model, batch)
+        weight = batch.get("loss_weight") if hasattr(batch, "get") else None
+        return loss if weight is None else loss * weight
+
+    return run
+
+
+def build_step(spec: RunSpec, *, packing: bool = False, max_grad_norm: float | None = None) -> TrainingStep:
+    """The step ``spec`` runs: its loss, clipping at ``max_grad_norm`` and fp16's loss scaling.
+
+    ``packing``: the batches are rows of several examples packed together (their own loss; see
+    :func:`memfit.step.losses.choose_loss`).
+    """
+    return TrainingStep(
+        loss_fn=choose_loss(spec, packing=packing),
+        max_grad_norm=max_grad_norm,
+        scales_loss=spec.precision == "fp16",
+    )

@@ -1,0 +1,229 @@
+"""Prepare a model for a training method: the one place that shapes what a step will run.
+
+The order is always the same, for the trainer (real weights) and the planner (meta, then fake
+storage): 4-bit layers swapped in (qlora), weights loaded, LoRA adapters attached, then the
+memory-lean step (:func:`apply_lean_step`: LoRA inputs kept in the compute dtype, activation
+checkpointing, offloaded or not, and MLPs and norms tiled over the sequence). Once the weights exist,
+:func:`place_for_training` keeps frozen input embeddings in host memory where that applies.
+``recipe: hf`` prepares the model the way the plain Hugging Face + PEFT stack does instead
+(:func:`prepare_like_hf`), so plans can put the two side by side.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from torch import nn
+
+from memfit.models.build import DTYPES
+from memfit.models.errors import ModelBuildError
+from memfit.models.layers import decoder_layers, linear_names_in_layers
+from memfit.models.quantize import quantize_linears_on_meta
+from memfit.spec import ALL_LINEAR, RunSpec
+from memfit.step.host_embeddings import keep_input_embeddings_on_host
+from memfit.step.lora_inputs import keep_lora_inputs_low_precision
+from memfit.step.offload import enable_offloaded_checkpointing
+from memfit.step.tiling import tile_mlps, tile_norms
+
+
+class SetupError(ValueError):
+    """The model is not, or cannot be, prepared the way the method says (wrapper, 4-bit base, counts)."""
+
+
+def check_targets(model: nn.Module, spec: RunSpec) -> None:
+    """Raise ModelBuildError when a ``--targets`` name matches no linear layer of the decoder."""
+    if not spec.uses_adapters or spec.targets == (ALL_LINEAR,):
+        return
+    available = linear_names_in_layers(model)
+    missing = [t for t in spec.targets if t not in available]
+    if missing:
+        raise ModelBuildError(
+            f"--targets: {', '.join(missing)} match no linear layer of this model's decoder. "
+            f"Available: {', '.join(available)} (or all-linear)."
+        )
+
+
+def attach_lora(model: nn.Module, spec: RunSpec) -> nn.Module:
+    """Wrap ``model`` with PEFT LoRA adapters as ``spec`` says (works on meta and on real models)."""
+    from peft import LoraConfig, get_peft_model
+
+    targets: str | list[str] = ALL_LINEAR if spec.targets == (ALL_LINEAR,) else list(spec.targets)
+    config = LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.lora_alpha,
+        lora_dropout=spec.dropout,
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def enable_checkpointing(model: nn.Module, *, offload: bool = False) -> None:
+    """Activation checkpointing on every decoder layer (non-reentrant, so frozen inputs are fine).
+
+    ``offload`` keeps each layer's saved input in host memory until its recomputation, copied on a
+    side stream and prefetched one layer ahead in backward (:mod:`memfit.step.offload`).
+    """
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    elif offload:
+        raise ModelBuildError("--checkpointing offload needs transformers 5 or newer: pip install -U transformers")
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if offload:
+        enable_offloaded_checkpointing(model)
+    # With use_cache=True, transformers turns checkpointing off with a warning; training never
+    # needs the KV cache.
+    if getattr(model, "config", None) is not None:
+        model.config.use_cache = False
+
+
+def prepare_for_method(
+    model: nn.Module,
+    spec: RunSpec,
+    load_weights: Callable[[nn.Module], None] | None = None,
+) -> nn.Module:
+    """Quantize (qlora), load, attach adapters, then the memory-lean step (:func:`apply_lean_step`).
+
+    ``model`` is a meta model from :func:`memfit.models.build.build_meta_model`. ``load_weights`` (the trainer's) gives
+    it real weights after 4-bit layers are swapped in and before adapters are attached, so that PEFT
+    creates the adapters on the weights' device; the planner passes None and materialises later.
+    ``spec.recipe == "hf"`` prepares it the plain Hugging Face way instead (:func:`prepare_like_hf`).
+    """
+    if spec.recipe == "hf":
+        return prepare_like_hf(model, spec, load_weights)
+    check_targets(model, spec)
+    if spec.method == "qlora":
+        quantize_linears_on_meta(model, DTYPES[spec.precision])
+    if load_weights is not None:
+        load_weights(model)
+    if spec.uses_adapters:
+        model = attach_lora(model, spec)
+    else:
+        for p in model.parameters():
+            p.requires_grad_(True)
+    apply_lean_step(model, spec)
+    return model
+
+
+def apply_lean_step(model: nn.Module, spec: RunSpec) -> None:
+    """The memory-lean pieces of memfit's step that shape the model (docs/memory-lean.md), after
+    adapters exist: LoRA inputs kept in the compute dtype, checkpointing (offloaded or not), tiled
+    MLPs and norms. The trainer and the planner both come through here."""
+    if spec.uses_adapters:
+        keep_lora_inputs_low_precision(model)
+    if spec.checkpointing != "off":
+        enable_checkpointing(model, offload=spec.checkpointing == "offload")
+    if spec.tiles_sequence:
+        tile_mlps(model)
+        tile_norms(model)
+
+
+def place_for_training(model: nn.Module, spec: RunSpec) -> bool:
+    """Placement once the weights exist: frozen, untied input embeddings go to host memory for
+    LoRA/QLoRA on one GPU (:mod:`memfit.step.host_embeddings`). The trainer calls it after loading,
+    the planner after materialising, so both place the same tensors. True if the embeddings moved."""
+    if spec.recipe == "hf" or not spec.uses_adapters or spec.gpus > 1:
+        return False
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return keep_input_embeddings_on_host(base)
+
+
+def prepare_like_hf(
+    model: nn.Module,
+    spec: RunSpec,
+    load_weights: Callable[[nn.Module], None] | None = None,
+) -> nn.Module:
+    """Prepare ``model`` the way the plain Hugging Face + PEFT stack does (``--recipe hf``).
+
+    The planner uses it to put memfit's step next to the usual one on the same configuration. What
+    differs from :func:`prepare_for_method`: QLoRA goes through PEFT's
+    ``prepare_model_for_kbit_training``, which upcasts every parameter that is not 4-bit (embeddings,
+    norms, the output head) to fp32 and enables checkpointing with torch's default (reentrant)
+    variant; LoRA and full fine-tuning use transformers' own checkpointing (``offload`` is
+    transformers' synchronous ``save_on_cpu`` offload); nothing is tiled.
+    """
+    check_targets(model, spec)
+    if spec.method == "qlora":
+        quantize_linears_on_meta(model, DTYPES[spec.precision])
+    if load_weights is not None:
+        load_weights(model)
+    if spec.method == "qlora":
+        from peft import prepare_model_for_kbit_training
+
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.checkpointing != "off")
+        if spec.checkpointing == "offload":
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={}, offload=True)
+    elif spec.checkpointing != "off":
+        model.activation_checkpointing_enable(offload=spec.checkpointing == "offload")
+    if getattr(model, "config", None) is not None:
+        model.config.use_cache = False
+    if spec.uses_adapters:
+        model = attach_lora(model, spec)
+    else:
+        for p in model.parameters():
+            p.requires_grad_(True)
+    return model
+
+
+def prepare_given_model(model: nn.Module, spec: RunSpec) -> nn.Module:
+    """Prepare a model the caller built (``train(model=...)``): refuse wrappers, then adapters and
+    checkpointing as ``spec`` says (a PeftModel is taken as already adapted)."""
+    from peft import PeftModel
+
+    refuse_wrapped_model(model)
+    if spec.method == "qlora" and not getattr(model, "is_loaded_in_4bit", False) and not isinstance(model, PeftModel):
+        raise SetupError("method: qlora needs 4-bit base weights; let memfit load the model (model: <folder>) or pass a PeftModel")
+    if spec.uses_adapters and not isinstance(model, PeftModel):
+        model = attach_lora(model, spec)
+    elif not spec.uses_adapters:
+        for p in model.parameters():
+            p.requires_grad_(True)
+    apply_lean_step(model, spec)
+    place_for_training(model, spec)
+    model.train()
+    return model
+
+
+def refuse_wrapped_model(model: nn.Module) -> None:
+    """Raise SetupError unless ``model`` is a plain transformers PreTrainedModel or a PeftModel.
+
+    A custom ``nn.Module`` around the model hides it from ``gradient_checkpointing_enable`` and from
+    PEFT's layer matching, and is the usual way memory optimisations are silently lost.
+    """
+    from peft import PeftModel
+    from transformers import PreTrainedModel
+
+    if isinstance(model, (PreTrainedModel, PeftModel)):
+        return
+    inner = [type(m).__name__ for m in model.modules() if isinstance(m, (PreTrainedModel, PeftModel))]
+    found = f" It wraps a {inner[0]}; pass that object instead." if inner else ""
+    raise SetupError(
+        f"model: a {type(model).__name__} is not a transformers PreTrainedModel or a PEFT PeftModel.{found} "
+        "memfit turns on activation checkpointing and attaches adapters through these classes; behind a "
+        "custom wrapper both can silently stop applying (and memory use jumps). Unwrap the model, or "
+        "put custom logic in a loss function instead."
+    )
+
+
+def expected_lora_parameters(model: nn.Module) -> int:
+    """Parameters LoRA adds: r x (in + out) for each adapted layer, from the layers themselves."""
+    total = 0
+    for module in model.modules():
+        lora_a = getattr(module, "lora_A", None)
+        lora_b = getattr(module, "lora_B", None)
+        if not isinstance(lora_a, nn.ModuleDict) or not isinstance(lora_b, nn.ModuleDict):
+            continue
+        for key in lora_a:
+            rank = module.r[key]
+            total += rank * (module.in_features + module.out_features)
+    return total
+
+
+def checkpointed_layers(model: nn.Module) -> tuple[int, int]:
+    """(decoder layers with activation checkpointing on, decoder layers)."""
+    layers = decoder_layers(model)
+    on = sum(1 for layer in layers if getattr(layer, "gradient_checkpointing", False))
+    return on, len(layers)

@@ -1,0 +1,76 @@
+"""The training step: one optimizer step of memfit's trainer, and nothing else.
+
+This function is the one the trainer calls in its loop and the one the planner runs under fake
+tensors to predict peak memory, so the plan is made from the code that will actually run. Both get
+it, with the loss and the settings of their configuration, from :func:`memfit.step.builder.build_step`.
+Keep it free of logging, device moves and anything that allocates memory a real run would not.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Protocol
+
+import torch
+
+from memfit.step.losses import Batch, LossFn
+
+
+class StepObserver(Protocol):
+    """Told where the step is; the planner's tracker uses it to attribute memory to phases."""
+
+    def on_phase(self, name: str) -> None: ...
+
+
+class _NoObserver:
+    def on_phase(self, name: str) -> None:
+        pass
+
+
+def train_step(
+    model: torch.nn.Module,
+    micro_batches: Iterable[Batch],
+    optimizer: torch.optim.Optimizer,
+    *,
+    loss_fn: LossFn,
+    max_grad_norm: float | None = None,
+    grad_scaler: "torch.amp.GradScaler | None" = None,
+    observer: StepObserver | None = None,
+) -> tuple[float | torch.Tensor, torch.Tensor | None]:
+    """Run one optimizer step over ``micro_batches`` (gradient accumulation) and return (loss, grad_norm).
+
+    The loss returned is the mean over micro-batches, detached (a tensor: reading it with ``.item()``
+    is left to the caller, so that the step itself never forces a device sync).
+    """
+    observer = observer or _NoObserver()
+    batches = list(micro_batches)
+    if not batches:
+        raise ValueError("train_step needs at least one micro-batch")
+    total_loss = None
+    for batch in batches:
+        observer.on_phase("forward")
+        # Each micro-batch's loss is divided by their count so that accumulated gradients equal the
+        # gradient of the mean loss over the whole effective batch.
+        loss = loss_fn(model, batch) / len(batches)
+        observer.on_phase("backward")
+        (grad_scaler.scale(loss) if grad_scaler is not None else loss).backward()
+        total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
+        # Drop the graph's last reference now: its activations are already freed by backward.
+        del loss
+
+    observer.on_phase("optimizer")
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grad_norm = None
+    if grad_scaler is not None:
+        grad_scaler.unscale_(optimizer)
+    if max_grad_norm is not None:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if grad_scaler is not None:
+        grad_scaler.step(optimizer)
+        grad_scaler.update()
+    else:
+        optimizer.step()
+    # Free gradients now rather than at the next backward: the next forward's activations can then
+    # use that memory.
+    optimizer.zero_grad(set_to_none=True)
+    observer.on_phase("idle")
+    return total_loss, grad_norm

@@ -1,0 +1,19 @@
+"""Why a training run cannot start or continue; each message says what to do."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class TrainError(RuntimeError):
+    """The run cannot start or continue; the message says why and what to do."""
+
+
+class OutOfMemory(TrainError):
+    """The device ran out of memory; an emergency checkpoint was saved (``checkpoint``)."""
+
+    def __init__(self, message: str, checkpoint: Path | None, plan: Any):
+        self.checkpoint = checkpoint
+        self.plan = plan
+        super().__init__(message)

@@ -1,0 +1,317 @@
+"""The training run, top to bottom: plan, data, model, optimizer, the loop, outputs.
+
+:func:`train` is the whole recipe. Each optimizer step is the :class:`~memfit.step.builder.TrainingStep`
+that :func:`memfit.step.builder.build_step` makes for the configuration, the same one the planner
+simulates, so the memory the plan predicted is the memory of this loop. Everything else is
+bookkeeping around it, in modules of its own: the run folder (:mod:`~memfit.train.run_folder`),
+progress and metrics (:mod:`~memfit.train.progress`), signals and out-of-memory
+(:mod:`~memfit.train.guards`), data (:mod:`~memfit.train.examples`, :mod:`~memfit.train.batches`),
+checkpoints (:mod:`~memfit.train.checkpointing`). One process and the ranks of a ``torchrun`` launch
+run the same code: what differs is asked of the :mod:`world <memfit.train.world>`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memfit.train.config import TrainConfig, lr_factor, model_config_dict, total_steps, warmup_steps
+from memfit.train.errors import OutOfMemory, TrainError
+from memfit.train.preflight import PreflightResult
+
+__all__ = ["OutOfMemory", "TrainError", "TrainResult", "train"]
+
+
+@dataclass
+class TrainResult:
+    """How a run ended. ``status``: completed, or interrupted (by SIGINT / SIGTERM: resumable)."""
+
+    status: str
+    step: int
+    total_steps: int
+    run_dir: Path
+    output_dir: Path | None = None
+    checkpoint: Path | None = None
+    signal_name: str | None = None
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    eval_losses: list[tuple[int, float]] = field(default_factory=list)
+    setup: dict[str, Any] = field(default_factory=dict)
+    tokens_per_second: float | None = None
+    model: Any = field(default=None, repr=False)  # the trained model, still on its device
+
+
+def train(
+    config: TrainConfig,
+    *,
+    resume: bool = False,
+    model: torch.nn.Module | None = None,
+    console: Any = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Train as ``config`` says and return how it ended.
+
+    Args:
+        config: a validated :class:`~memfit.train.config.TrainConfig` (see :func:`load_config`).
+        resume: continue from the latest checkpoint in ``config.output_dir``; the result is the
+            same as if the run had never stopped (model, optimizer, schedule, RNG, data order).
+        model: use this model instead of loading ``config.model`` (a transformers PreTrainedModel
+            or a PeftModel, already on its device; custom wrappers are refused, see
+            :func:`memfit.step.prepare.refuse_wrapped_model`).
+        console: a Rich console for the progress bar and messages (default: stderr).
+        progress: show the live progress bar.
+
+    Raises:
+        TrainError: the output folder holds another run, the data or model do not fit, or the device
+            ran out of memory (:class:`OutOfMemory`, after saving a checkpoint).
+        PreflightError: the plan says the run does not fit the GPU or budget (``force`` overrides).
+
+    With ``gpus`` > 1 every process torchrun started calls this; the process group is joined here
+    (and left at the end) unless the caller joined it already.
+    """
+    from memfit.train.distributed import DistributedError, check_world
+    from memfit.train.world import make_world
+
+    try:
+        world = make_world()
+        check_world(config.spec.gpus, config.spec.shard, world.placement)
+    except DistributedError as err:
+        raise TrainError(str(err)) from None
+    try:
+        return _run(config, world, resume=resume, model=model, console=console, progress=progress)
+    finally:
+        world.leave()
+
+
+def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: bool) -> TrainResult:
+    from rich.console import Console
+
+    from memfit.step.builder import build_step
+    from memfit.step.optim import build_optimizer
+    from memfit.step.prepare import prepare_given_model
+    from memfit.train.checkpointing import capture_rng, latest_checkpoint, restore_rng
+    from memfit.train.data import BatchIterator
+    from memfit.train.examples import check_vocab, load_tokenizer, pad_token_id, prepare_examples, seed_everything
+    from memfit.train.loading import load_model, verify_setup
+    from memfit.train.preflight import preflight_run
+    from memfit.train.run_folder import RunRecord, truncate_metrics
+
+    spec = config.spec
+    if not world.is_main:  # one voice: rank 0 prints
+        console, progress = Console(stderr=True, quiet=True), False
+    console = console or Console(stderr=True)
+    run_dir = Path(config.output_dir or "runs/train")
+    device = world.join(config.device, model)
+    world.prepare_run_dir(run_dir, resume)
+
+    # 1. Where, and whether it fits: decided before any weight is read.
+    model_dict = model_config_dict(config)
+    preflight = preflight_run(config, model_dict, device, console)
+
+    # 2. Data: tokenized up front, so that a bad file fails before the model loads.
+    seed_everything(config.seed)
+    tokenizer = load_tokenizer(config)
+    train_examples, eval_examples = prepare_examples(config, tokenizer)
+    check_vocab(train_examples + eval_examples, int(model_dict.get("vocab_size") or 0), tokenizer)
+    pad_id = pad_token_id(tokenizer)
+
+    # 3. Model: meta -> weights on the device -> adapters -> the memory-lean step, then checked;
+    # then sharded (several processes), and the step this configuration runs.
+    if model is None:
+        weights = config.model if config.init == "pretrained" else None
+        loaded = load_model(model_dict, spec, world.load_device(spec, device), init=config.init, weights_dir=weights, seed=config.seed)
+        model, setup = loaded.model, loaded.setup
+    else:
+        model = prepare_given_model(model, spec)
+        setup = verify_setup(model, spec)
+    where = f"{world.world_size} processes ({spec.shard}), one on {device} each" if world.distributed else str(device)
+    console.print(
+        f"model: {setup['total_params']:,} parameters, {setup['trainable_params']:,} trainable "
+        f"({setup['trainable_percent']:.2f}%, {spec.method}), checkpointing in "
+        f"{setup['checkpointed_layers']}/{setup['decoder_layers']} decoder layers, on {where}",
+        highlight=False,
+    )
+    model = world.shard(model, spec, device, console)
+    step_fn = world.training_step(build_step(spec, packing=config.packing, max_grad_norm=config.max_grad_norm), model)
+
+    # 4. Optimizer, schedule, data order and the loss scaler fp16 needs.
+    optimizer = build_optimizer(model.parameters(), spec.optimizer, lr=config.lr, weight_decay=config.weight_decay,
+                                step_in_backward=spec.step_in_backward)
+    batches = BatchIterator(train_examples, batch_size=world.global_batch_size(spec), seed=config.seed)
+    steps = total_steps(config, batches.batches_per_epoch())
+    warmup = warmup_steps(config, steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, total=steps, warmup=warmup, schedule=config.schedule, min_ratio=config.min_lr_ratio)
+    )
+    grad_scaler = step_fn.grad_scaler(device)
+
+    def checkpoint_now(step: int, reason: str, data_state=None, rng_state=None) -> Path:
+        return world.save_checkpoint(
+            run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
+            data_state=data_state if data_state is not None else batches.state_dict(),
+            rng_state=rng_state if rng_state is not None else capture_rng(device),
+            reason=reason, keep=config.keep_checkpoints,
+        )
+
+    # 5. Resume: tensors and optimizer now, RNG and data position right before the next step.
+    start_step = 0
+    if resume:
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is None:
+            raise TrainError(
+                f"--resume: {run_dir} has no checkpoint to resume from (the run stopped before saving one). "
+                "Start again in another output_dir, or delete this one first."
+            )
+        try:
+            state = world.load_checkpoint(checkpoint, model=model, optimizer=optimizer, scheduler=scheduler,
+                                          grad_scaler=grad_scaler, device=device)
+            batches.load_state_dict(state.data)
+        except ValueError as err:  # CheckpointError, or data / batch settings that changed
+            raise TrainError(f"--resume from {checkpoint}: {err}") from None
+        restore_rng(state.rng, device)
+        start_step = state.step
+        if world.is_main:
+            truncate_metrics(run_dir, start_step)
+        console.print(f"resuming from {checkpoint} (step {start_step} of {steps})", highlight=False)
+
+    record = RunRecord.for_run(run_dir, config=config, model_config=model_dict, preflight=preflight, setup=setup,
+                               device=device, total_steps=steps, extra=world.run_fields(spec), enabled=world.is_main)
+    record.write(status="running", step=start_step)
+    result = TrainResult(status="completed", step=start_step, total_steps=steps, run_dir=run_dir, setup=setup, model=model)
+
+    # 6. The loop.
+    _loop(config, world, result, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
+          step_fn=step_fn, batches=batches, eval_examples=eval_examples, pad_id=pad_id, device=device,
+          preflight=preflight, record=record, checkpoint_now=checkpoint_now, console=console, progress=progress)
+
+    # 7. Outputs: the last checkpoint and the deliverable, once the loop completed.
+    if result.status == "completed":
+        result.output_dir = world.save_outputs(model, tokenizer, run_dir, spec.uses_adapters)
+    record.write(status=result.status, step=result.step, tokens_per_second=result.tokens_per_second,
+                 peak=_peak_reading(device))
+    return result
+
+
+def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, scheduler, grad_scaler, step_fn,
+          batches, eval_examples: list, pad_id: int, device: torch.device, preflight: PreflightResult, record,
+          checkpoint_now, console, progress: bool) -> None:
+    """The optimizer steps from ``result.step`` to the end, watched: memory is recorded every step
+    (``memory.jsonl``) and checked for leaks, stray devices and switched-off optimizations."""
+    from memfit.run_files import memory_file_name
+    from memfit.train.batches import count_tokens, evaluate
+    from memfit.train.checkpointing import capture_rng
+    from memfit.train.guards import StopOnSignal
+    from memfit.train.progress import LiveProgress, MetricsLog, NullLog, Throughput, warn
+    from memfit.watch.compare import comparison_lines
+    from memfit.watch.recorder import MemoryRecorder
+
+    spec = config.spec
+    steps = result.total_steps
+    recorder = MemoryRecorder(result.run_dir, plan=preflight.plan, expected_device=device, total_steps=steps, spec=spec,
+                              source="memfit-train", resumed_from_step=result.step or None,
+                              file_name=memory_file_name(world.rank), rank=world.recorder_rank)
+    for finding in recorder.inspect(model, spec):
+        warn(console, finding)
+    if world.attributes_memory:
+        recorder.attribute(model, optimizer)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    meter = Throughput()
+    started = time.perf_counter()
+    metrics_log = MetricsLog(result.run_dir) if world.is_main else NullLog()
+    with recorder, StopOnSignal() as stop, metrics_log as log, LiveProgress(console, steps, result.step, enabled=progress) as bar:
+        for step in range(result.step, steps):
+            # Where the run stands before this step: an emergency checkpoint taken if the step fails
+            # must replay this step's batches, not skip them.
+            data_before, rng_before = batches.state_dict(), capture_rng(device)
+            meter.start()
+            micro_batches = world.micro_batches(batches, spec.grad_accum, pad_id, device)
+            tokens = count_tokens(micro_batches)
+            try:
+                loss, grad_norm = step_fn(model, micro_batches, optimizer, grad_scaler=grad_scaler, observer=recorder.observer)
+            except torch.OutOfMemoryError:
+                del micro_batches
+                recorder.close(status="oom")
+                raise _out_of_memory(config, world, optimizer, step, preflight, device, console,
+                                     lambda: checkpoint_now(step, "oom", data_before, rng_before), record) from None
+            scheduler.step()
+            loss_value, tokens, stop_requested, grad_norm = world.step_totals(loss, tokens, stop.signal_name is not None, grad_norm, device)
+            if stop_requested and stop.signal_name is None:
+                stop.signal_name = "SIGTERM"  # another rank was asked to stop
+            meter.stop(tokens)
+            del micro_batches, loss
+            done = result.step = step + 1
+            if not math.isfinite(loss_value):
+                checkpoint_now(done, "nonfinite")
+                record.write(status="diverged", step=done)
+                raise TrainError(
+                    f"the loss is {loss_value} at step {done}: training diverged. Lower lr (now {config.lr:g}), "
+                    "keep max_grad_norm set, or use bf16 instead of fp16."
+                )
+            metrics = {
+                "step": done,
+                "loss": loss_value,
+                "lr": scheduler.get_last_lr()[0],
+                "grad_norm": float(grad_norm) if grad_norm is not None else None,
+                "tokens": tokens,
+                "tokens_per_second": meter.rate(),
+                "elapsed_s": round(time.perf_counter() - started, 4),  # since this process's loop began
+                **_peak_reading(device),
+            }
+            result.losses.append((done, loss_value))
+            for finding in recorder.end_step(done, {"loss": loss_value, "tokens": tokens}):
+                warn(console, finding)
+            if done % config.log_every == 0 or done == steps:
+                log.write(metrics)
+            if eval_examples and config.eval_every and done % config.eval_every == 0 and done != steps:
+                eval_loss = evaluate(model, eval_examples, spec.batch_size, pad_id, device, step_fn.loss)
+                result.eval_losses.append((done, eval_loss))
+                log.write({"step": done, "eval_loss": eval_loss})
+            bar.update(done, metrics)
+            if config.save_every and done % config.save_every == 0 and done != steps:
+                result.checkpoint = checkpoint_now(done, "interval")
+            if stop.signal_name is not None:
+                result.checkpoint = checkpoint_now(done, "interrupt")
+                result.status, result.signal_name = "interrupted", stop.signal_name
+                break
+
+        if result.status == "completed":
+            if eval_examples:
+                eval_loss = evaluate(model, eval_examples, spec.batch_size, pad_id, device, step_fn.loss)
+                result.eval_losses.append((result.step, eval_loss))
+                log.write({"step": result.step, "eval_loss": eval_loss})
+            result.checkpoint = checkpoint_now(result.step, "final")
+        for finding in recorder.close(status=result.status):
+            warn(console, finding)
+    for line in comparison_lines(recorder.comparison()):
+        console.print(line, highlight=False)
+    result.tokens_per_second = meter.overall_rate()
+
+
+def _out_of_memory(config: TrainConfig, world, optimizer, step: int, preflight: PreflightResult, device, console,
+                   save_before_step, record) -> OutOfMemory:
+    """Free, save (where the world can), explain; record the run as ended by running out of memory."""
+    from memfit.train.guards import handle_oom
+
+    def replan():
+        from memfit.planner.api import plan
+
+        return plan(model_config_dict(config), **config.knobs())
+
+    error = handle_oom(
+        optimizer=optimizer, step=step, save_before_step=save_before_step if world.saves_on_oom else (lambda: None),
+        knobs=config.knobs(), step_in_backward=config.step_in_backward, preflight=preflight, replan=replan,
+        device=device, console=console,
+    )
+    record.write(status="oom", step=step)
+    return error
+
+
+def _peak_reading(device: torch.device) -> dict[str, int]:
+    from memfit.watch.readings import step_peak_reading
+
+    return step_peak_reading(device)

@@ -1,0 +1,116 @@
+"""The run folder: refusing to write over another run, ``run.json``, and the deliverable.
+
+A run folder holds ``run.json`` (the resolved config, the plan and how the run ended),
+``metrics.jsonl``, ``memory.jsonl``, ``checkpoints/`` and, once finished, ``adapter/`` (PEFT format)
+or ``model/`` (full weights). Every file memfit rewrites is written under a temporary name and
+renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+from pathlib import Path
+from typing import Any
+
+from memfit.files import write_atomic
+from memfit.run_files import METRICS_FILE, RUN_FILE
+from memfit.train.checkpointing import latest_checkpoint, replace_dir
+from memfit.train.errors import TrainError
+
+ADAPTER_DIR = "adapter"
+MODEL_DIR = "model"
+
+
+def check_run_dir(run_dir: Path, resume: bool) -> None:
+    """Raise TrainError unless ``run_dir`` can hold this run (a new one, or one to resume)."""
+    if resume:
+        if not (run_dir / RUN_FILE).is_file():
+            raise TrainError(f"--resume: {run_dir} holds no run to resume (no {RUN_FILE}); check output_dir")
+        return
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if (run_dir / RUN_FILE).is_file() and latest_checkpoint(run_dir) is None:
+            raise TrainError(
+                f"output_dir {str(run_dir)!r} holds an earlier run that saved no checkpoint, so it cannot be "
+                "resumed. Choose another output_dir (--output-dir), or delete that folder first."
+            )
+        raise TrainError(
+            f"output_dir {str(run_dir)!r} already holds files. Continue that run with --resume, or choose "
+            "another output_dir (--output-dir); memfit never writes over an earlier run."
+        )
+
+
+def make_run_dir(run_dir: Path, resume: bool) -> None:
+    """Create the run folder for a new run (a resumed one exists already)."""
+    if not resume:
+        run_dir.mkdir(parents=True, exist_ok=True)
+
+
+class RunRecord:
+    """``run.json``: what does not change during the run, written again with each status change.
+
+    ``enabled`` is False on ranks other than 0: one process writes the run's shared files.
+    """
+
+    def __init__(self, run_dir: Path, fields: dict[str, Any], *, enabled: bool = True) -> None:
+        self.path = run_dir / RUN_FILE
+        self.fields = fields
+        self.enabled = enabled
+
+    @classmethod
+    def for_run(cls, run_dir: Path, *, config, model_config: dict[str, Any], preflight, setup: dict[str, Any],
+                device, total_steps: int, extra: dict[str, Any], enabled: bool) -> "RunRecord":
+        import torch
+        import transformers
+
+        fields = {
+            "config": config.to_json(),
+            "spec": config.spec.knobs(),
+            "model_config": model_config,
+            "device": str(device),
+            "total_steps": total_steps,
+            "setup": setup,
+            "preflight": preflight.to_json(),
+            "plan": preflight.plan.to_json() if preflight.plan is not None else None,
+            "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
+            **extra,
+        }
+        return cls(run_dir, fields, enabled=enabled)
+
+    def write(self, **status: Any) -> None:
+        """Rewrite ``run.json`` (atomically) with the fixed fields and ``status``."""
+        if self.enabled:
+            write_atomic(self.path, json.dumps({**self.fields, **status}, indent=2, default=str) + "\n")
+
+
+def truncate_metrics(run_dir: Path, step: int) -> None:
+    """Drop metrics lines after ``step`` (written after the checkpoint a resume starts from)."""
+    path = run_dir / METRICS_FILE
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= step]
+    write_atomic(path, "".join(line + "\n" for line in kept))
+
+
+def output_dir(run_dir: Path, adapters: bool) -> Path:
+    """Where the deliverable goes: ``adapter/`` for LoRA / QLoRA, ``model/`` for full fine-tuning."""
+    return run_dir / (ADAPTER_DIR if adapters else MODEL_DIR)
+
+
+def write_outputs(model, tokenizer, run_dir: Path, adapters: bool, state_dict: dict[str, Any] | None = None) -> Path:
+    """Save the model (PEFT adapter or full weights) with the tokenizer into the run folder.
+
+    Written to a temporary folder and renamed into place, replacing an earlier one only once
+    complete. ``state_dict``: the weights to write (a sharded run gathers them first).
+    """
+    final = output_dir(run_dir, adapters)
+    tmp = run_dir / f".tmp-{final.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    extra = {"state_dict": state_dict} if state_dict is not None else {}
+    model.save_pretrained(str(tmp), safe_serialization=True, **extra)
+    tokenizer.save_pretrained(str(tmp))
+    replace_dir(tmp, final)
+    return final

@@ -1,0 +1,256 @@
+"""One code path for one process and for N: the world a run trains in.
+
+The recipe (:mod:`memfit.train.recipe`) asks its world for the device, the run folder, the model's
+sharding, this process's micro-batches, the totals of a step, checkpoints and the outputs.
+:class:`World` is one process, where most of this is the plain thing or nothing at all.
+:class:`ShardedWorld` is one rank of the processes ``torchrun`` started: the model sharded with
+FSDP2, each rank training its slice of every global batch, rank 0 printing and writing the run's
+shared files (:mod:`memfit.train.distributed` holds the FSDP2 and process-group pieces).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+
+from memfit.step.builder import TrainingStep
+from memfit.train import checkpointing, distributed
+from memfit.train.batches import collate_batch, labelled_tokens, micro_batches, to_device
+from memfit.train.errors import TrainError
+from memfit.train.examples import unscored
+from memfit.train.run_folder import check_run_dir, make_run_dir, output_dir, write_outputs
+
+
+class World:
+    """A run on one process: every collective is a no-op, every file is this process's to write."""
+
+    def __init__(self, placement: distributed.Placement | None = None) -> None:
+        self.placement = placement or distributed.Placement()
+
+    @property
+    def rank(self) -> int:
+        return self.placement.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.placement.world_size
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 (or the only process) prints progress and writes the run's shared files."""
+        return self.placement.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return False
+
+    # -- joining and leaving ------------------------------------------------------------------
+
+    def join(self, device_name: str, model: torch.nn.Module | None) -> torch.device:
+        """The device this process trains on (a given model's own device)."""
+        from memfit.train.loading import resolve_device
+
+        return resolve_device(device_name) if model is None else next(model.parameters()).device
+
+    def leave(self) -> None:
+        """Undo :meth:`join` (nothing to undo for one process)."""
+
+    def prepare_run_dir(self, run_dir: Path, resume: bool) -> None:
+        """Refuse a folder that holds another run; create it for a new run."""
+        check_run_dir(run_dir, resume)
+        make_run_dir(run_dir, resume)
+
+    # -- the model and the step ---------------------------------------------------------------
+
+    def load_device(self, spec, device: torch.device) -> torch.device:
+        """Where the model's weights are loaded (the training device)."""
+        return device
+
+    def shard(self, model: torch.nn.Module, spec, device: torch.device, console: Any) -> torch.nn.Module:
+        """The model as this process trains it (unchanged on one process)."""
+        return model
+
+    def training_step(self, step: TrainingStep, model: torch.nn.Module) -> TrainingStep:
+        """The step as this process runs it (unchanged on one process)."""
+        return step
+
+    def global_batch_size(self, spec) -> int:
+        """Examples in one micro-batch of the whole run (this process's micro-batch here)."""
+        return spec.batch_size
+
+    def micro_batches(self, batches, grad_accum: int, pad_id: int, device: torch.device) -> list[dict[str, Any]]:
+        """This process's micro-batches of the next step, on ``device``."""
+        return micro_batches(batches, grad_accum, pad_id, device)
+
+    def step_totals(self, loss: torch.Tensor, tokens: int, stop_requested: bool, grad_norm: Any,
+                    device: torch.device) -> tuple[float, int, bool, Any]:
+        """(loss, tokens, stop, grad norm) of the step over every process.
+
+        Reading the loss syncs with the device: once a step is cheap next to the step itself.
+        """
+        return float(loss), tokens, stop_requested, grad_norm
+
+    # -- memory records -----------------------------------------------------------------------
+
+    @property
+    def recorder_rank(self) -> int | None:
+        """The rank stored in the memory records (None for a single process)."""
+        return None
+
+    @property
+    def attributes_memory(self) -> bool:
+        """Whether the category tracker can follow the model's tensors (plain tensors, not DTensors)."""
+        return True
+
+    def run_fields(self, spec) -> dict[str, Any]:
+        """What ``run.json`` says about the processes (nothing for one)."""
+        return {}
+
+    # -- checkpoints and outputs --------------------------------------------------------------
+
+    @property
+    def saves_on_oom(self) -> bool:
+        """Whether an emergency checkpoint can be saved after running out of memory."""
+        return True
+
+    def save_checkpoint(self, run_dir: Path, step: int, *, model, optimizer, scheduler, grad_scaler,
+                        data_state: dict[str, Any], rng_state: dict[str, Any], reason: str, keep: int) -> Path:
+        return checkpointing.save_checkpoint(
+            run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
+            data_state=data_state, rng_state=rng_state, reason=reason, keep=keep,
+        )
+
+    def load_checkpoint(self, path: Path, *, model, optimizer, scheduler, grad_scaler, device: torch.device):
+        return checkpointing.load_checkpoint(
+            path, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler, device=device,
+        )
+
+    def save_outputs(self, model, tokenizer, run_dir: Path, adapters: bool) -> Path:
+        """The deliverable: ``adapter/`` (PEFT format) or ``model/`` (full weights), with the tokenizer."""
+        return write_outputs(model, tokenizer, run_dir, adapters)
+
+
+class ShardedWorld(World):
+    """One rank of a multi-process run: the model sharded with FSDP2, collectives over every rank."""
+
+    @property
+    def distributed(self) -> bool:
+        return True
+
+    def join(self, device_name: str, model: torch.nn.Module | None) -> torch.device:
+        """Join the process group (unless the caller did) and take this rank's device."""
+        import torch.distributed as dist
+
+        if model is not None:
+            raise TrainError("train(model=...): a given model trains on one process only; let memfit load it for gpus > 1")
+        self._owns_group = not dist.is_initialized()
+        return distributed.init_distributed(self.placement, device_name)
+
+    def leave(self) -> None:
+        if getattr(self, "_owns_group", False):
+            distributed.teardown()
+
+    def prepare_run_dir(self, run_dir: Path, resume: bool) -> None:
+        """Every rank checks the folder before rank 0 writes into it; the first error stops them all."""
+        problem = None
+        try:
+            check_run_dir(run_dir, resume)
+        except TrainError as err:
+            problem = str(err)
+        problem = distributed.first_error(problem)
+        if problem:
+            raise TrainError(problem)
+        if self.is_main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        distributed.barrier()
+
+    def load_device(self, spec, device: torch.device) -> torch.device:
+        return distributed.load_device(spec, device)
+
+    def shard(self, model: torch.nn.Module, spec, device: torch.device, console: Any) -> torch.nn.Module:
+        model = distributed.shard_model(model, spec, device, self.placement)
+        distributed.check_placed(model, device)
+        if distributed.frozen_4bit_params(model):
+            console.print("note: the 4-bit base weights stay whole on every rank; adapters and the rest are sharded", highlight=False)
+        return model
+
+    def training_step(self, step: TrainingStep, model: torch.nn.Module) -> TrainingStep:
+        return step.sharded(model)
+
+    def global_batch_size(self, spec) -> int:
+        # One global micro-batch of batch_size x world_size examples; each rank takes its slice.
+        return spec.batch_size * self.world_size
+
+    def micro_batches(self, batches, grad_accum: int, pad_id: int, device: torch.device) -> list[dict[str, Any]]:
+        """This rank's slices of the next ``grad_accum`` global micro-batches, each with its ``loss_weight``.
+
+        Every rank draws the same global batches (same seed and position) and keeps its slice; the
+        labelled-token counts are summed over ranks so each slice's loss is weighted by its share.
+        """
+        slices = []
+        for _ in range(grad_accum):
+            examples = distributed.rank_slice(next(batches), self.rank, self.world_size)
+            if not examples:  # fewer examples than ranks at the end of an epoch: a slice that scores nothing
+                examples = [unscored(next(iter(batches.examples)))]
+            slices.append(collate_batch(examples, pad_id))
+        local = [labelled_tokens(b["labels"]) for b in slices]
+        total = distributed.all_reduce_sum(local, device)
+        weights = distributed.loss_weights(local, total, self.world_size)
+        out = []
+        for batch, weight in zip(slices, weights):
+            moved = to_device(batch, device)
+            moved["loss_weight"] = weight
+            out.append(moved)
+        return out
+
+    def step_totals(self, loss, tokens, stop_requested, grad_norm, device):
+        # Rank losses are pre-weighted (see distributed.loss_weights): their mean is the global loss.
+        # The stop flag travels along, so that every rank stops after the same step.
+        summed = distributed.all_reduce_sum([float(loss), tokens, 1.0 if stop_requested else 0.0], device)
+        norm = distributed.local_value(grad_norm) if grad_norm is not None else None
+        return summed[0] / self.world_size, int(summed[1]), bool(summed[2]), norm
+
+    @property
+    def recorder_rank(self) -> int | None:
+        return self.rank
+
+    @property
+    def attributes_memory(self) -> bool:
+        return False
+
+    def run_fields(self, spec) -> dict[str, Any]:
+        return {"world_size": self.world_size, "shard": spec.shard}
+
+    @property
+    def saves_on_oom(self) -> bool:
+        # A sharded emergency checkpoint needs every rank, and the others are stuck in a collective:
+        # no checkpoint then (torchrun stops them when this rank exits).
+        return False
+
+    def save_checkpoint(self, run_dir, step, *, model, optimizer, scheduler, grad_scaler, data_state, rng_state, reason, keep):
+        return checkpointing.save_sharded_checkpoint(
+            run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler, data_state=data_state,
+            rng_state=rng_state, reason=reason, keep=keep, rank=self.rank, world_size=self.world_size,
+        )
+
+    def load_checkpoint(self, path, *, model, optimizer, scheduler, grad_scaler, device):
+        return checkpointing.load_sharded_checkpoint(
+            path, model=model, optimizer=optimizer, scheduler=scheduler, rank=self.rank, world_size=self.world_size,
+        )
+
+    def save_outputs(self, model, tokenizer, run_dir: Path, adapters: bool) -> Path:
+        """Every rank helps gather the full state dict onto rank 0's host; rank 0 writes the folder."""
+        state = distributed.full_state_dict(model, trainable_only=adapters)
+        if self.is_main:
+            write_outputs(model, tokenizer, run_dir, adapters, state_dict=state)
+        del state
+        distributed.barrier()
+        return output_dir(run_dir, adapters)
+
+
+def make_world(env: Mapping[str, str] | None = None) -> World:
+    """The world ``torchrun`` describes in the environment: one process unless WORLD_SIZE > 1."""
+    placement = distributed.placement_from_env(env)
+    return ShardedWorld(placement) if placement.distributed else World(placement)
