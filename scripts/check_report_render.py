@@ -66,11 +66,12 @@ def demo_run(folder: Path) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from memfit.models.build import attach_lora, enable_checkpointing, make_config
+    from memfit.models.build import make_config
+    from memfit.step.prepare import attach_lora, enable_checkpointing
     from memfit.planner.api import plan
     from memfit.spec import make_spec
-    from memfit.train.optim import build_optimizer
-    from memfit.train.step import train_step
+    from memfit.step.optim import build_optimizer
+    from memfit.step.train_step import train_step
     from memfit.watch.recorder import MemoryRecorder
 
     torch.set_num_threads(1)
