@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import sys
-from enum import Enum
 from pathlib import Path
-from typing import Optional
+from typing import Any, Literal, Optional
 
 import typer
 from rich.console import Console
+
+from memfit.options import knob_options, with_options
+from memfit.spec import TRAINED_KNOBS, choices
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -24,107 +26,27 @@ err_console = Console(stderr=True)
 DEFAULT_MODEL = "smollm2-135m"
 
 
-class Method(str, Enum):
-    full = "full"
-    lora = "lora"
-    qlora = "qlora"
-
-
-class Precision(str, Enum):
-    bf16 = "bf16"
-    fp16 = "fp16"
-    fp32 = "fp32"
-
-
-class Optimizer(str, Enum):
-    adamw = "adamw"
-    adamw8bit = "adamw8bit"
-    paged_adamw8bit = "paged-adamw8bit"
-    sgd = "sgd"
-
-
-class Checkpointing(str, Enum):
-    off = "off"
-    on = "on"
-    offload = "offload"
-
-
-class Tiling(str, Enum):
-    auto = "auto"
-    on = "on"
-    off = "off"
-
-
-class Recipe(str, Enum):
-    memfit = "memfit"
-    hf = "hf"
-
-
-class Shard(str, Enum):
-    none = "none"
-    ddp = "ddp"
-    zero1 = "zero1"
-    zero2 = "zero2"
-    zero3 = "zero3"
-    fsdp = "fsdp"
-    fsdp_offload = "fsdp-offload"
-
-
 def _fail(message: str) -> None:
     err_console.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code=2)
 
 
 @app.command("plan")
+@with_options(knob_options())
 def plan_command(
     model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a config.json, or a model folder."),
-    method: Method = typer.Option(Method.lora, help="Fine-tuning method."),
-    rank: int = typer.Option(16, help="LoRA rank (lora, qlora)."),
-    alpha: Optional[float] = typer.Option(None, help="LoRA alpha (default: 2 x rank)."),
-    targets: str = typer.Option("all-linear", help="Comma-separated module names for LoRA, or all-linear."),
-    precision: Precision = typer.Option(Precision.bf16, help="Weight and compute dtype."),
-    optimizer: Optimizer = typer.Option(Optimizer.adamw, help="Optimizer."),
-    batch_size: int = typer.Option(1, "--batch-size", "-b", help="Micro-batch size per GPU."),
-    seq_len: int = typer.Option(2048, "--seq-len", "-s", help="Tokens per sequence."),
-    grad_accum: int = typer.Option(1, "--grad-accum", help="Micro-batches per optimizer step."),
-    checkpointing: Checkpointing = typer.Option(Checkpointing.on, help="Activation checkpointing (offload: saved layer inputs in host memory)."),
-    tiling: Tiling = typer.Option(Tiling.auto, help="Sequence-tiled MLP (auto: from 8,192 tokens a micro-batch)."),
-    step_in_backward: bool = typer.Option(False, "--step-in-backward", help="Full fine-tuning: optimizer step per parameter inside backward."),
-    recipe: Recipe = typer.Option(Recipe.memfit, help="memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison."),
-    gpus: int = typer.Option(1, "--gpus", help="GPUs the run uses (memory is planned per GPU)."),
-    shard: Shard = typer.Option(Shard.none, "--shard", help="Sharding across GPUs: none, ddp, zero1, zero2, zero3, fsdp, fsdp-offload."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU to check against (see `memfit models`)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget instead of a GPU, e.g. 24GiB."),
     context_bytes: Optional[int] = typer.Option(None, "--context-bytes", help="Override the CUDA context estimate."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     full_sim: bool = typer.Option(False, "--full-sim", help="Simulate every layer instead of extrapolating."),
+    **knobs: Any,
 ) -> None:
     """Predict the peak GPU memory of one training step, by category, without a GPU."""
     from memfit.planner.api import PlanError, plan
 
     try:
-        result = plan(
-            model,
-            gpu=gpu,
-            budget=budget,
-            context_bytes=context_bytes,
-            extrapolate=not full_sim,
-            method=method.value,
-            rank=rank,
-            alpha=alpha,
-            targets=targets,
-            precision=precision.value,
-            optimizer=optimizer.value,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            grad_accum=grad_accum,
-            checkpointing=checkpointing.value,
-            tiling=tiling.value,
-            step_in_backward=step_in_backward,
-            recipe=recipe.value,
-            gpus=gpus,
-            shard=shard.value,
-        )
+        result = plan(model, gpu=gpu, budget=budget, context_bytes=context_bytes, extrapolate=not full_sim, **knobs)
     except PlanError as err:
         _fail("\n".join(["cannot plan this run:"] + [f"  - {p}" for p in err.problems]))
         return
@@ -137,52 +59,37 @@ def plan_command(
         result.render(console)
 
 
-class MaxTarget(str, Enum):
-    seq_len = "seq-len"
-
-
 @app.command("fit")
+@with_options(knob_options(("rank", "alpha", "dropout", "targets", "recipe")))
 def fit_command(
     model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a config.json, or a model folder."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU to fit (see `memfit models`)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget instead of a GPU, e.g. 24GiB."),
     batch_size: int = typer.Option(8, "--batch-size", "-b", help="Effective batch (sequences per optimizer step) to keep."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", "-s", help="Sequence length to hold fixed (default 2048)."),
-    method: Optional[list[Method]] = typer.Option(None, "--method", help="Only these methods (repeat the option)."),
-    rank: int = typer.Option(16, help="LoRA rank (lora, qlora)."),
-    alpha: Optional[float] = typer.Option(None, help="LoRA alpha (default: 2 x rank)."),
-    targets: str = typer.Option("all-linear", help="Comma-separated module names for LoRA, or all-linear."),
-    precision: Optional[Precision] = typer.Option(None, help="Weight and compute dtype (default: bf16 where the GPU has it)."),
-    recipe: Recipe = typer.Option(Recipe.memfit, help="memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison."),
+    method: Optional[list[str]] = typer.Option(None, "--method", metavar="|".join(choices("method")), help="Only these methods (repeat the option)."),
+    precision: Optional[str] = typer.Option(None, "--precision", metavar="|".join(choices("precision")), help="Weight and compute dtype (default: bf16 where the GPU has it)."),
     gpus: int = typer.Option(1, "--gpus", help="Up to this many GPUs: the fewest that fit are reported, memory per GPU."),
-    shard: Optional[Shard] = typer.Option(None, "--shard", help="Sharding across GPUs (default with --gpus 2+: searched)."),
-    max_target: Optional[MaxTarget] = typer.Option(None, "--max", help="Show the longest sequence each method fits."),
+    shard: Optional[str] = typer.Option(None, "--shard", metavar="|".join(choices("shard")), help="Sharding across GPUs (default with --gpus 2+: searched)."),
+    max_target: Optional[Literal["seq-len"]] = typer.Option(None, "--max", help="Show the longest sequence each method fits."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     write: Optional[Path] = typer.Option(None, "--write", help="Write the best configuration as a `memfit train` YAML."),
     data: Optional[str] = typer.Option(None, "--data", help="Training data for the --write YAML (default: the demo dataset)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Let --write replace an existing file."),
+    **knobs: Any,
 ) -> None:
     """Find the training configurations that fit a GPU, fastest first (estimated), and the longest sequences."""
     from memfit.planner.api import PlanError
     from memfit.planner.search import fit
 
+    fixed = {k: v for k, v in dict(knobs, precision=precision, shard=shard).items() if v is not None}
+    if gpus != 1:
+        fixed["gpus"] = gpus
     progress = None if as_json else _status_printer()
     try:
         result = fit(
-            model,
-            gpu=gpu,
-            budget=budget,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            methods=tuple(m.value for m in method) if method else None,
-            progress=progress,
-            rank=rank,
-            alpha=alpha,
-            targets=targets,
-            **({"precision": precision.value} if precision else {}),
-            **({"recipe": recipe.value} if recipe is not Recipe.memfit else {}),
-            **({"gpus": gpus} if gpus != 1 else {}),
-            **({"shard": shard.value} if shard is not None else {}),
+            model, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len,
+            methods=tuple(method) if method else None, progress=progress, **fixed,
         )
     except PlanError as err:
         _fail("\n".join(["cannot search this model:"] + [f"  - {p}" for p in err.problems]))
@@ -219,10 +126,10 @@ def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: 
         values["init"] = "random"
         header += "# init: random trains random weights; point model: at your local Hugging Face folder and delete it.\n"
     values["data"] = data or str(_demo_dataset())
-    for key in ("method", "rank", "alpha", "dropout", "targets", "precision", "optimizer", "batch_size", "seq_len", "grad_accum", "checkpointing", "tiling", "step_in_backward"):
-        values[key] = spec[key]
-    if spec.get("gpus", 1) > 1:  # a multi-GPU fit: train it with torchrun or --nproc
-        values["gpus"], values["shard"] = spec["gpus"], spec["shard"]
+    multi_gpu = spec.get("gpus", 1) > 1  # a multi-GPU fit: train it with torchrun or --nproc
+    for key in TRAINED_KNOBS:
+        if multi_gpu or key not in ("gpus", "shard"):
+            values[key] = spec[key]
     if gpu:
         values["gpu"] = gpu
     if budget:

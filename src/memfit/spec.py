@@ -1,6 +1,11 @@
 """One validated description of a fine-tuning run: every knob the planner and the trainer share.
 
-``RunSpec`` is the single place that knows the knobs, their defaults and what values are allowed.
+``RunSpec`` is the single place that declares the knobs: each field's type (a ``Literal`` lists its
+choices), default and help. Everything else is derived from it: the choice lists
+(:func:`choices`), the command-line options of ``memfit plan``, ``fit`` and ``train``
+(:mod:`memfit.options`), the knob fields of a training YAML (:mod:`memfit.train.config`). Adding a
+knob means adding a field here, plus the code that uses it.
+
 Bad values are all collected and raised at once as a :class:`SpecError` whose lines name the
 field, the value and the fix, before anything expensive runs.
 """
@@ -8,17 +13,11 @@ field, the value and the fix, before anything expensive runs.
 from __future__ import annotations
 
 import difflib
+import math
+import typing
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-Method = Literal["full", "lora", "qlora"]
-Precision = Literal["bf16", "fp16", "fp32"]
-OptimizerName = Literal["adamw", "adamw8bit", "paged-adamw8bit", "sgd"]
-Checkpointing = Literal["off", "on", "offload"]
-Shard = Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-offload"]
-Tiling = Literal["auto", "on", "off"]
-Recipe = Literal["memfit", "hf"]
 
 #: ``--tiling auto`` tiles the MLP from this many tokens a micro-batch: below it the MLP's
 #: intermediates are small next to the rest of the step, and tiling would only add recomputation.
@@ -27,21 +26,16 @@ TILING_AUTO_TOKENS = 8192
 #: ``--targets all-linear`` means every linear layer inside the decoder blocks (not the output head).
 ALL_LINEAR = "all-linear"
 
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "method": ("full", "lora", "qlora"),
-    "precision": ("bf16", "fp16", "fp32"),
-    "optimizer": ("adamw", "adamw8bit", "paged-adamw8bit", "sgd"),
-    "checkpointing": ("off", "on", "offload"),
-    "shard": ("none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-offload"),
-    "tiling": ("auto", "on", "off"),
-    "recipe": ("memfit", "hf"),
-}
 
-# How a field is spelled on the command line, for error messages.
-_FLAG = {name: "--" + name.replace("_", "-") for name in (
-    "method", "rank", "alpha", "dropout", "targets", "precision", "optimizer", "batch_size",
-    "seq_len", "grad_accum", "checkpointing", "gpus", "shard", "tiling", "step_in_backward", "recipe",
-)}
+def knob(default: Any, help: str, *, short: str | None = None, example: Any = None, planner_only: bool = False) -> Any:
+    """A :class:`RunSpec` field: its default and help, and how it appears elsewhere.
+
+    ``short``: a one-letter command-line alias (``-b``); ``example``: a good value to suggest in an
+    error message; ``planner_only``: a knob the planner takes and the trainer does not (it is left
+    out of the training YAML).
+    """
+    extra = {"short": short, "example": example, "planner_only": planner_only}
+    return Field(default, description=help, json_schema_extra={k: v for k, v in extra.items() if v not in (None, False)})
 
 
 class SpecError(ValueError):
@@ -61,22 +55,22 @@ class RunSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    method: Method = "lora"
-    rank: int = Field(16, description="LoRA rank r (lora, qlora)")
-    alpha: float | None = Field(None, description="LoRA alpha; default 2 x rank")
-    dropout: float = Field(0.0, description="LoRA dropout probability")
-    targets: tuple[str, ...] = Field((ALL_LINEAR,), description="module names LoRA attaches to")
-    precision: Precision = "bf16"
-    optimizer: OptimizerName = "adamw"
-    batch_size: int = 1
-    seq_len: int = 2048
-    grad_accum: int = 1
-    checkpointing: Checkpointing = "on"
-    gpus: int = 1
-    shard: Shard = "none"
-    tiling: Tiling = Field("auto", description="sequence-tiled MLP: auto (on from TILING_AUTO_TOKENS tokens a micro-batch), on, off")
-    step_in_backward: bool = Field(False, description="full fine-tuning: each parameter's optimizer step runs in backward")
-    recipe: Recipe = Field("memfit", description="memfit: memfit's step; hf: the plain Hugging Face + PEFT step (planner only)")
+    method: Literal["full", "lora", "qlora"] = knob("lora", "Fine-tuning method: full (every weight), lora (adapters on the frozen base) or qlora (adapters on a 4-bit base).")
+    rank: int = knob(16, "LoRA rank r (lora, qlora).", example=16)
+    alpha: float | None = knob(None, "LoRA alpha (default: 2 x rank).", example=32)
+    dropout: float = knob(0.0, "LoRA dropout probability.", example=0.05)
+    targets: tuple[str, ...] = knob((ALL_LINEAR,), "Modules LoRA attaches to: comma-separated names, or all-linear.")
+    precision: Literal["bf16", "fp16", "fp32"] = knob("bf16", "Weight and compute dtype.")
+    optimizer: Literal["adamw", "adamw8bit", "paged-adamw8bit", "sgd"] = knob("adamw", "Optimizer (8-bit and paged states need bitsandbytes).")
+    batch_size: int = knob(1, "Micro-batch size per GPU (sequences in one forward pass).", short="-b", example=4)
+    seq_len: int = knob(2048, "Tokens per sequence.", short="-s", example=2048)
+    grad_accum: int = knob(1, "Micro-batches per optimizer step.", example=8)
+    checkpointing: Literal["off", "on", "offload"] = knob("on", "Activation checkpointing (offload: the saved layer inputs in host memory).")
+    gpus: int = knob(1, "GPUs the run uses (memory is planned per GPU).", example=2)
+    shard: Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-offload"] = knob("none", "Sharding across GPUs.")
+    tiling: Literal["auto", "on", "off"] = knob("auto", f"Sequence-tiled MLPs and norms (auto: from {TILING_AUTO_TOKENS:,} tokens a micro-batch).")
+    step_in_backward: bool = knob(False, "Full fine-tuning: each parameter's optimizer step runs inside backward.")
+    recipe: Literal["memfit", "hf"] = knob("memfit", "memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison.", planner_only=True)
 
     @field_validator("targets", mode="before")
     @classmethod
@@ -98,6 +92,8 @@ class RunSpec(BaseModel):
                 "--precision: fp16 is not supported for --method full: pure fp16 weights and "
                 "optimizer states overflow and underflow. Use --precision bf16 or fp32."
             )
+        # The optimizer step in backward updates each parameter as soon as its gradient exists:
+        # nothing may need all gradients first (accumulation here; clipping in the training config).
         if self.step_in_backward and self.method != "full":
             problems.append(
                 f"--step-in-backward: only for --method full (got --method {self.method}): adapters' "
@@ -138,6 +134,68 @@ class RunSpec(BaseModel):
         return data
 
 
+# ------------------------------------------------------------------------------------------------
+# What is derived from the fields
+
+
+#: Every knob, in declaration order.
+KNOBS: tuple[str, ...] = tuple(RunSpec.model_fields)
+
+#: The knobs a training run takes (a training YAML's knob fields).
+TRAINED_KNOBS: tuple[str, ...] = tuple(
+    name for name, info in RunSpec.model_fields.items() if not (info.json_schema_extra or {}).get("planner_only")
+)
+
+
+def choices(name: str) -> tuple[str, ...]:
+    """The allowed values of knob ``name`` (from its ``Literal`` type), or () for a free value."""
+    annotation = RunSpec.model_fields[name].annotation
+    if typing.get_origin(annotation) is Literal:
+        return tuple(typing.get_args(annotation))
+    return ()
+
+
+#: ``shard`` values the trainer runs on several processes, least communication first. ``none`` is
+#: one process; ``zero1`` (optimizer states sharded, weights and gradients whole) is planned but not
+#: trained: zero2 costs the same communication and less memory.
+TRAINED_SHARD_MODES: tuple[str, ...] = ("ddp", "zero2", "zero3", "fsdp", "fsdp-offload")
+
+
+def default(name: str) -> Any:
+    """The default of knob ``name``."""
+    return RunSpec.model_fields[name].default
+
+
+def help_text(name: str) -> str:
+    """The help of knob ``name``."""
+    return RunSpec.model_fields[name].description or ""
+
+
+def short_flag(name: str) -> str | None:
+    """The one-letter command-line alias of knob ``name`` (``-b``), if it has one."""
+    return (RunSpec.model_fields[name].json_schema_extra or {}).get("short")
+
+
+def flag(name: str) -> str:
+    """How knob ``name`` is spelled on the command line: ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def _example(name: str) -> Any:
+    return (RunSpec.model_fields[name].json_schema_extra or {}).get("example")
+
+
+def value_kind(name: str) -> str:
+    """``int`` (a whole number, 1 or more), ``float``, ``bool``, ``choice`` or ``other``."""
+    annotation = RunSpec.model_fields[name].annotation
+    if choices(name):
+        return "choice"
+    for kind in (bool, int, float):  # bool first: it is an int too
+        if annotation is kind or kind in typing.get_args(annotation):
+            return kind.__name__
+    return "other"
+
+
 def tiles_sequence(tiling: str, recipe: str, tokens: int) -> bool:
     """``--tiling`` resolved for a micro-batch of ``tokens`` tokens (the hf recipe never tiles)."""
     if recipe == "hf" or tiling == "off":
@@ -145,48 +203,32 @@ def tiles_sequence(tiling: str, recipe: str, tokens: int) -> bool:
     return tiling == "on" or tokens >= TILING_AUTO_TOKENS
 
 
-_POSITIVE_INT_FIELDS = ("rank", "batch_size", "seq_len", "grad_accum", "gpus")
+# ------------------------------------------------------------------------------------------------
+# Validation
 
 
 def make_spec(**knobs: Any) -> RunSpec:
     """Build a :class:`RunSpec` from keyword knobs, or raise :class:`SpecError` listing every problem.
 
-    Unknown knob names get a "did you mean" suggestion; ``None`` values mean "use the default".
+    Values may be given as text (as the command line gives them). Unknown knob names get a "did you
+    mean" suggestion; ``None`` values mean "use the default".
     """
     problems: list[str] = []
     clean: dict[str, Any] = {}
-    fields = set(RunSpec.model_fields)
     for name, value in knobs.items():
         if value is None:
             continue
         key = name.replace("-", "_")
-        if key not in fields:
-            close = difflib.get_close_matches(key, sorted(fields), n=1)
-            hint = f" Did you mean {close[0]!r}?" if close else f" Known knobs: {', '.join(sorted(fields))}."
+        if key not in RunSpec.model_fields:
+            close = difflib.get_close_matches(key, KNOBS, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else f" Known knobs: {', '.join(sorted(KNOBS))}."
             problems.append(f"unknown knob {name!r}.{hint}")
             continue
-        if key in _CHOICES and isinstance(value, str):
-            value = value.strip().lower()
-            if value not in _CHOICES[key]:
-                close = difflib.get_close_matches(value, _CHOICES[key], n=1)
-                hint = f" Did you mean {close[0]!r}?" if close else ""
-                problems.append(f"{_FLAG[key]}: {value!r} is not one of {', '.join(_CHOICES[key])}.{hint}")
-                continue
-        if key in _POSITIVE_INT_FIELDS:
-            if isinstance(value, bool) or not _is_int_like(value):
-                problems.append(f"{_FLAG[key]}: {value!r} is not a whole number. Use e.g. {_FLAG[key]} {_EXAMPLE[key]}.")
-                continue
-            value = int(value)
-            if value < 1:
-                problems.append(f"{_FLAG[key]}: {value} must be 1 or more (e.g. {_FLAG[key]} {_EXAMPLE[key]}).")
-                continue
-        if key == "alpha" and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0):
-            problems.append(f"--alpha: {value!r} must be a positive number (e.g. --alpha 32).")
-            continue
-        if key == "dropout" and (not isinstance(value, (int, float)) or not 0.0 <= float(value) < 1.0):
-            problems.append(f"--dropout: {value!r} must be in [0, 1) (e.g. --dropout 0.05).")
-            continue
-        clean[key] = value
+        problem, value = _check_value(key, value)
+        if problem:
+            problems.append(problem)
+        else:
+            clean[key] = value
     if problems:
         raise SpecError(problems)
     try:
@@ -195,7 +237,39 @@ def make_spec(**knobs: Any) -> RunSpec:
         raise SpecError(_pydantic_problems(err)) from None
 
 
-_EXAMPLE = {"rank": 16, "batch_size": 4, "seq_len": 2048, "grad_accum": 8, "gpus": 2}
+def _check_value(key: str, value: Any) -> tuple[str | None, Any]:
+    """(problem, value): the value converted to the knob's type, or the line that says what is wrong."""
+    kind, name, example = value_kind(key), flag(key), _example(key)
+    if kind == "choice":
+        allowed = choices(key)
+        text = str(value).strip().lower() if isinstance(value, str) else value
+        if text not in allowed:
+            close = difflib.get_close_matches(str(text), allowed, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            return f"{name}: {value!r} is not one of {', '.join(allowed)}.{hint}", value
+        return None, text
+    if kind == "int":
+        if isinstance(value, bool) or not _is_int_like(value):
+            return f"{name}: {value!r} is not a whole number. Use e.g. {name} {example}.", value
+        number = int(value)
+        if number < 1:
+            return f"{name}: {number} must be 1 or more (e.g. {name} {example}).", value
+        return None, number
+    if kind == "float":
+        number = _as_float(value)
+        if key == "alpha" and (number is None or not math.isfinite(number) or number <= 0):
+            return f"{name}: {value!r} must be a positive number (e.g. {name} {example}).", value
+        if key == "dropout" and (number is None or not 0.0 <= number < 1.0):
+            return f"{name}: {value!r} must be in [0, 1) (e.g. {name} {example}).", value
+        if number is None:
+            return f"{name}: {value!r} is not a number (e.g. {name} {example}).", value
+        return None, number
+    if kind == "bool" and isinstance(value, str):
+        text = value.strip().lower()
+        if text not in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+            return f"{name}: {value!r} is not true or false.", value
+        return None, text in ("true", "yes", "on", "1")
+    return None, value
 
 
 def _is_int_like(value: Any) -> bool:
@@ -208,13 +282,26 @@ def _is_int_like(value: Any) -> bool:
     return False
 
 
+def _as_float(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
 def _pydantic_problems(err: ValidationError) -> list[str]:
     problems = []
     for item in err.errors():
         loc = [str(part) for part in item.get("loc", ()) if part != "__root__"]
         message = str(item.get("msg", "")).removeprefix("Value error, ")
         if loc:
-            field = _FLAG.get(loc[0], loc[0])
+            field = flag(loc[0]) if loc[0] in RunSpec.model_fields else loc[0]
             problems.append(f"{field}: {item.get('input')!r}: {message}")
         else:
             problems.extend(line for line in message.splitlines() if line)

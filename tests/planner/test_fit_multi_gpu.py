@@ -29,7 +29,7 @@ def test_fit_finds_the_fewest_gpus_for_full_fine_tuning():
 
 def test_fit_tries_only_modes_the_trainer_runs():
     from memfit.planner.search import gpu_levels
-    from memfit.train.distributed import SHARD_MODES as TRAINED
+    from memfit.spec import TRAINED_SHARD_MODES as TRAINED
 
     modes = {mode for _, mode in gpu_levels(8, None)} - {"none"}
     assert modes and modes <= set(TRAINED)

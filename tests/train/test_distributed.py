@@ -237,7 +237,7 @@ def test_nproc_must_match_gpus_and_relaunches_through_torchrun(tmp_path, monkeyp
     assert ok.exit_code == 7, ok.output  # the launched command's exit code
     (cmd,) = launched
     assert cmd[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
-    assert cmd[6:] == ["memfit", "train", str(config), "--lr", "0.01", "--set", "eval_split=0.1", "--no-progress"]
+    assert cmd[6:] == ["memfit", "train", str(config), "--set", "eval_split=0.1", "--no-progress", "--lr", "0.01"]
     assert not (tmp_path / "out").exists()
     assert command.nproc_problem(2, 2, {"WORLD_SIZE": "2"}).startswith("--nproc: this command already runs under torchrun")
 

@@ -24,18 +24,18 @@ from memfit.planner.api import PlanError, plan, validate
 from memfit.planner.report import MemoryPlan
 from memfit.planner.sharding import mode_problems
 from memfit.planner.throughput import relative_speeds
-from memfit.spec import TILING_AUTO_TOKENS
+from memfit.spec import TILING_AUTO_TOKENS, TRAINED_SHARD_MODES, choices
 
-METHODS = ("full", "lora", "qlora")
+METHODS = choices("method")
 #: Fastest first; each next one needs less memory.
-CHECKPOINTING_FAST_FIRST = ("off", "on", "offload")
+CHECKPOINTING_FAST_FIRST = choices("checkpointing")  # RunSpec declares them fastest first
 OPTIMIZERS_LEAN_FIRST = {"full": ("paged-adamw8bit", "adamw8bit", "adamw"), "lora": ("adamw",), "qlora": ("adamw",)}
 #: Sequence lengths are reported in multiples of this many tokens.
 SEQ_STEP = 128
 #: With ``--gpus N`` and no ``--shard``: the modes tried at each GPU count, least communication
-#: first; the ones memfit train runs, so every fit can be written as a config and trained (zero1
-#: is planned by ``memfit plan`` but not trained; zero3 is fsdp).
-SHARD_FAST_FIRST = ("ddp", "zero2", "fsdp", "fsdp-offload")
+#: first; the ones memfit train runs, so every fit can be written as a config and trained (zero3
+#: is fsdp).
+SHARD_FAST_FIRST = tuple(mode for mode in TRAINED_SHARD_MODES if mode != "zero3")
 
 
 def gpu_levels(gpus: int, shard: str | None) -> list[tuple[int, str]]:

@@ -6,7 +6,9 @@ from typing import Iterable
 
 import torch
 
-OPTIMIZERS = ("adamw", "adamw8bit", "paged-adamw8bit", "sgd")
+from memfit.spec import choices
+
+OPTIMIZERS = choices("optimizer")
 
 
 def build_optimizer(

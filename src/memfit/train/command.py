@@ -20,6 +20,10 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from memfit.options import field_options, knob_options, with_options
+from memfit.spec import TRAINED_KNOBS
+from memfit.train.config import TrainConfig
+
 
 def parse_set_options(items: list[str]) -> dict[str, Any]:
     """``["lr=1e-4", "targets=[q_proj, v_proj]"]`` -> ``{"lr": 1e-4, "targets": ["q_proj", "v_proj"]}``
@@ -55,6 +59,8 @@ def relaunch_args(params: list[tuple[Any, Any]], skip: tuple[str, ...] = ("nproc
         if getattr(param, "is_flag", False):
             if value and value != param.default:
                 args.append(flag)
+            elif value is False and param.default is None and param.secondary_opts:
+                args.append(param.secondary_opts[0])  # --no-X: a YAML setting turned off
         elif getattr(param, "multiple", False):
             for item in value:
                 args += [flag, str(item)]
@@ -103,29 +109,22 @@ def nproc_problem(nproc: int, gpus: int, env: dict[str, str] | None = None) -> s
     return None
 
 
+@with_options(
+    knob_options(TRAINED_KNOBS),
+    field_options(TrainConfig, ("lr", "epochs", "max_steps", "seed", "device", "output_dir", "gpu", "budget", "force")),
+)
 def train_command(
     ctx: typer.Context,
     config: Annotated[Path, typer.Argument(help="YAML training config (see docs/train.md; examples/tiny.yaml is a demo).", show_default=False)],
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in output_dir from its latest checkpoint.")] = False,
-    lr: Annotated[Optional[float], typer.Option("--lr", help="Peak learning rate.")] = None,
-    epochs: Annotated[Optional[float], typer.Option("--epochs", help="Passes over the data.")] = None,
-    max_steps: Annotated[Optional[int], typer.Option("--max-steps", help="Optimizer steps (instead of epochs).")] = None,
-    method: Annotated[Optional[str], typer.Option("--method", help="full, lora or qlora.")] = None,
-    precision: Annotated[Optional[str], typer.Option("--precision", help="bf16, fp16 or fp32.")] = None,
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", "-b", help="Micro-batch size.")] = None,
-    grad_accum: Annotated[Optional[int], typer.Option("--grad-accum", help="Micro-batches per optimizer step.")] = None,
-    seq_len: Annotated[Optional[int], typer.Option("--seq-len", "-s", help="Most tokens in one example.")] = None,
-    device: Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda or cuda:N.")] = None,
-    output_dir: Annotated[Optional[Path], typer.Option("--output-dir", "-o", help="Run folder (default runs/<config name>).")] = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="Random seed.")] = None,
-    gpu: Annotated[Optional[str], typer.Option("--gpu", help="GPU to plan against before loading.")] = None,
-    budget: Annotated[Optional[str], typer.Option("--budget", help="Memory budget to plan against, e.g. 20GiB.")] = None,
-    force: Annotated[bool, typer.Option("--force", help="Train even when the plan says the run does not fit.")] = False,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Any other config field: --set KEY=VALUE (repeatable).")] = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No live progress bar (metrics still go to metrics.jsonl).")] = False,
     nproc: Annotated[Optional[int], typer.Option("--nproc", help="Start N processes (one per GPU) with torchrun; must equal gpus in the config.")] = None,
+    **options: Any,
 ) -> None:
-    """Fine-tune a model as a YAML config says: plan first, then train, checkpoint and save the adapter."""
+    """Fine-tune a model as a YAML config says: plan first, then train, checkpoint and save the adapter.
+
+    Every option overrides the YAML field of the same name."""
     from rich.console import Console
     from rich.markup import escape
 
@@ -141,11 +140,7 @@ def train_command(
 
     try:
         overrides = parse_set_options(set_ or [])
-        overrides.update(
-            lr=lr, epochs=epochs, max_steps=max_steps, method=method, precision=precision, batch_size=batch_size,
-            grad_accum=grad_accum, seq_len=seq_len, device=device, seed=seed, gpu=gpu, budget=budget,
-            output_dir=str(output_dir) if output_dir is not None else None, force=True if force else None,
-        )
+        overrides.update(options)
         cfg = load_config(config, overrides)
     except (ConfigError, ValueError) as err:
         fail(str(err), 2)

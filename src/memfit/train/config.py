@@ -18,12 +18,10 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
+from memfit import spec as specs
 from memfit.spec import RunSpec, SpecError, make_spec
-
-#: The RunSpec knobs a training config may set.
-SPEC_FIELDS = ("method", "rank", "alpha", "dropout", "targets", "precision", "optimizer", "batch_size", "seq_len", "grad_accum", "checkpointing", "tiling", "step_in_backward", "gpus", "shard")
 
 #: Fields holding paths, resolved against the YAML file's folder.
 PATH_FIELDS = ("model", "tokenizer", "data", "eval_data", "output_dir")
@@ -38,15 +36,20 @@ class ConfigError(ValueError):
         super().__init__(f"invalid training configuration{where}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
-def _spec_default(name: str) -> Any:
-    """The default of RunSpec field ``name``: the trainer and the planner share one set of defaults."""
-    return RunSpec.model_fields[name].default
+def _run_knobs() -> type[BaseModel]:
+    """The knob fields of a training config, made from :class:`~memfit.spec.RunSpec` (declared there
+    once: default and help). Their values are checked by :func:`memfit.spec.make_spec`, which names
+    the knob and its allowed values better than a type error would, so any value is taken here."""
+    fields: dict[str, Any] = {
+        name: (Any, Field(specs.default(name), description=specs.help_text(name))) for name in specs.TRAINED_KNOBS
+    }
+    return create_model("RunKnobs", __config__=ConfigDict(extra="forbid", frozen=True), **fields)
 
 
-class TrainConfig(BaseModel):
-    """Every setting of a training run. Field docs double as the YAML reference (docs/train.md)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class TrainConfig(_run_knobs()):
+    """Every setting of a training run: the :class:`~memfit.spec.RunSpec` knobs (``method``, ``rank``,
+    ``batch_size``...) and what only training needs. Field docs double as the YAML reference
+    (docs/train.md)."""
 
     # -- model ------------------------------------------------------------------------------
     model: str = Field(description="local Hugging Face model folder (config.json + *.safetensors), a config.json, or a catalog name (with init: random)")
@@ -66,35 +69,18 @@ class TrainConfig(BaseModel):
     # -- schedule ---------------------------------------------------------------------------
     epochs: float | None = Field(None, description="passes over the training data (default 1 when max_steps is not set)")
     max_steps: int | None = Field(None, description="optimizer steps; takes precedence over epochs")
-    lr: float = 2e-4
-    weight_decay: float = 0.0
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"
-    warmup_steps: int | None = None
+    lr: float = Field(2e-4, description="peak learning rate")
+    weight_decay: float = Field(0.0, description="AdamW / SGD weight decay")
+    schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="learning-rate decay after warmup")
+    warmup_steps: int | None = Field(None, description="optimizer steps of linear warmup from 0")
     warmup_ratio: float | None = Field(None, description="warmup as a fraction of the optimizer steps (instead of warmup_steps)")
     min_lr_ratio: float = Field(0.0, description="lr at the end of a cosine or linear decay, as a fraction of lr")
     max_grad_norm: float | None = Field(1.0, description="clip gradients to this L2 norm (null = no clipping)")
-    seed: int = 0
-
-    # -- the RunSpec knobs (same meaning and defaults as in memfit plan; RunSpec validates them) --
-    method: str = _spec_default("method")
-    rank: int = _spec_default("rank")
-    alpha: float | None = _spec_default("alpha")
-    dropout: float = _spec_default("dropout")
-    targets: list[str] | str = ",".join(_spec_default("targets"))
-    precision: str = _spec_default("precision")
-    optimizer: str = _spec_default("optimizer")
-    batch_size: int = _spec_default("batch_size")
-    seq_len: int = _spec_default("seq_len")
-    grad_accum: int = _spec_default("grad_accum")
-    checkpointing: str = _spec_default("checkpointing")
-    tiling: str = _spec_default("tiling")
-    step_in_backward: bool = _spec_default("step_in_backward")
-    gpus: int = _spec_default("gpus")
-    shard: str = _spec_default("shard")
+    seed: int = Field(0, description="random seed (weights of init: random, LoRA init, data order, dropout)")
 
     # -- where and how ----------------------------------------------------------------------
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
-    output_dir: str | None = Field(None, description="run folder; default runs/<config file name>")
+    output_dir: str | None = Field(None, description="run folder; default runs/<config file name>", json_schema_extra={"short": "-o"})
     log_every: int = Field(1, description="write metrics every N optimizer steps")
     save_every: int = Field(0, description="save a checkpoint every N optimizer steps (0 = only at the end and on interrupt)")
     keep_checkpoints: int = Field(2, description="how many recent checkpoints to keep")
@@ -114,7 +100,7 @@ class TrainConfig(BaseModel):
 
     def knobs(self) -> dict[str, Any]:
         """The RunSpec fields of this config, as ``memfit plan`` takes them."""
-        return {name: getattr(self, name) for name in SPEC_FIELDS}
+        return {name: getattr(self, name) for name in specs.TRAINED_KNOBS}
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -204,10 +190,10 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
             loc = ".".join(str(p) for p in item.get("loc", ()))
             if item.get("type") == "missing":
                 continue  # reported above
-            if item.get("loc", ("",))[0] in SPEC_FIELDS:
+            if item.get("loc", ("",))[0] in specs.TRAINED_KNOBS:
                 continue  # make_spec below names the knob and its allowed values better
             problems.append(f"{loc}: {item.get('input')!r}: {item.get('msg')}")
-    knobs = {k: clean.get(k) for k in SPEC_FIELDS}
+    knobs = {k: clean.get(k) for k in specs.TRAINED_KNOBS}
     try:
         make_spec(**knobs)
     except SpecError as err:

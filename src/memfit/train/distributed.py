@@ -26,8 +26,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-#: ``shard`` values the trainer runs (``none`` is one process; ``zero1`` is refused, see config).
-SHARD_MODES = ("ddp", "zero2", "zero3", "fsdp", "fsdp-offload")
+from memfit.spec import TRAINED_SHARD_MODES
 
 
 class DistributedError(ValueError):
@@ -89,17 +88,17 @@ def check_world(gpus: int, shard: str, world: Placement) -> None:
             f"Set gpus: {world.world_size} in the config (--set gpus={world.world_size}), or launch with "
             f"--nproc-per-node {gpus}."
         )
-    if world.distributed and shard not in SHARD_MODES:
+    if world.distributed and shard not in TRAINED_SHARD_MODES:
         raise DistributedError(
-            f"shard: {shard!r} cannot train on {world.world_size} processes; use one of {', '.join(SHARD_MODES)} "
+            f"shard: {shard!r} cannot train on {world.world_size} processes; use one of {', '.join(TRAINED_SHARD_MODES)} "
             "(zero3 = fsdp)."
         )
 
 
 def fsdp_settings(shard: str) -> dict[str, Any]:
     """How ``shard`` maps onto FSDP2: ``reshard_after_forward``, ``offload`` (host), ``replicate`` (ddp)."""
-    if shard not in SHARD_MODES:
-        raise DistributedError(f"shard: {shard!r} is not one of {', '.join(SHARD_MODES)}")
+    if shard not in TRAINED_SHARD_MODES:
+        raise DistributedError(f"shard: {shard!r} is not one of {', '.join(TRAINED_SHARD_MODES)}")
     return {
         "reshard_after_forward": shard in ("zero3", "fsdp", "fsdp-offload"),
         "offload": shard == "fsdp-offload",

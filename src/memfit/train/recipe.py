@@ -19,10 +19,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Console
 
+from memfit.run_files import memory_file_name
+from memfit.step.builder import build_step
+from memfit.step.optim import build_optimizer
+from memfit.step.prepare import prepare_given_model
+from memfit.train.batches import count_tokens, evaluate
+from memfit.train.checkpointing import capture_rng, latest_checkpoint, restore_rng
 from memfit.train.config import TrainConfig, lr_factor, model_config_dict, total_steps, warmup_steps
+from memfit.train.data import BatchIterator
+from memfit.train.distributed import DistributedError, check_world
 from memfit.train.errors import OutOfMemory, TrainError
-from memfit.train.preflight import PreflightResult
+from memfit.train.examples import check_vocab, load_tokenizer, pad_token_id, prepare_examples, seed_everything
+from memfit.train.guards import StopOnSignal, handle_oom
+from memfit.train.loading import load_model, verify_setup
+from memfit.train.preflight import PreflightResult, preflight_run
+from memfit.train.progress import LiveProgress, MetricsLog, NullLog, Throughput, warn
+from memfit.train.run_folder import RunRecord, truncate_metrics
+from memfit.train.world import make_world
+from memfit.watch.compare import comparison_lines
+from memfit.watch.readings import step_peak_reading
+from memfit.watch.recorder import MemoryRecorder
 
 __all__ = ["OutOfMemory", "TrainError", "TrainResult", "train"]
 
@@ -73,9 +91,6 @@ def train(
     With ``gpus`` > 1 every process torchrun started calls this; the process group is joined here
     (and left at the end) unless the caller joined it already.
     """
-    from memfit.train.distributed import DistributedError, check_world
-    from memfit.train.world import make_world
-
     try:
         world = make_world()
         check_world(config.spec.gpus, config.spec.shard, world.placement)
@@ -88,18 +103,6 @@ def train(
 
 
 def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: bool) -> TrainResult:
-    from rich.console import Console
-
-    from memfit.step.builder import build_step
-    from memfit.step.optim import build_optimizer
-    from memfit.step.prepare import prepare_given_model
-    from memfit.train.checkpointing import capture_rng, latest_checkpoint, restore_rng
-    from memfit.train.data import BatchIterator
-    from memfit.train.examples import check_vocab, load_tokenizer, pad_token_id, prepare_examples, seed_everything
-    from memfit.train.loading import load_model, verify_setup
-    from memfit.train.preflight import preflight_run
-    from memfit.train.run_folder import RunRecord, truncate_metrics
-
     spec = config.spec
     if not world.is_main:  # one voice: rank 0 prints
         console, progress = Console(stderr=True, quiet=True), False
@@ -192,7 +195,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     if result.status == "completed":
         result.output_dir = world.save_outputs(model, tokenizer, run_dir, spec.uses_adapters)
     record.write(status=result.status, step=result.step, tokens_per_second=result.tokens_per_second,
-                 peak=_peak_reading(device))
+                 peak=step_peak_reading(device))
     return result
 
 
@@ -201,14 +204,6 @@ def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, 
           checkpoint_now, console, progress: bool) -> None:
     """The optimizer steps from ``result.step`` to the end, watched: memory is recorded every step
     (``memory.jsonl``) and checked for leaks, stray devices and switched-off optimizations."""
-    from memfit.run_files import memory_file_name
-    from memfit.train.batches import count_tokens, evaluate
-    from memfit.train.checkpointing import capture_rng
-    from memfit.train.guards import StopOnSignal
-    from memfit.train.progress import LiveProgress, MetricsLog, NullLog, Throughput, warn
-    from memfit.watch.compare import comparison_lines
-    from memfit.watch.recorder import MemoryRecorder
-
     spec = config.spec
     steps = result.total_steps
     recorder = MemoryRecorder(result.run_dir, plan=preflight.plan, expected_device=device, total_steps=steps, spec=spec,
@@ -260,7 +255,7 @@ def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, 
                 "tokens": tokens,
                 "tokens_per_second": meter.rate(),
                 "elapsed_s": round(time.perf_counter() - started, 4),  # since this process's loop began
-                **_peak_reading(device),
+                **step_peak_reading(device),
             }
             result.losses.append((done, loss_value))
             for finding in recorder.end_step(done, {"loss": loss_value, "tokens": tokens}):
@@ -295,7 +290,6 @@ def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, 
 def _out_of_memory(config: TrainConfig, world, optimizer, step: int, preflight: PreflightResult, device, console,
                    save_before_step, record) -> OutOfMemory:
     """Free, save (where the world can), explain; record the run as ended by running out of memory."""
-    from memfit.train.guards import handle_oom
 
     def replan():
         from memfit.planner.api import plan
@@ -309,9 +303,3 @@ def _out_of_memory(config: TrainConfig, world, optimizer, step: int, preflight: 
     )
     record.write(status="oom", step=step)
     return error
-
-
-def _peak_reading(device: torch.device) -> dict[str, int]:
-    from memfit.watch.readings import step_peak_reading
-
-    return step_peak_reading(device)

@@ -6,6 +6,10 @@
 - :class:`Finding`, :class:`Thresholds`, :func:`inspect_model`, :func:`detect_all`.
 
 Nothing heavy is imported with the package: each name loads its module when first used.
+
+May import: :mod:`memfit.planner` (the tracker that attributes memory to categories),
+:mod:`memfit.step`, :mod:`memfit.models` and the bottom layer. Never train or the CLI: a Hugging Face
+``Trainer`` user of :class:`MemoryCallback` does not load memfit's trainer.
 """
 
 from __future__ import annotations
