@@ -144,9 +144,9 @@ def measure_recipe(recipe: str, lengths: list[int], cap_bytes: int | None, compa
 
     from memfit.models.catalog import resolve_model
     from memfit.spec import make_spec
-    from memfit.train.loading import load_model
-    from memfit.step.optim import build_optimizer
     from memfit.step.builder import build_step
+    from memfit.step.optim import build_optimizer
+    from memfit.train.loading import load_model
 
     device = torch.device(device_name)
     cuda = device.type == "cuda"

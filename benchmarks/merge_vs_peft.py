@@ -131,9 +131,9 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "merge_vs_peft.json"))
     args = parser.parse_args()
 
+    import peft
     import torch
     import transformers
-    import peft
 
     work = Path(tempfile.mkdtemp(prefix="memfit-merge-bench-", dir="/tmp"))
     try:

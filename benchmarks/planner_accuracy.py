@@ -71,10 +71,10 @@ def measure_one(model: str | dict, knobs: dict, device: str) -> dict:
     from memfit.models.catalog import resolve_model
     from memfit.planner.tracker import MemoryTracker
     from memfit.spec import make_spec
-    from memfit.train.loading import load_model
-    from memfit.step.optim import build_optimizer
     from memfit.step.losses import causal_lm_loss
+    from memfit.step.optim import build_optimizer
     from memfit.step.train_step import train_step
+    from memfit.train.loading import load_model
 
     spec = make_spec(**knobs)
     source = resolve_model(model)

@@ -116,7 +116,13 @@ def run_memfit(args, out_dir: Path) -> dict:
 def run_hf(args, out_dir: Path, use_trl: bool = False) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     from memfit.models.build import make_config
     from memfit.train.config import model_config_dict, tokenizer_path, validate_config

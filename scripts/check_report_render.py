@@ -67,10 +67,10 @@ def demo_run(folder: Path) -> Path:
     from transformers import AutoModelForCausalLM
 
     from memfit.models.build import make_config
-    from memfit.step.prepare import attach_lora, enable_checkpointing
     from memfit.planner.api import plan
     from memfit.spec import make_spec
     from memfit.step.optim import build_optimizer
+    from memfit.step.prepare import attach_lora, enable_checkpointing
     from memfit.step.train_step import train_step
     from memfit.watch.recorder import MemoryRecorder
 

@@ -17,7 +17,14 @@ import math
 import typing
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 #: ``--tiling auto`` tiles the MLP from this many tokens a micro-batch: below it the MLP's
 #: intermediates are small next to the rest of the step, and tiling would only add recomputation.

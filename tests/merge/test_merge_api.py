@@ -6,9 +6,6 @@ import json
 import warnings
 
 import pytest
-
-from memfit.merge import MergeError, merge
-
 from merge_helpers import (
     assert_same_tensors,
     gpt2_config,
@@ -18,6 +15,8 @@ from merge_helpers import (
     save_adapter,
     save_base,
 )
+
+from memfit.merge import MergeError, merge
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

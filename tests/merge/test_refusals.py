@@ -7,10 +7,9 @@ import os
 import shutil
 
 import pytest
+from merge_helpers import llama_config, save_adapter, save_base
 
 from memfit.merge import MergeError, merge
-
-from merge_helpers import llama_config, save_adapter, save_base
 
 torch = pytest.importorskip("torch")
 

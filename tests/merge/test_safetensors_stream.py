@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from memfit.merge.safetensors_stream import StreamingWriter, TensorSpec, build_header, data_order
+from memfit.merge.safetensors_stream import (
+    StreamingWriter,
+    TensorSpec,
+    build_header,
+    data_order,
+)
 
 torch = pytest.importorskip("torch")
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from memfit.models.build import DTYPES, build_meta_model, make_config, materialize
-from memfit.step.prepare import prepare_for_method
 from memfit.planner.simulate import simulate
 from memfit.planner.tracker import round_block_bytes
 from memfit.spec import make_spec
+from memfit.step.prepare import prepare_for_method
 
 
 def test_materialize_keeps_tied_embeddings_tied(tiny_llama):

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from memfit.models.build import build_meta_model, make_config
-from memfit.models.catalog import ModelNotFoundError, catalog_names, load_catalog_config, resolve_model
+from memfit.models.catalog import (
+    ModelNotFoundError,
+    catalog_names,
+    load_catalog_config,
+    resolve_model,
+)
 
 
 def test_catalog_has_the_shipped_models():

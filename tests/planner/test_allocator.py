@@ -18,7 +18,6 @@ from memfit.planner.allocator import (
     AllocatorResult,
     allocation_size,
     round_size,
-    should_split,
     simulate,
 )
 
@@ -123,11 +122,13 @@ def test_big_request_gets_its_own_rounded_segment():
 # --- splitting ------------------------------------------------------------
 
 
-def test_should_split_boundaries():
-    assert should_split(2 * MiB, 2 * MiB - 512, small_pool=True)  # 512 B left
-    assert not should_split(2 * MiB, 2 * MiB, small_pool=True)
-    assert not should_split(12 * MiB, 11 * MiB, small_pool=False)  # exactly 1 MiB left
-    assert should_split(12 * MiB, 11 * MiB - 512, small_pool=False)  # 1 MiB + 512 left
+def test_large_block_is_split_when_more_than_1mib_is_left():
+    # 1 MiB + 512 left over in a 12 MiB segment: split, and a later large request reuses the rest
+    split = run(alloc(1, 11 * MiB - 512), alloc(2, 1 * MiB + 512))
+    assert split.final_reserved_bytes == 12 * MiB
+    # exactly 1 MiB left: not split, so the second request needs a segment of its own
+    whole = run(alloc(1, 11 * MiB), alloc(2, 1 * MiB + 512))
+    assert whole.final_reserved_bytes > 12 * MiB
 
 
 def test_large_block_with_1mib_remainder_is_not_split():

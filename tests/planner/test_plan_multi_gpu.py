@@ -78,9 +78,9 @@ def test_cli_plan_per_gpu():
 def test_qlora_4bit_weights_stay_whole_on_every_rank():
     """memfit's trainer keeps packed 4-bit weights outside FSDP: the plan counts them on every rank."""
     from memfit.models.build import DTYPES, build_meta_model, make_config
-    from memfit.step.prepare import prepare_for_method
     from memfit.models.catalog import resolve_model
     from memfit.spec import make_spec
+    from memfit.step.prepare import prepare_for_method
 
     config = resolve_model(MODEL).config
     model = prepare_for_method(build_meta_model(make_config(config), DTYPES["bf16"]), make_spec(method="qlora"))

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from memfit.models.build import build_meta_model, make_config, materialize
-from memfit.step.prepare import prepare_for_method
 from memfit.planner.simulate import simulate
 from memfit.planner.tracker import round_block_bytes
 from memfit.spec import make_spec
+from memfit.step.prepare import prepare_for_method
 
 
 def _model_params(config: dict, spec) -> list[tuple[int, torch.dtype, bool]]:
@@ -89,9 +89,8 @@ def _bnb_linear4bit_storage_bytes(out_features: int, in_features: int) -> list[i
 
 def test_nf4_storage_equals_bitsandbytes(tiny_llama):
     pytest.importorskip("bitsandbytes")
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     import bitsandbytes as bnb
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from memfit.planner.simulate import _bitsandbytes_tables
     from memfit.planner.tracker import MemoryTracker
@@ -122,9 +121,8 @@ def test_nf4_storage_equals_bitsandbytes(tiny_llama):
 def test_qlora_plans_the_dequantized_weight(tiny_llama):
     """On CUDA a 4-bit matmul over many rows dequantizes the weight first: the plan must hold it."""
     pytest.importorskip("bitsandbytes")
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     import bitsandbytes as bnb
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from memfit.planner.cuda_parity import CudaParityMode
     from memfit.planner.simulate import _bitsandbytes_tables

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from memfit.models.build import DTYPES, build_meta_model, make_config
-from memfit.step.prepare import prepare_like_hf
 from memfit.planner.simulate import simulate
 from memfit.spec import make_spec
+from memfit.step.prepare import prepare_like_hf
 
 
 def _largest_allocation(result) -> int:

@@ -6,10 +6,10 @@ import copy
 
 import torch
 
-from memfit.step.prepare import attach_lora
 from memfit.planner.simulate import simulate
 from memfit.spec import make_spec
 from memfit.step.host_embeddings import keep_input_embeddings_on_host
+from memfit.step.prepare import attach_lora
 
 
 def _lora_model(tie: bool):

@@ -6,9 +6,9 @@ import copy
 
 import torch
 
-from memfit.step.prepare import attach_lora
 from memfit.spec import make_spec
 from memfit.step.lora_inputs import keep_lora_inputs_low_precision
+from memfit.step.prepare import attach_lora
 
 HIDDEN = 64
 

@@ -6,7 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from memfit.step.losses import ChunkedLinearCrossEntropy, IGNORE_INDEX, chunked_cross_entropy
+from memfit.step.losses import (
+    IGNORE_INDEX,
+    ChunkedLinearCrossEntropy,
+    chunked_cross_entropy,
+)
 
 
 def _reference(hidden, weight, labels):
@@ -79,10 +83,10 @@ def test_at_most_one_chunk_of_logits_is_alive():
 
 
 def test_step_uses_the_fused_loss_and_matches_the_model_loss(tiny_llama):
+    from transformers import AutoModelForCausalLM
+
     from memfit.models.build import make_config
     from memfit.step.losses import backbone_and_head, causal_lm_loss
-
-    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(make_config(tiny_llama), dtype=torch.float32)
@@ -96,10 +100,10 @@ def test_step_uses_the_fused_loss_and_matches_the_model_loss(tiny_llama):
 
 
 def test_models_with_capped_logits_keep_their_own_loss(tiny_llama):
+    from transformers import AutoModelForCausalLM
+
     from memfit.models.build import make_config
     from memfit.step.losses import backbone_and_head
-
-    from transformers import AutoModelForCausalLM
 
     config = make_config(dict(tiny_llama, model_type="gemma2", head_dim=16, final_logit_softcapping=30.0))
     model = AutoModelForCausalLM.from_config(config)

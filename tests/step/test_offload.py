@@ -11,10 +11,16 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from memfit.step.prepare import attach_lora, enable_checkpointing
 from memfit.spec import make_spec
-from memfit.step.offload import ActivationOffloader, MIN_OFFLOAD_BYTES, enable_offloaded_checkpointing, offloader_of, pinned_host_copies
 from memfit.step.losses import causal_lm_loss
+from memfit.step.offload import (
+    MIN_OFFLOAD_BYTES,
+    ActivationOffloader,
+    enable_offloaded_checkpointing,
+    offloader_of,
+    pinned_host_copies,
+)
+from memfit.step.prepare import attach_lora, enable_checkpointing
 from memfit.step.train_step import train_step
 
 LAYERS = 3
@@ -259,8 +265,8 @@ def _tracked_step(offload: bool, num_layers: int, seq_len: int):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from memfit.models.build import build_meta_model, materialize
-    from memfit.step.prepare import prepare_for_method
     from memfit.planner.tracker import MemoryTracker
+    from memfit.step.prepare import prepare_for_method
 
     config = tiny_config(num_layers)
     spec = make_spec(method="lora", rank=4, precision="fp32", checkpointing="on")

@@ -10,8 +10,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from memfit.step.losses import causal_lm_loss
-from memfit.step.train_step import train_step
 from memfit.step.step_in_backward import OptimizerInBackward
+from memfit.step.train_step import train_step
 
 LR = 1e-2
 WEIGHT_DECAY = 0.1

@@ -14,8 +14,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from memfit.models.build import build_meta_model, materialize
 from memfit.models.layers import decoder_layers
 from memfit.models.quantize import quantize_linears_on_meta
-from memfit.step.prepare import attach_lora, enable_checkpointing
 from memfit.spec import RunSpec
+from memfit.step.prepare import attach_lora, enable_checkpointing
 from memfit.step.tiling import DEFAULT_TILE_TOKENS, is_tiled, tile_mlps
 
 INTERMEDIATE = 176  # a width no other tensor of the tiny models has (hidden 64, vocab 128)

@@ -16,6 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from trainer_helpers import REPO, read_metrics, step_losses, tiny_config  # noqa: E402
+
 from memfit.step import train_step as step_module  # noqa: E402
 from memfit.train.checkpointing import (  # noqa: E402
     CheckpointError,
@@ -28,8 +30,6 @@ from memfit.train.checkpointing import (  # noqa: E402
 )
 from memfit.train.recipe import train  # noqa: E402
 from memfit.train.run_folder import truncate_metrics  # noqa: E402
-
-from trainer_helpers import REPO, read_metrics, step_losses, tiny_config  # noqa: E402
 
 CPU = torch.device("cpu")
 

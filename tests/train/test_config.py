@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+from trainer_helpers import DEMO_DATA, REPO, tiny_settings
 
 from memfit.train.command import parse_set_options
 from memfit.train.config import (
@@ -19,8 +20,6 @@ from memfit.train.config import (
     validate_config,
     warmup_steps,
 )
-
-from trainer_helpers import DEMO_DATA, REPO, tiny_settings
 
 SHIPPED = sorted((REPO / "examples").glob("*.yaml"))
 

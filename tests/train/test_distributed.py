@@ -17,13 +17,19 @@ pytest.importorskip("peft")
 if not torch.distributed.is_available():  # pragma: no cover - depends on the build
     pytest.skip("this PyTorch has no torch.distributed", allow_module_level=True)
 
+from trainer_helpers import (  # noqa: E402
+    read_metrics,
+    save_tiny_pretrained,
+    step_losses,
+    tiny_config,
+    tiny_settings,
+)
+
+from memfit.run_files import memory_file_name  # noqa: E402
 from memfit.train import distributed  # noqa: E402
 from memfit.train.config import ConfigError  # noqa: E402
 from memfit.train.distributed import DistributedError, Placement  # noqa: E402
 from memfit.train.recipe import TrainError, train  # noqa: E402
-from memfit.run_files import memory_file_name  # noqa: E402
-
-from trainer_helpers import read_metrics, save_tiny_pretrained, step_losses, tiny_config, tiny_settings  # noqa: E402
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 TOLERANCE = 1e-5

@@ -10,13 +10,18 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from torch import nn  # noqa: E402
+from trainer_helpers import save_tiny_pretrained, tiny_model_dict  # noqa: E402
 
 from memfit.models.build import make_config  # noqa: E402
 from memfit.spec import make_spec  # noqa: E402
 from memfit.step.prepare import SetupError, refuse_wrapped_model  # noqa: E402
-from memfit.train.loading import LoadError, checkpoint_files, load_model, resolve_device, verify_setup  # noqa: E402
-
-from trainer_helpers import save_tiny_pretrained, tiny_model_dict  # noqa: E402
+from memfit.train.loading import (  # noqa: E402
+    LoadError,
+    checkpoint_files,
+    load_model,
+    resolve_device,
+    verify_setup,
+)
 
 CPU = torch.device("cpu")
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import pytest
-
-from memfit.train.preflight import PreflightError, detect_target, oom_advice, run_preflight
-
 from trainer_helpers import tiny_config, tiny_model_dict
+
+from memfit.train.preflight import (
+    PreflightError,
+    detect_target,
+    oom_advice,
+    run_preflight,
+)
 
 KNOBS = dict(method="lora", rank=4, precision="fp32", batch_size=4, seq_len=64, grad_accum=1, checkpointing="on")
 
@@ -53,10 +57,10 @@ def test_train_refuses_before_loading_any_weight(tmp_path, monkeypatch):
 def test_the_command_exits_3_on_refusal(tmp_path):
     pytest.importorskip("torch")
     import typer
+    from trainer_helpers import REPO
     from typer.testing import CliRunner
 
     from memfit.train.command import train_command
-    from trainer_helpers import REPO
 
     app = typer.Typer()
     app.command("train")(train_command)

@@ -10,13 +10,19 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
+from trainer_helpers import (  # noqa: E402
+    REPO,
+    read_metrics,
+    save_tiny_pretrained,
+    step_losses,
+    tiny_config,
+)
+
 from memfit.step import train_step as step_module  # noqa: E402
+from memfit.step.prepare import SetupError  # noqa: E402
 from memfit.train.checkpointing import latest_checkpoint  # noqa: E402
 from memfit.train.config import load_config  # noqa: E402
-from memfit.step.prepare import SetupError  # noqa: E402
 from memfit.train.recipe import OutOfMemory, TrainError, train  # noqa: E402
-
-from trainer_helpers import REPO, read_metrics, save_tiny_pretrained, step_losses, tiny_config  # noqa: E402
 
 
 def _mean(values):
@@ -144,10 +150,10 @@ def test_out_of_memory_saves_the_step_before_and_explains(tmp_path, monkeypatch)
 
 
 def test_custom_wrapper_models_are_refused(tmp_path):
+    from trainer_helpers import tiny_model_dict
     from transformers import AutoModelForCausalLM
 
     from memfit.models.build import make_config
-    from trainer_helpers import tiny_model_dict
 
     class Wrapper(torch.nn.Module):
         def __init__(self):
@@ -159,10 +165,10 @@ def test_custom_wrapper_models_are_refused(tmp_path):
 
 
 def test_a_given_pretrained_model_is_prepared_and_trained(tmp_path):
+    from trainer_helpers import tiny_model_dict
     from transformers import AutoModelForCausalLM
 
     from memfit.models.build import make_config
-    from trainer_helpers import tiny_model_dict
 
     model = AutoModelForCausalLM.from_config(make_config(tiny_model_dict()))
     result = train(tiny_config(tmp_path / "run", max_steps=2), model=model, progress=False)

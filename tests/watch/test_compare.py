@@ -7,9 +7,21 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from watch_helpers import GiB, MiB, checkpointing_off, start_record, step_records, tiny_plan  # noqa: E402
+from watch_helpers import (  # noqa: E402
+    GiB,
+    MiB,
+    checkpointing_off,
+    start_record,
+    step_records,
+    tiny_plan,
+)
 
-from memfit.watch.compare import compare_categories, comparison_lines, detect_above_plan, measured_categories  # noqa: E402
+from memfit.watch.compare import (  # noqa: E402
+    compare_categories,
+    comparison_lines,
+    detect_above_plan,
+    measured_categories,
+)
 from memfit.watch.thresholds import Thresholds  # noqa: E402
 from memfit.watch.timeline import Timeline  # noqa: E402
 
@@ -80,8 +92,8 @@ def lora_setup(wrap: bool):
 
     from memfit.models.build import make_config
     from memfit.spec import make_spec
-    from memfit.step.prepare import prepare_given_model
     from memfit.step.optim import build_optimizer
+    from memfit.step.prepare import prepare_given_model
 
     torch.manual_seed(0)
     spec = make_spec(**KNOBS)

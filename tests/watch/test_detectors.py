@@ -9,8 +9,14 @@ import pytest
 from watch_helpers import GiB, MiB, checkpointing_off, start_record, step_records
 
 from memfit.watch.detectors import (
-    Point, detect_all, detect_fragmentation, detect_leak, detect_other_processes, detect_stray_device,
-    steps_until_full, theil_sen_slope,
+    Point,
+    detect_all,
+    detect_fragmentation,
+    detect_leak,
+    detect_other_processes,
+    detect_stray_device,
+    steps_until_full,
+    theil_sen_slope,
 )
 from memfit.watch.timeline import Timeline
 

@@ -7,7 +7,14 @@ import json
 import pytest
 from watch_helpers import start_record, step_records, write_run
 
-from memfit.watch.timeline import Finding, TimelineError, load_run, merge_findings, parse_timeline, sort_findings
+from memfit.watch.timeline import (
+    Finding,
+    TimelineError,
+    load_run,
+    merge_findings,
+    parse_timeline,
+    sort_findings,
+)
 
 
 def lines(records):

@@ -98,7 +98,13 @@ def merge(
     plan = build_plan(checkpoint, lora, structure, out_code)
     check_free_space(out_dir, plan.output_bytes + 2**20)
 
-    from .outdir import copy_side_files, make_build_folder, publish, tokenizer_source, write_config
+    from .outdir import (
+        copy_side_files,
+        make_build_folder,
+        publish,
+        tokenizer_source,
+        write_config,
+    )
 
     build = make_build_folder(out_dir)
     try:
@@ -129,7 +135,13 @@ def merge(
 def _progress(enabled: bool, shard_count: int):
     if not enabled:
         return nullcontext(None)
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     return Progress(
         TextColumn("[bold]merge[/] {task.description}"),

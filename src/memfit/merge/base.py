@@ -33,10 +33,6 @@ class BaseCheckpoint:
     def shard_bytes(self, shard: str) -> int:
         return (self.folder / shard).stat().st_size
 
-    @property
-    def largest_shard_bytes(self) -> int:
-        return max(self.shard_bytes(s) for s in self.shards)
-
 
 @dataclass
 class ModelStructure:

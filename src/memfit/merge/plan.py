@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from .adapter import Adapter, LoraPair
 from .base import BaseCheckpoint, ModelStructure
-from .dtypes import FLOAT_CODES, BYTES_PER_ELEMENT
+from .dtypes import BYTES_PER_ELEMENT, FLOAT_CODES
 from .errors import MergeError
 from .safetensors_stream import TensorSpec
 

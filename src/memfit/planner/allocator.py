@@ -115,14 +115,6 @@ def allocation_size(block_bytes: int) -> int:
     return -(-block_bytes // K_ROUND_LARGE) * K_ROUND_LARGE
 
 
-def should_split(block_bytes: int, request_bytes: int, small_pool: bool) -> bool:
-    """Whether a free block is split to serve a rounded request (``should_split``)."""
-    remaining = block_bytes - request_bytes
-    if small_pool:
-        return remaining >= K_MIN_BLOCK_SIZE
-    return remaining > K_SMALL_SIZE
-
-
 def simulate(
     events: Iterable[Event],
     *,
@@ -226,7 +218,8 @@ def simulate(
                     block_size[addr] = bsize
                     block_at_end[addr + bsize] = addr
                 remaining = bsize - size
-                # should_split(), inlined: this loop is the planner's hot path
+                # CUDA's should_split: a small-pool block is split when at least K_MIN_BLOCK_SIZE is
+                # left over, a large-pool block when more than K_SMALL_SIZE is.
                 if (remaining >= K_MIN_BLOCK_SIZE) if small else (remaining > K_SMALL_SIZE):
                     rest = addr + size
                     block_size[addr] = size

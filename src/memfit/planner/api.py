@@ -26,9 +26,8 @@ from memfit.models.catalog import ModelSource, resolve_model
 from memfit.planner import allocator
 from memfit.planner.report import MemoryPlan
 from memfit.planner.runtime import runtime_overhead
-from memfit.units import format_bytes, parse_bytes
 from memfit.spec import RunSpec, SpecError, make_spec
-
+from memfit.units import format_bytes, parse_bytes
 
 _ATTENTION_NOTES = {
     "sdpa": "sdpa: flash / memory-efficient kernel, no [seq x seq] attention matrix kept",
@@ -518,9 +517,9 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
         return cached
     from memfit.models.build import DTYPES, build_meta_model, layer_period, make_config
     from memfit.models.layers import decoder_layers
-    from memfit.step.prepare import prepare_for_method
     from memfit.planner.sharding import ParamGroup, ParamLayout
     from memfit.planner.simulate import _quiet
+    from memfit.step.prepare import prepare_for_method
 
     full = make_config(config)
     num_layers = int(full.num_hidden_layers)

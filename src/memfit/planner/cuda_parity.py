@@ -34,7 +34,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from memfit.planner.tracker import MemoryTracker
 
-
 #: bitsandbytes' 4-bit matmul op, by name (importing bitsandbytes to look it up costs seconds).
 _BNB_GEMM_4BIT = "bitsandbytes::gemm_4bit"
 

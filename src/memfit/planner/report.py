@@ -8,7 +8,6 @@ from typing import Any
 from memfit.planner.categories import CATEGORIES
 from memfit.units import format_bytes
 
-
 CATEGORY_HELP = {
     "weights": "frozen base weights in their storage dtype (incl. 4-bit packed + quant state)",
     "trainable": "trainable parameters (LoRA A/B, or all weights for full fine-tuning)",

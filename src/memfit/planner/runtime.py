@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from memfit.models.gpus import ARCHS
 from memfit.units import KiB, MiB, format_bytes
 
-
 # --- CUDA context ------------------------------------------------------------
 
 DEFAULT_CUDA_CONTEXT_BYTES = 512 * MiB

@@ -53,11 +53,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from memfit.spec import choices
-
-#: Modes that need two or more GPUs (``none`` is one GPU; with ``--gpus N`` it is planned as ddp).
-SHARD_MODES = tuple(mode for mode in choices("shard") if mode != "none")
-
 #: Modes whose parameters are gathered a layer at a time (FSDP2 ``fully_shard`` per decoder layer).
 GATHERING_MODES = ("zero3", "fsdp", "fsdp-offload")
 

@@ -20,14 +20,24 @@ from typing import Any, Iterator
 
 import torch
 
-from memfit.models.build import DTYPES, build_meta_model, count_parameters, make_config, materialize
-from memfit.step.prepare import place_for_training, prepare_for_method
-from memfit.planner.cuda_parity import CudaParityMode, offload_parity, plan_bitsandbytes_optimizer
+from memfit.models.build import (
+    DTYPES,
+    build_meta_model,
+    count_parameters,
+    make_config,
+    materialize,
+)
+from memfit.planner.cuda_parity import (
+    CudaParityMode,
+    offload_parity,
+    plan_bitsandbytes_optimizer,
+)
 from memfit.planner.tracker import MemoryTracker, TrackerResult
 from memfit.spec import RunSpec
+from memfit.step.builder import build_step
 from memfit.step.offload import pinned_host_copies
 from memfit.step.optim import build_optimizer
-from memfit.step.builder import build_step
+from memfit.step.prepare import place_for_training, prepare_for_method
 
 #: The fake device the step runs on (see the module docstring for why CPU, not CUDA).
 SIM_DEVICE = "cpu"

@@ -11,7 +11,7 @@ checkpointing, offloaded or not, and MLPs and norms tiled over the sequence). On
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 from torch import nn
 

@@ -157,12 +157,12 @@ def train_command(
             raise typer.Exit(code=run_forwarding_signals(command))
 
     _quiet_library_notices()
+    from memfit.step.prepare import SetupError
     from memfit.train.data import DataError
     from memfit.train.distributed import DistributedError
-    from memfit.step.prepare import SetupError
     from memfit.train.loading import LoadError
-    from memfit.train.recipe import OutOfMemory, TrainError, train
     from memfit.train.preflight import PreflightError
+    from memfit.train.recipe import OutOfMemory, TrainError, train
 
     try:
         result = train(cfg, resume=resume, console=console, progress=not no_progress)

@@ -257,7 +257,12 @@ def shard_model(model, spec, device, world: Placement):
     """
     import torch
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import (
+        CPUOffloadPolicy,
+        MixedPrecisionPolicy,
+        OffloadPolicy,
+        fully_shard,
+    )
 
     from memfit.models.build import DTYPES
     from memfit.models.layers import decoder_layers
@@ -287,7 +292,10 @@ def full_state_dict(model, *, trainable_only: bool) -> dict[str, Any]:
     Other ranks get an empty dict. ``trainable_only`` gathers just the trainable parameters
     (the adapters of a LoRA run).
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+    )
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only)
     return get_model_state_dict(model, options=options)

@@ -22,7 +22,13 @@ from torch import nn
 from memfit.models.build import DTYPES, build_meta_model, count_parameters, make_config
 from memfit.models.quantize import is_linear4bit, quantize_on_device
 from memfit.spec import RunSpec
-from memfit.step.prepare import SetupError, checkpointed_layers, expected_lora_parameters, place_for_training, prepare_for_method
+from memfit.step.prepare import (
+    SetupError,
+    checkpointed_layers,
+    expected_lora_parameters,
+    place_for_training,
+    prepare_for_method,
+)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"

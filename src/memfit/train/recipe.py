@@ -27,11 +27,23 @@ from memfit.step.optim import build_optimizer
 from memfit.step.prepare import prepare_given_model
 from memfit.train.batches import count_tokens, evaluate
 from memfit.train.checkpointing import capture_rng, latest_checkpoint, restore_rng
-from memfit.train.config import TrainConfig, lr_factor, model_config_dict, total_steps, warmup_steps
+from memfit.train.config import (
+    TrainConfig,
+    lr_factor,
+    model_config_dict,
+    total_steps,
+    warmup_steps,
+)
 from memfit.train.data import BatchIterator
 from memfit.train.distributed import DistributedError, check_world
 from memfit.train.errors import OutOfMemory, TrainError
-from memfit.train.examples import check_vocab, load_tokenizer, pad_token_id, prepare_examples, seed_everything
+from memfit.train.examples import (
+    check_vocab,
+    load_tokenizer,
+    pad_token_id,
+    prepare_examples,
+    seed_everything,
+)
 from memfit.train.guards import StopOnSignal, handle_oom
 from memfit.train.loading import load_model, verify_setup
 from memfit.train.preflight import PreflightResult, preflight_run

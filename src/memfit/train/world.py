@@ -17,10 +17,20 @@ import torch
 
 from memfit.step.builder import TrainingStep
 from memfit.train import checkpointing, distributed
-from memfit.train.batches import collate_batch, labelled_tokens, micro_batches, to_device
+from memfit.train.batches import (
+    collate_batch,
+    labelled_tokens,
+    micro_batches,
+    to_device,
+)
 from memfit.train.errors import TrainError
 from memfit.train.examples import unscored
-from memfit.train.run_folder import check_run_dir, make_run_dir, output_dir, write_outputs
+from memfit.train.run_folder import (
+    check_run_dir,
+    make_run_dir,
+    output_dir,
+    write_outputs,
+)
 
 
 class World:

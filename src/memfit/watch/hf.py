@@ -20,9 +20,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from memfit.run_files import METRICS_FILE, memory_file_name
 from memfit.watch.recorder import MemoryRecorder
 from memfit.watch.thresholds import Thresholds
-from memfit.run_files import METRICS_FILE, memory_file_name
 from memfit.watch.timeline import Finding
 
 log = logging.getLogger("memfit.watch")

@@ -25,10 +25,16 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from memfit.run_files import MEMORY_FILE
 from memfit.watch import readings
 from memfit.watch.thresholds import Thresholds
-from memfit.run_files import MEMORY_FILE
-from memfit.watch.timeline import SCHEMA_VERSION, SEVERITY_RANK, Finding, Timeline, sort_findings
+from memfit.watch.timeline import (
+    SCHEMA_VERSION,
+    SEVERITY_RANK,
+    Finding,
+    Timeline,
+    sort_findings,
+)
 
 log = logging.getLogger("memfit.watch")
 
@@ -207,10 +213,6 @@ class MemoryRecorder:
             self._record_finding(finding)
             fresh.append(finding)
         return sort_findings(fresh)
-
-    def check_now(self) -> list[Finding]:
-        """Run the detectors now (not waiting for ``check_every``); return new findings."""
-        return self._check()
 
     @property
     def findings(self) -> list[Finding]:

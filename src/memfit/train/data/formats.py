@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.train.data.errors import Problems
-from memfit.train.data.readers import RawRecord, json_type_name, expand_paths, read_file
+from memfit.train.data.readers import RawRecord, expand_paths, json_type_name, read_file
 
 # The keys that identify each format, in the order they are listed to users.
 FORMAT_KEYS: dict[str, tuple[str, ...]] = {
