@@ -77,7 +77,8 @@ def _fail(message: str) -> None:
 
 @app.command("plan")
 def plan_command(
-    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a config.json, or a model folder."),
+    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a Hugging Face Hub id (org/name: config.json only is fetched), a config.json, or a model folder."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit of a Hub id (default: main)."),
     method: Method = typer.Option(Method.lora, help="Fine-tuning method."),
     rank: int = typer.Option(16, help="LoRA rank (lora, qlora)."),
     alpha: Optional[float] = typer.Option(None, help="LoRA alpha (default: 2 x rank)."),
@@ -105,6 +106,7 @@ def plan_command(
     try:
         result = plan(
             model,
+            revision=revision,
             gpu=gpu,
             budget=budget,
             context_bytes=context_bytes,
@@ -143,7 +145,8 @@ class MaxTarget(str, Enum):
 
 @app.command("fit")
 def fit_command(
-    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a config.json, or a model folder."),
+    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, or a model folder."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit of a Hub id (default: main)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU to fit (see `memfit models`)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget instead of a GPU, e.g. 24GiB."),
     batch_size: int = typer.Option(8, "--batch-size", "-b", help="Effective batch (sequences per optimizer step) to keep."),
@@ -176,6 +179,7 @@ def fit_command(
             seq_len=seq_len,
             methods=tuple(m.value for m in method) if method else None,
             progress=progress,
+            revision=revision,
             rank=rank,
             alpha=alpha,
             targets=targets,
@@ -194,7 +198,7 @@ def fit_command(
         if progress is not None:
             progress.close()
     if write is not None:
-        _write_best(result, model, write, data, overwrite, gpu=gpu, budget=budget)
+        _write_best(result, model, write, data, overwrite, gpu=gpu, budget=budget, revision=revision)
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
@@ -205,7 +209,8 @@ def fit_command(
             console.print(f"wrote {write}: train it with [bold]memfit train {write}[/]")
 
 
-def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: bool, *, gpu, budget) -> None:
+def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: bool, *, gpu, budget, revision=None) -> None:
+    from memfit.models.hub import is_hub_id
     from memfit.train.config import ConfigError, write_config
 
     if not result.fits:
@@ -215,6 +220,10 @@ def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: 
     values: dict = {"model": str(model_path.resolve()) if model_path.exists() else model}
     header = f"# Written by `memfit fit`: the fastest configuration that fits {result.gpu['name']}.\n"
     has_weights = model_path.is_dir() and any(model_path.glob("*.safetensors"))
+    if is_hub_id(model):  # the weights are on the Hub: memfit train downloads them
+        has_weights = True
+        if revision:
+            values["revision"] = revision
     if not has_weights:
         values["init"] = "random"
         header += "# init: random trains random weights; point model: at your local Hugging Face folder and delete it.\n"
@@ -296,7 +305,7 @@ def models_command(as_json: bool = typer.Option(False, "--json", help="Print as 
     for g in gpus.values():
         gtable.add_row(g.name, g.display_name, format_bytes(g.memory_bytes), g.arch, "yes" if g.supports_bf16 else "no")
     console.print(gtable)
-    console.print("[dim]Any causal LM works too: pass a config.json or a local model folder.[/]")
+    console.print("[dim]Any causal LM works too: pass a Hugging Face Hub id (org/name), a config.json or a local model folder.[/]")
 
 
 # Commands implemented next to their API; each module imports its heavy dependencies lazily.
