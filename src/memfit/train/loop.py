@@ -157,6 +157,12 @@ def _train(config: TrainConfig, world, *, resume: bool, model, console, progress
     else:
         prepare_run_dir(run_dir, resume)
 
+    # 0. A Hub model (model: org/name): its config, tokenizer and weights index now, the weights once
+    # the run is known to fit and the data is read (memfit.train.hub_model).
+    from memfit.train.hub_model import fetch_small_files, fetch_weights
+
+    config, hub = fetch_small_files(config, world=world, console=console, resume=resume, run_dir=run_dir)
+
     # 1. Where, and whether it fits: decided before any weight is read.
     if not sharded:
         device = resolve_device(config.device) if model is None else next(model.parameters()).device
@@ -183,7 +189,10 @@ def _train(config: TrainConfig, world, *, resume: bool, model, console, progress
     # 3. Model: meta -> weights on the device -> adapters -> checkpointing, then checked.
     if model is None:
         load_device = dist_module.load_device(spec, device) if sharded else device
-        loaded = load_model(model_dict, spec, load_device, init=config.init, weights_dir=config.model if config.init == "pretrained" else None, seed=config.seed)
+        weights_dir = config.model if config.init == "pretrained" else None
+        if hub is not None:
+            weights_dir = fetch_weights(config, hub, world=world, console=console, progress=progress)
+        loaded = load_model(model_dict, spec, load_device, init=config.init, weights_dir=weights_dir, seed=config.seed)
         model, setup = loaded.model, loaded.setup
     else:
         model = prepare_given_model(model, spec)
@@ -243,7 +252,8 @@ def _train(config: TrainConfig, world, *, resume: bool, model, console, progress
 
     def save_run(**status) -> None:
         if world.is_main:  # rank 0 alone writes run.json
-            write_run_json(run_dir, config, preflight, setup, device, steps, **status, **_world_fields(world, spec))
+            write_run_json(run_dir, config, preflight, setup, device, steps, **status, **_world_fields(world, spec),
+                           **({"hub": hub.record()} if hub is not None else {}))
 
     save_run(status="running", step=start_step)
 
