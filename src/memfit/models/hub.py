@@ -30,6 +30,7 @@ huggingface_hub is imported only inside these functions: only a Hub id pays for 
 from __future__ import annotations
 
 import difflib
+import errno
 import fnmatch
 import hashlib
 import json
@@ -76,7 +77,7 @@ class HubError(ValueError):
 
     ``kind`` names the problem for callers and tests: ``missing-repo``, ``gated``, ``revision``,
     ``file``, ``network``, ``offline``, ``token``, ``forbidden``, ``http``, ``interrupted``,
-    ``corrupt``, ``pickle``, ``no-weights``, ``remote-code``, ``not-hub-id``. ``reason`` is a short
+    ``corrupt``, ``cache``, ``pickle``, ``no-weights``, ``remote-code``, ``not-hub-id``. ``reason`` is a short
     clause (no fix) used where another message quotes it.
     """
 
@@ -166,12 +167,12 @@ def suggestions(repo_id: str) -> list[str]:
 # What commands call
 
 
-def fetch_config(repo_id: str, revision: str | None = None) -> Snapshot:
+def fetch_config(repo_id: str, revision: str | None = None, *, local_only: bool = False) -> Snapshot:
     """Fetch ``config.json`` of ``repo_id`` at ``revision`` (default ``main``) and nothing else.
 
-    Raises :class:`HubError`.
+    ``local_only``: use the cache only. Raises :class:`HubError`.
     """
-    listing = _listing(repo_id, revision, include=(CONFIG_FILE,))
+    listing = _listing(repo_id, revision, include=(CONFIG_FILE,), local_only=local_only)
     if CONFIG_FILE not in listing.names:
         raise _no_config(listing)
     _download(listing, [CONFIG_FILE], progress=None)
@@ -770,6 +771,8 @@ def _kind(err: BaseException) -> str:
         return "http"
     if isinstance(err, (ConnectionError, TimeoutError)):
         return "network"
+    if isinstance(err, PermissionError) or getattr(err, "errno", None) in (errno.EACCES, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+        return "cache"
     module = type(err).__module__.split(".")[0]
     if module in ("httpx", "httpx2", "httpcore", "requests", "urllib3"):
         return "network"
@@ -823,6 +826,12 @@ def _error(kind: str, err: BaseException, repo_id: str, revision: str, include: 
         return HubError(
             f"{_endpoint()} refused to serve {where} (HTTP 403): the token in use (HF_TOKEN or `hf auth login`) cannot read "
             f"it. Use a token with read access to {repo_id}.",
+            kind,
+        )
+    if kind == "cache":
+        return HubError(
+            f"cannot write {filename or 'the files of ' + repo_id} to the Hugging Face cache at {cache_dir()} ({_short(err)}): "
+            "set HF_HOME (or HF_HUB_CACHE) to a writable folder with room for the model.",
             kind,
         )
     if kind == "interrupted":

@@ -48,9 +48,10 @@ def convert_checkpoint(folder: Path, repo_id: str, commit: str, files: list[str]
     dest = memfit_cache_dir() / "converted" / ("models--" + repo_id.replace("/", "--")) / commit
     if dest.is_dir():
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    build = Path(tempfile.mkdtemp(prefix=f"{commit}.partial-", dir=dest.parent))
+    build = dest.parent / f"{commit}.partial"
     try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        build = Path(tempfile.mkdtemp(prefix=f"{commit}.partial-", dir=dest.parent))
         skip = set(files) | ({index} if index else set())
         for path in sorted(Path(folder).iterdir()):
             if path.is_file() and path.name not in skip:
@@ -77,6 +78,12 @@ def convert_checkpoint(folder: Path, repo_id: str, commit: str, files: list[str]
             if not dest.is_dir():  # another process finished first: theirs is the same content
                 raise
             shutil.rmtree(build, ignore_errors=True)
+    except OSError as err:  # disk full, read-only cache: say where, not a traceback
+        shutil.rmtree(build, ignore_errors=True)
+        from memfit.models.hub import HubError
+
+        raise HubError(f"cannot write the converted weights of {repo_id} to {dest.parent} ({err}): set MEMFIT_CACHE to a "
+                       "writable folder with room for them.", "cache") from None
     except BaseException:
         shutil.rmtree(build, ignore_errors=True)
         raise
