@@ -101,6 +101,14 @@ def test_train_a_hub_model(hub, tmp_path):
     assert f"downloading {MODEL}" in result.output
 
 
+def test_random_init_from_a_hub_config_downloads_config_json_alone(hub, tmp_path):
+    result = invoke("train", _train_yaml(tmp_path, init="random", max_steps=1), "--no-progress")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["hub"]["commit"] == hub.main
+    assert hub.server.weight_requests() == []
+    assert {r.path.rsplit("/", 1)[-1] for r in hub.server.requests if "/resolve/" in r.path} == {"config.json"}
+
+
 def test_a_run_that_does_not_fit_stops_before_any_weights_are_downloaded(hub, tmp_path):
     result = invoke("train", _train_yaml(tmp_path, budget="1MiB"))
     assert result.exit_code == 3 and "preflight" in result.output

@@ -7,8 +7,9 @@
 2. :func:`fetch_weights`, once the plan says the run fits and the data is tokenized: the weights,
    at the commit step 1 resolved (a branch that moves meanwhile does not mix two commits).
 
-A resumed run uses the commit its ``run.json`` recorded, so it continues on the weights it started
-from. With several processes, rank 0 downloads and the others then read the cache.
+With ``init: random`` only config.json is fetched, once, in step 1. A resumed run uses the commit
+its ``run.json`` recorded, so it continues on the weights it started from. With several
+processes, rank 0 downloads and the others then read the cache.
 """
 
 from __future__ import annotations
@@ -17,17 +18,17 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from memfit.models.hub import HubError, Snapshot, fetch_model, is_hub_id
+from memfit.models.hub import HubError, Snapshot, fetch_config, fetch_model, is_hub_id
 from memfit.train.config import TrainConfig
 
 
 def fetch_small_files(config: TrainConfig, *, world, console, resume: bool, run_dir: Path) -> tuple[TrainConfig, Snapshot | None]:
     """The config with ``model`` pointing at the Hub snapshot, and the snapshot (None for a local model).
 
-    Only ``init: pretrained`` reads files from the Hub here; ``init: random`` needs config.json
-    alone, which :func:`memfit.train.config.model_config_dict` fetches.
+    ``init: random`` needs config.json alone; it is fetched once here, so the run reads the
+    snapshot's copy from then on and asks the Hub nothing more.
     """
-    if config.init != "pretrained" or not is_hub_id(config.model):
+    if not is_hub_id(config.model):
         return config, None
     revision = config.revision
     pinned = recorded_commit(run_dir, config.model) if resume else None
@@ -36,6 +37,8 @@ def fetch_small_files(config: TrainConfig, *, world, console, resume: bool, run_
         revision = pinned
 
     def fetch(local_only: bool) -> Snapshot:
+        if config.init != "pretrained":
+            return fetch_config(config.model, revision, local_only=local_only)
         return fetch_model(config.model, revision, weights=False, allow_pickle=config.allow_pickle_weights,
                            opt_in="allow_pickle_weights: true", local_only=local_only, console=console)
 

@@ -190,7 +190,7 @@ def _train(config: TrainConfig, world, *, resume: bool, model, console, progress
     if model is None:
         load_device = dist_module.load_device(spec, device) if sharded else device
         weights_dir = config.model if config.init == "pretrained" else None
-        if hub is not None:
+        if hub is not None and config.init == "pretrained":
             weights_dir = fetch_weights(config, hub, world=world, console=console, progress=progress)
         loaded = load_model(model_dict, spec, load_device, init=config.init, weights_dir=weights_dir, seed=config.seed)
         model, setup = loaded.model, loaded.setup
