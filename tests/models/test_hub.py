@@ -187,6 +187,18 @@ def test_model_files_are_fetched_from_one_commit_and_match(hub, built, capsys):
     assert f"downloading {MODEL}" in err and SHARD in err and "downloaded" in err
 
 
+def test_on_a_terminal_downloads_show_a_live_bar(hub):
+    import io
+
+    from rich.console import Console
+
+    buffer = io.StringIO()
+    fetch_model(MODEL, console=Console(file=buffer, force_terminal=True, width=100))
+    text = buffer.getvalue()
+    assert "\x1b[" in text and "━" in text  # the live bar drew on the terminal (and was cleared)
+    assert f"downloaded {MODEL}" in text and f"  {SHARD}" not in text  # no per-file lines on a terminal
+
+
 def test_weights_only_opt_in_refuses_then_converts_a_pickle_only_repo(hub, built):
     with pytest.raises(HubError) as info:
         fetch_model(PICKLED, opt_in="allow_pickle_weights: true")

@@ -569,7 +569,7 @@ def _download_one(listing: _Listing, name: str, bar: "_Progress") -> None:
         raise _error(kind, err, listing.repo_id, listing.revision, listing.include, filename=name) from None
     digest = listing.sha256.get(name)
     if digest is not None:
-        bar.note(f"checking {name}")
+        bar.note("checking SHA-256")
         actual = _sha256(Path(path))
         if actual != digest:
             _discard(Path(path))
