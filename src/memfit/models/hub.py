@@ -523,7 +523,7 @@ def _download(listing: _Listing, names: list[str], *, progress: "_Progress | Non
         raise HubError(f"{listing.where} has no file {absent[0]}.", "file")
     total = sum(listing.sizes.get(n) or 0 for n in missing)
     bar = progress or _Progress(None, "", False)
-    with bar.start(total, len(missing)):
+    with bar.start(total):
         if len(missing) == 1 or progress is None:
             for name in missing:
                 _download_one(listing, name, bar)
@@ -536,7 +536,7 @@ def _download_parallel(listing: _Listing, names: list[str], bar: "_Progress") ->
     pool = ThreadPoolExecutor(max_workers=min(DOWNLOAD_WORKERS, len(names)), thread_name_prefix="memfit-hub")
     futures = [pool.submit(_download_one, listing, name, bar) for name in names]
     try:
-        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        wait(futures, return_when=FIRST_EXCEPTION)
         for future in futures:
             if future.done() and future.exception() is not None:
                 raise future.exception()
@@ -629,7 +629,8 @@ class _Progress:
         self._started = 0.0
         self._total = 0
 
-    def start(self, total_bytes: int, files: int):
+    def start(self, total_bytes: int) -> "_Progress":
+        """Set the bytes to download; use the result as a context manager."""
         self._total = total_bytes
         return self
 
