@@ -34,7 +34,8 @@ def _fail(message: str) -> None:
 @app.command("plan")
 @with_options(knob_options())
 def plan_command(
-    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a config.json, or a model folder."),
+    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a Hugging Face Hub id (org/name: config.json only is fetched), a config.json, or a model folder."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit of a Hub id (default: main)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU to check against (see `memfit models`)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget instead of a GPU, e.g. 24GiB."),
     context_bytes: Optional[int] = typer.Option(None, "--context-bytes", help="Override the CUDA context estimate."),
@@ -46,7 +47,7 @@ def plan_command(
     from memfit.planner.api import PlanError, plan
 
     try:
-        result = plan(model, gpu=gpu, budget=budget, context_bytes=context_bytes, extrapolate=not full_sim, **knobs)
+        result = plan(model, revision=revision, gpu=gpu, budget=budget, context_bytes=context_bytes, extrapolate=not full_sim, **knobs)
     except PlanError as err:
         _fail("\n".join(["cannot plan this run:"] + [f"  - {p}" for p in err.problems]))
         return
@@ -62,7 +63,8 @@ def plan_command(
 @app.command("fit")
 @with_options(knob_options(("rank", "alpha", "dropout", "targets", "recipe")))
 def fit_command(
-    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a config.json, or a model folder."),
+    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, or a model folder."),
+    revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit of a Hub id (default: main)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU to fit (see `memfit models`)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget instead of a GPU, e.g. 24GiB."),
     batch_size: int = typer.Option(8, "--batch-size", "-b", help="Effective batch (sequences per optimizer step) to keep."),
@@ -88,7 +90,7 @@ def fit_command(
     progress = None if as_json else _status_printer()
     try:
         result = fit(
-            model, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len,
+            model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len,
             methods=tuple(method) if method else None, progress=progress, **fixed,
         )
     except PlanError as err:
@@ -101,7 +103,7 @@ def fit_command(
         if progress is not None:
             progress.close()
     if write is not None:
-        _write_best(result, model, write, data, overwrite, gpu=gpu, budget=budget)
+        _write_best(result, model, write, data, overwrite, gpu=gpu, budget=budget, revision=revision)
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
@@ -112,7 +114,8 @@ def fit_command(
             console.print(f"wrote {write}: train it with [bold]memfit train {write}[/]")
 
 
-def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: bool, *, gpu, budget) -> None:
+def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: bool, *, gpu, budget, revision=None) -> None:
+    from memfit.models.hub import is_hub_id
     from memfit.train.config import ConfigError, write_config
 
     if not result.fits:
@@ -122,6 +125,10 @@ def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: 
     values: dict = {"model": str(model_path.resolve()) if model_path.exists() else model}
     header = f"# Written by `memfit fit`: the fastest configuration that fits {result.gpu['name']}.\n"
     has_weights = model_path.is_dir() and any(model_path.glob("*.safetensors"))
+    if is_hub_id(model):  # the weights are on the Hub: memfit train downloads them
+        has_weights = True
+        if revision:
+            values["revision"] = revision
     if not has_weights:
         values["init"] = "random"
         header += "# init: random trains random weights; point model: at your local Hugging Face folder and delete it.\n"
@@ -203,7 +210,7 @@ def models_command(as_json: bool = typer.Option(False, "--json", help="Print as 
     for g in gpus.values():
         gtable.add_row(g.name, g.display_name, format_bytes(g.memory_bytes), g.arch, "yes" if g.supports_bf16 else "no")
     console.print(gtable)
-    console.print("[dim]Any causal LM works too: pass a config.json or a local model folder.[/]")
+    console.print("[dim]Any causal LM works too: pass a Hugging Face Hub id (org/name), a config.json or a local model folder.[/]")
 
 
 # Commands implemented next to their API; each module imports its heavy dependencies lazily.

@@ -57,19 +57,26 @@ def merge(
     overwrite: bool = False,
     safe: bool = False,
     progress: bool = True,
+    revision: str | None = None,
+    adapter_revision: str | None = None,
+    allow_pickle_weights: bool = False,
 ) -> MergeResult:
     """Merge a PEFT LoRA adapter into a safetensors base checkpoint, one tensor in memory at a time.
 
     Args:
-        base: Hugging Face checkpoint folder (config.json + model.safetensors or sharded + index).
-        adapter: PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors).
+        base: Hugging Face checkpoint folder (config.json + model.safetensors or sharded + index),
+            or a Hugging Face Hub id (``org/name``), downloaded to huggingface_hub's cache first.
+        adapter: PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors), or a
+            Hub id.
         out: folder to create. Must be outside `base`; must be empty or absent unless `overwrite`.
         dtype: "bf16", "fp16" or "fp32" to cast every float tensor; None keeps the base's dtypes.
         device: where the LoRA products are computed: "cpu", "cuda" or "cuda:N".
         overwrite: replace a non-empty `out`; the old content is removed only after the new
             checkpoint is complete.
         safe: check every merged or replaced tensor is finite; stop at the first that is not.
-        progress: show a progress bar over shards.
+        progress: show a progress bar over shards (and over downloads).
+        revision, adapter_revision: branch, tag or commit of a Hub ``base`` / ``adapter``.
+        allow_pickle_weights: accept Hub repos whose only weights are pickled ``.bin`` files.
 
     Returns:
         MergeResult describing what was written.
@@ -78,16 +85,17 @@ def merge(
         MergeError: for any bad input, before anything is written where it can be seen up front.
     """
     started = time.perf_counter()
-    base_dir, adapter_dir = Path(base).expanduser(), Path(adapter).expanduser()
     out_code = parse_dtype(dtype)
     device_name = parse_device(device)
     from .base import model_structure, read_base
     from .outdir import check_free_space, check_paths
 
+    base_dir, adapter_dir = _inputs_from_hub(base, adapter, Path(out), revision=revision, adapter_revision=adapter_revision,
+                                             allow_pickle=allow_pickle_weights, overwrite=overwrite, progress=progress)
     if not base_dir.is_dir():
-        raise MergeError(f"--base {base} is not a folder: pass a Hugging Face checkpoint folder.")
+        raise MergeError(f"--base {base} is not a folder: pass a Hugging Face checkpoint folder or a Hub id (org/name).")
     if not adapter_dir.is_dir():
-        raise MergeError(f"--adapter {adapter} is not a folder: pass a PEFT adapter folder.")
+        raise MergeError(f"--adapter {adapter} is not a folder: pass a PEFT adapter folder or a Hub id (org/name).")
     out_dir = check_paths(base_dir, adapter_dir, Path(out), overwrite)
 
     from .adapter import read_adapter
@@ -237,3 +245,45 @@ def _write_index(plan: MergePlan, build: Path) -> None:
     weight_map = {t.name: shard for shard, tensors in plan.shards.items() for t in tensors}
     index = {"metadata": {"total_size": plan.output_bytes}, "weight_map": dict(sorted(weight_map.items()))}
     write_json_atomic(build / "model.safetensors.index.json", index)
+
+
+def _inputs_from_hub(base, adapter, out: Path, *, revision: str | None, adapter_revision: str | None, allow_pickle: bool,
+                     overwrite: bool, progress: bool) -> tuple[Path, Path]:
+    """The local folders of ``base`` and ``adapter``: themselves, or their Hub snapshots once downloaded.
+
+    Local paths win over Hub ids of the same spelling. ``--out`` is checked before anything is
+    downloaded, and must lie outside huggingface_hub's cache: the merge writes to ``--out`` only,
+    never into the cache (whose snapshots it reads, and which cache tools may prune). The small
+    adapter is fetched before the large base, so a problem with either shows before the base's
+    weights are downloaded.
+    """
+    from memfit.models.hub import HubError, cache_dir, fetch_adapter, fetch_model, is_hub_id, repo_cache_folder
+
+    base_dir, adapter_dir = Path(base).expanduser(), Path(adapter).expanduser()
+    base_hub, adapter_hub = is_hub_id(str(base)), is_hub_id(str(adapter))
+    for option, value, is_hub in (("--revision", revision, base_hub), ("--adapter-revision", adapter_revision, adapter_hub)):
+        if value is not None and not is_hub:
+            which = "--base" if option == "--revision" else "--adapter"
+            raise MergeError(f"{option} {value!r} applies only when {which} is a Hugging Face Hub id (org/name); drop it.")
+    if not (base_hub or adapter_hub):
+        return base_dir, adapter_dir
+    from .outdir import _is_within, check_paths
+
+    out_r = out.expanduser().resolve()
+    if _is_within(out_r, cache_dir().expanduser().resolve()):
+        raise MergeError(f"--out {out} is inside the Hugging Face cache ({cache_dir()}): choose a folder outside it.")
+    # The repos' cache folders stand in for the folders they will be: --out must not overlap them.
+    check_paths(repo_cache_folder(str(base)) if base_hub else base_dir, repo_cache_folder(str(adapter)) if adapter_hub else adapter_dir,
+                out, overwrite)
+    try:
+        if adapter_hub:
+            adapter_dir = fetch_adapter(str(adapter), adapter_revision, allow_pickle=allow_pickle, opt_in="--allow-pickle-weights",
+                                        progress=progress).folder
+    except HubError as err:
+        raise MergeError(f"--adapter {adapter}: {err}") from None
+    try:
+        if base_hub:
+            base_dir = fetch_model(str(base), revision, allow_pickle=allow_pickle, opt_in="--allow-pickle-weights", progress=progress).folder
+    except HubError as err:
+        raise MergeError(f"--base {base}: {err}") from None
+    return base_dir, adapter_dir

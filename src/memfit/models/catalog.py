@@ -1,8 +1,12 @@
 """The shipped model catalog, and turning a user's model argument into a config.
 
-A model argument is one of: a catalog name (``llama-3.1-8b``), a path to a ``config.json``, or a
-local Hugging Face model folder that holds one. The catalog files are the ``config.json`` files the
-model authors publish with their weights; ``SOURCES.md`` beside them says where each came from.
+A model argument is one of: a catalog name (``llama-3.1-8b``), a path to a ``config.json``, a
+local Hugging Face model folder that holds one, or a Hugging Face Hub id (``org/name``, whose
+config.json alone is fetched: :mod:`memfit.models.hub`). In that order: a local path wins over a
+Hub id of the same spelling, and a catalog name never has a slash, so it is never a Hub id. The
+catalog files are the ``config.json`` files the model authors publish with their weights;
+``SOURCES.md`` beside them says where each came from (a Hub id that is a catalog entry's source is
+still fetched from the Hub; the shipped copy stands in only when the Hub cannot answer).
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ class ModelSource:
 
     name: str
     config: dict[str, Any]
-    origin: str  # "catalog", "config.json" or "folder"
-    path: Path | None = None  # the folder (for a local model) or config file
+    origin: str  # "catalog", "config.json", "folder" or "hub"
+    path: Path | None = None  # the folder (for a local model or a Hub snapshot) or config file
+    note: str | None = None  # how the config was obtained when that is worth saying (cached copy, shipped copy)
+    hub: dict[str, str] | None = None  # repo_id, revision and commit of a Hub model
 
 
 def _catalog_dir():
@@ -49,12 +55,24 @@ def _normalise(name: str) -> str:
     return name.strip().lower().replace("_", "-").replace(" ", "-")
 
 
-def resolve_model(model: str | Path | dict) -> ModelSource:
-    """Resolve a catalog name, a config.json path or a model folder (or a config dict) to a ModelSource.
+def resolve_model(model: str | Path | dict, revision: str | None = None) -> ModelSource:
+    """Resolve a catalog name, a config.json path, a model folder, a Hub id (or a config dict) to a ModelSource.
+
+    ``revision`` (branch, tag or commit) applies to a Hub id only.
 
     Raises :class:`ModelNotFoundError` with a "did you mean" hint for unknown names, and with the
-    file and the parser's message for an unreadable or invalid config.json.
+    file and the parser's message for an unreadable or invalid config.json;
+    :class:`~memfit.models.hub.HubError` (a ValueError too) when a Hub id cannot be fetched.
     """
+    if revision is not None:
+        from memfit.models.hub import is_hub_id
+
+        if isinstance(model, dict) or not is_hub_id(str(model)):
+            what = "a config dict" if isinstance(model, dict) else repr(str(model))
+            raise ModelNotFoundError(
+                f"revision {revision!r} applies only to a Hugging Face Hub id (org/name), and {what} is a catalog "
+                "name or a local path: leave the revision out."
+            )
     if isinstance(model, dict):
         return ModelSource(name=str(model.get("_name_or_path") or model.get("model_type") or "custom"), config=dict(model), origin="dict")
     text = str(model)
@@ -72,13 +90,19 @@ def resolve_model(model: str | Path | dict) -> ModelSource:
         return ModelSource(name=path.resolve().name, config=_read_config(config_path), origin="folder", path=path)
     if path.is_file():
         return ModelSource(name=_name_from_config_path(path), config=_read_config(path), origin="config.json", path=path)
+    from memfit.models.hub import looks_like_hub_id
+
+    if looks_like_hub_id(text):  # not a local path (checked above): the Hub
+        from memfit.models.hub import resolve_source
+
+        return resolve_source(text, revision)
     if any(sep in text for sep in ("/", "\\")) or text.endswith(".json"):
         raise ModelNotFoundError(f"model path {text!r} does not exist.")
     close = difflib.get_close_matches(key, catalog_names(), n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     raise ModelNotFoundError(
-        f"unknown model {text!r}.{hint} Use a catalog name (`memfit models` lists them), a path to a "
-        "config.json, or a local model folder."
+        f"unknown model {text!r}.{hint} Use a catalog name (`memfit models` lists them), a Hugging Face Hub id "
+        "(org/name), a path to a config.json, or a local model folder."
     )
 
 

@@ -52,6 +52,7 @@ class _Target:
 def plan(
     model: str | dict,
     *,
+    revision: str | None = None,
     gpu: str | None = None,
     budget: str | int | None = None,
     context_bytes: int | None = None,
@@ -62,8 +63,9 @@ def plan(
     """Predict the peak GPU memory of one training step of ``model`` configured by ``knobs``.
 
     Args:
-        model: a catalog name (``memfit models``), a path to a config.json, a model folder, or a
-            config dict.
+        model: a catalog name (``memfit models``), a Hugging Face Hub id (``org/name``: its
+            config.json alone is fetched), a path to a config.json, a model folder, or a config dict.
+        revision: branch, tag or commit of a Hub id (default: main).
         gpu: a GPU catalog name (``rtx-4090``, ``a100-80gb``...) to check the plan against.
         budget: a memory budget instead of (or overriding the memory of) ``gpu``: ``"24GiB"``,
             ``"80GB"`` or a number of bytes.
@@ -77,7 +79,7 @@ def plan(
         PlanError: listing every problem with the input, before any simulation runs.
     """
     started = time.perf_counter()
-    source, spec, target = validate(model, gpu=gpu, budget=budget, **knobs)
+    source, spec, target = validate(model, revision=revision, gpu=gpu, budget=budget, **knobs)
     runtime = runtime_overhead(target.arch, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes)
     layout = reshape = None
     if spec.gpus > 1:
@@ -110,7 +112,7 @@ def plan(
         gpu_json = {"name": target.name or "budget", "memory_bytes": target.memory_bytes}
         headroom = target.memory_bytes - device_total
         fits = headroom >= 0
-    notes = list(runtime.notes)
+    notes = ([source.note] if source.note else []) + list(runtime.notes)
     paged = estimate["paged_peak_bytes"]
     if paged and headroom is not None and paged > headroom:
         notes.append(
@@ -135,6 +137,8 @@ def plan(
     }
     if layout is not None:
         _add_per_rank_details(details, spec, layout, estimate)
+    if source.hub:
+        details["hub"] = dict(source.hub)  # repo, revision and the commit whose config.json was planned
     details["plan_seconds"] = round(time.perf_counter() - started, 3)
     return MemoryPlan(
         model=source.name,
@@ -151,12 +155,13 @@ def plan(
     )
 
 
-def validate(model: str | dict, *, gpu: str | None = None, budget: str | int | None = None, **knobs: Any) -> tuple[ModelSource, RunSpec, _Target]:
+def validate(model: str | dict, *, revision: str | None = None, gpu: str | None = None, budget: str | int | None = None,
+             **knobs: Any) -> tuple[ModelSource, RunSpec, _Target]:
     """Check the model, every knob, the GPU and the budget; raise one PlanError listing all problems."""
     problems: list[str] = []
     source = spec = None
     try:
-        source = resolve_model(model)
+        source = resolve_model(model, revision=revision)
     except ValueError as err:
         problems.append(f"model: {err}")
     try:

@@ -49,6 +49,8 @@ def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
             how += f", {spec['gpus']} GPUs, {spec['shard']}"
         longest.add_row(method, f"{tokens:,}", how)
     console.print(longest)
+    for note in getattr(result, "notes", []):
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
     console.print(
         f"[dim]{result.plans_made} plans in {result.seconds:.1f} s. Speed is an estimate from FLOPs per token, "
         "recomputation, offload and dequantization costs (memfit.planner.throughput), relative to the fastest fit.[/]"

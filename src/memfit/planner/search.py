@@ -89,6 +89,7 @@ class FitResult:
     plans_made: int = 0
     seconds: float = 0.0
     max_gpus: int = 1
+    notes: list[str] = field(default_factory=list)  # how the model's config was obtained, when worth saying
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -104,6 +105,7 @@ class FitResult:
                 "plans_made": self.plans_made,
                 "seconds": round(self.seconds, 2),
                 "relative_speed": "an estimate (memfit.planner.throughput), not a measurement",
+                **({"notes": list(self.notes)} if self.notes else {}),
             },
         }
 
@@ -162,6 +164,7 @@ def fit(
     max_seq_len: bool = True,
     progress: Callable[[str], None] | None = None,
     workers: int | None = None,
+    revision: str | None = None,
     **knobs: Any,
 ) -> FitResult:
     """Find the configurations of ``model`` that fit ``gpu`` (or ``budget``), fastest first.
@@ -178,6 +181,7 @@ def fit(
             memory is then per GPU. Each configuration is simulated once for all counts and modes.
         workers: processes to search the methods in (default: one per method, at most one per CPU
             core); each method's search is independent of the others.
+        revision: branch, tag or commit of a Hugging Face Hub id (default: main).
         knobs: fixed RunSpec knobs passed through (rank, alpha, targets, precision...). Without a
             precision, bf16 is used where the GPU supports it, else fp16 (LoRA, QLoRA) or fp32 (full).
     """
@@ -195,7 +199,10 @@ def fit(
     if problems:
         raise PlanError(problems)
     # Validate everything once, before any simulation.
-    source, _, target = validate(model, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
+    source, _, target = validate(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
+    if isinstance(model, str) and (source.hub or source.note):
+        # A Hub id is fetched once: every plan of the search (and every worker) uses that config.
+        model = dict(source.config, _name_or_path=source.name)
     max_gpus = int(knobs.pop("gpus", 1) or 1)
     levels = gpu_levels(max_gpus, knobs.pop("shard", None))
     max_positions = int(source.config.get("max_position_embeddings") or 0) or None
@@ -240,6 +247,7 @@ def fit(
         plans_made=sum(o.plans for o in outcomes),
         seconds=time.perf_counter() - started,
         max_gpus=max_gpus,
+        notes=[source.note] if source.note else [],
     )
 
 

@@ -111,7 +111,7 @@ def nproc_problem(nproc: int, gpus: int, env: dict[str, str] | None = None) -> s
 
 @with_options(
     knob_options(TRAINED_KNOBS),
-    field_options(TrainConfig, ("lr", "epochs", "max_steps", "seed", "device", "output_dir", "gpu", "budget", "force")),
+    field_options(TrainConfig, ("lr", "epochs", "max_steps", "seed", "device", "output_dir", "revision", "gpu", "budget", "force")),
 )
 def train_command(
     ctx: typer.Context,

@@ -59,10 +59,12 @@ class TrainConfig(_run_knobs()):
     (docs/train.md)."""
 
     # -- model ------------------------------------------------------------------------------
-    model: str = Field(description="local Hugging Face model folder (config.json + *.safetensors), a config.json, or a catalog name (with init: random)")
+    model: str = Field(description="Hugging Face Hub id (org/name: downloaded when the run starts), local Hugging Face model folder (config.json + *.safetensors), a config.json, or a catalog name (with init: random)")
+    revision: str | None = Field(None, description="branch, tag or commit of a Hub model (default: main)")
+    allow_pickle_weights: bool = Field(False, description="a Hub model with only pickled .bin weights: download them, read them with torch.load(weights_only=True) and convert them to safetensors (trust the repo first)")
     init: Literal["pretrained", "random"] = Field("pretrained", description="pretrained: load the folder's weights; random: random weights (demos, tests, benchmarks)")
     model_overrides: dict[str, Any] = Field(default_factory=dict, description="config.json fields to change, e.g. {num_hidden_layers: 2} (init: random only)")
-    tokenizer: str | None = Field(None, description="tokenizer folder; default: the model folder, or the shipped tiny tokenizer with init: random")
+    tokenizer: str | None = Field(None, description="tokenizer folder; default: the model folder (or the Hub model's tokenizer), or the shipped tiny tokenizer with init: random")
 
     # -- data -------------------------------------------------------------------------------
     data: list[str] = Field(description="training data: file(s) or folder(s)")
@@ -177,6 +179,13 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
     fields = set(TrainConfig.model_fields)
     clean = {}
     for key, value in data.items():
+        if key == "trust_remote_code" and key not in fields:
+            if value:
+                problems.append(
+                    "trust_remote_code: memfit does not run Python code from model repos (trusting it would execute the "
+                    "repo's code on this machine with your permissions); use a model whose architecture transformers ships."
+                )
+            continue  # false: what memfit does anyway
         if key not in fields:
             close = difflib.get_close_matches(key, sorted(fields), n=1, cutoff=0.6)
             hint = f" Did you mean {close[0]!r}?" if close else ""
@@ -250,20 +259,27 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
         low = 1 if name in ("log_every", "keep_checkpoints") else 0
         if value < low:
             problems.append(f"{name}: {value!r} must be {low} or more")
+    from memfit.models.hub import is_hub_id
+
+    hub = is_hub_id(c.model)  # fetched once validation passed (pretrained) or now, config only (random)
+    if c.revision is not None and not hub:
+        problems.append(f"revision: {c.revision!r} applies only to a Hugging Face Hub model (model: org/name); "
+                        f"{c.model!r} is a local path or a catalog name. Remove revision.")
     if c.init == "pretrained":
         folder = Path(c.model)
-        if not folder.is_dir():
+        if not folder.is_dir() and not hub:
             problems.append(
-                f"model: {c.model!r} is not a local model folder. Pretrained weights are read from a folder "
-                "with config.json and *.safetensors; for a catalog name or a config.json add init: random."
+                f"model: {c.model!r} is not a local model folder or a Hugging Face Hub id (org/name). Pretrained weights "
+                "are read from a folder with config.json and *.safetensors, or downloaded from the Hub; for a catalog "
+                "name or a config.json add init: random."
             )
         if c.model_overrides:
             problems.append("model_overrides: only with init: random (pretrained weights fix the architecture)")
-    else:
+    elif c.revision is None or hub:
         from memfit.models.catalog import resolve_model
 
         try:
-            resolve_model(c.model)
+            resolve_model(c.model, revision=c.revision)
         except ValueError as err:
             problems.append(f"model: {err}")
     for name in ("tokenizer",):
@@ -332,7 +348,7 @@ def model_config_dict(config: TrainConfig) -> dict[str, Any]:
     """The model's config dict (config.json) with ``model_overrides`` applied."""
     from memfit.models.catalog import resolve_model
 
-    data = dict(resolve_model(config.model).config)
+    data = dict(resolve_model(config.model, revision=config.revision).config)
     data.update(config.model_overrides)
     return data
 

@@ -45,6 +45,7 @@ from memfit.train.examples import (
     seed_everything,
 )
 from memfit.train.guards import StopOnSignal, handle_oom
+from memfit.train.hub_model import fetch_small_files, fetch_weights
 from memfit.train.loading import load_model, verify_setup
 from memfit.train.preflight import PreflightResult, preflight_run
 from memfit.train.progress import LiveProgress, MetricsLog, NullLog, Throughput, warn
@@ -122,6 +123,9 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     run_dir = Path(config.output_dir or "runs/train")
     device = world.join(config.device, model)
     world.prepare_run_dir(run_dir, resume)
+    # A Hub model (model: org/name): its config, tokenizer and weights index now, the weights once
+    # the run is known to fit and the data is read (memfit.train.hub_model).
+    config, hub = fetch_small_files(config, world=world, console=console, resume=resume, run_dir=run_dir)
 
     # 1. Where, and whether it fits: decided before any weight is read.
     model_dict = model_config_dict(config)
@@ -138,6 +142,8 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     # then sharded (several processes), and the step this configuration runs.
     if model is None:
         weights = config.model if config.init == "pretrained" else None
+        if hub is not None and weights is not None:
+            weights = fetch_weights(config, hub, world=world, console=console, progress=progress)
         loaded = load_model(model_dict, spec, world.load_device(spec, device), init=config.init, weights_dir=weights, seed=config.seed)
         model, setup = loaded.model, loaded.setup
     else:
@@ -194,7 +200,8 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
         console.print(f"resuming from {checkpoint} (step {start_step} of {steps})", highlight=False)
 
     record = RunRecord.for_run(run_dir, config=config, model_config=model_dict, preflight=preflight, setup=setup,
-                               device=device, total_steps=steps, extra=world.run_fields(spec), enabled=world.is_main)
+                               device=device, total_steps=steps, enabled=world.is_main,
+                               extra={**world.run_fields(spec), **({"hub": hub.record()} if hub is not None else {})})
     record.write(status="running", step=start_step)
     result = TrainResult(status="completed", step=start_step, total_steps=steps, run_dir=run_dir, setup=setup, model=model)
 
