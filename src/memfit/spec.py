@@ -77,6 +77,9 @@ class RunSpec(BaseModel):
     shard: Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-offload"] = knob("none", "Sharding across GPUs.")
     tiling: Literal["auto", "on", "off"] = knob("auto", f"Sequence-tiled MLPs and norms (auto: from {TILING_AUTO_TOKENS:,} tokens a micro-batch).")
     step_in_backward: bool = knob(False, "Full fine-tuning: each parameter's optimizer step runs inside backward.")
+    packing: bool = knob(False, "Concatenate examples into rows of exactly seq_len tokens (attention kept inside each example).")
+    padding_free: Literal["auto", "on", "off"] = knob("auto", "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it).")
+    max_grad_norm: float | None = knob(1.0, "Clip gradients to this L2 norm (none: no clipping).", example=1.0)
     recipe: Literal["memfit", "hf"] = knob("memfit", "memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison.", planner_only=True)
 
     @field_validator("targets", mode="before")
@@ -110,6 +113,11 @@ class RunSpec(BaseModel):
             problems.append(
                 f"--step-in-backward: needs --grad-accum 1 (got {self.grad_accum}): each parameter is "
                 "updated as soon as its gradient exists, so gradients cannot accumulate over micro-batches."
+            )
+        if self.step_in_backward and self.max_grad_norm is not None:
+            problems.append(
+                f"--max-grad-norm: {self.max_grad_norm} cannot be used with --step-in-backward: each parameter is updated "
+                "before the global gradient norm exists. Use --max-grad-norm none, or drop --step-in-backward."
             )
         if self.step_in_backward and self.recipe == "hf":
             problems.append("--step-in-backward: the hf recipe has no optimizer step in backward. Use --recipe memfit.")
@@ -235,9 +243,13 @@ def make_spec(**knobs: Any) -> RunSpec:
         if problem:
             problems.append(problem)
         else:
-            clean[key] = value
+            clean[key] = value  # None here is an explicit "none" (switched off), not "the default"
     if problems:
         raise SpecError(problems)
+    if clean.get("step_in_backward") and "max_grad_norm" not in clean:
+        # Clipping needs every gradient before the first update: with the step in backward, the
+        # default is no clipping (asking for both is refused).
+        clean["max_grad_norm"] = None
     try:
         return RunSpec(**clean)
     except ValidationError as err:
@@ -263,9 +275,13 @@ def _check_value(key: str, value: Any) -> tuple[str | None, Any]:
             return f"{name}: {number} must be 1 or more (e.g. {name} {example}).", value
         return None, number
     if kind == "float":
+        if _means_none(value) and RunSpec.model_fields[key].default is not None:
+            return None, None  # "none": switched off (a None value means "the default" to make_spec)
         number = _as_float(value)
         if key == "alpha" and (number is None or not math.isfinite(number) or number <= 0):
             return f"{name}: {value!r} must be a positive number (e.g. {name} {example}).", value
+        if key == "max_grad_norm" and (number is None or not math.isfinite(number) or number <= 0):
+            return f"{name}: {value!r} must be a positive number, or none for no clipping (e.g. {name} {example}).", value
         if key == "dropout" and (number is None or not 0.0 <= number < 1.0):
             return f"{name}: {value!r} must be in [0, 1) (e.g. {name} {example}).", value
         if number is None:
@@ -277,6 +293,14 @@ def _check_value(key: str, value: Any) -> tuple[str | None, Any]:
             return f"{name}: {value!r} is not true or false.", value
         return None, text in ("true", "yes", "on", "1")
     return None, value
+
+
+#: How "off" is written for a knob whose None is a value (``--max-grad-norm none``).
+NONE_WORDS = ("none", "null", "off")
+
+
+def _means_none(value: Any) -> bool:
+    return isinstance(value, str) and value.strip().lower() in NONE_WORDS
 
 
 def _is_int_like(value: Any) -> bool:

@@ -16,8 +16,26 @@ def _rendered(plan) -> str:
 
 def test_plan_names_the_attention_kernel_and_the_lean_techniques():
     text = _rendered(memfit.plan("smollm2-135m", seq_len=256, checkpointing="offload"))
-    assert "attention: sdpa: flash / memory-efficient kernel, no [seq x seq] attention matrix kept" in text
-    assert "memory-lean step: fused chunked loss, offloaded checkpointing with prefetch" in text
+    assert "attention: memfit: each micro-batch's examples in one row, attention inside each example" in text
+    assert "memory-lean step: fused chunked loss, padding-free batches (attention inside each example), offloaded" in text
+    padded = _rendered(memfit.plan("smollm2-135m", seq_len=256, padding_free="off"))
+    assert "attention: sdpa: flash kernel, no [seq x seq] attention matrix kept" in padded
+    assert "padding-free" not in padded
+
+
+def test_plan_flags_the_math_kernel_with_its_cost_and_the_fix():
+    # fp32 with grouped-query heads: transformers asks SDPA for them as such; CUDA has no flash
+    # kernel for fp32 and its memory-efficient kernel does not take them: the math kernel runs.
+    plan = memfit.plan("llama-3.2-1b", seq_len=1024, precision="fp32", padding_free="off", gpu="a100-80gb")
+    assert plan.details["attention_kernels"] == ["math"]
+    note = next(n for n in plan.details["notes"] if "math kernel" in n)
+    assert "128.0 MiB of [batch x heads x seq x seq] scores a layer" in note and "--padding-free auto" in note
+    lean = memfit.plan("llama-3.2-1b", seq_len=1024, precision="fp32", gpu="a100-80gb")
+    assert lean.details["attention_kernels"] == [] and lean.details["batch_layout"] == "documents"
+    assert lean.device_total_bytes < plan.device_total_bytes
+    # bf16 on an Ampere card: flash; on a Turing card (no flash), fp16 with grouped-query heads: math.
+    assert memfit.plan("llama-3.2-1b", seq_len=512, padding_free="off", gpu="a100-80gb").details["attention_kernels"] == ["flash"]
+    assert memfit.plan("llama-3.2-1b", seq_len=512, padding_free="off", precision="fp16", gpu="t4").details["attention_kernels"] == ["math"]
 
 
 def test_hf_recipe_plan_says_so_and_lists_no_lean_technique():
@@ -32,4 +50,4 @@ def test_features_follow_the_knobs():
                 step_in_backward=True, recipe="memfit")
     assert step_features(base) == ["fused chunked loss", "tiled MLP and norms", "optimizer step in backward"]
     assert "tiled MLP and norms" not in step_features(dict(base, seq_len=1024))
-    assert "--step-in-backward (train with max_grad_norm: null)" in suggestions(dict(base, step_in_backward=False))
+    assert "--step-in-backward --max-grad-norm none" in suggestions(dict(base, step_in_backward=False))

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from memfit.step.labels import IGNORE_INDEX
+from memfit.step.batch import collate
 from memfit.train.data import (
     BatchIterator,
     DataError,
-    collate,
     load_records,
     pack_examples,
     render_chat,
@@ -452,7 +452,7 @@ def test_packed_rows_with_position_ids_keep_attention_inside_examples(tokenizer)
     with torch.no_grad():
         # use_cache=False matters: with a cache present, transformers does not look for packed sequences.
         isolated = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], use_cache=False).logits[0]
-        crossing = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[0]
+        crossing = model(input_ids=batch["input_ids"]).logits[0]
         start = 0
         for example in examples:
             alone = model(input_ids=torch.tensor([example["input_ids"]])).logits[0]
@@ -460,27 +460,11 @@ def test_packed_rows_with_position_ids_keep_attention_inside_examples(tokenizer)
             torch.testing.assert_close(isolated[start : start + length], alone, atol=1e-5, rtol=1e-4)
             start += length + 1  # + the EOS separator
     second = len(examples[0]["input_ids"]) + 1
-    # With an attention mask (and default positions) the second example sees the first.
+    # Without the positions (plain causal attention over the row) the second example sees the first.
     assert not torch.allclose(crossing[second : second + 5], isolated[second : second + 5], atol=1e-4)
 
 
 # ---------------------------------------------------------------- batching
-
-
-def test_collate_pads_right_and_masks_padding():
-    import torch
-
-    batch = [{"input_ids": [5, 6, 7], "labels": [-100, 6, 7]}, {"input_ids": [8], "labels": [8]}]
-    out = collate(batch, pad_token_id=2)
-    assert set(out) == {"input_ids", "labels", "attention_mask"}
-    assert all(t.dtype == torch.long and t.shape == (2, 3) for t in out.values())
-    assert out["input_ids"].tolist() == [[5, 6, 7], [8, 2, 2]]
-    assert out["labels"].tolist() == [[-100, 6, 7], [8, -100, -100]]
-    assert out["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
-    packed = collate([{"input_ids": [1, 2], "labels": [1, 2], "position_ids": [0, 0]}, {"input_ids": [3], "labels": [3], "position_ids": [4]}], 0)
-    assert packed["position_ids"].tolist() == [[0, 0], [4, 0]]
-    with pytest.raises(ValueError, match="pad_token_id must be a non-negative integer, got None"):
-        collate(batch, pad_token_id=None)
 
 
 def test_batch_iterator_resumes_exactly_mid_epoch():

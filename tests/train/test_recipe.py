@@ -234,5 +234,8 @@ def test_memory_lean_settings_train_the_same_run(tmp_path, lean, plain):
 def test_step_in_backward_refuses_gradient_clipping(tmp_path):
     from memfit.train.config import ConfigError
 
-    with pytest.raises(ConfigError, match="max_grad_norm"):
-        tiny_config(tmp_path / "run", method="full", step_in_backward=True)
+    with pytest.raises(ConfigError, match=r"max.grad.norm: 1.0 cannot be used with .*step.in.backward"):
+        tiny_config(tmp_path / "run", method="full", step_in_backward=True, max_grad_norm=1.0)
+    # Left out, clipping is off with the step in backward (it is on by default otherwise).
+    assert tiny_config(tmp_path / "run", method="full", step_in_backward=True).spec.max_grad_norm is None
+    assert tiny_config(tmp_path / "run", method="full").spec.max_grad_norm == 1.0

@@ -29,10 +29,24 @@ from memfit.planner.runtime import runtime_overhead
 from memfit.spec import RunSpec, SpecError, make_spec
 from memfit.units import format_bytes, parse_bytes
 
-_ATTENTION_NOTES = {
-    "sdpa": "sdpa: flash / memory-efficient kernel, no [seq x seq] attention matrix kept",
-    "eager": "eager: this architecture has no SDPA path, the [batch x heads x seq x seq] attention matrix is materialised",
+_KERNEL_NOTES = {
+    "flash": "flash kernel, no [seq x seq] attention matrix kept",
+    "memory-efficient": "memory-efficient kernel, no [seq x seq] attention matrix kept (a padding mask is a [batch x 1 x seq x seq] bias)",
+    "math": "math kernel: the [batch x heads x seq x seq] scores are materialised and their softmax kept for backward",
 }
+
+
+def _attention_note(estimate: dict[str, Any]) -> str:
+    """How the plan's attention runs on CUDA, in one line (``attention:`` in the plan)."""
+    implementation = estimate["attention"]
+    if implementation == "memfit_documents":
+        return ("memfit: each micro-batch's examples in one row, attention inside each example (CUDA's variable-length "
+                "flash kernel; example by example with the memory-efficient kernel in fp32 or without flash), no padding, "
+                "no [seq x seq] tensor")
+    if implementation == "eager":
+        return "eager: this architecture has no SDPA path, the [batch x heads x seq x seq] attention matrix is materialised"
+    kernels = [k for k in ("math", "memory-efficient", "flash") if k in estimate["attention_kernels"]]
+    return f"{implementation}: " + ("; ".join(_KERNEL_NOTES[k] for k in kernels) if kernels else "no attention in the step")
 
 
 class PlanError(SpecError):
@@ -91,7 +105,8 @@ def plan(
         # sharding arithmetic then decides what each rank holds at every candidate moment.
         layout = param_layout(source.config, spec)
         reshape = partial(sharding.per_rank_categories, shard=spec.shard, gpus=spec.gpus, layout=layout)
-    estimate = estimate_step(source.config, spec, runtime.cublas_workspace_allocs, extrapolate=extrapolate, reshape=reshape)
+    estimate = estimate_step(source.config, spec, runtime.cublas_workspace_allocs, extrapolate=extrapolate, reshape=reshape,
+                             arch=target.arch)
     if layout is not None and estimate["paged_peak_bytes"]:
         from memfit.planner import sharding
 
@@ -119,6 +134,8 @@ def plan(
             f"paged optimizer states ({format_bytes(paged)}) do not fit beside the peak ({format_bytes(max(headroom, 0))} free): "
             "bitsandbytes will page them to host memory and back every step (slow); memfit fit counts them against the headroom"
         )
+    if "math" in estimate["attention_kernels"]:
+        notes.append(_math_attention_note(source.config, spec))
     if target.supports_bf16 is False and spec.precision == "bf16":
         notes.append(f"{target.name} has no bf16 support: use --precision fp16 (LoRA/QLoRA) or fp32")
     details = {
@@ -131,7 +148,9 @@ def plan(
         "num_layers": estimate["num_layers"],
         "context_bytes": runtime.context_bytes,
         "cublas_workspace_bytes": runtime.cublas_workspace_bytes,
-        "attention": _ATTENTION_NOTES.get(estimate["attention"], estimate["attention"]),
+        "attention": _attention_note(estimate),
+        "attention_kernels": list(estimate["attention_kernels"]),
+        "batch_layout": estimate["batch_layout"],
         "input_embeddings": "host" if estimate["embeddings_on_host"] else "device",
         "notes": notes,
     }
@@ -245,6 +264,7 @@ def estimate_step(
     *,
     extrapolate: bool = True,
     reshape: Reshape | None = None,
+    arch: str | None = None,
 ) -> dict[str, Any]:
     """Simulate (and extrapolate) the step; return peaks, categories and counts for the full model.
 
@@ -265,9 +285,9 @@ def estimate_step(
     num_layers = int(full_config.num_hidden_layers)
     period = layer_period(full_config)
     layers = sample_layer_counts(num_layers, period) if extrapolate else None
-    points = [_sample(config, spec, k, workspace_allocs) for k in (layers or (None,))]
+    points = [_sample(config, spec, k, workspace_allocs, arch) for k in (layers or (None,))]
     if layers is not None and len(points[0]["result"].segments()) != len(points[1]["result"].segments()):
-        layers, points = None, [_sample(config, spec, None, workspace_allocs)]  # no common structure
+        layers, points = None, [_sample(config, spec, None, workspace_allocs, arch)]  # no common structure
     if layers is None:
         values = dict(points[0])
         peak_phase = points[0]["phase"]
@@ -307,6 +327,8 @@ def estimate_step(
         "trainable_params": values["trainable_params"],
         "simulated_layers": list(layers) if layers else [num_layers],
         "attention": points[-1]["attention"],
+        "attention_kernels": points[-1]["attention_kernels"],
+        "batch_layout": points[-1]["batch_layout"],
         "embeddings_on_host": points[-1]["embeddings_on_host"],
         "num_layers": num_layers,
         "single_gpu_categories": single,
@@ -471,14 +493,15 @@ _SAMPLE_CACHE: dict[tuple, dict[str, Any]] = {}
 _SAMPLE_CACHE_SIZE = 128
 
 
-def _sample(config: dict[str, Any], spec: RunSpec, num_layers: int | None, workspace_allocs: tuple[int, ...]) -> dict[str, Any]:
+def _sample(config: dict[str, Any], spec: RunSpec, num_layers: int | None, workspace_allocs: tuple[int, ...],
+            arch: str | None = None) -> dict[str, Any]:
     """Simulate (or recall) the step at one depth and summarise it: peaks, categories, counts."""
     from memfit.planner.simulate import simulate
 
-    key = (json.dumps(config, sort_keys=True, default=str), spec.model_dump_json(), num_layers, tuple(workspace_allocs))
+    key = (json.dumps(config, sort_keys=True, default=str), spec.model_dump_json(), num_layers, tuple(workspace_allocs), arch)
     cached = _SAMPLE_CACHE.get(key)
     if cached is None:
-        cached = _summarise(simulate(config, spec, num_layers=num_layers, workspace_allocs=workspace_allocs))
+        cached = _summarise(simulate(config, spec, num_layers=num_layers, workspace_allocs=workspace_allocs, arch=arch))
         if len(_SAMPLE_CACHE) >= _SAMPLE_CACHE_SIZE:
             _SAMPLE_CACHE.pop(next(iter(_SAMPLE_CACHE)))
         _SAMPLE_CACHE[key] = cached
@@ -492,6 +515,8 @@ def _summarise(sim) -> dict[str, Any]:
     return {
         "result": result,
         "attention": sim.attention,
+        "attention_kernels": sim.attention_kernels,
+        "batch_layout": sim.batch_layout,
         "embeddings_on_host": sim.embeddings_on_host,
         "allocated_bytes": result.peak.allocated_bytes,
         "reserved_bytes": replay.peak_reserved_bytes,
@@ -563,3 +588,21 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
                          root_param_bytes=root_bytes, root_grad_bytes=root_grads)
     _LAYOUT_CACHE[key] = layout
     return layout
+
+
+def _math_attention_note(config: dict[str, Any], spec: RunSpec) -> str:
+    """The cost of CUDA's math attention kernel at this length, and how to avoid it."""
+    heads = int(config.get("num_attention_heads") or 1)
+    itemsize = {"fp32": 4}.get(spec.precision, 2)
+    scores = spec.batch_size * heads * spec.seq_len * spec.seq_len * itemsize
+    why = "fp32 has no flash kernel" if spec.precision == "fp32" else "this GPU has no flash kernel"
+    fixes = ["--precision bf16 (flash kernel)"] if spec.precision == "fp32" else []
+    if spec.recipe == "hf":
+        fixes.append("memfit's step (--recipe memfit: its attention expands grouped-query heads for the memory-efficient kernel)")
+    else:
+        fixes.append("--padding-free auto (memfit's attention, which expands grouped-query heads for the memory-efficient kernel)")
+    return (
+        f"attention falls to CUDA's math kernel ({why}, and the memory-efficient one does not take grouped-query heads): "
+        f"{format_bytes(scores)} of [batch x heads x seq x seq] scores a layer, twice that in backward; use "
+        + " or ".join(fixes)
+    )

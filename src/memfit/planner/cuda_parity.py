@@ -16,6 +16,13 @@ explained and tested:
   CPU device the copy back is a no-op (the tensor is already "on the CPU"), so
   :func:`offload_parity` makes it a device copy, as on CUDA. The pinned copy itself is counted as
   host memory by the tracker.
+- attention (``aten._scaled_dot_product_flash_attention_for_cpu``): the CPU runs flash attention
+  for every input, CUDA picks its kernel by architecture, dtype, mask and grouped-query heads
+  (:mod:`memfit.planner.attention_kernels`); where CUDA would run the math kernel, the plan keeps
+  what it keeps (the ``[batch, heads, seq, seq]`` softmax, the scaled query and key) until the
+  attention's backward, with the scores' transients at both ends; where it would run flash or the
+  memory-efficient kernel, the backward holds the workspace flash allocates for itself
+  (:func:`memfit.step.attention.flash_backward_workspace_bytes`).
 - bitsandbytes 8-bit optimizers: their state initialisation (uint8 states, fp32 block absmax, 32-bit
   states for small tensors) runs as is; the update is one in-place CUDA kernel that allocates
   nothing, while the CPU implementation reads values (impossible on fake tensors), so the planner
@@ -32,24 +39,81 @@ from typing import Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from memfit.planner.attention_kernels import MATH, math_saved_bytes, math_transient_bytes, sdpa_kernel
 from memfit.planner.tracker import MemoryTracker
+from memfit.step.attention import flash_backward_workspace_bytes
 
 #: bitsandbytes' 4-bit matmul op, by name (importing bitsandbytes to look it up costs seconds).
 _BNB_GEMM_4BIT = "bitsandbytes::gemm_4bit"
 
 
 class CudaParityMode(TorchDispatchMode):
-    """Rewrite ops whose CPU memory behaviour differs from CUDA's (enter it above the tracker)."""
+    """Rewrite ops whose CPU memory behaviour differs from CUDA's (enter it above the tracker).
 
-    def __init__(self, tracker: MemoryTracker) -> None:
+    ``arch``: the target GPU's architecture (None: Ampere or newer), which decides the attention
+    kernel (:mod:`memfit.planner.attention_kernels`). ``kernels`` collects the attention kernels
+    CUDA would have run.
+    """
+
+    def __init__(self, tracker: MemoryTracker, arch: str | None = None) -> None:
         super().__init__()
         self.tracker = tracker
+        self.arch = arch
+        self.kernels: set[str] = set()
+        # What the math kernel keeps for backward, by the storage of the attention's output.
+        self._math_kept: dict[int, torch.Tensor] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.namespace == "bitsandbytes" and func.name() == _BNB_GEMM_4BIT:
             return self._gemm_4bit_as_cuda(*args, **kwargs)
+        if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
+            return self._sdpa_as_cuda(func, args, kwargs)
+        if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
+            return self._sdpa_backward_as_cuda(func, args, kwargs)
         return func(*args, **kwargs)
+
+    def _sdpa_as_cuda(self, func, args, kwargs):
+        """CPU flash attention takes every input; CUDA may run its math kernel instead, which keeps
+        the ``[batch, heads, seq, seq]`` softmax (and more) for backward: keep that much too."""
+        query, key = args[0], args[1]
+        mask = kwargs.get("attn_mask", args[5] if len(args) > 5 else None)
+        gqa = query.shape[1] != key.shape[1]
+        kernel = sdpa_kernel(arch=self.arch, dtype=str(query.dtype).removeprefix("torch."), head_dim=int(query.shape[-1]),
+                             has_mask=mask is not None, gqa=gqa)
+        self.kernels.add(kernel)
+        out, lse = func(*args, **kwargs)
+        if kernel == MATH:
+            batch, heads, q_len, head_dim = (int(n) for n in query.shape)
+            kv_len, itemsize = int(key.shape[2]), query.element_size()
+            # The scores before the softmax live next to it for a moment; the rest stays for backward.
+            transient = query.new_empty((math_transient_bytes(batch, heads, q_len, kv_len, itemsize),), dtype=torch.uint8)
+            kept = query.new_empty((math_saved_bytes(batch, heads, q_len, kv_len, head_dim, itemsize, gqa),), dtype=torch.uint8)
+            del transient
+            self._math_kept[out.untyped_storage()._cdata] = kept
+        return out, lse
+
+    def _sdpa_backward_as_cuda(self, func, args, kwargs):
+        out = args[4]
+        kept = self._math_kept.pop(out.untyped_storage()._cdata, None)
+        query, key = args[1], args[2]
+        if kept is None:
+            # Flash and memory-efficient backward: the kernel's own workspace (modelled on flash's)
+            # is on the device while it runs.
+            batch, heads, q_len, head_dim = (int(n) for n in query.shape)
+            workspace = query.new_empty((flash_backward_workspace_bytes(
+                batch=batch, q_len=q_len, kv_len=int(key.shape[2]), heads=heads, kv_heads=int(key.shape[1]),
+                head_dim=head_dim, itemsize=query.element_size()),), dtype=torch.uint8)
+            grads = func(*args, **kwargs)
+            del workspace
+            return grads
+        batch, heads, q_len, _ = (int(n) for n in query.shape)
+        # The gradients of the softmax and of the scores, beside what forward kept.
+        transient = query.new_empty((2 * math_transient_bytes(batch, heads, q_len, int(key.shape[2]), query.element_size()),),
+                                    dtype=torch.uint8)
+        grads = func(*args, **kwargs)
+        del transient, kept
+        return grads
 
     def _gemm_4bit_as_cuda(
         self,
@@ -131,3 +195,17 @@ def plan_bitsandbytes_optimizer(optimizer: torch.optim.Optimizer, tracker: Memor
                 return torch.zeros_like(p, dtype=dtype)
 
         optimizer.get_state_buffer = paged_buffer
+
+
+class _PlannedGradScaler(torch.amp.GradScaler):
+    """fp16's GradScaler as the planner runs it: the same tensors (scale, growth tracker, the
+    per-device inf flags), but the optimizer always steps. The real scaler reads the inf flag's
+    value to decide; fake tensors have none, and a skipped step would plan no optimizer states."""
+
+    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+        return optimizer.step(*args, **kwargs)
+
+
+def planned_grad_scaler(step, device: str) -> "torch.amp.GradScaler | None":
+    """The loss scaler ``step`` (a :class:`~memfit.step.builder.TrainingStep`) needs, for a plan."""
+    return _PlannedGradScaler(device) if step.scales_loss else None

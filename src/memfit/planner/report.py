@@ -139,6 +139,8 @@ def step_features(spec: dict[str, Any], details: dict[str, Any] | None = None) -
     if recipe == "hf":
         return []
     features = ["fused chunked loss"]
+    if (details or {}).get("batch_layout") == "documents":
+        features.append("padding-free batches (attention inside each example)")
     if tiles_sequence(spec.get("tiling", "auto"), recipe, spec["batch_size"] * spec["seq_len"]):
         features.append("tiled MLP and norms")
     if spec["checkpointing"] == "offload":
@@ -168,7 +170,7 @@ def suggestions(spec: dict[str, Any]) -> list[str]:
     if spec["method"] == "full" and spec["optimizer"] == "adamw":
         tips.append("--optimizer adamw8bit")
     if spec["method"] == "full" and spec["grad_accum"] == 1 and not spec.get("step_in_backward"):
-        tips.append("--step-in-backward (train with max_grad_norm: null)")
+        tips.append("--step-in-backward --max-grad-norm none")
     if spec.get("tiling") == "off":
         tips.append("--tiling on")
     tips.append(f"a shorter --seq-len than {spec['seq_len']}")

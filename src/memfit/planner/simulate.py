@@ -31,6 +31,7 @@ from memfit.planner.cuda_parity import (
     CudaParityMode,
     offload_parity,
     plan_bitsandbytes_optimizer,
+    planned_grad_scaler,
 )
 from memfit.planner.tracker import MemoryTracker, TrackerResult
 from memfit.spec import RunSpec
@@ -54,7 +55,9 @@ class SimulationResult:
     tracker: TrackerResult
     total_params: int
     trainable_params: int
-    attention: str  # the attention implementation the model runs ("sdpa" or "eager")
+    attention: str  # the attention implementation the model runs ("memfit_documents", "sdpa" or "eager")
+    attention_kernels: tuple[str, ...] = ()  # the SDPA kernels CUDA would run ("flash", "math"...)
+    batch_layout: str = "padded"  # the micro-batches' layout (memfit.step.batch: padded or documents)
     embeddings_on_host: bool = False  # frozen input embeddings kept in host memory
 
 
@@ -65,6 +68,7 @@ def simulate(
     num_layers: int | None = None,
     workspace_allocs: tuple[int, ...] = (),
     fake: bool = True,
+    arch: str | None = None,
 ) -> SimulationResult:
     """Simulate ``SIM_STEPS`` training steps of the model in ``config_dict`` as ``spec`` configures it.
 
@@ -73,24 +77,28 @@ def simulate(
     the first at the first forward matmul (Python thread), the next at the first backward
     (autograd's device thread has its own cuBLAS handle).
     ``fake=False`` runs the same thing on real CPU tensors (random weights): tests use it to check
-    that fake and real runs count the same bytes.
+    that fake and real runs count the same bytes. ``arch``: the target GPU's architecture, which
+    decides the attention kernel CUDA runs (None: Ampere or newer).
     """
     config = make_config(config_dict, num_layers=num_layers)
     config.use_cache = False
     dtype = DTYPES[spec.precision]
-    step_fn = build_step(spec)
+    step_fn = build_step(spec, config)
     with _quiet():
         model = prepare_for_method(build_meta_model(config, dtype), spec)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    attention = str(getattr(base.config, "_attn_implementation", None) or "eager")
 
     tracker = MemoryTracker()
+    parity = CudaParityMode(tracker, arch)
     with (
         _bitsandbytes_tables() if _uses_bitsandbytes(spec) else contextlib.nullcontext(),
         _fake_mode() if fake else contextlib.nullcontext(),
-        _unpacked_positions(),
+        _packed_positions(spec.recipe == "hf" and spec.packing),
         offload_parity(),
         pinned_host_copies(),
         tracker,
-        CudaParityMode(tracker),
+        parity,
     ):
         model = materialize(model, SIM_DEVICE, random_values=not fake)
         # Real CPU tensors cannot be pinned without an accelerator: say where the host copies go.
@@ -103,27 +111,34 @@ def simulate(
         optimizer = build_optimizer(model.parameters(), spec.optimizer, step_in_backward=spec.step_in_backward)
         for inner in getattr(optimizer, "inner_optimizers", [optimizer]):
             plan_bitsandbytes_optimizer(inner, tracker)
-        batch = _fake_batch(spec, config.vocab_size)
+        grad_scaler = planned_grad_scaler(step_fn, SIM_DEVICE)
+        examples = _longest_examples(spec)
         # The step's own peak is what matters; building the model is not part of it.
         tracker.reset_peak()
         observer = _WorkspaceObserver(tracker, workspace_allocs)
         for step in range(SIM_STEPS):
-            # The first step only has to create the optimizer states; in the last, two micro-batches
-            # show gradient accumulation's steady state (the second runs with gradients held).
-            micro_batches = [batch] * (min(spec.grad_accum, 2) if step == SIM_STEPS - 1 else 1)
+            # The trainer makes a step's grad_accum micro-batches up front and holds them through
+            # the step; so does the plan. The first step only has to create the optimizer states;
+            # in the last, two micro-batches show gradient accumulation's steady state (the second
+            # runs with gradients held).
+            held = [step_fn.collate(examples, 0) for _ in range(spec.grad_accum)]
             with _quiet():
-                step_fn(model, micro_batches, optimizer, observer=observer)
+                step_fn(model, held[: min(spec.grad_accum, 2) if step == SIM_STEPS - 1 else 1], optimizer,
+                        grad_scaler=grad_scaler, observer=observer)
+            del held
             tracker.mark_optimizer(optimizer)
         for h in hooks:
             h.remove()
         result = tracker.result()
-    del model, optimizer, batch, observer
+    del model, base, optimizer, observer, grad_scaler
     return SimulationResult(
         num_layers=config.num_hidden_layers,
         tracker=result,
         total_params=total,
         trainable_params=trainable,
-        attention=str(getattr(config, "_attn_implementation", None) or "eager"),
+        attention=attention,
+        attention_kernels=tuple(sorted(parity.kernels)),
+        batch_layout=step_fn.layout,
         embeddings_on_host=embeddings_on_host,
     )
 
@@ -143,12 +158,24 @@ class _WorkspaceObserver:
         self.pending[name] = []
 
 
-def _fake_batch(spec: RunSpec, vocab_size: int) -> dict[str, torch.Tensor]:
-    shape = (spec.batch_size, spec.seq_len)
-    input_ids = torch.zeros(shape, dtype=torch.long, device=SIM_DEVICE)
-    # No attention mask: training batches are packed or padded to a common length, and without a
-    # padding mask the attention is plain causal (is_causal=True), which is what flash kernels run.
-    return {"input_ids": input_ids, "labels": input_ids.clone()}
+def _longest_examples(spec: RunSpec) -> list[dict[str, list[int]]]:
+    """A micro-batch of the longest examples the run takes: ``batch_size`` of ``seq_len`` tokens.
+
+    Their token values do not matter (fake tensors have none). In padded batches the last one is a
+    token shorter, so that the batch carries the padding mask a real padded batch carries (and the
+    model the ``[batch, 1, seq, seq]`` mask it builds from it); one example alone is never padded.
+    """
+    lengths = [spec.seq_len] * spec.batch_size
+    if spec.batch_size > 1 and not spec.packing:
+        lengths[-1] -= 1
+    examples = []
+    for length in lengths:
+        ids = [0] * length
+        example = {"input_ids": ids, "labels": ids}
+        if spec.packing:  # a packed row: one example filling it
+            example["position_ids"] = list(range(length))
+        examples.append(example)
+    return examples
 
 
 @contextlib.contextmanager
@@ -161,15 +188,16 @@ def _fake_mode() -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def _unpacked_positions() -> Iterator[None]:
-    """Let transformers see, under fake tensors, what it sees on real ones: no packed sequences.
+def _packed_positions(packed: bool) -> Iterator[None]:
+    """Let transformers see, under fake tensors, what it sees on real ones about packed rows.
 
     transformers reads the values of ``position_ids`` to detect several sequences packed in one
-    row; fake tensors have no values, so it would assume packing and build an explicit
-    ``[batch, 1, seq, seq]`` mask, which also turns off SDPA's GQA path. The step passes default
-    positions (one sequence per row), for which the real check finds no packing. The check's own
-    transients (a few ``[batch, seq]`` integer tensors, freed at once) are left out of the plan, on
-    real tensors too, so that fake and real simulations stay comparable byte for byte.
+    row, and then builds an explicit ``[batch, 1, seq, seq]`` mask. Fake tensors have no values, so
+    the answer is given: rows are packed exactly when the plan is of packed rows the model masks
+    itself (the ``hf`` recipe with packing; memfit's step keeps packed examples apart without any
+    mask, :mod:`memfit.step.attention`). The check's own transients (a few ``[batch, seq]`` integer
+    tensors, freed at once) are left out of the plan, on real tensors too, so that fake and real
+    simulations stay comparable byte for byte.
     """
     from unittest import mock
 
@@ -181,7 +209,11 @@ def _unpacked_positions() -> Iterator[None]:
     if not hasattr(masking_utils, "find_packed_sequence_indices"):
         yield
         return
-    with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda position_ids: None):
+
+    def answer(position_ids):
+        return torch.zeros_like(position_ids) if packed else None
+
+    with mock.patch.object(masking_utils, "find_packed_sequence_indices", answer):
         yield
 
 

@@ -1,6 +1,7 @@
 """The step a configuration runs: built here, once, for the planner and for the trainer.
 
-:func:`build_step` turns a configuration into a :class:`TrainingStep`: the loss
+:func:`build_step` turns a configuration into a :class:`TrainingStep`: the layout of its
+micro-batches and the function that makes them (:mod:`memfit.step.batch`), the loss
 (:func:`memfit.step.losses.choose_loss`), gradient clipping and fp16's loss scaling around
 :func:`memfit.step.train_step.train_step`. The trainer runs it on real tensors, one process or each
 rank of a sharded run (:meth:`TrainingStep.sharded`); the planner runs the same object under fake
@@ -11,12 +12,14 @@ from __future__ import annotations
 
 import types
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import torch
 
 from memfit.spec import RunSpec
 from memfit.step import train_step as train_step_module
+from memfit.step.attention import batch_layout
+from memfit.step.batch import PADDED, collate
 from memfit.step.losses import Batch, LossFn, choose_loss
 
 
@@ -32,6 +35,11 @@ class TrainingStep:
     loss_fn: LossFn
     max_grad_norm: float | None = None
     scales_loss: bool = False
+    layout: str = PADDED
+
+    def collate(self, examples: Sequence[dict[str, Any]], pad_token_id: int) -> dict[str, Any]:
+        """One micro-batch of ``examples`` in this step's layout (see :func:`memfit.step.batch.collate`)."""
+        return collate(examples, pad_token_id, layout=self.layout)
 
     def grad_scaler(self, device: torch.device) -> "torch.amp.GradScaler | None":
         """The loss scaler this step needs on ``device``, or None."""
@@ -93,14 +101,17 @@ def _weighted(loss_fn: LossFn) -> LossFn:
     return run
 
 
-def build_step(spec: RunSpec, *, packing: bool = False, max_grad_norm: float | None = None) -> TrainingStep:
-    """The step ``spec`` runs: its loss, clipping at ``max_grad_norm`` and fp16's loss scaling.
+def build_step(spec: RunSpec, model_config: Any) -> TrainingStep:
+    """The step ``spec`` runs on the model of ``model_config`` (a transformers config): its loss
+    (:func:`memfit.step.losses.choose_loss`), clipping at ``spec.max_grad_norm``, fp16's loss
+    scaling, and the layout of its micro-batches (:func:`memfit.step.attention.batch_layout`: one
+    row per micro-batch, attention inside each example, where the model allows it).
 
-    ``packing``: the batches are rows of several examples packed together (their own loss; see
-    :func:`memfit.step.losses.choose_loss`).
-    """
+    Raises ValueError when ``spec`` asks for a layout the model cannot run (packing on a model
+    whose attention cannot keep examples apart)."""
     return TrainingStep(
-        loss_fn=choose_loss(spec, packing=packing),
-        max_grad_norm=max_grad_norm,
+        loss_fn=choose_loss(spec),
+        max_grad_norm=spec.max_grad_norm,
         scales_loss=spec.precision == "fp16",
+        layout=batch_layout(spec, model_config),
     )

@@ -1,17 +1,17 @@
 """The losses a step can take, and the one function that chooses among them.
 
 :func:`choose_loss` is the only place that picks a loss: memfit's fused, chunked loss
-(:func:`causal_lm_loss`), the model's own loss for packed rows (:func:`packed_model_loss`) or for the
-``hf`` recipe (:func:`model_loss`). The trainer and the planner both take their loss from it
-(through :func:`memfit.step.builder.build_step`).
+(:func:`causal_lm_loss`) or, for the ``hf`` recipe, the model's own (:func:`model_loss`). The
+trainer and the planner both take their loss from it (through :func:`memfit.step.builder.build_step`).
 
-The fused loss removes the logits wall. A causal LM's loss needs ``hidden @ lm_head.T``: ``[tokens, vocab]`` logits, which the usual path
-upcasts to fp32 (4 bytes x 128k vocabulary = 512 KiB a token: 1 GiB per 2,048 tokens) and then
-holds again as their gradient. :class:`ChunkedLinearCrossEntropy` fuses the output projection with
-the loss and works through the tokens a chunk at a time: forward keeps only the per-token
-log-sum-exp, backward recomputes each chunk's logits and turns them straight into gradients for
-the hidden states (and the projection, when it trains). At most one chunk of logits exists at a
-time. Loss and gradients equal the standard computation (fp32 logits, mean over labelled tokens).
+The fused loss removes the logits wall. A causal LM's loss needs ``hidden @ lm_head.T``:
+``[tokens, vocab]`` logits, which the usual path upcasts to fp32 (4 bytes x 128k vocabulary =
+512 KiB a token: 1 GiB per 2,048 tokens) and then holds again as their gradient.
+:class:`ChunkedLinearCrossEntropy` fuses the output projection with the loss and works through the
+tokens a chunk at a time: forward keeps only the per-token log-sum-exp, backward recomputes each
+chunk's logits and turns them straight into gradients for the hidden states (and the projection,
+when it trains). At most one chunk of logits exists at a time. Loss and gradients equal the
+standard computation (fp32 logits, mean over labelled tokens).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def causal_lm_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     if parts is None:
         return model_loss(model, batch)
     backbone, head = parts
-    hidden = backbone(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), use_cache=False).last_hidden_state
+    hidden = backbone(**_model_inputs(batch), use_cache=False).last_hidden_state
     return chunked_cross_entropy(hidden, head.weight, batch["labels"])
 
 
@@ -126,8 +126,17 @@ def model_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     transformers computes the whole ``[tokens, vocabulary]`` logits and upcasts them to fp32 for the
     loss; the planner's ``--recipe hf`` uses this to show the plain stack's memory.
     """
-    out = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask"), labels=batch["labels"], use_cache=False)
-    return out.loss
+    return model(**_model_inputs(batch), labels=batch["labels"], use_cache=False).loss
+
+
+def _model_inputs(batch: Batch) -> dict:
+    """What the model's forward takes from a batch of :func:`memfit.step.batch.collate`: the ids,
+    and where present the padding mask, the positions and the bounds of the examples in a row."""
+    inputs = {"input_ids": batch["input_ids"]}
+    for key, argument in (("attention_mask", "attention_mask"), ("position_ids", "position_ids"), ("documents", "memfit_documents")):
+        if batch.get(key) is not None:
+            inputs[argument] = batch[key]
+    return inputs
 
 
 #: Config fields that change logits after the head: with any of them set, the model's own loss runs.
@@ -148,18 +157,7 @@ def backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn
     return backbone, head
 
 
-def packed_model_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """Loss for packed rows: position ids restart per example and no attention mask is passed, so
-    transformers keeps attention within each example (see memfit.train.data.pack_examples)."""
-    out = model(input_ids=batch["input_ids"], position_ids=batch["position_ids"], labels=batch["labels"], use_cache=False)
-    return out.loss
-
-
-def choose_loss(spec: RunSpec, *, packing: bool = False) -> LossFn:
-    """The loss a configuration's step takes: the ``hf`` recipe's model loss, the model loss of
-    packed rows, or memfit's fused chunked loss."""
-    if spec.recipe == "hf":
-        return model_loss
-    if packing:
-        return packed_model_loss
-    return causal_lm_loss
+def choose_loss(spec: RunSpec) -> LossFn:
+    """The loss a configuration's step takes: the ``hf`` recipe's model loss (the whole logits),
+    or memfit's fused chunked loss (every layout of the batch: padded or one row)."""
+    return model_loss if spec.recipe == "hf" else causal_lm_loss

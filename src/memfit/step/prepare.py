@@ -20,6 +20,8 @@ from memfit.models.errors import ModelBuildError
 from memfit.models.layers import decoder_layers, linear_names_in_layers
 from memfit.models.quantize import quantize_linears_on_meta
 from memfit.spec import ALL_LINEAR, RunSpec
+from memfit.step.attention import batch_layout, use_document_attention
+from memfit.step.batch import DOCUMENTS
 from memfit.step.host_embeddings import keep_input_embeddings_on_host
 from memfit.step.lora_inputs import keep_lora_inputs_low_precision
 from memfit.step.offload import enable_offloaded_checkpointing
@@ -110,8 +112,12 @@ def prepare_for_method(
 
 def apply_lean_step(model: nn.Module, spec: RunSpec) -> None:
     """The memory-lean pieces of memfit's step that shape the model (docs/memory-lean.md), after
-    adapters exist: LoRA inputs kept in the compute dtype, checkpointing (offloaded or not), tiled
-    MLPs and norms. The trainer and the planner both come through here."""
+    adapters exist: attention kept inside each example of a one-row micro-batch (where the batches
+    take that layout), LoRA inputs kept in the compute dtype, checkpointing (offloaded or not),
+    tiled MLPs and norms. The trainer and the planner both come through here."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if batch_layout(spec, base.config) == DOCUMENTS:
+        use_document_attention(model)
     if spec.uses_adapters:
         keep_lora_inputs_low_precision(model)
     if spec.checkpointing != "off":

@@ -1,56 +1,49 @@
 """Examples into device batches: for the training step and for evaluation.
 
-One process takes ``grad_accum`` whole micro-batches a step (:func:`micro_batches`); each rank of a
-sharded run takes its slice of every global micro-batch (:meth:`memfit.train.world.ShardedWorld.micro_batches`).
+A micro-batch is made by the step's own ``collate`` (:meth:`memfit.step.builder.TrainingStep.collate`:
+padded rows, or every example in one row), so the trainer feeds the step exactly the layout the
+planner planned. One process takes ``grad_accum`` micro-batches a step (:func:`micro_batches`);
+each rank of a sharded run takes its slice of every global micro-batch
+(:meth:`memfit.train.world.ShardedWorld.micro_batches`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from memfit.step.batch import count_tokens, labelled_tokens, to_device
 
-def collate_batch(examples: list, pad_id: int) -> dict[str, torch.Tensor]:
-    """Pad ``examples`` into one batch of tensors on the host (see :func:`memfit.train.data.collate`)."""
-    from memfit.train.data import collate
+#: Examples -> one host batch (the step's collate with the tokenizer's padding id).
+Collate = Callable[[list], dict[str, Any]]
 
-    return collate(examples, pad_token_id=pad_id)
-
-
-def to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+__all__ = ["Collate", "count_step_tokens", "evaluate", "micro_batches", "to_device"]
 
 
-def micro_batches(batches, grad_accum: int, pad_id: int, device: torch.device) -> list[dict[str, Any]]:
+def micro_batches(batches, grad_accum: int, collate: Collate, device: torch.device) -> list[dict[str, Any]]:
     """The next ``grad_accum`` micro-batches of ``batches``, on ``device``."""
-    return [to_device(collate_batch(next(batches), pad_id), device) for _ in range(grad_accum)]
+    return [to_device(collate(next(batches)), device) for _ in range(grad_accum)]
 
 
-def count_tokens(batches: list[dict[str, Any]]) -> int:
+def count_step_tokens(batches: list[dict[str, Any]]) -> int:
     """Input tokens of a step's micro-batches, padding not counted."""
-    return sum(int(b["attention_mask"].sum()) if "attention_mask" in b else b["input_ids"].numel() for b in batches)
-
-
-def labelled_tokens(labels: torch.Tensor) -> int:
-    """Tokens a causal LM loss scores in a batch: labels shifted by one, those marked ignored left out."""
-    from memfit.step.labels import IGNORE_INDEX
-
-    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+    return sum(count_tokens(b) for b in batches)
 
 
 @torch.no_grad()
-def evaluate(model, examples: list, batch_size: int, pad_id: int, device: torch.device, loss) -> float:
+def evaluate(model, examples: list, batch_size: int, collate: Collate, device: torch.device, loss) -> float:
     """Mean loss over every trained token of ``examples`` (dropout off, no gradients).
 
-    ``loss`` is the step's loss (:meth:`memfit.step.builder.TrainingStep.loss`).
+    ``loss`` is the step's loss (:meth:`memfit.step.builder.TrainingStep.loss`); batches are made as
+    the step makes them.
     """
     was_training = model.training
     model.eval()
     total_loss = 0.0
     total_tokens = 0
     for start in range(0, len(examples), batch_size):
-        batch = to_device(collate_batch(examples[start : start + batch_size], pad_id), device)
+        batch = to_device(collate(examples[start : start + batch_size]), device)
         n = labelled_tokens(batch["labels"])
         if n == 0:
             continue

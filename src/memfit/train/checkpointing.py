@@ -69,29 +69,44 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def capture_rng(device: torch.device) -> dict[str, Any]:
-    """The state of every random generator the run uses, as plain types and tensors."""
-    state: dict[str, Any] = {"python": _to_lists(random.getstate()), "torch": torch.get_rng_state()}
+    """The state of every random generator the run uses, as plain types (PyTorch's as bytes).
+
+    Plain bytes, not tensors: the loop holds the state of the run before each step all through the
+    step, and a tensor there would be memory the step's plan does not have (on a CPU run it is the
+    device's memory)."""
+    state: dict[str, Any] = {"python": _to_lists(random.getstate()), "torch": _bytes(torch.get_rng_state())}
     if "numpy" in sys.modules:  # only when something already uses numpy: never import it for this
         import numpy as np
 
         kind, keys, pos, has_gauss, cached = np.random.get_state()
         state["numpy"] = [kind, keys.tolist(), int(pos), int(has_gauss), float(cached)]
     if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
+        state["cuda"] = _bytes(torch.cuda.get_rng_state(device))
     return state
+
+
+def _bytes(state: torch.Tensor) -> bytes:
+    return bytes(state.tolist())
+
+
+def _state_tensor(state: Any) -> torch.Tensor:
+    """An RNG state as PyTorch takes it (checkpoints of earlier versions hold the tensor itself)."""
+    if isinstance(state, torch.Tensor):
+        return state
+    return torch.tensor(list(state), dtype=torch.uint8)
 
 
 def restore_rng(state: dict[str, Any], device: torch.device) -> None:
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(_state_tensor(state["torch"]))
     if "numpy" in state:
         import numpy as np
 
         kind, keys, pos, has_gauss, cached = state["numpy"]
         np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
     if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
+        torch.cuda.set_rng_state(_state_tensor(state["cuda"]), device)
 
 
 def _to_lists(value: Any) -> Any:

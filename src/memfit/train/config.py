@@ -69,7 +69,6 @@ class TrainConfig(_run_knobs()):
     # -- data -------------------------------------------------------------------------------
     data: list[str] = Field(description="training data: file(s) or folder(s)")
     data_format: Literal["auto", "alpaca", "sharegpt", "messages", "text"] = "auto"
-    packing: bool = Field(False, description="concatenate examples into rows of exactly seq_len tokens")
     train_on_inputs: bool = Field(False, description="also take the loss on prompt tokens")
     eval_split: float = Field(0.0, description="fraction of the training examples held out for evaluation (0 = none)")
     eval_data: str | None = Field(None, description="evaluation data file(s) instead of a split")
@@ -84,7 +83,6 @@ class TrainConfig(_run_knobs()):
     warmup_steps: int | None = Field(None, description="optimizer steps of linear warmup from 0")
     warmup_ratio: float | None = Field(None, description="warmup as a fraction of the optimizer steps (instead of warmup_steps)")
     min_lr_ratio: float = Field(0.0, description="lr at the end of a cosine or linear decay, as a fraction of lr")
-    max_grad_norm: float | None = Field(1.0, description="clip gradients to this L2 norm (null = no clipping)")
     seed: int = Field(0, description="random seed (weights of init: random, LoRA init, data order, dropout)")
 
     # -- where and how ----------------------------------------------------------------------
@@ -108,8 +106,20 @@ class TrainConfig(_run_knobs()):
         return make_spec(**self.knobs())
 
     def knobs(self) -> dict[str, Any]:
-        """The RunSpec fields of this config, as ``memfit plan`` takes them."""
-        return {name: getattr(self, name) for name in specs.TRAINED_KNOBS}
+        """The knobs this config sets, as ``memfit plan`` takes them (the others take their defaults).
+
+        A ``null`` in the YAML for a knob whose default is not None (``max_grad_norm: null``: no
+        clipping) is passed as ``"none"``: to :func:`~memfit.spec.make_spec` a None means "the
+        default"."""
+        knobs = {}
+        for name in specs.TRAINED_KNOBS:
+            if name not in self.model_fields_set:
+                continue
+            value = getattr(self, name)
+            if value is None and specs.default(name) is not None:
+                value = "none"
+            knobs[name] = value
+        return knobs
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -209,7 +219,8 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
             if item.get("loc", ("",))[0] in specs.TRAINED_KNOBS:
                 continue  # make_spec below names the knob and its allowed values better
             problems.append(f"{loc}: {item.get('input')!r}: {item.get('msg')}")
-    knobs = {k: clean.get(k) for k in specs.TRAINED_KNOBS}
+    knobs = {k: ("none" if clean[k] is None and specs.default(k) is not None else clean[k])
+             for k in specs.TRAINED_KNOBS if k in clean}
     try:
         make_spec(**knobs)
     except SpecError as err:
@@ -242,13 +253,6 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
         problems.append(f"warmup_ratio: {c.warmup_ratio!r} must be in [0, 1)")
     if not 0 <= c.min_lr_ratio <= 1:
         problems.append(f"min_lr_ratio: {c.min_lr_ratio!r} must be in [0, 1]")
-    if c.max_grad_norm is not None and not c.max_grad_norm > 0:
-        problems.append(f"max_grad_norm: {c.max_grad_norm!r} must be positive, or null for no clipping")
-    if c.step_in_backward and c.max_grad_norm is not None:
-        problems.append(
-            f"max_grad_norm: {c.max_grad_norm!r} cannot be used with step_in_backward: true (each parameter is "
-            "updated before the global gradient norm exists). Set max_grad_norm: null, or step_in_backward: false."
-        )
     problems.extend(_multi_gpu_problems(c))
     if not 0 <= c.eval_split < 1:
         problems.append(f"eval_split: {c.eval_split!r} must be a fraction in [0, 1) (e.g. eval_split: 0.05)")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,8 @@ from memfit.run_files import memory_file_name
 from memfit.step.builder import build_step
 from memfit.step.optim import build_optimizer
 from memfit.step.prepare import prepare_given_model
-from memfit.train.batches import count_tokens, evaluate
+from memfit.models.build import make_config
+from memfit.train.batches import count_step_tokens, evaluate
 from memfit.train.checkpointing import capture_rng, latest_checkpoint, restore_rng
 from memfit.train.config import (
     TrainConfig,
@@ -157,7 +159,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
         highlight=False,
     )
     model = world.shard(model, spec, device, console)
-    step_fn = world.training_step(build_step(spec, packing=config.packing, max_grad_norm=config.max_grad_norm), model)
+    step_fn = world.training_step(build_step(spec, make_config(model_dict)), model)
 
     # 4. Optimizer, schedule, data order and the loss scaler fp16 needs.
     optimizer = build_optimizer(model.parameters(), spec.optimizer, lr=config.lr, weight_decay=config.weight_decay,
@@ -207,7 +209,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
 
     # 6. The loop.
     _loop(config, world, result, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
-          step_fn=step_fn, batches=batches, eval_examples=eval_examples, pad_id=pad_id, device=device,
+          step_fn=step_fn, batches=batches, eval_examples=eval_examples, collate=partial(step_fn.collate, pad_token_id=pad_id), device=device,
           preflight=preflight, record=record, checkpoint_now=checkpoint_now, console=console, progress=progress)
 
     # 7. Outputs: the last checkpoint and the deliverable, once the loop completed.
@@ -219,7 +221,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
 
 
 def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, scheduler, grad_scaler, step_fn,
-          batches, eval_examples: list, pad_id: int, device: torch.device, preflight: PreflightResult, record,
+          batches, eval_examples: list, collate, device: torch.device, preflight: PreflightResult, record,
           checkpoint_now, console, progress: bool) -> None:
     """The optimizer steps from ``result.step`` to the end, watched: memory is recorded every step
     (``memory.jsonl``) and checked for leaks, stray devices and switched-off optimizations."""
@@ -243,8 +245,8 @@ def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, 
             # must replay this step's batches, not skip them.
             data_before, rng_before = batches.state_dict(), capture_rng(device)
             meter.start()
-            micro_batches = world.micro_batches(batches, spec.grad_accum, pad_id, device)
-            tokens = count_tokens(micro_batches)
+            micro_batches = world.micro_batches(batches, spec.grad_accum, collate, device)
+            tokens = count_step_tokens(micro_batches)
             try:
                 loss, grad_norm = step_fn(model, micro_batches, optimizer, grad_scaler=grad_scaler, observer=recorder.observer)
             except torch.OutOfMemoryError:
@@ -257,7 +259,8 @@ def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, 
             if stop_requested and stop.signal_name is None:
                 stop.signal_name = "SIGTERM"  # another rank was asked to stop
             meter.stop(tokens)
-            del micro_batches, loss
+            grad_norm = float(grad_norm) if grad_norm is not None else None
+            del micro_batches, loss  # nothing of this step is held into the next
             done = result.step = step + 1
             if not math.isfinite(loss_value):
                 checkpoint_now(done, "nonfinite")
@@ -270,7 +273,7 @@ def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, 
                 "step": done,
                 "loss": loss_value,
                 "lr": scheduler.get_last_lr()[0],
-                "grad_norm": float(grad_norm) if grad_norm is not None else None,
+                "grad_norm": grad_norm,
                 "tokens": tokens,
                 "tokens_per_second": meter.rate(),
                 "elapsed_s": round(time.perf_counter() - started, 4),  # since this process's loop began
@@ -282,7 +285,7 @@ def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, 
             if done % config.log_every == 0 or done == steps:
                 log.write(metrics)
             if eval_examples and config.eval_every and done % config.eval_every == 0 and done != steps:
-                eval_loss = evaluate(model, eval_examples, spec.batch_size, pad_id, device, step_fn.loss)
+                eval_loss = evaluate(model, eval_examples, spec.batch_size, collate, device, step_fn.loss)
                 result.eval_losses.append((done, eval_loss))
                 log.write({"step": done, "eval_loss": eval_loss})
             bar.update(done, metrics)
@@ -295,7 +298,7 @@ def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, 
 
         if result.status == "completed":
             if eval_examples:
-                eval_loss = evaluate(model, eval_examples, spec.batch_size, pad_id, device, step_fn.loss)
+                eval_loss = evaluate(model, eval_examples, spec.batch_size, collate, device, step_fn.loss)
                 result.eval_losses.append((result.step, eval_loss))
                 log.write({"step": result.step, "eval_loss": eval_loss})
             result.checkpoint = checkpoint_now(result.step, "final")
@@ -317,7 +320,7 @@ def _out_of_memory(config: TrainConfig, world, optimizer, step: int, preflight: 
 
     error = handle_oom(
         optimizer=optimizer, step=step, save_before_step=save_before_step if world.saves_on_oom else (lambda: None),
-        knobs=config.knobs(), step_in_backward=config.step_in_backward, preflight=preflight, replan=replan,
+        knobs=config.spec.knobs(), step_in_backward=config.spec.step_in_backward, preflight=preflight, replan=replan,
         device=device, console=console,
     )
     record.write(status="oom", step=step)

@@ -17,12 +17,8 @@ import torch
 
 from memfit.step.builder import TrainingStep
 from memfit.train import checkpointing, distributed
-from memfit.train.batches import (
-    collate_batch,
-    labelled_tokens,
-    micro_batches,
-    to_device,
-)
+from memfit.step.batch import labelled_tokens, to_device
+from memfit.train.batches import Collate, micro_batches
 from memfit.train.errors import TrainError
 from memfit.train.examples import unscored
 from memfit.train.run_folder import (
@@ -90,9 +86,9 @@ class World:
         """Examples in one micro-batch of the whole run (this process's micro-batch here)."""
         return spec.batch_size
 
-    def micro_batches(self, batches, grad_accum: int, pad_id: int, device: torch.device) -> list[dict[str, Any]]:
+    def micro_batches(self, batches, grad_accum: int, collate: Collate, device: torch.device) -> list[dict[str, Any]]:
         """This process's micro-batches of the next step, on ``device``."""
-        return micro_batches(batches, grad_accum, pad_id, device)
+        return micro_batches(batches, grad_accum, collate, device)
 
     def step_totals(self, loss: torch.Tensor, tokens: int, stop_requested: bool, grad_norm: Any,
                     device: torch.device) -> tuple[float, int, bool, Any]:
@@ -193,7 +189,7 @@ class ShardedWorld(World):
         # One global micro-batch of batch_size x world_size examples; each rank takes its slice.
         return spec.batch_size * self.world_size
 
-    def micro_batches(self, batches, grad_accum: int, pad_id: int, device: torch.device) -> list[dict[str, Any]]:
+    def micro_batches(self, batches, grad_accum: int, collate: Collate, device: torch.device) -> list[dict[str, Any]]:
         """This rank's slices of the next ``grad_accum`` global micro-batches, each with its ``loss_weight``.
 
         Every rank draws the same global batches (same seed and position) and keeps its slice; the
@@ -204,7 +200,7 @@ class ShardedWorld(World):
             examples = distributed.rank_slice(next(batches), self.rank, self.world_size)
             if not examples:  # fewer examples than ranks at the end of an epoch: a slice that scores nothing
                 examples = [unscored(next(iter(batches.examples)))]
-            slices.append(collate_batch(examples, pad_id))
+            slices.append(collate(examples))
         local = [labelled_tokens(b["labels"]) for b in slices]
         total = distributed.all_reduce_sum(local, device)
         weights = distributed.loss_weights(local, total, self.world_size)

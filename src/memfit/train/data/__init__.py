@@ -6,10 +6,10 @@ Typical use by a training loop::
     records, fmt = load_records("examples/data/tiny-instruct.jsonl")     # DataError lists problems
     examples = tokenize_records(records, tokenizer, seq_len=256)        # labels -100 off-response
     batches = BatchIterator(examples, batch_size=8, seed=0)             # resumable order
-    batch = collate(next(batches), pad_token_id=tokenizer.pad_token_id)  # torch tensors
+    batch = collate(next(batches), tokenizer.pad_token_id)             # memfit.step.batch: tensors
 
-Heavy dependencies stay lazy: torch is imported by :func:`collate`, pyarrow when a Parquet file is
-read; this package never imports transformers (it is handed a tokenizer).
+Heavy dependencies stay lazy: pyarrow is imported when a Parquet file is read; this package never
+imports torch or transformers (it is handed a tokenizer).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from memfit.train.data.batching import BatchIterator, collate
+from memfit.train.data.batching import BatchIterator
 from memfit.train.data.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplateError, render_chat
 from memfit.train.data.errors import DataError
 from memfit.train.data.formats import FORMATS, detect_format, load_records
@@ -29,7 +29,6 @@ __all__ = [
     "DEFAULT_CHAT_TEMPLATE",
     "DataError",
     "FORMATS",
-    "collate",
     "detect_format",
     "load_records",
     "pack_examples",

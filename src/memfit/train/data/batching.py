@@ -1,52 +1,12 @@
-"""Batches for the training loop: padding into tensors and a resumable, deterministic order."""
+"""The order of the training examples: deterministic, epoch after epoch, resumable mid-epoch.
+
+Turning a batch of examples into tensors is the step's job (:func:`memfit.step.batch.collate`).
+"""
 
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
-
-from memfit.step.labels import IGNORE_INDEX
-
-if TYPE_CHECKING:  # pragma: no cover
-    import torch
-
-
-def collate(batch: Sequence[dict[str, list[int]]], pad_token_id: int) -> dict[str, "torch.Tensor"]:
-    """Right-pad a batch of examples into int64 tensors of shape ``[batch, longest]``.
-
-    Returns ``input_ids`` (padded with ``pad_token_id``), ``labels`` (padded with -100, so padding
-    is never trained), ``attention_mask`` (1 on real tokens, 0 on padding) and, when every example
-    has them (packed rows), ``position_ids`` (padded with 0).
-    """
-    import torch
-
-    if not batch:
-        raise ValueError("collate got an empty batch")
-    if not isinstance(pad_token_id, int) or isinstance(pad_token_id, bool) or pad_token_id < 0:
-        raise ValueError(
-            f"pad_token_id must be a non-negative integer, got {pad_token_id!r}; "
-            "use tokenizer.pad_token_id, or tokenizer.eos_token_id when the tokenizer has no pad token"
-        )
-    longest = max(len(example["input_ids"]) for example in batch)
-    with_positions = all("position_ids" in example for example in batch)
-    size = (len(batch), longest)
-    input_ids = torch.full(size, pad_token_id, dtype=torch.long)
-    labels = torch.full(size, IGNORE_INDEX, dtype=torch.long)
-    attention_mask = torch.zeros(size, dtype=torch.long)
-    position_ids = torch.zeros(size, dtype=torch.long)
-    for row, example in enumerate(batch):
-        length = len(example["input_ids"])
-        if len(example["labels"]) != length:
-            raise ValueError(f"example {row} has {length} input_ids but {len(example['labels'])} labels")
-        input_ids[row, :length] = torch.tensor(example["input_ids"], dtype=torch.long)
-        labels[row, :length] = torch.tensor(example["labels"], dtype=torch.long)
-        attention_mask[row, :length] = 1
-        if with_positions:
-            position_ids[row, :length] = torch.tensor(example["position_ids"], dtype=torch.long)
-    out = {"input_ids": input_ids, "labels": labels, "attention_mask": attention_mask}
-    if with_positions:
-        out["position_ids"] = position_ids
-    return out
+from typing import Any, Iterator, Sequence
 
 
 class BatchIterator:
