@@ -1,0 +1,215 @@
+"""The memfit internals the benchmarks use, imported here and nowhere else.
+
+memfit's modules move as the project is reorganised (the training step, loading and optimizers
+are going to their own package); the benchmarks import memfit through this module only, so that a
+move is one edit here. Public entry points (``memfit.plan``, ``memfit.planner.search.fit``,
+``memfit.train.loop.train``) are used where they do the job. Every import sits inside the function
+that needs it: importing this module costs nothing, and never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# ------------------------------------------------------------------------------------------------
+# Planning (public API)
+
+
+def plan(model: str | dict, **knobs: Any):
+    """``memfit.plan``: the planned peak of one training step (a MemoryPlan)."""
+    import memfit
+
+    return memfit.plan(model, **knobs)
+
+
+def fit(model: str | dict, **options: Any):
+    """``memfit fit``'s search (a FitResult); ``max_seq_len`` per method among its fields."""
+    from memfit.planner.search import fit as _fit
+
+    return _fit(model, **options)
+
+
+def relative_cost(knobs: dict[str, Any]) -> float:
+    """The planner's estimated time per token, in forward passes over the weights (see memfit.planner.throughput)."""
+    from memfit.planner.throughput import relative_cost as _relative_cost
+
+    return _relative_cost(knobs)
+
+
+#: The module a plan imports (with everything heavy it pulls in): its import time is a plan's cold start.
+PLANNER_MODULE = "memfit.planner.simulate"
+
+
+def clear_plan_cache() -> None:
+    """Forget the planner's in-process simulation cache (so that a timed plan simulates again)."""
+    from memfit.planner import api
+
+    api._SAMPLE_CACHE.clear()
+
+
+# ------------------------------------------------------------------------------------------------
+# Models, GPUs, knobs
+
+
+def model_config(model: str | dict) -> dict[str, Any]:
+    """The config.json dict of a catalog name, a config path or a config dict."""
+    from memfit.models.catalog import resolve_model
+
+    return resolve_model(model).config
+
+
+def make_spec(**knobs: Any):
+    """A validated RunSpec (raises memfit.spec.SpecError listing every problem)."""
+    from memfit.spec import make_spec as _make_spec
+
+    return _make_spec(**knobs)
+
+
+def get_gpu(name: str):
+    """The GPU catalog entry for a catalog name, an alias or a torch device name (ValueError if none)."""
+    from memfit.models.gpus import get_gpu as _get_gpu
+
+    return _get_gpu(name)
+
+
+def gpu_key(device_name: str | None) -> str | None:
+    """The catalog name of a torch device name ("NVIDIA H100 80GB HBM3" -> "h100-80gb"), or None."""
+    if not device_name:
+        return None
+    try:
+        return get_gpu(device_name).name
+    except ValueError:
+        return None
+
+
+def make_hf_config(config_dict: dict[str, Any]):
+    """A transformers config object built from a config.json dict."""
+    from memfit.models.build import make_config
+
+    return make_config(config_dict)
+
+
+# ------------------------------------------------------------------------------------------------
+# The real training step, as the trainer runs it
+
+
+def load_model(config_dict: dict[str, Any], spec, device, *, init: str = "random", seed: int = 0):
+    """memfit's loader: the model on ``device``, prepared for ``spec`` (a LoadedModel: .model, .config, .setup)."""
+    from memfit.train.loading import load_model as _load_model
+
+    return _load_model(config_dict, spec, device, init=init, seed=seed)
+
+
+def build_optimizer(params, name: str, *, step_in_backward: bool = False):
+    """The optimizer the trainer builds for ``--optimizer name``."""
+    from memfit.train.optim import build_optimizer as _build_optimizer
+
+    return _build_optimizer(params, name, step_in_backward=step_in_backward)
+
+
+def loss_for_recipe(recipe: str):
+    """The loss function of a recipe's step (memfit's fused chunked loss, or the model's own for ``hf``)."""
+    from memfit.train.step import loss_for_recipe as _loss_for_recipe
+
+    return _loss_for_recipe(recipe)
+
+
+def train_step(model, micro_batches, optimizer, *, loss_fn):
+    """One optimizer step of memfit's trainer; returns (loss, grad_norm)."""
+    from memfit.train.step import train_step as _train_step
+
+    return _train_step(model, micro_batches, optimizer, loss_fn=loss_fn)
+
+
+def memory_tracker():
+    """The planner's tracker (a TorchDispatchMode counting every storage), for measuring on a CPU."""
+    from memfit.planner.tracker import MemoryTracker
+
+    return MemoryTracker()
+
+
+# ------------------------------------------------------------------------------------------------
+# The trainer (public API) and its data
+
+
+def train_config(settings: dict[str, Any]):
+    """A validated TrainConfig from a dict of settings (raises memfit.train.config.ConfigError)."""
+    from memfit.train.config import validate_config
+
+    return validate_config(settings)
+
+
+def train(config, **options: Any):
+    """``memfit train`` as a function (a TrainResult)."""
+    from memfit.train.loop import train as _train
+
+    return _train(config, **options)
+
+
+def train_model_config(config) -> dict[str, Any]:
+    """The model config dict a TrainConfig trains (catalog config plus its overrides)."""
+    from memfit.train.config import model_config_dict
+
+    return model_config_dict(config)
+
+
+def train_tokenizer_path(config):
+    """The tokenizer folder a TrainConfig uses."""
+    from memfit.train.config import tokenizer_path
+
+    return tokenizer_path(config)
+
+
+def training_batches(config, tokenizer):
+    """The trainer's examples and batch order for ``config``: (examples, BatchIterator)."""
+    from memfit.train.data import BatchIterator, load_records, tokenize_records
+
+    records, _ = load_records(config.data)
+    examples = tokenize_records(records, tokenizer, seq_len=config.seq_len)
+    return examples, BatchIterator(examples, batch_size=config.batch_size, seed=config.seed)
+
+
+def collate(examples, pad_token_id: int):
+    """The trainer's collate function (padded tensors and an attention mask)."""
+    from memfit.train.data import collate as _collate
+
+    return _collate(examples, pad_token_id=pad_token_id)
+
+
+# ------------------------------------------------------------------------------------------------
+# What the planner assumes about a CUDA device
+
+
+def runtime_assumptions(arch: str | None) -> dict[str, Any]:
+    """The planner's runtime figures for a GPU architecture: CUDA context and cuBLAS workspaces."""
+    from memfit.planner import runtime
+
+    overhead = runtime.runtime_overhead(arch)
+    return {
+        "cuda_context_bytes": overhead.context_bytes,
+        "cublas_workspace_allocs_bytes": list(overhead.cublas_workspace_allocs),
+        "cublas_workspace_bytes": overhead.cublas_workspace_bytes,
+        "num_cublas_workspaces": runtime.DEFAULT_NUM_CUBLAS_WORKSPACES,
+        "default_cuda_context_bytes": runtime.DEFAULT_CUDA_CONTEXT_BYTES,
+    }
+
+
+def allocator_constants() -> dict[str, int]:
+    """The caching-allocator constants the planner's allocator model uses."""
+    from memfit.planner import allocator
+
+    return {
+        "min_block_bytes": allocator.K_MIN_BLOCK_SIZE,
+        "small_size_bytes": allocator.K_SMALL_SIZE,
+        "small_segment_bytes": allocator.K_SMALL_BUFFER,
+        "min_large_alloc_bytes": allocator.K_MIN_LARGE_ALLOC,
+        "large_segment_bytes": allocator.K_LARGE_BUFFER,
+        "round_large_bytes": allocator.K_ROUND_LARGE,
+    }
+
+
+def allocator_model(events: list[tuple[str, int, int]]):
+    """Replay (kind, key, bytes) events through the planner's allocator model (peaks and traces)."""
+    from memfit.planner import allocator
+
+    return allocator.simulate(events, record_trace=True)
