@@ -194,6 +194,13 @@ def runtime_assumptions(arch: str | None) -> dict[str, Any]:
     }
 
 
+def format_bytes(nbytes: int) -> str:
+    """memfit's short binary-unit form of a byte count (``512 B``, ``1.2 MiB``, ``23.5 GiB``)."""
+    from memfit.planner.runtime import format_bytes as _format_bytes
+
+    return _format_bytes(int(nbytes))
+
+
 def allocator_constants() -> dict[str, int]:
     """The caching-allocator constants the planner's allocator model uses."""
     from memfit.planner import allocator

@@ -423,7 +423,8 @@ def search_longest(recipe: str, planned: int, settings: dict, *, cap_bytes: int 
             if direction == "down":
                 lengths = lengths[:1]
             request = {**common, "lengths": lengths, "stop_at": "oom" if direction == "up" else "ok"}
-        timeout = None if deadline is None else max(30.0, deadline + grace_s - time.time())
+        # Without a deadline a process still gets half an hour: a hung one must not stop the search forever.
+        timeout = 1800.0 if deadline is None else max(30.0, deadline + grace_s - time.time())
         rows = probe_in_subprocess(request, timeout_s=timeout, env=env)
         probes.extend(rows)
         if on_update is not None:
