@@ -38,9 +38,19 @@ python benchmarks/gpu_campaign.py --import-results DIR   # merge them into bench
 python benchmarks/gpu_campaign.py --report               # this page and README's figures
 ```
 
-Each command goes on from the results already in benchmarks/results/gpu/<gpu>/. Before going to
-the machine, with PyPI reachable: `python benchmarks/gpu_campaign.py --fetch-wheels` (bitsandbytes
-and pydantic, pinned to the versions installed here). The dry run on a CPU, in about a minute:
+Each command goes on from the results already in benchmarks/results/gpu/<gpu>/ (or `--resume-from
+DIR`), skipping what is done. The parts run in priority order (tests, accuracy, context, speed,
+constants; `--parts` picks and orders them). Before each configuration, length or run, the campaign
+estimates its time (process start and loading, plus the step's FLOPs at a third of the GPU's
+datasheet peak, corrected by the runs so far) and starts nothing that would end past
+`--max-minutes`; a child still running 45 s past it is stopped. Every unit is written to its part's
+file as soon as it ends, so a command cut off returns what it measured. `--out` receives at most
+seven files, all at its top level: `campaign.json` (each command's machine, versions, GPU and
+outcome per part), `campaign.log`, and one JSON per part.
+
+Before going to the machine, with PyPI reachable: `python benchmarks/gpu_campaign.py --fetch-wheels`
+(bitsandbytes and pydantic, pinned to the versions installed here, into `.whl/`). The dry run on a
+CPU, every part's logic on tiny models in about a minute (the test suite runs it):
 `python benchmarks/gpu_campaign.py --tiny --device cpu --out /tmp/campaign`."""
 
 
