@@ -93,6 +93,14 @@ def make_hf_config(config_dict: dict[str, Any]):
 # The real training step, as the trainer runs it
 
 
+def resolve_device(name: str):
+    """The trainer's device resolution: ``cuda`` means ``cuda:0`` (with an index, as tensors report
+    their device) and becomes the current device; ``cpu`` stays the CPU."""
+    from memfit.train.loading import resolve_device as _resolve_device
+
+    return _resolve_device(name)
+
+
 def load_model(config_dict: dict[str, Any], spec, device, *, init: str = "random", seed: int = 0):
     """memfit's loader: the model on ``device``, prepared for ``spec`` (a LoadedModel: .model, .config, .setup)."""
     from memfit.train.loading import load_model as _load_model

@@ -84,7 +84,7 @@ def measure(device_name: str, idle_used_bytes: int | None = None) -> dict:
     """Every stage above on ``device_name`` (on a CPU: the assumptions and the model's figures only)."""
     import torch
 
-    gpu_name = torch.cuda.get_device_name(0) if device_name.startswith("cuda") else None
+    gpu_name = torch.cuda.get_device_name(api.resolve_device(device_name)) if device_name.startswith("cuda") else None
     key = api.gpu_key(gpu_name)
     arch = api.get_gpu(key).arch if key else None
     out = {
@@ -108,8 +108,7 @@ def measure(device_name: str, idle_used_bytes: int | None = None) -> dict:
 
     from _machine import process_gpu_bytes
 
-    device = torch.device(device_name)
-    torch.cuda.set_device(device)
+    device = api.resolve_device(device_name)  # "cuda" -> cuda:0, and the current device
     measured: dict = {}
 
     # 1. The context of a process that has touched CUDA once.

@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -67,6 +66,10 @@ RESULTS_ROOT = REPO / "benchmarks" / "results" / "gpu"
 CAMPAIGN_FILE = "campaign.json"
 LOG_FILE = "campaign.log"
 SCHEMA = 1
+
+#: Units in a row ending in an error after which a part stops: something is wrong with the machine or
+#: the code, and the session's time is better spent on the other parts (--retry-errors runs them later).
+MAX_ERRORS_IN_A_ROW = 3
 
 #: A child still running this long past --max-minutes is stopped (the machine's own limit is a
 #: minute above the 9 minutes the documented command asks for).
@@ -563,7 +566,7 @@ class Campaign:
         todo = [(m, k) for m, k in self.accuracy_cases()
                 if not self._final(store.units.get(accuracy_bench.case_id(m, k), {}).get("measured", {}).get("status"))]
         self.log(f"accuracy: {len(self.accuracy_cases()) - len(todo)} of {len(self.accuracy_cases())} cases done earlier")
-        status = "complete"
+        status, errors_in_a_row = "complete", 0
         for model, knobs in todo:
             cid = accuracy_bench.case_id(model, knobs)
             config = api.model_config(model)
@@ -594,6 +597,11 @@ class Campaign:
                      + (f", error {error:+.2%}" if error is not None else "")
                      + (f" ({measured.get('wall_seconds')} s, estimated {estimate:.0f} s)" if measured.get("wall_seconds") else "")
                      + (f" {measured.get('error', '')[:200]}" if measured.get("status") not in ("ok",) else ""))
+            errors_in_a_row = errors_in_a_row + 1 if measured.get("status") in ("error", "timeout") else 0
+            if errors_in_a_row >= MAX_ERRORS_IN_A_ROW:
+                self.log(f"accuracy: stopping after {errors_in_a_row} failed cases in a row (see the results; --retry-errors runs them again)")
+                status = "stopped (errors)"
+                break
         self.planner.cancel("accuracy/")
         done = all(self._final(store.units.get(accuracy_bench.case_id(m, k), {}).get("measured", {}).get("status"))
                    for m, k in self.accuracy_cases())
@@ -737,7 +745,7 @@ class Campaign:
         store.info.update(configs=self.speed_configs(), sides=list(SPEED_SIDES))
         estimator = self.estimator()
         status = "complete"
-        out_of_time = False
+        out_of_time, errors_in_a_row = False, 0
         for config in self.speed_configs():
             if out_of_time:
                 break
@@ -767,6 +775,11 @@ class Campaign:
                 speed = result.get("tokens_per_second_after_warmup")
                 self.log(f"speed: {uid}: {result['status']}" + (f", {speed:.0f} tokens/s after warm-up" if speed else "")
                          + (f" {result.get('error', '')[:200]}" if result["status"] != "ok" else ""))
+                errors_in_a_row = errors_in_a_row + 1 if result["status"] != "ok" else 0
+                if errors_in_a_row >= MAX_ERRORS_IN_A_ROW:
+                    self.log(f"speed: stopping after {errors_in_a_row} failed runs in a row (--retry-errors runs them again)")
+                    status, out_of_time = "stopped (errors)", True
+                    break
         done = all(self._final(store.units.get(f"{c['id']}/{s}", {}).get("result", {}).get("status"))
                    for c in self.speed_configs() for s in SPEED_SIDES)
         store.save("complete" if done else "partial", speed_summary(store.units))

@@ -180,7 +180,7 @@ class Prober:
         import torch
 
         self.torch = torch
-        self.device = torch.device(device_name)
+        self.device = api.resolve_device(device_name)  # "cuda" -> cuda:0, the device tensors report
         self.cuda = self.device.type == "cuda"
         self.cap_bytes = cap_bytes
         self.steps = steps

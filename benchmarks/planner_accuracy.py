@@ -158,10 +158,8 @@ def measure_one(model: str | dict, knobs: dict, device: str, steps: int = STEPS)
 
     spec = api.make_spec(**knobs)
     config_dict = api.model_config(model)
-    dev = torch.device(device)
+    dev = api.resolve_device(device)  # "cuda" -> cuda:0, the device tensors report
     cuda = dev.type == "cuda"
-    if cuda:
-        torch.cuda.set_device(dev)
     started = time.perf_counter()
     loaded = api.load_model(config_dict, spec, dev, init="random", seed=0)
     optimizer = api.build_optimizer(loaded.model.parameters(), spec.optimizer, step_in_backward=spec.step_in_backward)

@@ -170,7 +170,7 @@ def run_hf(args, out_dir: Path, use_trl: bool = False) -> dict:
         # 4-bit weights need a checkpoint for from_pretrained; memfit's loader quantizes random
         # weights on the device the same way, and --recipe hf prepares the model as PEFT does.
         spec = api.make_spec(**(config.knobs() | {"recipe": "hf"}))
-        model = api.load_model(api.train_model_config(config), spec, torch.device(args.device), init="random", seed=0).model
+        model = api.load_model(api.train_model_config(config), spec, api.resolve_device(args.device), init="random", seed=0).model
     else:
         with torch.device(args.device):
             model = AutoModelForCausalLM.from_config(api.make_hf_config(api.train_model_config(config)), dtype=dtype, attn_implementation="sdpa")
