@@ -680,28 +680,38 @@ class Campaign:
                 store.save("partial", self.context_summary(store))
                 continue
             planned = fitted["max_seq_len"]
+            if not planned:
+                # Nothing to search from: the plan fits no length at all (and says so).
+                store.units[recipe] = {"recipe": recipe, "planned": fitted, "planned_max_seq_len": 0, "probes": [],
+                                       "finished": True, "conclusion": "the plan fits no length: nothing to measure"}
+                store.save("partial", self.context_summary(store))
+                continue
             settings = dict(fitted["settings"])
             if self.tiny and not self.cuda and recipe == "hf" and settings.get("checkpointing") == "offload":
                 # transformers' offload pins host memory, which needs an accelerator.
                 settings["checkpointing"] = "on"
             estimate = estimator(params, context_bench.PROBE_STEPS * step_flops(config, params, {"method": "qlora", "seq_len": planned, **settings}))
-            if planned and not self.clock.allows(estimate):
+            if not self.clock.allows(estimate):
                 self.log(f"context: {recipe} not started (~{estimate:.0f} s for the plan's {planned:,} tokens would end past --max-minutes)")
                 status = "partial (time)"
                 break
-            cap = self.context_cap(recipe, planned, settings) if planned else {"cap_bytes": None}
+            cap = self.context_cap(recipe, planned, settings)
             self.log(f"context: {recipe}: fit planned {planned:,} tokens with {settings}; probing under a cap of "
                      f"{api.format_bytes(cap['cap_bytes'])}")
 
-            def saved(probes: list[dict], recipe=recipe, fitted=fitted, settings=settings, planned=planned, cap=cap) -> None:
-                step = context_bench.probe_step(planned) if planned else None
+            logged = [len((unit or {}).get("probes", []))]
+
+            def saved(probes: list[dict], recipe=recipe, fitted=fitted, settings=settings, planned=planned, cap=cap, logged=logged) -> None:
+                step = context_bench.probe_step(planned)
                 store.units[recipe] = {"recipe": recipe, "planned": fitted, "settings": settings, "planned_max_seq_len": planned,
                                        "step_tokens": step, "cap": cap, "probes": probes,
-                                       **(context_bench.search_outcome(planned, step, probes) if planned else {"finished": True})}
+                                       **context_bench.search_outcome(planned, step, probes)}
                 store.save("partial", self.context_summary(store))
-                last = probes[-1] if probes else {}
-                self.log(f"context: {recipe}: {last.get('tokens')} tokens: {last.get('status')}"
-                         + (f", {last['tokens_per_second']:.0f} tokens/s" if last.get("tokens_per_second") else ""))
+                for row in probes[logged[0]:]:
+                    self.log(f"context: {recipe}: {row.get('tokens')} tokens: {row.get('status')}"
+                             + (f", {row['tokens_per_second']:.0f} tokens/s" if row.get("tokens_per_second") else "")
+                             + (f", peak reserved {api.format_bytes(row['max_reserved_bytes'])}" if row.get("max_reserved_bytes") else ""))
+                logged[0] = len(probes)
 
             result = context_bench.search_longest(
                 recipe, planned, settings, cap_bytes=cap["cap_bytes"], device=self.device, model=model,
