@@ -204,8 +204,8 @@ def section_context(data: dict | None) -> list[str]:
         return ["Not run yet."]
     info = data.get("info", {})
     lines = [f"{info.get('model')}, QLoRA r={info.get('knobs', {}).get('rank')}, batch 1, {info.get('steps_per_length')} "
-             f"training steps a length. " + (f"The caching allocator is capped where the plan puts a {info.get('card')}'s limit "
-             f"(its memory less the CUDA context the planner assumes), cuBLAS workspaces as on that card "
+             f"training steps a length. " + (f"The caching allocator is capped where the plan puts the limit of the {info.get('card')} "
+             f"(the card's memory less the CUDA context the planner assumes), cuBLAS workspaces as on that card "
              f"(`CUBLAS_WORKSPACE_CONFIG={info.get('cublas_workspace_config')}`)." if info.get("card") else
              "On a CPU the cap is the plan's own allocated bytes at fit's answer (a harness check)."), "",
              "| recipe | planned (`memfit fit --max seq-len`) | longest that ran | first out of memory | step | tokens/s at the longest | cap |",
