@@ -70,7 +70,25 @@ def describe_environment() -> dict:
             "device_count": torch.cuda.device_count(),
             "driver": nvidia_smi_query("driver_version"),
         }
+        info["bitsandbytes_cuda"] = _bitsandbytes_on_cuda()
     return info
+
+
+def _bitsandbytes_on_cuda() -> str | None:
+    """"ok" when bitsandbytes quantizes a tensor on the GPU (its CUDA library loads), else the error;
+    None without bitsandbytes. QLoRA and the 8-bit optimizers need it."""
+    if library_version("bitsandbytes") is None:
+        return None
+    try:
+        import bitsandbytes.functional as bnbf
+        import torch
+
+        weight = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+        bnbf.quantize_4bit(weight, quant_type="nf4")
+        torch.cuda.synchronize()
+        return "ok"
+    except Exception as err:  # noqa: BLE001 - reported, not raised: LoRA and full runs do not need it
+        return f"{type(err).__name__}: {err}".splitlines()[0][:300]
 
 
 def describe_in_subprocess(env: dict | None = None, timeout_s: float = 120) -> dict:

@@ -390,6 +390,9 @@ class Campaign:
         if details:
             self.log(f"GPU {details['name']} · {details['total_memory_bytes'] / 2**30:.1f} GiB · compute capability "
                      f"{details['compute_capability']} · driver {details.get('driver')}")
+        if self.cuda and environment.get("bitsandbytes_cuda") != "ok":
+            self.log(f"warning: bitsandbytes does not work on this GPU ({environment.get('bitsandbytes_cuda')}): "
+                     "QLoRA and 8-bit optimizer runs will fail; the others go on")
         if install:
             self.log(f"installed into {install['site']}: {', '.join(install['installed']) or 'nothing'}"
                      + (f"; kept {'; '.join(install['kept'])}" if install["kept"] else ""))
