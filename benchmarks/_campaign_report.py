@@ -17,6 +17,10 @@ REPO = Path(__file__).resolve().parents[1]
 README_BEGIN = "<!-- gpu-results:begin (written by benchmarks/gpu_campaign.py --report) -->"
 README_END = "<!-- gpu-results:end -->"
 
+class ReportError(ValueError):
+    """The report cannot be written as asked: one line naming the file and the fix."""
+
+
 #: The planner's accuracy goal on peak reserved memory (docs/plan.md).
 GOAL_MEDIAN = 0.03
 GOAL_P95 = 0.08
@@ -392,7 +396,7 @@ def write_report(root: Path, doc: Path, readme: Path | None, include_tiny: bool 
     if readme is not None:
         text = readme.read_text()
         if README_BEGIN not in text or README_END not in text:
-            raise SystemExit(f"--report: {readme} has no {README_BEGIN} ... {README_END} block to fill")
+            raise ReportError(f"--report: {readme} has no {README_BEGIN} ... {README_END} block to fill; put the two lines back where the figures go")
         head, rest = text.split(README_BEGIN, 1)
         _, tail = rest.split(README_END, 1)
         readme.write_text(head + readme_block(results) + tail)

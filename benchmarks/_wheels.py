@@ -19,6 +19,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WHEEL_DIR = REPO / ".whl"
 
+class WheelError(ValueError):
+    """Fetching or installing the carried wheels cannot go on: one line, naming the option and the fix."""
+
+
 #: What the GPU machine lacks, and why each is carried.
 CARRIED = {
     "bitsandbytes": "QLoRA's 4-bit layers and the 8-bit optimizers (not on the GPU image)",
@@ -50,7 +54,7 @@ def pinned_requirements() -> list[str]:
         except metadata.PackageNotFoundError:
             missing.append(name)
     if missing:
-        raise SystemExit(f"--fetch-wheels: {', '.join(missing)} not installed here; install memfit with its test "
+        raise WheelError(f"--fetch-wheels: {', '.join(missing)} not installed here; install memfit with its test "
                          "extras first (pip install -e '.[test]') so that the versions to carry are known")
     return pins
 
@@ -69,7 +73,7 @@ def fetch(dest: Path = WHEEL_DIR) -> list[Path]:
         print(f"  {wheel.stat().st_size / 2**20:6.1f} MiB  {wheel.name}")
     print(f"  {total / 2**20:6.1f} MiB  in all ({len(wheels)} wheels, limit {MAX_TOTAL_BYTES / 2**20:.0f} MiB)")
     if total > MAX_TOTAL_BYTES:
-        raise SystemExit(f"--fetch-wheels: {total / 2**20:.1f} MiB of wheels is over the {MAX_TOTAL_BYTES / 2**20:.0f} MiB "
+        raise WheelError(f"--fetch-wheels: {total / 2**20:.1f} MiB of wheels is over the {MAX_TOTAL_BYTES / 2**20:.0f} MiB "
                          f"the device machine takes; remove old versions from {dest}")
     return wheels
 
@@ -117,7 +121,7 @@ def install(site: Path, wheel_dir: Path = WHEEL_DIR) -> dict:
     """
     wheels = sorted(wheel_dir.glob("*.whl"))
     if not wheels:
-        raise SystemExit(f"--install: no wheels in {wheel_dir}; on a machine with network run "
+        raise WheelError(f"--install: no wheels in {wheel_dir}; on a machine with network run "
                          "python benchmarks/gpu_campaign.py --fetch-wheels, and carry the .whl folder along")
     chosen, kept = plan_install(wheels)
     site.mkdir(parents=True, exist_ok=True)
@@ -129,7 +133,7 @@ def install(site: Path, wheel_dir: Path = WHEEL_DIR) -> dict:
         method = "pip install --no-index --no-deps --target"
         if proc.returncode != 0:
             if "No module named pip" not in proc.stderr:
-                raise SystemExit(f"--install: pip failed: {proc.stderr.strip().splitlines()[-1:]}")
+                raise WheelError(f"--install: pip failed: {proc.stderr.strip().splitlines()[-1:]}")
             for wheel in chosen:
                 with zipfile.ZipFile(wheel) as archive:
                     archive.extractall(site)

@@ -57,6 +57,7 @@ sys.path.insert(0, str(BENCH))
 import _machine  # noqa: E402
 import _memfit_api as api  # noqa: E402
 import _wheels  # noqa: E402
+from _campaign_report import ReportError, write_report  # noqa: E402
 import max_context as context_bench  # noqa: E402
 import planner_accuracy as accuracy_bench  # noqa: E402
 import train_vs_hf as speed_bench  # noqa: E402
@@ -956,6 +957,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--resume-from: {folder} is not a folder; give one that holds an earlier run's results")
     if args.fresh and args.resume_from:
         parser.error("--fresh: cannot be used with --resume-from (one starts over, the other goes on); drop one")
+    if args.readme and not Path(args.readme).is_file():
+        parser.error(f"--readme: {args.readme} is not a file; give the README whose figures block --report fills")
     if args.import_results and not Path(args.import_results).is_dir():
         parser.error(f"--import-results: {args.import_results} is not a folder; give the folder the device command's files came back to")
     return args
@@ -972,15 +975,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"merged into {target}; next: python benchmarks/gpu_campaign.py --report")
             return 0
         if args.report:
-            from _campaign_report import write_report
-
             readme = args.readme if args.readme is not None else (str(REPO / "README.md") if args.doc == str(REPO / "docs" / "gpu-results.md") else "")
             written = write_report(Path(args.results_root), Path(args.doc), Path(readme) if readme else None, include_tiny=args.include_tiny)
             for path in written:
                 print(f"wrote {path}")
             return 0
         return Campaign(args).run()
-    except UsageError as err:
+    except (UsageError, _wheels.WheelError, ReportError) as err:
         print(f"gpu_campaign.py: {err}", file=sys.stderr)
         return 2
 
