@@ -38,7 +38,7 @@ PYTHON_VERSION = "3.12"
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
              "manylinux2014_x86_64", "manylinux1_x86_64")
 
-#: What the carried wheels may weigh in all: the device machine takes 64 MiB of carried files.
+#: What the carried wheels may weigh in all: the GPU machine takes 64 MiB of files copied beside the checkout.
 MAX_TOTAL_BYTES = 60 * 2**20
 
 
@@ -74,7 +74,7 @@ def fetch(dest: Path = WHEEL_DIR) -> list[Path]:
     print(f"  {total / 2**20:6.1f} MiB  in all ({len(wheels)} wheels, limit {MAX_TOTAL_BYTES / 2**20:.0f} MiB)")
     if total > MAX_TOTAL_BYTES:
         raise WheelError(f"--fetch-wheels: {total / 2**20:.1f} MiB of wheels is over the {MAX_TOTAL_BYTES / 2**20:.0f} MiB "
-                         f"the device machine takes; remove old versions from {dest}")
+                         f"the GPU machine takes; remove old versions from {dest}")
     return wheels
 
 

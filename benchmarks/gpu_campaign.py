@@ -2,7 +2,7 @@
 
 memfit's GPU figures are plans until a GPU runs them. GPU machines come rarely and for about 30
 minutes, offline, with PyTorch, transformers and PEFT installed but not bitsandbytes. This script
-spends such a session measuring, in priority order, each part writing its results file as soon as
+spends such a stretch of GPU time measuring, in priority order, each part writing its results file as soon as
 a unit of it (a configuration, a length, a run) ends, so that a run cut off still returns what it
 measured, and a later run goes on from there:
 
@@ -69,7 +69,7 @@ LOG_FILE = "campaign.log"
 SCHEMA = 1
 
 #: Units in a row ending in an error after which a part stops: something is wrong with the machine or
-#: the code, and the session's time is better spent on the other parts (--retry-errors runs them later).
+#: the code, and the GPU time is better spent on the other parts (--retry-errors runs them later).
 MAX_ERRORS_IN_A_ROW = 3
 
 #: A child still running this long past --max-minutes is stopped (the machine's own limit is a
@@ -886,10 +886,10 @@ def _slug(name: str) -> str:
 
 
 def import_results(source: Path, root: Path = RESULTS_ROOT) -> Path:
-    """Merge the files a device command returned into benchmarks/results/gpu/<gpu>/."""
+    """Merge the files a GPU machine's command returned into benchmarks/results/gpu/<gpu>/."""
     campaign = load_json(source / CAMPAIGN_FILE)
     if campaign is None:
-        raise UsageError(f"--import-results {source}: no {CAMPAIGN_FILE} there; point it at the folder the device command's $OUT came back to")
+        raise UsageError(f"--import-results {source}: no {CAMPAIGN_FILE} there; point it at the folder the GPU machine's $OUT came back to")
     if campaign.get("mode") != "gpu":
         raise UsageError(f"--import-results {source}: these are {campaign.get('mode')} results (a dry run), not GPU measurements; nothing imported")
     target = root / campaign["gpu_key"]
@@ -918,7 +918,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, run in this order (default: {','.join(PARTS)})")
     parser.add_argument("--max-minutes", type=float, default=None,
                         help="start nothing that would end later than this many minutes after the start (default: no limit)")
-    parser.add_argument("--out", default=None, help="results folder (default: benchmarks/results/gpu/<gpu>/; give $OUT on the device machine)")
+    parser.add_argument("--out", default=None, help="results folder (default: benchmarks/results/gpu/<gpu>/; give $OUT on the GPU machine)")
     parser.add_argument("--resume-from", action="append", default=[], metavar="DIR",
                         help="also take finished results from DIR (default: benchmarks/results/gpu/<gpu>/ when it exists)")
     parser.add_argument("--fresh", action="store_true", help="ignore earlier results in --out and start over")
@@ -928,7 +928,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--install", action="store_true", help="first install the wheels carried in .whl/ (no network) into --site")
     parser.add_argument("--site", default=str(Path(tempfile.gettempdir()) / "memfit-site"), help="where --install puts them")
     parser.add_argument("--fetch-wheels", action="store_true", help="download the wheels to carry into .whl/ (needs PyPI) and exit")
-    parser.add_argument("--import-results", metavar="DIR", help="merge a device command's returned files into benchmarks/results/gpu/<gpu>/ and exit")
+    parser.add_argument("--import-results", metavar="DIR", help="merge the files a GPU machine's command returned into benchmarks/results/gpu/<gpu>/ and exit")
     parser.add_argument("--report", action="store_true", help="write docs/gpu-results.md and README's figures from the committed results and exit")
     parser.add_argument("--results-root", default=str(RESULTS_ROOT), help=argparse.SUPPRESS)
     parser.add_argument("--doc", default=str(REPO / "docs" / "gpu-results.md"), help=argparse.SUPPRESS)
@@ -960,7 +960,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.readme and not Path(args.readme).is_file():
         parser.error(f"--readme: {args.readme} is not a file; give the README whose figures block --report fills")
     if args.import_results and not Path(args.import_results).is_dir():
-        parser.error(f"--import-results: {args.import_results} is not a folder; give the folder the device command's files came back to")
+        parser.error(f"--import-results: {args.import_results} is not a folder; give the folder the GPU machine's files came back to")
     return args
 
 

@@ -1,5 +1,5 @@
 """The GPU campaign's whole logic runs on a CPU with tiny models (``--tiny --device cpu``), so that
-it cannot rot between GPU sessions: every part's results file, resume, ``--parts``,
+it cannot rot between GPU runs: every part's results file, resume, ``--parts``,
 ``--max-minutes`` and the report."""
 
 import json
