@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _memfit_api as api  # noqa: E402
 from _machine import describe_machine  # noqa: E402
 
 CASES = [
@@ -32,9 +33,7 @@ GOALS_S = {"8b": 5.0, "70b": 10.0}
 
 
 def clear_simulation_cache() -> None:
-    from memfit.planner import api
-
-    api._SAMPLE_CACHE.clear()
+    api.clear_plan_cache()
 
 
 def _cli_args(model: str, knobs: dict) -> list[str]:
@@ -85,7 +84,7 @@ def main() -> None:
         print(f"{model:16s} {knobs['method']:6s} warm {row['warm_seconds_median']:6.2f} s   cold CLI {cold:6.2f} s")
 
     t0 = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import memfit.planner.simulate, peft, bitsandbytes"], check=True, capture_output=True)
+    subprocess.run([sys.executable, "-c", f"import {api.PLANNER_MODULE}, peft, bitsandbytes"], check=True, capture_output=True)
     import_s = time.perf_counter() - t0
 
     result = {

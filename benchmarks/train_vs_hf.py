@@ -9,13 +9,21 @@ optimizer steps; each in its own subprocess so that peak memory is the run's own
 - on CUDA: ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved`` over the training loop.
 
 Throughput is tokens (non-padding input tokens) per second over the training loop (first step to
-last step), model loading excluded. TRL's SFTTrainer is run too when ``trl`` is installed.
+last step), model loading excluded; ``after_warmup`` figures leave out the first ``--warmup-steps``
+steps (kernel selection, allocator growth). TRL's SFTTrainer is run too when ``trl`` is installed.
+
+``--data synthetic`` trains on generated text rows of exactly ``--seq-len`` tokens (no padding), for
+long-sequence runs; ``--method qlora`` builds the Hugging Face side's 4-bit model with memfit's
+random-init loader prepared the plain way (PEFT's ``prepare_model_for_kbit_training`` and
+``get_peft_model``, ``--recipe hf``), as ``from_pretrained`` with a BitsAndBytesConfig would need a
+checkpoint on disk; loading is not measured.
 
     python benchmarks/train_vs_hf.py                       # CPU, the tiny demo model
-    python benchmarks/train_vs_hf.py --device cuda --model llama-3.2-1b --init random --steps 30 \\
-        --precision bf16 --batch-size 4 --seq-len 1024
+    python benchmarks/train_vs_hf.py --device cuda --model llama-3.1-8b --init random --steps 6 \\
+        --precision bf16 --batch-size 1 --seq-len 8192 --method qlora --data synthetic
 
 Results go to benchmarks/results/train_vs_hf-<device>.json with the machine and the command.
+``benchmarks/gpu_campaign.py`` runs the sides through :func:`run_side_in_subprocess`.
 """
 
 from __future__ import annotations
@@ -24,11 +32,16 @@ import argparse
 import json
 import os
 import platform
+import random
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _memfit_api as api  # noqa: E402
+from _machine import describe_in_subprocess  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -57,19 +70,48 @@ def _memory(device: str) -> dict:
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     }
     if device.startswith("cuda"):
+        from _machine import process_gpu_bytes
+
+        free_bytes, total_bytes = torch.cuda.mem_get_info()
         out["peak_allocated_bytes"] = torch.cuda.max_memory_allocated()
         out["peak_reserved_bytes"] = torch.cuda.max_memory_reserved()
+        out["device_used_end_bytes"] = total_bytes - free_bytes
+        out["process_used_bytes"] = process_gpu_bytes()
     return out
 
 
-def _settings(args) -> dict:
+#: Made-up words for --data synthetic: every one is several tokens of the shipped tokenizer.
+def synthetic_data(path: Path, seq_len: int, rows: int, seed: int = 0) -> Path:
+    """A JSONL file of ``rows`` plain-text records, each longer than ``seq_len`` tokens (the trainer
+    cuts it to exactly ``seq_len``): long rows without padding, for speed at a given length."""
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 9))) for _ in range(512)]
+    with open(path, "w") as f:
+        for _ in range(rows):
+            f.write(json.dumps({"text": " ".join(rng.choice(words) for _ in range(seq_len))}) + "\n")
+    return path
+
+
+def throughput_after_warmup(step_tokens: list[int], step_end_seconds: list[float], warmup_steps: int) -> float | None:
+    """Tokens per second over the steps after the first ``warmup_steps`` (end times since the loop began)."""
+    if len(step_tokens) <= warmup_steps or warmup_steps < 1:
+        return None
+    seconds = step_end_seconds[-1] - step_end_seconds[warmup_steps - 1]
+    return sum(step_tokens[warmup_steps:]) / seconds if seconds > 0 else None
+
+
+def _settings(args, scratch: Path | None = None) -> dict:
     overrides = dict(TINY_OVERRIDES) if args.model == "tiny" else {}
+    data = DATA
+    if args.data == "synthetic":
+        # One row per sequence the run trains on, plus a spare: every row is used once.
+        data = synthetic_data(scratch / "synthetic.jsonl", args.seq_len, args.steps * args.batch_size * args.grad_accum + 1)
     return {
         "model": "smollm2-135m" if args.model == "tiny" else args.model,
         "init": "random",
         "model_overrides": overrides,
-        "data": [str(DATA)],
-        "method": "lora",
+        "data": [str(data)],
+        "method": args.method,
         "rank": args.rank,
         "alpha": 2 * args.rank,
         "targets": "all-linear",
@@ -91,12 +133,9 @@ def _settings(args) -> dict:
 
 
 def run_memfit(args, out_dir: Path) -> dict:
-    from memfit.train.config import validate_config
-    from memfit.train.recipe import train
-
-    settings = _settings(args) | {"output_dir": str(out_dir / "memfit")}
-    config = validate_config(settings)
-    result = train(config, progress=False)
+    settings = _settings(args, out_dir) | {"output_dir": str(out_dir / "memfit")}
+    config = api.train_config(settings)
+    result = api.train(config, progress=False)
     records = [json.loads(line) for line in (out_dir / "memfit" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "loss" in r]
     tokens = sum(r["tokens"] for r in steps)
@@ -106,6 +145,7 @@ def run_memfit(args, out_dir: Path) -> dict:
         "tokens": tokens,
         "loop_seconds": seconds,
         "tokens_per_second": tokens / seconds,
+        "tokens_per_second_after_warmup": throughput_after_warmup([r["tokens"] for r in steps], [r["elapsed_s"] for r in steps], args.warmup_steps),
         "first_loss": steps[0]["loss"],
         "last_loss": steps[-1]["loss"],
         "trainable_params": result.setup["trainable_params"],
@@ -116,52 +156,56 @@ def run_memfit(args, out_dir: Path) -> dict:
 def run_hf(args, out_dir: Path, use_trl: bool = False) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
-    from transformers import (
-        AutoModelForCausalLM,
-        AutoTokenizer,
-        Trainer,
-        TrainerCallback,
-        TrainingArguments,
-    )
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainerCallback, TrainingArguments
 
-    from memfit.models.build import make_config
-    from memfit.train.config import model_config_dict, tokenizer_path, validate_config
-    from memfit.train.data import BatchIterator, collate, load_records, tokenize_records
-
-    config = validate_config(_settings(args) | {"output_dir": str(out_dir / "hf")})
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path(config)))
-    records, _ = load_records(config.data)
-    examples = tokenize_records(records, tokenizer, seq_len=config.seq_len)
+    config = api.train_config(_settings(args, out_dir) | {"output_dir": str(out_dir / "hf")})
+    tokenizer = AutoTokenizer.from_pretrained(str(api.train_tokenizer_path(config)))
     # The exact micro-batches memfit trains on, in its order: padded shapes (and so memory and
     # speed) are then the same on both sides.
-    batches = BatchIterator(examples, batch_size=config.batch_size, seed=config.seed)
+    examples, batches = api.training_batches(config, tokenizer)
     ordered = [example for _ in range(config.max_steps * config.grad_accum) for example in next(batches)]
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[config.precision]
     torch.manual_seed(0)
-    with torch.device(args.device):
-        model = AutoModelForCausalLM.from_config(make_config(model_config_dict(config)), dtype=dtype, attn_implementation="sdpa")
-    model = get_peft_model(model, LoraConfig(r=config.rank, lora_alpha=config.spec.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM"))
+    if config.method == "qlora":
+        # 4-bit weights need a checkpoint for from_pretrained; memfit's loader quantizes random
+        # weights on the device the same way, and --recipe hf prepares the model as PEFT does.
+        spec = api.make_spec(**(config.knobs() | {"recipe": "hf"}))
+        model = api.load_model(api.train_model_config(config), spec, api.resolve_device(args.device), init="random", seed=0).model
+    else:
+        with torch.device(args.device):
+            model = AutoModelForCausalLM.from_config(api.make_hf_config(api.train_model_config(config)), dtype=dtype, attn_implementation="sdpa")
+        model = get_peft_model(model, LoraConfig(r=config.rank, lora_alpha=config.spec.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM"))
     counted = {"tokens": 0}
     pad_id = tokenizer.pad_token_id
 
     def collator(batch):
-        return collate(batch, pad_token_id=pad_id)
+        return api.collate(batch, pad_token_id=pad_id)
 
     class CountingTrainer(Trainer):
         def _get_train_sampler(self, train_dataset=None):
             return torch.utils.data.SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
 
         def compute_loss(self, model, inputs, *a, **kw):
-            counted["tokens"] += int(inputs["attention_mask"].sum())
+            # Rows without padding come without a mask: every token counts.
+            mask = inputs.get("attention_mask")
+            counted["tokens"] += int(mask.sum()) if mask is not None else inputs["input_ids"].numel()
             return super().compute_loss(model, inputs, *a, **kw)
 
-    timing = {}
+    timing = {"step_ends": [], "step_tokens": []}
 
     class Clock(TrainerCallback):
         def on_train_begin(self, *a, **kw):
             if args.device.startswith("cuda"):
                 torch.cuda.synchronize()
+                # memfit's loop starts its peak here too: loading is not part of the comparison.
+                torch.cuda.reset_peak_memory_stats()
             timing["start"] = time.perf_counter()
+
+        def on_step_end(self, *a, **kw):
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            timing["step_ends"].append(time.perf_counter() - timing["start"])
+            timing["step_tokens"].append(counted["tokens"] - sum(timing["step_tokens"]))
 
         def on_train_end(self, *a, **kw):
             if args.device.startswith("cuda"):
@@ -200,7 +244,9 @@ def run_hf(args, out_dir: Path, use_trl: bool = False) -> dict:
                 return torch.utils.data.SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
 
             def compute_loss(self, model, inputs, *a, **kw):
-                counted["tokens"] += int(inputs["attention_mask"].sum())
+                # Rows without padding come without a mask: every token counts.
+                mask = inputs.get("attention_mask")
+                counted["tokens"] += int(mask.sum()) if mask is not None else inputs["input_ids"].numel()
                 return super().compute_loss(model, inputs, *a, **kw)
 
         trainer_cls = CountingSFT
@@ -214,6 +260,7 @@ def run_hf(args, out_dir: Path, use_trl: bool = False) -> dict:
         "tokens": counted["tokens"],
         "loop_seconds": seconds,
         "tokens_per_second": counted["tokens"] / seconds,
+        "tokens_per_second_after_warmup": throughput_after_warmup(timing["step_tokens"], timing["step_ends"], args.warmup_steps),
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
@@ -251,12 +298,54 @@ def machine(device: str) -> dict:
     return info
 
 
+#: The options a side's process takes (the driver passes them through).
+SIDE_OPTIONS = ("device", "model", "init", "method", "data", "steps", "warmup_steps", "batch_size", "seq_len",
+                "grad_accum", "rank", "precision", "threads")
+SIDES = ("memfit", "hf-trainer", "trl-sft")
+
+
+def side_arguments(options: dict) -> list[str]:
+    """Command-line arguments for a side's process, from option values keyed as in SIDE_OPTIONS."""
+    argv = []
+    for key in SIDE_OPTIONS:
+        if key in options:
+            argv += ["--" + key.replace("_", "-"), str(options[key])]
+    return argv
+
+
+def run_side_in_subprocess(side: str, options: dict, *, timeout_s: float | None = None, env: dict | None = None) -> dict:
+    """One side in a fresh process (its own peak memory), in a scratch folder removed afterwards.
+
+    Returns the side's result, or ``{"status": "error" | "timeout", "error": ...}``; never raises.
+    """
+    env = dict(os.environ if env is None else env)
+    if options.get("threads"):
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(options["threads"])
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="memfit-bench-") as scratch:
+        cmd = [sys.executable, str(Path(__file__).resolve()), *side_arguments(options), "--side", side, "--scratch", scratch]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return {"status": "timeout", "error": f"stopped after {timeout_s:.0f} s", "wall_seconds": round(time.perf_counter() - started, 1)}
+    wall = round(time.perf_counter() - started, 1)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        tail = [line for line in proc.stderr.strip().splitlines() if line.strip()][-12:]
+        return {"status": "error", "error": "\n".join(tail) or f"exit {proc.returncode}", "wall_seconds": wall}
+    return {"status": "ok", **json.loads(lines[-1][len("RESULT "):]), "wall_seconds": wall}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default="tiny", help="catalog name, or 'tiny' for the demo model")
     parser.add_argument("--init", default="random", choices=["random"], help="weights (random only: nothing is downloaded)")
+    parser.add_argument("--method", default="lora", choices=["lora", "qlora"])
+    parser.add_argument("--data", default="demo", choices=["demo", "synthetic"],
+                        help="demo: the shipped tiny-instruct data; synthetic: generated rows of exactly --seq-len tokens")
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup-steps", type=int, default=1, help="steps left out of the after-warm-up tokens/s")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--grad-accum", type=int, default=1)
@@ -268,6 +357,10 @@ def main(argv=None) -> int:
     parser.add_argument("--scratch", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help="results file (default benchmarks/results/train_vs_hf-<device>.json)")
     args = parser.parse_args(argv)
+    if args.method == "qlora" and args.precision == "fp32":
+        parser.error("--method qlora: --precision fp32 cannot be used (4-bit weights are dequantized to 16 bits); use --precision bf16")
+    if args.warmup_steps >= args.steps:
+        parser.error(f"--warmup-steps {args.warmup_steps}: must be below --steps ({args.steps}) to leave steps to time")
 
     if args.side is not None:  # inside a child process: run one side, print its JSON
         import warnings
@@ -289,26 +382,17 @@ def main(argv=None) -> int:
         sides.append("trl-sft")
     except ImportError:
         pass
-    passthrough = []
-    for key in ("device", "model", "init", "steps", "batch_size", "seq_len", "grad_accum", "rank", "precision", "repeats", "threads"):
-        passthrough += ["--" + key.replace("_", "-"), str(getattr(args, key))]
+    options = {key: getattr(args, key) for key in SIDE_OPTIONS}
     runs: dict[str, list] = {side: [] for side in sides}
     for repeat in range(args.repeats):
         for side in sides:
-            with tempfile.TemporaryDirectory(prefix="memfit-bench-") as scratch:
-                cmd = [sys.executable, __file__, *passthrough, "--side", side, "--scratch", scratch]
-                env = dict(os.environ)
-                if args.threads:
-                    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
-                proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-                if proc.returncode != 0 or not lines:
-                    sys.stderr.write(proc.stderr[-4000:])
-                    raise SystemExit(f"{side} failed (exit {proc.returncode})")
-                result = json.loads(lines[-1][len("RESULT "):])
-                runs[side].append(result)
-                print(f"{side:10s} run {repeat + 1}: {result['tokens_per_second']:.0f} tokens/s, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB"
-                      + (f", peak allocated {result['peak_allocated_bytes'] / 2**20:.0f} MiB" if "peak_allocated_bytes" in result else ""))
+            result = run_side_in_subprocess(side, options)
+            if result["status"] != "ok":
+                sys.stderr.write(result["error"] + "\n")
+                raise SystemExit(f"{side} failed ({result['status']})")
+            runs[side].append(result)
+            print(f"{side:10s} run {repeat + 1}: {result['tokens_per_second']:.0f} tokens/s, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB"
+                  + (f", peak allocated {result['peak_allocated_bytes'] / 2**20:.0f} MiB" if "peak_allocated_bytes" in result else ""))
 
     def median(values):
         values = sorted(values)
@@ -318,14 +402,16 @@ def main(argv=None) -> int:
     for side, results in runs.items():
         summary[side] = {
             "tokens_per_second_median": median([r["tokens_per_second"] for r in results]),
+            "tokens_per_second_after_warmup_median": median([r["tokens_per_second_after_warmup"] or 0.0 for r in results]),
             "peak_rss_bytes_median": median([r["peak_rss_bytes"] for r in results]),
             **({"peak_allocated_bytes_median": median([r["peak_allocated_bytes"] for r in results])} if "peak_allocated_bytes" in results[0] else {}),
         }
     payload = {
-        "benchmark": "memfit train vs Hugging Face Trainer + PEFT (LoRA, same configuration)",
-        "command": "python benchmarks/train_vs_hf.py " + " ".join(passthrough),
+        "benchmark": f"memfit train vs Hugging Face Trainer + PEFT ({'QLoRA' if args.method == 'qlora' else 'LoRA'}, same configuration)",
+        "command": "python benchmarks/train_vs_hf.py " + " ".join(side_arguments(options) + ["--repeats", str(args.repeats)]),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine(args.device),
+        # On a GPU the machine is described in a child: a CUDA context here would sit beside the runs.
+        "machine": describe_in_subprocess() if args.device.startswith("cuda") else machine(args.device),
         "configuration": {k: v for k, v in vars(args).items() if k not in ("side", "scratch", "out")},
         "summary": summary,
         "runs": runs,

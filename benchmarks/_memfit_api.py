@@ -1,0 +1,253 @@
+"""The memfit internals the benchmarks use, imported here and nowhere else.
+
+memfit's modules move as the project is reorganised (the training step, loading and optimizers
+are going to their own package); the benchmarks import memfit through this module only, so that a
+move is one edit here. Public entry points (``memfit.plan``, ``memfit.planner.search.fit``,
+``memfit.train.recipe.train``) are used where they do the job. Every import sits inside the function
+that needs it: importing this module costs nothing, and never imports torch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# ------------------------------------------------------------------------------------------------
+# Planning (public API)
+
+
+def plan(model: str | dict, **knobs: Any):
+    """``memfit.plan``: the planned peak of one training step (a MemoryPlan)."""
+    import memfit
+
+    return memfit.plan(model, **knobs)
+
+
+def fit(model: str | dict, **options: Any):
+    """``memfit fit``'s search (a FitResult); ``max_seq_len`` per method among its fields."""
+    from memfit.planner.search import fit as _fit
+
+    return _fit(model, **options)
+
+
+def relative_cost(knobs: dict[str, Any]) -> float:
+    """The planner's estimated time per token, in forward passes over the weights (see memfit.planner.throughput)."""
+    from memfit.planner.throughput import relative_cost as _relative_cost
+
+    return _relative_cost(knobs)
+
+
+#: The module a plan imports (with everything heavy it pulls in): its import time is a plan's cold start.
+PLANNER_MODULE = "memfit.planner.simulate"
+
+
+def clear_plan_cache() -> None:
+    """Forget the planner's in-process simulation cache (so that a timed plan simulates again)."""
+    from memfit.planner import api
+
+    api._SAMPLE_CACHE.clear()
+
+
+# ------------------------------------------------------------------------------------------------
+# Models, GPUs, knobs
+
+
+def model_config(model: str | dict) -> dict[str, Any]:
+    """The config.json dict of a catalog name, a config path or a config dict."""
+    from memfit.models.catalog import resolve_model
+
+    return resolve_model(model).config
+
+
+def make_spec(**knobs: Any):
+    """A validated RunSpec (raises memfit.spec.SpecError listing every problem)."""
+    from memfit.spec import make_spec as _make_spec
+
+    return _make_spec(**knobs)
+
+
+def get_gpu(name: str):
+    """The GPU catalog entry for a catalog name, an alias or a torch device name (ValueError if none)."""
+    from memfit.models.gpus import get_gpu as _get_gpu
+
+    return _get_gpu(name)
+
+
+def gpu_key(device_name: str | None) -> str | None:
+    """The catalog name of a torch device name ("NVIDIA H100 80GB HBM3" -> "h100-80gb"), or None."""
+    if not device_name:
+        return None
+    try:
+        return get_gpu(device_name).name
+    except ValueError:
+        return None
+
+
+def make_hf_config(config_dict: dict[str, Any]):
+    """A transformers config object built from a config.json dict."""
+    from memfit.models.build import make_config
+
+    return make_config(config_dict)
+
+
+# ------------------------------------------------------------------------------------------------
+# The real training step, as the trainer runs it
+
+
+def resolve_device(name: str):
+    """The trainer's device resolution: ``cuda`` means ``cuda:0`` (with an index, as tensors report
+    their device) and becomes the current device; ``cpu`` stays the CPU."""
+    from memfit.train.loading import resolve_device as _resolve_device
+
+    return _resolve_device(name)
+
+
+def load_model(config_dict: dict[str, Any], spec, device, *, init: str = "random", seed: int = 0):
+    """memfit's loader: the model on ``device``, prepared for ``spec`` (a LoadedModel: .model, .config, .setup)."""
+    from memfit.train.loading import load_model as _load_model
+
+    return _load_model(config_dict, spec, device, init=init, seed=seed)
+
+
+def build_optimizer(params, name: str, *, step_in_backward: bool = False):
+    """The optimizer the trainer builds for ``--optimizer name``."""
+    from memfit.step.optim import build_optimizer as _build_optimizer
+
+    return _build_optimizer(params, name, step_in_backward=step_in_backward)
+
+
+def training_step(spec, config_dict: dict[str, Any]):
+    """The step the trainer runs for ``spec`` on this model (a TrainingStep: its loss, clipping,
+    fp16 loss scaling and the layout of its micro-batches, as the planner plans it)."""
+    from memfit.models.build import make_config
+    from memfit.step.builder import build_step
+
+    return build_step(spec, make_config(config_dict))
+
+
+def step_batches(step, rows, device, count: int = 1) -> list[dict[str, Any]]:
+    """``count`` micro-batches of ``rows`` (lists of token ids, labels the same) made as the trainer
+    makes them (the step's collate), on ``device``."""
+    from memfit.step.batch import to_device
+
+    examples = [{"input_ids": list(r), "labels": list(r)} for r in rows]
+    return [to_device(step.collate(examples, 0), device) for _ in range(count)]
+
+
+def train_step(model, micro_batches, optimizer, *, step, grad_scaler=None):
+    """One optimizer step of memfit's trainer (``step``: a TrainingStep); returns (loss, grad_norm)."""
+    return step(model, micro_batches, optimizer, grad_scaler=grad_scaler)
+
+
+def memory_tracker():
+    """The planner's tracker (a TorchDispatchMode counting every storage), for measuring on a CPU,
+    with the rewrites the planner runs under, so that CPU kernels allocate what CUDA's would
+    (:mod:`memfit.planner.cuda_parity`): a CPU measurement then checks the plan's code path."""
+    from memfit.planner.cuda_parity import CudaParityMode
+    from memfit.planner.tracker import MemoryTracker
+
+    class ParityTracker(MemoryTracker):
+        def __enter__(self):
+            super().__enter__()
+            self._parity = CudaParityMode(self)
+            self._parity.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            self._parity.__exit__(*exc)
+            return super().__exit__(*exc)
+
+    return ParityTracker()
+
+
+# ------------------------------------------------------------------------------------------------
+# The trainer (public API) and its data
+
+
+def train_config(settings: dict[str, Any]):
+    """A validated TrainConfig from a dict of settings (raises memfit.train.config.ConfigError)."""
+    from memfit.train.config import validate_config
+
+    return validate_config(settings)
+
+
+def train(config, **options: Any):
+    """``memfit train`` as a function (a TrainResult)."""
+    from memfit.train.recipe import train as _train
+
+    return _train(config, **options)
+
+
+def train_model_config(config) -> dict[str, Any]:
+    """The model config dict a TrainConfig trains (catalog config plus its overrides)."""
+    from memfit.train.config import model_config_dict
+
+    return model_config_dict(config)
+
+
+def train_tokenizer_path(config):
+    """The tokenizer folder a TrainConfig uses."""
+    from memfit.train.config import tokenizer_path
+
+    return tokenizer_path(config)
+
+
+def training_batches(config, tokenizer):
+    """The trainer's examples and batch order for ``config``: (examples, BatchIterator)."""
+    from memfit.train.data import BatchIterator, load_records, tokenize_records
+
+    records, _ = load_records(config.data)
+    examples = tokenize_records(records, tokenizer, seq_len=config.seq_len)
+    return examples, BatchIterator(examples, batch_size=config.batch_size, seed=config.seed)
+
+
+def collate(examples, pad_token_id: int):
+    """Padded tensors with a padding mask where there is padding (what the Hugging Face side takes)."""
+    from memfit.step.batch import collate as _collate
+
+    return _collate(examples, pad_token_id)
+
+
+# ------------------------------------------------------------------------------------------------
+# What the planner assumes about a CUDA device
+
+
+def runtime_assumptions(arch: str | None) -> dict[str, Any]:
+    """The planner's runtime figures for a GPU architecture: CUDA context and cuBLAS workspaces."""
+    from memfit.planner import runtime
+
+    overhead = runtime.runtime_overhead(arch)
+    return {
+        "cuda_context_bytes": overhead.context_bytes,
+        "cublas_workspace_allocs_bytes": list(overhead.cublas_workspace_allocs),
+        "cublas_workspace_bytes": overhead.cublas_workspace_bytes,
+        "num_cublas_workspaces": runtime.DEFAULT_NUM_CUBLAS_WORKSPACES,
+        "default_cuda_context_bytes": runtime.DEFAULT_CUDA_CONTEXT_BYTES,
+    }
+
+
+def format_bytes(nbytes: int) -> str:
+    """memfit's short binary-unit form of a byte count (``512 B``, ``1.2 MiB``, ``23.5 GiB``)."""
+    from memfit.units import format_bytes as _format_bytes
+
+    return _format_bytes(int(nbytes))
+
+
+def allocator_constants() -> dict[str, int]:
+    """The caching-allocator constants the planner's allocator model uses."""
+    from memfit.planner import allocator
+
+    return {
+        "min_block_bytes": allocator.K_MIN_BLOCK_SIZE,
+        "small_size_bytes": allocator.K_SMALL_SIZE,
+        "small_segment_bytes": allocator.K_SMALL_BUFFER,
+        "min_large_alloc_bytes": allocator.K_MIN_LARGE_ALLOC,
+        "large_segment_bytes": allocator.K_LARGE_BUFFER,
+        "round_large_bytes": allocator.K_ROUND_LARGE,
+    }
+
+
+def allocator_model(events: list[tuple[str, int, int]]):
+    """Replay (kind, key, bytes) events through the planner's allocator model (peaks and traces)."""
+    from memfit.planner import allocator
+
+    return allocator.simulate(events, record_trace=True)
