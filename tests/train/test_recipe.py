@@ -239,3 +239,28 @@ def test_step_in_backward_refuses_gradient_clipping(tmp_path):
     # Left out, clipping is off with the step in backward (it is on by default otherwise).
     assert tiny_config(tmp_path / "run", method="full", step_in_backward=True).spec.max_grad_norm is None
     assert tiny_config(tmp_path / "run", method="full").spec.max_grad_norm == 1.0
+
+
+def test_packing_on_a_model_whose_attention_cannot_keep_examples_apart_is_refused_first(tmp_path, monkeypatch):
+    from memfit.train import loading
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(loading, "load_model", no_loading)
+    gemma2 = {"model_type": "gemma2", "num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 512}
+    (tmp_path / "gemma2.json").write_text(__import__("json").dumps(gemma2))
+    config = tiny_config(tmp_path / "run", model=str(tmp_path / "gemma2.json"), model_overrides={}, packing=True)
+    with pytest.raises(TrainError, match="packing: examples packed in one row need attention kept inside each example, "
+                                         "and gemma2 soft-caps its attention logits. Set packing: false"):
+        train(config, progress=False)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_padded_and_padding_free_runs_train_the_same(tmp_path):
+    # The same examples, one row of documents or padded rows: the same losses, step after step.
+    padded = train(tiny_config(tmp_path / "padded", padding_free="off", max_steps=4), progress=False)
+    one_row = train(tiny_config(tmp_path / "one-row", padding_free="on", max_steps=4), progress=False)
+    for (step, a), (_, b) in zip(padded.losses, one_row.losses):
+        assert abs(a - b) <= 1e-4 * abs(a), (step, a, b)

@@ -215,7 +215,14 @@ def validate(model: str | dict, *, revision: str | None = None, gpu: str | None 
 
 def _model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
     """Problems that need both the model and the knobs (cheap: the config only, no model build)."""
+    from memfit.models.build import make_config
+    from memfit.step.attention import batch_layout
+
     problems = []
+    try:
+        batch_layout(spec, make_config(source.config))  # packing needs attention kept inside each example
+    except ValueError as err:
+        problems.append(str(err))
     max_positions = source.config.get("max_position_embeddings") or source.config.get("n_positions")
     if isinstance(max_positions, int) and spec.seq_len > max_positions:
         problems.append(

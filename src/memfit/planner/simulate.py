@@ -35,6 +35,7 @@ from memfit.planner.cuda_parity import (
 )
 from memfit.planner.tracker import MemoryTracker, TrackerResult
 from memfit.spec import RunSpec
+from memfit.step.batch import PADDED
 from memfit.step.builder import build_step
 from memfit.step.offload import pinned_host_copies
 from memfit.step.optim import build_optimizer
@@ -112,7 +113,7 @@ def simulate(
         for inner in getattr(optimizer, "inner_optimizers", [optimizer]):
             plan_bitsandbytes_optimizer(inner, tracker)
         grad_scaler = planned_grad_scaler(step_fn, SIM_DEVICE)
-        examples = _longest_examples(spec)
+        examples = _longest_examples(spec, step_fn.layout)
         # The step's own peak is what matters; building the model is not part of it.
         tracker.reset_peak()
         observer = _WorkspaceObserver(tracker, workspace_allocs)
@@ -158,15 +159,16 @@ class _WorkspaceObserver:
         self.pending[name] = []
 
 
-def _longest_examples(spec: RunSpec) -> list[dict[str, list[int]]]:
+def _longest_examples(spec: RunSpec, layout: str) -> list[dict[str, list[int]]]:
     """A micro-batch of the longest examples the run takes: ``batch_size`` of ``seq_len`` tokens.
 
     Their token values do not matter (fake tensors have none). In padded batches the last one is a
     token shorter, so that the batch carries the padding mask a real padded batch carries (and the
-    model the ``[batch, 1, seq, seq]`` mask it builds from it); one example alone is never padded.
+    model the ``[batch, 1, seq, seq]`` mask it builds from it); one example alone is never padded,
+    nor are packed rows, nor examples in one row.
     """
     lengths = [spec.seq_len] * spec.batch_size
-    if spec.batch_size > 1 and not spec.packing:
+    if layout == PADDED and spec.batch_size > 1 and not spec.packing:
         lengths[-1] -= 1
     examples = []
     for length in lengths:

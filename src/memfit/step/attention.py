@@ -23,8 +23,9 @@ invisible to both, as a kernel's registers are).
 The model reaches it through transformers' attention interface: :func:`use_document_attention` sets
 the model's attention implementation to ``memfit_documents``, which runs :func:`document_attention`
 when the batch says where its examples are (``memfit_documents=`` passed through the model's
-forward). Its mask function makes a mask only for a padding mask given (the trained model used
-as usual, on padded batches); a training row has none, so no ``[seq, seq]`` mask is ever made.
+forward). transformers makes no mask for an implementation it has no mask function for, so no
+``[seq, seq]`` mask is ever made; once trained, the model gets its own attention back
+(:func:`restore_attention`), for padded batches and generation.
 """
 
 from __future__ import annotations
@@ -97,12 +98,27 @@ def batch_layout(spec: Any, config: Any) -> str:
 
 
 def use_document_attention(model: torch.nn.Module) -> None:
-    """Run ``model``'s attention through :func:`attention_forward` (registered with transformers)."""
+    """Run ``model``'s attention through :func:`attention_forward` (registered with transformers),
+    for training; :func:`restore_attention` gives the model its own attention back."""
     _register()
+    for config in _configs(model):
+        if config._attn_implementation != IMPLEMENTATION:
+            config.__dict__["_memfit_attention_before"] = config._attn_implementation
+            config._attn_implementation = IMPLEMENTATION
+
+
+def restore_attention(model: torch.nn.Module) -> None:
+    """Give a trained model its own attention implementation back: used as usual (padded batches,
+    generation) it needs the padding masks that document attention does without."""
+    for config in _configs(model):
+        before = config.__dict__.pop("_memfit_attention_before", None)
+        if before is not None:
+            config._attn_implementation = before
+
+
+def _configs(model: torch.nn.Module) -> list:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    configs = [base.config] + [getattr(base.config, name) for name in ("text_config",) if hasattr(base.config, name)]
-    for config in configs:
-        config._attn_implementation = IMPLEMENTATION
+    return [base.config] + [getattr(base.config, name) for name in ("text_config",) if hasattr(base.config, name)]
 
 
 _REGISTERED = False
@@ -112,16 +128,11 @@ def _register() -> None:
     global _REGISTERED
     if _REGISTERED:
         return
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
     from transformers.modeling_utils import AttentionInterface
 
-    def padding_mask_only(*args: Any, attention_mask: Any = None, **kwargs: Any) -> Any:
-        # A training row of documents has no mask (attention stops at the documents' bounds); a
-        # padded batch given to the trained model (evaluation, generation) keeps its padding mask.
-        return None if attention_mask is None else sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
-
+    # No mask function: transformers then makes no mask at all (and does not look for packed rows in
+    # the positions, which would only cost memory): the documents' bounds keep attention apart.
     AttentionInterface.register(IMPLEMENTATION, attention_forward)
-    AttentionMaskInterface.register(IMPLEMENTATION, padding_mask_only)
     _REGISTERED = True
 
 
@@ -137,15 +148,15 @@ def attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' attention interface: ``[batch, heads, seq, head_dim]`` in, ``[batch, seq, heads,
     head_dim]`` out. With ``memfit_documents`` (a :class:`~memfit.step.batch.Documents`), attention
-    stays inside each example; a single row without is one document; anything else (a padding
-    mask, several rows, decoding) is transformers' own SDPA attention."""
+    stays inside each example; a single row without is one document; several rows without (no
+    padding: transformers makes no mask for this implementation) run plain causal SDPA per row."""
     documents = kwargs.pop("memfit_documents", None)
     batch, heads, seq, head_dim = query.shape
-    if documents is None and (attention_mask is not None or batch != 1 or seq == 1):
-        # Not a training row: the trained model used as usual (padded batches, decoding).
+    if documents is None and (batch != 1 or seq == 1):
+        # Not a training row (several unpadded rows, decoding): plain causal attention per row.
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(module, query, key, value, None, dropout=dropout, scaling=scaling, **kwargs)
     if kwargs.get("softcap") is not None or kwargs.get("sliding_window") is not None:
         raise ValueError("document attention does not do soft-capped or sliding-window attention")
     if documents is None:

@@ -22,7 +22,7 @@ import types
 import torch
 from torch import nn
 
-from memfit.step.offload import pinned_copy_wanted
+from memfit.step.offload import host_copy
 
 #: Attribute set (True) on tensors that live in host memory by design: memory trackers (the
 #: planner's and the run's) count them as host memory, not device memory.
@@ -63,7 +63,7 @@ def keep_input_embeddings_on_host(model: nn.Module) -> bool:
 
 
 def _host_copy(tensor: torch.Tensor) -> torch.Tensor:
-    host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pinned_copy_wanted(tensor))
+    host = host_copy(tensor)
     host.copy_(tensor)
     return host
 

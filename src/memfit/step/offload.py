@@ -59,20 +59,31 @@ _PIN_ON_CPU = threading.local()  # set by pinned_host_copies()
 
 
 @contextlib.contextmanager
-def pinned_host_copies() -> Iterator[None]:
+def pinned_host_copies(host_placement: Callable[[], Any] | None = None) -> Iterator[None]:
     """Allocate the host copies of CPU tensors with ``pin_memory=True`` while active.
 
     For the planner: under ``FakeTensorMode`` on the CPU, ``pin_memory=True`` works without any
     accelerator, and :class:`memfit.planner.tracker.MemoryTracker` counts pinned allocations as host
     memory, so the plan separates host and device bytes exactly as a CUDA run does. Real CPU tensors
-    on a machine without a pinned-memory allocator still get plain host copies (pinning would fail).
+    on a machine without a pinned-memory allocator still get plain host copies (pinning would fail);
+    ``host_placement`` (a context manager factory, e.g. a tracker's ``outside_device("host")``) is
+    then entered around their allocation, so a measurement counts them as host memory all the same.
     """
-    previous = getattr(_PIN_ON_CPU, "active", False)
-    _PIN_ON_CPU.active = True
+    previous = getattr(_PIN_ON_CPU, "active", False), getattr(_PIN_ON_CPU, "placement", None)
+    _PIN_ON_CPU.active, _PIN_ON_CPU.placement = True, host_placement
     try:
         yield
     finally:
-        _PIN_ON_CPU.active = previous
+        _PIN_ON_CPU.active, _PIN_ON_CPU.placement = previous
+
+
+def host_copy(source: torch.Tensor) -> torch.Tensor:
+    """An empty host tensor like ``source`` to copy it into: pinned where :func:`pinned_copy_wanted`,
+    and allocated under the host placement of :func:`pinned_host_copies` where it cannot be."""
+    pinned = pinned_copy_wanted(source)
+    placement = getattr(_PIN_ON_CPU, "placement", None) if getattr(_PIN_ON_CPU, "active", False) and not pinned else None
+    with placement() if placement is not None else contextlib.nullcontext():
+        return torch.empty(source.shape, dtype=source.dtype, device="cpu", pin_memory=pinned)
 
 
 @dataclass
@@ -150,7 +161,7 @@ class ActivationOffloader:
             if source.device.type == "cuda":
                 handle = self._pack_cuda(source, last)
             else:
-                host = torch.empty(source.shape, dtype=source.dtype, pin_memory=_pin_cpu_copy(source))
+                host = host_copy(source)
                 host.copy_(source)
                 handle = _Offloaded(host, source.device, last)
         self._last_packed = weakref.ref(handle)

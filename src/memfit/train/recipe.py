@@ -23,6 +23,7 @@ import torch
 from rich.console import Console
 
 from memfit.run_files import memory_file_name
+from memfit.step.attention import restore_attention
 from memfit.step.builder import build_step
 from memfit.step.optim import build_optimizer
 from memfit.step.prepare import prepare_given_model
@@ -85,6 +86,7 @@ def train(
     model: torch.nn.Module | None = None,
     console: Any = None,
     progress: bool = True,
+    conformance_steps: int | None = None,
 ) -> TrainResult:
     """Train as ``config`` says and return how it ended.
 
@@ -97,6 +99,8 @@ def train(
             :func:`memfit.step.prepare.refuse_wrapped_model`).
         console: a Rich console for the progress bar and messages (default: stderr).
         progress: show the live progress bar.
+        conformance_steps: on the CPU, measure this many steps as the planner counts (its CUDA-parity
+            rewrites), for comparing a run with its plan byte for byte (:mod:`memfit.train.conformance`).
 
     Raises:
         TrainError: the output folder holds another run, the data or model do not fit, or the device
@@ -112,12 +116,13 @@ def train(
     except DistributedError as err:
         raise TrainError(str(err)) from None
     try:
-        return _run(config, world, resume=resume, model=model, console=console, progress=progress)
+        return _run(config, world, resume=resume, model=model, console=console, progress=progress,
+                    conformance_steps=conformance_steps)
     finally:
         world.leave()
 
 
-def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: bool) -> TrainResult:
+def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: bool, conformance_steps: int | None) -> TrainResult:
     spec = config.spec
     if not world.is_main:  # one voice: rank 0 prints
         console, progress = Console(stderr=True, quiet=True), False
@@ -131,6 +136,11 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
 
     # 1. Where, and whether it fits: decided before any weight is read.
     model_dict = model_config_dict(config)
+    try:
+        # The step this configuration runs (its loss, clipping, batch layout), settled before any work.
+        step_fn = build_step(spec, make_config(model_dict))
+    except ValueError as err:
+        raise TrainError(str(err)) from None
     preflight = preflight_run(config, model_dict, device, console)
 
     # 2. Data: tokenized up front, so that a bad file fails before the model loads.
@@ -159,7 +169,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
         highlight=False,
     )
     model = world.shard(model, spec, device, console)
-    step_fn = world.training_step(build_step(spec, make_config(model_dict)), model)
+    step_fn = world.training_step(step_fn, model)
 
     # 4. Optimizer, schedule, data order and the loss scaler fp16 needs.
     optimizer = build_optimizer(model.parameters(), spec.optimizer, lr=config.lr, weight_decay=config.weight_decay,
@@ -210,9 +220,12 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     # 6. The loop.
     _loop(config, world, result, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
           step_fn=step_fn, batches=batches, eval_examples=eval_examples, collate=partial(step_fn.collate, pad_token_id=pad_id), device=device,
-          preflight=preflight, record=record, checkpoint_now=checkpoint_now, console=console, progress=progress)
+          preflight=preflight, record=record, checkpoint_now=checkpoint_now, console=console, progress=progress,
+          conformance_steps=conformance_steps)
 
-    # 7. Outputs: the last checkpoint and the deliverable, once the loop completed.
+    # 7. Outputs: the last checkpoint and the deliverable, once the loop completed; the trained model
+    # with its own attention back (document attention is for training rows).
+    restore_attention(model)
     if result.status == "completed":
         result.output_dir = world.save_outputs(model, tokenizer, run_dir, spec.uses_adapters)
     record.write(status=result.status, step=result.step, tokens_per_second=result.tokens_per_second,
@@ -222,7 +235,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
 
 def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, scheduler, grad_scaler, step_fn,
           batches, eval_examples: list, collate, device: torch.device, preflight: PreflightResult, record,
-          checkpoint_now, console, progress: bool) -> None:
+          checkpoint_now, console, progress: bool, conformance_steps: int | None = None) -> None:
     """The optimizer steps from ``result.step`` to the end, watched: memory is recorded every step
     (``memory.jsonl``) and checked for leaks, stray devices and switched-off optimizations."""
     spec = config.spec
@@ -232,7 +245,9 @@ def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, 
                               file_name=memory_file_name(world.rank), rank=world.recorder_rank)
     for finding in recorder.inspect(model, spec):
         warn(console, finding)
-    if world.attributes_memory:
+    if conformance_steps is not None:
+        recorder.attribute(model, optimizer, steps=conformance_steps, cuda_parity=True)
+    elif world.attributes_memory:
         recorder.attribute(model, optimizer)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

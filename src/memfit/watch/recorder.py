@@ -244,7 +244,7 @@ class MemoryRecorder:
             found.append(finding)
         return sort_findings(found)
 
-    def attribute(self, model: Any, optimizer: Any = None, steps: int = 2, device: Any = None) -> None:
+    def attribute(self, model: Any, optimizer: Any = None, steps: int = 2, device: Any = None, cuda_parity: bool = False) -> None:
         """Measure memory by category on the next ``steps`` steps, for predicted-versus-measured.
 
         Runs the planner's :class:`~memfit.planner.tracker.MemoryTracker` on the real tensors
@@ -253,12 +253,17 @@ class MemoryRecorder:
         Two steps match the plan, which simulates two (the second with optimizer states in place).
         Only tensors on ``device`` (default: the model's) are counted. The tracker costs time on
         every operation, so it is used only for these steps.
+
+        ``cuda_parity`` (a CPU run only): count as the planner counts, with its rewrites of the ops
+        whose memory differs on CUDA (:mod:`memfit.planner.cuda_parity`) and host copies counted as
+        host memory; the peak is then comparable byte for byte with the plan (the conformance check,
+        :mod:`memfit.train.conformance`).
         """
         if self._attribution is not None:
             raise RuntimeError("attribute: an attribution is already running")
         if steps < 1:
             raise ValueError(f"attribute: steps={steps} must be 1 or more")
-        self._attribution = _Attribution(model, optimizer, steps, device, first_step=self._steps_seen + 1)
+        self._attribution = _Attribution(model, optimizer, steps, device, first_step=self._steps_seen + 1, cuda_parity=cuda_parity)
 
     def _finish_attribution(self) -> None:
         attribution, self._attribution = self._attribution, None
@@ -297,7 +302,9 @@ class MemoryRecorder:
 class _Attribution:
     """A MemoryTracker running over the first steps on real tensors."""
 
-    def __init__(self, model: Any, optimizer: Any, steps: int, device: Any, first_step: int) -> None:
+    def __init__(self, model: Any, optimizer: Any, steps: int, device: Any, first_step: int, cuda_parity: bool = False) -> None:
+        import contextlib
+
         import torch
 
         from memfit.planner.tracker import MemoryTracker
@@ -320,6 +327,15 @@ class _Attribution:
         self.steps, self.steps_done, self.first_step = steps, 0, first_step
         self.device = device
         self.tracker.__enter__()
+        self._modes = contextlib.ExitStack()
+        if cuda_parity:
+            if device.type != "cpu":
+                raise ValueError(f"attribute: cuda_parity is for a CPU run (the rewrites make a CPU count as CUDA), not {device}")
+            from memfit.planner.cuda_parity import CudaParityMode
+            from memfit.step.offload import pinned_host_copies
+
+            self._modes.enter_context(pinned_host_copies(lambda: self.tracker.outside_device("host")))
+            self._modes.enter_context(CudaParityMode(self.tracker))
         self.tracker.mark_model(model)
         if optimizer is not None:
             self.tracker.mark_optimizer(optimizer)  # a resumed run already holds states
@@ -335,6 +351,7 @@ class _Attribution:
             if self.optimizer is not None:
                 self.tracker.mark_optimizer(self.optimizer)
         finally:
+            self._modes.close()
             self.tracker.__exit__(None, None, None)
             for hook in self._hooks:
                 hook.remove()

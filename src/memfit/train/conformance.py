@@ -1,0 +1,215 @@
+"""Plan equals run: ``memfit train``'s real steps, measured as the planner counts, next to the plan.
+
+A plan is only as true as the path the trainer takes. :func:`measure` runs the trainer itself
+(:func:`memfit.train.recipe.train`: its data, collate, loss, clipping, loss scaling, evaluation
+between steps, resume) on the CPU with real tensors, and has its memory recorder measure the steps
+with the planner's tracker under the planner's CUDA-parity rewrites (the ops whose memory differs
+on CUDA, host copies counted as host memory). It then plans the same configuration and sets the
+two peaks side by side: equal to the byte, or with the stated tolerance and its cause.
+
+The data is made for the cell so that its micro-batches have the shapes the plan assumes: every
+example ``seq_len`` tokens long (one row of ``batch_size x seq_len`` tokens without padding), and in
+padded batches one example a token shorter in every micro-batch (so each carries a padding mask, as
+the plan's worst case does). :data:`MATRIX` covers the knobs the trainer accepts on two tiny models
+(Llama- and Qwen2-shaped); ``benchmarks/conformance.py`` writes the whole table.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+#: Two tiny model shapes (the shipped tiny tokenizer's 512 tokens): grouped-query heads in both, an
+#: untied head in the Llama one and a tied one in the Qwen2 one.
+TINY_MODELS: dict[str, dict[str, Any]] = {
+    "llama": {
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 2048,
+        "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+    },
+    "qwen2": {
+        "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 2048,
+        "tie_word_embeddings": True, "use_sliding_window": False, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+    },
+}
+
+#: Characters the tiny tokenizer keeps one token each (it learned no merge of them): texts of them
+#: have exactly as many tokens as characters, plus the BOS and EOS the data pipeline adds.
+_ONE_TOKEN_CHARS = "~#@|`"
+
+
+@dataclass
+class Cell:
+    """One configuration: the plan's peak and the run's, and whether they agree."""
+
+    name: str
+    settings: dict[str, Any]
+    planned_bytes: int = 0
+    measured_bytes: int = 0
+    planned_phase: str = ""
+    measured_phase: str = ""
+    planned_categories: dict[str, int] = field(default_factory=dict)
+    measured_categories: dict[str, int] = field(default_factory=dict)
+    tolerance_bytes: int = 0
+    cause: str = ""  # why a tolerance is needed (empty: equal to the byte)
+    seconds: float = 0.0
+    error: str = ""
+
+    @property
+    def difference_bytes(self) -> int:
+        return self.measured_bytes - self.planned_bytes
+
+    @property
+    def agrees(self) -> bool:
+        return not self.error and abs(self.difference_bytes) <= self.tolerance_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "difference_bytes": self.difference_bytes, "agrees": self.agrees}
+
+
+# ------------------------------------------------------------------------------------------------
+# The matrix
+
+
+def _cell(name: str, **settings: Any) -> tuple[str, dict[str, Any]]:
+    return name, settings
+
+
+#: (name, settings): settings are training-config fields, plus ``model`` (a TINY_MODELS key) and the
+#: harness's own ``resume`` (train half the steps, then measure the first steps after a resume).
+MATRIX: list[tuple[str, dict[str, Any]]] = [
+    _cell("llama lora bf16", model="llama", method="lora", precision="bf16"),
+    _cell("llama lora fp32 no-ckpt", model="llama", method="lora", precision="fp32", checkpointing="off"),
+    _cell("llama lora fp16 scaler", model="llama", method="lora", precision="fp16"),
+    _cell("llama lora offload", model="llama", method="lora", precision="bf16", checkpointing="offload"),
+    _cell("llama lora tiling", model="llama", method="lora", precision="fp32", tiling="on"),
+    _cell("llama lora accum3", model="llama", method="lora", precision="bf16", grad_accum=3),
+    _cell("llama lora no-clip", model="llama", method="lora", precision="bf16", max_grad_norm=None),
+    _cell("llama lora padded", model="llama", method="lora", precision="bf16", padding_free="off", batch_size=2),
+    _cell("llama lora padding-free b3", model="llama", method="lora", precision="fp32", batch_size=3),
+    _cell("llama lora packing", model="llama", method="lora", precision="bf16", packing=True, batch_size=2),
+    _cell("llama lora eval between steps", model="llama", method="lora", precision="bf16", eval_every=1),
+    _cell("llama lora resume", model="llama", method="lora", precision="bf16", resume=True),
+    _cell("llama qlora bf16", model="llama", method="qlora", precision="bf16"),
+    _cell("llama qlora fp16 offload", model="llama", method="qlora", precision="fp16", checkpointing="offload"),
+    _cell("llama full fp32", model="llama", method="full", precision="fp32"),
+    _cell("llama full bf16 no-ckpt accum3", model="llama", method="full", precision="bf16", checkpointing="off", grad_accum=3),
+    _cell("llama full step-in-backward", model="llama", method="full", precision="fp32", step_in_backward=True),
+    _cell("llama full padded tiling", model="llama", method="full", precision="bf16", padding_free="off", batch_size=2, tiling="on"),
+    _cell("qwen2 lora bf16", model="qwen2", method="lora", precision="bf16"),
+    _cell("qwen2 lora fp32 padded no-clip", model="qwen2", method="lora", precision="fp32", padding_free="off", batch_size=2, max_grad_norm=None),
+    _cell("qwen2 qlora bf16 accum3 packing", model="qwen2", method="qlora", precision="bf16", grad_accum=3, packing=True),
+    _cell("qwen2 full bf16 offload", model="qwen2", method="full", precision="bf16", checkpointing="offload"),
+    _cell("qwen2 full fp32 tiling resume", model="qwen2", method="full", precision="fp32", tiling="on", resume=True),
+    _cell("qwen2 full step-in-backward no-ckpt", model="qwen2", method="full", precision="bf16", step_in_backward=True, checkpointing="off"),
+]
+
+#: The rest of a cell's settings, unless it says otherwise.
+DEFAULTS: dict[str, Any] = {"batch_size": 1, "seq_len": 96, "grad_accum": 1, "rank": 8, "checkpointing": "on", "tiling": "off"}
+
+#: Steps measured (the plan simulates two: the first creates the optimizer states).
+STEPS = 3
+
+
+# ------------------------------------------------------------------------------------------------
+# One cell
+
+
+def measure(name: str, settings: dict[str, Any], work_dir: str | Path) -> Cell:
+    """Run the trainer for the cell in ``work_dir`` on the CPU, measure its steps, plan it, compare."""
+    from memfit.planner.api import plan
+    from memfit.train.config import model_config_dict, validate_config
+    from memfit.train.recipe import train
+    from memfit.watch.timeline import load_run
+
+    started = time.perf_counter()
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    options = {**DEFAULTS, **settings}
+    resume = bool(options.pop("resume", False))
+    model = options.pop("model")
+    config_path = work_dir / "config.json"
+    config_path.write_text(json.dumps(TINY_MODELS[model]))
+    knobs = dict(options)
+    eval_every = int(knobs.get("eval_every", 0))
+    data = write_data(work_dir / "data.jsonl", seq_len=int(knobs["seq_len"]), batch_size=int(knobs["batch_size"]),
+                      grad_accum=int(knobs["grad_accum"]), steps=2 * STEPS, packing=bool(knobs.get("packing")),
+                      padded=knobs.get("padding_free") == "off" and int(knobs["batch_size"]) > 1)
+    common = {
+        "model": str(config_path), "init": "random", "data": str(data), "data_format": "text", "device": "cpu",
+        "output_dir": str(work_dir / "run"), "log_every": 1, "seed": 0, **knobs,
+    }
+    if eval_every:
+        common["eval_split"] = 0.1
+    cell = Cell(name=name, settings=dict(settings))
+    try:
+        if resume:
+            # Half the steps, saved; then the steps after the resume are the ones measured.
+            train(validate_config({**common, "max_steps": STEPS}), progress=False, console=_quiet_console())
+            config = validate_config({**common, "max_steps": 2 * STEPS})
+            train(config, resume=True, progress=False, console=_quiet_console(), conformance_steps=STEPS)
+        else:
+            config = validate_config({**common, "max_steps": STEPS})
+            train(config, progress=False, console=_quiet_console(), conformance_steps=STEPS)
+        attribution = load_run(work_dir / "run").timeline.attribution or {}
+        cell.measured_bytes = int(attribution.get("peak_allocated_bytes", 0))
+        cell.measured_phase = str(attribution.get("phase", ""))
+        cell.measured_categories = dict(attribution.get("categories", {}))
+        planned = plan(model_config_dict(config), context_bytes=0, cublas_workspace_bytes=0, **config.knobs())
+        cell.planned_bytes, cell.planned_phase = planned.allocated_bytes, planned.phase
+        cell.planned_categories = {k: v for k, v in planned.categories.items() if k not in ("allocator", "runtime")}
+    except Exception as err:  # a cell that cannot run is a finding, reported with the others
+        cell.error = f"{type(err).__name__}: {err}"
+    cell.seconds = round(time.perf_counter() - started, 2)
+    return cell
+
+
+def run_matrix(cells: list[tuple[str, dict[str, Any]]], work_dir: str | Path,
+               progress: Callable[[Cell], None] | None = None) -> list[Cell]:
+    """:func:`measure` every cell, each in a folder of its own under ``work_dir``."""
+    out = []
+    for index, (name, settings) in enumerate(cells):
+        cell = measure(name, settings, Path(work_dir) / f"cell-{index:02d}")
+        out.append(cell)
+        if progress is not None:
+            progress(cell)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Data of exact lengths
+
+
+def write_data(path: Path, *, seq_len: int, batch_size: int, grad_accum: int, steps: int, packing: bool, padded: bool,
+               seed: int = 0) -> Path:
+    """A JSONL of text records whose micro-batches take the shapes the plan assumes (see the module doc).
+
+    Every example has ``seq_len`` tokens (BOS, characters, EOS); packed rows then hold one example
+    each. With ``padded``, the batch order the trainer will draw (same seed) is reproduced, and one
+    example of each micro-batch is a token shorter.
+    """
+    from memfit.train.data import BatchIterator
+
+    count = batch_size * grad_accum * steps
+    lengths = [seq_len] * count
+    if padded:
+        order = BatchIterator(list(range(count)), batch_size=batch_size, seed=seed)
+        for _ in range(count // batch_size):
+            lengths[next(order)[-1]] = seq_len - 1
+    rng = random.Random(f"memfit-conformance-{seed}")
+    with open(path, "w", encoding="utf-8") as handle:
+        for length in lengths:
+            text = "".join(rng.choice(_ONE_TOKEN_CHARS) for _ in range(length - 2))  # + BOS + EOS
+            handle.write(json.dumps({"text": text}) + "\n")
+    return path
+
+
+def _quiet_console():
+    from rich.console import Console
+
+    return Console(stderr=True, quiet=True)
