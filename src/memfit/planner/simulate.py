@@ -91,7 +91,8 @@ def simulate(
     attention = str(getattr(base.config, "_attn_implementation", None) or "eager")
 
     tracker = MemoryTracker()
-    parity = CudaParityMode(tracker, arch)
+    autocast = dtype if spec.recipe == "hf" and dtype != torch.float32 else None
+    parity = CudaParityMode(tracker, arch, autocast_dtype=autocast)
     with (
         _bitsandbytes_tables() if _uses_bitsandbytes(spec) else contextlib.nullcontext(),
         _fake_mode() if fake else contextlib.nullcontext(),
