@@ -148,8 +148,11 @@ def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: 
 
 
 def _demo_dataset() -> Path:
-    """The shipped demo dataset (examples/data/tiny-instruct.jsonl beside the package source)."""
-    return Path(__file__).resolve().parents[2] / "examples" / "data" / "tiny-instruct.jsonl"
+    """The demo dataset installed with the package (memfit/assets/data/tiny-instruct.jsonl): the
+    written config must work without a source checkout."""
+    from importlib import resources
+
+    return Path(str(resources.files("memfit") / "assets" / "data" / "tiny-instruct.jsonl"))
 
 
 class _status_printer:

@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from trainer_helpers import REPO, read_metrics, step_losses, tiny_config  # noqa: E402
+from trainer_helpers import DEMO_DATA, REPO, read_metrics, step_losses, tiny_config  # noqa: E402
 
 from memfit.step import train_step as step_module  # noqa: E402
 from memfit.train.checkpointing import (  # noqa: E402
@@ -82,7 +82,7 @@ def test_sigterm_in_a_subprocess_saves_and_exits_cleanly(tmp_path):
     out = tmp_path / "run"
     config = tmp_path / "run.yaml"
     config.write_text(
-        (REPO / "examples" / "tiny.yaml").read_text().replace("data/tiny-instruct.jsonl", str(REPO / "examples" / "data" / "tiny-instruct.jsonl"))
+        (REPO / "examples" / "tiny.yaml").read_text().replace("../src/memfit/assets/data/tiny-instruct.jsonl", str(DEMO_DATA))
     )
     script = textwrap.dedent(
         """
