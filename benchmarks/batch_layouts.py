@@ -31,6 +31,7 @@ from _machine import describe_machine  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "batch_layouts.json"
+DATA = REPO / "src" / "memfit" / "assets" / "data" / "tiny-instruct.jsonl"
 BATCH, SEQ_LEN = 8, 128
 
 
@@ -38,7 +39,7 @@ def settings(out: Path, mode: str, packed_rows: int, steps: int) -> dict:
     import yaml
 
     base = yaml.safe_load((REPO / "examples" / "tiny.yaml").read_text())
-    base.update(data=str(REPO / "examples" / "data" / "tiny-instruct.jsonl"), output_dir=str(out), max_steps=steps,
+    base.update(data=str(DATA), output_dir=str(out), max_steps=steps,
                 eval_split=0.0, save_every=0, log_every=1, batch_size=BATCH, seq_len=SEQ_LEN)
     base.pop("eval_every", None)
     base.pop("epochs", None)
@@ -57,7 +58,7 @@ def mean_example_tokens() -> float:
     from memfit.train.data import load_records, tiny_tokenizer_path, tokenize_records
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_tokenizer_path()))
-    records, _ = load_records(REPO / "examples" / "data" / "tiny-instruct.jsonl")
+    records, _ = load_records(DATA)
     return statistics.mean(len(e["input_ids"]) for e in tokenize_records(records, tokenizer, seq_len=SEQ_LEN))
 
 

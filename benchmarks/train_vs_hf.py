@@ -45,7 +45,7 @@ from _machine import describe_in_subprocess  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-DATA = REPO / "examples" / "data" / "tiny-instruct.jsonl"
+DATA = REPO / "src" / "memfit" / "assets" / "data" / "tiny-instruct.jsonl"
 
 #: The demo model of examples/tiny.yaml (used when --model is not given).
 TINY_OVERRIDES = {

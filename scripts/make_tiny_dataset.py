@@ -1,10 +1,14 @@
-"""Write the small demo instruction dataset shipped under examples/data/.
+"""Write the small demo instruction dataset (shipped inside the package) and the format examples.
+
+``tiny-instruct.jsonl``, the demo dataset, is package data (src/memfit/assets/data/): ``memfit fit
+--write`` points a config at the installed copy, so it must exist without a source checkout. The
+small examples of each data format live under examples/data/.
 
 The records are generated, not collected: short arithmetic, word and fact tasks whose answers follow
 a fixed pattern, so that a tiny model's loss falls visibly within about a hundred steps. The output
 is deterministic (fixed seed); re-running the script rewrites the same bytes.
 
-    python scripts/make_tiny_dataset.py            # writes examples/data/*
+    python scripts/make_tiny_dataset.py            # writes src/memfit/assets/data/ and examples/data/
     python scripts/make_tiny_dataset.py --check    # exits 1 if the committed files differ
 """
 
@@ -19,7 +23,11 @@ from pathlib import Path
 
 from memfit.files import write_or_check
 
-OUT_DIR = Path(__file__).resolve().parents[1] / "examples" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+OUT_DIR = ROOT / "examples" / "data"
+#: Where the demo dataset lives: inside the package, installed with it.
+DEMO_DIR = ROOT / "src" / "memfit" / "assets" / "data"
+DEMO_FILE = "tiny-instruct.jsonl"
 SEED = 20240601
 NUM_MAIN_RECORDS = 320
 
@@ -179,7 +187,7 @@ def _csv(records: list[dict], fields: list[str]) -> str:
 
 
 def render_files() -> dict[str, str]:
-    """File name -> file text, for every file this script owns under examples/data/."""
+    """File name -> file text, for every file this script owns (the demo dataset and the examples)."""
     rng = random.Random(SEED)
     alpaca = alpaca_records(rng)
     return {
@@ -193,11 +201,14 @@ def render_files() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    parser.add_argument("--out-dir", type=Path, default=None, help="write every file here instead (default: the two folders)")
     parser.add_argument("--check", action="store_true", help="compare with the files on disk; write nothing")
     args = parser.parse_args(argv)
     files = render_files()
-    return write_or_check(args.out_dir, files, check=args.check)
+    if args.out_dir is not None:
+        return write_or_check(args.out_dir, files, check=args.check)
+    demo = {DEMO_FILE: files.pop(DEMO_FILE)}
+    return max(write_or_check(DEMO_DIR, demo, check=args.check), write_or_check(OUT_DIR, files, check=args.check))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Train the tiny byte-level BPE tokenizer shipped in src/memfit/assets/tokenizer/.
 
-It is trained on the demo data under examples/data/ (run scripts/make_tiny_dataset.py first), with
+It is trained on the demo data under examples/data/ and src/memfit/assets/data/ (run
+scripts/make_tiny_dataset.py first), with
 512 tokens in all: 256 byte tokens, 7 special tokens and the most frequent merges. Digits are split
 one by one, which helps tiny models with the arithmetic records. The output loads offline with
 ``transformers.AutoTokenizer.from_pretrained(path)``:
@@ -23,7 +24,8 @@ from pathlib import Path
 from memfit.files import write_or_check
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA_DIR = ROOT / "examples" / "data"
+#: The demo data: the format examples, and the demo dataset shipped inside the package.
+DATA_DIRS = (ROOT / "examples" / "data", ROOT / "src" / "memfit" / "assets" / "data")
 OUT_DIR = ROOT / "src" / "memfit" / "assets" / "tokenizer"
 VOCAB_SIZE = 512
 MODEL_MAX_LENGTH = 4096
@@ -46,11 +48,11 @@ CHAT_TEMPLATE = (
 )
 
 
-def corpus_lines(data_dir: Path) -> list[str]:
-    """Every text the demo data holds, in file order; chat turns rendered with the template's
+def corpus_lines(data_dirs: list[Path]) -> list[str]:
+    """Every text the demo data holds, in file-name order; chat turns rendered with the template's
     markers so common marker-adjacent text (newline, first words) gets merges too."""
     lines: list[str] = []
-    for path in sorted(data_dir.glob("*.jsonl")):
+    for path in sorted((p for d in data_dirs for p in d.glob("*.jsonl")), key=lambda p: p.name):
         for line in path.read_text(encoding="utf-8").splitlines():
             record = json.loads(line)
             if "text" in record:
@@ -59,7 +61,7 @@ def corpus_lines(data_dir: Path) -> list[str]:
                 lines.append(f"<|{turn['role']}|>\n{turn['content']}<|end|>")
             for turn in record.get("conversations", []):
                 lines.append(turn["value"])
-    for path in sorted(data_dir.glob("*.json")):
+    for path in sorted((p for d in data_dirs for p in d.glob("*.json")), key=lambda p: p.name):
         for record in json.loads(path.read_text(encoding="utf-8")):
             lines += [record["instruction"], record.get("input", ""), record["output"]]
     return [line for line in lines if line]
@@ -99,9 +101,9 @@ def _token_entry(content: str) -> dict:
     return {"content": content, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False}
 
 
-def render_files(data_dir: Path) -> dict[str, str]:
+def render_files(data_dirs: list[Path]) -> dict[str, str]:
     """File name -> file text for the tokenizer directory."""
-    tokenizer = build_tokenizer(corpus_lines(data_dir))
+    tokenizer = build_tokenizer(corpus_lines(data_dirs))
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
     config = {
         "added_tokens_decoder": {str(ids[t]): {**_token_entry(t), "special": True} for t in SPECIAL_TOKENS},
@@ -129,14 +131,15 @@ def render_files(data_dir: Path) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, default=DATA_DIR)
+    parser.add_argument("--data-dir", type=Path, action="append", help="a folder of demo data (repeatable; default: both demo folders)")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     parser.add_argument("--check", action="store_true", help="compare with the files on disk; write nothing")
     args = parser.parse_args(argv)
-    if not any(args.data_dir.glob("*.jsonl")):
-        print(f"no .jsonl files in {args.data_dir}; run scripts/make_tiny_dataset.py first", file=sys.stderr)
+    data_dirs = args.data_dir or list(DATA_DIRS)
+    if not any(p for d in data_dirs for p in d.glob("*.jsonl")):
+        print(f"no .jsonl files in {', '.join(map(str, data_dirs))}; run scripts/make_tiny_dataset.py first", file=sys.stderr)
         return 2
-    files = render_files(args.data_dir)
+    files = render_files(data_dirs)
     return write_or_check(args.out_dir, files, check=args.check)
 
 

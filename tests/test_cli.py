@@ -52,3 +52,35 @@ def test_models_lists_catalogs():
     data = json.loads(result.stdout)
     assert any(m["name"] == "llama-3.1-8b" for m in data["models"])
     assert any(g["name"] == "h100-80gb" for g in data["gpus"])
+
+
+def test_plan_with_a_gpu_and_a_smaller_budget_says_both(tmp_path, monkeypatch):
+    import memfit.cli
+
+    monkeypatch.setattr(memfit.cli.console, "width", 200)
+    result = runner.invoke(app, ["plan", "smollm2-135m", "--method", "qlora", "--seq-len", "512", "--gpu", "t4", "--budget", "10GiB",
+                                 "--precision", "fp16"])
+    assert result.exit_code == 0, result.output
+    assert "fits t4, budget 10GiB (10.0 GiB)" in result.output
+    refused = runner.invoke(app, ["plan", "smollm2-135m", "--gpu", "t4", "--budget", "24GiB"])
+    assert refused.exit_code == 2 and "24GiB is more than t4's 15.0 GiB" in refused.output
+
+
+def test_plan_that_does_not_fit_exits_3_for_scripts():
+    result = runner.invoke(app, ["plan", "smollm2-135m", "--seq-len", "512", "--budget", "100MiB", "--json"])
+    assert result.exit_code == 3
+    assert json.loads(result.stdout)["fits"] is False
+
+
+def test_models_never_cuts_a_name_at_80_columns(monkeypatch):
+    import memfit.cli
+    from memfit.models.catalog import catalog_names
+    from memfit.models.gpus import load_gpus
+
+    monkeypatch.setattr(memfit.cli.console, "width", 80)
+    result = runner.invoke(app, ["models"])
+    assert result.exit_code == 0
+    assert "…" not in result.stdout
+    words = set(result.stdout.replace("│", " ").split())
+    assert set(catalog_names()) <= words and set(load_gpus()) <= words
+    assert max(len(line) for line in result.stdout.splitlines()) <= 80

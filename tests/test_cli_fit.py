@@ -1,6 +1,7 @@
 """`memfit fit` end to end: the table, JSON, and a --write YAML that `memfit train` runs unchanged."""
 
 import json
+from pathlib import Path
 
 from typer.testing import CliRunner
 
@@ -25,6 +26,15 @@ def test_fit_json_and_write_trains(tmp_path):
     data = json.loads(result.stdout)
     assert data["fits"] and data["max_seq_len"]["lora"] == 512  # capped by max_position_embeddings
     assert out.exists()
+    # No --data: the demo dataset installed with the package, not a copy beside a source checkout.
+    import yaml
+
+    import memfit
+    from memfit.train.config import demo_dataset_path
+
+    data_path = Path(yaml.safe_load(out.read_text())["data"])
+    assert data_path == demo_dataset_path() and data_path.is_file()
+    assert Path(memfit.__file__).resolve().parent in data_path.resolve().parents
 
     from memfit.train.config import load_config
     from memfit.train.recipe import train
@@ -49,3 +59,29 @@ def test_write_refuses_to_overwrite(tmp_path):
 def test_fit_without_target_is_a_clear_error():
     result = runner.invoke(app, ["fit", "smollm2-135m"])
     assert result.exit_code == 2 and "--gpu NAME or --budget SIZE" in result.output
+
+
+def test_fit_at_80_columns_in_a_log_cuts_nothing_and_shows_progress(tmp_path, monkeypatch):
+    import memfit.cli
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    monkeypatch.setattr(memfit.cli.console, "width", 80)
+    result = runner.invoke(app, ["fit", str(config), "--budget", "2GiB", "--batch-size", "4", "--seq-len", "64",
+                                 "--method", "lora", "--method", "full"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert "…" not in result.stdout and max(len(line) for line in lines) <= 80, result.stdout
+    assert any("adamw" in line and "GiB" in line for line in lines)  # a whole row: settings and figures
+    # stderr is not a terminal here: one plain line per plan, with the seconds since the start
+    plans = [line for line in result.stderr.splitlines() if "] plan " in line]
+    assert len(plans) >= 2 and plans[0].lstrip("[ ").split(" s]")[0].replace(".", "").isdigit()
+
+
+def test_nothing_fits_exits_3_and_writes_nothing(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    out = tmp_path / "best.yaml"
+    result = runner.invoke(app, ["fit", str(config), "--budget", "1KiB", "--seq-len", "64", "--method", "lora", "--write", str(out)])
+    assert result.exit_code == 3, result.output
+    assert "no configuration fits" in result.output and not out.exists()

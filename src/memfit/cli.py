@@ -1,4 +1,9 @@
-"""The ``memfit`` command line: parse, call the Python API, render. No logic lives here."""
+"""The ``memfit`` command line: parse, call the Python API, render. No logic lives here.
+
+Every command is wrapped in :func:`memfit.errors.cli_errors`: a mistake in the input ends it with
+one ``error:`` line (or a short list) and exit code 2, a run or search that does not fit with 3,
+and never with a traceback (see :mod:`memfit.errors` for the codes).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import Any, Literal, Optional
 import typer
 from rich.console import Console
 
+from memfit.errors import EXIT_DOES_NOT_FIT, PathError, cli_errors
 from memfit.options import knob_options, with_options
 from memfit.spec import TRAINED_KNOBS, choices
 
@@ -17,7 +23,11 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     rich_markup_mode="rich",
-    help="memfit: fine-tune LLMs (LoRA, QLoRA, full) on the GPU you have. Start with [bold]memfit plan[/].",
+    help=(
+        "memfit: fine-tune LLMs (LoRA, QLoRA, full) on the GPU you have. Start with [bold]memfit plan[/].\n\n"
+        "Exit codes: 0 done; 1 doctor found errors; 2 bad input; 3 does not fit (plan, fit, train); "
+        "130 / 143 stopped by SIGINT / SIGTERM."
+    ),
 )
 console = Console()
 err_console = Console(stderr=True)
@@ -26,12 +36,8 @@ err_console = Console(stderr=True)
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def _fail(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code=2)
-
-
 @app.command("plan")
+@cli_errors
 @with_options(knob_options())
 def plan_command(
     model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a Hugging Face Hub id (org/name: config.json only is fetched), a config.json, or a model folder."),
@@ -43,24 +49,23 @@ def plan_command(
     full_sim: bool = typer.Option(False, "--full-sim", help="Simulate every layer instead of extrapolating."),
     **knobs: Any,
 ) -> None:
-    """Predict the peak GPU memory of one training step, by category, without a GPU."""
-    from memfit.planner.api import PlanError, plan
+    """Predict the peak GPU memory of one training step, by category, without a GPU.
 
-    try:
-        result = plan(model, revision=revision, gpu=gpu, budget=budget, context_bytes=context_bytes, extrapolate=not full_sim, **knobs)
-    except PlanError as err:
-        _fail("\n".join(["cannot plan this run:"] + [f"  - {p}" for p in err.problems]))
-        return
-    except ValueError as err:  # model build problems found while simulating
-        _fail(str(err))
-        return
+    Exit code 0: planned (and fits the --gpu / --budget, if one is given); 2: bad input;
+    3: the plan does not fit the --gpu / --budget."""
+    from memfit.planner.api import plan
+
+    result = plan(model, revision=revision, gpu=gpu, budget=budget, context_bytes=context_bytes, extrapolate=not full_sim, **knobs)
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
         result.render(console)
+    if result.fits is False:
+        raise typer.Exit(code=EXIT_DOES_NOT_FIT)
 
 
 @app.command("fit")
+@cli_errors
 @with_options(knob_options(("rank", "alpha", "dropout", "targets", "recipe")))
 def fit_command(
     model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, or a model folder."),
@@ -80,10 +85,14 @@ def fit_command(
     overwrite: bool = typer.Option(False, "--overwrite", help="Let --write replace an existing file."),
     **knobs: Any,
 ) -> None:
-    """Find the training configurations that fit a GPU, fastest first (estimated), and the longest sequences."""
-    from memfit.planner.api import PlanError
+    """Find the training configurations that fit a GPU, fastest first (estimated), and the longest sequences.
+
+    Exit code 0: at least one configuration fits; 2: bad input (checked before the search, --write's
+    path too); 3: nothing fits."""
     from memfit.planner.search import fit
 
+    if write is not None:
+        _check_write_path(write, overwrite)  # before minutes of search, not after
     fixed = {k: v for k, v in dict(knobs, precision=precision, shard=shard).items() if v is not None}
     if gpus != 1:
         fixed["gpus"] = gpus
@@ -93,33 +102,38 @@ def fit_command(
             model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len,
             methods=tuple(method) if method else None, progress=progress, **fixed,
         )
-    except PlanError as err:
-        _fail("\n".join(["cannot search this model:"] + [f"  - {p}" for p in err.problems]))
-        return
-    except ValueError as err:
-        _fail(str(err))
-        return
     finally:
         if progress is not None:
             progress.close()
-    if write is not None:
-        _write_best(result, model, write, data, overwrite, gpu=gpu, budget=budget, revision=revision)
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
         from memfit.planner.fit_report import render_fit
 
         render_fit(result, console, focus_max_seq_len=max_target is not None)
+    if not result.fits:
         if write is not None:
-            console.print(f"wrote {write}: train it with [bold]memfit train {write}[/]")
+            err_console.print(f"nothing fits, so nothing was written to {write}", highlight=False)
+        raise typer.Exit(code=EXIT_DOES_NOT_FIT)
+    if write is not None:
+        _write_best(result, model, write, data, overwrite, gpu=gpu, budget=budget, revision=revision)
+        if not as_json:
+            console.print(f"wrote {write}: train it with [bold]memfit train {write}[/]", highlight=False)
+
+
+def _check_write_path(path: Path, overwrite: bool) -> None:
+    """--write must name a file memfit may create (or, with --overwrite, replace)."""
+    from memfit.files import check_file_writable
+
+    if path.exists() and not path.is_dir() and not overwrite:
+        raise PathError(f"--write {str(path)!r} exists; choose another file name or pass --overwrite.")
+    check_file_writable(path, "--write", make_parents=True)
 
 
 def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: bool, *, gpu, budget, revision=None) -> None:
     from memfit.models.hub import is_hub_id
-    from memfit.train.config import ConfigError, write_config
+    from memfit.train.config import demo_dataset_path, write_config
 
-    if not result.fits:
-        _fail("nothing fits, so there is no configuration to write")
     spec = result.fits[0].spec
     model_path = Path(model).expanduser()
     values: dict = {"model": str(model_path.resolve()) if model_path.exists() else model}
@@ -132,7 +146,7 @@ def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: 
     if not has_weights:
         values["init"] = "random"
         header += "# init: random trains random weights; point model: at your local Hugging Face folder and delete it.\n"
-    values["data"] = data or str(_demo_dataset())
+    values["data"] = data or str(demo_dataset_path())
     multi_gpu = spec.get("gpus", 1) > 1  # a multi-GPU fit: train it with torchrun or --nproc
     for key in TRAINED_KNOBS:
         if multi_gpu or key not in ("gpus", "shard"):
@@ -141,34 +155,44 @@ def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: 
         values["gpu"] = gpu
     if budget:
         values["budget"] = budget
-    try:
-        write_config(values, path, header=header, overwrite=overwrite)
-    except ConfigError as err:
-        _fail("\n".join([f"cannot write {path}:"] + [f"  - {p}" for p in err.problems]))
-
-
-def _demo_dataset() -> Path:
-    """The shipped demo dataset (examples/data/tiny-instruct.jsonl beside the package source)."""
-    return Path(__file__).resolve().parents[2] / "examples" / "data" / "tiny-instruct.jsonl"
+    write_config(values, path, header=header, overwrite=overwrite)
 
 
 class _status_printer:
-    """One updating status line for long searches (Rich status on the error console)."""
+    """Progress of a long search on stderr: one updating status line on a terminal; elsewhere (a
+    log file, a CI job) one plain line per plan with the time since the start, so that a search of
+    several minutes never looks stuck."""
 
     def __init__(self) -> None:
+        import time
+
         self.count = 0
-        self._status = err_console.status("planning...")
-        self._status.start()
+        self._clock = time.perf_counter
+        self._started = self._clock()
+        self._status = err_console.status("planning...") if err_console.is_terminal else None
+        if self._status is not None:
+            self._status.start()
+        else:
+            self._log("fit: searching (each plan is one line)")
 
     def __call__(self, message: str) -> None:
         self.count += 1
-        self._status.update(f"plan {self.count}: {message}")
+        if self._status is not None:
+            self._status.update(f"plan {self.count}: {message}")
+        else:
+            self._log(f"plan {self.count}: {message}")
+
+    def _log(self, line: str) -> None:
+        elapsed_s = self._clock() - self._started
+        err_console.print(f"[{elapsed_s:6.1f} s] {line}", highlight=False, markup=False, soft_wrap=True)
 
     def close(self) -> None:
-        self._status.stop()
+        if self._status is not None:
+            self._status.stop()
 
 
 @app.command("models")
+@cli_errors
 def models_command(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
     """List the shipped model catalog and GPU catalog."""
     from rich.table import Table
@@ -199,14 +223,16 @@ def models_command(as_json: bool = typer.Option(False, "--json", help="Print as 
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return
     table = Table(title="models", title_justify="left")
+    # Names are typed back by users: never cut or wrapped, whatever the width (the numbers give way).
     for col in ("name", "type", "layers", "hidden", "vocab", "max positions"):
-        table.add_column(col, justify="left" if col in ("name", "type") else "right")
+        table.add_column(col, justify="left" if col in ("name", "type") else "right", no_wrap=col == "name",
+                         min_width=max(len(m["name"]) for m in models) if col == "name" else None)
     for m in models:
         table.add_row(m["name"], str(m["model_type"]), str(m["layers"]), str(m["hidden_size"]), str(m["vocab_size"]), str(m["max_position_embeddings"]))
     console.print(table)
     gtable = Table(title="GPUs", title_justify="left")
     for col in ("name", "card", "memory", "arch", "bf16"):
-        gtable.add_column(col)
+        gtable.add_column(col, no_wrap=col == "name", min_width=max(len(g.name) for g in gpus.values()) if col == "name" else None)
     for g in gpus.values():
         gtable.add_row(g.name, g.display_name, format_bytes(g.memory_bytes), g.arch, "yes" if g.supports_bf16 else "no")
     console.print(gtable)
@@ -218,7 +244,7 @@ from memfit.merge.command import merge_command  # noqa: E402
 from memfit.train.command import train_command  # noqa: E402
 from memfit.watch.command import doctor_command, report_command  # noqa: E402
 
-app.command("train")(train_command)
+app.command("train")(train_command)  # each wrapped in cli_errors where it is defined
 app.command("merge")(merge_command)
 app.command("doctor")(doctor_command)
 app.command("report")(report_command)

@@ -1,10 +1,20 @@
-"""Writing files so that nobody ever sees half of one."""
+"""Writing files so that nobody ever sees half of one; checking, before any work, that they can be written.
+
+Files and folders memfit creates get the permissions the user's umask gives (as ``open`` and
+``mkdir`` would), also where they are first made under a private temporary name. Output paths are
+checked before the work that fills them starts (:func:`check_folder_writable`,
+:func:`check_file_writable`), and a folder made for a command that then failed is removed while it
+is still empty (:func:`make_folder`, :func:`remove_if_empty`).
+"""
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
+
+from memfit.errors import PathError
 
 
 def write_atomic(path: str | Path, data: str | bytes) -> Path:
@@ -19,9 +29,7 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data.encode("utf-8") if isinstance(data, str) else data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -48,3 +56,125 @@ def write_or_check(out_dir: str | Path, files: dict[str, str], *, check: bool) -
         write_atomic(out_dir / name, text)
         print(f"wrote {out_dir / name}")
     return 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Permissions
+
+
+def current_umask() -> int:
+    """The process's umask (reading it means setting it: it is put back at once)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def make_temp_folder(prefix: str, parent: str | Path) -> Path:
+    """A new uniquely named folder in ``parent`` with the permissions ``mkdir`` gives (``mkdtemp``
+    alone makes it owner-only, 0700, and the folder may become a user's output once renamed)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    os.chmod(path, 0o777 & ~current_umask())
+    return path
+
+
+def apply_umask(path: str | Path) -> None:
+    """Give ``path`` and everything under it the permissions ``open``/``mkdir`` would have given
+    (for trees written by libraries that create private temporary files)."""
+    mask = current_umask()
+    root = Path(path)
+    for folder, dirs, files in os.walk(root):
+        os.chmod(folder, 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o666 & ~mask)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with id ``pid`` exists on this machine (this process included): a
+    temporary folder named with the id of a process that is gone was abandoned by it."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    except OverflowError:
+        return False  # not a possible process id
+    return True
+
+
+# ------------------------------------------------------------------------------------------------
+# Output paths, checked before the work
+
+
+def nearest_existing(path: str | Path) -> Path:
+    """``path`` itself if it exists, else its closest ancestor that does."""
+    path = Path(os.path.abspath(Path(path).expanduser()))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_folder_writable(path: str | Path, option: str) -> None:
+    """Raise :class:`~memfit.errors.PathError` unless ``path`` is a folder memfit can create or
+    write into. ``option`` names where the path came from (``--out``, ``output_dir``).
+
+    A file is created and removed in the folder (or the closest ancestor that exists): on a
+    read-only mount, or as root, the permission bits alone do not tell.
+    """
+    path = Path(path).expanduser()
+    if path.exists() and not path.is_dir():
+        raise PathError(f"{option} {str(path)!r} is a file, not a folder: choose a folder path.")
+    _probe(nearest_existing(path), path, option)
+
+
+def check_file_writable(path: str | Path, option: str, *, make_parents: bool = False) -> None:
+    """Raise :class:`~memfit.errors.PathError` unless a file can be written at ``path``: not a
+    folder, its folder exists (or, with ``make_parents``, can be created) and may be written."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise PathError(f"{option} {str(path)!r} is a folder: pass a file path.")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.exists() and not make_parents:
+        raise PathError(f"{option} {str(path)!r}: the folder {str(parent)!r} does not exist; create it or choose another path.")
+    _probe(nearest_existing(parent), path, option)
+
+
+_PROBE_REASONS = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+                  errno.EROFS: "the file system is read-only", errno.ENOSPC: "no space left on the device"}
+
+
+def _probe(folder: Path, path: Path, option: str) -> None:
+    if not folder.is_dir():
+        raise PathError(f"{option} {str(path)!r}: {str(folder)!r} is a file, not a folder; choose another path.")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".memfit-probe-")
+    except OSError as err:
+        reason = _PROBE_REASONS.get(err.errno or 0, err.strerror or str(err))
+        raise PathError(f"{option} {str(path)!r}: cannot write in {str(folder)!r} ({reason}); choose a path you may write to.") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def make_folder(path: str | Path) -> list[Path]:
+    """Create folder ``path`` and its missing parents; return the folders created, outermost first
+    (for :func:`remove_if_empty` after a failure)."""
+    path = Path(path).expanduser()
+    missing = []
+    walk = Path(os.path.abspath(path))
+    while not walk.exists() and walk != walk.parent:
+        missing.append(walk)
+        walk = walk.parent
+    path.mkdir(parents=True, exist_ok=True)
+    return list(reversed(missing))
+
+
+def remove_if_empty(created: list[Path]) -> None:
+    """Remove the folders :func:`make_folder` created, innermost first, while they are empty: a
+    command that failed leaves no empty output folder behind (anything written stays)."""
+    for folder in reversed(created):
+        try:
+            folder.rmdir()
+        except OSError:
+            return  # not empty (something was written), or gone: leave it and its parents

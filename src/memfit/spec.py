@@ -7,7 +7,9 @@ choices), default and help. Everything else is derived from it: the choice lists
 knob means adding a field here, plus the code that uses it.
 
 Bad values are all collected and raised at once as a :class:`SpecError` whose lines name the
-field, the value and the fix, before anything expensive runs.
+field, the value and the fix, before anything expensive runs. Each message exists once and is
+spelled as the user wrote the knob: ``--batch-size 4`` on a command line, ``batch_size: 4`` in a
+training YAML (``make_spec(spelling=...)``).
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+
+from memfit.errors import UserError, listed
 
 #: ``--tiling auto`` tiles the MLP from this many tokens a micro-batch: below it the MLP's
 #: intermediates are small next to the rest of the step, and tiling would only add recomputation.
@@ -45,12 +50,14 @@ def knob(default: Any, help: str, *, short: str | None = None, example: Any = No
     return Field(default, description=help, json_schema_extra={k: v for k, v in extra.items() if v not in (None, False)})
 
 
-class SpecError(ValueError):
+class SpecError(UserError, ValueError):
     """One or more bad knobs. ``problems`` holds one line per problem, each naming field, value and fix."""
+
+    heading = "invalid run configuration"
 
     def __init__(self, problems: list[str]):
         self.problems = problems
-        super().__init__("invalid run configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+        super().__init__(listed(self.heading, problems))
 
 
 class RunSpec(BaseModel):
@@ -90,39 +97,41 @@ class RunSpec(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _check_combinations(self) -> "RunSpec":
+    def _check_combinations(self, info: ValidationInfo) -> "RunSpec":
+        name, setting = _spellers((info.context or {}).get("spelling", "flag"))
         problems = []
         if self.method == "qlora" and self.precision == "fp32":
             problems.append(
-                "--precision: fp32 cannot be used with --method qlora: 4-bit weights are dequantized "
-                "to a 16-bit compute dtype. Use --precision bf16 (or fp16 on cards without bf16)."
+                f"{name('precision')}: fp32 cannot be used with {setting('method', 'qlora')}: 4-bit weights are dequantized "
+                f"to a 16-bit compute dtype. Use {setting('precision', 'bf16')} (or fp16 on cards without bf16)."
             )
         if self.method == "full" and self.precision == "fp16":
             problems.append(
-                "--precision: fp16 is not supported for --method full: pure fp16 weights and "
-                "optimizer states overflow and underflow. Use --precision bf16 or fp32."
+                f"{name('precision')}: fp16 is not supported for {setting('method', 'full')}: pure fp16 weights and "
+                f"optimizer states overflow and underflow. Use {setting('precision', 'bf16')} or fp32."
             )
         # The optimizer step in backward updates each parameter as soon as its gradient exists:
         # nothing may need all gradients first (accumulation here; clipping in the training config).
         if self.step_in_backward and self.method != "full":
             problems.append(
-                f"--step-in-backward: only for --method full (got --method {self.method}): adapters' "
-                "gradients are small, there is nothing to save. Drop --step-in-backward."
+                f"{name('step_in_backward')}: only for {setting('method', 'full')} (got {setting('method', self.method)}): adapters' "
+                f"gradients are small, there is nothing to save. Drop {name('step_in_backward')}."
             )
         if self.step_in_backward and self.grad_accum != 1:
             problems.append(
-                f"--step-in-backward: needs --grad-accum 1 (got {self.grad_accum}): each parameter is "
+                f"{name('step_in_backward')}: needs {setting('grad_accum', 1)} (got {self.grad_accum}): each parameter is "
                 "updated as soon as its gradient exists, so gradients cannot accumulate over micro-batches."
             )
         if self.step_in_backward and self.max_grad_norm is not None:
             problems.append(
-                f"--max-grad-norm: {self.max_grad_norm} cannot be used with --step-in-backward: each parameter is updated "
-                "before the global gradient norm exists. Use --max-grad-norm none, or drop --step-in-backward."
+                f"{setting('max_grad_norm', self.max_grad_norm)} cannot be used with {name('step_in_backward')}: each parameter "
+                f"is updated before the global gradient norm exists. Use {setting('max_grad_norm', 'none')}, or drop "
+                f"{name('step_in_backward')}."
             )
         if self.step_in_backward and self.recipe == "hf":
-            problems.append("--step-in-backward: the hf recipe has no optimizer step in backward. Use --recipe memfit.")
+            problems.append(f"{name('step_in_backward')}: the hf recipe has no optimizer step in backward. Use {setting('recipe', 'memfit')}.")
         if self.shard != "none" and self.gpus < 2:
-            problems.append(f"--shard: {self.shard} needs --gpus 2 or more (got --gpus {self.gpus}).")
+            problems.append(f"{name('shard')}: {self.shard} needs {setting('gpus', 2)} or more (got {setting('gpus', self.gpus)}).")
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -196,6 +205,27 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+#: How a message names a knob: as a command-line flag (``--batch-size 4``) or as a training YAML
+#: field (``batch_size: 4``).
+SPELLINGS = ("flag", "field")
+
+
+def spell(name: str, spelling: str = "flag") -> str:
+    """Knob ``name`` as the user wrote it: ``--batch-size`` (flag) or ``batch_size`` (field)."""
+    return flag(name) if spelling == "flag" else name
+
+
+def spell_setting(name: str, value: Any, spelling: str = "flag") -> str:
+    """Knob ``name`` set to ``value`` as the user would write it: ``--rank 16`` or ``rank: 16``."""
+    return f"{flag(name)} {value}" if spelling == "flag" else f"{name}: {value}"
+
+
+def _spellers(spelling: str):
+    if spelling not in SPELLINGS:
+        raise ValueError(f"spelling: {spelling!r} is not one of {', '.join(SPELLINGS)}")
+    return (lambda name: spell(name, spelling)), (lambda name, value: spell_setting(name, value, spelling))
+
+
 def _example(name: str) -> Any:
     return (RunSpec.model_fields[name].json_schema_extra or {}).get("example")
 
@@ -222,12 +252,15 @@ def tiles_sequence(tiling: str, recipe: str, tokens: int) -> bool:
 # Validation
 
 
-def make_spec(**knobs: Any) -> RunSpec:
+def make_spec(*, spelling: str = "flag", **knobs: Any) -> RunSpec:
     """Build a :class:`RunSpec` from keyword knobs, or raise :class:`SpecError` listing every problem.
 
     Values may be given as text (as the command line gives them). Unknown knob names get a "did you
-    mean" suggestion; ``None`` values mean "use the default".
+    mean" suggestion; ``None`` values mean "use the default". ``spelling`` says how the messages
+    name knobs: ``"flag"`` (``--rank 0 must be...``, for command lines) or ``"field"`` (``rank: 0
+    must be...``, for a training YAML).
     """
+    _spellers(spelling)  # a bad spelling is a bug in the caller: fail before any message is made
     problems: list[str] = []
     clean: dict[str, Any] = {}
     for name, value in knobs.items():
@@ -239,7 +272,7 @@ def make_spec(**knobs: Any) -> RunSpec:
             hint = f" Did you mean {close[0]!r}?" if close else f" Known knobs: {', '.join(sorted(KNOBS))}."
             problems.append(f"unknown knob {name!r}.{hint}")
             continue
-        problem, value = _check_value(key, value)
+        problem, value = _check_value(key, value, spelling)
         if problem:
             problems.append(problem)
         else:
@@ -251,14 +284,15 @@ def make_spec(**knobs: Any) -> RunSpec:
         # default is no clipping (asking for both is refused).
         clean["max_grad_norm"] = None
     try:
-        return RunSpec(**clean)
+        return RunSpec.model_validate(clean, context={"spelling": spelling})
     except ValidationError as err:
-        raise SpecError(_pydantic_problems(err)) from None
+        raise SpecError(_pydantic_problems(err, spelling)) from None
 
 
-def _check_value(key: str, value: Any) -> tuple[str | None, Any]:
+def _check_value(key: str, value: Any, spelling: str = "flag") -> tuple[str | None, Any]:
     """(problem, value): the value converted to the knob's type, or the line that says what is wrong."""
-    kind, name, example = value_kind(key), flag(key), _example(key)
+    kind, name, example = value_kind(key), spell(key, spelling), _example(key)
+    good = spell_setting(key, example, spelling)
     if kind == "choice":
         allowed = choices(key)
         text = str(value).strip().lower() if isinstance(value, str) else value
@@ -269,23 +303,23 @@ def _check_value(key: str, value: Any) -> tuple[str | None, Any]:
         return None, text
     if kind == "int":
         if isinstance(value, bool) or not _is_int_like(value):
-            return f"{name}: {value!r} is not a whole number. Use e.g. {name} {example}.", value
+            return f"{name}: {value!r} is not a whole number. Use e.g. {good}.", value
         number = int(value)
         if number < 1:
-            return f"{name}: {number} must be 1 or more (e.g. {name} {example}).", value
+            return f"{name}: {number} must be 1 or more (e.g. {good}).", value
         return None, number
     if kind == "float":
         if _means_none(value) and RunSpec.model_fields[key].default is not None:
             return None, None  # "none": switched off (a None value means "the default" to make_spec)
         number = _as_float(value)
         if key == "alpha" and (number is None or not math.isfinite(number) or number <= 0):
-            return f"{name}: {value!r} must be a positive number (e.g. {name} {example}).", value
+            return f"{name}: {value!r} must be a positive number (e.g. {good}).", value
         if key == "max_grad_norm" and (number is None or not math.isfinite(number) or number <= 0):
-            return f"{name}: {value!r} must be a positive number, or none for no clipping (e.g. {name} {example}).", value
+            return f"{name}: {value!r} must be a positive number, or none for no clipping (e.g. {good}).", value
         if key == "dropout" and (number is None or not 0.0 <= number < 1.0):
-            return f"{name}: {value!r} must be in [0, 1) (e.g. {name} {example}).", value
+            return f"{name}: {value!r} must be in [0, 1) (e.g. {good}).", value
         if number is None:
-            return f"{name}: {value!r} is not a number (e.g. {name} {example}).", value
+            return f"{name}: {value!r} is not a number (e.g. {good}).", value
         return None, number
     if kind == "bool" and isinstance(value, str):
         text = value.strip().lower()
@@ -326,13 +360,13 @@ def _as_float(value: Any) -> float | None:
     return None
 
 
-def _pydantic_problems(err: ValidationError) -> list[str]:
+def _pydantic_problems(err: ValidationError, spelling: str = "flag") -> list[str]:
     problems = []
     for item in err.errors():
         loc = [str(part) for part in item.get("loc", ()) if part != "__root__"]
         message = str(item.get("msg", "")).removeprefix("Value error, ")
         if loc:
-            field = flag(loc[0]) if loc[0] in RunSpec.model_fields else loc[0]
+            field = spell(loc[0], spelling) if loc[0] in RunSpec.model_fields else loc[0]
             problems.append(f"{field}: {item.get('input')!r}: {message}")
         else:
             problems.extend(line for line in message.splitlines() if line)

@@ -192,13 +192,15 @@ def test_safe_names_first_non_finite_tensor(tmp_path, llama_bf16, plain_adapter)
 
 def test_overwrite_replaces_old_content_after_success(tmp_path, llama_bf16, plain_adapter):
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "old.txt").write_text("previous merge")
+    merge(llama_bf16, plain_adapter, out, progress=False)  # an earlier merge
+    marker = out / "memfit-merge.json"
+    marker.write_text(json.dumps(dict(json.loads(marker.read_text()), which="the earlier merge")))
     with pytest.raises(MergeError, match="--overwrite"):
         merge(llama_bf16, plain_adapter, out, progress=False)
-    assert (out / "old.txt").read_text() == "previous merge"
+    assert json.loads(marker.read_text())["which"] == "the earlier merge"
     merge(llama_bf16, plain_adapter, out, overwrite=True, progress=False)
-    assert not (out / "old.txt").exists() and (out / "model.safetensors.index.json").is_file()
+    assert "which" not in json.loads(marker.read_text())  # replaced by the new merge
+    assert (out / "model.safetensors.index.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
@@ -206,8 +208,8 @@ def test_interrupted_merge_leaves_nothing_and_keeps_old_out(tmp_path, llama_bf16
     import memfit.merge.api as api
 
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "old.txt").write_text("previous merge")
+    merge(llama_bf16, plain_adapter, out, progress=False)  # an earlier merge
+    before = sorted(p.name for p in out.iterdir())
     real = api._produce
     calls = {"n": 0}
 
@@ -221,7 +223,7 @@ def test_interrupted_merge_leaves_nothing_and_keeps_old_out(tmp_path, llama_bf16
     with pytest.raises(KeyboardInterrupt):
         merge(llama_bf16, plain_adapter, out, overwrite=True, progress=False)
     assert calls["n"] == 4
-    assert sorted(p.name for p in out.iterdir()) == ["old.txt"]
+    assert sorted(p.name for p in out.iterdir()) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
     fresh = tmp_path / "fresh"

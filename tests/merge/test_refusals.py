@@ -178,3 +178,65 @@ def test_not_enough_disk_space(tmp_path, llama_bf16, plain_adapter, monkeypatch)
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(outdir.shutil, "disk_usage", lambda path: usage(10, 10, 1000))
     _refused(tmp_path, llama_bf16, plain_adapter, "GiB needed for the merged model")
+
+
+def test_target_modules_that_match_nothing_in_the_base_are_refused_as_peft_refuses_them(tmp_path, llama_bf16, plain_adapter):
+    import transformers
+    from peft import PeftModel
+
+    adapter = _copy_adapter(plain_adapter, tmp_path, target_modules=["c_attn", "c_proj"])  # GPT-2's names
+    with pytest.raises(ValueError):  # the reference: PEFT will not load it
+        PeftModel.from_pretrained(transformers.AutoModelForCausalLM.from_pretrained(llama_bf16), adapter)
+    _refused(tmp_path, llama_bf16, adapter, r"target_modules=\['c_attn', 'c_proj'\] match no module of the base model")
+
+
+# ------------------------------------------------------------------------------------------------
+# --overwrite and leftovers: nothing the user owns is deleted
+
+
+def test_overwrite_never_deletes_a_folder_memfit_did_not_write(tmp_path, llama_bf16, plain_adapter):
+    out = tmp_path / "out"
+    (out / ".ssh").mkdir(parents=True)
+    (out / ".ssh" / "id_ed25519").write_text("secret\n")
+    (out / "main.py").write_text("print('mine')\n")
+    with pytest.raises(MergeError, match="--overwrite replaces only a folder memfit merge wrote.*no memfit-merge.json"):
+        merge(llama_bf16, plain_adapter, out, overwrite=True, progress=False)
+    assert (out / ".ssh" / "id_ed25519").read_text() == "secret\n" and (out / "main.py").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_overwrite_keeps_an_earlier_merge_that_now_holds_a_users_file(tmp_path, llama_bf16, plain_adapter):
+    out = tmp_path / "out"
+    merge(llama_bf16, plain_adapter, out, progress=False)
+    (out / "notes.md").write_text("my evaluation notes\n")  # added by the user since
+    with pytest.raises(MergeError, match=r"also holds what a merge does not write \('notes.md'\)"):
+        merge(llama_bf16, plain_adapter, out, overwrite=True, progress=False)
+    assert (out / "notes.md").read_text() == "my evaluation notes\n"
+    (out / "notes.md").unlink()
+    merge(llama_bf16, plain_adapter, out, overwrite=True, progress=False)  # a plain earlier merge is replaced
+
+
+def test_leftovers_of_killed_merges_are_removed_when_provably_abandoned(tmp_path, llama_bf16, plain_adapter):
+    out = tmp_path / "out"
+    dead = tmp_path / "out.partial-999999999-abcd1234"  # no process has this id
+    live = tmp_path / f"out.partial-{os.getppid()}-abcd1234"  # a running process: maybe a merge in progress
+    unsure = tmp_path / "out.partial-k2j4h5g6"  # an older memfit's name, no process id
+    other = tmp_path / "outer.partial-999999999-x"  # another --out's
+    for folder in (dead, live, unsure, other):
+        folder.mkdir()
+        (folder / "model.safetensors.tmp").write_bytes(b"half a shard")
+    result = merge(llama_bf16, plain_adapter, out, progress=False)
+    assert result.removed_leftovers == (dead,)
+    assert not dead.exists() and live.exists() and unsure.exists() and other.exists()
+    assert len(result.notes) == 1 and str(unsure) in result.notes[0]
+
+
+def test_merged_files_get_the_permissions_of_the_umask(tmp_path, llama_bf16, plain_adapter):
+    previous = os.umask(0o022)
+    try:
+        merge(llama_bf16, plain_adapter, tmp_path / "out", progress=False)
+    finally:
+        os.umask(previous)
+    out = tmp_path / "out"
+    assert oct(out.stat().st_mode & 0o777) == oct(0o755)  # not mkdtemp's 0700
+    assert {oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {oct(0o644)}

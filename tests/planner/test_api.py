@@ -79,9 +79,8 @@ def test_bad_input_is_refused_before_work(args, message):
 
 
 def test_unknown_target_module_is_named(tiny_llama):
-    from memfit.models.errors import ModelBuildError
-
-    with pytest.raises(ModelBuildError, match="--targets: qkv match no linear layer.*q_proj"):
+    # Found while validating, with the other problems, before any simulation.
+    with pytest.raises(PlanError, match="--targets: qkv match no linear layer.*q_proj"):
         memfit.plan(tiny_llama, targets="qkv", seq_len=64)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import signal
 import subprocess
 import sys
@@ -16,17 +17,26 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from trainer_helpers import REPO, read_metrics, step_losses, tiny_config  # noqa: E402
+from trainer_helpers import (  # noqa: E402
+    DEMO_DATA,
+    REPO,
+    read_metrics,
+    step_losses,
+    tiny_config,
+    tiny_settings,
+)
 
 from memfit.step import train_step as step_module  # noqa: E402
 from memfit.train.checkpointing import (  # noqa: E402
     CheckpointError,
     capture_rng,
+    checkpoint_problem,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
     restore_rng,
     save_checkpoint,
+    stale_temporary_folders,
 )
 from memfit.train.recipe import train  # noqa: E402
 from memfit.train.run_folder import truncate_metrics  # noqa: E402
@@ -82,7 +92,7 @@ def test_sigterm_in_a_subprocess_saves_and_exits_cleanly(tmp_path):
     out = tmp_path / "run"
     config = tmp_path / "run.yaml"
     config.write_text(
-        (REPO / "examples" / "tiny.yaml").read_text().replace("data/tiny-instruct.jsonl", str(REPO / "examples" / "data" / "tiny-instruct.jsonl"))
+        (REPO / "examples" / "tiny.yaml").read_text().replace("../src/memfit/assets/data/tiny-instruct.jsonl", str(DEMO_DATA))
     )
     script = textwrap.dedent(
         """
@@ -110,6 +120,11 @@ def test_sigterm_in_a_subprocess_saves_and_exits_cleanly(tmp_path):
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     assert "Traceback" not in stderr
     assert "stopped by SIGTERM" in stderr and "--resume" in stderr
+    # The command printed continues this run: the output folder and every other option are in it.
+    again = shlex.split(stderr.split("Continue with: ", 1)[1].splitlines()[0])
+    assert again[:3] == ["memfit", "train", str(config)] and again[-1] == "--resume"
+    pairs = set(zip(again, again[1:]))
+    assert {("--output-dir", str(out)), ("--set", "log_every=1"), ("--max-steps", "100000")} <= pairs
     checkpoint = latest_checkpoint(out)
     meta = json.loads((checkpoint / "meta.json").read_text())
     assert meta["reason"] == "interrupt" and meta["step"] >= 2
@@ -193,3 +208,98 @@ def test_resume_with_other_batch_or_rank_is_refused(tmp_path):
         train(tiny_config(tmp_path / "run", max_steps=4, batch_size=2), resume=True, progress=False)
     with pytest.raises(TrainError, match="does not fit this model|shape"):
         train(tiny_config(tmp_path / "run", max_steps=4, rank=8), resume=True, progress=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# Damaged checkpoints, finished runs, leftovers, permissions
+
+
+def _tree(folder):
+    return {str(p.relative_to(folder)): (None if p.is_dir() else p.read_bytes()) for p in sorted(folder.rglob("*"))}
+
+
+def test_resume_falls_back_past_a_damaged_checkpoint_and_says_so(tmp_path):
+    from io import StringIO
+
+    from rich.console import Console
+
+    clean = train(tiny_config(tmp_path / "clean", max_steps=4), progress=False)
+    first = train(tiny_config(tmp_path / "run", max_steps=3, save_every=1), progress=False)
+    assert [p.name for p in list_checkpoints(tmp_path / "run")] == ["step-00000002", "step-00000003"]
+    damaged = tmp_path / "run" / "checkpoints" / "step-00000003" / "trainable.safetensors"
+    damaged.write_bytes(b"")  # a full disk while it was written
+    assert first.status == "completed"
+    said = StringIO()
+    resumed = train(tiny_config(tmp_path / "run", max_steps=4, save_every=1), resume=True, progress=False,
+                    console=Console(file=said, width=200))
+    assert "skipping damaged checkpoint" in said.getvalue() and "trainable.safetensors is empty" in said.getvalue()
+    assert "resuming from" in said.getvalue() and "step-00000002" in said.getvalue()
+    assert resumed.status == "completed" and resumed.step == 4
+    got, want = step_losses(tmp_path / "run"), step_losses(tmp_path / "clean")
+    assert sorted(got) == [1, 2, 3, 4] and all(abs(got[s] - want[s]) <= 1e-6 for s in want)
+    assert clean.step == 4
+
+
+def test_checkpoint_problem_finds_files_cut_short(tmp_path):
+    model = _Tiny()
+    opt = torch.optim.AdamW([model.a], lr=0.1)
+    path = _save(tmp_path, 1, model, opt)
+    assert checkpoint_problem(path) is None
+    weights = (path / "trainable.safetensors").read_bytes()
+    (path / "trainable.safetensors").write_bytes(weights[:-3])
+    assert "cut short" in checkpoint_problem(path)
+    (path / "trainable.safetensors").write_bytes(weights)
+    state = (path / "state.pt").read_bytes()
+    (path / "state.pt").write_bytes(state[: len(state) // 2])
+    assert "state.pt is incomplete" in checkpoint_problem(path)
+    assert latest_checkpoint(tmp_path) is None
+
+
+def test_resume_of_a_finished_run_changes_nothing(tmp_path):
+    from typer.testing import CliRunner
+
+    from memfit.cli import app
+    from memfit.train.config import write_config
+
+    done = train(tiny_config(tmp_path / "run", max_steps=2), progress=False)
+    assert done.status == "completed"
+    before = _tree(tmp_path / "run")
+    again = train(tiny_config(tmp_path / "run", max_steps=2), resume=True, progress=False)
+    assert again.status == "finished" and again.output_dir == tmp_path / "run" / "adapter" and again.step == 2
+    assert _tree(tmp_path / "run") == before
+    # On the command line: it says so, with the output folder, and exits 0.
+    config = tmp_path / "run.yaml"
+    write_config(tiny_settings(tmp_path / "run", max_steps=2), config)
+    result = CliRunner().invoke(app, ["train", str(config), "--resume"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "already finished" in text and str(tmp_path / "run" / "adapter") in text and "nan" not in text
+    assert _tree(tmp_path / "run") == before
+
+
+def test_resume_removes_what_interrupted_saves_left_and_nothing_else(tmp_path):
+    train(tiny_config(tmp_path / "run", max_steps=2), progress=False)
+    folder = tmp_path / "run" / "checkpoints"
+    dead = [folder / ".tmp-step-00000003-999999999", tmp_path / "run" / ".tmp-adapter-999999999",
+            folder / ".old-step-00000002-999999999"]
+    kept = [folder / f".tmp-step-00000004-{os.getpid()}",  # a live process's save
+            folder / ".tmp-step-00000005",  # a multi-process save: no pid to prove it abandoned
+            tmp_path / "run" / "my-notes"]
+    for path in dead + kept:
+        path.mkdir()
+    assert stale_temporary_folders(tmp_path / "run") == sorted(dead)
+    train(tiny_config(tmp_path / "run", max_steps=3), resume=True, progress=False)
+    assert not any(p.exists() for p in dead) and all(p.exists() for p in kept)
+
+
+def test_checkpoints_and_outputs_get_the_permissions_of_the_umask(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        train(tiny_config(tmp_path / "run", max_steps=1), progress=False)
+    finally:
+        os.umask(previous)
+    run = tmp_path / "run"
+    files = [p for p in run.rglob("*") if p.is_file()]
+    assert files and {oct(p.stat().st_mode & 0o777) for p in files} == {oct(0o644)}, [
+        (str(p), oct(p.stat().st_mode & 0o777)) for p in files if p.stat().st_mode & 0o777 != 0o644]
+    assert {oct(p.stat().st_mode & 0o777) for p in run.rglob("*") if p.is_dir()} == {oct(0o755)}

@@ -80,7 +80,8 @@ def test_every_problem_is_listed_at_once_with_field_names(tmp_path):
     problems = info.value.problems
     assert len(problems) >= 7, problems
     assert "batchsize: unknown setting. Did you mean 'batch_size'?" in text
-    assert "--method: 'lorra'" in text and "Did you mean 'lora'?" in text
+    assert "method: 'lorra'" in text and "Did you mean 'lora'?" in text
+    assert "--" not in text  # a YAML's fields are named as the YAML spells them, not as command-line flags
     assert "lr: -1.0" in text
     assert "missing.jsonl" in text and "does not exist" in text
     assert "warmup_steps and warmup_ratio" in text
@@ -132,7 +133,7 @@ def test_unknown_catalog_model_and_gpu(tmp_path):
 
 
 def test_spec_combinations_are_checked(tmp_path):
-    with pytest.raises(ConfigError, match="fp32 cannot be used with --method qlora"):
+    with pytest.raises(ConfigError, match="precision: fp32 cannot be used with method: qlora.*Use precision: bf16"):
         validate_config(tiny_settings(tmp_path / "out", method="qlora", precision="fp32"))
     config = validate_config(tiny_settings(tmp_path / "out", checkpointing=False))
     assert config.spec.checkpointing == "off"

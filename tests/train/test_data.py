@@ -25,6 +25,8 @@ from memfit.train.data.tokenization import mask_outside_spans
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_DIR = ROOT / "examples" / "data"
+#: The demo dataset ships inside the package (memfit fit --write points at the installed copy).
+DEMO_FILE = ROOT / "src" / "memfit" / "assets" / "data" / "tiny-instruct.jsonl"
 SHIPPED = {
     "tiny-instruct.jsonl": ("messages", 320),
     "alpaca-example.json": ("alpaca", 7),
@@ -92,7 +94,7 @@ def data_error(paths, format="auto") -> str:
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_shipped_dataset_files_validate(name):
-    records, fmt = load_records(DATA_DIR / name)
+    records, fmt = load_records(DEMO_FILE if name == DEMO_FILE.name else DATA_DIR / name)
     assert (fmt, len(records)) == SHIPPED[name]
 
 
@@ -290,7 +292,7 @@ def test_mixed_formats_across_files_are_refused(tmp_path):
 
 
 def test_only_assistant_turns_are_trained_by_default(tokenizer):
-    records, _ = load_records(DATA_DIR / "tiny-instruct.jsonl")
+    records, _ = load_records(DEMO_FILE)
     examples = tokenize_records(records, tokenizer, seq_len=256)
     assert len(examples) == len(records)
     for record, example in zip(records, examples):
@@ -396,7 +398,7 @@ def test_bad_tokenization_settings_are_reported_together(tokenizer):
 
 
 def test_packing_fills_rows_and_keeps_labels_masked(tokenizer):
-    records, _ = load_records(DATA_DIR / "tiny-instruct.jsonl")
+    records, _ = load_records(DEMO_FILE)
     records = records[:40]
     seq_len = 64
     examples = tokenize_records(records, tokenizer, seq_len=seq_len)
@@ -443,7 +445,7 @@ def _tiny_llama(vocab_size: int):
 def test_packed_rows_with_position_ids_keep_attention_inside_examples(tokenizer):
     import torch
 
-    records, _ = load_records(DATA_DIR / "tiny-instruct.jsonl")
+    records, _ = load_records(DEMO_FILE)
     examples = tokenize_records(records[:3], tokenizer, seq_len=256)
     rows = tokenize_records(records[:3], tokenizer, seq_len=256, packing=True)
     assert len(rows) == 1
@@ -530,7 +532,7 @@ def test_a_tiny_model_learns_the_shipped_dataset(tokenizer):
     """The whole path (load, tokenize, pack, batch, collate) feeds a model whose loss falls."""
     import torch
 
-    records, _ = load_records(DATA_DIR / "tiny-instruct.jsonl")
+    records, _ = load_records(DEMO_FILE)
     rows = tokenize_records(records, tokenizer, seq_len=128, packing=True)
     model = _tiny_llama(len(tokenizer)).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)

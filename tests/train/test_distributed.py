@@ -213,8 +213,8 @@ def test_gpus_without_torchrun_is_refused_before_loading(tmp_path, monkeypatch):
         (dict(gpus=2), "shard: 'none' with gpus: 2.*shard: fsdp"),
         (dict(gpus=2, shard="fsdp", precision="fp16"), "precision: 'fp16' with gpus: 2.*bf16"),
         (dict(gpus=2, shard="fsdp", device="cuda:1"), "device: 'cuda:1' with gpus: 2"),
-        (dict(shard="fsdp"), "--shard: fsdp needs --gpus 2"),
-        (dict(gpus=2, shard="zero4"), "--shard: 'zero4' is not one of"),
+        (dict(shard="fsdp"), "shard: fsdp needs gpus: 2"),
+        (dict(gpus=2, shard="zero4"), "shard: 'zero4' is not one of"),
     ],
 )
 def test_unsupported_multi_gpu_settings_are_config_errors(tmp_path, changes, message):

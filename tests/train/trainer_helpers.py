@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-DEMO_DATA = REPO / "examples" / "data" / "tiny-instruct.jsonl"
+DEMO_DATA = REPO / "src" / "memfit" / "assets" / "data" / "tiny-instruct.jsonl"
 
 #: A Llama-shaped model small enough to train a few steps on 2 CPU cores in about a second.
 TINY_OVERRIDES: dict[str, Any] = {

@@ -37,15 +37,18 @@ class Leaky(transformers.TrainerCallback):
         self.kept.append(torch.empty(LEAK_BYTES_PER_STEP, dtype=torch.uint8).fill_(1))
 
 
-def run_trainer(out, config, steps, extra_callbacks=(), **callback_kwargs):
+def run_trainer(out, config, steps, extra_callbacks=(), training_args=None, pretrained=False, **callback_kwargs):
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    if pretrained:  # as users load models: from_pretrained returns the model in eval mode
+        model.save_pretrained(out / "base")
+        model = AutoModelForCausalLM.from_pretrained(out / "base", attn_implementation="sdpa")
     args = TrainingArguments(
         output_dir=str(out), max_steps=steps, per_device_train_batch_size=2, learning_rate=1e-3,
         use_cpu=True, report_to=[], logging_steps=10, save_strategy="no", disable_tqdm=True,
-        dataloader_num_workers=0,
+        dataloader_num_workers=0, **(training_args or {}),
     )
     callback = MemoryCallback(**callback_kwargs)
     trainer = Trainer(model=model, args=args, train_dataset=TinyData(), callbacks=[callback, *extra_callbacks])
@@ -79,3 +82,32 @@ def test_clean_trainer_run_of_200_steps_raises_nothing(tmp_path, tiny_llama_conf
 def test_bad_argument():
     with pytest.raises(ValueError, match="attribute_steps"):
         MemoryCallback(attribute_steps=-1)
+
+
+def test_checkpointing_trainer_is_inspected_as_it_trains_and_raises_no_alarm(tmp_path, tiny_llama_config):
+    # A plain Trainer(gradient_checkpointing=True) on a from_pretrained model: the model is still in
+    # eval mode at on_train_begin (the Trainer calls model.train() inside its first step), and
+    # checkpointing is on as it trains.
+    from typer.testing import CliRunner
+
+    from memfit.cli import app
+
+    callback = run_trainer(tmp_path, tiny_llama_config, 3, training_args={"gradient_checkpointing": True}, pretrained=True)
+    assert [f.code for f in callback.findings if f.code == "checkpointing_inactive"] == []
+    folder = load_run(tmp_path)
+    assert folder.timeline.start["spec"]["checkpointing"] == "on"
+    assert [f.code for f in folder.timeline.findings] == []
+    result = CliRunner().invoke(app, ["doctor", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "checkpointing_inactive" not in result.output
+
+
+def test_checkpointing_switched_off_while_training_is_still_found(tmp_path, tiny_llama_config):
+    # The check still sees what matters: checkpointing asked for, but off in the model that trains.
+    class TurnsItOff(transformers.TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            model.gradient_checkpointing_disable()
+
+    callback = run_trainer(tmp_path, tiny_llama_config, 2, extra_callbacks=[TurnsItOff()],
+                           training_args={"gradient_checkpointing": True}, pretrained=True)
+    assert [f.code for f in callback.findings if f.code == "checkpointing_inactive"] == ["checkpointing_inactive"]

@@ -131,6 +131,31 @@ def config_problems(config: dict) -> list[str]:
     return problems
 
 
+def _targets_module(targets, module: str) -> bool:
+    """Whether PEFT's ``target_modules`` names ``module``: a string is a regular expression the
+    whole name must match; a list holds names matched exactly or as the last dotted parts."""
+    if isinstance(targets, str):
+        return re.fullmatch(targets, module) is not None
+    return any(module == t or module.endswith("." + t) for t in targets)
+
+
+def target_module_problems(adapter: Adapter, modules: set[str]) -> list[str]:
+    """What PEFT refuses when loading ``adapter`` onto a base with these ``modules``:
+    ``target_modules`` that match none of them (an adapter trained on another architecture)."""
+    targets = adapter.config.get("target_modules")
+    if targets in (None, "all-linear", ["all-linear"]) or not isinstance(targets, (str, list)):
+        return []
+    try:
+        if not any(_targets_module(targets, m) for m in modules):
+            return [
+                f"adapter_config.json target_modules={targets!r} match no module of the base model, so PEFT refuses this "
+                "adapter: it was trained on another architecture. Pass the base model it was trained on."
+            ]
+    except re.error as exc:
+        return [f"adapter_config.json target_modules={targets!r} is not a valid regular expression ({exc})."]
+    return []
+
+
 def _split_key(key: str) -> tuple[str, str] | None:
     """(module, role) for a LoRA key, role one of A, B, EA, EB; None for any other key."""
     for suffix, role in ((".lora_A.weight", "A"), (".lora_B.weight", "B"), (".lora_embedding_A", "EA"), (".lora_embedding_B", "EB")):

@@ -28,6 +28,8 @@ class MergeResult:
     untied_embeddings: bool  # True when tied embeddings had to be written as two tensors
     tokenizer_from: Path  # folder the tokenizer files were copied from
     seconds: float
+    removed_leftovers: tuple[Path, ...] = ()  # build folders of earlier merges to --out whose process is gone
+    notes: tuple[str, ...] = ()  # what the user should know (folders that may be leftovers)
 
 
 def parse_device(value: str) -> str:
@@ -99,11 +101,13 @@ def merge(
     out_dir = check_paths(base_dir, adapter_dir, Path(out), overwrite)
 
     from .adapter import read_adapter
+    from .outdir import remove_stale_builds
 
     checkpoint = read_base(base_dir)
     lora = read_adapter(adapter_dir)
     structure = model_structure(base_dir)
     plan = build_plan(checkpoint, lora, structure, out_code)
+    removed, unsure = remove_stale_builds(out_dir)  # before the space check: they may hold a whole model
     check_free_space(out_dir, plan.output_bytes + 2**20)
 
     from .outdir import (
@@ -112,6 +116,7 @@ def merge(
         publish,
         tokenizer_source,
         write_config,
+        write_marker,
     )
 
     build = make_build_folder(out_dir)
@@ -121,6 +126,7 @@ def merge(
             _write_index(plan, build)
         write_config(checkpoint.config, build, CONFIG_NAMES[out_code] if out_code else None, plan.untied)
         copy_side_files(base_dir, adapter_dir, build)
+        write_marker(build, str(base), str(adapter), out_code)
         publish(build, out_dir)
     except BaseException:
         # an interrupted or failed merge leaves nothing that looks like a checkpoint
@@ -137,6 +143,9 @@ def merge(
         untied_embeddings=plan.untied,
         tokenizer_from=tokenizer_source(base_dir, adapter_dir),
         seconds=time.perf_counter() - started,
+        removed_leftovers=tuple(removed),
+        notes=tuple(f"{path} may be left by an interrupted merge (it has no process id to check): delete it if no merge "
+                    "to this --out is running" for path in unsure),
     )
 
 

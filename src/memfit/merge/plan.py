@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .adapter import Adapter, LoraPair
+from .adapter import Adapter, LoraPair, target_module_problems
 from .base import BaseCheckpoint, ModelStructure
 from .dtypes import BYTES_PER_ELEMENT, FLOAT_CODES
 from .errors import MergeError
@@ -103,6 +103,8 @@ def work_code(base_code: str, out_dtype: str | None) -> str:
 def build_plan(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure, out_dtype: str | None) -> MergePlan:
     """Map the adapter onto the base; raises MergeError listing every mismatch."""
     problems: list[str] = []
+    modules = {key.rpartition(".")[0] for key in base.specs} | set(structure.kinds)
+    problems.extend(target_module_problems(adapter, modules))
     # Each checkpoint tensor is its own storage; a tied name missing from the checkpoint (lm_head
     # when tie_word_embeddings is true) points to the storage of the name that is present.
     binding: dict[str, Storage] = {key: Storage(key) for key in base.specs}

@@ -19,8 +19,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from memfit.errors import UserError
 
-class ModelNotFoundError(ValueError):
+
+class ModelNotFoundError(UserError, ValueError):
     """The model argument is neither a catalog name nor a readable config."""
 
 
@@ -104,6 +106,47 @@ def resolve_model(model: str | Path | dict, revision: str | None = None) -> Mode
         f"unknown model {text!r}.{hint} Use a catalog name (`memfit models` lists them), a Hugging Face Hub id "
         "(org/name), a path to a config.json, or a local model folder."
     )
+
+
+def model_type_problem(config: dict[str, Any]) -> str | None:
+    """Why transformers cannot build a causal LM from ``config``'s ``model_type`` (None when it can),
+    in one line with the closest known types: the full list has hundreds of names."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        return f"model_type {model_type!r} is not an architecture name (e.g. \"model_type\": \"llama\")."
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return None
+    import transformers
+
+    if model_type in CONFIG_MAPPING_NAMES:
+        return (f"model_type {model_type!r} has no causal language model in transformers {transformers.__version__} "
+                "(AutoModelForCausalLM): memfit fine-tunes causal LMs (Llama, Qwen, Mistral, Gemma, GPT-2...).")
+    close = difflib.get_close_matches(model_type, sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), n=3, cutoff=0.6)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return (f"model_type {model_type!r} is not an architecture transformers {transformers.__version__} knows.{hint} "
+            "(A new architecture needs a newer transformers: pip install -U transformers.)")
+
+
+def max_positions(config: dict[str, Any]) -> int | None:
+    """The longest sequence ``config`` says the model takes (``max_position_embeddings``, or GPT-2's
+    ``n_positions``), or None when it does not say."""
+    value = config.get("max_position_embeddings") or config.get("n_positions")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def seq_len_problem(name: str, config: dict[str, Any], seq_len: int, spelling: str = "flag") -> str | None:
+    """Why ``seq_len`` is too long for model ``name`` (None when it is not), naming the knob as the
+    user wrote it (``--seq-len`` or ``seq_len:``, see :func:`memfit.spec.spell`)."""
+    from memfit.spec import spell, spell_setting
+
+    limit = max_positions(config)
+    if limit is None or seq_len <= limit:
+        return None
+    return (f"{spell('seq_len', spelling)}: {seq_len} is beyond {name}'s max_position_embeddings ({limit}). "
+            f"Use {spell_setting('seq_len', limit, spelling)} or less (or extend the context with RoPE scaling in the config).")
 
 
 def _name_from_config_path(path: Path) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from memfit.errors import UserError
 
-class ModelBuildError(ValueError):
+
+class ModelBuildError(UserError, ValueError):
     """transformers cannot build a causal LM from this config, or a knob does not fit the model."""

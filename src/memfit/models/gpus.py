@@ -12,12 +12,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
+from memfit.errors import UserError
 from memfit.units import MiB
 
 ARCHS = ("volta", "turing", "ampere", "ada", "hopper", "blackwell")
 
 
-class UnknownGpuError(ValueError):
+class UnknownGpuError(UserError, ValueError):
     """A GPU name that matches no catalog entry or alias."""
 
 

@@ -44,6 +44,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
+from memfit.errors import UserError
+
 #: ``org/name``: the Hub's rules (letters, digits, ``_``, ``-``, ``.``; each part starts and ends
 #: with a letter, digit or ``_``; at most 96 characters each; no ``--`` or ``..``).
 _PART = r"[A-Za-z0-9_](?:[\w.-]{0,94}[A-Za-z0-9_])?"
@@ -72,7 +74,7 @@ DOWNLOAD_WORKERS = 4
 _HASH_CHUNK_BYTES = 8 * 2**20
 
 
-class HubError(ValueError):
+class HubError(UserError, ValueError):
     """A Hub id could not be turned into the files a command needs; the message says why and what to do.
 
     ``kind`` names the problem for callers and tests: ``missing-repo``, ``gated``, ``revision``,

@@ -17,8 +17,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
+
+from memfit.files import apply_umask, make_temp_folder
 
 
 def memfit_cache_dir() -> Path:
@@ -51,7 +52,7 @@ def convert_checkpoint(folder: Path, repo_id: str, commit: str, files: list[str]
     build = dest.parent / f"{commit}.partial"
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        build = Path(tempfile.mkdtemp(prefix=f"{commit}.partial-", dir=dest.parent))
+        build = make_temp_folder(f"{commit}.partial-", dest.parent)  # the permissions mkdir gives, not 0700
         skip = set(files) | ({index} if index else set())
         for path in sorted(Path(folder).iterdir()):
             if path.is_file() and path.name not in skip:
@@ -72,6 +73,7 @@ def convert_checkpoint(folder: Path, repo_id: str, commit: str, files: list[str]
         if index:
             text = json.dumps({"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}, indent=2)
             (build / "model.safetensors.index.json").write_text(text + "\n")
+        apply_umask(build)  # safetensors writes owner-only files
         try:
             os.rename(build, dest)
         except OSError:

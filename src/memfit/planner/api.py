@@ -22,11 +22,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from memfit.models.catalog import ModelSource, resolve_model
+from memfit.models.catalog import (
+    ModelSource,
+    model_type_problem,
+    resolve_model,
+    seq_len_problem,
+)
 from memfit.planner import allocator
 from memfit.planner.report import MemoryPlan
 from memfit.planner.runtime import runtime_overhead
-from memfit.spec import RunSpec, SpecError, make_spec
+from memfit.spec import RunSpec, SpecError, flag, make_spec
 from memfit.units import format_bytes, parse_bytes
 
 _KERNEL_NOTES = {
@@ -52,6 +57,13 @@ def _attention_note(estimate: dict[str, Any]) -> str:
 class PlanError(SpecError):
     """Bad input for a plan (model, knobs, GPU or budget); every problem is listed."""
 
+    heading = "cannot plan this run"
+
+    def __init__(self, problems: list[str], heading: str | None = None):
+        if heading is not None:
+            self.heading = heading
+        super().__init__(problems)
+
 
 @dataclass(frozen=True)
 class _Target:
@@ -61,6 +73,7 @@ class _Target:
     memory_bytes: int | None
     arch: str | None
     supports_bf16: bool | None
+    card: str | None = None  # the GPU catalog name, when a GPU was given
 
 
 def plan(
@@ -137,7 +150,7 @@ def plan(
     if "math" in estimate["attention_kernels"]:
         notes.append(_math_attention_note(source.config, spec))
     if target.supports_bf16 is False and spec.precision == "bf16":
-        notes.append(f"{target.name} has no bf16 support: use --precision fp16 (LoRA/QLoRA) or fp32")
+        notes.append(f"{target.card or target.name} has no bf16 support: use --precision fp16 (LoRA/QLoRA) or fp32")
     details = {
         "total_params": estimate["total_params"],
         "trainable_params": estimate["trainable_params"],
@@ -183,10 +196,32 @@ def validate(model: str | dict, *, revision: str | None = None, gpu: str | None 
         source = resolve_model(model, revision=revision)
     except ValueError as err:
         problems.append(f"model: {err}")
+    if source is not None:
+        problem = model_type_problem(source.config)
+        if problem:
+            problems.append(f"model: {problem}")
+            source = None  # nothing more can be checked against a model transformers cannot build
     try:
         spec = make_spec(**knobs)
     except SpecError as err:
         problems.extend(err.problems)
+        # The model's own checks (sequence length, LoRA targets) still run, with the knobs that are
+        # good on their own, so that every problem is reported in this one pass.
+        good = {}
+        for name, value in knobs.items():
+            try:
+                make_spec(**{name: value})
+                good[name] = value
+            except SpecError:
+                continue
+        try:
+            partial = make_spec(**good)
+        except SpecError:
+            partial = None
+        if source is not None and partial is not None:
+            bad = {name for name, value in knobs.items() if value is not None and name not in good}
+            # A knob given with a bad value is reported once, not again through its default.
+            problems.extend(p for p in _model_problems(source, partial) if not any(p.startswith(flag(n) + ":") for n in bad))
 
     target = _Target(None, None, None, None)
     if gpu is not None:
@@ -194,7 +229,7 @@ def validate(model: str | dict, *, revision: str | None = None, gpu: str | None 
 
         try:
             card = get_gpu(gpu)
-            target = _Target(card.name, card.memory_bytes, card.arch, card.supports_bf16)
+            target = _Target(card.name, card.memory_bytes, card.arch, card.supports_bf16, card.name)
         except ValueError as err:
             problems.append(f"--gpu: {err}")
     if budget is not None:
@@ -202,7 +237,14 @@ def validate(model: str | dict, *, revision: str | None = None, gpu: str | None 
             budget_bytes = parse_bytes(budget)
             if budget_bytes <= 0:
                 raise ValueError(f"{budget!r} must be more than 0 bytes (e.g. '24GiB')")
-            target = _Target(target.name or f"budget {budget}", budget_bytes, target.arch, target.supports_bf16)
+            if target.memory_bytes is not None and budget_bytes > target.memory_bytes:
+                # A budget lowers what the card offers (room kept for something else); it cannot add memory.
+                raise ValueError(
+                    f"{budget} is more than {target.name}'s {format_bytes(target.memory_bytes)}: a budget can only be "
+                    f"lower than the card's memory. Drop --budget, or use a larger --gpu."
+                )
+            name = f"{target.name}, budget {budget}" if target.name else f"budget {budget}"
+            target = _Target(name, budget_bytes, target.arch, target.supports_bf16, target.card)
         except ValueError as err:
             problems.append(f"--budget: {err}")
 
@@ -223,12 +265,12 @@ def _model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
         batch_layout(spec, make_config(source.config))  # packing needs attention kept inside each example
     except ValueError as err:
         problems.append(str(err))
-    max_positions = source.config.get("max_position_embeddings") or source.config.get("n_positions")
-    if isinstance(max_positions, int) and spec.seq_len > max_positions:
-        problems.append(
-            f"--seq-len: {spec.seq_len} is beyond {source.name}'s max_position_embeddings ({max_positions}). "
-            f"Use --seq-len {max_positions} or less (or extend the context with RoPE scaling in the config)."
-        )
+    too_long = seq_len_problem(source.name, source.config, spec.seq_len)
+    if too_long:
+        problems.append(too_long)
+    targets = targets_problem(source.config, spec)
+    if targets:
+        problems.append(targets)
     if spec.method == "qlora" or spec.optimizer in ("adamw8bit", "paged-adamw8bit"):
         import importlib.util
 
@@ -240,6 +282,29 @@ def _model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
 
         problems.extend(mode_problems(spec.shard, spec.gpus, spec.optimizer))
     return problems
+
+
+def targets_problem(config: dict[str, Any], spec: RunSpec, spelling: str = "flag") -> str | None:
+    """Why LoRA ``targets`` cannot apply to the model (a name that matches no linear layer of its
+    decoder), or None. One decoder layer is built on ``meta`` (no memory) and asked, as the
+    trainer's :func:`memfit.step.prepare.check_targets` asks the real model; ``spelling`` as for
+    :func:`memfit.spec.make_spec`."""
+    from memfit.spec import ALL_LINEAR
+
+    if not spec.uses_adapters or spec.targets == (ALL_LINEAR,):
+        return None
+    from memfit.models.build import DTYPES, build_meta_model, make_config
+    from memfit.models.errors import ModelBuildError
+    from memfit.planner.simulate import _quiet
+    from memfit.step.prepare import check_targets
+
+    try:
+        with _quiet():
+            model = build_meta_model(make_config(config, num_layers=1), DTYPES[spec.precision])
+        check_targets(model, spec, spelling)
+    except ModelBuildError as err:
+        return str(err)
+    return None
 
 
 def _add_per_rank_details(details: dict[str, Any], spec: RunSpec, layout, estimate: dict[str, Any]) -> None:

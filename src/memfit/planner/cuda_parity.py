@@ -18,8 +18,7 @@ explained and tested:
   host memory by the tracker.
 - attention (``aten._scaled_dot_product_flash_attention_for_cpu``): the CPU runs flash attention
   for every input, CUDA picks its kernel by architecture, dtype, mask and grouped-query heads
-  (:mod:`memfit.planner.attention_kernels`; for the ``hf`` recipe, which trains under autocast, by
-  the autocast dtype: the casts themselves are not counted); where CUDA would run the math kernel, the plan keeps
+  (:mod:`memfit.planner.attention_kernels`); where CUDA would run the math kernel, the plan keeps
   what it keeps (the ``[batch, heads, seq, seq]`` softmax, the scaled query and key) until the
   attention's backward, with the scores' transients at both ends; where it would run flash or the
   memory-efficient kernel, the backward holds the workspace flash allocates for itself
@@ -56,13 +55,10 @@ class CudaParityMode(TorchDispatchMode):
     CUDA would have run.
     """
 
-    def __init__(self, tracker: MemoryTracker, arch: str | None = None, autocast_dtype: torch.dtype | None = None) -> None:
+    def __init__(self, tracker: MemoryTracker, arch: str | None = None) -> None:
         super().__init__()
         self.tracker = tracker
         self.arch = arch
-        # The plain Hugging Face step trains under autocast (Trainer(bf16=True / fp16=True)): CUDA's
-        # SDPA then gets 16-bit inputs even where the upcast model computes in fp32.
-        self.autocast_dtype = autocast_dtype
         self.kernels: set[str] = set()
         # What the math kernel keeps for backward, by the storage of the attention's output.
         self._math_kept: dict[int, torch.Tensor] = {}
@@ -83,8 +79,7 @@ class CudaParityMode(TorchDispatchMode):
         query, key = args[0], args[1]
         mask = kwargs.get("attn_mask", args[5] if len(args) > 5 else None)
         gqa = query.shape[1] != key.shape[1]
-        dtype = self.autocast_dtype if self.autocast_dtype is not None and query.dtype == torch.float32 else query.dtype
-        kernel = sdpa_kernel(arch=self.arch, dtype=str(dtype).removeprefix("torch."), head_dim=int(query.shape[-1]),
+        kernel = sdpa_kernel(arch=self.arch, dtype=str(query.dtype).removeprefix("torch."), head_dim=int(query.shape[-1]),
                              has_mask=mask is not None, gqa=gqa)
         self.kernels.add(kernel)
         out, lse = func(*args, **kwargs)

@@ -15,18 +15,25 @@ def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
     if multi:
         title += f", up to {result.max_gpus} GPUs (fewest that fit; memory per GPU)"
     if not focus_max_seq_len:
-        table = Table(title=title, title_justify="left")
-        columns = ["#", "method"] + (["gpus", "shard"] if multi else []) + [
-            "checkpointing", "optimizer", "micro-batch x accum", "seq", "peak per GPU" if multi else "peak", "headroom", "speed (est.)"]
-        for column in columns:
-            table.add_column(column, justify="right" if column in ("#", "gpus", "seq", "peak", "peak per GPU", "headroom", "speed (est.)") else "left")
+        # Settings and figures are never cut or wrapped (they are read and typed back): headers take
+        # two lines, columns are one space apart, and a sequence length all fits share goes in the
+        # title, so that the table fits 80 columns.
+        lengths = {f.spec["seq_len"] for f in result.fits}
+        table = Table(title=title + (f", {next(iter(lengths)):,} tokens a sequence" if len(lengths) == 1 else ""),
+                      title_justify="left", box=None, padding=(0, 1), pad_edge=False, collapse_padding=True)
+        columns = [("#", "right"), ("method", "left")] + ([("gpus", "left")] if multi else []) + [
+            ("check-\npointing", "left"), ("optimizer", "left"), ("batch x\naccum", "left")] + (
+            [("seq", "right")] if len(lengths) > 1 else []) + [
+            ("peak\nper GPU" if multi else "peak", "right"), ("head-\nroom", "right"), ("speed\n(est.)", "right")]
+        for column, justify in columns:
+            table.add_column(column, justify=justify, no_wrap=True, header_style="bold")
         for rank, f in enumerate(result.fits, 1):
             s = f.spec
-            placement = [str(s.get("gpus", 1)), f.plan.details.get("shard", s.get("shard", "none"))] if multi else []
+            placement = [f"{s.get('gpus', 1)} {f.plan.details.get('shard', s.get('shard', 'none'))}"] if multi else []
             table.add_row(
                 str(rank), s["method"], *placement, s["checkpointing"], s["optimizer"], f"{s['batch_size']} x {s['grad_accum']}",
-                str(s["seq_len"]), format_bytes(f.plan.device_total_bytes), format_bytes(f.plan.headroom_bytes),
-                f"{f.relative_speed:.2f}",
+                *([f"{s['seq_len']:,}"] if len(lengths) > 1 else []), format_bytes(f.plan.device_total_bytes),
+                format_bytes(f.plan.headroom_bytes), f"{f.relative_speed:.2f}",
             )
         if result.fits:
             console.print(table)
@@ -39,9 +46,9 @@ def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
                 f"micro-batch {s['batch_size']}: {format_bytes(miss.device_total_bytes)} ({format_bytes(miss.over_bytes)} over)[/]"
             )
     longest = Table(title=f"longest sequence, micro-batch 1 ({title})" if focus_max_seq_len else "longest sequence, micro-batch 1",
-                    title_justify="left")
+                    title_justify="left", box=None, padding=(0, 1), pad_edge=False, collapse_padding=True)
     for column in ("method", "tokens", "with"):
-        longest.add_column(column, justify="right" if column == "tokens" else "left")
+        longest.add_column(column, justify="right" if column == "tokens" else "left", no_wrap=column != "with", header_style="bold")
     for method, tokens in result.max_seq_len.items():
         spec = result.max_seq_len_specs.get(method)
         how = f"checkpointing {spec['checkpointing']}, {spec['optimizer']}" if spec else "does not fit"

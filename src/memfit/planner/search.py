@@ -196,10 +196,13 @@ def fit(
     for fixed in ("method", "checkpointing", "optimizer", "grad_accum"):
         if fixed in knobs:
             problems.append(f"--{fixed.replace('_', '-')} is chosen by the search; leave it out")
+    # Validate everything once, before any simulation; every problem is reported together.
+    try:
+        source, _, target = validate(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
+    except PlanError as err:
+        problems.extend(err.problems)
     if problems:
-        raise PlanError(problems)
-    # Validate everything once, before any simulation.
-    source, _, target = validate(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
+        raise PlanError(problems, heading="cannot search this model")
     if isinstance(model, str) and (source.hub or source.note):
         # A Hub id is fetched once: every plan of the search (and every worker) uses that config.
         model = dict(source.config, _name_or_path=source.name)

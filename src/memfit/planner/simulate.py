@@ -91,8 +91,7 @@ def simulate(
     attention = str(getattr(base.config, "_attn_implementation", None) or "eager")
 
     tracker = MemoryTracker()
-    autocast = dtype if spec.recipe == "hf" and dtype != torch.float32 else None
-    parity = CudaParityMode(tracker, arch, autocast_dtype=autocast)
+    parity = CudaParityMode(tracker, arch)
     with (
         _bitsandbytes_tables() if _uses_bitsandbytes(spec) else contextlib.nullcontext(),
         _fake_mode() if fake else contextlib.nullcontext(),

@@ -16,6 +16,7 @@ standard computation (fp32 logits, mean over labelled tokens).
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable, Mapping
 
 import torch
@@ -158,6 +159,19 @@ def backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn
 
 
 def choose_loss(spec: RunSpec) -> LossFn:
-    """The loss a configuration's step takes: the ``hf`` recipe's model loss (the whole logits),
-    or memfit's fused chunked loss (every layout of the batch: padded or one row)."""
-    return model_loss if spec.recipe == "hf" else causal_lm_loss
+    """The loss a configuration's step takes: the ``hf`` recipe's model loss (the whole logits,
+    under autocast), or memfit's fused chunked loss (every layout of the batch: padded or one row)."""
+    if spec.recipe != "hf":
+        return causal_lm_loss
+    from memfit.models.build import DTYPES
+
+    dtype = DTYPES[spec.precision]
+    return model_loss if dtype == torch.float32 else partial(autocast_model_loss, dtype=dtype)
+
+
+def autocast_model_loss(model: torch.nn.Module, batch: Batch, *, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`model_loss` with the forward under autocast to ``dtype``, as the Hugging Face
+    ``Trainer`` runs it with ``bf16=True`` / ``fp16=True``: PEFT's QLoRA preparation upcasts norms and
+    embeddings to fp32, and autocast brings the matmuls and attention back to 16 bits."""
+    with torch.autocast(device_type=batch["input_ids"].device.type, dtype=dtype):
+        return model_loss(model, batch)

@@ -15,11 +15,12 @@ from typing import Callable
 
 from torch import nn
 
+from memfit.errors import UserError
 from memfit.models.build import DTYPES
 from memfit.models.errors import ModelBuildError
 from memfit.models.layers import decoder_layers, linear_names_in_layers
 from memfit.models.quantize import quantize_linears_on_meta
-from memfit.spec import ALL_LINEAR, RunSpec
+from memfit.spec import ALL_LINEAR, RunSpec, spell
 from memfit.step.attention import batch_layout, use_document_attention
 from memfit.step.batch import DOCUMENTS
 from memfit.step.host_embeddings import keep_input_embeddings_on_host
@@ -28,19 +29,20 @@ from memfit.step.offload import enable_offloaded_checkpointing
 from memfit.step.tiling import tile_mlps, tile_norms
 
 
-class SetupError(ValueError):
+class SetupError(UserError, ValueError):
     """The model is not, or cannot be, prepared the way the method says (wrapper, 4-bit base, counts)."""
 
 
-def check_targets(model: nn.Module, spec: RunSpec) -> None:
-    """Raise ModelBuildError when a ``--targets`` name matches no linear layer of the decoder."""
+def check_targets(model: nn.Module, spec: RunSpec, spelling: str = "flag") -> None:
+    """Raise ModelBuildError when a ``--targets`` name matches no linear layer of the decoder
+    (named ``--targets`` or ``targets``, as :func:`memfit.spec.spell` spells it)."""
     if not spec.uses_adapters or spec.targets == (ALL_LINEAR,):
         return
     available = linear_names_in_layers(model)
     missing = [t for t in spec.targets if t not in available]
     if missing:
         raise ModelBuildError(
-            f"--targets: {', '.join(missing)} match no linear layer of this model's decoder. "
+            f"{spell('targets', spelling)}: {', '.join(missing)} match no linear layer of this model's decoder. "
             f"Available: {', '.join(available)} (or all-linear)."
         )
 

@@ -8,8 +8,12 @@ A checkpoint is a folder ``<run>/checkpoints/step-00000012/`` holding
   torch CPU, the CUDA device of the run) and the data position (``BatchIterator.state_dict()``);
 - ``meta.json``: step, reason (interval, final, interrupt, oom) and time, readable without torch.
 
-It is written under a temporary name and renamed into place, so a crash while saving never leaves
-a half-written checkpoint that ``--resume`` would pick up. Only the last ``keep`` are kept.
+It is written under a temporary name (``.tmp-step-<step>-<pid>``) and renamed into place, so a
+crash while saving never leaves a half-written checkpoint that ``--resume`` would pick up; the
+temporary folders of saves whose process is gone are removed on resume
+(:func:`stale_temporary_folders`). A checkpoint whose files were damaged afterwards (a full disk, a
+copy cut short) is skipped by :func:`latest_checkpoint`, which falls back to the one before.
+Only the last ``keep`` are kept.
 
 A multi-process run (:mod:`memfit.train.distributed`) saves the same folder in another format
 (``"format": "dcp"`` in ``meta.json``): the sharded trainable parameters and optimizer states as a
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import sys
 import time
@@ -33,6 +38,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from memfit.errors import UserError
+from memfit.files import apply_umask, process_alive
+
 CHECKPOINTS = "checkpoints"
 TRAINABLE_FILE = "trainable.safetensors"
 STATE_FILE = "state.pt"
@@ -42,7 +50,7 @@ SHARDED_FORMAT = "dcp"
 _PREFIX = "step-"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint is missing, incomplete or does not fit the model being resumed."""
 
 
@@ -59,9 +67,90 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[len(_PREFIX):]))
 
 
-def latest_checkpoint(run_dir: str | Path) -> Path | None:
-    found = list_checkpoints(run_dir)
-    return found[-1] if found else None
+def latest_checkpoint(run_dir: str | Path, skipped: list[tuple[Path, str]] | None = None) -> Path | None:
+    """The newest checkpoint that is whole (see :func:`checkpoint_problem`), or None.
+
+    Newer ones that are damaged are passed over; each is appended to ``skipped`` with the reason.
+    """
+    for path in reversed(list_checkpoints(run_dir)):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        if skipped is not None:
+            skipped.append((path, problem))
+    return None
+
+
+def checkpoint_problem(path: str | Path) -> str | None:
+    """Why checkpoint folder ``path`` cannot be resumed from (None when it looks whole).
+
+    Cheap: meta.json is parsed, the safetensors header is read and the file's length checked
+    against it, and state.pt must be a complete zip (torch.save's format, whose directory is at the
+    end of the file); no tensor is loaded.
+    """
+    import zipfile
+
+    path = Path(path)
+    try:
+        meta = json.loads((path / META_FILE).read_text(encoding="utf-8"))
+        if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+            return f"{META_FILE} has no step"
+    except (OSError, ValueError):
+        return f"{META_FILE} is missing or not valid JSON"
+    state = path / STATE_FILE
+    if not state.is_file() or state.stat().st_size == 0:
+        return f"{STATE_FILE} is missing or empty"
+    if not zipfile.is_zipfile(state):
+        return f"{STATE_FILE} is incomplete (cut short while written or copied)"
+    if meta.get("format") == SHARDED_FORMAT:
+        return None if (path / ".metadata").is_file() else "the sharded checkpoint's .metadata is missing"
+    return _safetensors_problem(path / TRAINABLE_FILE)
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a safetensors file is damaged: missing, empty, an unreadable header, or shorter than the
+    header says (None when whole)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+            if len(head) < 8:
+                return f"{path.name} is empty or cut short"
+            header_len = int.from_bytes(head, "little")
+            if header_len > size - 8:
+                return f"{path.name} is cut short (its header runs past the end)"
+            header = json.loads(handle.read(header_len))
+    except FileNotFoundError:
+        return f"{path.name} is missing"
+    except (OSError, ValueError):
+        return f"{path.name} has an unreadable header"
+    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__" and isinstance(entry, dict)
+            and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2]
+    if 8 + header_len + max(ends, default=0) > size:
+        return f"{path.name} is cut short ({size:,} bytes, its header describes more)"
+    return None
+
+
+def stale_temporary_folders(run_dir: str | Path) -> list[Path]:
+    """Temporary folders that saves of a process now gone left in ``run_dir`` (a checkpoint's
+    ``.tmp-step-<step>-<pid>``, an output's ``.tmp-adapter-<pid>``, a replaced folder's
+    ``.old-<name>-<pid>``): memfit's by their names, abandoned because no process has that id."""
+    run_dir = Path(run_dir)
+    found = []
+    for folder in (run_dir, run_dir / CHECKPOINTS):
+        if not folder.is_dir():
+            continue
+        for path in folder.iterdir():
+            match = _TEMPORARY_NAME.match(path.name)
+            if match and path.is_dir() and not process_alive(int(match.group(1))):
+                found.append(path)
+    return sorted(found)
+
+
+#: ``.tmp-step-00000012-4242``, ``.tmp-adapter-4242``, ``.old-step-00000012-4242``: a pid at the end.
+#: (A sharded save's ``.tmp-step-00000012`` has none: every rank writes it; it is replaced by the
+#: next save of that step.)
+_TEMPORARY_NAME = re.compile(r"^\.(?:tmp|old)-(?:step-\d{8}|adapter|model)-(\d+)$")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -172,6 +261,7 @@ def save_checkpoint(
     )
     meta = {"step": step, "reason": reason, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")} | (extra or {})
     (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    apply_umask(tmp)  # safetensors writes owner-only files; give them the user's usual permissions
     _fsync_dir(tmp)
     replace_dir(tmp, final)
     for old in list_checkpoints(run_dir)[:-keep]:
@@ -225,6 +315,9 @@ def load_checkpoint(
     for name in (TRAINABLE_FILE, STATE_FILE, META_FILE):
         if not (path / name).is_file():
             raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
+    problem = checkpoint_problem(path)
+    if problem:
+        raise CheckpointError(f"checkpoint {path} is damaged: {problem}")
     saved = load_file(str(path / TRAINABLE_FILE), device=str(device) if device.type == "cuda" else "cpu")
     params = {name: p for name, p in model.named_parameters() if p.requires_grad}
     missing = sorted(set(params) - set(saved))
@@ -328,6 +421,7 @@ def save_sharded_checkpoint(
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     dist.barrier()
     if rank == 0:
+        apply_umask(tmp)
         _fsync_dir(tmp)
         replace_dir(tmp, final)
         for old in list_checkpoints(run_dir)[:-keep]:

@@ -1,9 +1,10 @@
 """`memfit train`: the command-line face of :func:`memfit.train.recipe.train`.
 
 Importing this module imports neither torch nor transformers, so the CLI starts fast. Exit codes:
-0 finished, 2 bad configuration or input, 3 the run does not fit (preflight refusal or out of
-memory, with a checkpoint to resume from), 128 + signal number after SIGINT (130) / SIGTERM (143)
-once the checkpoint is saved.
+0 finished (or, with --resume, already finished), 2 bad configuration or input, 3 the run does not
+fit (preflight refusal or out of memory, with a checkpoint to resume from), 128 + signal number
+after SIGINT (130) / SIGTERM (143) once the checkpoint is saved. Errors are printed by
+:func:`memfit.errors.cli_errors`, which wraps the command.
 
 ``--nproc N`` starts the same command on N processes through ``torchrun`` (one per GPU, on this
 machine) and exits with its exit code.
@@ -12,6 +13,7 @@ machine) and exits with its exit code.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,28 +22,40 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from memfit.errors import cli_errors
 from memfit.options import field_options, knob_options, with_options
 from memfit.spec import TRAINED_KNOBS
-from memfit.train.config import TrainConfig
+from memfit.train.config import ConfigError, TrainConfig
 
 
 def parse_set_options(items: list[str]) -> dict[str, Any]:
     """``["lr=1e-4", "targets=[q_proj, v_proj]"]`` -> ``{"lr": 1e-4, "targets": ["q_proj", "v_proj"]}``
-    (values are read as YAML)."""
+    (values are read as YAML). Raises :class:`ConfigError` listing every malformed item."""
     import yaml
 
+    from memfit.train.config import yaml_problem
+
     out: dict[str, Any] = {}
+    problems = []
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"--set {item!r}: write KEY=VALUE, e.g. --set warmup_steps=20")
-        parsed = yaml.safe_load(value) if value.strip() else None
+            problems.append(f"--set {item!r}: write KEY=VALUE, e.g. --set warmup_steps=20")
+            continue
+        try:
+            parsed = yaml.safe_load(value) if value.strip() else None
+        except yaml.YAMLError as err:
+            problems.append(f"--set {item!r}: the value is {yaml_problem(err)} "
+                            "(values are read as YAML: quote text, e.g. --set 'key=\"a: b\"')")
+            continue
         if isinstance(parsed, str):
             try:  # YAML 1.1 reads 1e-4 (no dot) as a string
                 parsed = float(parsed)
             except ValueError:
                 pass
         out[key.strip().replace("-", "_")] = parsed
+    if problems:
+        raise ConfigError(problems)
     return out
 
 
@@ -109,6 +123,7 @@ def nproc_problem(nproc: int, gpus: int, env: dict[str, str] | None = None) -> s
     return None
 
 
+@cli_errors
 @with_options(
     knob_options(TRAINED_KNOBS),
     field_options(TrainConfig, ("lr", "epochs", "max_steps", "seed", "device", "output_dir", "revision", "gpu", "budget", "force")),
@@ -124,7 +139,9 @@ def train_command(
 ) -> None:
     """Fine-tune a model as a YAML config says: plan first, then train, checkpoint and save the adapter.
 
-    Every option overrides the YAML field of the same name."""
+    Every option overrides the YAML field of the same name. Exit code 0: trained (or, with --resume,
+    already finished); 2: bad config or input; 3: does not fit (preflight) or ran out of memory;
+    130 / 143: stopped by SIGINT / SIGTERM after saving a checkpoint."""
     from rich.console import Console
     from rich.markup import escape
 
@@ -132,56 +149,42 @@ def train_command(
     # Under torchrun every rank runs this command: rank 0 reports how the run ended (errors come from every rank).
     say = console.print if os.environ.get("RANK", "0") in ("", "0") else (lambda *args, **kwargs: None)
 
-    def fail(message: str, code: int) -> None:
-        console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
-        raise typer.Exit(code=code)
+    from memfit.train.config import load_config
 
-    from memfit.train.config import ConfigError, load_config
-
-    try:
-        overrides = parse_set_options(set_ or [])
-        overrides.update(options)
-        cfg = load_config(config, overrides)
-    except (ConfigError, ValueError) as err:
-        fail(str(err), 2)
-        return
+    overrides = parse_set_options(set_ or [])
+    overrides.update(options)
+    cfg = load_config(config, overrides)
 
     if nproc is not None:
         problem = nproc_problem(nproc, cfg.gpus)
         if problem:
-            fail(problem, 2)
-            return
+            raise ConfigError([problem])
         if nproc > 1:
             command = torchrun_command(nproc, relaunch_args([(p, ctx.params.get(p.name)) for p in ctx.command.params]))
             console.print(f"starting {nproc} processes: {' '.join(command[1:])}", highlight=False)
             raise typer.Exit(code=run_forwarding_signals(command))
 
     _quiet_library_notices()
-    from memfit.step.prepare import SetupError
-    from memfit.train.data import DataError
-    from memfit.train.distributed import DistributedError
-    from memfit.train.loading import LoadError
-    from memfit.train.preflight import PreflightError
-    from memfit.train.recipe import OutOfMemory, TrainError, train
+    from memfit.train.recipe import train
 
-    try:
-        result = train(cfg, resume=resume, console=console, progress=not no_progress)
-    except PreflightError as err:
-        err.plan.render(console)
-        fail(f"preflight: {err}", 3)
-        return
-    except OutOfMemory as err:
-        fail(str(err), 3)
-        return
-    except (TrainError, DataError, LoadError, SetupError, ConfigError, DistributedError) as err:
-        fail(str(err), 2)
-        return
+    result = train(cfg, resume=resume, console=console, progress=not no_progress)
 
+    if result.status == "finished":
+        say(
+            f"[green]already finished[/]: {escape(str(result.run_dir))} completed its {result.step} steps; nothing was "
+            f"changed. Its output is {escape(str(result.output_dir))}. To train longer, raise max_steps or epochs "
+            "and resume; to start over, choose another output_dir.",
+            highlight=False,
+        )
+        return
     if result.status == "interrupted":
+        # The exact command, with every option given (-o, --set...), so that the resume continues this run.
+        again = ["memfit", "train"] + relaunch_args([(p, ctx.params.get(p.name)) for p in ctx.command.params],
+                                                    skip=("nproc", "resume")) + ["--resume"]
         say(
             f"[yellow]stopped[/] by {result.signal_name} after step {result.step} of {result.total_steps}; "
-            f"checkpoint {result.checkpoint}. Continue with: memfit train {config} --resume",
-            highlight=False,
+            f"checkpoint {escape(str(result.checkpoint))}. Continue with: {escape(shlex.join(again))}",
+            highlight=False, soft_wrap=True,
         )
         raise typer.Exit(code=128 + int(getattr(signal, result.signal_name or "SIGINT")))
     last = result.losses[-1][1] if result.losses else float("nan")

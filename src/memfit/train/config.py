@@ -4,7 +4,8 @@ A run is described by the :class:`~memfit.spec.RunSpec` knobs that ``memfit plan
 rank, precision, batch_size, ...) plus what only training needs (model weights, data, schedule,
 output). :func:`load_config` reads the YAML, applies command-line overrides and returns a
 :class:`TrainConfig`, or raises one :class:`ConfigError` that lists every problem with its field
-name (unknown keys get a "did you mean"). Nothing here imports torch.
+name (unknown keys get a "did you mean"). Importing this module imports no torch (validating a
+model's architecture asks transformers, which does).
 
 Relative paths written in a YAML file are relative to that file's folder, so a config and its data
 can move together; paths given as overrides (command-line flags) are relative to the current
@@ -14,6 +15,7 @@ directory.
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -28,19 +30,38 @@ from pydantic import (
 )
 
 from memfit import spec as specs
+from memfit.errors import UserError, listed
 from memfit.spec import RunSpec, SpecError, make_spec
 
 #: Fields holding paths, resolved against the YAML file's folder.
 PATH_FIELDS = ("model", "tokenizer", "data", "eval_data", "output_dir")
 
+#: What other tools (Hugging Face TrainingArguments, PEFT's LoraConfig, axolotl) call memfit's
+#: fields: an unknown key spelled like this gets "did you mean" even where it looks nothing alike.
+OTHER_NAMES = {
+    "learning_rate": "lr", "num_train_epochs": "epochs", "num_epochs": "epochs", "max_steps_per_epoch": "max_steps",
+    "r": "rank", "lora_r": "rank", "lora_rank": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout",
+    "target_modules": "targets", "lora_target_modules": "targets",
+    "per_device_train_batch_size": "batch_size", "micro_batch_size": "batch_size", "train_batch_size": "batch_size",
+    "gradient_accumulation_steps": "grad_accum", "max_seq_length": "seq_len", "max_length": "seq_len",
+    "sequence_len": "seq_len", "seq_length": "seq_len", "context_length": "seq_len",
+    "gradient_checkpointing": "checkpointing", "activation_checkpointing": "checkpointing",
+    "optim": "optimizer", "lr_scheduler_type": "schedule", "lr_scheduler": "schedule", "warmup": "warmup_steps",
+    "model_name_or_path": "model", "base_model": "model", "model_name": "model",
+    "dataset": "data", "datasets": "data", "train_data": "data", "train_file": "data",
+    "output": "output_dir", "out_dir": "output_dir", "save_steps": "save_every", "logging_steps": "log_every",
+    "eval_steps": "eval_every", "save_total_limit": "keep_checkpoints", "bf16": "precision", "fp16": "precision",
+    "dtype": "precision", "torch_dtype": "precision", "adapter": "method", "peft": "method", "use_peft": "method",
+}
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """The training configuration has problems; ``problems`` holds one line each, naming the field."""
 
     def __init__(self, problems: list[str], source: str | None = None):
         self.problems = problems
         where = f" in {source}" if source else ""
-        super().__init__(f"invalid training configuration{where}:\n" + "\n".join(f"  - {p}" for p in problems))
+        super().__init__(listed(f"invalid training configuration{where}", problems))
 
 
 def _run_knobs() -> type[BaseModel]:
@@ -134,20 +155,13 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
     ``None`` values in ``overrides`` are ignored (an unset flag). Raises :class:`ConfigError`.
     """
-    import yaml
-
     data: dict[str, Any] = {}
     source = None
     yaml_dir = Path(base_dir) if base_dir is not None else Path.cwd()
     if path is not None:
         path = Path(path)
         source = str(path)
-        if not path.is_file():
-            raise ConfigError([f"config file {str(path)!r} does not exist"])
-        try:
-            loaded = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as err:
-            raise ConfigError([f"not valid YAML: {err}"], source) from None
+        loaded = read_yaml(path)
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
@@ -160,6 +174,58 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
     flags = {k.replace("-", "_"): v for k, v in (overrides or {}).items() if v is not None}
     data.update(_resolve_paths(flags, Path.cwd()))
     return validate_config(data, source)
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML document in ``path``; :class:`ConfigError` for a file that is missing, a folder,
+    not UTF-8 text, not valid YAML, or that gives a key twice (YAML keeps the last silently)."""
+    import yaml
+
+    if path.is_dir():
+        raise ConfigError([f"config file {str(path)!r} is a folder; pass the YAML file (e.g. examples/tiny.yaml)"])
+    if not path.is_file():
+        raise ConfigError([f"config file {str(path)!r} does not exist"])
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError([f"not a text file (byte {err.start} is not UTF-8): pass a YAML file"], str(path)) from None
+    try:
+        return yaml.load(text, Loader=_strict_loader())
+    except yaml.YAMLError as err:
+        raise ConfigError([yaml_problem(err)], str(path)) from None
+
+
+def yaml_problem(err: Exception) -> str:
+    """A YAML error in one line: where, and what the parser saw."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    what = getattr(err, "problem", None) or str(err).splitlines()[0]
+    context = getattr(err, "context", None)
+    return f"not valid YAML at {where}{what}" + (f" ({context})" if context else "")
+
+
+@functools.lru_cache(maxsize=1)
+def _strict_loader():
+    """A SafeLoader that refuses a mapping giving the same key twice (made on first use: pyyaml is
+    imported only when a config is read)."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        """SafeLoader that refuses a mapping giving the same key twice."""
+
+    def construct_mapping(loader, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is given twice (lines {seen[key]} and {line}): keep one", key_node.start_mark)
+            seen[key] = line
+        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+    StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return StrictLoader
 
 
 def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
@@ -197,7 +263,7 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
                 )
             continue  # false: what memfit does anyway
         if key not in fields:
-            close = difflib.get_close_matches(key, sorted(fields), n=1, cutoff=0.6)
+            close = [OTHER_NAMES[key]] if key in OTHER_NAMES else difflib.get_close_matches(key, sorted(fields), n=1, cutoff=0.6)
             hint = f" Did you mean {close[0]!r}?" if close else ""
             problems.append(f"{key}: unknown setting.{hint}")
         else:
@@ -222,7 +288,7 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
     knobs = {k: ("none" if clean[k] is None and specs.default(k) is not None else clean[k])
              for k in specs.TRAINED_KNOBS if k in clean}
     try:
-        make_spec(**knobs)
+        make_spec(spelling="field", **knobs)
     except SpecError as err:
         problems.extend(err.problems)
     if config is not None:
@@ -269,6 +335,9 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
     if c.revision is not None and not hub:
         problems.append(f"revision: {c.revision!r} applies only to a Hugging Face Hub model (model: org/name); "
                         f"{c.model!r} is a local path or a catalog name. Remove revision.")
+    from memfit.models.catalog import resolve_model
+
+    model = None  # the model's config when it is on this machine (a Hub model's is checked once fetched)
     if c.init == "pretrained":
         folder = Path(c.model)
         if not folder.is_dir() and not hub:
@@ -277,15 +346,20 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
                 "are read from a folder with config.json and *.safetensors, or downloaded from the Hub; for a catalog "
                 "name or a config.json add init: random."
             )
+        elif folder.is_dir():
+            try:
+                model = resolve_model(c.model)
+            except ValueError as err:
+                problems.append(f"model: {err}")
         if c.model_overrides:
             problems.append("model_overrides: only with init: random (pretrained weights fix the architecture)")
     elif c.revision is None or hub:
-        from memfit.models.catalog import resolve_model
-
         try:
-            resolve_model(c.model, revision=c.revision)
+            model = resolve_model(c.model, revision=c.revision)
         except ValueError as err:
             problems.append(f"model: {err}")
+    if model is not None:
+        problems.extend(model_problems(model.name, dict(model.config, **c.model_overrides), c.seq_len))
     for name in ("tokenizer",):
         value = getattr(c, name)
         if value is not None and not Path(value).is_dir():
@@ -312,6 +386,22 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
         except ValueError as err:
             problems.append(f"gpu: {err}")
     return problems
+
+
+def model_problems(name: str, model_config: dict[str, Any], seq_len: Any) -> list[str]:
+    """What the model's config rules out: an architecture transformers cannot build, a ``seq_len``
+    beyond its positions (the messages ``memfit plan`` gives, spelled as YAML fields)."""
+    from memfit.models.catalog import model_type_problem, seq_len_problem
+
+    problem = model_type_problem(model_config)
+    if problem:
+        return [f"model: {problem}"]
+    try:
+        tokens = int(seq_len)  # the YAML's number, or a flag's text; make_spec reports a bad one
+    except (TypeError, ValueError):
+        return []
+    too_long = seq_len_problem(name, model_config, tokens, spelling="field")
+    return [too_long] if too_long else []
 
 
 def _multi_gpu_problems(c: TrainConfig) -> list[str]:
@@ -355,6 +445,18 @@ def model_config_dict(config: TrainConfig) -> dict[str, Any]:
     data = dict(resolve_model(config.model, revision=config.revision).config)
     data.update(config.model_overrides)
     return data
+
+
+def demo_dataset_path() -> Path:
+    """The demo dataset shipped inside the package (``tiny-instruct.jsonl``: 320 short chat
+    records, made by scripts/make_tiny_dataset.py); what ``memfit fit --write`` trains on when no
+    --data is given, so it must be the installed copy, not one beside a source checkout."""
+    from importlib import resources
+
+    path = Path(str(resources.files("memfit") / "assets" / "data" / "tiny-instruct.jsonl"))
+    if not path.is_file():
+        raise ConfigError([f"data: the demo dataset is missing from {path}; reinstall memfit, or pass --data"])
+    return path
 
 
 def tokenizer_path(config: TrainConfig) -> Path:

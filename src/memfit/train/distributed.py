@@ -26,10 +26,11 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from memfit.errors import UserError
 from memfit.spec import TRAINED_SHARD_MODES
 
 
-class DistributedError(ValueError):
+class DistributedError(UserError, ValueError):
     """The multi-process setup does not match the config (world size, shard, launch)."""
 
 

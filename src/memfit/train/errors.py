@@ -5,13 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from memfit.errors import EXIT_DOES_NOT_FIT, UserError
 
-class TrainError(RuntimeError):
+
+class TrainError(UserError, RuntimeError):
     """The run cannot start or continue; the message says why and what to do."""
 
 
 class OutOfMemory(TrainError):
     """The device ran out of memory; an emergency checkpoint was saved (``checkpoint``)."""
+
+    exit_code = EXIT_DOES_NOT_FIT
 
     def __init__(self, message: str, checkpoint: Path | None, plan: Any):
         self.checkpoint = checkpoint

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
+from memfit.errors import UserError
 from memfit.models.build import DTYPES, build_meta_model, count_parameters, make_config
 from memfit.models.quantize import is_linear4bit, quantize_on_device
 from memfit.spec import RunSpec
@@ -34,7 +35,7 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 
-class LoadError(ValueError):
+class LoadError(UserError, ValueError):
     """The weights cannot be loaded into the model as configured (missing files or tensors, shapes)."""
 
 

@@ -14,20 +14,27 @@ CPU runs without ``gpu`` or ``budget`` skip preflight: there is no device memory
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from memfit.errors import EXIT_DOES_NOT_FIT, UserError
 from memfit.units import format_bytes
 
 
-class PreflightError(RuntimeError):
+class PreflightError(UserError, RuntimeError):
     """The plan says the run does not fit; ``plan`` holds the MemoryPlan, ``reason`` the sentence."""
+
+    exit_code = EXIT_DOES_NOT_FIT
 
     def __init__(self, reason: str, plan: Any, advice: list[str]):
         self.reason = reason
         self.plan = plan
         self.advice = advice
-        lines = [reason] + [f"  - {a}" for a in advice] + ["  - or pass --force to train anyway"]
+        lines = [f"preflight: {reason}"] + [f"  - {a}" for a in advice] + ["  - or pass --force to train anyway"]
         super().__init__("\n".join(lines))
+
+    def explain(self, console: Any) -> None:
+        self.plan.render(console)
 
 
 @dataclass
@@ -61,10 +68,12 @@ def detect_target(device_type: str, device_index: int | None, gpu: str | None, b
     name = torch.cuda.get_device_name(device_index)
     total_bytes = torch.cuda.get_device_properties(device_index).total_memory
     try:
-        catalog_name = get_gpu(name).name
+        card = get_gpu(name)
     except ValueError:
-        catalog_name = None  # unknown card: plan against its memory, with default runtime estimates
-    return catalog_name, str(total_bytes)
+        return None, str(total_bytes)  # unknown card: plan against its memory, with default runtime estimates
+    # A known card: its catalog memory, or what the driver reports when that is less (a budget can
+    # only lower what the card has).
+    return card.name, (str(total_bytes) if total_bytes < card.memory_bytes else None)
 
 
 def oom_advice(knobs: dict[str, Any]) -> list[str]:
@@ -125,9 +134,27 @@ def run_preflight(
     return PreflightResult(plan=result, target=target, target_bytes=target_bytes, fits=result.fits, forced=bool(force and result.fits is False))
 
 
+def check_model(config, model_config: dict[str, Any]) -> None:
+    """Raise :class:`~memfit.train.config.ConfigError` when the model rules out the config: an
+    architecture transformers cannot build, a ``seq_len`` beyond its positions, LoRA ``targets``
+    that name none of its layers. Cheap (one decoder layer on ``meta``), so it runs before the data
+    is read and any weight is loaded; a Hub model's config is first known here."""
+    from memfit.planner.api import targets_problem
+    from memfit.train.config import ConfigError, model_problems
+
+    problems = model_problems(Path(config.model).name, model_config, config.seq_len)
+    if not problems:
+        targets = targets_problem(model_config, config.spec, spelling="field")
+        problems = [targets] if targets else []
+    if problems:
+        raise ConfigError(problems)
+
+
 def preflight_run(config, model_config: dict[str, Any], device, console) -> PreflightResult:
     """:func:`run_preflight` for a training config on ``device``, with the plan's one-line summary
-    printed (per GPU for several GPUs) and a warning when ``force`` overrides a refusal."""
+    printed (per GPU for several GPUs) and a warning when ``force`` overrides a refusal. The model is
+    checked against the config first (:func:`check_model`)."""
+    check_model(config, model_config)
     preflight = run_preflight(
         model_config, config.knobs(), device_type=device.type, device_index=device.index,
         gpu=config.gpu, budget=config.budget, force=config.force,

@@ -52,7 +52,7 @@ from memfit.train.hub_model import fetch_small_files, fetch_weights
 from memfit.train.loading import load_model, verify_setup
 from memfit.train.preflight import PreflightResult, preflight_run
 from memfit.train.progress import LiveProgress, MetricsLog, NullLog, Throughput, warn
-from memfit.train.run_folder import RunRecord, truncate_metrics
+from memfit.train.run_folder import RunRecord, finished_run, truncate_metrics
 from memfit.train.world import make_world
 from memfit.watch.compare import comparison_lines
 from memfit.watch.readings import step_peak_reading
@@ -63,7 +63,8 @@ __all__ = ["OutOfMemory", "TrainError", "TrainResult", "train"]
 
 @dataclass
 class TrainResult:
-    """How a run ended. ``status``: completed, or interrupted (by SIGINT / SIGTERM: resumable)."""
+    """How a run ended. ``status``: completed, interrupted (by SIGINT / SIGTERM: resumable), or
+    finished (``resume`` on a run that had already completed: nothing was trained or written)."""
 
     status: str
     step: int
@@ -110,6 +111,12 @@ def train(
     With ``gpus`` > 1 every process torchrun started calls this; the process group is joined here
     (and left at the end) unless the caller joined it already.
     """
+    if resume:
+        run_dir = Path(config.output_dir or "runs/train")
+        done = finished_run(run_dir, config)
+        if done is not None:  # nothing left to train: the checkpoints and the output stay as they are
+            return TrainResult(status="finished", step=done["step"], total_steps=done["total_steps"], run_dir=run_dir,
+                               output_dir=done["output_dir"])
     try:
         world = make_world()
         check_world(config.spec.gpus, config.spec.shard, world.placement)
@@ -118,6 +125,9 @@ def train(
     try:
         return _run(config, world, resume=resume, model=model, console=console, progress=progress,
                     conformance_steps=conformance_steps)
+    except BaseException:
+        world.discard_run_dir()  # a run that failed before writing anything leaves no empty folder
+        raise
     finally:
         world.leave()
 
@@ -129,7 +139,8 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     console = console or Console(stderr=True)
     run_dir = Path(config.output_dir or "runs/train")
     device = world.join(config.device, model)
-    world.prepare_run_dir(run_dir, resume)
+    for leftover in world.prepare_run_dir(run_dir, resume):
+        console.print(f"removed {leftover}: the temporary folder of a save that was interrupted", highlight=False)
     # A Hub model (model: org/name): its config, tokenizer and weights index now, the weights once
     # the run is known to fit and the data is read (memfit.train.hub_model).
     config, hub = fetch_small_files(config, world=world, console=console, resume=resume, run_dir=run_dir)
@@ -193,10 +204,14 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     # 5. Resume: tensors and optimizer now, RNG and data position right before the next step.
     start_step = 0
     if resume:
-        checkpoint = latest_checkpoint(run_dir)
+        damaged: list[tuple[Path, str]] = []
+        checkpoint = latest_checkpoint(run_dir, damaged)
+        for path, why in damaged:
+            console.print(f"[yellow]skipping[/] damaged checkpoint {path}: {why}", highlight=False)
         if checkpoint is None:
             raise TrainError(
-                f"--resume: {run_dir} has no checkpoint to resume from (the run stopped before saving one). "
+                f"--resume: {run_dir} has no {'whole ' if damaged else ''}checkpoint to resume from "
+                f"({'every one is damaged' if damaged else 'the run stopped before saving one'}). "
                 "Start again in another output_dir, or delete this one first."
             )
         try:

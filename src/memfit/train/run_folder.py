@@ -15,9 +15,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from memfit.files import write_atomic
+from memfit.files import apply_umask, check_folder_writable, make_folder, write_atomic
 from memfit.run_files import METRICS_FILE, RUN_FILE
-from memfit.train.checkpointing import latest_checkpoint, replace_dir
+from memfit.train.checkpointing import (
+    latest_checkpoint,
+    replace_dir,
+    stale_temporary_folders,
+)
 from memfit.train.errors import TrainError
 
 ADAPTER_DIR = "adapter"
@@ -25,11 +29,16 @@ MODEL_DIR = "model"
 
 
 def check_run_dir(run_dir: Path, resume: bool) -> None:
-    """Raise TrainError unless ``run_dir`` can hold this run (a new one, or one to resume)."""
+    """Raise TrainError unless ``run_dir`` can hold this run (a new one, or one to resume), and
+    :class:`~memfit.errors.PathError` when it cannot be written (before any work starts)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise TrainError(f"output_dir {str(run_dir)!r} is a file, not a folder: choose a folder path (--output-dir).")
     if resume:
         if not (run_dir / RUN_FILE).is_file():
             raise TrainError(f"--resume: {run_dir} holds no run to resume (no {RUN_FILE}); check output_dir")
+        check_folder_writable(run_dir, "output_dir")
         return
+    check_folder_writable(run_dir, "output_dir")
     if run_dir.exists() and any(run_dir.iterdir()):
         if (run_dir / RUN_FILE).is_file() and latest_checkpoint(run_dir) is None:
             raise TrainError(
@@ -42,10 +51,37 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
         )
 
 
-def make_run_dir(run_dir: Path, resume: bool) -> None:
-    """Create the run folder for a new run (a resumed one exists already)."""
-    if not resume:
-        run_dir.mkdir(parents=True, exist_ok=True)
+def make_run_dir(run_dir: Path, resume: bool) -> list[Path]:
+    """Create the run folder for a new run (a resumed one exists already); return the folders
+    created, for :func:`memfit.files.remove_if_empty` should the run fail before writing anything."""
+    return [] if resume else make_folder(run_dir)
+
+
+def remove_stale_folders(run_dir: Path) -> list[Path]:
+    """Remove the temporary folders that interrupted saves left (their process is gone, see
+    :func:`memfit.train.checkpointing.stale_temporary_folders`); return what was removed."""
+    removed = stale_temporary_folders(run_dir)
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def finished_run(run_dir: Path, config) -> dict[str, Any] | None:
+    """What an earlier run in ``run_dir`` delivered, when it completed the same schedule ``config``
+    asks for and its output is in place (a ``--resume`` then has nothing to do); None otherwise."""
+    try:
+        record = json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("status") != "completed":
+        return None
+    recorded = record.get("config") if isinstance(record.get("config"), dict) else {}
+    if (recorded.get("max_steps"), recorded.get("epochs")) != (config.max_steps, config.epochs):
+        return None  # a longer schedule: the run continues from its last checkpoint
+    output = output_dir(run_dir, config.method in ("lora", "qlora"))
+    if not output.is_dir():
+        return None
+    return {"step": record.get("step"), "total_steps": record.get("total_steps"), "output_dir": output}
 
 
 class RunRecord:
@@ -112,5 +148,6 @@ def write_outputs(model, tokenizer, run_dir: Path, adapters: bool, state_dict: d
     extra = {"state_dict": state_dict} if state_dict is not None else {}
     model.save_pretrained(str(tmp), safe_serialization=True, **extra)
     tokenizer.save_pretrained(str(tmp))
+    apply_umask(tmp)  # safetensors writes owner-only files; the deliverable gets the user's usual permissions
     replace_dir(tmp, final)
     return final

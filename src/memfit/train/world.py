@@ -15,6 +15,8 @@ from typing import Any, Mapping
 
 import torch
 
+from memfit.errors import UserError
+from memfit.files import remove_if_empty
 from memfit.step.builder import TrainingStep
 from memfit.train import checkpointing, distributed
 from memfit.step.batch import labelled_tokens, to_device
@@ -25,6 +27,7 @@ from memfit.train.run_folder import (
     check_run_dir,
     make_run_dir,
     output_dir,
+    remove_stale_folders,
     write_outputs,
 )
 
@@ -63,10 +66,16 @@ class World:
     def leave(self) -> None:
         """Undo :meth:`join` (nothing to undo for one process)."""
 
-    def prepare_run_dir(self, run_dir: Path, resume: bool) -> None:
-        """Refuse a folder that holds another run; create it for a new run."""
+    def prepare_run_dir(self, run_dir: Path, resume: bool) -> list[Path]:
+        """Refuse a folder that holds another run or cannot be written; create it for a new run.
+        On resume, remove what interrupted saves left; return what was removed."""
         check_run_dir(run_dir, resume)
-        make_run_dir(run_dir, resume)
+        self._created_folders = make_run_dir(run_dir, resume)
+        return remove_stale_folders(run_dir) if resume else []
+
+    def discard_run_dir(self) -> None:
+        """After a failure: remove the run folder this process created, while nothing is in it."""
+        remove_if_empty(getattr(self, "_created_folders", []))
 
     # -- the model and the step ---------------------------------------------------------------
 
@@ -158,19 +167,22 @@ class ShardedWorld(World):
         if getattr(self, "_owns_group", False):
             distributed.teardown()
 
-    def prepare_run_dir(self, run_dir: Path, resume: bool) -> None:
+    def prepare_run_dir(self, run_dir: Path, resume: bool) -> list[Path]:
         """Every rank checks the folder before rank 0 writes into it; the first error stops them all."""
         problem = None
         try:
             check_run_dir(run_dir, resume)
-        except TrainError as err:
+        except UserError as err:  # the folder holds another run, or cannot be written
             problem = str(err)
         problem = distributed.first_error(problem)
         if problem:
             raise TrainError(problem)
+        removed = []
         if self.is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
+            self._created_folders = make_run_dir(run_dir, resume)
+            removed = remove_stale_folders(run_dir) if resume else []
         distributed.barrier()
+        return removed
 
     def load_device(self, spec, device: torch.device) -> torch.device:
         return distributed.load_device(spec, device)

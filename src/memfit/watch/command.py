@@ -1,6 +1,7 @@
 """``memfit doctor`` and ``memfit report``: typed command functions for the CLI to register.
 
-No torch (or matplotlib) import happens when this module is imported.
+No torch (or matplotlib) import happens when this module is imported. Errors are printed by
+:func:`memfit.errors.cli_errors`, which wraps each command.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ from typing import Optional
 
 import typer
 
+from memfit.errors import cli_errors
 
+
+@cli_errors
 def doctor_command(
     run_dir: Path = typer.Argument(..., help="A run folder (memfit train's output_dir, or MemoryCallback's run_dir)."),
 ) -> None:
@@ -21,30 +25,24 @@ def doctor_command(
     from rich.console import Console
 
     from memfit.watch.doctor import diagnose, render
-    from memfit.watch.timeline import TimelineError
 
-    try:
-        diagnosis = diagnose(run_dir)
-    except TimelineError as err:
-        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False)
-        raise typer.Exit(code=2) from None
+    diagnosis = diagnose(run_dir)
     render(diagnosis, Console())
     raise typer.Exit(code=diagnosis.exit_code)
 
 
+@cli_errors
 def report_command(
     run_dir: Path = typer.Argument(..., help="A run folder (memfit train's output_dir, or MemoryCallback's run_dir)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file to write (default: RUN_DIR/report.html)."),
 ) -> None:
-    """Write a self-contained HTML report (memory per device, loss, plan vs measured) and its PNGs."""
+    """Write a self-contained HTML report (memory per device, loss, plan vs measured) and its PNGs.
+
+    Exit code 0: written; 2: not a readable run folder, or --out cannot be written (checked before
+    the charts are drawn; a file memfit report did not write is never replaced)."""
     from rich.console import Console
 
-    from memfit.watch.report import ReportError, write_report
-    from memfit.watch.timeline import TimelineError
+    from memfit.watch.report import write_report
 
-    try:
-        path = write_report(run_dir, out)
-    except (TimelineError, ReportError) as err:
-        Console(stderr=True).print(f"[bold red]error:[/] {err}", highlight=False)
-        raise typer.Exit(code=2) from None
+    path = write_report(run_dir, out)
     Console().print(f"wrote {path}", highlight=False)

@@ -43,7 +43,10 @@ class MemoryCallback(TrainerCallback):
             checkpointing from ``args.gradient_checkpointing`` and the method inferred from the model.
         attribute_steps: steps measured by category at the start (0: none; the tracker slows them).
         check_every, thresholds, devices: as for :class:`~memfit.watch.recorder.MemoryRecorder`.
-        inspect: check the model at the start of training (:func:`memfit.watch.detectors.inspect_model`).
+        inspect: check the model as it trains (:func:`memfit.watch.detectors.inspect_model`), at
+            its first training forward pass: the Trainer puts the model in training mode inside its
+            first step, after ``on_train_begin`` and ``on_step_begin`` (a model still in eval mode
+            there is not a problem).
     """
 
     def __init__(
@@ -68,6 +71,8 @@ class MemoryCallback(TrainerCallback):
         self.recorder: MemoryRecorder | None = None
         self.findings: list[Finding] = []
         self._hook = None
+        self._inspect_hook = None
+        self._spec = None
         self._metrics = None
         self._attributed = False
 
@@ -93,15 +98,17 @@ class MemoryCallback(TrainerCallback):
             self._metrics = open(run_dir / METRICS_FILE, "a", encoding="utf-8")
         if model is not None:
             if self.inspect:
-                self._warn(self.recorder.inspect(model, spec))
+                self._spec = spec
+                self._inspect_hook = model.register_forward_pre_hook(self._first_forward)
             # The Trainer has no callback between forward and backward; the end of the model's
             # forward is that moment (the loss is computed from its output right after).
             self._hook = model.register_forward_hook(self._forward_done)
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        for hook in (self._hook, self._inspect_hook):
+            if hook is not None:
+                hook.remove()
+        self._hook = self._inspect_hook = None
         if self.recorder is not None:
             self._warn(self.recorder.close())
             self.recorder = None
@@ -142,6 +149,17 @@ class MemoryCallback(TrainerCallback):
         record.update({k: v for k, v in logs.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
         self._metrics.write(json.dumps(record) + "\n")
         self._metrics.flush()
+
+    def _first_forward(self, module, inputs) -> None:
+        """Inspect the model once, at its first forward pass in training mode: what it trains as."""
+        import torch
+
+        if self.recorder is None or not (module.training and torch.is_grad_enabled()):
+            return  # an evaluation pass (or none yet): the model as it trains is what counts
+        if self._inspect_hook is not None:
+            self._inspect_hook.remove()
+            self._inspect_hook = None
+        self._warn(self.recorder.inspect(module, self._spec))
 
     def _forward_done(self, module, inputs, output) -> None:
         import torch

@@ -13,7 +13,8 @@ import io
 from pathlib import Path
 from typing import Any
 
-from memfit.files import write_atomic
+from memfit.errors import UserError
+from memfit.files import check_file_writable, write_atomic
 from memfit.units import format_bytes
 from memfit.watch.detectors import HOST, series
 from memfit.watch.doctor import Diagnosis, diagnose
@@ -25,7 +26,7 @@ GENERATOR = "memfit report"
 REPORT_FILE = "report.html"
 
 
-class ReportError(ValueError):
+class ReportError(UserError, ValueError):
     """The report cannot be written (missing matplotlib, an output path that holds another file)."""
 
 
@@ -33,23 +34,55 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, thresholds:
     """Write the HTML report of ``run_dir`` to ``out`` (default ``<run_dir>/report.html``) and each
     chart as a PNG beside it (``<stem>-<chart>.png``); return the HTML path.
 
-    Every file is written to a temporary name and renamed into place. An existing ``out`` is
-    replaced only if an earlier ``memfit report`` wrote it.
+    Every file is written to a temporary name and renamed into place. An existing ``out`` (or chart
+    PNG) is replaced only if an earlier ``memfit report`` wrote it. The paths are checked before the
+    charts are drawn.
     """
     diagnosis = diagnose(run_dir, thresholds)  # validates the run folder first
     out = Path(out) if out is not None else diagnosis.run.path / REPORT_FILE
-    if out.exists() and (out.is_dir() or GENERATOR not in out.read_text(encoding="utf-8", errors="replace")[:2000]):
+    check_report_path(out)
+    charts = render_charts(diagnosis)
+    ours = out.exists()  # checked above: an earlier report's page, so its charts beside it are ours too
+    for name, _ in charts:
+        png = _chart_path(out, name)
+        if png.exists() and not _written_by_report(png, companion=ours):
+            raise ReportError(f"--out: {str(png)!r} (a chart of the report) already exists and was not written by memfit "
+                              "report; choose another --out (memfit never overwrites other files)")
+    for name, png in charts:
+        write_atomic(_chart_path(out, name), png)
+    write_atomic(out, render_html(diagnosis, charts).encode("utf-8"))
+    return out
+
+
+def check_report_path(out: Path) -> None:
+    """Raise :class:`ReportError` (or :class:`~memfit.errors.PathError`) unless the report can be
+    written at ``out``: not a folder, not a file someone else wrote, in a folder that exists and may
+    be written."""
+    if out.is_dir():
+        raise ReportError(f"--out: {str(out)!r} is a folder; pass the HTML file to write (e.g. {str(out / REPORT_FILE)!r})")
+    if out.exists() and not _written_by_report(out):
         raise ReportError(
             f"--out: {str(out)!r} already exists and was not written by memfit report; choose another path "
             "(memfit never overwrites other files)"
         )
     if not out.parent.is_dir():
         raise ReportError(f"--out: the folder {str(out.parent)!r} does not exist; create it or choose another path")
-    charts = render_charts(diagnosis)
-    for name, png in charts:
-        write_atomic(out.with_name(f"{out.stem}-{name}.png"), png)
-    write_atomic(out, render_html(diagnosis, charts).encode("utf-8"))
-    return out
+    check_file_writable(out, "--out")
+
+
+def _chart_path(out: Path, name: str) -> Path:
+    return out.with_name(f"{out.stem}-{name}.png")
+
+
+def _written_by_report(path: Path, companion: bool = False) -> bool:
+    """Whether ``path`` carries memfit report's mark (the page's generator tag, a chart's Software
+    field). ``companion``: a chart beside a page of ours, drawn before charts were marked, counts too."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(4096)
+    except OSError:
+        return False
+    return GENERATOR.encode() in head or (companion and path.suffix == ".png" and b"matplotlib" in head.lower())
 
 
 # ------------------------------------------------------------------------------------------------
@@ -92,7 +125,7 @@ def _unit(max_bytes: float) -> tuple[float, str]:
 
 def _png(fig) -> bytes:
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight")
+    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight", metadata={"Software": GENERATOR})
     return buffer.getvalue()
 
 

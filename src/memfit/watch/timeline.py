@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memfit.errors import UserError
 from memfit.run_files import MEMORY_FILE, METRICS_FILE, RUN_FILE, rank_of_memory_file
 
 #: Version of the record layout; bumped when a field changes meaning.
@@ -119,15 +120,74 @@ def _device_sort_key(name: str) -> tuple[str, int]:
     return kind, int(index) if index.isdigit() else -1
 
 
-class TimelineError(ValueError):
+class TimelineError(UserError, ValueError):
     """A run folder or memory.jsonl that cannot be read; the message names the file and the fix."""
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _field_problem(value: Any, where: str) -> str | None:
+    """The first field under ``value`` whose type readers cannot use: ``*_bytes`` fields are
+    numbers, ``step`` fields whole numbers, ``devices`` a mapping of mappings (None when all is well)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{where}.{key}" if where else str(key)
+            if str(key).endswith("_bytes") and item is not None and not _number(item) and not isinstance(item, dict):
+                return f"{path} is {item!r}, not a number of bytes"
+            if key in ("step", "first_step", "total_steps", "resumed_from_step") and item is not None and not _whole(item):
+                return f"{path} is {item!r}, not a whole number"
+            if key in ("devices", "categories", "device_capacity_bytes") and item is not None and not isinstance(item, dict):
+                return f"{path} is {item!r}, not a mapping"
+            if key == "devices" and isinstance(item, dict):
+                bad = next((name for name, entry in item.items() if not isinstance(entry, dict)), None)
+                if bad is not None:
+                    return f"{path}.{bad} is {item[bad]!r}, not a mapping of readings"
+            if key == "categories" and isinstance(item, dict):
+                bad = next((name for name, entry in item.items() if not _number(entry)), None)
+                if bad is not None:
+                    return f"{path}.{bad} is {item[bad]!r}, not a number of bytes"
+            problem = _field_problem(item, path)
+            if problem:
+                return problem
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            problem = _field_problem(item, f"{where}[{index}]")
+            if problem:
+                return problem
+    return None
+
+
+def _record_problem(record: dict[str, Any]) -> str | None:
+    """Why a parsed record cannot be read (None when it can): a field of the wrong type."""
+    kind = record.get("kind")
+    if kind == "step" and not _whole(record.get("step")):
+        return f"step is {record.get('step')!r}, not a whole number"
+    devices = record.get("expected_devices")
+    if devices is not None and not (isinstance(devices, list) and all(isinstance(d, str) for d in devices)):
+        return f"expected_devices is {devices!r}, not a list of device names"
+    for key in ("plan", "spec"):
+        if record.get(key) is not None and not isinstance(record[key], dict):
+            return f"{key} is {record[key]!r}, not a mapping"
+    if kind == "finding":
+        try:
+            Finding.from_json(record["finding"])
+        except (KeyError, TypeError, ValueError):
+            return f"finding is {record.get('finding')!r}, not a finding (severity, code, message, fix)"
+    return _field_problem(record, "")
 
 
 def parse_timeline(lines: list[str], source: str = MEMORY_FILE) -> Timeline:
     """Build a :class:`Timeline` from the lines of a ``memory.jsonl``.
 
     A damaged *last* line is dropped: a run killed mid-write leaves one, and everything before it
-    is still good. A damaged line elsewhere is an error naming the line.
+    is still good. A damaged line elsewhere, or a record with a field of the wrong type, is an
+    error naming the line and the field.
     """
     start: dict[str, Any] | None = None
     timeline = Timeline(start={}, steps=[])
@@ -141,6 +201,10 @@ def parse_timeline(lines: list[str], source: str = MEMORY_FILE) -> Timeline:
             if position == len(numbered) - 1:
                 break  # cut short by a crash
             raise TimelineError(f"{source} line {number} is not a JSON object ({err}); the file is damaged") from None
+        problem = _record_problem(record)
+        if problem:
+            raise TimelineError(f"{source} line {number}: {problem}; the file was edited or damaged "
+                                "(memfit's recorder writes it, see docs/watch.md for its fields)")
         kind = record.get("kind")
         if kind == "start":
             # A later start record is a resumed run (records after its resume step are replaced)
@@ -171,9 +235,27 @@ def parse_timeline(lines: list[str], source: str = MEMORY_FILE) -> Timeline:
 
 
 def load_timeline(path: str | Path) -> Timeline:
-    """Read and parse a ``memory.jsonl`` file."""
+    """Read and parse a ``memory.jsonl`` file.
+
+    Lines are decoded one by one: a last line cut inside a character (a crash mid-write) is
+    dropped like any damaged last line; bytes that are not UTF-8 elsewhere are an error.
+    """
     path = Path(path)
-    return parse_timeline(path.read_text(encoding="utf-8").splitlines(), source=str(path))
+    try:
+        raw = path.read_bytes().split(b"\n")
+    except OSError as err:
+        raise TimelineError(f"{path} cannot be read ({err.strerror}); check its permissions") from None
+    lines = []
+    last = max((i for i, line in enumerate(raw) if line.strip()), default=-1)
+    for number, line in enumerate(raw, 1):
+        try:
+            lines.append(line.decode("utf-8"))
+        except UnicodeDecodeError as err:
+            if number - 1 == last:
+                break  # cut short by a crash
+            raise TimelineError(f"{path} line {number} is not UTF-8 text (byte {err.start}): not a memory.jsonl memfit "
+                                "wrote, or the file is damaged") from None
+    return parse_timeline(lines, source=str(path))
 
 
 def load_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -182,7 +264,7 @@ def load_metrics(path: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
         except ValueError:
@@ -225,6 +307,8 @@ def load_run(run_dir: str | Path) -> RunFolder:
     if not path.is_dir():
         raise TimelineError(f"{str(path)!r} is a file, not a run folder; pass the folder that holds {MEMORY_FILE}")
     memory = path / MEMORY_FILE
+    if memory.exists() and not memory.is_file():
+        raise TimelineError(f"{str(memory)!r} is a folder, not the memory file; pass a run folder memfit wrote")
     if not memory.is_file():
         raise TimelineError(
             f"{str(path)!r} has no {MEMORY_FILE}: memory was not recorded for this run. Record it with "
@@ -238,8 +322,13 @@ def load_run(run_dir: str | Path) -> RunFolder:
     if run_file.is_file():
         try:
             run = json.loads(run_file.read_text(encoding="utf-8"))
-        except ValueError as err:
+        except ValueError as err:  # UnicodeDecodeError too
             raise TimelineError(f"{run_file} is not valid JSON ({err}); it is rewritten atomically, so it was edited by hand") from None
+        if not isinstance(run, dict):
+            raise TimelineError(f"{run_file} holds a {type(run).__name__}, not a JSON object; it was edited by hand")
+        problem = _record_problem({key: run.get(key) for key in ("plan", "spec", "total_steps", "step") if key in run})
+        if problem:
+            raise TimelineError(f"{run_file}: {problem}; it is rewritten atomically, so it was edited by hand")
     # Fill what the recorder did not know from run.json (memfit train writes the resolved config there).
     if run:
         if not timeline.start.get("total_steps") and run.get("total_steps"):

@@ -3,7 +3,7 @@ label masks, pack, and batch.
 
 Typical use by a training loop::
 
-    records, fmt = load_records("examples/data/tiny-instruct.jsonl")     # DataError lists problems
+    records, fmt = load_records("data.jsonl")                           # DataError lists problems
     examples = tokenize_records(records, tokenizer, seq_len=256)        # labels -100 off-response
     batches = BatchIterator(examples, batch_size=8, seed=0)             # resumable order
     batch = collate(next(batches), tokenizer.pad_token_id)             # memfit.step.batch: tensors

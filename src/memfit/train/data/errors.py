@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from memfit.errors import UserError
+
 MAX_LISTED_PROBLEMS = 20
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Training data that cannot be used as it is. The message lists every problem found (up to
     :data:`MAX_LISTED_PROBLEMS`), each with its file, record location and field."""
 
