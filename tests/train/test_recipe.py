@@ -127,7 +127,8 @@ def test_out_of_memory_saves_the_step_before_and_explains(tmp_path, monkeypatch)
         return real_step(*args, **kwargs)
 
     monkeypatch.setattr(step_module, "train_step", flaky_step)
-    config = tiny_config(tmp_path / "run", max_steps=5, batch_size=4)
+    # on_oom: stop (the default continues one configuration down: tests/train/test_fitting.py)
+    config = tiny_config(tmp_path / "run", max_steps=5, batch_size=4, on_oom="stop")
     with pytest.raises(OutOfMemory) as info:
         train(config, progress=False)
     message = str(info.value)
@@ -143,7 +144,7 @@ def test_out_of_memory_saves_the_step_before_and_explains(tmp_path, monkeypatch)
     monkeypatch.setattr(step_module, "train_step", real_step)
     resumed = train(config, resume=True, progress=False)
     assert resumed.status == "completed"
-    train(tiny_config(tmp_path / "clean", max_steps=5, batch_size=4), progress=False)
+    train(tiny_config(tmp_path / "clean", max_steps=5, batch_size=4, on_oom="stop"), progress=False)
     got, want = step_losses(tmp_path / "run"), step_losses(tmp_path / "clean")
     assert got.keys() == want.keys() == set(range(1, 6))
     assert all(abs(got[k] - want[k]) <= 1e-6 for k in want)

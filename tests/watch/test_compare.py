@@ -104,21 +104,26 @@ def lora_setup(wrap: bool):
         model = checkpointing_off(model)
     model.train()
     optimizer = build_optimizer(model.parameters(), "adamw")
-    ids = torch.randint(0, 256, (2, 32))
-    return model, optimizer, {"input_ids": ids, "labels": ids.clone()}
+    rows = torch.randint(0, 256, (2, 32)).tolist()
+    return model, optimizer, [{"input_ids": r, "labels": r} for r in rows]
 
 
-def run_measured(tmp_path, model, optimizer, plan, batch):
-    from memfit.step.losses import causal_lm_loss
-    from memfit.step.train_step import train_step
+def run_measured(tmp_path, model, optimizer, plan, examples):
+    from memfit.models.build import make_config
+    from memfit.spec import make_spec
+    from memfit.step.builder import build_step
     from memfit.watch.recorder import MemoryRecorder
     from memfit.watch.timeline import load_timeline
 
+    # The step the plan planned: its batch layout, loss and clipping.
+    step_fn = build_step(make_spec(**KNOBS), make_config(TINY_LLAMA))
     with MemoryRecorder(tmp_path, expected_device="cpu", plan=plan, devices=[], thresholds=NO_FLOOR) as recorder:
         recorder.inspect(model, KNOBS)
         recorder.attribute(model, optimizer, steps=2)
         for step in range(2):
-            train_step(model, [batch], optimizer, loss_fn=causal_lm_loss, observer=recorder.observer)
+            batch = step_fn.collate(examples, 0)
+            step_fn(model, [batch], optimizer, observer=recorder.observer)
+            del batch
             live = recorder.end_step(step + 1)
         timeline = load_timeline(tmp_path / "memory.jsonl")
         assert recorder.comparison() == compare_categories(plan, timeline)

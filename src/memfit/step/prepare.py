@@ -129,6 +129,26 @@ def apply_lean_step(model: nn.Module, spec: RunSpec) -> None:
         tile_norms(model)
 
 
+def lean_step_changes(model: nn.Module, before: RunSpec, after: RunSpec) -> list[str]:
+    """Change a prepared model from ``before``'s memory-lean step to ``after``'s, in the leaner
+    direction only (checkpointing off -> on -> offload, tiling on), which a run takes when a step
+    runs out of memory; the weights and adapters stay as they are. Returns what changed."""
+    changed = []
+    order = ("off", "on", "offload")
+    if order.index(after.checkpointing) < order.index(before.checkpointing):
+        raise ValueError(f"checkpointing {before.checkpointing} -> {after.checkpointing}: a running model only gets leaner")
+    if after.checkpointing != before.checkpointing:
+        enable_checkpointing(model, offload=after.checkpointing == "offload")
+        changed.append(f"checkpointing {after.checkpointing}")
+    if after.tiles_sequence and not before.tiles_sequence:
+        tile_mlps(model)
+        tile_norms(model)
+        changed.append("tiling on")
+    elif before.tiles_sequence and not after.tiles_sequence:
+        raise ValueError("tiling on -> off: a running model only gets leaner")
+    return changed
+
+
 def place_for_training(model: nn.Module, spec: RunSpec) -> bool:
     """Placement once the weights exist: frozen, untied input embeddings go to host memory for
     LoRA/QLoRA on one GPU (:mod:`memfit.step.host_embeddings`). The trainer calls it after loading,

@@ -135,6 +135,7 @@ def train_command(
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Any other config field: --set KEY=VALUE (repeatable).")] = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No live progress bar (metrics still go to metrics.jsonl).")] = False,
     nproc: Annotated[Optional[int], typer.Option("--nproc", help="Start N processes (one per GPU) with torchrun; must equal gpus in the config.")] = None,
+    fit: Annotated[bool, typer.Option("--fit", help="Before loading, choose the micro-batch split, checkpointing and tiling that fit the device (fit: auto).")] = False,
     **options: Any,
 ) -> None:
     """Fine-tune a model as a YAML config says: plan first, then train, checkpoint and save the adapter.
@@ -153,6 +154,8 @@ def train_command(
 
     overrides = parse_set_options(set_ or [])
     overrides.update(options)
+    if fit:
+        overrides["fit"] = "auto"
     cfg = load_config(config, overrides)
 
     if nproc is not None:

@@ -115,6 +115,9 @@ class TrainConfig(_run_knobs()):
     gpu: str | None = Field(None, description="GPU to plan against before loading (default: detected on CUDA)")
     budget: str | None = Field(None, description="memory budget to plan against, e.g. 20GiB (also on CPU runs)")
     force: bool = Field(False, description="train even when the plan says the run does not fit")
+    fit: Literal["off", "auto"] = Field("off", description="auto: before loading, choose the micro-batch split, checkpointing and tiling that fit the device (or gpu / budget), fastest first; the effective batch, method, rank, lr and data stay")
+    fit_optimizer: bool = Field(False, description="let fit also choose a lighter optimizer (8-bit / paged AdamW)")
+    on_oom: Literal["continue", "stop"] = Field("continue", description="when a step runs out of memory: continue with the next configuration down at the same effective batch and data order, or stop with a checkpoint")
 
     @field_validator("data", mode="before")
     @classmethod
@@ -320,6 +323,7 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
     if not 0 <= c.min_lr_ratio <= 1:
         problems.append(f"min_lr_ratio: {c.min_lr_ratio!r} must be in [0, 1]")
     problems.extend(_multi_gpu_problems(c))
+    problems.extend(_fit_problems(c))
     if not 0 <= c.eval_split < 1:
         problems.append(f"eval_split: {c.eval_split!r} must be a fraction in [0, 1) (e.g. eval_split: 0.05)")
     if c.eval_split > 0 and c.eval_data is not None:
@@ -402,6 +406,16 @@ def model_problems(name: str, model_config: dict[str, Any], seq_len: Any) -> lis
         return []
     too_long = seq_len_problem(name, model_config, tokens, spelling="field")
     return [too_long] if too_long else []
+
+
+def _fit_problems(c: TrainConfig) -> list[str]:
+    """What ``fit: auto`` cannot do (the search itself runs at the start of the run)."""
+    problems = []
+    if c.fit == "auto" and c.gpus > 1:
+        problems.append(f"fit: auto chooses for one process, not gpus: {c.gpus}. Use fit: off, or memfit fit --gpus {c.gpus} --write.")
+    if c.fit_optimizer and c.fit != "auto":
+        problems.append("fit_optimizer: true only means something with fit: auto. Add fit: auto, or drop fit_optimizer.")
+    return problems
 
 
 def _multi_gpu_problems(c: TrainConfig) -> list[str]:

@@ -89,7 +89,7 @@ def handle_oom(
     lines = [f"out of device memory at step {step + 1} on {device}."]
     if path is not None:
         lines.append(f"Saved the run as it was before this step to {path}; after changing the config, continue with --resume")
-        lines.append("(changing batch_size or grad_accum changes the data order: then start a new run instead).")
+        lines.append("(keep batch_size x grad_accum, the examples a step takes: the data order then stays the same).")
     if plan is not None:
         lines.append(f"The plan predicts {format_bytes(plan.device_total_bytes)} at the peak ({plan.phase}).")
     lines.append("To use less memory:")

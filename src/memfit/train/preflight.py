@@ -150,19 +150,22 @@ def check_model(config, model_config: dict[str, Any]) -> None:
         raise ConfigError(problems)
 
 
-def preflight_run(config, model_config: dict[str, Any], device, console) -> PreflightResult:
+def preflight_run(config, model_config: dict[str, Any], device, console, seq_len: int | None = None) -> PreflightResult:
     """:func:`run_preflight` for a training config on ``device``, with the plan's one-line summary
     printed (per GPU for several GPUs) and a warning when ``force`` overrides a refusal. The model is
-    checked against the config first (:func:`check_model`)."""
+    checked against the config first (:func:`check_model`). ``seq_len``: plan this length (the data's
+    longest micro-batch, when shorter than the config's ``seq_len``)."""
     check_model(config, model_config)
+    knobs = config.knobs() if seq_len is None or seq_len == config.seq_len else {**config.knobs(), "seq_len": seq_len}
     preflight = run_preflight(
-        model_config, config.knobs(), device_type=device.type, device_index=device.index,
+        model_config, knobs, device_type=device.type, device_index=device.index,
         gpu=config.gpu, budget=config.budget, force=config.force,
     )
     if preflight.plan is not None:
         per = " per GPU" if config.gpus > 1 else ""
+        longest = f", the data's longest micro-batch: {seq_len} tokens a sequence" if seq_len is not None and seq_len < config.seq_len else ""
         console.print(
-            f"plan: {format_bytes(preflight.plan.device_total_bytes)} at the peak{per}, "
+            f"plan: {format_bytes(preflight.plan.device_total_bytes)} at the peak{per}{longest}, "
             f"{format_bytes(preflight.target_bytes)} available ({preflight.target})", highlight=False,
         )
     if preflight.forced:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +23,10 @@ from rich.console import Console
 
 from memfit.run_files import memory_file_name
 from memfit.step.attention import restore_attention
+from memfit.planner.fit_run import SEARCHED, describe
 from memfit.step.builder import build_step
 from memfit.step.optim import build_optimizer
-from memfit.step.prepare import prepare_given_model
+from memfit.step.prepare import lean_step_changes, prepare_given_model
 from memfit.models.build import make_config
 from memfit.train.batches import count_step_tokens, evaluate
 from memfit.train.checkpointing import capture_rng, latest_checkpoint, restore_rng
@@ -47,6 +47,7 @@ from memfit.train.examples import (
     prepare_examples,
     seed_everything,
 )
+from memfit.train.fitting import Target, device_target, fit_configuration, planned_seq_len, recorded_knobs, step_down
 from memfit.train.guards import StopOnSignal, handle_oom
 from memfit.train.hub_model import fetch_small_files, fetch_weights
 from memfit.train.loading import load_model, verify_setup
@@ -56,6 +57,7 @@ from memfit.train.run_folder import RunRecord, finished_run, truncate_metrics
 from memfit.train.world import make_world
 from memfit.watch.compare import comparison_lines
 from memfit.watch.readings import step_peak_reading
+from memfit.units import format_bytes
 from memfit.watch.recorder import MemoryRecorder
 
 __all__ = ["OutOfMemory", "TrainError", "TrainResult", "train"]
@@ -133,7 +135,6 @@ def train(
 
 
 def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: bool, conformance_steps: int | None) -> TrainResult:
-    spec = config.spec
     if not world.is_main:  # one voice: rank 0 prints
         console, progress = Console(stderr=True, quiet=True), False
     console = console or Console(stderr=True)
@@ -145,21 +146,37 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     # the run is known to fit and the data is read (memfit.train.hub_model).
     config, hub = fetch_small_files(config, world=world, console=console, resume=resume, run_dir=run_dir)
 
-    # 1. Where, and whether it fits: decided before any weight is read.
+    # 1. Data: tokenized up front, so that a bad file fails before anything is planned or loaded.
     model_dict = model_config_dict(config)
-    try:
-        # The step this configuration runs (its loss, clipping, batch layout), settled before any work.
-        step_fn = build_step(spec, make_config(model_dict))
-    except ValueError as err:
-        raise TrainError(str(err)) from None
-    preflight = preflight_run(config, model_dict, device, console)
-
-    # 2. Data: tokenized up front, so that a bad file fails before the model loads.
     seed_everything(config.seed)
     tokenizer = load_tokenizer(config)
     train_examples, eval_examples = prepare_examples(config, tokenizer)
     check_vocab(train_examples + eval_examples, int(model_dict.get("vocab_size") or 0), tokenizer)
     pad_id = pad_token_id(tokenizer)
+
+    # 2. The configuration, and whether it fits: decided before any weight is read. A resumed run
+    # keeps the configuration it was training with; fit: auto chooses the knobs left open.
+    fit_record = None
+    given = {k: config.spec.knobs()[k] for k in SEARCHED}
+    kept, first_given = recorded_knobs(run_dir) if resume else (None, None)
+    if kept is not None and first_given not in (None, given):
+        kept = None  # the config was changed on purpose since the run began: it wins
+        console.print(f"resuming with the config's {describe(given)}, not the run's {describe(first_given)}", highlight=False)
+    elif kept is not None and kept != given:
+        config = config.model_copy(update=kept)
+        console.print(f"resuming with the configuration the run was training with: {describe(kept)}", highlight=False)
+    given = first_given or given
+    try:
+        # The step this configuration runs (its loss, clipping, batch layout), settled before any work.
+        step_fn = build_step(config.spec, make_config(model_dict))
+    except ValueError as err:
+        raise TrainError(str(err)) from None
+    planned_len = planned_seq_len(train_examples, config.batch_size, config.seq_len, step_fn.layout, config.packing)
+    if config.fit == "auto" and kept is None and not resume:
+        config, fit_record = fit_configuration(config, model_dict, planned_len, device_target(config, device), console)
+        step_fn = build_step(config.spec, make_config(model_dict))
+    spec = config.spec
+    preflight = preflight_run(config, model_dict, device, console, seq_len=planned_len)
 
     # 3. Model: meta -> weights on the device -> adapters -> the memory-lean step, then checked;
     # then sharded (several processes), and the step this configuration runs.
@@ -194,9 +211,12 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     grad_scaler = step_fn.grad_scaler(device)
 
     def checkpoint_now(step: int, reason: str, data_state=None, rng_state=None) -> Path:
+        data = data_state if data_state is not None else batches.state_dict()
+        # Examples per optimizer step: a resume may cut them into other micro-batches, never other steps.
+        data = {**data, "examples_per_step": data["batch_size"] * record.fields["active_knobs"]["grad_accum"]}
         return world.save_checkpoint(
             run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
-            data_state=data_state if data_state is not None else batches.state_dict(),
+            data_state=data,
             rng_state=rng_state if rng_state is not None else capture_rng(device),
             reason=reason, keep=config.keep_checkpoints,
         )
@@ -217,7 +237,8 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
         try:
             state = world.load_checkpoint(checkpoint, model=model, optimizer=optimizer, scheduler=scheduler,
                                           grad_scaler=grad_scaler, device=device)
-            batches.load_state_dict(state.data)
+            per_step = world.global_batch_size(spec) * spec.grad_accum
+            batches.load_state_dict(state.data, rebatch=state.data.get("examples_per_step") == per_step)
         except ValueError as err:  # CheckpointError, or data / batch settings that changed
             raise TrainError(f"--resume from {checkpoint}: {err}") from None
         restore_rng(state.rng, device)
@@ -226,17 +247,23 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
             truncate_metrics(run_dir, start_step)
         console.print(f"resuming from {checkpoint} (step {start_step} of {steps})", highlight=False)
 
+    # The checkpoints written from here on say how many examples a step takes (see checkpoint_now).
     record = RunRecord.for_run(run_dir, config=config, model_config=model_dict, preflight=preflight, setup=setup,
                                device=device, total_steps=steps, enabled=world.is_main,
-                               extra={**world.run_fields(spec), **({"hub": hub.record()} if hub is not None else {})})
+                               extra={**world.run_fields(spec), **({"hub": hub.record()} if hub is not None else {}),
+                                      "planned_seq_len": planned_len, "fit": fit_record,
+                                      "active_knobs": {k: spec.knobs()[k] for k in SEARCHED}, "given_knobs": given,
+                                      "config_changes": _recorded_changes(run_dir) if resume else []})
     record.write(status="running", step=start_step)
     result = TrainResult(status="completed", step=start_step, total_steps=steps, run_dir=run_dir, setup=setup, model=model)
 
     # 6. The loop.
-    _loop(config, world, result, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
-          step_fn=step_fn, batches=batches, eval_examples=eval_examples, collate=partial(step_fn.collate, pad_token_id=pad_id), device=device,
-          preflight=preflight, record=record, checkpoint_now=checkpoint_now, console=console, progress=progress,
-          conformance_steps=conformance_steps)
+    current = _Current(config=config, step_fn=step_fn, pad_id=pad_id, model_config=model_dict, planned_len=planned_len,
+                       plan=preflight.plan)
+    _loop(current, world, result, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
+          batches=batches, eval_examples=eval_examples, device=device, preflight=preflight, record=record,
+          checkpoint_now=checkpoint_now, console=console, progress=progress, conformance_steps=conformance_steps)
+    config, spec = current.config, current.config.spec
 
     # 7. Outputs: the last checkpoint and the deliverable, once the loop completed; the trained model
     # with its own attention back (document attention is for training rows).
@@ -248,12 +275,32 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     return result
 
 
-def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, scheduler, grad_scaler, step_fn,
-          batches, eval_examples: list, collate, device: torch.device, preflight: PreflightResult, record,
-          checkpoint_now, console, progress: bool, conformance_steps: int | None = None) -> None:
+@dataclass
+class _Current:
+    """What a step-down after running out of memory changes while the run goes on."""
+
+    config: TrainConfig
+    step_fn: Any
+    pad_id: int
+    model_config: dict[str, Any]
+    planned_len: int
+    plan: Any  # the plan of the configuration in effect (None: not planned)
+
+    @property
+    def spec(self):
+        return self.config.spec
+
+    def collate(self, examples: list) -> dict[str, Any]:
+        return self.step_fn.collate(examples, self.pad_id)
+
+
+def _loop(current: _Current, world, result: TrainResult, *, model, optimizer, scheduler, grad_scaler, batches,
+          eval_examples: list, device: torch.device, preflight: PreflightResult, record, checkpoint_now, console,
+          progress: bool, conformance_steps: int | None = None) -> None:
     """The optimizer steps from ``result.step`` to the end, watched: memory is recorded every step
-    (``memory.jsonl``) and checked for leaks, stray devices and switched-off optimizations."""
-    spec = config.spec
+    (``memory.jsonl``) and checked for leaks, stray devices and switched-off optimizations. A step that
+    runs out of memory is taken again one configuration down (:func:`_step_down`), where it can be."""
+    config, spec = current.config, current.spec
     steps = result.total_steps
     recorder = MemoryRecorder(result.run_dir, plan=preflight.plan, expected_device=device, total_steps=steps, spec=spec,
                               source="memfit-train", resumed_from_step=result.step or None,
@@ -270,20 +317,25 @@ def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, 
     started = time.perf_counter()
     metrics_log = MetricsLog(result.run_dir) if world.is_main else NullLog()
     with recorder, StopOnSignal() as stop, metrics_log as log, LiveProgress(console, steps, result.step, enabled=progress) as bar:
-        for step in range(result.step, steps):
+        step = result.step
+        while step < steps:
             # Where the run stands before this step: an emergency checkpoint taken if the step fails
             # must replay this step's batches, not skip them.
             data_before, rng_before = batches.state_dict(), capture_rng(device)
             meter.start()
-            micro_batches = world.micro_batches(batches, spec.grad_accum, collate, device)
+            micro_batches = world.micro_batches(batches, current.spec.grad_accum, current.collate, device)
             tokens = count_step_tokens(micro_batches)
             try:
-                loss, grad_norm = step_fn(model, micro_batches, optimizer, grad_scaler=grad_scaler, observer=recorder.observer)
+                loss, grad_norm = current.step_fn(model, micro_batches, optimizer, grad_scaler=grad_scaler, observer=recorder.observer)
             except torch.OutOfMemoryError:
                 del micro_batches
+                if _step_down(current, world, model, optimizer, batches, step, data_before, rng_before, device, record,
+                              checkpoint_now, console):
+                    continue  # the same step again, one configuration down, on the same examples
                 recorder.close(status="oom")
-                raise _out_of_memory(config, world, optimizer, step, preflight, device, console,
+                raise _out_of_memory(current.config, world, optimizer, step, preflight, device, console,
                                      lambda: checkpoint_now(step, "oom", data_before, rng_before), record) from None
+            config, spec = current.config, current.spec
             scheduler.step()
             loss_value, tokens, stop_requested, grad_norm = world.step_totals(loss, tokens, stop.signal_name is not None, grad_norm, device)
             if stop_requested and stop.signal_name is None:
@@ -291,7 +343,7 @@ def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, 
             meter.stop(tokens)
             grad_norm = float(grad_norm) if grad_norm is not None else None
             del micro_batches, loss  # nothing of this step is held into the next
-            done = result.step = step + 1
+            done = result.step = step = step + 1
             if not math.isfinite(loss_value):
                 checkpoint_now(done, "nonfinite")
                 record.write(status="diverged", step=done)
@@ -315,7 +367,7 @@ def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, 
             if done % config.log_every == 0 or done == steps:
                 log.write(metrics)
             if eval_examples and config.eval_every and done % config.eval_every == 0 and done != steps:
-                eval_loss = evaluate(model, eval_examples, spec.batch_size, collate, device, step_fn.loss)
+                eval_loss = evaluate(model, eval_examples, spec.batch_size, current.collate, device, current.step_fn.loss)
                 result.eval_losses.append((done, eval_loss))
                 log.write({"step": done, "eval_loss": eval_loss})
             bar.update(done, metrics)
@@ -328,7 +380,7 @@ def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, 
 
         if result.status == "completed":
             if eval_examples:
-                eval_loss = evaluate(model, eval_examples, spec.batch_size, collate, device, step_fn.loss)
+                eval_loss = evaluate(model, eval_examples, spec.batch_size, current.collate, device, current.step_fn.loss)
                 result.eval_losses.append((result.step, eval_loss))
                 log.write({"step": result.step, "eval_loss": eval_loss})
             result.checkpoint = checkpoint_now(result.step, "final")
@@ -337,6 +389,63 @@ def _loop(config: TrainConfig, world, result: TrainResult, *, model, optimizer, 
     for line in comparison_lines(recorder.comparison()):
         console.print(line, highlight=False)
     result.tokens_per_second = meter.overall_rate()
+
+
+def _step_down(current: _Current, world, model, optimizer, batches, step: int, data_before: dict[str, Any],
+               rng_before: dict[str, Any], device: torch.device, record, checkpoint_now, console) -> bool:
+    """After step ``step`` ran out of memory: free, take the next configuration down at the same
+    effective batch (:func:`memfit.train.fitting.step_down`), put the data and the random state back
+    to where the step began, save, and say so. False when the run cannot go on that way (one process,
+    ``on_oom: continue``, no optimizer step in backward, something smaller that fits)."""
+    config = current.config
+    optimizer.zero_grad(set_to_none=True)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if config.on_oom != "continue" or world.distributed:
+        return False
+    if config.spec.step_in_backward:
+        console.print("out of memory: the optimizer step in backward had already updated some weights, so the step "
+                      "cannot be taken again with another configuration", highlight=False)
+        return False
+    target = device_target(config, device) if (config.gpu or config.budget or device.type == "cuda") else Target(None, None, None, "")
+    failed = current.plan
+    if failed is None:
+        from memfit.planner.api import plan
+
+        failed = plan(current.model_config, gpu=target.gpu, budget=target.budget, context_bytes=target.context_bytes,
+                      **{**config.spec.knobs(), "seq_len": current.planned_len})
+    found = step_down(config, current.model_config, current.planned_len, failed, target)
+    if found is None:
+        return False
+    new_config, new_plan, moves = found
+    lean_step_changes(model, config.spec, new_config.spec)
+    batches.batch_size = world.global_batch_size(new_config.spec)
+    batches.load_state_dict(data_before, rebatch=True)
+    restore_rng(rng_before, device)
+    current.config, current.plan = new_config, new_plan
+    current.step_fn = world.training_step(build_step(new_config.spec, make_config(current.model_config)), model)
+    knobs = {k: new_config.spec.knobs()[k] for k in SEARCHED}
+    change = {"step": step + 1, "reason": "out of memory", "moves": moves, "from": record.fields["active_knobs"],
+              "to": knobs, "plan_bytes": new_plan.device_total_bytes}
+    record.fields["config_changes"] = list(record.fields.get("config_changes") or []) + [change]
+    record.fields["active_knobs"] = knobs
+    record.write(status="running", step=step)
+    checkpoint_now(step, "oom", {**data_before, "batch_size": batches.batch_size}, rng_before)
+    console.print(f"[yellow]out of memory[/] at step {step + 1}: continuing with {describe(knobs)} "
+                  f"({'; '.join(moves)}; plan {format_bytes(new_plan.device_total_bytes)}), the same examples in the same order",
+                  highlight=False)
+    return True
+
+
+def _recorded_changes(run_dir: Path) -> list:
+    """The configuration changes an earlier run in ``run_dir`` recorded (kept when it resumes)."""
+    import json
+
+    try:
+        changes = json.loads((run_dir / "run.json").read_text(encoding="utf-8")).get("config_changes")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return list(changes) if isinstance(changes, list) else []
 
 
 def _out_of_memory(config: TrainConfig, world, optimizer, step: int, preflight: PreflightResult, device, console,

@@ -84,20 +84,20 @@ class BatchIterator:
             "num_examples": len(self.examples),
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, rebatch: bool = False) -> None:
         """Continue from a :meth:`state_dict`. Raises ValueError when the examples or the settings
-        differ from the run that saved it, since the order would then not be the same."""
-        mismatches = [
-            f"{key}: saved {state.get(key)!r}, now {now!r}"
-            for key, now in (
-                ("seed", self.seed),
-                ("shuffle", self.shuffle),
-                ("batch_size", self.batch_size),
-                ("drop_last", self.drop_last),
-                ("num_examples", len(self.examples)),
-            )
-            if state.get(key) != now
-        ]
+        differ from the run that saved it, since the order would then not be the same.
+
+        ``rebatch``: the batch size may differ from the saved one. The order of the examples does not
+        depend on it (each epoch is a permutation, ``position`` counts examples), so the examples
+        come in the same order, cut into batches of the new size; the caller keeps the examples per
+        optimizer step the same (micro-batch x accumulation).
+        """
+        settings = [("seed", self.seed), ("shuffle", self.shuffle), ("drop_last", self.drop_last),
+                    ("num_examples", len(self.examples))]
+        if not rebatch:
+            settings.append(("batch_size", self.batch_size))
+        mismatches = [f"{key}: saved {state.get(key)!r}, now {now!r}" for key, now in settings if state.get(key) != now]
         if mismatches:
             raise ValueError(
                 "cannot resume the batch order: " + "; ".join(mismatches)
