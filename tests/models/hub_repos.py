@@ -6,8 +6,12 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from local_hub import LocalHub
 
 TESTS = Path(__file__).resolve().parents[1]
 for helpers in ("train", "merge"):  # trainer_helpers (tiny pretrained model), merge_helpers (PEFT adapter)

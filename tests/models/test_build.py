@@ -27,3 +27,31 @@ def test_plan_counts_a_tied_head_once(tiny_llama):
     at_step = result.categories_at(marks[-1])
     assert at_step["trainable"] == unique
     assert at_step["gradients"] == unique
+
+
+def _fresh_buffers(config: dict) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("cpu"):
+        return dict(AutoModelForCausalLM.from_config(make_config(config)).named_buffers())
+
+
+def test_random_materialize_computes_buffers_as_the_model_does(tiny_llama):
+    # to_empty leaves buffers holding whatever memory held before; rotary frequencies and Gemma's
+    # embedding scale must be computed, or a test's numbers depend on the tests that ran before it.
+    import torch
+
+    gemma = dict(model_type="gemma3_text", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128)
+    llama3_rope = dict(tiny_llama, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+    for config in (llama3_rope, gemma):
+        garbage = torch.full((1 << 16,), float("nan"))  # freed memory the next allocations may reuse
+        del garbage
+        model = materialize(build_meta_model(make_config(config), DTYPES["fp32"]), "cpu", random_values=True)
+        expected = _fresh_buffers(config)
+        buffers = dict(model.named_buffers())
+        assert buffers.keys() == expected.keys() and buffers
+        for name, value in buffers.items():
+            assert torch.equal(value, expected[name]), name

@@ -78,7 +78,8 @@ def materialize(model: nn.Module, device: str | torch.device, *, random_values: 
 
     4-bit layers get the packed weight and quantization state that bitsandbytes would store, made by
     bitsandbytes' own ``quantize_4bit`` on a (fake) dense weight. ``random_values`` fills real
-    storage with small random numbers (uninitialised memory could hold NaNs); fake storage has no
+    storage with small random numbers (uninitialised memory could hold NaNs) and gives buffers the
+    values their model computes for them (rotary frequencies, embedding scales); fake storage has no
     values to fill.
     """
     shared = _shared_parameter_slots(model)
@@ -94,10 +95,36 @@ def materialize(model: nn.Module, device: str | torch.device, *, random_values: 
             for p in model.parameters():
                 if p.is_floating_point():
                     p.normal_(0.0, 0.02)
+        _init_buffers(model)
     for module in model.modules():
         if is_linear4bit(module):
             quantize_fake_or_random(module, device, random_values=random_values)
     return model
+
+
+def _init_buffers(model: nn.Module) -> None:
+    """Compute the buffers ``to_empty`` left uninitialised, through the model's own ``_init_weights``.
+
+    transformers computes rotary ``inv_freq``, Gemma's ``embed_scale`` and the like there; garbage
+    left in them (memory reused from earlier tensors) turns into NaNs that depend on what ran before.
+    A buffer no initializer fills is zeroed, so a run never depends on leftover memory.
+
+    The values are worked out with dispatch modes off: the planner's real-tensor run materializes
+    under its memory tracker, and the initializers' scratch tensors are no part of a training step
+    (its fake-tensor run has no values to compute, and must record the same allocations).
+    """
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    init_weights = getattr(model, "_init_weights", None)
+    with torch.no_grad(), _disable_current_modes():
+        for module in model.modules():
+            buffers = [b for b in module._buffers.values() if b is not None]
+            if not buffers:
+                continue
+            for buffer in buffers:
+                buffer.zero_()
+            if init_weights is not None:
+                init_weights(module)
 
 
 def _shared_parameter_slots(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:

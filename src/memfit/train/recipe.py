@@ -171,10 +171,16 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
         step_fn = build_step(config.spec, make_config(model_dict))
     except ValueError as err:
         raise TrainError(str(err)) from None
-    planned_len = planned_seq_len(train_examples, config.batch_size, config.seq_len, step_fn.layout, config.packing)
+    def length_for(batch_size: int) -> int:
+        return planned_seq_len(train_examples, batch_size, config.seq_len, step_fn.layout, config.packing)
+
+    # A search over micro-batch sizes plans every candidate at the longest single example: no
+    # micro-batch of the data has longer examples (on average) than that, whatever its size.
+    longest_len = length_for(1)
     if config.fit == "auto" and kept is None and not resume:
-        config, fit_record = fit_configuration(config, model_dict, planned_len, device_target(config, device), console)
+        config, fit_record = fit_configuration(config, model_dict, longest_len, device_target(config, device), console)
         step_fn = build_step(config.spec, make_config(model_dict))
+    planned_len = length_for(config.batch_size)
     spec = config.spec
     preflight = preflight_run(config, model_dict, device, console, seq_len=planned_len)
 
@@ -259,6 +265,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
 
     # 6. The loop.
     current = _Current(config=config, step_fn=step_fn, pad_id=pad_id, model_config=model_dict, planned_len=planned_len,
+                       longest_len=longest_len,
                        plan=preflight.plan)
     _loop(current, world, result, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
           batches=batches, eval_examples=eval_examples, device=device, preflight=preflight, record=record,
@@ -283,7 +290,8 @@ class _Current:
     step_fn: Any
     pad_id: int
     model_config: dict[str, Any]
-    planned_len: int
+    planned_len: int  # the data's longest micro-batch at this configuration's micro-batch size
+    longest_len: int  # the data's longest example (the length a search over micro-batch sizes plans)
     plan: Any  # the plan of the configuration in effect (None: not planned)
 
     @property
@@ -408,13 +416,15 @@ def _step_down(current: _Current, world, model, optimizer, batches, step: int, d
                       "cannot be taken again with another configuration", highlight=False)
         return False
     target = device_target(config, device) if (config.gpu or config.budget or device.type == "cuda") else Target(None, None, None, "")
+    # The configurations down are planned at the longest example (micro-batch sizes change), so the
+    # one that failed is compared at that length too.
     failed = current.plan
-    if failed is None:
+    if failed is None or current.planned_len != current.longest_len:
         from memfit.planner.api import plan
 
         failed = plan(current.model_config, gpu=target.gpu, budget=target.budget, context_bytes=target.context_bytes,
-                      **{**config.spec.knobs(), "seq_len": current.planned_len})
-    found = step_down(config, current.model_config, current.planned_len, failed, target)
+                      **{**config.spec.knobs(), "seq_len": current.longest_len})
+    found = step_down(config, current.model_config, current.longest_len, failed, target)
     if found is None:
         return False
     new_config, new_plan, moves = found
@@ -422,7 +432,7 @@ def _step_down(current: _Current, world, model, optimizer, batches, step: int, d
     batches.batch_size = world.global_batch_size(new_config.spec)
     batches.load_state_dict(data_before, rebatch=True)
     restore_rng(rng_before, device)
-    current.config, current.plan = new_config, new_plan
+    current.config, current.plan, current.planned_len = new_config, new_plan, current.longest_len
     current.step_fn = world.training_step(build_step(new_config.spec, make_config(current.model_config)), model)
     knobs = {k: new_config.spec.knobs()[k] for k in SEARCHED}
     change = {"step": step + 1, "reason": "out of memory", "moves": moves, "from": record.fields["active_knobs"],
