@@ -85,6 +85,7 @@ def plan(
     context_bytes: int | None = None,
     cublas_workspace_bytes: int | None = None,
     extrapolate: bool = True,
+    cache: bool = True,
     **knobs: Any,
 ) -> MemoryPlan:
     """Predict the peak GPU memory of one training step of ``model`` configured by ``knobs``.
@@ -99,6 +100,9 @@ def plan(
         context_bytes, cublas_workspace_bytes: override the runtime estimates (see
             :mod:`memfit.planner.runtime`).
         extrapolate: simulate a few layers and extrapolate (fast); False simulates every layer.
+        cache: read and keep the plan in the on-disk plan cache (:mod:`memfit.planner.cache`; also
+            off with ``MEMFIT_PLAN_CACHE=0``). A plan from the cache is the plan this call would
+            make, byte for byte, but for ``details.plan_seconds``.
         **knobs: the :class:`~memfit.spec.RunSpec` fields: method, rank, alpha, dropout, targets,
             precision, optimizer, batch_size, seq_len, grad_accum, checkpointing, gpus, shard.
 
@@ -106,7 +110,18 @@ def plan(
         PlanError: listing every problem with the input, before any simulation runs.
     """
     started = time.perf_counter()
-    source, spec, target = validate(model, revision=revision, gpu=gpu, budget=budget, **knobs)
+    resolved = _resolve(model, revision=revision, gpu=gpu, budget=budget, **knobs)
+    key = None
+    if cache and not resolved.has_problems:
+        # Looked up before the checks that need transformers and torch: an entry exists only for
+        # inputs that passed them (with the same code and libraries, which are in the key), so a
+        # plan from the cache needs neither.
+        key = _plan_key(resolved, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes,
+                        extrapolate=extrapolate)
+        cached = _cached_plan(key, resolved.spec, started)
+        if cached is not None:
+            return cached
+    source, spec, target = _checked(resolved)
     runtime = runtime_overhead(target.arch, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes)
     layout = reshape = None
     if spec.gpus > 1:
@@ -172,7 +187,7 @@ def plan(
     if source.hub:
         details["hub"] = dict(source.hub)  # repo, revision and the commit whose config.json was planned
     details["plan_seconds"] = round(time.perf_counter() - started, 3)
-    return MemoryPlan(
+    result = MemoryPlan(
         model=source.name,
         spec=spec.knobs(),
         allocated_bytes=allocated,
@@ -185,26 +200,133 @@ def plan(
         headroom_bytes=headroom,
         details=details,
     )
+    if key is not None:
+        _keep_plan(key, result)
+    return result
+
+
+#: The fields of a MemoryPlan the cache keeps (``spec`` is rebuilt from the RunSpec: it holds tuples).
+_CACHED_FIELDS = ("model", "allocated_bytes", "reserved_bytes", "device_total_bytes", "phase", "categories", "gpu", "fits",
+                  "headroom_bytes", "details")
+
+
+def _plan_key(resolved: _Resolved, **options: Any) -> str | None:
+    """The plan cache's key for these inputs: everything a plan depends on (the environment is added
+    by :func:`memfit.planner.cache.make_key`)."""
+    from memfit.planner import cache as plan_cache
+
+    if not plan_cache.enabled():
+        return None
+    source, target = resolved.source, resolved.target
+    inputs = {
+        "model": {"name": source.name, "config": source.config, "note": source.note, "hub": source.hub},
+        "spec": resolved.spec.model_dump(mode="json"),
+        "target": {"name": target.name, "memory_bytes": target.memory_bytes, "arch": target.arch,
+                   "supports_bf16": target.supports_bf16, "card": target.card},
+        **options,
+    }
+    return plan_cache.make_key("plan", inputs)
+
+
+def _cached_plan(key: str | None, spec: RunSpec, started: float) -> MemoryPlan | None:
+    """The plan stored under ``key``, with this call's ``plan_seconds``; None on a miss."""
+    from memfit.planner import cache as plan_cache
+
+    stored = plan_cache.load("plan", key)
+    if not isinstance(stored, dict) or set(stored) != set(_CACHED_FIELDS):
+        return None
+    details = dict(stored["details"], plan_seconds=round(time.perf_counter() - started, 3))
+    return MemoryPlan(spec=spec.knobs(), **dict(stored, details=details))
+
+
+def _keep_plan(key: str, result: MemoryPlan) -> None:
+    """Store ``result`` under ``key`` (the time it took left out: it is the new call's own)."""
+    from memfit.planner import cache as plan_cache
+
+    value = {name: getattr(result, name) for name in _CACHED_FIELDS}
+    value["details"] = {k: v for k, v in result.details.items() if k != "plan_seconds"}
+    plan_cache.store("plan", key, value)
+
+
+@dataclass
+class _Resolved:
+    """The model, knobs and target resolved without transformers or torch, with the problems found so far."""
+
+    knobs: dict[str, Any]
+    source: ModelSource | None
+    spec: RunSpec | None
+    target: _Target
+    source_problems: list[str]
+    spec_problems: list[str]
+    target_problems: list[str]
+
+    @property
+    def has_problems(self) -> bool:
+        return bool(self.source_problems or self.spec_problems or self.target_problems)
 
 
 def validate(model: str | dict, *, revision: str | None = None, gpu: str | None = None, budget: str | int | None = None,
              **knobs: Any) -> tuple[ModelSource, RunSpec, _Target]:
     """Check the model, every knob, the GPU and the budget; raise one PlanError listing all problems."""
-    problems: list[str] = []
+    return _checked(_resolve(model, revision=revision, gpu=gpu, budget=budget, **knobs))
+
+
+def _resolve(model: str | dict, *, revision: str | None = None, gpu: str | None = None, budget: str | int | None = None,
+             **knobs: Any) -> _Resolved:
+    """The cheap half of :func:`validate`: resolve the model (its config), the knobs, the GPU and the
+    budget, and collect what is wrong with each alone. Imports neither transformers nor torch."""
     source = spec = None
+    source_problems: list[str] = []
+    spec_problems: list[str] = []
+    target_problems: list[str] = []
     try:
         source = resolve_model(model, revision=revision)
     except ValueError as err:
-        problems.append(f"model: {err}")
+        source_problems.append(f"model: {err}")
+    try:
+        spec = make_spec(**knobs)
+    except SpecError as err:
+        spec_problems.extend(err.problems)
+
+    target = _Target(None, None, None, None)
+    if gpu is not None:
+        from memfit.models.gpus import get_gpu
+
+        try:
+            card = get_gpu(gpu)
+            target = _Target(card.name, card.memory_bytes, card.arch, card.supports_bf16, card.name)
+        except ValueError as err:
+            target_problems.append(f"--gpu: {err}")
+    if budget is not None:
+        try:
+            budget_bytes = parse_bytes(budget)
+            if budget_bytes <= 0:
+                raise ValueError(f"{budget!r} must be more than 0 bytes (e.g. '24GiB')")
+            if target.memory_bytes is not None and budget_bytes > target.memory_bytes:
+                # A budget lowers what the card offers (room kept for something else); it cannot add memory.
+                raise ValueError(
+                    f"{budget} is more than {target.name}'s {format_bytes(target.memory_bytes)}: a budget can only be "
+                    f"lower than the card's memory. Drop --budget, or use a larger --gpu."
+                )
+            name = f"{target.name}, budget {budget}" if target.name else f"budget {budget}"
+            target = _Target(name, budget_bytes, target.arch, target.supports_bf16, target.card)
+        except ValueError as err:
+            target_problems.append(f"--budget: {err}")
+    return _Resolved(knobs, source, spec, target, source_problems, spec_problems, target_problems)
+
+
+def _checked(resolved: _Resolved) -> tuple[ModelSource, RunSpec, _Target]:
+    """The other half of :func:`validate`: the checks that need the model's architecture (transformers)
+    and the knobs together; raise one PlanError listing every problem, in the order the user gave them."""
+    problems = list(resolved.source_problems)
+    source, spec, knobs = resolved.source, resolved.spec, resolved.knobs
     if source is not None:
         problem = model_type_problem(source.config)
         if problem:
             problems.append(f"model: {problem}")
             source = None  # nothing more can be checked against a model transformers cannot build
-    try:
-        spec = make_spec(**knobs)
-    except SpecError as err:
-        problems.extend(err.problems)
+    if resolved.spec_problems:
+        problems.extend(resolved.spec_problems)
         # The model's own checks (sequence length, LoRA targets) still run, with the knobs that are
         # good on their own, so that every problem is reported in this one pass.
         good = {}
@@ -222,37 +344,12 @@ def validate(model: str | dict, *, revision: str | None = None, gpu: str | None 
             bad = {name for name, value in knobs.items() if value is not None and name not in good}
             # A knob given with a bad value is reported once, not again through its default.
             problems.extend(p for p in _model_problems(source, partial) if not any(p.startswith(flag(n) + ":") for n in bad))
-
-    target = _Target(None, None, None, None)
-    if gpu is not None:
-        from memfit.models.gpus import get_gpu
-
-        try:
-            card = get_gpu(gpu)
-            target = _Target(card.name, card.memory_bytes, card.arch, card.supports_bf16, card.name)
-        except ValueError as err:
-            problems.append(f"--gpu: {err}")
-    if budget is not None:
-        try:
-            budget_bytes = parse_bytes(budget)
-            if budget_bytes <= 0:
-                raise ValueError(f"{budget!r} must be more than 0 bytes (e.g. '24GiB')")
-            if target.memory_bytes is not None and budget_bytes > target.memory_bytes:
-                # A budget lowers what the card offers (room kept for something else); it cannot add memory.
-                raise ValueError(
-                    f"{budget} is more than {target.name}'s {format_bytes(target.memory_bytes)}: a budget can only be "
-                    f"lower than the card's memory. Drop --budget, or use a larger --gpu."
-                )
-            name = f"{target.name}, budget {budget}" if target.name else f"budget {budget}"
-            target = _Target(name, budget_bytes, target.arch, target.supports_bf16, target.card)
-        except ValueError as err:
-            problems.append(f"--budget: {err}")
-
+    problems.extend(resolved.target_problems)
     if source is not None and spec is not None:
         problems.extend(_model_problems(source, spec))
     if problems:
         raise PlanError(problems)
-    return source, spec, target
+    return source, spec, resolved.target
 
 
 def _model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
