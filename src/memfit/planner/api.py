@@ -717,7 +717,7 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
     from memfit.models.build import DTYPES, build_meta_model, layer_period, make_config
     from memfit.models.layers import decoder_layers
     from memfit.planner.sharding import ParamGroup, ParamLayout
-    from memfit.planner.simulate import _quiet
+    from memfit.planner.simulate import _quiet, bitsandbytes_only_if_used
     from memfit.step.prepare import prepare_for_method
 
     full = make_config(config)
@@ -725,7 +725,7 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
     period = max(layer_period(full), 1)
     sampled = min(period, num_layers)
     layer_spec = spec.model_copy(update={"checkpointing": "off", "gpus": 1, "shard": "none"})
-    with _quiet():
+    with _quiet(), bitsandbytes_only_if_used(layer_spec):
         model = prepare_for_method(build_meta_model(make_config(config, num_layers=sampled), DTYPES[spec.precision]), layer_spec)
     layers = decoder_layers(model)
     in_layer = {}
