@@ -95,7 +95,8 @@ def test_plan_cache_and_no_cache(tmp_path, monkeypatch):
     assert not (tmp_path / "plans").exists()  # --no-cache neither reads nor writes
     runner.invoke(app, args)
     cached = runner.invoke(app, args)
-    assert len(list((tmp_path / "plans").glob("*.json"))) == 1
+    kinds = sorted(json.loads(p.read_text())["kind"] for p in (tmp_path / "plans").glob("*.json"))
+    assert kinds == ["plan", "validated"]
     first, second = (json.loads(r.stdout) for r in (fresh, cached))
     for data in (first, second):
         data["details"].pop("plan_seconds")

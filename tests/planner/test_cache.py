@@ -41,6 +41,11 @@ def count_estimates(monkeypatch):
     return calls
 
 
+def _entries(folder: Path, kind: str = "plan") -> list[Path]:
+    """The cache's entries of one kind (plans; inputs that passed validation: "validated")."""
+    return [p for p in folder.glob("*.json") if json.loads(p.read_text()).get("kind") == kind]
+
+
 def _without_time(plan) -> dict:
     data = copy.deepcopy(plan.to_json())
     assert isinstance(data["details"].pop("plan_seconds"), float)
@@ -58,7 +63,7 @@ CASES = [
 @pytest.mark.parametrize("knobs", CASES, ids=lambda k: "-".join(str(v) for v in k.values()))
 def test_cached_plan_equals_fresh_plan(cache_on, count_estimates, tiny_llama, knobs):
     fresh = memfit.plan(tiny_llama, **knobs)
-    assert len(count_estimates) == 1 and len(list(cache_on.glob("*.json"))) == 1
+    assert len(count_estimates) == 1 and len(_entries(cache_on)) == 1 and len(_entries(cache_on, "validated")) == 1
     again = memfit.plan(tiny_llama, **knobs)
     assert len(count_estimates) == 1  # from the cache
     assert _without_time(again) == _without_time(fresh)
@@ -145,7 +150,7 @@ def test_keys_need_canonical_inputs():
 
 def test_unreadable_entries_are_misses_and_replaced(cache_on, count_estimates, tiny_llama):
     fresh = memfit.plan(tiny_llama, seq_len=64)
-    (entry,) = cache_on.glob("*.json")
+    (entry,) = _entries(cache_on)
     for garbage in ("{not json", "", json.dumps({"format": plan_cache.FORMAT, "kind": "plan", "key": "other", "value": {}}),
                     json.dumps({"format": plan_cache.FORMAT, "kind": "plan", "key": entry.stem, "value": {"model": "x"}})):
         entry.write_text(garbage)

@@ -121,7 +121,7 @@ def plan(
         cached = _cached_plan(key, resolved.spec, started)
         if cached is not None:
             return cached
-    source, spec, target = _checked(resolved)
+    source, spec, target = _checked(resolved, cache=cache)
     runtime = runtime_overhead(target.arch, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes)
     layout = reshape = None
     if spec.gpus > 1:
@@ -315,9 +315,19 @@ def _resolve(model: str | dict, *, revision: str | None = None, gpu: str | None 
     return _Resolved(knobs, source, spec, target, source_problems, spec_problems, target_problems)
 
 
-def _checked(resolved: _Resolved) -> tuple[ModelSource, RunSpec, _Target]:
+def _checked(resolved: _Resolved, cache: bool = True) -> tuple[ModelSource, RunSpec, _Target]:
     """The other half of :func:`validate`: the checks that need the model's architecture (transformers)
-    and the knobs together; raise one PlanError listing every problem, in the order the user gave them."""
+    and the knobs together; raise one PlanError listing every problem, in the order the user gave them.
+
+    Inputs that passed are remembered in the plan cache (``cache``): the checks depend on nothing but
+    the model's config, the knobs and the code (all in the key), so the next time the same inputs
+    pass without importing transformers.
+    """
+    from memfit.planner import cache as plan_cache
+
+    key = _validation_key(resolved) if cache else None
+    if key is not None and plan_cache.load("validated", key) is True:
+        return resolved.source, resolved.spec, resolved.target
     problems = list(resolved.source_problems)
     source, spec, knobs = resolved.source, resolved.spec, resolved.knobs
     if source is not None:
@@ -349,7 +359,39 @@ def _checked(resolved: _Resolved) -> tuple[ModelSource, RunSpec, _Target]:
         problems.extend(_model_problems(source, spec))
     if problems:
         raise PlanError(problems)
+    if key is not None:
+        plan_cache.store("validated", key, True)
     return source, spec, resolved.target
+
+
+def _validation_key(resolved: _Resolved) -> str | None:
+    """The cache key of what :func:`_checked` checks (None when a cheap check failed already: those
+    inputs are checked afresh, so that every problem is reported)."""
+    from memfit.planner import cache as plan_cache
+
+    if resolved.has_problems or not plan_cache.enabled():
+        return None
+    return plan_cache.make_key("validated", {"model": {"name": resolved.source.name, "config": resolved.source.config},
+                                             "spec": resolved.spec.model_dump(mode="json")})
+
+
+def validation_state(model: str | dict, *, revision: str | None = None, gpu: str | None = None,
+                     budget: str | int | None = None, **knobs: Any) -> str:
+    """What is known of these inputs without importing transformers: ``"problems"`` (a check that
+    needs no model failed: :func:`validate` will say which), ``"validated"`` (they passed
+    :func:`validate` before, with this code and these libraries: the plan cache remembers it, and
+    the plans to come may be there too), or ``"unknown"``."""
+    from pathlib import Path
+
+    from memfit.planner import cache as plan_cache
+
+    if isinstance(model, str) and "/" in model and not Path(model).expanduser().exists():
+        return "unknown"  # a Hub id: resolving it asks the Hub, which validate() is about to do anyway
+    resolved = _resolve(model, revision=revision, gpu=gpu, budget=budget, **knobs)
+    if resolved.has_problems:
+        return "problems"
+    key = _validation_key(resolved)
+    return "validated" if key is not None and plan_cache.load("validated", key) is True else "unknown"
 
 
 def _model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
@@ -757,6 +799,61 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
                          root_param_bytes=root_bytes, root_grad_bytes=root_grads)
     _LAYOUT_CACHE[key] = layout
     return layout
+
+
+#: Bytes an optimizer keeps per trainable element at least: AdamW two states in the parameter's
+#: dtype (counted from the bytes, see memory_lower_bound); bitsandbytes' 8-bit AdamW two uint8
+#: states (plus block absmax), or two fp32 states for tensors too small to quantize: 2 at least.
+_STATE_BYTES_PER_ELEMENT_AT_LEAST = {"adamw8bit": 2, "paged-adamw8bit": 2, "sgd": 0}
+
+
+def memory_lower_bound(config: dict[str, Any], spec: RunSpec, context_bytes: int) -> int | None:
+    """A floor under what any plan of ``spec`` needs: device total plus paged optimizer states.
+
+    Worked out only where it is easy to prove, full fine-tuning on one GPU: every parameter is on
+    the device and trained. When the second simulated step's optimizer step starts, every weight,
+    every gradient (unless the step runs in backward, which frees each at once) and every optimizer
+    state exist together, so the allocated peak is at least their sum, whatever the activations; the
+    device total adds the CUDA context to reserved memory, which is at least allocated. Paged states
+    are outside the device total but the search counts them beside it, so the sum covers them too.
+    Bytes are counted from the parameter layout (:func:`param_layout`, one period of layers on
+    ``meta``: cheap), without the 512-byte rounding of allocations, so the floor stays below.
+    None where no floor is worked out (LoRA, QLoRA, several GPUs).
+    """
+    if spec.method != "full" or spec.gpus != 1 or spec.shard != "none":
+        return None
+    layout = param_layout(config, spec)
+    weights = layout.total_bytes(trainable=True) + layout.total_bytes(trainable=False)
+    gradients = 0 if spec.step_in_backward else layout.total_bytes(trainable=True)
+    if spec.optimizer == "adamw":
+        states = 2 * layout.total_bytes(trainable=True)  # exp_avg and exp_avg_sq, in the parameter's dtype
+    else:
+        itemsize = {"fp32": 4}.get(spec.precision, 2)
+        states = _STATE_BYTES_PER_ELEMENT_AT_LEAST[spec.optimizer] * (layout.total_bytes(trainable=True) // itemsize)
+    return weights + gradients + states + context_bytes
+
+
+def proven_over_budget(model: str | dict, *, revision: str | None = None, gpu: str | None = None,
+                       budget: str | int | None = None, context_bytes: int | None = None, **knobs: Any) -> bool:
+    """True when the plan of these arguments (:func:`plan`'s) cannot fit its GPU or budget, proven by
+    :func:`memory_lower_bound` without a simulation; False when it may fit, or nothing is proven."""
+    from memfit.planner import cache as plan_cache
+
+    resolved = _resolve(model, revision=revision, gpu=gpu, budget=budget, **knobs)
+    if resolved.has_problems or resolved.target.memory_bytes is None:
+        return False
+    context = runtime_overhead(resolved.target.arch, context_bytes=context_bytes).context_bytes
+    # The floor is kept in the plan cache: working it out builds a layer on meta (torch, transformers),
+    # which a search answered from the cache would otherwise import for this alone.
+    key = plan_cache.make_key("floor", {"config": resolved.source.config, "spec": resolved.spec.model_dump(mode="json"),
+                                        "context_bytes": context}) if plan_cache.enabled() else None
+    stored = plan_cache.load("floor", key)
+    if isinstance(stored, dict) and set(stored) == {"bytes"}:
+        floor = stored["bytes"]
+    else:
+        floor = memory_lower_bound(resolved.source.config, resolved.spec, context)
+        plan_cache.store("floor", key, {"bytes": floor})
+    return floor is not None and floor > resolved.target.memory_bytes
 
 
 def _math_attention_note(config: dict[str, Any], spec: RunSpec) -> str:
