@@ -120,13 +120,17 @@ def memfit_source() -> dict:
     """
     import memfit
 
-    out = {"path": str(Path(memfit.__file__).resolve().parent), "digest": source_digest(), "commit": None, "dirty": None}
+    package = Path(memfit.__file__).resolve().parent
+    # The checkout memfit is imported from (src/memfit), which need not be this script's: a
+    # benchmark may measure an older checkout put first on PYTHONPATH.
+    checkout = package.parents[1]
+    out = {"path": str(package), "digest": source_digest(checkout), "commit": None, "dirty": None}
     git = shutil.which("git")
-    if git and (REPO / ".git").exists():
-        head = subprocess.run([git, "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True)
+    if git and (checkout / ".git").exists():
+        head = subprocess.run([git, "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
         if head.returncode == 0:
             out["commit"] = head.stdout.strip()
-            status = subprocess.run([git, "-C", str(REPO), "status", "--porcelain", "--", "src", "benchmarks"],
+            status = subprocess.run([git, "-C", str(checkout), "status", "--porcelain", "--", "src"],
                                     capture_output=True, text=True)
             out["dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
     return out

@@ -41,10 +41,16 @@ PLANNER_MODULE = "memfit.planner.simulate"
 
 
 def clear_plan_cache() -> None:
-    """Forget the planner's in-process simulation cache (so that a timed plan simulates again)."""
+    """Forget the planner's simulations, in this process and in the on-disk plan cache (so that a
+    timed plan simulates again)."""
     from memfit.planner import api
 
     api._SAMPLE_CACHE.clear()
+    try:
+        from memfit.planner import cache
+    except ImportError:  # memfit from before the on-disk cache
+        return
+    cache.clear()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -8,6 +8,10 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Plans are made, never read from the on-disk plan cache (nor written into the user's): a test that
+# patches memfit or a library in-process changes what a plan would be without changing its cache
+# key. The cache's own tests turn it on, in a temporary folder (tests/planner/test_cache.py).
+os.environ["MEMFIT_PLAN_CACHE"] = "0"
 
 #: A llama-shaped model small enough to run for real on a CPU in milliseconds.
 TINY_LLAMA = {

@@ -84,3 +84,20 @@ def test_models_never_cuts_a_name_at_80_columns(monkeypatch):
     words = set(result.stdout.replace("│", " ").split())
     assert set(catalog_names()) <= words and set(load_gpus()) <= words
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
+
+
+def test_plan_cache_and_no_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMFIT_PLAN_CACHE", "1")
+    monkeypatch.setenv("MEMFIT_CACHE", str(tmp_path))
+    args = ["plan", "smollm2-135m", "--seq-len", "64", "--json"]
+    fresh = runner.invoke(app, [*args, "--no-cache"])
+    assert fresh.exit_code == 0, fresh.output
+    assert not (tmp_path / "plans").exists()  # --no-cache neither reads nor writes
+    runner.invoke(app, args)
+    cached = runner.invoke(app, args)
+    kinds = sorted(json.loads(p.read_text())["kind"] for p in (tmp_path / "plans").glob("*.json"))
+    assert kinds == ["plan", "validated"]
+    first, second = (json.loads(r.stdout) for r in (fresh, cached))
+    for data in (first, second):
+        data["details"].pop("plan_seconds")
+    assert first == second

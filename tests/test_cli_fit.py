@@ -85,3 +85,20 @@ def test_nothing_fits_exits_3_and_writes_nothing(tmp_path):
     result = runner.invoke(app, ["fit", str(config), "--budget", "1KiB", "--seq-len", "64", "--method", "lora", "--write", str(out)])
     assert result.exit_code == 3, result.output
     assert "no configuration fits" in result.output and not out.exists()
+
+
+def test_fit_no_cache_writes_no_plans(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMFIT_PLAN_CACHE", "1")
+    monkeypatch.setenv("MEMFIT_CACHE", str(tmp_path / "cache"))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    args = ["fit", str(config), "--budget", "8GiB", "--seq-len", "64", "--method", "lora", "--batch-size", "2", "--json"]
+    result = runner.invoke(app, [*args, "--no-cache"])
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "cache" / "plans").exists()
+    monkeypatch.setenv("MEMFIT_PLAN_CACHE", "1")  # --no-cache switched it off for the process
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0, again.output
+    assert list((tmp_path / "cache" / "plans").glob("*.json"))
+    first, second = json.loads(result.stdout), json.loads(again.stdout)
+    assert first["fits"] and first["fits"] == second["fits"] and first["max_seq_len"] == second["max_seq_len"]

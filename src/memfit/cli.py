@@ -47,6 +47,7 @@ def plan_command(
     context_bytes: Optional[int] = typer.Option(None, "--context-bytes", help="Override the CUDA context estimate."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     full_sim: bool = typer.Option(False, "--full-sim", help="Simulate every layer instead of extrapolating."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Make the plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0)."),
     **knobs: Any,
 ) -> None:
     """Predict the peak GPU memory of one training step, by category, without a GPU.
@@ -55,7 +56,8 @@ def plan_command(
     3: the plan does not fit the --gpu / --budget."""
     from memfit.planner.api import plan
 
-    result = plan(model, revision=revision, gpu=gpu, budget=budget, context_bytes=context_bytes, extrapolate=not full_sim, **knobs)
+    result = plan(model, revision=revision, gpu=gpu, budget=budget, context_bytes=context_bytes, extrapolate=not full_sim,
+                  cache=not no_cache, **knobs)
     if as_json:
         sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
     else:
@@ -83,6 +85,7 @@ def fit_command(
     write: Optional[Path] = typer.Option(None, "--write", help="Write the best configuration as a `memfit train` YAML."),
     data: Optional[str] = typer.Option(None, "--data", help="Training data for the --write YAML (default: the demo dataset)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Let --write replace an existing file."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Make every plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0)."),
     **knobs: Any,
 ) -> None:
     """Find the training configurations that fit a GPU, fastest first (estimated), and the longest sequences.
@@ -93,6 +96,12 @@ def fit_command(
 
     if write is not None:
         _check_write_path(write, overwrite)  # before minutes of search, not after
+    if no_cache:
+        import os
+
+        from memfit.planner.cache import ENV_SWITCH
+
+        os.environ[ENV_SWITCH] = "0"  # for this process and the search's worker processes, which inherit it
     fixed = {k: v for k, v in dict(knobs, precision=precision, shard=shard).items() if v is not None}
     if gpus != 1:
         fixed["gpus"] = gpus

@@ -59,6 +59,23 @@ def write_or_check(out_dir: str | Path, files: dict[str, str], *, check: bool) -
 
 
 # ------------------------------------------------------------------------------------------------
+# memfit's cache
+
+
+def memfit_cache_dir() -> Path:
+    """memfit's own cache folder: $MEMFIT_CACHE, else $XDG_CACHE_HOME/memfit, else ~/.cache/memfit.
+
+    One root for every kind of thing memfit caches, each in a subfolder of its own (``converted/``:
+    pickled checkpoints converted to safetensors; ``plans/``: plans, :mod:`memfit.planner.cache`).
+    """
+    explicit = os.environ.get("MEMFIT_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "memfit"
+
+
+# ------------------------------------------------------------------------------------------------
 # Permissions
 
 

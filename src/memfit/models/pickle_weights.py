@@ -19,16 +19,7 @@ import os
 import shutil
 from pathlib import Path
 
-from memfit.files import apply_umask, make_temp_folder
-
-
-def memfit_cache_dir() -> Path:
-    """memfit's own cache folder: $MEMFIT_CACHE, else $XDG_CACHE_HOME/memfit, else ~/.cache/memfit."""
-    explicit = os.environ.get("MEMFIT_CACHE")
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "memfit"
+from memfit.files import apply_umask, make_temp_folder, memfit_cache_dir
 
 
 def safetensors_name(name: str) -> str:

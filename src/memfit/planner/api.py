@@ -85,6 +85,7 @@ def plan(
     context_bytes: int | None = None,
     cublas_workspace_bytes: int | None = None,
     extrapolate: bool = True,
+    cache: bool = True,
     **knobs: Any,
 ) -> MemoryPlan:
     """Predict the peak GPU memory of one training step of ``model`` configured by ``knobs``.
@@ -99,6 +100,9 @@ def plan(
         context_bytes, cublas_workspace_bytes: override the runtime estimates (see
             :mod:`memfit.planner.runtime`).
         extrapolate: simulate a few layers and extrapolate (fast); False simulates every layer.
+        cache: read and keep the plan in the on-disk plan cache (:mod:`memfit.planner.cache`; also
+            off with ``MEMFIT_PLAN_CACHE=0``). A plan from the cache is the plan this call would
+            make, byte for byte, but for ``details.plan_seconds``.
         **knobs: the :class:`~memfit.spec.RunSpec` fields: method, rank, alpha, dropout, targets,
             precision, optimizer, batch_size, seq_len, grad_accum, checkpointing, gpus, shard.
 
@@ -106,7 +110,18 @@ def plan(
         PlanError: listing every problem with the input, before any simulation runs.
     """
     started = time.perf_counter()
-    source, spec, target = validate(model, revision=revision, gpu=gpu, budget=budget, **knobs)
+    resolved = _resolve(model, revision=revision, gpu=gpu, budget=budget, **knobs)
+    key = None
+    if cache and not resolved.has_problems:
+        # Looked up before the checks that need transformers and torch: an entry exists only for
+        # inputs that passed them (with the same code and libraries, which are in the key), so a
+        # plan from the cache needs neither.
+        key = _plan_key(resolved, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes,
+                        extrapolate=extrapolate)
+        cached = _cached_plan(key, resolved.spec, started)
+        if cached is not None:
+            return cached
+    source, spec, target = _checked(resolved, cache=cache)
     runtime = runtime_overhead(target.arch, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes)
     layout = reshape = None
     if spec.gpus > 1:
@@ -172,7 +187,7 @@ def plan(
     if source.hub:
         details["hub"] = dict(source.hub)  # repo, revision and the commit whose config.json was planned
     details["plan_seconds"] = round(time.perf_counter() - started, 3)
-    return MemoryPlan(
+    result = MemoryPlan(
         model=source.name,
         spec=spec.knobs(),
         allocated_bytes=allocated,
@@ -185,26 +200,143 @@ def plan(
         headroom_bytes=headroom,
         details=details,
     )
+    if key is not None:
+        _keep_plan(key, result)
+    return result
+
+
+#: The fields of a MemoryPlan the cache keeps (``spec`` is rebuilt from the RunSpec: it holds tuples).
+_CACHED_FIELDS = ("model", "allocated_bytes", "reserved_bytes", "device_total_bytes", "phase", "categories", "gpu", "fits",
+                  "headroom_bytes", "details")
+
+
+def _plan_key(resolved: _Resolved, **options: Any) -> str | None:
+    """The plan cache's key for these inputs: everything a plan depends on (the environment is added
+    by :func:`memfit.planner.cache.make_key`)."""
+    from memfit.planner import cache as plan_cache
+
+    if not plan_cache.enabled():
+        return None
+    source, target = resolved.source, resolved.target
+    inputs = {
+        "model": {"name": source.name, "config": source.config, "note": source.note, "hub": source.hub},
+        "spec": resolved.spec.model_dump(mode="json"),
+        "target": {"name": target.name, "memory_bytes": target.memory_bytes, "arch": target.arch,
+                   "supports_bf16": target.supports_bf16, "card": target.card},
+        **options,
+    }
+    return plan_cache.make_key("plan", inputs)
+
+
+def _cached_plan(key: str | None, spec: RunSpec, started: float) -> MemoryPlan | None:
+    """The plan stored under ``key``, with this call's ``plan_seconds``; None on a miss."""
+    from memfit.planner import cache as plan_cache
+
+    stored = plan_cache.load("plan", key)
+    if not isinstance(stored, dict) or set(stored) != set(_CACHED_FIELDS):
+        return None
+    details = dict(stored["details"], plan_seconds=round(time.perf_counter() - started, 3))
+    return MemoryPlan(spec=spec.knobs(), **dict(stored, details=details))
+
+
+def _keep_plan(key: str, result: MemoryPlan) -> None:
+    """Store ``result`` under ``key`` (the time it took left out: it is the new call's own)."""
+    from memfit.planner import cache as plan_cache
+
+    value = {name: getattr(result, name) for name in _CACHED_FIELDS}
+    value["details"] = {k: v for k, v in result.details.items() if k != "plan_seconds"}
+    plan_cache.store("plan", key, value)
+
+
+@dataclass
+class _Resolved:
+    """The model, knobs and target resolved without transformers or torch, with the problems found so far."""
+
+    knobs: dict[str, Any]
+    source: ModelSource | None
+    spec: RunSpec | None
+    target: _Target
+    source_problems: list[str]
+    spec_problems: list[str]
+    target_problems: list[str]
+
+    @property
+    def has_problems(self) -> bool:
+        return bool(self.source_problems or self.spec_problems or self.target_problems)
 
 
 def validate(model: str | dict, *, revision: str | None = None, gpu: str | None = None, budget: str | int | None = None,
              **knobs: Any) -> tuple[ModelSource, RunSpec, _Target]:
     """Check the model, every knob, the GPU and the budget; raise one PlanError listing all problems."""
-    problems: list[str] = []
+    return _checked(_resolve(model, revision=revision, gpu=gpu, budget=budget, **knobs))
+
+
+def _resolve(model: str | dict, *, revision: str | None = None, gpu: str | None = None, budget: str | int | None = None,
+             **knobs: Any) -> _Resolved:
+    """The cheap half of :func:`validate`: resolve the model (its config), the knobs, the GPU and the
+    budget, and collect what is wrong with each alone. Imports neither transformers nor torch."""
     source = spec = None
+    source_problems: list[str] = []
+    spec_problems: list[str] = []
+    target_problems: list[str] = []
     try:
         source = resolve_model(model, revision=revision)
     except ValueError as err:
-        problems.append(f"model: {err}")
+        source_problems.append(f"model: {err}")
+    try:
+        spec = make_spec(**knobs)
+    except SpecError as err:
+        spec_problems.extend(err.problems)
+
+    target = _Target(None, None, None, None)
+    if gpu is not None:
+        from memfit.models.gpus import get_gpu
+
+        try:
+            card = get_gpu(gpu)
+            target = _Target(card.name, card.memory_bytes, card.arch, card.supports_bf16, card.name)
+        except ValueError as err:
+            target_problems.append(f"--gpu: {err}")
+    if budget is not None:
+        try:
+            budget_bytes = parse_bytes(budget)
+            if budget_bytes <= 0:
+                raise ValueError(f"{budget!r} must be more than 0 bytes (e.g. '24GiB')")
+            if target.memory_bytes is not None and budget_bytes > target.memory_bytes:
+                # A budget lowers what the card offers (room kept for something else); it cannot add memory.
+                raise ValueError(
+                    f"{budget} is more than {target.name}'s {format_bytes(target.memory_bytes)}: a budget can only be "
+                    f"lower than the card's memory. Drop --budget, or use a larger --gpu."
+                )
+            name = f"{target.name}, budget {budget}" if target.name else f"budget {budget}"
+            target = _Target(name, budget_bytes, target.arch, target.supports_bf16, target.card)
+        except ValueError as err:
+            target_problems.append(f"--budget: {err}")
+    return _Resolved(knobs, source, spec, target, source_problems, spec_problems, target_problems)
+
+
+def _checked(resolved: _Resolved, cache: bool = True) -> tuple[ModelSource, RunSpec, _Target]:
+    """The other half of :func:`validate`: the checks that need the model's architecture (transformers)
+    and the knobs together; raise one PlanError listing every problem, in the order the user gave them.
+
+    Inputs that passed are remembered in the plan cache (``cache``): the checks depend on nothing but
+    the model's config, the knobs and the code (all in the key), so the next time the same inputs
+    pass without importing transformers.
+    """
+    from memfit.planner import cache as plan_cache
+
+    key = _validation_key(resolved) if cache else None
+    if key is not None and plan_cache.load("validated", key) is True:
+        return resolved.source, resolved.spec, resolved.target
+    problems = list(resolved.source_problems)
+    source, spec, knobs = resolved.source, resolved.spec, resolved.knobs
     if source is not None:
         problem = model_type_problem(source.config)
         if problem:
             problems.append(f"model: {problem}")
             source = None  # nothing more can be checked against a model transformers cannot build
-    try:
-        spec = make_spec(**knobs)
-    except SpecError as err:
-        problems.extend(err.problems)
+    if resolved.spec_problems:
+        problems.extend(resolved.spec_problems)
         # The model's own checks (sequence length, LoRA targets) still run, with the knobs that are
         # good on their own, so that every problem is reported in this one pass.
         good = {}
@@ -222,37 +354,44 @@ def validate(model: str | dict, *, revision: str | None = None, gpu: str | None 
             bad = {name for name, value in knobs.items() if value is not None and name not in good}
             # A knob given with a bad value is reported once, not again through its default.
             problems.extend(p for p in _model_problems(source, partial) if not any(p.startswith(flag(n) + ":") for n in bad))
-
-    target = _Target(None, None, None, None)
-    if gpu is not None:
-        from memfit.models.gpus import get_gpu
-
-        try:
-            card = get_gpu(gpu)
-            target = _Target(card.name, card.memory_bytes, card.arch, card.supports_bf16, card.name)
-        except ValueError as err:
-            problems.append(f"--gpu: {err}")
-    if budget is not None:
-        try:
-            budget_bytes = parse_bytes(budget)
-            if budget_bytes <= 0:
-                raise ValueError(f"{budget!r} must be more than 0 bytes (e.g. '24GiB')")
-            if target.memory_bytes is not None and budget_bytes > target.memory_bytes:
-                # A budget lowers what the card offers (room kept for something else); it cannot add memory.
-                raise ValueError(
-                    f"{budget} is more than {target.name}'s {format_bytes(target.memory_bytes)}: a budget can only be "
-                    f"lower than the card's memory. Drop --budget, or use a larger --gpu."
-                )
-            name = f"{target.name}, budget {budget}" if target.name else f"budget {budget}"
-            target = _Target(name, budget_bytes, target.arch, target.supports_bf16, target.card)
-        except ValueError as err:
-            problems.append(f"--budget: {err}")
-
+    problems.extend(resolved.target_problems)
     if source is not None and spec is not None:
         problems.extend(_model_problems(source, spec))
     if problems:
         raise PlanError(problems)
-    return source, spec, target
+    if key is not None:
+        plan_cache.store("validated", key, True)
+    return source, spec, resolved.target
+
+
+def _validation_key(resolved: _Resolved) -> str | None:
+    """The cache key of what :func:`_checked` checks (None when a cheap check failed already: those
+    inputs are checked afresh, so that every problem is reported)."""
+    from memfit.planner import cache as plan_cache
+
+    if resolved.has_problems or not plan_cache.enabled():
+        return None
+    return plan_cache.make_key("validated", {"model": {"name": resolved.source.name, "config": resolved.source.config},
+                                             "spec": resolved.spec.model_dump(mode="json")})
+
+
+def validation_state(model: str | dict, *, revision: str | None = None, gpu: str | None = None,
+                     budget: str | int | None = None, **knobs: Any) -> str:
+    """What is known of these inputs without importing transformers: ``"problems"`` (a check that
+    needs no model failed: :func:`validate` will say which), ``"validated"`` (they passed
+    :func:`validate` before, with this code and these libraries: the plan cache remembers it, and
+    the plans to come may be there too), or ``"unknown"``."""
+    from pathlib import Path
+
+    from memfit.planner import cache as plan_cache
+
+    if isinstance(model, str) and "/" in model and not Path(model).expanduser().exists():
+        return "unknown"  # a Hub id: resolving it asks the Hub, which validate() is about to do anyway
+    resolved = _resolve(model, revision=revision, gpu=gpu, budget=budget, **knobs)
+    if resolved.has_problems:
+        return "problems"
+    key = _validation_key(resolved)
+    return "validated" if key is not None and plan_cache.load("validated", key) is True else "unknown"
 
 
 def _model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
@@ -620,7 +759,7 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
     from memfit.models.build import DTYPES, build_meta_model, layer_period, make_config
     from memfit.models.layers import decoder_layers
     from memfit.planner.sharding import ParamGroup, ParamLayout
-    from memfit.planner.simulate import _quiet
+    from memfit.planner.simulate import _quiet, bitsandbytes_only_if_used
     from memfit.step.prepare import prepare_for_method
 
     full = make_config(config)
@@ -628,7 +767,7 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
     period = max(layer_period(full), 1)
     sampled = min(period, num_layers)
     layer_spec = spec.model_copy(update={"checkpointing": "off", "gpus": 1, "shard": "none"})
-    with _quiet():
+    with _quiet(), bitsandbytes_only_if_used(layer_spec):
         model = prepare_for_method(build_meta_model(make_config(config, num_layers=sampled), DTYPES[spec.precision]), layer_spec)
     layers = decoder_layers(model)
     in_layer = {}
@@ -660,6 +799,61 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
                          root_param_bytes=root_bytes, root_grad_bytes=root_grads)
     _LAYOUT_CACHE[key] = layout
     return layout
+
+
+#: Bytes an optimizer keeps per trainable element at least: AdamW two states in the parameter's
+#: dtype (counted from the bytes, see memory_lower_bound); bitsandbytes' 8-bit AdamW two uint8
+#: states (plus block absmax), or two fp32 states for tensors too small to quantize: 2 at least.
+_STATE_BYTES_PER_ELEMENT_AT_LEAST = {"adamw8bit": 2, "paged-adamw8bit": 2, "sgd": 0}
+
+
+def memory_lower_bound(config: dict[str, Any], spec: RunSpec, context_bytes: int) -> int | None:
+    """A floor under what any plan of ``spec`` needs: device total plus paged optimizer states.
+
+    Worked out only where it is easy to prove, full fine-tuning on one GPU: every parameter is on
+    the device and trained. When the second simulated step's optimizer step starts, every weight,
+    every gradient (unless the step runs in backward, which frees each at once) and every optimizer
+    state exist together, so the allocated peak is at least their sum, whatever the activations; the
+    device total adds the CUDA context to reserved memory, which is at least allocated. Paged states
+    are outside the device total but the search counts them beside it, so the sum covers them too.
+    Bytes are counted from the parameter layout (:func:`param_layout`, one period of layers on
+    ``meta``: cheap), without the 512-byte rounding of allocations, so the floor stays below.
+    None where no floor is worked out (LoRA, QLoRA, several GPUs).
+    """
+    if spec.method != "full" or spec.gpus != 1 or spec.shard != "none":
+        return None
+    layout = param_layout(config, spec)
+    weights = layout.total_bytes(trainable=True) + layout.total_bytes(trainable=False)
+    gradients = 0 if spec.step_in_backward else layout.total_bytes(trainable=True)
+    if spec.optimizer == "adamw":
+        states = 2 * layout.total_bytes(trainable=True)  # exp_avg and exp_avg_sq, in the parameter's dtype
+    else:
+        itemsize = {"fp32": 4}.get(spec.precision, 2)
+        states = _STATE_BYTES_PER_ELEMENT_AT_LEAST[spec.optimizer] * (layout.total_bytes(trainable=True) // itemsize)
+    return weights + gradients + states + context_bytes
+
+
+def proven_over_budget(model: str | dict, *, revision: str | None = None, gpu: str | None = None,
+                       budget: str | int | None = None, context_bytes: int | None = None, **knobs: Any) -> bool:
+    """True when the plan of these arguments (:func:`plan`'s) cannot fit its GPU or budget, proven by
+    :func:`memory_lower_bound` without a simulation; False when it may fit, or nothing is proven."""
+    from memfit.planner import cache as plan_cache
+
+    resolved = _resolve(model, revision=revision, gpu=gpu, budget=budget, **knobs)
+    if resolved.has_problems or resolved.target.memory_bytes is None:
+        return False
+    context = runtime_overhead(resolved.target.arch, context_bytes=context_bytes).context_bytes
+    # The floor is kept in the plan cache: working it out builds a layer on meta (torch, transformers),
+    # which a search answered from the cache would otherwise import for this alone.
+    key = plan_cache.make_key("floor", {"config": resolved.source.config, "spec": resolved.spec.model_dump(mode="json"),
+                                        "context_bytes": context}) if plan_cache.enabled() else None
+    stored = plan_cache.load("floor", key)
+    if isinstance(stored, dict) and set(stored) == {"bytes"}:
+        floor = stored["bytes"]
+    else:
+        floor = memory_lower_bound(resolved.source.config, resolved.spec, context)
+        plan_cache.store("floor", key, {"bytes": floor})
+    return floor is not None and floor > resolved.target.memory_bytes
 
 
 def _math_attention_note(config: dict[str, Any], spec: RunSpec) -> str:

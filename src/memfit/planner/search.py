@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from memfit.planner.api import PlanError, plan, validate
+from memfit.planner.api import PlanError, plan, proven_over_budget, validate, validation_state
 from memfit.planner.report import MemoryPlan
 from memfit.planner.sharding import mode_problems
 from memfit.planner.throughput import relative_speeds
@@ -69,11 +69,16 @@ class Fit:
 
 @dataclass
 class Miss:
-    """A faster setting that does not fit, and by how much."""
+    """A faster setting that does not fit, and by how much.
+
+    A setting proven not to fit without a plan (:meth:`_Planner.cannot_fit`) has no figures yet
+    (None) and keeps the knobs to plan it with: :func:`fit` plans it only if it is reported.
+    """
 
     spec: dict[str, Any]
-    device_total_bytes: int
-    over_bytes: int
+    device_total_bytes: int | None
+    over_bytes: int | None
+    knobs: dict[str, Any] | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -127,13 +132,31 @@ class _Planner:
             return "bf16"
         return "fp32" if method == "full" else "fp16"
 
-    def __call__(self, **knobs: Any) -> MemoryPlan:
+    def knobs_for(self, **knobs: Any) -> dict[str, Any]:
+        """Every knob a plan of ``knobs`` is made with: the base knobs, these, the precision."""
         merged = dict(self.base)
         merged.update(knobs)
         merged.setdefault("precision", self.precision_for(merged["method"]))
+        return merged
+
+    def __call__(self, **knobs: Any) -> MemoryPlan:
+        merged = self.knobs_for(**knobs)
         self.count += 1
         self.progress(_describe(merged))
         return _room_for_paged_states(plan(self.model, **self.target, **merged))
+
+    def cannot_fit(self, **knobs: Any) -> bool:
+        """Whether what the model states alone need (weights, gradients, optimizer states: a floor
+        under any plan, :func:`memfit.planner.api.memory_lower_bound`) is over the target already,
+        so that planning ``knobs`` could only say it does not fit. No plan is made."""
+        return proven_over_budget(self.model, **self.target, **self.knobs_for(**knobs))
+
+    def unplanned_miss(self, **knobs: Any) -> Miss:
+        """The miss ``knobs`` would be, proven by :meth:`cannot_fit`, its figures left to plan."""
+        from memfit.spec import make_spec
+
+        merged = self.knobs_for(**knobs)
+        return Miss(make_spec(**merged).knobs(), None, None, knobs=merged)
 
 
 def _room_for_paged_states(result: MemoryPlan) -> MemoryPlan:
@@ -196,6 +219,12 @@ def fit(
     for fixed in ("method", "checkpointing", "optimizer", "grad_accum"):
         if fixed in knobs:
             problems.append(f"--{fixed.replace('_', '-')} is chosen by the search; leave it out")
+    workers = _worker_count(len(methods)) if workers is None else max(1, workers)
+    if workers > 1 and not problems and validation_state(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size,
+                                                         seq_len=seq_len or 1, **knobs) == "unknown":
+        # Inputs never seen: the plans will be made, in worker processes. Their imports start now,
+        # beside this process's validation, instead of after it.
+        _start_worker_server()
     # Validate everything once, before any simulation; every problem is reported together.
     try:
         source, _, target = validate(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
@@ -219,7 +248,6 @@ def fit(
     job = _MethodJob(model=model, target={"gpu": gpu, "budget": budget}, base=dict(knobs, seq_len=seq_len),
                      supports_bf16=supports_bf16, effective_batch=batch_size,
                      seq_limit=(max_positions or 131072) if max_seq_len else 0, levels=levels)
-    workers = _worker_count(len(methods)) if workers is None else max(1, workers)
     if workers > 1:
         outcomes = _run_parallel(job, methods, workers, progress)
     else:
@@ -233,6 +261,7 @@ def fit(
     if fits:
         # Only settings that would have been faster than the best fit explain anything.
         misses = [m for m in misses if _faster(m.spec, fits[0].spec)]
+    planned_misses = _plan_unplanned_misses(job, misses, progress)
     longest = dict.fromkeys(methods, 0) if max_seq_len else {}
     longest_specs: dict[str, dict[str, Any]] = {}
     for o in outcomes:
@@ -247,7 +276,7 @@ def fit(
         misses=misses,
         max_seq_len=longest,
         max_seq_len_specs=longest_specs,
-        plans_made=sum(o.plans for o in outcomes),
+        plans_made=sum(o.plans for o in outcomes) + planned_misses,
         seconds=time.perf_counter() - started,
         max_gpus=max_gpus,
         notes=[source.note] if source.note else [],
@@ -303,9 +332,16 @@ class _MethodJob:
 
 
 def _run_method_job(job: _MethodJob, method: str) -> _MethodOutcome:
-    import torch
+    import os
+    import sys
 
-    torch.set_num_threads(1)  # one core per worker: the workers are the parallelism
+    # One core per worker: the workers are the parallelism. A worker forked from the worker server
+    # has torch imported; a spawned one imports it only if a plan is not in the plan cache, and then
+    # starts with the thread count these variables give (torch.set_num_threads(1) alike).
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+    else:
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     return job.run(method)
 
 
@@ -315,12 +351,49 @@ def _worker_count(num_methods: int) -> int:
     return max(1, min(num_methods, os.cpu_count() or 1, 3))
 
 
-def _run_parallel(job: _MethodJob, methods: tuple[str, ...], workers: int, progress) -> list[_MethodOutcome]:
-    """Each method's search in its own process (spawned: a clean interpreter, safe with torch)."""
+#: What a plan imports, imported once by the server the search's workers are forked from.
+_WORKER_PRELOAD = ["memfit.planner.simulate", "transformers.models.auto.configuration_auto", "transformers.modeling_utils"]
+
+
+def _start_worker_server() -> None:
+    """Start the server the search's worker processes are forked from (multiprocessing's
+    ``forkserver``), importing what a plan imports, and return at once.
+
+    A new interpreter per worker (``spawn``) imports torch, transformers and PEFT again, seconds
+    each, after this process has imported them to validate; the server imports them once, while
+    this process validates, and each worker is a fork of it with everything imported. The server
+    has run nothing but imports (no torch thread pool started), so forking it is safe. Where
+    there is no ``forkserver`` (Windows), workers are spawned as before.
+    """
     import multiprocessing
+
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return
+    from multiprocessing import forkserver
+
+    global _worker_server_started
+    forkserver.set_forkserver_preload(_WORKER_PRELOAD)
+    forkserver.ensure_running()
+    _worker_server_started = True
+
+
+_worker_server_started = False
+
+
+def _worker_context():
+    """The worker server when :func:`_start_worker_server` started it, else spawned workers: a clean
+    interpreter that imports only what it needs (nothing heavy when the plan cache answers)."""
+    import multiprocessing
+
+    return multiprocessing.get_context("forkserver" if _worker_server_started else "spawn")
+
+
+def _run_parallel(job: _MethodJob, methods: tuple[str, ...], workers: int, progress) -> list[_MethodOutcome]:
+    """Each method's search in its own process (forked from the worker server, or spawned: a clean
+    interpreter either way as far as torch is concerned)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    context = multiprocessing.get_context("spawn")
+    context = _worker_context()
     with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         # Heaviest first (4-bit layers simulate slowest; full fine-tuning usually ends in a few plans).
         order = sorted(methods, key=lambda m: ("qlora", "lora", "full").index(m))
@@ -332,6 +405,18 @@ def _run_parallel(job: _MethodJob, methods: tuple[str, ...], workers: int, progr
                 progress(f"{method}: {outcome.plans} plans done")
             outcomes.append(outcome)
     return outcomes
+
+
+def _plan_unplanned_misses(job: _MethodJob, misses: list[Miss], progress: Callable[[str], None] | None) -> int:
+    """Plan the reported misses that were proven not to fit without a plan, for their figures
+    (what they need, by how much they are over); the number of plans made."""
+    planner = _Planner(job.model, job.target, {}, progress)
+    for miss in misses:
+        if miss.device_total_bytes is None:
+            candidate = planner(**miss.knobs)
+            miss.device_total_bytes = candidate.device_total_bytes + int(candidate.details.get("paged_peak_bytes") or 0)
+            miss.over_bytes = -candidate.headroom_bytes
+    return planner.count
 
 
 def _faster(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -355,8 +440,13 @@ def _search_method(planner: _Planner, method: str, effective_batch: int) -> tupl
         for optimizer in OPTIMIZERS_LEAN_FIRST[method][::-1]:
             if mode_problems(planner.base.get("shard", "none"), planner.base.get("gpus", 1), optimizer):
                 continue  # cannot run with this shard mode
-            candidate = planner(method=method, optimizer=optimizer, checkpointing=checkpointing, batch_size=1,
-                                grad_accum=effective_batch)
+            knobs = dict(method=method, optimizer=optimizer, checkpointing=checkpointing, batch_size=1, grad_accum=effective_batch)
+            if planner.cannot_fit(**knobs):
+                # Full fine-tuning of a model whose states alone are over the target (8B on 24 GB):
+                # a plan could only say that it does not fit.
+                misses.append(planner.unplanned_miss(**knobs))
+                continue
+            candidate = planner(**knobs)
             if candidate.fits:
                 chosen = candidate
                 break
@@ -386,35 +476,51 @@ def _largest_fitting(
     best: MemoryPlan | None,
     *,
     interpolate: bool = False,
+    hi_plan: MemoryPlan | None = None,
 ):
     """Largest index in (lo, hi) whose plan fits, given ``lo`` fits (or is a sentinel) and ``hi`` does not.
 
     Memory grows with the index. The search starts at ``guess`` and steps away from it (1, 2, 4...)
     in the direction the plans point until the boundary is bracketed, then narrows the bracket:
-    by interpolating where the headroom crosses zero when ``interpolate`` (memory close to linear
-    in the index, as it is in sequence length), else by bisection; when interpolation keeps moving
-    the same end, a bisection step ensures progress. Two plans when the guess is right.
+    by bisection, or with ``interpolate`` (memory close to linear in the index, as it is in
+    sequence length) where the headroom crosses zero between the bracket's ends, from the first
+    plan on when ``hi_plan`` (the plan of ``hi``) gives the far end's headroom. Memory is not quite
+    linear, so interpolation from the same stale end would creep up on the boundary one side at a
+    time; when one end moves twice running, the other end's headroom counts half (the Illinois
+    rule), which keeps the bracket closing from both sides. Two plans when the guess is right.
     """
     index = min(max(guess, lo + 1), hi - 1) if guess is not None else None
     step, direction = 1, 0
     # The headroom of the known-fitting end: once a plan fails, the boundary can be interpolated.
     lo_room = best.headroom_bytes if best is not None else None
-    hi_room = None
+    hi_room = hi_plan.headroom_bytes if hi_plan is not None else None
+    lo_weight = hi_weight = 1.0  # Illinois: halved while the other end keeps moving
     same_side = 0
+
+    def interpolated() -> int:
+        a, b = lo_room * lo_weight, hi_room * hi_weight
+        return min(max(lo + int((hi - lo) * a / (a - b)), lo + 1), hi - 1)
+
+    if interpolate and lo_room is not None and hi_room is not None and hi - lo > 1:
+        index = interpolated()
     while hi - lo > 1:
         if index is None or not lo < index < hi:
             index = (lo + hi) // 2
         result = check(index)
         moved_lo = result.fits
         if moved_lo:
-            lo, best, lo_room = index, result, result.headroom_bytes
+            lo, best, lo_room, lo_weight = index, result, result.headroom_bytes, 1.0
         else:
-            hi, hi_room = index, result.headroom_bytes
+            hi, hi_room, hi_weight = index, result.headroom_bytes, 1.0
         same_side = same_side + 1 if (moved_lo and direction > 0) or (not moved_lo and direction < 0) else 0
         if lo_room is not None and hi_room is not None:
-            if interpolate and same_side < 2:
-                index = lo + int((hi - lo) * lo_room / (lo_room - hi_room))
-                index = min(max(index, lo + 1), hi - 1)
+            if interpolate:
+                if same_side:
+                    if moved_lo:
+                        hi_weight /= 2
+                    else:
+                        lo_weight /= 2
+                index = interpolated() if hi - lo > 1 else None
             else:
                 index = None
         else:  # not bracketed yet: keep stepping away from the guess
@@ -466,11 +572,14 @@ def _longest_sequence(planner: _Planner, method: str, limit: int, effective_batc
     top = limit // SEQ_STEP
     if top < 1:
         return 0, None
+    if planner.cannot_fit(**knobs, seq_len=SEQ_STEP):
+        return 0, None  # the floor is the model states', the same at every length: no length fits
     # Two plans give the bytes per token; the boundary is predicted from them, then confirmed. They
     # are taken where the step is what it is at long lengths (tiling on from TILING_AUTO_TOKENS), so
     # that the slope holds far out.
     mid = min(max(2048, TILING_AUTO_TOKENS) // SEQ_STEP, top) if limit > 4 * TILING_AUTO_TOKENS else min(2048 // SEQ_STEP, top)
     at_mid = check(mid)
+    hi_plan = None  # the plan of hi, once one is known not to fit: the bracket's far end
     if at_mid.fits:
         lo, hi, best = mid, top + 1, at_mid
         if mid == top:
@@ -480,13 +589,13 @@ def _longest_sequence(planner: _Planner, method: str, limit: int, effective_batc
         if at_far.fits:
             lo, best = far, at_far
         else:
-            hi = far
+            hi, hi_plan = far, at_far
         low_plan, low, high_plan, high = at_mid, mid, at_far, far
     else:
         at_one = check(1)
         if not at_one.fits:
             return 0, None
-        lo, hi, best = 1, mid, at_one
+        lo, hi, best, hi_plan = 1, mid, at_one, at_mid
         low_plan, low, high_plan, high = at_one, 1, at_mid, mid
     per_step = max((high_plan.device_total_bytes - low_plan.device_total_bytes) / (high - low), 1.0)
     guess = low + int(low_plan.headroom_bytes // per_step)
@@ -495,8 +604,8 @@ def _longest_sequence(planner: _Planner, method: str, limit: int, effective_batc
         at_top = check(top)
         if at_top.fits:
             return top * SEQ_STEP, at_top.spec
-        hi = top
-    steps, best = _largest_fitting(check, lo, hi, guess, best, interpolate=True)
+        hi, hi_plan = top, at_top
+    steps, best = _largest_fitting(check, lo, hi, guess, best, interpolate=True, hi_plan=hi_plan)
     return steps * SEQ_STEP, best.spec
 
 

@@ -14,6 +14,7 @@ rewrites the op to what CUDA does.
 from __future__ import annotations
 
 import contextlib
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -85,7 +86,7 @@ def simulate(
     config.use_cache = False
     dtype = DTYPES[spec.precision]
     step_fn = build_step(spec, config)
-    with _quiet():
+    with _quiet(), bitsandbytes_only_if_used(spec):
         model = prepare_for_method(build_meta_model(config, dtype), spec)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     attention = str(getattr(base.config, "_attn_implementation", None) or "eager")
@@ -221,6 +222,47 @@ def _packed_positions(packed: bool) -> Iterator[None]:
 
 def _uses_bitsandbytes(spec: RunSpec) -> bool:
     return spec.method == "qlora" or spec.optimizer in ("adamw8bit", "paged-adamw8bit")
+
+
+#: Functions of the libraries memfit prepares models with that remember whether bitsandbytes is
+#: installed (``functools.lru_cache``): (module, function). See :func:`bitsandbytes_only_if_used`.
+_BITSANDBYTES_ANSWERS = (
+    ("peft.import_utils", "is_bnb_available"),
+    ("peft.import_utils", "is_bnb_4bit_available"),
+    ("transformers.utils.import_utils", "is_bitsandbytes_available"),
+)
+
+
+@contextlib.contextmanager
+def bitsandbytes_only_if_used(spec: RunSpec) -> Iterator[None]:
+    """Prepare a model for a configuration that does not use bitsandbytes without importing it.
+
+    Importing bitsandbytes costs about a second (it compiles kernels with ``torch.compile`` at
+    import, which imports TorchInductor), and PEFT imports it whenever it is installed: at
+    ``import peft`` (``peft.helpers``) and when it makes LoRA layers, to ask whether a layer is a
+    bitsandbytes one. A model that is neither 4-bit nor trained with an 8-bit optimizer has no
+    bitsandbytes layer (there can be none while bitsandbytes is not imported), so the answer is
+    known: while such a model is prepared, and bitsandbytes has not been imported yet, it is made
+    to look not installed (``sys.modules["bitsandbytes"] = None``: an import raises ImportError,
+    ``importlib.util.find_spec`` answers None), and PEFT makes the plain LoRA layers it would make
+    anyway. Afterwards it is installed again, and the answers PEFT and transformers cached meanwhile
+    are forgotten, so that a QLoRA plan or an 8-bit optimizer later in the same process imports it
+    and gets bitsandbytes' layers as usual. (``peft.helpers``, when first imported inside, keeps
+    ``bnb = None``: only its SVD diagnostics use it, never memfit.)
+    """
+    if _uses_bitsandbytes(spec) or "bitsandbytes" in sys.modules:
+        yield  # needed, or already paid for: nothing to save
+        return
+    sys.modules["bitsandbytes"] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        if "bitsandbytes" in sys.modules and sys.modules["bitsandbytes"] is None:
+            del sys.modules["bitsandbytes"]
+        for module_name, function_name in _BITSANDBYTES_ANSWERS:
+            forget = getattr(getattr(sys.modules.get(module_name), function_name, None), "cache_clear", None)
+            if forget is not None:
+                forget()
 
 
 @contextlib.contextmanager
