@@ -89,3 +89,17 @@ def test_speed_estimate_orders_settings():
     qlora = dict(base, method="qlora")
     speeds = relative_speeds([base, full, recompute, qlora])
     assert speeds[0] == 1.0 and all(s < 1.0 for s in speeds[1:])
+
+
+def test_worker_processes_report_every_plan_as_it_is_made(tiny_llama):
+    # The methods are searched in worker processes; each plan they make reaches the caller's
+    # progress callback, so a long search shows its progress plan by plan, as a one-process one does.
+    lines: list[str] = []
+    options = dict(budget="2GiB", batch_size=2, seq_len=64, methods=("full", "lora"), max_seq_len=False)
+    parallel = fit(tiny_llama, workers=2, progress=lines.append, **options)
+    assert len(lines) == parallel.plans_made > 2
+    assert {line.split(" ")[0] for line in lines} == {"full", "lora"}
+    one_process: list[str] = []
+    alone = fit(tiny_llama, workers=1, progress=one_process.append, **options)
+    assert sorted(one_process) == sorted(lines)
+    assert [f.spec for f in alone.fits] == [f.spec for f in parallel.fits]

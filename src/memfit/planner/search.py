@@ -331,6 +331,17 @@ class _MethodJob:
         return _MethodOutcome(method, fits, misses, longest, spec, count)
 
 
+#: The queue a worker process reports its plans on (set by :func:`_set_progress_queue` when the
+#: worker starts; None in the searching process itself).
+_progress_queue = None
+
+
+def _set_progress_queue(queue) -> None:
+    """Worker initializer: report each plan on ``queue`` (the parent prints them as they come)."""
+    global _progress_queue
+    _progress_queue = queue
+
+
 def _run_method_job(job: _MethodJob, method: str) -> _MethodOutcome:
     import os
     import sys
@@ -342,7 +353,8 @@ def _run_method_job(job: _MethodJob, method: str) -> _MethodOutcome:
         sys.modules["torch"].set_num_threads(1)
     else:
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
-    return job.run(method)
+    queue = _progress_queue
+    return job.run(method, queue.put if queue is not None else None)
 
 
 def _worker_count(num_methods: int) -> int:
@@ -393,17 +405,34 @@ def _run_parallel(job: _MethodJob, methods: tuple[str, ...], workers: int, progr
     interpreter either way as far as torch is concerned)."""
     from concurrent.futures import ProcessPoolExecutor
 
+    import queue as queues
+    from concurrent.futures import FIRST_COMPLETED, wait
+
     context = _worker_context()
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+    # Workers report each plan as they make it, so that a search of a minute shows its progress
+    # plan by plan, as the one-process search does.
+    reports = context.Queue() if progress is not None else None
+    initializer = dict(initializer=_set_progress_queue, initargs=(reports,)) if reports is not None else {}
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, **initializer) as pool:
         # Heaviest first (4-bit layers simulate slowest; full fine-tuning usually ends in a few plans).
         order = sorted(methods, key=lambda m: ("qlora", "lora", "full").index(m))
         futures = {method: pool.submit(_run_method_job, job, method) for method in order}
-        outcomes = []
-        for method in methods:
-            outcome = futures[method].result()
-            if progress is not None:
-                progress(f"{method}: {outcome.plans} plans done")
-            outcomes.append(outcome)
+        pending = set(futures.values())
+        while pending:
+            _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            while reports is not None:
+                try:
+                    progress(reports.get_nowait())
+                except queues.Empty:
+                    break
+        outcomes = [futures[method].result() for method in methods]
+    if reports is not None:  # what was put just before the last worker ended
+        while True:
+            try:
+                progress(reports.get(timeout=0.1))
+            except queues.Empty:
+                break
+        reports.close()
     return outcomes
 
 
