@@ -101,6 +101,42 @@ def describe_in_subprocess(env: dict | None = None, timeout_s: float = 120) -> d
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def run_json_child(command: list[str], *, prefix: str = "", timeout_s: float | None = None,
+                   env: dict | None = None) -> dict:
+    """Run ``command`` (a benchmark's own fresh process: its own CUDA context, allocator and peaks)
+    and return the JSON object on its last stdout line that starts with ``prefix`` followed by ``{``,
+    with ``wall_seconds`` added. Never raises: a child that times out, fails or prints no result gives
+    ``{"status": "timeout" | "error", "error": ..., "wall_seconds": ...}`` (the error is the end of
+    its stderr)."""
+    import time
+
+    started = time.perf_counter()
+    try:
+        child = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "error": f"stopped after {timeout_s:.0f} s", "wall_seconds": round(time.perf_counter() - started, 1)}
+    wall = round(time.perf_counter() - started, 1)
+    results = [line[len(prefix):] for line in child.stdout.splitlines() if line.startswith(prefix + "{")]
+    if child.returncode != 0 or not results:
+        tail = [line for line in child.stderr.strip().splitlines() if line.strip()][-12:]
+        return {"status": "error", "error": "\n".join(tail) or f"exit {child.returncode}", "wall_seconds": wall}
+    return {**json.loads(results[-1]), "wall_seconds": wall}
+
+
+def write_labeled_run(path: Path, label: str, run: dict, header: dict) -> dict:
+    """Keep ``run`` under ``label`` in the results file ``path``, beside the other labels' runs
+    (``before``, ``after``...), with ``header`` (benchmark, command, notes) on top; returns the file's
+    contents. A file from before results were kept per label is started afresh."""
+    out = json.loads(path.read_text()) if path.exists() else {}
+    if "runs" not in out:
+        out = {}
+    out.update(header)
+    out.setdefault("runs", {})[label] = run
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
 def library_version(name: str) -> str | None:
     """Installed version of distribution ``name`` (from its metadata, without importing it), or None."""
     from importlib import metadata

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import describe_machine, memfit_source  # noqa: E402
+from _machine import describe_machine, memfit_source, write_labeled_run  # noqa: E402
 
 CASES = [
     ["llama-3.1-8b", "--gpu", "rtx-4090"],
@@ -106,10 +106,7 @@ def main() -> None:
         "repeats": args.repeats,
         "cases": rows,
     }
-    out = json.loads(args.out.read_text()) if args.out.exists() else {}
-    if "runs" not in out:  # a file from before results were kept per label
-        out = {}
-    out.update({
+    out = write_labeled_run(args.out, args.label, run, {
         "benchmark": "fit_speed",
         "command": "python benchmarks/fit_speed.py --label LABEL",
         "goal_seconds_cold_cache": GOAL_SECONDS,
@@ -117,9 +114,6 @@ def main() -> None:
                   "same command again in a fresh process with the first run's cache folder. The machine is shared: "
                   "timings are noisy, see load_average_1_5_15_min."),
     })
-    out.setdefault("runs", {})[args.label] = run
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out} (runs: {', '.join(out['runs'])})")
 
 

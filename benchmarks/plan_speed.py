@@ -22,7 +22,6 @@ before``, ``--label after``) side by side in one file, each with the memfit comm
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -37,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 _CACHE_ROOT = tempfile.mkdtemp(prefix="memfit-plan-speed-")
 os.environ["MEMFIT_CACHE"] = _CACHE_ROOT
 import _memfit_api as api  # noqa: E402
-from _machine import describe_machine, memfit_source  # noqa: E402
+from _machine import describe_machine, memfit_source, write_labeled_run  # noqa: E402
 
 CASES = [
     ("llama-3.1-8b", dict(method="qlora", seq_len=4096, batch_size=2, checkpointing="on")),
@@ -156,10 +155,7 @@ def main() -> None:
         "cold_lora": cold_lora,
         "cases": cases,
     }
-    out = json.loads(args.out.read_text()) if args.out.exists() else {}
-    if "runs" not in out:  # a file from before results were kept per label
-        out = {}
-    out.update({
+    out = write_labeled_run(args.out, args.label, run, {
         "benchmark": "plan_speed",
         "command": "python benchmarks/plan_speed.py --label LABEL",
         "notes": (
@@ -169,9 +165,6 @@ def main() -> None:
             "its plan on disk. The machine is shared: timings are noisy, see load_average_1_5_15_min."
         ),
     })
-    out.setdefault("runs", {})[args.label] = run
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
     shutil.rmtree(_CACHE_ROOT, ignore_errors=True)
     print(f"wrote {args.out} (runs: {', '.join(out['runs'])})")
 

@@ -21,14 +21,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _memfit_api as api  # noqa: E402
-from _machine import describe_in_subprocess  # noqa: E402
+from _machine import describe_in_subprocess, run_json_child  # noqa: E402
 
 # (model, knobs), in priority order: the first twelve cover every method and technique once, so a
 # run cut short still says something about each; then sizes 1B to 8B, batch and length spread, the
@@ -247,19 +246,7 @@ def measure_in_subprocess(model: str | dict, knobs: dict, device: str, *, timeou
                           env: dict | None = None) -> dict:
     """:func:`measure_one` in a fresh process (its own CUDA context and allocator); never raises."""
     command = [sys.executable, str(Path(__file__).resolve()), "--device", device, "--one", json.dumps({"model": model, "knobs": knobs})]
-    started = time.perf_counter()
-    try:
-        child = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout", "error": f"stopped after {timeout_s:.0f} s", "wall_seconds": round(time.perf_counter() - started, 1)}
-    wall = round(time.perf_counter() - started, 1)
-    lines = [line for line in child.stdout.splitlines() if line.startswith("{")]
-    if child.returncode != 0 or not lines:
-        tail = [line for line in child.stderr.strip().splitlines() if line.strip()][-12:]
-        return {"status": "error", "error": "\n".join(tail) or f"exit {child.returncode}", "wall_seconds": wall}
-    measured = json.loads(lines[-1])
-    measured["wall_seconds"] = wall
-    return measured
+    return run_json_child(command, timeout_s=timeout_s, env=env)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _memfit_api as api  # noqa: E402
-from _machine import describe_in_subprocess  # noqa: E402
+from _machine import describe_in_subprocess, run_json_child  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -321,19 +320,10 @@ def run_side_in_subprocess(side: str, options: dict, *, timeout_s: float | None 
     env = dict(os.environ if env is None else env)
     if options.get("threads"):
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(options["threads"])
-    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="memfit-bench-") as scratch:
         cmd = [sys.executable, str(Path(__file__).resolve()), *side_arguments(options), "--side", side, "--scratch", scratch]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return {"status": "timeout", "error": f"stopped after {timeout_s:.0f} s", "wall_seconds": round(time.perf_counter() - started, 1)}
-    wall = round(time.perf_counter() - started, 1)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        tail = [line for line in proc.stderr.strip().splitlines() if line.strip()][-12:]
-        return {"status": "error", "error": "\n".join(tail) or f"exit {proc.returncode}", "wall_seconds": wall}
-    return {"status": "ok", **json.loads(lines[-1][len("RESULT "):]), "wall_seconds": wall}
+        result = run_json_child(cmd, prefix="RESULT ", timeout_s=timeout_s, env=env)
+    return result if "status" in result else {"status": "ok", **result}
 
 
 def main(argv=None) -> int:
