@@ -56,6 +56,27 @@ def test_logits_equal_from_pretrained(tmp_path, tie, shards, precision):
     assert next(model.parameters()).dtype == dtype
 
 
+def test_gemma3_checkpoint_loads_with_the_buffers_transformers_computes(tmp_path):
+    # Gemma-3's scaled embedding keeps its scale in a buffer no checkpoint stores, on a module built
+    # from arguments rather than a config: the model's initializer computes it, the loaded weights stay.
+    from transformers import AutoModelForCausalLM, Gemma3TextConfig
+
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, vocab_size=128)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(Gemma3TextConfig(**shape)).save_pretrained(tmp_path / "m")
+    reference = AutoModelForCausalLM.from_pretrained(str(tmp_path / "m"), dtype=torch.float32)
+    model = load_model(dict(shape, model_type="gemma3_text"), make_spec(method="full", precision="fp32", checkpointing="off"),
+                       CPU, weights_dir=tmp_path / "m").model
+    buffers = dict(model.named_buffers())
+    assert buffers.keys() == dict(reference.named_buffers()).keys()
+    for name, value in reference.named_buffers():
+        assert torch.equal(buffers[name], value), name
+    assert float(buffers["model.embed_tokens.embed_scale"]) == 8.0  # sqrt(hidden_size)
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(_logits(reference, ids), _logits(model, ids))
+
+
 def test_lora_setup_is_verified(tmp_path):
     folder = save_tiny_pretrained(tmp_path / "m")
     loaded = load_model(tiny_model_dict(), make_spec(method="lora", rank=4, precision="fp32", checkpointing="on"), CPU, weights_dir=folder)

@@ -103,11 +103,23 @@ def materialize(model: nn.Module, device: str | torch.device, *, random_values: 
 
 
 def _init_buffers(model: nn.Module) -> None:
-    """Compute the buffers ``to_empty`` left uninitialised, through the model's own ``_init_weights``.
+    """Compute the buffers ``to_empty`` left uninitialised (:func:`compute_buffers`); garbage left
+    in them (memory reused from earlier tensors) turns into NaNs that depend on what ran before. A
+    buffer no initializer fills is zeroed, so a run never depends on leftover memory."""
+    for module in model.modules():
+        if any(b is not None for b in module._buffers.values()) and not compute_buffers(model, module):
+            with torch.no_grad():
+                for buffer in module._buffers.values():
+                    if buffer is not None and buffer.is_floating_point():
+                        buffer.nan_to_num_(0.0)
 
-    transformers computes rotary ``inv_freq``, Gemma's ``embed_scale`` and the like there; garbage
-    left in them (memory reused from earlier tensors) turns into NaNs that depend on what ran before.
-    A buffer no initializer fills is zeroed, so a run never depends on leftover memory.
+
+def compute_buffers(model: nn.Module, module: nn.Module) -> bool:
+    """Give ``module``'s buffers (already holding storage) the values ``model`` computes for them,
+    through the model's own ``_init_weights`` (rotary ``inv_freq``, Gemma's ``embed_scale``), and
+    leave the module's parameters as they are (loaded weights stay). Returns whether every buffer
+    got a value: floating buffers start as NaN and must not end so; others start as zeros, which
+    cannot be told from a value, so a module that has any is never reported computed.
 
     The values are worked out with dispatch modes off: the planner's real-tensor run materializes
     under its memory tracker, and the initializers' scratch tensors are no part of a training step
@@ -116,15 +128,24 @@ def _init_buffers(model: nn.Module) -> None:
     from torch.utils._python_dispatch import _disable_current_modes
 
     init_weights = getattr(model, "_init_weights", None)
+    buffers = [b for b in module._buffers.values() if b is not None]
+    parameters = module._parameters
     with torch.no_grad(), _disable_current_modes():
-        for module in model.modules():
-            buffers = [b for b in module._buffers.values() if b is not None]
-            if not buffers:
-                continue
-            for buffer in buffers:
+        for buffer in buffers:
+            if buffer.is_floating_point():
+                buffer.fill_(float("nan"))
+            else:
                 buffer.zero_()
-            if init_weights is not None:
-                init_weights(module)
+        if init_weights is None:
+            return False
+        # The initializer also draws the module's own weights: give it storage-less stand-ins.
+        module._parameters = {name: None if p is None else nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
+                              for name, p in parameters.items()}
+        try:
+            init_weights(module)
+        finally:
+            module._parameters = parameters
+        return all(b.is_floating_point() and not bool(b.isnan().any()) for b in buffers)
 
 
 def _shared_parameter_slots(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:

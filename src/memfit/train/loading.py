@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from memfit.errors import UserError
-from memfit.models.build import DTYPES, build_meta_model, count_parameters, make_config
+from memfit.models.build import DTYPES, build_meta_model, compute_buffers, count_parameters, make_config
 from memfit.models.quantize import is_linear4bit, quantize_on_device
 from memfit.spec import RunSpec
 from memfit.step.prepare import (
@@ -242,7 +242,8 @@ def rebuild_nonpersistent_buffers(model: nn.Module, device: torch.device) -> lis
     """Recompute buffers that checkpoints do not store (rotary ``inv_freq``) on ``device``.
 
     Such buffers are still on ``meta`` after loading. Their module is rebuilt from its config on the
-    device (so it runs its own init logic, rope scaling included) and the fresh buffers are taken.
+    device (so it runs its own init logic, rope scaling included) and the fresh buffers are taken; a
+    module without a config gets them from the model's initializer (:func:`compute_buffers`).
     Returns the names rebuilt; raises LoadError for a meta buffer whose module cannot be rebuilt.
     """
     rebuilt = []
@@ -252,7 +253,13 @@ def rebuild_nonpersistent_buffers(model: nn.Module, device: torch.device) -> lis
             continue
         config = getattr(module, "config", None)
         if config is None:
-            raise LoadError(f"cannot rebuild buffers {meta} of {module_name} ({type(module).__name__}) on {device}")
+            # A module built from arguments (Gemma's scaled embedding): the model's initializer knows it.
+            for key in meta:
+                module._buffers[key] = torch.empty_like(module._buffers[key], device=device)
+            if not compute_buffers(model, module):
+                raise LoadError(f"cannot rebuild buffers {meta} of {module_name} ({type(module).__name__}) on {device}")
+            rebuilt.extend(f"{module_name}.{key}" if module_name else key for key in meta)
+            continue
         with torch.device(device):
             fresh = type(module)(config)
         for key in meta:
