@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from memfit.planner.report import MemoryPlan
-from memfit.planner.search import CHECKPOINTING_FAST_FIRST, OPTIMIZERS_LEAN_FIRST
+from memfit.planner.search import CHECKPOINTING_FAST_FIRST, OPTIMIZERS_LEAN_FIRST, _micro_batches, largest_micro_batch
 from memfit.planner.throughput import relative_speeds
 from memfit.units import format_bytes
 
@@ -76,7 +76,7 @@ def fit_run(
     from memfit.planner.api import plan
 
     effective = int(knobs.get("batch_size", 1)) * int(knobs.get("grad_accum", 1))
-    micro_batches = [b for b in range(effective, 0, -1) if effective % b == 0]
+    micro_batches = _micro_batches(effective)  # ascending
     optimizers = [knobs.get("optimizer", "adamw")]
     if allow_optimizer:
         optimizers += [o for o in OPTIMIZERS_LEAN_FIRST[knobs.get("method", "lora")][::-1] if o not in optimizers]
@@ -95,21 +95,15 @@ def fit_run(
     for optimizer in optimizers:
         for checkpointing in CHECKPOINTING_FAST_FIRST:
             for tiling in tilings:
-                # Memory grows with the micro-batch: the largest that fits, by bisection over the
-                # divisors of the effective batch (the smallest first: if it does not fit, none does).
-                smallest = planned(batch_size=micro_batches[-1], grad_accum=effective // micro_batches[-1],
-                                   checkpointing=checkpointing, tiling=tiling, optimizer=optimizer)
+                # Memory grows with the micro-batch: if the smallest does not fit, none does; else
+                # the largest that fits, as memfit fit finds it.
+                def plan_at(batch: int, accum: int, settings=dict(checkpointing=checkpointing, tiling=tiling, optimizer=optimizer)) -> MemoryPlan:
+                    return planned(batch_size=batch, grad_accum=accum, **settings)
+
+                smallest = plan_at(1, effective)
                 if not smallest.fits:
                     continue
-                lo, hi, best = len(micro_batches) - 1, -1, smallest  # micro_batches[lo] fits; [hi] not known
-                while lo - hi > 1:
-                    mid = (lo + hi) // 2
-                    candidate = planned(batch_size=micro_batches[mid], grad_accum=effective // micro_batches[mid],
-                                        checkpointing=checkpointing, tiling=tiling, optimizer=optimizer)
-                    if candidate.fits:
-                        lo, best = mid, candidate
-                    else:
-                        hi = mid
+                best = largest_micro_batch(plan_at, micro_batches, effective, smallest)
                 fitting.append(best)
     if not fitting:
         return None

@@ -485,7 +485,7 @@ def _search_method(planner: _Planner, method: str, effective_batch: int) -> tupl
         if chosen is None:
             continue  # leaner checkpointing may still fit
         knobs = {"method": method, "optimizer": chosen.spec["optimizer"], "checkpointing": checkpointing}
-        best = _largest_micro_batch(planner, knobs, options, effective_batch, chosen)
+        best = largest_micro_batch(lambda b, accum, knobs=knobs: planner(**knobs, batch_size=b, grad_accum=accum), options, effective_batch, chosen)
         fits.append(Fit(spec=best.spec, plan=best))
         if best.spec["batch_size"] == options[-1]:
             break
@@ -559,8 +559,10 @@ def _largest_fitting(
     return lo, best
 
 
-def _largest_micro_batch(planner: _Planner, knobs: dict[str, Any], options: list[int], effective_batch: int, at_one: MemoryPlan) -> MemoryPlan:
-    """The plan with the largest micro-batch in ``options`` that fits (``at_one``, micro-batch 1, fits).
+def largest_micro_batch(plan_at: Callable[[int, int], MemoryPlan], options: list[int], effective_batch: int,
+                        at_one: MemoryPlan) -> MemoryPlan:
+    """The plan with the largest micro-batch in ``options`` (ascending divisors of ``effective_batch``)
+    that fits; ``at_one``, micro-batch 1's plan, fits. ``plan_at(micro_batch, grad_accum)`` plans one.
 
     What one more sequence costs is guessed from micro-batch 1's plan (its activations and
     temporaries grow with the batch; weights and states do not), and confirmed with plans.
@@ -568,7 +570,7 @@ def _largest_micro_batch(planner: _Planner, knobs: dict[str, Any], options: list
 
     def check(index: int) -> MemoryPlan:
         b = options[index]
-        return planner(**knobs, batch_size=b, grad_accum=effective_batch // b)
+        return plan_at(b, effective_batch // b)
 
     if len(options) == 1:
         return at_one
