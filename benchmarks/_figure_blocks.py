@@ -1,0 +1,177 @@
+"""The generated blocks of README.md and docs/*.md (benchmarks/figures.py): tables and sections
+written from the results files, one renderer per block name. Each takes a
+:class:`figures.Results` and returns the block's Markdown; nothing here is typed in but words.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import _campaign_report
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.2f} MiB"
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:,.0f} MB"
+
+
+def _seconds(value: float) -> str:
+    """Seconds as the docs quote them: two significant decimals under one second, one above."""
+    return f"{value:.2f} s" if value < 1 else f"{value:.1f} s"
+
+
+def _table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> list[str]:
+    align = align or ["---"] * len(header)
+    return ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |", *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _machine(machine: dict) -> str:
+    memory = machine.get("memory_bytes") or machine.get("ram_bytes")
+    return (f"{machine.get('cpu_count')}-core {machine.get('cpu') or machine.get('processor')}, "
+            f"{memory / 2**30:.0f} GiB, " + ("no GPU" if not machine.get("gpu") else machine["gpu"])
+            + (f", torch {machine['torch']}" if machine.get("torch") else ""))
+
+
+def model_name(key: str) -> str:
+    """A catalog name as people write it: llama-3.1-8b -> Llama-3.1-8B, qwen2.5-72b -> Qwen2.5-72B."""
+    head, _, size = key.rpartition("-")
+    return f"{head[:1].upper()}{head[1:]}-{size.upper()}"
+
+
+def method_name(method: str) -> str:
+    return {"lora": "LoRA", "qlora": "QLoRA"}.get(method, method)
+
+
+# ------------------------------------------------------------------------------------------------
+# Planning speed (docs/plan.md, docs/fit.md)
+
+
+def _labels(data: dict) -> str:
+    runs = data["runs"]
+    commits = ", ".join(f"`{label}` is {run['memfit']['commit'][:7]}" for label, run in runs.items())
+    machine = next(iter(runs.values()))["machine"]
+    return f"Both labels measured in one session on a {_machine(machine)}; {commits}."
+
+
+def plan_speed(results) -> str:
+    data = results.load("plan_speed")
+    before, after = data["runs"]["before"], data["runs"]["after"]
+    rows = []
+    for old, new in zip(before["cases"], after["cases"]):
+        knobs = new["knobs"]
+        shape = (f"{knobs['batch_size']} x " if knobs.get("batch_size", 1) > 1 else "") + f"{knobs['seq_len']} tokens"
+        rows.append([f"{model_name(new['model'])} {method_name(knobs['method'])}, {shape}", _seconds(new["warm_seconds_median"]),
+                     _seconds(old["cold_cli_seconds"]), _seconds(new["cold_cli_seconds"]), _seconds(new["cold_cli_cached_seconds"])])
+    return "\n".join([_labels(data), "",
+                      *_table(["model, configuration", "plan, in a process that has planned before",
+                               "`memfit plan` in a new process, before", "after", "after, plan cached"], rows)])
+
+
+def fit_speed(results) -> str:
+    data = results.load("fit_speed")
+    before, after = data["runs"]["before"], data["runs"]["after"]
+    rows = [[f"`{new['command'].removesuffix(' --json')}`", _seconds(old["cold_cache_wall_seconds"]),
+             _seconds(new["cold_cache_wall_seconds"]), _seconds(new["warm_cache_wall_seconds"]),
+             f"{old['plans_made']} / {new['plans_made']}"]
+            for old, new in zip(before["cases"], after["cases"])]
+    return "\n".join([_labels(data), "",
+                      *_table(["search", "before", "after, empty cache", "after, cached", "plans before / after"], rows)])
+
+
+# ------------------------------------------------------------------------------------------------
+# The memory-lean step (docs/memory-lean.md)
+
+
+def batch_layouts(results) -> str:
+    data = results.load("batch_layouts")
+    names = {"padded": "padded (`--padding-free off`)", "padding-free": "padding-free (default)",
+             "packed": f"packed, {data['setup']['packed_rows_per_micro_batch']} rows of {data['setup']['seq_len']}"}
+    rows = [[names.get(r["mode"], r["mode"]), f"{r['tokens_per_step']}", _mib(r["measured_peak_bytes"]),
+             _mib(r["planned_peak_bytes"]), f"{r['tokens_per_second']:,.0f}"] for r in data["rows"]]
+    return "\n".join(_table(["batches", "tokens a step", "peak of the steps", "plan", "tokens/s (CPU)"], rows))
+
+
+def max_context(results) -> str:
+    data = results.load("max_context")
+    recipes = data["recipes"]
+    names = {"memfit": "memfit", "hf": "hf, as `fit` picks it", "hf-checkpointing-on": "hf, checkpointing on (the usual set-up)"}
+    rows = []
+    for key, recipe in recipes.items():
+        settings = recipe["settings_at_max"]
+        words = {"offload": "offloaded checkpointing" if key == "memfit" else "transformers' offload",
+                 "on": "checkpointing", "off": "no checkpointing"}[settings["checkpointing"]]
+        words += ", tiling" if settings.get("tiling") == "on" else ""
+        words += ", " + {"adamw": "AdamW", "adamw8bit": "8-bit AdamW", "paged-adamw8bit": "paged 8-bit AdamW"}.get(settings["optimizer"], settings["optimizer"])
+        longest = f"{recipe['max_seq_len']:,}" + (f" ({recipe['plans_made']} plans)" if key == "memfit" else "")
+        peak = _gib(recipe["peak_at_8192"]["device_total_bytes"])
+        if key == "memfit":
+            longest, peak = f"**{longest.split(' ')[0]}**" + longest[len(longest.split(' ')[0]):], f"**{peak}**"
+        rows.append([names.get(key, key), longest, words, peak])
+    return "\n".join(_table(["recipe", "longest context", "settings at the longest", "peak at 8,192 tokens"], rows))
+
+
+# ------------------------------------------------------------------------------------------------
+# Merge (docs/merge.md)
+
+
+def merge_vs_peft(results) -> str:
+    data = results.load("merge_vs_peft")
+    base = data["baseline"]
+    rows = [["baseline: `import torch`", _mb(base["python_import_torch_rss_bytes"]), "", ""],
+            ["baseline: `import torch, safetensors, transformers, peft, memfit.merge.api`",
+             _mb(base["python_import_torch_transformers_peft_memfit_rss_bytes"]), "", ""]]
+    for key, name in (("memfit", "memfit merge (CPU)"), ("peft", "PEFT from_pretrained + merge_and_unload + save_pretrained")):
+        side = data[key]
+        rows.append([name, _mb(side["peak_rss_bytes"]), _mb(side["peak_rss_minus_baseline_bytes"]), _seconds(side["wall_s"])])
+    return "\n".join(_table(["", "peak RSS", "minus baseline", "wall"], rows))
+
+
+# ------------------------------------------------------------------------------------------------
+# Command output recorded by benchmarks/cli_examples.py
+
+
+def _example(results, name: str) -> dict:
+    examples = results.load("cli_examples")["examples"]
+    if name not in examples:
+        from figures import FigureError
+
+        raise FigureError(f"cli_examples has no example {name!r} (python benchmarks/cli_examples.py --only {name})")
+    return examples[name]
+
+
+def plan_example(results) -> str:
+    """``memfit plan``'s table for README: the command, then what it printed."""
+    example = _example(results, "plan")
+    lines = [line.rstrip() for line in example["stdout"].rstrip("\n").splitlines()]
+    return "```\n$ " + example["command"] + "\n" + "\n".join(lines) + "\n```"
+
+
+def train_fit_example(results) -> str:
+    """What ``memfit train --fit`` says about its choice (docs/train.md): the ``fit: chose`` line and
+    its continuation, up to the ``plan:`` line."""
+    example = _example(results, "train-fit")
+    lines = (example["stdout"] + example["stderr"]).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("fit: chose"))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("plan:"))
+    return "```\n$ " + example["command"] + "\n" + "\n".join(line.rstrip() for line in lines[start:end]) + "\n```"
+
+
+#: Block name -> renderer.
+BLOCKS: dict[str, Callable] = {
+    _campaign_report.README_BLOCK: _campaign_report.summary_block,
+    _campaign_report.PAGE_BLOCK: _campaign_report.page_block,
+    "plan-speed": plan_speed,
+    "fit-speed": fit_speed,
+    "batch-layouts": batch_layouts,
+    "max-context": max_context,
+    "merge-vs-peft": merge_vs_peft,
+    "plan-example": plan_example,
+    "train-fit-example": train_fit_example,
+}
