@@ -126,6 +126,8 @@ class MemoryRecorder:
             "device_capacity_bytes": self._only_asked(readings.device_capacities(self._cuda_count, self._nvml)),
             "host_total_bytes": host["host_total_bytes"],
             "rss_bytes": host["rss_bytes"],
+            # The process's peak before the first step (loading the model, the data).
+            **({"peak_rss_bytes": host["peak_rss_bytes"]} if "peak_rss_bytes" in host else {}),
             "total_steps": total_steps,
             "resumed_from_step": resumed_from_step,
             "spec": _spec_json(spec),
@@ -176,7 +178,7 @@ class MemoryRecorder:
             "time": time.time(),
             "elapsed_s": round(time.perf_counter() - self._started, 4),
             "rss_bytes": host["rss_bytes"],
-            **({"heap_bytes": host["heap_bytes"]} if "heap_bytes" in host else {}),
+            **{key: host[key] for key in ("peak_rss_bytes", "heap_bytes") if key in host},
             "host_available_bytes": host["host_available_bytes"],
             "devices": devices,
             "phases": self._phases,
