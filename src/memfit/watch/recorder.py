@@ -68,6 +68,8 @@ class MemoryRecorder:
             memory elsewhere is reported as stray. None: unknown, stray memory is not judged.
         total_steps: the run's length, when known: a leak is an error if memory fills before it.
         spec: the run's knobs (RunSpec or dict), stored for the doctor.
+        config: the run's settings as the training loop names them (``learning_rate``, ``max_steps``...),
+            JSON values, stored for ``memfit report``'s configuration table.
         thresholds: detector limits (:class:`~memfit.watch.thresholds.Thresholds`).
         check_every: run the detectors every this many steps.
         resumed_from_step: the step a resumed run restarts from; records after it are superseded.
@@ -86,6 +88,7 @@ class MemoryRecorder:
         expected_device: Any = None,
         total_steps: int | None = None,
         spec: Any = None,
+        config: dict[str, Any] | None = None,
         thresholds: Thresholds = Thresholds(),
         check_every: int = 10,
         resumed_from_step: int | None = None,
@@ -131,6 +134,7 @@ class MemoryRecorder:
             "total_steps": total_steps,
             "resumed_from_step": resumed_from_step,
             "spec": _spec_json(spec),
+            **({"config": _jsonable(config)} if config else {}),
             "plan": self._plan,
         }
         self._timeline = Timeline(start=start, steps=deque(maxlen=LIVE_WINDOW))  # type: ignore[arg-type]
@@ -426,11 +430,14 @@ def _spec_json(spec: Any) -> dict[str, Any] | None:
 
 
 def _jsonable(extra: dict[str, Any]) -> dict[str, Any]:
-    """Plain JSON values only: tensors become numbers (a 0-d tensor) or are dropped."""
+    """Plain JSON values only (lists of them too): tensors become numbers (a 0-d tensor) or are dropped."""
+    plain = (str, int, float, bool)
     out = {}
     for key, value in extra.items():
-        if isinstance(value, (str, int, float, bool)) or value is None:
+        if isinstance(value, plain) or value is None:
             out[str(key)] = value
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, plain) for v in value):
+            out[str(key)] = list(value)
         elif hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
             out[str(key)] = value.item()
     return out
