@@ -46,7 +46,7 @@ def measured_categories(timeline: Timeline) -> dict[str, int]:
             # behind its back, so its "runtime" is not a measurement.
             if name != "runtime":
                 measured[name] = int(value)
-    device = _run_device(timeline)
+    device = run_device(timeline)
     if device is not None:
         records = [r["devices"][device] for r in timeline.steps if device in r.get("devices", {})]
         peak_reserved = max((e.get("peak_reserved_bytes", 0) for e in records), default=0)
@@ -87,7 +87,7 @@ def comparison_lines(rows: list[CategoryRow]) -> list[str]:
 
 def measured_peak_allocated(timeline: Timeline) -> tuple[int | None, str]:
     """The run's peak allocated bytes and where it was read: the device counters, else the attribution."""
-    device = _run_device(timeline)
+    device = run_device(timeline)
     if device is not None:
         peaks = [r["devices"][device].get("peak_allocated_bytes") for r in timeline.steps if device in r.get("devices", {})]
         peaks = [p for p in peaks if p]
@@ -96,6 +96,27 @@ def measured_peak_allocated(timeline: Timeline) -> tuple[int | None, str]:
     if timeline.attribution and timeline.attribution.get("peak_allocated_bytes"):
         return int(timeline.attribution["peak_allocated_bytes"]), "the first-step attribution"
     return None, ""
+
+
+def compare_peaks(plan: dict[str, Any] | None, timeline: Timeline) -> list[CategoryRow]:
+    """The plan's three peaks next to the run device's: allocated (``max_memory_allocated``),
+    reserved (``max_memory_reserved``) and the device total (NVML's bytes of this process, what
+    nvidia-smi shows). Empty without a plan or a CUDA run device; a peak not read is None."""
+    device = run_device(timeline)
+    peak = (plan or {}).get("peak") or {}
+    if device is None or not peak:
+        return []
+    records = [r["devices"][device] for r in timeline.steps if device in r.get("devices", {})]
+
+    def highest(key: str) -> int | None:
+        values = [e[key] for e in records if isinstance(e.get(key), (int, float))]
+        return int(max(values)) if values else None
+
+    return [
+        CategoryRow("peak allocated", peak.get("allocated_bytes"), highest("peak_allocated_bytes")),
+        CategoryRow("peak reserved", peak.get("reserved_bytes"), highest("peak_reserved_bytes")),
+        CategoryRow("device total", peak.get("device_total_bytes"), highest("process_bytes")),
+    ]
 
 
 _CATEGORY_FIX = {
@@ -150,7 +171,7 @@ def detect_above_plan(timeline: Timeline, plan: dict[str, Any] | None, threshold
     return findings
 
 
-def _run_device(timeline: Timeline) -> str | None:
+def run_device(timeline: Timeline) -> str | None:
     """The CUDA device the run is on, when exactly one expected device is CUDA and was recorded."""
     cuda = [d for d in timeline.expected_devices if d.startswith("cuda")]
     if len(cuda) == 1 and cuda[0] in timeline.device_names():

@@ -15,6 +15,7 @@ The full schema is in docs/watch.md. This module imports nothing heavy: ``memfit
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,13 +275,14 @@ def load_metrics(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def loss_curve(metrics: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    """(step, loss) pairs of the training loss (evaluation records have ``eval_loss`` instead)."""
+def metric_curve(metrics: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    """(step, value) pairs of one metric, in the file's order: ``loss`` (training records),
+    ``eval_loss`` (evaluation records), ``lr``... Records without a finite number there are skipped."""
     points = []
     for record in metrics:
-        step, loss = record.get("step"), record.get("loss")
-        if isinstance(step, (int, float)) and isinstance(loss, (int, float)):
-            points.append((int(step), float(loss)))
+        step, value = record.get("step"), record.get(key)
+        if _number(step) and _number(value) and math.isfinite(value):
+            points.append((int(step), float(value)))
     return points
 
 
