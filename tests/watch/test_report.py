@@ -80,6 +80,17 @@ def test_cpu_run_without_plan_or_metrics(tmp_path):
     assert_nothing_empty(page)
 
 
+def test_cpu_run_with_a_plan_says_the_plan_is_of_gpu_memory_and_lists_what_was_measured(tmp_path):
+    attribution = {"kind": "attribution", "first_step": 1, "steps": 2, "peak_allocated_bytes": 90 * MiB,
+                   "categories": {"weights": 64 * MiB, "activations": 20 * MiB, "temporaries": 6 * MiB}}
+    run = write_run(tmp_path / "run", [start_record(plan=tiny_plan()), *step_records(10), attribution])
+    plan_part = section(write_report(run).read_text(), "Plan vs measured")
+    assert "CPU run: the plan is of GPU memory; the measured host memory is shown instead" in plan_part
+    # No plan column: a CPU's temporaries and missing allocator next to a GPU plan would read as misses.
+    assert "<th>category</th><th class=num>measured</th></tr><tr><td>weights</td><td class=num>64.0 MiB</td>" in plan_part
+    assert "<img" not in plan_part
+
+
 def test_short_runs_draw_their_points_and_one_step_is_said_in_words(tmp_path):
     # Three steps: lines with a marker on every point. One step: no frame around a dot, the values in words.
     metrics = [{"step": s, "loss": 3.0 - s / 10, "lr": 1e-4} for s in (1, 2, 3)]
@@ -176,6 +187,7 @@ def test_report_of_a_real_memfit_train_run(tmp_path):
     for step, value in result.eval_losses:
         assert f"<tr><td>{step}</td><td class=num>{value:.4f}</td></tr>" in training
     assert "CPU run" in section(page, "Plan vs measured")
+    assert "<th>category</th><th class=num>measured</th></tr>" in section(page, "Plan vs measured")
     assert "ru_maxrss" in page  # the host peak comes from the OS's high-water mark
     assert_nothing_empty(page)
 

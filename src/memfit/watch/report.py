@@ -114,7 +114,8 @@ def plan_section(diagnosis: Diagnosis) -> PlanSection:
         where = "the plan is of GPU memory" if plan else "memfit plans GPU memory, and no plan was made for this run"
         section = PlanSection(reason=f"CPU run: {where}; the measured host memory is shown instead (Memory, above).")
         if attribution:
-            section.categories = measured
+            # Measured only: next to a GPU plan, a CPU's temporaries and missing allocator would read as misses.
+            section.categories = compare_categories(None, timeline)
             section.note = (f"What the tensors of the first {attribution.get('steps', '?')} steps held on the CPU, by category "
                             "(the planner's tracker on the real tensors): a GPU would hold the same tensors, plus its "
                             "allocator's reserve and the CUDA context.")
