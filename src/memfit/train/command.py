@@ -126,7 +126,8 @@ def nproc_problem(nproc: int, gpus: int, env: dict[str, str] | None = None) -> s
 @cli_errors
 @with_options(
     knob_options(TRAINED_KNOBS),
-    field_options(TrainConfig, ("lr", "epochs", "max_steps", "seed", "device", "output_dir", "revision", "gpu", "budget", "force")),
+    field_options(TrainConfig, ("lr", "epochs", "max_steps", "seed", "device", "output_dir", "revision", "gpu", "budget", "force",
+                                 "report_to")),
 )
 def train_command(
     ctx: typer.Context,

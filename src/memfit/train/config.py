@@ -110,6 +110,7 @@ class TrainConfig(_run_knobs()):
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
     output_dir: str | None = Field(None, description="run folder; default runs/<config file name>", json_schema_extra={"short": "-o"})
     log_every: int = Field(1, description="write metrics every N optimizer steps")
+    report_to: list[str] = Field(default_factory=list, description="also send the metrics to: none (default), all (every installed one), or tensorboard, wandb, mlflow (a list, or comma-separated; as the Hugging Face Trainer's report_to)")
     save_every: int = Field(0, description="save a checkpoint every N optimizer steps (0 = only at the end and on interrupt)")
     keep_checkpoints: int = Field(2, description="how many recent checkpoints to keep")
     gpu: str | None = Field(None, description="GPU to plan against before loading (default: detected on CUDA)")
@@ -123,6 +124,13 @@ class TrainConfig(_run_knobs()):
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, (str, Path)) else value
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to_names(cls, value: Any) -> Any:
+        from memfit.train.trackers import parse_report_to
+
+        return parse_report_to(value)
 
     @property
     def spec(self) -> RunSpec:
@@ -323,6 +331,9 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
     if not 0 <= c.min_lr_ratio <= 1:
         problems.append(f"min_lr_ratio: {c.min_lr_ratio!r} must be in [0, 1]")
     problems.extend(_multi_gpu_problems(c))
+    from memfit.train.trackers import report_to_problems
+
+    problems.extend(report_to_problems(c.report_to))
     problems.extend(_fit_problems(c))
     if not 0 <= c.eval_split < 1:
         problems.append(f"eval_split: {c.eval_split!r} must be a fraction in [0, 1) (e.g. eval_split: 0.05)")

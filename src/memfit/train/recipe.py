@@ -323,7 +323,9 @@ def _loop(current: _Current, world, result: TrainResult, *, model, optimizer, sc
         torch.cuda.reset_peak_memory_stats(device)
     meter = Throughput()
     started = time.perf_counter()
-    metrics_log = MetricsLog(result.run_dir) if world.is_main else NullLog()
+    # One voice: rank 0 writes metrics.jsonl and reports to the trackers, with what run.json holds.
+    metrics_log = (MetricsLog(result.run_dir, report_to=config.report_to, run_config=record.fields, console=console)
+                   if world.is_main else NullLog())
     with recorder, StopOnSignal() as stop, metrics_log as log, LiveProgress(console, steps, result.step, enabled=progress) as bar:
         step = result.step
         while step < steps:
