@@ -72,3 +72,61 @@ def test_tiling_auto_follows_the_tokens_of_a_micro_batch():
     assert make_spec(seq_len=512, tiling="on").tiles_sequence
     assert not make_spec(seq_len=65536, tiling="off").tiles_sequence
     assert not make_spec(seq_len=65536, recipe="hf").tiles_sequence
+
+
+@pytest.mark.parametrize(
+    ("knobs", "expected"),
+    [
+        ({"method": "full", "precision": "fp16"}, "Use --precision fp16-mixed (fp32 weights, fp16 compute, loss scaling), bf16 or fp32"),
+        ({"method": "qlora", "precision": "fp32"}, "fp32 cannot be used with --method qlora"),
+        ({"method": "full", "precision": "fp16-mixed", "step_in_backward": True},
+         "--step-in-backward cannot be used with --precision fp16-mixed: fp16's loss scaler must unscale"),
+        ({"precision": "bf16mixed"}, "Did you mean 'bf16-mixed'?"),
+    ],
+)
+def test_precision_combinations_that_cannot_run(knobs, expected):
+    with pytest.raises(SpecError) as info:
+        make_spec(**knobs)
+    assert expected in str(info.value)
+
+
+def test_precision_problems_are_spelled_as_a_training_yaml_writes_them():
+    with pytest.raises(SpecError) as info:
+        make_spec(spelling="field", method="full", precision="fp16")
+    assert "Use precision: fp16-mixed" in str(info.value)
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp16-mixed"])
+def test_mixed_precision_runs_with_every_method(method, precision):
+    assert make_spec(method=method, precision=precision).precision == precision
+
+
+def test_what_each_precision_stores_its_weights_in_and_computes_in():
+    def formats(**knobs):
+        spec = make_spec(**knobs)
+        return spec.weight_precision, spec.autocast_precision, spec.scales_loss
+
+    assert formats(method="full", precision="bf16") == ("bf16", None, False)  # pure bf16
+    assert formats(method="full", precision="bf16-mixed") == ("fp32", "bf16", False)  # fp32 master weights
+    assert formats(method="full", precision="fp16-mixed") == ("fp32", "fp16", True)
+    # A frozen base is never updated: it stays 16-bit under a mixed precision (adapters are fp32).
+    assert formats(method="lora", precision="bf16-mixed") == ("bf16", "bf16", False)
+    assert formats(method="qlora", precision="fp16-mixed") == ("fp16", "fp16", True)
+    assert formats(method="lora", precision="fp16") == ("fp16", None, True)
+    assert formats(method="lora", precision="fp32") == ("fp32", None, False)
+    # The hf recipe runs its 16-bit precisions under autocast, as the Trainer does with bf16=True.
+    assert formats(method="lora", precision="bf16", recipe="hf") == ("bf16", "bf16", False)
+
+
+def test_the_precision_regime_in_words():
+    def regime(**knobs):
+        return make_spec(**knobs).precision_regime
+
+    assert regime(method="full", precision="bf16") == "pure bf16: weights, gradients and optimizer states in bf16"
+    assert regime(method="full", precision="bf16-mixed") == "bf16 mixed: fp32 weights, gradients and optimizer states, bf16 autocast"
+    assert regime(method="full", precision="fp32") == "fp32: weights, gradients and optimizer states in fp32"
+    assert regime(method="lora", precision="bf16") == "bf16 base, fp32 adapters"
+    assert regime(method="lora", precision="bf16-mixed") == "bf16 base, fp32 adapters, bf16 autocast"
+    assert regime(method="qlora", precision="fp16-mixed") == "4-bit base (fp16 compute), fp32 adapters, fp16 autocast, loss scaling"
+    assert regime(method="qlora", precision="bf16", recipe="hf") == "4-bit base (bf16 compute, other weights fp32), fp32 adapters, bf16 autocast"

@@ -77,7 +77,7 @@ def fit_command(
     batch_size: int = typer.Option(8, "--batch-size", "-b", help="Effective batch (sequences per optimizer step) to keep."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", "-s", help="Sequence length to hold fixed (default 2048)."),
     method: Optional[list[str]] = typer.Option(None, "--method", metavar="|".join(choices("method")), help="Only these methods (repeat the option)."),
-    precision: Optional[str] = typer.Option(None, "--precision", metavar="|".join(choices("precision")), help="Weight and compute dtype (default: bf16 where the GPU has it)."),
+    precision: Optional[str] = typer.Option(None, "--precision", metavar="|".join(choices("precision")), help="bf16 / fp16: pure 16-bit; bf16-mixed / fp16-mixed: fp32 weights and optimizer states, 16-bit autocast; fp32 (default: bf16 where the GPU has it)."),
     gpus: int = typer.Option(1, "--gpus", help="Up to this many GPUs: the fewest that fit are reported, memory per GPU."),
     shard: Optional[str] = typer.Option(None, "--shard", metavar="|".join(choices("shard")), help="Sharding across GPUs (default with --gpus 2+: searched)."),
     max_target: Optional[Literal["seq-len"]] = typer.Option(None, "--max", help="Show the longest sequence each method fits."),

@@ -74,7 +74,12 @@ class RunSpec(BaseModel):
     alpha: float | None = knob(None, "LoRA alpha (default: 2 x rank).", example=32)
     dropout: float = knob(0.0, "LoRA dropout probability.", example=0.05)
     targets: tuple[str, ...] = knob((ALL_LINEAR,), "Modules LoRA attaches to: comma-separated names, or all-linear.")
-    precision: Literal["bf16", "fp16", "fp32"] = knob("bf16", "Weight and compute dtype.")
+    precision: Literal["bf16", "fp16", "fp32", "bf16-mixed", "fp16-mixed"] = knob(
+        "bf16",
+        "bf16 / fp16: pure 16-bit weights, gradients and optimizer states. bf16-mixed / fp16-mixed: fp32 weights and "
+        "optimizer states, 16-bit autocast (HF Trainer bf16=True / fp16=True); a frozen LoRA base stays 16-bit. fp32. "
+        "LoRA adapters are fp32 in all.",
+    )
     optimizer: Literal["adamw", "adamw8bit", "paged-adamw8bit", "sgd"] = knob("adamw", "Optimizer (8-bit and paged states need bitsandbytes).")
     batch_size: int = knob(1, "Micro-batch size per GPU (sequences in one forward pass).", short="-b", example=4)
     seq_len: int = knob(2048, "Tokens per sequence.", short="-s", example=2048)
@@ -108,7 +113,14 @@ class RunSpec(BaseModel):
         if self.method == "full" and self.precision == "fp16":
             problems.append(
                 f"{name('precision')}: fp16 is not supported for {setting('method', 'full')}: pure fp16 weights and "
-                f"optimizer states overflow and underflow. Use {setting('precision', 'bf16')} or fp32."
+                f"optimizer states overflow and underflow. Use {setting('precision', 'fp16-mixed')} (fp32 weights, fp16 "
+                f"compute, loss scaling), bf16 or fp32."
+            )
+        if self.step_in_backward and self.scales_loss:
+            problems.append(
+                f"{name('step_in_backward')} cannot be used with {setting('precision', self.precision)}: fp16's loss scaler "
+                f"must unscale and check every gradient before any update, and the step in backward updates each at once. "
+                f"Use {setting('precision', 'bf16-mixed')} (or bf16), or drop {name('step_in_backward')}."
             )
         # The optimizer step in backward updates each parameter as soon as its gradient exists:
         # nothing may need all gradients first (accumulation here; clipping in the training config).
@@ -135,6 +147,26 @@ class RunSpec(BaseModel):
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    @property
+    def weight_precision(self) -> str:
+        """The format the model's parameters are stored in (see :func:`weight_precision`)."""
+        return weight_precision(self.method, self.precision)
+
+    @property
+    def autocast_precision(self) -> str | None:
+        """The 16-bit format forward runs in under autocast, or None (see :func:`autocast_precision`)."""
+        return autocast_precision(self.precision, self.recipe)
+
+    @property
+    def scales_loss(self) -> bool:
+        """Whether the step scales its loss (fp16's ``GradScaler``): fp16 and fp16-mixed."""
+        return self.precision in ("fp16", "fp16-mixed")
+
+    @property
+    def precision_regime(self) -> str:
+        """What ``precision`` means for this run, in words (see :func:`precision_regime`)."""
+        return precision_regime(self.method, self.precision, self.recipe)
 
     @property
     def lora_alpha(self) -> float:
@@ -239,6 +271,60 @@ def value_kind(name: str) -> str:
         if annotation is kind or kind in typing.get_args(annotation):
             return kind.__name__
     return "other"
+
+
+#: The mixed precisions, and the 16-bit format each runs forward in under autocast.
+MIXED_PRECISIONS = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}
+
+
+def weight_precision(method: str, precision: str) -> str:
+    """The format (bf16, fp16 or fp32) a run of ``method`` stores its model's parameters in.
+
+    Under a mixed precision full fine-tuning keeps every weight in fp32 (the master weights that
+    the optimizer updates). LoRA and QLoRA keep the frozen base in the 16-bit format: it is never
+    updated, so an fp32 copy would cost 2 bytes a parameter and buy nothing (autocast computes in 16
+    bits anyway); their adapters are fp32 under every precision (PEFT's default).
+    """
+    half = MIXED_PRECISIONS.get(precision)
+    if half is None:
+        return precision
+    return "fp32" if method == "full" else half
+
+
+def autocast_precision(precision: str, recipe: str = "memfit") -> str | None:
+    """The 16-bit format forward runs in under ``torch.autocast``, or None (no autocast).
+
+    Mixed precisions run forward under autocast. So does the ``hf`` recipe in bf16 or fp16, as the
+    Hugging Face ``Trainer`` runs it with ``bf16=True`` / ``fp16=True`` on a 16-bit model.
+    """
+    if precision in MIXED_PRECISIONS:
+        return MIXED_PRECISIONS[precision]
+    if recipe == "hf" and precision in ("bf16", "fp16"):
+        return precision
+    return None
+
+
+def precision_regime(method: str, precision: str, recipe: str = "memfit") -> str:
+    """What ``precision`` means for a run of ``method``, in words: which number format holds what.
+
+    Full fine-tuning in bf16: "pure bf16: weights, gradients and optimizer states in bf16"; in
+    bf16-mixed: "bf16 mixed: fp32 weights, gradients and optimizer states, bf16 autocast"; LoRA in
+    bf16: "bf16 base, fp32 adapters". A plan shows it on a line of its own.
+    """
+    half = MIXED_PRECISIONS.get(precision, precision)
+    autocast = autocast_precision(precision, recipe)
+    tail = (f", {autocast} autocast" if autocast else "") + (", loss scaling" if half == "fp16" else "")
+    if method == "full":
+        if precision in MIXED_PRECISIONS:
+            return f"{half} mixed: fp32 weights, gradients and optimizer states{tail}"
+        pure = "pure " if precision != "fp32" else ""
+        return f"{pure}{precision}: weights, gradients and optimizer states in {precision}{tail}"
+    base = weight_precision(method, precision)
+    if method == "qlora":
+        # PEFT's k-bit preparation (the hf recipe) upcasts every weight that is not 4-bit to fp32.
+        kept = ", other weights fp32" if recipe == "hf" else ""
+        return f"4-bit base ({base} compute{kept}), fp32 adapters{tail}"
+    return f"{base} base, fp32 adapters{tail}"
 
 
 def tiles_sequence(tiling: str, recipe: str, tokens: int) -> bool:

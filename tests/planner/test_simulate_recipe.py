@@ -17,7 +17,7 @@ def _largest_allocation(result) -> int:
 
 def test_hf_qlora_upcasts_every_non_4bit_parameter_to_fp32(tiny_llama):
     spec = make_spec(method="qlora", recipe="hf")
-    model = prepare_like_hf(build_meta_model(make_config(tiny_llama), DTYPES[spec.precision]), spec)
+    model = prepare_like_hf(build_meta_model(make_config(tiny_llama), DTYPES[spec.weight_precision]), spec)
     dtypes = {type(p).__name__ == "Params4bit": set() for p in model.parameters()}
     for p in model.parameters():
         dtypes[type(p).__name__ == "Params4bit"].add(p.dtype)

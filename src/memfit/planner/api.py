@@ -164,8 +164,8 @@ def plan(
         )
     if "math" in estimate["attention_kernels"]:
         notes.append(_math_attention_note(source.config, spec))
-    if target.supports_bf16 is False and spec.precision == "bf16":
-        notes.append(f"{target.card or target.name} has no bf16 support: use --precision fp16 (LoRA/QLoRA) or fp32")
+    if target.supports_bf16 is False and spec.precision in ("bf16", "bf16-mixed"):
+        notes.append(f"{target.card or target.name} has no bf16 support: use --precision fp16 (LoRA/QLoRA), fp16-mixed or fp32")
     details = {
         "total_params": estimate["total_params"],
         "trainable_params": estimate["trainable_params"],
@@ -180,6 +180,7 @@ def plan(
         "attention_kernels": list(estimate["attention_kernels"]),
         "batch_layout": estimate["batch_layout"],
         "input_embeddings": "host" if estimate["embeddings_on_host"] else "device",
+        "precision_regime": spec.precision_regime,
         "notes": notes,
     }
     if layout is not None:
@@ -439,7 +440,7 @@ def targets_problem(config: dict[str, Any], spec: RunSpec, spelling: str = "flag
 
     try:
         with _quiet():
-            model = build_meta_model(make_config(config, num_layers=1), DTYPES[spec.precision])
+            model = build_meta_model(make_config(config, num_layers=1), DTYPES[spec.weight_precision])
         check_targets(model, spec, spelling)
     except ModelBuildError as err:
         return str(err)
@@ -752,7 +753,7 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
     (4-bit packing for QLoRA, LoRA adapters), so the bytes are those of the real parameters; the
     decoder layers are then counted as often as the full depth repeats them.
     """
-    key = (json.dumps(config, sort_keys=True, default=str), spec.method, spec.rank, tuple(spec.targets), spec.precision)
+    key = (json.dumps(config, sort_keys=True, default=str), spec.method, spec.rank, tuple(spec.targets), spec.weight_precision)
     cached = _LAYOUT_CACHE.get(key)
     if cached is not None:
         return cached
@@ -768,7 +769,7 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
     sampled = min(period, num_layers)
     layer_spec = spec.model_copy(update={"checkpointing": "off", "gpus": 1, "shard": "none"})
     with _quiet(), bitsandbytes_only_if_used(layer_spec):
-        model = prepare_for_method(build_meta_model(make_config(config, num_layers=sampled), DTYPES[spec.precision]), layer_spec)
+        model = prepare_for_method(build_meta_model(make_config(config, num_layers=sampled), DTYPES[spec.weight_precision]), layer_spec)
     layers = decoder_layers(model)
     in_layer = {}
     for index, layer in enumerate(layers):
@@ -828,7 +829,7 @@ def memory_lower_bound(config: dict[str, Any], spec: RunSpec, context_bytes: int
     if spec.optimizer == "adamw":
         states = 2 * layout.total_bytes(trainable=True)  # exp_avg and exp_avg_sq, in the parameter's dtype
     else:
-        itemsize = {"fp32": 4}.get(spec.precision, 2)
+        itemsize = {"fp32": 4}.get(spec.weight_precision, 2)
         states = _STATE_BYTES_PER_ELEMENT_AT_LEAST[spec.optimizer] * (layout.total_bytes(trainable=True) // itemsize)
     return weights + gradients + states + context_bytes
 
@@ -859,10 +860,12 @@ def proven_over_budget(model: str | dict, *, revision: str | None = None, gpu: s
 def _math_attention_note(config: dict[str, Any], spec: RunSpec) -> str:
     """The cost of CUDA's math attention kernel at this length, and how to avoid it."""
     heads = int(config.get("num_attention_heads") or 1)
-    itemsize = {"fp32": 4}.get(spec.precision, 2)
+    # Attention runs in the autocast format under a mixed precision, else in the weights' format.
+    compute = spec.autocast_precision or spec.weight_precision
+    itemsize = {"fp32": 4}.get(compute, 2)
     scores = spec.batch_size * heads * spec.seq_len * spec.seq_len * itemsize
-    why = "fp32 has no flash kernel" if spec.precision == "fp32" else "this GPU has no flash kernel"
-    fixes = ["--precision bf16 (flash kernel)"] if spec.precision == "fp32" else []
+    why = "fp32 has no flash kernel" if compute == "fp32" else "this GPU has no flash kernel"
+    fixes = ["--precision bf16 or bf16-mixed (flash kernel)"] if compute == "fp32" else []
     if spec.recipe == "hf":
         fixes.append("memfit's step (--recipe memfit: its attention expands grouped-query heads for the memory-efficient kernel)")
     else:

@@ -14,6 +14,9 @@ def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
     multi = getattr(result, "max_gpus", 1) > 1
     if multi:
         title += f", up to {result.max_gpus} GPUs (fewest that fit; memory per GPU)"
+    precisions = {f.spec["precision"] for f in result.fits}
+    if len(precisions) == 1:
+        title += f", {next(iter(precisions))}"
     if not focus_max_seq_len:
         # Settings and figures are never cut or wrapped (they are read and typed back): headers take
         # two lines, columns are one space apart, and a sequence length all fits share goes in the
@@ -30,8 +33,10 @@ def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
         for rank, f in enumerate(result.fits, 1):
             s = f.spec
             placement = [f"{s.get('gpus', 1)} {f.plan.details.get('shard', s.get('shard', 'none'))}"] if multi else []
+            # Where the methods got different precisions (a card without bf16), each row says its own.
+            method = s["method"] if len(precisions) == 1 else f"{s['method']} {s['precision']}"
             table.add_row(
-                str(rank), s["method"], *placement, s["checkpointing"], s["optimizer"], f"{s['batch_size']} x {s['grad_accum']}",
+                str(rank), method, *placement, s["checkpointing"], s["optimizer"], f"{s['batch_size']} x {s['grad_accum']}",
                 *([f"{s['seq_len']:,}"] if len(lengths) > 1 else []), format_bytes(f.plan.device_total_bytes),
                 format_bytes(f.plan.headroom_bytes), f"{f.relative_speed:.2f}",
             )

@@ -63,6 +63,8 @@ class MemoryPlan:
         from rich.console import Console
         from rich.table import Table
 
+        from memfit.spec import precision_regime
+
         console = console or Console()
         spec = self.spec
         title = (
@@ -75,6 +77,8 @@ class MemoryPlan:
         d = self.details
         if d.get("per_rank"):
             title += f" · [bold]per GPU[/], {spec['gpus']} GPUs, shard {d['shard']}"
+        # What the precision means (pure or mixed, which format holds what), on a line of its own.
+        title += "\n" + precision_regime(spec["method"], spec["precision"], spec.get("recipe", "memfit"))
         table = Table(title=title, title_justify="left", show_footer=True)
         table.add_column("category", footer="device total")
         table.add_column("at peak, per GPU" if self.details.get("per_rank") else "at peak", justify="right",
@@ -167,6 +171,8 @@ def suggestions(spec: dict[str, Any]) -> list[str]:
         tips.append("--method lora")
     elif spec["method"] == "lora":
         tips.append("--method qlora")
+    if spec["method"] == "full" and spec["precision"] in ("bf16-mixed", "fp16-mixed"):
+        tips.append("--precision bf16 (pure bf16: half the bytes of fp32 weights, gradients and optimizer states)")
     if spec["method"] == "full" and spec["optimizer"] == "adamw":
         tips.append("--optimizer adamw8bit")
     if spec["method"] == "full" and spec["grad_accum"] == 1 and not spec.get("step_in_backward"):

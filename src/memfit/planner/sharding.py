@@ -44,8 +44,11 @@ Where the extra buffers are counted: gathered parameters and reduce-scatter buff
 tensors of the caching allocator (``temporaries``); DDP's buckets hold gradients for the whole run
 (``gradients``); NCCL's own buffers are allocated outside PyTorch's allocator (``runtime``).
 zero3 is planned as fsdp; DeepSpeed's own bucket settings (``reduce_bucket_size``,
-``stage3_prefetch_bucket_size``...) are not modelled. No mode adds fp32 master weights: the
-optimizer states are the ones memfit's step keeps (pure bf16 AdamW: 2 + 2 + 4 bytes a parameter).
+``stage3_prefetch_bucket_size``...) are not modelled. No mode adds master weights of its own: the
+states are the ones memfit's step keeps (pure bf16 AdamW: 2 + 2 + 4 bytes a parameter; bf16-mixed:
+fp32 weights, gradients and states, 4 + 4 + 8). Under a mixed precision the fp32 weights are
+gathered as they are; autocast's 16-bit copies, made after the gather, are the step's own
+temporaries, counted whole on every rank as the single-GPU simulation holds them.
 """
 
 from __future__ import annotations
@@ -90,7 +93,8 @@ class ParamGroup:
 class ParamLayout:
     """The parameters of the whole model and the per-layer sizes the communication buffers need.
 
-    Bytes are in the parameters' storage dtype (memfit computes in it: no mixed-precision casts).
+    Bytes are in the parameters' storage dtype (fp32 for full fine-tuning under a mixed precision:
+    FSDP gathers the fp32 weights, autocast casts them afterwards).
     """
 
     groups: tuple[ParamGroup, ...]

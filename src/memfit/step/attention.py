@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from memfit.step.autocast import active_autocast_dtype
 from memfit.step.batch import DOCUMENTS, PADDED, Documents
 
 #: The name of memfit's attention implementation in transformers' attention interface.
@@ -164,6 +165,11 @@ def attention_forward(
     if batch != 1 or documents.total != seq:
         raise ValueError(f"document attention needs one row of {documents.total} tokens, got a batch of shape {tuple(query.shape)}")
     scale = float(scaling) if scaling is not None else head_dim ** -0.5
+    dtype = active_autocast_dtype(query.device.type)
+    if dtype is not None:
+        # Under autocast, as SDPA would be: the kernel computes in the 16-bit format (rotary
+        # embeddings leave the query and key in fp32 when the residual stream is fp32).
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
     out = document_attention(
         query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
         documents.cu_seqlens, list(documents.lengths), scale,

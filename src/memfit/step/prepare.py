@@ -100,7 +100,7 @@ def prepare_for_method(
         return prepare_like_hf(model, spec, load_weights)
     check_targets(model, spec)
     if spec.method == "qlora":
-        quantize_linears_on_meta(model, DTYPES[spec.precision])
+        quantize_linears_on_meta(model, DTYPES[spec.weight_precision])
     if load_weights is not None:
         load_weights(model)
     if spec.uses_adapters:
@@ -175,7 +175,7 @@ def prepare_like_hf(
     """
     check_targets(model, spec)
     if spec.method == "qlora":
-        quantize_linears_on_meta(model, DTYPES[spec.precision])
+        quantize_linears_on_meta(model, DTYPES[spec.weight_precision])
     if load_weights is not None:
         load_weights(model)
     if spec.method == "qlora":

@@ -444,10 +444,10 @@ def _multi_gpu_problems(c: TrainConfig) -> list[str]:
             f"shard: 'none' with gpus: {c.gpus}: say how the {c.gpus} processes split the model: ddp (each holds "
             "everything), zero2, zero3 (= fsdp) or fsdp-offload; e.g. shard: fsdp."
         )
-    if c.precision == "fp16":
+    if c.precision in ("fp16", "fp16-mixed"):
         problems.append(
-            f"precision: 'fp16' with gpus: {c.gpus}: fp16's loss scaling is not synchronised across processes. "
-            "Use precision: bf16 (or fp32)."
+            f"precision: {c.precision!r} with gpus: {c.gpus}: fp16's loss scaling is not synchronised across processes. "
+            f"Use precision: {c.precision.replace('fp16', 'bf16')} (or fp32)."
         )
     if c.step_in_backward:
         problems.append(
