@@ -153,7 +153,8 @@ def train_command(
     from memfit.train.config import load_config
 
     overrides = parse_set_options(set_ or [])
-    overrides.update(options)
+    # A flag left off is None: it must not undo a --set of the same field (--set gpus=2).
+    overrides.update({name: value for name, value in options.items() if value is not None})
     if fit:
         overrides["fit"] = "auto"
     cfg = load_config(config, overrides)
