@@ -399,7 +399,12 @@ def _semantic_problems(c: TrainConfig, *, knobs_valid: bool = True) -> list[str]
             problems.append(f"model: {err}")
     if model is not None:
         seq_len = None if _size_problems({"seq_len": c.seq_len}) else c.seq_len  # too large: reported once, above
-        problems.extend(model_problems(model.name, dict(model.config, **c.model_overrides), seq_len))
+        found = model_problems(model.name, dict(model.config, **c.model_overrides), seq_len)
+        problems.extend(found)
+        if c.model_overrides and not any(p.startswith("model: ") for p in found):
+            from memfit.train.overrides import override_problems
+
+            problems.extend(override_problems(model.config, c.model_overrides))
     for name in ("tokenizer",):
         value = getattr(c, name)
         if value is not None and not Path(value).is_dir():
