@@ -265,3 +265,14 @@ def test_padded_and_padding_free_runs_train_the_same(tmp_path):
     one_row = train(tiny_config(tmp_path / "one-row", padding_free="on", max_steps=4), progress=False)
     for (step, a), (_, b) in zip(padded.losses, one_row.losses):
         assert abs(a - b) <= 1e-4 * abs(a), (step, a, b)
+
+
+def test_metrics_log_the_learning_rate_each_step_used(tmp_path):
+    from memfit.train.config import lr_factor
+
+    result = train(tiny_config(tmp_path / "run", max_steps=6, warmup_steps=3, lr=6e-3, schedule="cosine"), progress=False)
+    assert result.status == "completed"
+    logged = {r["step"]: r["lr"] for r in read_metrics(tmp_path / "run") if "lr" in r}
+    assert logged[1] == 6e-3 * (1 / 3)  # the first warmup step takes a third of the peak, not two thirds
+    for step, lr in logged.items():  # step k ran with the schedule's value after k - 1 steps
+        assert lr == pytest.approx(6e-3 * lr_factor(step - 1, total=6, warmup=3, schedule="cosine"), rel=1e-12), step

@@ -344,6 +344,7 @@ def _loop(current: _Current, world, result: TrainResult, *, model, optimizer, sc
                 raise _out_of_memory(current.config, world, optimizer, step, preflight, device, console,
                                      lambda: checkpoint_now(step, "oom", data_before, rng_before), record) from None
             config, spec = current.config, current.spec
+            step_lr = optimizer.param_groups[0]["lr"]  # what this step used: scheduler.step() sets the next one's
             scheduler.step()
             loss_value, tokens, stop_requested, grad_norm = world.step_totals(loss, tokens, stop.signal_name is not None, grad_norm, device)
             if stop_requested and stop.signal_name is None:
@@ -362,7 +363,7 @@ def _loop(current: _Current, world, result: TrainResult, *, model, optimizer, sc
             metrics = {
                 "step": done,
                 "loss": loss_value,
-                "lr": scheduler.get_last_lr()[0],
+                "lr": step_lr,
                 "grad_norm": grad_norm,
                 "tokens": tokens,
                 "tokens_per_second": meter.rate(),
