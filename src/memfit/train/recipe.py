@@ -140,6 +140,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     console = console or Console(stderr=True)
     run_dir = Path(config.output_dir or "runs/train")
     device = world.join(config.device, model)
+    _warn_slow_on_cpu(config, device, console)
     for leftover in world.prepare_run_dir(run_dir, resume):
         console.print(f"removed {leftover}: the temporary folder of a save that was interrupted", highlight=False)
     # A Hub model (model: org/name): its config, tokenizer and weights index now, the weights once
@@ -280,6 +281,17 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     record.write(status=result.status, step=result.step, tokens_per_second=result.tokens_per_second,
                  peak=step_peak_reading(device))
     return result
+
+
+def _warn_slow_on_cpu(config: TrainConfig, device: torch.device, console) -> None:
+    """Say once, before any work, that a QLoRA run on the CPU goes through bitsandbytes' CPU path
+    for 4-bit layers, much slower than LoRA there (and 4 bits save GPU memory, not host memory)."""
+    if device.type == "cpu" and config.method == "qlora":
+        console.print(
+            "[yellow]warning:[/] method: qlora on the CPU runs bitsandbytes' CPU path for 4-bit layers, much slower "
+            "than LoRA; on a CPU use method: lora (with precision: fp32), or train QLoRA on a GPU.",
+            highlight=False,
+        )
 
 
 @dataclass
