@@ -66,7 +66,9 @@ __all__ = ["OutOfMemory", "TrainError", "TrainResult", "train"]
 @dataclass
 class TrainResult:
     """How a run ended. ``status``: completed, interrupted (by SIGINT / SIGTERM: resumable), or
-    finished (``resume`` on a run that had already completed: nothing was trained or written)."""
+    finished (``resume`` on a run that had already completed: nothing was trained or written).
+    ``signal_name``: the signal that stopped an interrupted run, or that reached a completed one
+    during its last step or while its outputs were written (it completed all the same)."""
 
     status: str
     step: int
@@ -268,16 +270,21 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     current = _Current(config=config, step_fn=step_fn, pad_id=pad_id, model_config=model_dict, planned_len=planned_len,
                        longest_len=longest_len,
                        plan=preflight.plan)
-    _loop(current, world, result, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
-          batches=batches, eval_examples=eval_examples, device=device, preflight=preflight, record=record,
-          checkpoint_now=checkpoint_now, console=console, progress=progress, conformance_steps=conformance_steps)
-    config, spec = current.config, current.config.spec
+    # A signal stops the run after the step it arrives in; from then on until the outputs are written
+    # it only asks, so the last checkpoint and the deliverable are never cut short.
+    with StopOnSignal() as stop:
+        _loop(current, world, result, stop, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
+              batches=batches, eval_examples=eval_examples, device=device, preflight=preflight, record=record,
+              checkpoint_now=checkpoint_now, console=console, progress=progress, conformance_steps=conformance_steps)
+        config, spec = current.config, current.config.spec
 
-    # 7. Outputs: the last checkpoint and the deliverable, once the loop completed; the trained model
-    # with its own attention back (document attention is for training rows).
-    restore_attention(model)
-    if result.status == "completed":
-        result.output_dir = world.save_outputs(model, tokenizer, run_dir, spec.uses_adapters)
+        # 7. Outputs: the last checkpoint and the deliverable, once the loop completed (a signal during the
+        # last step included: that step is done); the trained model with its own attention back
+        # (document attention is for training rows).
+        restore_attention(model)
+        if result.status == "completed":
+            result.output_dir = world.save_outputs(model, tokenizer, run_dir, spec.uses_adapters)
+            result.signal_name = stop.signal_name  # arrived once there was nothing left to stop
     record.write(status=result.status, step=result.step, tokens_per_second=result.tokens_per_second,
                  peak=step_peak_reading(device))
     return result
@@ -314,12 +321,14 @@ class _Current:
         return self.step_fn.collate(examples, self.pad_id)
 
 
-def _loop(current: _Current, world, result: TrainResult, *, model, optimizer, scheduler, grad_scaler, batches,
-          eval_examples: list, device: torch.device, preflight: PreflightResult, record, checkpoint_now, console,
-          progress: bool, conformance_steps: int | None = None) -> None:
+def _loop(current: _Current, world, result: TrainResult, stop: StopOnSignal, *, model, optimizer, scheduler,
+          grad_scaler, batches, eval_examples: list, device: torch.device, preflight: PreflightResult, record,
+          checkpoint_now, console, progress: bool, conformance_steps: int | None = None) -> None:
     """The optimizer steps from ``result.step`` to the end, watched: memory is recorded every step
     (``memory.jsonl``) and checked for leaks, stray devices and switched-off optimizations. A step that
-    runs out of memory is taken again one configuration down (:func:`_step_down`), where it can be."""
+    runs out of memory is taken again one configuration down (:func:`_step_down`), where it can be.
+    A signal (``stop``) ends the run after its step with an ``interrupt`` checkpoint, unless that step
+    was the last: then the run completes, without its final evaluation."""
     config, spec = current.config, current.spec
     steps = result.total_steps
     recorder = MemoryRecorder(result.run_dir, plan=preflight.plan, expected_device=device, total_steps=steps, spec=spec,
@@ -336,7 +345,8 @@ def _loop(current: _Current, world, result: TrainResult, *, model, optimizer, sc
     meter = Throughput()
     started = time.perf_counter()
     metrics_log = MetricsLog(result.run_dir) if world.is_main else NullLog()
-    with recorder, StopOnSignal() as stop, metrics_log as log, LiveProgress(console, steps, result.step, enabled=progress) as bar:
+    stopping = False  # asked to stop by the end of the last step (several processes: as they all agreed at its end)
+    with recorder, metrics_log as log, LiveProgress(console, steps, result.step, enabled=progress) as bar:
         step = result.step
         while step < steps:
             # Where the run stands before this step: an emergency checkpoint taken if the step fails
@@ -361,6 +371,9 @@ def _loop(current: _Current, world, result: TrainResult, *, model, optimizer, sc
             loss_value, tokens, stop_requested, grad_norm = world.step_totals(loss, tokens, stop.signal_name is not None, grad_norm, device)
             if stop_requested and stop.signal_name is None:
                 stop.signal_name = "SIGTERM"  # another rank was asked to stop
+            # On several processes only what they agreed on counts (a signal may reach one rank later
+            # than the others); one process also stops for a signal that came after the step's end.
+            stopping = stop_requested if world.distributed else stop.signal_name is not None
             meter.stop(tokens)
             grad_norm = float(grad_norm) if grad_norm is not None else None
             del micro_batches, loss  # nothing of this step is held into the next
@@ -394,13 +407,16 @@ def _loop(current: _Current, world, result: TrainResult, *, model, optimizer, sc
             bar.update(done, metrics)
             if config.save_every and done % config.save_every == 0 and done != steps:
                 result.checkpoint = checkpoint_now(done, "interval")
-            if stop.signal_name is not None:
+            if stopping and done < steps:
                 result.checkpoint = checkpoint_now(done, "interrupt")
                 result.status, result.signal_name = "interrupted", stop.signal_name
                 break
 
         if result.status == "completed":
-            if eval_examples:
+            if eval_examples and stopping:
+                console.print(f"{stop.signal_name} during the last step: the step is done, so the run completes; "
+                              "its final evaluation is skipped", highlight=False)
+            elif eval_examples:
                 eval_loss = evaluate(model, eval_examples, spec.batch_size, current.collate, device, current.step_fn.loss)
                 result.eval_losses.append((result.step, eval_loss))
                 log.write({"step": result.step, "eval_loss": eval_loss})
