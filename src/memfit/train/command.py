@@ -195,12 +195,13 @@ def train_command(
         raise typer.Exit(code=128 + int(getattr(signal, result.signal_name or "SIGINT")))
     if result.signal_name:
         say(f"{result.signal_name} arrived during the last step: the run finished it and wrote its output", highlight=False)
-    last = result.losses[-1][1] if result.losses else float("nan")
-    first = result.losses[0][1] if result.losses else float("nan")
     evals = f", eval loss {result.eval_losses[-1][1]:.4f}" if result.eval_losses else ""
     rate = f", {result.tokens_per_second:.0f} tokens/s" if result.tokens_per_second else ""
+    # A resume whose checkpoint was the last step (its output had not been written) trains nothing.
+    losses = (f"loss {result.losses[0][1]:.4f} -> {result.losses[-1][1]:.4f}" if result.losses
+              else "none left to train, the output written from the last checkpoint")
     say(
-        f"[green]done[/]: {result.step} steps, loss {first:.4f} -> {last:.4f}{evals}{rate}\n"
+        f"[green]done[/]: {result.step} steps, {losses}{evals}{rate}\n"
         f"  output  {result.output_dir}\n  metrics {result.run_dir / 'metrics.jsonl'}\n  run     {result.run_dir / 'run.json'}",
         highlight=False,
     )

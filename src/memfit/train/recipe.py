@@ -39,7 +39,8 @@ from memfit.train.config import (
 )
 from memfit.train.data import BatchIterator
 from memfit.train.distributed import DistributedError, check_world
-from memfit.train.errors import OutOfMemory, TrainError
+from memfit.train.disk_space import FULL_DISK_ERRNOS, full_disk_message
+from memfit.train.errors import DiskFull, OutOfMemory, TrainError
 from memfit.train.examples import (
     check_vocab,
     load_tokenizer,
@@ -129,6 +130,13 @@ def train(
     try:
         return _run(config, world, resume=resume, model=model, console=console, progress=progress,
                     conformance_steps=conformance_steps)
+    except OSError as err:
+        world.discard_run_dir()
+        if err.errno in FULL_DISK_ERRNOS and err.filename is None:  # a write to an open file (metrics, memory)
+            run_dir = Path(config.output_dir or "runs/train")
+            raise DiskFull(full_disk_message(run_dir, "the run's files", None, "Free some space there and continue "
+                                             "with --resume (from the last checkpoint).")) from None
+        raise
     except BaseException:
         world.discard_run_dir()  # a run that failed before writing anything leaves no empty folder
         raise
