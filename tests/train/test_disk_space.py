@@ -4,6 +4,7 @@ needed and how much is free, nothing half-written left, the checkpoint before it
 from __future__ import annotations
 
 import errno
+import json
 import shutil
 from pathlib import Path
 
@@ -60,6 +61,7 @@ def test_a_full_disk_while_checkpointing_keeps_the_one_before_and_resume_finishe
     assert _temporary_folders(run) == []
     assert [p.name for p in list_checkpoints(run)] == ["step-00000002"]  # not pruned for the one that failed
     assert checkpoint_problem(run / "checkpoints" / "step-00000002") is None
+    assert json.loads((run / "run.json").read_text())["status"] == "disk_full"
 
     monkeypatch.undo()  # space freed
     resumed = train(tiny_config(run, **settings), resume=True, progress=False)

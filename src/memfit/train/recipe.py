@@ -12,6 +12,7 @@ run the same code: what differs is asked of the :mod:`world <memfit.train.world>
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -280,19 +281,25 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
                        plan=preflight.plan)
     # A signal stops the run after the step it arrives in; from then on until the outputs are written
     # it only asks, so the last checkpoint and the deliverable are never cut short.
-    with StopOnSignal() as stop:
-        _loop(current, world, result, stop, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
-              batches=batches, eval_examples=eval_examples, device=device, preflight=preflight, record=record,
-              checkpoint_now=checkpoint_now, console=console, progress=progress, conformance_steps=conformance_steps)
-        config, spec = current.config, current.config.spec
+    try:
+        with StopOnSignal() as stop:
+            _loop(current, world, result, stop, model=model, optimizer=optimizer, scheduler=scheduler,
+                  grad_scaler=grad_scaler, batches=batches, eval_examples=eval_examples, device=device,
+                  preflight=preflight, record=record, checkpoint_now=checkpoint_now, console=console,
+                  progress=progress, conformance_steps=conformance_steps)
+            config, spec = current.config, current.config.spec
 
-        # 7. Outputs: the last checkpoint and the deliverable, once the loop completed (a signal during the
-        # last step included: that step is done); the trained model with its own attention back
-        # (document attention is for training rows).
-        restore_attention(model)
-        if result.status == "completed":
-            result.output_dir = world.save_outputs(model, tokenizer, run_dir, spec.uses_adapters)
-            result.signal_name = stop.signal_name  # arrived once there was nothing left to stop
+            # 7. Outputs: the last checkpoint and the deliverable, once the loop completed (a signal during
+            # the last step included: that step is done); the trained model with its own attention back
+            # (document attention is for training rows).
+            restore_attention(model)
+            if result.status == "completed":
+                result.output_dir = world.save_outputs(model, tokenizer, run_dir, spec.uses_adapters)
+                result.signal_name = stop.signal_name  # arrived once there was nothing left to stop
+    except DiskFull:
+        with contextlib.suppress(OSError):  # a few hundred bytes: there is room once the failed save is gone
+            record.write(status="disk_full", step=result.step)
+        raise
     record.write(status=result.status, step=result.step, tokens_per_second=result.tokens_per_second,
                  peak=step_peak_reading(device))
     return result
