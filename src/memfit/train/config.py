@@ -368,14 +368,47 @@ def _semantic_problems(c: TrainConfig, *, knobs_valid: bool = True) -> list[str]
         low = 1 if name in ("log_every", "keep_checkpoints") else 0
         if value < low:
             problems.append(f"{name}: {value!r} must be {low} or more")
+    problems.extend(_model_problems(c))
+    for name in ("tokenizer",):
+        value = getattr(c, name)
+        if value is not None and not Path(value).is_dir():
+            problems.append(f"{name}: {value!r} is not a folder (a tokenizer folder holds tokenizer.json)")
+    for path in c.data + ([c.eval_data] if c.eval_data else []):
+        if not Path(path).exists():
+            field = "eval_data" if path == c.eval_data else "data"
+            problems.append(f"{field}: {path!r} does not exist")
+    if c.device.strip().lower() not in ("auto", "cpu", "cuda") and not c.device.strip().lower().startswith("cuda:"):
+        problems.append(f"device: {c.device!r} is not one of auto, cpu, cuda, cuda:N")
+    if c.budget is not None:
+        from memfit.units import parse_bytes
+
+        try:
+            if parse_bytes(c.budget) <= 0:
+                raise ValueError("must be more than 0 bytes")
+        except ValueError as err:
+            problems.append(f"budget: {c.budget!r}: {err} (e.g. budget: 24GiB)")
+    if c.gpu is not None:
+        from memfit.models.gpus import get_gpu
+
+        try:
+            get_gpu(c.gpu)
+        except ValueError as err:
+            problems.append(f"gpu: {err}")
+    return problems
+
+
+def _model_problems(c: TrainConfig) -> list[str]:
+    """What is wrong with ``model``, ``revision`` and ``model_overrides``: a model that is not there,
+    a seq_len beyond its positions, overrides transformers refuses (a Hub model's config is checked
+    once it is fetched)."""
+    from memfit.models.catalog import resolve_model
     from memfit.models.hub import is_hub_id
 
+    problems: list[str] = []
     hub = is_hub_id(c.model)  # fetched once validation passed (pretrained) or now, config only (random)
     if c.revision is not None and not hub:
         problems.append(f"revision: {c.revision!r} applies only to a Hugging Face Hub model (model: org/name); "
                         f"{c.model!r} is a local path or a catalog name. Remove revision.")
-    from memfit.models.catalog import resolve_model
-
     model = None  # the model's config when it is on this machine (a Hub model's is checked once fetched)
     if c.init == "pretrained":
         folder = Path(c.model)
@@ -405,31 +438,6 @@ def _semantic_problems(c: TrainConfig, *, knobs_valid: bool = True) -> list[str]
             from memfit.train.overrides import override_problems
 
             problems.extend(override_problems(model.config, c.model_overrides))
-    for name in ("tokenizer",):
-        value = getattr(c, name)
-        if value is not None and not Path(value).is_dir():
-            problems.append(f"{name}: {value!r} is not a folder (a tokenizer folder holds tokenizer.json)")
-    for path in c.data + ([c.eval_data] if c.eval_data else []):
-        if not Path(path).exists():
-            field = "eval_data" if path == c.eval_data else "data"
-            problems.append(f"{field}: {path!r} does not exist")
-    if c.device.strip().lower() not in ("auto", "cpu", "cuda") and not c.device.strip().lower().startswith("cuda:"):
-        problems.append(f"device: {c.device!r} is not one of auto, cpu, cuda, cuda:N")
-    if c.budget is not None:
-        from memfit.units import parse_bytes
-
-        try:
-            if parse_bytes(c.budget) <= 0:
-                raise ValueError("must be more than 0 bytes")
-        except ValueError as err:
-            problems.append(f"budget: {c.budget!r}: {err} (e.g. budget: 24GiB)")
-    if c.gpu is not None:
-        from memfit.models.gpus import get_gpu
-
-        try:
-            get_gpu(c.gpu)
-        except ValueError as err:
-            problems.append(f"gpu: {err}")
     return problems
 
 

@@ -275,34 +275,36 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     record.write(status="running", step=start_step)
     result = TrainResult(status="completed", step=start_step, total_steps=steps, run_dir=run_dir, setup=setup, model=model)
 
-    # 6. The loop.
+    # 6. The loop, then 7. the outputs: the last checkpoint and the deliverable.
     current = _Current(config=config, step_fn=step_fn, pad_id=pad_id, model_config=model_dict, planned_len=planned_len,
                        longest_len=longest_len,
                        plan=preflight.plan)
-    # A signal stops the run after the step it arrives in; from then on until the outputs are written
-    # it only asks, so the last checkpoint and the deliverable are never cut short.
+    _train_and_save(current, world, result, tokenizer, model=model, optimizer=optimizer, scheduler=scheduler,
+                    grad_scaler=grad_scaler, batches=batches, eval_examples=eval_examples, device=device,
+                    preflight=preflight, record=record, checkpoint_now=checkpoint_now, console=console,
+                    progress=progress, conformance_steps=conformance_steps)
+    record.write(status=result.status, step=result.step, tokens_per_second=result.tokens_per_second,
+                 peak=step_peak_reading(device))
+    return result
+
+
+def _train_and_save(current: _Current, world, result: TrainResult, tokenizer, *, model, record, **loop: Any) -> None:
+    """The loop (:func:`_loop`), then the deliverable once it completed (a signal during the last
+    step included: that step is done), with the trained model's own attention back (document
+    attention is for training rows). A signal stops the run after the step it arrives in; from then
+    on until the outputs are written it only asks, so the last checkpoint and the deliverable are
+    never cut short. A full disk is recorded in ``run.json``."""
     try:
         with StopOnSignal() as stop:
-            _loop(current, world, result, stop, model=model, optimizer=optimizer, scheduler=scheduler,
-                  grad_scaler=grad_scaler, batches=batches, eval_examples=eval_examples, device=device,
-                  preflight=preflight, record=record, checkpoint_now=checkpoint_now, console=console,
-                  progress=progress, conformance_steps=conformance_steps)
-            config, spec = current.config, current.config.spec
-
-            # 7. Outputs: the last checkpoint and the deliverable, once the loop completed (a signal during
-            # the last step included: that step is done); the trained model with its own attention back
-            # (document attention is for training rows).
+            _loop(current, world, result, stop, model=model, record=record, **loop)
             restore_attention(model)
             if result.status == "completed":
-                result.output_dir = world.save_outputs(model, tokenizer, run_dir, spec.uses_adapters)
+                result.output_dir = world.save_outputs(model, tokenizer, result.run_dir, current.spec.uses_adapters)
                 result.signal_name = stop.signal_name  # arrived once there was nothing left to stop
     except DiskFull:
         with contextlib.suppress(OSError):  # a few hundred bytes: there is room once the failed save is gone
             record.write(status="disk_full", step=result.step)
         raise
-    record.write(status=result.status, step=result.step, tokens_per_second=result.tokens_per_second,
-                 peak=step_peak_reading(device))
-    return result
 
 
 def _warn_slow_on_cpu(config: TrainConfig, device: torch.device, console) -> None:
@@ -428,19 +430,29 @@ def _loop(current: _Current, world, result: TrainResult, stop: StopOnSignal, *, 
                 break
 
         if result.status == "completed":
-            if eval_examples and stopping:
-                console.print(f"{stop.signal_name} during the last step: the step is done, so the run completes; "
-                              "its final evaluation is skipped", highlight=False)
-            elif eval_examples:
-                eval_loss = evaluate(model, eval_examples, spec.batch_size, current.collate, device, current.step_fn.loss)
-                result.eval_losses.append((result.step, eval_loss))
-                log.write({"step": result.step, "eval_loss": eval_loss})
+            _final_evaluation(current, result, model, eval_examples, device, log, console,
+                              stop.signal_name if stopping else None)
             result.checkpoint = checkpoint_now(result.step, "final")
         for finding in recorder.close(status=result.status):
             warn(console, finding)
     for line in comparison_lines(recorder.comparison()):
         console.print(line, highlight=False)
     result.tokens_per_second = meter.overall_rate()
+
+
+def _final_evaluation(current: _Current, result: TrainResult, model, eval_examples: list, device: torch.device, log,
+                      console, stopped_by: str | None) -> None:
+    """Evaluate the trained model at the end of the run, unless ``stopped_by`` a signal during the
+    last step: then the outputs matter more than waiting for the evaluation (say so)."""
+    if not eval_examples:
+        return
+    if stopped_by is not None:
+        console.print(f"{stopped_by} during the last step: the step is done, so the run completes; "
+                      "its final evaluation is skipped", highlight=False)
+        return
+    eval_loss = evaluate(model, eval_examples, current.spec.batch_size, current.collate, device, current.step_fn.loss)
+    result.eval_losses.append((result.step, eval_loss))
+    log.write({"step": result.step, "eval_loss": eval_loss})
 
 
 def _step_down(current: _Current, world, model, optimizer, batches, step: int, data_before: dict[str, Any],
