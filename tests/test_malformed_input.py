@@ -76,6 +76,8 @@ def make_inputs(root: Path) -> None:
     (root / "dup.yaml").write_text(GOOD_YAML + "seq_len: 32\n")
     (root / "typo.yaml").write_text(GOOD_YAML + "learning_rate: 1e-4\nlora_r: 8\n")
     (root / "lama.yaml").write_text(GOOD_YAML.replace("model_overrides: {", "model_overrides: {model_type: lama, "))
+    (root / "huge_batch.yaml").write_text(GOOD_YAML.replace("batch_size: 2", "batch_size: 1.0e+20"))
+    (root / "odd_width.yaml").write_text(GOOD_YAML.replace("hidden_size: 64,", "hidden_size: 63,"))
     (root / "config_dir.yaml").mkdir()
     (root / "empty_run").mkdir()
     # merge inputs: folders that exist (checked before anything is read) and bad ones
@@ -173,6 +175,11 @@ CASES = [
     ("train {d}/good.yaml --gpu nope", 2, "unknown GPU"),
     ("train {d}/good.yaml --device tpu", 2, "device: 'tpu'"),
     ("train {d}/good.yaml --nproc 0", 2, "--nproc: 0"),
+    ("train {d}/good.yaml --gpus 2", 2, "shard: 'none' with gpus: 2"),
+    ("train {d}/good.yaml --set gpus=2", 2, "--nproc 2"),
+    ("train {d}/good.yaml --gpus 2 --shard fsdp", 2, "gpus: 2, but this is a single process"),
+    ("train {d}/huge_batch.yaml", 2, "batch_size: 100000000000000000000"),
+    ("train {d}/odd_width.yaml", 2, "model_overrides.hidden_size: 63"),
     ("train {d}/good.yaml -o {d}/a_file", 2, "is a file, not a folder"),
     ("train {d}/good.yaml -o {u}/run", 2, "cannot write in"),
     ("train {d}/good.yaml -o {d}/new_run/deeper --targets foo_proj", 2, "targets: foo_proj match no linear layer"),

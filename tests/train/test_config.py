@@ -176,3 +176,61 @@ def test_lr_schedules():
     assert lr_factor(100, schedule="constant", **kw) == 1.0
     assert lr_factor(110, schedule="cosine", min_ratio=0.1, **kw) == pytest.approx(0.1)
     assert lr_factor(0, schedule="linear", total=5, warmup=0) == 1.0
+
+
+def _yaml_with(tmp_path: Path, line: str) -> Path:
+    """A valid tiny config file whose last line is ``line`` (written as YAML text, as a user would)."""
+    import yaml
+
+    settings = tiny_settings(tmp_path / "out")
+    field = line.split(":", 1)[0]
+    settings.pop(field, None)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(settings, sort_keys=False) + line + "\n")
+    return path
+
+
+@pytest.mark.parametrize("line", [
+    "batch_size: 1.0e+20",  # a float that is a whole number, too large for any tensor
+    "batch_size: 99999999999999999999",
+    "batch_size: 2.5",
+    "batch_size: true",
+    "batch_size: 1e20",  # YAML 1.1 reads this as text
+    "grad_accum: 1.0e+30",
+    "seq_len: 18446744073709551616",
+    "gpus: 1.0e+19",
+])
+def test_whole_number_knobs_in_yaml_are_checked_and_named(tmp_path, line):
+    field = line.split(":", 1)[0]
+    with pytest.raises(ConfigError) as info:
+        load_config(_yaml_with(tmp_path, line))
+    assert len(info.value.problems) == 1, info.value.problems
+    assert info.value.problems[0].startswith(f"{field}: "), info.value.problems
+    assert info.value.exit_code == 2
+
+
+@pytest.mark.parametrize("line", ["seed: 99999999999999999999", "log_every: true", "max_steps: 2.5",
+                                  "save_every: 1.0e+30", "keep_checkpoints: false"])
+def test_whole_number_fields_in_yaml_are_checked_and_named(tmp_path, line):
+    field = line.split(":", 1)[0]
+    with pytest.raises(ConfigError) as info:
+        load_config(_yaml_with(tmp_path, line))
+    assert len(info.value.problems) == 1, info.value.problems
+    assert info.value.problems[0].startswith(f"{field}: "), info.value.problems
+
+
+def test_knobs_are_held_as_the_numbers_they_were_checked_as(tmp_path):
+    # A flag's value is text and a quoted YAML number is too: the config holds them converted, so
+    # the run never compares or slices with text.
+    config = load_config(_yaml_with(tmp_path, 'batch_size: "8"'), {"grad_accum": "3", "rank": "8", "max_grad_norm": "none"})
+    assert (config.batch_size, config.grad_accum, config.rank, config.max_grad_norm) == (8, 3, 8, None)
+    assert config.spec.batch_size == 8 and config.spec.max_grad_norm is None
+    config = load_config(_yaml_with(tmp_path, "targets: q_proj, v_proj"), {"gpus": "1", "checkpointing": "OFF"})
+    assert config.gpus == 1 and config.checkpointing == "off" and tuple(config.targets) == ("q_proj", "v_proj")
+
+
+def test_several_gpus_given_as_text_get_the_multi_gpu_rules(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_config(_yaml_with(tmp_path, "seed: 0"), {"gpus": "2"})
+    (problem,) = info.value.problems
+    assert problem.startswith("shard: 'none' with gpus: 2") and "--nproc 2" in problem and "torchrun" in problem

@@ -36,6 +36,9 @@ from memfit.spec import RunSpec, SpecError, make_spec
 #: Fields holding paths, resolved against the YAML file's folder.
 PATH_FIELDS = ("model", "tokenizer", "data", "eval_data", "output_dir")
 
+#: Whole-number fields of a training config besides the knobs: counts of steps and the seed.
+COUNT_FIELDS = ("max_steps", "warmup_steps", "eval_every", "save_every", "log_every", "keep_checkpoints", "seed")
+
 #: What other tools (Hugging Face TrainingArguments, PEFT's LoraConfig, axolotl) call memfit's
 #: fields: an unknown key spelled like this gets "did you mean" even where it looks nothing alike.
 OTHER_NAMES = {
@@ -131,6 +134,14 @@ class TrainConfig(_run_knobs()):
         from memfit.train.trackers import parse_report_to
 
         return parse_report_to(value)
+
+    @field_validator(*COUNT_FIELDS, mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: Any) -> Any:
+        # pydantic takes true as 1; a YAML true where a count belongs is a mistake, not a number.
+        if isinstance(value, bool):
+            raise ValueError("true / false is not a whole number")
+        return value
 
     @property
     def spec(self) -> RunSpec:
@@ -285,6 +296,20 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
     for required in ("model", "data"):
         if clean.get(required) in (None, "", []):
             problems.append(f"{required}: required (see docs/train.md)")
+    knobs = {k: ("none" if clean[k] is None and specs.default(k) is not None else clean[k])
+             for k in specs.TRAINED_KNOBS if k in clean}
+    knobs_valid = False
+    try:
+        spec = make_spec(spelling="field", **knobs)
+    except SpecError as err:
+        problems.extend(err.problems)
+    else:
+        # The config holds the knobs as make_spec converted them (a flag's "2" is the number 2), so
+        # that every later use of config.gpus or config.batch_size sees the type it was checked as.
+        clean.update({k: getattr(spec, k) for k in knobs})
+        range_problems = _size_problems({k: clean[k] for k in knobs if specs.value_kind(k) == "int"})
+        problems.extend(range_problems)
+        knobs_valid = not range_problems
     config = None
     try:
         config = TrainConfig(**clean)
@@ -294,25 +319,34 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
             if item.get("type") == "missing":
                 continue  # reported above
             if item.get("loc", ("",))[0] in specs.TRAINED_KNOBS:
-                continue  # make_spec below names the knob and its allowed values better
-            problems.append(f"{loc}: {item.get('input')!r}: {item.get('msg')}")
-    knobs = {k: ("none" if clean[k] is None and specs.default(k) is not None else clean[k])
-             for k in specs.TRAINED_KNOBS if k in clean}
-    try:
-        make_spec(spelling="field", **knobs)
-    except SpecError as err:
-        problems.extend(err.problems)
+                continue  # make_spec above names the knob and its allowed values better
+            problems.append(f"{loc}: {item.get('input')!r}: {str(item.get('msg')).removeprefix('Value error, ')}")
     if config is not None:
-        problems.extend(_semantic_problems(config))
+        problems.extend(_size_problems({k: getattr(config, k) for k in COUNT_FIELDS}))
+        problems.extend(_semantic_problems(config, knobs_valid=knobs_valid))
     if problems:
         raise ConfigError(problems, source)
     assert config is not None
     return config
 
 
-def _semantic_problems(c: TrainConfig) -> list[str]:
+#: The largest whole number a training run takes in any field: PyTorch's sizes and indices, and the
+#: seeds of its generators, are 64-bit (a larger one fails deep inside the run, e.g.
+#: ``batch_size: 1.0e+20``).
+MAX_WHOLE_NUMBER = 2**63 - 1
+
+
+def _size_problems(values: dict[str, Any]) -> list[str]:
+    """Whole numbers beyond what the run can take, one line each naming the field."""
+    return [f"{name}: {value} is beyond the largest whole number a run takes (2**63 - 1: PyTorch's sizes "
+            f"are 64-bit); give the {name} you mean" for name, value in values.items()
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_WHOLE_NUMBER]
+
+
+def _semantic_problems(c: TrainConfig, *, knobs_valid: bool = True) -> list[str]:
     """Problems of values that are each well-typed but do not make sense (cheap: no file reading
-    beyond existence checks)."""
+    beyond existence checks). ``knobs_valid``: the knobs passed make_spec (the checks of knob
+    combinations need their values converted; a bad knob was reported already)."""
     problems = []
     if c.epochs is not None and not (c.epochs > 0 and math.isfinite(c.epochs)):
         problems.append(f"epochs: {c.epochs!r} must be more than 0 (e.g. epochs: 1)")
@@ -330,11 +364,12 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
         problems.append(f"warmup_ratio: {c.warmup_ratio!r} must be in [0, 1)")
     if not 0 <= c.min_lr_ratio <= 1:
         problems.append(f"min_lr_ratio: {c.min_lr_ratio!r} must be in [0, 1]")
-    problems.extend(_multi_gpu_problems(c))
+    if knobs_valid:
+        problems.extend(_multi_gpu_problems(c))
+        problems.extend(_fit_problems(c))
     from memfit.train.trackers import report_to_problems
 
     problems.extend(report_to_problems(c.report_to))
-    problems.extend(_fit_problems(c))
     if not 0 <= c.eval_split < 1:
         problems.append(f"eval_split: {c.eval_split!r} must be a fraction in [0, 1) (e.g. eval_split: 0.05)")
     if c.eval_split > 0 and c.eval_data is not None:
@@ -344,37 +379,7 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
         low = 1 if name in ("log_every", "keep_checkpoints") else 0
         if value < low:
             problems.append(f"{name}: {value!r} must be {low} or more")
-    from memfit.models.hub import is_hub_id
-
-    hub = is_hub_id(c.model)  # fetched once validation passed (pretrained) or now, config only (random)
-    if c.revision is not None and not hub:
-        problems.append(f"revision: {c.revision!r} applies only to a Hugging Face Hub model (model: org/name); "
-                        f"{c.model!r} is a local path or a catalog name. Remove revision.")
-    from memfit.models.catalog import resolve_model
-
-    model = None  # the model's config when it is on this machine (a Hub model's is checked once fetched)
-    if c.init == "pretrained":
-        folder = Path(c.model)
-        if not folder.is_dir() and not hub:
-            problems.append(
-                f"model: {c.model!r} is not a local model folder or a Hugging Face Hub id (org/name). Pretrained weights "
-                "are read from a folder with config.json and *.safetensors, or downloaded from the Hub; for a catalog "
-                "name or a config.json add init: random."
-            )
-        elif folder.is_dir():
-            try:
-                model = resolve_model(c.model)
-            except ValueError as err:
-                problems.append(f"model: {err}")
-        if c.model_overrides:
-            problems.append("model_overrides: only with init: random (pretrained weights fix the architecture)")
-    elif c.revision is None or hub:
-        try:
-            model = resolve_model(c.model, revision=c.revision)
-        except ValueError as err:
-            problems.append(f"model: {err}")
-    if model is not None:
-        problems.extend(model_problems(model.name, dict(model.config, **c.model_overrides), c.seq_len))
+    problems.extend(_model_problems(c))
     for name in ("tokenizer",):
         value = getattr(c, name)
         if value is not None and not Path(value).is_dir():
@@ -400,6 +405,50 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
             get_gpu(c.gpu)
         except ValueError as err:
             problems.append(f"gpu: {err}")
+    return problems
+
+
+def _model_problems(c: TrainConfig) -> list[str]:
+    """What is wrong with ``model``, ``revision`` and ``model_overrides``: a model that is not there,
+    a seq_len beyond its positions, overrides transformers refuses (a Hub model's config is checked
+    once it is fetched)."""
+    from memfit.models.catalog import resolve_model
+    from memfit.models.hub import is_hub_id
+
+    problems: list[str] = []
+    hub = is_hub_id(c.model)  # fetched once validation passed (pretrained) or now, config only (random)
+    if c.revision is not None and not hub:
+        problems.append(f"revision: {c.revision!r} applies only to a Hugging Face Hub model (model: org/name); "
+                        f"{c.model!r} is a local path or a catalog name. Remove revision.")
+    model = None  # the model's config when it is on this machine (a Hub model's is checked once fetched)
+    if c.init == "pretrained":
+        folder = Path(c.model)
+        if not folder.is_dir() and not hub:
+            problems.append(
+                f"model: {c.model!r} is not a local model folder or a Hugging Face Hub id (org/name). Pretrained weights "
+                "are read from a folder with config.json and *.safetensors, or downloaded from the Hub; for a catalog "
+                "name or a config.json add init: random."
+            )
+        elif folder.is_dir():
+            try:
+                model = resolve_model(c.model)
+            except ValueError as err:
+                problems.append(f"model: {err}")
+        if c.model_overrides:
+            problems.append("model_overrides: only with init: random (pretrained weights fix the architecture)")
+    elif c.revision is None or hub:
+        try:
+            model = resolve_model(c.model, revision=c.revision)
+        except ValueError as err:
+            problems.append(f"model: {err}")
+    if model is not None:
+        seq_len = None if _size_problems({"seq_len": c.seq_len}) else c.seq_len  # too large: reported once, above
+        found = model_problems(model.name, dict(model.config, **c.model_overrides), seq_len)
+        problems.extend(found)
+        if c.model_overrides and not any(p.startswith("model: ") for p in found):
+            from memfit.train.overrides import override_problems
+
+            problems.extend(override_problems(model.config, c.model_overrides))
     return problems
 
 
@@ -442,7 +491,9 @@ def _multi_gpu_problems(c: TrainConfig) -> list[str]:
     if c.shard == "none":
         problems.append(
             f"shard: 'none' with gpus: {c.gpus}: say how the {c.gpus} processes split the model: ddp (each holds "
-            "everything), zero2, zero3 (= fsdp) or fsdp-offload; e.g. shard: fsdp."
+            f"everything), zero2, zero3 (= fsdp) or fsdp-offload; e.g. shard: fsdp (--shard fsdp), and start one "
+            f"process per GPU: memfit train CONFIG --nproc {c.gpus} (or torchrun --nproc-per-node {c.gpus} -m memfit "
+            "train CONFIG). For one process, set gpus: 1."
         )
     if c.precision in ("fp16", "fp16-mixed"):
         problems.append(
