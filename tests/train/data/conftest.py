@@ -1,8 +1,33 @@
-"""Fixtures of the data tests: the tiny tokenizer, with and without its chat template."""
+"""Fixtures of the data tests: a local Hub serving dataset repos, with datasets pointed at it."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
+
 import pytest
+
+from hub_datasets import LocalHub, add_dataset_repos, point_datasets_at
+
+
+@dataclass
+class DataHub:
+    server: LocalHub
+    home: Path  # HF_HOME: the Hub cache, the datasets cache
+    commits: dict[str, str]  # repo id -> commit of main
+
+
+@pytest.fixture
+def data_hub(tmp_path, monkeypatch) -> DataHub:
+    """A running local Hub with the dataset repos (tests/train/data/hub_datasets.py); huggingface_hub
+    and datasets pointed at it, empty caches, no token."""
+    pytest.importorskip("datasets")
+    server = LocalHub()
+    commits = add_dataset_repos(server)
+    server.start()
+    point_datasets_at(monkeypatch, server.endpoint, tmp_path / "hf-home")
+    yield DataHub(server, tmp_path / "hf-home", commits)
+    server.down()
 
 
 @pytest.fixture(scope="module")

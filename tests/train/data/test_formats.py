@@ -49,11 +49,16 @@ def test_parquet_chat_records_load(tmp_path):
     assert fmt == "messages" and records[0]["messages"] == CHAT
 
 
-def test_missing_pyarrow_says_how_to_install_it(tmp_path, monkeypatch):
+def test_missing_datasets_library_says_how_to_install_it(tmp_path, monkeypatch):
     (tmp_path / "d.parquet").write_bytes(b"PAR1")
-    monkeypatch.setitem(sys.modules, "pyarrow", None)  # makes `import pyarrow...` raise ImportError
-    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
-    assert "pip install pyarrow" in data_error(tmp_path / "d.parquet")
+    monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` raise ImportError
+    assert "d.parquet: reading Parquet files needs the datasets library: pip install datasets" in data_error(tmp_path / "d.parquet")
+
+
+def test_a_damaged_parquet_file_is_named(tmp_path):
+    pytest.importorskip("datasets")
+    (tmp_path / "d.parquet").write_bytes(b"PAR1 not a parquet file PAR1")
+    assert f"{tmp_path / 'd.parquet'}: cannot read Parquet file:" in data_error(tmp_path / "d.parquet")
 
 
 def test_sharegpt_roles_map_onto_chat_roles(tmp_path):
@@ -238,3 +243,12 @@ def test_columns_map_a_files_fields_onto_memfits(tmp_path):
     # A column the file does not have: the field is missing, named as memfit reads it.
     message = data_error(path, "messages", columns={"messages": "conversation"})
     assert "both.jsonl, line 1: messages: missing (required)" in message
+
+
+def test_arrow_files_load_like_parquet(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_list(ALPACA).save_to_disk(str(tmp_path / "saved"))
+    arrow = next((tmp_path / "saved").glob("*.arrow"))
+    records, fmt = load_records(arrow)
+    assert fmt == "alpaca" and records[1]["messages"][0]["content"] == "Reverse the word.\n\ntiger"
+    assert records[1]["source"] == f"{arrow}, row 2"

@@ -9,8 +9,8 @@ Every record becomes one of three normalized forms:
 - prompt-completion text: ``{"prompt": str, "completion": str, "source": where}``.
 
 ``source`` names the file and line (or the dataset and row) the record came from, for later error
-messages. ``columns`` (memfit field <- the file's column) are applied to each record before its
-format is detected (:func:`map_columns`).
+messages. A source's ``columns`` (memfit field <- dataset column) are applied to each record before
+its format is detected (:func:`map_columns`).
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ def load_records(
     """Read, validate and normalize training records from local files.
 
     Args:
-        paths: a file, a directory (its .json/.jsonl/.ndjson/.parquet/.csv files, sorted) or a list
-            of them. JSON files hold a list of records; JSONL one record per line; CSV one record per
-            row (alpaca, text and prompt-completion text only); Parquet via pyarrow.
+        paths: a file, a directory (its .json/.jsonl/.ndjson/.csv/.parquet/.arrow files, sorted) or
+            a list of them. JSON files hold a list of records; JSONL one record per line; CSV one
+            record per row (alpaca, text and prompt-completion text only); Parquet and Arrow files
+            are read through the ``datasets`` library.
         format: ``alpaca``, ``sharegpt``, ``messages``, ``text``, ``prompt_completion`` or ``auto``
             (detected from the keys of each file's first record; all files must agree).
         columns: memfit field <- the files' column, applied to every record first
