@@ -17,6 +17,21 @@ class DataHub:
     commits: dict[str, str]  # repo id -> commit of main
 
 
+@pytest.fixture(autouse=True)
+def datasets_cache_in_the_test_folder(tmp_path, monkeypatch):
+    """What datasets writes (even lock files for files it reads in place) goes to the test's folder,
+    never to the user's cache."""
+    try:
+        import datasets
+    except ImportError:
+        return
+    cache = tmp_path / "datasets-cache"
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(cache))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(datasets.config, "DOWNLOADED_DATASETS_PATH", cache / "downloads")
+    monkeypatch.setattr(datasets.config, "EXTRACTED_DATASETS_PATH", cache / "downloads" / "extracted")
+
+
 @pytest.fixture
 def data_hub(tmp_path, monkeypatch) -> DataHub:
     """A running local Hub with the dataset repos (tests/train/data/hub_datasets.py); huggingface_hub

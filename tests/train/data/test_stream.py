@@ -139,3 +139,17 @@ def test_a_state_from_other_data_or_settings_is_refused():
 
 def test_a_stream_has_no_length():
     assert batches().batches_per_epoch() is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings", [{}, {"packing": True, "batch_size": 2}], ids=["padding-free", "packing"])
+def test_a_streamed_run_peaks_at_its_plan(settings, tmp_path):
+    # Plan equals run (memfit.train.conformance): the trainer reads the data as a stream, the plan is
+    # made at seq_len, and every example of the harness's data is seq_len tokens long.
+    from memfit.train.conformance import measure
+
+    cell = measure("llama lora streaming", {"model": "llama", "method": "lora", "precision": "bf16", "streaming": True,
+                                            **settings}, tmp_path)
+    assert not cell.error, cell.error
+    assert cell.measured_bytes > 0 and cell.difference_bytes == 0, (cell.measured_categories, cell.planned_categories)
+    assert cell.measured_phase == cell.planned_phase

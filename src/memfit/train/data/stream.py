@@ -140,13 +140,20 @@ class StreamBatches:
     def _pull(self) -> str | None:
         """The stream's next row (None at its end)."""
         if self._rows is None:
-            self.dataset.set_epoch(self.epoch)
+            self._set_epoch()
             self._rows, self._loaded = iter(self.dataset), None
         row = next(self._rows, None)
         if row is None:
             return None
         self.rows_read += 1
         return row[ENCODED]
+
+    def _set_epoch(self) -> None:
+        # Only when it changes: datasets keeps the epoch in a shared torch tensor (for DataLoader
+        # workers) and sets it with tensor arithmetic, which the memory recorder of a CPU run (whose
+        # device is the host) counted as 512 B more than the plan when it was set before step 1.
+        if self.dataset.epoch != self.epoch:
+            self.dataset.set_epoch(self.epoch)
 
     def _next_epoch(self) -> None:
         if self.rows_read == 0:
@@ -206,7 +213,7 @@ class StreamBatches:
         self.ready = [dict(example) for example in state["ready"]]
         if self.packer is not None and state["packer"] is not None:
             self.packer.load_state_dict(state["packer"])
-        self.dataset.set_epoch(self.epoch)
+        self._set_epoch()
         if state["dataset"] is not None:
             self.dataset.load_state_dict(state["dataset"])
         self._rows, self._loaded = None, state["dataset"]
