@@ -306,10 +306,9 @@ def _resolve_one(key: str, value: str, folder: Path) -> str:
     if key == "model" and not candidate.exists():
         return value  # a catalog name, not a path
     if key in ("data", "eval_data") and not candidate.exists():
-        from memfit.models.hub import looks_like_hub_id
-        from memfit.train.data.sources import DATA_SUFFIXES
+        from memfit.train.data.sources import looks_like_dataset_id
 
-        if looks_like_hub_id(value) and not value.lower().endswith(DATA_SUFFIXES):
+        if looks_like_dataset_id(value):
             return value  # a Hub dataset id, not a path
     return str(candidate)
 

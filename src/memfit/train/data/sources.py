@@ -79,12 +79,17 @@ class DataSource(BaseModel):
         return f"{self.path} ({', '.join(details)})" if details else self.path
 
 
-def is_dataset_id(text: str) -> bool:
-    """True when ``text`` means a Hub dataset: the form ``org/name``, not a local path, and not a
-    data file's name (``data/train.jsonl`` that does not exist is a mistyped path, not a repo)."""
-    from memfit.models.hub import is_hub_id
+def looks_like_dataset_id(text: str) -> bool:
+    """True when ``text`` has the form of a Hub dataset id, ``org/name``, and is not a data file's
+    name (``data/train.jsonl`` that does not exist is a mistyped path, not a repo)."""
+    from memfit.models.hub import looks_like_hub_id
 
-    return is_hub_id(text) and not str(text).lower().endswith(DATA_SUFFIXES)
+    return looks_like_hub_id(text) and not str(text).lower().endswith(DATA_SUFFIXES)
+
+
+def is_dataset_id(text: str) -> bool:
+    """True when ``text`` means a Hub dataset: it looks like one and is not a local path."""
+    return looks_like_dataset_id(text) and not Path(str(text)).expanduser().exists()
 
 
 def as_sources(value: str | DataSource | Iterable[str | DataSource] | None) -> list[DataSource]:
