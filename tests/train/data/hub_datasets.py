@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[2]
-for helpers in ("models", "train"):
-    if str(TESTS / helpers) not in sys.path:
-        sys.path.insert(0, str(TESTS / helpers))
+for folder in ("models", "train"):
+    if str(TESTS / folder) not in sys.path:
+        sys.path.insert(0, str(TESTS / folder))
 
 from hub_repos import point_at  # noqa: E402
 from local_hub import LocalHub  # noqa: E402

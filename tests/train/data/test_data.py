@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from data_helpers import DATA_DIR, DEMO_FILE, ROOT, tiny_llama
+from data_samples import DATA_DIR, DEMO_FILE, ROOT, tiny_llama
 
 from memfit.step.batch import collate
 from memfit.train.data import BatchIterator, load_records, tiny_tokenizer_path, tokenize_records

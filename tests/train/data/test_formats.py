@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from data_helpers import ALPACA, CHAT, data_error, write_jsonl
+from data_samples import ALPACA, CHAT, data_error, write_jsonl
 
 from memfit.train.data import load_records
 

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from data_helpers import ALPACA, CHAT, DEMO_FILE, write_jsonl
+from data_samples import ALPACA, CHAT, DEMO_FILE, write_jsonl
 
 from memfit.train.data.errors import DataError
 from memfit.train.data.reading import load_sources, open_stream

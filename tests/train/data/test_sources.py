@@ -42,13 +42,14 @@ def test_what_is_a_dataset_id(tmp_path, monkeypatch):
 def test_paths_in_yaml_are_relative_to_it_and_hub_ids_stay_ids(tmp_path, monkeypatch):
     (tmp_path / "cfg" / "data").mkdir(parents=True)
     (tmp_path / "cfg" / "data" / "train.jsonl").write_text(DEMO_DATA.read_text())
-    settings = tiny_settings("out", data=["data/train.jsonl", "org/chat", {"path": "data/train.jsonl", "weight": 1}])
-    settings["data"][1] = {"path": "org/chat", "weight": 2}
-    settings["data"].pop(0)
+    settings = tiny_settings("out", data=[{"path": "org/chat", "weight": 2}, {"path": "data/train.jsonl", "weight": 1}],
+                             eval_data="data/train.jsonl")
     (tmp_path / "cfg" / "run.yaml").write_text(yaml.safe_dump(settings))
     monkeypatch.chdir(tmp_path)
     config = load_config("cfg/run.yaml")
-    assert [s.path for s in as_sources(config.data)] == ["org/chat", str(tmp_path / "cfg" / "data" / "train.jsonl")]
+    local = str(tmp_path / "cfg" / "data" / "train.jsonl")
+    assert [s.path for s in as_sources(config.data)] == ["org/chat", local]
+    assert config.eval_data == [local]
 
 
 def test_every_source_problem_is_named_at_once():

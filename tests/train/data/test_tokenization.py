@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from data_helpers import CHAT, DEMO_FILE, labelled_runs, tiny_llama
+from data_samples import CHAT, DEMO_FILE, labelled_runs, tiny_llama
 
 from memfit.step.batch import collate
 from memfit.step.labels import IGNORE_INDEX

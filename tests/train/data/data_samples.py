@@ -1,4 +1,4 @@
-"""What the data tests share: the shipped files, small records, and helpers to read labels and errors."""
+"""What the data tests share: the shipped files, small records, and functions that read labels and errors."""
 
 from __future__ import annotations
 
