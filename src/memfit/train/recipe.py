@@ -38,7 +38,6 @@ from memfit.train.config import (
     total_steps,
     warmup_steps,
 )
-from memfit.train.data import BatchIterator
 from memfit.train.distributed import DistributedError, check_world
 from memfit.train.disk_space import FULL_DISK_ERRNOS, full_disk_message
 from memfit.train.errors import DiskFull, OutOfMemory, TrainError
@@ -46,7 +45,7 @@ from memfit.train.examples import (
     check_vocab,
     load_tokenizer,
     pad_token_id,
-    prepare_examples,
+    prepare_data,
     seed_everything,
 )
 from memfit.train.fitting import Target, device_target, fit_configuration, planned_seq_len, recorded_knobs, step_down
@@ -158,12 +157,14 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     # the run is known to fit and the data is read (memfit.train.hub_model).
     config, hub = fetch_small_files(config, world=world, console=console, resume=resume, run_dir=run_dir)
 
-    # 1. Data: tokenized up front, so that a bad file fails before anything is planned or loaded.
+    # 1. Data: tokenized up front (a stream: its first rows), so that a bad file or dataset fails
+    # before anything is planned or loaded.
     model_dict = model_config_dict(config)
     seed_everything(config.seed)
     tokenizer = load_tokenizer(config)
-    train_examples, eval_examples = prepare_examples(config, tokenizer)
-    check_vocab(train_examples + eval_examples, int(model_dict.get("vocab_size") or 0), tokenizer)
+    data = prepare_data(config, tokenizer, console=console, resume_from=run_dir if resume else None)
+    train_examples, eval_examples = data.train_examples, data.eval_examples  # a stream's are not known: plan at seq_len
+    check_vocab(data.checked_examples, int(model_dict.get("vocab_size") or 0), tokenizer)
     pad_id = pad_token_id(tokenizer)
 
     # 2. The configuration, and whether it fits: decided before any weight is read. A resumed run
@@ -220,7 +221,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     # 4. Optimizer, schedule, data order and the loss scaler fp16 needs.
     optimizer = build_optimizer(model.parameters(), spec.optimizer, lr=config.lr, weight_decay=config.weight_decay,
                                 step_in_backward=spec.step_in_backward)
-    batches = BatchIterator(train_examples, batch_size=world.global_batch_size(spec), seed=config.seed)
+    batches = data.batches(world.global_batch_size(spec), config, tokenizer.eos_token_id)
     steps = total_steps(config, batches.batches_per_epoch())
     warmup = warmup_steps(config, steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -269,6 +270,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     record = RunRecord.for_run(run_dir, config=config, model_config=model_dict, preflight=preflight, setup=setup,
                                device=device, total_steps=steps, enabled=world.is_main,
                                extra={**world.run_fields(spec), **({"hub": hub.record()} if hub is not None else {}),
+                                      "data": data.record,
                                       "planned_seq_len": planned_len, "fit": fit_record,
                                       "active_knobs": {k: spec.knobs()[k] for k in SEARCHED}, "given_knobs": given,
                                       "config_changes": _recorded_changes(run_dir) if resume else []})
