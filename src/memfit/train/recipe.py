@@ -48,6 +48,7 @@ from memfit.train.examples import (
     seed_everything,
 )
 from memfit.train.fitting import Target, device_target, fit_configuration, planned_seq_len, recorded_knobs, step_down
+from memfit.train.generation import eval_generations
 from memfit.train.guards import StopOnSignal, handle_oom
 from memfit.train.hub_model import fetch_small_files, fetch_weights
 from memfit.train.loading import load_model, verify_setup
@@ -266,7 +267,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     # 6. The loop.
     current = _Current(config=config, step_fn=step_fn, pad_id=pad_id, model_config=model_dict, planned_len=planned_len,
                        longest_len=longest_len,
-                       plan=preflight.plan)
+                       plan=preflight.plan, tokenizer=tokenizer)
     _loop(current, world, result, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
           batches=batches, eval_examples=eval_examples, device=device, preflight=preflight, record=record,
           checkpoint_now=checkpoint_now, console=console, progress=progress, conformance_steps=conformance_steps)
@@ -293,6 +294,13 @@ class _Current:
     planned_len: int  # the data's longest micro-batch at this configuration's micro-batch size
     longest_len: int  # the data's longest example (the length a search over micro-batch sizes plans)
     plan: Any  # the plan of the configuration in effect (None: not planned)
+    tokenizer: Any = None  # for the replies to eval_prompts
+
+    def write_generations(self, log, model, step: int, device: torch.device) -> None:
+        """The greedy replies to ``eval_prompts`` at ``step``, one ``metrics.jsonl`` record (none without prompts)."""
+        if self.config.eval_prompts:
+            log.write(eval_generations(model, self.tokenizer, self.config.eval_prompts, step=step,
+                                       max_new_tokens=self.config.eval_max_new_tokens, device=device))
 
     @property
     def spec(self):
@@ -378,6 +386,8 @@ def _loop(current: _Current, world, result: TrainResult, *, model, optimizer, sc
                 eval_loss = evaluate(model, eval_examples, spec.batch_size, current.collate, device, current.step_fn.loss)
                 result.eval_losses.append((done, eval_loss))
                 log.write({"step": done, "eval_loss": eval_loss})
+            if config.eval_every and done % config.eval_every == 0 and done != steps:
+                current.write_generations(log, model, done, device)
             bar.update(done, metrics)
             if config.save_every and done % config.save_every == 0 and done != steps:
                 result.checkpoint = checkpoint_now(done, "interval")
@@ -391,6 +401,7 @@ def _loop(current: _Current, world, result: TrainResult, *, model, optimizer, sc
                 eval_loss = evaluate(model, eval_examples, spec.batch_size, current.collate, device, current.step_fn.loss)
                 result.eval_losses.append((result.step, eval_loss))
                 log.write({"step": result.step, "eval_loss": eval_loss})
+            current.write_generations(log, model, result.step, device)
             result.checkpoint = checkpoint_now(result.step, "final")
         for finding in recorder.close(status=result.status):
             warn(console, finding)
