@@ -54,7 +54,7 @@ def tiny_model_and_tokenizer():
 
 
 def test_a_greedy_reply_is_the_likeliest_token_each_time(tiny_model_and_tokenizer):
-    from memfit.train.generation import generate_reply, prompt_token_ids
+    from memfit.train.generation import generate_reply, prompt_token_ids, stop_token_ids
 
     model, tokenizer = tiny_model_and_tokenizer
     messages = [{"role": "user", "content": "What is the capital of France?"}]
@@ -67,11 +67,22 @@ def test_a_greedy_reply_is_the_likeliest_token_each_time(tiny_model_and_tokenize
         for _ in range(6):
             token = int(model(input_ids=torch.tensor([ids + expected])).logits[0, -1].argmax())
             expected.append(token)
-            if token == tokenizer.eos_token_id:
+            if token in stop_token_ids(model, tokenizer):
                 break
     assert reply.new_tokens == len(expected)
     assert reply.text == tokenizer.decode(expected, skip_special_tokens=True)
-    assert reply.stopped == ("eos" if expected[-1] == tokenizer.eos_token_id else "max_new_tokens")
+    assert reply.stopped == ("eos" if expected[-1] in stop_token_ids(model, tokenizer) else "max_new_tokens")
+
+
+def test_a_reply_ends_where_the_template_ends_an_assistant_turn(tiny_model_and_tokenizer):
+    from memfit.train.generation import stop_token_ids, turn_end_token_id
+
+    model, tokenizer = tiny_model_and_tokenizer
+    # The shipped tiny tokenizer's template closes each turn with <|end|>, which is not its EOS.
+    assert tokenizer.convert_ids_to_tokens(turn_end_token_id(tokenizer)) == "<|end|>"
+    assert stop_token_ids(model, tokenizer)[:2] == [turn_end_token_id(tokenizer), tokenizer.eos_token_id]
+    tokenizer.chat_template = None  # memfit's default template ends each turn with EOS
+    assert turn_end_token_id(tokenizer) == tokenizer.eos_token_id
 
 
 def test_generation_puts_the_training_settings_back(tiny_model_and_tokenizer):

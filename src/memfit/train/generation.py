@@ -121,14 +121,34 @@ def generation_mode(model: Any) -> Iterator[None]:
 
 
 def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
-    """The tokens that end a reply: the tokenizer's EOS (which ends every turn of memfit's default
-    template) and those of the model's generation config (chat models list their end-of-turn)."""
+    """The tokens that end a reply: the one the chat template closes an assistant turn with (what a
+    model trained on the template learned to say last), the tokenizer's EOS, and those of the
+    model's generation config."""
     ids = []
     config_ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in [tokenizer.eos_token_id, *(config_ids if isinstance(config_ids, list) else [config_ids])]:
+    candidates = [turn_end_token_id(tokenizer), tokenizer.eos_token_id,
+                  *(config_ids if isinstance(config_ids, list) else [config_ids])]
+    for value in candidates:
         if isinstance(value, int) and value not in ids:
             ids.append(value)
     return ids
+
+
+def turn_end_token_id(tokenizer: Any) -> int | None:
+    """The special token the chat template writes right after an assistant's words (``<|im_end|>``,
+    ``<|eot_id|>``, EOS for memfit's default template), found by rendering a sample conversation;
+    None when the template writes plain text there."""
+    from memfit.train.data.chat import ChatTemplateError, render_chat
+
+    reply = "Reply."
+    try:
+        text, spans = render_chat(tokenizer, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": reply}])
+    except ChatTemplateError:
+        return None
+    turn = text[spans[0][0]:spans[0][1]] if spans else ""
+    after = turn[turn.find(reply) + len(reply):] if reply in turn else ""
+    ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    return ids[0] if ids and ids[0] in set(tokenizer.all_special_ids) else None
 
 
 def prompt_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
