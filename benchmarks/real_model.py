@@ -156,7 +156,8 @@ def train(folder: Path, work: Path, args) -> tuple[dict, Path]:
                                               "last_loss", "trainable_params", "peak_rss_bytes", "wall_seconds")}
         print(f"{side:10s} loss {result['first_loss']:.3f} -> {result['last_loss']:.3f}, "
               f"{result['tokens_per_second']:.0f} tokens/s, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB", flush=True)
-    return {"command": "python benchmarks/train_vs_hf.py " + " ".join(train_vs_hf.side_arguments(options)), **sides}, keep / "memfit"
+    command = " ".join(train_vs_hf.side_arguments({**options, "data": str(TRAIN_DATA.relative_to(REPO))}))
+    return {"command": "python benchmarks/train_vs_hf.py " + command, **sides}, keep / "memfit"
 
 
 def merge(folder: Path, run_dir: Path, work: Path) -> dict:
