@@ -32,12 +32,13 @@ def test_each_turn_sees_the_whole_conversation(demo_run, monkeypatch):
     from memfit.infer.loading import load_chat_model
     from memfit.train.generation import Sampling
 
-    seen = []
+    seen, replies = [], []
     real = chat_module.generate_reply
 
     def recording(model, tokenizer, messages, sampling, device, *, streamer=None):
         seen.append([dict(m) for m in messages])
-        return real(model, tokenizer, messages, sampling, device, streamer=streamer)
+        replies.append(real(model, tokenizer, messages, sampling, device, streamer=streamer))
+        return replies[-1]
 
     monkeypatch.setattr(chat_module, "generate_reply", recording)
     lines = iter(["Hi", "", "And then?", "/reset", "/nope", "Again", "/exit", "never read"])
@@ -52,7 +53,10 @@ def test_each_turn_sees_the_whole_conversation(demo_run, monkeypatch):
     text = out.getvalue()
     assert text.startswith(f"chatting with {demo_run}: lora adapter on smollm2-135m")
     assert "(a new conversation: the system prompt stays)" in text and "/nope: not a command" in text
-    assert text.count("(cut at --max-new-tokens 4)") == 3
+    assert seen[1][2]["content"] == replies[0].text  # the reply as streamed is the turn the model sees next
+    assert text.count("(cut at --max-new-tokens 4)") == sum(r.stopped == "max_new_tokens" for r in replies)
+    for reply in replies:
+        assert reply.text in text
 
 
 def test_the_end_of_input_ends_the_chat(demo_run):
@@ -102,12 +106,12 @@ def _first_reply_text(fd: int, seen: bytearray, typed: bytes) -> bytes:
 
 
 def test_chat_in_a_terminal_streams_replies_and_takes_its_commands(demo_run):
-    # A pseudo-terminal, as a person would run it. The reply is long (400 tokens); its first words
+    # A pseudo-terminal, as a person would run it. The reply is long (at least 400 tokens); its first words
     # are on the screen while it is still being written: Ctrl-C (SIGINT) then stops that reply, and
     # the chat goes on. Had the reply come all at once at its end, the SIGINT would reach the prompt
     # and end the chat instead.
     master, slave = os.openpty()
-    command = [sys.executable, "-m", "memfit", "chat", str(demo_run), "--device", "cpu", "--max-new-tokens", "400"]
+    command = [sys.executable, "-m", "memfit", "chat", str(demo_run), "--device", "cpu", "--min-new-tokens", "400", "--max-new-tokens", "400"]
     proc = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, start_new_session=True, close_fds=True)
     os.close(slave)
     seen = bytearray()

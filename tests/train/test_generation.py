@@ -27,6 +27,8 @@ def test_sampling_options_are_checked_and_greedy_means_greedy():
     assert Sampling().problems() == []
     problems = Sampling(max_new_tokens=0, temperature=0.0, top_p=1.5).problems()
     assert [p.split()[0] for p in problems] == ["--max-new-tokens", "--temperature", "--top-p"]
+    assert Sampling(max_new_tokens=4, min_new_tokens=5).problems() == ["--min-new-tokens 5: must be from 0 to --max-new-tokens (4)"]
+    assert Sampling(min_new_tokens=3).generate_kwargs()["min_new_tokens"] == 3
     # Greedy overrides whatever sampling a model's generation_config asks for.
     assert Sampling().generate_kwargs() == {"max_new_tokens": 256, "do_sample": False, "temperature": None, "top_p": None, "top_k": None}
     assert Sampling(do_sample=True, temperature=0.7, top_p=0.9).generate_kwargs() == {
@@ -72,6 +74,19 @@ def test_a_greedy_reply_is_the_likeliest_token_each_time(tiny_model_and_tokenize
     assert reply.new_tokens == len(expected)
     assert reply.text == tokenizer.decode(expected, skip_special_tokens=True)
     assert reply.stopped == ("eos" if expected[-1] in stop_token_ids(model, tokenizer) else "max_new_tokens")
+
+
+def test_min_new_tokens_holds_the_end_back(tiny_model_and_tokenizer):
+    from memfit.train.generation import generate_reply, stop_token_ids
+
+    model, tokenizer = tiny_model_and_tokenizer
+    messages = [{"role": "user", "content": "Hi"}]
+    # A model that always wants to end: every end token is the likeliest next token.
+    with torch.no_grad():
+        model.lm_head.weight[stop_token_ids(model, tokenizer)] += 100.0
+    assert generate_reply(model, tokenizer, messages, Sampling(max_new_tokens=8), torch.device("cpu")).new_tokens == 1
+    held = generate_reply(model, tokenizer, messages, Sampling(max_new_tokens=8, min_new_tokens=5), torch.device("cpu"))
+    assert held.new_tokens == 6 and held.stopped == "eos"  # five tokens, then the end it was held from
 
 
 def test_a_reply_ends_where_the_template_ends_an_assistant_turn(tiny_model_and_tokenizer):

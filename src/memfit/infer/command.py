@@ -24,14 +24,16 @@ Device = Annotated[str, typer.Option("--device", help="auto (a GPU if there is o
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="bf16, fp16 or fp32 for a MODEL (default: its own on a GPU, fp32 on a CPU); a run folder uses its precision.")]
 Revision = Annotated[Optional[str], typer.Option("--revision", help="Branch, tag or commit of a Hub MODEL (default: main).")]
 MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help="The longest reply, in tokens.")]
+MinNewTokens = Annotated[int, typer.Option("--min-new-tokens", help="The shortest reply, in tokens: the model's end tokens are held back until then.")]
 DoSample = Annotated[bool, typer.Option("--do-sample/--greedy", help="Sample the reply (with --temperature and --top-p) instead of taking the likeliest token each time.")]
 Temperature = Annotated[float, typer.Option("--temperature", help="Sampling temperature (with --do-sample).")]
 TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling: the smallest set of tokens holding this much probability (with --do-sample).")]
 Seed = Annotated[int, typer.Option("--seed", help="Random seed of sampling (replies with --do-sample are the same for the same seed).")]
 
 
-def _sampling(max_new_tokens: int, do_sample: bool, temperature: float, top_p: float) -> Sampling:
-    sampling = Sampling(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_p=top_p)
+def _sampling(max_new_tokens: int, min_new_tokens: int, do_sample: bool, temperature: float, top_p: float) -> Sampling:
+    sampling = Sampling(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=do_sample,
+                        temperature=temperature, top_p=top_p)
     problems = sampling.problems()
     if problems:
         raise UserError(listed("sampling options", problems))
@@ -63,6 +65,7 @@ def chat_command(
     dtype: Dtype = None,
     revision: Revision = None,
     max_new_tokens: MaxNewTokens = _DEFAULTS.max_new_tokens,
+    min_new_tokens: MinNewTokens = _DEFAULTS.min_new_tokens,
     do_sample: DoSample = _DEFAULTS.do_sample,
     temperature: Temperature = _DEFAULTS.temperature,
     top_p: TopP = _DEFAULTS.top_p,
@@ -74,7 +77,7 @@ def chat_command(
     (no adapter in the run folder, a base model that is not here, an adapter for another model)."""
     from memfit.infer.chat import run_chat
 
-    sampling = _sampling(max_new_tokens, do_sample, temperature, top_p)
+    sampling = _sampling(max_new_tokens, min_new_tokens, do_sample, temperature, top_p)
     if system is not None and not system.strip():
         raise UserError("--system is empty; write the system prompt, or leave the option out")
     chat_model = _load(source, adapter, device, dtype, revision, seed)
@@ -92,6 +95,7 @@ def generate_command(
     dtype: Dtype = None,
     revision: Revision = None,
     max_new_tokens: MaxNewTokens = _DEFAULTS.max_new_tokens,
+    min_new_tokens: MinNewTokens = _DEFAULTS.min_new_tokens,
     do_sample: DoSample = _DEFAULTS.do_sample,
     temperature: Temperature = _DEFAULTS.temperature,
     top_p: TopP = _DEFAULTS.top_p,
@@ -104,7 +108,7 @@ def generate_command(
 
     from memfit.infer.batch import check_out, generate_file, read_prompts
 
-    sampling = _sampling(max_new_tokens, do_sample, temperature, top_p)
+    sampling = _sampling(max_new_tokens, min_new_tokens, do_sample, temperature, top_p)
     items = read_prompts(prompts)
     check_out(out, overwrite)
     chat_model = _load(source, adapter, device, dtype, revision, seed)

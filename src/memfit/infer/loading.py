@@ -116,8 +116,8 @@ def _load_run(run_dir: Path, device_name: str) -> ChatModel:
     _load_adapter_weights(model, out, build_device)
     if device != build_device:
         model.to(device)
-    base = f"random weights from seed {config.get('seed', 0)}" if init == "random" else str(weights)
-    description = f"{run_dir}: {record['spec'].get('method')} adapter on {config.get('model')} ({base}), on {device}"
+    base = f"{config.get('model')} (random weights from seed {config.get('seed', 0)})" if init == "random" else str(weights)
+    description = f"{run_dir}: {record['spec'].get('method')} adapter on {base}, on {device}"
     return ChatModel(model=model, tokenizer=tokenizer, device=device, description=description)
 
 

@@ -58,9 +58,11 @@ def _shown(value: Any) -> str:
 @dataclass(frozen=True)
 class Sampling:
     """How replies are generated, named as transformers' ``generate`` names them. Greedy unless
-    ``do_sample``; ``temperature`` and ``top_p`` apply only when sampling."""
+    ``do_sample``; ``temperature`` and ``top_p`` apply only when sampling; a reply ends at an end
+    token only once it has ``min_new_tokens`` tokens."""
 
     max_new_tokens: int = 256
+    min_new_tokens: int = 0
     do_sample: bool = False
     temperature: float = 1.0
     top_p: float = 1.0
@@ -70,6 +72,8 @@ class Sampling:
         found = []
         if self.max_new_tokens < 1:
             found.append(f"--max-new-tokens {self.max_new_tokens}: must be 1 or more (e.g. --max-new-tokens 256)")
+        if not 0 <= self.min_new_tokens <= max(self.max_new_tokens, 0):
+            found.append(f"--min-new-tokens {self.min_new_tokens}: must be from 0 to --max-new-tokens ({self.max_new_tokens})")
         if not self.temperature > 0:
             found.append(f"--temperature {self.temperature}: must be more than 0 (e.g. --temperature 0.7)")
         if not 0 < self.top_p <= 1:
@@ -78,6 +82,8 @@ class Sampling:
 
     def generate_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"max_new_tokens": self.max_new_tokens, "do_sample": self.do_sample}
+        if self.min_new_tokens:  # the end tokens are held back until the reply is this long
+            kwargs["min_new_tokens"] = self.min_new_tokens
         if self.do_sample:
             kwargs.update(temperature=self.temperature, top_p=self.top_p)
         else:  # the model's generation_config may ask for sampling: greedy means greedy
