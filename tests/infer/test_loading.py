@@ -156,3 +156,20 @@ def test_sources_that_are_not_models_are_refused(tmp_path):
         load_chat_model(str(base), adapter=str(tmp_path / "empty"))
     with pytest.raises(ChatError, match=r"--dtype 'int8': use one of bf16, fp16, fp32"):
         load_chat_model(str(base), dtype="int8")
+
+
+def test_a_full_fine_tuning_run_is_its_model_folder(tmp_path):
+    from chat_helpers import EVAL_MAX_NEW_TOKENS, train_demo
+
+    from memfit.train.generation import Sampling, generate_reply
+
+    run = train_demo(tmp_path / "full", method="full", max_steps=2, eval_every=0)
+    chat_model = load_chat_model(str(run), device="cpu")
+    assert f"{run} (full fine-tuning, {run / 'model'})" in chat_model.description
+    assert next(chat_model.model.parameters()).dtype == torch.float32  # the run's precision
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in metrics if "generations" in r][-1]
+    for generation in last["generations"]:
+        reply = generate_reply(chat_model.model, chat_model.tokenizer, generation["messages"],
+                               Sampling(max_new_tokens=EVAL_MAX_NEW_TOKENS), chat_model.device)
+        assert reply.text == generation["generation"]
