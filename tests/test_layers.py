@@ -1,6 +1,6 @@
 """The packages stay in layers, with imports pointing one way: down.
 
-cli > train > watch > planner > step > models > (spec, units, files, run_files, options, errors); merge
+cli > infer > train > watch > planner > step > models > (spec, units, files, run_files, options, errors); merge
 stands apart: it uses the bottom layer and the Hub fetching of models. Every import counts: at module level and inside
 functions (memfit imports heavy dependencies lazily, so an upward import hidden in a function is
 as real as one at the top). docs/layout.md explains why the layers are in this order.
@@ -18,7 +18,8 @@ SRC = Path(memfit.__file__).resolve().parent
 #: Layer of each top-level part of the package, highest first. A module may import its own part
 #: and any part of a lower layer; the bottom's modules may import each other.
 LAYERS: dict[str, int] = {
-    "__init__": 8, "__main__": 8, "cli": 8,
+    "__init__": 9, "__main__": 9, "cli": 9,
+    "infer": 8,
     "train": 7,
     "watch": 6,
     "planner": 5,

@@ -49,6 +49,7 @@ from memfit.train.examples import (
     seed_everything,
 )
 from memfit.train.fitting import Target, device_target, fit_configuration, planned_seq_len, recorded_knobs, step_down
+from memfit.train.generation import eval_generations
 from memfit.train.guards import StopOnSignal, handle_oom
 from memfit.train.hub_model import fetch_small_files, fetch_weights
 from memfit.train.loading import load_model, verify_setup
@@ -280,7 +281,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     # 6. The loop, then 7. the outputs: the last checkpoint and the deliverable.
     current = _Current(config=config, step_fn=step_fn, pad_id=pad_id, model_config=model_dict, planned_len=planned_len,
                        longest_len=longest_len,
-                       plan=preflight.plan)
+                       plan=preflight.plan, tokenizer=tokenizer)
     _train_and_save(current, world, result, tokenizer, model=model, optimizer=optimizer, scheduler=scheduler,
                     grad_scaler=grad_scaler, batches=batches, eval_examples=eval_examples, device=device,
                     preflight=preflight, record=record, checkpoint_now=checkpoint_now, console=console,
@@ -331,6 +332,13 @@ class _Current:
     planned_len: int  # the data's longest micro-batch at this configuration's micro-batch size
     longest_len: int  # the data's longest example (the length a search over micro-batch sizes plans)
     plan: Any  # the plan of the configuration in effect (None: not planned)
+    tokenizer: Any = None  # for the replies to eval_prompts
+
+    def write_generations(self, log, model, step: int, device: torch.device) -> None:
+        """The greedy replies to ``eval_prompts`` at ``step``, one ``metrics.jsonl`` record (none without prompts)."""
+        if self.config.eval_prompts:
+            log.write(eval_generations(model, self.tokenizer, self.config.eval_prompts, step=step,
+                                       max_new_tokens=self.config.eval_max_new_tokens, device=device))
 
     @property
     def spec(self):
@@ -425,6 +433,8 @@ def _loop(current: _Current, world, result: TrainResult, stop: StopOnSignal, *, 
                 eval_loss = evaluate(model, eval_examples, spec.batch_size, current.collate, device, current.step_fn.loss)
                 result.eval_losses.append((done, eval_loss))
                 log.write({"step": done, "eval_loss": eval_loss})
+            if config.eval_every and done % config.eval_every == 0 and done != steps:
+                current.write_generations(log, model, done, device)
             bar.update(done, metrics)
             if config.save_every and done % config.save_every == 0 and done != steps:
                 result.checkpoint = checkpoint_now(done, "interval")
@@ -446,17 +456,20 @@ def _loop(current: _Current, world, result: TrainResult, stop: StopOnSignal, *, 
 
 def _final_evaluation(current: _Current, result: TrainResult, model, eval_examples: list, device: torch.device, log,
                       console, stopped_by: str | None) -> None:
-    """Evaluate the trained model at the end of the run, unless ``stopped_by`` a signal during the
-    last step: then the outputs matter more than waiting for the evaluation (say so)."""
-    if not eval_examples:
+    """Evaluate the trained model at the end of the run (the eval loss, the replies to
+    ``eval_prompts``), unless ``stopped_by`` a signal during the last step: then the outputs matter
+    more than waiting for the evaluation (say so)."""
+    if not eval_examples and not current.config.eval_prompts:
         return
     if stopped_by is not None:
         console.print(f"{stopped_by} during the last step: the step is done, so the run completes; "
                       "its final evaluation is skipped", highlight=False)
         return
-    eval_loss = evaluate(model, eval_examples, current.spec.batch_size, current.collate, device, current.step_fn.loss)
-    result.eval_losses.append((result.step, eval_loss))
-    log.write({"step": result.step, "eval_loss": eval_loss})
+    if eval_examples:
+        eval_loss = evaluate(model, eval_examples, current.spec.batch_size, current.collate, device, current.step_fn.loss)
+        result.eval_losses.append((result.step, eval_loss))
+        log.write({"step": result.step, "eval_loss": eval_loss})
+    current.write_generations(log, model, result.step, device)
 
 
 def _step_down(current: _Current, world, model, optimizer, batches, step: int, data_before: dict[str, Any],

@@ -23,7 +23,7 @@ from importlib import resources
 from pathlib import Path
 
 from memfit.train.data.batching import BatchIterator
-from memfit.train.data.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplateError, render_chat
+from memfit.train.data.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplateError, render_chat, render_prompt
 from memfit.train.data.errors import DataError
 from memfit.train.data.formats import FORMATS, detect_format, load_records
 from memfit.train.data.sources import DataSource
@@ -40,6 +40,7 @@ __all__ = [
     "load_records",
     "pack_examples",
     "render_chat",
+    "render_prompt",
     "tiny_tokenizer_path",
     "tokenize_records",
 ]

@@ -76,3 +76,15 @@ def render_chat(
     except Exception as exc:  # jinja2 errors, including raise_exception() calls inside templates
         raise ChatTemplateError(f"the chat template failed: {exc}") from exc
     return full, spans
+
+
+def render_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """``messages`` rendered as at inference: the conversation so far and the assistant's
+    generation prompt, with the template training rendered them with (the tokenizer's own, else
+    :data:`DEFAULT_CHAT_TEMPLATE`). Raises :class:`ChatTemplateError` when the template fails."""
+    try:
+        return _render(tokenizer, messages, add_generation_prompt=True)
+    except ChatTemplateError:
+        raise
+    except Exception as exc:  # jinja2 errors, including raise_exception() calls inside templates
+        raise ChatTemplateError(f"the chat template failed: {exc}") from exc
