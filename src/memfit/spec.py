@@ -88,6 +88,7 @@ class RunSpec(BaseModel):
     padding_free: Literal["auto", "on", "off"] = knob("auto", "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it).")
     max_grad_norm: float | None = knob(1.0, "Clip gradients to this L2 norm (none: no clipping).", example=1.0)
     recipe: Literal["memfit", "hf"] = knob("memfit", "memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison.", planner_only=True)
+    hf_loss: Literal["model", "liger", "chunked-nll"] = knob("model", "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy) or chunked-nll (TRL SFTTrainer's chunked loss).", planner_only=True)
 
     @field_validator("targets", mode="before")
     @classmethod
@@ -130,6 +131,11 @@ class RunSpec(BaseModel):
             )
         if self.step_in_backward and self.recipe == "hf":
             problems.append(f"{name('step_in_backward')}: the hf recipe has no optimizer step in backward. Use {setting('recipe', 'memfit')}.")
+        if self.hf_loss != "model" and self.recipe != "hf":
+            problems.append(
+                f"{name('hf_loss')}: {self.hf_loss} is a loss of the hf recipe (memfit's step always runs its own fused, "
+                f"chunked loss). Use {setting('recipe', 'hf')}, or drop {name('hf_loss')}."
+            )
         if self.shard != "none" and self.gpus < 2:
             problems.append(f"{name('shard')}: {self.shard} needs {setting('gpus', 2)} or more (got {setting('gpus', self.gpus)}).")
         if problems:

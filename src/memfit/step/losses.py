@@ -158,20 +158,52 @@ def backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn
     return backbone, head
 
 
+def liger_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The loss with Liger Kernel's fused linear cross-entropy in place of the model's
+    (:mod:`memfit.step.hf_losses`); a model whose logits are more than ``hidden @ head.T`` (soft-capped,
+    scaled, an adapter on the head) computes its own."""
+    from memfit.step.hf_losses import liger_fused_linear_cross_entropy
+
+    return _head_loss(model, batch, liger_fused_linear_cross_entropy)
+
+
+def chunked_nll_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The loss as TRL's ``SFTTrainer`` computes it with ``loss_type='chunked_nll'``
+    (:mod:`memfit.step.hf_losses`); the model's own where its head is not a plain linear layer."""
+    from memfit.step.hf_losses import trl_chunked_nll
+
+    return _head_loss(model, batch, trl_chunked_nll)
+
+
+def _head_loss(model: torch.nn.Module, batch: Batch, loss: Callable) -> torch.Tensor:
+    parts = backbone_and_head(model)
+    if parts is None:
+        return model_loss(model, batch)
+    backbone, head = parts
+    hidden = backbone(**_model_inputs(batch), use_cache=False).last_hidden_state
+    return loss(hidden, head.weight, batch["labels"])
+
+
+#: The ``hf`` recipe's losses by ``hf_loss``.
+HF_LOSSES: dict[str, LossFn] = {"model": model_loss, "liger": liger_loss, "chunked-nll": chunked_nll_loss}
+
+
 def choose_loss(spec: RunSpec) -> LossFn:
-    """The loss a configuration's step takes: the ``hf`` recipe's model loss (the whole logits,
-    under autocast), or memfit's fused chunked loss (every layout of the batch: padded or one row)."""
+    """The loss a configuration's step takes: the ``hf`` recipe's (``hf_loss``: the model's own over
+    the whole logits, Liger's or TRL's chunked one; under autocast), or memfit's fused chunked loss
+    (every layout of the batch: padded or one row)."""
     if spec.recipe != "hf":
         return causal_lm_loss
     from memfit.models.build import DTYPES
 
     dtype = DTYPES[spec.precision]
-    return model_loss if dtype == torch.float32 else partial(autocast_model_loss, dtype=dtype)
+    loss = HF_LOSSES[spec.hf_loss]
+    return loss if dtype == torch.float32 else partial(autocast_model_loss, dtype=dtype, loss=loss)
 
 
-def autocast_model_loss(model: torch.nn.Module, batch: Batch, *, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`model_loss` with the forward under autocast to ``dtype``, as the Hugging Face
-    ``Trainer`` runs it with ``bf16=True`` / ``fp16=True``: PEFT's QLoRA preparation upcasts norms and
-    embeddings to fp32, and autocast brings the matmuls and attention back to 16 bits."""
+def autocast_model_loss(model: torch.nn.Module, batch: Batch, *, dtype: torch.dtype, loss: LossFn = model_loss) -> torch.Tensor:
+    """``loss`` (:func:`model_loss` unless given) with the forward under autocast to ``dtype``, as the
+    Hugging Face ``Trainer`` runs it with ``bf16=True`` / ``fp16=True``: PEFT's QLoRA preparation
+    upcasts norms and embeddings to fp32, and autocast brings the matmuls and attention back to 16 bits."""
     with torch.autocast(device_type=batch["input_ids"].device.type, dtype=dtype):
-        return model_loss(model, batch)
+        return loss(model, batch)
