@@ -85,7 +85,7 @@ class RunSpec(BaseModel):
     tiling: Literal["auto", "on", "off"] = knob("auto", f"Sequence-tiled MLPs and norms (auto: from {TILING_AUTO_TOKENS:,} tokens a micro-batch).")
     step_in_backward: bool = knob(False, "Full fine-tuning: each parameter's optimizer step runs inside backward.")
     packing: bool = knob(False, "Concatenate examples into rows of exactly seq_len tokens (attention kept inside each example).")
-    padding_free: Literal["auto", "on", "off"] = knob("auto", "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it).")
+    padding_free: Literal["auto", "on", "off"] = knob("auto", "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it; the hf recipe only with on: flash attention's varlen path).")
     max_grad_norm: float | None = knob(1.0, "Clip gradients to this L2 norm (none: no clipping).", example=1.0)
     recipe: Literal["memfit", "hf"] = knob("memfit", "memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison.", planner_only=True)
     hf_loss: Literal["model", "liger", "chunked-nll"] = knob("model", "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy) or chunked-nll (TRL SFTTrainer's chunked loss).", planner_only=True)

@@ -171,7 +171,8 @@ def prepare_like_hf(
     ``prepare_model_for_kbit_training``, which upcasts every parameter that is not 4-bit (embeddings,
     norms, the output head) to fp32 and enables checkpointing with torch's default (reentrant)
     variant; LoRA and full fine-tuning use transformers' own checkpointing (``offload`` is
-    transformers' synchronous ``save_on_cpu`` offload); nothing is tiled.
+    transformers' synchronous ``save_on_cpu`` offload); nothing is tiled. With ``padding_free: on``
+    (flash attention) each example's attention runs on its own tokens, as memfit's does.
     """
     check_targets(model, spec)
     if spec.method == "qlora":
@@ -188,6 +189,8 @@ def prepare_like_hf(
         model.activation_checkpointing_enable(offload=spec.checkpointing == "offload")
     if getattr(model, "config", None) is not None:
         model.config.use_cache = False
+        if batch_layout(spec, model.config) == DOCUMENTS:
+            use_document_attention(model)  # flash attention's varlen path (padding_free: on)
     if spec.uses_adapters:
         model = attach_lora(model, spec)
     else:
