@@ -138,3 +138,9 @@ def test_the_key_list_is_the_schema_s():
     # Every key the map reads is one Axolotl has; quiet keys are the rest of the schema.
     assert KEYMAP.memory_keys <= ALL_KEYS
     assert "wandb_project" in KEYMAP.quiet_keys and "micro_batch_size" not in KEYMAP.quiet_keys
+
+
+def test_qlora_keeps_one_dtype_under_zero3_as_axolotl_does(write_config):
+    assert "kbit_upcast" not in _read(write_config, "adapter: qlora\nload_in_4bit: true\n").knobs  # PEFT's upcast
+    write_config("ds.json", {"zero_optimization": {"stage": 3}})
+    assert _read(write_config, "adapter: qlora\nload_in_4bit: true\ndeepspeed: ds.json\n").knobs["kbit_upcast"] is False

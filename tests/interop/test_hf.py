@@ -57,6 +57,7 @@ def test_qlora_and_peft_s_default_targets(write_config):
     config = _read(write_config, "use_peft: true\nload_in_4bit: true\ndtype: bfloat16\n")
     assert config.knobs["method"] == "qlora" and config.knobs["targets"] == ("q_proj", "v_proj")
     assert any(f.key == "lora_target_modules (not set)" for f in config.approximated)
+    assert config.knobs["kbit_upcast"] is False and any("TRL since 0.26" in f.why for f in config.approximated)
 
 
 def test_a_dpo_config_is_preference_training_not_modelled(write_config):

@@ -46,6 +46,7 @@ def test_a_qlora_config_maps_every_memory_key(write_config):
         "recipe": "hf", "method": "qlora", "rank": 16, "alpha": 32.0, "dropout": 0.1, "targets": ("q_proj", "v_proj"),
         "seq_len": 4096, "batch_size": 2, "grad_accum": 8, "checkpointing": "on", "optimizer": "paged-adamw8bit",
         "precision": "bf16", "max_grad_norm": 1.0, "padding_free": "on", "packing": True, "hf_loss": "liger",
+        "kbit_upcast": False,  # LLaMA-Factory does not run PEFT's prepare_model_for_kbit_training
     }
     assert config.not_modelled == []
 

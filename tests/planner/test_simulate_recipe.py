@@ -27,6 +27,23 @@ def test_hf_qlora_upcasts_every_non_4bit_parameter_to_fp32(tiny_llama):
     assert dtypes[False] == {torch.float32}
 
 
+def test_hf_qlora_without_kbit_preparation_keeps_the_compute_dtype(tiny_llama):
+    spec = make_spec(method="qlora", recipe="hf", kbit_upcast=False)
+    model = prepare_like_hf(build_meta_model(make_config(tiny_llama), DTYPES[spec.precision]), spec)
+    frozen = {p.dtype for p in model.parameters() if type(p).__name__ != "Params4bit" and not p.requires_grad}
+    assert frozen == {torch.bfloat16}  # embeddings, norms and head as loaded (LLaMA-Factory, TRL since 0.26)
+    upcast = simulate(tiny_llama, make_spec(method="qlora", recipe="hf", seq_len=64)).tracker
+    kept = simulate(tiny_llama, make_spec(method="qlora", recipe="hf", seq_len=64, kbit_upcast=False)).tracker
+    assert kept.peak.categories["weights"] < upcast.peak.categories["weights"]
+
+
+def test_kbit_upcast_off_is_the_hf_recipe_s_choice():
+    from memfit.spec import SpecError
+
+    with pytest.raises(SpecError, match="--kbit-upcast: off is a choice of the hf recipe"):
+        make_spec(method="qlora", kbit_upcast=False)
+
+
 def test_hf_recipe_materialises_the_whole_fp32_logits(tiny_llama):
     config = dict(tiny_llama, vocab_size=32768)  # a vocabulary large enough for logits to matter
     tokens = 2048

@@ -209,6 +209,11 @@ RULES: tuple[Rule, ...] = (
     Rule(("adapter", "load_in_4bit", "load_in_8bit", "gptq"), "method", _method, _write_method,
          doc="the method: no adapter is `full`, `lora`, `qlora` (or `lora` with `load_in_4bit`); an 8-bit or GPTQ base is "
              "planned as a 16-bit one and listed"),
+    Rule(("load_in_4bit",), "kbit_upcast",
+         lambda v, ctx: False if ctx.knobs.get("method") == "qlora" and (
+             ctx.knobs.get("shard") in ("fsdp", "fsdp-offload") or (ctx.zero is not None and ctx.zero.stage == 3)) else None,
+         doc="4-bit weights go through PEFT's prepare_model_for_kbit_training (the other parameters upcast to fp32), "
+             "except with FSDP or ZeRO-3, where Axolotl keeps every parameter in one dtype"),
     Rule(("lora_r", "lora_rank"), "rank", lambda v, ctx: value_of(v, "lora_r", as_int, None) or value_of(v, "lora_rank", as_int, None),
          doc="LoRA rank"),
     Rule(("lora_alpha",), "alpha", lambda v, ctx: value_of(v, "lora_alpha", as_float, None), doc="LoRA alpha"),

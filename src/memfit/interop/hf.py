@@ -258,6 +258,12 @@ RULES: tuple[Rule, ...] = (
     Rule(("use_peft", "load_in_4bit", "load_in_8bit"), "method", _method, _write_method,
          doc="the method: `use_peft` is `lora`, with `load_in_4bit` `qlora`, otherwise `full`; an 8-bit base is planned "
              "as a 16-bit one and listed"),
+    Rule(("load_in_4bit",), "kbit_upcast",
+         lambda v, ctx: Planned(False, "TRL since 0.26 keeps the parameters that are not 4-bit in the compute dtype; "
+                                       "earlier versions upcast them to fp32 (pass --kbit-upcast to plan those)",
+                                modelled=True) if ctx.knobs.get("method") == "qlora" else None,
+         doc="QLoRA without PEFT's prepare_model_for_kbit_training, as SFTTrainer runs it since TRL 0.26 (earlier: "
+             "`--kbit-upcast`)"),
     int_rule("lora_r", "rank", 16, doc="LoRA rank (TRL's default 16)"),
     Rule(("lora_alpha",), "alpha", lambda v, ctx: value_of(v, "lora_alpha", as_float, 32.0), doc="LoRA alpha (TRL's default 32)"),
     Rule(("lora_dropout",), "dropout", lambda v, ctx: value_of(v, "lora_dropout", _dropout, 0.05), doc="LoRA dropout (0.05)"),

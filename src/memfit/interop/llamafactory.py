@@ -163,6 +163,10 @@ RULES: tuple[Rule, ...] = (
     Rule(("finetuning_type", "quantization_bit", "quantization_method"), "method", _method, _write_method,
          doc="the method: `finetuning_type` (LLaMA-Factory's default lora; freeze planned as full, oft as lora), "
              "`quantization_bit: 4` with bitsandbytes `qlora`; other bit widths planned as a 16-bit base and listed"),
+    Rule(("quantization_bit",), "kbit_upcast", lambda v, ctx: False if ctx.knobs.get("method") == "qlora" else None,
+         doc="LLaMA-Factory quantizes without PEFT's prepare_model_for_kbit_training: the parameters that are not 4-bit "
+             "stay in the compute dtype"),
+    not_modelled("upcast_layernorm", why="norm weights upcast to fp32 (a few MiB)"),
     int_rule("lora_rank", "rank", 8, doc="LoRA rank (LLaMA-Factory's default 8)"),
     Rule(("lora_alpha",), "alpha", lambda v, ctx: value_of(v, "lora_alpha", as_float, None), doc="LoRA alpha (default 2 x rank)"),
     Rule(("lora_dropout",), "dropout", lambda v, ctx: value_of(v, "lora_dropout", _dropout, None), doc="LoRA dropout"),
