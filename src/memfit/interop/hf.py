@@ -173,7 +173,7 @@ def _precision(values: Mapping[str, Any], ctx: Any) -> Any:
 
 
 def _found(values: Mapping[str, Any], name: str | None, why: str) -> Found:
-    return Found(name or "dtype", values[name] if name else "float32", why)
+    return Found(name or "dtype", values[name] if name else "float32", why, "precision")
 
 
 def _fsdp(values: Mapping[str, Any], ctx: Any) -> Any:

@@ -192,9 +192,10 @@ class Found:
     key: str
     value: Any
     why: str
+    knob: str | None = None  # the knob the finding is about, when a rule setting one found it
 
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "value": _plain(self.value), "why": self.why}
+        return {"key": self.key, "value": _plain(self.value), "why": self.why, "knob": self.knob}
 
 
 def _plain(value: Any) -> Any:

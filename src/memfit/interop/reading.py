@@ -94,11 +94,14 @@ class ToolConfig:
                 knobs["shard"] = self.shard
             elif self.shard != "ddp":
                 dropped.append(Found(source, self.shard, f"{self.shard} shards across GPUs: planned on one GPU without sharding "
-                                                         "(and without offload); pass --gpus N to plan one GPU of N"))
+                                                         "(and without offload); pass --gpus N to plan one GPU of N", "shard"))
         return knobs, dropped
 
-    def to_json(self) -> dict[str, Any]:
-        """What the plan says it read (``details.config`` of a plan's JSON)."""
+    def to_json(self, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """What the plan says it read (``details.config`` of a plan's JSON). ``given``: the knobs the
+        command line set in place of the config's; what was found about those knobs is left out,
+        and they are listed as ``given``."""
+        given = {k: v for k, v in (given or {}).items() if v is not None}
         return {
             "tool": self.tool,
             "title": self.title,
@@ -109,9 +112,10 @@ class ToolConfig:
             "keys": {k: list(v) for k, v in self.sources.items()},
             "shard": self.shard,
             "deepspeed": self.zero.to_json() if self.zero is not None else None,
-            "not_modelled": [f.to_json() for f in self.not_modelled],
-            "approximated": [f.to_json() for f in self.approximated],
+            "not_modelled": [f.to_json() for f in self.not_modelled if f.knob not in given],
+            "approximated": [f.to_json() for f in self.approximated if f.knob not in given],
             "unknown_keys": list(self.unknown_keys),
+            "given": given,
         }
 
 
@@ -214,14 +218,14 @@ def _apply_rules(keymap: KeyMap, ctx: Context) -> list[str]:
         if isinstance(value, Planned):
             named = (value.key,) if value.key else shown
             label = ", ".join(k if k in present else f"{k} (not set)" for k in named)
-            found = Found(label, _shown_value(values, tuple(k for k in named if k in present)), value.why)
+            found = Found(label, _shown_value(values, tuple(k for k in named if k in present)), value.why, rule.knob)
             (ctx.approximated if value.modelled else ctx.not_modelled).append(found)
             value = value.value
         if rule.knob is not None and rule.knob not in KNOBS and rule.knob not in (_MODEL, _REVISION, _SHARD):
             # A knob memfit is to have: until it does, the key is not modelled.
             if rule.matters is not None and rule.matters(values):
                 why = f"{rule.unmodelled} (memfit has no {rule.knob} knob yet)"
-                ctx.not_modelled.append(Found(", ".join(shown), _shown_value(values, shown), why))
+                ctx.not_modelled.append(Found(", ".join(shown), _shown_value(values, shown), why, rule.knob))
             continue
         if rule.knob is None:
             if rule.matters is not None and rule.matters(values):

@@ -518,9 +518,8 @@ def _plan_tool_config(path: str, *, revision: str | None = None, **options: Any)
     knobs, dropped = tool.knobs_for(options)
     deepspeed = tool.zero if tool.zero is not None and knobs.get("shard") == tool.shard else None
     result = plan(tool.model, revision=revision or tool.revision, deepspeed=deepspeed, **plan_options, **knobs)
-    config = tool.to_json()
+    config = tool.to_json(given=options)
     config["not_modelled"] += [f.to_json() for f in dropped]
-    config["given"] = {k: v for k, v in options.items() if v is not None}
     result.details = dict(result.details, config=config)
     return result
 
