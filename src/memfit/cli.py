@@ -40,7 +40,7 @@ DEFAULT_MODEL = "smollm2-135m"
 @cli_errors
 @with_options(knob_options())
 def plan_command(
-    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a Hugging Face Hub id (org/name: config.json only is fetched), a config.json, or a model folder."),
+    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a Hugging Face Hub id (org/name: config.json only is fetched), a config.json, a model folder, or an Axolotl / LLaMA-Factory / TRL config (docs/interop.md)."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit of a Hub id (default: main)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU to check against (see `memfit models`)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget instead of a GPU, e.g. 24GiB."),
@@ -68,13 +68,13 @@ def plan_command(
 
 @app.command("fit")
 @cli_errors
-@with_options(knob_options(("rank", "alpha", "dropout", "targets", "recipe")))
+@with_options(knob_options(("rank", "alpha", "dropout", "targets", "recipe", "hf_loss")))
 def fit_command(
-    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, or a model folder."),
+    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, a model folder, or an Axolotl / LLaMA-Factory / TRL config (its method, batch and length kept)."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit of a Hub id (default: main)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU to fit (see `memfit models`)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget instead of a GPU, e.g. 24GiB."),
-    batch_size: int = typer.Option(8, "--batch-size", "-b", help="Effective batch (sequences per optimizer step) to keep."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Effective batch (sequences per optimizer step) to keep [default: 8; a tool's config: its own]."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", "-s", help="Sequence length to hold fixed (default 2048)."),
     method: Optional[list[str]] = typer.Option(None, "--method", metavar="|".join(choices("method")), help="Only these methods (repeat the option)."),
     precision: Optional[str] = typer.Option(None, "--precision", metavar="|".join(choices("precision")), help="bf16 / fp16: pure 16-bit; bf16-mixed / fp16-mixed: fp32 weights and optimizer states, 16-bit autocast; fp32 (default: bf16 where the GPU has it)."),
@@ -82,7 +82,7 @@ def fit_command(
     shard: Optional[str] = typer.Option(None, "--shard", metavar="|".join(choices("shard")), help="Sharding across GPUs (default with --gpus 2+: searched)."),
     max_target: Optional[Literal["seq-len"]] = typer.Option(None, "--max", help="Show the longest sequence each method fits."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    write: Optional[Path] = typer.Option(None, "--write", help="Write the best configuration as a `memfit train` YAML."),
+    write: Optional[Path] = typer.Option(None, "--write", help="Write the best configuration as a `memfit train` YAML (a tool's config: the same tool's config, only its memory keys changed)."),
     data: Optional[str] = typer.Option(None, "--data", help="Training data for the --write YAML (default: the demo dataset)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Let --write replace an existing file."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Make every plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0)."),
@@ -92,10 +92,16 @@ def fit_command(
 
     Exit code 0: at least one configuration fits; 2: bad input (checked before the search, --write's
     path too); 3: nothing fits."""
+    from memfit.interop import is_tool_config
     from memfit.planner.search import fit
 
+    tool_config = is_tool_config(model)
     if write is not None:
         _check_write_path(write, overwrite)  # before minutes of search, not after
+        if tool_config:
+            from memfit.interop.writing import check_not_the_input
+
+            check_not_the_input(write, model, overwrite)
     if no_cache:
         import os
 
@@ -124,7 +130,14 @@ def fit_command(
         if write is not None:
             err_console.print(f"nothing fits, so nothing was written to {write}", highlight=False)
         raise typer.Exit(code=EXIT_DOES_NOT_FIT)
-    if write is not None:
+    if write is not None and tool_config:
+        from memfit.interop.writing import write_fitted_config
+
+        diff = write_fitted_config(model, result.fits[0].spec, write, overwrite=overwrite)
+        if not as_json:
+            sys.stdout.write(diff or f"# {write}: no memory key changes\n")
+            console.print(f"wrote {write}: {model} with the memory keys of the fastest fit", highlight=False)
+    elif write is not None:
         _write_best(result, model, write, data, overwrite, gpu=gpu, budget=budget, revision=revision)
         if not as_json:
             console.print(f"wrote {write}: train it with [bold]memfit train {write}[/]", highlight=False)

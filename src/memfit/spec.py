@@ -90,9 +90,11 @@ class RunSpec(BaseModel):
     tiling: Literal["auto", "on", "off"] = knob("auto", f"Sequence-tiled MLPs and norms (auto: from {TILING_AUTO_TOKENS:,} tokens a micro-batch).")
     step_in_backward: bool = knob(False, "Full fine-tuning: each parameter's optimizer step runs inside backward.")
     packing: bool = knob(False, "Concatenate examples into rows of exactly seq_len tokens (attention kept inside each example).")
-    padding_free: Literal["auto", "on", "off"] = knob("auto", "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it).")
+    padding_free: Literal["auto", "on", "off"] = knob("auto", "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it; the hf recipe only with on: flash attention's varlen path).")
     max_grad_norm: float | None = knob(1.0, "Clip gradients to this L2 norm (none: no clipping).", example=1.0)
     recipe: Literal["memfit", "hf"] = knob("memfit", "memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison.", planner_only=True)
+    kbit_upcast: bool = knob(True, "The hf recipe's QLoRA through PEFT's prepare_model_for_kbit_training, which upcasts every parameter that is not 4-bit to fp32 (as Axolotl runs it); off: they stay in the compute dtype (LLaMA-Factory, TRL since 0.26).", planner_only=True)
+    hf_loss: Literal["model", "liger", "chunked-nll"] = knob("model", "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy) or chunked-nll (TRL SFTTrainer's chunked loss).", planner_only=True)
 
     @field_validator("targets", mode="before")
     @classmethod
@@ -142,6 +144,16 @@ class RunSpec(BaseModel):
             )
         if self.step_in_backward and self.recipe == "hf":
             problems.append(f"{name('step_in_backward')}: the hf recipe has no optimizer step in backward. Use {setting('recipe', 'memfit')}.")
+        if not self.kbit_upcast and self.recipe != "hf":
+            problems.append(
+                f"{name('kbit_upcast')}: off is a choice of the hf recipe's QLoRA (memfit's step never upcasts the base). "
+                f"Use {setting('recipe', 'hf')}, or drop it."
+            )
+        if self.hf_loss != "model" and self.recipe != "hf":
+            problems.append(
+                f"{name('hf_loss')}: {self.hf_loss} is a loss of the hf recipe (memfit's step always runs its own fused, "
+                f"chunked loss). Use {setting('recipe', 'hf')}, or drop {name('hf_loss')}."
+            )
         if self.shard != "none" and self.gpus < 2:
             problems.append(f"{name('shard')}: {self.shard} needs {setting('gpus', 2)} or more (got {setting('gpus', self.gpus)}).")
         if problems:

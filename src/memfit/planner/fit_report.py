@@ -10,6 +10,11 @@ def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
     from rich.table import Table
 
     gpu = result.gpu
+    config = getattr(result, "config", None)
+    if config:
+        from memfit.interop.summary import headline
+
+        console.print(headline(config), highlight=False, markup=False, soft_wrap=True)
     title = f"[bold]{result.model}[/] on {gpu['name']} ({format_bytes(gpu['memory_bytes'])})"
     multi = getattr(result, "max_gpus", 1) > 1
     if multi:
@@ -63,6 +68,11 @@ def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
     console.print(longest)
     for note in getattr(result, "notes", []):
         console.print(f"[yellow]note:[/] {note}", highlight=False)
+    if config:
+        from memfit.interop.summary import detail_lines
+
+        for line in detail_lines(config):
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
     console.print(
         f"[dim]{result.plans_made} plans in {result.seconds:.1f} s. Speed is an estimate from FLOPs per token, "
         "recomputation, offload and dequantization costs (memfit.planner.throughput), relative to the fastest fit.[/]"

@@ -77,6 +77,10 @@ class MemoryPlan:
         d = self.details
         if d.get("per_rank"):
             title += f" · [bold]per GPU[/], {spec['gpus']} GPUs, shard {d['shard']}"
+        if d.get("config"):
+            from memfit.interop.summary import headline
+
+            console.print(headline(d["config"]), highlight=False, markup=False, soft_wrap=True)
         # What the precision means (pure or mixed, which format holds what), on a line of its own.
         title += "\n" + precision_regime(spec["method"], spec["precision"], spec.get("recipe", "memfit"))
         table = Table(title=title, title_justify="left", show_footer=True)
@@ -133,6 +137,11 @@ class MemoryPlan:
                 console.print(f"[red]does not fit[/] {name} ({cap}): {format_bytes(-self.headroom_bytes)} over. Try {tips}.")
         for note in d.get("notes", []):
             console.print(f"[dim]note: {note}[/]")
+        if d.get("config"):
+            from memfit.interop.summary import detail_lines
+
+            for line in detail_lines(d["config"]):
+                console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def step_features(spec: dict[str, Any], details: dict[str, Any] | None = None) -> list[str]:
