@@ -185,3 +185,9 @@ def test_qlora_norms_embeddings_and_head_end_in_the_training_dtype(write_config)
     write_config("ds.json", {"zero_optimization": {"stage": 3}})
     zero3 = _read(write_config, "adapter: qlora\nload_in_4bit: true\ndeepspeed: ds.json\n")
     assert zero3.knobs["kbit_upcast"] is False and not any(f.knob == "kbit_upcast" for f in zero3.approximated)
+
+
+def test_a_bad_attention_flag_is_one_problem(write_config):
+    with pytest.raises(ToolConfigError) as err:
+        _read(write_config, "flash_attention: maybe\n")
+    assert [p.split(":")[0] for p in err.value.problems] == ["flash_attention"]

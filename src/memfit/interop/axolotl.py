@@ -177,8 +177,11 @@ def _casts_back(raw: Mapping[str, Any]) -> bool:
     to fp32 after loading, back to the training dtype (``loaders/model.py``,
     ``_configure_embedding_dtypes``: for an attention implementation other than sdpa or eager, or
     for Cut Cross-Entropy)."""
-    name = _attention_name({k: raw.get(k, ABSENT) for k in _ATTENTION_KEYS})
-    return (name is not None and name not in ("sdpa", "eager")) or truthy(raw.get("cut_cross_entropy", False))
+    try:
+        name = _attention_name({k: raw.get(k, ABSENT) for k in _ATTENTION_KEYS})
+    except ValueError:
+        return True  # a bad attention flag: its own rule says so, and nothing is listed here
+    return (name is not None and name.lower() not in ("sdpa", "eager")) or truthy(raw.get("cut_cross_entropy", False))
 
 
 #: Axolotl's attention keys: ``attn_implementation``, its older flags, and what runs beside them.

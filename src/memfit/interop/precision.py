@@ -79,7 +79,7 @@ def trainer_precision(method: str, weights: str, half: str | None, ctx: Any, *, 
     if weights == "fp32" and half is not None:
         return Planned("fp32", f"{half} autocast on a LoRA base kept in fp32 ({where}): memfit's precisions keep a "
                                "frozen base in 16 bits under autocast; planned as fp32 without autocast (the same fp32 "
-                               "base and adapters; activations at twice their 16-bit size)")
+                               "base and adapters; activations at twice their 16-bit size; a base loaded in bf16 is planned as it runs)")
     return weights
 
 
