@@ -93,7 +93,7 @@ class RunSpec(BaseModel):
     padding_free: Literal["auto", "on", "off"] = knob("auto", "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it; the hf recipe only with on: flash attention's varlen path).")
     max_grad_norm: float | None = knob(1.0, "Clip gradients to this L2 norm (none: no clipping).", example=1.0)
     recipe: Literal["memfit", "hf"] = knob("memfit", "memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison.", planner_only=True)
-    kbit_upcast: bool = knob(True, "The hf recipe's QLoRA through PEFT's prepare_model_for_kbit_training, which upcasts every parameter that is not 4-bit to fp32 (as Axolotl runs it); off: they stay in the compute dtype (LLaMA-Factory, TRL since 0.26).", planner_only=True)
+    kbit_upcast: bool = knob(True, "The hf recipe's QLoRA through PEFT's prepare_model_for_kbit_training, which upcasts every parameter that is not 4-bit to fp32 (as TRL before 0.26 ran it); off: they stay in the compute dtype (LLaMA-Factory, TRL since 0.26, and Axolotl, which casts them back after PEFT's upcast).", planner_only=True)
     hf_loss: Literal["model", "liger", "chunked-nll"] = knob("model", "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy) or chunked-nll (TRL SFTTrainer's chunked loss).", planner_only=True)
 
     @field_validator("targets", mode="before")

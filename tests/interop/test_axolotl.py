@@ -21,7 +21,8 @@ def test_axolotl_defaults_are_planned_when_keys_are_absent(write_config):
         "recipe": "hf", "method": "full", "seq_len": 512, "batch_size": 1, "grad_accum": 1, "checkpointing": "off",
         "optimizer": "adamw", "precision": "bf16", "max_grad_norm": 1.0,
     }
-    assert config.not_modelled == [] and config.unknown_keys == []
+    # No attention named: transformers' sdpa, under which Axolotl keeps the embeddings, head and norms in fp32.
+    assert [f.key for f in config.not_modelled] == ["attn_implementation (not set)"] and config.unknown_keys == []
 
 
 def test_a_qlora_config_maps_every_memory_key(write_config):
@@ -49,7 +50,7 @@ def test_a_qlora_config_maps_every_memory_key(write_config):
         "recipe": "hf", "method": "qlora", "rank": 32, "alpha": 16.0, "dropout": 0.05,
         "targets": ("gate_proj", "down_proj", "up_proj", "q_proj", "v_proj", "k_proj", "o_proj"), "seq_len": 4096,
         "batch_size": 2, "grad_accum": 4, "checkpointing": "on", "optimizer": "paged-adamw8bit", "precision": "bf16",
-        "max_grad_norm": 0.5, "padding_free": "on", "packing": True,
+        "max_grad_norm": 0.5, "padding_free": "on", "packing": True, "kbit_upcast": False,
     }
     assert config.sources["method"] == ("adapter", "load_in_4bit")
     assert config.not_modelled == []
@@ -65,6 +66,10 @@ def test_a_qlora_config_maps_every_memory_key(write_config):
         ("activation_offloading: true\ngradient_checkpointing: true\n", "checkpointing", "offload"),
         ("bf16: false\nfp16: false\n", "precision", "fp32"),
         ("bfloat16: true\nbf16: false\n", "precision", "bf16"),
+        ("bf16: full\nflash_attention: true\n", "precision", "bf16"),
+        ("adapter: lora\nfp16: true\n", "precision", "fp16"),  # bf16: auto gives way to fp16
+        ("adapter: lora\nbf16: false\nfp16: false\n", "precision", "fp32"),
+        ("attn_implementation: flash_attention_2\n", "precision", "bf16"),
         ("flash_attention: true\n", "padding_free", "on"),
         ("batch_flattening: true\n", "padding_free", "on"),
         ("max_grad_norm: 0\n", "max_grad_norm", None),
@@ -130,8 +135,40 @@ def test_full_fine_tuning_with_deepspeed_bf16_is_mixed_precision(write_config):
     write_config("ds.json", {"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 3}})
     config = _read(write_config, "deepspeed: ds.json\nbf16: true\n")
     assert config.zero.bf16 is True  # "auto" filled from bf16: true, as the Trainer fills it
-    assert config.knobs["precision"] == "fp32"
-    assert any("fp32 master weights" in f.why for f in config.not_modelled)
+    # DeepSpeed casts every parameter to bf16 and keeps fp32 master weights: nothing stays in fp32 beside them.
+    assert config.knobs["precision"] == "bf16-mixed" and config.not_modelled == []
+
+
+def test_full_fine_tuning_under_fsdp_is_mixed_precision(write_config):
+    # accelerate upcasts the trained parameters to fp32 when FSDP runs under bf16.
+    config = _read(write_config, "fsdp_version: 2\nfsdp_config:\n  reshard_after_forward: true\nbf16: true\n")
+    assert config.knobs["precision"] == "bf16-mixed" and config.not_modelled == []
+    lora = _read(write_config, "adapter: lora\nfsdp: [full_shard, auto_wrap]\nbf16: true\n")
+    assert lora.shard == "fsdp" and lora.knobs["precision"] == "bf16"  # a frozen base is not upcast
+
+
+@pytest.mark.parametrize("attention, listed", [
+    ("attn_implementation: sdpa\n", "attn_implementation"),
+    ("sdp_attention: true\n", "sdp_attention"),
+    ("attn_implementation: flash_attention_2\n", None),
+    ("flex_attention: true\n", None),
+    ("cut_cross_entropy: true\n", None),
+])
+def test_full_fine_tuning_keeps_embeddings_head_and_norms_in_fp32_under_sdpa(write_config, attention, listed):
+    config = _read(write_config, attention)
+    assert config.knobs["precision"] == "bf16"
+    found = [f for f in config.not_modelled if f.knob == "precision"]
+    if listed is None:
+        assert found == []
+    else:
+        assert [f.key for f in found] == [listed] and "embeddings, the output head and the norms in fp32" in found[0].why
+
+
+def test_float32_is_listed_for_qlora_under_fsdp_only(write_config):
+    fsdp = "fsdp: [full_shard, auto_wrap]\n"
+    config = _read(write_config, "adapter: qlora\nload_in_4bit: true\nfloat32: true\n" + fsdp)
+    assert [f.key for f in config.not_modelled] == ["float32"] and config.knobs["precision"] == "bf16"
+    assert _read(write_config, "adapter: qlora\nload_in_4bit: true\nfloat32: true\n").not_modelled == []
 
 
 def test_the_key_list_is_the_schema_s():
@@ -140,7 +177,17 @@ def test_the_key_list_is_the_schema_s():
     assert "wandb_project" in KEYMAP.quiet_keys and "micro_batch_size" not in KEYMAP.quiet_keys
 
 
-def test_qlora_keeps_one_dtype_under_zero3_as_axolotl_does(write_config):
-    assert "kbit_upcast" not in _read(write_config, "adapter: qlora\nload_in_4bit: true\n").knobs  # PEFT's upcast
+def test_qlora_norms_embeddings_and_head_end_in_the_training_dtype(write_config):
+    # PEFT's preparation upcasts them, then Axolotl casts them back; under ZeRO-3 it skips both.
+    config = _read(write_config, "adapter: qlora\nload_in_4bit: true\n")
+    assert config.knobs["kbit_upcast"] is False
+    assert any("casts the norms, the embeddings and the output head back" in f.why for f in config.approximated)
     write_config("ds.json", {"zero_optimization": {"stage": 3}})
-    assert _read(write_config, "adapter: qlora\nload_in_4bit: true\ndeepspeed: ds.json\n").knobs["kbit_upcast"] is False
+    zero3 = _read(write_config, "adapter: qlora\nload_in_4bit: true\ndeepspeed: ds.json\n")
+    assert zero3.knobs["kbit_upcast"] is False and not any(f.knob == "kbit_upcast" for f in zero3.approximated)
+
+
+def test_a_bad_attention_flag_is_one_problem(write_config):
+    with pytest.raises(ToolConfigError) as err:
+        _read(write_config, "flash_attention: maybe\n")
+    assert [p.split(":")[0] for p in err.value.problems] == ["flash_attention"]

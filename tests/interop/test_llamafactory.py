@@ -56,8 +56,6 @@ def test_a_qlora_config_maps_every_memory_key(write_config):
     [
         ("disable_gradient_checkpointing: true\n", "checkpointing", "off"),
         ("use_unsloth_gc: true\n", "checkpointing", "offload"),
-        ("finetuning_type: full\npure_bf16: true\n", "precision", "bf16"),
-        ("finetuning_type: full\n", "precision", "fp32"),
         ("lora_target: all\n", "targets", ("all-linear",)),
         ("flash_attn: sdpa\n", "padding_free", "auto"),
         ("packing: true\n", "packing", True),
@@ -67,11 +65,39 @@ def test_each_memory_key(write_config, text, knob, value):
     assert getattr(make_spec(**_read(write_config, text).knobs), knob) == value
 
 
-def test_bf16_full_fine_tuning_is_mixed_precision_and_listed(write_config):
-    config = _read(write_config, "finetuning_type: full\nbf16: true\n")
-    assert config.knobs["precision"] == "fp32"
-    (found,) = config.not_modelled
-    assert found.key == "bf16" and "keeps the trained parameters in fp32" in found.why and "bf16-mixed" in found.why
+@pytest.mark.parametrize(
+    "text, precision",
+    [
+        ("finetuning_type: full\nbf16: true\n", "bf16-mixed"),  # the trained parameters cast to fp32, bf16 autocast
+        ("finetuning_type: full\nfp16: true\n", "fp16-mixed"),
+        ("finetuning_type: full\n", "fp32"),  # cast to fp32, no autocast
+        ("finetuning_type: full\npure_bf16: true\n", "bf16"),
+        ("finetuning_type: full\npure_bf16: true\nbf16: true\n", "bf16"),
+        ("bf16: true\n", "bf16"),  # LoRA: a 16-bit base, fp32 adapters
+        ("fp16: true\n", "fp16"),
+        ("quantization_bit: 4\nbf16: true\n", "bf16"),
+    ],
+)
+def test_precision_is_what_llama_factory_stores(write_config, text, precision):
+    config = _read(write_config, text)
+    assert config.knobs["precision"] == precision and config.not_modelled == []
+
+
+def test_deepspeed_keeps_fp32_master_weights_of_a_full_fine_tuning(write_config):
+    write_config("z2.json", {"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 2}})
+    write_config("z3.json", {"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 3}})
+    # ZeRO-3: LLaMA-Factory leaves the parameters in bf16 and DeepSpeed keeps the fp32 master copy.
+    assert _read(write_config, "finetuning_type: full\nbf16: true\ndeepspeed: z3.json\n").knobs["precision"] == "bf16-mixed"
+    # pure_bf16 under ZeRO-2: DeepSpeed's fp32 partitions are master weights all the same.
+    assert _read(write_config, "finetuning_type: full\npure_bf16: true\ndeepspeed: z2.json\n").knobs["precision"] == "bf16-mixed"
+    with pytest.raises(ToolConfigError, match="pure_bf16: true cannot be used with DeepSpeed ZeRO-3"):
+        _read(write_config, "finetuning_type: full\npure_bf16: true\ndeepspeed: z3.json\n")
+
+
+def test_pure_bf16_lora_adapters_are_listed(write_config):
+    config = _read(write_config, "pure_bf16: true\n")
+    assert config.knobs["precision"] == "bf16"
+    assert any(f.key == "pure_bf16" and "adapters stay in bf16" in f.why for f in config.approximated)
 
 
 def test_what_is_not_modelled_is_listed(write_config):

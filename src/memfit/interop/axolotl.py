@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from memfit.interop.common import int_rule, model_rule, revision_rule, targets_rule
 from memfit.interop.keys import (
     ABSENT,
+    Found,
     KeyMap,
     KeyProblem,
     Planned,
@@ -30,9 +31,8 @@ from memfit.interop.trainer import (
     deepspeed_rule,
     fsdp_shard,
     optimizer_rule,
-    precision_planned,
-    settle_zero_precision,
 )
+from memfit.interop.precision import HALVES, settle_zero_precision, trainer_precision, uses_fsdp
 
 _ADAPTERS = {
     "lora": "lora",
@@ -113,43 +113,99 @@ def _write_checkpointing(value: str, values: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
-def _precision(values: Mapping[str, Any], ctx: Any) -> Any:
-    method = ctx.knobs.get("method", "full")
-    flag = lambda name, default=False: value_of(values, name, _bool_or_auto, default)  # noqa: E731
-    if flag("float32"):
-        half = None
-    elif flag("bfloat16") or flag("bf16", "auto"):
-        half = "bf16"
-    elif flag("fp16") or flag("float16"):
-        half = "fp16"
-    else:
-        half = None
-    settle_zero_precision(ctx, half)
-    if half is None:
-        if method == "qlora":
-            return Planned("bf16", "4-bit layers computing in fp32 (no bf16 or fp16): planned computing in bf16")
-        return "fp32"
-    zero = ctx.zero
-    if zero is not None and method == "full" and (zero.bf16 or zero.fp16):
-        return precision_planned(f"{half}-mixed", method, f"DeepSpeed's {half} ({zero.path}) keeps fp32 master weights and "
-                                                           "optimizer states of what trains")
-    return half
+def _kbit_upcast(values: Mapping[str, Any], ctx: Any) -> Any:
+    if ctx.knobs.get("method") != "qlora":
+        return None
+    if uses_fsdp(ctx) or (ctx.zero is not None and ctx.zero.stage == 3):
+        return False  # Axolotl skips PEFT's preparation: every parameter stays in one dtype
+    return Planned(False, "Axolotl runs PEFT's prepare_model_for_kbit_training, which upcasts the parameters that are not "
+                          "4-bit to fp32, then casts the norms, the embeddings and the output head back to the training "
+                          "dtype: planned with them in the compute dtype", modelled=True)
 
 
-def _bool_or_auto(value: Any) -> bool:
+def _bf16_setting(value: Any) -> Any:
+    """Axolotl's ``bf16``: true, false, ``auto`` (bf16 where the GPU has it) or ``full``."""
     if isinstance(value, str) and value.strip().lower() in ("auto", "full"):
-        return True  # auto: bf16 where the GPU has it (memfit's plan says where it does not); full: bf16 evaluation too
+        return value.strip().lower()
     return as_bool(value)
 
 
-def _attention(values: Mapping[str, Any], ctx: Any) -> Any:
+def _dtypes(values: Mapping[str, Any], ctx: Any) -> tuple[str, str | None]:
+    """The dtype Axolotl loads the model in (its ``torch_dtype``) and the Trainer's autocast (bf16,
+    fp16 or None), as ``utils/config``'s ``resolve_dtype`` and the trainer builder's
+    ``_configure_precision_settings`` decide them. ``bf16: auto`` is bf16 unless ``fp16`` (memfit
+    plans a GPU that has bf16; the plan says where it does not); ``bf16: full`` loads bf16 and
+    trains without autocast (the Trainer's ``bf16_full_eval`` alone)."""
+    fp16 = value_of(values, "fp16", as_bool, False)
+    bf16 = value_of(values, "bf16", _bf16_setting, "auto")
+    if bf16 == "auto":
+        bf16 = not fp16
+    bfloat16 = value_of(values, "bfloat16", as_bool, False)
+    float16 = value_of(values, "float16", as_bool, False)
+    if bf16 or bfloat16:
+        loaded = "bf16"
+    elif fp16 or float16 or truthy(ctx.raw.get("load_in_8bit", False)):
+        loaded = "fp16"
+    else:
+        loaded = "fp32"
+    if bf16 == "full":
+        return loaded, None
+    return loaded, "bf16" if bf16 or bfloat16 else "fp16" if fp16 else None
+
+
+def _precision(values: Mapping[str, Any], ctx: Any) -> Any:
+    method = ctx.knobs.get("method", "full")
+    loaded, half = _dtypes(values, ctx)
+    settle_zero_precision(ctx, half)
+    fsdp = uses_fsdp(ctx)
+    if method == "qlora" and fsdp and value_of(values, "float32", as_bool, False):
+        ctx.not_modelled.append(Found("float32", values["float32"], "under FSDP Axolotl loads QLoRA's parameters that are not "
+                                                                    "4-bit in fp32: planned in the compute dtype", "precision"))
+    value = trainer_precision(method, loaded, half, ctx, where="Axolotl's torch_dtype, float32")
+    if method == "full" and value in HALVES and not fsdp and not _casts_back(ctx.raw):
+        key = next((k for k in _ATTENTION_KEYS[:-2] if ctx.raw.get(k) not in (None, False)), None)
+        ctx.not_modelled.append(Found(key or "attn_implementation (not set)", ctx.raw.get(key) if key else None,
+                                      f"a full fine-tuning under sdpa or eager attention: Axolotl keeps the embeddings, "
+                                      f"the output head and the norms in fp32 (with fp32 gradients and AdamW states; it "
+                                      f"casts them back for other attention implementations, or Cut Cross-Entropy): "
+                                      f"planned all in {value}", "precision"))
+    return value
+
+
+def _casts_back(raw: Mapping[str, Any]) -> bool:
+    """Whether Axolotl casts the embeddings, head and norms of a full fine-tuning, which it upcast
+    to fp32 after loading, back to the training dtype (``loaders/model.py``,
+    ``_configure_embedding_dtypes``: for an attention implementation other than sdpa or eager, or
+    for Cut Cross-Entropy)."""
+    try:
+        name = _attention_name({k: raw.get(k, ABSENT) for k in _ATTENTION_KEYS})
+    except ValueError:
+        return True  # a bad attention flag: its own rule says so, and nothing is listed here
+    return (name is not None and name.lower() not in ("sdpa", "eager")) or truthy(raw.get("cut_cross_entropy", False))
+
+
+#: Axolotl's attention keys: ``attn_implementation``, its older flags, and what runs beside them.
+_ATTENTION_KEYS = ("attn_implementation", "flash_attention", "sdp_attention", "xformers_attention", "eager_attention",
+                   "flex_attention", "sage_attention", "s2_attention", "batch_flattening")
+
+#: Axolotl's older attention flags, in the order it reads them (``LEGACY_ATTN_FLAG_TO_IMPL``).
+_ATTENTION_FLAGS = (("xformers_attention", "xformers"), ("sage_attention", "sage"), ("flex_attention", "flex_attention"),
+                    ("flash_attention", "flash_attention_2"), ("sdp_attention", "sdpa"), ("eager_attention", "eager"))
+
+
+def _attention_name(values: Mapping[str, Any]) -> str | None:
+    """The attention implementation a config names: ``attn_implementation``, or its first older
+    flag set; None where it names none."""
     name = values["attn_implementation"]
     if name is not ABSENT and name is not None:
+        return str(name).strip()
+    return next((impl for key, impl in _ATTENTION_FLAGS if value_of(values, key, as_bool, False)), None)
+
+
+def _attention(values: Mapping[str, Any], ctx: Any) -> Any:
+    name = _attention_name(values)
+    if name is not None:
         return attention(name)
-    for key, impl in (("xformers_attention", "xformers"), ("sage_attention", "sage"), ("flex_attention", "flex_attention"),
-                      ("flash_attention", "flash_attention_2"), ("sdp_attention", "sdpa"), ("eager_attention", "eager")):
-        if value_of(values, key, as_bool, False):
-            return attention(impl)
     if value_of(values, "s2_attention", as_bool, False):
         return Planned("on", "shifted sparse attention (LongLoRA): planned as flash attention over the whole sequence", modelled=True)
     if values["batch_flattening"] is not ABSENT and truthy(values["batch_flattening"]):
@@ -209,11 +265,10 @@ RULES: tuple[Rule, ...] = (
     Rule(("adapter", "load_in_4bit", "load_in_8bit", "gptq"), "method", _method, _write_method,
          doc="the method: no adapter is `full`, `lora`, `qlora` (or `lora` with `load_in_4bit`); an 8-bit or GPTQ base is "
              "planned as a 16-bit one and listed"),
-    Rule(("load_in_4bit",), "kbit_upcast",
-         lambda v, ctx: False if ctx.knobs.get("method") == "qlora" and (
-             ctx.knobs.get("shard") in ("fsdp", "fsdp-offload") or (ctx.zero is not None and ctx.zero.stage == 3)) else None,
-         doc="4-bit weights go through PEFT's prepare_model_for_kbit_training (the other parameters upcast to fp32), "
-             "except with FSDP or ZeRO-3, where Axolotl keeps every parameter in one dtype"),
+    Rule(("load_in_4bit",), "kbit_upcast", _kbit_upcast,
+         doc="4-bit weights go through PEFT's prepare_model_for_kbit_training (not with FSDP or ZeRO-3), which upcasts the "
+             "parameters that are not 4-bit to fp32; Axolotl then casts the norms, the embeddings and the output head back "
+             "to the training dtype (`loaders/model.py`): planned as `kbit_upcast: false`"),
     Rule(("lora_r", "lora_rank"), "rank", lambda v, ctx: value_of(v, "lora_r", as_int, None) or value_of(v, "lora_rank", as_int, None),
          doc="LoRA rank"),
     Rule(("lora_alpha",), "alpha", lambda v, ctx: value_of(v, "lora_alpha", as_float, None), doc="LoRA alpha"),
@@ -252,12 +307,14 @@ RULES: tuple[Rule, ...] = (
         "q_galore_adamw8bit": Planned("adamw8bit", "Q-GaLore (low-rank projected 8-bit states): planned as 8-bit AdamW"),
     }),
     Rule(("bf16", "fp16", "bfloat16", "float16", "float32"), "precision", _precision,
-         doc="bf16 (`true`, `auto`, `full`, and `bfloat16`), fp16, otherwise fp32: the dtype Axolotl loads and trains the "
-             "model in; with DeepSpeed's bf16 a full fine-tuning keeps fp32 master weights (mixed precision); `tf32` does "
-             "not change memory"),
+         doc="the dtype Axolotl loads the model in: bf16 (`bf16: true`, `auto` (unless `fp16`), `full`, or `bfloat16`), "
+             "fp16, otherwise fp32; the Trainer's autocast on it (`bf16: full` without). A full fine-tuning trains that "
+             "dtype: `bf16` is pure bf16 (weights, gradients and AdamW states; the embeddings, head and norms Axolotl "
+             "keeps in fp32 under sdpa or eager attention are listed), `bf16-mixed` under DeepSpeed (fp32 master "
+             "weights) and FSDP (which upcasts trained parameters to fp32); LoRA and QLoRA a base in that dtype with "
+             "fp32 adapters; `float32` matters only to QLoRA under FSDP (listed); `tf32` does not change memory"),
     Rule(("max_grad_norm",), "max_grad_norm", _max_grad_norm, doc="gradient clipping (0 or null: none)"),
-    Rule(("attn_implementation", "flash_attention", "sdp_attention", "xformers_attention", "eager_attention", "flex_attention",
-          "sage_attention", "s2_attention", "batch_flattening"), "padding_free", _attention,
+    Rule(_ATTENTION_KEYS, "padding_free", _attention,
          doc="attention: flash attention (and xformers, sage, flex; `batch_flattening`) as `padding_free: on` (each "
              "example's attention on its own tokens, no [seq x seq] mask); sdpa as padded batches; eager listed"),
     Rule(("sample_packing",), "packing", lambda v, ctx: value_of(v, "sample_packing", as_bool, None),

@@ -35,9 +35,8 @@ from memfit.interop.trainer import (
     fsdp_shard,
     liger_loss,
     optimizer_rule,
-    precision_planned,
-    settle_zero_precision,
 )
+from memfit.interop.precision import settle_zero_precision, trainer_precision, zero_half
 
 #: TRL's own keys (ModelConfig, SFTConfig, DPOConfig, ScriptArguments; with names of TRL 0.x).
 TRL_KEYS = frozenset("""
@@ -141,39 +140,91 @@ def _write_checkpointing(value: str, values: Mapping[str, Any]) -> dict[str, Any
 
 
 _DTYPES = one_of({"float32": "fp32", "fp32": "fp32", "float": "fp32", "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16",
-                  "fp16": "fp16", "half": "fp16", "auto": "auto", "null": "fp32"}, "a dtype (bfloat16, float16, float32, auto)")
+                  "fp16": "fp16", "half": "fp16", "auto": "auto", "null": "auto"}, "a dtype (bfloat16, float16, float32, auto)")
+
+#: The keys that say how the model is loaded and trained: the Trainer's bf16 / fp16, TRL's dtype.
+_PRECISION_KEYS = ("bf16", "fp16", "dtype", "torch_dtype", "model_init_kwargs")
+
+
+def _half(values: Mapping[str, Any], ctx: Any) -> str | None:
+    """The Trainer's autocast: ``bf16`` / ``fp16`` (TRL: bf16 unless fp16; the Trainer: off)."""
+    fp16 = value_of(values, "fp16", as_bool, False)
+    bf16 = value_of(values, "bf16", as_bool, None)
+    if bf16 is None:
+        bf16 = _is_trl(ctx) and not fp16
+    return "bf16" if bf16 else "fp16" if fp16 else None
+
+
+def _loaded(values: Mapping[str, Any], ctx: Any) -> tuple[str, str, Found | None]:
+    """The dtype the model is loaded in, where that comes from (for the reasons given), and what to
+    say when it is planned approximately. TRL loads in float32 unless ``dtype`` (or
+    ``model_init_kwargs``' dtype) says otherwise; a script of the Trainer's arguments alone (such as
+    transformers' run_clm.py) passes its ``dtype`` to ``from_pretrained``, which since transformers
+    5 loads the checkpoint's dtype when none is given."""
+    init = values["model_init_kwargs"] if isinstance(values["model_init_kwargs"], Mapping) else {}
+    inner = next((n for n in ("dtype", "torch_dtype") if n in init), None)
+    name = next((n for n in ("dtype", "torch_dtype") if values[n] is not ABSENT), None)
+    if name is not None:
+        loaded, key, value = value_of(values, name, _DTYPES), name, values[name]
+    elif inner is not None:
+        try:
+            loaded = _DTYPES(init[inner])
+        except ValueError as err:
+            raise KeyProblem("model_init_kwargs", f"{inner}: {err}") from None
+        key, value = "model_init_kwargs", {inner: init[inner]}
+    elif _is_trl(ctx):
+        return "fp32", "TRL's default dtype, float32", None
+    else:
+        return "bf16", "the checkpoint's dtype", Found(
+            "dtype (not set)", None, "no dtype: the script's from_pretrained loads the checkpoint's dtype (transformers 5; "
+            "transformers 4 loaded float32): planned as bf16, the dtype of most checkpoints on the Hub", "precision")
+    where = f"{key}: {value}"
+    if loaded != "auto":
+        return loaded, where, None
+    return "bf16", where, Found(key, value, f"{where} loads the checkpoint's dtype: planned as bf16, the dtype of most "
+                                            "checkpoints on the Hub", "precision")
+
+
+def _kbit_upcast(values: Mapping[str, Any], ctx: Any) -> Any:
+    if ctx.knobs.get("method") != "qlora":
+        return None
+    precision = {k: ctx.raw.get(k, ABSENT) for k in _PRECISION_KEYS}
+    try:
+        settle_zero_precision(ctx, _half(precision, ctx))
+        loaded = _loaded(precision, ctx)[0]
+    except ValueError:
+        return None  # the precision rule names the bad value
+    if zero_half(ctx) is not None:
+        return False  # DeepSpeed casts the parameters that are not 4-bit to its 16-bit format
+    if loaded == "fp32":
+        return Planned(True, "TRL loads the parameters that are not 4-bit in float32 (its dtype): planned as PEFT's "
+                             "prepare_model_for_kbit_training leaves them, in fp32", modelled=True)
+    return Planned(False, "TRL since 0.26 keeps the parameters that are not 4-bit in the compute dtype; earlier versions "
+                          "upcast them to fp32 (pass --kbit-upcast to plan those)", modelled=True)
 
 
 def _precision(values: Mapping[str, Any], ctx: Any) -> Any:
     method = ctx.knobs.get("method", "full")
-    fp16 = value_of(values, "fp16", as_bool, False)
-    bf16 = value_of(values, "bf16", as_bool, None)
-    if bf16 is None:
-        bf16 = _is_trl(ctx) and not fp16  # TRL: bf16 unless fp16; the Trainer: off
-    init = values["model_init_kwargs"] if isinstance(values["model_init_kwargs"], Mapping) else {}
-    name = next((n for n in ("dtype", "torch_dtype") if values[n] is not ABSENT), None)
-    loaded = _DTYPES(values[name]) if name else _DTYPES(init.get("dtype", init.get("torch_dtype", "float32")))
-    if loaded == "auto":
-        loaded = "bf16"
-        ctx.approximated.append(_found(values, name, "dtype: auto loads the checkpoint's dtype: planned as bf16"))
-    half = "bf16" if bf16 else "fp16" if fp16 else None
+    half = _half(values, ctx)
     settle_zero_precision(ctx, half)
-    if half is None:
-        if method == "qlora":
-            return Planned("bf16", "4-bit layers computing in fp32 (no bf16 or fp16): planned computing in bf16")
-        return loaded
-    if loaded == "fp32" and method != "qlora":
-        why = f"{half} on a model loaded in float32 ({name or 'TRL default'})"
-        return precision_planned(f"{half}-mixed", method, why + ": fp32 weights, 16-bit compute")
-    zero = ctx.zero
-    if zero is not None and method == "full" and (zero.bf16 or zero.fp16):
-        return precision_planned(f"{half}-mixed", method, f"DeepSpeed's {half} ({zero.path}) keeps fp32 master weights and "
-                                                           "optimizer states")
-    return half
+    loaded, where, found = _loaded(values, ctx)
+    if found is not None:
+        ctx.approximated.append(found)
+    if method == "qlora":
+        _qlora_dtypes(loaded, half, ctx)
+    return trainer_precision(method, loaded, half, ctx, where=where)
 
 
-def _found(values: Mapping[str, Any], name: str | None, why: str) -> Found:
-    return Found(name or "dtype", values[name] if name else "float32", why, "precision")
+def _qlora_dtypes(loaded: str, half: str | None, ctx: Any) -> None:
+    """What TRL's QLoRA holds in other dtypes than memfit plans: the 4-bit layers' compute dtype
+    (TRL's dtype) and the adapters, which SFTTrainer and DPOTrainer cast to bf16."""
+    if loaded == "fp32" and half is not None and zero_half(ctx) is None:
+        named = next((k for k in _PRECISION_KEYS[2:] if k in ctx.raw), None)
+        ctx.approximated.append(Found(named or "dtype (not set)", ctx.raw.get(named) if named else None,
+                                      f"4-bit layers dequantize to float32 (bnb_4bit_compute_dtype is TRL's dtype) and "
+                                      f"{half} autocast computes their matmuls: planned dequantizing to {half}", "precision"))
+    ctx.approximated.append(Found("load_in_4bit", True, "TRL casts QLoRA's adapters to bf16 (with bf16 gradients and AdamW "
+                                                        "states): planned as fp32 adapters, PEFT's default", "precision"))
 
 
 def _fsdp(values: Mapping[str, Any], ctx: Any) -> Any:
@@ -258,12 +309,10 @@ RULES: tuple[Rule, ...] = (
     Rule(("use_peft", "load_in_4bit", "load_in_8bit"), "method", _method, _write_method,
          doc="the method: `use_peft` is `lora`, with `load_in_4bit` `qlora`, otherwise `full`; an 8-bit base is planned "
              "as a 16-bit one and listed"),
-    Rule(("load_in_4bit",), "kbit_upcast",
-         lambda v, ctx: Planned(False, "TRL since 0.26 keeps the parameters that are not 4-bit in the compute dtype; "
-                                       "earlier versions upcast them to fp32 (pass --kbit-upcast to plan those)",
-                                modelled=True) if ctx.knobs.get("method") == "qlora" else None,
+    Rule(("load_in_4bit",) + _PRECISION_KEYS[2:], "kbit_upcast", _kbit_upcast,
          doc="QLoRA without PEFT's prepare_model_for_kbit_training, as SFTTrainer runs it since TRL 0.26 (earlier: "
-             "`--kbit-upcast`)"),
+             "`--kbit-upcast`): the parameters that are not 4-bit stay in `dtype`, so in fp32 with TRL's default float32 "
+             "(planned as `kbit_upcast`), and in DeepSpeed's 16-bit format under its bf16 or fp16"),
     int_rule("lora_r", "rank", 16, doc="LoRA rank (TRL's default 16)"),
     Rule(("lora_alpha",), "alpha", lambda v, ctx: value_of(v, "lora_alpha", as_float, 32.0), doc="LoRA alpha (TRL's default 32)"),
     Rule(("lora_dropout",), "dropout", lambda v, ctx: value_of(v, "lora_dropout", _dropout, 0.05), doc="LoRA dropout (0.05)"),
@@ -284,9 +333,14 @@ RULES: tuple[Rule, ...] = (
          "checkpointing", _checkpointing, _write_checkpointing,
          doc="checkpointing `on` (TRL's default; the Trainer's is off); TRL's `activation_offloading` as `offload`"),
     optimizer_rule("optim"),
-    Rule(("bf16", "fp16", "dtype", "torch_dtype", "model_init_kwargs"), "precision", _precision,
-         doc="bf16 or fp16 compute on the dtype the model is loaded in (`dtype`, TRL's default float32: fp32 weights with "
-             "16-bit compute is mixed precision); `tf32` does not change memory"),
+    Rule(_PRECISION_KEYS, "precision", _precision,
+         doc="`bf16` / `fp16` (TRL: bf16 unless fp16; the Trainer: off) is autocast on the dtype the model is loaded in "
+             "(`dtype`: TRL's default float32; a script of the Trainer's arguments alone, the checkpoint's, planned as "
+             "bf16). Full fine-tuning of fp32 weights is `bf16-mixed` / `fp16-mixed`, of 16-bit weights `bf16` / `fp16` "
+             "(mixed under DeepSpeed, whose ZeRO keeps fp32 master weights, and under FSDP, which upcasts trained "
+             "parameters to fp32); LoRA on a 16-bit base `bf16` / `fp16`, on an fp32 base `fp32` without autocast "
+             "(listed); QLoRA in the compute dtype, its adapters cast to bf16 by TRL (listed); `tf32` does not change "
+             "memory"),
     Rule(("max_grad_norm",), "max_grad_norm", _max_grad_norm, doc="gradient clipping (0 or null: none)"),
     Rule(("attn_implementation", "padding_free", "packing_strategy", "packing"), "padding_free", _padding_free,
          doc="flash attention (`attn_implementation: flash_attention_2`), TRL's `padding_free` and `bfd` packing on flash "

@@ -1,10 +1,12 @@
 """LLaMA-Factory's YAML (``llamafactory-cli train config.yaml``): its key map.
 
 Keys and defaults from ``src/llamafactory/hparams/`` at ff6d4d1 (2026-08), with the Hugging Face
-``Seq2SeqTrainingArguments`` it extends. LLaMA-Factory loads the model in its compute dtype (bf16
-where the GPU has it), turns gradient checkpointing on unless told not to, and for full fine-tuning
-casts the trained parameters to fp32 unless ``pure_bf16`` (``model/adapter.py``): mixed precision.
-It trains with the Hugging Face step, so the config is planned with the ``hf`` recipe.
+``Seq2SeqTrainingArguments`` it extends. LLaMA-Factory loads the checkpoint's dtype (bf16 for the
+models of today; ``model/loader.py``) and computes in bf16 or fp16 (``bf16``, ``fp16``, or the one it
+infers), turns gradient checkpointing on unless told not to, and casts the trained parameters to
+fp32 unless ``pure_bf16`` (``model/adapter.py``): a full fine-tuning under ``bf16`` is mixed
+precision (``bf16-mixed``), LoRA a 16-bit base with fp32 adapters. It trains with the Hugging
+Face step, so the config is planned with the ``hf`` recipe.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any, Mapping
 from memfit.interop.common import int_rule, model_rule, revision_rule, targets_rule
 from memfit.interop.keys import (
     ABSENT,
+    Found,
     KeyMap,
     KeyProblem,
     Planned,
@@ -23,6 +26,7 @@ from memfit.interop.keys import (
     as_int,
     not_modelled,
     one_of,
+    truthy,
     value_of,
 )
 from memfit.interop.trainer import (
@@ -32,9 +36,8 @@ from memfit.interop.trainer import (
     fsdp_shard,
     liger_loss,
     optimizer_rule,
-    precision_planned,
-    settle_zero_precision,
 )
+from memfit.interop.precision import settle_zero_precision, trainer_precision, zero_half
 
 _TYPES = one_of({
     "lora": "lora",
@@ -85,20 +88,27 @@ def _precision(values: Mapping[str, Any], ctx: Any) -> Any:
     pure = value_of(values, "pure_bf16", as_bool, False)
     bf16 = value_of(values, "bf16", as_bool, False)
     fp16 = value_of(values, "fp16", as_bool, False)
-    half = "bf16" if bf16 or pure else "fp16" if fp16 else None
+    half = "bf16" if bf16 else "fp16" if fp16 else None  # the Trainer's autocast
     settle_zero_precision(ctx, half)
-    if pure:
-        return "bf16"
-    if method == "full":
-        if half is None:
-            return "fp32"  # trainable parameters cast to fp32, no autocast
-        # The trained parameters cast to fp32, compute under autocast (with ZeRO-3, DeepSpeed's fp32 master copy).
-        return precision_planned(f"{half}-mixed", method, f"{half} full fine-tuning: LLaMA-Factory keeps the trained "
-                                                          "parameters in fp32 (pure_bf16 does not)")
-    if half is None:
-        return Planned("bf16", "no bf16 or fp16: LLaMA-Factory loads the model in the dtype it infers (bf16 on GPUs that have "
-                               "it): planned as bf16", modelled=True)
-    return half
+    zero3 = ctx.zero is not None and ctx.zero.stage == 3
+    if pure and zero3:
+        raise KeyProblem("pure_bf16", f"true cannot be used with DeepSpeed ZeRO-3 ({ctx.zero.path}): LLaMA-Factory refuses "
+                                      "the pair; drop pure_bf16 (ZeRO-3 keeps fp32 master weights anyway) or use stage 2")
+    compute = "bf16" if bf16 or pure else "fp16" if fp16 else None
+    # model/adapter.py: the trained parameters are cast to fp32 unless pure_bf16 or BAdam, or (a
+    # model that is not quantized) under ZeRO-3, whose fp32 partitions are the master copy.
+    badam = truthy(ctx.raw.get("use_badam", False))
+    cast = not (pure or badam or (zero3 and method != "qlora"))
+    weights = compute or "bf16"
+    if method == "full" and cast:
+        weights = "fp32"
+    elif method == "lora" and pure:
+        ctx.approximated.append(Found("pure_bf16", True, "LoRA's adapters stay in bf16 under pure_bf16 (with bf16 gradients "
+                                                         "and AdamW states): planned as fp32 adapters", "precision"))
+    if compute is None and method != "full" and zero_half(ctx) is None:
+        return Planned("bf16", "no bf16 or fp16: LLaMA-Factory computes in the dtype it infers (bf16 on GPUs that have it) "
+                               "on the checkpoint's: planned as bf16", modelled=True)
+    return trainer_precision(method, weights, half, ctx, where="the checkpoint's dtype")
 
 
 def _padding_free(values: Mapping[str, Any], ctx: Any) -> Any:
@@ -183,8 +193,10 @@ RULES: tuple[Rule, ...] = (
              "keeps the same layer inputs either way"),
     optimizer_rule("optim"),
     Rule(("bf16", "fp16", "pure_bf16"), "precision", _precision,
-         doc="bf16 / fp16: LoRA on a 16-bit base; full fine-tuning in mixed precision (trained parameters in fp32) unless "
-             "`pure_bf16`"),
+         doc="`bf16` / `fp16`: LoRA on a 16-bit base with fp32 adapters; full fine-tuning as `bf16-mixed` / `fp16-mixed` "
+             "(LLaMA-Factory casts the trained parameters to fp32), without either as `fp32`; `pure_bf16` as `bf16` "
+             "(pure: weights, gradients and AdamW states in bf16; under DeepSpeed ZeRO-1 or 2, whose fp32 partitions are "
+             "master weights, `bf16-mixed`; with ZeRO-3 refused, as LLaMA-Factory refuses it)"),
     Rule(("max_grad_norm",), "max_grad_norm", _max_grad_norm, doc="gradient clipping (0 or null: none)"),
     Rule(("flash_attn",), "padding_free", _padding_free,
          doc="`flash_attn: fa2` / `fa3` as `padding_free: on` (no [seq x seq] mask); `sdpa`, and `auto` (chosen at run "

@@ -20,7 +20,6 @@ from memfit.interop.keys import (
     truthy,
     value_of,
 )
-from memfit.spec import choices
 
 _ADAMW = "adamw"
 _FOREACH = ("PyTorch's foreach AdamW also holds a temporary as large as the trainable parameters during the optimizer step "
@@ -245,30 +244,3 @@ def attention(value: Any) -> Any:
     if "flash" in name.lower():  # a Hub kernel of flash attention (kernels-community/...)
         return "on"
     raise ValueError(f"{value!r} is not an attention implementation (flash_attention_2, sdpa, eager, flex_attention...)")
-
-
-def precision_planned(wanted: str, method: str | None, why: str) -> Any:
-    """``precision`` ``wanted`` when memfit has it. Until it has mixed precision (``bf16-mixed``,
-    ``fp16-mixed``: fp32 weights, gradients and optimizer states, 16-bit compute), such a run is
-    planned as fp32, whose model states are the same (the part that grows with the model), with
-    activations at twice their 16-bit size; QLoRA (a 4-bit base either way) as its compute dtype."""
-    if wanted in choices("precision"):
-        return wanted
-    half = "bf16" if wanted.startswith("bf16") else "fp16"
-    if method == "qlora":
-        return Planned(half, f"{why}; memfit has no {wanted} precision yet: planned as {half} (the 4-bit base is the same)",
-                       modelled=True)
-    return Planned("fp32", f"{why}; memfit has no {wanted} precision yet: planned as fp32 (the same fp32 weights, gradients "
-                           "and optimizer states; activations at twice their 16-bit size)")
-
-
-def settle_zero_precision(ctx: Any, half: str | None) -> None:
-    """The DeepSpeed config's ``bf16.enabled`` / ``fp16.enabled: "auto"`` as the Trainer fills them:
-    from its ``bf16`` and ``fp16`` (``trainer_config_process``)."""
-    from dataclasses import replace
-
-    zero = ctx.zero
-    if zero is None:
-        return
-    ctx.zero = replace(zero, bf16=(half == "bf16") if zero.bf16 == "auto" else zero.bf16,
-                       fp16=(half == "fp16") if zero.fp16 == "auto" else zero.fp16)
