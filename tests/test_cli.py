@@ -1,7 +1,10 @@
 """The command line: what a user types, what they read. Bad input exits 2 with a message, no traceback."""
 
 import json
+import subprocess
+import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from memfit.cli import app
@@ -38,6 +41,44 @@ def test_plan_bad_input_is_one_clear_error():
     assert result.exit_code == 2
     assert "Did you mean" in result.output and "--rank: 0 must be 1 or more" in result.output
     assert "Traceback" not in result.output
+
+
+#: Runs the command line as `memfit` does, and says on stderr, as the process ends (after any error
+#: was printed), which of the heavy libraries it imported.
+_IMPORT_PROBE = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: print('heavy:', *[m for m in ('torch', 'transformers', 'peft') if m in sys.modules], file=sys.stderr))\n"
+    "sys.argv = ['memfit', *sys.argv[1:]]\n"
+    "from memfit.cli import main\n"
+    "main()\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["plan", "--rank", "0"], "--rank: 0 must be 1 or more"),
+        (["plan", "--rank", "99999999999999999999"], "must be at most 65536"),
+        (["plan", "--gpu", "rtx-4091"], "Did you mean 'rtx-4090'"),
+        (["plan", "--budget", "lots"], "--budget"),
+        (["fit", "--budget", "24GiB", "--rank", "0"], "--rank: 0 must be 1 or more"),
+        (["fit", "--gpu", "rtx-4090", "--method", "lorra"], "--method: lorra"),
+    ],
+)
+def test_bad_input_is_reported_without_importing_torch_transformers_or_peft(args, says):
+    # Seconds of imports on a busy machine: a mistake in an option must not wait for them.
+    result = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "heavy:", result.stderr
+
+
+def test_the_import_probe_sees_the_heavy_imports():
+    # The probe itself: a command that plans imports torch and transformers, and it says so.
+    result = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, "plan", "--seq-len", "64", "--json"], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert {"torch", "transformers"} <= set(result.stderr.strip().splitlines()[-1].split()[1:])
 
 
 def test_plan_bad_choice():

@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from memfit.planner.api import PlanError, plan, proven_over_budget, validate, validation_state
+from memfit.planner.api import PlanError, plan, proven_over_budget, quick_problems, validate, validation_state
 from memfit.planner.report import MemoryPlan
 from memfit.planner.sharding import mode_problems
 from memfit.planner.throughput import relative_speeds
-from memfit.spec import TILING_AUTO_TOKENS, TRAINED_SHARD_MODES, choices
+from memfit.spec import TILING_AUTO_TOKENS, TRAINED_SHARD_MODES, choices, upper_bound
 
 METHODS = choices("method")
 #: Fastest first; each next one needs less memory.
@@ -212,6 +212,11 @@ def fit(
     problems = []
     if gpu is None and budget is None:
         problems.append("fit needs --gpu NAME or --budget SIZE (e.g. --gpu rtx-4090 or --budget 24GiB)")
+    most = upper_bound("grad_accum")
+    if isinstance(batch_size, int) and batch_size > most:
+        # Every method's search starts at micro-batch 1 with the whole batch accumulated.
+        problems.append(f"--batch-size: {batch_size} must be at most {most}: fit plans micro-batch 1 with the whole effective "
+                        f"batch accumulated, and --grad-accum is at most {most} (e.g. --batch-size 8)")
     methods = tuple(methods or METHODS)
     bad = [m for m in methods if m not in METHODS]
     if bad:
@@ -220,16 +225,19 @@ def fit(
         if fixed in knobs:
             problems.append(f"--{fixed.replace('_', '-')} is chosen by the search; leave it out")
     workers = _worker_count(len(methods)) if workers is None else max(1, workers)
-    if workers > 1 and not problems and validation_state(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size,
-                                                         seq_len=seq_len or 1, **knobs) == "unknown":
+    inputs = dict(revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
+    if workers > 1 and not problems and validation_state(model, **inputs) == "unknown":
         # Inputs never seen: the plans will be made, in worker processes. Their imports start now,
         # beside this process's validation, instead of after it.
         _start_worker_server()
     # Validate everything once, before any simulation; every problem is reported together.
-    try:
-        source, _, target = validate(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
-    except PlanError as err:
-        problems.extend(err.problems)
+    if problems:  # with what else is wrong, found without importing transformers: the rest waits for the fixes
+        problems.extend(quick_problems(model, **inputs))
+    else:
+        try:
+            source, _, target = validate(model, **inputs)
+        except PlanError as err:
+            problems.extend(err.problems)
     if problems:
         raise PlanError(problems, heading="cannot search this model")
     if isinstance(model, str) and (source.hub or source.note):
