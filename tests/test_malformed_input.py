@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -227,6 +229,13 @@ CASES = [
     ("models --no-such-flag", 2, "No such option"),
 ]
 
+#: (command line, environment, exit code, text the message holds): each runs as a new process, which
+#: reads the environment as it is set for memfit. {d} as above.
+ENV_CASES = [
+    ("plan org/some-model", {"HF_HOME": "{d}/a_file"}, 2, "model: HF_HOME ('{d}/a_file') is a file, not a folder"),
+    ("plan org/some-model", {"HF_HUB_CACHE": "{d}/a_file/hub"}, 2, "HF_HUB_CACHE ('{d}/a_file/hub') is under '{d}/a_file'"),
+]
+
 #: Paths a failing case must not leave behind (relative to the inputs folder).
 MUST_NOT_EXIST = ("merged", "new_run", "best.yaml", "a_file/best.yaml", "missing_folder", "run_ok/report.html")
 
@@ -257,6 +266,21 @@ def test_malformed_input_gets_one_message_and_its_exit_code(inputs, line, code, 
         assert not (inputs / name).exists(), f"{line} left {name} behind"
     assert _tree(inputs) == before, f"{line} changed the files it was given"
     assert list(tmp_path.iterdir()) == [], f"{line} left files in the working folder"
+
+
+@pytest.mark.parametrize(("line", "env", "code", "says"), ENV_CASES, ids=[f"{c[0].split()[0]}-env-{i}" for i, c in enumerate(ENV_CASES)])
+def test_a_bad_environment_gets_one_message_and_its_exit_code(inputs, line, env, code, says, tmp_path):
+    variables = {k: v for k, v in os.environ.items() if k not in ("HF_HOME", "HF_HUB_CACHE", "HF_TOKEN_PATH")}
+    variables.update({k: v.format(d=inputs) for k, v in env.items()})
+    variables["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens there: no case may need the network
+    before = _tree(inputs)
+    result = subprocess.run([sys.executable, "-m", "memfit", *line.split()], capture_output=True, text=True, env=variables,
+                            cwd=tmp_path, timeout=300)
+    assert "Traceback" not in result.stderr
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says.format(d=inputs) in lines[0], result.stderr
+    assert _tree(inputs) == before and list(tmp_path.iterdir()) == []
 
 
 def test_an_error_is_one_line_and_lists_every_problem(inputs):
