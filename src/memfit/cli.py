@@ -59,7 +59,7 @@ def plan_command(
     result = plan(model, revision=revision, gpu=gpu, budget=budget, context_bytes=context_bytes, extrapolate=not full_sim,
                   cache=not no_cache, **knobs)
     if as_json:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        sys.stdout.write(result.to_json(indent=2) + "\n")
     else:
         result.render(console)
     if result.fits is False:
@@ -115,7 +115,7 @@ def fit_command(
         if progress is not None:
             progress.close()
     if as_json:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        sys.stdout.write(result.to_json(indent=2) + "\n")
     else:
         from memfit.planner.fit_report import render_fit
 

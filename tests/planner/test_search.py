@@ -58,7 +58,7 @@ def test_cards_without_bf16_get_fp16_adapters():
 
 
 def test_json_contract():
-    data = fit("smollm2-135m", budget="4GiB", batch_size=2, seq_len=512, methods=("qlora",)).to_json()
+    data = fit("smollm2-135m", budget="4GiB", batch_size=2, seq_len=512, methods=("qlora",)).to_dict()
     assert set(data) >= {"model", "gpu", "fits", "max_seq_len"}
     assert set(data["max_seq_len"]) == {"qlora"}  # the methods searched
     assert data["gpu"]["memory_bytes"] == 4 * 2**30

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from memfit.json_form import JsonForm
 from memfit.planner.report import MemoryPlan
 from memfit.planner.search import CHECKPOINTING_FAST_FIRST, OPTIMIZERS_LEAN_FIRST, _micro_batches, largest_micro_batch
 from memfit.planner.throughput import relative_speeds
@@ -29,7 +30,7 @@ SEARCHED = ("batch_size", "grad_accum", "checkpointing", "tiling", "optimizer")
 
 
 @dataclass
-class RunFit:
+class RunFit(JsonForm):
     """The configuration chosen for a run, the runner-up, and why."""
 
     chosen: MemoryPlan
@@ -42,7 +43,7 @@ class RunFit:
         """The searched knobs of the chosen configuration."""
         return {k: self.chosen.spec[k] for k in SEARCHED}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         def summary(plan: MemoryPlan | None) -> dict[str, Any] | None:
             if plan is None:
                 return None

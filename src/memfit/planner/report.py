@@ -1,10 +1,11 @@
-"""The plan a user reads: :class:`MemoryPlan`, its JSON form and its Rich table."""
+"""The plan a user reads: :class:`MemoryPlan`, its JSON forms and its Rich table."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from memfit.json_form import JsonForm
 from memfit.planner.categories import CATEGORIES
 from memfit.units import format_bytes
 
@@ -21,7 +22,7 @@ CATEGORY_HELP = {
 
 
 @dataclass
-class MemoryPlan:
+class MemoryPlan(JsonForm):
     """Predicted peak GPU memory of one training step, per GPU.
 
     ``categories`` are taken at the moment of peak allocated memory, plus the allocator's reserve and
@@ -40,8 +41,9 @@ class MemoryPlan:
     headroom_bytes: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        """The stable JSON form (the keys documented in docs/plan.md; scripts rely on them)."""
+    def to_dict(self) -> dict[str, Any]:
+        """The stable JSON form as a dict (the keys documented in docs/plan.md; scripts rely on them);
+        ``to_json(indent=...)`` gives it as JSON text."""
         return {
             "model": self.model,
             "spec": dict(self.spec),

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from memfit.json_form import JsonForm
 from memfit.planner.api import PlanError, plan, proven_over_budget, quick_problems, validate, validation_state
 from memfit.planner.report import MemoryPlan
 from memfit.planner.sharding import mode_problems
@@ -54,16 +55,16 @@ def gpu_levels(gpus: int, shard: str | None) -> list[tuple[int, str]]:
 
 
 @dataclass
-class Fit:
+class Fit(JsonForm):
     """A configuration that fits, its plan and its estimated relative speed."""
 
     spec: dict[str, Any]
     plan: MemoryPlan
     relative_speed: float = 0.0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"spec": self.spec, "gpus": self.spec.get("gpus", 1), "shard": self.plan.details.get("shard", self.spec.get("shard", "none")),
-                "per_rank": bool(self.plan.details.get("per_rank")), "peak": self.plan.to_json()["peak"],
+                "per_rank": bool(self.plan.details.get("per_rank")), "peak": self.plan.to_dict()["peak"],
                 "relative_speed": round(self.relative_speed, 4), "headroom_bytes": self.plan.headroom_bytes}
 
 
@@ -82,7 +83,7 @@ class Miss:
 
 
 @dataclass
-class FitResult:
+class FitResult(JsonForm):
     """Everything `memfit fit` reports."""
 
     model: str
@@ -96,11 +97,12 @@ class FitResult:
     max_gpus: int = 1
     notes: list[str] = field(default_factory=list)  # how the model's config was obtained, when worth saying
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form as a dict (docs/fit.md); ``to_json(indent=...)`` gives it as JSON text."""
         return {
             "model": self.model,
             "gpu": self.gpu,
-            "fits": [f.to_json() for f in self.fits],
+            "fits": [f.to_dict() for f in self.fits],
             "max_seq_len": dict(self.max_seq_len),
             "details": {
                 "max_gpus": self.max_gpus,
