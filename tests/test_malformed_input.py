@@ -153,6 +153,8 @@ CASES = [
     ("plan --grad-accum 99999999999999999999", 2, "--grad-accum: 99999999999999999999 must be at most 4096"),
     ("plan --gpus 99999999999999999999", 2, "--gpus: 99999999999999999999 must be at most 65536"),
     ("plan --batch-size 4096 --seq-len 8192", 2, "is 33,554,432 tokens a micro-batch: must be at most 16,777,216"),
+    ("plan --context-bytes -5", 2, "Invalid value for '--context-bytes'"),
+    ("plan --context-bytes 99999999999999999999", 2, "Invalid value for '--context-bytes'"),
     ("plan {d}/tiny.json --seq-len 64 --budget 1KiB", 3, ""),  # does not fit: the plan, then exit 3
     # fit
     ("fit {d}/tiny.json", 2, "--gpu NAME or --budget SIZE"),
@@ -234,6 +236,7 @@ CASES = [
 ENV_CASES = [
     ("plan org/some-model", {"HF_HOME": "{d}/a_file"}, 2, "model: HF_HOME ('{d}/a_file') is a file, not a folder"),
     ("plan org/some-model", {"HF_HUB_CACHE": "{d}/a_file/hub"}, 2, "HF_HUB_CACHE ('{d}/a_file/hub') is under '{d}/a_file'"),
+    ("fit org/some-model --gpu t4", {"HF_HOME": "{d}/a_file"}, 2, "Set HF_HOME to a folder, or unset it."),
 ]
 
 #: Paths a failing case must not leave behind (relative to the inputs folder).

@@ -685,9 +685,9 @@ class _Progress:
         if not self.enabled:
             return self
         if self.console is None:
-            from rich.console import Console
+            from memfit.console import make_console
 
-            self.console = Console(stderr=True)
+            self.console = make_console(stderr=True)
         if self.live and self.console.is_terminal:
             from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 

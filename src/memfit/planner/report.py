@@ -61,11 +61,13 @@ class MemoryPlan(JsonForm):
         }
 
     def render(self, console=None) -> None:
-        """Print the plan as Rich tables to ``console`` (a new Console by default)."""
-        from rich.console import Console
+        """Print the plan as Rich tables to ``console`` (by default :func:`memfit.console.make_console`'s:
+        the terminal's width, or whole lines in a pipe)."""
         from rich.table import Table
 
-        console = console or Console()
+        from memfit.console import make_console
+
+        console = console or make_console()
         spec = self.spec
         title = (
             f"[bold]{self.model}[/] · {spec['method']}"
@@ -77,7 +79,10 @@ class MemoryPlan(JsonForm):
         d = self.details
         if d.get("per_rank"):
             title += f" · [bold]per GPU[/], {spec['gpus']} GPUs, shard {d['shard']}"
-        table = Table(title=title, title_justify="left", show_footer=True)
+        # The header is a line of its own, not the table's title: a title wraps at the table's width,
+        # and in a pipe or a file (no terminal, no width) the header must stay one line for grep.
+        console.print(title, highlight=False)
+        table = Table(show_footer=True)
         table.add_column("category", footer="device total")
         table.add_column("at peak, per GPU" if self.details.get("per_rank") else "at peak", justify="right",
                          footer=format_bytes(self.device_total_bytes))

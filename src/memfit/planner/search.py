@@ -16,6 +16,7 @@ memory:
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -190,6 +191,7 @@ def fit(
     progress: Callable[[str], None] | None = None,
     workers: int | None = None,
     revision: str | None = None,
+    plans_expected: Callable[[int], None] | None = None,
     **knobs: Any,
 ) -> FitResult:
     """Find the configurations of ``model`` that fit ``gpu`` (or ``budget``), fastest first.
@@ -207,6 +209,9 @@ def fit(
         workers: processes to search the methods in (default: one per method, at most one per CPU
             core); each method's search is independent of the others.
         revision: branch, tag or commit of a Hugging Face Hub id (default: main).
+        progress: called with each plan's description as it starts (from the worker processes too).
+        plans_expected: called once, when the inputs are validated and before the first plan, with
+            about how many plans the search will make (:func:`expected_plans`).
         knobs: fixed RunSpec knobs passed through (rank, alpha, targets, precision...). Without a
             precision, bf16 is used where the GPU supports it, else fp16 (LoRA, QLoRA) or fp32 (full).
     """
@@ -258,6 +263,8 @@ def fit(
     job = _MethodJob(model=model, target={"gpu": gpu, "budget": budget}, base=dict(knobs, seq_len=seq_len),
                      supports_bf16=supports_bf16, effective_batch=batch_size,
                      seq_limit=(max_positions or 131072) if max_seq_len else 0, levels=levels)
+    if plans_expected is not None:
+        plans_expected(expected_plans(len(methods), batch_size, longest=bool(job.seq_limit)))
     if workers > 1:
         outcomes = _run_parallel(job, methods, workers, progress)
     else:
@@ -500,6 +507,20 @@ def _search_method(planner: _Planner, method: str, effective_batch: int) -> tupl
         if best.spec["batch_size"] == options[-1]:
             break
     return fits, misses
+
+
+def expected_plans(methods: int, effective_batch: int, *, longest: bool = True) -> int:
+    """About how many plans :func:`fit` makes for ``methods`` methods: an estimate for its progress
+    line, not a bound (a search proven short by the model states' floor makes fewer; one that needs
+    several GPU counts, more).
+
+    Per method: the first setting that fits at micro-batch 1, often after a faster one that does
+    not; the largest micro-batch, a guess confirmed in about log2 of the splits of the effective
+    batch; and the longest sequence, two plans for the slope and a few to close in on the boundary.
+    """
+    splits = len(_micro_batches(effective_batch))
+    per_method = 2 + math.ceil(math.log2(splits)) + (4 if longest else 0)
+    return methods * per_method
 
 
 def _micro_batches(effective_batch: int) -> list[int]:
