@@ -19,7 +19,7 @@ Exit codes, the same for every command:
 130   stopped by SIGINT (Ctrl-C), 143 by SIGTERM (128 + the signal number)
 ====  =====================================================================
 
-At the bottom of the package: it imports only memfit's console helper, and that, Rich and Typer
+At the bottom of the package: it imports only memfit.console, and that, Rich and Typer
 only inside :func:`cli_errors`'s handler.
 """
 
