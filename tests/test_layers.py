@@ -1,7 +1,7 @@
 """The packages stay in layers, with imports pointing one way: down.
 
-cli > infer > train > watch > planner > interop > step > models > (spec, units, files, run_files, options, errors); merge
-stands apart: it uses the bottom layer and the Hub fetching of models. Every import counts: at module level and inside
+cli > infer > train > watch > planner > interop > step > models > (spec, units, files, run_files, options, errors,
+json_form, console); merge stands apart: it uses the bottom layer and the Hub fetching of models. Every import counts: at module level and inside
 functions (memfit imports heavy dependencies lazily, so an upward import hidden in a function is
 as real as one at the top). docs/layout.md explains why the layers are in this order.
 """
@@ -26,7 +26,7 @@ LAYERS: dict[str, int] = {
     "interop": 5,
     "step": 4,
     "models": 3,
-    "spec": 1, "units": 1, "files": 1, "run_files": 1, "options": 1, "errors": 1,
+    "spec": 1, "units": 1, "files": 1, "run_files": 1, "options": 1, "errors": 1, "json_form": 1, "console": 1,
 }
 #: merge uses the bottom layer, and of the models package only what fetches a model or adapter by
 #: its Hub id (it builds no model); nothing but the CLI and the package's front door use merge.

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import typer
-from rich.console import Console
 
+from memfit.console import make_console
 from memfit.errors import EXIT_DOES_NOT_FIT, PathError, cli_errors
 from memfit.options import knob_options, with_options
 from memfit.spec import TRAINED_KNOBS, choices
@@ -29,9 +29,6 @@ app = typer.Typer(
         "130 / 143 stopped by SIGINT / SIGTERM."
     ),
 )
-console = Console()
-err_console = Console(stderr=True)
-
 #: The model `memfit plan` uses when none is given: small enough to plan in a second anywhere.
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -44,7 +41,7 @@ def plan_command(
     revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit of a Hub id (default: main)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU to check against (see `memfit models`)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget instead of a GPU, e.g. 24GiB."),
-    context_bytes: Optional[int] = typer.Option(None, "--context-bytes", help="Override the CUDA context estimate."),
+    context_bytes: Optional[int] = typer.Option(None, "--context-bytes", min=0, max=2**40, help="Override the CUDA context estimate (bytes)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     full_sim: bool = typer.Option(False, "--full-sim", help="Simulate every layer instead of extrapolating."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Make the plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0)."),
@@ -59,9 +56,9 @@ def plan_command(
     result = plan(model, revision=revision, gpu=gpu, budget=budget, context_bytes=context_bytes, extrapolate=not full_sim,
                   cache=not no_cache, **knobs)
     if as_json:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        sys.stdout.write(result.to_json(indent=2) + "\n")
     else:
-        result.render(console)
+        result.render(make_console())
     if result.fits is False:
         raise typer.Exit(code=EXIT_DOES_NOT_FIT)
 
@@ -108,27 +105,29 @@ def fit_command(
         from memfit.planner.cache import ENV_SWITCH
 
         os.environ[ENV_SWITCH] = "0"  # for this process and the search's worker processes, which inherit it
+    from memfit.planner.fit_report import FitProgress, render_fit
+
     fixed = {k: v for k, v in dict(knobs, precision=precision, shard=shard).items() if v is not None}
     if gpus != 1:
         fixed["gpus"] = gpus
-    progress = None if as_json else _status_printer()
+    progress = None if as_json else FitProgress(make_console(stderr=True))
     try:
         result = fit(
             model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len,
-            methods=tuple(method) if method else None, progress=progress, **fixed,
+            methods=tuple(method) if method else None, progress=progress,
+            plans_expected=progress.expect if progress is not None else None, **fixed,
         )
     finally:
         if progress is not None:
             progress.close()
+    console = make_console()
     if as_json:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        sys.stdout.write(result.to_json(indent=2) + "\n")
     else:
-        from memfit.planner.fit_report import render_fit
-
         render_fit(result, console, focus_max_seq_len=max_target is not None)
     if not result.fits:
         if write is not None:
-            err_console.print(f"nothing fits, so nothing was written to {write}", highlight=False)
+            make_console(stderr=True).print(f"nothing fits, so nothing was written to {write}", highlight=False)
         raise typer.Exit(code=EXIT_DOES_NOT_FIT)
     if write is not None and tool_config:
         from memfit.interop.writing import write_fitted_config
@@ -180,39 +179,6 @@ def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: 
     write_config(values, path, header=header, overwrite=overwrite)
 
 
-class _status_printer:
-    """Progress of a long search on stderr: one updating status line on a terminal; elsewhere (a
-    log file, a CI job) one plain line per plan with the time since the start, so that a search of
-    several minutes never looks stuck."""
-
-    def __init__(self) -> None:
-        import time
-
-        self.count = 0
-        self._clock = time.perf_counter
-        self._started = self._clock()
-        self._status = err_console.status("planning...") if err_console.is_terminal else None
-        if self._status is not None:
-            self._status.start()
-        else:
-            self._log("fit: searching (each plan is one line)")
-
-    def __call__(self, message: str) -> None:
-        self.count += 1
-        if self._status is not None:
-            self._status.update(f"plan {self.count}: {message}")
-        else:
-            self._log(f"plan {self.count}: {message}")
-
-    def _log(self, line: str) -> None:
-        elapsed_s = self._clock() - self._started
-        err_console.print(f"[{elapsed_s:6.1f} s] {line}", highlight=False, markup=False, soft_wrap=True)
-
-    def close(self) -> None:
-        if self._status is not None:
-            self._status.stop()
-
-
 @app.command("models")
 @cli_errors
 def models_command(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
@@ -237,6 +203,7 @@ def models_command(as_json: bool = typer.Option(False, "--json", help="Print as 
             }
         )
     gpus = load_gpus()
+    console = make_console()
     if as_json:
         payload = {
             "models": models,

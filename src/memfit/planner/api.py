@@ -2,7 +2,9 @@
 
 The steps, each in its own module:
 
-1. resolve the model argument and validate every knob (:mod:`memfit.spec`), all problems at once;
+1. resolve the model argument and validate every knob (:mod:`memfit.spec`), the GPU and the budget,
+   all problems at once and without importing torch or transformers; then the checks that need the
+   model's architecture;
 2. simulate the real training step under fake tensors (:mod:`memfit.planner.simulate`) for a few
    whole periods of decoder layers, and extrapolate linearly to the full depth (memory per decoder
    layer is the same for every layer of a period, so this is exact up to rounding; a test checks
@@ -31,7 +33,7 @@ from memfit.models.catalog import (
 from memfit.planner import allocator
 from memfit.planner.report import MemoryPlan
 from memfit.planner.runtime import runtime_overhead
-from memfit.spec import RunSpec, SpecError, flag, make_spec
+from memfit.spec import RunSpec, SpecError, make_spec
 from memfit.units import format_bytes, parse_bytes
 
 _KERNEL_NOTES = {
@@ -280,8 +282,17 @@ class _Resolved:
 
 def validate(model: str | dict, *, revision: str | None = None, gpu: str | None = None, budget: str | int | None = None,
              **knobs: Any) -> tuple[ModelSource, RunSpec, _Target]:
-    """Check the model, every knob, the GPU and the budget; raise one PlanError listing all problems."""
+    """Check the model, every knob, the GPU and the budget; raise one PlanError listing all problems
+    (those found without transformers first, on their own: see :func:`_checked`)."""
     return _checked(_resolve(model, revision=revision, gpu=gpu, budget=budget, **knobs))
+
+
+def quick_problems(model: str | dict, *, revision: str | None = None, gpu: str | None = None,
+                   budget: str | int | None = None, **knobs: Any) -> list[str]:
+    """The problems :func:`validate` finds without importing transformers or torch: the model
+    argument, each knob alone and together, the GPU, the budget (a fraction of a second)."""
+    resolved = _resolve(model, revision=revision, gpu=gpu, budget=budget, **knobs)
+    return resolved.source_problems + resolved.spec_problems + resolved.target_problems
 
 
 def _resolve(model: str | dict, *, revision: str | None = None, gpu: str | None = None, budget: str | int | None = None,
@@ -330,46 +341,27 @@ def _resolve(model: str | dict, *, revision: str | None = None, gpu: str | None 
 
 def _checked(resolved: _Resolved, cache: bool = True) -> tuple[ModelSource, RunSpec, _Target]:
     """The other half of :func:`validate`: the checks that need the model's architecture (transformers)
-    and the knobs together; raise one PlanError listing every problem, in the order the user gave them.
+    and the knobs together; raise one PlanError listing every problem.
+
+    What the cheap half found (the model argument, a knob, the GPU, the budget) is raised first, on
+    its own, before transformers or torch is imported: those mistakes are reported in a fraction of
+    a second, and the checks that need the model's architecture run once they are fixed.
 
     Inputs that passed are remembered in the plan cache (``cache``): the checks depend on nothing but
     the model's config, the knobs and the code (all in the key), so the next time the same inputs
     pass without importing transformers.
     """
+    if resolved.has_problems:
+        raise PlanError(resolved.source_problems + resolved.spec_problems + resolved.target_problems)
     from memfit.planner import cache as plan_cache
 
     key = _validation_key(resolved) if cache else None
     if key is not None and plan_cache.load("validated", key) is True:
         return resolved.source, resolved.spec, resolved.target
-    problems = list(resolved.source_problems)
-    source, spec, knobs = resolved.source, resolved.spec, resolved.knobs
-    if source is not None:
-        problem = model_type_problem(source.config)
-        if problem:
-            problems.append(f"model: {problem}")
-            source = None  # nothing more can be checked against a model transformers cannot build
-    if resolved.spec_problems:
-        problems.extend(resolved.spec_problems)
-        # The model's own checks (sequence length, LoRA targets) still run, with the knobs that are
-        # good on their own, so that every problem is reported in this one pass.
-        good = {}
-        for name, value in knobs.items():
-            try:
-                make_spec(**{name: value})
-                good[name] = value
-            except SpecError:
-                continue
-        try:
-            partial = make_spec(**good)
-        except SpecError:
-            partial = None
-        if source is not None and partial is not None:
-            bad = {name for name, value in knobs.items() if value is not None and name not in good}
-            # A knob given with a bad value is reported once, not again through its default.
-            problems.extend(p for p in _model_problems(source, partial) if not any(p.startswith(flag(n) + ":") for n in bad))
-    problems.extend(resolved.target_problems)
-    if source is not None and spec is not None:
-        problems.extend(_model_problems(source, spec))
+    source, spec = resolved.source, resolved.spec
+    problem = model_type_problem(source.config)
+    # Nothing more can be checked against a model transformers cannot build.
+    problems = [f"model: {problem}"] if problem else _model_problems(source, spec)
     if problems:
         raise PlanError(problems)
     if key is not None:
@@ -378,8 +370,7 @@ def _checked(resolved: _Resolved, cache: bool = True) -> tuple[ModelSource, RunS
 
 
 def _validation_key(resolved: _Resolved) -> str | None:
-    """The cache key of what :func:`_checked` checks (None when a cheap check failed already: those
-    inputs are checked afresh, so that every problem is reported)."""
+    """The cache key of what :func:`_checked` checks (None when a cheap check failed already)."""
     from memfit.planner import cache as plan_cache
 
     if resolved.has_problems or not plan_cache.enabled():

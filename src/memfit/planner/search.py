@@ -16,15 +16,17 @@ memory:
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from memfit.planner.api import PlanError, plan, proven_over_budget, validate, validation_state
+from memfit.json_form import JsonForm
+from memfit.planner.api import PlanError, plan, proven_over_budget, quick_problems, validate, validation_state
 from memfit.planner.report import MemoryPlan
 from memfit.planner.sharding import mode_problems
 from memfit.planner.throughput import relative_speeds
-from memfit.spec import TILING_AUTO_TOKENS, TRAINED_SHARD_MODES, choices
+from memfit.spec import TILING_AUTO_TOKENS, TRAINED_SHARD_MODES, choices, upper_bound
 
 METHODS = choices("method")
 #: Fastest first; each next one needs less memory.
@@ -54,16 +56,16 @@ def gpu_levels(gpus: int, shard: str | None) -> list[tuple[int, str]]:
 
 
 @dataclass
-class Fit:
+class Fit(JsonForm):
     """A configuration that fits, its plan and its estimated relative speed."""
 
     spec: dict[str, Any]
     plan: MemoryPlan
     relative_speed: float = 0.0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"spec": self.spec, "gpus": self.spec.get("gpus", 1), "shard": self.plan.details.get("shard", self.spec.get("shard", "none")),
-                "per_rank": bool(self.plan.details.get("per_rank")), "peak": self.plan.to_json()["peak"],
+                "per_rank": bool(self.plan.details.get("per_rank")), "peak": self.plan.to_dict()["peak"],
                 "relative_speed": round(self.relative_speed, 4), "headroom_bytes": self.plan.headroom_bytes}
 
 
@@ -82,7 +84,7 @@ class Miss:
 
 
 @dataclass
-class FitResult:
+class FitResult(JsonForm):
     """Everything `memfit fit` reports."""
 
     model: str
@@ -97,11 +99,12 @@ class FitResult:
     notes: list[str] = field(default_factory=list)  # how the model's config was obtained, when worth saying
     config: dict[str, Any] | None = None  # another tool's config fitted (memfit.interop), as read
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form as a dict (docs/fit.md); ``to_json(indent=...)`` gives it as JSON text."""
         return {
             "model": self.model,
             "gpu": self.gpu,
-            "fits": [f.to_json() for f in self.fits],
+            "fits": [f.to_dict() for f in self.fits],
             "max_seq_len": dict(self.max_seq_len),
             "details": {
                 "max_gpus": self.max_gpus,
@@ -193,6 +196,7 @@ def fit(
     revision: str | None = None,
     optimizers: dict[str, tuple[str, ...]] | None = None,
     deepspeed: Any = None,
+    plans_expected: Callable[[int], None] | None = None,
     **knobs: Any,
 ) -> FitResult:
     """Find the configurations of ``model`` that fit ``gpu`` (or ``budget``), fastest first.
@@ -219,6 +223,9 @@ def fit(
             :data:`OPTIMIZERS_LEAN_FIRST`'s.
         deepspeed: a DeepSpeed config's settings, for the plans on several GPUs that its ZeRO stage
             shards (:func:`memfit.planner.api.plan`).
+        progress: called with each plan's description as it starts (from the worker processes too).
+        plans_expected: called once, when the inputs are validated and before the first plan, with
+            about how many plans the search will make (:func:`expected_plans`).
         knobs: fixed RunSpec knobs passed through (rank, alpha, targets, precision...). Without a
             precision, bf16 is used where the GPU supports it, else fp16 (LoRA, QLoRA) or fp32 (full).
     """
@@ -232,6 +239,11 @@ def fit(
     problems = []
     if gpu is None and budget is None:
         problems.append("fit needs --gpu NAME or --budget SIZE (e.g. --gpu rtx-4090 or --budget 24GiB)")
+    most = upper_bound("grad_accum")
+    if isinstance(batch_size, int) and batch_size > most:
+        # Every method's search starts at micro-batch 1 with the whole batch accumulated.
+        problems.append(f"--batch-size: {batch_size} must be at most {most}: fit plans micro-batch 1 with the whole effective "
+                        f"batch accumulated, and --grad-accum is at most {most} (e.g. --batch-size 8)")
     methods = tuple(methods or METHODS)
     bad = [m for m in methods if m not in METHODS]
     if bad:
@@ -240,16 +252,19 @@ def fit(
         if fixed in knobs:
             problems.append(f"--{fixed.replace('_', '-')} is chosen by the search; leave it out")
     workers = _worker_count(len(methods)) if workers is None else max(1, workers)
-    if workers > 1 and not problems and validation_state(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size,
-                                                         seq_len=seq_len or 1, **knobs) == "unknown":
+    inputs = dict(revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
+    if workers > 1 and not problems and validation_state(model, **inputs) == "unknown":
         # Inputs never seen: the plans will be made, in worker processes. Their imports start now,
         # beside this process's validation, instead of after it.
         _start_worker_server()
     # Validate everything once, before any simulation; every problem is reported together.
-    try:
-        source, _, target = validate(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
-    except PlanError as err:
-        problems.extend(err.problems)
+    if problems:  # with what else is wrong, found without importing transformers: the rest waits for the fixes
+        problems.extend(quick_problems(model, **inputs))
+    else:
+        try:
+            source, _, target = validate(model, **inputs)
+        except PlanError as err:
+            problems.extend(err.problems)
     if problems:
         raise PlanError(problems, heading="cannot search this model")
     if isinstance(model, str) and (source.hub or source.note):
@@ -270,6 +285,8 @@ def fit(
                      supports_bf16=supports_bf16, effective_batch=batch_size,
                      seq_limit=(max_positions or 131072) if max_seq_len else 0, levels=levels,
                      optimizers=dict(OPTIMIZERS_LEAN_FIRST, **(optimizers or {})))
+    if plans_expected is not None:
+        plans_expected(expected_plans(len(methods), batch_size, longest=bool(job.seq_limit)))
     if workers > 1:
         outcomes = _run_parallel(job, methods, workers, progress)
     else:
@@ -542,6 +559,20 @@ def _search_method(planner: _Planner, method: str, effective_batch: int) -> tupl
         if best.spec["batch_size"] == options[-1]:
             break
     return fits, misses
+
+
+def expected_plans(methods: int, effective_batch: int, *, longest: bool = True) -> int:
+    """About how many plans :func:`fit` makes for ``methods`` methods: an estimate for its progress
+    line, not a bound (a search proven short by the model states' floor makes fewer; one that needs
+    several GPU counts, more).
+
+    Per method: the first setting that fits at micro-batch 1, often after a faster one that does
+    not; the largest micro-batch, a guess confirmed in about log2 of the splits of the effective
+    batch; and the longest sequence, two plans for the slope and a few to close in on the boundary.
+    """
+    splits = len(_micro_batches(effective_batch))
+    per_method = 2 + math.ceil(math.log2(splits)) + (4 if longest else 0)
+    return methods * per_method
 
 
 def _micro_batches(effective_batch: int) -> list[int]:

@@ -31,6 +31,7 @@ from pydantic import (
 
 from memfit import spec as specs
 from memfit.errors import UserError, listed
+from memfit.json_form import JsonForm
 from memfit.spec import RunSpec, SpecError, make_spec
 from memfit.train.data.sources import DataSource
 from memfit.train.generation import DEFAULT_EVAL_MAX_NEW_TOKENS, prompt_problem
@@ -82,7 +83,7 @@ def _run_knobs() -> type[BaseModel]:
     return create_model("RunKnobs", __config__=ConfigDict(extra="forbid", frozen=True), **fields)
 
 
-class TrainConfig(_run_knobs()):
+class TrainConfig(_run_knobs(), JsonForm):
     """Every setting of a training run: the :class:`~memfit.spec.RunSpec` knobs (``method``, ``rank``,
     ``batch_size``...) and what only training needs. Field docs double as the YAML reference
     (docs/train.md)."""
@@ -194,7 +195,7 @@ class TrainConfig(_run_knobs()):
             knobs[name] = value
         return knobs
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
 
