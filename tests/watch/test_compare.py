@@ -18,6 +18,7 @@ from watch_helpers import (  # noqa: E402
 
 from memfit.watch.compare import (  # noqa: E402
     compare_categories,
+    compare_peaks,
     comparison_lines,
     detect_above_plan,
     measured_categories,
@@ -46,6 +47,16 @@ def test_cuda_readings_give_allocator_reserve_and_context():
                                     "peak_reserved_bytes": 3 * GiB, "process_bytes": 3 * GiB + 500 * MiB}}
     measured = measured_categories(attributed({"weights": GiB}, expected=("cuda:0",), devices=devices))
     assert measured["allocator"] == GiB and measured["runtime"] == 500 * MiB
+
+
+def test_peaks_are_compared_on_the_run_device_only():
+    devices = lambda s: {"cuda:0": {"peak_allocated_bytes": s * GiB, "peak_reserved_bytes": 5 * GiB}}  # noqa: E731
+    rows = compare_peaks(tiny_plan(allocated=4 * GiB), attributed({}, expected=("cuda:0",), devices=devices))
+    assert [(r.name, r.predicted_bytes, r.measured_bytes) for r in rows] == [
+        ("peak allocated", 4 * GiB, 5 * GiB), ("peak reserved", 4 * GiB + 100 * MiB, 5 * GiB),
+        ("device total", 4 * GiB + 600 * MiB, None)]  # NVML did not report this process
+    assert compare_peaks(tiny_plan(), attributed({})) == []  # a CPU run
+    assert compare_peaks(None, attributed({}, expected=("cuda:0",), devices=devices)) == []
 
 
 def test_activations_far_above_plan_name_checkpointing():
@@ -84,7 +95,7 @@ NO_FLOOR = Thresholds(activations_min_excess_bytes=0, peak_min_excess_bytes=0)
 def plan_json():
     from memfit.planner.api import plan
 
-    return plan(TINY_LLAMA, **KNOBS).to_json()
+    return plan(TINY_LLAMA, **KNOBS).to_dict()
 
 
 def lora_setup(wrap: bool):

@@ -96,6 +96,12 @@ def test_checkpointing_trainer_is_inspected_as_it_trains_and_raises_no_alarm(tmp
     assert [f.code for f in callback.findings if f.code == "checkpointing_inactive"] == []
     folder = load_run(tmp_path)
     assert folder.timeline.start["spec"]["checkpointing"] == "on"
+    # The Trainer's settings under their own names, for memfit report's configuration table.
+    config = folder.timeline.start["config"]
+    assert config["model"] == str(tmp_path / "base") and config["trainable parameters"] == config["parameters"] > 0
+    assert {k: config[k] for k in ("per_device_train_batch_size", "learning_rate", "max_steps", "seed")} == {
+        "per_device_train_batch_size": 2, "learning_rate": 1e-3, "max_steps": 3, "seed": 42}
+    assert config.get("activation_checkpointing", config.get("gradient_checkpointing")) is True
     assert [f.code for f in folder.timeline.findings] == []
     result = CliRunner().invoke(app, ["doctor", str(tmp_path)])
     assert result.exit_code == 0, result.output

@@ -22,6 +22,19 @@ def test_host_reading_is_positive_bytes():
     assert set(readings.phase_reading(0)) == {"rss_bytes"}
 
 
+def test_peak_rss_is_the_os_high_water_mark_in_bytes():
+    before = readings.peak_rss_bytes()
+    grown = bytearray(64 * 2**20)
+    for i in range(0, len(grown), 4096):  # touched, so the pages are resident
+        grown[i] = 1
+    after = readings.host_reading()
+    del grown
+    # It never goes down, and it saw the 64 MiB (ru_maxrss trails the page counts by a few hundred KiB).
+    assert after["peak_rss_bytes"] >= before
+    assert after["peak_rss_bytes"] >= after["rss_bytes"] - 2**20
+    assert readings.peak_rss_bytes() >= after["peak_rss_bytes"] > readings.rss_bytes()
+
+
 def fake_nvml(processes_by_index):
     """A stand-in for the ``pynvml`` module: two GPUs with UUIDs and running processes."""
     module = types.ModuleType("pynvml")

@@ -78,6 +78,9 @@ def test_records_are_on_disk_as_soon_as_a_step_ends(tmp_path, tiny_llama_config)
     assert step["extra"] == {"loss": 1.5, "note": "x", "tensor": 2.0}
     assert [p["phase"] for p in step["phases"]] == ["forward", "backward", "optimizer", "idle"]
     assert all(p["rss_bytes"] > 0 for p in step["phases"]) and step["devices"] == {}
+    # The process's high-water mark, which sees what happened between two readings.
+    assert step["peak_rss_bytes"] >= max(p["rss_bytes"] for p in step["phases"]) - 2**20
+    assert lines[0]["peak_rss_bytes"] <= step["peak_rss_bytes"]
     recorder.close()
     with pytest.raises(RuntimeError, match="closed"):
         recorder.end_step(2)

@@ -1,7 +1,7 @@
 """What a run shows and logs as it goes: the live progress bar, ``metrics.jsonl``, throughput.
 
-Rank 0 (or the only process) shows and writes; the other ranks of a multi-GPU run get the
-:class:`NullLog` and no progress bar.
+Rank 0 (or the only process) shows, writes and reports to the trackers ``report_to`` names; the
+other ranks of a multi-GPU run get the :class:`NullLog` and no progress bar.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from memfit.run_files import METRICS_FILE
 from memfit.units import format_bytes
@@ -61,38 +61,53 @@ class NullLog:
 
 
 class MetricsLog:
-    """Appends one JSON object a line to ``metrics.jsonl``; mirrors scalars to TensorBoard when the
-    ``tensorboard`` package is installed."""
+    """Appends one JSON object a line to ``metrics.jsonl`` and sends each to the trackers
+    ``report_to`` names (TensorBoard, W&B, MLflow: :mod:`memfit.train.trackers`), with the run's
+    configuration ``run_config`` (what ``run.json`` holds)."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, report_to: Iterable[str] = (), run_config: dict[str, Any] | None = None,
+                 console: Any = None):
         self.path = run_dir / METRICS_FILE
         self._file = None
-        self._tb = None
+        self._trackers = None
         self._run_dir = run_dir
+        self._report_to = list(report_to)
+        self._run_config = run_config or {}
+        self._console = console
 
     def __enter__(self) -> "MetricsLog":
         self._file = open(self.path, "a", encoding="utf-8")
-        import importlib.util
+        from memfit.train.trackers import Trackers, resolve_report_to
 
-        if importlib.util.find_spec("tensorboard") is not None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(self._run_dir / "tensorboard"))
+        names = resolve_report_to(self._report_to)
+        if names:
+            self._trackers = Trackers(self._run_dir, names, self._run_config, say=self._say, warn=self._warn)
+            self._trackers.start()
+        elif self._report_to == ["all"]:
+            self._say("report_to: all, but none of tensorboard, wandb, mlflow is installed: metrics go to metrics.jsonl only")
         return self
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
         # Flushed every line: after a crash the metrics up to the crash are on disk.
         self._file.flush()
-        if self._tb is not None:
-            for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)):
-                    self._tb.add_scalar(key, value, record["step"])
+        if self._trackers is not None:
+            self._trackers.send(record)
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
         self._file.close()
-        if self._tb is not None:
-            self._tb.close()
+        if self._trackers is not None:
+            self._trackers.finish(failed=exc_type is not None)
+
+    def _say(self, line: str) -> None:
+        if self._console is not None:
+            self._console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+    def _warn(self, line: str) -> None:
+        if self._console is not None:
+            from rich.markup import escape
+
+            self._console.print(f"[yellow]warning:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
 class LiveProgress:

@@ -45,4 +45,4 @@ def report_command(
     from memfit.watch.report import write_report
 
     path = write_report(run_dir, out)
-    Console().print(f"wrote {path}", highlight=False)
+    Console().print(f"wrote {path}", highlight=False, markup=False, soft_wrap=True)

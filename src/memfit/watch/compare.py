@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from memfit.json_form import JsonForm
 from memfit.planner.categories import CATEGORIES
 from memfit.units import format_bytes
 from memfit.watch.thresholds import Thresholds
@@ -18,7 +19,7 @@ from memfit.watch.timeline import Finding, Timeline
 
 
 @dataclass(frozen=True)
-class CategoryRow:
+class CategoryRow(JsonForm):
     """One category: predicted bytes, measured bytes (None when not measurable), measured / predicted."""
 
     name: str
@@ -31,7 +32,7 @@ class CategoryRow:
             return self.measured_bytes / self.predicted_bytes
         return None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "predicted_bytes": self.predicted_bytes, "measured_bytes": self.measured_bytes, "ratio": self.ratio}
 
 
@@ -46,7 +47,7 @@ def measured_categories(timeline: Timeline) -> dict[str, int]:
             # behind its back, so its "runtime" is not a measurement.
             if name != "runtime":
                 measured[name] = int(value)
-    device = _run_device(timeline)
+    device = run_device(timeline)
     if device is not None:
         records = [r["devices"][device] for r in timeline.steps if device in r.get("devices", {})]
         peak_reserved = max((e.get("peak_reserved_bytes", 0) for e in records), default=0)
@@ -61,7 +62,7 @@ def measured_categories(timeline: Timeline) -> dict[str, int]:
 
 
 def compare_categories(plan: dict[str, Any] | None, timeline: Timeline) -> list[CategoryRow]:
-    """The plan's categories (``MemoryPlan.to_json()['categories']``) next to the measured ones."""
+    """The plan's categories (``MemoryPlan.to_dict()['categories']``) next to the measured ones."""
     predicted = (plan or {}).get("categories") or {}
     measured = measured_categories(timeline)
     rows = []
@@ -87,7 +88,7 @@ def comparison_lines(rows: list[CategoryRow]) -> list[str]:
 
 def measured_peak_allocated(timeline: Timeline) -> tuple[int | None, str]:
     """The run's peak allocated bytes and where it was read: the device counters, else the attribution."""
-    device = _run_device(timeline)
+    device = run_device(timeline)
     if device is not None:
         peaks = [r["devices"][device].get("peak_allocated_bytes") for r in timeline.steps if device in r.get("devices", {})]
         peaks = [p for p in peaks if p]
@@ -96,6 +97,27 @@ def measured_peak_allocated(timeline: Timeline) -> tuple[int | None, str]:
     if timeline.attribution and timeline.attribution.get("peak_allocated_bytes"):
         return int(timeline.attribution["peak_allocated_bytes"]), "the first-step attribution"
     return None, ""
+
+
+def compare_peaks(plan: dict[str, Any] | None, timeline: Timeline) -> list[CategoryRow]:
+    """The plan's three peaks next to the run device's: allocated (``max_memory_allocated``),
+    reserved (``max_memory_reserved``) and the device total (NVML's bytes of this process, what
+    nvidia-smi shows). Empty without a plan or a CUDA run device; a peak not read is None."""
+    device = run_device(timeline)
+    peak = (plan or {}).get("peak") or {}
+    if device is None or not peak:
+        return []
+    records = [r["devices"][device] for r in timeline.steps if device in r.get("devices", {})]
+
+    def highest(key: str) -> int | None:
+        values = [e[key] for e in records if isinstance(e.get(key), (int, float))]
+        return int(max(values)) if values else None
+
+    return [
+        CategoryRow("peak allocated", peak.get("allocated_bytes"), highest("peak_allocated_bytes")),
+        CategoryRow("peak reserved", peak.get("reserved_bytes"), highest("peak_reserved_bytes")),
+        CategoryRow("device total", peak.get("device_total_bytes"), highest("process_bytes")),
+    ]
 
 
 _CATEGORY_FIX = {
@@ -150,7 +172,7 @@ def detect_above_plan(timeline: Timeline, plan: dict[str, Any] | None, threshold
     return findings
 
 
-def _run_device(timeline: Timeline) -> str | None:
+def run_device(timeline: Timeline) -> str | None:
     """The CUDA device the run is on, when exactly one expected device is CUDA and was recorded."""
     cuda = [d for d in timeline.expected_devices if d.startswith("cuda")]
     if len(cuda) == 1 and cuda[0] in timeline.device_names():

@@ -15,6 +15,7 @@ from typing import Any
 from memfit.units import format_bytes
 from memfit.watch.compare import CategoryRow, compare_categories
 from memfit.watch.detectors import detect_all
+from memfit.watch.peaks import host_peak
 from memfit.watch.thresholds import Thresholds
 from memfit.watch.timeline import Finding, RunFolder, load_run, merge_findings
 
@@ -83,8 +84,10 @@ def run_facts(run: RunFolder) -> list[tuple[str, str]]:
         facts.append(("ended", "no end record: the process stopped without closing the recorder (crash, kill, or still running)"))
     facts.append(("expected devices", ", ".join(timeline.expected_devices) or "unknown"))
     rss = [r.get("rss_bytes", 0) for r in timeline.steps]
-    if rss:
-        facts.append(("host RSS", f"{format_bytes(rss[0])} after the first step, {format_bytes(rss[-1])} at the last, peak {format_bytes(max(rss))}"))
+    peak = host_peak(timeline)
+    if rss or peak:
+        text = f"{format_bytes(rss[0])} after the first step, {format_bytes(rss[-1])} at the last; " if rss else ""
+        facts.append(("host RSS", text + (f"peak {peak.describe()}" if peak else "no peak recorded")))
     for name in timeline.device_names():
         entries = [r["devices"][name] for r in timeline.steps if name in r.get("devices", {})]
         peak = max((e.get("peak_allocated_bytes", 0) for e in entries), default=0)
@@ -104,22 +107,32 @@ def run_facts(run: RunFolder) -> list[tuple[str, str]]:
 def render(diagnosis: Diagnosis, console: Any = None) -> None:
     """Print the diagnosis: facts, findings with their fixes (most important first), predicted vs measured."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = console or Console()
-    grid = Table.grid(padding=(0, 2))
-    for key, value in diagnosis.facts:
-        grid.add_row(f"[dim]{key}[/]", value)
-    console.print(grid)
+    # Through a pipe or into a file a line is never cut at the console's guessed width (80
+    # columns): whoever reads it (grep, a log, a wider window) wraps it, or not, as they like.
+    soft = not console.is_terminal
+    if soft:
+        width = max((len(key) for key, _ in diagnosis.facts), default=0)
+        for key, value in diagnosis.facts:
+            console.print(f"[dim]{escape(key.ljust(width))}[/]  {escape(value)}", highlight=False, soft_wrap=True)
+    else:
+        grid = Table.grid(padding=(0, 2))
+        for key, value in diagnosis.facts:
+            grid.add_row(f"[dim]{escape(key)}[/]", escape(value))
+        console.print(grid)
     console.print()
     if not diagnosis.findings:
         steps = len(diagnosis.run.timeline.steps)
-        console.print(f"[green]No memory problems found[/] in {steps} recorded steps.")
+        console.print(f"[green]No memory problems found[/] in {steps} recorded steps.", soft_wrap=soft)
     styles = {"error": "bold red", "warning": "yellow", "info": "cyan"}
     for number, finding in enumerate(diagnosis.findings, 1):
         where = f" (step {finding.step})" if finding.step is not None else ""
-        console.print(f"{number}. [{styles[finding.severity]}]{finding.severity}[/] [bold]{finding.code}[/]{where}: {finding.message}", highlight=False)
-        console.print(f"   [green]fix:[/] {finding.fix}", highlight=False)
+        console.print(f"{number}. [{styles[finding.severity]}]{finding.severity}[/] [bold]{finding.code}[/]{where}: {escape(finding.message)}",
+                      highlight=False, soft_wrap=soft)
+        console.print(f"   [green]fix:[/] {escape(finding.fix)}", highlight=False, soft_wrap=soft)
     if diagnosis.comparison:
         console.print()
         table = Table(title="predicted vs measured (at the step's peak)", title_justify="left")
@@ -136,5 +149,5 @@ def render(diagnosis: Diagnosis, console: Any = None) -> None:
             )
         console.print(table)
         if diagnosis.run.timeline.attribution is None:
-            console.print("[dim]no first-step attribution was recorded, so categories were not measured[/]")
+            console.print("[dim]no first-step attribution was recorded, so categories were not measured[/]", soft_wrap=soft)
 

@@ -88,6 +88,7 @@ class MemoryCallback(TrainerCallback):
             expected_device=self.expected_device if self.expected_device is not None else _trainer_devices(args),
             total_steps=int(state.max_steps) if state.max_steps and state.max_steps > 0 else None,
             spec=spec,
+            config=trainer_config(args, model),
             thresholds=self.thresholds,
             check_every=self.check_every,
             resumed_from_step=int(state.global_step) if state.global_step else None,
@@ -182,3 +183,43 @@ def _trainer_devices(args) -> list[str]:
     if device.type == "cuda" and device.index is None:
         return ["cuda:0"]
     return [str(device)]
+
+
+#: The TrainingArguments ``memfit report`` shows, under their own names (where transformers renamed
+#: one, the newer name first).
+TRAINER_SETTINGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate", "lr_scheduler_type",
+                    "warmup_steps", "warmup_ratio", "weight_decay", "max_grad_norm", "num_train_epochs", "max_steps",
+                    "optim", "bf16", "fp16", ("activation_checkpointing", "gradient_checkpointing"),
+                    ("eval_strategy", "evaluation_strategy"), "eval_steps", "seed")
+
+
+def trainer_config(args, model: Any = None) -> dict[str, Any]:
+    """The run's configuration under the names its libraries use: the model's name and size, the
+    LoRA settings of a PEFT model (``r``, ``lora_alpha``...), and the Trainer's settings."""
+    config: dict[str, Any] = {}
+    if model is not None:
+        name = getattr(getattr(model, "config", None), "_name_or_path", None)
+        config["model"] = str(name) if name else type(model).__name__
+        parameters = list(model.parameters())
+        config["parameters"] = sum(p.numel() for p in parameters)
+        config["trainable parameters"] = sum(p.numel() for p in parameters if p.requires_grad)
+        peft_config = getattr(model, "peft_config", None)
+        adapter = next(iter(peft_config.values()), None) if isinstance(peft_config, dict) else None
+        for key in ("peft_type", "r", "lora_alpha", "lora_dropout", "target_modules"):
+            value = getattr(adapter, key, None)
+            if value is not None:
+                config[key] = _plain(value)
+    for names in TRAINER_SETTINGS:
+        key = next((n for n in ((names,) if isinstance(names, str) else names) if hasattr(args, n)), None)
+        value = getattr(args, key, None) if key else None
+        if value is not None and not (key == "max_steps" and value <= 0):
+            config[key] = _plain(value)
+    return config
+
+
+def _plain(value: Any) -> Any:
+    """A JSON value: enums by their value, sets as sorted lists."""
+    if isinstance(value, (set, frozenset, list, tuple)):
+        return sorted(str(v) for v in value) if isinstance(value, (set, frozenset)) else [str(v) for v in value]
+    value = getattr(value, "value", value)  # IntervalStrategy.STEPS -> "steps"
+    return value if isinstance(value, (str, int, float, bool)) else str(value)

@@ -17,17 +17,36 @@ from typing import Any
 
 
 def host_reading() -> dict[str, int]:
-    """The process's resident memory, its malloc heap in use (glibc only), and the machine's
-    available and total RAM, in bytes."""
+    """The process's resident memory and its peak so far (the OS's high-water mark), its malloc
+    heap in use (glibc only), and the machine's available and total RAM, in bytes."""
     import psutil
 
     rss_bytes = psutil.Process().memory_info().rss
     vm = psutil.virtual_memory()
     reading = {"rss_bytes": int(rss_bytes), "host_available_bytes": int(vm.available), "host_total_bytes": int(vm.total)}
+    peak = peak_rss_bytes()
+    if peak is not None:
+        reading["peak_rss_bytes"] = peak
     heap = heap_bytes()
     if heap is not None:
         reading["heap_bytes"] = heap
     return reading
+
+
+def peak_rss_bytes() -> int | None:
+    """The most resident memory this process has held since it started (``getrusage``'s
+    ``ru_maxrss``, the kernel's high-water mark); None where the OS has no such call (Windows).
+
+    Readings taken at phase and step boundaries miss a peak reached in between (a forward pass
+    that gathers, a checkpoint save, loading the weights); the kernel tracks every page.
+    """
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return None
+    peak = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    # Linux (and the BSDs) count kilobytes; macOS counts bytes.
+    return peak if sys.platform == "darwin" else peak * 1024
 
 
 _MALLINFO2: Any = False  # False: not looked up yet; None: not available
@@ -273,10 +292,7 @@ def step_peak_reading(device: Any) -> dict[str, int]:
             "peak_reserved_bytes": int(torch.cuda.max_memory_reserved(device)),
         }
     reading = {"rss_bytes": rss_bytes()}
-    try:
-        import resource
-
-        reading["peak_rss_bytes"] = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # KiB on Linux
-    except ImportError:  # pragma: no cover - Windows
-        pass
+    peak = peak_rss_bytes()
+    if peak is not None:
+        reading["peak_rss_bytes"] = peak
     return reading

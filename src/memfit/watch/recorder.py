@@ -68,6 +68,8 @@ class MemoryRecorder:
             memory elsewhere is reported as stray. None: unknown, stray memory is not judged.
         total_steps: the run's length, when known: a leak is an error if memory fills before it.
         spec: the run's knobs (RunSpec or dict), stored for the doctor.
+        config: the run's settings as the training loop names them (``learning_rate``, ``max_steps``...),
+            JSON values, stored for ``memfit report``'s configuration table.
         thresholds: detector limits (:class:`~memfit.watch.thresholds.Thresholds`).
         check_every: run the detectors every this many steps.
         resumed_from_step: the step a resumed run restarts from; records after it are superseded.
@@ -86,6 +88,7 @@ class MemoryRecorder:
         expected_device: Any = None,
         total_steps: int | None = None,
         spec: Any = None,
+        config: dict[str, Any] | None = None,
         thresholds: Thresholds = Thresholds(),
         check_every: int = 10,
         resumed_from_step: int | None = None,
@@ -126,9 +129,12 @@ class MemoryRecorder:
             "device_capacity_bytes": self._only_asked(readings.device_capacities(self._cuda_count, self._nvml)),
             "host_total_bytes": host["host_total_bytes"],
             "rss_bytes": host["rss_bytes"],
+            # The process's peak before the first step (loading the model, the data).
+            **({"peak_rss_bytes": host["peak_rss_bytes"]} if "peak_rss_bytes" in host else {}),
             "total_steps": total_steps,
             "resumed_from_step": resumed_from_step,
             "spec": _spec_json(spec),
+            **({"config": _jsonable(config)} if config else {}),
             "plan": self._plan,
         }
         self._timeline = Timeline(start=start, steps=deque(maxlen=LIVE_WINDOW))  # type: ignore[arg-type]
@@ -146,7 +152,7 @@ class MemoryRecorder:
         self._file.flush()
 
     def _record_finding(self, finding: Finding) -> None:
-        self._write({"kind": "finding", "time": time.time(), "finding": finding.to_json()})
+        self._write({"kind": "finding", "time": time.time(), "finding": finding.to_dict()})
 
     # ------------------------------------------------------------------------------ phases and steps
     def _on_phase(self, name: str) -> None:
@@ -176,7 +182,7 @@ class MemoryRecorder:
             "time": time.time(),
             "elapsed_s": round(time.perf_counter() - self._started, 4),
             "rss_bytes": host["rss_bytes"],
-            **({"heap_bytes": host["heap_bytes"]} if "heap_bytes" in host else {}),
+            **{key: host[key] for key in ("peak_rss_bytes", "heap_bytes") if key in host},
             "host_available_bytes": host["host_available_bytes"],
             "devices": devices,
             "phases": self._phases,
@@ -408,8 +414,8 @@ def _plan_json(plan: Any) -> dict[str, Any] | None:
         return None
     if isinstance(plan, dict):
         return plan
-    if hasattr(plan, "to_json"):
-        return plan.to_json()
+    if hasattr(plan, "to_dict"):
+        return plan.to_dict()
     raise TypeError(f"plan: expected a MemoryPlan or its JSON dict, not {type(plan).__name__}")
 
 
@@ -424,11 +430,14 @@ def _spec_json(spec: Any) -> dict[str, Any] | None:
 
 
 def _jsonable(extra: dict[str, Any]) -> dict[str, Any]:
-    """Plain JSON values only: tensors become numbers (a 0-d tensor) or are dropped."""
+    """Plain JSON values only (lists of them too): tensors become numbers (a 0-d tensor) or are dropped."""
+    plain = (str, int, float, bool)
     out = {}
     for key, value in extra.items():
-        if isinstance(value, (str, int, float, bool)) or value is None:
+        if isinstance(value, plain) or value is None:
             out[str(key)] = value
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, plain) for v in value):
+            out[str(key)] = list(value)
         elif hasattr(value, "item") and getattr(value, "numel", lambda: 0)() == 1:
             out[str(key)] = value.item()
     return out

@@ -1,33 +1,34 @@
 """``memfit report``: one self-contained HTML page (charts inlined as PNG data URIs) and the PNGs.
 
-Charts: memory over steps per CUDA device (allocated, reserved, peak; the plan's peak as a
-horizontal line) and for the host (RSS), the loss curve from ``metrics.jsonl``, and the plan's
-categories next to the measured ones. matplotlib is imported inside :func:`write_report`.
+The page, top to bottom: what the run was (steps, devices, peaks), its configuration, the findings
+with their fixes, training (loss and eval loss, learning rate), memory over steps per CUDA device
+and for the host, and the plan against the measured peaks by category, or one line saying why not.
+Every section holds something or says in one line why it is empty; no chart is drawn without data.
+The charts are :mod:`memfit.watch.charts` (matplotlib, imported when they are drawn).
 """
 
 from __future__ import annotations
 
 import base64
 import html
-import io
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from memfit.errors import UserError
 from memfit.files import check_file_writable, write_atomic
 from memfit.units import format_bytes
-from memfit.watch.detectors import HOST, series
+from memfit.watch.charts import GENERATOR, chart_title, render_charts
+from memfit.watch.compare import CategoryRow, compare_categories, compare_peaks, run_device
 from memfit.watch.doctor import Diagnosis, diagnose
+from memfit.watch.run_config import NO_CONFIGURATION, configuration_rows
 from memfit.watch.thresholds import Thresholds
-from memfit.watch.timeline import loss_curve
+from memfit.watch.timeline import metric_curve
 
-#: Marks a file as written by this module: an existing ``out`` without it is never replaced.
-GENERATOR = "memfit report"
 REPORT_FILE = "report.html"
 
 
 class ReportError(UserError, ValueError):
-    """The report cannot be written (missing matplotlib, an output path that holds another file)."""
+    """The report cannot be written (an output path that is a folder, or holds another file)."""
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, thresholds: Thresholds = Thresholds()) -> Path:
@@ -41,7 +42,8 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, thresholds:
     diagnosis = diagnose(run_dir, thresholds)  # validates the run folder first
     out = Path(out) if out is not None else diagnosis.run.path / REPORT_FILE
     check_report_path(out)
-    charts = render_charts(diagnosis)
+    section = plan_section(diagnosis)
+    charts = render_charts(diagnosis, plan_compared=section.compared)
     ours = out.exists()  # checked above: an earlier report's page, so its charts beside it are ours too
     for name, _ in charts:
         png = _chart_path(out, name)
@@ -50,7 +52,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, thresholds:
                               "report; choose another --out (memfit never overwrites other files)")
     for name, png in charts:
         write_atomic(_chart_path(out, name), png)
-    write_atomic(out, render_html(diagnosis, charts).encode("utf-8"))
+    write_atomic(out, render_html(diagnosis, charts, section).encode("utf-8"))
     return out
 
 
@@ -86,130 +88,50 @@ def _written_by_report(path: Path, companion: bool = False) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------
-# Charts
+# Plan vs measured
 
 
-def render_charts(diagnosis: Diagnosis) -> list[tuple[str, bytes]]:
-    """(name, PNG bytes) for every chart the run has data for."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise ReportError("memfit report draws its charts with matplotlib, which is not installed: pip install matplotlib") from None
-    matplotlib.use("Agg", force=True)  # files only, no display
-    from matplotlib.figure import Figure
+@dataclass
+class PlanSection:
+    """What the page's plan-vs-measured section shows: the peaks and categories side by side, the
+    line that says why they are not compared (a CPU run, no plan), a note on what was measured, and
+    whether plan and measurement are both of the same GPU (then the categories are also drawn)."""
 
-    timeline = diagnosis.run.timeline
-    plan = diagnosis.run.plan
-    charts = []
-    for name in timeline.device_names():
-        charts.append((f"memory-{name.replace(':', '')}", _device_chart(Figure, timeline, name, plan, diagnosis.findings)))
-    if series(timeline, HOST):
-        charts.append(("memory-host", _host_chart(Figure, timeline, diagnosis.findings)))
-    losses = loss_curve(diagnosis.run.metrics)
-    if losses:
-        charts.append(("loss", _loss_chart(Figure, losses)))
-    # Only categories measured on both sides are drawn (the table lists all): on a CPU run the
-    # CUDA context alone would dwarf every bar.
-    compared = [r for r in diagnosis.comparison if r.measured_bytes is not None and r.predicted_bytes is not None]
-    if compared:
-        charts.append(("categories", _categories_chart(Figure, compared)))
-    return charts
+    peaks: list[CategoryRow] = field(default_factory=list)
+    categories: list[CategoryRow] = field(default_factory=list)
+    reason: str | None = None
+    note: str | None = None
+    compared: bool = False
 
 
-def _unit(max_bytes: float) -> tuple[float, str]:
-    for scale, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if max_bytes >= scale:
-            return scale, unit
-    return 1, "B"
-
-
-def _png(fig) -> bytes:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100, bbox_inches="tight", metadata={"Software": GENERATOR})
-    return buffer.getvalue()
-
-
-def _leak_steps(findings, where: str) -> list[int]:
-    return [f.step for f in findings if f.code == "leak" and f.step is not None and f.data.get("device") == where]
-
-
-def _device_chart(Figure, timeline, name: str, plan: dict[str, Any] | None, findings) -> bytes:
-    lines: dict[str, list[tuple[int, int]]] = {}
-    for record in timeline.steps:
-        entry = record.get("devices", {}).get(name)
-        if not entry:
-            continue
-        for key, label in (("allocated_bytes", "allocated after step"), ("reserved_bytes", "reserved"),
-                           ("peak_allocated_bytes", "peak allocated (so far)"), ("nvml_used_bytes", "device used (NVML)")):
-            if key in entry:
-                lines.setdefault(label, []).append((record["step"], entry[key]))
-    planned = None
-    if plan and name in timeline.expected_devices:
-        planned = (plan.get("peak") or {}).get("allocated_bytes")
-    top = max([v for pts in lines.values() for _, v in pts] + [planned or 0, 1])
-    scale, unit = _unit(top)
-    fig = Figure(figsize=(9, 3.6))
-    ax = fig.subplots()
-    for label, pts in lines.items():
-        ax.plot([s for s, _ in pts], [v / scale for _, v in pts], label=label, linewidth=1.4)
-    if planned:
-        ax.axhline(planned / scale, color="crimson", linestyle="--", linewidth=1.2, label=f"planned peak allocated ({format_bytes(planned)})")
-    for step in _leak_steps(findings, name):
-        ax.axvline(step, color="crimson", linestyle=":", linewidth=1, label=f"climb detected from step {step}")
-    ax.set_title(f"{name} memory" + ("" if name in timeline.expected_devices or not timeline.expected_devices else " (not a device this run should use)"))
-    ax.set_xlabel("step")
-    ax.set_ylabel(unit)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    return _png(fig)
-
-
-def _host_chart(Figure, timeline, findings) -> bytes:
-    points = series(timeline, HOST)
-    heap = series(timeline, HOST, "heap_bytes")
-    scale, unit = _unit(max(p.value for p in points))
-    fig = Figure(figsize=(9, 3.2))
-    ax = fig.subplots()
-    ax.plot([p.step for p in points], [p.value / scale for p in points], color="tab:purple", linewidth=1.4, label="process RSS after step")
-    if heap:
-        ax.plot([p.step for p in heap], [p.value / scale for p in heap], color="tab:brown", linewidth=1.2, label="malloc heap in use")
-    for step in _leak_steps(findings, HOST):
-        ax.axvline(step, color="crimson", linestyle=":", linewidth=1, label=f"climb detected from step {step}")
-    ax.set_title("host memory of the training process")
-    ax.set_xlabel("step")
-    ax.set_ylabel(unit)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    return _png(fig)
-
-
-def _loss_chart(Figure, losses: list[tuple[int, float]]) -> bytes:
-    fig = Figure(figsize=(9, 3.0))
-    ax = fig.subplots()
-    ax.plot([s for s, _ in losses], [v for _, v in losses], color="tab:green", linewidth=1.4)
-    ax.set_title("training loss (metrics.jsonl)")
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.grid(alpha=0.3)
-    return _png(fig)
-
-
-def _categories_chart(Figure, rows) -> bytes:
-    top = max([r.predicted_bytes for r in rows] + [r.measured_bytes for r in rows] + [1])
-    scale, unit = _unit(top)
-    fig = Figure(figsize=(9, 0.45 * len(rows) + 1.2))
-    ax = fig.subplots()
-    y = list(range(len(rows)))
-    ax.barh([i - 0.2 for i in y], [r.predicted_bytes / scale for r in rows], height=0.4, label="plan", color="tab:blue")
-    ax.barh([i + 0.2 for i in y], [r.measured_bytes / scale for r in rows], height=0.4, label="measured", color="tab:orange")
-    ax.set_yticks(y, [r.name for r in rows])
-    ax.invert_yaxis()
-    ax.set_xlabel(unit)
-    ax.set_title("plan vs measured, by category (at the step's peak)")
-    ax.grid(axis="x", alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    return _png(fig)
+def plan_section(diagnosis: Diagnosis) -> PlanSection:
+    """Decide the plan-vs-measured section of ``diagnosis``'s run (see :class:`PlanSection`)."""
+    timeline, plan = diagnosis.run.timeline, diagnosis.run.plan
+    attribution = timeline.attribution
+    measured = compare_categories(plan, timeline) if attribution or plan else []
+    gpu_run = any("cuda" in d for d in timeline.expected_devices) or (not timeline.expected_devices and timeline.device_names())
+    if not gpu_run:
+        where = "the plan is of GPU memory" if plan else "memfit plans GPU memory, and no plan was made for this run"
+        section = PlanSection(reason=f"CPU run: {where}; the measured host memory is shown instead (Memory, above).")
+        if attribution:
+            # Measured only: next to a GPU plan, a CPU's temporaries and missing allocator would read as misses.
+            section.categories = compare_categories(None, timeline)
+            section.note = (f"What the tensors of the first {attribution.get('steps', '?')} steps held on the CPU, by category "
+                            "(the planner's tracker on the real tensors): a GPU would hold the same tensors, plus its "
+                            "allocator's reserve and the CUDA context.")
+        return section
+    if not plan:
+        return PlanSection(categories=measured, reason=(
+            "No plan was recorded for this run, so there is nothing to compare: memfit train plans every GPU run "
+            "before it loads a weight; give MemoryCallback or MemoryRecorder plan=memfit.plan(...)."))
+    section = PlanSection(peaks=compare_peaks(plan, timeline), categories=measured, compared=run_device(timeline) is not None)
+    if not section.compared:
+        section.reason = ("The plan is of one GPU and this run's memory is on several (or its device was not recorded): "
+                          "the categories measured on the first steps are compared, the peaks are not.")
+    if attribution is None:
+        section.note = ("No first-step attribution was recorded, so the categories were not measured "
+                        "(memfit train measures its first 2 steps; MemoryCallback(attribute_steps=2) does too).")
+    return section
 
 
 # ------------------------------------------------------------------------------------------------
@@ -217,51 +139,160 @@ def _categories_chart(Figure, rows) -> bytes:
 
 
 _CSS = """
-body { font-family: system-ui, -apple-system, Segoe UI, sans-serif; margin: 2rem auto; max-width: 980px; color: #222; }
+body { font-family: system-ui, -apple-system, Segoe UI, sans-serif; margin: 2rem auto; max-width: 980px; color: #222; padding: 0 1rem; }
 h1 { font-size: 1.5rem; } h2 { font-size: 1.15rem; margin-top: 2rem; border-bottom: 1px solid #ddd; }
-table { border-collapse: collapse; margin: .5rem 0; } td, th { padding: .25rem .7rem; border-bottom: 1px solid #eee; text-align: left; }
+table { border-collapse: collapse; margin: .5rem 0; } th { white-space: nowrap; } td, th { padding: .25rem .7rem; border-bottom: 1px solid #eee; text-align: left; vertical-align: top; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 .finding { border-left: 4px solid #999; padding: .4rem .8rem; margin: .6rem 0; background: #fafafa; }
 .error { border-color: #c62828; } .warning { border-color: #ef6c00; } .info { border-color: #1565c0; }
 .sev { font-weight: bold; text-transform: uppercase; font-size: .8rem; } .fix { color: #2e7d32; }
 img { max-width: 100%; display: block; margin: .5rem 0; } .ok { color: #2e7d32; font-weight: bold; }
+.note { color: #555; }
 """
 
+#: Evaluations listed one per row up to this many; more are summed up (first, lowest, last).
+MAX_LISTED_EVALS = 20
 
-def render_html(diagnosis: Diagnosis, charts: list[tuple[str, bytes]]) -> str:
-    """The page: facts, findings, charts (inlined), and the predicted-vs-measured table."""
+
+def render_html(diagnosis: Diagnosis, charts: list[tuple[str, bytes]], section: PlanSection | None = None) -> str:
+    """The page: facts, configuration, findings, training, memory, plan vs measured (charts inlined)."""
     e = html.escape
+    section = section if section is not None else plan_section(diagnosis)
+    images = {name: _img(name, png) for name, png in charts}
     parts = [
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f'<meta name="generator" content="{GENERATOR}">',
         f"<title>memfit report: {e(diagnosis.run.path.name)}</title><style>{_CSS}</style></head><body>",
         f"<h1>memfit report: {e(diagnosis.run.path.name)}</h1>",
-        "<table>" + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in diagnosis.facts) + "</table>",
-        "<h2>Findings</h2>",
+        _table(diagnosis.facts),
+        "<h2>Run configuration</h2>",
+        _table(configuration_rows(diagnosis.run)) or f'<p class="note">{e(NO_CONFIGURATION)}.</p>',
+        "<h2>Findings</h2>", *_findings_html(diagnosis),
+        "<h2>Training</h2>", *_training_html(diagnosis, images),
+        *_replies_html(diagnosis),
+        "<h2>Memory</h2>", *_memory_html(diagnosis, images),
+        "<h2>Plan vs measured</h2>", *_plan_html(section, images),
+        "</body></html>",
     ]
+    return "\n".join(parts) + "\n"
+
+
+def _img(name: str, png: bytes) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img alt="{html.escape(chart_title(name))}" src="data:image/png;base64,{data}">'
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    """A two-column table, or "" for no rows (the caller then says why)."""
+    if not rows:
+        return ""
+    e = html.escape
+    return "<table>" + "".join(f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in rows) + "</table>"
+
+
+def _findings_html(diagnosis: Diagnosis) -> list[str]:
+    e = html.escape
     if not diagnosis.findings:
-        parts.append('<p class="ok">No memory problems found.</p>')
+        return ['<p class="ok">No memory problems found.</p>']
+    parts = []
     for f in diagnosis.findings:
         where = f" (step {f.step})" if f.step is not None else ""
         parts.append(
             f'<div class="finding {e(f.severity)}"><span class="sev">{e(f.severity)}</span> <b>{e(f.code)}</b>{e(where)}: '
             f'{e(f.message)}<br><span class="fix">fix: {e(f.fix)}</span></div>'
         )
-    titles = {"loss": "Loss", "categories": "Plan vs measured"}
-    parts.append("<h2>Charts</h2>")
-    for name, png in charts:
-        alt = titles.get(name, name.replace("memory-", "memory: "))
-        data = base64.b64encode(png).decode("ascii")
-        parts.append(f'<img alt="{e(alt)}" src="data:image/png;base64,{data}">')
-    if diagnosis.comparison:
-        parts.append("<h2>Plan vs measured</h2><table><tr><th>category</th><th class=num>plan</th><th class=num>measured</th><th class=num>measured / plan</th></tr>")
-        for r in diagnosis.comparison:
-            plan_text = format_bytes(r.predicted_bytes) if r.predicted_bytes is not None else "-"
-            measured = format_bytes(r.measured_bytes) if r.measured_bytes is not None else "not measured"
-            ratio = f"{r.ratio:.2f}" if r.ratio is not None else "-"
-            parts.append(f"<tr><td>{e(r.name)}</td><td class=num>{e(plan_text)}</td><td class=num>{e(measured)}</td><td class=num>{ratio}</td></tr>")
-        parts.append("</table>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    return parts
 
 
+def _training_html(diagnosis: Diagnosis, images: dict[str, str]) -> list[str]:
+    e = html.escape
+    metrics = diagnosis.run.metrics
+    losses, evals = metric_curve(metrics, "loss"), metric_curve(metrics, "eval_loss")
+    parts = []
+    if losses:
+        (first_step, first), (last_step, last) = losses[0], losses[-1]
+        parts.append(f"<p>training loss {first:.4f} at step {first_step} &rarr; {last:.4f} at step {last_step} "
+                     f"({len(losses):,} logged steps)</p>")
+    if evals:
+        shown = evals if len(evals) <= MAX_LISTED_EVALS else _eval_summary(evals)
+        label = "eval loss" if len(shown) == len(evals) else f"eval loss ({len(evals):,} evaluations: first, lowest, last)"
+        parts.append(f"<table><tr><th>step</th><th class=num>{e(label)}</th></tr>"
+                     + "".join(f"<tr><td>{step}</td><td class=num>{value:.4f}</td></tr>" for step, value in shown) + "</table>")
+    elif losses:
+        parts.append('<p class="note">no eval loss in metrics.jsonl: the run had no eval data, or ended before its first '
+                     "evaluation.</p>")
+    parts += [images[name] for name in ("loss", "lr") if name in images]
+    if not parts:
+        parts.append('<p class="note">metrics.jsonl holds no loss, eval loss or learning rate '
+                     f'({"it is missing" if not metrics else f"{len(metrics):,} records without them"}).</p>')
+    return parts
+
+
+def _replies_html(diagnosis: Diagnosis) -> list[str]:
+    """The replies to ``eval_prompts`` at the first and the last evaluation, side by side (a run
+    without ``eval_prompts`` has no such section)."""
+    e = html.escape
+    records = [r for r in diagnosis.run.metrics if isinstance(r.get("generations"), list) and r["generations"]]
+    if not records:
+        return []
+    first, last = records[0], records[-1]
+    steps = [first] if first is last else [first, last]
+    header = "".join(f"<th>reply at step {e(str(r.get('step')))}</th>" for r in steps)
+    rows = []
+    for index, item in enumerate(last["generations"]):
+        messages = item.get("messages") or []
+        prompt = messages[-1].get("content", "") if messages and isinstance(messages[-1], dict) else ""
+        replies = []
+        for record in steps:
+            generations = record["generations"]
+            reply = generations[index].get("generation", "") if index < len(generations) else ""
+            replies.append(f"<td>{e(str(reply))}</td>")
+        rows.append(f"<tr><td>{e(str(prompt))}</td>{''.join(replies)}</tr>")
+    return ["<h2>Replies to eval_prompts</h2>",
+            f'<p class="note">greedy, at most {e(str(last.get("max_new_tokens", "")))} new tokens; '
+            f"{len(records):,} evaluations in metrics.jsonl</p>",
+            f"<table><tr><th>prompt</th>{header}</tr>{''.join(rows)}</table>"]
+
+
+def _eval_summary(evals: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    lowest = min(evals, key=lambda point: point[1])
+    return sorted({evals[0], lowest, evals[-1]})
+
+
+def _memory_html(diagnosis: Diagnosis, images: dict[str, str]) -> list[str]:
+    parts = [img for name, img in images.items() if name.startswith("memory-")]
+    if not parts:
+        steps = len(diagnosis.run.timeline.steps)
+        why = {0: "no step was recorded", 1: "one step was recorded, too few for a timeline: its readings are at the top of the page"}
+        parts.append(f'<p class="note">{why.get(steps, "no step record holds a memory reading")}.</p>')
+    return parts
+
+
+def _plan_html(section: PlanSection, images: dict[str, str]) -> list[str]:
+    e = html.escape
+    parts = []
+    if section.reason:
+        parts.append(f'<p class="note">{e(section.reason)}</p>')
+    for rows in (section.peaks, section.categories):
+        if rows:
+            parts.append(_comparison_table(rows, "peak" if rows is section.peaks else "category"))
+    if "categories" in images:
+        parts.append(images["categories"])
+    if section.note:
+        parts.append(f'<p class="note">{e(section.note)}</p>')
+    return parts or ['<p class="note">nothing to compare.</p>']
+
+
+def _comparison_table(rows: list[CategoryRow], heading: str) -> str:
+    """Plan, measured and their ratio per row; the measured column alone when nothing was planned."""
+    e = html.escape
+    planned = any(r.predicted_bytes is not None for r in rows)
+    columns = ["plan", "measured", "measured / plan"] if planned else ["measured"]
+    lines = [f"<table><tr><th>{heading}</th>" + "".join(f"<th class=num>{c}</th>" for c in columns) + "</tr>"]
+    for r in rows:
+        cells = [format_bytes(r.measured_bytes) if r.measured_bytes is not None else "not measured"]
+        if planned:
+            cells = [format_bytes(r.predicted_bytes) if r.predicted_bytes is not None else "-", *cells,
+                     f"{r.ratio:.2f}" if r.ratio is not None else "-"]
+        lines.append(f"<tr><td>{e(r.name)}</td>" + "".join(f"<td class=num>{e(c)}</td>" for c in cells) + "</tr>")
+    return "".join(lines) + "</table>"

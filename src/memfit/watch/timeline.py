@@ -15,11 +15,13 @@ The full schema is in docs/watch.md. This module imports nothing heavy: ``memfit
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from memfit.errors import UserError
+from memfit.json_form import JsonForm
 from memfit.run_files import MEMORY_FILE, METRICS_FILE, RUN_FILE, rank_of_memory_file
 
 #: Version of the record layout; bumped when a field changes meaning.
@@ -32,7 +34,7 @@ SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 
 
 @dataclass
-class Finding:
+class Finding(JsonForm):
     """Something wrong (or worth knowing) about a run's memory, in plain words, with the fix.
 
     ``code`` is stable and machine-readable (``leak``, ``stray_device``...); ``data`` holds the
@@ -55,7 +57,7 @@ class Finding:
         """What makes two findings "the same problem": the code and the device it is about."""
         return self.code, str(self.data.get("device", ""))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
@@ -94,7 +96,7 @@ class Timeline:
 
     @property
     def plan(self) -> dict[str, Any] | None:
-        """The plan's JSON (``MemoryPlan.to_json()``) the run was started with, if any."""
+        """The plan's JSON (``MemoryPlan.to_dict()``) the run was started with, if any."""
         return self.start.get("plan")
 
     @property
@@ -274,13 +276,14 @@ def load_metrics(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-def loss_curve(metrics: list[dict[str, Any]]) -> list[tuple[int, float]]:
-    """(step, loss) pairs of the training loss (evaluation records have ``eval_loss`` instead)."""
+def metric_curve(metrics: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
+    """(step, value) pairs of one metric, in the file's order: ``loss`` (training records),
+    ``eval_loss`` (evaluation records), ``lr``... Records without a finite number there are skipped."""
     points = []
     for record in metrics:
-        step, loss = record.get("step"), record.get("loss")
-        if isinstance(step, (int, float)) and isinstance(loss, (int, float)):
-            points.append((int(step), float(loss)))
+        step, value = record.get("step"), record.get(key)
+        if _number(step) and _number(value) and math.isfinite(value):
+            points.append((int(step), float(value)))
     return points
 
 

@@ -31,6 +31,9 @@ def test_report_command(tmp_path):
     run = write_run(tmp_path / "run", [start_record(), *step_records(20)])
     result = runner.invoke(app, ["report", str(run)])
     assert result.exit_code == 0 and (run / "report.html").is_file()
+    long = write_run(tmp_path / ("a-long-folder-name-" * 6), [start_record(), *step_records(20)])
+    result = runner.invoke(app, ["report", str(long)])  # through a pipe: one line, however long
+    assert result.output == f"wrote {long / 'report.html'}\n"
     (tmp_path / "mine.html").write_text("x")
     result = runner.invoke(app, ["report", str(run), "--out", str(tmp_path / "mine.html")])
     assert result.exit_code == 2 and "not written by memfit report" in result.output
