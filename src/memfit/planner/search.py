@@ -259,7 +259,9 @@ def fit(
         _start_worker_server()
     # Validate everything once, before any simulation; every problem is reported together.
     if problems:  # with what else is wrong, found without importing transformers: the rest waits for the fixes
-        problems.extend(quick_problems(model, **inputs))
+        # A --batch-size over fit's bound is named once, with fit's bound, not again with the knob's.
+        batch_named = isinstance(batch_size, int) and batch_size > most
+        problems.extend(quick_problems(model, **(dict(inputs, batch_size=1) if batch_named else inputs)))
     else:
         try:
             source, _, target = validate(model, **inputs)
