@@ -5,6 +5,8 @@ written from the results files, one renderer per block name. Each takes a
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from typing import Callable
 
 import _campaign_report
@@ -163,6 +165,45 @@ def train_fit_example(results) -> str:
     return "```\n$ " + example["command"] + "\n" + "\n".join(line.rstrip() for line in lines[start:end]) + "\n```"
 
 
+# ------------------------------------------------------------------------------------------------
+# A real model end to end (docs/chat.md)
+
+
+def real_model(results) -> str:
+    """benchmarks/real_model.py's steps and what each gave, one row a step."""
+    data = results.load("real_model")
+    model, conf, plan, train, probes, merge = (data[k] for k in ("model", "configuration", "plan", "training", "probes", "merge"))
+    before, after = probes["before"], probes["after"]
+    # What the untrained model says instead of the one word: its replies' commonest first four words.
+    start, times = Counter(" ".join(re.findall(r"\w+", r["generation"])[:4]) for r in before["replies"]).most_common(1)[0]
+
+    def trained(side: dict) -> str:
+        return (f"loss {side['first_loss']:.3f} -> {side['last_loss']:.4f}, {side['tokens_per_second']:.1f} tokens/s, "
+                f"peak RSS {side['peak_rss_bytes'] / 2**20:,.0f} MiB")
+
+    identical = (f"all {merge['comparison']['tensors']} tensors bit-identical" if merge["bit_identical"]
+                 else f"{merge['comparison']['differ_count']} of {merge['comparison']['tensors']} tensors differ")
+    doctor = next((line.strip() for line in reversed(data["doctor"]["output"]) if line.strip()), "")
+    rows = [
+        [f"convert the GGUF file ({_mb(model['gguf_bytes'])}) to safetensors",
+         f"{model['shards']} shards, {_mb(model['safetensors_bytes'])} fp32, {model['convert_s']:.0f} s"],
+        [f"`memfit plan` (batch {conf['batch_size']} x {conf['seq_len']} tokens, LoRA r={conf['rank']}, {conf['precision']}, "
+         "checkpointing)",
+         f"{plan['peak']['device_total_bytes'] / 1e9:.2f} GB on a CUDA device (weights {_mb(plan['categories']['weights'])}, "
+         f"runtime {_mb(plan['categories']['runtime'])})"],
+        ["probes before training", f"{before['exact']} of {before['count']} answered with the word ({before['lenient']} of "
+                                   f"{before['count']} lenient; {times} of {before['count']} replies begin \"{start}\")"],
+        [f"{train['memfit']['steps']} LoRA steps, memfit", trained(train["memfit"])],
+        [f"{train['hf-trainer']['steps']} LoRA steps, `Trainer` + PEFT", trained(train["hf-trainer"])],
+        ["probes after training (`memfit generate RUN_DIR`)", f"{after['exact']} of {after['count']}"],
+        ["`memfit merge` / PEFT `merge_and_unload`",
+         f"{merge['memfit']['peak_rss_bytes'] / 2**20:,.0f} / {merge['peft']['peak_rss_bytes'] / 2**20:,.0f} MiB peak RSS, "
+         f"{merge['memfit']['wall_s']:.1f} / {merge['peft']['wall_s']:.1f} s; {identical}"],
+        ["`memfit doctor`", f"exit {data['doctor']['exit_code']}: {doctor[:1].lower()}{doctor[1:].rstrip('.')}"],
+    ]
+    return "\n".join(_table(["step", "result"], rows))
+
+
 #: Block name -> renderer.
 BLOCKS: dict[str, Callable] = {
     _campaign_report.README_BLOCK: _campaign_report.summary_block,
@@ -174,4 +215,5 @@ BLOCKS: dict[str, Callable] = {
     "merge-vs-peft": merge_vs_peft,
     "plan-example": plan_example,
     "train-fit-example": train_fit_example,
+    "real-model": real_model,
 }
