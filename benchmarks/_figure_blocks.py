@@ -166,7 +166,7 @@ def train_fit_example(results) -> str:
 
 
 # ------------------------------------------------------------------------------------------------
-# A real model end to end (docs/chat.md)
+# A real model end to end (docs/chat.md) and other tools' configs (docs/interop.md)
 
 
 def real_model(results) -> str:
@@ -204,6 +204,13 @@ def real_model(results) -> str:
     return "\n".join(_table(["step", "result"], rows))
 
 
+def interop_accuracy(results) -> str:
+    """benchmarks/interop_accuracy.py's cases, then the medians (its own table function)."""
+    import interop_accuracy as bench
+
+    return bench.doc_table(results.load("interop_accuracy"))
+
+
 #: Block name -> renderer.
 BLOCKS: dict[str, Callable] = {
     _campaign_report.README_BLOCK: _campaign_report.summary_block,
@@ -216,4 +223,5 @@ BLOCKS: dict[str, Callable] = {
     "plan-example": plan_example,
     "train-fit-example": train_fit_example,
     "real-model": real_model,
+    "interop-accuracy": interop_accuracy,
 }
