@@ -211,6 +211,19 @@ def interop_accuracy(results) -> str:
     return bench.doc_table(results.load("interop_accuracy"))
 
 
+def precision_plans(results) -> str:
+    """The four plans of benchmarks/precision_plans.py, as the commands with their device totals."""
+    data = results.load("precision_plans")
+    width = max(len(row["command"]) for row in data["plans"])
+    lines = []
+    for row in data["plans"]:
+        total = row["peak"]["device_total_bytes"]
+        shown = f"{total / 2**30:.1f} GiB" if total >= 50 * 2**30 else _gib(total)
+        lines.append(f"{row['command']:<{width}}   # device total {shown} ({total:,} B)")
+    return (f"Planned on a {_machine(data['machine'])} (the plan is a simulation, not a CUDA run):\n\n"
+            "```bash\n" + "\n".join(lines) + "\n```")
+
+
 #: Block name -> renderer.
 BLOCKS: dict[str, Callable] = {
     _campaign_report.README_BLOCK: _campaign_report.summary_block,
@@ -224,4 +237,5 @@ BLOCKS: dict[str, Callable] = {
     "train-fit-example": train_fit_example,
     "real-model": real_model,
     "interop-accuracy": interop_accuracy,
+    "precision-plans": precision_plans,
 }
