@@ -22,8 +22,17 @@ def test_the_docs_quote_figures_from_results_files():
     refs = figures.references(figures.documents(ROOT))
     named = {name for _, name, _ in refs}
     # The headline figures of README and the benchmark pages come through the mechanism.
-    assert {"fit_answers", "max_context", "merge_vs_peft", "plan_speed", "fit_speed", "conformance"} <= named
+    assert {"fit_answers", "max_context", "merge_vs_peft", "plan_speed", "fit_speed", "conformance", "interop_accuracy",
+            "real_model", "precision_plans"} <= named
     assert all((ROOT / "benchmarks" / "results" / f"{name}.json").is_file() for name in named)
+
+
+def test_every_block_renderer_writes_a_block_of_the_docs():
+    from _figure_blocks import BLOCKS
+
+    text = "".join(path.read_text() for path in figures.documents(ROOT))
+    used = {match.group("name") for match in figures.BLOCK.finditer(text)}
+    assert set(BLOCKS) <= used, set(BLOCKS) - used
 
 
 @pytest.fixture
