@@ -92,6 +92,17 @@ class RunSpec(BaseModel):
     packing: bool = knob(False, "Concatenate examples into rows of exactly seq_len tokens (attention kept inside each example).")
     padding_free: Literal["auto", "on", "off"] = knob("auto", "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it).")
     max_grad_norm: float | None = knob(1.0, "Clip gradients to this L2 norm (none: no clipping).", example=1.0)
+    objective: Literal["sft", "dpo", "orpo", "simpo"] = knob(
+        "sft",
+        "Training objective: sft (next-token loss), or a preference objective on chosen / rejected pairs: dpo (against "
+        "a reference model: the base with adapters disabled, or a frozen copy for full), orpo or simpo (no reference). "
+        "batch_size then counts pairs.",
+    )
+    precompute_reference: bool = knob(
+        False,
+        "dpo: the reference log-probs in one pass before training (kept in the run folder) instead of a reference pass "
+        "in every step; full fine-tuning then keeps no frozen copy of the model.",
+    )
     recipe: Literal["memfit", "hf"] = knob("memfit", "memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison.", planner_only=True)
 
     @field_validator("targets", mode="before")
@@ -142,6 +153,7 @@ class RunSpec(BaseModel):
             )
         if self.step_in_backward and self.recipe == "hf":
             problems.append(f"{name('step_in_backward')}: the hf recipe has no optimizer step in backward. Use {setting('recipe', 'memfit')}.")
+        problems.extend(_objective_combinations(self, name, setting))
         if self.shard != "none" and self.gpus < 2:
             problems.append(f"{name('shard')}: {self.shard} needs {setting('gpus', 2)} or more (got {setting('gpus', self.gpus)}).")
         if problems:
@@ -176,6 +188,16 @@ class RunSpec(BaseModel):
     @property
     def uses_adapters(self) -> bool:
         return self.method in ("lora", "qlora")
+
+    @property
+    def is_preference(self) -> bool:
+        """Whether the step trains on chosen / rejected pairs (dpo, orpo, simpo) rather than next tokens."""
+        return self.objective in PREFERENCE_OBJECTIVES
+
+    @property
+    def reference(self) -> str:
+        """Where the step's reference log-probs come from (see :func:`reference_source`)."""
+        return reference_source(self.objective, self.method, self.precompute_reference)
 
     @property
     def tiles_sequence(self) -> bool:
@@ -332,6 +354,108 @@ def tiles_sequence(tiling: str, recipe: str, tokens: int) -> bool:
     if recipe == "hf" or tiling == "off":
         return False
     return tiling == "on" or tokens >= TILING_AUTO_TOKENS
+
+
+# ------------------------------------------------------------------------------------------------
+# Preference objectives
+
+#: The objectives that train on chosen / rejected pairs.
+PREFERENCE_OBJECTIVES = ("dpo", "orpo", "simpo")
+
+#: Where a step's reference log-probs come from (:func:`reference_source`).
+REFERENCE_SOURCES = ("none", "disabled-adapters", "frozen-copy", "precomputed")
+
+
+def reference_source(objective: str, method: str, precompute_reference: bool = False) -> str:
+    """Where the reference log-probs of an ``objective`` step come from.
+
+    ``none``: the objective has no reference (sft, orpo, simpo); ``precomputed``: read from the batch
+    (one pass before training computed them); ``disabled-adapters``: LoRA and QLoRA take them from
+    the base model, the adapters switched off (PEFT's ``disable_adapter()``), with no second copy;
+    ``frozen-copy``: full fine-tuning keeps a frozen copy of the starting weights.
+    """
+    if objective != "dpo":
+        return "none"
+    if precompute_reference:
+        return "precomputed"
+    return "frozen-copy" if method == "full" else "disabled-adapters"
+
+
+def _objective_combinations(spec: "RunSpec", name, setting) -> list[str]:
+    """What a preference objective rules out, spelled as the user wrote the knobs."""
+    problems = []
+    if spec.precompute_reference and spec.objective != "dpo":
+        problems.append(
+            f"{name('precompute_reference')}: only {setting('objective', 'dpo')} has a reference model "
+            f"(got {setting('objective', spec.objective)}). Drop {name('precompute_reference')}."
+        )
+    if spec.objective != "sft" and spec.packing:
+        problems.append(
+            f"{name('packing')} cannot be used with {setting('objective', spec.objective)}: a pair's chosen and rejected "
+            f"answers are scored as whole sequences, not cut into packed rows. Drop {name('packing')} "
+            f"({name('padding_free')} keeps a micro-batch's pairs in one row without padding)."
+        )
+    if spec.objective != "sft" and spec.gpus > 1:
+        problems.append(
+            f"{setting('objective', spec.objective)} runs on one GPU in memfit (got {setting('gpus', spec.gpus)}). "
+            f"Use {setting('gpus', 1)}."
+        )
+    return problems
+
+
+class ObjectiveParams(BaseModel):
+    """The loss parameters of the preference objectives, under TRL's names and defaults.
+
+    They change the loss value, not the memory of a step: they are training-config fields (``beta:
+    0.1`` in a training YAML, ``--beta`` on ``memfit train``), not :class:`RunSpec` knobs, and plans do
+    not depend on them. :func:`objective_problems` checks them against the objective.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    beta: float = Field(
+        0.1,
+        description="dpo: how far the policy may move from the reference (TRL DPOConfig beta; for loss_type ipo, its "
+        "tau); orpo: the odds-ratio weight lambda (TRL ORPOConfig beta); simpo: the reward scale (TRL CPOConfig beta).",
+    )
+    loss_type: Literal["sigmoid", "ipo", "hinge"] = Field(
+        "sigmoid", description="dpo's loss (TRL DPOConfig loss_type): sigmoid (DPO), ipo (IPO, per-token averages), hinge (SLiC)."
+    )
+    simpo_gamma: float = Field(0.5, description="simpo: the target reward margin gamma (TRL CPOConfig simpo_gamma).")
+    cpo_alpha: float = Field(
+        0.0,
+        description="simpo: weight of an NLL term on the chosen answers (TRL CPOConfig cpo_alpha; 0 is SimPO as its paper "
+        "defines it, TRL's own default 1.0 is CPO-SimPO).",
+    )
+
+
+#: The fields of :class:`ObjectiveParams`, and the objectives each one applies to.
+OBJECTIVE_PARAMS: dict[str, tuple[str, ...]] = {
+    "beta": PREFERENCE_OBJECTIVES, "loss_type": ("dpo",), "simpo_gamma": ("simpo",), "cpo_alpha": ("simpo",),
+}
+
+
+def objective_problems(objective: str, params: ObjectiveParams, given: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """One line per problem with ``params`` for ``objective``, named as training-config fields.
+
+    ``given``: the fields the user set; one that does not apply to the objective is refused rather
+    than silently ignored.
+    """
+    problems = []
+    for field in sorted(given & set(OBJECTIVE_PARAMS)):
+        applies = OBJECTIVE_PARAMS[field]
+        if objective not in applies:
+            problems.append(
+                f"{field}: applies to objective: {' or '.join(applies)}, and this run's objective is {objective}. "
+                f"Remove {field}, or set objective: {applies[0]}."
+            )
+    if not (math.isfinite(params.beta) and params.beta > 0):
+        problems.append(f"beta: {params.beta!r} must be a positive number (e.g. beta: 0.1)")
+    if not math.isfinite(params.simpo_gamma):
+        problems.append(f"simpo_gamma: {params.simpo_gamma!r} must be a number (e.g. simpo_gamma: 0.5)")
+    if not (math.isfinite(params.cpo_alpha) and params.cpo_alpha >= 0):
+        problems.append(f"cpo_alpha: {params.cpo_alpha!r} must be 0 or more (e.g. cpo_alpha: 0)")
+    return problems
 
 
 # ------------------------------------------------------------------------------------------------
