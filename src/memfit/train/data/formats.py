@@ -1,9 +1,11 @@
-"""The four record formats, their detection, validation and normalization.
+"""The record formats, their detection, validation and normalization.
 
-Every record becomes one of two normalized forms:
+Every record becomes one of three normalized forms:
 
 - chat: ``{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...], "source": where}``
 - text: ``{"text": str, "source": where}``
+- preference pair: ``{"pair": {"prompt", "chosen", "rejected", "chat"}, "source": where}``
+  (:mod:`memfit.train.data.pairs`)
 
 ``source`` names the file and line the record came from, for later error messages.
 """
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.train.data.errors import Problems
+from memfit.train.data.pairs import normalize_pair
 from memfit.train.data.readers import RawRecord, expand_paths, json_type_name, read_file
 
 # The keys that identify each format, in the order they are listed to users.
@@ -22,6 +25,7 @@ FORMAT_KEYS: dict[str, tuple[str, ...]] = {
     "sharegpt": ("conversations",),
     "messages": ("messages",),
     "text": ("text",),
+    "preference": ("chosen", "rejected"),
 }
 FORMATS = tuple(FORMAT_KEYS)
 ROLES = ("system", "user", "assistant")
@@ -38,7 +42,7 @@ def load_records(
         paths: a file, a directory (its .json/.jsonl/.ndjson/.parquet/.csv files, sorted) or a list
             of them. JSON files hold a list of records; JSONL one record per line; CSV one record per
             row (alpaca and text formats only); Parquet via pyarrow.
-        format: ``alpaca``, ``sharegpt``, ``messages``, ``text`` or ``auto`` (detected from the keys
+        format: ``alpaca``, ``sharegpt``, ``messages``, ``text``, ``preference`` or ``auto`` (detected from the keys
             of each file's first record; all files must agree).
 
     Returns:
@@ -245,4 +249,5 @@ _NORMALIZERS = {
     "sharegpt": _normalize_sharegpt,
     "messages": _normalize_messages,
     "text": _normalize_text,
+    "preference": normalize_pair,
 }
