@@ -31,7 +31,7 @@ from pydantic import (
 
 from memfit import spec as specs
 from memfit.errors import UserError, listed
-from memfit.spec import RunSpec, SpecError, make_spec
+from memfit.spec import ObjectiveParams, RunSpec, SpecError, make_spec, objective_problems
 
 #: Fields holding paths, resolved against the YAML file's folder.
 PATH_FIELDS = ("model", "tokenizer", "data", "eval_data", "output_dir")
@@ -52,6 +52,7 @@ OTHER_NAMES = {
     "output": "output_dir", "out_dir": "output_dir", "save_steps": "save_every", "logging_steps": "log_every",
     "eval_steps": "eval_every", "save_total_limit": "keep_checkpoints", "bf16": "precision", "fp16": "precision",
     "dtype": "precision", "torch_dtype": "precision", "adapter": "method", "peft": "method", "use_peft": "method",
+    "precompute_ref_log_probs": "precompute_reference",
 }
 
 
@@ -74,9 +75,10 @@ def _run_knobs() -> type[BaseModel]:
     return create_model("RunKnobs", __config__=ConfigDict(extra="forbid", frozen=True), **fields)
 
 
-class TrainConfig(_run_knobs()):
+class TrainConfig(_run_knobs(), ObjectiveParams):
     """Every setting of a training run: the :class:`~memfit.spec.RunSpec` knobs (``method``, ``rank``,
-    ``batch_size``...) and what only training needs. Field docs double as the YAML reference
+    ``batch_size``...), the preference objectives' loss parameters (:class:`~memfit.spec.ObjectiveParams`:
+    ``beta``, ``loss_type``...) and what only training needs. Field docs double as the YAML reference
     (docs/train.md)."""
 
     # -- model ------------------------------------------------------------------------------
@@ -89,7 +91,7 @@ class TrainConfig(_run_knobs()):
 
     # -- data -------------------------------------------------------------------------------
     data: list[str] = Field(description="training data: file(s) or folder(s)")
-    data_format: Literal["auto", "alpaca", "sharegpt", "messages", "text"] = "auto"
+    data_format: Literal["auto", "alpaca", "sharegpt", "messages", "text", "preference"] = "auto"
     train_on_inputs: bool = Field(False, description="also take the loss on prompt tokens")
     eval_split: float = Field(0.0, description="fraction of the training examples held out for evaluation (0 = none)")
     eval_data: str | None = Field(None, description="evaluation data file(s) instead of a split")
@@ -136,6 +138,11 @@ class TrainConfig(_run_knobs()):
     def spec(self) -> RunSpec:
         """The validated RunSpec of the knobs (sizes per GPU)."""
         return make_spec(**self.knobs())
+
+    @property
+    def objective_params(self) -> ObjectiveParams:
+        """The preference objective's loss parameters (beta, loss_type, simpo_gamma, cpo_alpha)."""
+        return ObjectiveParams(**{name: getattr(self, name) for name in ObjectiveParams.model_fields})
 
     def knobs(self) -> dict[str, Any]:
         """The knobs this config sets, as ``memfit plan`` takes them (the others take their defaults).
@@ -331,6 +338,8 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
     if not 0 <= c.min_lr_ratio <= 1:
         problems.append(f"min_lr_ratio: {c.min_lr_ratio!r} must be in [0, 1]")
     problems.extend(_multi_gpu_problems(c))
+    if c.objective in specs.choices("objective"):
+        problems.extend(objective_problems(c.objective, c.objective_params, c.model_fields_set))
     from memfit.train.trackers import report_to_problems
 
     problems.extend(report_to_problems(c.report_to))

@@ -68,11 +68,48 @@ def prepare_examples(config: TrainConfig, tokenizer) -> tuple[list, list]:
     return train_examples, eval_examples
 
 
+def prepare_pairs(config: TrainConfig, tokenizer) -> tuple[list, list, Any]:
+    """Load, validate and tokenize preference pairs (a dpo, orpo or simpo run); split off (or load)
+    the evaluation pairs. Returns (train pairs, eval pairs, what tokenizing to seq_len cut:
+    :class:`memfit.train.data.pairs.PairStats`)."""
+    from memfit.train.data import load_records
+    from memfit.train.data.pairs import tokenize_pairs
+
+    records, fmt = load_records(config.data, config.data_format)
+    if fmt != "preference":
+        raise TrainError(
+            f"data: objective: {config.objective} trains on preference pairs (chosen and rejected, with or without a "
+            f"prompt), and {', '.join(config.data)} holds {fmt} records. Give pairs (docs/preference.md), or use "
+            "objective: sft for this data."
+        )
+    eval_records: list = []
+    if config.eval_data:
+        eval_records, _ = load_records(config.eval_data, config.data_format)
+    elif config.eval_split > 0:
+        records, eval_records = _split(records, config.eval_split, config.seed)
+    train_pairs, stats = tokenize_pairs(records, tokenizer, config.seq_len)
+    eval_pairs = tokenize_pairs(eval_records, tokenizer, config.seq_len)[0] if eval_records else []
+    return train_pairs, eval_pairs, stats
+
+
+def _split(records: list, fraction: float, seed: int) -> tuple[list, list]:
+    order = list(range(len(records)))
+    random.Random(f"memfit-eval-{seed}").shuffle(order)
+    n_eval = max(1, round(fraction * len(records)))
+    if n_eval >= len(records):
+        raise TrainError(f"eval_split: {fraction} of {len(records)} records leaves nothing to train on")
+    held = set(order[:n_eval])
+    return [r for i, r in enumerate(records) if i not in held], [records[i] for i in sorted(held)]
+
+
 def check_vocab(examples: list, vocab_size: int, tokenizer) -> None:
     """Every token id must have an embedding row; a tokenizer/model mismatch fails here, clearly."""
     if not vocab_size:
         return
-    largest = max((max(e["input_ids"]) for e in examples if e["input_ids"]), default=-1)
+    from memfit.step.preference import is_pair, pair_sequences
+
+    sequences = [s for e in examples for s in (pair_sequences(e) if is_pair(e) else (e,))]
+    largest = max((max(s["input_ids"]) for s in sequences if s["input_ids"]), default=-1)
     if largest >= vocab_size:
         raise TrainError(
             f"tokenizer: the data has token id {largest} but the model's vocab_size is {vocab_size} "
