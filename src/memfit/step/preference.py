@@ -38,8 +38,8 @@ from memfit.step.losses import Batch, _model_inputs, _wide, backbone_and_head, c
 #: trained, nor saved, nor in ``parameters()``; the memory tracker marks it as weights).
 REFERENCE_ATTR = "_memfit_reference"
 
-#: The per-pair values a preference step reports (TRL's metric names), as detached ``[pairs]`` tensors.
-PAIR_METRICS = ("rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected")
+#: What a preference step reports, under TRL's metric names: each a mean over the step's pairs.
+PAIR_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -248,8 +248,9 @@ def starting_logps(model: torch.nn.Module, batch: Batch, *, adapters: bool, dtyp
 class PreferenceLoss:
     """The loss of a preference step: ``(model, batch) -> (loss, metrics)``.
 
-    ``metrics`` holds detached ``[pairs]`` tensors under TRL's names (:data:`PAIR_METRICS`, and
-    ``nll_loss`` where the objective has an NLL term). :meth:`reference_pass`, where the objective
+    ``metrics`` holds detached sums over the micro-batch's pairs under TRL's names
+    (:data:`PAIR_METRICS`, ``nll_loss`` where the objective has an NLL term) and their count
+    (``pairs``), for :func:`summarize_metrics`. :meth:`reference_pass`, where the objective
     has a reference the step computes, adds ``ref_logps`` to a batch; the training step calls it
     before the policy's forward (memfit's recipe). ``dtype``: the forward runs under autocast to it.
     """
@@ -293,7 +294,7 @@ class PreferenceLoss:
 
 def objective_loss(objective: str, params: ObjectiveParams, logps: SequenceLogps,
                    ref: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """The mean loss over a micro-batch's pairs, and its per-pair metrics (pure tensor arithmetic).
+    """The mean loss over a micro-batch's pairs, and its metrics summed over them (pure tensor arithmetic).
 
     dpo (TRL DPOTrainer): ``-logsigmoid(beta x margin)`` (sigmoid), ``relu(1 - beta x margin)``
     (hinge), or ``(per-token margin - 1 / (2 beta))^2`` (ipo), the margin being the difference of
@@ -328,20 +329,26 @@ def objective_loss(objective: str, params: ObjectiveParams, logps: SequenceLogps
             nll = -every_chosen.sum() / tokens_chosen.sum().clamp(min=1)
             log_odds = (mean_chosen - mean_rejected) - (_log1mexp(mean_chosen) - _log1mexp(mean_rejected))
             loss = nll - (beta * F.logsigmoid(log_odds)).mean()
-            metrics["nll_loss"] = nll.detach().expand(chosen.shape[0])
+            metrics["nll_loss"] = nll.detach() * chosen.shape[0]
         elif objective == "simpo":
             logits = (mean_chosen - mean_rejected) - params.simpo_gamma / beta
             loss = (-F.logsigmoid(beta * logits)).mean()
             if params.cpo_alpha > 0:
                 nll = -chosen.sum() / counts_chosen.sum()
                 loss = loss + params.cpo_alpha * nll
-                metrics["nll_loss"] = nll.detach().expand(chosen.shape[0])
+                metrics["nll_loss"] = nll.detach() * chosen.shape[0]
         else:
             raise ValueError(f"objective: {objective!r} is not a preference objective")
         rewards = (beta * mean_chosen.detach(), beta * mean_rejected.detach())
         shown = (mean_chosen.detach(), mean_rejected.detach())
-    metrics.update({"rewards/chosen": rewards[0], "rewards/rejected": rewards[1],
-                    "logps/chosen": shown[0], "logps/rejected": shown[1]})
+    pairs = chosen.shape[0]
+    metrics = {name: value.sum() for name, value in metrics.items()}
+    metrics.update({
+        "rewards/chosen": rewards[0].sum(), "rewards/rejected": rewards[1].sum(),
+        "rewards/accuracies": (rewards[0] > rewards[1]).sum(), "rewards/margins": (rewards[0] - rewards[1]).sum(),
+        "logps/chosen": shown[0].sum(), "logps/rejected": shown[1].sum(),
+        "pairs": torch.full((), pairs, dtype=torch.int64, device=chosen.device),
+    })
     return loss, metrics
 
 
@@ -350,19 +357,17 @@ def _log1mexp(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x < -0.6931471805599453, torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
 
 
-def summarize_metrics(per_micro_batch: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """A step's preference metrics from its micro-batches' per-pair values: the means of
-    :data:`PAIR_METRICS` (and ``nll_loss``), ``rewards/accuracies`` (the share of pairs whose chosen
-    reward is the higher) and ``rewards/margins`` (the mean chosen minus rejected reward)."""
-    if not per_micro_batch:
+def summarize_metrics(totals: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+    """A step's preference metrics, each a mean over its pairs, from the sums its micro-batches
+    reported (:func:`objective_loss`): :data:`PAIR_METRICS`, ``nll_loss`` where there is one,
+    ``rewards/accuracies`` (the share of pairs whose chosen reward is the higher) and
+    ``rewards/margins`` (chosen minus rejected reward). One read of the device for all of them."""
+    if not totals:
         return {}
-    joined = {name: torch.cat([m[name].detach().float().cpu().reshape(-1) for m in per_micro_batch])
-              for name in per_micro_batch[0]}
-    out = {name: float(values.mean()) for name, values in joined.items()}
-    chosen, rejected = joined["rewards/chosen"], joined["rewards/rejected"]
-    out["rewards/accuracies"] = float((chosen > rejected).float().mean())
-    out["rewards/margins"] = float((chosen - rejected).mean())
-    return out
+    names = [name for name in totals[0] if name != "pairs"]
+    stacked = torch.stack([sum(t[name].double() for t in totals) for name in names + ["pairs"]]).cpu()
+    pairs = float(stacked[-1])
+    return {name: float(value) / pairs for name, value in zip(names, stacked[:-1])}
 
 
 def choose_preference_loss(spec: RunSpec, params: ObjectiveParams | None = None) -> PreferenceLoss:

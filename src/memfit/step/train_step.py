@@ -42,10 +42,10 @@ def train_step(
     The loss returned is the mean over micro-batches, detached (a tensor: reading it with ``.item()``
     is left to the caller, so that the step itself never forces a device sync).
 
-    A loss function may return ``(loss, metrics)`` (the preference objectives: detached per-pair
-    tensors), and may have a ``reference_pass`` (batch -> batch with the reference log-probs), run
-    before each micro-batch's forward as the ``reference`` phase. Each micro-batch's metrics are
-    appended to ``metrics`` when it is given.
+    A loss function may return ``(loss, metrics)`` (the preference objectives: detached sums over a
+    micro-batch's pairs), and may have a ``reference_pass`` (batch -> batch with the reference
+    log-probs), run before each micro-batch's forward as the ``reference`` phase. The metrics,
+    summed over the micro-batches, are appended to ``metrics`` when it is given.
     """
     observer = observer or _NoObserver()
     batches = list(micro_batches)
@@ -53,9 +53,10 @@ def train_step(
         raise ValueError("train_step needs at least one micro-batch")
     reference_pass = getattr(loss_fn, "reference_pass", None)
     total_loss = None
-    # Held to the end of the step whether the caller asks for them or not, so that a plan (which
-    # does not read them) and a run (which does) hold the same tensors.
-    reported = []
+    # Summed in place over the micro-batches, whether the caller asks for them or not: a plan
+    # (which does not read them) and a run (which does) hold the same tensors, and the step holds as
+    # many after two micro-batches as after twenty.
+    totals = None
     for batch in batches:
         if reference_pass is not None:
             observer.on_phase("reference")
@@ -65,7 +66,12 @@ def train_step(
         loss, step_metrics = output if isinstance(output, tuple) else (output, None)
         del output, batch
         if step_metrics is not None:
-            reported.append(step_metrics)
+            if totals is None:
+                totals = step_metrics
+            else:
+                for name, value in step_metrics.items():
+                    totals[name].add_(value)
+        del step_metrics
         # Each micro-batch's loss is divided by their count so that accumulated gradients equal the
         # gradient of the mean loss over the whole effective batch.
         loss = loss / len(batches)
@@ -91,6 +97,6 @@ def train_step(
     # use that memory.
     optimizer.zero_grad(set_to_none=True)
     observer.on_phase("idle")
-    if metrics is not None:
-        metrics.extend(reported)
+    if metrics is not None and totals is not None:
+        metrics.append(totals)
     return total_loss, grad_norm
