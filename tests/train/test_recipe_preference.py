@@ -101,3 +101,52 @@ def test_precomputed_reference_is_kept_in_the_run_folder_and_a_stopped_pass_cont
     out = StringIO()
     assert train(longer, resume=True, progress=False, console=Console(file=out, width=200)).step == 3
     assert "computing" not in out.getvalue()
+
+
+def test_the_dpo_adapter_merges_like_an_sft_adapter(tmp_path):
+    import warnings
+
+    import peft
+    import torch
+    import transformers
+    from safetensors.torch import load_file
+    from trainer_helpers import save_tiny_pretrained
+
+    from memfit.merge import merge
+
+    base = save_tiny_pretrained(tmp_path / "base")
+    config = _short(tmp_path, objective="dpo", model=str(base), init="pretrained", model_overrides={}, lr=5e-2, max_steps=3)
+    result = train(config, progress=False, console=_quiet())
+    merge(base, result.output_dir, tmp_path / "merged", progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+        peft.PeftModel.from_pretrained(model, result.output_dir).merge_and_unload().save_pretrained(tmp_path / "peft")
+    ours, theirs = load_file(tmp_path / "merged" / "model.safetensors"), load_file(tmp_path / "peft" / "model.safetensors")
+    assert sorted(ours) == sorted(theirs) and all(torch.equal(ours[name], theirs[name]) for name in theirs)
+    trained = load_file(result.output_dir / "adapter_model.safetensors")
+    assert any(name.endswith("lora_B.weight") and tensor.abs().sum() > 0 for name, tensor in trained.items())
+
+
+def test_the_planned_length_of_pairs_is_their_longest_micro_batch():
+    from memfit.step.batch import DOCUMENTS, PADDED
+    from memfit.train.fitting import planned_seq_len
+
+    def pair(c, r):
+        return {"chosen": {"input_ids": [0] * c, "labels": [0] * c}, "rejected": {"input_ids": [0] * r, "labels": [0] * r}}
+
+    pairs = [pair(10, 30), pair(20, 20), pair(5, 7)]
+    assert planned_seq_len(pairs, 2, 64, PADDED, False) == 30  # the longest sequence
+    assert planned_seq_len(pairs, 2, 64, DOCUMENTS, False) == 20  # (40 + 40) tokens in 4 sequences
+    assert planned_seq_len(pairs, 1, 16, PADDED, False) == 16
+
+
+def test_fit_searches_preference_runs_with_the_batch_in_pairs(tmp_path):
+    from memfit.planner.fit_run import fit_run
+    from trainer_helpers import tiny_model_dict
+
+    knobs = {**_short(tmp_path, objective="dpo", batch_size=4, grad_accum=1).spec.knobs(), "seq_len": 64}
+    found = fit_run(tiny_model_dict(), knobs, budget="1GiB")
+    assert found is not None
+    chosen = found.knobs()
+    assert chosen["batch_size"] * chosen["grad_accum"] == 4 and found.chosen.spec["objective"] == "dpo"
