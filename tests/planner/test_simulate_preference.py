@@ -46,3 +46,17 @@ def test_the_plan_names_the_reference(tiny_llama):
     # The plain stack's whole logits, and the reference pass on top of the policy's activations, cost more.
     assert hf.allocated_bytes > lora.allocated_bytes
     assert "objective" not in plan(tiny_llama, seq_len=16, precision="fp32").details
+
+
+def test_the_reference_pass_keeps_nothing_and_no_whole_fp32_logits_exist(tiny_llama):
+    config = dict(tiny_llama, vocab_size=4096)
+    # 4 sequences of 1,024 tokens: the chunked log-probs work through them 1,024 tokens at a time.
+    spec = make_spec(objective="dpo", method="lora", precision="fp32", seq_len=1024, batch_size=2, padding_free="off")
+    result = simulate(config, spec).tracker
+    # What the reference pass leaves behind is its [2 x pairs] log-probs, not activations.
+    for segment in (s for s in result.segments() if s.phase == "reference"):
+        assert segment.end_bytes - segment.start_bytes <= 1024
+    whole_logits = 2 * spec.batch_size * spec.seq_len * config["vocab_size"] * 4
+    assert max(a.nbytes for a in result.allocations) <= whole_logits / 4  # one chunk at a time
+    hf = simulate(config, spec.model_copy(update={"recipe": "hf"})).tracker
+    assert max(a.nbytes for a in hf.allocations) >= whole_logits  # the plain step's fp32 logits

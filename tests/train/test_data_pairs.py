@@ -116,3 +116,14 @@ def test_a_preference_run_refuses_sft_data_in_one_line(tmp_path):
     config = validate_config({"model": "smollm2-135m", "init": "random", "data": str(data), "objective": "dpo"})
     with pytest.raises(TrainError, match=r"objective: dpo trains on preference pairs .* holds messages records"):
         prepare_pairs(config, load_tokenizer(config))
+
+
+def test_a_next_token_run_refuses_pairs_in_one_line(tmp_path):
+    from memfit.train.config import validate_config
+    from memfit.train.errors import TrainError
+    from memfit.train.examples import load_tokenizer, prepare_examples
+
+    data = _write(tmp_path / "pairs.jsonl", [{"prompt": "Hi", "chosen": " a", "rejected": " b"}])
+    config = validate_config({"model": "smollm2-135m", "init": "random", "data": str(data)})
+    with pytest.raises(TrainError, match=r"holds preference pairs .* objective: sft does not train on. Set objective: dpo"):
+        prepare_examples(config, load_tokenizer(config))

@@ -50,6 +50,11 @@ def prepare_examples(config: TrainConfig, tokenizer) -> tuple[list, list]:
     from memfit.train.data import load_records, tokenize_records
 
     records, fmt = load_records(config.data, config.data_format)
+    if fmt == "preference":
+        raise TrainError(
+            f"data: {', '.join(config.data)} holds preference pairs (chosen and rejected), which objective: "
+            f"{config.objective} does not train on. Set objective: dpo, orpo or simpo (docs/preference.md)."
+        )
     eval_records: list = []
     if config.eval_data:
         eval_records, _ = load_records(config.eval_data, config.data_format)
