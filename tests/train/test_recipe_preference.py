@@ -150,3 +150,18 @@ def test_fit_searches_preference_runs_with_the_batch_in_pairs(tmp_path):
     assert found is not None
     chosen = found.knobs()
     assert chosen["batch_size"] * chosen["grad_accum"] == 4 and found.chosen.spec["objective"] == "dpo"
+
+
+def test_a_resumed_full_fine_tuning_dpo_run_ends_where_an_uninterrupted_one_does(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    # The frozen reference copy must hold the starting weights after a resume, not the checkpoint's.
+    straight = train(_short(tmp_path, "straight", objective="dpo", method="full", max_steps=4, lr=5e-3),
+                     progress=False, console=_quiet())
+    first = _short(tmp_path, "resumed", objective="dpo", method="full", max_steps=2, lr=5e-3)
+    train(first, progress=False, console=_quiet())
+    resumed = train(first.model_copy(update={"max_steps": 4}), resume=True, progress=False, console=_quiet())
+    assert [m["loss"] for m in _metrics(resumed.run_dir) if "loss" in m] == [m["loss"] for m in _metrics(straight.run_dir) if "loss" in m]
+    ours, theirs = load_file(resumed.output_dir / "model.safetensors"), load_file(straight.output_dir / "model.safetensors")
+    assert all(torch.equal(ours[name], theirs[name]) for name in theirs)

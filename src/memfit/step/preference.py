@@ -21,6 +21,7 @@ holds, as TRL's DPOTrainer did before its fused head (and its ORPO and CPO train
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -232,8 +233,6 @@ def starting_logps(model: torch.nn.Module, batch: Batch, *, adapters: bool, dtyp
     """``[2 x pairs]`` log-probs of the batch's answers under the model as training starts (what
     ``precompute_reference`` stores): the base with its adapters disabled, or the model itself (full
     fine-tuning, before any update); under autocast to ``dtype`` when given."""
-    import contextlib
-
     autocast = (torch.autocast(device_type=batch["input_ids"].device.type, dtype=dtype) if dtype is not None
                 else contextlib.nullcontext())
     with autocast, (model.disable_adapter() if adapters else contextlib.nullcontext()):
@@ -285,8 +284,6 @@ class PreferenceLoss:
         return objective_loss(self.objective, self.params, logps, ref)
 
     def _autocast(self, batch: Batch):
-        import contextlib
-
         if self.dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=batch["input_ids"].device.type, dtype=self.dtype)
