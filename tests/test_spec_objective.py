@@ -40,8 +40,10 @@ def test_loss_parameters_have_trls_names_and_defaults_and_are_checked():
     params = ObjectiveParams()
     assert (params.beta, params.loss_type, params.simpo_gamma, params.cpo_alpha) == (0.1, "sigmoid", 0.5, 0.0)
     assert objective_problems("dpo", ObjectiveParams(loss_type="ipo"), {"loss_type"}) == []
-    problems = objective_problems("orpo", ObjectiveParams(beta=0.0, cpo_alpha=-1.0), {"beta", "simpo_gamma", "cpo_alpha"})
+    problems = objective_problems("orpo", ObjectiveParams(beta=0.0, simpo_gamma=0.3, cpo_alpha=-1.0), {"beta", "simpo_gamma", "cpo_alpha"})
     assert any(p.startswith("simpo_gamma: applies to objective: simpo") for p in problems)
     assert any(p.startswith("beta: 0.0 must be a positive number") for p in problems)
     assert any(p.startswith("cpo_alpha: -1.0 must be 0 or more") for p in problems)
-    assert objective_problems("sft", ObjectiveParams(), {"beta"})[0].startswith("beta: applies to objective: dpo or orpo or simpo")
+    assert objective_problems("sft", ObjectiveParams(beta=0.2), {"beta"})[0].startswith("beta: applies to objective: dpo or orpo or simpo")
+    # A default value does no harm: a run's whole recorded config (run.json) validates again.
+    assert objective_problems("sft", ObjectiveParams(), {"beta", "loss_type", "simpo_gamma", "cpo_alpha"}) == []

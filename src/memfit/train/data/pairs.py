@@ -175,7 +175,8 @@ class PairStats:
             line += f"; {len(self.dropped)} dropped with no answer token left (first: {self.dropped[0]})"
         return line
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """What ``run.json`` keeps (``pairs``): the counts."""
         return {"pairs": self.pairs, "prompts_cut": self.prompts_cut, "answers_cut": self.answers_cut,
                 "dropped": len(self.dropped)}
 

@@ -110,12 +110,17 @@ def test_cuts_are_counted_in_the_summary(tmp_path, tokenizer):
 def test_a_preference_run_refuses_sft_data_in_one_line(tmp_path):
     from memfit.train.config import validate_config
     from memfit.train.errors import TrainError
-    from memfit.train.examples import load_tokenizer, prepare_pairs
+    from memfit.train.examples import load_tokenizer, prepare_data
 
     data = _write(tmp_path / "sft.jsonl", [{"messages": [USER, GOOD]}])
+    pairs = _write(tmp_path / "pairs.jsonl", [{"prompt": "Hi", "chosen": " a", "rejected": " b"}])
     config = validate_config({"model": "smollm2-135m", "init": "random", "data": str(data), "objective": "dpo"})
-    with pytest.raises(TrainError, match=r"objective: dpo trains on preference pairs .* holds messages records"):
-        prepare_pairs(config, load_tokenizer(config))
+    with pytest.raises(TrainError, match=r"^data: objective: dpo trains on preference pairs .* holds messages records"):
+        prepare_data(config, load_tokenizer(config))
+    config = validate_config({"model": "smollm2-135m", "init": "random", "data": str(pairs), "eval_data": str(data),
+                              "objective": "dpo"})
+    with pytest.raises(TrainError, match=r"^eval_data: objective: dpo trains on preference pairs .* holds messages records"):
+        prepare_data(config, load_tokenizer(config))
 
 
 def test_a_next_token_run_refuses_pairs_in_one_line(tmp_path):
@@ -127,3 +132,62 @@ def test_a_next_token_run_refuses_pairs_in_one_line(tmp_path):
     config = validate_config({"model": "smollm2-135m", "init": "random", "data": str(data)})
     with pytest.raises(TrainError, match=r"holds preference pairs .* objective: sft does not train on. Set objective: dpo"):
         prepare_examples(config, load_tokenizer(config))
+
+
+def test_a_preference_run_is_not_streamed(tmp_path):
+    from memfit.train.config import ConfigError, validate_config
+
+    pairs = _write(tmp_path / "pairs.jsonl", [{"prompt": "Hi", "chosen": " a", "rejected": " b"}])
+    with pytest.raises(ConfigError, match=r"streaming: true with objective: dpo: preference pairs are read in memory"):
+        validate_config({"model": "smollm2-135m", "init": "random", "data": str(pairs), "objective": "dpo",
+                         "streaming": True, "max_steps": 2})
+
+
+def test_pairs_load_from_a_hub_dataset_id(data_hub, tmp_path):
+    from hub_datasets import PREFERENCES
+
+    from memfit.train.config import validate_config
+    from memfit.train.examples import load_tokenizer, prepare_data
+
+    config = validate_config({"model": "smollm2-135m", "init": "random", "data": PREFERENCES, "objective": "dpo",
+                              "seq_len": 96, "eval_split": 0.25})
+    data = prepare_data(config, load_tokenizer(config))
+    assert (len(data.train_examples), len(data.eval_examples), data.pair_stats.pairs) == (36, 12, 36)
+    assert all(set(e) == {"chosen", "rejected"} for e in data.train_examples)
+    assert data.record["data"][0]["commit"] == data_hub.commits[PREFERENCES]
+
+
+def test_columns_map_a_files_fields_onto_a_pair_mixed_with_a_hub_dataset(data_hub, tmp_path):
+    from hub_datasets import PREFERENCES
+
+    from memfit.train.config import validate_config
+    from memfit.train.examples import load_tokenizer, prepare_data
+
+    rows = [{"question": f"Is {n} even?", "good": " yes" if n % 2 == 0 else " no", "bad": " no" if n % 2 == 0 else " yes"}
+            for n in range(20)]
+    local = {"path": str(_write(tmp_path / "mine.jsonl", rows)), "columns": {"prompt": "question", "chosen": "good",
+                                                                                "rejected": "bad"}, "weight": 0.5}
+    config = validate_config({"model": "smollm2-135m", "init": "random", "objective": "simpo", "seq_len": 96,
+                              "data": [local, {"path": PREFERENCES, "weight": 0.5}]})
+    data = prepare_data(config, load_tokenizer(config))
+    assert data.pair_stats.pairs == len(data.train_examples) >= 48  # every pair of both drawn at least once (all_exhausted)
+    tokenizer = load_tokenizer(config)
+    decoded = [tokenizer.decode(e["chosen"]["input_ids"]) for e in data.train_examples]
+    mine = [text for text in decoded if "even?" in text]
+    assert {text.split("?")[-1].split(tokenizer.eos_token)[0] for text in mine} == {" yes", " no"}
+    assert len(mine) >= 20 and len(decoded) - len(mine) >= 48
+
+
+def test_a_dpo_run_trains_on_a_hub_dataset_id(data_hub, tmp_path):
+    import json
+
+    from hub_datasets import PREFERENCES
+    from trainer_helpers import tiny_config
+
+    from memfit.train.recipe import train
+
+    result = train(tiny_config(tmp_path / "run", data=PREFERENCES, objective="dpo", batch_size=2, max_steps=2, seq_len=96),
+                   progress=False)
+    record = json.loads((result.run_dir / "run.json").read_text())
+    assert result.status == "completed" and record["pairs"]["pairs"] == 48
+    assert record["data"]["data"][0]["commit"] == data_hub.commits[PREFERENCES]
