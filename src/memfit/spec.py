@@ -103,6 +103,17 @@ class RunSpec(BaseModel):
     packing: bool = knob(False, "Concatenate examples into rows of exactly seq_len tokens (attention kept inside each example).")
     padding_free: Literal["auto", "on", "off"] = knob("auto", "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it; the hf recipe only with on: flash attention's varlen path).")
     max_grad_norm: float | None = knob(1.0, "Clip gradients to this L2 norm (none: no clipping).", example=1.0)
+    objective: Literal["sft", "dpo", "orpo", "simpo"] = knob(
+        "sft",
+        "Training objective: sft (next-token loss), or a preference objective on chosen / rejected pairs: dpo (against "
+        "a reference model: the base with adapters disabled, or a frozen copy for full), orpo or simpo (no reference). "
+        "batch_size then counts pairs.",
+    )
+    precompute_reference: bool = knob(
+        False,
+        "dpo: the reference log-probs in one pass before training (kept in the run folder) instead of a reference pass "
+        "in every step; full fine-tuning then keeps no frozen copy of the model.",
+    )
     recipe: Literal["memfit", "hf"] = knob("memfit", "memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison.", planner_only=True)
     kbit_upcast: bool = knob(True, "The hf recipe's QLoRA through PEFT's prepare_model_for_kbit_training, which upcasts every parameter that is not 4-bit to fp32 (as TRL before 0.26 ran it); off: they stay in the compute dtype (LLaMA-Factory, TRL since 0.26, and Axolotl, which casts them back after PEFT's upcast).", planner_only=True)
     hf_loss: Literal["model", "liger", "chunked-nll"] = knob("model", "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy) or chunked-nll (TRL SFTTrainer's chunked loss).", planner_only=True)
@@ -165,14 +176,18 @@ class RunSpec(BaseModel):
                 f"{name('hf_loss')}: {self.hf_loss} is a loss of the hf recipe (memfit's step always runs its own fused, "
                 f"chunked loss). Use {setting('recipe', 'hf')}, or drop {name('hf_loss')}."
             )
-        tokens = self.batch_size * self.seq_len
+        # A pair is two sequences (chosen and rejected) in the same forward.
+        sequences_per_example = 2 if self.is_preference else 1
+        tokens = self.batch_size * sequences_per_example * self.seq_len
         if tokens > MAX_MICRO_BATCH_TOKENS:
-            fewer = max(MAX_MICRO_BATCH_TOKENS // self.seq_len, 1)
+            fewer = max(MAX_MICRO_BATCH_TOKENS // (sequences_per_example * self.seq_len), 1)
+            pairs = " pairs (two sequences each)" if self.is_preference else ""
             problems.append(
-                f"{setting('batch_size', self.batch_size)} with {setting('seq_len', self.seq_len)} is {tokens:,} tokens a "
+                f"{setting('batch_size', self.batch_size)}{pairs} with {setting('seq_len', self.seq_len)} is {tokens:,} tokens a "
                 f"micro-batch: must be at most {MAX_MICRO_BATCH_TOKENS:,} (e.g. {setting('batch_size', fewer)} with "
                 f"{name('grad_accum')} to keep the examples per step)."
             )
+        problems.extend(_objective_combinations(self, name, setting))
         if self.shard != "none" and self.gpus < 2:
             problems.append(f"{name('shard')}: {self.shard} needs {setting('gpus', 2)} or more (got {setting('gpus', self.gpus)}).")
         if problems:
@@ -207,6 +222,16 @@ class RunSpec(BaseModel):
     @property
     def uses_adapters(self) -> bool:
         return self.method in ("lora", "qlora")
+
+    @property
+    def is_preference(self) -> bool:
+        """Whether the step trains on chosen / rejected pairs (dpo, orpo, simpo) rather than next tokens."""
+        return self.objective in PREFERENCE_OBJECTIVES
+
+    @property
+    def reference(self) -> str:
+        """Where the step's reference log-probs come from (see :func:`reference_source`)."""
+        return reference_source(self.objective, self.method, self.precompute_reference)
 
     @property
     def tiles_sequence(self) -> bool:
@@ -372,6 +397,114 @@ def tiles_sequence(tiling: str, recipe: str, tokens: int) -> bool:
     if recipe == "hf" or tiling == "off":
         return False
     return tiling == "on" or tokens >= TILING_AUTO_TOKENS
+
+
+# ------------------------------------------------------------------------------------------------
+# Preference objectives
+
+#: The objectives that train on chosen / rejected pairs.
+PREFERENCE_OBJECTIVES = ("dpo", "orpo", "simpo")
+
+#: Where a step's reference log-probs come from (:func:`reference_source`).
+REFERENCE_SOURCES = ("none", "disabled-adapters", "frozen-copy", "precomputed")
+
+
+def reference_source(objective: str, method: str, precompute_reference: bool = False) -> str:
+    """Where the reference log-probs of an ``objective`` step come from.
+
+    ``none``: the objective has no reference (sft, orpo, simpo); ``precomputed``: read from the batch
+    (one pass before training computed them); ``disabled-adapters``: LoRA and QLoRA take them from
+    the base model, the adapters switched off (PEFT's ``disable_adapter()``), with no second copy;
+    ``frozen-copy``: full fine-tuning keeps a frozen copy of the starting weights.
+    """
+    if objective != "dpo":
+        return "none"
+    if precompute_reference:
+        return "precomputed"
+    return "frozen-copy" if method == "full" else "disabled-adapters"
+
+
+def _objective_combinations(spec: "RunSpec", name, setting) -> list[str]:
+    """What a preference objective rules out, spelled as the user wrote the knobs."""
+    problems = []
+    if spec.precompute_reference and spec.objective != "dpo":
+        problems.append(
+            f"{name('precompute_reference')}: only {setting('objective', 'dpo')} has a reference model "
+            f"(got {setting('objective', spec.objective)}). Drop {name('precompute_reference')}."
+        )
+    if spec.objective != "sft" and spec.packing:
+        problems.append(
+            f"{name('packing')} cannot be used with {setting('objective', spec.objective)}: a pair's chosen and rejected "
+            f"answers are scored as whole sequences, not cut into packed rows. Drop {name('packing')} "
+            f"({name('padding_free')} keeps a micro-batch's pairs in one row without padding)."
+        )
+    if spec.objective != "sft" and spec.hf_loss != "model":
+        problems.append(
+            f"{name('hf_loss')}: {spec.hf_loss} is an sft loss; the hf recipe's {setting('objective', spec.objective)} "
+            f"takes log-probs from the model's whole logits, as TRL's preference trainers do. Drop {name('hf_loss')}."
+        )
+    if spec.objective != "sft" and spec.gpus > 1:
+        problems.append(
+            f"{setting('objective', spec.objective)} runs on one GPU in memfit (got {setting('gpus', spec.gpus)}). "
+            f"Use {setting('gpus', 1)}."
+        )
+    return problems
+
+
+class ObjectiveParams(BaseModel):
+    """The loss parameters of the preference objectives, under TRL's names and defaults.
+
+    They change the loss value, not the memory of a step: they are training-config fields (``beta:
+    0.1`` in a training YAML, ``--beta`` on ``memfit train``), not :class:`RunSpec` knobs, and plans do
+    not depend on them. :func:`objective_problems` checks them against the objective.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    beta: float = Field(
+        0.1,
+        description="dpo: how far the policy may move from the reference (TRL DPOConfig beta; for loss_type ipo, its "
+        "tau); orpo: the odds-ratio weight lambda (TRL ORPOConfig beta); simpo: the reward scale (TRL CPOConfig beta).",
+    )
+    loss_type: Literal["sigmoid", "ipo", "hinge"] = Field(
+        "sigmoid", description="dpo's loss (TRL DPOConfig loss_type): sigmoid (DPO), ipo (IPO, per-token averages), hinge (SLiC)."
+    )
+    simpo_gamma: float = Field(0.5, description="simpo: the target reward margin gamma (TRL CPOConfig simpo_gamma).")
+    cpo_alpha: float = Field(
+        0.0,
+        description="simpo: weight of an NLL term on the chosen answers (TRL CPOConfig cpo_alpha; 0 is SimPO as its paper "
+        "defines it, TRL's own default 1.0 is CPO-SimPO).",
+    )
+
+
+#: The fields of :class:`ObjectiveParams`, and the objectives each one applies to.
+OBJECTIVE_PARAMS: dict[str, tuple[str, ...]] = {
+    "beta": PREFERENCE_OBJECTIVES, "loss_type": ("dpo",), "simpo_gamma": ("simpo",), "cpo_alpha": ("simpo",),
+}
+
+
+def objective_problems(objective: str, params: ObjectiveParams, given: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """One line per problem with ``params`` for ``objective``, named as training-config fields.
+
+    ``given``: the fields the user set; one that does not apply to the objective is refused rather
+    than silently ignored, unless it holds its default (a run's whole recorded config, run.json's,
+    validates again).
+    """
+    problems = []
+    for field in sorted(given & set(OBJECTIVE_PARAMS)):
+        applies = OBJECTIVE_PARAMS[field]
+        if objective not in applies and getattr(params, field) != ObjectiveParams.model_fields[field].default:
+            problems.append(
+                f"{field}: applies to objective: {' or '.join(applies)}, and this run's objective is {objective}. "
+                f"Remove {field}, or set objective: {applies[0]}."
+            )
+    if not (math.isfinite(params.beta) and params.beta > 0):
+        problems.append(f"beta: {params.beta!r} must be a positive number (e.g. beta: 0.1)")
+    if not math.isfinite(params.simpo_gamma):
+        problems.append(f"simpo_gamma: {params.simpo_gamma!r} must be a number (e.g. simpo_gamma: 0.5)")
+    if not (math.isfinite(params.cpo_alpha) and params.cpo_alpha >= 0):
+        problems.append(f"cpo_alpha: {params.cpo_alpha!r} must be 0 or more (e.g. cpo_alpha: 0)")
+    return problems
 
 
 # ------------------------------------------------------------------------------------------------

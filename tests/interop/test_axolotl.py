@@ -97,11 +97,11 @@ def test_what_is_not_modelled_is_listed_with_why(write_config):
         tensor_parallel_size: 1
     """)
     found = {f.key: f.why for f in config.not_modelled}
-    assert set(found) == {"adapter, load_in_8bit", "lora_modules_to_save", "peft_use_dora", "rl", "torch_compile",
+    assert set(found) == {"adapter, load_in_8bit", "lora_modules_to_save", "peft_use_dora", "torch_compile",
                           "liger_rms_norm", "eager_attention"}
     assert "8-bit base" in found["adapter, load_in_8bit"]
     assert "memfit has no modules_to_save knob yet" in found["lora_modules_to_save"]
-    assert "memfit has no objective knob yet" in found["rl"]
+    assert config.knobs["objective"] == "dpo"  # rl: dpo is memfit's objective
     assert config.knobs["method"] == "lora" and "padding_free" not in config.knobs  # eager: planned as SDPA
 
 
@@ -191,3 +191,20 @@ def test_a_bad_attention_flag_is_one_problem(write_config):
     with pytest.raises(ToolConfigError) as err:
         _read(write_config, "flash_attention: maybe\n")
     assert [p.split(":")[0] for p in err.value.problems] == ["flash_attention"]
+
+
+@pytest.mark.parametrize("rl, objective", [("dpo", "dpo"), ("ipo", "dpo"), ("orpo", "orpo"), ("simpo", "simpo")])
+def test_preference_trainers_are_planned_as_their_objective(write_config, rl, objective):
+    from memfit.spec import make_spec
+
+    config = _read(write_config, f"adapter: lora\nrl: {rl}\nprecompute_ref_log_probs: true\n")
+    spec = make_spec(**config.knobs)
+    assert spec.objective == objective and not config.not_modelled
+    # Only DPO has a reference to precompute.
+    assert spec.precompute_reference is (objective == "dpo")
+
+
+def test_other_rl_trainers_are_listed_and_planned_as_sft(write_config):
+    config = _read(write_config, "adapter: lora\nrl: kto\n")
+    assert "objective" not in config.knobs
+    assert [f.key for f in config.not_modelled] == ["rl"] and "rl: kto" in config.not_modelled[0].why

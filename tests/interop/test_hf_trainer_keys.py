@@ -59,10 +59,31 @@ def test_qlora_and_peft_s_default_targets(write_config):
     assert config.knobs["precision"] == "bf16" and any("adapters to bf16" in f.why for f in config.approximated)
 
 
-def test_a_dpo_config_is_preference_training_not_modelled(write_config):
+def test_a_dpo_config_is_planned_as_dpo(write_config):
     config = _read(write_config, "beta: 0.1\nmax_length: 1024\nuse_peft: true\ndtype: bfloat16\n")
-    assert any("preference training" in f.why and "objective" in f.why for f in config.not_modelled)
+    assert config.knobs["objective"] == "dpo" and config.not_modelled == []
     assert "hf_loss" not in config.knobs  # DPO's loss is the model's, over both completions
+    spec = make_spec(**config.knobs)
+    assert spec.reference == "disabled-adapters" and spec.recipe == "hf"
+
+
+def test_dpo_precompute_ref_log_probs_is_precompute_reference(write_config):
+    config = _read(write_config, "beta: 0.1\nprecompute_ref_log_probs: true\n")
+    assert make_spec(**config.knobs).reference == "precomputed"  # full fine-tuning without its frozen copy
+
+
+@pytest.mark.parametrize("text, approximated", [("loss_type: simpo\nsimpo_gamma: 0.5\n", False), ("cpo_alpha: 1.0\n", True)])
+def test_a_cpo_config_is_planned_as_simpo(write_config, text, approximated):
+    config = _read(write_config, "use_peft: true\n" + text)
+    assert config.knobs["objective"] == "simpo" and make_spec(**config.knobs).reference == "none"
+    assert any("SimPO's step" in f.why for f in config.approximated) is approximated
+
+
+def test_liger_on_a_dpo_config_is_listed_not_planned_as_an_sft_loss(write_config):
+    config = _read(write_config, "beta: 0.1\nuse_peft: true\nuse_liger_kernel: true\n")
+    assert "hf_loss" not in config.knobs and config.knobs["objective"] == "dpo"
+    assert any("Liger's fused preference loss" in f.why for f in config.not_modelled)
+    make_spec(**config.knobs)  # a valid plan
 
 
 def test_plain_training_arguments_json(write_config):

@@ -113,8 +113,8 @@ def test_what_is_not_modelled_is_listed(write_config):
         use_galore: true
     """)))
     found = {f.key: f.why for f in config.not_modelled}
-    assert set(found) == {"finetuning_type, quantization_bit", "additional_target", "use_dora", "use_unsloth", "use_galore",
-                          "stage, pref_loss"}
+    assert set(found) == {"finetuning_type, quantization_bit", "additional_target", "use_dora", "use_unsloth", "use_galore"}
+    assert config.knobs["objective"] == "dpo"  # stage: dpo is memfit's objective
     assert "8-bit base" in found["finetuning_type, quantization_bit"]
     assert config.knobs["method"] == "lora"
 
@@ -133,3 +133,17 @@ def test_a_deepspeed_file_next_to_the_config_is_read(write_config):
     config = _read(write_config, "finetuning_type: full\ndeepspeed: ds/ds_z2_offload.json\nbf16: true\n")
     assert config.shard == "zero2"
     assert config.zero.offload_optimizer and config.zero.reduce_bucket_elements == 500_000_000 and config.zero.bf16 is True
+
+
+@pytest.mark.parametrize("pref_loss, objective", [("sigmoid", "dpo"), ("ipo", "dpo"), ("orpo", "orpo"), ("simpo", "simpo")])
+def test_a_dpo_stage_is_planned_as_its_objective(write_config, pref_loss, objective):
+    config = read_tool_config(write_config("lf.yaml", f"model_name_or_path: org/model\nstage: dpo\npref_loss: {pref_loss}\n"))
+    assert config.knobs["objective"] == objective and config.not_modelled == []
+    assert make_spec(**config.knobs).reference == ("disabled-adapters" if objective == "dpo" else "none")
+
+
+def test_other_stages_and_a_reference_model_of_its_own_are_listed(write_config):
+    config = read_tool_config(write_config("lf.yaml", "model_name_or_path: org/model\nstage: kto\n"))
+    assert "objective" not in config.knobs and "stage: kto" in config.not_modelled[0].why
+    config = read_tool_config(write_config("lf.yaml", "model_name_or_path: org/model\nstage: dpo\nref_model: org/other\n"))
+    assert [f.key for f in config.not_modelled] == ["ref_model"]

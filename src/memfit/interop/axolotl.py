@@ -254,6 +254,27 @@ def _max_grad_norm(values: Mapping[str, Any], ctx: Any) -> Any:
     return as_float(value)
 
 
+#: Axolotl's ``rl`` trainers memfit plans; ipo is DPO's step with another loss.
+_RL_OBJECTIVES = {"dpo": "dpo", "ipo": "dpo", "orpo": "orpo", "simpo": "simpo"}
+
+
+def _objective(values: Mapping[str, Any], ctx: Any) -> Any:
+    rl = values["rl"]
+    if rl is ABSENT or not truthy(rl):
+        return None
+    name = str(getattr(rl, "value", rl)).lower()
+    if name in _RL_OBJECTIVES:
+        return _RL_OBJECTIVES[name]
+    return Planned(None, f"rl: {name} trains with another trainer (its own completions, reward or reference models): "
+                         "planned as supervised fine-tuning")
+
+
+def _precompute_reference(values: Mapping[str, Any], ctx: Any) -> Any:
+    if ctx.knobs.get("objective") != "dpo":
+        return None
+    return value_of(values, "precompute_ref_log_probs", as_bool, None)
+
+
 RULES: tuple[Rule, ...] = (
     model_rule("base_model_config", "base_model",
                doc="the model: `base_model` (a Hub id or a folder); its config.json from `base_model_config` when set"),
@@ -326,12 +347,20 @@ RULES: tuple[Rule, ...] = (
                  "liger_cross_entropy", "liger_rms_norm_gated",
                  why="Liger's fused RMSNorm / SwiGLU / RoPE / cross-entropy kernels keep less for backward than the model's "
                      "own modules, which are planned"),
-    not_modelled("rl", knob="objective",
-                 why="preference training (DPO, IPO, ORPO, KTO, SimPO...) runs chosen and rejected completions, and for DPO a "
-                     "reference pass; planned as supervised fine-tuning"),
-    not_modelled("dpo_use_liger_kernel", "dpo_padding_free", "precompute_ref_log_probs", "kd_trainer", "reward_model",
+    Rule(("rl",), "objective", _objective, matters=lambda values: truthy(values["rl"]),
+         unmodelled="preference training runs chosen and rejected completions, and for DPO a reference pass; planned as "
+                    "supervised fine-tuning",
+         doc="preference training: `rl: dpo` (and `ipo`, DPO's loss on the same step) as `dpo`, `orpo`, `simpo`; other "
+             "trainers (`kto`, `grpo`...) listed and planned as supervised fine-tuning; `micro_batch_size` counts pairs"),
+    Rule(("precompute_ref_log_probs",), "precompute_reference", _precompute_reference,
+         doc="DPO's reference log-probs computed once before training: no reference pass, and no frozen copy for full "
+             "fine-tuning"),
+    not_modelled("dpo_use_liger_kernel", why="Liger's fused preference loss: planned as the trainer's log-probs over the whole "
+                                             "logits"),
+    not_modelled("dpo_padding_free", why="a preference batch in one row without padding: planned as padded rows"),
+    not_modelled("kd_trainer", "reward_model",
                  "process_reward_model", "trl", "vllm",
-                 why="a trainer other than supervised fine-tuning (preference, distillation, reward modelling, GRPO)"),
+                 why="a trainer other than supervised or preference fine-tuning (distillation, reward modelling, GRPO)"),
     not_modelled("torch_compile", why="a compiled step fuses kernels and keeps other tensors for backward"),
     not_modelled("tiled_mlp", why="Axolotl's tiled MLP runs the MLP a chunk of tokens at a time (memfit's step has its own, the "
                                   "hf recipe none)"),

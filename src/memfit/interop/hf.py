@@ -51,12 +51,15 @@ chat_template_path shuffle_dataset truncation_mode router_aux_loss_coef beta lab
 precompute_ref_log_probs precompute_ref_batch_size ref_model_mixup_alpha ref_model_sync_steps sync_ref_model rpo_alpha
 use_weighting discopop_tau f_alpha_divergence_coef f_divergence_type ld_alpha disable_dropout model_adapter_name
 ref_adapter_name force_use_ref_model generate_during_eval use_logits_to_keep num_of_sequences chars_per_token env
-use_liger_kernel liger_kernel_config
+use_liger_kernel liger_kernel_config simpo_gamma cpo_alpha
 """.split())
 
-#: Keys only a DPO config has (a ``loss_type`` of DPO's says so too).
+#: Keys only a preference config has (DPOConfig, ORPOConfig, CPOConfig; a ``loss_type`` of theirs says so too).
 _DPO_KEYS = ("beta", "precompute_ref_log_probs", "ref_model_mixup_alpha", "ref_model_sync_steps", "sync_ref_model",
-             "rpo_alpha", "f_divergence_type", "max_prompt_length", "max_completion_length", "ref_adapter_name")
+             "rpo_alpha", "f_divergence_type", "max_prompt_length", "max_completion_length", "ref_adapter_name",
+             "simpo_gamma", "cpo_alpha")
+#: Keys only TRL's CPOConfig has: its trainer keeps no reference, as SimPO's.
+_CPO_KEYS = ("simpo_gamma", "cpo_alpha")
 _SFT_LOSSES = ("nll", "dft", "chunked_nll")
 
 
@@ -262,6 +265,9 @@ def _padding_free(values: Mapping[str, Any], ctx: Any) -> Any:
 def _hf_loss(values: Mapping[str, Any], ctx: Any) -> Any:
     config = values["liger_kernel_config"] if isinstance(values["liger_kernel_config"], Mapping) else {}
     liger = liger_loss(value_of(values, "use_liger_kernel", as_bool, False), config.get("fused_linear_cross_entropy", ABSENT))
+    if liger and _is_dpo(ctx):
+        return Planned(None, "Liger's fused preference loss (DPOTrainer with use_liger_kernel): planned as the trainer's "
+                             "log-probs over the whole logits")
     if liger:
         return liger
     if not _is_trl(ctx) or _is_dpo(ctx) or ctx.knobs.get("objective"):
@@ -274,7 +280,25 @@ def _hf_loss(values: Mapping[str, Any], ctx: Any) -> Any:
 
 
 def _objective(values: Mapping[str, Any], ctx: Any) -> Any:
-    return "dpo" if _dpo_values(values) else None
+    """dpo for a DPOConfig (any of its loss types: each scores both completions against the reference);
+    simpo for a CPOConfig (``loss_type: simpo``, or CPO's own losses, planned as SimPO's step: no
+    reference, the chosen answers' NLL)."""
+    if not _dpo_values(values):
+        return None
+    loss = values["loss_type"]
+    losses = [] if loss in (ABSENT, None) else [str(x).lower() for x in (loss if isinstance(loss, list) else [loss])]
+    if "simpo" in losses:
+        return "simpo"
+    if any(values[k] is not ABSENT for k in _CPO_KEYS):
+        return Planned("simpo", f"CPOConfig's loss_type {', '.join(losses) or 'sigmoid'}: planned as SimPO's step (no "
+                                "reference, the same log-probs and NLL term)", modelled=True)
+    return "dpo"
+
+
+def _precompute_reference(values: Mapping[str, Any], ctx: Any) -> Any:
+    if ctx.knobs.get("objective") != "dpo":
+        return None
+    return value_of(values, "precompute_ref_log_probs", as_bool, None)
 
 
 def _dpo_values(values: Mapping[str, Any]) -> bool:
@@ -352,7 +376,16 @@ RULES: tuple[Rule, ...] = (
     Rule(_DPO_KEYS + ("loss_type",), "objective", _objective, matters=_dpo_values,
          unmodelled="preference training (DPO) runs the chosen and the rejected completion of each example, and a reference "
                     "pass; planned as supervised fine-tuning",
-         doc="a DPO config (DPOConfig's keys, or a DPO `loss_type`) is preference training"),
+         doc="a preference config is preference training: DPOConfig's keys or a DPO `loss_type` as `dpo` (the reference "
+             "from the disabled adapters with `use_peft`, else a frozen copy), CPOConfig's (`simpo_gamma`, `cpo_alpha`) "
+             "as `simpo` (`loss_type: simpo`; CPO's own losses planned as SimPO's step); `per_device_train_batch_size` "
+             "counts pairs"),
+    Rule(("precompute_ref_log_probs",), "precompute_reference", _precompute_reference,
+         doc="DPO's reference log-probs computed once before training: no reference pass, and no frozen copy for full "
+             "fine-tuning"),
+    not_modelled("force_use_ref_model",
+                 why="a reference model loaded beside the PEFT policy (a second copy of the base): planned with the adapters "
+                     "disabled as the reference"),
     not_modelled("torch_compile", why="a compiled step fuses kernels and keeps other tensors for backward"),
     not_modelled("optim_target_modules", why="GaLore / APOLLO projected optimizer states on these modules"),
     not_modelled("parallelism_config", why="tensor or context parallelism splits the model or the sequence across GPUs"),

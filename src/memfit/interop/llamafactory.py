@@ -125,11 +125,17 @@ def _packing(values: Mapping[str, Any], ctx: Any) -> Any:
 
 
 def _objective(values: Mapping[str, Any], ctx: Any) -> Any:
+    """``stage: dpo`` by its ``pref_loss``: orpo and simpo as such, DPO's losses (sigmoid, hinge, ipo,
+    kto_pair) as dpo (LLaMA-Factory's reference: the base with the adapters disabled for LoRA, a
+    copy of the model for full fine-tuning)."""
     stage = str(values["stage"]).lower() if values["stage"] not in (ABSENT, None) else "sft"
-    if stage != "dpo":
+    if stage in ("sft", "pt"):
         return None
+    if stage != "dpo":
+        return Planned(None, f"stage: {stage} trains with another trainer (reward or value models, unpaired examples): "
+                             "planned as supervised fine-tuning")
     loss = str(values["pref_loss"]).lower() if values["pref_loss"] not in (ABSENT, None) else "sigmoid"
-    return {"sigmoid": "dpo", "orpo": "orpo", "simpo": "simpo"}.get(loss, "dpo")
+    return {"orpo": "orpo", "simpo": "simpo"}.get(loss, "dpo")
 
 
 def _stage_matters(values: Mapping[str, Any]) -> bool:
@@ -209,7 +215,11 @@ RULES: tuple[Rule, ...] = (
     Rule(("stage", "pref_loss"), "objective", _objective, matters=_stage_matters,
          unmodelled="a stage other than supervised fine-tuning (dpo, kto, rm, ppo): preference pairs, a reference or value "
                     "model; planned as supervised fine-tuning",
-         doc="`stage: dpo` with `pref_loss` (sigmoid, orpo, simpo) is preference training"),
+         doc="`stage: dpo` is preference training: `pref_loss` orpo and simpo as such, DPO's losses (sigmoid, hinge, ipo, "
+             "kto_pair) as `dpo`; other stages (kto, rm, ppo) listed and planned as supervised fine-tuning; "
+             "`per_device_train_batch_size` counts pairs"),
+    not_modelled("ref_model", why="a reference model of its own beside the policy (a second model in memory): planned with "
+                                  "the reference memfit takes (the disabled adapters, or a frozen copy)"),
     not_modelled("use_unsloth", why="Unsloth's kernels and its own step"),
     not_modelled("use_galore", "use_apollo", "use_badam", "use_adam_mini", "use_muon",
                  why="an optimizer memfit does not plan (projected, block-wise or per-layer states): planned as the optim named"),

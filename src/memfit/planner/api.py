@@ -56,6 +56,24 @@ def _attention_note(estimate: dict[str, Any]) -> str:
     return f"{implementation}: " + ("; ".join(_KERNEL_NOTES[k] for k in kernels) if kernels else "no attention in the step")
 
 
+def _reference_note(spec: RunSpec, categories: dict[str, int], phase_peaks: dict[str, int]) -> str:
+    """Where a preference plan's reference log-probs come from, and what that costs, in one line."""
+    source = spec.reference
+    if source == "none":
+        return f"none: {spec.objective} needs no reference model"
+    if source == "precomputed":
+        return ("precomputed: one forward of every pair under no_grad before training (before the optimizer exists), "
+                "kept in the run folder; the step reads them and runs no reference pass")
+    where = ("the base model with its LoRA adapters disabled (PEFT disable_adapter()): no second copy"
+             if source == "disabled-adapters" else
+             f"a frozen copy of the starting weights, in weights ({format_bytes(categories.get('weights', 0))} with the buffers)")
+    if spec.recipe == "hf":
+        return f"{where}; its pass runs under no_grad after the policy's forward, on top of the activations the policy holds"
+    top = phase_peaks.get("reference")
+    shown = f" (live memory at most {format_bytes(top)} during it)" if top else ""
+    return f"{where}; its pass runs under no_grad before the policy's forward{shown}, keeping nothing but the log-probs"
+
+
 class PlanError(SpecError):
     """Bad input for a plan (model, knobs, GPU or budget); every problem is listed."""
 
@@ -197,6 +215,9 @@ def plan(
         "precision_regime": spec.precision_regime,
         "notes": notes,
     }
+    if spec.is_preference:
+        details["objective"] = spec.objective
+        details["reference"] = _reference_note(spec, categories, estimate["phase_peaks"])
     if layout is not None:
         _add_per_rank_details(details, spec, layout, estimate, zero)
     if source.hub:

@@ -75,6 +75,7 @@ class MemoryPlan(JsonForm):
             + (f" r={spec['rank']}" if spec["method"] != "full" else "")
             + f" · {spec['precision']} · {spec['optimizer']} · batch {spec['batch_size']} x {spec['seq_len']} tokens"
             + f" · checkpointing {spec['checkpointing']}"
+            + (f" · [bold]{spec['objective']}[/] (batch counts pairs)" if spec.get("objective", "sft") != "sft" else "")
             + (" · [bold]recipe hf[/] (plain Hugging Face + PEFT step)" if spec.get("recipe") == "hf" else "")
         )
         d = self.details
@@ -130,6 +131,10 @@ class MemoryPlan(JsonForm):
             from rich.markup import escape
 
             console.print(f"attention: {escape(d['attention'])}", highlight=False)
+        if d.get("reference"):
+            from rich.markup import escape
+
+            console.print(f"reference: {escape(d['reference'])}", highlight=False)
         features = step_features(spec, d)
         if features:
             console.print(f"memory-lean step: {', '.join(features)}", highlight=False)
@@ -157,7 +162,7 @@ def step_features(spec: dict[str, Any], details: dict[str, Any] | None = None) -
     recipe = spec.get("recipe", "memfit")
     if recipe == "hf":
         return []
-    features = ["fused chunked loss"]
+    features = ["fused chunked loss" if spec.get("objective", "sft") == "sft" else "fused chunked log-probs, chosen and rejected in one forward"]
     if (details or {}).get("batch_layout") == "documents":
         features.append("padding-free batches (attention inside each example)")
     if tiles_sequence(spec.get("tiling", "auto"), recipe, spec["batch_size"] * spec["seq_len"]):

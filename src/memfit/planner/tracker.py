@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_flatten
 
 from memfit.planner.categories import TRACKED_CATEGORIES
 from memfit.step.host_embeddings import HOST_RESIDENT_ATTR
+from memfit.step.preference import reference_model
 
 # Roles win over each other in this order: a parameter saved for backward stays a parameter.
 _ROLE_PRIORITY = {name: rank for rank, name in enumerate(TRACKED_CATEGORIES)}
@@ -271,6 +272,11 @@ class MemoryTracker(TorchDispatchMode):
         for b in model.buffers():
             with self.outside_device("host") if getattr(b, HOST_RESIDENT_ATTR, False) else contextlib.nullcontext():
                 self.assign(b, "weights")
+        # A DPO run's frozen reference copy (full fine-tuning) is weights, though not a submodule.
+        reference = reference_model(model)
+        if reference is not None:
+            for t in list(reference.parameters()) + list(reference.buffers()):
+                self.assign(t, "weights")
 
     def watch_gradients(self, model: torch.nn.Module) -> list:
         """Label each ``param.grad`` as gradients when autograd accumulates it. Returns the hook handles."""

@@ -128,7 +128,7 @@ def nproc_problem(nproc: int, gpus: int, env: dict[str, str] | None = None) -> s
 @with_options(
     knob_options(TRAINED_KNOBS),
     field_options(TrainConfig, ("lr", "epochs", "max_steps", "seed", "device", "output_dir", "revision", "gpu", "budget", "force",
-                                 "report_to")),
+                                 "report_to", "beta", "loss_type", "simpo_gamma", "cpo_alpha")),
 )
 def train_command(
     ctx: typer.Context,

@@ -26,6 +26,7 @@ from memfit.run_files import memory_file_name
 from memfit.step.attention import restore_attention
 from memfit.planner.fit_run import SEARCHED, describe
 from memfit.step.builder import build_step
+from memfit.step.preference import keep_reference_copy, needs_reference_copy, summarize_metrics
 from memfit.step.optim import build_optimizer
 from memfit.step.prepare import lean_step_changes, prepare_given_model
 from memfit.models.build import make_config
@@ -55,6 +56,7 @@ from memfit.train.hub_model import fetch_small_files, fetch_weights
 from memfit.train.loading import load_model, verify_setup
 from memfit.train.preflight import PreflightResult, preflight_run
 from memfit.train.progress import LiveProgress, MetricsLog, NullLog, Throughput, warn
+from memfit.train.reference import precompute_reference, reference_file
 from memfit.train.run_folder import RunRecord, finished_run, truncate_metrics
 from memfit.train.world import make_world
 from memfit.watch.compare import comparison_lines
@@ -165,6 +167,9 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     tokenizer = load_tokenizer(config)
     data = prepare_data(config, tokenizer, console=console, resume_from=run_dir if resume else None)
     train_examples, eval_examples = data.train_examples, data.eval_examples  # a stream's are not known: plan at seq_len
+    pair_stats = data.pair_stats
+    if pair_stats is not None:
+        console.print(f"data: {pair_stats.summary(config.seq_len)}", highlight=False)
     check_vocab(data.checked_examples, int(model_dict.get("vocab_size") or 0), tokenizer)
     pad_id = pad_token_id(tokenizer)
 
@@ -182,7 +187,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     given = first_given or given
     try:
         # The step this configuration runs (its loss, clipping, batch layout), settled before any work.
-        step_fn = build_step(config.spec, make_config(model_dict))
+        step_fn = build_step(config.spec, make_config(model_dict), config.objective_params)
     except ValueError as err:
         raise TrainError(str(err)) from None
     def length_for(batch_size: int) -> int:
@@ -193,7 +198,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     longest_len = length_for(1)
     if config.fit == "auto" and kept is None and not resume:
         config, fit_record = fit_configuration(config, model_dict, longest_len, device_target(config, device), console)
-        step_fn = build_step(config.spec, make_config(model_dict))
+        step_fn = build_step(config.spec, make_config(model_dict), config.objective_params)
     planned_len = length_for(config.batch_size)
     spec = config.spec
     preflight = preflight_run(config, model_dict, device, console, seq_len=planned_len)
@@ -216,6 +221,11 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
         f"{setup['checkpointed_layers']}/{setup['decoder_layers']} decoder layers, on {where}",
         highlight=False,
     )
+    if needs_reference_copy(spec):
+        # DPO's reference for full fine-tuning: the starting weights, kept before any update.
+        keep_reference_copy(model)
+        console.print(f"reference: a frozen copy of the model's {setup['total_params']:,} parameters (DPO, full "
+                      "fine-tuning; precompute_reference: true keeps none)", highlight=False)
     model = world.shard(model, spec, device, console)
     step_fn = world.training_step(step_fn, model)
 
@@ -243,17 +253,8 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
 
     # 5. Resume: tensors and optimizer now, RNG and data position right before the next step.
     start_step = 0
-    if resume:
-        damaged: list[tuple[Path, str]] = []
-        checkpoint = latest_checkpoint(run_dir, damaged)
-        for path, why in damaged:
-            console.print(f"[yellow]skipping[/] damaged checkpoint {path}: {why}", highlight=False)
-        if checkpoint is None:
-            raise TrainError(
-                f"--resume: {run_dir} has no {'whole ' if damaged else ''}checkpoint to resume from "
-                f"({'every one is damaged' if damaged else 'the run stopped before saving one'}). "
-                "Start again in another output_dir, or delete this one first."
-            )
+    checkpoint = _resume_checkpoint(run_dir, spec, console) if resume else None
+    if checkpoint is not None:
         try:
             state = world.load_checkpoint(checkpoint, model=model, optimizer=optimizer, scheduler=scheduler,
                                           grad_scaler=grad_scaler, device=device)
@@ -273,9 +274,18 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
                                extra={**world.run_fields(spec), **({"hub": hub.record()} if hub is not None else {}),
                                       "data": data.record,
                                       "planned_seq_len": planned_len, "fit": fit_record,
+                                      **({"pairs": pair_stats.to_dict()} if pair_stats is not None else {}),
                                       "active_knobs": {k: spec.knobs()[k] for k in SEARCHED}, "given_knobs": given,
                                       "config_changes": _recorded_changes(run_dir) if resume else []})
     record.write(status="running", step=start_step)
+    if spec.reference == "precomputed":
+        # Once the run folder holds run.json: a pass that stops part way is continued by --resume.
+        for split, pairs in (("train", train_examples), ("eval", eval_examples)):
+            if pairs:
+                precompute_reference(pairs, split=split, run_dir=run_dir, model=model, collate=lambda e: step_fn.collate(e, pad_id),
+                                     batch_size=spec.batch_size, device=device, adapters=spec.uses_adapters,
+                                     dtype=step_fn.loss_fn.dtype, may_compute=checkpoint is None,
+                                     say=lambda line: console.print(line, highlight=False))
     result = TrainResult(status="completed", step=start_step, total_steps=steps, run_dir=run_dir, setup=setup, model=model)
 
     # 6. The loop, then 7. the outputs: the last checkpoint and the deliverable.
@@ -384,8 +394,10 @@ def _loop(current: _Current, world, result: TrainResult, stop: StopOnSignal, *, 
             meter.start()
             micro_batches = world.micro_batches(batches, current.spec.grad_accum, current.collate, device)
             tokens = count_step_tokens(micro_batches)
+            pair_metrics: list = []  # a preference step's per-pair rewards and log-probs
             try:
-                loss, grad_norm = current.step_fn(model, micro_batches, optimizer, grad_scaler=grad_scaler, observer=recorder.observer)
+                loss, grad_norm = current.step_fn(model, micro_batches, optimizer, grad_scaler=grad_scaler,
+                                                  observer=recorder.observer, metrics=pair_metrics)
             except torch.OutOfMemoryError:
                 del micro_batches
                 if _step_down(current, world, model, optimizer, batches, step, data_before, rng_before, device, record,
@@ -423,7 +435,9 @@ def _loop(current: _Current, world, result: TrainResult, stop: StopOnSignal, *, 
                 "tokens_per_second": meter.rate(),
                 "elapsed_s": round(time.perf_counter() - started, 4),  # since this process's loop began
                 **step_peak_reading(device),
+                **summarize_metrics(pair_metrics),
             }
+            del pair_metrics
             result.losses.append((done, loss_value))
             for finding in recorder.end_step(done, {"loss": loss_value, "tokens": tokens}):
                 warn(console, finding)
@@ -506,7 +520,7 @@ def _step_down(current: _Current, world, model, optimizer, batches, step: int, d
     batches.load_state_dict(data_before, rebatch=True)
     restore_rng(rng_before, device)
     current.config, current.plan, current.planned_len = new_config, new_plan, current.longest_len
-    current.step_fn = world.training_step(build_step(new_config.spec, make_config(current.model_config)), model)
+    current.step_fn = world.training_step(build_step(new_config.spec, make_config(current.model_config), new_config.objective_params), model)
     knobs = {k: new_config.spec.knobs()[k] for k in SEARCHED}
     change = {"step": step + 1, "reason": "out of memory", "moves": moves, "from": record.fields["active_knobs"],
               "to": knobs, "plan_bytes": new_plan.device_total_bytes}
@@ -518,6 +532,25 @@ def _step_down(current: _Current, world, model, optimizer, batches, step: int, d
                   f"({'; '.join(moves)}; plan {format_bytes(new_plan.device_total_bytes)}), the same examples in the same order",
                   highlight=False)
     return True
+
+
+def _resume_checkpoint(run_dir: Path, spec, console) -> Path | None:
+    """The checkpoint a resumed run continues from; None when the run stopped in its reference pass
+    (``precompute_reference``), before its first step. Raises TrainError when there is neither."""
+    damaged: list[tuple[Path, str]] = []
+    checkpoint = latest_checkpoint(run_dir, damaged)
+    for path, why in damaged:
+        console.print(f"[yellow]skipping[/] damaged checkpoint {path}: {why}", highlight=False)
+    if checkpoint is None and not damaged and spec.reference == "precomputed" and reference_file(run_dir, "train").is_file():
+        console.print("resuming the reference pass: training starts once it is done", highlight=False)
+        return None
+    if checkpoint is None:
+        raise TrainError(
+            f"--resume: {run_dir} has no {'whole ' if damaged else ''}checkpoint to resume from "
+            f"({'every one is damaged' if damaged else 'the run stopped before saving one'}). "
+            "Start again in another output_dir, or delete this one first."
+        )
+    return checkpoint
 
 
 def _recorded_changes(run_dir: Path) -> list:
