@@ -224,6 +224,54 @@ def precision_plans(results) -> str:
             "```bash\n" + "\n".join(lines) + "\n```")
 
 
+# ------------------------------------------------------------------------------------------------
+# Preference training (docs/preference.md)
+
+
+def dpo_plan(results) -> str:
+    """benchmarks/dpo_vs_trl.py --part plan: memfit's DPO step against the plain stack's, per seq_len."""
+    recipes = results.load("dpo_vs_trl-plan")["recipes"]
+    mine, plain = recipes["memfit"], recipes["hf"]
+    rows = []
+    for seq_len in mine["peaks"]:
+        cells = []
+        for recipe in (mine, plain):
+            peak = recipe["peaks"][seq_len]
+            cells.append(_gib(peak["device_total_bytes"]) + ("" if peak["fits"] else " (does not fit)"))
+        rows.append([f"{int(seq_len):,}", *cells])
+
+    def settings(recipe: dict) -> str:
+        at_max = recipe["settings_at_max"]
+        words = [f"checkpointing {at_max['checkpointing']}"] + (["tiling on"] if at_max.get("tiling") == "on" else [])
+        return ", ".join(words)
+
+    rows.append(["longest that fits (`memfit fit --objective dpo --max seq-len`)",
+                 f"{mine['max_seq_len']:,} tokens a sequence ({settings(mine)})", f"{plain['max_seq_len']:,} ({settings(plain)})"])
+    return "\n".join(_table(["`seq_len`", "memfit", "`--recipe hf`"], rows, ["---", "---:", "---:"]))
+
+
+def dpo_vs_trl_cpu(results) -> str:
+    """benchmarks/dpo_vs_trl.py --part cpu: speed, peak RSS and last loss of the two sides."""
+    data = results.load("dpo_vs_trl-cpu")
+    sides = ("memfit", "trl-dpo")
+    repeats = len(data["runs"]["memfit"])
+    speed = [f"{data['summary'][side]['tokens_per_second_median']:,.0f}" for side in sides]
+    rss = [f"{data['summary'][side]['peak_rss_bytes_median'] / 2**20:,.0f} MiB" for side in sides]
+    steps = data["runs"]["memfit"][0]["steps"]
+    losses = [f"{data['runs'][side][0]['last_loss']:.4f}" for side in sides]
+    return "\n".join(_table(["", "memfit", "TRL `DPOTrainer` + PEFT"],
+                            [[f"tokens/s (median of {repeats})", *speed], [f"peak RSS (median of {repeats})", *rss],
+                             [f"loss after {steps} steps", *losses]], ["---", "---:", "---:"]))
+
+
+def plan_dpo_example(results) -> str:
+    """The end of ``memfit plan --objective dpo``'s output (docs/preference.md): from the reference line on."""
+    example = _example(results, "plan-dpo")
+    lines = [line.rstrip() for line in example["stdout"].rstrip("\n").splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("reference:"))
+    return "```\n$ " + example["command"] + "\n...\n" + "\n".join(lines[start:]) + "\n```"
+
+
 #: Block name -> renderer.
 BLOCKS: dict[str, Callable] = {
     _campaign_report.README_BLOCK: _campaign_report.summary_block,
@@ -238,4 +286,7 @@ BLOCKS: dict[str, Callable] = {
     "real-model": real_model,
     "interop-accuracy": interop_accuracy,
     "precision-plans": precision_plans,
+    "dpo-plan": dpo_plan,
+    "dpo-vs-trl-cpu": dpo_vs_trl_cpu,
+    "plan-dpo-example": plan_dpo_example,
 }

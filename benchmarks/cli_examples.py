@@ -32,6 +32,7 @@ from _machine import describe_machine, memfit_source  # noqa: E402
 EXAMPLES = {
     "plan": ["plan", "llama-3.1-8b", "--method", "qlora", "--seq-len", "4096", "--batch-size", "2", "--checkpointing", "on",
              "--gpu", "rtx-4090"],
+    "plan-dpo": ["plan", "llama-3.1-8b", "--method", "qlora", "--objective", "dpo", "--seq-len", "2048", "--gpu", "rtx-4090"],
     "train-demo": ["train", str(REPO / "examples" / "tiny.yaml"), "--output-dir", "{run}", "--no-progress"],
     "train-fit": ["train", str(REPO / "examples" / "tiny.yaml"), "--fit", "--budget", "600MiB", "--max-steps", "2",
                   "--output-dir", "{run}", "--no-progress"],
