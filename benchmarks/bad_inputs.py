@@ -104,6 +104,7 @@ EXTRA_CASES = [
     Case("plan llama-3.1-8b --context-bytes -1", 2),
     Case("plan llama-3.1-8b --precision fp8", 2, fast=True),
     Case("plan llama-3.1-8b --checkpointing maybe", 2),
+    Case("plan llama-3.1-8b --objective foo", 2),
     Case("plan ''", 2),
     Case("plan memfit-nobody/no-such-model", 2, env={"HF_HOME": "{d}/a_file"}),
     Case("plan {d}/tiny.json --seq-len 64", 0, env={"MEMFIT_PLAN_CACHE": "1", "MEMFIT_CACHE": "{d}/a_file"}),
@@ -113,8 +114,13 @@ EXTRA_CASES = [
     Case("fit llama-3.1-8b --gpu rtx-4090 --gpus 0", 2),
     Case("fit llama-3.1-8b --gpu rtx-4090 --max foo", 2, fast=True),
     Case("fit llama-3.1-8b --budget 1e30GiB", 2),
+    Case(f"fit llama-3.1-8b --gpu rtx-4090 --objective dpo --batch-size {HUGE}", 2),
     # train
     Case("train {d}/good.yaml --gpus 2", 2),
+    # preference training: pairs where messages are, a beta that is not a positive number
+    Case("train {d}/good.yaml --objective dpo", 2),
+    Case("train {d}/good.yaml --objective dpo --set beta=nan", 2),
+    Case("train {d}/good.yaml --beta -1", 2),
     Case(f"train {{d}}/good.yaml --rank {HUGE}", 2),
     Case("train {d}/good.yaml --set batch_size=1e20", 2),
     Case(f"train {{d}}/good.yaml --set seq_len={HUGE}", 2),
