@@ -68,7 +68,7 @@ def plan_command(
 
 @app.command("fit")
 @cli_errors
-@with_options(knob_options(("rank", "alpha", "dropout", "targets", "recipe")))
+@with_options(knob_options(("rank", "alpha", "dropout", "targets", "dora", "rslora", "modules_to_save", "recipe")))
 def fit_command(
     model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, or a model folder."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit of a Hub id (default: main)."),
