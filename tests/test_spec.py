@@ -183,3 +183,46 @@ def test_the_precision_regime_of_an_8bit_base():
     assert make_spec(method="lora-8bit").precision_regime == "8-bit base (LLM.int8 matmuls, bf16 around them), fp32 adapters"
     assert make_spec(method="lora-8bit", recipe="hf").precision_regime.startswith(
         "8-bit base (LLM.int8 matmuls, bf16 around them, other weights fp32)")
+
+
+@pytest.mark.parametrize(
+    ("knobs", "expected"),
+    [
+        ({"rank": "99999999999999999999"}, "--rank: 99999999999999999999 must be at most 65536 (e.g. --rank 16)."),
+        ({"batch_size": 10**20}, "--batch-size: 100000000000000000000 must be at most 65536 (e.g. --batch-size 4)."),
+        ({"seq_len": 2**24 + 1}, "--seq-len: 16777217 must be at most 16777216 (e.g. --seq-len 2048)."),
+        ({"grad_accum": "4097"}, "--grad-accum: 4097 must be at most 4096 (e.g. --grad-accum 8)."),
+        ({"gpus": 1e20}, "--gpus: 100000000000000000000 must be at most 65536 (e.g. --gpus 2)."),
+    ],
+)
+def test_whole_numbers_have_an_upper_bound(knobs, expected):
+    # Far beyond any real run: one line with the fix, not an OverflowError deep in PyTorch.
+    with pytest.raises(SpecError) as info:
+        make_spec(**knobs)
+    assert str(info.value) == f"invalid run configuration: {expected}"
+
+
+def test_every_whole_number_knob_declares_its_bound():
+    from memfit.spec import KNOBS, upper_bound, value_kind
+
+    unbounded = [name for name in KNOBS if value_kind(name) == "int" and upper_bound(name) is None]
+    assert unbounded == []
+    assert make_spec(rank=upper_bound("rank"), grad_accum=upper_bound("grad_accum")).rank == 65536  # the bound itself is allowed
+
+
+def test_bounds_are_spelled_as_a_training_yaml_writes_them():
+    with pytest.raises(SpecError) as info:
+        make_spec(spelling="field", rank=10**20, seq_len=1.0e20)
+    assert info.value.problems == ["rank: 100000000000000000000 must be at most 65536 (e.g. rank: 16).",
+                                   "seq_len: 100000000000000000000 must be at most 16777216 (e.g. seq_len: 2048)."]
+
+
+def test_a_micro_batch_holds_at_most_16m_tokens():
+    from memfit.spec import MAX_MICRO_BATCH_TOKENS
+
+    assert make_spec(batch_size=2048, seq_len=8192).batch_size == 2048  # 2**24 tokens: the limit itself
+    with pytest.raises(SpecError) as info:
+        make_spec(batch_size=4096, seq_len=8192)
+    assert info.value.problems == [
+        f"--batch-size 4096 with --seq-len 8192 is 33,554,432 tokens a micro-batch: must be at most {MAX_MICRO_BATCH_TOKENS:,} "
+        "(e.g. --batch-size 2048 with --grad-accum to keep the examples per step)."]

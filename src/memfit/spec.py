@@ -35,19 +35,29 @@ from memfit.errors import UserError, listed
 #: intermediates are small next to the rest of the step, and tiling would only add recomputation.
 TILING_AUTO_TOKENS = 8192
 
+#: The most tokens one micro-batch may hold (``batch_size x seq_len``), 16M: far beyond any real run
+#: on one GPU, and about what a plan handles in a minute and 2 GB of host memory (it makes the
+#: micro-batch's examples as the trainer does, token by token). The knobs' own bounds (``at_most``)
+#: are chosen alike: a plan at the bound takes minutes at most, never an overflow or all the memory.
+MAX_MICRO_BATCH_TOKENS = 2**24
+
 #: ``--targets all-linear`` means every linear layer inside the decoder blocks (not the output head).
 ALL_LINEAR = "all-linear"
 
 
-def knob(default: Any, help: str, *, short: str | None = None, example: Any = None, planner_only: bool = False) -> Any:
+def knob(default: Any, help: str, *, short: str | None = None, example: Any = None, planner_only: bool = False,
+         at_most: int | None = None) -> Any:
     """A :class:`RunSpec` field: its default and help, and how it appears elsewhere.
 
     ``short``: a one-letter command-line alias (``-b``); ``example``: a good value to suggest in an
     error message; ``planner_only``: a knob the planner takes and the trainer does not (it is left
-    out of the training YAML).
+    out of the training YAML); ``at_most``: the largest value a whole-number knob takes (pydantic's
+    ``le``), far above any real run, so that a slip of the keyboard is one clear error rather than
+    an overflow deep in PyTorch or a plan that runs for hours.
     """
     extra = {"short": short, "example": example, "planner_only": planner_only}
-    return Field(default, description=help, json_schema_extra={k: v for k, v in extra.items() if v not in (None, False)})
+    return Field(default, description=help, le=at_most,
+                 json_schema_extra={k: v for k, v in extra.items() if v not in (None, False)})
 
 
 class SpecError(UserError, ValueError):
@@ -74,7 +84,7 @@ class RunSpec(BaseModel):
         "Fine-tuning method: full (every weight), lora (adapters on the frozen base), qlora (adapters on a 4-bit NF4 "
         "base) or lora-8bit (adapters on an 8-bit LLM.int8 base: load_in_8bit with adapter: lora in Axolotl).",
     )
-    rank: int = knob(16, "LoRA rank r (lora, qlora, lora-8bit).", example=16)
+    rank: int = knob(16, "LoRA rank r (lora, qlora, lora-8bit).", example=16, at_most=65536)
     alpha: float | None = knob(None, "LoRA alpha (default: 2 x rank).", example=32)
     dropout: float = knob(0.0, "LoRA dropout probability.", example=0.05)
     targets: tuple[str, ...] = knob((ALL_LINEAR,), "Modules LoRA attaches to: comma-separated names, or all-linear.")
@@ -95,18 +105,21 @@ class RunSpec(BaseModel):
         "LoRA adapters are fp32 in all.",
     )
     optimizer: Literal["adamw", "adamw8bit", "paged-adamw8bit", "sgd"] = knob("adamw", "Optimizer (8-bit and paged states need bitsandbytes).")
-    batch_size: int = knob(1, "Micro-batch size per GPU (sequences in one forward pass).", short="-b", example=4)
-    seq_len: int = knob(2048, "Tokens per sequence.", short="-s", example=2048)
-    grad_accum: int = knob(1, "Micro-batches per optimizer step.", example=8)
+    batch_size: int = knob(1, "Micro-batch size per GPU (sequences in one forward pass).", short="-b", example=4, at_most=65536)
+    seq_len: int = knob(2048, "Tokens per sequence.", short="-s", example=2048, at_most=MAX_MICRO_BATCH_TOKENS)
+    # A plan makes and holds a step's micro-batches as the trainer does: 4096 of them take minutes.
+    grad_accum: int = knob(1, "Micro-batches per optimizer step.", example=8, at_most=4096)
     checkpointing: Literal["off", "on", "offload"] = knob("on", "Activation checkpointing (offload: the saved layer inputs in host memory).")
-    gpus: int = knob(1, "GPUs the run uses (memory is planned per GPU).", example=2)
+    gpus: int = knob(1, "GPUs the run uses (memory is planned per GPU).", example=2, at_most=65536)
     shard: Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-offload"] = knob("none", "Sharding across GPUs.")
     tiling: Literal["auto", "on", "off"] = knob("auto", f"Sequence-tiled MLPs and norms (auto: from {TILING_AUTO_TOKENS:,} tokens a micro-batch).")
     step_in_backward: bool = knob(False, "Full fine-tuning: each parameter's optimizer step runs inside backward.")
     packing: bool = knob(False, "Concatenate examples into rows of exactly seq_len tokens (attention kept inside each example).")
-    padding_free: Literal["auto", "on", "off"] = knob("auto", "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it).")
+    padding_free: Literal["auto", "on", "off"] = knob("auto", "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it; the hf recipe only with on: flash attention's varlen path).")
     max_grad_norm: float | None = knob(1.0, "Clip gradients to this L2 norm (none: no clipping).", example=1.0)
     recipe: Literal["memfit", "hf"] = knob("memfit", "memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison.", planner_only=True)
+    kbit_upcast: bool = knob(True, "The hf recipe's QLoRA and lora-8bit through PEFT's prepare_model_for_kbit_training, which upcasts every parameter that is not quantized to fp32 (as TRL before 0.26 ran it); off: they stay in the compute dtype (LLaMA-Factory, TRL since 0.26, and Axolotl, which casts them back after PEFT's upcast).", planner_only=True)
+    hf_loss: Literal["model", "liger", "chunked-nll"] = knob("model", "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy) or chunked-nll (TRL SFTTrainer's chunked loss).", planner_only=True)
 
     @field_validator("targets", "modules_to_save", mode="before")
     @classmethod
@@ -158,7 +171,25 @@ class RunSpec(BaseModel):
             )
         if self.step_in_backward and self.recipe == "hf":
             problems.append(f"{name('step_in_backward')}: the hf recipe has no optimizer step in backward. Use {setting('recipe', 'memfit')}.")
+        if not self.kbit_upcast and self.recipe != "hf":
+            problems.append(
+                f"{name('kbit_upcast')}: off is a choice of the hf recipe's QLoRA and lora-8bit (memfit's step never upcasts the base). "
+                f"Use {setting('recipe', 'hf')}, or drop it."
+            )
+        if self.hf_loss != "model" and self.recipe != "hf":
+            problems.append(
+                f"{name('hf_loss')}: {self.hf_loss} is a loss of the hf recipe (memfit's step always runs its own fused, "
+                f"chunked loss). Use {setting('recipe', 'hf')}, or drop {name('hf_loss')}."
+            )
         problems.extend(_adapter_problems(self, name, setting))
+        tokens = self.batch_size * self.seq_len
+        if tokens > MAX_MICRO_BATCH_TOKENS:
+            fewer = max(MAX_MICRO_BATCH_TOKENS // self.seq_len, 1)
+            problems.append(
+                f"{setting('batch_size', self.batch_size)} with {setting('seq_len', self.seq_len)} is {tokens:,} tokens a "
+                f"micro-batch: must be at most {MAX_MICRO_BATCH_TOKENS:,} (e.g. {setting('batch_size', fewer)} with "
+                f"{name('grad_accum')} to keep the examples per step)."
+            )
         if self.shard != "none" and self.gpus < 2:
             problems.append(f"{name('shard')}: {self.shard} needs {setting('gpus', 2)} or more (got {setting('gpus', self.gpus)}).")
         if problems:
@@ -335,8 +366,17 @@ def _example(name: str) -> Any:
     return (RunSpec.model_fields[name].json_schema_extra or {}).get("example")
 
 
+def upper_bound(name: str) -> int | None:
+    """The largest value knob ``name`` takes (its ``at_most``), or None when it has no bound."""
+    for constraint in RunSpec.model_fields[name].metadata:
+        bound = getattr(constraint, "le", None)
+        if bound is not None:
+            return bound
+    return None
+
+
 def value_kind(name: str) -> str:
-    """``int`` (a whole number, 1 or more), ``float``, ``bool``, ``choice`` or ``other``."""
+    """``int`` (a whole number, 1 or more, at most :func:`upper_bound`), ``float``, ``bool``, ``choice`` or ``other``."""
     annotation = RunSpec.model_fields[name].annotation
     if choices(name):
         return "choice"
@@ -468,6 +508,9 @@ def _check_value(key: str, value: Any, spelling: str = "flag") -> tuple[str | No
         number = int(value)
         if number < 1:
             return f"{name}: {number} must be 1 or more (e.g. {good}).", value
+        most = upper_bound(key)
+        if most is not None and number > most:
+            return f"{name}: {number} must be at most {most} (e.g. {good}).", value
         return None, number
     if kind == "float":
         if _means_none(value) and RunSpec.model_fields[key].default is not None:

@@ -73,7 +73,7 @@ def test_a_given_mixed_precision_is_kept_by_every_plan_of_the_search(tiny_llama)
 
 
 def test_json_contract():
-    data = fit("smollm2-135m", budget="4GiB", batch_size=2, seq_len=512, methods=("qlora",)).to_json()
+    data = fit("smollm2-135m", budget="4GiB", batch_size=2, seq_len=512, methods=("qlora",)).to_dict()
     assert set(data) >= {"model", "gpu", "fits", "max_seq_len"}
     assert set(data["max_seq_len"]) == {"qlora"}  # the methods searched
     assert data["gpu"]["memory_bytes"] == 4 * 2**30

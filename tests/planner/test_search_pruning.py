@@ -69,10 +69,10 @@ def test_floor_rules_out_full_fine_tuning_of_8b_on_24gb():
 
 
 def _answer(result) -> dict:
-    data = result.to_json()
+    data = result.to_dict()
     data["details"].pop("seconds")
     data["details"].pop("plans_made")
-    return {"json": data, "plans": [f.plan.to_json()["categories"] for f in result.fits]}
+    return {"json": data, "plans": [f.plan.to_dict()["categories"] for f in result.fits]}
 
 
 def _fit_both_ways(monkeypatch, **options):

@@ -98,7 +98,7 @@ def simulate(
     with (
         _bitsandbytes_tables() if _uses_bitsandbytes(spec) else contextlib.nullcontext(),
         _fake_mode() if fake else contextlib.nullcontext(),
-        _packed_positions(spec.recipe == "hf" and spec.packing),
+        _packed_positions(spec.recipe == "hf" and spec.packing and step_fn.layout == PADDED),
         offload_parity(),
         pinned_host_copies(),
         tracker,

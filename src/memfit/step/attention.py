@@ -76,11 +76,13 @@ def batch_layout(spec: Any, config: Any) -> str:
     """The layout of the step's micro-batches (:mod:`memfit.step.batch`) for ``spec`` on this model.
 
     ``documents`` (one row, attention inside each example) for ``packing`` and, unless
-    ``padding_free: off``, wherever the model allows it; ``padded`` otherwise, and always for the
-    ``hf`` recipe, which keeps the plain stack's padded batches. Raises ValueError when ``packing``
-    or ``padding_free: on`` asks for what the model cannot do.
+    ``padding_free: off``, wherever the model allows it; ``padded`` otherwise. The ``hf`` recipe
+    keeps the plain stack's padded batches unless ``padding_free: on``: transformers with flash
+    attention, which runs each example's attention on its own tokens (varlen: padding-free and
+    packed batches with their positions, or padded ones it unpads), as memfit's one-row batches do.
+    Raises ValueError when ``packing`` or ``padding_free: on`` asks for what the model cannot do.
     """
-    if spec.recipe == "hf":
+    if spec.recipe == "hf" and spec.padding_free != "on":
         return PADDED
     wanted = spec.packing or spec.padding_free == "on"
     if not wanted and spec.padding_free == "off":

@@ -189,11 +189,42 @@ def trained_head(head: torch.nn.Module | None) -> torch.nn.Module | None:
     return saved[active[0]]
 
 
+def liger_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The loss with Liger Kernel's fused linear cross-entropy in place of the model's
+    (:mod:`memfit.step.hf_losses`); a model whose logits are more than ``hidden @ head.T`` (soft-capped,
+    scaled, an adapter on the head) computes its own."""
+    from memfit.step.hf_losses import liger_fused_linear_cross_entropy
+
+    return _head_loss(model, batch, liger_fused_linear_cross_entropy)
+
+
+def chunked_nll_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The loss as TRL's ``SFTTrainer`` computes it with ``loss_type='chunked_nll'``
+    (:mod:`memfit.step.hf_losses`); the model's own where its head is not a plain linear layer."""
+    from memfit.step.hf_losses import trl_chunked_nll
+
+    return _head_loss(model, batch, trl_chunked_nll)
+
+
+def _head_loss(model: torch.nn.Module, batch: Batch, loss: Callable) -> torch.Tensor:
+    parts = backbone_and_head(model)
+    if parts is None:
+        return model_loss(model, batch)
+    backbone, head = parts
+    hidden = backbone(**_model_inputs(batch), use_cache=False).last_hidden_state
+    return loss(hidden, head.weight, batch["labels"])
+
+
+#: The ``hf`` recipe's losses by ``hf_loss``.
+HF_LOSSES: dict[str, LossFn] = {"model": model_loss, "liger": liger_loss, "chunked-nll": chunked_nll_loss}
+
+
 def choose_loss(spec: RunSpec) -> LossFn:
     """The loss a configuration's step takes: memfit's fused chunked loss (every layout of the
-    batch: padded or one row), or the ``hf`` recipe's model loss (the whole logits); under a mixed
-    precision (and the hf recipe's 16-bit ones) with its forward under autocast (:func:`autocast_loss`)."""
-    loss = model_loss if spec.recipe == "hf" else causal_lm_loss
+    batch: padded or one row), or the ``hf`` recipe's (``hf_loss``: the model's own over the whole
+    logits, Liger's or TRL's chunked one); under a mixed precision (and the hf recipe's 16-bit ones)
+    with its forward under autocast (:func:`autocast_loss`)."""
+    loss = HF_LOSSES[spec.hf_loss] if spec.recipe == "hf" else causal_lm_loss
     dtype = autocast_dtype(spec)
     return loss if dtype is None else partial(autocast_loss, loss_fn=loss, dtype=dtype)
 

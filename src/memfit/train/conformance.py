@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from memfit.json_form import JsonForm
+
 #: Two tiny model shapes (the shipped tiny tokenizer's 512 tokens): grouped-query heads in both, an
 #: untied head in the Llama one and a tied one in the Qwen2 one.
 TINY_MODELS: dict[str, dict[str, Any]] = {
@@ -44,7 +46,7 @@ _ONE_TOKEN_CHARS = "~#@|`"
 
 
 @dataclass
-class Cell:
+class Cell(JsonForm):
     """One configuration: the plan's peak and the run's, and whether they agree."""
 
     name: str
@@ -68,7 +70,7 @@ class Cell:
     def agrees(self) -> bool:
         return not self.error and abs(self.difference_bytes) <= self.tolerance_bytes
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "difference_bytes": self.difference_bytes, "agrees": self.agrees}
 
 

@@ -38,7 +38,6 @@ from memfit.train.config import (
     total_steps,
     warmup_steps,
 )
-from memfit.train.data import BatchIterator
 from memfit.train.distributed import DistributedError, check_world
 from memfit.train.disk_space import FULL_DISK_ERRNOS, full_disk_message
 from memfit.train.errors import DiskFull, OutOfMemory, TrainError
@@ -46,10 +45,11 @@ from memfit.train.examples import (
     check_vocab,
     load_tokenizer,
     pad_token_id,
-    prepare_examples,
+    prepare_data,
     seed_everything,
 )
 from memfit.train.fitting import Target, device_target, fit_configuration, planned_seq_len, recorded_knobs, step_down
+from memfit.train.generation import eval_generations
 from memfit.train.guards import StopOnSignal, handle_oom
 from memfit.train.hub_model import fetch_small_files, fetch_weights
 from memfit.train.loading import load_model, verify_setup
@@ -158,12 +158,14 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     # the run is known to fit and the data is read (memfit.train.hub_model).
     config, hub = fetch_small_files(config, world=world, console=console, resume=resume, run_dir=run_dir)
 
-    # 1. Data: tokenized up front, so that a bad file fails before anything is planned or loaded.
+    # 1. Data: tokenized up front (a stream: its first rows), so that a bad file or dataset fails
+    # before anything is planned or loaded.
     model_dict = model_config_dict(config)
     seed_everything(config.seed)
     tokenizer = load_tokenizer(config)
-    train_examples, eval_examples = prepare_examples(config, tokenizer)
-    check_vocab(train_examples + eval_examples, int(model_dict.get("vocab_size") or 0), tokenizer)
+    data = prepare_data(config, tokenizer, console=console, resume_from=run_dir if resume else None)
+    train_examples, eval_examples = data.train_examples, data.eval_examples  # a stream's are not known: plan at seq_len
+    check_vocab(data.checked_examples, int(model_dict.get("vocab_size") or 0), tokenizer)
     pad_id = pad_token_id(tokenizer)
 
     # 2. The configuration, and whether it fits: decided before any weight is read. A resumed run
@@ -220,7 +222,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     # 4. Optimizer, schedule, data order and the loss scaler fp16 needs.
     optimizer = build_optimizer(model.parameters(), spec.optimizer, lr=config.lr, weight_decay=config.weight_decay,
                                 step_in_backward=spec.step_in_backward)
-    batches = BatchIterator(train_examples, batch_size=world.global_batch_size(spec), seed=config.seed)
+    batches = data.batches(world.global_batch_size(spec), config, tokenizer.eos_token_id)
     steps = total_steps(config, batches.batches_per_epoch())
     warmup = warmup_steps(config, steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -269,6 +271,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     record = RunRecord.for_run(run_dir, config=config, model_config=model_dict, preflight=preflight, setup=setup,
                                device=device, total_steps=steps, enabled=world.is_main,
                                extra={**world.run_fields(spec), **({"hub": hub.record()} if hub is not None else {}),
+                                      "data": data.record,
                                       "planned_seq_len": planned_len, "fit": fit_record,
                                       "active_knobs": {k: spec.knobs()[k] for k in SEARCHED}, "given_knobs": given,
                                       "config_changes": _recorded_changes(run_dir) if resume else []})
@@ -278,7 +281,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     # 6. The loop, then 7. the outputs: the last checkpoint and the deliverable.
     current = _Current(config=config, step_fn=step_fn, pad_id=pad_id, model_config=model_dict, planned_len=planned_len,
                        longest_len=longest_len,
-                       plan=preflight.plan)
+                       plan=preflight.plan, tokenizer=tokenizer)
     _train_and_save(current, world, result, tokenizer, model=model, optimizer=optimizer, scheduler=scheduler,
                     grad_scaler=grad_scaler, batches=batches, eval_examples=eval_examples, device=device,
                     preflight=preflight, record=record, checkpoint_now=checkpoint_now, console=console,
@@ -331,6 +334,13 @@ class _Current:
     planned_len: int  # the data's longest micro-batch at this configuration's micro-batch size
     longest_len: int  # the data's longest example (the length a search over micro-batch sizes plans)
     plan: Any  # the plan of the configuration in effect (None: not planned)
+    tokenizer: Any = None  # for the replies to eval_prompts
+
+    def write_generations(self, log, model, step: int, device: torch.device) -> None:
+        """The greedy replies to ``eval_prompts`` at ``step``, one ``metrics.jsonl`` record (none without prompts)."""
+        if self.config.eval_prompts:
+            log.write(eval_generations(model, self.tokenizer, self.config.eval_prompts, step=step,
+                                       max_new_tokens=self.config.eval_max_new_tokens, device=device))
 
     @property
     def spec(self):
@@ -425,6 +435,8 @@ def _loop(current: _Current, world, result: TrainResult, stop: StopOnSignal, *, 
                 eval_loss = evaluate(model, eval_examples, spec.batch_size, current.collate, device, current.step_fn.loss)
                 result.eval_losses.append((done, eval_loss))
                 log.write({"step": done, "eval_loss": eval_loss})
+            if config.eval_every and done % config.eval_every == 0 and done != steps:
+                current.write_generations(log, model, done, device)
             bar.update(done, metrics)
             if config.save_every and done % config.save_every == 0 and done != steps:
                 result.checkpoint = checkpoint_now(done, "interval")
@@ -446,17 +458,20 @@ def _loop(current: _Current, world, result: TrainResult, stop: StopOnSignal, *, 
 
 def _final_evaluation(current: _Current, result: TrainResult, model, eval_examples: list, device: torch.device, log,
                       console, stopped_by: str | None) -> None:
-    """Evaluate the trained model at the end of the run, unless ``stopped_by`` a signal during the
-    last step: then the outputs matter more than waiting for the evaluation (say so)."""
-    if not eval_examples:
+    """Evaluate the trained model at the end of the run (the eval loss, the replies to
+    ``eval_prompts``), unless ``stopped_by`` a signal during the last step: then the outputs matter
+    more than waiting for the evaluation (say so)."""
+    if not eval_examples and not current.config.eval_prompts:
         return
     if stopped_by is not None:
         console.print(f"{stopped_by} during the last step: the step is done, so the run completes; "
                       "its final evaluation is skipped", highlight=False)
         return
-    eval_loss = evaluate(model, eval_examples, current.spec.batch_size, current.collate, device, current.step_fn.loss)
-    result.eval_losses.append((result.step, eval_loss))
-    log.write({"step": result.step, "eval_loss": eval_loss})
+    if eval_examples:
+        eval_loss = evaluate(model, eval_examples, current.spec.batch_size, current.collate, device, current.step_fn.loss)
+        result.eval_losses.append((result.step, eval_loss))
+        log.write({"step": result.step, "eval_loss": eval_loss})
+    current.write_generations(log, model, result.step, device)
 
 
 def _step_down(current: _Current, world, model, optimizer, batches, step: int, data_before: dict[str, Any],

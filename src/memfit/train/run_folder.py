@@ -102,14 +102,14 @@ class RunRecord:
         import transformers
 
         fields = {
-            "config": config.to_json(),
+            "config": config.to_dict(),
             "spec": config.spec.knobs(),
             "model_config": model_config,
             "device": str(device),
             "total_steps": total_steps,
             "setup": setup,
-            "preflight": preflight.to_json(),
-            "plan": preflight.plan.to_json() if preflight.plan is not None else None,
+            "preflight": preflight.to_dict(),
+            "plan": preflight.plan.to_dict() if preflight.plan is not None else None,
             "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
             **extra,
         }
