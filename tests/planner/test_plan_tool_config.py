@@ -37,15 +37,15 @@ def _axolotl(tmp_path, model_folder, extra: str = "") -> str:
 
 
 def test_a_config_plans_as_its_knobs_plan_on_the_hugging_face_step(tmp_path, model_folder):
-    config = _axolotl(tmp_path, model_folder, "peft_use_dora: true\n")
+    config = _axolotl(tmp_path, model_folder, "peft_use_dora: true\ntorch_compile: true\n")
     from_config = plan(config, cache=False)
     by_hand = plan(str(model_folder), method="lora", rank=8, targets="all-linear", seq_len=128, batch_size=2, grad_accum=2,
-                   checkpointing="on", precision="fp32", recipe="hf", cache=False)
+                   checkpointing="on", precision="fp32", recipe="hf", dora=True, cache=False)
     assert from_config.device_total_bytes == by_hand.device_total_bytes
     assert from_config.spec == by_hand.spec
     read = from_config.details["config"]
     assert read["tool"] == "axolotl" and read["path"] == config
-    assert [f["key"] for f in read["not_modelled"]] == ["peft_use_dora"]
+    assert [f["key"] for f in read["not_modelled"]] == ["torch_compile"]
 
 
 def test_options_given_replace_the_config_s(tmp_path, model_folder):

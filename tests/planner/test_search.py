@@ -88,6 +88,8 @@ def test_json_contract():
         ({}, "fit needs --gpu NAME or --budget SIZE"),
         ({"gpu": "rtx-4090", "methods": ("dora",)}, "--method: dora is not one of"),
         ({"gpu": "rtx-4090", "checkpointing": "on"}, "--checkpointing is chosen by the search"),
+        ({"gpu": "rtx-4090", "methods": ("full", "lora"), "dora": True}, "--dora: only with adapters (--method lora"),
+        ({"gpu": "rtx-4090", "methods": ("qlora",), "dora": True}, "--dora: not with --method qlora"),
         ({"gpu": "rtx-4091"}, "Did you mean 'rtx-4090'"),
     ],
 )
@@ -118,3 +120,23 @@ def test_worker_processes_report_every_plan_as_it_is_made(tiny_llama):
     alone = fit(tiny_llama, workers=1, progress=one_process.append, **options)
     assert sorted(one_process) == sorted(lines)
     assert [f.spec for f in alone.fits] == [f.spec for f in parallel.fits]
+
+
+def test_adapter_options_are_searched_only_when_asked():
+    from memfit.planner.search import DEFAULT_METHODS, _methods_for
+
+    assert DEFAULT_METHODS == ("full", "lora", "qlora")  # no 8-bit base unless --method lora-8bit
+    assert _methods_for(None, {}) == (DEFAULT_METHODS, [])
+    assert _methods_for(("lora-8bit", "lora"), {}) == (("lora-8bit", "lora"), [])
+    assert _methods_for(None, {"modules_to_save": "lm_head", "rslora": True}) == (("lora", "qlora"), [])
+    assert _methods_for(None, {"dora": True}) == (("lora",), [])
+    assert _methods_for(None, {"dora": False}) == (DEFAULT_METHODS, [])
+
+
+def test_every_fit_of_a_dora_search_trains_dora_and_the_modules_asked_for(tiny_llama):
+    result = fit(tiny_llama, budget="1GiB", batch_size=2, seq_len=64, max_seq_len=False, workers=1, dora=True,
+                 modules_to_save="lm_head")
+    assert result.fits and {f.spec["method"] for f in result.fits} == {"lora"}
+    for f in result.fits:
+        assert f.spec["dora"] is True and f.spec["modules_to_save"] == ["lm_head"]
+        assert "DoRA magnitudes" in f.plan.details["category_help"]["trainable"]
