@@ -251,12 +251,14 @@ def models_command(as_json: bool = typer.Option(False, "--json", help="Print as 
 # Commands implemented next to their API; each module imports its heavy dependencies lazily.
 from memfit.merge.command import merge_command  # noqa: E402
 from memfit.train.command import train_command  # noqa: E402
+from memfit.ui.command import ui_command  # noqa: E402
 from memfit.watch.command import doctor_command, report_command  # noqa: E402
 
 app.command("train")(train_command)  # each wrapped in cli_errors where it is defined
 app.command("merge")(merge_command)
 app.command("doctor")(doctor_command)
 app.command("report")(report_command)
+app.command("ui")(ui_command)
 
 
 #: Library loggers whose warnings say nothing to someone running memfit: bitsandbytes' CPU backend

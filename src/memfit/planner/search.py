@@ -188,6 +188,7 @@ def fit(
     progress: Callable[[str], None] | None = None,
     workers: int | None = None,
     revision: str | None = None,
+    found: Callable[[str, list[Fit]], None] | None = None,
     **knobs: Any,
 ) -> FitResult:
     """Find the configurations of ``model`` that fit ``gpu`` (or ``budget``), fastest first.
@@ -205,6 +206,8 @@ def fit(
         workers: processes to search the methods in (default: one per method, at most one per CPU
             core); each method's search is independent of the others.
         revision: branch, tag or commit of a Hugging Face Hub id (default: main).
+        found: called with a method and its fits (not yet ranked: speeds are relative to the
+            fastest fit of all methods) as soon as that method's search ends.
         knobs: fixed RunSpec knobs passed through (rank, alpha, targets, precision...). Without a
             precision, bf16 is used where the GPU supports it, else fp16 (LoRA, QLoRA) or fp32 (full).
     """
@@ -248,10 +251,14 @@ def fit(
     job = _MethodJob(model=model, target={"gpu": gpu, "budget": budget}, base=dict(knobs, seq_len=seq_len),
                      supports_bf16=supports_bf16, effective_batch=batch_size,
                      seq_limit=(max_positions or 131072) if max_seq_len else 0, levels=levels)
+    found = found or (lambda method, fits: None)
     if workers > 1:
-        outcomes = _run_parallel(job, methods, workers, progress)
+        outcomes = _run_parallel(job, methods, workers, progress, found)
     else:
-        outcomes = [job.run(method, progress) for method in methods]
+        outcomes = []
+        for method in methods:
+            outcomes.append(job.run(method, progress))
+            found(method, outcomes[-1].fits)
 
     fits = [f for o in outcomes for f in o.fits]
     misses = [m for o in outcomes for m in o.misses]
@@ -400,7 +407,8 @@ def _worker_context():
     return multiprocessing.get_context("forkserver" if _worker_server_started else "spawn")
 
 
-def _run_parallel(job: _MethodJob, methods: tuple[str, ...], workers: int, progress) -> list[_MethodOutcome]:
+def _run_parallel(job: _MethodJob, methods: tuple[str, ...], workers: int, progress,
+                  found: Callable[[str, list[Fit]], None]) -> list[_MethodOutcome]:
     """Each method's search in its own process (forked from the worker server, or spawned: a clean
     interpreter either way as far as torch is concerned)."""
     from concurrent.futures import ProcessPoolExecutor
@@ -419,12 +427,14 @@ def _run_parallel(job: _MethodJob, methods: tuple[str, ...], workers: int, progr
         futures = {method: pool.submit(_run_method_job, job, method) for method in order}
         pending = set(futures.values())
         while pending:
-            _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             while reports is not None:
                 try:
                     progress(reports.get_nowait())
                 except queues.Empty:
                     break
+            for method in (m for m in order if futures[m] in done and futures[m].exception() is None):
+                found(method, futures[method].result().fits)
         outcomes = [futures[method].result() for method in methods]
     if reports is not None:  # what was put just before the last worker ended
         while True:
