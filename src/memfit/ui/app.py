@@ -68,142 +68,205 @@ async def _body(request, limit: int, what: str) -> bytes:
     return b"".join(chunks)
 
 
+def _service(request) -> PlannerService:
+    return request.app.state.service
+
+
+async def page(request):
+    from starlette.responses import FileResponse
+
+    return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+
+async def form(request):
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse
+
+    from memfit.ui.form import form as describe
+
+    data = await run_in_threadpool(describe)
+    run_dir = request.app.state.run_dir
+    data["run"] = str(run_dir) if run_dir is not None else None
+    data["warm"] = _service(request).is_warm
+    return JSONResponse(data)
+
+
+async def status(request):
+    from starlette.responses import JSONResponse
+
+    service = _service(request)
+    return JSONResponse({"warm": service.is_warm, "warm_seconds": service.warm_seconds})
+
+
+async def plan(request):
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse
+
+    call = query.plan_call(_multi(request))
+    return JSONResponse(await run_in_threadpool(_service(request).plan, call))
+
+
+async def context(request):
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import StreamingResponse
+
+    service = _service(request)
+    call = query.plan_call(_multi(request))
+    first = await run_in_threadpool(service.plan, call)  # a bad input: a 400 before the stream starts
+    max_positions = await run_in_threadpool(service.max_positions, call.model)
+    points = service.sweep(call, max_positions, first)
+
+    async def lines() -> AsyncIterator[bytes]:
+        yield (json.dumps({"seq_len": first["spec"]["seq_len"], "plan": first}) + "\n").encode()
+        done = object()
+        while True:
+            # One point a call: a client that goes away stops the sweep before its next plan.
+            point = await run_in_threadpool(next, points, done)
+            if point is done:
+                return
+            yield (json.dumps(point) + "\n").encode()
+
+    return StreamingResponse(lines(), media_type=NDJSON)
+
+
+async def fit(request):
+    from starlette.responses import StreamingResponse
+
+    service = _service(request)
+    call = query.fit_call(_multi(request))
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue = asyncio.Queue()
+
+    def emit(event: dict[str, Any]) -> None:
+        loop.call_soon_threadsafe(events.put_nowait, event)
+
+    def search() -> None:
+        try:
+            service.fit(call, emit)
+        except BusyError as err:
+            emit({"event": "error", "error": str(err), "status": 429})
+        except Exception as err:  # a bug: said in one line, the traceback in the log
+            log.exception("memfit ui: the search failed")
+            emit({"event": "error", "error": f"internal error: {type(err).__name__}: {err}", "status": 500})
+
+    threading.Thread(target=search, name="memfit-ui-fit", daemon=True).start()
+    first = await events.get()
+    if first["event"] == "error":  # found before the search started: the CLI's message
+        return _error(first["error"], first["status"])
+
+    async def lines() -> AsyncIterator[bytes]:
+        event = first
+        while True:
+            yield (json.dumps(event) + "\n").encode()
+            if event["event"] in ("result", "error"):
+                return
+            event = await events.get()
+
+    return StreamingResponse(lines(), media_type=NDJSON)
+
+
+async def explain(request):
+    from starlette.responses import JSONResponse
+
+    from memfit.planner.report import CATEGORY_HELP, step_features, suggestions
+
+    data = json.loads(await _body(request, MAX_UPLOAD_BYTES, "plan") or b"{}")
+    if not isinstance(data, dict):
+        raise UploadError("plan: not a JSON object; send the JSON /api/plan answered.")
+    spec, details = data.get("spec") or {}, data.get("details") or {}
+    try:
+        tips = suggestions(spec) if data.get("fits") is False else []
+        features = step_features(spec, details)
+    except (KeyError, TypeError, AttributeError) as err:
+        raise UploadError(f"plan: not a plan memfit made ({err} missing); send the JSON /api/plan answered.") from None
+    return JSONResponse({"category_help": CATEGORY_HELP, "suggestions": tips, "features": features})
+
+
+async def export(request):
+    from starlette.responses import JSONResponse
+
+    from memfit.ui.export import command_line, train_yaml
+
+    service = _service(request)
+    items = _multi(request)
+    command = (items.pop("command", ["plan"]) or ["plan"])[0]
+    if command not in ("plan", "fit"):
+        raise query.QueryError(f"command: {command!r} is not one of plan, fit.")
+    spec_text = (items.pop("spec", []) or [None])[0]
+    call = query.plan_call(items) if command == "plan" else query.fit_call(items)
+    upload = service.uploads.get(call.model) if service.is_upload(call.model) else None
+    answer = {"cli": command_line(command, items, model_file=upload.filename if upload else None)}
+    if spec_text:
+        spec = json.loads(spec_text)
+        if not isinstance(spec, dict):
+            raise query.QueryError("spec: not a JSON object; send a plan's spec.")
+        answer["yaml"] = train_yaml(upload.filename if upload else call.model, spec, gpu=call.options.get("gpu"),
+                                    budget=call.options.get("budget"), model_is_file=upload is not None)
+    return JSONResponse(answer)
+
+
+async def model_upload(request):
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse
+
+    filename = Path(request.query_params.get("filename") or "config.json").name
+    data = await _body(request, MAX_UPLOAD_BYTES, filename)
+    upload = await run_in_threadpool(_service(request).uploads.add, data, filename)
+    return JSONResponse({"model": upload.name, "filename": upload.filename, "model_type": upload.config.get("model_type")})
+
+
+async def run_upload(request):
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse
+
+    from memfit.ui.runs import from_uploads
+
+    body = await _body(request, MAX_RUN_BODY_BYTES, "the dropped run")
+    try:
+        data = json.loads(body)
+        if not isinstance(data, dict) or not isinstance(data.get("memory"), str):
+            raise ValueError("no memory text")
+    except ValueError:
+        raise UploadError("the dropped run: send {\"memory\": <memory.jsonl text>, \"run\": <run.json text>}.") from None
+    run = data.get("run")
+    plan_on_page = data.get("plan") if isinstance(data.get("plan"), dict) else None
+    result = await run_in_threadpool(
+        from_uploads, data["memory"].encode(), run.encode() if isinstance(run, str) else None, plan_on_page,
+        str(data.get("memory_name") or "memory.jsonl"), str(data.get("run_name") or "run.json"))
+    return JSONResponse(result)
+
+
+async def run_folder(request):
+    from starlette.concurrency import run_in_threadpool
+    from starlette.responses import JSONResponse
+
+    from memfit.ui.runs import from_folder
+
+    run_dir = request.app.state.run_dir
+    if run_dir is None:
+        return _error("no run folder: start the page with `memfit ui --run RUN_DIR`, or drop a run's memory.jsonl on the page.", 404)
+    return JSONResponse(await run_in_threadpool(from_folder, run_dir))
+
+
+async def _user_error(request, err: UserError):
+    return _error(str(err), 429 if isinstance(err, BusyError) else 400)
+
+
+async def _bad_json(request, err: json.JSONDecodeError):
+    return _error(f"the request body is not valid JSON ({err.msg}).")
+
+
+async def _server_error(request, err: Exception):
+    log.error("memfit ui: %s %s failed", request.method, request.url.path, exc_info=err)
+    return _error(f"internal error: {type(err).__name__}: {err}", 500)
+
+
 def create_app(service: PlannerService | None = None, *, run_dir: str | Path | None = None):
     """The Starlette application over ``service`` (a new :class:`PlannerService` by default);
     ``run_dir``: the run folder named on the command line, shown by ``GET /api/run``."""
     from starlette.applications import Starlette
-    from starlette.concurrency import run_in_threadpool
-    from starlette.responses import FileResponse, JSONResponse, StreamingResponse
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
-
-    service = service or PlannerService()
-
-    async def page(request):
-        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
-
-    async def form(request):
-        from memfit.ui.form import form as describe
-
-        data = await run_in_threadpool(describe)
-        data["run"] = str(run_dir) if run_dir is not None else None
-        data["warm"] = service.is_warm
-        return JSONResponse(data)
-
-    async def status(request):
-        return JSONResponse({"warm": service.is_warm, "warm_seconds": service.warm_seconds})
-
-    async def plan(request):
-        call = query.plan_call(_multi(request))
-        return JSONResponse(await run_in_threadpool(service.plan, call))
-
-    async def context(request):
-        call = query.plan_call(_multi(request))
-        first = await run_in_threadpool(service.plan, call)  # a bad input: a 400 before the stream starts
-        max_positions = await run_in_threadpool(service.max_positions, call.model)
-        points = service.sweep(call, max_positions, first)
-
-        async def lines() -> AsyncIterator[bytes]:
-            yield (json.dumps({"seq_len": first["spec"]["seq_len"], "plan": first}) + "\n").encode()
-            done = object()
-            while True:
-                point = await run_in_threadpool(next, points, done)
-                if point is done:
-                    return
-                yield (json.dumps(point) + "\n").encode()
-
-        return StreamingResponse(lines(), media_type=NDJSON)
-
-    async def fit(request):
-        call = query.fit_call(_multi(request))
-        loop = asyncio.get_running_loop()
-        events: asyncio.Queue = asyncio.Queue()
-
-        def emit(event: dict[str, Any]) -> None:
-            loop.call_soon_threadsafe(events.put_nowait, event)
-
-        def search() -> None:
-            try:
-                service.fit(call, emit)
-            except BusyError as err:
-                emit({"event": "error", "error": str(err), "status": 429})
-            except Exception as err:  # a bug: said in one line, the traceback in the log
-                log.exception("memfit ui: the search failed")
-                emit({"event": "error", "error": f"internal error: {type(err).__name__}: {err}", "status": 500})
-
-        threading.Thread(target=search, name="memfit-ui-fit", daemon=True).start()
-        first = await events.get()
-        if first["event"] == "error":  # found before the search started: the CLI's message
-            return _error(first["error"], first["status"])
-
-        async def lines() -> AsyncIterator[bytes]:
-            event = first
-            while True:
-                yield (json.dumps(event) + "\n").encode()
-                if event["event"] in ("result", "error"):
-                    return
-                event = await events.get()
-
-        return StreamingResponse(lines(), media_type=NDJSON)
-
-    async def explain(request):
-        from memfit.planner.report import CATEGORY_HELP, step_features, suggestions
-
-        data = json.loads(await _body(request, MAX_UPLOAD_BYTES, "plan") or b"{}")
-        spec, details = data.get("spec") or {}, data.get("details") or {}
-        try:
-            tips = suggestions(spec) if data.get("fits") is False else []
-            features = step_features(spec, details)
-        except (KeyError, TypeError) as err:
-            raise UploadError(f"plan: not a plan memfit made ({err} missing); send the JSON /api/plan answered.") from None
-        return JSONResponse({"category_help": CATEGORY_HELP, "suggestions": tips, "features": features})
-
-    async def export(request):
-        from memfit.ui.export import command_line, train_yaml
-
-        items = _multi(request)
-        command = (items.pop("command", ["plan"]) or ["plan"])[0]
-        if command not in ("plan", "fit"):
-            raise query.QueryError(f"command: {command!r} is not one of plan, fit.")
-        spec_text = (items.pop("spec", []) or [None])[0]
-        call = query.plan_call(items) if command == "plan" else query.fit_call(items)
-        upload = service.uploads.get(call.model) if service.is_upload(call.model) else None
-        answer = {"cli": command_line(command, items, model_file=upload.filename if upload else None)}
-        if spec_text:
-            spec = json.loads(spec_text)
-            answer["yaml"] = train_yaml(upload.filename if upload else call.model, spec, gpu=call.options.get("gpu"),
-                                        budget=call.options.get("budget"), model_is_file=upload is not None)
-        return JSONResponse(answer)
-
-    async def model_upload(request):
-        filename = request.query_params.get("filename") or "config.json"
-        data = await _body(request, MAX_UPLOAD_BYTES, filename)
-        upload = await run_in_threadpool(service.uploads.add, data, Path(filename).name)
-        return JSONResponse({"model": upload.name, "filename": upload.filename,
-                             "model_type": upload.config.get("model_type")})
-
-    async def run_upload(request):
-        from memfit.ui.runs import from_uploads
-
-        body = await _body(request, MAX_RUN_BODY_BYTES, "the dropped run")
-        try:
-            data = json.loads(body)
-            if not isinstance(data, dict) or not isinstance(data.get("memory"), str):
-                raise ValueError("no memory text")
-        except ValueError:
-            raise UploadError("the dropped run: send {\"memory\": <memory.jsonl text>, \"run\": <run.json text>}.") from None
-        run = data.get("run")
-        result = await run_in_threadpool(
-            from_uploads, data["memory"].encode(), run.encode() if isinstance(run, str) else None, data.get("plan"),
-            data.get("memory_name") or "memory.jsonl", data.get("run_name") or "run.json")
-        return JSONResponse(result)
-
-    async def run_folder(request):
-        from memfit.ui.runs import from_folder
-
-        if run_dir is None:
-            return _error("no run folder: start the page with `memfit ui --run RUN_DIR`, or drop a run's memory.jsonl on the page.", 404)
-        return JSONResponse(await run_in_threadpool(from_folder, run_dir))
 
     routes = [
         Route("/", page),
@@ -219,16 +282,8 @@ def create_app(service: PlannerService | None = None, *, run_dir: str | Path | N
         Route("/api/run", run_folder, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-
-    async def user_error(request, err: UserError):
-        return _error(str(err), 429 if isinstance(err, BusyError) else 400)
-
-    async def bad_json(request, err: json.JSONDecodeError):
-        return _error(f"the request body is not valid JSON ({err.msg}).")
-
-    async def server_error(request, err: Exception):
-        log.error("memfit ui: %s %s failed", request.method, request.url.path, exc_info=err)
-        return _error(f"internal error: {type(err).__name__}: {err}", 500)
-
-    return Starlette(routes=routes, exception_handlers={UserError: user_error, json.JSONDecodeError: bad_json,
-                                                        Exception: server_error})
+    app = Starlette(routes=routes, exception_handlers={UserError: _user_error, json.JSONDecodeError: _bad_json,
+                                                       Exception: _server_error})
+    app.state.service = service or PlannerService()
+    app.state.run_dir = run_dir
+    return app
