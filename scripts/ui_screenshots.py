@@ -1,12 +1,12 @@
 """Screenshots of memfit ui's views for the docs, taken in Debian's chromium driven by Playwright.
 
 Starts `python -m memfit ui --port 0` (this interpreter) with a run folder made by a short demo
-training run (``memfit train examples/tiny.yaml`` on the CPU), opens each view of Llama-3.1-8B
+training run (``memfit train examples/tiny.yaml --budget 4GiB`` on the CPU: planned against the budget), opens each view of Llama-3.1-8B
 on an RTX 4090 and writes ``docs/img/ui-plan.png``, ``ui-context.png``, ``ui-fit.png`` and
 ``ui-run.png``. Every figure on them is what the server answered at the time; the search runs in
 full (minutes from an empty plan cache).
 
-    python scripts/ui_screenshots.py [--out docs/img] [--chromium /usr/bin/chromium]
+    python scripts/ui_screenshots.py [--out docs/img] [--chromium /usr/bin/chromium] [--views plan,context,fit,run]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def demo_run(folder: Path) -> Path:
     """A short real training run of the demo config (CPU), its memory recorded against its plan."""
     run_dir = folder / "run"
     subprocess.run([sys.executable, "-m", "memfit", "train", str(REPO / "examples" / "tiny.yaml"), "-o", str(run_dir),
-                    "--max-steps", "8", "--no-progress"], check=True)
+                    "--max-steps", "8", "--no-progress", "--budget", "4GiB"], check=True)  # a budget: the CPU run is planned
     return run_dir
 
 
@@ -39,7 +39,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "img")
     parser.add_argument("--chromium", default=shutil.which("chromium") or "/usr/bin/chromium")
+    parser.add_argument("--views", default="plan,context,fit,run", help="which screenshots to take (comma-separated)")
     args = parser.parse_args()
+    views = set(args.views.split(","))
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="memfit-ui-shots-") as work:
         run_dir = demo_run(Path(work))
@@ -55,17 +57,21 @@ def main() -> None:
                 page.goto(f"{base}?{VIEW}")
                 page.wait_for_function("document.querySelector('#device-total').dataset.bytes", timeout=WAIT_MS)
                 page.wait_for_selector("#busy-plan[hidden]", state="attached", timeout=WAIT_MS)
-                page.screenshot(path=args.out / "ui-plan.png", full_page=True)
-                page.click("[data-view=context]")
-                page.wait_for_function("document.querySelector('#longest').dataset.tokens !== undefined", timeout=WAIT_MS)
-                page.screenshot(path=args.out / "ui-context.png", full_page=True)
-                page.click("[data-view=fit]")
-                page.click("#fit-start")
-                page.wait_for_function("document.querySelector('#fit-summary').dataset.count !== undefined", timeout=WAIT_MS)
-                page.screenshot(path=args.out / "ui-fit.png", full_page=True)
-                page.click("[data-view=run]")
-                page.wait_for_selector("#run-table:not([hidden])", timeout=WAIT_MS)
-                page.screenshot(path=args.out / "ui-run.png", full_page=True)
+                if "plan" in views:
+                    page.screenshot(path=args.out / "ui-plan.png", full_page=True)
+                if "context" in views:
+                    page.click("[data-view=context]")
+                    page.wait_for_function("document.querySelector('#longest').dataset.tokens !== undefined", timeout=WAIT_MS)
+                    page.screenshot(path=args.out / "ui-context.png", full_page=True)
+                if "fit" in views:
+                    page.click("[data-view=fit]")
+                    page.click("#fit-start")
+                    page.wait_for_function("document.querySelector('#fit-summary').dataset.count !== undefined", timeout=WAIT_MS)
+                    page.screenshot(path=args.out / "ui-fit.png", full_page=True)
+                if "run" in views:
+                    page.click("[data-view=run]")
+                    page.wait_for_selector("#run-table:not([hidden])", timeout=WAIT_MS)
+                    page.screenshot(path=args.out / "ui-run.png", full_page=True)
                 context.close()
         finally:
             server.terminate()

@@ -83,3 +83,19 @@ def test_the_api_takes_dropped_files_and_the_folder_from_the_command_line(tmp_pa
     assert too_big.status_code == 400 and "more than 3 MiB" in too_big.json()["error"]
     assert client.post("/api/run", content=b'{"run": "{}"}').status_code == 400
     assert TestClient(create_app(PlannerService())).get("/api/run").status_code == 404
+
+
+def test_the_command_line_folder_without_a_plan_is_held_against_the_page_plan(tmp_path):
+    from starlette.testclient import TestClient
+
+    from memfit.ui.app import create_app
+    from memfit.ui.service import PlannerService
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "memory.jsonl").write_bytes(jsonl(records(plan=None, cuda=False)))
+    client = TestClient(create_app(PlannerService(), run_dir=run_dir))
+    answer = client.post("/api/run", content=json.dumps({"folder": True, "plan": PLAN})).json()
+    assert answer["plan_source"].startswith("the plan on the page") and answer["source"] == str(run_dir)
+    assert answer == from_folder(run_dir, PLAN)
+    assert TestClient(create_app(PlannerService())).post("/api/run", content=b'{"folder": true}').status_code == 404

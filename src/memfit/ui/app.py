@@ -11,7 +11,8 @@ Routes:
   the knob changes that lower it (the text ``memfit plan`` prints);
 - ``GET /api/export?command=plan|fit&...``: the command line and a ``memfit train`` YAML;
 - ``POST /api/model?filename=config.json``: a dropped config.json (the body, at most 1 MiB);
-- ``POST /api/run``: a dropped memory.jsonl / run.json, compared with the plan;
+- ``POST /api/run``: a dropped memory.jsonl / run.json (or, with ``"folder": true``, the run given
+  as ``memfit ui --run``), compared with its plan or the plan on the page;
 - ``GET /api/run``: the run given as ``memfit ui --run``, compared with its plan.
 
 A bad input is a 400 whose ``error`` is the command line's message; a search past
@@ -219,17 +220,22 @@ async def run_upload(request):
     from starlette.concurrency import run_in_threadpool
     from starlette.responses import JSONResponse
 
-    from memfit.ui.runs import from_uploads
+    from memfit.ui.runs import from_folder, from_uploads
 
     body = await _body(request, MAX_RUN_BODY_BYTES, "the dropped run")
     try:
         data = json.loads(body)
-        if not isinstance(data, dict) or not isinstance(data.get("memory"), str):
+        if not isinstance(data, dict) or not (isinstance(data.get("memory"), str) or data.get("folder") is True):
             raise ValueError("no memory text")
     except ValueError:
         raise UploadError("the dropped run: send {\"memory\": <memory.jsonl text>, \"run\": <run.json text>}.") from None
     run = data.get("run")
     plan_on_page = data.get("plan") if isinstance(data.get("plan"), dict) else None
+    if data.get("folder") is True:  # the --run folder (never one the page names), against the page's plan
+        run_dir = request.app.state.run_dir
+        if run_dir is None:
+            return _error("no run folder: start the page with `memfit ui --run RUN_DIR`, or drop a run's memory.jsonl on the page.", 404)
+        return JSONResponse(await run_in_threadpool(from_folder, run_dir, plan_on_page))
     result = await run_in_threadpool(
         from_uploads, data["memory"].encode(), run.encode() if isinstance(run, str) else None, plan_on_page,
         str(data.get("memory_name") or "memory.jsonl"), str(data.get("run_name") or "run.json"))

@@ -83,12 +83,12 @@ def from_uploads(memory: bytes, run_json: bytes | None, fallback_plan: dict[str,
     return comparison(timeline, run, memory_name, fallback_plan)
 
 
-def from_folder(run_dir: str | Path) -> dict[str, Any]:
+def from_folder(run_dir: str | Path, fallback_plan: dict[str, Any] | None = None) -> dict[str, Any]:
     """:func:`comparison` for a run folder named on the command line (``memfit ui --run``)."""
     from memfit.watch.timeline import load_run
 
     folder = load_run(run_dir)
-    return comparison(folder.timeline, folder.run, str(folder.path))
+    return comparison(folder.timeline, folder.run, str(folder.path), fallback_plan)
 
 
 def check_run_folder(run_dir: str | Path) -> Path:

@@ -183,7 +183,7 @@ function chart(id, config) {
   return state.charts[id];
 }
 const gib = (bytes) => bytes / GiB;
-const gibTicks = { callback: (v) => `${Number(v.toFixed(2))} GiB` };
+const gibTicks = { callback: (v) => formatBytes(Math.round(v * GiB)) };
 
 async function refreshPlan() {
   const signal = request("plan");
@@ -448,8 +448,9 @@ function renderRun(data) {
   for (const f of data.findings) notes.push(el("p", { class: f.severity === "error" ? "tip" : "", text: `${f.severity}: ${f.message} ${f.fix}` }));
   $("run-notes").replaceChildren(...notes);
 }
-async function loadRunFolder() {
-  try { renderRun(await answer(await fetch("/api/run"))); } catch (err) { showError(err.message); }
+async function loadRunFolder() {  // the --run folder, against the plan on the page when it recorded none
+  const body = JSON.stringify({ folder: true, plan: state.plan });
+  try { renderRun(await answer(await fetch("/api/run", { method: "POST", body }))); } catch (err) { showError(err.message); }
 }
 
 // ---- dropped files ------------------------------------------------------------------------------
@@ -550,8 +551,8 @@ async function start() {
   document.addEventListener("drop", (e) => { e.preventDefault(); dropped(e.dataTransfer.files); });
   watchWarm();
   $("fit-what").textContent = fitDescription();
-  refreshPlan();
   show(view);
+  await refreshPlan();
   if (form.run) loadRunFolder();
 }
 start().catch((err) => showError(err.message));
