@@ -120,8 +120,9 @@ def test_a_dropped_config_a_link_the_longest_context_and_the_search(server, brow
 def test_a_dropped_run_is_shown_against_its_plan(server, browser_page, tmp_path):
     page = browser_page
     plan = cli_plan("smollm2-135m", "--seq-len", "512")
-    records = [{"kind": "start", "schema": 1, "expected_devices": ["cpu"], "plan": plan},
-               {"kind": "step", "step": 1, "rss_bytes": 2**29, "devices": {}},
+    reading = {"cuda:0": {"peak_allocated_bytes": 2**30, "peak_reserved_bytes": 2**30 + 2**26, "process_bytes": 2**31}}
+    records = [{"kind": "start", "schema": 1, "expected_devices": ["cuda:0"], "plan": plan},
+               {"kind": "step", "step": 1, "rss_bytes": 2**29, "devices": reading},
                {"kind": "attribution", "first_step": 1, "categories": {"weights": plan["categories"]["weights"], "activations": 12345}}]
     memory = tmp_path / "memory.jsonl"
     memory.write_text("".join(json.dumps(r) + "\n" for r in records))

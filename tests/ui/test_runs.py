@@ -49,10 +49,21 @@ def test_a_dropped_memory_file_is_compared_as_memfit_report_compares_it():
 
 
 def test_a_run_without_a_plan_is_held_against_the_plan_on_the_page():
-    answer = from_uploads(jsonl(records(plan=None, cuda=False)), None, fallback_plan=PLAN)
-    assert answer["plan_source"].startswith("the plan on the page") and answer["note"].startswith("a CPU run")
-    run_json = json.dumps({"plan": PLAN, "device": "cpu"}).encode()
-    assert from_uploads(jsonl(records(plan=None, cuda=False)), run_json)["plan_source"] == "the run's own plan"
+    answer = from_uploads(jsonl(records(plan=None)), None, fallback_plan=PLAN)
+    assert answer["plan_source"].startswith("the plan on the page") and answer["note"] is None
+    run_json = json.dumps({"plan": PLAN, "device": "cuda:0"}).encode()
+    assert from_uploads(jsonl(records(plan=None)), run_json)["plan_source"] == "the run's own plan"
+
+
+def test_a_cpu_run_is_shown_measured_only_as_memfit_report_shows_it():
+    from memfit.watch.compare import compare_categories
+    from memfit.watch.timeline import parse_timeline
+
+    answer = from_uploads(jsonl(records(cuda=False)), None, fallback_plan=PLAN)
+    timeline = parse_timeline(jsonl(records(cuda=False)).decode().splitlines())
+    assert answer["plan"] is None and answer["plan_source"] is None and answer["peaks"] == []
+    assert answer["categories"] == [r.to_json() for r in compare_categories(None, timeline)]
+    assert answer["note"].startswith("a CPU run: the plan is of GPU memory")
 
 
 @pytest.mark.parametrize("memory, says", [
@@ -93,7 +104,7 @@ def test_the_command_line_folder_without_a_plan_is_held_against_the_page_plan(tm
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    (run_dir / "memory.jsonl").write_bytes(jsonl(records(plan=None, cuda=False)))
+    (run_dir / "memory.jsonl").write_bytes(jsonl(records(plan=None)))
     client = TestClient(create_app(PlannerService(), run_dir=run_dir))
     answer = client.post("/api/run", content=json.dumps({"folder": True, "plan": PLAN})).json()
     assert answer["plan_source"].startswith("the plan on the page") and answer["source"] == str(run_dir)

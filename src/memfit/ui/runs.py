@@ -23,7 +23,8 @@ def comparison(timeline, run: dict[str, Any] | None, source: str, fallback_plan:
     """Predicted against measured for a parsed run: categories, the three peaks, and step by step.
 
     The plan is the run's own (its start record or ``run.json``); without one, ``fallback_plan``
-    (the plan on the page) stands in, and the answer says so.
+    (the plan on the page) stands in, and the answer says so. A CPU run is shown as ``memfit
+    report`` shows it: its measured categories alone, and ``note`` says why.
     """
     from memfit.watch.compare import compare_categories, compare_peaks, measured_peak_allocated, run_device
 
@@ -32,6 +33,15 @@ def comparison(timeline, run: dict[str, Any] | None, source: str, fallback_plan:
     if plan is None and fallback_plan:
         plan, plan_source = fallback_plan, "the plan on the page (the run has none)"
     device = run_device(timeline)
+    reason = None
+    if not any("cuda" in d for d in timeline.expected_devices):
+        # As memfit report shows a CPU run: measured only. Next to a plan of GPU memory, the CPU's
+        # temporaries and its missing allocator reserve and CUDA context would read as misses.
+        plan, plan_source = None, None
+        steps_measured = (timeline.attribution or {}).get("steps", "?")
+        reason = (f"a CPU run: the plan is of GPU memory, so the categories are what the tensors of the first "
+                  f"{steps_measured} steps held on the CPU (the planner's tracker on the real tensors); a GPU would "
+                  "hold the same tensors, plus its allocator's reserve and the CUDA context")
     steps = []
     for record in timeline.steps:
         reading = (record.get("devices") or {}).get(device, {}) if device else {}
@@ -54,8 +64,7 @@ def comparison(timeline, run: dict[str, Any] | None, source: str, fallback_plan:
         "measured_peak_source": peak_source,
         "steps": steps,
         "findings": [f.to_json() for f in timeline.findings],
-        "note": None if device else "a CPU run: the categories are the first step's, measured by the tracker; "
-                                   "the allocator's reserve and the CUDA context exist only on a GPU",
+        "note": reason,
     }
 
 

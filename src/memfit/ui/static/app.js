@@ -400,7 +400,7 @@ function renderFit(result) {
 function renderRun(data) {
   state.run = data;
   $("run-source").textContent = data.source;
-  $("run-status").textContent = data.plan_source ? `against ${data.plan_source}` : "the run has no plan, and none is on the page";
+  $("run-status").textContent = data.plan_source ? `against ${data.plan_source}` : data.note ? "measured only (a CPU run)" : "the run has no plan, and none is on the page";
   $("run-help").hidden = true;
   const rows = data.categories.concat(data.peaks);
   $("run-table").hidden = !rows.length;
@@ -409,17 +409,14 @@ function renderRun(data) {
     el("td", { class: "num", text: formatBytes(r.predicted_bytes) }),
     el("td", { class: "num", text: r.measured_bytes === null ? "not measured" : formatBytes(r.measured_bytes) }),
     el("td", { class: "num", text: r.ratio === null ? "—" : r.ratio.toFixed(2) }))));
-  $("run-chart-box").hidden = !data.categories.length;
-  if (data.categories.length) {
+  const drawn = data.categories.filter((r) => r.measured_bytes !== null);  // what was not measured is in the table
+  $("run-chart-box").hidden = !drawn.length;
+  if (drawn.length) {
+    const datasets = [{ label: "measured", data: drawn.map((r) => gib(r.measured_bytes)), backgroundColor: "#2f5fd0" }];
+    if (data.plan_source) datasets.unshift({ label: "plan", data: drawn.map((r) => r.predicted_bytes === null ? null : gib(r.predicted_bytes)), backgroundColor: "#9db4e8" });
     chart("run-chart", {
       type: "bar",
-      data: {
-        labels: data.categories.map((r) => r.name),
-        datasets: [
-          { label: "plan", data: data.categories.map((r) => r.predicted_bytes === null ? null : gib(r.predicted_bytes)), backgroundColor: "#9db4e8" },
-          { label: "measured", data: data.categories.map((r) => r.measured_bytes === null ? null : gib(r.measured_bytes)), backgroundColor: "#2f5fd0" },
-        ],
-      },
+      data: { labels: drawn.map((r) => r.name), datasets },
       options: { maintainAspectRatio: false, animation: false, scales: { y: { ticks: gibTicks } }, plugins: { legend: { position: "bottom" } } },
     });
   }
