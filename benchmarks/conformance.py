@@ -66,7 +66,7 @@ def main() -> int:
         "what": "peak allocated bytes of memfit train's steps (CPU, real tensors, the planner's tracker and CUDA-parity "
                 "rewrites) against the plan of the same configuration (no CUDA context, no cuBLAS workspaces)",
         "summary": {"cells": len(results), "equal_to_the_byte": equal, "agree": agree, "seconds": round(seconds, 1)},
-        "cells": [c.to_json() for c in results],
+        "cells": [c.to_dict() for c in results],
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(payload, indent=2) + "\n")

@@ -43,7 +43,7 @@ CASES: list[tuple[str, dict]] = [
 
 
 def _plan_json(plan) -> dict:
-    data = plan.to_json()
+    data = plan.to_dict()
     data["details"].pop("plan_seconds", None)
     return data
 

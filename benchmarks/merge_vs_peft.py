@@ -56,7 +56,7 @@ warnings.simplefilter("ignore")
 from transformers import AutoModelForCausalLM
 from peft import PeftModel
 base, adapter, out = sys.argv[1:4]
-model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+model = AutoModelForCausalLM.from_pretrained(base, dtype="auto")  # the base's own dtype, as memfit merge keeps it
 merged = PeftModel.from_pretrained(model, adapter).merge_and_unload()
 merged.save_pretrained(out)
 """

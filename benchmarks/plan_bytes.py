@@ -57,7 +57,7 @@ def plan_figures(model: str, knobs: dict) -> dict:
     """One plan as ``memfit plan --json`` reports it, without the time it took to make."""
     import memfit
 
-    data = memfit.plan(model, **knobs).to_json()
+    data = memfit.plan(model, **knobs).to_dict()
     data["details"].pop("plan_seconds", None)
     return {"model": model, "knobs": knobs, **data}
 

@@ -13,7 +13,9 @@ last step), model loading excluded; ``after_warmup`` figures leave out the first
 steps (kernel selection, allocator growth). TRL's SFTTrainer is run too when ``trl`` is installed.
 
 ``--data synthetic`` trains on generated text rows of exactly ``--seq-len`` tokens (no padding), for
-long-sequence runs; ``--method qlora`` builds the Hugging Face side's 4-bit model with memfit's
+long-sequence runs, and ``--data FILE`` on a training file of one's own; ``--init pretrained`` with
+``--model FOLDER`` trains a model folder's weights (the Hugging Face side loads it with
+``from_pretrained``; benchmarks/real_model.py does so for SmolLM2-135M-Instruct); ``--method qlora`` builds the Hugging Face side's 4-bit model with memfit's
 random-init loader prepared the plain way (PEFT's ``prepare_model_for_kbit_training`` and
 ``get_peft_model``, ``--recipe hf``), as ``from_pretrained`` with a BitsAndBytesConfig would need a
 checkpoint on disk; loading is not measured.
@@ -101,13 +103,13 @@ def throughput_after_warmup(step_tokens: list[int], step_end_seconds: list[float
 
 def _settings(args, scratch: Path | None = None) -> dict:
     overrides = dict(TINY_OVERRIDES) if args.model == "tiny" else {}
-    data = DATA
+    data = DATA if args.data == "demo" else Path(args.data)
     if args.data == "synthetic":
         # One row per sequence the run trains on, plus a spare: every row is used once.
         data = synthetic_data(scratch / "synthetic.jsonl", args.seq_len, args.steps * args.batch_size * args.grad_accum + 1)
     return {
         "model": "smollm2-135m" if args.model == "tiny" else args.model,
-        "init": "random",
+        "init": args.init,
         "model_overrides": overrides,
         "data": [str(data)],
         "method": args.method,
@@ -121,7 +123,7 @@ def _settings(args, scratch: Path | None = None) -> dict:
         "grad_accum": args.grad_accum,
         "checkpointing": "on",
         "max_steps": args.steps,
-        "lr": 1e-3,
+        "lr": args.lr,
         "schedule": "constant",
         "max_grad_norm": 1.0,
         "device": args.device,
@@ -165,7 +167,10 @@ def run_hf(args, out_dir: Path, use_trl: bool = False) -> dict:
     ordered = [example for _ in range(config.max_steps * config.grad_accum) for example in next(batches)]
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[config.precision]
     torch.manual_seed(0)
-    if config.method == "qlora":
+    if config.init == "pretrained":
+        model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype, attn_implementation="sdpa").to(args.device)
+        model = get_peft_model(model, LoraConfig(r=config.rank, lora_alpha=config.spec.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM"))
+    elif config.method == "qlora":
         # 4-bit weights need a checkpoint for from_pretrained; memfit's loader quantizes random
         # weights on the device the same way, and --recipe hf prepares the model as PEFT does.
         spec = api.make_spec(**(config.knobs() | {"recipe": "hf"}))
@@ -299,7 +304,7 @@ def machine(device: str) -> dict:
 
 #: The options a side's process takes (the driver passes them through).
 SIDE_OPTIONS = ("device", "model", "init", "method", "data", "steps", "warmup_steps", "batch_size", "seq_len",
-                "grad_accum", "rank", "precision", "threads")
+                "grad_accum", "rank", "precision", "lr", "threads")
 SIDES = ("memfit", "hf-trainer", "trl-sft")
 
 
@@ -312,17 +317,27 @@ def side_arguments(options: dict) -> list[str]:
     return argv
 
 
-def run_side_in_subprocess(side: str, options: dict, *, timeout_s: float | None = None, env: dict | None = None) -> dict:
-    """One side in a fresh process (its own peak memory), in a scratch folder removed afterwards.
+def run_side_in_subprocess(side: str, options: dict, *, timeout_s: float | None = None, env: dict | None = None,
+                           keep_in: Path | None = None) -> dict:
+    """One side in a fresh process (its own peak memory), in a scratch folder removed afterwards
+    (or in ``keep_in``, kept: memfit's run folder is then ``keep_in / "memfit"``).
 
     Returns the side's result, or ``{"status": "error" | "timeout", "error": ...}``; never raises.
     """
     env = dict(os.environ if env is None else env)
     if options.get("threads"):
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(options["threads"])
-    with tempfile.TemporaryDirectory(prefix="memfit-bench-") as scratch:
+
+    def run(scratch: str) -> dict:
         cmd = [sys.executable, str(Path(__file__).resolve()), *side_arguments(options), "--side", side, "--scratch", scratch]
-        result = run_json_child(cmd, prefix="RESULT ", timeout_s=timeout_s, env=env)
+        return run_json_child(cmd, prefix="RESULT ", timeout_s=timeout_s, env=env)
+
+    if keep_in is not None:
+        Path(keep_in).mkdir(parents=True, exist_ok=True)
+        result = run(str(keep_in))
+    else:
+        with tempfile.TemporaryDirectory(prefix="memfit-bench-") as scratch:
+            result = run(scratch)
     return result if "status" in result else {"status": "ok", **result}
 
 
@@ -330,10 +345,11 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default="tiny", help="catalog name, or 'tiny' for the demo model")
-    parser.add_argument("--init", default="random", choices=["random"], help="weights (random only: nothing is downloaded)")
+    parser.add_argument("--init", default="random", choices=["random", "pretrained"],
+                        help="random: nothing is downloaded; pretrained: --model is a model folder whose weights are trained")
     parser.add_argument("--method", default="lora", choices=["lora", "qlora"])
-    parser.add_argument("--data", default="demo", choices=["demo", "synthetic"],
-                        help="demo: the shipped tiny-instruct data; synthetic: generated rows of exactly --seq-len tokens")
+    parser.add_argument("--data", default="demo",
+                        help="demo: the shipped tiny-instruct data; synthetic: generated rows of exactly --seq-len tokens; or a training file")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup-steps", type=int, default=1, help="steps left out of the after-warm-up tokens/s")
     parser.add_argument("--batch-size", type=int, default=8)
@@ -341,6 +357,7 @@ def main(argv=None) -> int:
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--precision", default="fp32", choices=["bf16", "fp16", "fp32"])
+    parser.add_argument("--lr", type=float, default=1e-3, help="learning rate (constant), both sides")
     parser.add_argument("--repeats", type=int, default=1, help="runs per side (the median tokens/s is reported)")
     parser.add_argument("--threads", type=int, default=0, help="CPU threads per run (0: torch's default); 1 keeps runs steady on a shared machine")
     parser.add_argument("--side", default=None, help=argparse.SUPPRESS)

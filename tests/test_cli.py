@@ -1,7 +1,10 @@
 """The command line: what a user types, what they read. Bad input exits 2 with a message, no traceback."""
 
 import json
+import subprocess
+import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from memfit.cli import app
@@ -40,6 +43,44 @@ def test_plan_bad_input_is_one_clear_error():
     assert "Traceback" not in result.output
 
 
+#: Runs the command line as `memfit` does, and says on stderr, as the process ends (after any error
+#: was printed), which of the heavy libraries it imported.
+_IMPORT_PROBE = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: print('heavy:', *[m for m in ('torch', 'transformers', 'peft') if m in sys.modules], file=sys.stderr))\n"
+    "sys.argv = ['memfit', *sys.argv[1:]]\n"
+    "from memfit.cli import main\n"
+    "main()\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["plan", "--rank", "0"], "--rank: 0 must be 1 or more"),
+        (["plan", "--rank", "99999999999999999999"], "must be at most 65536"),
+        (["plan", "--gpu", "rtx-4091"], "Did you mean 'rtx-4090'"),
+        (["plan", "--budget", "lots"], "--budget"),
+        (["fit", "--budget", "24GiB", "--rank", "0"], "--rank: 0 must be 1 or more"),
+        (["fit", "--gpu", "rtx-4090", "--method", "lorra"], "--method: lorra"),
+    ],
+)
+def test_bad_input_is_reported_without_importing_torch_transformers_or_peft(args, says):
+    # Seconds of imports on a busy machine: a mistake in an option must not wait for them.
+    result = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, *args], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "heavy:", result.stderr
+
+
+def test_the_import_probe_sees_the_heavy_imports():
+    # The probe itself: a command that plans imports torch and transformers, and it says so.
+    result = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, "plan", "--seq-len", "64", "--json"], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert {"torch", "transformers"} <= set(result.stderr.strip().splitlines()[-1].split()[1:])
+
+
 def test_plan_bad_choice():
     result = runner.invoke(app, ["plan", "--method", "lorra"])
     assert result.exit_code == 2
@@ -55,9 +96,6 @@ def test_models_lists_catalogs():
 
 
 def test_plan_with_a_gpu_and_a_smaller_budget_says_both(tmp_path, monkeypatch):
-    import memfit.cli
-
-    monkeypatch.setattr(memfit.cli.console, "width", 200)
     result = runner.invoke(app, ["plan", "smollm2-135m", "--method", "qlora", "--seq-len", "512", "--gpu", "t4", "--budget", "10GiB",
                                  "--precision", "fp16"])
     assert result.exit_code == 0, result.output
@@ -73,17 +111,51 @@ def test_plan_that_does_not_fit_exits_3_for_scripts():
 
 
 def test_models_never_cuts_a_name_at_80_columns(monkeypatch):
-    import memfit.cli
     from memfit.models.catalog import catalog_names
     from memfit.models.gpus import load_gpus
 
-    monkeypatch.setattr(memfit.cli.console, "width", 80)
+    monkeypatch.setenv("COLUMNS", "80")  # as on an 80-column terminal
     result = runner.invoke(app, ["models"])
     assert result.exit_code == 0
     assert "…" not in result.stdout
     words = set(result.stdout.replace("│", " ").split())
     assert set(catalog_names()) <= words and set(load_gpus()) <= words
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
+
+
+def test_plan_to_a_pipe_writes_whole_lines(monkeypatch):
+    # On a terminal the table reads at its width; to a pipe or a file no line is wrapped or cut, so
+    # that grep and scripts see the header, every row and every note whole.
+    from memfit.planner.report import CATEGORY_HELP
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    result = runner.invoke(app, ["plan", "smollm2-135m", "--seq-len", "256", "--gpu", "rtx-4090"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0] == "smollm2-135m · lora r=16 · bf16 · adamw · batch 1 x 256 tokens · checkpointing on"
+    for name, help in CATEGORY_HELP.items():
+        assert any(name in line and help in line for line in lines), (name, result.stdout)
+    assert any(line.startswith("attention: memfit: each micro-batch's examples in one row") and line.endswith("tensor") for line in lines)
+    assert "…" not in result.stdout and max(len(line) for line in lines) > 80
+
+
+def test_models_to_a_pipe_writes_whole_rows():
+    import os
+    import subprocess
+    import sys
+
+    from memfit.models.gpus import load_gpus
+
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    result = subprocess.run([sys.executable, "-m", "memfit", "models"], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split("│")[1:-1] for line in result.stdout.splitlines() if line.startswith("│")]
+    by_name = {cells[0].strip(): [c.strip() for c in cells] for cells in rows}
+    assert by_name["llama-3.1-8b"] == ["llama-3.1-8b", "llama", "32", "4096", "128256", "131072"]  # one line a row
+    for gpu in load_gpus().values():
+        assert by_name[gpu.name][1] == gpu.display_name
+    assert result.stdout.splitlines()[-1] == (
+        "Any causal LM works too: pass a Hugging Face Hub id (org/name), a config.json or a local model folder.")
 
 
 def test_plan_cache_and_no_cache(tmp_path, monkeypatch):

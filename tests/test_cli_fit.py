@@ -61,21 +61,36 @@ def test_fit_without_target_is_a_clear_error():
     assert result.exit_code == 2 and "--gpu NAME or --budget SIZE" in result.output
 
 
-def test_fit_at_80_columns_in_a_log_cuts_nothing_and_shows_progress(tmp_path, monkeypatch):
-    import memfit.cli
-
+def test_fit_at_80_columns_cuts_nothing_and_a_log_shows_progress(tmp_path, monkeypatch):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY))
-    monkeypatch.setattr(memfit.cli.console, "width", 80)
+    monkeypatch.setenv("COLUMNS", "80")  # as on an 80-column terminal
     result = runner.invoke(app, ["fit", str(config), "--budget", "2GiB", "--batch-size", "4", "--seq-len", "64",
                                  "--method", "lora", "--method", "full"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert "…" not in result.stdout and max(len(line) for line in lines) <= 80, result.stdout
     assert any("adamw" in line and "GiB" in line for line in lines)  # a whole row: settings and figures
-    # stderr is not a terminal here: one plain line per plan, with the seconds since the start
-    plans = [line for line in result.stderr.splitlines() if "] plan " in line]
-    assert len(plans) >= 2 and plans[0].lstrip("[ ").split(" s]")[0].replace(".", "").isdigit()
+    # stderr is not a terminal here: the estimate, then one plain line per plan, with where the search stands
+    log = result.stderr.splitlines()
+    assert log[0] == "fit: about 16 plans to make, each is one line"  # 2 methods x (2 + log2(3 splits) + 4)
+    plans = [line for line in log if line.startswith("plan ")]
+    assert len(plans) >= 5 and plans[0].startswith("plan 1 of ~16, ") and " s elapsed: " in plans[0]
+    assert plans[4].startswith("plan 5 of ~16, ") and " left: " in plans[4]  # once three plans are made
+
+
+def test_fit_to_a_pipe_writes_whole_lines(tmp_path, monkeypatch):
+    config = tmp_path / "tiny-llama.json"
+    config.write_text(json.dumps(TINY))
+    monkeypatch.delenv("COLUMNS", raising=False)
+    result = runner.invoke(app, ["fit", str(config), "--budget", "2GiB", "--batch-size", "2", "--seq-len", "64",
+                                 "--method", "lora", "--method", "qlora", "--gpus", "2", "--shard", "ddp"])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    title = "tiny-llama on budget 2GiB (2.0 GiB), up to 2 GPUs (fewest that fit; memory per GPU), bf16, 64 tokens a sequence"
+    assert lines[0] == title, result.stdout
+    assert any(line.startswith("1 lora ") and line.rstrip().endswith(("1.00",)) for line in lines), result.stdout
+    assert "…" not in result.stdout
 
 
 def test_nothing_fits_exits_3_and_writes_nothing(tmp_path):

@@ -1,7 +1,7 @@
 """The packages stay in layers, with imports pointing one way: down.
 
-cli, ui > train > watch > planner > step > models > (spec, units, files, run_files, options, errors); merge
-stands apart: it uses the bottom layer and the Hub fetching of models. Every import counts: at module level and inside
+cli, ui > infer > train > watch > planner > interop > step > models > (spec, units, files, run_files, options, errors,
+json_form, console); merge stands apart: it uses the bottom layer and the Hub fetching of models. Every import counts: at module level and inside
 functions (memfit imports heavy dependencies lazily, so an upward import hidden in a function is
 as real as one at the top). docs/layout.md explains why the layers are in this order.
 """
@@ -18,13 +18,15 @@ SRC = Path(memfit.__file__).resolve().parent
 #: Layer of each top-level part of the package, highest first. A module may import its own part
 #: and any part of a lower layer; the bottom's modules may import each other.
 LAYERS: dict[str, int] = {
-    "__init__": 8, "__main__": 8, "cli": 8, "ui": 8,
-    "train": 7,
-    "watch": 6,
-    "planner": 5,
+    "__init__": 10, "__main__": 10, "cli": 10, "ui": 10,
+    "infer": 9,
+    "train": 8,
+    "watch": 7,
+    "planner": 6,
+    "interop": 5,
     "step": 4,
     "models": 3,
-    "spec": 1, "units": 1, "files": 1, "run_files": 1, "options": 1, "errors": 1,
+    "spec": 1, "units": 1, "files": 1, "run_files": 1, "options": 1, "errors": 1, "json_form": 1, "console": 1,
 }
 #: merge uses the bottom layer, and of the models package only what fetches a model or adapter by
 #: its Hub id (it builds no model); nothing but the CLI and the package's front door use merge.
@@ -119,3 +121,6 @@ def test_the_check_sees_function_level_and_relative_imports(tmp_path):
     assert not _allowed("memfit.units", "memfit.models.gpus")
     assert _allowed("memfit.cli", "memfit.ui.command") and _allowed("memfit.ui.app", "memfit.train.config")
     assert not _allowed("memfit.ui.app", "memfit.cli")
+    assert _allowed("memfit.planner.api", "memfit.interop.reading")
+    assert _allowed("memfit.interop.reading", "memfit.spec")
+    assert not _allowed("memfit.interop.reading", "memfit.planner.api")

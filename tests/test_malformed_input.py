@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -74,8 +76,11 @@ def make_inputs(root: Path) -> None:
     (root / "binary.yaml").write_bytes(b"\xff\xfe\x00garbage\x80\x81")
     (root / "broken.yaml").write_text("model: [smollm2-135m\n")
     (root / "dup.yaml").write_text(GOOD_YAML + "seq_len: 32\n")
+    (root / "huge.yaml").write_text(GOOD_YAML + "grad_accum: 1.0e+20\n")
     (root / "typo.yaml").write_text(GOOD_YAML + "learning_rate: 1e-4\nlora_r: 8\n")
     (root / "lama.yaml").write_text(GOOD_YAML.replace("model_overrides: {", "model_overrides: {model_type: lama, "))
+    (root / "huge_batch.yaml").write_text(GOOD_YAML.replace("batch_size: 2", "batch_size: 1.0e+20"))
+    (root / "odd_width.yaml").write_text(GOOD_YAML.replace("hidden_size: 64,", "hidden_size: 63,"))
     (root / "config_dir.yaml").mkdir()
     (root / "empty_run").mkdir()
     # merge inputs: folders that exist (checked before anything is read) and bad ones
@@ -125,7 +130,7 @@ CASES = [
     ("plan lama-3-8b", 2, "Did you mean"),
     ("plan {d}/tiny.json --rank 0 --batch-size -3 --method foo", 2, "--rank: 0"),
     ("plan {d}/tiny.json --rank 0 --batch-size -3 --method foo", 2, "--batch-size: -3"),
-    ("plan {d}/lama.json --rank 0", 2, "Did you mean 'llama'"),
+    ("plan {d}/lama.json", 2, "Did you mean 'llama'"),
     ("plan {d}/lama.json --rank 0", 2, "--rank: 0"),
     ("plan {d}/tiny.json --seq-len 100000 --budget 24GiB", 2, "max_position_embeddings (512)"),
     ("plan {d}/tiny.json --targets foo_proj", 2, "--targets: foo_proj match no linear layer"),
@@ -144,11 +149,23 @@ CASES = [
     ("plan {d}/empty.json", 2, "not valid JSON"),
     ("plan {d}/missing.json", 2, "does not exist"),
     ("plan --no-such-flag", 2, "No such option"),
+    ("plan --rank 99999999999999999999", 2, "--rank: 99999999999999999999 must be at most 65536 (e.g. --rank 16)"),
+    ("plan --batch-size 99999999999999999999", 2, "--batch-size: 99999999999999999999 must be at most 65536"),
+    ("plan --seq-len 99999999999999999999", 2, "--seq-len: 99999999999999999999 must be at most 16777216"),
+    ("plan --grad-accum 99999999999999999999", 2, "--grad-accum: 99999999999999999999 must be at most 4096"),
+    ("plan --gpus 99999999999999999999", 2, "--gpus: 99999999999999999999 must be at most 65536"),
+    ("plan --batch-size 4096 --seq-len 8192", 2, "is 33,554,432 tokens a micro-batch: must be at most 16,777,216"),
+    ("plan --context-bytes -5", 2, "Invalid value for '--context-bytes'"),
+    ("plan --context-bytes 99999999999999999999", 2, "Invalid value for '--context-bytes'"),
     ("plan {d}/tiny.json --seq-len 64 --budget 1KiB", 3, ""),  # does not fit: the plan, then exit 3
     # fit
     ("fit {d}/tiny.json", 2, "--gpu NAME or --budget SIZE"),
     ("fit {d}/tiny.json --budget 2GiB --method nope", 2, "--method: nope"),
     ("fit {d}/tiny.json --budget 2GiB --rank 0", 2, "--rank: 0"),
+    ("fit {d}/tiny.json --budget 2GiB --rank 99999999999999999999", 2, "--rank: 99999999999999999999 must be at most"),
+    ("fit {d}/tiny.json --budget 2GiB --batch-size 99999999999999999999", 2, "--batch-size: 99999999999999999999 must be at most 4096"),
+    ("fit {d}/tiny.json --budget 2GiB --seq-len 99999999999999999999", 2, "--seq-len: 99999999999999999999 must be at most"),
+    ("fit {d}/tiny.json --budget 2GiB --gpus 99999999999999999999", 2, "--gpus: 99999999999999999999 must be at most 65536"),
     ("fit {d}/tiny.json --budget 2GiB --write {d}/no_config_dir", 2, "is a folder"),
     ("fit {d}/tiny.json --budget 2GiB --write {d}/a_file/best.yaml", 2, "is a file, not a folder"),
     ("fit {d}/tiny.json --budget 2GiB --write {d}/mine.yaml", 2, "exists"),
@@ -169,10 +186,17 @@ CASES = [
     ("train {d}/good.yaml --set lr=[1,", 2, "--set 'lr=[1,'"),
     ("train {d}/good.yaml --rank 0", 2, "rank: 0 must be 1 or more (e.g. rank: 16)"),
     ("train {d}/good.yaml --seq-len 100000", 2, "seq_len: 100000 is beyond"),
+    ("train {d}/good.yaml --rank 99999999999999999999", 2, "rank: 99999999999999999999 must be at most 65536 (e.g. rank: 16)"),
+    ("train {d}/huge.yaml", 2, "grad_accum: 100000000000000000000 must be at most 4096 (e.g. grad_accum: 8)"),
     ("train {d}/good.yaml --budget lots", 2, "budget: 'lots'"),
     ("train {d}/good.yaml --gpu nope", 2, "unknown GPU"),
     ("train {d}/good.yaml --device tpu", 2, "device: 'tpu'"),
     ("train {d}/good.yaml --nproc 0", 2, "--nproc: 0"),
+    ("train {d}/good.yaml --gpus 2", 2, "shard: 'none' with gpus: 2"),
+    ("train {d}/good.yaml --set gpus=2", 2, "--nproc 2"),
+    ("train {d}/good.yaml --gpus 2 --shard fsdp", 2, "gpus: 2, but this is a single process"),
+    ("train {d}/huge_batch.yaml", 2, "batch_size: 100000000000000000000"),
+    ("train {d}/odd_width.yaml", 2, "model_overrides.hidden_size: 63"),
     ("train {d}/good.yaml -o {d}/a_file", 2, "is a file, not a folder"),
     ("train {d}/good.yaml -o {u}/run", 2, "cannot write in"),
     ("train {d}/good.yaml -o {d}/new_run/deeper --targets foo_proj", 2, "targets: foo_proj match no linear layer"),
@@ -221,6 +245,14 @@ CASES = [
     ("ui --run {d}/run_binary", 2, "not UTF-8"),
 ]
 
+#: (command line, environment, exit code, text the message holds): each runs as a new process, which
+#: reads the environment as it is set for memfit. {d} as above.
+ENV_CASES = [
+    ("plan org/some-model", {"HF_HOME": "{d}/a_file"}, 2, "model: HF_HOME ('{d}/a_file') is a file, not a folder"),
+    ("plan org/some-model", {"HF_HUB_CACHE": "{d}/a_file/hub"}, 2, "HF_HUB_CACHE ('{d}/a_file/hub') is under '{d}/a_file'"),
+    ("fit org/some-model --gpu t4", {"HF_HOME": "{d}/a_file"}, 2, "Set HF_HOME to a folder, or unset it."),
+]
+
 #: Paths a failing case must not leave behind (relative to the inputs folder).
 MUST_NOT_EXIST = ("merged", "new_run", "best.yaml", "a_file/best.yaml", "missing_folder", "run_ok/report.html")
 
@@ -253,13 +285,31 @@ def test_malformed_input_gets_one_message_and_its_exit_code(inputs, line, code, 
     assert list(tmp_path.iterdir()) == [], f"{line} left files in the working folder"
 
 
+@pytest.mark.parametrize(("line", "env", "code", "says"), ENV_CASES, ids=[f"{c[0].split()[0]}-env-{i}" for i, c in enumerate(ENV_CASES)])
+def test_a_bad_environment_gets_one_message_and_its_exit_code(inputs, line, env, code, says, tmp_path):
+    variables = {k: v for k, v in os.environ.items() if k not in ("HF_HOME", "HF_HUB_CACHE", "HF_TOKEN_PATH")}
+    variables.update({k: v.format(d=inputs) for k, v in env.items()})
+    variables["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens there: no case may need the network
+    before = _tree(inputs)
+    result = subprocess.run([sys.executable, "-m", "memfit", *line.split()], capture_output=True, text=True, env=variables,
+                            cwd=tmp_path, timeout=300)
+    assert "Traceback" not in result.stderr
+    assert result.returncode == code, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says.format(d=inputs) in lines[0], result.stderr
+    assert _tree(inputs) == before and list(tmp_path.iterdir()) == []
+
+
 def test_an_error_is_one_line_and_lists_every_problem(inputs):
-    result = CliRunner().invoke(app, ["plan", str(inputs / "lama.json"), "--rank", "0", "--batch-size", "-3"])
+    result = CliRunner().invoke(app, ["plan", str(inputs / "missing.json"), "--rank", "0", "--batch-size", "-3"])
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert lines[0] == "error: cannot plan this run:" and len(lines) == 4, lines  # heading + 3 problems
-    assert "model_type 'lama'" in lines[1]  # the model first, in one short line (not every known type)
-    assert len(lines[1]) < 300
+    assert "missing.json" in lines[1]  # the model first
+    unknown_type = CliRunner().invoke(app, ["plan", str(inputs / "lama.json")])
+    assert unknown_type.exit_code == 2
+    line, = unknown_type.stderr.strip().splitlines()  # one short line (not every known type)
+    assert "model_type 'lama'" in line and len(line) < 300
 
 
 def _tree(root: Path) -> dict[str, bytes | None]:
@@ -267,11 +317,13 @@ def _tree(root: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(root)): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
 
 
-def test_a_bad_value_is_reported_once_not_again_through_its_default(inputs):
-    # --seq-len is bad on its own; the model's check must not add "2048 is beyond..." for a length
-    # the user never asked for.
+def test_the_models_checks_wait_for_the_knobs_to_be_right(inputs):
+    # A bad knob is reported on its own, before transformers is imported for the checks that need
+    # the model's architecture; "2048 is beyond..." is never said of a length the user did not ask for.
     result = CliRunner().invoke(app, ["plan", str(inputs / "tiny.json"), "--seq-len", "1e9x", "--targets", "foo_proj"])
     assert result.exit_code == 2
     text = " ".join(result.stderr.split())
-    assert "--seq-len: '1e9x' is not a whole number" in text and "is beyond" not in text
-    assert "--targets: foo_proj match no linear layer" in text  # the other knobs are still checked
+    assert "--seq-len: '1e9x' is not a whole number" in text and "is beyond" not in text and "--targets" not in text
+    fixed = CliRunner().invoke(app, ["plan", str(inputs / "tiny.json"), "--seq-len", "64", "--targets", "foo_proj"])
+    assert fixed.exit_code == 2
+    assert "--targets: foo_proj match no linear layer" in " ".join(fixed.stderr.split())

@@ -72,3 +72,104 @@ def test_tiling_auto_follows_the_tokens_of_a_micro_batch():
     assert make_spec(seq_len=512, tiling="on").tiles_sequence
     assert not make_spec(seq_len=65536, tiling="off").tiles_sequence
     assert not make_spec(seq_len=65536, recipe="hf").tiles_sequence
+
+
+@pytest.mark.parametrize(
+    ("knobs", "expected"),
+    [
+        ({"method": "full", "precision": "fp16"}, "Use --precision fp16-mixed (fp32 weights, fp16 compute, loss scaling), bf16 or fp32"),
+        ({"method": "qlora", "precision": "fp32"}, "fp32 cannot be used with --method qlora"),
+        ({"method": "full", "precision": "fp16-mixed", "step_in_backward": True},
+         "--step-in-backward cannot be used with --precision fp16-mixed: fp16's loss scaler must unscale"),
+        ({"precision": "bf16mixed"}, "Did you mean 'bf16-mixed'?"),
+    ],
+)
+def test_precision_combinations_that_cannot_run(knobs, expected):
+    with pytest.raises(SpecError) as info:
+        make_spec(**knobs)
+    assert expected in str(info.value)
+
+
+def test_precision_problems_are_spelled_as_a_training_yaml_writes_them():
+    with pytest.raises(SpecError) as info:
+        make_spec(spelling="field", method="full", precision="fp16")
+    assert "Use precision: fp16-mixed" in str(info.value)
+
+
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+@pytest.mark.parametrize("precision", ["bf16-mixed", "fp16-mixed"])
+def test_mixed_precision_runs_with_every_method(method, precision):
+    assert make_spec(method=method, precision=precision).precision == precision
+
+
+def test_what_each_precision_stores_its_weights_in_and_computes_in():
+    def formats(**knobs):
+        spec = make_spec(**knobs)
+        return spec.weight_precision, spec.autocast_precision, spec.scales_loss
+
+    assert formats(method="full", precision="bf16") == ("bf16", None, False)  # pure bf16
+    assert formats(method="full", precision="bf16-mixed") == ("fp32", "bf16", False)  # fp32 master weights
+    assert formats(method="full", precision="fp16-mixed") == ("fp32", "fp16", True)
+    # A frozen base is never updated: it stays 16-bit under a mixed precision (adapters are fp32).
+    assert formats(method="lora", precision="bf16-mixed") == ("bf16", "bf16", False)
+    assert formats(method="qlora", precision="fp16-mixed") == ("fp16", "fp16", True)
+    assert formats(method="lora", precision="fp16") == ("fp16", None, True)
+    assert formats(method="lora", precision="fp32") == ("fp32", None, False)
+    # The hf recipe runs its 16-bit precisions under autocast, as the Trainer does with bf16=True.
+    assert formats(method="lora", precision="bf16", recipe="hf") == ("bf16", "bf16", False)
+
+
+def test_the_precision_regime_in_words():
+    def regime(**knobs):
+        return make_spec(**knobs).precision_regime
+
+    assert regime(method="full", precision="bf16") == "pure bf16: weights, gradients and optimizer states in bf16"
+    assert regime(method="full", precision="bf16-mixed") == "bf16 mixed: fp32 weights, gradients and optimizer states, bf16 autocast"
+    assert regime(method="full", precision="fp32") == "fp32: weights, gradients and optimizer states in fp32"
+    assert regime(method="lora", precision="bf16") == "bf16 base, fp32 adapters"
+    assert regime(method="lora", precision="bf16-mixed") == "bf16 base, fp32 adapters, bf16 autocast"
+    assert regime(method="qlora", precision="fp16-mixed") == "4-bit base (fp16 compute), fp32 adapters, fp16 autocast, loss scaling"
+    assert regime(method="qlora", precision="bf16", recipe="hf") == "4-bit base (bf16 compute, other weights fp32), fp32 adapters, bf16 autocast"
+
+
+@pytest.mark.parametrize(
+    ("knobs", "expected"),
+    [
+        ({"rank": "99999999999999999999"}, "--rank: 99999999999999999999 must be at most 65536 (e.g. --rank 16)."),
+        ({"batch_size": 10**20}, "--batch-size: 100000000000000000000 must be at most 65536 (e.g. --batch-size 4)."),
+        ({"seq_len": 2**24 + 1}, "--seq-len: 16777217 must be at most 16777216 (e.g. --seq-len 2048)."),
+        ({"grad_accum": "4097"}, "--grad-accum: 4097 must be at most 4096 (e.g. --grad-accum 8)."),
+        ({"gpus": 1e20}, "--gpus: 100000000000000000000 must be at most 65536 (e.g. --gpus 2)."),
+    ],
+)
+def test_whole_numbers_have_an_upper_bound(knobs, expected):
+    # Far beyond any real run: one line with the fix, not an OverflowError deep in PyTorch.
+    with pytest.raises(SpecError) as info:
+        make_spec(**knobs)
+    assert str(info.value) == f"invalid run configuration: {expected}"
+
+
+def test_every_whole_number_knob_declares_its_bound():
+    from memfit.spec import KNOBS, upper_bound, value_kind
+
+    unbounded = [name for name in KNOBS if value_kind(name) == "int" and upper_bound(name) is None]
+    assert unbounded == []
+    assert make_spec(rank=upper_bound("rank"), grad_accum=upper_bound("grad_accum")).rank == 65536  # the bound itself is allowed
+
+
+def test_bounds_are_spelled_as_a_training_yaml_writes_them():
+    with pytest.raises(SpecError) as info:
+        make_spec(spelling="field", rank=10**20, seq_len=1.0e20)
+    assert info.value.problems == ["rank: 100000000000000000000 must be at most 65536 (e.g. rank: 16).",
+                                   "seq_len: 100000000000000000000 must be at most 16777216 (e.g. seq_len: 2048)."]
+
+
+def test_a_micro_batch_holds_at_most_16m_tokens():
+    from memfit.spec import MAX_MICRO_BATCH_TOKENS
+
+    assert make_spec(batch_size=2048, seq_len=8192).batch_size == 2048  # 2**24 tokens: the limit itself
+    with pytest.raises(SpecError) as info:
+        make_spec(batch_size=4096, seq_len=8192)
+    assert info.value.problems == [
+        f"--batch-size 4096 with --seq-len 8192 is 33,554,432 tokens a micro-batch: must be at most {MAX_MICRO_BATCH_TOKENS:,} "
+        "(e.g. --batch-size 2048 with --grad-accum to keep the examples per step)."]

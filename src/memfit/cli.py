@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import typer
-from rich.console import Console
 
+from memfit.console import make_console
 from memfit.errors import EXIT_DOES_NOT_FIT, PathError, cli_errors
 from memfit.options import knob_options, with_options
 from memfit.spec import TRAINED_KNOBS, choices
@@ -29,9 +29,6 @@ app = typer.Typer(
         "130 / 143 stopped by SIGINT / SIGTERM."
     ),
 )
-console = Console()
-err_console = Console(stderr=True)
-
 #: The model `memfit plan` uses when none is given: small enough to plan in a second anywhere.
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -40,11 +37,11 @@ DEFAULT_MODEL = "smollm2-135m"
 @cli_errors
 @with_options(knob_options())
 def plan_command(
-    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a Hugging Face Hub id (org/name: config.json only is fetched), a config.json, or a model folder."),
+    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a Hugging Face Hub id (org/name: config.json only is fetched), a config.json, a model folder, or an Axolotl / LLaMA-Factory / TRL config (docs/interop.md)."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit of a Hub id (default: main)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU to check against (see `memfit models`)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget instead of a GPU, e.g. 24GiB."),
-    context_bytes: Optional[int] = typer.Option(None, "--context-bytes", help="Override the CUDA context estimate."),
+    context_bytes: Optional[int] = typer.Option(None, "--context-bytes", min=0, max=2**40, help="Override the CUDA context estimate (bytes)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     full_sim: bool = typer.Option(False, "--full-sim", help="Simulate every layer instead of extrapolating."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Make the plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0)."),
@@ -59,30 +56,30 @@ def plan_command(
     result = plan(model, revision=revision, gpu=gpu, budget=budget, context_bytes=context_bytes, extrapolate=not full_sim,
                   cache=not no_cache, **knobs)
     if as_json:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        sys.stdout.write(result.to_json(indent=2) + "\n")
     else:
-        result.render(console)
+        result.render(make_console())
     if result.fits is False:
         raise typer.Exit(code=EXIT_DOES_NOT_FIT)
 
 
 @app.command("fit")
 @cli_errors
-@with_options(knob_options(("rank", "alpha", "dropout", "targets", "recipe")))
+@with_options(knob_options(("rank", "alpha", "dropout", "targets", "recipe", "hf_loss")))
 def fit_command(
-    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, or a model folder."),
+    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, a model folder, or an Axolotl / LLaMA-Factory / TRL config (its method, batch and length kept)."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit of a Hub id (default: main)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU to fit (see `memfit models`)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget instead of a GPU, e.g. 24GiB."),
-    batch_size: int = typer.Option(8, "--batch-size", "-b", help="Effective batch (sequences per optimizer step) to keep."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Effective batch (sequences per optimizer step) to keep [default: 8; a tool's config: its own]."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", "-s", help="Sequence length to hold fixed (default 2048)."),
     method: Optional[list[str]] = typer.Option(None, "--method", metavar="|".join(choices("method")), help="Only these methods (repeat the option)."),
-    precision: Optional[str] = typer.Option(None, "--precision", metavar="|".join(choices("precision")), help="Weight and compute dtype (default: bf16 where the GPU has it)."),
+    precision: Optional[str] = typer.Option(None, "--precision", metavar="|".join(choices("precision")), help="bf16 / fp16: pure 16-bit; bf16-mixed / fp16-mixed: fp32 weights and optimizer states, 16-bit autocast; fp32 (default: bf16 where the GPU has it)."),
     gpus: int = typer.Option(1, "--gpus", help="Up to this many GPUs: the fewest that fit are reported, memory per GPU."),
     shard: Optional[str] = typer.Option(None, "--shard", metavar="|".join(choices("shard")), help="Sharding across GPUs (default with --gpus 2+: searched)."),
     max_target: Optional[Literal["seq-len"]] = typer.Option(None, "--max", help="Show the longest sequence each method fits."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    write: Optional[Path] = typer.Option(None, "--write", help="Write the best configuration as a `memfit train` YAML."),
+    write: Optional[Path] = typer.Option(None, "--write", help="Write the best configuration as a `memfit train` YAML (a tool's config: the same tool's config, only its memory keys changed)."),
     data: Optional[str] = typer.Option(None, "--data", help="Training data for the --write YAML (default: the demo dataset)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Let --write replace an existing file."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Make every plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0)."),
@@ -92,39 +89,54 @@ def fit_command(
 
     Exit code 0: at least one configuration fits; 2: bad input (checked before the search, --write's
     path too); 3: nothing fits."""
+    from memfit.interop import is_tool_config
     from memfit.planner.search import fit
 
+    tool_config = is_tool_config(model)
     if write is not None:
         _check_write_path(write, overwrite)  # before minutes of search, not after
+        if tool_config:
+            from memfit.interop.writing import check_not_the_input
+
+            check_not_the_input(write, model, overwrite)
     if no_cache:
         import os
 
         from memfit.planner.cache import ENV_SWITCH
 
         os.environ[ENV_SWITCH] = "0"  # for this process and the search's worker processes, which inherit it
+    from memfit.planner.fit_report import FitProgress, render_fit
+
     fixed = {k: v for k, v in dict(knobs, precision=precision, shard=shard).items() if v is not None}
     if gpus != 1:
         fixed["gpus"] = gpus
-    progress = None if as_json else _status_printer()
+    progress = None if as_json else FitProgress(make_console(stderr=True))
     try:
         result = fit(
             model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len,
-            methods=tuple(method) if method else None, progress=progress, **fixed,
+            methods=tuple(method) if method else None, progress=progress,
+            plans_expected=progress.expect if progress is not None else None, **fixed,
         )
     finally:
         if progress is not None:
             progress.close()
+    console = make_console()
     if as_json:
-        sys.stdout.write(json.dumps(result.to_json(), indent=2) + "\n")
+        sys.stdout.write(result.to_json(indent=2) + "\n")
     else:
-        from memfit.planner.fit_report import render_fit
-
         render_fit(result, console, focus_max_seq_len=max_target is not None)
     if not result.fits:
         if write is not None:
-            err_console.print(f"nothing fits, so nothing was written to {write}", highlight=False)
+            make_console(stderr=True).print(f"nothing fits, so nothing was written to {write}", highlight=False)
         raise typer.Exit(code=EXIT_DOES_NOT_FIT)
-    if write is not None:
+    if write is not None and tool_config:
+        from memfit.interop.writing import write_fitted_config
+
+        diff = write_fitted_config(model, result.fits[0].spec, write, overwrite=overwrite)
+        if not as_json:
+            sys.stdout.write(diff or f"# {write}: no memory key changes\n")
+            console.print(f"wrote {write}: {model} with the memory keys of the fastest fit", highlight=False)
+    elif write is not None:
         _write_best(result, model, write, data, overwrite, gpu=gpu, budget=budget, revision=revision)
         if not as_json:
             console.print(f"wrote {write}: train it with [bold]memfit train {write}[/]", highlight=False)
@@ -167,39 +179,6 @@ def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: 
     write_config(values, path, header=header, overwrite=overwrite)
 
 
-class _status_printer:
-    """Progress of a long search on stderr: one updating status line on a terminal; elsewhere (a
-    log file, a CI job) one plain line per plan with the time since the start, so that a search of
-    several minutes never looks stuck."""
-
-    def __init__(self) -> None:
-        import time
-
-        self.count = 0
-        self._clock = time.perf_counter
-        self._started = self._clock()
-        self._status = err_console.status("planning...") if err_console.is_terminal else None
-        if self._status is not None:
-            self._status.start()
-        else:
-            self._log("fit: searching (each plan is one line)")
-
-    def __call__(self, message: str) -> None:
-        self.count += 1
-        if self._status is not None:
-            self._status.update(f"plan {self.count}: {message}")
-        else:
-            self._log(f"plan {self.count}: {message}")
-
-    def _log(self, line: str) -> None:
-        elapsed_s = self._clock() - self._started
-        err_console.print(f"[{elapsed_s:6.1f} s] {line}", highlight=False, markup=False, soft_wrap=True)
-
-    def close(self) -> None:
-        if self._status is not None:
-            self._status.stop()
-
-
 @app.command("models")
 @cli_errors
 def models_command(as_json: bool = typer.Option(False, "--json", help="Print as JSON.")) -> None:
@@ -224,6 +203,7 @@ def models_command(as_json: bool = typer.Option(False, "--json", help="Print as 
             }
         )
     gpus = load_gpus()
+    console = make_console()
     if as_json:
         payload = {
             "models": models,
@@ -249,6 +229,7 @@ def models_command(as_json: bool = typer.Option(False, "--json", help="Print as 
 
 
 # Commands implemented next to their API; each module imports its heavy dependencies lazily.
+from memfit.infer.command import chat_command, generate_command  # noqa: E402
 from memfit.merge.command import merge_command  # noqa: E402
 from memfit.train.command import train_command  # noqa: E402
 from memfit.ui.command import ui_command  # noqa: E402
@@ -258,6 +239,8 @@ app.command("train")(train_command)  # each wrapped in cli_errors where it is de
 app.command("merge")(merge_command)
 app.command("doctor")(doctor_command)
 app.command("report")(report_command)
+app.command("chat")(chat_command)
+app.command("generate")(generate_command)
 app.command("ui")(ui_command)
 
 

@@ -19,8 +19,8 @@ Exit codes, the same for every command:
 130   stopped by SIGINT (Ctrl-C), 143 by SIGTERM (128 + the signal number)
 ====  =====================================================================
 
-At the bottom of the package: it imports nothing of memfit, and Rich and Typer only inside
-:func:`cli_errors`'s handler.
+At the bottom of the package: it imports only memfit.console, and that, Rich and Typer
+only inside :func:`cli_errors`'s handler.
 """
 
 from __future__ import annotations
@@ -119,10 +119,11 @@ def cli_errors(func: Callable[..., Any]) -> Callable[..., Any]:
 
 def _exit(message: str, code: int, err: UserError | None) -> None:
     import typer
-    from rich.console import Console
     from rich.markup import escape
 
-    console = Console(stderr=True)
+    from memfit.console import make_console
+
+    console = make_console(stderr=True)  # a plan explain() prints reads whole in a log, as on a terminal
     if err is not None:
         err.explain(console)
     console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)

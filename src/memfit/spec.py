@@ -35,19 +35,29 @@ from memfit.errors import UserError, listed
 #: intermediates are small next to the rest of the step, and tiling would only add recomputation.
 TILING_AUTO_TOKENS = 8192
 
+#: The most tokens one micro-batch may hold (``batch_size x seq_len``), 16M: far beyond any real run
+#: on one GPU, and about what a plan handles in a minute and 2 GB of host memory (it makes the
+#: micro-batch's examples as the trainer does, token by token). The knobs' own bounds (``at_most``)
+#: are chosen alike: a plan at the bound takes minutes at most, never an overflow or all the memory.
+MAX_MICRO_BATCH_TOKENS = 2**24
+
 #: ``--targets all-linear`` means every linear layer inside the decoder blocks (not the output head).
 ALL_LINEAR = "all-linear"
 
 
-def knob(default: Any, help: str, *, short: str | None = None, example: Any = None, planner_only: bool = False) -> Any:
+def knob(default: Any, help: str, *, short: str | None = None, example: Any = None, planner_only: bool = False,
+         at_most: int | None = None) -> Any:
     """A :class:`RunSpec` field: its default and help, and how it appears elsewhere.
 
     ``short``: a one-letter command-line alias (``-b``); ``example``: a good value to suggest in an
     error message; ``planner_only``: a knob the planner takes and the trainer does not (it is left
-    out of the training YAML).
+    out of the training YAML); ``at_most``: the largest value a whole-number knob takes (pydantic's
+    ``le``), far above any real run, so that a slip of the keyboard is one clear error rather than
+    an overflow deep in PyTorch or a plan that runs for hours.
     """
     extra = {"short": short, "example": example, "planner_only": planner_only}
-    return Field(default, description=help, json_schema_extra={k: v for k, v in extra.items() if v not in (None, False)})
+    return Field(default, description=help, le=at_most,
+                 json_schema_extra={k: v for k, v in extra.items() if v not in (None, False)})
 
 
 class SpecError(UserError, ValueError):
@@ -70,24 +80,32 @@ class RunSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     method: Literal["full", "lora", "qlora"] = knob("lora", "Fine-tuning method: full (every weight), lora (adapters on the frozen base) or qlora (adapters on a 4-bit base).")
-    rank: int = knob(16, "LoRA rank r (lora, qlora).", example=16)
+    rank: int = knob(16, "LoRA rank r (lora, qlora).", example=16, at_most=65536)
     alpha: float | None = knob(None, "LoRA alpha (default: 2 x rank).", example=32)
     dropout: float = knob(0.0, "LoRA dropout probability.", example=0.05)
     targets: tuple[str, ...] = knob((ALL_LINEAR,), "Modules LoRA attaches to: comma-separated names, or all-linear.")
-    precision: Literal["bf16", "fp16", "fp32"] = knob("bf16", "Weight and compute dtype.")
+    precision: Literal["bf16", "fp16", "fp32", "bf16-mixed", "fp16-mixed"] = knob(
+        "bf16",
+        "bf16 / fp16: pure 16-bit weights, gradients and optimizer states. bf16-mixed / fp16-mixed: fp32 weights and "
+        "optimizer states, 16-bit autocast (HF Trainer bf16=True / fp16=True); a frozen LoRA base stays 16-bit. fp32. "
+        "LoRA adapters are fp32 in all.",
+    )
     optimizer: Literal["adamw", "adamw8bit", "paged-adamw8bit", "sgd"] = knob("adamw", "Optimizer (8-bit and paged states need bitsandbytes).")
-    batch_size: int = knob(1, "Micro-batch size per GPU (sequences in one forward pass).", short="-b", example=4)
-    seq_len: int = knob(2048, "Tokens per sequence.", short="-s", example=2048)
-    grad_accum: int = knob(1, "Micro-batches per optimizer step.", example=8)
+    batch_size: int = knob(1, "Micro-batch size per GPU (sequences in one forward pass).", short="-b", example=4, at_most=65536)
+    seq_len: int = knob(2048, "Tokens per sequence.", short="-s", example=2048, at_most=MAX_MICRO_BATCH_TOKENS)
+    # A plan makes and holds a step's micro-batches as the trainer does: 4096 of them take minutes.
+    grad_accum: int = knob(1, "Micro-batches per optimizer step.", example=8, at_most=4096)
     checkpointing: Literal["off", "on", "offload"] = knob("on", "Activation checkpointing (offload: the saved layer inputs in host memory).")
-    gpus: int = knob(1, "GPUs the run uses (memory is planned per GPU).", example=2)
+    gpus: int = knob(1, "GPUs the run uses (memory is planned per GPU).", example=2, at_most=65536)
     shard: Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-offload"] = knob("none", "Sharding across GPUs.")
     tiling: Literal["auto", "on", "off"] = knob("auto", f"Sequence-tiled MLPs and norms (auto: from {TILING_AUTO_TOKENS:,} tokens a micro-batch).")
     step_in_backward: bool = knob(False, "Full fine-tuning: each parameter's optimizer step runs inside backward.")
     packing: bool = knob(False, "Concatenate examples into rows of exactly seq_len tokens (attention kept inside each example).")
-    padding_free: Literal["auto", "on", "off"] = knob("auto", "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it).")
+    padding_free: Literal["auto", "on", "off"] = knob("auto", "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it; the hf recipe only with on: flash attention's varlen path).")
     max_grad_norm: float | None = knob(1.0, "Clip gradients to this L2 norm (none: no clipping).", example=1.0)
     recipe: Literal["memfit", "hf"] = knob("memfit", "memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison.", planner_only=True)
+    kbit_upcast: bool = knob(True, "The hf recipe's QLoRA through PEFT's prepare_model_for_kbit_training, which upcasts every parameter that is not 4-bit to fp32 (as TRL before 0.26 ran it); off: they stay in the compute dtype (LLaMA-Factory, TRL since 0.26, and Axolotl, which casts them back after PEFT's upcast).", planner_only=True)
+    hf_loss: Literal["model", "liger", "chunked-nll"] = knob("model", "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy) or chunked-nll (TRL SFTTrainer's chunked loss).", planner_only=True)
 
     @field_validator("targets", mode="before")
     @classmethod
@@ -108,7 +126,14 @@ class RunSpec(BaseModel):
         if self.method == "full" and self.precision == "fp16":
             problems.append(
                 f"{name('precision')}: fp16 is not supported for {setting('method', 'full')}: pure fp16 weights and "
-                f"optimizer states overflow and underflow. Use {setting('precision', 'bf16')} or fp32."
+                f"optimizer states overflow and underflow. Use {setting('precision', 'fp16-mixed')} (fp32 weights, fp16 "
+                f"compute, loss scaling), bf16 or fp32."
+            )
+        if self.step_in_backward and self.scales_loss:
+            problems.append(
+                f"{name('step_in_backward')} cannot be used with {setting('precision', self.precision)}: fp16's loss scaler "
+                f"must unscale and check every gradient before any update, and the step in backward updates each at once. "
+                f"Use {setting('precision', 'bf16-mixed')} (or bf16), or drop {name('step_in_backward')}."
             )
         # The optimizer step in backward updates each parameter as soon as its gradient exists:
         # nothing may need all gradients first (accumulation here; clipping in the training config).
@@ -130,11 +155,49 @@ class RunSpec(BaseModel):
             )
         if self.step_in_backward and self.recipe == "hf":
             problems.append(f"{name('step_in_backward')}: the hf recipe has no optimizer step in backward. Use {setting('recipe', 'memfit')}.")
+        if not self.kbit_upcast and self.recipe != "hf":
+            problems.append(
+                f"{name('kbit_upcast')}: off is a choice of the hf recipe's QLoRA (memfit's step never upcasts the base). "
+                f"Use {setting('recipe', 'hf')}, or drop it."
+            )
+        if self.hf_loss != "model" and self.recipe != "hf":
+            problems.append(
+                f"{name('hf_loss')}: {self.hf_loss} is a loss of the hf recipe (memfit's step always runs its own fused, "
+                f"chunked loss). Use {setting('recipe', 'hf')}, or drop {name('hf_loss')}."
+            )
+        tokens = self.batch_size * self.seq_len
+        if tokens > MAX_MICRO_BATCH_TOKENS:
+            fewer = max(MAX_MICRO_BATCH_TOKENS // self.seq_len, 1)
+            problems.append(
+                f"{setting('batch_size', self.batch_size)} with {setting('seq_len', self.seq_len)} is {tokens:,} tokens a "
+                f"micro-batch: must be at most {MAX_MICRO_BATCH_TOKENS:,} (e.g. {setting('batch_size', fewer)} with "
+                f"{name('grad_accum')} to keep the examples per step)."
+            )
         if self.shard != "none" and self.gpus < 2:
             problems.append(f"{name('shard')}: {self.shard} needs {setting('gpus', 2)} or more (got {setting('gpus', self.gpus)}).")
         if problems:
             raise ValueError("\n".join(problems))
         return self
+
+    @property
+    def weight_precision(self) -> str:
+        """The format the model's parameters are stored in (see :func:`weight_precision`)."""
+        return weight_precision(self.method, self.precision)
+
+    @property
+    def autocast_precision(self) -> str | None:
+        """The 16-bit format forward runs in under autocast, or None (see :func:`autocast_precision`)."""
+        return autocast_precision(self.precision, self.recipe)
+
+    @property
+    def scales_loss(self) -> bool:
+        """Whether the step scales its loss (fp16's ``GradScaler``): fp16 and fp16-mixed."""
+        return self.precision in ("fp16", "fp16-mixed")
+
+    @property
+    def precision_regime(self) -> str:
+        """What ``precision`` means for this run, in words (see :func:`precision_regime`)."""
+        return precision_regime(self.method, self.precision, self.recipe)
 
     @property
     def lora_alpha(self) -> float:
@@ -230,8 +293,17 @@ def _example(name: str) -> Any:
     return (RunSpec.model_fields[name].json_schema_extra or {}).get("example")
 
 
+def upper_bound(name: str) -> int | None:
+    """The largest value knob ``name`` takes (its ``at_most``), or None when it has no bound."""
+    for constraint in RunSpec.model_fields[name].metadata:
+        bound = getattr(constraint, "le", None)
+        if bound is not None:
+            return bound
+    return None
+
+
 def value_kind(name: str) -> str:
-    """``int`` (a whole number, 1 or more), ``float``, ``bool``, ``choice`` or ``other``."""
+    """``int`` (a whole number, 1 or more, at most :func:`upper_bound`), ``float``, ``bool``, ``choice`` or ``other``."""
     annotation = RunSpec.model_fields[name].annotation
     if choices(name):
         return "choice"
@@ -239,6 +311,60 @@ def value_kind(name: str) -> str:
         if annotation is kind or kind in typing.get_args(annotation):
             return kind.__name__
     return "other"
+
+
+#: The mixed precisions, and the 16-bit format each runs forward in under autocast.
+MIXED_PRECISIONS = {"bf16-mixed": "bf16", "fp16-mixed": "fp16"}
+
+
+def weight_precision(method: str, precision: str) -> str:
+    """The format (bf16, fp16 or fp32) a run of ``method`` stores its model's parameters in.
+
+    Under a mixed precision full fine-tuning keeps every weight in fp32 (the master weights that
+    the optimizer updates). LoRA and QLoRA keep the frozen base in the 16-bit format: it is never
+    updated, so an fp32 copy would cost 2 bytes a parameter and buy nothing (autocast computes in 16
+    bits anyway); their adapters are fp32 under every precision (PEFT's default).
+    """
+    half = MIXED_PRECISIONS.get(precision)
+    if half is None:
+        return precision
+    return "fp32" if method == "full" else half
+
+
+def autocast_precision(precision: str, recipe: str = "memfit") -> str | None:
+    """The 16-bit format forward runs in under ``torch.autocast``, or None (no autocast).
+
+    Mixed precisions run forward under autocast. So does the ``hf`` recipe in bf16 or fp16, as the
+    Hugging Face ``Trainer`` runs it with ``bf16=True`` / ``fp16=True`` on a 16-bit model.
+    """
+    if precision in MIXED_PRECISIONS:
+        return MIXED_PRECISIONS[precision]
+    if recipe == "hf" and precision in ("bf16", "fp16"):
+        return precision
+    return None
+
+
+def precision_regime(method: str, precision: str, recipe: str = "memfit") -> str:
+    """What ``precision`` means for a run of ``method``, in words: which number format holds what.
+
+    Full fine-tuning in bf16: "pure bf16: weights, gradients and optimizer states in bf16"; in
+    bf16-mixed: "bf16 mixed: fp32 weights, gradients and optimizer states, bf16 autocast"; LoRA in
+    bf16: "bf16 base, fp32 adapters". A plan shows it on a line of its own.
+    """
+    half = MIXED_PRECISIONS.get(precision, precision)
+    autocast = autocast_precision(precision, recipe)
+    tail = (f", {autocast} autocast" if autocast else "") + (", loss scaling" if half == "fp16" else "")
+    if method == "full":
+        if precision in MIXED_PRECISIONS:
+            return f"{half} mixed: fp32 weights, gradients and optimizer states{tail}"
+        pure = "pure " if precision != "fp32" else ""
+        return f"{pure}{precision}: weights, gradients and optimizer states in {precision}{tail}"
+    base = weight_precision(method, precision)
+    if method == "qlora":
+        # PEFT's k-bit preparation (the hf recipe) upcasts every weight that is not 4-bit to fp32.
+        kept = ", other weights fp32" if recipe == "hf" else ""
+        return f"4-bit base ({base} compute{kept}), fp32 adapters{tail}"
+    return f"{base} base, fp32 adapters{tail}"
 
 
 def tiles_sequence(tiling: str, recipe: str, tokens: int) -> bool:
@@ -307,6 +433,9 @@ def _check_value(key: str, value: Any, spelling: str = "flag") -> tuple[str | No
         number = int(value)
         if number < 1:
             return f"{name}: {number} must be 1 or more (e.g. {good}).", value
+        most = upper_bound(key)
+        if most is not None and number > most:
+            return f"{name}: {number} must be at most {most} (e.g. {good}).", value
         return None, number
     if kind == "float":
         if _means_none(value) and RunSpec.model_fields[key].default is not None:

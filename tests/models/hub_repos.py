@@ -109,3 +109,17 @@ def set_offline(monkeypatch, offline: bool = True) -> None:
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+
+
+def hf_home_is_a_file(monkeypatch, home: Path) -> Path:
+    """Make ``home`` a file and HF_HOME point at it, as the user sets it and as huggingface_hub reads
+    it (its constants); HF_HUB_CACHE is left to follow HF_HOME."""
+    from huggingface_hub import constants
+
+    home.write_text("not a folder\n")
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setattr(constants, "HF_HOME", str(home))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(home / "hub"))
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(home / "token"))
+    return home

@@ -12,7 +12,9 @@ import pytest
 
 pytest.importorskip("huggingface_hub")
 
-from hub_repos import ADAPTER, CATALOG_SOURCE, GATED, GRANTED_TOKEN, LONG_CONTEXT, MODEL, PICKLED, REMOTE_CODE, set_offline  # noqa: E402
+from hub_repos import (  # noqa: E402
+    ADAPTER, CATALOG_SOURCE, GATED, GRANTED_TOKEN, LONG_CONTEXT, MODEL, PICKLED, REMOTE_CODE, hf_home_is_a_file, set_offline,
+)
 
 from memfit.models.catalog import ModelNotFoundError, load_catalog_config, resolve_model  # noqa: E402
 from memfit.models.hub import HubError, fetch_adapter, fetch_config, fetch_model, is_hub_id, looks_like_hub_id  # noqa: E402
@@ -168,6 +170,37 @@ def test_a_catalog_entrys_source_falls_back_to_the_shipped_config_when_the_hub_c
         resolve_model(CATALOG_SOURCE, revision="main")
     hub.server.down()
     assert "cannot reach" in resolve_model(CATALOG_SOURCE).note
+
+
+def test_hf_home_that_is_a_file_is_named_before_the_hub_is_asked(hub, tmp_path, monkeypatch):
+    home = hf_home_is_a_file(monkeypatch, tmp_path / "notes.txt")
+    with pytest.raises(HubError) as info:
+        resolve_model(MODEL)
+    assert info.value.kind == "cache"
+    assert str(info.value) == (f"HF_HOME ({str(home)!r}) is a file, not a folder: huggingface_hub keeps its cache and your "
+                               "token in that folder. Set HF_HOME to a folder, or unset it.")
+    assert hub.server.requests == []  # not the server's fault, and the server was never asked
+    assert home.read_text() == "not a folder\n"
+
+
+def test_hf_home_under_a_file_names_the_file(hub, tmp_path, monkeypatch):
+    home = hf_home_is_a_file(monkeypatch, tmp_path / "notes.txt")
+    monkeypatch.setenv("HF_HUB_CACHE", str(home / "hub"))
+    with pytest.raises(HubError, match=rf"HF_HUB_CACHE \('{home}/hub'\) is under '{home}', a file, not a folder"):
+        fetch_config(MODEL)
+    monkeypatch.delenv("HF_HUB_CACHE")
+    monkeypatch.delenv("HF_HOME")
+    with pytest.raises(HubError, match=rf"the Hugging Face cache folder '{home}/hub' cannot be made: '{home}' is a file"):
+        fetch_model(MODEL)  # the default place: no variable to name, the path and what to do
+
+
+def test_a_catalog_model_is_planned_from_its_shipped_config_when_hf_home_is_a_file(hub, tmp_path, monkeypatch):
+    home = hf_home_is_a_file(monkeypatch, tmp_path / "notes.txt")
+    for repo_id, name in (("meta-llama/Llama-3.1-8B", "llama-3.1-8b"), (CATALOG_SOURCE, "smollm2-135m")):
+        source = resolve_model(repo_id)
+        assert source.origin == "catalog" and source.config == load_catalog_config(name)
+        assert source.note.startswith(f"HF_HOME ({str(home)!r}) is a file, not a folder: planned with memfit's shipped copy")
+    assert hub.server.requests == []
 
 
 # -- weights (train, merge) ----------------------------------------------------------------------

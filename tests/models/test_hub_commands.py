@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from typer.testing import CliRunner  # noqa: E402
 
-from hub_repos import ADAPTER, GATED, LONG_CONTEXT, MODEL  # noqa: E402
+from hub_repos import ADAPTER, CATALOG_SOURCE, GATED, LONG_CONTEXT, MODEL, hf_home_is_a_file  # noqa: E402
 from local_hub import LocalHub  # noqa: E402
 
 from memfit.cli import app  # noqa: E402
@@ -58,6 +58,20 @@ def test_plan_errors_are_one_line_with_exit_code_2(hub):
     hub.server.down()
     offline = invoke("plan", MODEL)
     assert offline.exit_code == 2 and "cannot reach" in offline.output and "hf download" in offline.output
+
+
+def test_plan_with_hf_home_a_file_names_it_and_plans_a_catalog_model_from_its_shipped_config(hub, tmp_path, monkeypatch):
+    home = hf_home_is_a_file(monkeypatch, tmp_path / "notes.txt")
+    refused = invoke("plan", MODEL)
+    assert refused.exit_code == 2
+    assert refused.stderr.strip() == (f"error: cannot plan this run: model: HF_HOME ({str(home)!r}) is a file, not a folder: "
+                                      "huggingface_hub keeps its cache and your token in that folder. Set HF_HOME to a "
+                                      "folder, or unset it.")
+    planned = invoke("plan", CATALOG_SOURCE, "--seq-len", "64", "--json")
+    assert planned.exit_code == 0, planned.output
+    note = json.loads(planned.stdout)["details"]["notes"][0]
+    assert note.startswith(f"HF_HOME ({str(home)!r}) is a file, not a folder: planned with memfit's shipped copy")
+    assert hub.server.requests == []
 
 
 def test_fit_fetches_the_config_once_and_writes_a_hub_config(hub, tmp_path):

@@ -12,7 +12,7 @@ CONTRACT_KEYS = {"model", "spec", "peak", "categories", "gpu", "fits", "headroom
 
 
 def test_json_contract(tiny_llama):
-    data = memfit.plan(tiny_llama, method="lora", seq_len=128, batch_size=2, gpu="rtx-4090").to_json()
+    data = memfit.plan(tiny_llama, method="lora", seq_len=128, batch_size=2, gpu="rtx-4090").to_dict()
     assert CONTRACT_KEYS <= set(data)
     assert set(data["peak"]) == {"allocated_bytes", "reserved_bytes", "device_total_bytes", "phase"}
     assert data["peak"]["phase"] in ("forward", "backward", "optimizer")
@@ -28,7 +28,7 @@ def test_json_contract(tiny_llama):
 
 
 def test_no_gpu_means_no_verdict(tiny_llama):
-    data = memfit.plan(tiny_llama, seq_len=64).to_json()
+    data = memfit.plan(tiny_llama, seq_len=64).to_dict()
     assert data["gpu"] is None and data["fits"] is None and data["headroom_bytes"] is None
 
 

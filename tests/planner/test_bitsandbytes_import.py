@@ -34,7 +34,7 @@ import memfit
 config, runs = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 out = []
 for knobs in runs:
-    plan = memfit.plan(config, **knobs).to_json()
+    plan = memfit.plan(config, **knobs).to_dict()
     plan["details"].pop("plan_seconds")
     out.append([plan, "bitsandbytes" in sys.modules and sys.modules["bitsandbytes"] is not None])
 print(json.dumps(out))

@@ -47,7 +47,7 @@ def _entries(folder: Path, kind: str = "plan") -> list[Path]:
 
 
 def _without_time(plan) -> dict:
-    data = copy.deepcopy(plan.to_json())
+    data = copy.deepcopy(plan.to_dict())
     assert isinstance(data["details"].pop("plan_seconds"), float)
     return data
 
@@ -206,7 +206,7 @@ def test_least_recently_used_entries_go_first(cache_on, monkeypatch):
 def test_cached_plan_imports_no_torch(tmp_path):
     """The second process answers from the cache without importing torch, transformers or PEFT."""
     env = dict(os.environ, MEMFIT_PLAN_CACHE="1", MEMFIT_CACHE=str(tmp_path), PYTHONPATH=str(SRC))
-    code = ("import json, sys, memfit; p = memfit.plan('smollm2-135m', seq_len=64, gpu='t4').to_json(); "
+    code = ("import json, sys, memfit; p = memfit.plan('smollm2-135m', seq_len=64, gpu='t4').to_dict(); "
             "p['details'].pop('plan_seconds'); "
             "print(json.dumps([p, [m for m in ('torch', 'transformers', 'peft', 'bitsandbytes') if m in sys.modules]]))")
     runs = [json.loads(subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)

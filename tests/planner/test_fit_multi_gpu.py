@@ -20,7 +20,7 @@ def test_fit_finds_the_fewest_gpus_for_full_fine_tuning():
     best = result.fits[0]
     assert best.spec["gpus"] in (2, 4) and best.plan.details["per_rank"]
     assert best.plan.device_total_bytes <= 5 * 2**30
-    row = result.to_json()["fits"][0]
+    row = result.to_dict()["fits"][0]
     assert row["gpus"] == best.spec["gpus"] and row["shard"] == best.plan.details["shard"]
     if best.spec["gpus"] == 4:  # then two GPUs with any mode did not fit
         two = fit("llama-3.2-1b", gpus=2, **common)

@@ -29,7 +29,7 @@ def test_fsdp_per_rank_memory_falls_with_more_gpus():
 
 
 def test_multi_gpu_json_is_per_rank_and_keeps_the_contract():
-    data = memfit.plan(MODEL, gpus=4, shard="zero2", gpu="a100-40gb", **KNOBS).to_json()
+    data = memfit.plan(MODEL, gpus=4, shard="zero2", gpu="a100-40gb", **KNOBS).to_dict()
     assert {"model", "spec", "peak", "categories", "gpu", "fits", "headroom_bytes"} <= set(data)
     assert set(data["categories"]) == set(CATEGORIES)
     assert sum(data["categories"].values()) == data["peak"]["device_total_bytes"]

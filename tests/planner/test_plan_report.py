@@ -51,3 +51,25 @@ def test_features_follow_the_knobs():
     assert step_features(base) == ["fused chunked loss", "tiled MLP and norms", "optimizer step in backward"]
     assert "tiled MLP and norms" not in step_features(dict(base, seq_len=1024))
     assert "--step-in-backward --max-grad-norm none" in suggestions(dict(base, step_in_backward=False))
+
+
+def test_plan_says_what_its_precision_means_on_a_line_of_its_own(tiny_llama):
+    for knobs, regime in (
+        (dict(method="full", precision="bf16"), "pure bf16: weights, gradients and optimizer states in bf16"),
+        (dict(method="full", precision="bf16-mixed"), "bf16 mixed: fp32 weights, gradients and optimizer states, bf16 autocast"),
+        (dict(method="lora", precision="bf16"), "bf16 base, fp32 adapters"),
+    ):
+        plan = memfit.plan(tiny_llama, seq_len=64, **knobs)
+        assert plan.to_dict()["details"]["precision_regime"] == regime
+        console = Console(record=True, width=80)  # a terminal's width: the line is not wrapped
+        plan.render(console)
+        lines = console.export_text().splitlines()
+        assert f" · {knobs['precision']} · " in lines[0]
+        assert lines[1].strip() == regime
+
+
+def test_a_mixed_precision_full_plan_that_does_not_fit_suggests_pure_bf16():
+    base = dict(method="full", precision="bf16-mixed", optimizer="adamw", batch_size=1, seq_len=2048, grad_accum=1,
+                checkpointing="on", tiling="auto")
+    assert any(tip.startswith("--precision bf16 ") for tip in suggestions(base))
+    assert not any(tip.startswith("--precision") for tip in suggestions(dict(base, precision="bf16")))

@@ -57,8 +57,23 @@ def test_cards_without_bf16_get_fp16_adapters():
     assert result.fits and all(f.spec["precision"] == "fp16" for f in result.fits)
 
 
+def test_a_given_mixed_precision_is_kept_by_every_plan_of_the_search(tiny_llama):
+    from rich.console import Console
+
+    from memfit.planner.fit_report import render_fit
+
+    result = fit(tiny_llama, budget="2GiB", batch_size=2, seq_len=64, methods=("full", "lora"), max_seq_len=False,
+                 workers=1, precision="bf16-mixed")
+    assert result.fits and {f.spec["precision"] for f in result.fits} == {"bf16-mixed"}
+    assert {f.plan.details["precision_regime"] for f in result.fits if f.spec["method"] == "full"} == {
+        "bf16 mixed: fp32 weights, gradients and optimizer states, bf16 autocast"}
+    console = Console(record=True, width=120)
+    render_fit(result, console)
+    assert "2.0 GiB), bf16-mixed" in console.export_text()
+
+
 def test_json_contract():
-    data = fit("smollm2-135m", budget="4GiB", batch_size=2, seq_len=512, methods=("qlora",)).to_json()
+    data = fit("smollm2-135m", budget="4GiB", batch_size=2, seq_len=512, methods=("qlora",)).to_dict()
     assert set(data) >= {"model", "gpu", "fits", "max_seq_len"}
     assert set(data["max_seq_len"]) == {"qlora"}  # the methods searched
     assert data["gpu"]["memory_bytes"] == 4 * 2**30

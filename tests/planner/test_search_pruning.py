@@ -34,6 +34,8 @@ def _needs(plan) -> int:
     dict(optimizer="sgd", precision="bf16"),
     dict(optimizer="adamw", precision="bf16", step_in_backward=True),
     dict(optimizer="adamw", precision="bf16", recipe="hf", checkpointing="on"),
+    dict(optimizer="adamw", precision="bf16-mixed"),
+    dict(optimizer="adamw8bit", precision="fp16-mixed", tiling="on"),
 ])
 @pytest.mark.parametrize("extrapolate", [True, False])
 def test_floor_is_under_every_full_plan(knobs, extrapolate):
@@ -42,6 +44,14 @@ def test_floor_is_under_every_full_plan(knobs, extrapolate):
     assert floor <= _needs(plan)
     # And it is the model states: at least weights + states (+ gradients), not just the context.
     assert floor - DEFAULT_CUDA_CONTEXT_BYTES >= plan.categories["trainable"]
+
+
+def test_floor_of_mixed_precision_is_sixteen_bytes_a_parameter():
+    # bf16-mixed: fp32 weights (4 bytes a parameter), fp32 gradients (4), two fp32 AdamW states (8).
+    config = api.resolve_model("llama-3.1-8b").config
+    assert memory_lower_bound(config, make_spec(method="full", precision="bf16-mixed"), 0) == 16 * 8_030_261_248
+    # 8-bit AdamW keeps at least 2 bytes an element whatever the parameters' format.
+    assert memory_lower_bound(config, make_spec(method="full", precision="bf16-mixed", optimizer="adamw8bit"), 0) == 10 * 8_030_261_248
 
 
 def test_floor_only_where_it_is_proven():
@@ -59,10 +69,10 @@ def test_floor_rules_out_full_fine_tuning_of_8b_on_24gb():
 
 
 def _answer(result) -> dict:
-    data = result.to_json()
+    data = result.to_dict()
     data["details"].pop("seconds")
     data["details"].pop("plans_made")
-    return {"json": data, "plans": [f.plan.to_json()["categories"] for f in result.fits]}
+    return {"json": data, "plans": [f.plan.to_dict()["categories"] for f in result.fits]}
 
 
 def _fit_both_ways(monkeypatch, **options):

@@ -16,14 +16,14 @@ def _model_params(config: dict, spec) -> list[tuple[int, torch.dtype, bool]]:
     """(numel, dtype, trainable) of every parameter of the prepared model, without building storage."""
     from memfit.models.build import DTYPES
 
-    model = prepare_for_method(build_meta_model(make_config(config), DTYPES[spec.precision]), spec)
+    model = prepare_for_method(build_meta_model(make_config(config), DTYPES[spec.weight_precision]), spec)
     return [(p.numel(), p.dtype, p.requires_grad) for p in model.parameters()]
 
 
 def _model_buffers(config: dict, spec) -> list[torch.Tensor]:
     from memfit.models.build import DTYPES
 
-    return list(prepare_for_method(build_meta_model(make_config(config), DTYPES[spec.precision]), spec).buffers())
+    return list(prepare_for_method(build_meta_model(make_config(config), DTYPES[spec.weight_precision]), spec).buffers())
 
 
 def _at_phase_start(tracker_result, phase: str, occurrence: int = -1) -> dict[str, int]:

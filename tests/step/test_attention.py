@@ -42,12 +42,12 @@ def _model(config_dict, dtype):
     return AutoModelForCausalLM.from_config(make_config(config_dict), dtype=dtype, attn_implementation="sdpa")
 
 
-def _loss_and_grads(model, batches):
+def _loss_and_grads(model, batches, loss_fn=causal_lm_loss):
     """Token-weighted mean loss over ``batches`` and the gradients of that loss."""
     model.zero_grad(set_to_none=True)
     counts = [int((b["labels"][:, 1:] != -100).sum()) for b in batches]
     total = sum(counts)
-    loss = sum(causal_lm_loss(model, b) * (n / total) for b, n in zip(batches, counts))
+    loss = sum(loss_fn(model, b) * (n / total) for b, n in zip(batches, counts))
     loss.backward()
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -67,6 +67,27 @@ def test_one_row_equals_the_examples_one_by_one(config_dict, dtype, tol):
     for name, g in ref_grads.items():
         assert g.abs().sum() > 0, name
         assert float((grads[name] - g).norm() / g.norm()) <= tol, name
+
+
+def test_under_autocast_one_row_equals_the_examples_one_by_one():
+    # fp32 weights under bf16 autocast (bf16-mixed): rotary embeddings leave the query and key in
+    # fp32 and the value in bf16; the op computes in bf16, as SDPA under autocast does for the
+    # examples one by one.
+    examples = _examples([17, 5, 40, 1, 23])
+    alone = _model(LLAMA, torch.float32)
+    row = copy.deepcopy(alone)
+    use_document_attention(row)
+
+    def autocast_loss(model, batch):
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # forward only: backward runs outside, as in the step
+            return causal_lm_loss(model, batch)
+
+    ref_loss, ref_grads = _loss_and_grads(alone, [collate([e], 0) for e in examples], autocast_loss)
+    loss, grads = _loss_and_grads(row, [collate(examples, 0, layout=DOCUMENTS)], autocast_loss)
+    assert abs(float(loss) - float(ref_loss)) <= 1e-3 * abs(float(ref_loss))
+    for name, g in ref_grads.items():
+        assert grads[name].dtype == torch.float32
+        assert float((grads[name] - g).norm() / g.norm()) <= 2e-2, name
 
 
 def test_no_token_attends_to_another_example():

@@ -80,3 +80,29 @@ def test_idempotent_and_names_unchanged():
     assert keep_lora_inputs_low_precision(model) == keep_lora_inputs_low_precision(model)
     assert list(model.state_dict()) == keys
     assert keep_lora_inputs_low_precision(torch.nn.Linear(4, 4)) == 0
+
+
+def test_under_autocast_the_adapters_compute_as_autocast_runs_them():
+    # Mixed precision (bf16-mixed): autocast runs every linear in bf16 from the input as it comes,
+    # so the adapters keep no fp32 copy of it, and compute what PEFT's layers compute under autocast
+    # with their input cast turned off.
+    ids = torch.randint(0, 128, (2, 40), generator=torch.Generator().manual_seed(1))
+    plain = _model()
+    for module in plain.modules():
+        if hasattr(module, "cast_input_dtype_enabled"):
+            module.cast_input_dtype_enabled = False
+    ours = copy.deepcopy(plain)
+    keep_lora_inputs_low_precision(ours)
+    results = []
+    for model in (plain, ours):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+            copies = _saved_fp32_input_copies(model, ids)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}))
+        assert copies <= _saved_fp32_input_copies(_model(), ids) - 2 * 4  # no LoRA input saved in fp32
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert torch.equal(loss_a, loss_b)
+    for name, grad in grads_a.items():
+        assert grads_b[name].dtype == torch.float32
+        torch.testing.assert_close(grads_b[name], grad, rtol=0, atol=0, msg=name)

@@ -108,3 +108,68 @@ def test_models_with_capped_logits_keep_their_own_loss(tiny_llama):
     config = make_config(dict(tiny_llama, model_type="gemma2", head_dim=16, final_logit_softcapping=30.0))
     model = AutoModelForCausalLM.from_config(config)
     assert backbone_and_head(model) is None
+
+
+# ------------------------------------------------------------------------------------------------
+# Mixed precision: the fused loss under autocast
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_under_autocast_it_computes_as_autocast_runs_the_unfused_loss(dtype):
+    # fp32 hidden states and head (full fine-tuning in bf16-mixed / fp16-mixed): the unfused loss
+    # under autocast computes the logits in 16 bits from 16-bit copies of both, upcasts them, and
+    # hands fp32 gradients back. The fused loss must give the same numbers.
+    torch.manual_seed(2)
+    hidden = (torch.randn(2, 150, 64) * 0.5).requires_grad_(True)
+    weight = (torch.randn(1000, 64) * 0.1).requires_grad_(True)
+    labels = torch.randint(0, 1000, (2, 150))
+    with torch.autocast("cpu", dtype=dtype):
+        ours = chunked_cross_entropy(hidden, weight, labels, chunk=64)
+    ours.backward()
+    got = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    with torch.autocast("cpu", dtype=dtype):
+        ref = _reference(hidden, weight, labels)
+    ref.backward()
+    assert got[0].dtype == got[1].dtype == torch.float32
+    assert ours.item() == pytest.approx(ref.item(), rel=1e-4)
+    # The same 16-bit products; sums over chunks and the order of fp32 accumulation differ a little.
+    torch.testing.assert_close(got[0], hidden.grad, rtol=1e-2, atol=1e-5)
+    torch.testing.assert_close(got[1], weight.grad, rtol=1e-2, atol=1e-5)
+
+
+def test_under_autocast_it_keeps_the_hidden_states_in_16_bits():
+    # What autocast's own matmul would keep for backward: the 16-bit copy, not the fp32 states.
+    hidden = torch.randn(300, 32, requires_grad=True)
+    weight = torch.randn(500, 32, requires_grad=True)
+    labels = torch.randint(0, 500, (300,))
+    kept = []
+
+    def pack(tensor):
+        kept.append((tuple(tensor.shape), tensor.dtype))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", dtype=torch.bfloat16):
+        chunked_cross_entropy(hidden, weight, labels, chunk=64)
+    assert ((300, 32), torch.bfloat16) in kept and ((300, 32), torch.float32) not in kept
+
+
+def test_a_mixed_precision_step_runs_its_forward_under_autocast(tiny_llama):
+    from transformers import AutoModelForCausalLM
+
+    from memfit.models.build import make_config
+    from memfit.spec import make_spec
+    from memfit.step.builder import build_step
+
+    config = make_config(tiny_llama)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    seen = []
+    model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    batch = {"input_ids": torch.randint(0, 256, (1, 24))}
+    batch["labels"] = batch["input_ids"].clone()
+    for precision, expected in (("bf16-mixed", torch.bfloat16), ("fp16-mixed", torch.float16), ("fp32", torch.float32)):
+        step = build_step(make_spec(method="full", precision=precision), config)
+        loss = step.loss(model, batch)
+        assert seen.pop() == expected and loss.dtype == torch.float32
+        assert step.scales_loss == (precision == "fp16-mixed")

@@ -139,6 +139,31 @@ def test_adamw_steps_equal_untiled():
         assert _rel(p.detach(), ref[name].detach()) <= 1e-5, name
 
 
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_mixed_precision_recomputes_under_the_forwards_autocast(checkpointing):
+    # fp32 weights, forward under bf16 autocast (bf16-mixed): the chunks recomputed in backward
+    # run in bf16 too, as forward ran them, and the gradients are the untiled model's.
+    ref_model = _build("llama", "full", torch.float32, checkpointing=checkpointing)
+    tiled_model = copy.deepcopy(ref_model)
+    tile_mlps(tiled_model, CHUNK)
+    recomputed = []
+    decoder_layers(tiled_model)[0].mlp.gate_proj.register_forward_hook(
+        lambda module, args, out: recomputed.append(out.dtype) if torch.is_grad_enabled() else None)
+    ids, embeds = _batch(torch.float32)
+    results = []
+    for model in (ref_model, tiled_model):
+        model.zero_grad(set_to_none=True)
+        x = embeds.clone().requires_grad_(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(inputs_embeds=x, labels=ids)
+        out.loss.backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        assert all(g.dtype == torch.float32 for g in grads.values())
+        results.append((out.logits.detach(), x.grad.clone(), grads))
+    assert recomputed and set(recomputed) == {torch.bfloat16}
+    _assert_same(results[0], results[1], 1e-2)  # the same bf16 products, summed over other chunks
+
+
 def test_qlora_4bit_frozen_weights_equal_untiled():
     torch.manual_seed(0)
     model = build_meta_model(_config("llama"), torch.float32)

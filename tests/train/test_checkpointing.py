@@ -119,9 +119,9 @@ def test_sigterm_in_a_subprocess_saves_and_exits_cleanly(tmp_path):
             proc.kill()
     assert proc.returncode == 128 + signal.SIGTERM, stderr
     assert "Traceback" not in stderr
-    assert "stopped by SIGTERM" in stderr and "--resume" in stderr
+    assert "stopped by SIGTERM at step" in stderr and "to finish and write the adapter" in stderr
     # The command printed continues this run: the output folder and every other option are in it.
-    again = shlex.split(stderr.split("Continue with: ", 1)[1].splitlines()[0])
+    again = shlex.split(stderr.split("; run `", 1)[1].split("`", 1)[0])
     assert again[:3] == ["memfit", "train", str(config)] and again[-1] == "--resume"
     pairs = set(zip(again, again[1:]))
     assert {("--output-dir", str(out)), ("--set", "log_every=1"), ("--max-steps", "100000")} <= pairs
@@ -303,3 +303,53 @@ def test_checkpoints_and_outputs_get_the_permissions_of_the_umask(tmp_path):
     assert files and {oct(p.stat().st_mode & 0o777) for p in files} == {oct(0o644)}, [
         (str(p), oct(p.stat().st_mode & 0o777)) for p in files if p.stat().st_mode & 0o777 != 0o644]
     assert {oct(p.stat().st_mode & 0o777) for p in run.rglob("*") if p.is_dir()} == {oct(0o755)}
+
+
+def test_a_signal_during_the_last_step_still_writes_the_adapter(tmp_path, monkeypatch):
+    _interrupt_after(monkeypatch, 4, signal.SIGTERM)  # arrives while the last of 4 steps runs
+    result = train(tiny_config(tmp_path / "run", max_steps=4, eval_split=0.05), progress=False)
+    assert result.status == "completed" and result.step == 4 and result.signal_name == "SIGTERM"
+    assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
+    assert json.loads((result.checkpoint / "meta.json").read_text())["reason"] == "final"
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["status"] == "completed"
+    assert not [r for r in read_metrics(tmp_path / "run") if "eval_loss" in r]  # the final evaluation waits for nobody
+    again = train(tiny_config(tmp_path / "run", max_steps=4, eval_split=0.05), resume=True, progress=False)
+    assert again.status == "finished"  # nothing left to do
+
+
+def test_a_signal_while_the_adapter_is_written_does_not_cut_it_short(tmp_path, monkeypatch):
+    import memfit.train.world as world_module
+
+    received = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))  # what would end the process
+    real_write = world_module.write_outputs
+
+    def signal_then_write(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_write(*args, **kwargs)
+
+    monkeypatch.setattr(world_module, "write_outputs", signal_then_write)
+    try:
+        result = train(tiny_config(tmp_path / "run", max_steps=2), progress=False)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert received == []  # the run's handler had it, not the one outside the run
+    assert result.status == "completed" and result.signal_name == "SIGTERM"
+    assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_a_signal_before_the_last_step_says_how_to_finish(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from memfit.cli import app
+    from memfit.train.config import write_config
+
+    config = tmp_path / "run.yaml"
+    write_config(tiny_settings(tmp_path / "run", max_steps=4), config)
+    _interrupt_after(monkeypatch, 3, signal.SIGTERM)
+    result = CliRunner().invoke(app, ["train", str(config), "--no-progress"])
+    assert result.exit_code == 128 + signal.SIGTERM, result.output
+    text = " ".join(result.stderr.split())
+    checkpoint = tmp_path / "run" / "checkpoints" / "step-00000003"
+    assert f"stopped by SIGTERM at step 3 of 4; checkpoint at {checkpoint}; run `memfit train {config} --no-progress --resume` to finish and write the adapter" in text
+    assert not (tmp_path / "run" / "adapter").exists()

@@ -1,9 +1,10 @@
 """Plan equals run: the trainer's real steps, measured as the planner counts, equal their plan.
 
-Every cell of the matrix (two tiny models; full, LoRA, QLoRA; fp32, bf16, fp16; checkpointing off,
-on, offloaded; tiling; gradient accumulation; clipping on and off; the step in backward; padded,
-padding-free and packed batches; evaluation between steps; the first steps after a resume) runs
-``memfit train``'s own code on the CPU and must peak at exactly the bytes its plan predicts.
+Every cell of the matrix (two tiny models; full, LoRA, QLoRA; fp32, bf16, fp16, and bf16-mixed and
+fp16-mixed under autocast, which the CPU runs in both formats; checkpointing off, on, offloaded;
+tiling; gradient accumulation; clipping on and off; the step in backward; padded, padding-free and
+packed batches; evaluation between steps; the first steps after a resume) runs ``memfit train``'s
+own code on the CPU and must peak at exactly the bytes its plan predicts.
 """
 
 from __future__ import annotations

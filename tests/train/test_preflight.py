@@ -38,7 +38,7 @@ def test_force_trains_anyway_and_a_big_budget_fits():
     assert forced.forced and forced.fits is False
     roomy = run_preflight(tiny_model_dict(), KNOBS, device_type="cpu", budget="80GiB")
     assert roomy.fits is True and not roomy.forced
-    assert roomy.to_json()["plan"]["spec"]["rank"] == 4
+    assert roomy.to_dict()["plan"]["spec"]["rank"] == 4
 
 
 def test_train_refuses_before_loading_any_weight(tmp_path, monkeypatch):

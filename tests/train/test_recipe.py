@@ -90,8 +90,16 @@ def test_full_fine_tuning_saves_a_loadable_model(tmp_path):
 
 def test_qlora_trains_on_cpu(tmp_path):
     pytest.importorskip("bitsandbytes")
+    from rich.console import Console
+
+    console = Console(stderr=True, record=True, width=200)
     config = tiny_config(tmp_path / "run", method="qlora", precision="bf16", max_steps=8, lr=1e-2, batch_size=8)
-    result = train(config, progress=False)
+    result = train(config, progress=False, console=console)
+    # It says once, before the run, that the CPU is the slow place for QLoRA, and what to use instead.
+    said = console.export_text()
+    assert said.count("method: qlora on the CPU") == 1
+    assert said.index("method: qlora on the CPU") < said.index("model: ")
+    assert "use method: lora" in said
     losses = [loss for _, loss in result.losses]
     assert all(map(lambda x: x == x, losses))
     assert _mean(losses[-3:]) < _mean(losses[:3])
@@ -265,3 +273,22 @@ def test_padded_and_padding_free_runs_train_the_same(tmp_path):
     one_row = train(tiny_config(tmp_path / "one-row", padding_free="on", max_steps=4), progress=False)
     for (step, a), (_, b) in zip(padded.losses, one_row.losses):
         assert abs(a - b) <= 1e-4 * abs(a), (step, a, b)
+
+
+def test_lora_on_cpu_gets_no_warning_about_qlora(tmp_path):
+    from rich.console import Console
+
+    console = Console(stderr=True, record=True, width=200)
+    train(tiny_config(tmp_path / "run", max_steps=1), progress=False, console=console)
+    assert "qlora" not in console.export_text()
+
+
+def test_metrics_log_the_learning_rate_each_step_used(tmp_path):
+    from memfit.train.config import lr_factor
+
+    result = train(tiny_config(tmp_path / "run", max_steps=6, warmup_steps=3, lr=6e-3, schedule="cosine"), progress=False)
+    assert result.status == "completed"
+    logged = {r["step"]: r["lr"] for r in read_metrics(tmp_path / "run") if "lr" in r}
+    assert logged[1] == 6e-3 * (1 / 3)  # the first warmup step takes a third of the peak, not two thirds
+    for step, lr in logged.items():  # step k ran with the schedule's value after k - 1 steps
+        assert lr == pytest.approx(6e-3 * lr_factor(step - 1, total=6, warmup=3, schedule="cosine"), rel=1e-12), step

@@ -114,7 +114,7 @@ def test_explain_gives_the_text_memfit_plan_prints(client):
     from memfit.planner.api import plan
     from memfit.planner.report import CATEGORY_HELP, step_features, suggestions
 
-    result = plan("smollm2-135m", gpu="rtx-4090", budget="512MiB", seq_len=512).to_json()
+    result = plan("smollm2-135m", gpu="rtx-4090", budget="512MiB", seq_len=512).to_dict()
     answer = client.post("/api/explain", content=json.dumps(result)).json()
     assert answer["category_help"] == CATEGORY_HELP
     assert result["fits"] is False and answer["suggestions"] == suggestions(result["spec"])

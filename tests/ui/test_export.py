@@ -18,7 +18,7 @@ def test_the_yaml_is_a_training_config_memfit_train_accepts(tmp_path):
     from memfit.planner.api import plan
     from memfit.train.config import validate_config
 
-    spec = plan("smollm2-135m", method="qlora", seq_len=512, batch_size=2, grad_accum=4).to_json()["spec"]
+    spec = plan("smollm2-135m", method="qlora", seq_len=512, batch_size=2, grad_accum=4).to_dict()["spec"]
     text = train_yaml("smollm2-135m", spec, gpu="rtx-4090")
     values = yaml.safe_load(text)
     config = validate_config(values)

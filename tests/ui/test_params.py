@@ -56,7 +56,7 @@ def test_fit_options_as_memfit_fit_passes_them():
                       gpus="2", shard="fsdp", rank="8", precision="fp16"))
     assert call.options == {"gpu": "rtx-4090", "batch_size": 16, "seq_len": 4096, "methods": ("lora", "qlora"), "gpus": 2}
     assert call.knobs == {"shard": "fsdp", "rank": "8", "precision": "fp16"}
-    assert fit_call(q()).options == {"batch_size": 8}  # memfit fit's default effective batch
+    assert fit_call(q()).options == {}  # memfit fit's default effective batch (8, or a tool config's own)
 
 
 def test_fit_refuses_what_writes_files_and_what_the_search_chooses():

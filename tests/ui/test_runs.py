@@ -40,8 +40,8 @@ def test_a_dropped_memory_file_is_compared_as_memfit_report_compares_it():
 
     answer = from_uploads(jsonl(records()), None)
     timeline = parse_timeline(jsonl(records()).decode().splitlines())
-    assert answer["categories"] == [r.to_json() for r in compare_categories(PLAN, timeline)]
-    assert answer["peaks"] == [r.to_json() for r in compare_peaks(PLAN, timeline)]
+    assert answer["categories"] == [r.to_dict() for r in compare_categories(PLAN, timeline)]
+    assert answer["peaks"] == [r.to_dict() for r in compare_peaks(PLAN, timeline)]
     assert answer["plan_source"] == "the run's own plan" and answer["device"] == "cuda:0"
     assert [s["peak_allocated_bytes"] for s in answer["steps"]] == [2 * GiB + 50 * MiB] * 3
     activations = next(r for r in answer["categories"] if r["name"] == "activations")
@@ -62,7 +62,7 @@ def test_a_cpu_run_is_shown_measured_only_as_memfit_report_shows_it():
     answer = from_uploads(jsonl(records(cuda=False)), None, fallback_plan=PLAN)
     timeline = parse_timeline(jsonl(records(cuda=False)).decode().splitlines())
     assert answer["plan"] is None and answer["plan_source"] is None and answer["peaks"] == []
-    assert answer["categories"] == [r.to_json() for r in compare_categories(None, timeline)]
+    assert answer["categories"] == [r.to_dict() for r in compare_categories(None, timeline)]
     assert answer["note"].startswith("a CPU run: the plan is of GPU memory")
 
 

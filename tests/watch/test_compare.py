@@ -95,7 +95,7 @@ NO_FLOOR = Thresholds(activations_min_excess_bytes=0, peak_min_excess_bytes=0)
 def plan_json():
     from memfit.planner.api import plan
 
-    return plan(TINY_LLAMA, **KNOBS).to_json()
+    return plan(TINY_LLAMA, **KNOBS).to_dict()
 
 
 def lora_setup(wrap: bool):

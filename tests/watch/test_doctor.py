@@ -18,7 +18,7 @@ def leaky_run(tmp_path, total_steps=50_000):  # 57 GiB free at 2 MiB per step: f
                                     "nvml_used_bytes": 23 * GiB + 2 * MiB * s}}
     live = Finding("error", "checkpointing_inactive", "activation checkpointing was asked for but is off", "enable it")
     records = [start_record(("cuda:1",), total_steps, plan=tiny_plan(allocated=20 * GiB), capacity={"cuda:0": 80 * GiB, "cuda:1": 80 * GiB}),
-               *step_records(120, devices=devices), {"kind": "finding", "finding": live.to_json()}]
+               *step_records(120, devices=devices), {"kind": "finding", "finding": live.to_dict()}]
     return write_run(tmp_path / "run", records, metrics=[{"step": s, "loss": 3.0 / s} for s in range(1, 121)])
 
 

@@ -166,6 +166,30 @@ def test_report_of_a_cpu_train_run_shows_its_configuration_losses_and_why_no_pla
     assert_nothing_empty(page)
 
 
+def test_replies_to_eval_prompts_at_the_first_and_last_evaluation(tmp_path):
+    run = cpu_train_run(tmp_path)
+
+    def replies(step: int, words: tuple[str, str]) -> dict:
+        return {"step": step, "max_new_tokens": 16, "generations": [
+            {"messages": [{"role": "user", "content": "Is the sky blue?"}], "generation": words[0], "new_tokens": 2,
+             "stopped": "eos"},
+            {"messages": [{"role": "user", "content": "Say <hi>"}], "generation": words[1], "new_tokens": 3,
+             "stopped": "max_new_tokens"}]}
+
+    with (run / "metrics.jsonl").open("a") as f:
+        for record in (replies(20, ("maybe", "hmm")), replies(40, ("yes", "hi")), replies(60, ("Yes.", "<hi>"))):
+            f.write(json.dumps(record) + "\n")
+    page = write_report(run).read_text()
+    part = section(page, "Replies to eval_prompts")
+    assert "<th>reply at step 20</th><th>reply at step 60</th>" in part and "step 40" not in part
+    assert "<tr><td>Is the sky blue?</td><td>maybe</td><td>Yes.</td></tr>" in part
+    assert "<tr><td>Say &lt;hi&gt;</td><td>hmm</td><td>&lt;hi&gt;</td></tr>" in part  # escaped, never markup
+    assert "3 evaluations" in part
+    assert_nothing_empty(page)
+    # A run without eval_prompts has no such section.
+    assert "Replies to eval_prompts" not in write_report(cpu_train_run(tmp_path / "other")).read_text()
+
+
 def test_report_of_a_real_memfit_train_run(tmp_path):
     from memfit.train.config import validate_config
     from memfit.train.recipe import train

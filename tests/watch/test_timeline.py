@@ -24,7 +24,7 @@ def lines(records):
 def test_parse_keeps_every_kind():
     finding = Finding("warning", "leak", "m", "f", 3, {"device": "host"})
     records = [start_record(), *step_records(3), {"kind": "attribution", "categories": {"weights": 1}},
-               {"kind": "finding", "finding": finding.to_json()}, {"kind": "end", "status": "completed"}]
+               {"kind": "finding", "finding": finding.to_dict()}, {"kind": "end", "status": "completed"}]
     timeline = parse_timeline(lines(records))
     assert [r["step"] for r in timeline.steps] == [1, 2, 3]
     assert timeline.attribution["categories"] == {"weights": 1}

@@ -42,7 +42,7 @@ def write_run(run_dir: Path, records: list[dict[str, Any]], metrics: list[dict[s
 
 
 def tiny_plan(activations=20 * MiB, allocated=2 * GiB, checkpointing="on") -> dict[str, Any]:
-    """A plan JSON shaped like MemoryPlan.to_json() (figures chosen by the test)."""
+    """A plan JSON shaped like MemoryPlan.to_dict() (figures chosen by the test)."""
     cats = {"weights": allocated // 2, "trainable": 64 * MiB, "gradients": 64 * MiB, "optimizer": 128 * MiB,
             "activations": activations, "temporaries": 32 * MiB, "allocator": 100 * MiB, "runtime": 500 * MiB}
     return {"model": "tiny", "spec": {"method": "lora", "checkpointing": checkpointing, "batch_size": 1, "seq_len": 2048},

@@ -30,12 +30,13 @@ def merge_command(
     """Merge a LoRA adapter into its base model, one shard at a time, into a Hugging Face checkpoint folder.
 
     Exit code 0: merged; 2: bad input (nothing is written to --out)."""
-    from rich.console import Console
     from rich.markup import escape
+
+    from memfit.console import make_console
 
     from .dtypes import parse_dtype
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     parse_dtype(dtype)  # fail on a typo before importing torch
     from .api import merge
 

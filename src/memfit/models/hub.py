@@ -196,8 +196,8 @@ def read_config(snapshot: Snapshot) -> dict[str, Any]:
 def resolve_source(repo_id: str, revision: str | None = None):
     """The :class:`~memfit.models.catalog.ModelSource` of a Hub id (config.json only).
 
-    When the Hub cannot be asked (no network, HF_HUB_OFFLINE=1 with nothing cached, or a gated repo
-    this machine has no access to), no revision is pinned, and ``repo_id`` is the repo a catalog
+    When the Hub cannot be asked (no network, HF_HUB_OFFLINE=1 with nothing cached, a gated repo
+    this machine has no access to, or a Hugging Face cache that cannot be used), no revision is pinned, and ``repo_id`` is the repo a catalog
     config was copied from (SOURCES.md), the shipped copy is used, with a note saying so.
     """
     from memfit.models.catalog import ModelSource, load_catalog_config
@@ -206,7 +206,7 @@ def resolve_source(repo_id: str, revision: str | None = None):
         snapshot = fetch_config(repo_id, revision)
     except HubError as err:
         catalog_name = catalog_sources().get(repo_id.lower())
-        if catalog_name is None or revision is not None or err.kind not in ("gated", "network", "offline"):
+        if catalog_name is None or revision is not None or err.kind not in ("gated", "network", "offline", "cache"):
             raise
         note = (f"{err.reason}: planned with memfit's shipped copy of {repo_id}'s config.json "
                 f"(catalog name {catalog_name}), which needs no network")
@@ -383,6 +383,9 @@ def _listing(repo_id: str, revision: str | None, *, include: tuple[str, ...], lo
     revision = revision or "main"
     from huggingface_hub import HfApi, constants
 
+    blocked = _cache_folder_problem()
+    if blocked is not None:  # before any request: huggingface_hub would fail on it with a message about the server
+        raise blocked
     if local_only:
         return _cached_listing(repo_id, revision, include, reason="the files were fetched by the first process", kind="offline")
     if _offline_mode(constants):
@@ -425,6 +428,47 @@ def _cached_listing(repo_id: str, revision: str, include: tuple[str, ...], *, re
         raise _not_cached(repo_id, revision, include, reason, kind)
     sizes = {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}  # is_file: a dangling link is not a file
     return _Listing(repo_id, revision, commit, sizes, {}, offline=reason, include=include)
+
+
+def _file_in_the_way(folder: Path) -> Path | None:
+    """The file (or dangling link) that stands where ``folder`` or one of its parents must be a folder."""
+    for candidate in (folder, *folder.parents):
+        if candidate.is_symlink() or candidate.exists():
+            return None if candidate.is_dir() else candidate
+    return None
+
+
+#: What each variable names, and the fix when a file stands in its way.
+_CACHE_VARIABLES = {
+    "HF_HOME": "huggingface_hub keeps its cache and your token in that folder. Set HF_HOME to a folder",
+    "HF_HUB_CACHE": "huggingface_hub keeps its downloads in that folder. Set HF_HUB_CACHE to a folder",
+    "HF_TOKEN_PATH": "huggingface_hub keeps your token at that path. Set HF_TOKEN_PATH to a file name in a folder",
+}
+
+
+def _cache_folder_problem() -> HubError | None:
+    """The HubError for a Hugging Face cache or token folder that cannot be a folder, because a file
+    stands where it or a parent of it should be (``HF_HOME=~/notes.txt``), naming the variable the
+    user set; None when both can be folders."""
+    from huggingface_hub import constants
+
+    home = "HF_HOME" if os.environ.get("HF_HOME") else None
+    places = (
+        (Path(constants.HF_HUB_CACHE).expanduser(), "HF_HUB_CACHE" if os.environ.get("HF_HUB_CACHE") else home),
+        (Path(constants.HF_TOKEN_PATH).expanduser().parent, "HF_TOKEN_PATH" if os.environ.get("HF_TOKEN_PATH") else home),
+    )
+    for folder, variable in places:
+        blocker = _file_in_the_way(folder)
+        if blocker is None:
+            continue
+        if variable is None:  # the default place, under ~/.cache (or XDG_CACHE_HOME)
+            reason = f"the Hugging Face cache folder {str(folder)!r} cannot be made: {str(blocker)!r} is a file, not a folder"
+            return HubError(f"{reason}. Move that file away, or set HF_HOME to a folder.", "cache", reason=reason)
+        value = os.environ[variable]
+        where = "is a file" if blocker == Path(value).expanduser() else f"is under {str(blocker)!r}, a file"
+        reason = f"{variable} ({value!r}) {where}, not a folder"
+        return HubError(f"{reason}: {_CACHE_VARIABLES[variable]}, or unset it.", "cache", reason=reason)
+    return None
 
 
 def _remember_revision(repo_id: str, revision: str, commit: str) -> None:
@@ -641,9 +685,9 @@ class _Progress:
         if not self.enabled:
             return self
         if self.console is None:
-            from rich.console import Console
+            from memfit.console import make_console
 
-            self.console = Console(stderr=True)
+            self.console = make_console(stderr=True)
         if self.live and self.console.is_terminal:
             from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
@@ -774,7 +818,8 @@ def _kind(err: BaseException) -> str:
         return "http"
     if isinstance(err, (ConnectionError, TimeoutError)):
         return "network"
-    if isinstance(err, PermissionError) or getattr(err, "errno", None) in (errno.EACCES, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+    if isinstance(err, PermissionError) or getattr(err, "errno", None) in (errno.EACCES, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
+                                                                          errno.ENOTDIR):
         return "cache"
     module = type(err).__module__.split(".")[0]
     if module in ("httpx", "httpx2", "httpcore", "requests", "urllib3"):
@@ -832,10 +877,11 @@ def _error(kind: str, err: BaseException, repo_id: str, revision: str, include: 
             kind,
         )
     if kind == "cache":
+        reason = f"the Hugging Face cache at {cache_dir()} cannot be used ({_short(err)})"
         return HubError(
             f"cannot write {filename or 'the files of ' + repo_id} to the Hugging Face cache at {cache_dir()} ({_short(err)}): "
             "set HF_HOME (or HF_HUB_CACHE) to a writable folder with room for the model.",
-            kind,
+            kind, reason=reason,
         )
     if kind == "interrupted":
         return HubError(

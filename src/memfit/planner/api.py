@@ -2,7 +2,9 @@
 
 The steps, each in its own module:
 
-1. resolve the model argument and validate every knob (:mod:`memfit.spec`), all problems at once;
+1. resolve the model argument and validate every knob (:mod:`memfit.spec`), the GPU and the budget,
+   all problems at once and without importing torch or transformers; then the checks that need the
+   model's architecture;
 2. simulate the real training step under fake tensors (:mod:`memfit.planner.simulate`) for a few
    whole periods of decoder layers, and extrapolate linearly to the full depth (memory per decoder
    layer is the same for every layer of a period, so this is exact up to rounding; a test checks
@@ -31,7 +33,7 @@ from memfit.models.catalog import (
 from memfit.planner import allocator
 from memfit.planner.report import MemoryPlan
 from memfit.planner.runtime import runtime_overhead
-from memfit.spec import RunSpec, SpecError, flag, make_spec
+from memfit.spec import RunSpec, SpecError, make_spec
 from memfit.units import format_bytes, parse_bytes
 
 _KERNEL_NOTES = {
@@ -86,13 +88,17 @@ def plan(
     cublas_workspace_bytes: int | None = None,
     extrapolate: bool = True,
     cache: bool = True,
+    deepspeed: Any = None,
     **knobs: Any,
 ) -> MemoryPlan:
     """Predict the peak GPU memory of one training step of ``model`` configured by ``knobs``.
 
     Args:
         model: a catalog name (``memfit models``), a Hugging Face Hub id (``org/name``: its
-            config.json alone is fetched), a path to a config.json, a model folder, or a config dict.
+            config.json alone is fetched), a path to a config.json, a model folder, or a config dict;
+            or another tool's training config (an Axolotl or LLaMA-Factory YAML, a TRL /
+            TrainingArguments YAML or JSON: :mod:`memfit.interop`), planned as that tool runs it,
+            with ``knobs`` given here in place of the config's.
         revision: branch, tag or commit of a Hub id (default: main).
         gpu: a GPU catalog name (``rtx-4090``, ``a100-80gb``...) to check the plan against.
         budget: a memory budget instead of (or overriding the memory of) ``gpu``: ``"24GiB"``,
@@ -103,12 +109,19 @@ def plan(
         cache: read and keep the plan in the on-disk plan cache (:mod:`memfit.planner.cache`; also
             off with ``MEMFIT_PLAN_CACHE=0``). A plan from the cache is the plan this call would
             make, byte for byte, but for ``details.plan_seconds``.
+        deepspeed: a DeepSpeed config's settings (:class:`memfit.interop.deepspeed.ZeroSettings`):
+            with ``gpus`` > 1 and a ZeRO ``shard``, each rank is planned with DeepSpeed's buffers.
         **knobs: the :class:`~memfit.spec.RunSpec` fields: method, rank, alpha, dropout, targets,
             precision, optimizer, batch_size, seq_len, grad_accum, checkpointing, gpus, shard.
 
     Raises:
         PlanError: listing every problem with the input, before any simulation runs.
     """
+    from memfit.interop import is_tool_config
+
+    if is_tool_config(model):
+        return _plan_tool_config(str(model), revision=revision, gpu=gpu, budget=budget, context_bytes=context_bytes,
+                                 cublas_workspace_bytes=cublas_workspace_bytes, extrapolate=extrapolate, cache=cache, **knobs)
     started = time.perf_counter()
     resolved = _resolve(model, revision=revision, gpu=gpu, budget=budget, **knobs)
     key = None
@@ -117,13 +130,13 @@ def plan(
         # inputs that passed them (with the same code and libraries, which are in the key), so a
         # plan from the cache needs neither.
         key = _plan_key(resolved, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes,
-                        extrapolate=extrapolate)
+                        extrapolate=extrapolate, deepspeed=deepspeed.to_dict() if deepspeed is not None else None)
         cached = _cached_plan(key, resolved.spec, started)
         if cached is not None:
             return cached
     source, spec, target = _checked(resolved, cache=cache)
     runtime = runtime_overhead(target.arch, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes)
-    layout = reshape = None
+    layout = reshape = zero = None
     if spec.gpus > 1:
         from functools import partial
 
@@ -132,14 +145,15 @@ def plan(
         # One simulation of one rank's step (the same for every N and mode: it is cached); the
         # sharding arithmetic then decides what each rank holds at every candidate moment.
         layout = param_layout(source.config, spec)
-        reshape = partial(sharding.per_rank_categories, shard=spec.shard, gpus=spec.gpus, layout=layout)
+        zero = _zero_plan(deepspeed, source.config, spec, layout)
+        reshape = partial(sharding.per_rank_categories, shard=spec.shard, gpus=spec.gpus, layout=layout, zero=zero)
     estimate = estimate_step(source.config, spec, runtime.cublas_workspace_allocs, extrapolate=extrapolate, reshape=reshape,
                              arch=target.arch)
     if layout is not None and estimate["paged_peak_bytes"]:
         from memfit.planner import sharding
 
         # Paged optimizer states are optimizer states: sharded as the mode shards those.
-        ratio = sharding.state_ratios(spec.shard, spec.gpus, layout)["optimizer"]
+        ratio = sharding.state_ratios(spec.shard, spec.gpus, layout, zero)["optimizer"]
         estimate["paged_peak_bytes"] = int(math.ceil(estimate["paged_peak_bytes"] * ratio))
 
     categories = dict(estimate["categories"])
@@ -164,8 +178,8 @@ def plan(
         )
     if "math" in estimate["attention_kernels"]:
         notes.append(_math_attention_note(source.config, spec))
-    if target.supports_bf16 is False and spec.precision == "bf16":
-        notes.append(f"{target.card or target.name} has no bf16 support: use --precision fp16 (LoRA/QLoRA) or fp32")
+    if target.supports_bf16 is False and spec.precision in ("bf16", "bf16-mixed"):
+        notes.append(f"{target.card or target.name} has no bf16 support: use --precision fp16 (LoRA/QLoRA), fp16-mixed or fp32")
     details = {
         "total_params": estimate["total_params"],
         "trainable_params": estimate["trainable_params"],
@@ -180,10 +194,11 @@ def plan(
         "attention_kernels": list(estimate["attention_kernels"]),
         "batch_layout": estimate["batch_layout"],
         "input_embeddings": "host" if estimate["embeddings_on_host"] else "device",
+        "precision_regime": spec.precision_regime,
         "notes": notes,
     }
     if layout is not None:
-        _add_per_rank_details(details, spec, layout, estimate)
+        _add_per_rank_details(details, spec, layout, estimate, zero)
     if source.hub:
         details["hub"] = dict(source.hub)  # repo, revision and the commit whose config.json was planned
     details["plan_seconds"] = round(time.perf_counter() - started, 3)
@@ -267,8 +282,17 @@ class _Resolved:
 
 def validate(model: str | dict, *, revision: str | None = None, gpu: str | None = None, budget: str | int | None = None,
              **knobs: Any) -> tuple[ModelSource, RunSpec, _Target]:
-    """Check the model, every knob, the GPU and the budget; raise one PlanError listing all problems."""
+    """Check the model, every knob, the GPU and the budget; raise one PlanError listing all problems
+    (those found without transformers first, on their own: see :func:`_checked`)."""
     return _checked(_resolve(model, revision=revision, gpu=gpu, budget=budget, **knobs))
+
+
+def quick_problems(model: str | dict, *, revision: str | None = None, gpu: str | None = None,
+                   budget: str | int | None = None, **knobs: Any) -> list[str]:
+    """The problems :func:`validate` finds without importing transformers or torch: the model
+    argument, each knob alone and together, the GPU, the budget (a fraction of a second)."""
+    resolved = _resolve(model, revision=revision, gpu=gpu, budget=budget, **knobs)
+    return resolved.source_problems + resolved.spec_problems + resolved.target_problems
 
 
 def _resolve(model: str | dict, *, revision: str | None = None, gpu: str | None = None, budget: str | int | None = None,
@@ -317,46 +341,27 @@ def _resolve(model: str | dict, *, revision: str | None = None, gpu: str | None 
 
 def _checked(resolved: _Resolved, cache: bool = True) -> tuple[ModelSource, RunSpec, _Target]:
     """The other half of :func:`validate`: the checks that need the model's architecture (transformers)
-    and the knobs together; raise one PlanError listing every problem, in the order the user gave them.
+    and the knobs together; raise one PlanError listing every problem.
+
+    What the cheap half found (the model argument, a knob, the GPU, the budget) is raised first, on
+    its own, before transformers or torch is imported: those mistakes are reported in a fraction of
+    a second, and the checks that need the model's architecture run once they are fixed.
 
     Inputs that passed are remembered in the plan cache (``cache``): the checks depend on nothing but
     the model's config, the knobs and the code (all in the key), so the next time the same inputs
     pass without importing transformers.
     """
+    if resolved.has_problems:
+        raise PlanError(resolved.source_problems + resolved.spec_problems + resolved.target_problems)
     from memfit.planner import cache as plan_cache
 
     key = _validation_key(resolved) if cache else None
     if key is not None and plan_cache.load("validated", key) is True:
         return resolved.source, resolved.spec, resolved.target
-    problems = list(resolved.source_problems)
-    source, spec, knobs = resolved.source, resolved.spec, resolved.knobs
-    if source is not None:
-        problem = model_type_problem(source.config)
-        if problem:
-            problems.append(f"model: {problem}")
-            source = None  # nothing more can be checked against a model transformers cannot build
-    if resolved.spec_problems:
-        problems.extend(resolved.spec_problems)
-        # The model's own checks (sequence length, LoRA targets) still run, with the knobs that are
-        # good on their own, so that every problem is reported in this one pass.
-        good = {}
-        for name, value in knobs.items():
-            try:
-                make_spec(**{name: value})
-                good[name] = value
-            except SpecError:
-                continue
-        try:
-            partial = make_spec(**good)
-        except SpecError:
-            partial = None
-        if source is not None and partial is not None:
-            bad = {name for name, value in knobs.items() if value is not None and name not in good}
-            # A knob given with a bad value is reported once, not again through its default.
-            problems.extend(p for p in _model_problems(source, partial) if not any(p.startswith(flag(n) + ":") for n in bad))
-    problems.extend(resolved.target_problems)
-    if source is not None and spec is not None:
-        problems.extend(_model_problems(source, spec))
+    source, spec = resolved.source, resolved.spec
+    problem = model_type_problem(source.config)
+    # Nothing more can be checked against a model transformers cannot build.
+    problems = [f"model: {problem}"] if problem else _model_problems(source, spec)
     if problems:
         raise PlanError(problems)
     if key is not None:
@@ -365,8 +370,7 @@ def _checked(resolved: _Resolved, cache: bool = True) -> tuple[ModelSource, RunS
 
 
 def _validation_key(resolved: _Resolved) -> str | None:
-    """The cache key of what :func:`_checked` checks (None when a cheap check failed already: those
-    inputs are checked afresh, so that every problem is reported)."""
+    """The cache key of what :func:`_checked` checks (None when a cheap check failed already)."""
     from memfit.planner import cache as plan_cache
 
     if resolved.has_problems or not plan_cache.enabled():
@@ -439,19 +443,20 @@ def targets_problem(config: dict[str, Any], spec: RunSpec, spelling: str = "flag
 
     try:
         with _quiet():
-            model = build_meta_model(make_config(config, num_layers=1), DTYPES[spec.precision])
+            model = build_meta_model(make_config(config, num_layers=1), DTYPES[spec.weight_precision])
         check_targets(model, spec, spelling)
     except ModelBuildError as err:
         return str(err)
     return None
 
 
-def _add_per_rank_details(details: dict[str, Any], spec: RunSpec, layout, estimate: dict[str, Any]) -> None:
-    """What a multi-GPU plan adds: it is per rank, the mode planned, model states before and after."""
+def _add_per_rank_details(details: dict[str, Any], spec: RunSpec, layout, estimate: dict[str, Any], zero=None) -> None:
+    """What a multi-GPU plan adds: it is per rank, the mode planned, model states before and after,
+    and DeepSpeed's buffers by name where a DeepSpeed config shards the run."""
     from memfit.planner import sharding
 
     shard = sharding.effective_shard(spec.shard, spec.gpus)
-    states = sharding.model_state_bytes(estimate["single_gpu_categories"], shard=shard, gpus=spec.gpus, layout=layout)
+    states = sharding.model_state_bytes(estimate["single_gpu_categories"], shard=shard, gpus=spec.gpus, layout=layout, zero=zero)
     details["per_rank"] = True
     details["shard"] = shard
     details["model_state_bytes"] = states
@@ -461,11 +466,54 @@ def _add_per_rank_details(details: dict[str, Any], spec: RunSpec, layout, estima
     details["host_peak_bytes"] += states["per_rank_host_bytes"]
     if spec.shard == "none":
         details["notes"].append(f"--gpus {spec.gpus} with --shard none is plain data parallel: planned as ddp")
-    if shard == "zero3":
+    if zero is not None:
+        details["deepspeed"] = zero.to_dict()
+        details["notes"].append(
+            f"DeepSpeed ZeRO stage {zero.settings.stage} ({zero.settings.path}): its buffers per GPU are in the plan by name "
+            "(details.deepspeed); weights gathered a decoder layer at a time (DeepSpeed fetches module by module)"
+        )
+    elif shard == "zero3":
         details["notes"].append("zero3 is planned as fsdp (FSDP2, one decoder layer gathered at a time, next one prefetched)")
     details["notes"].append(
         f"per GPU, each of {spec.gpus} ranks; NCCL buffers ({sharding.NCCL_RUNTIME_BYTES // 2**20} MiB in runtime) are an estimate"
     )
+
+
+def _zero_plan(settings: Any, config: dict[str, Any], spec: RunSpec, layout):
+    """DeepSpeed's buffers for one rank (:mod:`memfit.planner.zero`), or None where the run is not
+    sharded by a DeepSpeed config."""
+    from memfit.planner.sharding import effective_shard
+    from memfit.planner.zero import ZeroPlan, uses_zero, zero_terms
+
+    if not uses_zero(settings, effective_shard(spec.shard, spec.gpus)):
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    hidden_size = int(config.get("hidden_size") or text.get("hidden_size") or 0)
+    num_layers = int(config.get("num_hidden_layers") or text.get("num_hidden_layers") or 1)
+    resolved = settings.resolved(hidden_size)
+    sixteen = {True: True, False: False}.get(resolved.bf16 or resolved.fp16, spec.precision != "fp32")
+    itemsize = 2 if sixteen else 4
+    trainable_itemsize = 4 if spec.uses_adapters or spec.precision == "fp32" else 2
+    terms = zero_terms(resolved, gpus=spec.gpus, layout=layout, num_layers=num_layers, itemsize=itemsize,
+                       trainable_itemsize=trainable_itemsize)
+    return ZeroPlan(resolved, tuple(terms))
+
+
+def _plan_tool_config(path: str, *, revision: str | None = None, **options: Any) -> MemoryPlan:
+    """:func:`plan` of another tool's config (:func:`memfit.interop.read_tool_config`): its model and
+    knobs, the options given here in place of the config's, its DeepSpeed settings where they shard
+    the run; the plan says what was read and what is not modelled (``details.config``)."""
+    from memfit.interop import read_tool_config
+
+    plan_options = {k: options.pop(k) for k in ("gpu", "budget", "context_bytes", "cublas_workspace_bytes", "extrapolate", "cache")}
+    tool = read_tool_config(path)
+    knobs, dropped = tool.knobs_for(options)
+    deepspeed = tool.zero if tool.zero is not None and knobs.get("shard") == tool.shard else None
+    result = plan(tool.model, revision=revision or tool.revision, deepspeed=deepspeed, **plan_options, **knobs)
+    config = tool.to_dict(given=options)
+    config["not_modelled"] += [f.to_dict() for f in dropped]
+    result.details = dict(result.details, config=config)
+    return result
 
 
 def estimate_step(
@@ -752,7 +800,7 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
     (4-bit packing for QLoRA, LoRA adapters), so the bytes are those of the real parameters; the
     decoder layers are then counted as often as the full depth repeats them.
     """
-    key = (json.dumps(config, sort_keys=True, default=str), spec.method, spec.rank, tuple(spec.targets), spec.precision)
+    key = (json.dumps(config, sort_keys=True, default=str), spec.method, spec.rank, tuple(spec.targets), spec.weight_precision)
     cached = _LAYOUT_CACHE.get(key)
     if cached is not None:
         return cached
@@ -768,7 +816,7 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
     sampled = min(period, num_layers)
     layer_spec = spec.model_copy(update={"checkpointing": "off", "gpus": 1, "shard": "none"})
     with _quiet(), bitsandbytes_only_if_used(layer_spec):
-        model = prepare_for_method(build_meta_model(make_config(config, num_layers=sampled), DTYPES[spec.precision]), layer_spec)
+        model = prepare_for_method(build_meta_model(make_config(config, num_layers=sampled), DTYPES[spec.weight_precision]), layer_spec)
     layers = decoder_layers(model)
     in_layer = {}
     for index, layer in enumerate(layers):
@@ -828,15 +876,17 @@ def memory_lower_bound(config: dict[str, Any], spec: RunSpec, context_bytes: int
     if spec.optimizer == "adamw":
         states = 2 * layout.total_bytes(trainable=True)  # exp_avg and exp_avg_sq, in the parameter's dtype
     else:
-        itemsize = {"fp32": 4}.get(spec.precision, 2)
+        itemsize = {"fp32": 4}.get(spec.weight_precision, 2)
         states = _STATE_BYTES_PER_ELEMENT_AT_LEAST[spec.optimizer] * (layout.total_bytes(trainable=True) // itemsize)
     return weights + gradients + states + context_bytes
 
 
 def proven_over_budget(model: str | dict, *, revision: str | None = None, gpu: str | None = None,
-                       budget: str | int | None = None, context_bytes: int | None = None, **knobs: Any) -> bool:
+                       budget: str | int | None = None, context_bytes: int | None = None, deepspeed: Any = None,
+                       **knobs: Any) -> bool:
     """True when the plan of these arguments (:func:`plan`'s) cannot fit its GPU or budget, proven by
-    :func:`memory_lower_bound` without a simulation; False when it may fit, or nothing is proven."""
+    :func:`memory_lower_bound` without a simulation; False when it may fit, or nothing is proven
+    (the floor is worked out for one GPU, where ``deepspeed`` never applies)."""
     from memfit.planner import cache as plan_cache
 
     resolved = _resolve(model, revision=revision, gpu=gpu, budget=budget, **knobs)
@@ -859,10 +909,12 @@ def proven_over_budget(model: str | dict, *, revision: str | None = None, gpu: s
 def _math_attention_note(config: dict[str, Any], spec: RunSpec) -> str:
     """The cost of CUDA's math attention kernel at this length, and how to avoid it."""
     heads = int(config.get("num_attention_heads") or 1)
-    itemsize = {"fp32": 4}.get(spec.precision, 2)
+    # Attention runs in the autocast format under a mixed precision, else in the weights' format.
+    compute = spec.autocast_precision or spec.weight_precision
+    itemsize = {"fp32": 4}.get(compute, 2)
     scores = spec.batch_size * heads * spec.seq_len * spec.seq_len * itemsize
-    why = "fp32 has no flash kernel" if spec.precision == "fp32" else "this GPU has no flash kernel"
-    fixes = ["--precision bf16 (flash kernel)"] if spec.precision == "fp32" else []
+    why = "fp32 has no flash kernel" if compute == "fp32" else "this GPU has no flash kernel"
+    fixes = ["--precision bf16 or bf16-mixed (flash kernel)"] if compute == "fp32" else []
     if spec.recipe == "hf":
         fixes.append("memfit's step (--recipe memfit: its attention expands grouped-query heads for the memory-efficient kernel)")
     else:

@@ -18,9 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from memfit.json_form import JsonForm
 from memfit.planner.report import MemoryPlan
 from memfit.planner.search import CHECKPOINTING_FAST_FIRST, OPTIMIZERS_LEAN_FIRST, _micro_batches, largest_micro_batch
 from memfit.planner.throughput import relative_speeds
+from memfit.spec import upper_bound
 from memfit.units import format_bytes
 
 #: Knobs the search may set; everything else of the run is kept as given.
@@ -28,7 +30,7 @@ SEARCHED = ("batch_size", "grad_accum", "checkpointing", "tiling", "optimizer")
 
 
 @dataclass
-class RunFit:
+class RunFit(JsonForm):
     """The configuration chosen for a run, the runner-up, and why."""
 
     chosen: MemoryPlan
@@ -41,7 +43,7 @@ class RunFit:
         """The searched knobs of the chosen configuration."""
         return {k: self.chosen.spec[k] for k in SEARCHED}
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         def summary(plan: MemoryPlan | None) -> dict[str, Any] | None:
             if plan is None:
                 return None
@@ -76,7 +78,9 @@ def fit_run(
     from memfit.planner.api import plan
 
     effective = int(knobs.get("batch_size", 1)) * int(knobs.get("grad_accum", 1))
-    micro_batches = _micro_batches(effective)  # ascending
+    # Ascending; a split needs an accumulation the knobs allow (an effective batch above that bound
+    # cannot start at micro-batch 1).
+    micro_batches = [b for b in _micro_batches(effective) if effective // b <= upper_bound("grad_accum")]
     optimizers = [knobs.get("optimizer", "adamw")]
     if allow_optimizer:
         optimizers += [o for o in OPTIMIZERS_LEAN_FIRST[knobs.get("method", "lora")][::-1] if o not in optimizers]
@@ -100,7 +104,7 @@ def fit_run(
                 def plan_at(batch: int, accum: int, settings=dict(checkpointing=checkpointing, tiling=tiling, optimizer=optimizer)) -> MemoryPlan:
                     return planned(batch_size=batch, grad_accum=accum, **settings)
 
-                smallest = plan_at(1, effective)
+                smallest = plan_at(micro_batches[0], effective // micro_batches[0])
                 if not smallest.fits:
                     continue
                 best = largest_micro_batch(plan_at, micro_batches, effective, smallest)

@@ -1,10 +1,11 @@
-"""The plan a user reads: :class:`MemoryPlan`, its JSON form and its Rich table."""
+"""The plan a user reads: :class:`MemoryPlan`, its JSON forms and its Rich table."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from memfit.json_form import JsonForm
 from memfit.planner.categories import CATEGORIES
 from memfit.units import format_bytes
 
@@ -21,7 +22,7 @@ CATEGORY_HELP = {
 
 
 @dataclass
-class MemoryPlan:
+class MemoryPlan(JsonForm):
     """Predicted peak GPU memory of one training step, per GPU.
 
     ``categories`` are taken at the moment of peak allocated memory, plus the allocator's reserve and
@@ -40,8 +41,9 @@ class MemoryPlan:
     headroom_bytes: int | None = None
     details: dict[str, Any] = field(default_factory=dict)
 
-    def to_json(self) -> dict[str, Any]:
-        """The stable JSON form (the keys documented in docs/plan.md; scripts rely on them)."""
+    def to_dict(self) -> dict[str, Any]:
+        """The stable JSON form as a dict (the keys documented in docs/plan.md; scripts rely on them);
+        ``to_json(indent=...)`` gives it as JSON text."""
         return {
             "model": self.model,
             "spec": dict(self.spec),
@@ -59,11 +61,14 @@ class MemoryPlan:
         }
 
     def render(self, console=None) -> None:
-        """Print the plan as Rich tables to ``console`` (a new Console by default)."""
-        from rich.console import Console
+        """Print the plan as Rich tables to ``console`` (by default :func:`memfit.console.make_console`'s:
+        the terminal's width, or whole lines in a pipe)."""
         from rich.table import Table
 
-        console = console or Console()
+        from memfit.console import make_console
+        from memfit.spec import precision_regime
+
+        console = console or make_console()
         spec = self.spec
         title = (
             f"[bold]{self.model}[/] · {spec['method']}"
@@ -75,7 +80,16 @@ class MemoryPlan:
         d = self.details
         if d.get("per_rank"):
             title += f" · [bold]per GPU[/], {spec['gpus']} GPUs, shard {d['shard']}"
-        table = Table(title=title, title_justify="left", show_footer=True)
+        if d.get("config"):
+            from memfit.interop.summary import headline
+
+            console.print(headline(d["config"]), highlight=False, markup=False, soft_wrap=True)
+        # The header is a line of its own, not the table's title: a title wraps at the table's width,
+        # and in a pipe or a file (no terminal, no width) the header must stay one line for grep.
+        console.print(title, highlight=False)
+        # What the precision means (pure or mixed, which format holds what), on a line of its own.
+        console.print(precision_regime(spec["method"], spec["precision"], spec.get("recipe", "memfit")), highlight=False)
+        table = Table(show_footer=True)
         table.add_column("category", footer="device total")
         table.add_column("at peak, per GPU" if self.details.get("per_rank") else "at peak", justify="right",
                          footer=format_bytes(self.device_total_bytes))
@@ -129,6 +143,11 @@ class MemoryPlan:
                 console.print(f"[red]does not fit[/] {name} ({cap}): {format_bytes(-self.headroom_bytes)} over. Try {tips}.")
         for note in d.get("notes", []):
             console.print(f"[dim]note: {note}[/]")
+        if d.get("config"):
+            from memfit.interop.summary import detail_lines
+
+            for line in detail_lines(d["config"]):
+                console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
 def step_features(spec: dict[str, Any], details: dict[str, Any] | None = None) -> list[str]:
@@ -167,6 +186,8 @@ def suggestions(spec: dict[str, Any]) -> list[str]:
         tips.append("--method lora")
     elif spec["method"] == "lora":
         tips.append("--method qlora")
+    if spec["method"] == "full" and spec["precision"] in ("bf16-mixed", "fp16-mixed"):
+        tips.append("--precision bf16 (pure bf16: half the bytes of fp32 weights, gradients and optimizer states)")
     if spec["method"] == "full" and spec["optimizer"] == "adamw":
         tips.append("--optimizer adamw8bit")
     if spec["method"] == "full" and spec["grad_accum"] == 1 and not spec.get("step_in_backward"):

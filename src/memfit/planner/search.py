@@ -16,15 +16,17 @@ memory:
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from memfit.planner.api import PlanError, plan, proven_over_budget, validate, validation_state
+from memfit.json_form import JsonForm
+from memfit.planner.api import PlanError, plan, proven_over_budget, quick_problems, validate, validation_state
 from memfit.planner.report import MemoryPlan
 from memfit.planner.sharding import mode_problems
 from memfit.planner.throughput import relative_speeds
-from memfit.spec import TILING_AUTO_TOKENS, TRAINED_SHARD_MODES, choices
+from memfit.spec import TILING_AUTO_TOKENS, TRAINED_SHARD_MODES, choices, upper_bound
 
 METHODS = choices("method")
 #: Fastest first; each next one needs less memory.
@@ -54,16 +56,16 @@ def gpu_levels(gpus: int, shard: str | None) -> list[tuple[int, str]]:
 
 
 @dataclass
-class Fit:
+class Fit(JsonForm):
     """A configuration that fits, its plan and its estimated relative speed."""
 
     spec: dict[str, Any]
     plan: MemoryPlan
     relative_speed: float = 0.0
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"spec": self.spec, "gpus": self.spec.get("gpus", 1), "shard": self.plan.details.get("shard", self.spec.get("shard", "none")),
-                "per_rank": bool(self.plan.details.get("per_rank")), "peak": self.plan.to_json()["peak"],
+                "per_rank": bool(self.plan.details.get("per_rank")), "peak": self.plan.to_dict()["peak"],
                 "relative_speed": round(self.relative_speed, 4), "headroom_bytes": self.plan.headroom_bytes}
 
 
@@ -82,7 +84,7 @@ class Miss:
 
 
 @dataclass
-class FitResult:
+class FitResult(JsonForm):
     """Everything `memfit fit` reports."""
 
     model: str
@@ -95,12 +97,14 @@ class FitResult:
     seconds: float = 0.0
     max_gpus: int = 1
     notes: list[str] = field(default_factory=list)  # how the model's config was obtained, when worth saying
+    config: dict[str, Any] | None = None  # another tool's config fitted (memfit.interop), as read
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form as a dict (docs/fit.md); ``to_json(indent=...)`` gives it as JSON text."""
         return {
             "model": self.model,
             "gpu": self.gpu,
-            "fits": [f.to_json() for f in self.fits],
+            "fits": [f.to_dict() for f in self.fits],
             "max_seq_len": dict(self.max_seq_len),
             "details": {
                 "max_gpus": self.max_gpus,
@@ -111,6 +115,7 @@ class FitResult:
                 "seconds": round(self.seconds, 2),
                 "relative_speed": "an estimate (memfit.planner.throughput), not a measurement",
                 **({"notes": list(self.notes)} if self.notes else {}),
+                **({"config": self.config} if self.config else {}),
             },
         }
 
@@ -125,6 +130,7 @@ class _Planner:
         self.count = 0
         self.progress = progress or (lambda message: None)
         self.supports_bf16 = True
+        self.optimizers = OPTIMIZERS_LEAN_FIRST  # the optimizers tried for each method, leanest first
 
     def precision_for(self, method: str) -> str:
         """bf16 where the card has it; otherwise fp16 for adapters and fp32 for full fine-tuning."""
@@ -181,21 +187,29 @@ def fit(
     *,
     gpu: str | None = None,
     budget: str | int | None = None,
-    batch_size: int = 8,
+    batch_size: int | None = None,
     seq_len: int | None = None,
     methods: tuple[str, ...] | None = None,
     max_seq_len: bool = True,
     progress: Callable[[str], None] | None = None,
     workers: int | None = None,
     revision: str | None = None,
+    optimizers: dict[str, tuple[str, ...]] | None = None,
+    deepspeed: Any = None,
+    plans_expected: Callable[[int], None] | None = None,
     found: Callable[[str, list[Fit]], None] | None = None,
     **knobs: Any,
 ) -> FitResult:
     """Find the configurations of ``model`` that fit ``gpu`` (or ``budget``), fastest first.
 
+    ``model`` may be another tool's training config (:mod:`memfit.interop`): its method, knobs,
+    effective batch and sequence length are kept (``methods``, ``batch_size``, ``seq_len`` and the
+    knobs given here replace them) and its micro-batch, accumulation, checkpointing and optimizer
+    are searched, with the Hugging Face step it runs; the result keeps what was read (``config``).
+
     Args:
         batch_size: the effective batch (sequences per optimizer step) to keep: each fit splits it
-            into a micro-batch and gradient accumulation.
+            into a micro-batch and gradient accumulation (default 8).
         seq_len: sequence length to hold fixed (default: 2048, or the model's maximum if smaller).
         methods: restrict the search to these methods (default: full, lora, qlora).
         max_seq_len: also find the longest sequence each method fits (micro-batch 1).
@@ -206,15 +220,33 @@ def fit(
         workers: processes to search the methods in (default: one per method, at most one per CPU
             core); each method's search is independent of the others.
         revision: branch, tag or commit of a Hugging Face Hub id (default: main).
+        optimizers: the optimizers to try for a method, leanest first, where not
+            :data:`OPTIMIZERS_LEAN_FIRST`'s.
+        deepspeed: a DeepSpeed config's settings, for the plans on several GPUs that its ZeRO stage
+            shards (:func:`memfit.planner.api.plan`).
+        progress: called with each plan's description as it starts (from the worker processes too).
+        plans_expected: called once, when the inputs are validated and before the first plan, with
+            about how many plans the search will make (:func:`expected_plans`).
         found: called with a method and its fits (not yet ranked: speeds are relative to the
             fastest fit of all methods) as soon as that method's search ends.
         knobs: fixed RunSpec knobs passed through (rank, alpha, targets, precision...). Without a
             precision, bf16 is used where the GPU supports it, else fp16 (LoRA, QLoRA) or fp32 (full).
     """
+    from memfit.interop import is_tool_config
+
+    if is_tool_config(model):
+        return _fit_tool_config(str(model), gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len, methods=methods,
+                                max_seq_len=max_seq_len, progress=progress, workers=workers, revision=revision, **knobs)
+    batch_size = 8 if batch_size is None else batch_size
     started = time.perf_counter()
     problems = []
     if gpu is None and budget is None:
         problems.append("fit needs --gpu NAME or --budget SIZE (e.g. --gpu rtx-4090 or --budget 24GiB)")
+    most = upper_bound("grad_accum")
+    if isinstance(batch_size, int) and batch_size > most:
+        # Every method's search starts at micro-batch 1 with the whole batch accumulated.
+        problems.append(f"--batch-size: {batch_size} must be at most {most}: fit plans micro-batch 1 with the whole effective "
+                        f"batch accumulated, and --grad-accum is at most {most} (e.g. --batch-size 8)")
     methods = tuple(methods or METHODS)
     bad = [m for m in methods if m not in METHODS]
     if bad:
@@ -223,16 +255,19 @@ def fit(
         if fixed in knobs:
             problems.append(f"--{fixed.replace('_', '-')} is chosen by the search; leave it out")
     workers = _worker_count(len(methods)) if workers is None else max(1, workers)
-    if workers > 1 and not problems and validation_state(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size,
-                                                         seq_len=seq_len or 1, **knobs) == "unknown":
+    inputs = dict(revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
+    if workers > 1 and not problems and validation_state(model, **inputs) == "unknown":
         # Inputs never seen: the plans will be made, in worker processes. Their imports start now,
         # beside this process's validation, instead of after it.
         _start_worker_server()
     # Validate everything once, before any simulation; every problem is reported together.
-    try:
-        source, _, target = validate(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
-    except PlanError as err:
-        problems.extend(err.problems)
+    if problems:  # with what else is wrong, found without importing transformers: the rest waits for the fixes
+        problems.extend(quick_problems(model, **inputs))
+    else:
+        try:
+            source, _, target = validate(model, **inputs)
+        except PlanError as err:
+            problems.extend(err.problems)
     if problems:
         raise PlanError(problems, heading="cannot search this model")
     if isinstance(model, str) and (source.hub or source.note):
@@ -248,9 +283,13 @@ def fit(
         from memfit.models.gpus import get_gpu
 
         supports_bf16 = get_gpu(gpu).supports_bf16
-    job = _MethodJob(model=model, target={"gpu": gpu, "budget": budget}, base=dict(knobs, seq_len=seq_len),
+    plan_target = {"gpu": gpu, "budget": budget, **({"deepspeed": deepspeed} if deepspeed is not None else {})}
+    job = _MethodJob(model=model, target=plan_target, base=dict(knobs, seq_len=seq_len),
                      supports_bf16=supports_bf16, effective_batch=batch_size,
-                     seq_limit=(max_positions or 131072) if max_seq_len else 0, levels=levels)
+                     seq_limit=(max_positions or 131072) if max_seq_len else 0, levels=levels,
+                     optimizers=dict(OPTIMIZERS_LEAN_FIRST, **(optimizers or {})))
+    if plans_expected is not None:
+        plans_expected(expected_plans(len(methods), batch_size, longest=bool(job.seq_limit)))
     found = found or (lambda method, fits: None)
     if workers > 1:
         outcomes = _run_parallel(job, methods, workers, progress, found)
@@ -290,6 +329,34 @@ def fit(
     )
 
 
+#: Knobs the search chooses: a config's values of them are where the search starts from, not fixed.
+_SEARCHED = ("method", "checkpointing", "optimizer", "grad_accum", "batch_size", "seq_len", "tiling")
+
+
+def _fit_tool_config(path: str, *, batch_size: int | None, seq_len: int | None, methods: tuple[str, ...] | None,
+                     revision: str | None = None, **options: Any) -> FitResult:
+    """:func:`fit` of another tool's config: its model, its method (unless ``methods``), its effective
+    batch and sequence length (unless given), its other knobs fixed, and DeepSpeed's buffers where
+    its DeepSpeed config shards the run."""
+    from memfit.interop import read_tool_config
+
+    search = {k: options.pop(k) for k in ("gpu", "budget", "max_seq_len", "progress", "workers")}
+    tool = read_tool_config(path)
+    knobs, dropped = tool.knobs_for(options)
+    config_batch = int(knobs.get("batch_size", 1)) * int(knobs.get("grad_accum", 1))
+    fixed = {k: v for k, v in knobs.items() if k not in _SEARCHED}
+    # Adapters' optimizer states are small: the config's optimizer is kept (full fine-tuning's is searched).
+    optimizers = {m: (knobs["optimizer"],) for m in ("lora", "qlora")} if knobs.get("optimizer") else None
+    sharded = int(fixed.get("gpus", 1) or 1) > 1 and fixed.get("shard") == tool.shard
+    result = fit(tool.model, revision=revision or tool.revision, batch_size=batch_size or config_batch,
+                 seq_len=seq_len or knobs.get("seq_len"), methods=methods or (knobs.get("method", "lora"),),
+                 optimizers=optimizers, deepspeed=tool.zero if sharded else None, **search, **fixed)
+    config = tool.to_dict(given=options)
+    config["not_modelled"] += [f.to_dict() for f in dropped]
+    result.config = config
+    return result
+
+
 @dataclass
 class _MethodOutcome:
     method: str
@@ -311,6 +378,7 @@ class _MethodJob:
     effective_batch: int
     seq_limit: int  # 0: do not search the longest sequence
     levels: list[tuple[int, str]] = field(default_factory=lambda: [(1, "none")])
+    optimizers: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(OPTIMIZERS_LEAN_FIRST))
 
     def planner(self, progress: Callable[[str], None] | None = None, gpus: int = 1, shard: str = "none") -> "_Planner":
         base = dict(self.base)
@@ -318,6 +386,7 @@ class _MethodJob:
             base.update(gpus=gpus, shard=shard)
         planner = _Planner(self.model, self.target, base, progress)
         planner.supports_bf16 = self.supports_bf16
+        planner.optimizers = self.optimizers
         return planner
 
     def run(self, method: str, progress: Callable[[str], None] | None = None) -> _MethodOutcome:
@@ -476,7 +545,7 @@ def _search_method(planner: _Planner, method: str, effective_batch: int) -> tupl
     for checkpointing in CHECKPOINTING_FAST_FIRST:
         chosen = None
         # 32-bit AdamW first (exact); then lighter states, leanest last.
-        for optimizer in OPTIMIZERS_LEAN_FIRST[method][::-1]:
+        for optimizer in planner.optimizers[method][::-1]:
             if mode_problems(planner.base.get("shard", "none"), planner.base.get("gpus", 1), optimizer):
                 continue  # cannot run with this shard mode
             knobs = dict(method=method, optimizer=optimizer, checkpointing=checkpointing, batch_size=1, grad_accum=effective_batch)
@@ -500,6 +569,20 @@ def _search_method(planner: _Planner, method: str, effective_batch: int) -> tupl
         if best.spec["batch_size"] == options[-1]:
             break
     return fits, misses
+
+
+def expected_plans(methods: int, effective_batch: int, *, longest: bool = True) -> int:
+    """About how many plans :func:`fit` makes for ``methods`` methods: an estimate for its progress
+    line, not a bound (a search proven short by the model states' floor makes fewer; one that needs
+    several GPU counts, more).
+
+    Per method: the first setting that fits at micro-batch 1, often after a faster one that does
+    not; the largest micro-batch, a guess confirmed in about log2 of the splits of the effective
+    batch; and the longest sequence, two plans for the slope and a few to close in on the boundary.
+    """
+    splits = len(_micro_batches(effective_batch))
+    per_method = 2 + math.ceil(math.log2(splits)) + (4 if longest else 0)
+    return methods * per_method
 
 
 def _micro_batches(effective_batch: int) -> list[int]:
@@ -598,7 +681,7 @@ def _longest_sequence(planner: _Planner, method: str, limit: int, effective_batc
     settings (offloaded checkpointing, tiling on, its leanest optimizer).
     Returns (0, None) when not even SEQ_STEP tokens fit.
     """
-    lean = [o for o in OPTIMIZERS_LEAN_FIRST[method]
+    lean = [o for o in planner.optimizers[method]
             if not mode_problems(planner.base.get("shard", "none"), planner.base.get("gpus", 1), o)]
     # Tiling on at every length: the leanest setting, and it keeps memory monotonic in the length
     # (with auto, lengths just below TILING_AUTO_TOKENS can need more than the threshold itself).

@@ -43,9 +43,13 @@ Behaviour modelled (PyTorch's documentation of ``fully_shard`` and ``Distributed
 Where the extra buffers are counted: gathered parameters and reduce-scatter buffers are transient
 tensors of the caching allocator (``temporaries``); DDP's buckets hold gradients for the whole run
 (``gradients``); NCCL's own buffers are allocated outside PyTorch's allocator (``runtime``).
-zero3 is planned as fsdp; DeepSpeed's own bucket settings (``reduce_bucket_size``,
-``stage3_prefetch_bucket_size``...) are not modelled. No mode adds fp32 master weights: the
-optimizer states are the ones memfit's step keeps (pure bf16 AdamW: 2 + 2 + 4 bytes a parameter).
+zero3 is planned as fsdp. A run that names a DeepSpeed config is planned with DeepSpeed's own
+buffers instead (its reduce buckets, prefetch and reuse settings, offload: :mod:`memfit.planner.zero`,
+passed here as ``zero``). No mode adds master weights of its own: the states are the ones memfit's
+step keeps (pure bf16 AdamW: 2 + 2 + 4 bytes a parameter; bf16-mixed: fp32 weights, gradients and
+states, 4 + 4 + 8). Under a mixed precision the fp32 weights are gathered as they are; autocast's
+16-bit copies, made after the gather, are the step's own temporaries, counted whole on every rank
+as the single-GPU simulation holds them.
 """
 
 from __future__ import annotations
@@ -90,7 +94,8 @@ class ParamGroup:
 class ParamLayout:
     """The parameters of the whole model and the per-layer sizes the communication buffers need.
 
-    Bytes are in the parameters' storage dtype (memfit computes in it: no mixed-precision casts).
+    Bytes are in the parameters' storage dtype (fp32 for full fine-tuning under a mixed precision:
+    FSDP gathers the fp32 weights, autocast casts them afterwards).
     """
 
     groups: tuple[ParamGroup, ...]
@@ -116,8 +121,18 @@ def effective_shard(shard: str, gpus: int) -> str:
     return "ddp" if gpus > 1 and shard == "none" else shard
 
 
-def state_ratios(shard: str, gpus: int, layout: ParamLayout) -> dict[str, float]:
-    """Fraction of each model-state category that stays on a rank's GPU (1 where not sharded)."""
+def state_ratios(shard: str, gpus: int, layout: ParamLayout, zero=None) -> dict[str, float]:
+    """Fraction of each model-state category that stays on a rank's GPU (1 where not sharded);
+    ``zero`` (a :class:`memfit.planner.zero.ZeroPlan`): DeepSpeed's offload moves states to the host."""
+    from memfit.planner.zero import uses_zero, zero_ratios
+
+    ratios = _mode_ratios(shard, gpus, layout)
+    if uses_zero(getattr(zero, "settings", None), effective_shard(shard, gpus)):
+        ratios = zero_ratios(zero.settings, ratios)
+    return ratios
+
+
+def _mode_ratios(shard: str, gpus: int, layout: ParamLayout) -> dict[str, float]:
     shard = effective_shard(shard, gpus)
     frozen, trainable = layout.shard_ratio(False, gpus), layout.shard_ratio(True, gpus)
     ratios = dict.fromkeys(_STATES, 1.0)
@@ -132,13 +147,20 @@ def state_ratios(shard: str, gpus: int, layout: ParamLayout) -> dict[str, float]
     return ratios
 
 
-def extra_buffers(shard: str, gpus: int, phase: str, layout: ParamLayout) -> dict[str, int]:
-    """Device bytes a mode adds to a rank at a moment of ``phase``, by the category they count in."""
+def extra_buffers(shard: str, gpus: int, phase: str, layout: ParamLayout, zero=None) -> dict[str, int]:
+    """Device bytes a mode adds to a rank at a moment of ``phase``, by the category they count in
+    (DeepSpeed's buffers in place of PyTorch's with ``zero``, a :class:`memfit.planner.zero.ZeroPlan`)."""
+    from memfit.planner.zero import extra_bytes, uses_zero
+
     shard = effective_shard(shard, gpus)
     extra = {"gradients": 0, "temporaries": 0, "runtime": 0}
     if shard == "none":
         return extra
     extra["runtime"] = NCCL_RUNTIME_BYTES
+    if uses_zero(getattr(zero, "settings", None), shard):
+        for category, nbytes in extra_bytes(zero.terms, phase).items():
+            extra[category] = extra.get(category, 0) + nbytes
+        return extra
     if shard in ("ddp", "zero1"):
         extra["gradients"] = ddp_bucket_bytes(layout.total_bytes(True))
     if phase not in ("forward", "backward"):
@@ -167,20 +189,21 @@ def ddp_bucket_bytes(gradient_bytes: int, bucket_bytes: int = DDP_BUCKET_BYTES) 
     return full * block(bucket_bytes) + (block(rest) if rest else 0)
 
 
-def per_rank_categories(categories: dict[str, int], phase: str, *, shard: str, gpus: int, layout: ParamLayout) -> dict[str, int]:
+def per_rank_categories(categories: dict[str, int], phase: str, *, shard: str, gpus: int, layout: ParamLayout,
+                        zero=None) -> dict[str, int]:
     """One rank's live bytes by category, from the single-GPU categories at a moment of ``phase``."""
     if gpus <= 1:
         return dict(categories)
-    ratios = state_ratios(shard, gpus, layout)
+    ratios = state_ratios(shard, gpus, layout, zero)
     out = {}
     for name, value in categories.items():
         out[name] = math.ceil(value * ratios[name]) if name in ratios else int(value)
-    for name, value in extra_buffers(shard, gpus, phase, layout).items():
+    for name, value in extra_buffers(shard, gpus, phase, layout, zero).items():
         out[name] = out.get(name, 0) + value
     return out
 
 
-def model_state_bytes(categories: dict[str, int], *, shard: str, gpus: int, layout: ParamLayout) -> dict[str, int]:
+def model_state_bytes(categories: dict[str, int], *, shard: str, gpus: int, layout: ParamLayout, zero=None) -> dict[str, int]:
     """Model states (weights, trainable, all gradients, optimizer) before and after sharding.
 
     ``categories`` are the single-GPU categories at its peak (optimizer states are in place then);
@@ -192,9 +215,12 @@ def model_state_bytes(categories: dict[str, int], *, shard: str, gpus: int, layo
     if effective_shard(shard, gpus) == "fsdp-offload":
         host = sum(int(v * r) for v, r in zip(states.values(), _sharded_ratios(gpus, layout)))
         return {"before_bytes": before, "per_rank_device_bytes": 0, "per_rank_host_bytes": host}
-    ratios = state_ratios(shard, gpus, layout)
+    ratios = state_ratios(shard, gpus, layout, zero)
     after = sum(int(states[name] * ratios[name]) for name in states)
-    return {"before_bytes": before, "per_rank_device_bytes": after, "per_rank_host_bytes": 0}
+    # What DeepSpeed's offload moves to the host: the rank's share of those states.
+    sharded = state_ratios(shard, gpus, layout)
+    host = sum(int(states[name] * (sharded[name] - ratios[name])) for name in states)
+    return {"before_bytes": before, "per_rank_device_bytes": after, "per_rank_host_bytes": host}
 
 
 def _sharded_ratios(gpus: int, layout: ParamLayout) -> tuple[float, float, float, float]:

@@ -84,7 +84,7 @@ def simulate(
     """
     config = make_config(config_dict, num_layers=num_layers)
     config.use_cache = False
-    dtype = DTYPES[spec.precision]
+    dtype = DTYPES[spec.weight_precision]
     step_fn = build_step(spec, config)
     with _quiet(), bitsandbytes_only_if_used(spec):
         model = prepare_for_method(build_meta_model(config, dtype), spec)
@@ -96,7 +96,7 @@ def simulate(
     with (
         _bitsandbytes_tables() if _uses_bitsandbytes(spec) else contextlib.nullcontext(),
         _fake_mode() if fake else contextlib.nullcontext(),
-        _packed_positions(spec.recipe == "hf" and spec.packing),
+        _packed_positions(spec.recipe == "hf" and spec.packing and step_fn.layout == PADDED),
         offload_parity(),
         pinned_host_copies(),
         tracker,

@@ -16,6 +16,10 @@ measurements:
   thirds of a Llama-shaped decoder layer's FLOPs, i.e. 2/3 of a forward;
 - small micro-batches leave the GPU underused: efficiency ``tokens / (tokens + 1024)`` per
   micro-batch, i.e. half speed at 1,024 tokens and close to full from ~16k tokens.
+
+Precision is not counted: a search plans all of one method in one precision, and pure and mixed
+16-bit precision run their matmuls in the same format (mixed precision's casts of the weights to
+16 bits are left out).
 """
 
 from __future__ import annotations

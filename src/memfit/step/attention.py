@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from memfit.step.autocast import active_autocast_dtype
 from memfit.step.batch import DOCUMENTS, PADDED, Documents
 
 #: The name of memfit's attention implementation in transformers' attention interface.
@@ -75,11 +76,13 @@ def batch_layout(spec: Any, config: Any) -> str:
     """The layout of the step's micro-batches (:mod:`memfit.step.batch`) for ``spec`` on this model.
 
     ``documents`` (one row, attention inside each example) for ``packing`` and, unless
-    ``padding_free: off``, wherever the model allows it; ``padded`` otherwise, and always for the
-    ``hf`` recipe, which keeps the plain stack's padded batches. Raises ValueError when ``packing``
-    or ``padding_free: on`` asks for what the model cannot do.
+    ``padding_free: off``, wherever the model allows it; ``padded`` otherwise. The ``hf`` recipe
+    keeps the plain stack's padded batches unless ``padding_free: on``: transformers with flash
+    attention, which runs each example's attention on its own tokens (varlen: padding-free and
+    packed batches with their positions, or padded ones it unpads), as memfit's one-row batches do.
+    Raises ValueError when ``packing`` or ``padding_free: on`` asks for what the model cannot do.
     """
-    if spec.recipe == "hf":
+    if spec.recipe == "hf" and spec.padding_free != "on":
         return PADDED
     wanted = spec.packing or spec.padding_free == "on"
     if not wanted and spec.padding_free == "off":
@@ -164,6 +167,11 @@ def attention_forward(
     if batch != 1 or documents.total != seq:
         raise ValueError(f"document attention needs one row of {documents.total} tokens, got a batch of shape {tuple(query.shape)}")
     scale = float(scaling) if scaling is not None else head_dim ** -0.5
+    dtype = active_autocast_dtype(query.device.type)
+    if dtype is not None:
+        # Under autocast, as SDPA would be: the kernel computes in the 16-bit format (rotary
+        # embeddings leave the query and key in fp32 when the residual stream is fp32).
+        query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
     out = document_attention(
         query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
         documents.cu_seqlens, list(documents.lengths), scale,

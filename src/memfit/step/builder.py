@@ -2,8 +2,8 @@
 
 :func:`build_step` turns a configuration into a :class:`TrainingStep`: the layout of its
 micro-batches and the function that makes them (:mod:`memfit.step.batch`), the loss
-(:func:`memfit.step.losses.choose_loss`), gradient clipping and fp16's loss scaling around
-:func:`memfit.step.train_step.train_step`. The trainer runs it on real tensors, one process or each
+(:func:`memfit.step.losses.choose_loss`, under autocast for a mixed precision), gradient clipping
+and fp16's loss scaling around :func:`memfit.step.train_step.train_step`. The trainer runs it on real tensors, one process or each
 rank of a sharded run (:meth:`TrainingStep.sharded`); the planner runs the same object under fake
 tensors. Neither picks a loss or wraps the step anywhere else.
 """
@@ -27,9 +27,10 @@ from memfit.step.losses import Batch, LossFn, choose_loss
 class TrainingStep:
     """One optimizer step as a configuration runs it.
 
-    ``loss_fn`` maps (model, batch) to the mean loss of the batch; ``max_grad_norm`` clips the
-    global gradient norm (None: no clipping); ``scales_loss``: fp16 needs a ``GradScaler``
-    (:meth:`grad_scaler` makes it; bf16 and fp32 have the range and need none).
+    ``loss_fn`` maps (model, batch) to the mean loss of the batch (its forward under autocast for
+    a mixed precision); ``max_grad_norm`` clips the global gradient norm (None: no clipping);
+    ``scales_loss``: fp16 and fp16-mixed need a ``GradScaler`` (:meth:`grad_scaler` makes it; bf16
+    and fp32 have the range and need none).
     """
 
     loss_fn: LossFn
@@ -103,8 +104,8 @@ def _weighted(loss_fn: LossFn) -> LossFn:
 
 def build_step(spec: RunSpec, model_config: Any) -> TrainingStep:
     """The step ``spec`` runs on the model of ``model_config`` (a transformers config): its loss
-    (:func:`memfit.step.losses.choose_loss`), clipping at ``spec.max_grad_norm``, fp16's loss
-    scaling, and the layout of its micro-batches (:func:`memfit.step.attention.batch_layout`: one
+    (:func:`memfit.step.losses.choose_loss`: forward under autocast for a mixed precision), clipping
+    at ``spec.max_grad_norm``, fp16's loss scaling, and the layout of its micro-batches (:func:`memfit.step.attention.batch_layout`: one
     row per micro-batch, attention inside each example, where the model allows it).
 
     Raises ValueError when ``spec`` asks for a layout the model cannot run (packing on a model
@@ -112,6 +113,6 @@ def build_step(spec: RunSpec, model_config: Any) -> TrainingStep:
     return TrainingStep(
         loss_fn=choose_loss(spec),
         max_grad_norm=spec.max_grad_norm,
-        scales_loss=spec.precision == "fp16",
+        scales_loss=spec.scales_loss,
         layout=batch_layout(spec, model_config),
     )

@@ -12,6 +12,8 @@ whose autograd function saves the input as it comes (bf16) and casts it to the a
 inside forward, and again, one layer at a time, inside backward. The arithmetic is PEFT's:
 ``lora_A(x.to(fp32))`` forward, the same fp32 matmuls backward, so outputs and gradients are
 equal. Only the instances' ``forward`` changes: parameter names and adapter files are untouched.
+Under autocast (mixed precision) the adapter computes in the 16-bit format from the input as it
+comes, as autocast runs any linear layer: no fp32 copy exists there either.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ class UpcastInputLinear(torch.autograd.Function):
 
 
 def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    if torch.is_autocast_enabled(x.device.type):
+        # Mixed precision: autocast runs the adapter in its 16-bit format from the input as it
+        # comes, so there is no fp32 copy to avoid (and none to make).
+        return nn.functional.linear(x, self.weight, self.bias)
     if x.dtype == self.weight.dtype or not torch.is_grad_enabled():
         return nn.functional.linear(x.to(self.weight.dtype), self.weight, self.bias)
     return UpcastInputLinear.apply(x, self.weight, self.bias)

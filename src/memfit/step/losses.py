@@ -22,6 +22,7 @@ from typing import Callable, Mapping
 import torch
 
 from memfit.spec import RunSpec
+from memfit.step.autocast import active_autocast_dtype, autocast_dtype
 from memfit.step.chunking import chunk_starts
 from memfit.step.labels import IGNORE_INDEX
 
@@ -34,36 +35,50 @@ DEFAULT_CHUNK_TOKENS = 1024
 
 
 class ChunkedLinearCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of ``hidden @ weight.T`` against ``labels``, computed ``chunk`` rows at a time."""
+    """Mean cross-entropy of ``hidden @ weight.T`` against ``labels``, computed ``chunk`` rows at a time.
+
+    ``compute_dtype`` is the format the matmuls run in (None: the weight's). Under a mixed precision
+    it is autocast's 16-bit format: the hidden states are kept for backward in it (what autocast's
+    own matmul would keep), a 16-bit copy of an fp32 head exists while forward, and again while
+    backward, works through the chunks, and the head's fp32 gradient accumulates from the fp32
+    logits' gradient.
+    """
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int) -> torch.Tensor:
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int,
+                compute_dtype: torch.dtype | None = None) -> torch.Tensor:
         # hidden: [N, H]; weight: [V, H]; labels: [N] (IGNORE_INDEX where no loss is taken).
-        valid = labels != IGNORE_INDEX
-        count = valid.sum()
-        wide = _wide(hidden[:0]).dtype
-        total = torch.zeros((), dtype=wide, device=hidden.device)
-        lse = torch.empty(hidden.shape[0], dtype=wide, device=hidden.device)
-        for start in chunk_starts(hidden.shape[0], chunk, hidden):
-            stop = min(start + chunk, hidden.shape[0])
-            logits = _wide(hidden[start:stop] @ weight.t())
-            chunk_lse = torch.logsumexp(logits, dim=-1)
-            lse[start:stop] = chunk_lse
-            target = labels[start:stop].clamp(min=0)
-            picked = logits.gather(1, target.unsqueeze(1)).squeeze(1)
-            total = total + ((chunk_lse - picked) * valid[start:stop]).sum()
-            del logits
-        ctx.save_for_backward(hidden, weight, labels, lse, count)
-        ctx.chunk = chunk
+        compute = compute_dtype or weight.dtype
+        # The casts are explicit, so nothing here depends on which ops a device's autocast casts.
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            kept, head = hidden.to(compute), weight.to(compute)  # no copies unless the formats differ
+            valid = labels != IGNORE_INDEX
+            count = valid.sum()
+            wide = _wide(kept[:0]).dtype
+            total = torch.zeros((), dtype=wide, device=hidden.device)
+            lse = torch.empty(hidden.shape[0], dtype=wide, device=hidden.device)
+            for start in chunk_starts(hidden.shape[0], chunk, hidden):
+                stop = min(start + chunk, hidden.shape[0])
+                logits = _wide(kept[start:stop] @ head.t())
+                chunk_lse = torch.logsumexp(logits, dim=-1)
+                lse[start:stop] = chunk_lse
+                target = labels[start:stop].clamp(min=0)
+                picked = logits.gather(1, target.unsqueeze(1)).squeeze(1)
+                total = total + ((chunk_lse - picked) * valid[start:stop]).sum()
+                del logits
+            del head
+        ctx.save_for_backward(kept, weight, labels, lse, count)
+        ctx.chunk, ctx.compute_dtype, ctx.hidden_dtype = chunk, compute, hidden.dtype
         return total / count.clamp(min=1)
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor):
         hidden, weight, labels, lse, count = ctx.saved_tensors
-        chunk = ctx.chunk
+        chunk, compute = ctx.chunk, ctx.compute_dtype
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         scale = grad_loss.to(lse.dtype) / count.clamp(min=1)
-        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        head = weight.to(compute)
+        grad_hidden = torch.empty(hidden.shape, dtype=ctx.hidden_dtype, device=hidden.device) if need_hidden else None
         # The head's gradient accumulates in the head's dtype: an fp32 buffer would cost 4 bytes per
         # head parameter (2 GiB for a 128k x 4096 head) on top of the gradient itself.
         grad_weight = torch.zeros_like(weight) if need_weight else None
@@ -71,22 +86,25 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             stop = min(start + chunk, hidden.shape[0])
             h = hidden[start:stop]
             # d loss / d logits = (softmax - one_hot(label)) / count, zero where no label.
-            grad_logits = _wide(h @ weight.t())
+            grad_logits = _wide(h @ head.t())
             grad_logits.sub_(lse[start:stop].unsqueeze(1)).exp_()
             target = labels[start:stop]
             valid = target != IGNORE_INDEX
             grad_logits.scatter_add_(1, target.clamp(min=0).unsqueeze(1), -valid.unsqueeze(1).to(lse.dtype))
             grad_logits.mul_((valid.to(lse.dtype) * scale).unsqueeze(1))
-            # The matmuls run in the weights' dtype, as the unfused path's do (its logits' gradient
+            # An fp32 head (mixed precision) takes its gradient from the fp32 logits' gradient.
+            for_weight = grad_logits if need_weight and weight.dtype != compute else None
+            # The matmuls run in the compute dtype, as the unfused path's do (its logits' gradient
             # is cast back to the head's dtype before the matmul): an fp32 copy of the head would
             # be a transient as large as the head again.
-            grad_logits = grad_logits.to(weight.dtype)
+            grad_logits = grad_logits.to(compute)
             if need_hidden:
-                grad_hidden[start:stop] = (grad_logits @ weight).to(hidden.dtype)
+                grad_hidden[start:stop] = (grad_logits @ head).to(ctx.hidden_dtype)
             if need_weight:
-                grad_weight.addmm_(grad_logits.t(), h.to(weight.dtype))
-            del grad_logits
-        return grad_hidden, grad_weight, None, None
+                grad_weight.addmm_((grad_logits if for_weight is None else for_weight).t(), h.to(weight.dtype))
+            del grad_logits, for_weight
+        del head
+        return grad_hidden, grad_weight, None, None, None
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
@@ -99,10 +117,11 @@ def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: to
 
     ``labels`` are the input ids (or -100): like transformers' loss, position ``t`` predicts label
     ``t + 1``. The labels are shifted (the last position gets none), not the hidden states, so no
-    copy of the hidden states is made.
+    copy of the hidden states is made. Under autocast the matmuls run in its 16-bit format.
     """
     targets = torch.nn.functional.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX).reshape(-1)
-    return ChunkedLinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets, chunk)
+    compute = active_autocast_dtype(hidden.device.type)
+    return ChunkedLinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets, chunk, compute)
 
 
 def causal_lm_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
@@ -158,20 +177,49 @@ def backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn
     return backbone, head
 
 
-def choose_loss(spec: RunSpec) -> LossFn:
-    """The loss a configuration's step takes: the ``hf`` recipe's model loss (the whole logits,
-    under autocast), or memfit's fused chunked loss (every layout of the batch: padded or one row)."""
-    if spec.recipe != "hf":
-        return causal_lm_loss
-    from memfit.models.build import DTYPES
+def liger_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The loss with Liger Kernel's fused linear cross-entropy in place of the model's
+    (:mod:`memfit.step.hf_losses`); a model whose logits are more than ``hidden @ head.T`` (soft-capped,
+    scaled, an adapter on the head) computes its own."""
+    from memfit.step.hf_losses import liger_fused_linear_cross_entropy
 
-    dtype = DTYPES[spec.precision]
-    return model_loss if dtype == torch.float32 else partial(autocast_model_loss, dtype=dtype)
+    return _head_loss(model, batch, liger_fused_linear_cross_entropy)
 
 
-def autocast_model_loss(model: torch.nn.Module, batch: Batch, *, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`model_loss` with the forward under autocast to ``dtype``, as the Hugging Face
-    ``Trainer`` runs it with ``bf16=True`` / ``fp16=True``: PEFT's QLoRA preparation upcasts norms and
-    embeddings to fp32, and autocast brings the matmuls and attention back to 16 bits."""
-    with torch.autocast(device_type=batch["input_ids"].device.type, dtype=dtype):
+def chunked_nll_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The loss as TRL's ``SFTTrainer`` computes it with ``loss_type='chunked_nll'``
+    (:mod:`memfit.step.hf_losses`); the model's own where its head is not a plain linear layer."""
+    from memfit.step.hf_losses import trl_chunked_nll
+
+    return _head_loss(model, batch, trl_chunked_nll)
+
+
+def _head_loss(model: torch.nn.Module, batch: Batch, loss: Callable) -> torch.Tensor:
+    parts = backbone_and_head(model)
+    if parts is None:
         return model_loss(model, batch)
+    backbone, head = parts
+    hidden = backbone(**_model_inputs(batch), use_cache=False).last_hidden_state
+    return loss(hidden, head.weight, batch["labels"])
+
+
+#: The ``hf`` recipe's losses by ``hf_loss``.
+HF_LOSSES: dict[str, LossFn] = {"model": model_loss, "liger": liger_loss, "chunked-nll": chunked_nll_loss}
+
+
+def choose_loss(spec: RunSpec) -> LossFn:
+    """The loss a configuration's step takes: memfit's fused chunked loss (every layout of the
+    batch: padded or one row), or the ``hf`` recipe's (``hf_loss``: the model's own over the whole
+    logits, Liger's or TRL's chunked one); under a mixed precision (and the hf recipe's 16-bit ones)
+    with its forward under autocast (:func:`autocast_loss`)."""
+    loss = HF_LOSSES[spec.hf_loss] if spec.recipe == "hf" else causal_lm_loss
+    dtype = autocast_dtype(spec)
+    return loss if dtype is None else partial(autocast_loss, loss_fn=loss, dtype=dtype)
+
+
+def autocast_loss(model: torch.nn.Module, batch: Batch, *, loss_fn: LossFn, dtype: torch.dtype) -> torch.Tensor:
+    """``loss_fn`` with the forward under autocast to ``dtype``, as the Hugging Face ``Trainer`` runs it
+    with ``bf16=True`` / ``fp16=True``: matmuls and attention compute in 16 bits from fp32 (or
+    16-bit) parameters. The loss it returns is differentiated outside autocast."""
+    with torch.autocast(device_type=batch["input_ids"].device.type, dtype=dtype):
+        return loss_fn(model, batch)

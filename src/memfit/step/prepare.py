@@ -100,7 +100,7 @@ def prepare_for_method(
         return prepare_like_hf(model, spec, load_weights)
     check_targets(model, spec)
     if spec.method == "qlora":
-        quantize_linears_on_meta(model, DTYPES[spec.precision])
+        quantize_linears_on_meta(model, DTYPES[spec.weight_precision])
     if load_weights is not None:
         load_weights(model)
     if spec.uses_adapters:
@@ -170,15 +170,17 @@ def prepare_like_hf(
     differs from :func:`prepare_for_method`: QLoRA goes through PEFT's
     ``prepare_model_for_kbit_training``, which upcasts every parameter that is not 4-bit (embeddings,
     norms, the output head) to fp32 and enables checkpointing with torch's default (reentrant)
-    variant; LoRA and full fine-tuning use transformers' own checkpointing (``offload`` is
-    transformers' synchronous ``save_on_cpu`` offload); nothing is tiled.
+    variant (unless ``kbit_upcast`` is off: the trainers that skip it keep them in the compute dtype);
+    LoRA and full fine-tuning use transformers' own checkpointing (``offload`` is
+    transformers' synchronous ``save_on_cpu`` offload); nothing is tiled. With ``padding_free: on``
+    (flash attention) each example's attention runs on its own tokens, as memfit's does.
     """
     check_targets(model, spec)
     if spec.method == "qlora":
-        quantize_linears_on_meta(model, DTYPES[spec.precision])
+        quantize_linears_on_meta(model, DTYPES[spec.weight_precision])
     if load_weights is not None:
         load_weights(model)
-    if spec.method == "qlora":
+    if spec.method == "qlora" and spec.kbit_upcast:
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.checkpointing != "off")
@@ -188,6 +190,8 @@ def prepare_like_hf(
         model.activation_checkpointing_enable(offload=spec.checkpointing == "offload")
     if getattr(model, "config", None) is not None:
         model.config.use_cache = False
+        if batch_layout(spec, model.config) == DOCUMENTS:
+            use_document_attention(model)  # flash attention's varlen path (padding_free: on)
     if spec.uses_adapters:
         model = attach_lora(model, spec)
     else:

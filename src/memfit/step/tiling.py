@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from memfit.models.layers import decoder_layers
+from memfit.step.autocast import active_autocast_dtype, same_autocast
 from memfit.step.chunking import chunk_starts, is_fake
 
 #: Tokens per chunk. 2048 rows keep each chunk's matmuls ([2048, hidden] x [hidden, intermediate])
@@ -174,6 +175,8 @@ class TiledMLPFunction(torch.autograd.Function):
         ctx.run = run
         ctx.chunk_tokens = chunk_tokens
         ctx.rng_states = rng_states
+        # Backward recomputes the chunks under the autocast forward ran under (mixed precision).
+        ctx.autocast_dtype = active_autocast_dtype(x.device.type)
         # The parameters are saved too, but they are references to existing weights: the only
         # activation kept is the MLP input.
         ctx.save_for_backward(x, *params)
@@ -192,7 +195,7 @@ class TiledMLPFunction(torch.autograd.Function):
         devices = _cuda_devices(x) if rng_states is not None else []
         # fork_rng: replaying the forward's RNG states must not change the RNG stream the rest of
         # the step sees afterwards.
-        with torch.random.fork_rng(devices=devices, enabled=rng_states is not None):
+        with torch.random.fork_rng(devices=devices, enabled=rng_states is not None), same_autocast(x.device.type, ctx.autocast_dtype):
             for index, start in enumerate(chunk_starts(flat_x.shape[0], ctx.chunk_tokens, flat_x)):
                 stop = start + ctx.chunk_tokens
                 piece = flat_x[start:stop].detach().requires_grad_(need_x)

@@ -237,8 +237,13 @@ def save_checkpoint(
     keep: int,
     extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write the checkpoint of ``step`` atomically and keep only the last ``keep``; return its folder."""
+    """Write the checkpoint of ``step`` atomically and keep only the last ``keep``; return its folder.
+
+    On a full disk nothing of it is left and the checkpoints before it are whole: :class:`DiskFull`
+    says how much it needed and how much is free."""
     from safetensors.torch import save_file
+
+    from memfit.train.disk_space import folder_bytes, saving, tensor_bytes
 
     folder = Path(run_dir) / CHECKPOINTS
     folder.mkdir(parents=True, exist_ok=True)
@@ -246,23 +251,32 @@ def save_checkpoint(
     tmp = folder / f".tmp-{checkpoint_name(step)}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
+    trainable = trainable_state(model)
+    state = {
+        "step": step,
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict() if scheduler is not None else None,
+        "grad_scaler": grad_scaler.state_dict() if grad_scaler is not None else None,
+        "data": data_state,
+        "rng": rng_state,
+    }
+    previous = latest_checkpoint(run_dir)
+    needed_bytes = max(tensor_bytes(trainable) + tensor_bytes(state), folder_bytes(previous) if previous else 0)
+    then = (f"The checkpoint before it, {previous}, is whole: free some space there (or move the run folder to a "
+            "larger disk) and continue with --resume." if previous is not None else
+            "No checkpoint was saved before it: free some space there, or choose an output_dir on a larger disk, "
+            "and start the run again.")
     tmp.mkdir()
-    save_file(trainable_state(model), str(tmp / TRAINABLE_FILE))
-    torch.save(
-        {
-            "step": step,
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict() if scheduler is not None else None,
-            "grad_scaler": grad_scaler.state_dict() if grad_scaler is not None else None,
-            "data": data_state,
-            "rng": rng_state,
-        },
-        tmp / STATE_FILE,
-    )
-    meta = {"step": step, "reason": reason, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")} | (extra or {})
-    (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    apply_umask(tmp)  # safetensors writes owner-only files; give them the user's usual permissions
-    _fsync_dir(tmp)
+    with saving(tmp, what=f"checkpoint {final.name}", needed_bytes=needed_bytes, then=then):
+        save_file(trainable, str(tmp / TRAINABLE_FILE))
+        # Through a file of ours: closed (and its space freed) however torch.save fails, and a full
+        # disk reaches us as the file's OSError (torch's own writer reports a position mismatch).
+        with open(tmp / STATE_FILE, "wb") as handle:
+            torch.save(state, handle)
+        meta = {"step": step, "reason": reason, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")} | (extra or {})
+        (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+        apply_umask(tmp)  # safetensors writes owner-only files; give them the user's usual permissions
+        _fsync_dir(tmp)
     replace_dir(tmp, final)
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)

@@ -3,7 +3,8 @@
 Importing this module imports neither torch nor transformers, so the CLI starts fast. Exit codes:
 0 finished (or, with --resume, already finished), 2 bad configuration or input, 3 the run does not
 fit (preflight refusal or out of memory, with a checkpoint to resume from), 128 + signal number
-after SIGINT (130) / SIGTERM (143) once the checkpoint is saved. Errors are printed by
+after SIGINT (130) / SIGTERM (143) once the checkpoint is saved (a signal during the last step lets
+the run complete and write its output: 0). Errors are printed by
 :func:`memfit.errors.cli_errors`, which wraps the command.
 
 ``--nproc N`` starts the same command on N processes through ``torchrun`` (one per GPU, on this
@@ -154,7 +155,8 @@ def train_command(
     from memfit.train.config import load_config
 
     overrides = parse_set_options(set_ or [])
-    overrides.update(options)
+    # A flag left off is None: it must not undo a --set of the same field (--set gpus=2).
+    overrides.update({name: value for name, value in options.items() if value is not None})
     if fit:
         overrides["fit"] = "auto"
     cfg = load_config(config, overrides)
@@ -185,18 +187,22 @@ def train_command(
         # The exact command, with every option given (-o, --set...), so that the resume continues this run.
         again = ["memfit", "train"] + relaunch_args([(p, ctx.params.get(p.name)) for p in ctx.command.params],
                                                     skip=("nproc", "resume")) + ["--resume"]
+        output = "adapter" if cfg.method in ("lora", "qlora") else "model"
         say(
-            f"[yellow]stopped[/] by {result.signal_name} after step {result.step} of {result.total_steps}; "
-            f"checkpoint {escape(str(result.checkpoint))}. Continue with: {escape(shlex.join(again))}",
+            f"[yellow]stopped[/] by {result.signal_name} at step {result.step} of {result.total_steps}; checkpoint at "
+            f"{escape(str(result.checkpoint))}; run `{escape(shlex.join(again))}` to finish and write the {output}",
             highlight=False, soft_wrap=True,
         )
         raise typer.Exit(code=128 + int(getattr(signal, result.signal_name or "SIGINT")))
-    last = result.losses[-1][1] if result.losses else float("nan")
-    first = result.losses[0][1] if result.losses else float("nan")
+    if result.signal_name:
+        say(f"{result.signal_name} arrived during the last step: the run finished it and wrote its output", highlight=False)
     evals = f", eval loss {result.eval_losses[-1][1]:.4f}" if result.eval_losses else ""
     rate = f", {result.tokens_per_second:.0f} tokens/s" if result.tokens_per_second else ""
+    # A resume whose checkpoint was the last step (its output had not been written) trains nothing.
+    losses = (f"loss {result.losses[0][1]:.4f} -> {result.losses[-1][1]:.4f}" if result.losses
+              else "none left to train, the output written from the last checkpoint")
     say(
-        f"[green]done[/]: {result.step} steps, loss {first:.4f} -> {last:.4f}{evals}{rate}\n"
+        f"[green]done[/]: {result.step} steps, {losses}{evals}{rate}\n"
         f"  output  {result.output_dir}\n  metrics {result.run_dir / 'metrics.jsonl'}\n  run     {result.run_dir / 'run.json'}",
         highlight=False,
     )

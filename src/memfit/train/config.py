@@ -31,10 +31,16 @@ from pydantic import (
 
 from memfit import spec as specs
 from memfit.errors import UserError, listed
+from memfit.json_form import JsonForm
 from memfit.spec import RunSpec, SpecError, make_spec
+from memfit.train.data.sources import DataSource
+from memfit.train.generation import DEFAULT_EVAL_MAX_NEW_TOKENS, prompt_problem
 
 #: Fields holding paths, resolved against the YAML file's folder.
 PATH_FIELDS = ("model", "tokenizer", "data", "eval_data", "output_dir")
+
+#: Whole-number fields of a training config besides the knobs: counts of steps and the seed.
+COUNT_FIELDS = ("max_steps", "warmup_steps", "eval_every", "save_every", "log_every", "keep_checkpoints", "seed")
 
 #: What other tools (Hugging Face TrainingArguments, PEFT's LoraConfig, axolotl) call memfit's
 #: fields: an unknown key spelled like this gets "did you mean" even where it looks nothing alike.
@@ -48,7 +54,10 @@ OTHER_NAMES = {
     "gradient_checkpointing": "checkpointing", "activation_checkpointing": "checkpointing",
     "optim": "optimizer", "lr_scheduler_type": "schedule", "lr_scheduler": "schedule", "warmup": "warmup_steps",
     "model_name_or_path": "model", "base_model": "model", "model_name": "model",
-    "dataset": "data", "datasets": "data", "train_data": "data", "train_file": "data",
+    "dataset": "data", "datasets": "data", "train_data": "data", "train_file": "data", "dataset_name": "data",
+    "dataset_config": "data", "dataset_config_name": "data", "dataset_train_split": "data", "dataset_test_split": "eval_data",
+    "dataset_streaming": "streaming", "buffer_size": "shuffle_buffer_size", "interleave_probs": "data",
+    "mix_strategy": "stopping_strategy",
     "output": "output_dir", "out_dir": "output_dir", "save_steps": "save_every", "logging_steps": "log_every",
     "eval_steps": "eval_every", "save_total_limit": "keep_checkpoints", "bf16": "precision", "fp16": "precision",
     "dtype": "precision", "torch_dtype": "precision", "adapter": "method", "peft": "method", "use_peft": "method",
@@ -74,7 +83,7 @@ def _run_knobs() -> type[BaseModel]:
     return create_model("RunKnobs", __config__=ConfigDict(extra="forbid", frozen=True), **fields)
 
 
-class TrainConfig(_run_knobs()):
+class TrainConfig(_run_knobs(), JsonForm):
     """Every setting of a training run: the :class:`~memfit.spec.RunSpec` knobs (``method``, ``rank``,
     ``batch_size``...) and what only training needs. Field docs double as the YAML reference
     (docs/train.md)."""
@@ -88,12 +97,17 @@ class TrainConfig(_run_knobs()):
     tokenizer: str | None = Field(None, description="tokenizer folder; default: the model folder (or the Hub model's tokenizer), or the shipped tiny tokenizer with init: random")
 
     # -- data -------------------------------------------------------------------------------
-    data: list[str] = Field(description="training data: file(s) or folder(s)")
-    data_format: Literal["auto", "alpaca", "sharegpt", "messages", "text"] = "auto"
+    data: list[str | DataSource] = Field(description="training data: a local file or folder, a Hugging Face Hub dataset id (org/name), or a list of sources, each a path or {path, subset, split, revision, columns, weight, format} (docs/data.md)")
+    data_format: Literal["auto", "alpaca", "sharegpt", "messages", "text", "prompt_completion"] = Field("auto", description="record format of every source (auto: detected from each source's first record)")
     train_on_inputs: bool = Field(False, description="also take the loss on prompt tokens")
     eval_split: float = Field(0.0, description="fraction of the training examples held out for evaluation (0 = none)")
-    eval_data: str | None = Field(None, description="evaluation data file(s) instead of a split")
+    eval_data: list[str | DataSource] | None = Field(None, description="evaluation data instead of a split: the same forms as data, read whole (never streamed)")
     eval_every: int = Field(0, description="evaluate every N optimizer steps (0 = only at the end when there is eval data)")
+    streaming: bool = Field(False, description="read the training data while training, as a stream (data larger than memory; Hub datasets are not downloaded first); needs max_steps")
+    shuffle_buffer_size: int = Field(1000, description="with streaming: rows of the stream shuffled together (0: the stream's order)")
+    stopping_strategy: Literal["all_exhausted", "first_exhausted"] = Field("all_exhausted", description="a mix of weighted sources ends when every source was read whole, the others starting again (all_exhausted), or when the first runs out (first_exhausted)")
+    eval_prompts: list[Any] = Field(default_factory=list, description="prompts (text, or lists of {role, content} messages) whose greedy replies are written to metrics.jsonl at every evaluation and at the end")
+    eval_max_new_tokens: int = Field(DEFAULT_EVAL_MAX_NEW_TOKENS, description="the longest reply to an eval_prompts prompt, in tokens")
 
     # -- schedule ---------------------------------------------------------------------------
     epochs: float | None = Field(None, description="passes over the training data (default 1 when max_steps is not set)")
@@ -120,10 +134,25 @@ class TrainConfig(_run_knobs()):
     fit_optimizer: bool = Field(False, description="let fit also choose a lighter optimizer (8-bit / paged AdamW)")
     on_oom: Literal["continue", "stop"] = Field("continue", description="when a step runs out of memory: continue with the next configuration down at the same effective batch and data order, or stop with a checkpoint")
 
-    @field_validator("data", mode="before")
+    @field_validator("data", "eval_data", mode="before")
     @classmethod
-    def _one_or_many(cls, value: Any) -> Any:
-        return [value] if isinstance(value, (str, Path)) else value
+    def _one_or_many(cls, value: Any, info) -> Any:
+        """A path or source, or a list of them; each mapping becomes a :class:`DataSource`."""
+        if value is None:
+            return None
+        items = [value] if isinstance(value, (str, Path, dict, DataSource)) else value
+        if not isinstance(items, list):
+            raise ValueError(f"{info.field_name}: expected a path, a Hub dataset id (org/name), a mapping with path: or a "
+                             f"list of them, got {type(value).__name__}")
+        sources, problems = [], []
+        for index, item in enumerate(items):
+            try:
+                sources.append(_one_source(info.field_name, index, len(items), item))
+            except ValueError as err:
+                problems.append(str(err))
+        if problems:
+            raise ValueError("\n".join(problems))  # validate_config lists them one a line
+        return sources
 
     @field_validator("report_to", mode="before")
     @classmethod
@@ -131,6 +160,19 @@ class TrainConfig(_run_knobs()):
         from memfit.train.trackers import parse_report_to
 
         return parse_report_to(value)
+
+    @field_validator(*COUNT_FIELDS, mode="before")
+    @classmethod
+    def _not_a_boolean(cls, value: Any) -> Any:
+        # pydantic takes true as 1; a YAML true where a count belongs is a mistake, not a number.
+        if isinstance(value, bool):
+            raise ValueError("true / false is not a whole number")
+        return value
+
+    @field_validator("eval_prompts", mode="before")
+    @classmethod
+    def _one_prompt_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
 
     @property
     def spec(self) -> RunSpec:
@@ -153,8 +195,32 @@ class TrainConfig(_run_knobs()):
             knobs[name] = value
         return knobs
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def _one_source(field: str, index: int, count: int, item: Any) -> str | DataSource:
+    """One entry of ``data`` / ``eval_data``: a path kept as text, a mapping as a DataSource."""
+    from memfit.train.data.sources import field_name
+
+    name = field_name(field, index, count)
+    if isinstance(item, (str, Path)):
+        return str(item)
+    if isinstance(item, DataSource):
+        return item
+    if not isinstance(item, dict):
+        raise ValueError(f"{name}: expected a path, a Hub dataset id (org/name) or a mapping with path:, got {item!r}")
+    if "path" not in item:
+        raise ValueError(f"{name}: a source given as a mapping needs path: (a local file or folder, or a Hub dataset id org/name)")
+    try:
+        return DataSource(**item)
+    except ValidationError as err:
+        details = []
+        for e in err.errors():
+            where = ".".join(str(p) for p in e.get("loc", ()))
+            message = str(e.get("msg", "")).removeprefix("Value error, ")
+            details.append(f"{name}.{where}: {e.get('input')!r}: {message}" if where else f"{name}: {message}")
+        raise ValueError("\n".join(details)) from None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -245,9 +311,19 @@ def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
         value = out.get(key)
         if isinstance(value, (str, Path)):
             out[key] = _resolve_one(key, str(value), folder)
+        elif isinstance(value, dict):
+            out[key] = _resolve_source(key, value, folder)
         elif isinstance(value, list):
-            out[key] = [_resolve_one(key, str(v), folder) if isinstance(v, (str, Path)) else v for v in value]
+            out[key] = [_resolve_one(key, str(v), folder) if isinstance(v, (str, Path)) else _resolve_source(key, v, folder)
+                        for v in value]
     return out
+
+
+def _resolve_source(key: str, value: Any, folder: Path) -> Any:
+    """A data source given as a mapping, with its ``path`` resolved like a path written alone."""
+    if isinstance(value, dict) and isinstance(value.get("path"), (str, Path)):
+        return {**value, "path": _resolve_one(key, str(value["path"]), folder)}
+    return value
 
 
 def _resolve_one(key: str, value: str, folder: Path) -> str:
@@ -257,6 +333,11 @@ def _resolve_one(key: str, value: str, folder: Path) -> str:
     candidate = folder / path
     if key == "model" and not candidate.exists():
         return value  # a catalog name, not a path
+    if key in ("data", "eval_data") and not candidate.exists():
+        from memfit.train.data.sources import looks_like_dataset_id
+
+        if looks_like_dataset_id(value):
+            return value  # a Hub dataset id, not a path
     return str(candidate)
 
 
@@ -285,6 +366,20 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
     for required in ("model", "data"):
         if clean.get(required) in (None, "", []):
             problems.append(f"{required}: required (see docs/train.md)")
+    knobs = {k: ("none" if clean[k] is None and specs.default(k) is not None else clean[k])
+             for k in specs.TRAINED_KNOBS if k in clean}
+    knobs_valid = False
+    try:
+        spec = make_spec(spelling="field", **knobs)
+    except SpecError as err:
+        problems.extend(err.problems)
+    else:
+        # The config holds the knobs as make_spec converted them (a flag's "2" is the number 2), so
+        # that every later use of config.gpus or config.batch_size sees the type it was checked as.
+        clean.update({k: getattr(spec, k) for k in knobs})
+        range_problems = _size_problems({k: clean[k] for k in knobs if specs.value_kind(k) == "int"})
+        problems.extend(range_problems)
+        knobs_valid = not range_problems
     config = None
     try:
         config = TrainConfig(**clean)
@@ -294,25 +389,37 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
             if item.get("type") == "missing":
                 continue  # reported above
             if item.get("loc", ("",))[0] in specs.TRAINED_KNOBS:
-                continue  # make_spec below names the knob and its allowed values better
-            problems.append(f"{loc}: {item.get('input')!r}: {item.get('msg')}")
-    knobs = {k: ("none" if clean[k] is None and specs.default(k) is not None else clean[k])
-             for k in specs.TRAINED_KNOBS if k in clean}
-    try:
-        make_spec(spelling="field", **knobs)
-    except SpecError as err:
-        problems.extend(err.problems)
+                continue  # make_spec above names the knob and its allowed values better
+            if item.get("loc", ("",))[0] in ("data", "eval_data") and item.get("type") == "value_error":
+                problems.extend(str(item.get("msg")).removeprefix("Value error, ").splitlines())  # each names its source
+                continue
+            problems.append(f"{loc}: {item.get('input')!r}: {str(item.get('msg')).removeprefix('Value error, ')}")
     if config is not None:
-        problems.extend(_semantic_problems(config))
+        problems.extend(_size_problems({k: getattr(config, k) for k in COUNT_FIELDS}))
+        problems.extend(_semantic_problems(config, knobs_valid=knobs_valid))
     if problems:
         raise ConfigError(problems, source)
     assert config is not None
     return config
 
 
-def _semantic_problems(c: TrainConfig) -> list[str]:
+#: The largest whole number a training run takes in any field: PyTorch's sizes and indices, and the
+#: seeds of its generators, are 64-bit (a larger one fails deep inside the run, e.g.
+#: ``batch_size: 1.0e+20``).
+MAX_WHOLE_NUMBER = 2**63 - 1
+
+
+def _size_problems(values: dict[str, Any]) -> list[str]:
+    """Whole numbers beyond what the run can take, one line each naming the field."""
+    return [f"{name}: {value} is beyond the largest whole number a run takes (2**63 - 1: PyTorch's sizes "
+            f"are 64-bit); give the {name} you mean" for name, value in values.items()
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_WHOLE_NUMBER]
+
+
+def _semantic_problems(c: TrainConfig, *, knobs_valid: bool = True) -> list[str]:
     """Problems of values that are each well-typed but do not make sense (cheap: no file reading
-    beyond existence checks)."""
+    beyond existence checks). ``knobs_valid``: the knobs passed make_spec (the checks of knob
+    combinations need their values converted; a bad knob was reported already)."""
     problems = []
     if c.epochs is not None and not (c.epochs > 0 and math.isfinite(c.epochs)):
         problems.append(f"epochs: {c.epochs!r} must be more than 0 (e.g. epochs: 1)")
@@ -330,28 +437,60 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
         problems.append(f"warmup_ratio: {c.warmup_ratio!r} must be in [0, 1)")
     if not 0 <= c.min_lr_ratio <= 1:
         problems.append(f"min_lr_ratio: {c.min_lr_ratio!r} must be in [0, 1]")
-    problems.extend(_multi_gpu_problems(c))
+    if knobs_valid:
+        problems.extend(_multi_gpu_problems(c))
+        problems.extend(_fit_problems(c))
     from memfit.train.trackers import report_to_problems
 
     problems.extend(report_to_problems(c.report_to))
-    problems.extend(_fit_problems(c))
     if not 0 <= c.eval_split < 1:
         problems.append(f"eval_split: {c.eval_split!r} must be a fraction in [0, 1) (e.g. eval_split: 0.05)")
     if c.eval_split > 0 and c.eval_data is not None:
         problems.append("eval_split and eval_data: use one of them, not both")
+    problems.extend(_data_problems(c))
+    problems.extend(_eval_prompt_problems(c))
     for name in ("eval_every", "save_every", "log_every", "keep_checkpoints"):
         value = getattr(c, name)
         low = 1 if name in ("log_every", "keep_checkpoints") else 0
         if value < low:
             problems.append(f"{name}: {value!r} must be {low} or more")
+    problems.extend(_model_problems(c))
+    for name in ("tokenizer",):
+        value = getattr(c, name)
+        if value is not None and not Path(value).is_dir():
+            problems.append(f"{name}: {value!r} is not a folder (a tokenizer folder holds tokenizer.json)")
+    if c.device.strip().lower() not in ("auto", "cpu", "cuda") and not c.device.strip().lower().startswith("cuda:"):
+        problems.append(f"device: {c.device!r} is not one of auto, cpu, cuda, cuda:N")
+    if c.budget is not None:
+        from memfit.units import parse_bytes
+
+        try:
+            if parse_bytes(c.budget) <= 0:
+                raise ValueError("must be more than 0 bytes")
+        except ValueError as err:
+            problems.append(f"budget: {c.budget!r}: {err} (e.g. budget: 24GiB)")
+    if c.gpu is not None:
+        from memfit.models.gpus import get_gpu
+
+        try:
+            get_gpu(c.gpu)
+        except ValueError as err:
+            problems.append(f"gpu: {err}")
+    return problems
+
+
+def _model_problems(c: TrainConfig) -> list[str]:
+    """What is wrong with ``model``, ``revision`` and ``model_overrides``: a model that is not there,
+    a seq_len beyond its positions, overrides transformers refuses (a Hub model's config is checked
+    once it is fetched)."""
+    from memfit.models.catalog import resolve_model
     from memfit.models.hub import is_hub_id
 
+    problems: list[str] = []
     hub = is_hub_id(c.model)  # fetched once validation passed (pretrained) or now, config only (random)
     if c.revision is not None and not hub:
         problems.append(f"revision: {c.revision!r} applies only to a Hugging Face Hub model (model: org/name); "
                         f"{c.model!r} is a local path or a catalog name. Remove revision.")
-    from memfit.models.catalog import resolve_model
-
     model = None  # the model's config when it is on this machine (a Hub model's is checked once fetched)
     if c.init == "pretrained":
         folder = Path(c.model)
@@ -374,32 +513,13 @@ def _semantic_problems(c: TrainConfig) -> list[str]:
         except ValueError as err:
             problems.append(f"model: {err}")
     if model is not None:
-        problems.extend(model_problems(model.name, dict(model.config, **c.model_overrides), c.seq_len))
-    for name in ("tokenizer",):
-        value = getattr(c, name)
-        if value is not None and not Path(value).is_dir():
-            problems.append(f"{name}: {value!r} is not a folder (a tokenizer folder holds tokenizer.json)")
-    for path in c.data + ([c.eval_data] if c.eval_data else []):
-        if not Path(path).exists():
-            field = "eval_data" if path == c.eval_data else "data"
-            problems.append(f"{field}: {path!r} does not exist")
-    if c.device.strip().lower() not in ("auto", "cpu", "cuda") and not c.device.strip().lower().startswith("cuda:"):
-        problems.append(f"device: {c.device!r} is not one of auto, cpu, cuda, cuda:N")
-    if c.budget is not None:
-        from memfit.units import parse_bytes
+        seq_len = None if _size_problems({"seq_len": c.seq_len}) else c.seq_len  # too large: reported once, above
+        found = model_problems(model.name, dict(model.config, **c.model_overrides), seq_len)
+        problems.extend(found)
+        if c.model_overrides and not any(p.startswith("model: ") for p in found):
+            from memfit.train.overrides import override_problems
 
-        try:
-            if parse_bytes(c.budget) <= 0:
-                raise ValueError("must be more than 0 bytes")
-        except ValueError as err:
-            problems.append(f"budget: {c.budget!r}: {err} (e.g. budget: 24GiB)")
-    if c.gpu is not None:
-        from memfit.models.gpus import get_gpu
-
-        try:
-            get_gpu(c.gpu)
-        except ValueError as err:
-            problems.append(f"gpu: {err}")
+            problems.extend(override_problems(model.config, c.model_overrides))
     return problems
 
 
@@ -417,6 +537,35 @@ def model_problems(name: str, model_config: dict[str, Any], seq_len: Any) -> lis
         return []
     too_long = seq_len_problem(name, model_config, tokens, spelling="field")
     return [too_long] if too_long else []
+
+
+def _data_problems(c: TrainConfig) -> list[str]:
+    """What is wrong with the data settings, found without reading any data (local paths must
+    exist; a Hub dataset is asked about when the run starts)."""
+    from memfit.train.data.sources import source_problems
+
+    problems = source_problems("data", c.data, mixing=True) + source_problems("eval_data", c.eval_data, mixing=False)
+    if c.streaming and c.max_steps is None:
+        problems.append("streaming: true needs max_steps: a stream has no length to count epochs in. Add max_steps: N "
+                        "(optimizer steps).")
+    if c.streaming and c.eval_split > 0:
+        problems.append(f"eval_split: {c.eval_split!r} with streaming: true: a stream's length is not known, so it cannot be "
+                        "split. Give eval_data instead (e.g. eval_data: {path: org/name, split: test}).")
+    if c.shuffle_buffer_size < 0:
+        problems.append(f"shuffle_buffer_size: {c.shuffle_buffer_size!r} must be 0 or more (0: the stream's order)")
+    return problems
+
+
+def _eval_prompt_problems(c: TrainConfig) -> list[str]:
+    """What ``eval_prompts`` and ``eval_max_new_tokens`` cannot be."""
+    problems = [f"eval_prompts[{index}]: {problem}" for index, prompt in enumerate(c.eval_prompts)
+                if (problem := prompt_problem(prompt))]
+    if c.eval_max_new_tokens < 1:
+        problems.append(f"eval_max_new_tokens: {c.eval_max_new_tokens!r} must be 1 or more (e.g. eval_max_new_tokens: 64)")
+    if c.eval_prompts and c.gpus > 1:
+        problems.append(f"eval_prompts with gpus: {c.gpus}: replies are generated by one process. Remove eval_prompts and "
+                        "ask the finished run with memfit generate RUN_DIR --prompts FILE.")
+    return problems
 
 
 def _fit_problems(c: TrainConfig) -> list[str]:
@@ -442,12 +591,14 @@ def _multi_gpu_problems(c: TrainConfig) -> list[str]:
     if c.shard == "none":
         problems.append(
             f"shard: 'none' with gpus: {c.gpus}: say how the {c.gpus} processes split the model: ddp (each holds "
-            "everything), zero2, zero3 (= fsdp) or fsdp-offload; e.g. shard: fsdp."
+            f"everything), zero2, zero3 (= fsdp) or fsdp-offload; e.g. shard: fsdp (--shard fsdp), and start one "
+            f"process per GPU: memfit train CONFIG --nproc {c.gpus} (or torchrun --nproc-per-node {c.gpus} -m memfit "
+            "train CONFIG). For one process, set gpus: 1."
         )
-    if c.precision == "fp16":
+    if c.precision in ("fp16", "fp16-mixed"):
         problems.append(
-            f"precision: 'fp16' with gpus: {c.gpus}: fp16's loss scaling is not synchronised across processes. "
-            "Use precision: bf16 (or fp32)."
+            f"precision: {c.precision!r} with gpus: {c.gpus}: fp16's loss scaling is not synchronised across processes. "
+            f"Use precision: {c.precision.replace('fp16', 'bf16')} (or fp32)."
         )
     if c.step_in_backward:
         problems.append(
@@ -495,10 +646,13 @@ def tokenizer_path(config: TrainConfig) -> Path:
     return tiny_tokenizer_path()
 
 
-def total_steps(config: TrainConfig, batches_per_epoch: int) -> int:
-    """Optimizer steps of the run: ``max_steps``, or ``epochs`` x steps per epoch (rounded up)."""
+def total_steps(config: TrainConfig, batches_per_epoch: int | None) -> int:
+    """Optimizer steps of the run: ``max_steps``, or ``epochs`` x steps per epoch (rounded up).
+    ``batches_per_epoch`` None: the data is a stream, whose run counts ``max_steps`` alone."""
     if config.max_steps is not None:
         return config.max_steps
+    if batches_per_epoch is None:
+        raise ConfigError(["streaming: true needs max_steps: a stream has no length to count epochs in"])
     epochs = config.epochs if config.epochs is not None else 1.0
     return max(1, math.ceil(epochs * batches_per_epoch / config.grad_accum))
 

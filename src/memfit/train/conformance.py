@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from memfit.json_form import JsonForm
+
 #: Two tiny model shapes (the shipped tiny tokenizer's 512 tokens): grouped-query heads in both, an
 #: untied head in the Llama one and a tied one in the Qwen2 one.
 TINY_MODELS: dict[str, dict[str, Any]] = {
@@ -44,7 +46,7 @@ _ONE_TOKEN_CHARS = "~#@|`"
 
 
 @dataclass
-class Cell:
+class Cell(JsonForm):
     """One configuration: the plan's peak and the run's, and whether they agree."""
 
     name: str
@@ -68,7 +70,7 @@ class Cell:
     def agrees(self) -> bool:
         return not self.error and abs(self.difference_bytes) <= self.tolerance_bytes
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "difference_bytes": self.difference_bytes, "agrees": self.agrees}
 
 
@@ -107,6 +109,14 @@ MATRIX: list[tuple[str, dict[str, Any]]] = [
     _cell("qwen2 full bf16 offload", model="qwen2", method="full", precision="bf16", checkpointing="offload"),
     _cell("qwen2 full fp32 tiling resume", model="qwen2", method="full", precision="fp32", tiling="on", resume=True),
     _cell("qwen2 full step-in-backward no-ckpt", model="qwen2", method="full", precision="bf16", step_in_backward=True, checkpointing="off"),
+    # Mixed precision: fp32 weights (a 16-bit frozen LoRA base), forward under autocast.
+    _cell("llama full bf16-mixed", model="llama", method="full", precision="bf16-mixed"),
+    _cell("llama full fp16-mixed scaler accum3 no-ckpt", model="llama", method="full", precision="fp16-mixed", grad_accum=3, checkpointing="off"),
+    _cell("llama full bf16-mixed step-in-backward", model="llama", method="full", precision="bf16-mixed", step_in_backward=True),
+    _cell("llama lora bf16-mixed", model="llama", method="lora", precision="bf16-mixed"),
+    _cell("llama lora fp16-mixed scaler", model="llama", method="lora", precision="fp16-mixed"),
+    _cell("qwen2 full bf16-mixed tiling offload", model="qwen2", method="full", precision="bf16-mixed", tiling="on", checkpointing="offload"),
+    _cell("qwen2 qlora bf16-mixed padded", model="qwen2", method="qlora", precision="bf16-mixed", padding_free="off", batch_size=2),
 ]
 
 #: The rest of a cell's settings, unless it says otherwise.

@@ -254,7 +254,8 @@ def shard_model(model, spec, device, world: Placement):
 
     Each decoder layer (:func:`memfit.models.build.decoder_layers`) becomes one FSDP group, then the
     root takes what is left (embeddings, final norm, output head). Parameters keep the run's dtype
-    (memfit trains pure bf16 / fp32 weights); gradients of 16-bit weights are reduced in fp32.
+    (pure bf16, or fp32 master weights under a mixed precision, whose forward runs under autocast
+    after the gather, as on one GPU); gradients of 16-bit weights are reduced in fp32.
     """
     import torch
     from torch.distributed.device_mesh import init_device_mesh
@@ -269,7 +270,7 @@ def shard_model(model, spec, device, world: Placement):
     from memfit.models.layers import decoder_layers
 
     settings = fsdp_settings(spec.shard)
-    dtype = DTYPES[spec.precision]
+    dtype = DTYPES[spec.weight_precision]
     if settings["replicate"]:
         # A 2-D mesh (replicate, shard=1): FSDP2's hybrid mode with nothing to shard is plain data parallelism.
         mesh = init_device_mesh(device.type, (world.world_size, 1), mesh_dim_names=("replicate", "shard"))

@@ -21,3 +21,9 @@ class OutOfMemory(TrainError):
         self.checkpoint = checkpoint
         self.plan = plan
         super().__init__(message)
+
+
+class DiskFull(TrainError):
+    """The disk filled up while a checkpoint or the run's output was saved. What was being written
+    is removed and what was saved before is whole; the message says how much was needed, how much is
+    free, on which disk, and how to go on. Exit code 2, as for any full disk (a path problem)."""

@@ -1,13 +1,18 @@
 """The run's data, made ready before any weight is read: tokenizer, examples, the evaluation split.
 
-Everything that can fail on the user's data fails here, first (a bad file, a tokenizer that does
-not match the model), so that no model is loaded for a run that cannot start.
+Everything that can fail on the user's data fails here, first (a bad file, a Hub dataset that does
+not exist or lacks the split, a column the mapping names, a tokenizer that does not match the
+model), so that no model is loaded for a run that cannot start. A stream's first rows are checked
+here; the rest is read while the run trains.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,27 +50,128 @@ def pad_token_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def prepare_examples(config: TrainConfig, tokenizer) -> tuple[list, list]:
-    """Load, validate and tokenize the training data; split off (or load) the evaluation set."""
-    from memfit.train.data import load_records, tokenize_records
+@dataclass
+class RunData:
+    """The run's training and evaluation examples, or its training stream.
 
-    records, fmt = load_records(config.data, config.data_format)
+    ``train_examples`` is empty for a stream: the run plans at ``seq_len`` (a stream's longest
+    example is not known before it is read). ``record`` is what ``run.json`` keeps of the data.
+    """
+
+    train_examples: list
+    eval_examples: list
+    stream: Any = None  # memfit.train.data.reading.Stream
+    record: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def checked_examples(self) -> list:
+        """The examples known now (a stream's: those of its first rows), to check against the model."""
+        sample = self.stream.examples if self.stream is not None else self.train_examples
+        return list(sample) + list(self.eval_examples)
+
+    def batches(self, batch_size: int, config: TrainConfig, eos_id: int | None = None):
+        """The run's batch order: a BatchIterator over the examples, or the stream's batches."""
+        from memfit.train.data import BatchIterator
+
+        if self.stream is None:
+            return BatchIterator(self.train_examples, batch_size=batch_size, seed=config.seed)
+        from memfit.train.data.tokenization import Packer
+
+        packer = Packer(config.seq_len, eos_id) if config.packing else None
+        return self.stream.batches(batch_size, seed=config.seed, shuffle_buffer_size=config.shuffle_buffer_size, packer=packer)
+
+
+def prepare_data(config: TrainConfig, tokenizer, *, console=None, resume_from: Path | None = None) -> RunData:
+    """Load, validate and tokenize the training data (or open its stream and check its first rows);
+    split off (or load) the evaluation set.
+
+    ``resume_from``: the folder of a run being resumed; its Hub datasets are read at the commits it
+    recorded, so the resumed run reads the same rows.
+    """
+    from memfit.train.data.reading import load_sources, open_stream
+    from memfit.train.data.sources import as_sources
+    from memfit.train.data.tokenization import check_tokenization, tokenize_record, tokenize_records
+
+    sources, eval_sources = as_sources(config.data), as_sources(config.eval_data)
+    pinned = recorded_commits(resume_from) if resume_from is not None else {}
     eval_records: list = []
-    if config.eval_data:
-        eval_records, _ = load_records(config.eval_data, config.data_format)
-    elif config.eval_split > 0:
-        order = list(range(len(records)))
-        random.Random(f"memfit-eval-{config.seed}").shuffle(order)
-        n_eval = max(1, round(config.eval_split * len(records)))
-        if n_eval >= len(records):
-            raise TrainError(f"eval_split: {config.eval_split} of {len(records)} records leaves nothing to train on")
-        held = set(order[:n_eval])
-        eval_records = [records[i] for i in sorted(held)]
-        records = [r for i, r in enumerate(records) if i not in held]
+    if eval_sources:
+        eval_loaded = load_sources(eval_sources, "eval_data", format=config.data_format,
+                                   commits=_pins(eval_sources, pinned.get("eval_data")))
+        eval_records = eval_loaded.records
+    common = dict(format=config.data_format, seed=config.seed, stopping_strategy=config.stopping_strategy,
+                  commits=_pins(sources, pinned.get("data")))
     kwargs = dict(seq_len=config.seq_len, train_on_inputs=config.train_on_inputs, packing=config.packing)
-    train_examples = tokenize_records(records, tokenizer, **kwargs)
     eval_examples = tokenize_records(eval_records, tokenizer, **kwargs) if eval_records else []
-    return train_examples, eval_examples
+    if config.streaming:
+        check_tokenization(tokenizer, config.seq_len)
+        stream = open_stream(sources, "data", tokenize=lambda r: tokenize_record(r, tokenizer, config.seq_len, config.train_on_inputs),
+                             **common)
+        if console is not None:
+            console.print(f"streaming {_names(sources)}: planned at seq_len {config.seq_len} (a stream's longest example is "
+                          "not known before it is read)", highlight=False)
+        record = _data_record(sources, stream.commits, eval_sources, eval_loaded.commits if eval_sources else [], True)
+        return RunData([], eval_examples, stream, record)
+    loaded = load_sources(sources, "data", **common)
+    records = loaded.records
+    if not eval_sources and config.eval_split > 0:
+        records, eval_records = _split_off(records, config.eval_split, config.seed)
+        eval_examples = tokenize_records(eval_records, tokenizer, **kwargs)
+    train_examples = tokenize_records(records, tokenizer, **kwargs)
+    record = _data_record(sources, loaded.commits, eval_sources, eval_loaded.commits if eval_sources else [], False)
+    return RunData(train_examples, eval_examples, None, record)
+
+
+def prepare_examples(config: TrainConfig, tokenizer) -> tuple[list, list]:
+    """The training and evaluation examples of data read in memory (:func:`prepare_data`)."""
+    data = prepare_data(config.model_copy(update={"streaming": False}), tokenizer)
+    return data.train_examples, data.eval_examples
+
+
+def _split_off(records: list, eval_split: float, seed: int) -> tuple[list, list]:
+    """(training records, evaluation records): ``eval_split`` of them held out, chosen by ``seed``."""
+    order = list(range(len(records)))
+    random.Random(f"memfit-eval-{seed}").shuffle(order)
+    n_eval = max(1, round(eval_split * len(records)))
+    if n_eval >= len(records):
+        raise TrainError(f"eval_split: {eval_split} of {len(records)} records leaves nothing to train on")
+    held = set(order[:n_eval])
+    return [r for i, r in enumerate(records) if i not in held], [records[i] for i in sorted(held)]
+
+
+def _names(sources) -> str:
+    return ", ".join(s.label() for s in sources)
+
+
+def _data_record(sources, commits, eval_sources, eval_commits, streaming: bool) -> dict[str, Any]:
+    """What run.json keeps of the data: each source with the Hub commit it was read at."""
+    def entries(items, used):
+        return [{"path": s.path, "subset": s.subset, "split": s.split, "revision": s.revision, "commit": c}
+                for s, c in zip(items, used)]
+
+    return {"streaming": streaming, "data": entries(sources, commits), "eval_data": entries(eval_sources, eval_commits)}
+
+
+def recorded_commits(run_dir: Path | None) -> dict[str, list[dict[str, Any]]]:
+    """The data sources an earlier run in ``run_dir`` recorded (its run.json), by config field."""
+    try:
+        record = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8")).get("data") or {}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+    return {key: value for key, value in record.items() if key in ("data", "eval_data") and isinstance(value, list)}
+
+
+def _pins(sources, recorded: list[dict[str, Any]] | None) -> list[str | None] | None:
+    """The recorded commit of each source, where the recorded source is this one (same path,
+    subset, split and revision); None when nothing was recorded."""
+    if not recorded:
+        return None
+    pins = []
+    for index, source in enumerate(sources):
+        entry = recorded[index] if index < len(recorded) and isinstance(recorded[index], dict) else {}
+        same = all(entry.get(key) == getattr(source, key) for key in ("path", "subset", "split", "revision"))
+        pins.append(entry.get("commit") if same else None)
+    return pins
 
 
 def check_vocab(examples: list, vocab_size: int, tokenizer) -> None:

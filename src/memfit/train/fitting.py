@@ -102,7 +102,7 @@ def fit_configuration(config: TrainConfig, model_config: dict[str, Any], seq_len
     chosen = result.knobs()
     console.print(f"fit: chose {describe(chosen)} (plan {format_bytes(result.chosen.device_total_bytes)}): {result.why}",
                   highlight=False)
-    record = {**result.to_json(), "target": target.description, "planned_seq_len": seq_len, "given": {k: config.spec.knobs()[k] for k in SEARCHED}}
+    record = {**result.to_dict(), "target": target.description, "planned_seq_len": seq_len, "given": {k: config.spec.knobs()[k] for k in SEARCHED}}
     return config.model_copy(update=chosen), record
 
 

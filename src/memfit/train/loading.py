@@ -320,7 +320,7 @@ def load_model(
     """Build the model of ``config_dict`` on meta, load (or randomly initialise) its weights on
     ``device`` and prepare it for ``spec.method``; then check the result (:func:`verify_setup`)."""
     config = make_config(config_dict)
-    dtype = DTYPES[spec.precision]
+    dtype = DTYPES[spec.weight_precision]
     model = build_meta_model(config, dtype)
     initializer_range = float(getattr(config, "initializer_range", 0.02) or 0.02)
     loader = make_weight_loader(init, weights_dir, device, initializer_range, seed)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.errors import EXIT_DOES_NOT_FIT, UserError
+from memfit.json_form import JsonForm
 from memfit.units import format_bytes
 
 
@@ -38,7 +39,7 @@ class PreflightError(UserError, RuntimeError):
 
 
 @dataclass
-class PreflightResult:
+class PreflightResult(JsonForm):
     """The plan of the run and what it was checked against (``target`` None: nothing to check)."""
 
     plan: Any
@@ -47,13 +48,13 @@ class PreflightResult:
     fits: bool | None
     forced: bool = False
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "target": self.target,
             "target_bytes": self.target_bytes,
             "fits": self.fits,
             "forced": self.forced,
-            "plan": self.plan.to_json() if self.plan is not None else None,
+            "plan": self.plan.to_dict() if self.plan is not None else None,
         }
 
 

@@ -12,6 +12,7 @@ run the same code: what differs is asked of the :mod:`world <memfit.train.world>
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -37,17 +38,18 @@ from memfit.train.config import (
     total_steps,
     warmup_steps,
 )
-from memfit.train.data import BatchIterator
 from memfit.train.distributed import DistributedError, check_world
-from memfit.train.errors import OutOfMemory, TrainError
+from memfit.train.disk_space import FULL_DISK_ERRNOS, full_disk_message
+from memfit.train.errors import DiskFull, OutOfMemory, TrainError
 from memfit.train.examples import (
     check_vocab,
     load_tokenizer,
     pad_token_id,
-    prepare_examples,
+    prepare_data,
     seed_everything,
 )
 from memfit.train.fitting import Target, device_target, fit_configuration, planned_seq_len, recorded_knobs, step_down
+from memfit.train.generation import eval_generations
 from memfit.train.guards import StopOnSignal, handle_oom
 from memfit.train.hub_model import fetch_small_files, fetch_weights
 from memfit.train.loading import load_model, verify_setup
@@ -66,7 +68,9 @@ __all__ = ["OutOfMemory", "TrainError", "TrainResult", "train"]
 @dataclass
 class TrainResult:
     """How a run ended. ``status``: completed, interrupted (by SIGINT / SIGTERM: resumable), or
-    finished (``resume`` on a run that had already completed: nothing was trained or written)."""
+    finished (``resume`` on a run that had already completed: nothing was trained or written).
+    ``signal_name``: the signal that stopped an interrupted run, or that reached a completed one
+    during its last step or while its outputs were written (it completed all the same)."""
 
     status: str
     step: int
@@ -127,6 +131,13 @@ def train(
     try:
         return _run(config, world, resume=resume, model=model, console=console, progress=progress,
                     conformance_steps=conformance_steps)
+    except OSError as err:
+        world.discard_run_dir()
+        if err.errno in FULL_DISK_ERRNOS and err.filename is None:  # a write to an open file (metrics, memory)
+            run_dir = Path(config.output_dir or "runs/train")
+            raise DiskFull(full_disk_message(run_dir, "the run's files", None, "Free some space there and continue "
+                                             "with --resume (from the last checkpoint).")) from None
+        raise
     except BaseException:
         world.discard_run_dir()  # a run that failed before writing anything leaves no empty folder
         raise
@@ -140,18 +151,21 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     console = console or Console(stderr=True)
     run_dir = Path(config.output_dir or "runs/train")
     device = world.join(config.device, model)
+    _warn_slow_on_cpu(config, device, console)
     for leftover in world.prepare_run_dir(run_dir, resume):
         console.print(f"removed {leftover}: the temporary folder of a save that was interrupted", highlight=False)
     # A Hub model (model: org/name): its config, tokenizer and weights index now, the weights once
     # the run is known to fit and the data is read (memfit.train.hub_model).
     config, hub = fetch_small_files(config, world=world, console=console, resume=resume, run_dir=run_dir)
 
-    # 1. Data: tokenized up front, so that a bad file fails before anything is planned or loaded.
+    # 1. Data: tokenized up front (a stream: its first rows), so that a bad file or dataset fails
+    # before anything is planned or loaded.
     model_dict = model_config_dict(config)
     seed_everything(config.seed)
     tokenizer = load_tokenizer(config)
-    train_examples, eval_examples = prepare_examples(config, tokenizer)
-    check_vocab(train_examples + eval_examples, int(model_dict.get("vocab_size") or 0), tokenizer)
+    data = prepare_data(config, tokenizer, console=console, resume_from=run_dir if resume else None)
+    train_examples, eval_examples = data.train_examples, data.eval_examples  # a stream's are not known: plan at seq_len
+    check_vocab(data.checked_examples, int(model_dict.get("vocab_size") or 0), tokenizer)
     pad_id = pad_token_id(tokenizer)
 
     # 2. The configuration, and whether it fits: decided before any weight is read. A resumed run
@@ -208,7 +222,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     # 4. Optimizer, schedule, data order and the loss scaler fp16 needs.
     optimizer = build_optimizer(model.parameters(), spec.optimizer, lr=config.lr, weight_decay=config.weight_decay,
                                 step_in_backward=spec.step_in_backward)
-    batches = BatchIterator(train_examples, batch_size=world.global_batch_size(spec), seed=config.seed)
+    batches = data.batches(world.global_batch_size(spec), config, tokenizer.eos_token_id)
     steps = total_steps(config, batches.batches_per_epoch())
     warmup = warmup_steps(config, steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -257,29 +271,54 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     record = RunRecord.for_run(run_dir, config=config, model_config=model_dict, preflight=preflight, setup=setup,
                                device=device, total_steps=steps, enabled=world.is_main,
                                extra={**world.run_fields(spec), **({"hub": hub.record()} if hub is not None else {}),
+                                      "data": data.record,
                                       "planned_seq_len": planned_len, "fit": fit_record,
                                       "active_knobs": {k: spec.knobs()[k] for k in SEARCHED}, "given_knobs": given,
                                       "config_changes": _recorded_changes(run_dir) if resume else []})
     record.write(status="running", step=start_step)
     result = TrainResult(status="completed", step=start_step, total_steps=steps, run_dir=run_dir, setup=setup, model=model)
 
-    # 6. The loop.
+    # 6. The loop, then 7. the outputs: the last checkpoint and the deliverable.
     current = _Current(config=config, step_fn=step_fn, pad_id=pad_id, model_config=model_dict, planned_len=planned_len,
                        longest_len=longest_len,
-                       plan=preflight.plan)
-    _loop(current, world, result, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
-          batches=batches, eval_examples=eval_examples, device=device, preflight=preflight, record=record,
-          checkpoint_now=checkpoint_now, console=console, progress=progress, conformance_steps=conformance_steps)
-    config, spec = current.config, current.config.spec
-
-    # 7. Outputs: the last checkpoint and the deliverable, once the loop completed; the trained model
-    # with its own attention back (document attention is for training rows).
-    restore_attention(model)
-    if result.status == "completed":
-        result.output_dir = world.save_outputs(model, tokenizer, run_dir, spec.uses_adapters)
+                       plan=preflight.plan, tokenizer=tokenizer)
+    _train_and_save(current, world, result, tokenizer, model=model, optimizer=optimizer, scheduler=scheduler,
+                    grad_scaler=grad_scaler, batches=batches, eval_examples=eval_examples, device=device,
+                    preflight=preflight, record=record, checkpoint_now=checkpoint_now, console=console,
+                    progress=progress, conformance_steps=conformance_steps)
     record.write(status=result.status, step=result.step, tokens_per_second=result.tokens_per_second,
                  peak=step_peak_reading(device))
     return result
+
+
+def _train_and_save(current: _Current, world, result: TrainResult, tokenizer, *, model, record, **loop: Any) -> None:
+    """The loop (:func:`_loop`), then the deliverable once it completed (a signal during the last
+    step included: that step is done), with the trained model's own attention back (document
+    attention is for training rows). A signal stops the run after the step it arrives in; from then
+    on until the outputs are written it only asks, so the last checkpoint and the deliverable are
+    never cut short. A full disk is recorded in ``run.json``."""
+    try:
+        with StopOnSignal() as stop:
+            _loop(current, world, result, stop, model=model, record=record, **loop)
+            restore_attention(model)
+            if result.status == "completed":
+                result.output_dir = world.save_outputs(model, tokenizer, result.run_dir, current.spec.uses_adapters)
+                result.signal_name = stop.signal_name  # arrived once there was nothing left to stop
+    except DiskFull:
+        with contextlib.suppress(OSError):  # a few hundred bytes: there is room once the failed save is gone
+            record.write(status="disk_full", step=result.step)
+        raise
+
+
+def _warn_slow_on_cpu(config: TrainConfig, device: torch.device, console) -> None:
+    """Say once, before any work, that a QLoRA run on the CPU goes through bitsandbytes' CPU path
+    for 4-bit layers, much slower than LoRA there (and 4 bits save GPU memory, not host memory)."""
+    if device.type == "cpu" and config.method == "qlora":
+        console.print(
+            "[yellow]warning:[/] method: qlora on the CPU runs bitsandbytes' CPU path for 4-bit layers, much slower "
+            "than LoRA; on a CPU use method: lora (with precision: fp32), or train QLoRA on a GPU.",
+            highlight=False,
+        )
 
 
 @dataclass
@@ -293,6 +332,13 @@ class _Current:
     planned_len: int  # the data's longest micro-batch at this configuration's micro-batch size
     longest_len: int  # the data's longest example (the length a search over micro-batch sizes plans)
     plan: Any  # the plan of the configuration in effect (None: not planned)
+    tokenizer: Any = None  # for the replies to eval_prompts
+
+    def write_generations(self, log, model, step: int, device: torch.device) -> None:
+        """The greedy replies to ``eval_prompts`` at ``step``, one ``metrics.jsonl`` record (none without prompts)."""
+        if self.config.eval_prompts:
+            log.write(eval_generations(model, self.tokenizer, self.config.eval_prompts, step=step,
+                                       max_new_tokens=self.config.eval_max_new_tokens, device=device))
 
     @property
     def spec(self):
@@ -302,12 +348,14 @@ class _Current:
         return self.step_fn.collate(examples, self.pad_id)
 
 
-def _loop(current: _Current, world, result: TrainResult, *, model, optimizer, scheduler, grad_scaler, batches,
-          eval_examples: list, device: torch.device, preflight: PreflightResult, record, checkpoint_now, console,
-          progress: bool, conformance_steps: int | None = None) -> None:
+def _loop(current: _Current, world, result: TrainResult, stop: StopOnSignal, *, model, optimizer, scheduler,
+          grad_scaler, batches, eval_examples: list, device: torch.device, preflight: PreflightResult, record,
+          checkpoint_now, console, progress: bool, conformance_steps: int | None = None) -> None:
     """The optimizer steps from ``result.step`` to the end, watched: memory is recorded every step
     (``memory.jsonl``) and checked for leaks, stray devices and switched-off optimizations. A step that
-    runs out of memory is taken again one configuration down (:func:`_step_down`), where it can be."""
+    runs out of memory is taken again one configuration down (:func:`_step_down`), where it can be.
+    A signal (``stop``) ends the run after its step with an ``interrupt`` checkpoint, unless that step
+    was the last: then the run completes, without its final evaluation."""
     config, spec = current.config, current.spec
     steps = result.total_steps
     recorder = MemoryRecorder(result.run_dir, plan=preflight.plan, expected_device=device, total_steps=steps, spec=spec,
@@ -326,7 +374,8 @@ def _loop(current: _Current, world, result: TrainResult, *, model, optimizer, sc
     # One voice: rank 0 writes metrics.jsonl and reports to the trackers, with what run.json holds.
     metrics_log = (MetricsLog(result.run_dir, report_to=config.report_to, run_config=record.fields, console=console)
                    if world.is_main else NullLog())
-    with recorder, StopOnSignal() as stop, metrics_log as log, LiveProgress(console, steps, result.step, enabled=progress) as bar:
+    stopping = False  # asked to stop by the end of the last step (several processes: as they all agreed at its end)
+    with recorder, metrics_log as log, LiveProgress(console, steps, result.step, enabled=progress) as bar:
         step = result.step
         while step < steps:
             # Where the run stands before this step: an emergency checkpoint taken if the step fails
@@ -346,10 +395,14 @@ def _loop(current: _Current, world, result: TrainResult, *, model, optimizer, sc
                 raise _out_of_memory(current.config, world, optimizer, step, preflight, device, console,
                                      lambda: checkpoint_now(step, "oom", data_before, rng_before), record) from None
             config, spec = current.config, current.spec
+            step_lr = optimizer.param_groups[0]["lr"]  # what this step used: scheduler.step() sets the next one's
             scheduler.step()
             loss_value, tokens, stop_requested, grad_norm = world.step_totals(loss, tokens, stop.signal_name is not None, grad_norm, device)
             if stop_requested and stop.signal_name is None:
                 stop.signal_name = "SIGTERM"  # another rank was asked to stop
+            # On several processes only what they agreed on counts (a signal may reach one rank later
+            # than the others); one process also stops for a signal that came after the step's end.
+            stopping = stop_requested if world.distributed else stop.signal_name is not None
             meter.stop(tokens)
             grad_norm = float(grad_norm) if grad_norm is not None else None
             del micro_batches, loss  # nothing of this step is held into the next
@@ -364,7 +417,7 @@ def _loop(current: _Current, world, result: TrainResult, *, model, optimizer, sc
             metrics = {
                 "step": done,
                 "loss": loss_value,
-                "lr": scheduler.get_last_lr()[0],
+                "lr": step_lr,
                 "grad_norm": grad_norm,
                 "tokens": tokens,
                 "tokens_per_second": meter.rate(),
@@ -380,25 +433,43 @@ def _loop(current: _Current, world, result: TrainResult, *, model, optimizer, sc
                 eval_loss = evaluate(model, eval_examples, spec.batch_size, current.collate, device, current.step_fn.loss)
                 result.eval_losses.append((done, eval_loss))
                 log.write({"step": done, "eval_loss": eval_loss})
+            if config.eval_every and done % config.eval_every == 0 and done != steps:
+                current.write_generations(log, model, done, device)
             bar.update(done, metrics)
             if config.save_every and done % config.save_every == 0 and done != steps:
                 result.checkpoint = checkpoint_now(done, "interval")
-            if stop.signal_name is not None:
+            if stopping and done < steps:
                 result.checkpoint = checkpoint_now(done, "interrupt")
                 result.status, result.signal_name = "interrupted", stop.signal_name
                 break
 
         if result.status == "completed":
-            if eval_examples:
-                eval_loss = evaluate(model, eval_examples, spec.batch_size, current.collate, device, current.step_fn.loss)
-                result.eval_losses.append((result.step, eval_loss))
-                log.write({"step": result.step, "eval_loss": eval_loss})
+            _final_evaluation(current, result, model, eval_examples, device, log, console,
+                              stop.signal_name if stopping else None)
             result.checkpoint = checkpoint_now(result.step, "final")
         for finding in recorder.close(status=result.status):
             warn(console, finding)
     for line in comparison_lines(recorder.comparison()):
         console.print(line, highlight=False)
     result.tokens_per_second = meter.overall_rate()
+
+
+def _final_evaluation(current: _Current, result: TrainResult, model, eval_examples: list, device: torch.device, log,
+                      console, stopped_by: str | None) -> None:
+    """Evaluate the trained model at the end of the run (the eval loss, the replies to
+    ``eval_prompts``), unless ``stopped_by`` a signal during the last step: then the outputs matter
+    more than waiting for the evaluation (say so)."""
+    if not eval_examples and not current.config.eval_prompts:
+        return
+    if stopped_by is not None:
+        console.print(f"{stopped_by} during the last step: the step is done, so the run completes; "
+                      "its final evaluation is skipped", highlight=False)
+        return
+    if eval_examples:
+        eval_loss = evaluate(model, eval_examples, current.spec.batch_size, current.collate, device, current.step_fn.loss)
+        result.eval_losses.append((result.step, eval_loss))
+        log.write({"step": result.step, "eval_loss": eval_loss})
+    current.write_generations(log, model, result.step, device)
 
 
 def _step_down(current: _Current, world, model, optimizer, batches, step: int, data_before: dict[str, Any],

@@ -102,14 +102,14 @@ class RunRecord:
         import transformers
 
         fields = {
-            "config": config.to_json(),
+            "config": config.to_dict(),
             "spec": config.spec.knobs(),
             "model_config": model_config,
             "device": str(device),
             "total_steps": total_steps,
             "setup": setup,
-            "preflight": preflight.to_json(),
-            "plan": preflight.plan.to_json() if preflight.plan is not None else None,
+            "preflight": preflight.to_dict(),
+            "plan": preflight.plan.to_dict() if preflight.plan is not None else None,
             "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
             **extra,
         }
@@ -139,15 +139,27 @@ def write_outputs(model, tokenizer, run_dir: Path, adapters: bool, state_dict: d
     """Save the model (PEFT adapter or full weights) with the tokenizer into the run folder.
 
     Written to a temporary folder and renamed into place, replacing an earlier one only once
-    complete. ``state_dict``: the weights to write (a sharded run gathers them first).
+    complete; on a full disk the temporary folder is removed and :class:`DiskFull` says how much it
+    needed and how much is free. ``state_dict``: the weights to write (a sharded run gathers them first).
     """
+    from memfit.train.disk_space import folder_bytes, saving, tensor_bytes
+
     final = output_dir(run_dir, adapters)
     tmp = run_dir / f".tmp-{final.name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
     extra = {"state_dict": state_dict} if state_dict is not None else {}
-    model.save_pretrained(str(tmp), safe_serialization=True, **extra)
-    tokenizer.save_pretrained(str(tmp))
-    apply_umask(tmp)  # safetensors writes owner-only files; the deliverable gets the user's usual permissions
+    if state_dict is not None:
+        weights = state_dict
+    else:
+        weights = [p for p in model.parameters() if p.requires_grad] if adapters else model.state_dict()
+    checkpoint = latest_checkpoint(run_dir)
+    then = (f"The run's last checkpoint, {checkpoint}, is whole: free some space there and run the same command with "
+            f"--resume to write the {final.name}." if checkpoint is not None else "Free some space there and run again.")
+    with saving(tmp, what=f"the {final.name}", needed_bytes=tensor_bytes(weights), then=then) as need:
+        tokenizer.save_pretrained(str(tmp))  # first: small, and then its size is known to a full disk's message
+        need.bytes += folder_bytes(tmp)
+        model.save_pretrained(str(tmp), safe_serialization=True, **extra)
+        apply_umask(tmp)  # safetensors writes owner-only files; the deliverable gets the user's usual permissions
     replace_dir(tmp, final)
     return final

@@ -29,7 +29,7 @@ PLAN_OPTIONS = ("revision", "gpu", "budget", "context_bytes", "full_sim", "no_ca
 
 #: The RunSpec knobs ``memfit fit`` takes as they are; the search chooses method, checkpointing,
 #: optimizer and the batch split, and batch_size means the effective batch there.
-FIT_KNOBS = ("rank", "alpha", "dropout", "targets", "recipe")
+FIT_KNOBS = ("rank", "alpha", "dropout", "targets", "recipe", "hf_loss")
 #: ``memfit fit``'s other options the page's search takes (``--write``, ``--data`` and
 #: ``--overwrite`` write files: the page never names a server path; see :data:`FIT_REFUSED`).
 FIT_OPTIONS = ("revision", "gpu", "budget", "batch_size", "seq_len", "method", "precision", "gpus", "shard", "max")
@@ -157,7 +157,8 @@ def fit_call(params: Mapping[str, list[str]]) -> Call:
     for name in ("revision", "gpu", "budget"):
         if name in values:
             options[name] = values.pop(name)
-    options["batch_size"] = _whole("batch_size", values.pop("batch_size", "8"), "8")
+    if "batch_size" in values:  # left off: 8, or a dropped tool config's own effective batch
+        options["batch_size"] = _whole("batch_size", values.pop("batch_size"), "8")
     if "seq_len" in values:
         options["seq_len"] = _whole("seq_len", values.pop("seq_len"), "2048")
     if "method" in values:

@@ -63,7 +63,7 @@ def comparison(timeline, run: dict[str, Any] | None, source: str, fallback_plan:
         "measured_peak_allocated_bytes": peak,
         "measured_peak_source": peak_source,
         "steps": steps,
-        "findings": [f.to_json() for f in timeline.findings],
+        "findings": [f.to_dict() for f in timeline.findings],
         "note": reason,
     }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from memfit.json_form import JsonForm
 from memfit.planner.categories import CATEGORIES
 from memfit.units import format_bytes
 from memfit.watch.thresholds import Thresholds
@@ -18,7 +19,7 @@ from memfit.watch.timeline import Finding, Timeline
 
 
 @dataclass(frozen=True)
-class CategoryRow:
+class CategoryRow(JsonForm):
     """One category: predicted bytes, measured bytes (None when not measurable), measured / predicted."""
 
     name: str
@@ -31,7 +32,7 @@ class CategoryRow:
             return self.measured_bytes / self.predicted_bytes
         return None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "predicted_bytes": self.predicted_bytes, "measured_bytes": self.measured_bytes, "ratio": self.ratio}
 
 
@@ -61,7 +62,7 @@ def measured_categories(timeline: Timeline) -> dict[str, int]:
 
 
 def compare_categories(plan: dict[str, Any] | None, timeline: Timeline) -> list[CategoryRow]:
-    """The plan's categories (``MemoryPlan.to_json()['categories']``) next to the measured ones."""
+    """The plan's categories (``MemoryPlan.to_dict()['categories']``) next to the measured ones."""
     predicted = (plan or {}).get("categories") or {}
     measured = measured_categories(timeline)
     rows = []

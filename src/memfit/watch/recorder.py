@@ -152,7 +152,7 @@ class MemoryRecorder:
         self._file.flush()
 
     def _record_finding(self, finding: Finding) -> None:
-        self._write({"kind": "finding", "time": time.time(), "finding": finding.to_json()})
+        self._write({"kind": "finding", "time": time.time(), "finding": finding.to_dict()})
 
     # ------------------------------------------------------------------------------ phases and steps
     def _on_phase(self, name: str) -> None:
@@ -414,8 +414,8 @@ def _plan_json(plan: Any) -> dict[str, Any] | None:
         return None
     if isinstance(plan, dict):
         return plan
-    if hasattr(plan, "to_json"):
-        return plan.to_json()
+    if hasattr(plan, "to_dict"):
+        return plan.to_dict()
     raise TypeError(f"plan: expected a MemoryPlan or its JSON dict, not {type(plan).__name__}")
 
 

@@ -169,6 +169,7 @@ def render_html(diagnosis: Diagnosis, charts: list[tuple[str, bytes]], section: 
         _table(configuration_rows(diagnosis.run)) or f'<p class="note">{e(NO_CONFIGURATION)}.</p>',
         "<h2>Findings</h2>", *_findings_html(diagnosis),
         "<h2>Training</h2>", *_training_html(diagnosis, images),
+        *_replies_html(diagnosis),
         "<h2>Memory</h2>", *_memory_html(diagnosis, images),
         "<h2>Plan vs measured</h2>", *_plan_html(section, images),
         "</body></html>",
@@ -225,6 +226,32 @@ def _training_html(diagnosis: Diagnosis, images: dict[str, str]) -> list[str]:
         parts.append('<p class="note">metrics.jsonl holds no loss, eval loss or learning rate '
                      f'({"it is missing" if not metrics else f"{len(metrics):,} records without them"}).</p>')
     return parts
+
+
+def _replies_html(diagnosis: Diagnosis) -> list[str]:
+    """The replies to ``eval_prompts`` at the first and the last evaluation, side by side (a run
+    without ``eval_prompts`` has no such section)."""
+    e = html.escape
+    records = [r for r in diagnosis.run.metrics if isinstance(r.get("generations"), list) and r["generations"]]
+    if not records:
+        return []
+    first, last = records[0], records[-1]
+    steps = [first] if first is last else [first, last]
+    header = "".join(f"<th>reply at step {e(str(r.get('step')))}</th>" for r in steps)
+    rows = []
+    for index, item in enumerate(last["generations"]):
+        messages = item.get("messages") or []
+        prompt = messages[-1].get("content", "") if messages and isinstance(messages[-1], dict) else ""
+        replies = []
+        for record in steps:
+            generations = record["generations"]
+            reply = generations[index].get("generation", "") if index < len(generations) else ""
+            replies.append(f"<td>{e(str(reply))}</td>")
+        rows.append(f"<tr><td>{e(str(prompt))}</td>{''.join(replies)}</tr>")
+    return ["<h2>Replies to eval_prompts</h2>",
+            f'<p class="note">greedy, at most {e(str(last.get("max_new_tokens", "")))} new tokens; '
+            f"{len(records):,} evaluations in metrics.jsonl</p>",
+            f"<table><tr><th>prompt</th>{header}</tr>{''.join(rows)}</table>"]
 
 
 def _eval_summary(evals: list[tuple[int, float]]) -> list[tuple[int, float]]:

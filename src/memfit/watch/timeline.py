@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.errors import UserError
+from memfit.json_form import JsonForm
 from memfit.run_files import MEMORY_FILE, METRICS_FILE, RUN_FILE, rank_of_memory_file
 
 #: Version of the record layout; bumped when a field changes meaning.
@@ -33,7 +34,7 @@ SEVERITY_RANK = {name: rank for rank, name in enumerate(SEVERITIES)}
 
 
 @dataclass
-class Finding:
+class Finding(JsonForm):
     """Something wrong (or worth knowing) about a run's memory, in plain words, with the fix.
 
     ``code`` is stable and machine-readable (``leak``, ``stray_device``...); ``data`` holds the
@@ -56,7 +57,7 @@ class Finding:
         """What makes two findings "the same problem": the code and the device it is about."""
         return self.code, str(self.data.get("device", ""))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
@@ -95,7 +96,7 @@ class Timeline:
 
     @property
     def plan(self) -> dict[str, Any] | None:
-        """The plan's JSON (``MemoryPlan.to_json()``) the run was started with, if any."""
+        """The plan's JSON (``MemoryPlan.to_dict()``) the run was started with, if any."""
         return self.start.get("plan")
 
     @property

@@ -1,5 +1,5 @@
-"""Training data: read local files in common instruction formats, validate them, tokenize with
-label masks, pack, and batch.
+"""Training data: local files and Hugging Face Hub datasets in common instruction formats, read in
+memory or as a stream, validated, tokenized with label masks, packed, mixed, and batched.
 
 Typical use by a training loop::
 
@@ -8,8 +8,13 @@ Typical use by a training loop::
     batches = BatchIterator(examples, batch_size=8, seed=0)             # resumable order
     batch = collate(next(batches), tokenizer.pad_token_id)             # memfit.step.batch: tensors
 
-Heavy dependencies stay lazy: pyarrow is imported when a Parquet file is read; this package never
-imports torch or transformers (it is handed a tokenizer).
+A config's sources (:class:`DataSource`: paths, Hub ids, subsets, splits, column mappings,
+weights) are read by :func:`~memfit.train.data.reading.load_sources`, or opened as a stream by
+:func:`~memfit.train.data.reading.open_stream` (:class:`~memfit.train.data.stream.StreamBatches`).
+
+Heavy dependencies stay lazy: ``datasets`` (and pyarrow) is imported when a Hub dataset, a Parquet
+or Arrow file, a mix or a stream is read, never for local JSON files; this package never imports
+torch or transformers (it is handed a tokenizer).
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from importlib import resources
 from pathlib import Path
 
 from memfit.train.data.batching import BatchIterator
-from memfit.train.data.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplateError, render_chat
+from memfit.train.data.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplateError, render_chat, render_prompt
 from memfit.train.data.errors import DataError
 from memfit.train.data.formats import FORMATS, detect_format, load_records
+from memfit.train.data.sources import DataSource
 from memfit.train.data.tokenization import pack_examples, tokenize_records
 
 __all__ = [
@@ -28,11 +34,13 @@ __all__ = [
     "ChatTemplateError",
     "DEFAULT_CHAT_TEMPLATE",
     "DataError",
+    "DataSource",
     "FORMATS",
     "detect_format",
     "load_records",
     "pack_examples",
     "render_chat",
+    "render_prompt",
     "tiny_tokenizer_path",
     "tokenize_records",
 ]

@@ -40,13 +40,14 @@ def _render(tokenizer: Any, messages: list[dict[str, str]], add_generation_promp
 
 
 def render_chat(
-    tokenizer: Any, messages: list[dict[str, str]], find_assistant_spans: bool = True
+    tokenizer: Any, messages: list[dict[str, str]], find_assistant_spans: bool = True, from_turn: int = 0
 ) -> tuple[str, list[tuple[int, int]]]:
     """Render ``messages`` with the tokenizer's chat template (or :data:`DEFAULT_CHAT_TEMPLATE`).
 
     Returns the rendered text and, when ``find_assistant_spans``, the ``[start, end)`` character
-    span of each assistant turn in it: everything the template emits for that turn after the
-    generation prompt, including its end marker.
+    span of each assistant turn in it (from message ``from_turn`` on: a prompt-completion record's
+    completion): everything the template emits for that turn after the generation prompt, including
+    its end marker.
 
     Raises:
         ChatTemplateError: the template fails on this conversation, or renders a prefix of the
@@ -58,7 +59,7 @@ def render_chat(
         if not find_assistant_spans:
             return full, spans
         for index, message in enumerate(messages):
-            if message["role"] != "assistant":
+            if message["role"] != "assistant" or index < from_turn:
                 continue
             before = _render(tokenizer, messages[:index], add_generation_prompt=True)
             through = _render(tokenizer, messages[: index + 1], add_generation_prompt=False)
@@ -75,3 +76,15 @@ def render_chat(
     except Exception as exc:  # jinja2 errors, including raise_exception() calls inside templates
         raise ChatTemplateError(f"the chat template failed: {exc}") from exc
     return full, spans
+
+
+def render_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """``messages`` rendered as at inference: the conversation so far and the assistant's
+    generation prompt, with the template training rendered them with (the tokenizer's own, else
+    :data:`DEFAULT_CHAT_TEMPLATE`). Raises :class:`ChatTemplateError` when the template fails."""
+    try:
+        return _render(tokenizer, messages, add_generation_prompt=True)
+    except ChatTemplateError:
+        raise
+    except Exception as exc:  # jinja2 errors, including raise_exception() calls inside templates
+        raise ChatTemplateError(f"the chat template failed: {exc}") from exc

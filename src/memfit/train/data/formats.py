@@ -1,17 +1,22 @@
-"""The four record formats, their detection, validation and normalization.
+"""The record formats, their detection, validation and normalization.
 
-Every record becomes one of two normalized forms:
+Every record becomes one of three normalized forms:
 
-- chat: ``{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...], "source": where}``
-- text: ``{"text": str, "source": where}``
+- chat: ``{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...], "source": where}``,
+  with ``"train_from": k`` when only the assistant turns from message ``k`` on are trained (a
+  conversational prompt-completion record: its completion);
+- text: ``{"text": str, "source": where}``;
+- prompt-completion text: ``{"prompt": str, "completion": str, "source": where}``.
 
-``source`` names the file and line the record came from, for later error messages.
+``source`` names the file and line (or the dataset and row) the record came from, for later error
+messages. A source's ``columns`` (memfit field <- dataset column) are applied to each record before
+its format is detected (:func:`map_columns`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Mapping
 
 from memfit.train.data.errors import Problems
 from memfit.train.data.readers import RawRecord, expand_paths, json_type_name, read_file
@@ -22,6 +27,8 @@ FORMAT_KEYS: dict[str, tuple[str, ...]] = {
     "sharegpt": ("conversations",),
     "messages": ("messages",),
     "text": ("text",),
+    # TRL's prompt-completion: two strings, or two lists of messages (conversational).
+    "prompt_completion": ("prompt", "completion"),
 }
 FORMATS = tuple(FORMAT_KEYS)
 ROLES = ("system", "user", "assistant")
@@ -30,16 +37,19 @@ SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "a
 
 
 def load_records(
-    paths: str | Path | list[str | Path], format: str = "auto"
+    paths: str | Path | list[str | Path], format: str = "auto", columns: Mapping[str, str] | None = None
 ) -> tuple[list[dict[str, Any]], str]:
     """Read, validate and normalize training records from local files.
 
     Args:
-        paths: a file, a directory (its .json/.jsonl/.ndjson/.parquet/.csv files, sorted) or a list
-            of them. JSON files hold a list of records; JSONL one record per line; CSV one record per
-            row (alpaca and text formats only); Parquet via pyarrow.
-        format: ``alpaca``, ``sharegpt``, ``messages``, ``text`` or ``auto`` (detected from the keys
-            of each file's first record; all files must agree).
+        paths: a file, a directory (its .json/.jsonl/.ndjson/.csv/.parquet/.arrow files, sorted) or
+            a list of them. JSON files hold a list of records; JSONL one record per line; CSV one
+            record per row (alpaca, text and prompt-completion text only); Parquet and Arrow files
+            are read through the ``datasets`` library.
+        format: ``alpaca``, ``sharegpt``, ``messages``, ``text``, ``prompt_completion`` or ``auto``
+            (detected from the keys of each file's first record; all files must agree).
+        columns: memfit field <- the files' column, applied to every record first
+            (``{"prompt": "question", "completion": "answer"}``).
 
     Returns:
         The normalized records (see the module docstring) and the format name.
@@ -49,14 +59,13 @@ def load_records(
             returned.
     """
     problems = Problems()
-    if format != "auto" and format not in FORMAT_KEYS:
-        problems.add("format", f"unknown format {format!r}; use auto, {', '.join(FORMATS)}")
-        problems.raise_if_any()
+    check_format(format, problems)
     files = expand_paths(paths, problems)
     per_file = []
     for path in files:
         before = problems.count
-        per_file.append((path, read_file(path, problems), problems.count > before))
+        raw = read_file(path, problems)
+        per_file.append((path, [map_columns(r, columns) for r in raw] if columns else raw, problems.count > before))
 
     chosen = None if format == "auto" else format
     detected_in: Path | None = None
@@ -88,14 +97,47 @@ def load_records(
                 "save it as JSON, JSONL or Parquet",
             )
             continue
-        normalize = _NORMALIZERS[file_format]
-        for raw in raw_records:
-            record = normalize(raw, problems)
-            if record is not None:
-                records.append(record)
+        records += normalize_records(raw_records, file_format, problems)
     problems.raise_if_any()
     assert chosen is not None
     return records, chosen
+
+
+def check_format(format: str, problems: Problems) -> None:
+    """Raise at once for a format name that does not exist (nothing else can be checked without one)."""
+    if format != "auto" and format not in FORMAT_KEYS:
+        problems.add("format", f"unknown format {format!r}; use auto, {', '.join(FORMATS)}")
+        problems.raise_if_any()
+
+
+def normalize_records(raw_records: Iterable[RawRecord], format: str, problems: Problems) -> list[dict[str, Any]]:
+    """The records of ``format`` normalized (see the module docstring); each bad one adds a problem."""
+    normalize = _NORMALIZERS[format]
+    records = []
+    for raw in raw_records:
+        record = normalize(raw, problems)
+        if record is not None:
+            records.append(record)
+    return records
+
+
+def normalize_record(raw: RawRecord, format: str, problems: Problems) -> dict[str, Any] | None:
+    """One record of ``format`` normalized, or None (with its problems added)."""
+    return _NORMALIZERS[format](raw, problems)
+
+
+def map_columns(raw: RawRecord, columns: Mapping[str, str] | None) -> RawRecord:
+    """``raw`` with its columns renamed to memfit's fields (``columns``: field <- column). A column
+    that the record does not have is left for validation to report as the field missing."""
+    if not columns or not isinstance(raw.value, dict):
+        return raw
+    value = dict(raw.value)
+    for field_name, column in columns.items():
+        if column in raw.value:
+            # The source column wins over a field of the same name it would otherwise collide with.
+            value.pop(column)
+            value[field_name] = raw.value[column]
+    return RawRecord(raw.where, value, raw.file_type)
 
 
 def detect_format(raw: RawRecord, problems: Problems) -> str | None:
@@ -104,7 +146,9 @@ def detect_format(raw: RawRecord, problems: Problems) -> str | None:
     if not isinstance(raw.value, dict):
         problems.add(raw.where, f"record is {json_type_name(raw.value)}; expected an object")
         return None
-    keys = set(raw.value)
+    # A null field counts as absent, as validation treats it: datasets' readers give every row every
+    # column of the dataset, null where the row has none.
+    keys = {key for key, value in raw.value.items() if value is not None}
     matches = [name for name, needed in FORMAT_KEYS.items() if keys.issuperset(needed)]
     expected = "; ".join(f"{name} ({', '.join(needed)})" for name, needed in FORMAT_KEYS.items())
     if len(matches) == 1:
@@ -114,7 +158,7 @@ def detect_format(raw: RawRecord, problems: Problems) -> str | None:
         problems.add(
             raw.where,
             f"cannot tell the format from the keys ({found}); expected the keys of one of: {expected}. "
-            "Rename the fields or set format explicitly",
+            "Map the columns onto these fields with columns: {field: column}, or set format explicitly",
         )
     else:
         problems.add(
@@ -176,7 +220,21 @@ def _normalize_turns(
     value = _record_object(raw, problems)
     if value is None:
         return None
-    turns = value.get(list_key)
+    messages = _check_turns(value.get(list_key), raw, problems, list_key, role_key, content_key, role_names)
+    if messages is None:
+        return None
+    if not any(m["role"] == "assistant" for m in messages):
+        problems.add(raw.where, "conversation has no assistant turn, so nothing would be trained", list_key)
+        return None
+    return {"messages": messages, "source": raw.where}
+
+
+def _check_turns(
+    turns: Any, raw: RawRecord, problems: Problems, list_key: str, role_key: str, content_key: str,
+    role_names: dict[str, str], first_index: int = 0,
+) -> list[dict[str, str]] | None:
+    """The turns of ``list_key`` as chat messages, or None with the problems added.
+    ``first_index``: where these turns start in the whole conversation (a system turn may only come first)."""
     if turns is None:
         problems.add(raw.where, "missing (required)", list_key)
         return None
@@ -203,7 +261,7 @@ def _normalize_turns(
                 f"unknown role {role_value!r}; expected one of {', '.join(role_names)}",
                 f"{field}.{role_key}",
             )
-        elif role == "system" and index != 0:
+        elif role == "system" and index + first_index != 0:
             problems.add(raw.where, "a system turn may only come first", f"{field}.{role_key}")
         content = turn.get(content_key)
         if isinstance(content, list):
@@ -218,10 +276,7 @@ def _normalize_turns(
             messages.append({"role": role, "content": content})
     if problems.count > before:
         return None
-    if not any(m["role"] == "assistant" for m in messages):
-        problems.add(raw.where, "conversation has no assistant turn, so nothing would be trained", list_key)
-        return None
-    return {"messages": messages, "source": raw.where}
+    return messages
 
 
 def _normalize_sharegpt(raw: RawRecord, problems: Problems) -> dict[str, Any] | None:
@@ -240,9 +295,42 @@ def _normalize_text(raw: RawRecord, problems: Problems) -> dict[str, Any] | None
     return None if text is None else {"text": text, "source": raw.where}
 
 
+def _normalize_prompt_completion(raw: RawRecord, problems: Problems) -> dict[str, Any] | None:
+    """TRL's prompt-completion: ``prompt`` and ``completion`` both text (the completion is trained,
+    after the prompt as it is), or both lists of messages (conversational: rendered with the chat
+    template, the completion's assistant turns trained)."""
+    value = _record_object(raw, problems)
+    if value is None:
+        return None
+    prompt, completion = value.get("prompt"), value.get("completion")
+    if isinstance(prompt, list) or isinstance(completion, list):
+        if not (isinstance(prompt, list) and isinstance(completion, list)):
+            text_field = "completion" if isinstance(prompt, list) else "prompt"
+            problems.add(raw.where, f"expected a list of messages like the other field, got {json_type_name(value.get(text_field))}; "
+                         "give prompt and completion both as text or both as message lists", text_field)
+            return None
+        roles = {r: r for r in ROLES}
+        before = problems.count
+        head = _check_turns(prompt, raw, problems, "prompt", "role", "content", roles)
+        tail = _check_turns(completion, raw, problems, "completion", "role", "content", roles, first_index=len(prompt))
+        if problems.count > before or head is None or tail is None:
+            return None
+        if not any(m["role"] == "assistant" for m in tail):
+            problems.add(raw.where, "has no assistant turn, so nothing would be trained", "completion")
+            return None
+        return {"messages": head + tail, "train_from": len(head), "source": raw.where}
+    before = problems.count
+    prompt = _check_string(prompt, raw, "prompt", problems)
+    completion = _check_string(completion, raw, "completion", problems)
+    if problems.count > before:
+        return None
+    return {"prompt": prompt, "completion": completion, "source": raw.where}
+
+
 _NORMALIZERS = {
     "alpaca": _normalize_alpaca,
     "sharegpt": _normalize_sharegpt,
     "messages": _normalize_messages,
     "text": _normalize_text,
+    "prompt_completion": _normalize_prompt_completion,
 }

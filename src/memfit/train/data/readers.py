@@ -2,6 +2,13 @@
 
 One small reader per file type. Readers never raise on bad content: they add a problem (with the
 file and line) and carry on, so validation can report everything at once.
+
+JSON, JSON Lines and CSV are read here, not through ``datasets``: its JSON reader names a broken
+line by its row within a block of the file and a pyarrow message, not by the file's line; it
+refuses a column whose values change type before memfit can name the record and field; and it
+copies every file into its Arrow cache first. Parquet and Arrow files, whose types are fixed per
+column and whose damage is per file, are read through ``datasets``
+(:mod:`memfit.train.data.hf_datasets`), as is every file of a stream.
 """
 
 from __future__ import annotations
@@ -14,13 +21,14 @@ from typing import Any, Callable
 
 from memfit.train.data.errors import Problems
 
-SUFFIXES = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".csv": "csv"}
+SUFFIXES = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
 
 
 @dataclass(frozen=True)
 class RawRecord:
     """One record as read from disk. ``where`` is what error messages print (``data.jsonl, line 3``);
-    ``file_type`` is json, jsonl, parquet or csv (CSV records hold strings only)."""
+    ``file_type`` is json, jsonl, csv, parquet, arrow or hub (a Hub dataset's row); CSV records
+    hold strings only."""
 
     where: str
     value: Any
@@ -140,18 +148,20 @@ def _read_csv(path: Path, problems: Problems) -> list[RawRecord]:
     return records
 
 
-def _read_parquet(path: Path, problems: Problems) -> list[RawRecord]:
+def _read_columnar(path: Path, problems: Problems, kind: str) -> list[RawRecord]:
+    from memfit.train.data.hf_datasets import read_rows
+
+    title = {"parquet": "Parquet", "arrow": "Arrow"}[kind]
     try:
-        import pyarrow.parquet as pq
+        rows = list(read_rows(path, kind))
     except ImportError:
-        problems.add(str(path), "reading Parquet files needs pyarrow: pip install pyarrow")
+        problems.add(str(path), f"reading {title} files needs the datasets library: pip install datasets")
         return []
-    try:
-        rows = pq.read_table(path).to_pylist()
-    except Exception as exc:  # pyarrow raises several types for corrupt or non-Parquet files
-        problems.add(str(path), f"cannot read Parquet file: {exc}")
+    except Exception as exc:  # noqa: BLE001 - pyarrow and datasets raise several types for damaged files
+        cause = exc.__cause__ or exc
+        problems.add(str(path), f"cannot read {title} file: {str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__}")
         return []
-    return [RawRecord(f"{path}, row {i}", row, "parquet") for i, row in enumerate(rows, start=1)]
+    return [RawRecord(f"{path}, row {i}", row, kind) for i, row in enumerate(rows, start=1)]
 
 
 def json_type_name(value: Any) -> str:
@@ -175,5 +185,6 @@ _READERS: dict[str, Callable[[Path, Problems], list[RawRecord]]] = {
     "json": _read_json,
     "jsonl": _read_jsonl,
     "csv": _read_csv,
-    "parquet": _read_parquet,
+    "parquet": lambda path, problems: _read_columnar(path, problems, "parquet"),
+    "arrow": lambda path, problems: _read_columnar(path, problems, "arrow"),
 }

@@ -1,0 +1,69 @@
+"""Rules more than one tool's key map uses: the model, a module list, a number with the tool's default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from memfit.interop.keys import ABSENT, KeyProblem, Rule, as_int, as_names, value_of
+
+
+def model_rule(*names: str, doc: str = "") -> Rule:
+    """The model: the first of ``names`` set (a Hub id, or a folder: relative to the config, then
+    to the working directory, as the tool started from there would find it)."""
+
+    def resolve(values: Mapping[str, Any], ctx: Any) -> Any:
+        for name in names:
+            value = values[name]
+            if value is ABSENT or value is None or (isinstance(value, str) and not value.strip()):
+                continue
+            if not isinstance(value, str):
+                raise KeyProblem(name, f"{value!r} is not a model name (a Hub id such as meta-llama/Llama-3.1-8B, or a folder)")
+            text = value.strip()
+            for candidate in (ctx.folder / text, Path.cwd() / text):
+                if not Path(text).is_absolute() and candidate.exists():
+                    return str(candidate.resolve())
+            return text
+        return None
+
+    return Rule(tuple(names), "model", resolve, doc=doc or "the model to plan: a Hub id (its config.json is fetched) or a folder")
+
+
+def revision_rule(name: str) -> Rule:
+    def resolve(values: Mapping[str, Any], ctx: Any) -> Any:
+        value = values[name]
+        return None if value is ABSENT or value in (None, "", "main") else str(value)
+
+    return Rule((name,), "revision", resolve, doc="the Hub revision (branch, tag or commit) of the model's config.json")
+
+
+def int_rule(name: str, knob: str, default: Any = ABSENT, *, doc: str, write: bool = True) -> Rule:
+    """Whole-number key ``name`` (the tool's ``default`` when absent) for knob ``knob``."""
+
+    def resolve(values: Mapping[str, Any], ctx: Any) -> Any:
+        value = value_of(values, name, as_int, default)
+        return None if value is ABSENT else value
+
+    return Rule((name,), knob, resolve, (lambda v, values: {name: int(v)}) if write else None, doc=doc)
+
+
+def targets_rule(all_linear: str | None, modules: str, *, all_words: tuple[str, ...] = ("all", "all-linear", "all_linear"),
+                 doc: str) -> Rule:
+    """LoRA targets: ``all_linear`` (a true/false key, if the tool has one) or the module list
+    ``modules`` (a list or comma-separated names; ``all_words`` there mean every linear layer)."""
+    keys = (all_linear, modules) if all_linear else (modules,)
+
+    def resolve(values: Mapping[str, Any], ctx: Any) -> Any:
+        from memfit.interop.keys import as_bool
+        from memfit.spec import ALL_LINEAR
+
+        if all_linear and value_of(values, all_linear, as_bool, False):
+            return (ALL_LINEAR,)  # every linear layer of the decoder; named modules too are among them
+        names = value_of(values, modules, as_names, None)
+        if names is None:
+            return None
+        if len(names) == 1 and names[0].lower() in all_words:
+            return (ALL_LINEAR,)
+        return names
+
+    return Rule(keys, "targets", resolve, doc=doc)

@@ -1,0 +1,371 @@
+"""A YAML or JSON of Hugging Face ``TrainingArguments``, TRL ``SFTConfig`` / ``DPOConfig`` arguments
+and TRL's model arguments (``ModelConfig``: ``model_name_or_path``, ``use_peft``, ``lora_r``,
+``load_in_4bit``...), as ``trl sft --config`` and scripts built on ``HfArgumentParser`` read it.
+
+Keys and defaults from transformers' ``TrainingArguments`` (5.x) and TRL's ``trainer/*_config.py``
+and ``scripts/utils.py`` at f2cd577 (2026-07). TRL's defaults apply where TRL has one (gradient
+checkpointing on, bf16 unless fp16, ``max_length`` 1024, the model loaded in float32); TRL runs the
+Hugging Face step, so the config is planned with the ``hf`` recipe.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+from memfit.interop.common import int_rule, model_rule, revision_rule, targets_rule
+from memfit.interop.keys import (
+    ABSENT,
+    Found,
+    KeyMap,
+    KeyProblem,
+    Planned,
+    Rule,
+    as_bool,
+    as_float,
+    as_int,
+    not_modelled,
+    one_of,
+    value_of,
+)
+from memfit.interop.trainer import (
+    TRAINER_QUIET_KEYS,
+    attention,
+    deepspeed_rule,
+    fsdp_shard,
+    liger_loss,
+    optimizer_rule,
+)
+from memfit.interop.precision import settle_zero_precision, trainer_precision, zero_half
+
+#: TRL's own keys (ModelConfig, SFTConfig, DPOConfig, ScriptArguments; with names of TRL 0.x).
+TRL_KEYS = frozenset("""
+model_name_or_path model_revision dtype torch_dtype attn_implementation use_peft lora_r lora_alpha lora_dropout
+lora_target_modules lora_target_parameters lora_modules_to_save lora_task_type use_rslora use_dora load_in_4bit load_in_8bit
+bnb_4bit_quant_type bnb_4bit_quant_storage use_bnb_nested_quant trust_remote_code model_init_kwargs ref_model_init_kwargs
+dataset_name dataset_config dataset_train_split dataset_test_split dataset_streaming datasets dataset_text_field
+dataset_kwargs dataset_num_proc dataset_batch_size gradient_checkpointing_use_reentrant ignore_bias_buffers
+max_length max_seq_length max_prompt_length max_completion_length packing packing_strategy padding_free eval_packing
+pad_to_multiple_of pad_token eos_token completion_only_loss assistant_only_loss loss_type activation_offloading
+chat_template_path shuffle_dataset truncation_mode router_aux_loss_coef beta label_smoothing loss_weights
+precompute_ref_log_probs precompute_ref_batch_size ref_model_mixup_alpha ref_model_sync_steps sync_ref_model rpo_alpha
+use_weighting discopop_tau f_alpha_divergence_coef f_divergence_type ld_alpha disable_dropout model_adapter_name
+ref_adapter_name force_use_ref_model generate_during_eval use_logits_to_keep num_of_sequences chars_per_token env
+use_liger_kernel liger_kernel_config
+""".split())
+
+#: Keys only a DPO config has (a ``loss_type`` of DPO's says so too).
+_DPO_KEYS = ("beta", "precompute_ref_log_probs", "ref_model_mixup_alpha", "ref_model_sync_steps", "sync_ref_model",
+             "rpo_alpha", "f_divergence_type", "max_prompt_length", "max_completion_length", "ref_adapter_name")
+_SFT_LOSSES = ("nll", "dft", "chunked_nll")
+
+
+#: Model and data arguments the Hugging Face example scripts (``run_clm.py``) have too: not TRL's alone.
+SCRIPT_KEYS = frozenset("""
+model_name_or_path model_revision model_type config_overrides config_name tokenizer_name cache_dir use_fast_tokenizer token
+trust_remote_code torch_dtype dtype low_cpu_mem_usage attn_implementation dataset_name dataset_config_name dataset_config
+train_file validation_file max_train_samples max_eval_samples block_size streaming overwrite_cache validation_split_percentage
+preprocessing_num_workers keep_linebreaks
+""".split())
+
+
+def _is_trl(ctx: Any) -> bool:
+    """Whether the config has keys of TRL's own (TRL's defaults then apply), not only the Trainer's
+    and the example scripts'."""
+    return any(k in ctx.raw for k in TRL_KEYS - TRAINER_QUIET_KEYS - SCRIPT_KEYS - {"use_liger_kernel", "liger_kernel_config"})
+
+
+def _is_dpo(ctx: Any) -> bool:
+    return _dpo_values({k: ctx.raw.get(k, ABSENT) for k in _DPO_KEYS + ("loss_type",)})
+
+
+def _method(values: Mapping[str, Any], ctx: Any) -> Any:
+    peft = value_of(values, "use_peft", as_bool, False)
+    four = value_of(values, "load_in_4bit", as_bool, False)
+    eight = value_of(values, "load_in_8bit", as_bool, False)
+    if not peft:
+        if four or eight:
+            bad = "load_in_4bit" if four else "load_in_8bit"
+            raise KeyProblem(bad, "true needs use_peft: true (TRL trains a quantized model through adapters only)")
+        return "full"
+    if four:
+        return "qlora"
+    if eight:
+        return Planned("lora", "an 8-bit base (bitsandbytes LLM.int8): planned as a 16-bit base, twice its size")
+    return "lora"
+
+
+def _write_method(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    return {"full": {"use_peft": False, "load_in_4bit": False}, "lora": {"use_peft": True, "load_in_4bit": False},
+            "qlora": {"use_peft": True, "load_in_4bit": True}}[method]
+
+
+def _targets(values: Mapping[str, Any], ctx: Any) -> Any:
+    chosen = targets_rule(None, "lora_target_modules", doc="").resolve(values, ctx)
+    if chosen is None and ctx.knobs.get("method") in ("lora", "qlora"):
+        return Planned(("q_proj", "v_proj"), "no lora_target_modules: PEFT's default for the model type, planned as q_proj "
+                                             "and v_proj (its default for Llama, Mistral, Qwen and Gemma)", modelled=True)
+    return chosen
+
+
+def _seq_len(values: Mapping[str, Any], ctx: Any) -> Any:
+    for name in ("max_length", "max_seq_length", "block_size"):
+        if values[name] is not ABSENT and values[name] is not None:
+            return value_of(values, name, as_int)
+    if values["max_length"] is None:
+        return Planned(None, "max_length: null (no truncation): planned at memfit's default length; pass --seq-len with the "
+                             "longest example's tokens")
+    if _is_trl(ctx):
+        return 1024  # SFTConfig's and DPOConfig's default
+    return Planned(None, "no sequence length in TrainingArguments: planned at memfit's default; pass --seq-len", modelled=True)
+
+
+def _checkpointing(values: Mapping[str, Any], ctx: Any) -> Any:
+    default = _is_trl(ctx)  # TRL turns it on by default, the Trainer off
+    on = value_of(values, "activation_checkpointing", as_bool, ABSENT)
+    if on is ABSENT:
+        on = value_of(values, "gradient_checkpointing", as_bool, default)
+    if value_of(values, "activation_offloading", as_bool, False):
+        return Planned("offload", "TRL's activation offloading: planned as checkpointing with the layer inputs in host memory "
+                                  "(TRL offloads every saved activation it can)", modelled=True)
+    return "on" if on else "off"
+
+
+def _write_checkpointing(value: str, values: Mapping[str, Any]) -> dict[str, Any]:
+    name = "activation_checkpointing" if values.get("activation_checkpointing", ABSENT) is not ABSENT else "gradient_checkpointing"
+    out: dict[str, Any] = {name: value != "off"}
+    if value == "offload" or values.get("activation_offloading", ABSENT) is not ABSENT:
+        out["activation_offloading"] = value == "offload"
+    return out
+
+
+_DTYPES = one_of({"float32": "fp32", "fp32": "fp32", "float": "fp32", "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16",
+                  "fp16": "fp16", "half": "fp16", "auto": "auto", "null": "auto"}, "a dtype (bfloat16, float16, float32, auto)")
+
+#: The keys that say how the model is loaded and trained: the Trainer's bf16 / fp16, TRL's dtype.
+_PRECISION_KEYS = ("bf16", "fp16", "dtype", "torch_dtype", "model_init_kwargs")
+
+
+def _half(values: Mapping[str, Any], ctx: Any) -> str | None:
+    """The Trainer's autocast: ``bf16`` / ``fp16`` (TRL: bf16 unless fp16; the Trainer: off)."""
+    fp16 = value_of(values, "fp16", as_bool, False)
+    bf16 = value_of(values, "bf16", as_bool, None)
+    if bf16 is None:
+        bf16 = _is_trl(ctx) and not fp16
+    return "bf16" if bf16 else "fp16" if fp16 else None
+
+
+def _loaded(values: Mapping[str, Any], ctx: Any) -> tuple[str, str, Found | None]:
+    """The dtype the model is loaded in, where that comes from (for the reasons given), and what to
+    say when it is planned approximately. TRL loads in float32 unless ``dtype`` (or
+    ``model_init_kwargs``' dtype) says otherwise; a script of the Trainer's arguments alone (such as
+    transformers' run_clm.py) passes its ``dtype`` to ``from_pretrained``, which since transformers
+    5 loads the checkpoint's dtype when none is given."""
+    init = values["model_init_kwargs"] if isinstance(values["model_init_kwargs"], Mapping) else {}
+    inner = next((n for n in ("dtype", "torch_dtype") if n in init), None)
+    name = next((n for n in ("dtype", "torch_dtype") if values[n] is not ABSENT), None)
+    if name is not None:
+        loaded, key, value = value_of(values, name, _DTYPES), name, values[name]
+    elif inner is not None:
+        try:
+            loaded = _DTYPES(init[inner])
+        except ValueError as err:
+            raise KeyProblem("model_init_kwargs", f"{inner}: {err}") from None
+        key, value = "model_init_kwargs", {inner: init[inner]}
+    elif _is_trl(ctx):
+        return "fp32", "TRL's default dtype, float32", None
+    else:
+        return "bf16", "the checkpoint's dtype", Found(
+            "dtype (not set)", None, "no dtype: the script's from_pretrained loads the checkpoint's dtype (transformers 5; "
+            "transformers 4 loaded float32): planned as bf16, the dtype of most checkpoints on the Hub", "precision")
+    where = f"{key}: {value}"
+    if loaded != "auto":
+        return loaded, where, None
+    return "bf16", where, Found(key, value, f"{where} loads the checkpoint's dtype: planned as bf16, the dtype of most "
+                                            "checkpoints on the Hub", "precision")
+
+
+def _kbit_upcast(values: Mapping[str, Any], ctx: Any) -> Any:
+    if ctx.knobs.get("method") != "qlora":
+        return None
+    precision = {k: ctx.raw.get(k, ABSENT) for k in _PRECISION_KEYS}
+    try:
+        settle_zero_precision(ctx, _half(precision, ctx))
+        loaded = _loaded(precision, ctx)[0]
+    except ValueError:
+        return None  # the precision rule names the bad value
+    if zero_half(ctx) is not None:
+        return False  # DeepSpeed casts the parameters that are not 4-bit to its 16-bit format
+    if loaded == "fp32":
+        return Planned(True, "TRL loads the parameters that are not 4-bit in float32 (its dtype): planned as PEFT's "
+                             "prepare_model_for_kbit_training leaves them, in fp32", modelled=True)
+    return Planned(False, "TRL since 0.26 keeps the parameters that are not 4-bit in the compute dtype; earlier versions "
+                          "upcast them to fp32 (pass --kbit-upcast to plan those)", modelled=True)
+
+
+def _precision(values: Mapping[str, Any], ctx: Any) -> Any:
+    method = ctx.knobs.get("method", "full")
+    half = _half(values, ctx)
+    settle_zero_precision(ctx, half)
+    loaded, where, found = _loaded(values, ctx)
+    if found is not None:
+        ctx.approximated.append(found)
+    if method == "qlora":
+        _qlora_dtypes(loaded, half, ctx)
+    return trainer_precision(method, loaded, half, ctx, where=where)
+
+
+def _qlora_dtypes(loaded: str, half: str | None, ctx: Any) -> None:
+    """What TRL's QLoRA holds in other dtypes than memfit plans: the 4-bit layers' compute dtype
+    (TRL's dtype) and the adapters, which SFTTrainer and DPOTrainer cast to bf16."""
+    if loaded == "fp32" and half is not None and zero_half(ctx) is None:
+        named = next((k for k in _PRECISION_KEYS[2:] if k in ctx.raw), None)
+        ctx.approximated.append(Found(named or "dtype (not set)", ctx.raw.get(named) if named else None,
+                                      f"4-bit layers dequantize to float32 (bnb_4bit_compute_dtype is TRL's dtype) and "
+                                      f"{half} autocast computes their matmuls: planned dequantizing to {half}", "precision"))
+    ctx.approximated.append(Found("load_in_4bit", True, "TRL casts QLoRA's adapters to bf16 (with bf16 gradients and AdamW "
+                                                        "states): planned as fp32 adapters, PEFT's default", "precision"))
+
+
+def _fsdp(values: Mapping[str, Any], ctx: Any) -> Any:
+    fsdp, config = values["fsdp"], values["fsdp_config"]
+    if fsdp in (ABSENT, None, "", [], False):
+        return None
+    if ctx.knobs.get("shard") is not None:
+        raise KeyProblem("fsdp", "set together with deepspeed: a run shards with one of them; drop one")
+    if isinstance(config, str) and config.strip():
+        import json
+
+        path = Path(config).expanduser()
+        path = path if path.is_absolute() else (ctx.folder / path if (ctx.folder / path).is_file() else Path.cwd() / path)
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise KeyProblem("fsdp_config", f"{str(path)!r} cannot be read as JSON: {err}") from None
+    try:
+        return fsdp_shard(fsdp, config)
+    except ValueError as err:
+        raise KeyProblem("fsdp", str(err)) from None
+
+
+def _padding_free(values: Mapping[str, Any], ctx: Any) -> Any:
+    chosen = attention(values["attn_implementation"]) if values["attn_implementation"] not in (ABSENT, None) else None
+    if value_of(values, "padding_free", as_bool, False):
+        return "on"  # TRL's padding-free batches (flash attention's varlen path)
+    packing = value_of(values, "packing", as_bool, False)
+    strategy = str(values["packing_strategy"]).lower() if values["packing_strategy"] not in (ABSENT, None) else "bfd"
+    if packing and strategy.startswith("bfd") and chosen == "on":
+        return "on"
+    return chosen
+
+
+def _hf_loss(values: Mapping[str, Any], ctx: Any) -> Any:
+    config = values["liger_kernel_config"] if isinstance(values["liger_kernel_config"], Mapping) else {}
+    liger = liger_loss(value_of(values, "use_liger_kernel", as_bool, False), config.get("fused_linear_cross_entropy", ABSENT))
+    if liger:
+        return liger
+    if not _is_trl(ctx) or _is_dpo(ctx) or ctx.knobs.get("objective"):
+        return None
+    loss = values["loss_type"]
+    if loss in (ABSENT, None):
+        return Planned("chunked-nll", "SFTTrainer's default, chunked_nll (TRL 1.x; nll before)", modelled=True, key="loss_type")
+    return {"chunked_nll": "chunked-nll", "nll": "model"}.get(str(loss).lower(), Planned("model", f"loss_type {loss}: planned "
+                                                                                                    "as the model's loss"))
+
+
+def _objective(values: Mapping[str, Any], ctx: Any) -> Any:
+    return "dpo" if _dpo_values(values) else None
+
+
+def _dpo_values(values: Mapping[str, Any]) -> bool:
+    loss = values["loss_type"]
+    losses = [] if loss in (ABSENT, None) else loss if isinstance(loss, list) else [loss]
+    return any(values[k] is not ABSENT for k in _DPO_KEYS) or any(str(x).lower() not in _SFT_LOSSES for x in losses)
+
+
+def _dropout(value: Any) -> float:
+    number = float(value) if not isinstance(value, bool) else -1.0
+    if not 0.0 <= number < 1.0:
+        raise ValueError(f"{value!r} must be in [0, 1)")
+    return number
+
+
+def _max_grad_norm(values: Mapping[str, Any], ctx: Any) -> Any:
+    value = values["max_grad_norm"]
+    if value is ABSENT:
+        return 1.0
+    if value in (None, 0, 0.0):
+        return "none"
+    return as_float(value)
+
+
+RULES: tuple[Rule, ...] = (
+    model_rule("model_name_or_path"),
+    revision_rule("model_revision"),
+    deepspeed_rule(),
+    Rule(("fsdp", "fsdp_config"), "shard", _fsdp,
+         doc="FSDP (`fsdp: full_shard auto_wrap`, `fsdp_config`): `fsdp`; `offload` as `fsdp-offload`; `shard_grad_op` "
+             "as `zero2`; `hybrid_shard` as `fsdp`"),
+    Rule(("use_peft", "load_in_4bit", "load_in_8bit"), "method", _method, _write_method,
+         doc="the method: `use_peft` is `lora`, with `load_in_4bit` `qlora`, otherwise `full`; an 8-bit base is planned "
+             "as a 16-bit one and listed"),
+    Rule(("load_in_4bit",) + _PRECISION_KEYS[2:], "kbit_upcast", _kbit_upcast,
+         doc="QLoRA without PEFT's prepare_model_for_kbit_training, as SFTTrainer runs it since TRL 0.26 (earlier: "
+             "`--kbit-upcast`): the parameters that are not 4-bit stay in `dtype`, so in fp32 with TRL's default float32 "
+             "(planned as `kbit_upcast`), and in DeepSpeed's 16-bit format under its bf16 or fp16"),
+    int_rule("lora_r", "rank", 16, doc="LoRA rank (TRL's default 16)"),
+    Rule(("lora_alpha",), "alpha", lambda v, ctx: value_of(v, "lora_alpha", as_float, 32.0), doc="LoRA alpha (TRL's default 32)"),
+    Rule(("lora_dropout",), "dropout", lambda v, ctx: value_of(v, "lora_dropout", _dropout, 0.05), doc="LoRA dropout (0.05)"),
+    Rule(("lora_target_modules",), "targets", _targets,
+         doc="LoRA targets: the modules listed, `all-linear`; none: PEFT's default for the model type (q_proj, v_proj)"),
+    not_modelled("lora_modules_to_save", knob="modules_to_save",
+                 why="whole trainable copies of these modules, with their gradients and optimizer states"),
+    not_modelled("use_dora", knob="dora", why="DoRA's magnitude vectors and the weight norm it computes in every adapted layer"),
+    not_modelled("lora_target_parameters", why="adapters on parameters (experts) rather than linear modules"),
+    Rule(("max_length", "max_seq_length", "block_size"), "seq_len", _seq_len,
+         lambda v, values: {next((k for k in ("max_seq_length", "block_size") if k in values and "max_length" not in values),
+                                 "max_length"): int(v)},
+         doc="tokens per sequence (SFTConfig / DPOConfig `max_length`, 1024 by default; `max_seq_length` before; `block_size` "
+             "of transformers' run_clm.py); memfit plans the longest"),
+    int_rule("per_device_train_batch_size", "batch_size", 8, doc="sequences per GPU in one forward pass (the Trainer's default 8)"),
+    int_rule("gradient_accumulation_steps", "grad_accum", 1, doc="micro-batches per optimizer step"),
+    Rule(("gradient_checkpointing", "activation_checkpointing", "gradient_checkpointing_kwargs", "activation_offloading"),
+         "checkpointing", _checkpointing, _write_checkpointing,
+         doc="checkpointing `on` (TRL's default; the Trainer's is off); TRL's `activation_offloading` as `offload`"),
+    optimizer_rule("optim"),
+    Rule(_PRECISION_KEYS, "precision", _precision,
+         doc="`bf16` / `fp16` (TRL: bf16 unless fp16; the Trainer: off) is autocast on the dtype the model is loaded in "
+             "(`dtype`: TRL's default float32; a script of the Trainer's arguments alone, the checkpoint's, planned as "
+             "bf16). Full fine-tuning of fp32 weights is `bf16-mixed` / `fp16-mixed`, of 16-bit weights `bf16` / `fp16` "
+             "(mixed under DeepSpeed, whose ZeRO keeps fp32 master weights, and under FSDP, which upcasts trained "
+             "parameters to fp32); LoRA on a 16-bit base `bf16` / `fp16`, on an fp32 base `fp32` without autocast "
+             "(listed); QLoRA in the compute dtype, its adapters cast to bf16 by TRL (listed); `tf32` does not change "
+             "memory"),
+    Rule(("max_grad_norm",), "max_grad_norm", _max_grad_norm, doc="gradient clipping (0 or null: none)"),
+    Rule(("attn_implementation", "padding_free", "packing_strategy", "packing"), "padding_free", _padding_free,
+         doc="flash attention (`attn_implementation: flash_attention_2`), TRL's `padding_free` and `bfd` packing on flash "
+             "attention as `padding_free: on`; sdpa as padded batches; eager listed"),
+    Rule(("packing",), "packing", lambda v, ctx: value_of(v, "packing", as_bool, None), doc="packed rows of `max_length` tokens"),
+    Rule(("use_liger_kernel", "liger_kernel_config", "loss_type"), "hf_loss", _hf_loss,
+         doc="the loss: `use_liger_kernel` as Liger's fused linear cross-entropy; SFT's `loss_type: chunked_nll` (TRL 1.x's "
+             "default) as `chunked-nll`, `nll` as the model's loss"),
+    Rule(_DPO_KEYS + ("loss_type",), "objective", _objective, matters=_dpo_values,
+         unmodelled="preference training (DPO) runs the chosen and the rejected completion of each example, and a reference "
+                    "pass; planned as supervised fine-tuning",
+         doc="a DPO config (DPOConfig's keys, or a DPO `loss_type`) is preference training"),
+    not_modelled("torch_compile", why="a compiled step fuses kernels and keeps other tensors for backward"),
+    not_modelled("optim_target_modules", why="GaLore / APOLLO projected optimizer states on these modules"),
+    not_modelled("parallelism_config", why="tensor or context parallelism splits the model or the sequence across GPUs"),
+)
+
+#: The Trainer's keys and TRL's: everything a config of this kind may hold.
+ALL_KEYS = TRAINER_QUIET_KEYS | TRL_KEYS | SCRIPT_KEYS | frozenset(k for rule in RULES for k in rule.keys)
+
+KEYMAP = KeyMap(
+    tool="trl",
+    title="TRL / Hugging Face TrainingArguments",
+    rules=RULES,
+    quiet_keys=ALL_KEYS - frozenset(k for rule in RULES for k in rule.keys),
+    docs_url="https://huggingface.co/docs/trl/sft_trainer",
+    generic=True,
+)

@@ -1,0 +1,279 @@
+"""Read another tool's config: which tool, then its key map applied, into a :class:`ToolConfig`.
+
+:func:`read_tool_config` loads the YAML or JSON, tells the tool apart by its keys
+(:func:`detect_tool`), runs the tool's rules in order (:mod:`memfit.interop.keys`) and checks the
+knobs they give with :func:`memfit.spec.make_spec`. Every problem (a value the tool would refuse,
+a DeepSpeed file that is not there, a combination memfit refuses) is collected and raised once as
+a :class:`ToolConfigError` naming the file and each key. What memfit plans differently from the
+tool is kept, key by key: not modelled (its effect is not in the plan), approximated (it is,
+closely), unknown keys (ignored, reported once).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from memfit.errors import UserError, listed
+from memfit.interop.deepspeed import ZeroSettings
+from memfit.interop.keys import ABSENT, Found, KeyMap, KeyProblem, Planned
+from memfit.spec import KNOBS, SpecError, make_spec
+from memfit.json_form import JsonForm
+
+#: Rule knobs that are not RunSpec knobs: the model, and where the run is placed across GPUs.
+_MODEL, _REVISION, _SHARD = "model", "revision", "shard"
+#: Knobs that only adapters use.
+_ADAPTER_KNOBS = ("rank", "alpha", "dropout", "targets")
+
+
+class ToolConfigError(UserError, ValueError):
+    """A config of another tool that memfit cannot plan: every problem, each naming its key."""
+
+    def __init__(self, path: str | Path, problems: list[str]):
+        self.path = str(path)
+        self.problems = problems
+        super().__init__(listed(f"cannot plan {self.path}", problems))
+
+
+@dataclass
+class Context:
+    """What the rules of one config share while they resolve, in order."""
+
+    path: Path
+    raw: Mapping[str, Any]
+    knobs: dict[str, Any] = field(default_factory=dict)
+    sources: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    zero: ZeroSettings | None = None
+    not_modelled: list[Found] = field(default_factory=list)
+    approximated: list[Found] = field(default_factory=list)
+    unknown_keys: list[str] = field(default_factory=list)
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+    def not_modelled_found(self, key: str, value: Any, why: str) -> None:
+        self.not_modelled.append(Found(key, value, why))
+
+
+@dataclass
+class ToolConfig(JsonForm):
+    """Another tool's config as memfit plans it.
+
+    ``knobs`` are RunSpec knobs (checked); ``shard`` the placement the config asks for across GPUs
+    (applied once the GPU count is known, :meth:`knobs_for`); ``zero`` its DeepSpeed settings.
+    ``sources`` names the config's keys behind each knob.
+    """
+
+    tool: str
+    title: str
+    path: str
+    model: str
+    revision: str | None
+    knobs: dict[str, Any]
+    sources: dict[str, tuple[str, ...]]
+    shard: str | None
+    zero: ZeroSettings | None
+    not_modelled: list[Found]
+    approximated: list[Found]
+    unknown_keys: list[str]
+
+    def knobs_for(self, given: Mapping[str, Any]) -> tuple[dict[str, Any], list[Found]]:
+        """The knobs to plan with: the config's, then ``given`` (the command line's, which win),
+        and the config's shard mode where the run has several GPUs. Returns the knobs and what the
+        merge leaves out of the plan (a shard mode on one GPU)."""
+        knobs = dict(self.knobs)
+        knobs.update({k: v for k, v in given.items() if v is not None})
+        dropped: list[Found] = []
+        gpus = int(knobs.get("gpus") or 1)
+        if self.shard and self.shard != "none" and "shard" not in {k for k, v in given.items() if v is not None}:
+            source = ", ".join(self.sources.get(_SHARD, ("shard",)))
+            if gpus > 1:
+                knobs["shard"] = self.shard
+            elif self.shard != "ddp":
+                dropped.append(Found(source, self.shard, f"{self.shard} shards across GPUs: planned on one GPU without sharding "
+                                                         "(and without offload); pass --gpus N to plan one GPU of N", "shard"))
+        return knobs, dropped
+
+    def to_dict(self, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """What the plan says it read (``details.config`` of a plan's JSON). ``given``: the knobs the
+        command line set in place of the config's; what was found about those knobs is left out,
+        and they are listed as ``given``."""
+        given = {k: v for k, v in (given or {}).items() if v is not None}
+        return {
+            "tool": self.tool,
+            "title": self.title,
+            "path": self.path,
+            "model": self.model,
+            "revision": self.revision,
+            "knobs": {k: list(v) if isinstance(v, tuple) else v for k, v in self.knobs.items()},
+            "keys": {k: list(v) for k, v in self.sources.items()},
+            "shard": self.shard,
+            "deepspeed": self.zero.to_dict() if self.zero is not None else None,
+            "not_modelled": [f.to_dict() for f in self.not_modelled if f.knob not in given],
+            "approximated": [f.to_dict() for f in self.approximated if f.knob not in given],
+            "unknown_keys": list(self.unknown_keys),
+            "given": given,
+        }
+
+
+def load_config_file(path: Path) -> Any:
+    """The YAML or JSON at ``path``; a file that cannot be read or parsed is a ToolConfigError."""
+    import yaml
+
+    try:
+        text = path.read_text()
+    except UnicodeDecodeError:
+        raise ToolConfigError(path, ["is not a text file (a YAML or JSON config is text)"]) from None
+    except OSError as err:
+        raise ToolConfigError(path, [f"cannot be read: {err.strerror or err}"]) from None
+    try:
+        if path.suffix.lower() == ".json":
+            return json.loads(text)
+        return yaml.safe_load(text)
+    except json.JSONDecodeError as err:
+        raise ToolConfigError(path, [f"is not valid JSON (line {err.lineno}: {err.msg})"]) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        raise ToolConfigError(path, [f"is not valid YAML{where}: {getattr(err, 'problem', None) or err}"]) from None
+
+
+def detect_tool(raw: Mapping[str, Any], keymaps: tuple[KeyMap, ...], path: Path) -> KeyMap:
+    """The tool whose config ``raw`` is: the one with the most of its own keys (keys no other tool
+    has) in the file. A DeepSpeed or accelerate config, or a file with no tool's keys, is refused."""
+    if "zero_optimization" in raw:
+        raise ToolConfigError(path, ["is a DeepSpeed config: pass the training config that names it (deepspeed: <this file>)"])
+    if "distributed_type" in raw or "compute_environment" in raw:
+        raise ToolConfigError(path, ["is an accelerate config: pass the training config (its deepspeed or fsdp keys are read)"])
+    counts = []
+    for keymap in keymaps:
+        others = frozenset().union(*(other.all_keys for other in keymaps if other is not keymap))
+        own = keymap.all_keys - others
+        counts.append((sum(1 for k in raw if k in own), keymap))
+    counts.sort(key=lambda c: -c[0])
+    best, runner_up = counts[0], counts[1] if len(counts) > 1 else (0, None)
+    if best[0] == 0:
+        # No tool's own key: the Trainer's arguments alone (plus a model) are a plain TrainingArguments config.
+        generic = [k for k in keymaps if k.generic and any(key in k.all_keys for key in raw)]
+        if generic:
+            return generic[0]
+    if best[0] == 0 or best[0] == runner_up[0]:
+        names = ", ".join(k.title for k in keymaps)
+        what = "none of its keys is one of theirs" if best[0] == 0 else f"its keys fit {best[1].title} and {runner_up[1].title} alike"
+        raise ToolConfigError(path, [f"cannot tell which tool this config is for ({names}): {what}. "
+                                     "memfit plans configs of these tools, or a model (a Hub id, a config.json, a folder)"])
+    return best[1]
+
+
+def read_tool_config(path: str | Path, keymaps: tuple[KeyMap, ...]) -> ToolConfig:
+    """Read the config at ``path`` (one of ``keymaps``' tools); raise ToolConfigError listing every problem."""
+    path = Path(path).expanduser()
+    raw = load_config_file(path)
+    if not isinstance(raw, Mapping):
+        raise ToolConfigError(path, [f"is not a config of keys and values (it holds a {type(raw).__name__})"])
+    keymap = detect_tool(raw, keymaps, path)
+    ctx = Context(path=path, raw=raw, knobs=dict(keymap.base_knobs),
+                  sources={k: ("(the tool's Hugging Face step)",) for k in keymap.base_knobs})
+    problems = _apply_rules(keymap, ctx)
+    if ctx.knobs.get("method") == "full":
+        for knob in _ADAPTER_KNOBS:  # adapters' settings (and the tools' defaults for them) mean nothing here
+            ctx.knobs.pop(knob, None)
+            ctx.sources.pop(knob, None)
+    ctx.unknown_keys[:0] = _unknown_keys(raw, keymap)
+    model = ctx.knobs.pop(_MODEL, None)
+    revision = ctx.knobs.pop(_REVISION, None)
+    shard = ctx.knobs.pop(_SHARD, None)
+    model_keys = _model_keys(keymap)
+    if not model and not any(p.startswith(k + ":") for k in model_keys for p in problems):
+        problems.append(f"{model_keys[0]}: not set; name the model to plan ({model_keys[0]}: <Hub id or folder>)")
+    problems += _spec_problems(ctx)
+    if problems:
+        raise ToolConfigError(path, problems)
+    return ToolConfig(keymap.tool, keymap.title, str(path), str(model), revision, ctx.knobs, ctx.sources, shard, ctx.zero,
+                      ctx.not_modelled, ctx.approximated, ctx.unknown_keys)
+
+
+def _model_keys(keymap: KeyMap) -> list[str]:
+    return [k for rule in keymap.rules if rule.knob == _MODEL for k in rule.keys]
+
+
+def _apply_rules(keymap: KeyMap, ctx: Context) -> list[str]:
+    """Run every rule of ``keymap`` on ``ctx``; the problems found, one line per key."""
+    problems: list[str] = []
+    for rule in keymap.rules:
+        values = {name: ctx.raw.get(name, ABSENT) for name in rule.keys}
+        present = tuple(name for name in rule.keys if values[name] is not ABSENT)
+        try:
+            value = rule.resolve(values, ctx) if rule.resolve is not None else None
+        except KeyProblem as err:
+            problems.append(f"{err.key}: {err}")
+            continue
+        except ValueError as err:
+            problems.append(f"{rule.keys[0]}: {err}")
+            continue
+        shown = present or rule.keys[:1]
+        if isinstance(value, Planned):
+            named = (value.key,) if value.key else shown
+            label = ", ".join(k if k in present else f"{k} (not set)" for k in named)
+            found = Found(label, _shown_value(values, tuple(k for k in named if k in present)), value.why, rule.knob)
+            (ctx.approximated if value.modelled else ctx.not_modelled).append(found)
+            value = value.value
+        if rule.knob is not None and rule.knob not in KNOBS and rule.knob not in (_MODEL, _REVISION, _SHARD):
+            # A knob memfit is to have: until it does, the key is not modelled.
+            if rule.matters is not None and rule.matters(values):
+                why = f"{rule.unmodelled} (memfit has no {rule.knob} knob yet)"
+                ctx.not_modelled.append(Found(", ".join(shown), _shown_value(values, shown), why, rule.knob))
+            continue
+        if rule.knob is None:
+            if rule.matters is not None and rule.matters(values):
+                ctx.not_modelled.append(Found(", ".join(present), _shown_value(values, present), rule.unmodelled))
+            continue
+        if value is None:
+            continue
+        ctx.knobs[rule.knob] = value
+        ctx.sources[rule.knob] = shown
+    return problems
+
+
+def _shown_value(values: Mapping[str, Any], names: tuple[str, ...]) -> Any:
+    if not names:
+        return None
+    if len(names) == 1:
+        return values[names[0]] if values[names[0]] is not ABSENT else None
+    return {n: values[n] for n in names if values[n] is not ABSENT}
+
+
+def _unknown_keys(raw: Mapping[str, Any], keymap: KeyMap) -> list[str]:
+    """Keys the tool does not have, each with the closest key it has, if any is close."""
+    out = []
+    known = sorted(keymap.all_keys)
+    for name in raw:
+        if name in keymap.all_keys:
+            continue
+        close = difflib.get_close_matches(str(name), known, n=1, cutoff=0.8)
+        out.append(f"{name} (did you mean {close[0]}?)" if close else str(name))
+    return out
+
+
+def _spec_problems(ctx: Context) -> list[str]:
+    """What :func:`memfit.spec.make_spec` finds wrong with the knobs the rules gave, each line led
+    by the config's keys behind the knob."""
+    try:
+        make_spec(spelling="field", **ctx.knobs)
+    except SpecError as err:
+        return [_with_keys(line, ctx) for line in err.problems]
+    return []
+
+
+def _with_keys(line: str, ctx: Context) -> str:
+    """``seq_len: 0 must be...`` -> ``sequence_len (memfit seq_len): 0 must be...``; knobs named
+    later in the line (``with method: qlora``) are left as memfit spells them."""
+    for knob in sorted(ctx.knobs, key=len, reverse=True):
+        if line.startswith(knob + ":") or line.startswith(knob + " "):
+            keys = ", ".join(ctx.sources.get(knob, (knob,)))
+            return f"{keys} (memfit {knob}){line[len(knob):]}"
+    return line

@@ -1,0 +1,142 @@
+"""The losses other trainers compute in place of the model's own, for the ``hf`` recipe.
+
+``recipe: hf`` is the plain Hugging Face + PEFT step, the one Axolotl, LLaMA-Factory and TRL run.
+Their default loss is the model's own (the whole ``[tokens, vocabulary]`` logits, upcast to fp32);
+two options they offer compute the same loss without the whole logits, and ``hf_loss`` picks them so
+that the planner runs the loss the trainer runs, tensor for tensor:
+
+- ``liger``: Liger Kernel's fused linear cross-entropy (``use_liger_kernel`` in TRL and the Trainer,
+  ``liger_fused_linear_cross_entropy`` in Axolotl, ``enable_liger_kernel`` in LLaMA-Factory),
+  :class:`FusedLinearCrossEntropy`. It computes the loss *and* the gradients in forward, a chunk of
+  tokens at a time, and keeps the hidden states' gradient until backward.
+- ``chunked-nll``: TRL ``SFTTrainer``'s ``loss_type='chunked_nll'`` (its default since TRL 1.x),
+  :func:`trl_chunked_nll`: the labelled tokens first, then 256 of them at a time through a
+  checkpointed function that upcasts the chunk *and the output head* to fp32.
+
+Both are written after the libraries' own code (Liger Kernel's ``ops/fused_linear_cross_entropy.py``
+at ead96b6, TRL's ``trainer/sft_trainer.py`` at f2cd577) with PyTorch operations in place of Triton
+kernels; where a kernel works in place or in registers, the note at that line says what the
+simulated one allocates instead.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from memfit.step.chunking import chunk_starts, is_fake
+from memfit.step.labels import IGNORE_INDEX
+
+#: TRL's ``_CHUNKED_LM_HEAD_CHUNK_SIZE``: labelled tokens per chunk of its chunked loss.
+TRL_CHUNK_TOKENS = 256
+
+
+def liger_chunk_tokens(tokens: int, hidden_size: int, vocab_size: int) -> int:
+    """Tokens per chunk of Liger's fused linear cross-entropy: a chunk's logits about as large as the
+    hidden states (``inc_factor = ceil(V / H)``, ``chunk = next_power_of_2(ceil(BT / inc_factor))``)."""
+    inc_factor = -(-vocab_size // hidden_size)
+    return 1 << max(math.ceil(math.log2(max(-(-tokens // inc_factor), 1))), 0)
+
+
+class FusedLinearCrossEntropy(torch.autograd.Function):
+    """Liger Kernel's fused linear cross-entropy: mean loss of ``hidden @ weight.T`` over labelled tokens.
+
+    Forward works through :func:`liger_chunk_tokens` tokens at a time: a chunk's logits in the
+    compute dtype, turned in place into their gradient, then into the chunk's rows of the hidden
+    states' gradient (and the head's, when it trains). Both gradients are kept until backward,
+    which only scales them. Liger's Triton kernel computes softmax in registers; here one chunk's
+    logits are upcast to fp32 for it, a transient of ``4 x chunk x vocabulary`` bytes Liger does not
+    allocate (about 4 to 8 bytes per hidden-state element of the micro-batch).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        tokens, hidden_size = hidden.shape
+        chunk = liger_chunk_tokens(tokens, hidden_size, weight.shape[0])
+        valid = targets != IGNORE_INDEX
+        count = valid.sum().clamp(min=1)
+        grad_input = torch.zeros_like(hidden)
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        loss_1d = torch.zeros(tokens, dtype=torch.float32, device=hidden.device)
+        for start in chunk_starts(tokens, chunk, hidden):
+            stop = min(start + chunk, tokens)
+            h = hidden[start:stop]
+            logits = h @ weight.t()
+            target, keep = targets[start:stop], valid[start:stop]
+            wide = logits.float()
+            lse = torch.logsumexp(wide, dim=-1)
+            picked = wide.gather(1, target.clamp(min=0).unsqueeze(1)).squeeze(1)
+            loss_1d[start:stop] = (lse - picked) * keep
+            # d loss / d logits = (softmax - one_hot(label)) / count, zero where no label: written
+            # over the chunk's logits, as the kernel writes it.
+            wide.sub_(lse.unsqueeze(1)).exp_()
+            wide.scatter_add_(1, target.clamp(min=0).unsqueeze(1), -keep.unsqueeze(1).to(wide.dtype))
+            wide.mul_((keep.to(wide.dtype) / count).unsqueeze(1))
+            logits.copy_(wide)
+            del wide
+            grad_input[start:stop] = logits @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(logits.t().to(grad_weight.dtype), h.to(grad_weight.dtype))
+            del logits
+        ctx.save_for_backward(grad_input, grad_weight)
+        return loss_1d.sum() / count
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        grad_input, grad_weight = ctx.saved_tensors
+        # Liger scales the kept gradients in place (its element_mul kernel; skipped when the
+        # upstream gradient is 1, which changes no value).
+        grad_input.mul_(grad_loss.to(grad_input.dtype))
+        if grad_weight is not None:
+            grad_weight.mul_(grad_loss.to(grad_weight.dtype))
+        return grad_input, grad_weight, None
+
+
+def liger_fused_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Next-token loss from hidden states ``[..., H]`` and the head ``[V, H]``, as Liger's
+    ``LigerForCausalLMLoss`` computes it: hidden states and labels shifted, then flattened."""
+    shifted = hidden[..., :-1, :].contiguous().reshape(-1, hidden.shape[-1])
+    targets = labels[..., 1:].contiguous().reshape(-1)
+    return FusedLinearCrossEntropy.apply(shifted, weight, targets)
+
+
+def _trl_chunk(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """One chunk of TRL's chunked loss, with the token accuracy and entropy TRL computes beside it."""
+    logits = h.float() @ w.float().t()
+    log_p = F.log_softmax(logits, dim=-1)
+    loss = F.nll_loss(log_p, labels, ignore_index=IGNORE_INDEX, reduction="sum")
+    valid = labels != IGNORE_INDEX
+    correct = ((logits.argmax(dim=-1) == labels) & valid).sum().float()
+    entropy = (-(log_p.exp() * log_p).sum(dim=-1) * valid).sum()
+    return loss, correct, entropy
+
+
+def trl_chunked_nll(hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                    chunk: int = TRL_CHUNK_TOKENS) -> torch.Tensor:
+    """Mean next-token loss as TRL's ``_chunked_cross_entropy_loss`` computes it: labelled tokens
+    moved to the front (a copy of the hidden states), then ``chunk`` of them at a time through a
+    non-reentrant checkpoint, so that a chunk's fp32 logits (and the fp32 head it makes) exist only
+    while that chunk runs, in forward and again in backward.
+
+    Under fake tensors the number of labelled tokens is unknown: every token is taken as labelled,
+    the most a micro-batch can have.
+    """
+    hidden = hidden_states[..., :-1, :].reshape(-1, hidden_states.size(-1))
+    targets = labels[..., 1:].reshape(-1)
+    valid = targets != IGNORE_INDEX
+    order = valid.to(torch.int8).argsort(descending=True, stable=True)
+    hidden, targets = hidden[order], targets[order]
+    count = valid.sum()
+    labelled = hidden.shape[0] if is_fake(hidden) else int(count)
+    if labelled == 0:
+        # No labelled token: a zero loss still connected to every input, as TRL returns it.
+        return (hidden_states.float().sum() + weight.float().sum()) * 0.0
+    loss = hidden.new_zeros((), dtype=torch.float32)
+    for start in chunk_starts(-(-labelled // chunk) * chunk, chunk, hidden):
+        part, _, _ = torch.utils.checkpoint.checkpoint(
+            _trl_chunk, hidden[start:start + chunk], weight, targets[start:start + chunk], use_reentrant=False
+        )
+        loss = loss + part
+    return loss / count.clamp(min=1)

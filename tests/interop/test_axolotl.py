@@ -1,0 +1,193 @@
+"""Axolotl's keys, as its config reference documents them, read into memfit's knobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from memfit.interop import read_tool_config
+from memfit.interop.axolotl import ALL_KEYS, KEYMAP
+from memfit.interop.reading import ToolConfigError
+
+
+def _read(write_config, text: str):
+    import textwrap
+
+    return read_tool_config(write_config("axolotl.yml", "base_model: org/model\n" + textwrap.dedent(text).lstrip("\n")))
+
+
+def test_axolotl_defaults_are_planned_when_keys_are_absent(write_config):
+    config = _read(write_config, "")
+    assert config.knobs == {
+        "recipe": "hf", "method": "full", "seq_len": 512, "batch_size": 1, "grad_accum": 1, "checkpointing": "off",
+        "optimizer": "adamw", "precision": "bf16", "max_grad_norm": 1.0,
+    }
+    # No attention named: transformers' sdpa, under which Axolotl keeps the embeddings, head and norms in fp32.
+    assert [f.key for f in config.not_modelled] == ["attn_implementation (not set)"] and config.unknown_keys == []
+
+
+def test_a_qlora_config_maps_every_memory_key(write_config):
+    config = _read(write_config, """
+        load_in_4bit: true
+        adapter: qlora
+        lora_r: 32
+        lora_alpha: 16
+        lora_dropout: 0.05
+        lora_target_modules: [gate_proj, down_proj, up_proj, q_proj, v_proj, k_proj, o_proj]
+        sequence_len: 4096
+        sample_packing: true
+        micro_batch_size: 2
+        gradient_accumulation_steps: 4
+        optimizer: paged_adamw_8bit
+        bf16: auto
+        tf32: false
+        gradient_checkpointing: true
+        gradient_checkpointing_kwargs:
+          use_reentrant: false
+        attn_implementation: flash_attention_2
+        max_grad_norm: 0.5
+    """)
+    assert config.knobs == {
+        "recipe": "hf", "method": "qlora", "rank": 32, "alpha": 16.0, "dropout": 0.05,
+        "targets": ("gate_proj", "down_proj", "up_proj", "q_proj", "v_proj", "k_proj", "o_proj"), "seq_len": 4096,
+        "batch_size": 2, "grad_accum": 4, "checkpointing": "on", "optimizer": "paged-adamw8bit", "precision": "bf16",
+        "max_grad_norm": 0.5, "padding_free": "on", "packing": True, "kbit_upcast": False,
+    }
+    assert config.sources["method"] == ("adapter", "load_in_4bit")
+    assert config.not_modelled == []
+
+
+@pytest.mark.parametrize(
+    "text, knob, value",
+    [
+        ("adapter: lora\nlora_target_linear: true\n", "targets", ("all-linear",)),
+        ("adapter: lora\nload_in_4bit: true\n", "method", "qlora"),
+        ("batch_size: 32\nmicro_batch_size: 4\n", "grad_accum", 8),
+        ("gradient_checkpointing: offload\n", "checkpointing", "offload"),
+        ("activation_offloading: true\ngradient_checkpointing: true\n", "checkpointing", "offload"),
+        ("bf16: false\nfp16: false\n", "precision", "fp32"),
+        ("bfloat16: true\nbf16: false\n", "precision", "bf16"),
+        ("bf16: full\nflash_attention: true\n", "precision", "bf16"),
+        ("adapter: lora\nfp16: true\n", "precision", "fp16"),  # bf16: auto gives way to fp16
+        ("adapter: lora\nbf16: false\nfp16: false\n", "precision", "fp32"),
+        ("attn_implementation: flash_attention_2\n", "precision", "bf16"),
+        ("flash_attention: true\n", "padding_free", "on"),
+        ("batch_flattening: true\n", "padding_free", "on"),
+        ("max_grad_norm: 0\n", "max_grad_norm", None),
+        ("optimizer: adamw_8bit\n", "optimizer", "adamw8bit"),
+        ("plugins: [axolotl.integrations.liger.LigerPlugin]\nliger_fused_linear_cross_entropy: true\n", "hf_loss", "liger"),
+    ],
+)
+def test_each_memory_key(write_config, text, knob, value):
+    from memfit.spec import make_spec
+
+    config = _read(write_config, text)
+    assert getattr(make_spec(**config.knobs), knob) == value
+
+
+def test_what_is_not_modelled_is_listed_with_why(write_config):
+    config = _read(write_config, """
+        adapter: lora
+        load_in_8bit: true
+        lora_modules_to_save: [embed_tokens, lm_head]
+        peft_use_dora: true
+        rl: dpo
+        torch_compile: true
+        liger_rms_norm: true
+        eager_attention: true
+        tensor_parallel_size: 1
+    """)
+    found = {f.key: f.why for f in config.not_modelled}
+    assert set(found) == {"adapter, load_in_8bit", "lora_modules_to_save", "peft_use_dora", "rl", "torch_compile",
+                          "liger_rms_norm", "eager_attention"}
+    assert "8-bit base" in found["adapter, load_in_8bit"]
+    assert "memfit has no modules_to_save knob yet" in found["lora_modules_to_save"]
+    assert "memfit has no objective knob yet" in found["rl"]
+    assert config.knobs["method"] == "lora" and "padding_free" not in config.knobs  # eager: planned as SDPA
+
+
+def test_approximations_are_listed(write_config):
+    config = _read(write_config, "cut_cross_entropy: true\nactivation_offloading: legacy\noptimizer: adamw_torch\n")
+    found = {f.key: f.why for f in config.approximated}
+    assert set(found) == {"cut_cross_entropy", "activation_offloading", "optimizer"}
+    assert config.knobs["hf_loss"] == "liger" and config.knobs["checkpointing"] == "offload"
+    assert "foreach" in found["optimizer"]
+
+
+def test_fsdp_settings_are_the_shard_mode(write_config):
+    offload = _read(write_config, """
+        fsdp: [full_shard, auto_wrap]
+        fsdp_config:
+          fsdp_offload_params: true
+          fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer
+    """)
+    assert offload.shard == "fsdp-offload"
+    assert _read(write_config, "fsdp_version: 2\nfsdp_config:\n  reshard_after_forward: true\n").shard == "fsdp"
+    assert _read(write_config, "fsdp_version: 2\nfsdp_config:\n  reshard_after_forward: false\n").shard == "zero2"
+
+
+def test_deepspeed_and_fsdp_together_are_refused(write_config):
+    write_config("ds.json", {"zero_optimization": {"stage": 2}})
+    with pytest.raises(ToolConfigError, match="fsdp: set together with deepspeed"):
+        _read(write_config, "deepspeed: ds.json\nfsdp: [full_shard]\n")
+
+
+def test_full_fine_tuning_with_deepspeed_bf16_is_mixed_precision(write_config):
+    write_config("ds.json", {"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 3}})
+    config = _read(write_config, "deepspeed: ds.json\nbf16: true\n")
+    assert config.zero.bf16 is True  # "auto" filled from bf16: true, as the Trainer fills it
+    # DeepSpeed casts every parameter to bf16 and keeps fp32 master weights: nothing stays in fp32 beside them.
+    assert config.knobs["precision"] == "bf16-mixed" and config.not_modelled == []
+
+
+def test_full_fine_tuning_under_fsdp_is_mixed_precision(write_config):
+    # accelerate upcasts the trained parameters to fp32 when FSDP runs under bf16.
+    config = _read(write_config, "fsdp_version: 2\nfsdp_config:\n  reshard_after_forward: true\nbf16: true\n")
+    assert config.knobs["precision"] == "bf16-mixed" and config.not_modelled == []
+    lora = _read(write_config, "adapter: lora\nfsdp: [full_shard, auto_wrap]\nbf16: true\n")
+    assert lora.shard == "fsdp" and lora.knobs["precision"] == "bf16"  # a frozen base is not upcast
+
+
+@pytest.mark.parametrize("attention, listed", [
+    ("attn_implementation: sdpa\n", "attn_implementation"),
+    ("sdp_attention: true\n", "sdp_attention"),
+    ("attn_implementation: flash_attention_2\n", None),
+    ("flex_attention: true\n", None),
+    ("cut_cross_entropy: true\n", None),
+])
+def test_full_fine_tuning_keeps_embeddings_head_and_norms_in_fp32_under_sdpa(write_config, attention, listed):
+    config = _read(write_config, attention)
+    assert config.knobs["precision"] == "bf16"
+    found = [f for f in config.not_modelled if f.knob == "precision"]
+    if listed is None:
+        assert found == []
+    else:
+        assert [f.key for f in found] == [listed] and "embeddings, the output head and the norms in fp32" in found[0].why
+
+
+def test_float32_is_listed_for_qlora_under_fsdp_only(write_config):
+    fsdp = "fsdp: [full_shard, auto_wrap]\n"
+    config = _read(write_config, "adapter: qlora\nload_in_4bit: true\nfloat32: true\n" + fsdp)
+    assert [f.key for f in config.not_modelled] == ["float32"] and config.knobs["precision"] == "bf16"
+    assert _read(write_config, "adapter: qlora\nload_in_4bit: true\nfloat32: true\n").not_modelled == []
+
+
+def test_the_key_list_is_the_schema_s():
+    # Every key the map reads is one Axolotl has; quiet keys are the rest of the schema.
+    assert KEYMAP.memory_keys <= ALL_KEYS
+    assert "wandb_project" in KEYMAP.quiet_keys and "micro_batch_size" not in KEYMAP.quiet_keys
+
+
+def test_qlora_norms_embeddings_and_head_end_in_the_training_dtype(write_config):
+    # PEFT's preparation upcasts them, then Axolotl casts them back; under ZeRO-3 it skips both.
+    config = _read(write_config, "adapter: qlora\nload_in_4bit: true\n")
+    assert config.knobs["kbit_upcast"] is False
+    assert any("casts the norms, the embeddings and the output head back" in f.why for f in config.approximated)
+    write_config("ds.json", {"zero_optimization": {"stage": 3}})
+    zero3 = _read(write_config, "adapter: qlora\nload_in_4bit: true\ndeepspeed: ds.json\n")
+    assert zero3.knobs["kbit_upcast"] is False and not any(f.knob == "kbit_upcast" for f in zero3.approximated)
+
+
+def test_a_bad_attention_flag_is_one_problem(write_config):
+    with pytest.raises(ToolConfigError) as err:
+        _read(write_config, "flash_attention: maybe\n")
+    assert [p.split(":")[0] for p in err.value.problems] == ["flash_attention"]

@@ -1,0 +1,74 @@
+"""memfit plan / fit of another tool's config: the same plan as memfit's knobs give, and what was read."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from memfit.planner.api import plan
+from memfit.planner.search import fit
+
+
+@pytest.fixture
+def model_folder(tmp_path, tiny_llama):
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(tiny_llama))
+    return folder
+
+
+def _axolotl(tmp_path, model_folder, extra: str = "") -> str:
+    path = tmp_path / "axolotl.yml"
+    path.write_text(textwrap.dedent(f"""
+        base_model: {model_folder}
+        adapter: lora
+        lora_r: 8
+        lora_target_linear: true
+        sequence_len: 128
+        micro_batch_size: 2
+        gradient_accumulation_steps: 2
+        gradient_checkpointing: true
+        bf16: false
+        fp16: false
+        """) + extra)
+    return str(path)
+
+
+def test_a_config_plans_as_its_knobs_plan_on_the_hugging_face_step(tmp_path, model_folder):
+    config = _axolotl(tmp_path, model_folder, "peft_use_dora: true\n")
+    from_config = plan(config, cache=False)
+    by_hand = plan(str(model_folder), method="lora", rank=8, targets="all-linear", seq_len=128, batch_size=2, grad_accum=2,
+                   checkpointing="on", precision="fp32", recipe="hf", cache=False)
+    assert from_config.device_total_bytes == by_hand.device_total_bytes
+    assert from_config.spec == by_hand.spec
+    read = from_config.details["config"]
+    assert read["tool"] == "axolotl" and read["path"] == config
+    assert [f["key"] for f in read["not_modelled"]] == ["peft_use_dora"]
+
+
+def test_options_given_replace_the_config_s(tmp_path, model_folder):
+    result = plan(_axolotl(tmp_path, model_folder), batch_size=1, cache=False)
+    assert result.spec["batch_size"] == 1 and result.details["config"]["given"] == {"batch_size": 1}
+    # What the config's optimizer is planned as no longer matters once the command line picks one.
+    config = _axolotl(tmp_path, model_folder, "optimizer: adamw_torch\n")
+    assert [f["knob"] for f in plan(config, cache=False).details["config"]["approximated"]] == ["optimizer"]
+    assert plan(config, optimizer="sgd", cache=False).details["config"]["approximated"] == []
+
+
+def test_a_sharded_config_on_one_gpu_is_planned_unsharded_and_says_so(tmp_path, model_folder):
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 3}}')
+    result = plan(_axolotl(tmp_path, model_folder, "deepspeed: ds.json\n"), cache=False)
+    assert result.spec["shard"] == "none" and "deepspeed" not in result.details
+    assert any(f["key"] == "deepspeed" and "--gpus N" in f["why"] for f in result.details["config"]["not_modelled"])
+    sharded = plan(_axolotl(tmp_path, model_folder, "deepspeed: ds.json\n"), gpus=2, cache=False)
+    assert sharded.spec["shard"] == "zero3" and sharded.details["deepspeed"]["stage"] == 3
+
+
+def test_fit_keeps_the_config_s_method_batch_and_length(tmp_path, model_folder):
+    result = fit(_axolotl(tmp_path, model_folder), budget="2GiB", max_seq_len=False, workers=1)
+    assert result.fits and {f.spec["method"] for f in result.fits} == {"lora"}
+    best = result.fits[0].spec
+    assert best["batch_size"] * best["grad_accum"] == 4 and best["seq_len"] == 128 and best["recipe"] == "hf"
+    assert result.to_dict()["details"]["config"]["tool"] == "axolotl"

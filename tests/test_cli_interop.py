@@ -1,0 +1,94 @@
+"""memfit plan CONFIG and memfit fit CONFIG --write: what a user of Axolotl, LLaMA-Factory or TRL types and reads."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from typer.testing import CliRunner
+
+from memfit.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def model_folder(tmp_path, tiny_llama):
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(tiny_llama))
+    return folder
+
+
+def _write(tmp_path, name: str, text: str):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text).lstrip("\n"))
+    return path
+
+
+def test_plan_says_which_tool_s_config_it_read_and_what_is_not_modelled(tmp_path, model_folder):
+    config = _write(tmp_path, "sft.yaml", f"""
+        model_name_or_path: {model_folder}
+        use_peft: true
+        lora_r: 4
+        use_dora: true
+        max_length: 64
+        dtype: float32
+        bf16: false
+        per_device_train_batch_size: 1
+        my_setting: 3
+    """)
+    result = runner.invoke(app, ["plan", str(config), "--no-cache"])
+    assert result.exit_code == 0, result.output
+    assert f"read TRL / Hugging Face TrainingArguments config {config}" in result.output
+    assert "not modelled: use_dora" in result.output and "unknown key, ignored: my_setting" in result.output
+    data = json.loads(runner.invoke(app, ["plan", str(config), "--json", "--no-cache"]).stdout)
+    assert data["details"]["config"]["tool"] == "trl" and data["spec"]["recipe"] == "hf" and data["spec"]["rank"] == 4
+    assert data["details"]["config"]["not_modelled"][0]["key"] == "use_dora"
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("base_model: {model}\noptimizer: adamw_torhc\n", "optimizer: 'adamw_torhc' is not an optimizer name the Trainer knows. "
+                                                          "Did you mean 'adamw_torch'?"),
+        ("model_name_or_path: {model}\nfinetuning_type: full\ndeepspeed: nowhere.json\n", "deepspeed: 'nowhere.json' does not exist"),
+        ("model: {model}\nepochs: 3\n", "cannot tell which tool this config is for"),
+    ],
+    ids=["typo-value", "missing-deepspeed", "unknown-tool"],
+)
+def test_bad_configs_are_one_clear_error_naming_the_key_and_the_file(tmp_path, model_folder, text, expected):
+    config = _write(tmp_path, "run.yaml", text.format(model=model_folder))
+    for command in (["plan", str(config)], ["fit", str(config), "--gpu", "rtx-4090"]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2, result.output
+        assert f"error: cannot plan {config}" in result.output and expected in " ".join(result.output.split())
+        assert "Traceback" not in result.output
+
+
+def test_fit_write_refuses_the_input_as_output(tmp_path, model_folder):
+    config = _write(tmp_path, "axolotl.yml", f"base_model: {model_folder}\nadapter: lora\n")
+    before = config.read_text()
+    result = runner.invoke(app, ["fit", str(config), "--budget", "2GiB", "--write", str(config)])
+    assert result.exit_code == 2 and "exists" in result.output and "plan 1" not in result.output  # before any search
+    assert config.read_text() == before
+
+
+def test_fit_write_prints_the_diff_and_writes_the_tool_s_config(tmp_path, model_folder):
+    config = _write(tmp_path, "axolotl.yml", f"""
+        base_model: {model_folder}   # local
+        adapter: lora
+        lora_r: 8
+        sequence_len: 64
+        micro_batch_size: 1
+        gradient_accumulation_steps: 4
+        gradient_checkpointing: true
+        bf16: false
+    """)
+    out = tmp_path / "fitted.yml"
+    result = runner.invoke(app, ["fit", str(config), "--budget", "4GiB", "--write", str(out), "--no-cache"])
+    assert result.exit_code == 0, result.output
+    assert f"--- {config}" in result.output and f"+++ {out}" in result.output
+    assert "+micro_batch_size: 4" in result.output and "+gradient_accumulation_steps: 1" in result.output
+    assert "# local" in out.read_text() and "micro_batch_size: 4" in out.read_text()
