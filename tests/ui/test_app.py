@@ -77,7 +77,8 @@ def test_fit_streams_its_progress_and_ends_with_memfit_fit_json(client, tiny_con
         assert answer.status_code == 200 and answer.headers["content-type"].startswith("application/x-ndjson")
         events = [json.loads(line) for line in answer.iter_lines() if line]
     kinds = [e["event"] for e in events]
-    assert kinds[-1] == "result" and "progress" in kinds
+    assert kinds[0] == "expected" and kinds[-1] == "result" and "progress" in kinds  # "plan k of about n"
+    assert events[0]["plans"] > 0
     found = [e for e in events if e["event"] == "found"]
     assert sorted(e["method"] for e in found) == ["full", "lora"]
     # Every row the search reported as it went is in the final table.
@@ -127,6 +128,33 @@ def test_export_names_a_dropped_config_by_its_file(client, tiny_config):
     answer = client.get(f"/api/export?command=plan&model={model}&seq_len=128&spec={json.dumps({'method': 'lora'})}").json()
     assert answer["cli"] == "memfit plan config.json --seq-len 128"
     assert "model: config.json" in answer["yaml"]
+
+
+def test_a_dropped_training_config_is_memfit_plan_of_the_file(client, tmp_path):
+    # An Axolotl YAML and the DeepSpeed JSON it names, dropped together, as `memfit plan` reads them side by side.
+    config = ("base_model: smollm2-135m\nadapter: lora\nlora_r: 8\nlora_alpha: 16\nlora_target_linear: true\n"
+              "sequence_len: 64\nmicro_batch_size: 1\ngradient_accumulation_steps: 2\nbf16: true\ndeepspeed: ds_z2.json\n")
+    deepspeed = json.dumps({"zero_optimization": {"stage": 2}})
+    (tmp_path / "axolotl.yml").write_text(config)
+    (tmp_path / "ds_z2.json").write_text(deepspeed)
+    dropped = client.post("/api/model", content=json.dumps({"files": {"axolotl.yml": config, "ds_z2.json": deepspeed}}))
+    assert dropped.status_code == 200, dropped.text
+    upload = dropped.json()
+    assert (upload["tool_title"], upload["base_model"], upload["knobs"]["seq_len"]) == ("Axolotl", "smollm2-135m", "64")
+    assert client.get(f"/api/model?model={upload['model']}").json() == upload
+
+    answer = client.get(f"/api/plan?model={upload['model']}&gpu=rtx-4090&checkpointing=off")
+    assert answer.status_code == 200, answer.text
+    expected = without_timing(cli_json("plan", str(tmp_path / "axolotl.yml"), "--gpu", "rtx-4090", "--checkpointing", "off"))
+    # The command line names the files by the paths it was given; the page by the names they were dropped under.
+    expected["details"]["config"]["path"] = "axolotl.yml"
+    expected["details"]["config"]["deepspeed"]["path"] = "ds_z2.json"
+    assert without_timing(answer.json()) == expected
+    assert str(tmp_path) not in answer.text
+
+    exported = client.get(f"/api/export?command=plan&model={upload['model']}&gpu=rtx-4090&spec={json.dumps({'method': 'lora'})}").json()
+    assert exported["cli"] == "memfit plan axolotl.yml --gpu rtx-4090"
+    assert "model: smollm2-135m" in exported["yaml"]  # trained on the model the config names
 
 
 def test_the_form_is_runspec(client):

@@ -35,6 +35,17 @@ def wait_for_total(page, expected: int) -> None:
     assert shown_bytes(page) == expected
 
 
+def open_page(page, url: str) -> None:
+    """Go to ``url`` and wait until the page's inputs answer (its form is drawn from /api/form first)."""
+    page.goto(url)
+    page.wait_for_selector("body[data-ready]", timeout=WAIT_MS)
+
+
+def wait_for_upload(page) -> None:
+    page.wait_for_selector("#upload-chip:not([hidden]), #error:not([hidden])", timeout=WAIT_MS)
+    assert page.is_hidden("#error"), page.inner_text("#error")
+
+
 def categories_shown(page) -> dict[str, int]:
     rows = page.query_selector_all("#categories tbody tr")
     return {row.get_attribute("data-category"): int(row.get_attribute("data-bytes")) for row in rows}
@@ -75,9 +86,9 @@ def test_a_bad_knob_shows_the_cli_error_and_the_page_goes_on(server, browser_pag
 
 def test_a_dropped_config_a_link_the_longest_context_and_the_search(server, browser_page, tiny_config, tmp_path):
     page = browser_page
-    page.goto(server.url + "?budget=1GiB")
+    open_page(page, server.url + "?budget=1GiB")
     page.set_input_files("#files", str(tiny_config))  # what dropping the file on the page sends
-    page.wait_for_selector("#upload-chip:not([hidden])", timeout=WAIT_MS)
+    wait_for_upload(page)
     page.fill("#knob-seq_len", "256")
     expected = cli_plan(str(tiny_config), "--budget", "1GiB", "--seq-len", "256")
     wait_for_total(page, expected["peak"]["device_total_bytes"])
@@ -126,10 +137,36 @@ def test_a_dropped_run_is_shown_against_its_plan(server, browser_page, tmp_path)
                {"kind": "attribution", "first_step": 1, "categories": {"weights": plan["categories"]["weights"], "activations": 12345}}]
     memory = tmp_path / "memory.jsonl"
     memory.write_text("".join(json.dumps(r) + "\n" for r in records))
-    page.goto(server.url)
+    open_page(page, server.url)
     page.set_input_files("#files", str(memory))
     page.wait_for_selector("#run-table:not([hidden])", timeout=WAIT_MS)
     cells = {row.query_selector("td").inner_text().strip(): row.query_selector_all("td")[2].inner_text()
              for row in page.query_selector_all("#run-table tbody tr")}
     assert cells["activations"] == "12.1 KiB" and cells["gradients"] == "not measured"
     assert "run=" not in page.url and "view=run" in page.url
+
+
+def test_a_dropped_training_config_fills_the_form_and_is_planned_as_memfit_plan(server, browser_page, tmp_path):
+    page = browser_page
+    config = tmp_path / "axolotl.yml"
+    config.write_text("base_model: smollm2-135m\nadapter: lora\nlora_r: 8\nlora_alpha: 16\nlora_target_linear: true\n"
+                      "sequence_len: 256\nmicro_batch_size: 1\ngradient_accumulation_steps: 4\nbf16: true\n"
+                      "deepspeed: ds_z2.json\n")
+    (tmp_path / "ds_z2.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    open_page(page, server.url + "?gpu=rtx-4090")
+    page.set_input_files("#files", [str(config), str(tmp_path / "ds_z2.json")])  # both files, as a drop sends them
+    wait_for_upload(page)
+    assert "Axolotl: smollm2-135m" in page.inner_text("#upload-name")
+    assert page.input_value("#knob-seq_len") == "256" and page.input_value("#knob-rank") == "8"  # the config's knobs
+    expected = cli_plan(str(config), "--gpu", "rtx-4090")
+    wait_for_total(page, expected["peak"]["device_total_bytes"])
+    assert "seq_len" not in page.url  # only what is changed is sent, as options override a config's keys
+
+    page.fill("#knob-rank", "32")
+    expected = cli_plan(str(config), "--gpu", "rtx-4090", "--rank", "32")
+    wait_for_total(page, expected["peak"]["device_total_bytes"])
+    page.click("#copy-cli")
+    page.wait_for_selector("#export[open]")
+    assert page.input_value("#export-text") == "memfit plan axolotl.yml --gpu rtx-4090 --rank 32"
+    page.keyboard.press("Escape")
+    assert not page.errors

@@ -236,7 +236,8 @@ def fit(
 
     if is_tool_config(model):
         return _fit_tool_config(str(model), gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len, methods=methods,
-                                max_seq_len=max_seq_len, progress=progress, workers=workers, revision=revision, **knobs)
+                                max_seq_len=max_seq_len, progress=progress, workers=workers, revision=revision,
+                                plans_expected=plans_expected, found=found, **knobs)
     batch_size = 8 if batch_size is None else batch_size
     started = time.perf_counter()
     problems = []
@@ -340,7 +341,7 @@ def _fit_tool_config(path: str, *, batch_size: int | None, seq_len: int | None, 
     its DeepSpeed config shards the run."""
     from memfit.interop import read_tool_config
 
-    search = {k: options.pop(k) for k in ("gpu", "budget", "max_seq_len", "progress", "workers")}
+    search = {k: options.pop(k) for k in ("gpu", "budget", "max_seq_len", "progress", "workers", "plans_expected", "found")}
     tool = read_tool_config(path)
     knobs, dropped = tool.knobs_for(options)
     config_batch = int(knobs.get("batch_size", 1)) * int(knobs.get("grad_accum", 1))

@@ -10,7 +10,9 @@ Routes:
 - ``POST /api/explain``: for a plan, the category explanations, the memory-lean techniques and
   the knob changes that lower it (the text ``memfit plan`` prints);
 - ``GET /api/export?command=plan|fit&...``: the command line and a ``memfit train`` YAML;
-- ``POST /api/model?filename=config.json``: a dropped config.json (the body, at most 1 MiB);
+- ``POST /api/model?filename=config.json``: a dropped config.json or another tool's training
+  config (the body, at most 1 MiB), or ``{"files": {name: text}}``: a training config and the
+  DeepSpeed JSON it names; ``GET /api/model?model=upload-...``: what was dropped under that name;
 - ``POST /api/run``: a dropped memory.jsonl / run.json (or, with ``"folder": true``, the run given
   as ``memfit ui --run``), compared with its plan or the plan on the page;
 - ``GET /api/run``: the run given as ``memfit ui --run``, compared with its plan.
@@ -201,19 +203,44 @@ async def export(request):
         spec = json.loads(spec_text)
         if not isinstance(spec, dict):
             raise query.QueryError("spec: not a JSON object; send a plan's spec.")
-        answer["yaml"] = train_yaml(upload.filename if upload else call.model, spec, gpu=call.options.get("gpu"),
-                                    budget=call.options.get("budget"), model_is_file=upload is not None)
+        # A dropped tool config is trained on the model it names; a dropped config.json by its file.
+        tool = upload.tool if upload else None
+        model = tool.model if tool else upload.filename if upload else call.model
+        answer["yaml"] = train_yaml(model, spec, gpu=call.options.get("gpu"), budget=call.options.get("budget"),
+                                    model_is_file=upload is not None and tool is None)
     return JSONResponse(answer)
 
 
 async def model_upload(request):
+    """One dropped file as the body (``?filename=config.json``), or files dropped together as
+    ``{"files": {name: text}}`` (a training config and the DeepSpeed JSON it names)."""
     from starlette.concurrency import run_in_threadpool
     from starlette.responses import JSONResponse
 
-    filename = Path(request.query_params.get("filename") or "config.json").name
-    data = await _body(request, MAX_UPLOAD_BYTES, filename)
-    upload = await run_in_threadpool(_service(request).uploads.add, data, filename)
-    return JSONResponse({"model": upload.name, "filename": upload.filename, "model_type": upload.config.get("model_type")})
+    from memfit.ui.uploads import MAX_FILES
+
+    uploads = _service(request).uploads
+    if request.query_params.get("filename"):
+        filename = Path(request.query_params["filename"]).name
+        files = {filename: await _body(request, MAX_UPLOAD_BYTES, filename)}
+    else:
+        data = json.loads(await _body(request, MAX_FILES * MAX_UPLOAD_BYTES, "the dropped files") or b"{}")
+        given = data.get("files") if isinstance(data, dict) else None
+        if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
+            raise UploadError("the dropped files: send {\"files\": {<file name>: <its text>}}, or one file as the body with ?filename=.")
+        files = {Path(str(name)).name: text.encode() for name, text in given.items()}
+    upload = await run_in_threadpool(uploads.add_files, files)
+    return JSONResponse(upload.describe())
+
+
+async def model_info(request):
+    """What ``GET /api/model?model=upload-...`` dropped: its file name, and a tool config's knobs."""
+    from starlette.responses import JSONResponse
+
+    name = request.query_params.get("model") or ""
+    if not _service(request).is_upload(name):
+        raise query.QueryError(f"model: {name!r} is not a dropped file's name (upload-<12 hex digits>).")
+    return JSONResponse(_service(request).uploads.get(name).describe())
 
 
 async def run_upload(request):
@@ -284,6 +311,7 @@ def create_app(service: PlannerService | None = None, *, run_dir: str | Path | N
         Route("/api/explain", explain, methods=["POST"]),
         Route("/api/export", export),
         Route("/api/model", model_upload, methods=["POST"]),
+        Route("/api/model", model_info, methods=["GET"]),
         Route("/api/run", run_upload, methods=["POST"]),
         Route("/api/run", run_folder, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),

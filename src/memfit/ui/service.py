@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import logging
 import threading
 import time
@@ -44,8 +45,7 @@ class BusyError(UserError):
 
 def result_dict(result: Any) -> dict[str, Any]:
     """The ``--json`` form of a plan or a search result, as a dict: every answer goes through here."""
-    to_dict = getattr(result, "to_dict", None)
-    return to_dict() if callable(to_dict) else result.to_json()
+    return result.to_dict()
 
 
 class PlannerService:
@@ -97,8 +97,18 @@ class PlannerService:
         return is_upload_name(model)
 
     def model_argument(self, model: str) -> str | dict[str, Any]:
-        """What the planner gets for the page's model name: the config of a dropped file, else the name."""
-        return dict(self.uploads.get(model).config) if is_upload_name(model) else model
+        """What the planner gets for the page's model name: the config of a dropped config.json, the
+        path of a dropped tool config as the server wrote it, else the name."""
+        return self.uploads.get(model).planned if is_upload_name(model) else model
+
+    def public(self, model: str, data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` with the server's folder of a dropped tool config left out of the paths it names
+        (``details.config.path`` reads as the file's own name, as on the command line)."""
+        upload = self.uploads.get(model) if is_upload_name(model) else None
+        if upload is None or upload.tool is None:
+            return data
+        folder = json.dumps(str(upload.tool.path.parent) + "/")[1:-1]
+        return json.loads(json.dumps(data).replace(folder, ""))
 
     def plan(self, call: Call) -> dict[str, Any]:
         """``memfit plan --json`` for ``call``."""
@@ -107,7 +117,7 @@ class PlannerService:
         self._imported.wait()
         with self._plan_lock:
             result = plan(self.model_argument(call.model), **call.options, **call.knobs)
-        return result_dict(result)
+        return self.public(call.model, result_dict(result))
 
     def sweep(self, call: Call, max_positions: int | None, first: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
         """Plans of ``call`` at increasing sequence lengths, one point at a time, then where the
@@ -136,14 +146,15 @@ class PlannerService:
         """The model's longest sequence, from its config (a catalog, Hub or dropped model)."""
         from memfit.models.catalog import max_positions, resolve_model
 
-        return max_positions(resolve_model(self.model_argument(model)).config)
+        named = self.uploads.get(model).model if is_upload_name(model) else model
+        return max_positions(resolve_model(named).config)
 
     def fit(self, call: Call, emit: Callable[[dict[str, Any]], None]) -> None:
-        """``memfit fit --json`` for ``call``, told as it goes through ``emit``: ``{"event": "progress"}``
-        for every plan, ``{"event": "found"}`` with a method's fits when its search ends, then
-        ``{"event": "result"}`` (the ``--json`` form) or ``{"event": "error"}`` (a bad input: the
-        CLI's message). Runs in the caller's thread; raises :class:`BusyError` at once when
-        :data:`MAX_SEARCHES` searches are running."""
+        """``memfit fit --json`` for ``call``, told as it goes through ``emit``: ``{"event": "expected"}``
+        with about how many plans it will make, ``{"event": "progress"}`` for every plan,
+        ``{"event": "found"}`` with a method's fits when its search ends, then ``{"event": "result"}``
+        (the ``--json`` form) or ``{"event": "error"}`` (a bad input: the CLI's message). Runs in the
+        caller's thread; raises :class:`BusyError` at once when :data:`MAX_SEARCHES` searches are running."""
         from memfit.planner.search import fit
 
         if not self._searches.acquire(blocking=False):
@@ -157,13 +168,17 @@ class PlannerService:
                 emit({"event": "progress", "plans": count[0], "message": message})
 
             def found(method: str, fits: list) -> None:
-                emit({"event": "found", "method": method, "fits": [result_dict(f) for f in fits]})
+                emit({"event": "found", "method": method, "fits": [self.public(call.model, result_dict(f)) for f in fits]})
+
+            def expected(plans: int) -> None:
+                emit({"event": "expected", "plans": plans})
 
             try:
-                result = fit(self.model_argument(call.model), progress=progress, found=found, **call.options, **call.knobs)
+                result = fit(self.model_argument(call.model), progress=progress, found=found, plans_expected=expected,
+                             **call.options, **call.knobs)
             except UserError as err:
                 emit({"event": "error", "error": str(err), "status": 400})
                 return
-            emit({"event": "result", "result": result_dict(result)})
+            emit({"event": "result", "result": self.public(call.model, result_dict(result))})
         finally:
             self._searches.release()

@@ -84,7 +84,14 @@ function knobInput(knob) {
   input.addEventListener(knob.kind === "choice" || knob.kind === "bool" ? "change" : "input", changed);
   return label;
 }
-function knobDefault(knob) { return knob.default === null ? "" : String(knob.default); }
+// A dropped training config's knobs stand where the defaults do: only what you change is sent, as
+// `memfit plan CONFIG --opt value` overrides the config's own value.
+function knobDefault(knob) {
+  const own = state.upload && state.upload.knobs ? state.upload.knobs[knob.name] : undefined;
+  if (own !== undefined) return own;
+  return knob.default === null ? "" : String(knob.default);
+}
+function resetKnobs() { for (const knob of state.form.knobs) setKnob(knob, null); }
 function setKnob(knob, value, input = $(`knob-${knob.name}`)) {
   const text = value === null || value === undefined ? knobDefault(knob) : String(value);
   if (knob.kind === "bool") input.checked = ["true", "1", "yes", "on"].includes(text.toLowerCase());
@@ -112,19 +119,24 @@ function fitParams() {  // memfit fit's options: the search chooses method, chec
   const plan = planParams();
   const p = new URLSearchParams({ model: plan.get("model") });
   for (const key of ["gpu", "budget"]) if (plan.has(key)) p.set(key, plan.get(key));
-  p.set("batch_size", $("fit-batch").value.trim() || "8");
+  if ($("fit-batch").value.trim()) p.set("batch_size", $("fit-batch").value.trim());
   for (const key of ["seq_len", "precision", "gpus", "shard", ...state.form.fit_knobs]) if (plan.has(key)) p.set(key, plan.get(key));
   return p;
 }
 
-function readUrl() {
+async function readUrl() {
   const url = new URLSearchParams(location.search);
   const model = url.get("model");
-  if (model && model.startsWith("upload-")) state.upload = { model, filename: url.get("model_file") || "config.json" };
+  if (model && model.startsWith("upload-")) {
+    state.upload = { model, filename: url.get("model_file") || "config.json" };
+    try {  // a dropped training config's knobs; gone when the server that read it stopped (the plan says so)
+      state.upload = await answer(await fetch(`/api/model?model=${encodeURIComponent(model)}`));
+    } catch (err) { showError(err.message); }
+  }
   $("model").value = model && !state.upload ? model : state.form.default_model;
   $("gpu").value = url.get("gpu") || "";
   $("budget").value = url.get("budget") || "";
-  $("fit-batch").value = url.get("fit_batch") || "8";
+  $("fit-batch").value = url.get("fit_batch") || "";
   for (const knob of state.form.knobs) setKnob(knob, url.get(knob.name));
   if (state.form.knobs.some((k) => !k.main && url.has(k.name))) $("more").open = true;
   return url.get("view") || "plan";
@@ -132,7 +144,7 @@ function readUrl() {
 function writeUrl() {
   const p = planParams();
   if (state.upload) p.set("model_file", state.upload.filename);
-  if ($("fit-batch").value.trim() && $("fit-batch").value.trim() !== "8") p.set("fit_batch", $("fit-batch").value.trim());
+  if ($("fit-batch").value.trim()) p.set("fit_batch", $("fit-batch").value.trim());
   if (state.view !== "plan") p.set("view", state.view);
   history.replaceState(null, "", `?${p}`);
 }
@@ -323,8 +335,13 @@ async function refreshContext() {
 function fitDescription() {
   const p = fitParams();
   const target = p.get("gpu") ? p.get("gpu") : p.get("budget") ? `a ${p.get("budget")} budget` : "no card yet (pick a GPU or a budget)";
+  const tool = state.upload && state.upload.tool_title;
+  if (tool) {
+    return `memfit fit ${state.upload.filename}: the ${tool} config's method, every checkpointing setting and micro-batch on ${target}, ` +
+      `${p.get("batch_size") || "the config's"} sequences an optimizer step, ${p.get("seq_len") || "the config's"} tokens each.`;
+  }
   return `memfit fit: every method, checkpointing setting and micro-batch for ${p.get("model")} on ${target}, ` +
-    `${p.get("batch_size")} sequences an optimizer step, ${p.get("seq_len") || "2048"} tokens each.`;
+    `${p.get("batch_size") || "8"} sequences an optimizer step, ${p.get("seq_len") || "2048"} tokens each.`;
 }
 function fitRow(f, rank) {
   const s = f.spec;
@@ -356,11 +373,15 @@ async function runFit() {
   $("fit-progress").hidden = false;
   $("fit-start").disabled = true;
   const started = performance.now();
+  let expected = null;
   try {
     await ndjson(`/api/fit?${fitParams()}`, (event) => {
       const seconds = ((performance.now() - started) / 1000).toFixed(0);
-      if (event.event === "progress") {
-        $("fit-message").textContent = `${seconds} s · plan ${event.plans}: ${event.message}`;
+      if (event.event === "expected") {
+        expected = event.plans;
+      } else if (event.event === "progress") {
+        const of = expected ? ` of about ${Math.max(expected, event.plans)}` : "";
+        $("fit-message").textContent = `${seconds} s · plan ${event.plans}${of}: ${event.message}`;
       } else if (event.event === "found") {
         for (const f of event.fits) body.append(fitRow(f, null));
         $("fit-summary").textContent = `${body.rows.length} so far (${event.method} done)`;
@@ -453,16 +474,18 @@ async function loadRunFolder() {  // the --run folder, against the plan on the p
 // ---- dropped files ------------------------------------------------------------------------------
 
 async function dropped(files) {
-  const texts = await Promise.all([...files].map(async (f) => ({ name: f.name, size: f.size, file: f })));
+  const texts = [...files].map((f) => ({ name: f.name, size: f.size, file: f }));
   const memory = texts.find((t) => t.name.endsWith(".jsonl"));
+  // A model's config.json, or a training config with the DeepSpeed JSON it names: sent together.
+  const configs = texts.filter((t) => /\.(json|ya?ml)$/i.test(t.name) && !(memory && t.name === "run.json"));
   const jsons = texts.filter((t) => t.name.endsWith(".json"));
   try {
-    for (const t of jsons) {
-      if (t.name === "run.json" && memory) continue;
-      const response = await fetch(`/api/model?filename=${encodeURIComponent(t.name)}`, { method: "POST", body: t.file });
-      const upload = await answer(response);
-      state.upload = { model: upload.model, filename: upload.filename };
+    if (configs.length) {
+      const body = { files: {} };
+      for (const t of configs) body.files[t.name] = await t.file.text();
+      state.upload = await answer(await fetch("/api/model", { method: "POST", body: JSON.stringify(body) }));
       showUpload();
+      resetKnobs();
       changed();
     }
     if (memory) {
@@ -472,7 +495,7 @@ async function dropped(files) {
       renderRun(await answer(await fetch("/api/run", { method: "POST", body: JSON.stringify(body) })));
       show("run");
     }
-    if (!memory && !jsons.length) throw new Error(`${texts.map((t) => t.name).join(", ")}: drop a config.json, or a run's memory.jsonl and run.json.`);
+    if (!memory && !configs.length) throw new Error(`${texts.map((t) => t.name).join(", ")}: drop a config.json, a training config (Axolotl, LLaMA-Factory, TRL), or a run's memory.jsonl and run.json.`);
   } catch (err) {
     showError(err.message);
   }
@@ -480,7 +503,12 @@ async function dropped(files) {
 function showUpload() {
   $("upload-chip").hidden = !state.upload;
   $("model").disabled = Boolean(state.upload);
-  if (state.upload) $("upload-name").textContent = `${state.upload.filename} (dropped)`;
+  if (state.upload) {
+    const tool = state.upload.tool_title;
+    $("upload-name").textContent = tool ? `${state.upload.filename} (${tool}: ${state.upload.base_model})` : `${state.upload.filename} (dropped)`;
+    $("upload-name").title = tool ? "the config's knobs fill the form; what you change overrides them, as on the command line" : "";
+  }
+  $("fit-batch").placeholder = state.upload && state.upload.tool_title ? "the config's" : "8";
 }
 
 // ---- views, export, start -----------------------------------------------------------------------
@@ -526,16 +554,16 @@ async function start() {
   $("gpu").append(...form.gpus.map((g) => el("option", { value: g.name, text: `${g.display_name} · ${formatBytes(g.memory_bytes)}` })));
   $("main-knobs").replaceChildren(...form.knobs.filter((k) => k.main).map(knobInput));
   $("more-knobs").replaceChildren(...form.knobs.filter((k) => !k.main).map(knobInput));
-  const fitBatch = el("input", { id: "fit-batch", inputmode: "numeric", value: "8" });
+  const fitBatch = el("input", { id: "fit-batch", inputmode: "numeric", placeholder: "8" });
   $("fit-what").before(el("label", { class: "field", title: "memfit fit --batch-size: sequences per optimizer step, split into micro-batch × accumulation" }, el("span", { text: "effective batch" }), fitBatch));
   fitBatch.addEventListener("input", () => { writeUrl(); $("fit-what").textContent = fitDescription(); });
-  const view = readUrl();
+  const view = await readUrl();
   showUpload();
   for (const id of ["model", "budget"]) $(id).addEventListener("input", changed);
   $("gpu").addEventListener("change", changed);
   for (const tab of document.querySelectorAll("[role=tab]")) tab.addEventListener("click", () => show(tab.dataset.view));
   $("fit-start").addEventListener("click", runFit);
-  $("upload-clear").addEventListener("click", () => { state.upload = null; showUpload(); changed(); });
+  $("upload-clear").addEventListener("click", () => { state.upload = null; showUpload(); resetKnobs(); changed(); });
   $("copy-link").addEventListener("click", () => openExport("link to this view", location.href));
   $("copy-cli").addEventListener("click", () => exportText("cli", state.view === "fit" ? "fit" : "plan"));
   $("copy-yaml").addEventListener("click", () => exportText("yaml", "plan"));
@@ -546,6 +574,7 @@ async function start() {
   for (const name of ["dragenter", "dragover"]) document.addEventListener(name, (e) => { e.preventDefault(); drop.classList.add("over"); });
   for (const name of ["dragleave", "drop"]) document.addEventListener(name, () => drop.classList.remove("over"));
   document.addEventListener("drop", (e) => { e.preventDefault(); dropped(e.dataTransfer.files); });
+  document.body.dataset.ready = "true";  // the inputs answer from here on (a drop before this is not seen)
   watchWarm();
   $("fit-what").textContent = fitDescription();
   show(view);
