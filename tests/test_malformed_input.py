@@ -242,6 +242,13 @@ CASES = [
     ("report {d}/run_ok --out {u}/r.html", 2, "cannot write in"),
     # models
     ("models --no-such-flag", 2, "No such option"),
+    # ui: checked before the server starts
+    ("ui --port 70000", 2, "--port: 70000 is not a port number"),
+    ("ui --port abc", 2, "Invalid value for '--port'"),
+    ("ui --host no-such-host.invalid", 2, "is not an address of this machine"),
+    ("ui --run {d}/no_config_dir", 2, "has no memory.jsonl"),
+    ("ui --run {d}/a_file", 2, "is a file, not a run folder"),
+    ("ui --run {d}/run_binary", 2, "not UTF-8"),
 ]
 
 #: (command line, environment, exit code, text the message holds): each runs as a new process, which

@@ -232,6 +232,7 @@ def models_command(as_json: bool = typer.Option(False, "--json", help="Print as 
 from memfit.infer.command import chat_command, generate_command  # noqa: E402
 from memfit.merge.command import merge_command  # noqa: E402
 from memfit.train.command import train_command  # noqa: E402
+from memfit.ui.command import ui_command  # noqa: E402
 from memfit.watch.command import doctor_command, report_command  # noqa: E402
 
 app.command("train")(train_command)  # each wrapped in cli_errors where it is defined
@@ -240,6 +241,7 @@ app.command("doctor")(doctor_command)
 app.command("report")(report_command)
 app.command("chat")(chat_command)
 app.command("generate")(generate_command)
+app.command("ui")(ui_command)
 
 
 #: Library loggers whose warnings say nothing to someone running memfit: bitsandbytes' CPU backend

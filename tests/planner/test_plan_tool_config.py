@@ -67,8 +67,13 @@ def test_a_sharded_config_on_one_gpu_is_planned_unsharded_and_says_so(tmp_path, 
 
 
 def test_fit_keeps_the_config_s_method_batch_and_length(tmp_path, model_folder):
-    result = fit(_axolotl(tmp_path, model_folder), budget="2GiB", max_seq_len=False, workers=1)
+    found, expected = [], []
+    result = fit(_axolotl(tmp_path, model_folder), budget="2GiB", max_seq_len=False, workers=1,
+                 found=lambda method, fits: found.append((method, [f.spec for f in fits])), plans_expected=expected.append)
     assert result.fits and {f.spec["method"] for f in result.fits} == {"lora"}
+    # The caller hears of the search as for any model (memfit ui streams it); the callbacks are not knobs.
+    assert [m for m, _ in found] == ["lora"] and len(found[0][1]) == len(result.fits) and expected and expected[0] > 0
+    assert result.to_dict()["details"]["config"]["given"] == {}
     best = result.fits[0].spec
     assert best["batch_size"] * best["grad_accum"] == 4 and best["seq_len"] == 128 and best["recipe"] == "hf"
     assert result.to_dict()["details"]["config"]["tool"] == "axolotl"

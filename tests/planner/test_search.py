@@ -113,12 +113,17 @@ def test_worker_processes_report_every_plan_as_it_is_made(tiny_llama):
     # progress callback, so a long search shows its progress plan by plan, as a one-process one does.
     lines: list[str] = []
     options = dict(budget="2GiB", batch_size=2, seq_len=64, methods=("full", "lora"), max_seq_len=False)
-    parallel = fit(tiny_llama, workers=2, progress=lines.append, **options)
+    found: list[tuple[str, int]] = []
+    parallel = fit(tiny_llama, workers=2, progress=lines.append, found=lambda m, fits: found.append((m, len(fits))), **options)
     assert len(lines) == parallel.plans_made > 2
     assert {line.split(" ")[0] for line in lines} == {"full", "lora"}
+    # Each method's fits are told as its search ends, before the ranking.
+    assert sorted(found) == sorted((m, sum(f.spec["method"] == m for f in parallel.fits)) for m in ("full", "lora"))
     one_process: list[str] = []
-    alone = fit(tiny_llama, workers=1, progress=one_process.append, **options)
+    found_alone: list[tuple[str, int]] = []
+    alone = fit(tiny_llama, workers=1, progress=one_process.append, found=lambda m, fits: found_alone.append((m, len(fits))), **options)
     assert sorted(one_process) == sorted(lines)
+    assert [m for m, _ in found_alone] == ["full", "lora"] and sorted(found_alone) == sorted(found)
     assert [f.spec for f in alone.fits] == [f.spec for f in parallel.fits]
 
 

@@ -202,6 +202,7 @@ def fit(
     optimizers: dict[str, tuple[str, ...]] | None = None,
     deepspeed: Any = None,
     plans_expected: Callable[[int], None] | None = None,
+    found: Callable[[str, list[Fit]], None] | None = None,
     **knobs: Any,
 ) -> FitResult:
     """Find the configurations of ``model`` that fit ``gpu`` (or ``budget``), fastest first.
@@ -233,6 +234,8 @@ def fit(
         progress: called with each plan's description as it starts (from the worker processes too).
         plans_expected: called once, when the inputs are validated and before the first plan, with
             about how many plans the search will make (:func:`expected_plans`).
+        found: called with a method and its fits (not yet ranked: speeds are relative to the
+            fastest fit of all methods) as soon as that method's search ends.
         knobs: fixed RunSpec knobs passed through (rank, alpha, targets, precision...). Without a
             precision, bf16 is used where the GPU supports it, else fp16 (LoRA, QLoRA) or fp32 (full).
     """
@@ -240,7 +243,8 @@ def fit(
 
     if is_tool_config(model):
         return _fit_tool_config(str(model), gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len, methods=methods,
-                                max_seq_len=max_seq_len, progress=progress, workers=workers, revision=revision, **knobs)
+                                max_seq_len=max_seq_len, progress=progress, workers=workers, revision=revision,
+                                plans_expected=plans_expected, found=found, **knobs)
     batch_size = 8 if batch_size is None else batch_size
     started = time.perf_counter()
     problems = []
@@ -295,10 +299,14 @@ def fit(
                      optimizers=dict(OPTIMIZERS_LEAN_FIRST, **(optimizers or {})))
     if plans_expected is not None:
         plans_expected(expected_plans(len(methods), batch_size, longest=bool(job.seq_limit)))
+    found = found or (lambda method, fits: None)
     if workers > 1:
-        outcomes = _run_parallel(job, methods, workers, progress)
+        outcomes = _run_parallel(job, methods, workers, progress, found)
     else:
-        outcomes = [job.run(method, progress) for method in methods]
+        outcomes = []
+        for method in methods:
+            outcomes.append(job.run(method, progress))
+            found(method, outcomes[-1].fits)
 
     fits = [f for o in outcomes for f in o.fits]
     misses = [m for o in outcomes for m in o.misses]
@@ -364,7 +372,7 @@ def _fit_tool_config(path: str, *, batch_size: int | None, seq_len: int | None, 
     its DeepSpeed config shards the run."""
     from memfit.interop import read_tool_config
 
-    search = {k: options.pop(k) for k in ("gpu", "budget", "max_seq_len", "progress", "workers")}
+    search = {k: options.pop(k) for k in ("gpu", "budget", "max_seq_len", "progress", "workers", "plans_expected", "found")}
     tool = read_tool_config(path)
     knobs, dropped = tool.knobs_for(options)
     config_batch = int(knobs.get("batch_size", 1)) * int(knobs.get("grad_accum", 1))
@@ -500,7 +508,8 @@ def _worker_context():
     return multiprocessing.get_context("forkserver" if _worker_server_started else "spawn")
 
 
-def _run_parallel(job: _MethodJob, methods: tuple[str, ...], workers: int, progress) -> list[_MethodOutcome]:
+def _run_parallel(job: _MethodJob, methods: tuple[str, ...], workers: int, progress,
+                  found: Callable[[str, list[Fit]], None]) -> list[_MethodOutcome]:
     """Each method's search in its own process (forked from the worker server, or spawned: a clean
     interpreter either way as far as torch is concerned)."""
     from concurrent.futures import ProcessPoolExecutor
@@ -519,12 +528,14 @@ def _run_parallel(job: _MethodJob, methods: tuple[str, ...], workers: int, progr
         futures = {method: pool.submit(_run_method_job, job, method) for method in order}
         pending = set(futures.values())
         while pending:
-            _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             while reports is not None:
                 try:
                     progress(reports.get_nowait())
                 except queues.Empty:
                     break
+            for method in (m for m in order if futures[m] in done and futures[m].exception() is None):
+                found(method, futures[method].result().fits)
         outcomes = [futures[method].result() for method in methods]
     if reports is not None:  # what was put just before the last worker ended
         while True:
