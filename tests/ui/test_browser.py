@@ -81,6 +81,8 @@ def test_a_bad_knob_shows_the_cli_error_and_the_page_goes_on(server, browser_pag
     assert page.inner_text("#error") == "error: " + cli.stderr.split("error: ", 1)[1].strip()
     page.fill("#knob-rank", "8")
     expected = cli_plan("--gpu", "rtx-4090", "--seq-len", "512", "--rank", "8")
+    # The error of rank 0 stays on the page until the plan of rank 8 has answered.
+    page.wait_for_selector("#error", state="hidden", timeout=WAIT_MS)
     wait_for_total(page, expected["peak"]["device_total_bytes"])
 
 

@@ -29,7 +29,7 @@ PLAN_OPTIONS = ("revision", "gpu", "budget", "context_bytes", "full_sim", "no_ca
 
 #: The RunSpec knobs ``memfit fit`` takes as they are; the search chooses method, checkpointing,
 #: optimizer and the batch split, and batch_size means the effective batch there.
-FIT_KNOBS = ("rank", "alpha", "dropout", "targets", "recipe", "hf_loss")
+FIT_KNOBS = ("rank", "alpha", "dropout", "targets", "dora", "rslora", "modules_to_save", "objective", "precompute_reference", "recipe", "hf_loss")
 #: ``memfit fit``'s other options the page's search takes (``--write``, ``--data`` and
 #: ``--overwrite`` write files: the page never names a server path; see :data:`FIT_REFUSED`).
 FIT_OPTIONS = ("revision", "gpu", "budget", "batch_size", "seq_len", "method", "precision", "gpus", "shard", "max")
