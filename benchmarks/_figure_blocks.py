@@ -124,15 +124,18 @@ def max_context(results) -> str:
 
 
 def merge_vs_peft(results) -> str:
-    data = results.load("merge_vs_peft")
-    base = data["baseline"]
-    rows = [["baseline: `import torch`", _mb(base["python_import_torch_rss_bytes"]), "", ""],
-            ["baseline: `import torch, safetensors, transformers, peft, memfit.merge.api`",
-             _mb(base["python_import_torch_transformers_peft_memfit_rss_bytes"]), "", ""]]
-    for key, name in (("memfit", "memfit merge (CPU)"), ("peft", "PEFT from_pretrained + merge_and_unload + save_pretrained")):
-        side = data[key]
-        rows.append([name, _mb(side["peak_rss_bytes"]), _mb(side["peak_rss_minus_baseline_bytes"]), _seconds(side["wall_s"])])
-    return "\n".join(_table(["", "peak RSS", "minus baseline", "wall"], rows))
+    """benchmarks/merge_vs_peft.py's three adapters (LoRA, DoRA, LoRA + modules_to_save): peak RSS and wall, each side."""
+    rows = []
+    for name, label in (("merge_vs_peft", "LoRA"), ("merge_vs_peft-dora", "DoRA"),
+                        ("merge_vs_peft-modules_to_save", "LoRA + `modules_to_save`")):
+        data = results.load(name)
+        mine, peft = data["memfit"], data["peft"]
+        rows.append([f"{label} ({_mb(data['model']['adapter_bytes'])})",
+                     f"{_mb(mine['peak_rss_bytes'])} ({_mb(mine['peak_rss_minus_baseline_bytes'])})",
+                     f"{_mb(peft['peak_rss_bytes'])} ({_mb(peft['peak_rss_minus_baseline_bytes'])})",
+                     _seconds(mine["wall_s"]), _seconds(peft["wall_s"])])
+    return "\n".join(_table(["adapter (file size)", "memfit peak RSS (minus baseline)", "PEFT peak RSS (minus baseline)",
+                             "memfit wall", "PEFT wall"], rows))
 
 
 # ------------------------------------------------------------------------------------------------

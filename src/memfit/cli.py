@@ -65,7 +65,7 @@ def plan_command(
 
 @app.command("fit")
 @cli_errors
-@with_options(knob_options(("rank", "alpha", "dropout", "targets", "objective", "precompute_reference", "recipe", "hf_loss")))
+@with_options(knob_options(("rank", "alpha", "dropout", "targets", "dora", "rslora", "modules_to_save", "objective", "precompute_reference", "recipe", "hf_loss")))
 def fit_command(
     model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, a model folder, or an Axolotl / LLaMA-Factory / TRL config (its method, batch and length kept)."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit of a Hub id (default: main)."),
@@ -232,6 +232,7 @@ def models_command(as_json: bool = typer.Option(False, "--json", help="Print as 
 from memfit.infer.command import chat_command, generate_command  # noqa: E402
 from memfit.merge.command import merge_command  # noqa: E402
 from memfit.train.command import train_command  # noqa: E402
+from memfit.ui.command import ui_command  # noqa: E402
 from memfit.watch.command import doctor_command, report_command  # noqa: E402
 
 app.command("train")(train_command)  # each wrapped in cli_errors where it is defined
@@ -240,6 +241,7 @@ app.command("doctor")(doctor_command)
 app.command("report")(report_command)
 app.command("chat")(chat_command)
 app.command("generate")(generate_command)
+app.command("ui")(ui_command)
 
 
 #: Library loggers whose warnings say nothing to someone running memfit: bitsandbytes' CPU backend

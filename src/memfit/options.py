@@ -35,7 +35,7 @@ def knob_options(names: Iterable[str] | None = None, *, help: dict[str, str] | N
             option = typer.Option(None, specs.flag(name), help=text, show_default=False)
             annotation: Any = Optional[bool]
         else:
-            shown = ",".join(declared) if isinstance(declared, tuple) else declared
+            shown = (",".join(declared) or "none") if isinstance(declared, tuple) else declared
             if shown is not None:
                 text = f"{text} \\[default: {shown}]"  # escaped: Typer's help is Rich markup
             decls = [specs.flag(name)] + ([specs.short_flag(name)] if specs.short_flag(name) else [])

@@ -79,11 +79,25 @@ class RunSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    method: Literal["full", "lora", "qlora"] = knob("lora", "Fine-tuning method: full (every weight), lora (adapters on the frozen base) or qlora (adapters on a 4-bit base).")
-    rank: int = knob(16, "LoRA rank r (lora, qlora).", example=16, at_most=65536)
+    method: Literal["full", "lora", "qlora", "lora-8bit"] = knob(
+        "lora",
+        "Fine-tuning method: full (every weight), lora (adapters on the frozen base), qlora (adapters on a 4-bit NF4 "
+        "base) or lora-8bit (adapters on an 8-bit LLM.int8 base: load_in_8bit with adapter: lora in Axolotl).",
+    )
+    rank: int = knob(16, "LoRA rank r (lora, qlora, lora-8bit).", example=16, at_most=65536)
     alpha: float | None = knob(None, "LoRA alpha (default: 2 x rank).", example=32)
     dropout: float = knob(0.0, "LoRA dropout probability.", example=0.05)
     targets: tuple[str, ...] = knob((ALL_LINEAR,), "Modules LoRA attaches to: comma-separated names, or all-linear.")
+    dora: bool = knob(False, "DoRA (PEFT's use_dora): a trained magnitude per output row of each adapted layer, and each forward "
+                             "recomputes the norm of every adapted weight with its update (weight-sized temporaries).")
+    rslora: bool = knob(False, "Rank-stabilized LoRA (PEFT's use_rslora): the update is scaled by alpha/sqrt(rank), not alpha/rank.")
+    modules_to_save: tuple[str, ...] = knob(
+        (),
+        "Modules trained whole beside the adapters (PEFT's modules_to_save), comma-separated, e.g. embed_tokens,lm_head: "
+        "PEFT trains a copy of each (the frozen original stays), with its gradients and optimizer states. On a model whose "
+        "embeddings and head are one tensor, one copy serves both.",
+        example="embed_tokens,lm_head",
+    )
     precision: Literal["bf16", "fp16", "fp32", "bf16-mixed", "fp16-mixed"] = knob(
         "bf16",
         "bf16 / fp16: pure 16-bit weights, gradients and optimizer states. bf16-mixed / fp16-mixed: fp32 weights and "
@@ -115,13 +129,15 @@ class RunSpec(BaseModel):
         "in every step; full fine-tuning then keeps no frozen copy of the model.",
     )
     recipe: Literal["memfit", "hf"] = knob("memfit", "memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison.", planner_only=True)
-    kbit_upcast: bool = knob(True, "The hf recipe's QLoRA through PEFT's prepare_model_for_kbit_training, which upcasts every parameter that is not 4-bit to fp32 (as TRL before 0.26 ran it); off: they stay in the compute dtype (LLaMA-Factory, TRL since 0.26, and Axolotl, which casts them back after PEFT's upcast).", planner_only=True)
+    kbit_upcast: bool = knob(True, "The hf recipe's QLoRA and lora-8bit through PEFT's prepare_model_for_kbit_training, which upcasts every parameter that is not quantized to fp32 (as TRL before 0.26 ran it); off: they stay in the compute dtype (LLaMA-Factory, TRL since 0.26, and Axolotl, which casts them back after PEFT's upcast).", planner_only=True)
     hf_loss: Literal["model", "liger", "chunked-nll"] = knob("model", "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy) or chunked-nll (TRL SFTTrainer's chunked loss).", planner_only=True)
 
-    @field_validator("targets", mode="before")
+    @field_validator("targets", "modules_to_save", mode="before")
     @classmethod
-    def _split_targets(cls, value: Any) -> Any:
+    def _split_names(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, str):
+            if info.field_name == "modules_to_save" and _means_none(value):
+                return ()
             value = [part.strip() for part in value.split(",") if part.strip()]
         return value
 
@@ -168,7 +184,7 @@ class RunSpec(BaseModel):
             problems.append(f"{name('step_in_backward')}: the hf recipe has no optimizer step in backward. Use {setting('recipe', 'memfit')}.")
         if not self.kbit_upcast and self.recipe != "hf":
             problems.append(
-                f"{name('kbit_upcast')}: off is a choice of the hf recipe's QLoRA (memfit's step never upcasts the base). "
+                f"{name('kbit_upcast')}: off is a choice of the hf recipe's QLoRA and lora-8bit (memfit's step never upcasts the base). "
                 f"Use {setting('recipe', 'hf')}, or drop it."
             )
         if self.hf_loss != "model" and self.recipe != "hf":
@@ -176,6 +192,7 @@ class RunSpec(BaseModel):
                 f"{name('hf_loss')}: {self.hf_loss} is a loss of the hf recipe (memfit's step always runs its own fused, "
                 f"chunked loss). Use {setting('recipe', 'hf')}, or drop {name('hf_loss')}."
             )
+        problems.extend(_adapter_problems(self, name, setting))
         # A pair is two sequences (chosen and rejected) in the same forward.
         sequences_per_example = 2 if self.is_preference else 1
         tokens = self.batch_size * sequences_per_example * self.seq_len
@@ -220,8 +237,19 @@ class RunSpec(BaseModel):
         return float(self.alpha) if self.alpha is not None else 2.0 * self.rank
 
     @property
+    def lora_scale(self) -> float:
+        """What the LoRA update is multiplied by: alpha / rank, or alpha / sqrt(rank) with rsLoRA (PEFT's arithmetic)."""
+        return self.lora_alpha / math.sqrt(self.rank) if self.rslora else self.lora_alpha / self.rank
+
+    @property
     def uses_adapters(self) -> bool:
-        return self.method in ("lora", "qlora")
+        """Whether the base is frozen and adapters train (lora, qlora, lora-8bit)."""
+        return self.method in ADAPTER_METHODS
+
+    @property
+    def base_bits(self) -> int | None:
+        """Bits a frozen base weight of the decoder's linear layers is stored in: 4 (qlora), 8 (lora-8bit), or None."""
+        return QUANTIZED_BASE_BITS.get(self.method)
 
     @property
     def is_preference(self) -> bool:
@@ -242,8 +270,47 @@ class RunSpec(BaseModel):
         """Every knob with its resolved value, as plain JSON types."""
         data = self.model_dump()
         data["targets"] = list(self.targets)
+        data["modules_to_save"] = list(self.modules_to_save)
         data["alpha"] = self.lora_alpha
         return data
+
+
+def _adapter_problems(spec: RunSpec, name, setting) -> list[str]:
+    """Adapter options on a run without adapters, and module lists PEFT cannot take."""
+    problems = []
+    if not spec.uses_adapters:
+        for knob_name, on in (("dora", spec.dora), ("rslora", spec.rslora), ("modules_to_save", bool(spec.modules_to_save))):
+            if on:
+                problems.append(
+                    f"{name(knob_name)}: only with adapters ({setting('method', 'lora')}, qlora or lora-8bit); "
+                    f"{setting('method', spec.method)} trains every weight already. Drop {name(knob_name)}."
+                )
+    if spec.dora and spec.base_bits is not None:
+        # 4-bit: PEFT measures DoRA's norms on a deep copy of each layer, and bitsandbytes' Params4bit
+        # cannot be copied without its data (the planner's model has none: it is built on meta).
+        # 8-bit: PEFT moves the weight after dequantizing it, and bitsandbytes' Int8Params drops its
+        # scales when moved (the next forward fails on a CPU); and DoRA's path depends on the weight's
+        # Python class, which a fake tensor cannot take, so no plan could follow it.
+        why = ("PEFT copies each 4-bit layer to measure DoRA's norms, which bitsandbytes cannot do on the weightless "
+               "model memfit plans with" if spec.base_bits == 4 else
+               "PEFT's DoRA on bitsandbytes' 8-bit layers loses their scales when the weight is moved, and its path "
+               "depends on the weight's class, which the planner's fake weights cannot have")
+        problems.append(
+            f"{name('dora')}: not with {setting('method', spec.method)}: {why}. Use {name('dora')} with "
+            f"{setting('method', 'lora')}, or {spec.method} without {name('dora')}."
+        )
+    if ALL_LINEAR in spec.modules_to_save:
+        problems.append(
+            f"{name('modules_to_save')}: all-linear names LoRA targets, not modules to train whole: list module names, "
+            f"e.g. {setting('modules_to_save', 'embed_tokens,lm_head')}."
+        )
+    both = sorted((set(spec.modules_to_save) & set(spec.targets)) - {ALL_LINEAR})
+    if both:
+        problems.append(
+            f"{name('modules_to_save')}: {', '.join(both)} is also in {name('targets')}: a module either gets LoRA adapters "
+            "or is trained whole (PEFT does not do both). Remove it from one of them."
+        )
+    return problems
 
 
 # ------------------------------------------------------------------------------------------------
@@ -252,6 +319,12 @@ class RunSpec(BaseModel):
 
 #: Every knob, in declaration order.
 KNOBS: tuple[str, ...] = tuple(RunSpec.model_fields)
+
+#: Methods that freeze the base and train adapters.
+ADAPTER_METHODS: tuple[str, ...] = ("lora", "qlora", "lora-8bit")
+
+#: Methods whose frozen base layers are quantized, and the bits a weight takes.
+QUANTIZED_BASE_BITS: dict[str, int] = {"qlora": 4, "lora-8bit": 8}
 
 #: The knobs a training run takes (a training YAML's knob fields).
 TRAINED_KNOBS: tuple[str, ...] = tuple(
@@ -385,10 +458,12 @@ def precision_regime(method: str, precision: str, recipe: str = "memfit") -> str
         pure = "pure " if precision != "fp32" else ""
         return f"{pure}{precision}: weights, gradients and optimizer states in {precision}{tail}"
     base = weight_precision(method, precision)
+    # PEFT's k-bit preparation (the hf recipe) upcasts every weight that is not quantized to fp32.
+    kept = ", other weights fp32" if recipe == "hf" else ""
     if method == "qlora":
-        # PEFT's k-bit preparation (the hf recipe) upcasts every weight that is not 4-bit to fp32.
-        kept = ", other weights fp32" if recipe == "hf" else ""
         return f"4-bit base ({base} compute{kept}), fp32 adapters{tail}"
+    if method == "lora-8bit":
+        return f"8-bit base (LLM.int8 matmuls, {base} around them{kept}), fp32 adapters{tail}"
     return f"{base} base, fp32 adapters{tail}"
 
 

@@ -59,6 +59,23 @@ def test_qlora_and_peft_s_default_targets(write_config):
     assert config.knobs["precision"] == "bf16" and any("adapters to bf16" in f.why for f in config.approximated)
 
 
+def test_an_8bit_base_and_the_adapter_options(write_config):
+    config = _read(write_config, """
+        use_peft: true
+        load_in_8bit: true
+        dtype: bfloat16
+        lora_target_modules: all-linear
+        lora_modules_to_save: [lm_head]
+        use_dora: false
+        use_rslora: true
+    """)
+    knobs = config.knobs
+    assert (knobs["method"], knobs["modules_to_save"], knobs["dora"], knobs["rslora"]) == ("lora-8bit", ("lm_head",), False, True)
+    assert knobs["kbit_upcast"] is False and any("not 8-bit in the compute dtype" in f.why for f in config.approximated)
+    assert config.not_modelled == []
+    assert _read(write_config, "use_peft: true\nuse_dora: true\n").knobs["dora"] is True
+
+
 def test_a_dpo_config_is_planned_as_dpo(write_config):
     config = _read(write_config, "beta: 0.1\nmax_length: 1024\nuse_peft: true\ndtype: bfloat16\n")
     assert config.knobs["objective"] == "dpo" and config.not_modelled == []

@@ -107,16 +107,40 @@ def test_what_is_not_modelled_is_listed(write_config):
         pref_loss: sigmoid
         finetuning_type: lora
         quantization_bit: 8
-        additional_target: embed_tokens,lm_head
-        use_dora: true
+        quantization_method: hqq
         use_unsloth: true
         use_galore: true
     """)))
     found = {f.key: f.why for f in config.not_modelled}
-    assert set(found) == {"finetuning_type, quantization_bit", "additional_target", "use_dora", "use_unsloth", "use_galore"}
+    assert set(found) == {"finetuning_type, quantization_bit, quantization_method", "use_unsloth", "use_galore"}
+    assert "8-bit base (hqq)" in found["finetuning_type, quantization_bit, quantization_method"]
     assert config.knobs["objective"] == "dpo"  # stage: dpo is memfit's objective
-    assert "8-bit base" in found["finetuning_type, quantization_bit"]
     assert config.knobs["method"] == "lora"
+
+
+def test_the_adapter_options_set_memfits_knobs(write_config):
+    config = read_tool_config(write_config("lf.yaml", textwrap.dedent("""
+        model_name_or_path: org/model
+        finetuning_type: lora
+        quantization_bit: 8
+        additional_target: embed_tokens,lm_head
+        use_dora: false
+        use_rslora: true
+    """)))
+    knobs = config.knobs
+    assert (knobs["method"], knobs["kbit_upcast"]) == ("lora-8bit", False)  # LLaMA-Factory skips PEFT's k-bit preparation
+    assert (knobs["modules_to_save"], knobs["dora"], knobs["rslora"]) == (("embed_tokens", "lm_head"), False, True)
+    assert config.not_modelled == []
+    found = {f.key: f.why for f in config.approximated}
+    assert "PEFT without ensure_weight_tying trains a copy of each: planned as one shared copy" in found["additional_target"]
+    dora = read_tool_config(write_config("d.yaml", "model_name_or_path: org/model\nuse_dora: true\nadditional_target: lm_head\n"))
+    assert dora.knobs["dora"] is True and dora.knobs["modules_to_save"] == ("lm_head",)
+    assert "additional_target" not in {f.key for f in dora.approximated}  # one module named: one copy either way
+
+
+def test_dora_on_a_4bit_base_is_refused_naming_the_keys(write_config):
+    with pytest.raises(ToolConfigError, match=r"use_dora \(memfit dora\): not with method: qlora"):
+        read_tool_config(write_config("q.yaml", "model_name_or_path: org/model\nquantization_bit: 4\nuse_dora: true\n"))
 
 
 def test_a_quantized_full_fine_tuning_is_refused(write_config):

@@ -31,7 +31,7 @@ from memfit.models.catalog import (
     seq_len_problem,
 )
 from memfit.planner import allocator
-from memfit.planner.report import MemoryPlan
+from memfit.planner.report import MemoryPlan, adapter_notes, category_help
 from memfit.planner.runtime import runtime_overhead
 from memfit.spec import RunSpec, SpecError, make_spec
 from memfit.units import format_bytes, parse_bytes
@@ -213,11 +213,14 @@ def plan(
         "batch_layout": estimate["batch_layout"],
         "input_embeddings": "host" if estimate["embeddings_on_host"] else "device",
         "precision_regime": spec.precision_regime,
+        "adapters": _adapter_details(spec, estimate["trained_copies"]) if spec.uses_adapters else None,
         "notes": notes,
     }
     if spec.is_preference:
         details["objective"] = spec.objective
         details["reference"] = _reference_note(spec, categories, estimate["phase_peaks"])
+    details["category_help"] = category_help(spec.knobs(), details["adapters"])
+    notes.extend(adapter_notes(spec.knobs(), details["adapters"]))
     if layout is not None:
         _add_per_rank_details(details, spec, layout, estimate, zero)
     if source.hub:
@@ -435,11 +438,11 @@ def _model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
     targets = targets_problem(source.config, spec)
     if targets:
         problems.append(targets)
-    if spec.method == "qlora" or spec.optimizer in ("adamw8bit", "paged-adamw8bit"):
+    if spec.base_bits is not None or spec.optimizer in ("adamw8bit", "paged-adamw8bit"):
         import importlib.util
 
         if importlib.util.find_spec("bitsandbytes") is None:
-            what = "--method qlora" if spec.method == "qlora" else f"--optimizer {spec.optimizer}"
+            what = f"--method {spec.method}" if spec.base_bits is not None else f"--optimizer {spec.optimizer}"
             problems.append(f"{what} needs bitsandbytes, which is not installed: pip install 'memfit[qlora]'")
     if spec.gpus > 1:
         from memfit.planner.sharding import mode_problems
@@ -449,26 +452,47 @@ def _model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
 
 
 def targets_problem(config: dict[str, Any], spec: RunSpec, spelling: str = "flag") -> str | None:
-    """Why LoRA ``targets`` cannot apply to the model (a name that matches no linear layer of its
-    decoder), or None. One decoder layer is built on ``meta`` (no memory) and asked, as the
-    trainer's :func:`memfit.step.prepare.check_targets` asks the real model; ``spelling`` as for
-    :func:`memfit.spec.make_spec`."""
+    """Why LoRA ``targets`` or ``modules_to_save`` cannot apply to the model (a target that matches no
+    linear layer of its decoder, a module to save that matches no module or that LoRA adapts), or
+    None. One decoder layer is built on ``meta`` (no memory) and asked, as the trainer's
+    :func:`memfit.step.prepare.check_targets` and :func:`~memfit.step.prepare.check_modules_to_save`
+    ask the real model; ``spelling`` as for :func:`memfit.spec.make_spec`."""
     from memfit.spec import ALL_LINEAR
 
-    if not spec.uses_adapters or spec.targets == (ALL_LINEAR,):
+    if not spec.uses_adapters or (spec.targets == (ALL_LINEAR,) and not spec.modules_to_save):
         return None
     from memfit.models.build import DTYPES, build_meta_model, make_config
     from memfit.models.errors import ModelBuildError
     from memfit.planner.simulate import _quiet
-    from memfit.step.prepare import check_targets
+    from memfit.step.prepare import check_modules_to_save, check_targets
 
     try:
         with _quiet():
             model = build_meta_model(make_config(config, num_layers=1), DTYPES[spec.weight_precision])
-        check_targets(model, spec, spelling)
     except ModelBuildError as err:
         return str(err)
-    return None
+    problems = []
+    for check in (check_targets, check_modules_to_save):
+        try:
+            check(model, spec, spelling)
+        except ModelBuildError as err:
+            problems.append(str(err))
+    return "; ".join(problems) or None
+
+
+def _adapter_details(spec: RunSpec, copies: list[dict]) -> dict[str, Any]:
+    """What the adapters of a plan are (``details.adapters``): DoRA, rsLoRA and the scale it gives,
+    the base they sit on, the modules trained whole and the copies PEFT makes of them (tied modules
+    share one copy: they are listed together)."""
+    groups = sorted({tuple(sorted(name.rsplit(".", 1)[-1] for name in copy["modules"])) for copy in copies})
+    return {
+        "dora": spec.dora,
+        "rslora": spec.rslora,
+        "scale": spec.lora_scale,
+        "base": {4: "nf4", 8: "int8"}.get(spec.base_bits, spec.weight_precision),
+        "modules_to_save": list(spec.modules_to_save),
+        "trained_copies": [list(group) for group in groups],
+    }
 
 
 def _add_per_rank_details(details: dict[str, Any], spec: RunSpec, layout, estimate: dict[str, Any], zero=None) -> None:
@@ -610,6 +634,7 @@ def estimate_step(
         "attention_kernels": points[-1]["attention_kernels"],
         "batch_layout": points[-1]["batch_layout"],
         "embeddings_on_host": points[-1]["embeddings_on_host"],
+        "trained_copies": points[-1]["trained_copies"],
         "num_layers": num_layers,
         "single_gpu_categories": single,
     }
@@ -798,6 +823,7 @@ def _summarise(sim) -> dict[str, Any]:
         "attention_kernels": sim.attention_kernels,
         "batch_layout": sim.batch_layout,
         "embeddings_on_host": sim.embeddings_on_host,
+        "trained_copies": [dict(copy) for copy in sim.trained_copies],
         "allocated_bytes": result.peak.allocated_bytes,
         "reserved_bytes": replay.peak_reserved_bytes,
         "host_peak_bytes": result.outside_peaks.get("host", 0),
@@ -821,7 +847,8 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
     (4-bit packing for QLoRA, LoRA adapters), so the bytes are those of the real parameters; the
     decoder layers are then counted as often as the full depth repeats them.
     """
-    key = (json.dumps(config, sort_keys=True, default=str), spec.method, spec.rank, tuple(spec.targets), spec.weight_precision)
+    key = (json.dumps(config, sort_keys=True, default=str), spec.method, spec.rank, tuple(spec.targets), spec.weight_precision,
+           spec.dora, tuple(spec.modules_to_save))
     cached = _LAYOUT_CACHE.get(key)
     if cached is not None:
         return cached
@@ -852,8 +879,8 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
         dim0 = int(p.shape[0]) if p.dim() > 0 else 1
         index = in_layer.get(id(p))
         count = repeats[index] if index is not None else 1
-        # The trainer keeps packed 4-bit weights whole on every rank, outside FSDP (never gathered).
-        whole = type(p).__name__ == "Params4bit"
+        # The trainer keeps quantized weights (packed 4-bit, int8) whole on every rank, outside FSDP (never gathered).
+        whole = type(p).__name__ in ("Params4bit", "Int8Params")
         groups.append(ParamGroup(dim0=dim0, row_bytes=nbytes // max(dim0, 1), trainable=p.requires_grad, count=count, sharded=not whole))
         if whole:
             continue

@@ -41,7 +41,7 @@ from memfit.step.builder import build_step
 from memfit.step.offload import pinned_host_copies
 from memfit.step.optim import build_optimizer
 from memfit.step.preference import keep_reference_copy, longest_pairs, needs_reference_copy
-from memfit.step.prepare import place_for_training, prepare_for_method
+from memfit.step.prepare import place_for_training, prepare_for_method, trained_copies
 
 #: The fake device the step runs on (see the module docstring for why CPU, not CUDA).
 SIM_DEVICE = "cpu"
@@ -62,6 +62,7 @@ class SimulationResult:
     attention_kernels: tuple[str, ...] = ()  # the SDPA kernels CUDA would run ("flash", "math"...)
     batch_layout: str = "padded"  # the micro-batches' layout (memfit.step.batch: padded or documents)
     embeddings_on_host: bool = False  # frozen input embeddings kept in host memory
+    trained_copies: tuple[dict, ...] = ()  # modules_to_save copies: the modules using each, its parameters
 
 
 def simulate(
@@ -91,6 +92,7 @@ def simulate(
         model = prepare_for_method(build_meta_model(config, dtype), spec)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     attention = str(getattr(base.config, "_attn_implementation", None) or "eager")
+    copies = tuple(trained_copies(model))
 
     tracker = MemoryTracker()
     parity = CudaParityMode(tracker, arch)
@@ -146,6 +148,7 @@ def simulate(
         attention_kernels=tuple(sorted(parity.kernels)),
         batch_layout=step_fn.layout,
         embeddings_on_host=embeddings_on_host,
+        trained_copies=copies,
     )
 
 
@@ -227,7 +230,7 @@ def _packed_positions(packed: bool) -> Iterator[None]:
 
 
 def _uses_bitsandbytes(spec: RunSpec) -> bool:
-    return spec.method == "qlora" or spec.optimizer in ("adamw8bit", "paged-adamw8bit")
+    return spec.base_bits is not None or spec.optimizer in ("adamw8bit", "paged-adamw8bit")
 
 
 #: Functions of the libraries memfit prepares models with that remember whether bitsandbytes is

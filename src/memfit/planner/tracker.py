@@ -269,6 +269,15 @@ class MemoryTracker(TorchDispatchMode):
             if quant_state is not None:
                 for t in _quant_state_tensors(quant_state):
                     self.assign(t, "weights")
+            # An int8 weight (bitsandbytes Int8Params) carries one fp32 scale per row beside it (its
+            # layer's matmul state holds them once it has run forward).
+            scales = getattr(p, "SCB", None)
+            if isinstance(scales, torch.Tensor):
+                self.assign(scales, "weights")
+        for module in model.modules():
+            scales = getattr(getattr(module, "state", None), "SCB", None)
+            if isinstance(scales, torch.Tensor):
+                self.assign(scales, "weights")
         for b in model.buffers():
             with self.outside_device("host") if getattr(b, HOST_RESIDENT_ATTR, False) else contextlib.nullcontext():
                 self.assign(b, "weights")

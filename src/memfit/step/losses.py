@@ -241,12 +241,24 @@ def backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn
     config = getattr(base, "config", None)
     prefix = getattr(base, "base_model_prefix", None)
     backbone = getattr(base, prefix, None) if prefix else None
-    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    head = trained_head(base.get_output_embeddings()) if hasattr(base, "get_output_embeddings") else None
     if config is None or not isinstance(backbone, torch.nn.Module) or type(head) is not torch.nn.Linear or head.bias is not None:
         return None
     if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
         return None
     return backbone, head
+
+
+def trained_head(head: torch.nn.Module | None) -> torch.nn.Module | None:
+    """The module that computes the logits: ``head`` itself, or, where PEFT trains a copy of it
+    (``modules_to_save``: a ``ModulesToSaveWrapper``), the active copy, which its forward calls."""
+    saved = getattr(head, "modules_to_save", None)
+    if not isinstance(saved, torch.nn.ModuleDict) or not hasattr(head, "original_module"):
+        return head
+    active = list(getattr(head, "active_adapters", None) or [])
+    if getattr(head, "disable_adapters", False) or not active or active[0] not in saved:
+        return head.original_module
+    return saved[active[0]]
 
 
 def liger_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:

@@ -619,6 +619,13 @@ def _multi_gpu_problems(c: TrainConfig) -> list[str]:
         )
     if c.device.strip().lower().startswith("cuda:"):
         problems.append(f"device: {c.device!r} with gpus: {c.gpus}: each process takes the GPU of its LOCAL_RANK; use device: auto or cuda.")
+    # The sharded trainer keeps 4-bit weights outside FSDP; int8 weights, DoRA's magnitudes and the
+    # copies of modules_to_save have no such path yet (the planner still plans them per GPU).
+    one_process = [text for on, text in ((c.method == "lora-8bit", "method: lora-8bit"), (c.dora, "dora: true"),
+                                         (bool(c.modules_to_save), "modules_to_save")) if on]
+    if one_process:
+        problems.append(f"{', '.join(one_process)} with gpus: {c.gpus}: memfit train runs {'these' if len(one_process) > 1 else 'this'} "
+                        "on one process; set gpus: 1 (memfit plan --gpus still plans it per GPU).")
     return problems
 
 

@@ -129,6 +129,17 @@ MATRIX: list[tuple[str, dict[str, Any]]] = [
     _cell("qwen2 orpo full padding-free", model="qwen2", objective="orpo", method="full", precision="bf16", batch_size=2),
     _cell("llama simpo lora padding-free", model="llama", objective="simpo", method="lora", precision="bf16", batch_size=2),
     _cell("qwen2 simpo full padded no-ckpt", model="qwen2", objective="simpo", method="full", precision="fp32", padding_free="off", checkpointing="off"),
+    # The adapter options: DoRA, rsLoRA, modules trained whole (tied and untied), an 8-bit base.
+    _cell("llama lora dora bf16", model="llama", method="lora", precision="bf16", dora=True),
+    _cell("llama lora dora fp32 no-ckpt accum3", model="llama", method="lora", precision="fp32", dora=True, checkpointing="off", grad_accum=3),
+    _cell("llama lora rslora", model="llama", method="lora", precision="bf16", rslora=True),
+    _cell("llama lora embed+head saved", model="llama", method="lora", precision="bf16", modules_to_save=["embed_tokens", "lm_head"]),
+    _cell("qwen2 lora tied head saved bf16-mixed", model="qwen2", method="lora", precision="bf16-mixed", modules_to_save=["lm_head"]),
+    _cell("llama lora-8bit bf16", model="llama", method="lora-8bit", precision="bf16"),
+    _cell("llama lora-8bit fp16 offload", model="llama", method="lora-8bit", precision="fp16", checkpointing="offload"),
+    _cell("qwen2 lora-8bit padded accum3", model="qwen2", method="lora-8bit", precision="bf16", padding_free="off", batch_size=2, grad_accum=3),
+    _cell("qwen2 lora dora bf16-mixed padded", model="qwen2", method="lora", precision="bf16-mixed", dora=True, padding_free="off", batch_size=2),
+    _cell("qwen2 lora-8bit embed saved no-ckpt", model="qwen2", method="lora-8bit", precision="fp32", modules_to_save=["embed_tokens"], checkpointing="off"),
 ]
 
 #: The rest of a cell's settings, unless it says otherwise.

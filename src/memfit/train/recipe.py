@@ -321,12 +321,14 @@ def _train_and_save(current: _Current, world, result: TrainResult, tokenizer, *,
 
 
 def _warn_slow_on_cpu(config: TrainConfig, device: torch.device, console) -> None:
-    """Say once, before any work, that a QLoRA run on the CPU goes through bitsandbytes' CPU path
-    for 4-bit layers, much slower than LoRA there (and 4 bits save GPU memory, not host memory)."""
-    if device.type == "cpu" and config.method == "qlora":
+    """Say once, before any work, that a QLoRA or lora-8bit run on the CPU goes through
+    bitsandbytes' CPU path for quantized layers, much slower than LoRA there (and fewer bits save
+    GPU memory, not host memory)."""
+    if device.type == "cpu" and config.spec.base_bits is not None:
+        bits = config.spec.base_bits
         console.print(
-            "[yellow]warning:[/] method: qlora on the CPU runs bitsandbytes' CPU path for 4-bit layers, much slower "
-            "than LoRA; on a CPU use method: lora (with precision: fp32), or train QLoRA on a GPU.",
+            f"[yellow]warning:[/] method: {config.method} on the CPU runs bitsandbytes' CPU path for {bits}-bit layers, "
+            f"much slower than LoRA; on a CPU use method: lora (with precision: fp32), or train {config.method} on a GPU.",
             highlight=False,
         )
 
