@@ -275,6 +275,41 @@ def plan_dpo_example(results) -> str:
     return "```\n$ " + example["command"] + "\n...\n" + "\n".join(lines[start:]) + "\n```"
 
 
+# ------------------------------------------------------------------------------------------------
+# Adapter options (docs/plan.md)
+
+
+def _size(nbytes: float) -> str:
+    """Bytes as a plan's table shows them: MiB under a GiB, GiB above, one decimal."""
+    return f"{nbytes / 2**30:.1f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+#: Why a category grows, per option of benchmarks/adapter_plans.py (words only; the figures are the file's).
+_WHY = {"--dora": {"temporaries": "the weight norms"},
+        "--method lora-8bit": {"activations": "the 8-bit layers' inputs, kept through checkpointing"}}
+_AFTER = {"--modules-to-save embed_tokens,lm_head": " (the embeddings train: they stay on the device)"}
+
+
+def adapter_plans(results) -> str:
+    """Each option's device total and the categories it changes against plain LoRA (by 1% and 16 MiB or more)."""
+    data = results.load("adapter_plans")
+    base = data["plans"][0]
+    rows = [[base["option"], _gib(base["peak"]["device_total_bytes"]),
+             f"(the frozen input embeddings, {_size(base['host_peak_bytes'])}, in host memory)" if base.get("host_peak_bytes") else ""]]
+    for plan in data["plans"][1:]:
+        changes = []
+        for name, value in plan["categories"].items():
+            before = base["categories"][name]
+            if abs(value - before) < max(16 * 2**20, 0.01 * before):
+                continue
+            words = f"{name} {_size(value)} at the peak" if before == 0 else f"{name} {_size(before)} to {_size(value)}"
+            why = _WHY.get(plan["option"], {}).get(name)
+            changes.append(words + (f" ({why})" if why else ""))
+        rows.append([f"`{plan['option']}`", _gib(plan["peak"]["device_total_bytes"]),
+                     "; ".join(changes) + _AFTER.get(plan["option"], "")])
+    return "\n".join(_table(["option", "device total", "what changes (against LoRA)"], rows))
+
+
 #: Block name -> renderer.
 BLOCKS: dict[str, Callable] = {
     _campaign_report.README_BLOCK: _campaign_report.summary_block,
@@ -292,4 +327,5 @@ BLOCKS: dict[str, Callable] = {
     "dpo-plan": dpo_plan,
     "dpo-vs-trl-cpu": dpo_vs_trl_cpu,
     "plan-dpo-example": plan_dpo_example,
+    "adapter-plans": adapter_plans,
 }

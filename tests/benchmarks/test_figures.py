@@ -23,7 +23,7 @@ def test_the_docs_quote_figures_from_results_files():
     named = {name for _, name, _ in refs}
     # The headline figures of README and the benchmark pages come through the mechanism.
     assert {"fit_answers", "max_context", "merge_vs_peft", "plan_speed", "fit_speed", "conformance", "interop_accuracy",
-            "real_model", "precision_plans", "dpo_vs_trl-plan", "dpo_vs_trl-cpu"} <= named
+            "real_model", "precision_plans", "dpo_vs_trl-plan", "dpo_vs_trl-cpu", "merge_vs_peft-dora"} <= named
     assert all((ROOT / "benchmarks" / "results" / f"{name}.json").is_file() for name in named)
 
 
