@@ -5,9 +5,9 @@ that :func:`memfit.step.builder.build_step` makes for the configuration, the sam
 simulates, so the memory the plan predicted is the memory of this loop. Everything else is
 bookkeeping around it, in modules of its own: the run folder (:mod:`~memfit.train.run_folder`),
 progress and metrics (:mod:`~memfit.train.progress`), signals and out-of-memory
-(:mod:`~memfit.train.guards`), data (:mod:`~memfit.train.examples`, :mod:`~memfit.train.batches`),
-checkpoints (:mod:`~memfit.train.checkpointing`). One process and the ranks of a ``torchrun`` launch
-run the same code: what differs is asked of the :mod:`world <memfit.train.world>`.
+(:mod:`~memfit.train.guards`), data (:mod:`~memfit.train.examples`, :mod:`~memfit.train.micro_batches`,
+:mod:`~memfit.train.evaluation`), checkpoints (:mod:`~memfit.train.checkpointing`). One process and
+the ranks of a ``torchrun`` launch run the same code: what differs is asked of the :mod:`world <memfit.train.world>`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from memfit.step.builder import build_step
 from memfit.step.optim import build_optimizer
 from memfit.step.prepare import lean_step_changes, prepare_given_model
 from memfit.models.build import make_config
-from memfit.train.batches import count_step_tokens, evaluate
+from memfit.train.evaluation import evaluate
+from memfit.train.micro_batches import count_step_tokens
 from memfit.train.checkpointing import capture_rng, latest_checkpoint, restore_rng
 from memfit.train.config import (
     TrainConfig,
