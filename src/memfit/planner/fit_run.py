@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from memfit.json_form import JsonForm
 from memfit.planner.report import MemoryPlan
-from memfit.planner.search import CHECKPOINTING_FAST_FIRST, OPTIMIZERS_LEAN_FIRST, _micro_batches, largest_micro_batch
+from memfit.planner.search import CHECKPOINTING_FAST_FIRST, OPTIMIZERS_LEAN_FIRST, largest_micro_batch, micro_batches
 from memfit.planner.throughput import relative_speeds
 from memfit.spec import upper_bound
 from memfit.units import format_bytes
@@ -80,7 +80,7 @@ def fit_run(
     effective = int(knobs.get("batch_size", 1)) * int(knobs.get("grad_accum", 1))
     # Ascending; a split needs an accumulation the knobs allow (an effective batch above that bound
     # cannot start at micro-batch 1).
-    micro_batches = [b for b in _micro_batches(effective) if effective // b <= upper_bound("grad_accum")]
+    splits = [b for b in micro_batches(effective) if effective // b <= upper_bound("grad_accum")]
     optimizers = [knobs.get("optimizer", "adamw")]
     if allow_optimizer:
         optimizers += [o for o in OPTIMIZERS_LEAN_FIRST[knobs.get("method", "lora")][::-1] if o not in optimizers]
@@ -104,10 +104,10 @@ def fit_run(
                 def plan_at(batch: int, accum: int, settings=dict(checkpointing=checkpointing, tiling=tiling, optimizer=optimizer)) -> MemoryPlan:
                     return planned(batch_size=batch, grad_accum=accum, **settings)
 
-                smallest = plan_at(micro_batches[0], effective // micro_batches[0])
+                smallest = plan_at(splits[0], effective // splits[0])
                 if not smallest.fits:
                     continue
-                best = largest_micro_batch(plan_at, micro_batches, effective, smallest)
+                best = largest_micro_batch(plan_at, splits, effective, smallest)
                 fitting.append(best)
     if not fitting:
         return None

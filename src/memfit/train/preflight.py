@@ -140,7 +140,7 @@ def check_model(config, model_config: dict[str, Any]) -> None:
     architecture transformers cannot build, a ``seq_len`` beyond its positions, LoRA ``targets``
     that name none of its layers. Cheap (one decoder layer on ``meta``), so it runs before the data
     is read and any weight is loaded; a Hub model's config is first known here."""
-    from memfit.planner.api import targets_problem
+    from memfit.planner.inputs import targets_problem
     from memfit.train.config import ConfigError, model_problems
 
     problems = model_problems(Path(config.model).name, model_config, config.seq_len)
