@@ -17,7 +17,7 @@ import typer
 from memfit.console import make_console
 from memfit.errors import EXIT_DOES_NOT_FIT, PathError, cli_errors
 from memfit.options import knob_options, with_options
-from memfit.spec import TRAINED_KNOBS, choices
+from memfit.spec import TRAINED_KNOBS, choices, default
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -72,7 +72,7 @@ def fit_command(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU to fit (see `memfit models`)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget instead of a GPU, e.g. 24GiB."),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Effective batch (sequences per optimizer step) to keep [default: 8; a tool's config: its own]."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", "-s", help="Sequence length to hold fixed (default 2048)."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", "-s", help=f"Sequence length to hold fixed (default {default('seq_len')}, or the model's maximum if smaller)."),
     method: Optional[list[str]] = typer.Option(None, "--method", metavar="|".join(choices("method")), help="Only these methods (repeat the option)."),
     precision: Optional[str] = typer.Option(None, "--precision", metavar="|".join(choices("precision")), help="bf16 / fp16: pure 16-bit; bf16-mixed / fp16-mixed: fp32 weights and optimizer states, 16-bit autocast; fp32 (default: bf16 where the GPU has it)."),
     gpus: int = typer.Option(1, "--gpus", help="Up to this many GPUs: the fewest that fit are reported, memory per GPU."),
