@@ -171,7 +171,7 @@ def run_case(case: dict, folder: Path) -> dict:
     path.write_text(case["config"])
     started = time.perf_counter()
     plan = memfit.plan(str(path), **case.get("options", {}))
-    data = plan.to_json()
+    data = plan.to_dict()
     planned = data["peak"]["device_total_bytes"] / GIB
     config = data["details"]["config"]
     return {

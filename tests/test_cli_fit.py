@@ -87,7 +87,7 @@ def test_fit_to_a_pipe_writes_whole_lines(tmp_path, monkeypatch):
                                  "--method", "lora", "--method", "qlora", "--gpus", "2", "--shard", "ddp"])
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    title = "tiny-llama on budget 2GiB (2.0 GiB), up to 2 GPUs (fewest that fit; memory per GPU), 64 tokens a sequence"
+    title = "tiny-llama on budget 2GiB (2.0 GiB), up to 2 GPUs (fewest that fit; memory per GPU), bf16, 64 tokens a sequence"
     assert lines[0] == title, result.stdout
     assert any(line.startswith("1 lora ") and line.rstrip().endswith(("1.00",)) for line in lines), result.stdout
     assert "…" not in result.stdout

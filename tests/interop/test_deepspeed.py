@@ -104,5 +104,5 @@ def test_a_file_that_is_not_json_names_the_line(tmp_path):
 
 
 def test_settings_have_a_stable_json_form():
-    data = ZeroSettings(path="ds.json", stage=2).to_json()
+    data = ZeroSettings(path="ds.json", stage=2).to_dict()
     assert data["stage"] == 2 and data["reduce_bucket_size"] == 500_000_000 and data["overlap_comm"] is False

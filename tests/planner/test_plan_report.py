@@ -60,7 +60,7 @@ def test_plan_says_what_its_precision_means_on_a_line_of_its_own(tiny_llama):
         (dict(method="lora", precision="bf16"), "bf16 base, fp32 adapters"),
     ):
         plan = memfit.plan(tiny_llama, seq_len=64, **knobs)
-        assert plan.to_json()["details"]["precision_regime"] == regime
+        assert plan.to_dict()["details"]["precision_regime"] == regime
         console = Console(record=True, width=80)  # a terminal's width: the line is not wrapped
         plan.render(console)
         lines = console.export_text().splitlines()

@@ -71,4 +71,4 @@ def test_fit_keeps_the_config_s_method_batch_and_length(tmp_path, model_folder):
     assert result.fits and {f.spec["method"] for f in result.fits} == {"lora"}
     best = result.fits[0].spec
     assert best["batch_size"] * best["grad_accum"] == 4 and best["seq_len"] == 128 and best["recipe"] == "hf"
-    assert result.to_json()["details"]["config"]["tool"] == "axolotl"
+    assert result.to_dict()["details"]["config"]["tool"] == "axolotl"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from memfit.interop.keys import as_bool, truthy
+from memfit.json_form import JsonForm
 
 #: DeepSpeed's defaults (``DeepSpeedZeroConfig``), in elements.
 DEFAULT_REDUCE_BUCKET = 500_000_000
@@ -65,7 +66,7 @@ class DeepSpeedError(ValueError):
 
 
 @dataclass(frozen=True)
-class ZeroSettings:
+class ZeroSettings(JsonForm):
     """What a DeepSpeed config says about memory. Bucket sizes are in elements (DeepSpeed's unit);
     None where the config says ``"auto"`` (see :meth:`resolved`)."""
 
@@ -105,7 +106,7 @@ class ZeroSettings:
                                             else 10 * hidden_size if self.stage == 3 else DEFAULT_PERSISTENCE_THRESHOLD),
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "path": self.path, "stage": self.stage, "offload_optimizer": self.offload_optimizer, "offload_param": self.offload_param,
             "reduce_bucket_size": self.reduce_bucket_elements, "allgather_bucket_size": self.allgather_bucket_elements,

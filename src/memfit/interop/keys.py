@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
+from memfit.json_form import JsonForm
 
 #: A key absent from the config: the rule sees this, not None (None is a value YAML can hold).
 ABSENT: Any = type("Absent", (), {"__repr__": lambda self: "ABSENT", "__bool__": lambda self: False})()
@@ -186,7 +187,7 @@ def one_of(choices: Mapping[str, Any], what: str) -> Callable[[Any], Any]:
 
 
 @dataclass
-class Found:
+class Found(JsonForm):
     """What reading one key found that a user should see."""
 
     key: str
@@ -194,7 +195,7 @@ class Found:
     why: str
     knob: str | None = None  # the knob the finding is about, when a rule setting one found it
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "value": _plain(self.value), "why": self.why, "knob": self.knob}
 
 

@@ -21,6 +21,7 @@ from memfit.errors import UserError, listed
 from memfit.interop.deepspeed import ZeroSettings
 from memfit.interop.keys import ABSENT, Found, KeyMap, KeyProblem, Planned
 from memfit.spec import KNOBS, SpecError, make_spec
+from memfit.json_form import JsonForm
 
 #: Rule knobs that are not RunSpec knobs: the model, and where the run is placed across GPUs.
 _MODEL, _REVISION, _SHARD = "model", "revision", "shard"
@@ -59,7 +60,7 @@ class Context:
 
 
 @dataclass
-class ToolConfig:
+class ToolConfig(JsonForm):
     """Another tool's config as memfit plans it.
 
     ``knobs`` are RunSpec knobs (checked); ``shard`` the placement the config asks for across GPUs
@@ -97,7 +98,7 @@ class ToolConfig:
                                                          "(and without offload); pass --gpus N to plan one GPU of N", "shard"))
         return knobs, dropped
 
-    def to_json(self, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def to_dict(self, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """What the plan says it read (``details.config`` of a plan's JSON). ``given``: the knobs the
         command line set in place of the config's; what was found about those knobs is left out,
         and they are listed as ``given``."""
@@ -111,9 +112,9 @@ class ToolConfig:
             "knobs": {k: list(v) if isinstance(v, tuple) else v for k, v in self.knobs.items()},
             "keys": {k: list(v) for k, v in self.sources.items()},
             "shard": self.shard,
-            "deepspeed": self.zero.to_json() if self.zero is not None else None,
-            "not_modelled": [f.to_json() for f in self.not_modelled if f.knob not in given],
-            "approximated": [f.to_json() for f in self.approximated if f.knob not in given],
+            "deepspeed": self.zero.to_dict() if self.zero is not None else None,
+            "not_modelled": [f.to_dict() for f in self.not_modelled if f.knob not in given],
+            "approximated": [f.to_dict() for f in self.approximated if f.knob not in given],
             "unknown_keys": list(self.unknown_keys),
             "given": given,
         }

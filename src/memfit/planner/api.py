@@ -116,7 +116,7 @@ def plan(
         # inputs that passed them (with the same code and libraries, which are in the key), so a
         # plan from the cache needs neither.
         key = _plan_key(resolved, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes,
-                        extrapolate=extrapolate, deepspeed=deepspeed.to_json() if deepspeed is not None else None)
+                        extrapolate=extrapolate, deepspeed=deepspeed.to_dict() if deepspeed is not None else None)
         cached = _cached_plan(key, resolved.spec, started)
         if cached is not None:
             return cached
@@ -288,7 +288,7 @@ def _add_per_rank_details(details: dict[str, Any], spec: RunSpec, layout, estima
     if spec.shard == "none":
         details["notes"].append(f"--gpus {spec.gpus} with --shard none is plain data parallel: planned as ddp")
     if zero is not None:
-        details["deepspeed"] = zero.to_json()
+        details["deepspeed"] = zero.to_dict()
         details["notes"].append(
             f"DeepSpeed ZeRO stage {zero.settings.stage} ({zero.settings.path}): its buffers per GPU are in the plan by name "
             "(details.deepspeed); weights gathered a decoder layer at a time (DeepSpeed fetches module by module)"
@@ -332,8 +332,8 @@ def _plan_tool_config(path: str, *, revision: str | None = None, **options: Any)
     knobs, dropped = tool.knobs_for(options)
     deepspeed = tool.zero if tool.zero is not None and knobs.get("shard") == tool.shard else None
     result = plan(tool.model, revision=revision or tool.revision, deepspeed=deepspeed, **plan_options, **knobs)
-    config = tool.to_json(given=options)
-    config["not_modelled"] += [f.to_json() for f in dropped]
+    config = tool.to_dict(given=options)
+    config["not_modelled"] += [f.to_dict() for f in dropped]
     result.details = dict(result.details, config=config)
     return result
 

@@ -363,8 +363,8 @@ def _fit_tool_config(path: str, *, batch_size: int | None, seq_len: int | None, 
     result = fit(tool.model, revision=revision or tool.revision, batch_size=batch_size or config_batch,
                  seq_len=seq_len or knobs.get("seq_len"), methods=methods or (knobs.get("method", "lora"),),
                  optimizers=optimizers, deepspeed=tool.zero if sharded else None, **search, **fixed)
-    config = tool.to_json(given=options)
-    config["not_modelled"] += [f.to_json() for f in dropped]
+    config = tool.to_dict(given=options)
+    config["not_modelled"] += [f.to_dict() for f in dropped]
     result.config = config
     return result
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from memfit.json_form import JsonForm
 
 #: memfit shard modes a DeepSpeed config maps to (:func:`memfit.interop.deepspeed.shard_mode`).
 ZERO_MODES = ("zero1", "zero2", "zero3", "fsdp-offload")
@@ -34,7 +35,7 @@ _STEP_PHASES = ("forward", "backward")
 
 
 @dataclass(frozen=True)
-class Term:
+class Term(JsonForm):
     """One DeepSpeed buffer on a rank: ``nbytes`` in ``category`` during ``phases`` (() for the whole run)."""
 
     name: str
@@ -46,7 +47,7 @@ class Term:
     def live_in(self, phase: str) -> bool:
         return not self.phases or phase in self.phases
 
-    def to_json(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "bytes": self.nbytes, "when": list(self.phases) or "whole run", "category": self.category,
                 "why": self.why}
 
@@ -121,14 +122,14 @@ def zero_ratios(zero: Any, ratios: dict[str, float]) -> dict[str, float]:
 
 
 @dataclass(frozen=True)
-class ZeroPlan:
+class ZeroPlan(JsonForm):
     """A DeepSpeed config's settings (resolved) and the buffers they give one rank."""
 
     settings: Any
     terms: tuple[Term, ...]
 
-    def to_json(self) -> dict[str, Any]:
-        return {**self.settings.to_json(), "terms": [t.to_json() for t in self.terms]}
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.settings.to_dict(), "terms": [t.to_dict() for t in self.terms]}
 
 
 def extra_bytes(terms: tuple[Term, ...] | list[Term], phase: str) -> dict[str, int]:
