@@ -1,6 +1,6 @@
 """The packages stay in layers, with imports pointing one way: down.
 
-cli > infer > train > watch > planner > interop > step > models > (spec, units, files, run_files, options, errors,
+cli, ui > infer > train > watch > planner > interop > step > models > (spec, units, files, run_files, options, errors,
 json_form, console); merge stands apart: it uses the bottom layer and the Hub fetching of models. Every import counts: at module level and inside
 functions (memfit imports heavy dependencies lazily, so an upward import hidden in a function is
 as real as one at the top). docs/layout.md explains why the layers are in this order.
@@ -23,7 +23,7 @@ SRC = Path(memfit.__file__).resolve().parent
 #: Layer of each top-level part of the package, highest first. A module may import its own part
 #: and any part of a lower layer; the bottom's modules may import each other.
 LAYERS: dict[str, int] = {
-    "__init__": 10, "__main__": 10, "cli": 10,
+    "__init__": 10, "__main__": 10, "cli": 10, "ui": 10,
     "infer": 9,
     "train": 8,
     "watch": 7,
@@ -159,6 +159,8 @@ def _allowed(importer: str, imported: str) -> bool:
         return LAYERS.get(dst) == BOTTOM or imported in MERGE_MAY_USE
     if src not in LAYERS or dst not in LAYERS:
         return False
+    if src == "ui" and dst in ("cli", "__main__"):
+        return False  # the CLI imports the page's command to register it: the page never imports the CLI
     # The same layer: the entry points (cli, __main__, the package's front door) use each other,
     # and so do the bottom's small modules.
     return LAYERS[dst] <= LAYERS[src]
@@ -220,6 +222,8 @@ def test_the_check_sees_function_level_and_relative_imports(tmp_path):
     assert _allowed("memfit.train.recipe", "memfit.step.builder")
     assert _allowed("memfit.spec", "memfit.units")
     assert not _allowed("memfit.units", "memfit.models.gpus")
+    assert _allowed("memfit.cli", "memfit.ui.command") and _allowed("memfit.ui.app", "memfit.train.config")
+    assert not _allowed("memfit.ui.app", "memfit.cli")
     assert _allowed("memfit.planner.api", "memfit.interop.reading")
     assert _allowed("memfit.interop.reading", "memfit.spec")
     assert not _allowed("memfit.interop.reading", "memfit.planner.api")

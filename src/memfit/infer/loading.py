@@ -81,9 +81,10 @@ def read_run(run_dir: Path) -> dict[str, Any]:
 
 def run_output(run_dir: Path, record: dict[str, Any]) -> Path:
     """The run's deliverable (``adapter/`` or ``model/``), or a ChatError saying why there is none."""
+    from memfit.spec import ADAPTER_METHODS
     from memfit.train.run_folder import output_dir
 
-    adapters = record["spec"].get("method") in ("lora", "qlora")
+    adapters = record["spec"].get("method") in ADAPTER_METHODS
     out = output_dir(run_dir, adapters)
     wanted = ADAPTER_WEIGHTS if adapters else "config.json"
     if (out / wanted).is_file():
@@ -186,7 +187,8 @@ def _rebuilt_run_model(record: dict[str, Any], device, weights: Path | None) -> 
 
 
 def _load_adapter_weights(model: Any, adapter_dir: Path, device) -> None:
-    """Put the trained LoRA matrices of ``adapter_dir`` into ``model``'s adapters."""
+    """Put the trained tensors of ``adapter_dir`` into ``model``'s adapters: LoRA's matrices, DoRA's
+    magnitudes and the trained copies of modules trained whole (``modules_to_save``), as PEFT loads them."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 

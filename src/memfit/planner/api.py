@@ -30,7 +30,7 @@ from memfit.models.catalog import ModelSource
 from memfit.planner.errors import PlanError
 from memfit.planner.extrapolate import StepEstimate, estimate_step
 from memfit.planner.inputs import Resolved, checked, resolve
-from memfit.planner.report import MemoryPlan
+from memfit.planner.report import MemoryPlan, adapter_notes, category_help
 from memfit.planner.runtime import RuntimeOverhead, runtime_overhead
 from memfit.planner.target import Target
 from memfit.spec import RunSpec
@@ -56,6 +56,39 @@ def _attention_note(estimate: StepEstimate) -> str:
         return "eager: this architecture has no SDPA path, the [batch x heads x seq x seq] attention matrix is materialised"
     kernels = [k for k in ("math", "memory-efficient", "flash") if k in estimate.attention_kernels]
     return f"{implementation}: " + ("; ".join(_KERNEL_NOTES[k] for k in kernels) if kernels else "no attention in the step")
+
+
+def _reference_note(spec: RunSpec, categories: dict[str, int], phase_peaks: dict[str, int]) -> str:
+    """Where a preference plan's reference log-probs come from, and what that costs, in one line."""
+    source = spec.reference
+    if source == "none":
+        return f"none: {spec.objective} needs no reference model"
+    if source == "precomputed":
+        return ("precomputed: one forward of every pair under no_grad before training (before the optimizer exists), "
+                "kept in the run folder; the step reads them and runs no reference pass")
+    where = ("the base model with its LoRA adapters disabled (PEFT disable_adapter()): no second copy"
+             if source == "disabled-adapters" else
+             f"a frozen copy of the starting weights, in weights ({format_bytes(categories.get('weights', 0))} with the buffers)")
+    if spec.recipe == "hf":
+        return f"{where}; its pass runs under no_grad after the policy's forward, on top of the activations the policy holds"
+    top = phase_peaks.get("reference")
+    shown = f" (live memory at most {format_bytes(top)} during it)" if top else ""
+    return f"{where}; its pass runs under no_grad before the policy's forward{shown}, keeping nothing but the log-probs"
+
+
+def _adapter_details(spec: RunSpec, copies: list[dict]) -> dict[str, Any]:
+    """What the adapters of a plan are (``details.adapters``): DoRA, rsLoRA and the scale it gives,
+    the base they sit on, the modules trained whole and the copies PEFT makes of them (tied modules
+    share one copy: they are listed together)."""
+    groups = sorted({tuple(sorted(name.rsplit(".", 1)[-1] for name in copy["modules"])) for copy in copies})
+    return {
+        "dora": spec.dora,
+        "rslora": spec.rslora,
+        "scale": spec.lora_scale,
+        "base": {4: "nf4", 8: "int8"}.get(spec.base_bits, spec.weight_precision),
+        "modules_to_save": list(spec.modules_to_save),
+        "trained_copies": [list(group) for group in groups],
+    }
 
 
 def plan(
@@ -190,8 +223,14 @@ def _memory_plan(source: ModelSource, spec: RunSpec, target: Target, runtime: Ru
         "batch_layout": estimate.batch_layout,
         "input_embeddings": "host" if estimate.embeddings_on_host else "device",
         "precision_regime": spec.precision_regime,
+        "adapters": _adapter_details(spec, estimate.trained_copies) if spec.uses_adapters else None,
         "notes": _notes(source, spec, target, runtime, estimate, headroom),
     }
+    if spec.is_preference:
+        details["objective"] = spec.objective
+        details["reference"] = _reference_note(spec, categories, estimate.phase_peaks)
+    details["category_help"] = category_help(spec.knobs(), details["adapters"])
+    details["notes"].extend(adapter_notes(spec.knobs(), details["adapters"]))
     if layout is not None:
         _add_per_rank_details(details, spec, layout, estimate, zero)
     if source.hub:

@@ -35,6 +35,7 @@ class SampledStep:
     attention_kernels: Any
     batch_layout: str
     embeddings_on_host: bool
+    trained_copies: list[dict]
     allocated_bytes: int
     reserved_bytes: int
     host_peak_bytes: int
@@ -70,6 +71,7 @@ class StepEstimate:
     attention_kernels: Any
     batch_layout: str
     embeddings_on_host: bool
+    trained_copies: list[dict]
     num_layers: int
     single_gpu_categories: dict[str, int]
 
@@ -108,7 +110,7 @@ def estimate_step(
     last = points[-1]
     shared = dict(simulated_layers=list(layers) if layers else [num_layers], attention=last.attention,
                   attention_kernels=last.attention_kernels, batch_layout=last.batch_layout,
-                  embeddings_on_host=last.embeddings_on_host)
+                  embeddings_on_host=last.embeddings_on_host, trained_copies=last.trained_copies)
     if layers is None:
         return _whole(points[0], reshape, num_layers, **shared)
     return _extrapolated(layers, points, num_layers, reshape, **shared)
@@ -332,6 +334,7 @@ def _summarise(sim) -> SampledStep:
         attention_kernels=sim.attention_kernels,
         batch_layout=sim.batch_layout,
         embeddings_on_host=sim.embeddings_on_host,
+        trained_copies=[dict(entry) for entry in sim.trained_copies],
         allocated_bytes=result.peak.allocated_bytes,
         reserved_bytes=replay.peak_reserved_bytes,
         host_peak_bytes=result.outside_peaks.get("host", 0),

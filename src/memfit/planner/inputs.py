@@ -154,11 +154,11 @@ def model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
     targets = targets_problem(source.config, spec)
     if targets:
         problems.append(targets)
-    if spec.method == "qlora" or spec.optimizer in ("adamw8bit", "paged-adamw8bit"):
+    if spec.base_bits is not None or spec.optimizer in ("adamw8bit", "paged-adamw8bit"):
         import importlib.util
 
         if importlib.util.find_spec("bitsandbytes") is None:
-            what = "--method qlora" if spec.method == "qlora" else f"--optimizer {spec.optimizer}"
+            what = f"--method {spec.method}" if spec.base_bits is not None else f"--optimizer {spec.optimizer}"
             problems.append(f"{what} needs bitsandbytes, which is not installed: pip install 'memfit[qlora]'")
     if spec.gpus > 1:
         from memfit.planner.sharding import mode_problems
@@ -168,23 +168,29 @@ def model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
 
 
 def targets_problem(config: dict[str, Any], spec: RunSpec, spelling: str = "flag") -> str | None:
-    """Why LoRA ``targets`` cannot apply to the model (a name that matches no linear layer of its
-    decoder), or None. One decoder layer is built on ``meta`` (no memory) and asked, as the
-    trainer's :func:`memfit.step.prepare.check_targets` asks the real model; ``spelling`` as for
-    :func:`memfit.spec.make_spec`."""
+    """Why LoRA ``targets`` or ``modules_to_save`` cannot apply to the model (a target that matches no
+    linear layer of its decoder, a module to save that matches no module or that LoRA adapts), or
+    None. One decoder layer is built on ``meta`` (no memory) and asked, as the trainer's
+    :func:`memfit.step.prepare.check_targets` and :func:`~memfit.step.prepare.check_modules_to_save`
+    ask the real model; ``spelling`` as for :func:`memfit.spec.make_spec`."""
     from memfit.spec import ALL_LINEAR
 
-    if not spec.uses_adapters or spec.targets == (ALL_LINEAR,):
+    if not spec.uses_adapters or (spec.targets == (ALL_LINEAR,) and not spec.modules_to_save):
         return None
     from memfit.models.build import DTYPES, build_meta_model, make_config
     from memfit.models.errors import ModelBuildError
     from memfit.planner.simulate import _quiet
-    from memfit.step.prepare import check_targets
+    from memfit.step.prepare import check_modules_to_save, check_targets
 
     try:
         with _quiet():
             model = build_meta_model(make_config(config, num_layers=1), DTYPES[spec.weight_precision])
-        check_targets(model, spec, spelling)
     except ModelBuildError as err:
         return str(err)
-    return None
+    problems = []
+    for check in (check_targets, check_modules_to_save):
+        try:
+            check(model, spec, spelling)
+        except ModelBuildError as err:
+            problems.append(str(err))
+    return "; ".join(problems) or None

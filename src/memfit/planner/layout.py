@@ -28,7 +28,8 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
     (4-bit packing for QLoRA, LoRA adapters), so the bytes are those of the real parameters; the
     decoder layers are then counted as often as the full depth repeats them.
     """
-    key = (json.dumps(config, sort_keys=True, default=str), spec.method, spec.rank, tuple(spec.targets), spec.weight_precision)
+    key = (json.dumps(config, sort_keys=True, default=str), spec.method, spec.rank, tuple(spec.targets), spec.weight_precision,
+           spec.dora, tuple(spec.modules_to_save))
     cached = _LAYOUT_CACHE.get(key)
     if cached is not None:
         return cached
@@ -59,8 +60,8 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
         dim0 = int(p.shape[0]) if p.dim() > 0 else 1
         index = in_layer.get(id(p))
         count = repeats[index] if index is not None else 1
-        # The trainer keeps packed 4-bit weights whole on every rank, outside FSDP (never gathered).
-        whole = type(p).__name__ == "Params4bit"
+        # The trainer keeps quantized weights (packed 4-bit, int8) whole on every rank, outside FSDP (never gathered).
+        whole = type(p).__name__ in ("Params4bit", "Int8Params")
         groups.append(ParamGroup(dim0=dim0, row_bytes=nbytes // max(dim0, 1), trainable=p.requires_grad, count=count, sharded=not whole))
         if whole:
             continue

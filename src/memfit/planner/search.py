@@ -35,12 +35,17 @@ from memfit.planner.sharding import mode_problems
 from memfit.planner.target import Target
 from memfit.planner.throughput import relative_speeds
 from memfit.planner.workers import run_parallel, start_worker_server, worker_count
-from memfit.spec import TILING_AUTO_TOKENS, TRAINED_SHARD_MODES, choices, default, upper_bound
+from memfit.spec import TILING_AUTO_TOKENS, TRAINED_SHARD_MODES, SpecError, choices, default, make_spec, upper_bound
 
 METHODS = choices("method")
+#: The methods searched unless ``--method`` says otherwise: an 8-bit base is searched only when asked.
+DEFAULT_METHODS = ("full", "lora", "qlora")
+#: Adapter options: given to fit, they hold for every plan, so only methods that take them are searched.
+ADAPTER_KNOBS = ("dora", "rslora", "modules_to_save")
 #: Fastest first; each next one needs less memory.
 CHECKPOINTING_FAST_FIRST = choices("checkpointing")  # RunSpec declares them fastest first
-OPTIMIZERS_LEAN_FIRST = {"full": ("paged-adamw8bit", "adamw8bit", "adamw"), "lora": ("adamw",), "qlora": ("adamw",)}
+OPTIMIZERS_LEAN_FIRST = {"full": ("paged-adamw8bit", "adamw8bit", "adamw"), "lora": ("adamw",), "qlora": ("adamw",),
+                         "lora-8bit": ("adamw",)}
 #: Sequence lengths are reported in multiples of this many tokens.
 SEQ_STEP = 128
 #: With ``--gpus N`` and no ``--shard``: the modes tried at each GPU count, least communication
@@ -209,6 +214,7 @@ def fit(
     optimizers: dict[str, tuple[str, ...]] | None = None,
     deepspeed: Any = None,
     plans_expected: Callable[[int], None] | None = None,
+    found: Callable[[str, list[Fit]], None] | None = None,
     **knobs: Any,
 ) -> FitResult:
     """Find the configurations of ``model`` that fit ``gpu`` (or ``budget``, or ``target``), fastest first.
@@ -224,7 +230,9 @@ def fit(
         batch_size: the effective batch (sequences per optimizer step) to keep: each fit splits it
             into a micro-batch and gradient accumulation (default 8).
         seq_len: sequence length to hold fixed (default: RunSpec's, or the model's maximum if smaller).
-        methods: restrict the search to these methods (default: full, lora, qlora).
+        methods: restrict the search to these methods (default: full, lora, qlora; lora-8bit only when
+            named here). With adapter options among ``knobs`` (``dora``, ``rslora``, ``modules_to_save``)
+            every plan has them, and the default is the methods that take them.
         max_seq_len: also find the longest sequence each method fits (micro-batch 1).
         knobs ``gpus`` and ``shard``: ``gpus=N`` (N > 1) means "up to N GPUs": each method is searched
             on 1, 2, 4... up to N GPUs and reported at the smallest count that fits, with the
@@ -240,6 +248,8 @@ def fit(
         progress: called with each plan's description as it starts (from the worker processes too).
         plans_expected: called once, when the inputs are validated and before the first plan, with
             about how many plans the search will make (:func:`expected_plans`).
+        found: called with a method and its fits (not yet ranked: speeds are relative to the
+            fastest fit of all methods) as soon as that method's search ends.
         knobs: fixed RunSpec knobs passed through (rank, alpha, targets, precision...). Without a
             precision, bf16 is used where the GPU supports it, else fp16 (LoRA, QLoRA) or fp32 (full).
     """
@@ -248,13 +258,14 @@ def fit(
     if is_tool_config(model):
         return _fit_tool_config(str(model), gpu=gpu, budget=budget, target=target, batch_size=batch_size, seq_len=seq_len,
                                 methods=methods, max_seq_len=max_seq_len, progress=progress, workers=workers, revision=revision,
-                                **knobs)
+                                plans_expected=plans_expected, found=found, **knobs)
     batch_size = 8 if batch_size is None else batch_size
     started = time.perf_counter()
-    methods = tuple(methods or METHODS)
+    asked = tuple(methods or ())
+    methods, refused = _methods_for(methods, knobs)
     workers = worker_count(len(methods)) if workers is None else max(1, workers)
     inputs = dict(revision=revision, gpu=gpu, budget=budget, target=target, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
-    source, target = _validated(model, inputs, methods, knobs, start_workers=workers > 1)
+    source, target = _validated(model, inputs, asked, refused, knobs, start_workers=workers > 1)
     if isinstance(model, str) and (source.hub or source.note):
         # A Hub id is fetched once: every plan of the search (and every worker) uses that config.
         model = dict(source.config, _name_or_path=source.name)
@@ -271,21 +282,27 @@ def fit(
                      optimizers=dict(OPTIMIZERS_LEAN_FIRST, **(optimizers or {})), deepspeed=deepspeed)
     if plans_expected is not None:
         plans_expected(expected_plans(len(methods), batch_size, longest=bool(job.seq_limit)))
+    found = found or (lambda method, fits: None)
     if workers > 1:
-        outcomes = run_parallel(job, methods, workers, progress)
+        outcomes = run_parallel(job, methods, workers, progress, lambda method, outcome: found(method, outcome.fits))
     else:
-        outcomes = [job.run(method, progress) for method in methods]
+        outcomes = []
+        for method in methods:
+            outcomes.append(job.run(method, progress))
+            found(method, outcomes[-1].fits)
     result = _fit_result(job, outcomes, methods, max_seq_len, progress)
     return dataclasses.replace(result, model=source.name, gpu={"name": target.name, "memory_bytes": target.memory_bytes},
                                seconds=time.perf_counter() - started, max_gpus=max_gpus,
                                notes=[source.note] if source.note else [])
 
 
-def _validated(model: str | dict, inputs: dict[str, Any], methods: tuple[str, ...], knobs: dict[str, Any], *,
+def _validated(model: str | dict, inputs: dict[str, Any], asked: tuple[str, ...], refused: list[str], knobs: dict[str, Any], *,
                start_workers: bool):
     """The model's source and the Target, once every input is checked; one PlanError listing every
-    problem otherwise, before any simulation. ``start_workers``: the search will run in worker
-    processes, whose server starts now when the plans are not known to be cached."""
+    problem otherwise, before any simulation. ``asked``: the methods named (they must exist);
+    ``refused``: why some of them cannot take the adapter options (:func:`_methods_for`).
+    ``start_workers``: the search will run in worker processes, whose server starts now when the
+    plans are not known to be cached."""
     problems = []
     if inputs["target"] is None and inputs["gpu"] is None and inputs["budget"] is None or (
             inputs["target"] is not None and not inputs["target"].has_memory):
@@ -296,9 +313,10 @@ def _validated(model: str | dict, inputs: dict[str, Any], methods: tuple[str, ..
         # Every method's search starts at micro-batch 1 with the whole batch accumulated.
         problems.append(f"--batch-size: {batch_size} must be at most {most}: fit plans micro-batch 1 with the whole effective "
                         f"batch accumulated, and --grad-accum is at most {most} (e.g. --batch-size 8)")
-    bad = [m for m in methods if m not in METHODS]
+    bad = [m for m in asked if m not in METHODS]
     if bad:
         problems.append(f"--method: {', '.join(bad)} is not one of {', '.join(METHODS)}")
+    problems.extend(refused)
     for fixed in ("method", "checkpointing", "optimizer", "grad_accum"):
         if fixed in knobs:
             problems.append(f"--{fixed.replace('_', '-')} is chosen by the search; leave it out")
@@ -341,6 +359,29 @@ def _fit_result(job: "_MethodJob", outcomes: list["_MethodOutcome"], methods: tu
                      plans_made=sum(o.plans for o in outcomes) + planned_misses)
 
 
+def _methods_for(asked: tuple[str, ...] | None, knobs: dict[str, Any]) -> tuple[tuple[str, ...], list[str]]:
+    """The methods a search plans, and why an asked one cannot take the fixed adapter options.
+
+    Without ``asked``: :data:`DEFAULT_METHODS`, less those that refuse the adapter options among
+    ``knobs`` (DoRA and rsLoRA, modules trained whole: adapters only; DoRA not on a quantized base).
+    """
+    options = {name: knobs[name] for name in ADAPTER_KNOBS if knobs.get(name) not in (None, False, (), [], "")}
+    candidates = tuple(asked) if asked else DEFAULT_METHODS
+    if not options:
+        return candidates, []
+    taken, problems = [], []
+    for method in candidates:
+        if method not in METHODS:
+            continue
+        try:
+            make_spec(method=method, **options)
+            taken.append(method)
+        except SpecError as err:
+            if asked:
+                problems.extend(p for p in err.problems if p not in problems)
+    return tuple(taken), problems
+
+
 #: Knobs the search chooses: a config's values of them are where the search starts from, not fixed.
 _SEARCHED = ("method", "checkpointing", "optimizer", "grad_accum", "batch_size", "seq_len", "tiling")
 
@@ -352,13 +393,14 @@ def _fit_tool_config(path: str, *, batch_size: int | None, seq_len: int | None, 
     its DeepSpeed config shards the run."""
     from memfit.interop import read_tool_config
 
-    search = {k: options.pop(k) for k in ("gpu", "budget", "target", "max_seq_len", "progress", "workers")}
+    search = {k: options.pop(k) for k in ("gpu", "budget", "target", "max_seq_len", "progress", "workers", "plans_expected",
+                                          "found")}
     tool = read_tool_config(path)
     knobs, dropped = tool.knobs_for(options)
     config_batch = int(knobs.get("batch_size", 1)) * int(knobs.get("grad_accum", 1))
     fixed = {k: v for k, v in knobs.items() if k not in _SEARCHED}
     # Adapters' optimizer states are small: the config's optimizer is kept (full fine-tuning's is searched).
-    optimizers = {m: (knobs["optimizer"],) for m in ("lora", "qlora")} if knobs.get("optimizer") else None
+    optimizers = {m: (knobs["optimizer"],) for m in ("lora", "qlora", "lora-8bit")} if knobs.get("optimizer") else None
     sharded = int(fixed.get("gpus", 1) or 1) > 1 and fixed.get("shard") == tool.shard
     result = fit(tool.model, revision=revision or tool.revision, batch_size=batch_size or config_batch,
                  seq_len=seq_len or knobs.get("seq_len"), methods=methods or (knobs.get("method", "lora"),),

@@ -87,13 +87,15 @@ def _worker_context():
 
 
 #: Heaviest first (4-bit layers simulate slowest; full fine-tuning usually ends in a few plans).
-_HEAVIEST_FIRST = ("qlora", "lora", "full")
+_HEAVIEST_FIRST = ("qlora", "lora-8bit", "lora", "full")
 
 
-def run_parallel(job: MethodJob, methods: tuple[str, ...], workers: int, progress: Callable[[str], None] | None) -> list[Any]:
+def run_parallel(job: MethodJob, methods: tuple[str, ...], workers: int, progress: Callable[[str], None] | None,
+                 finished: Callable[[str, Any], None] | None = None) -> list[Any]:
     """``job.run(method)`` for each method, each in its own process (forked from the worker server,
     or spawned: a clean interpreter either way as far as torch is concerned); the outcomes in the
-    order of ``methods``. ``progress`` is called here with what the workers report."""
+    order of ``methods``. ``progress`` is called here with what the workers report, ``finished`` with
+    a method and its outcome as soon as that method's process returns it."""
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     context = _worker_context()
@@ -106,8 +108,11 @@ def run_parallel(job: MethodJob, methods: tuple[str, ...], workers: int, progres
         futures = {method: pool.submit(_run_method_job, job, method) for method in order}
         pending = set(futures.values())
         while pending:
-            _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             _drain(reports, progress, timeout=None)
+            for method in (m for m in order if futures[m] in done and futures[m].exception() is None):
+                if finished is not None:
+                    finished(method, futures[method].result())
         outcomes = [futures[method].result() for method in methods]
     if reports is not None:  # what was put just before the last worker ended
         _drain(reports, progress, timeout=0.1)

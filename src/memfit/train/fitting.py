@@ -23,6 +23,7 @@ from memfit.planner.run import SEARCHED, RunPlanner, describe
 from memfit.planner.target import NO_TARGET, Probe, Target, live_target, read_cuda_device, target_from_options
 from memfit.run_files import RUN_FILE
 from memfit.step.batch import DOCUMENTS
+from memfit.step.preference import example_lengths
 from memfit.train.config import TrainConfig
 from memfit.train.errors import TrainError
 from memfit.units import format_bytes
@@ -48,12 +49,13 @@ def planned_seq_len(examples: list[dict[str, Any]], batch_size: int, seq_len: in
     """
     if not examples or packing:
         return seq_len
-    lengths = sorted((len(e["input_ids"]) for e in examples), reverse=True)
+    # A preference pair puts two sequences in a micro-batch (its chosen and rejected answers).
+    per_example = [example_lengths(e) for e in examples]
     if layout == DOCUMENTS:
-        top = lengths[:batch_size]
-        longest = -(-sum(top) // batch_size)
+        top = sorted((sum(lengths) for lengths in per_example), reverse=True)[:batch_size]
+        longest = -(-sum(top) // (batch_size * len(per_example[0])))
     else:
-        longest = lengths[0]
+        longest = max(max(lengths) for lengths in per_example)
     return max(1, min(seq_len, longest))
 
 

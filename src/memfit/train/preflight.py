@@ -62,14 +62,20 @@ def oom_advice(knobs: dict[str, Any]) -> list[str]:
     seq_len = int(knobs.get("seq_len", default("seq_len")))
     if seq_len > 512:
         advice.append(f"shorter sequences (seq_len: {seq_len // 2})")
+    from memfit.spec import ADAPTER_METHODS
+
     method = knobs.get("method")
     if method == "full":
         if knobs.get("optimizer") == "adamw":
             advice.append("8-bit optimizer states (optimizer: adamw8bit)")
         advice.append("train adapters instead of every weight (method: lora)")
-    elif method == "lora":
+    elif method in ("lora", "lora-8bit"):
         advice.append("4-bit base weights (method: qlora)")
-    if method in ("lora", "qlora") and int(knobs.get("rank", 16)) > 16:
+    if knobs.get("dora"):
+        advice.append("plain LoRA, without DoRA's weight norms in every forward (dora: false)")
+    if knobs.get("modules_to_save"):
+        advice.append("fewer modules trained whole (modules_to_save): each is a full copy with its gradients and optimizer states")
+    if method in ADAPTER_METHODS and int(knobs.get("rank", 16)) > 16:
         advice.append("a smaller LoRA rank (rank: 16)")
     advice.append("check the options with `memfit plan` and its --budget")
     return advice

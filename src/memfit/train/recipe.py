@@ -1,10 +1,12 @@
-"""The training run, top to bottom, in named phases: data, configuration, model, optimizer, resume, loop, outputs.
+"""The training run, top to bottom, in named phases: data, configuration, model, optimizer, resume, reference, loop, outputs.
 
 :func:`train` is the whole recipe. Each phase is a small function that takes the run's state
 (:class:`_Run`) and returns what it made for the phases after it, the way torchtune's recipes name
 their setup steps: :func:`_data`, :func:`_configuration` (the knobs, planned and checked before any
-weight is read: :class:`~memfit.planner.run.RunPlanner`), :func:`_model`, :func:`_optimizer`,
-:func:`_resume`, :func:`_loop`, :func:`_outputs`.
+weight is read: :class:`~memfit.planner.run.RunPlanner`), :func:`_model` (with DPO's frozen
+reference copy for full fine-tuning), :func:`_optimizer`, :func:`_resume`, :func:`_reference`
+(``precompute_reference``: the reference log-probs of every pair, once, before training),
+:func:`_loop`, :func:`_outputs`.
 
 Each optimizer step is the :class:`~memfit.step.builder.TrainingStep` that
 :func:`memfit.step.builder.build_step` makes for the configuration, the same one the planner
@@ -35,6 +37,7 @@ from memfit.planner.run import SEARCHED, Preflight, RunPlanner, describe
 from memfit.run_files import memory_file_name
 from memfit.step.attention import restore_attention
 from memfit.step.builder import build_step
+from memfit.step.preference import keep_reference_copy, needs_reference_copy, summarize_metrics
 from memfit.step.optim import build_optimizer
 from memfit.step.prepare import lean_step_changes, prepare_given_model
 from memfit.train.checkpointing import capture_rng, latest_checkpoint, restore_rng
@@ -65,6 +68,7 @@ from memfit.train.loading import load_model, verify_setup
 from memfit.train.micro_batches import count_step_tokens
 from memfit.train.preflight import preflight_run
 from memfit.train.progress import LiveProgress, MetricsLog, NullLog, Throughput, warn
+from memfit.train.reference import precompute_reference, reference_file
 from memfit.train.run_folder import RunRecord, finished_run, truncate_metrics
 from memfit.train.world import make_world
 from memfit.units import format_bytes
@@ -260,8 +264,9 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     run.configuration = _configuration(run)
     run.model, run.setup, run.configuration.step_fn = _model(run, model)
     run.training = _optimizer(run)
-    start_step = _resume(run)
+    start_step, checkpoint = _resume(run)
     run.record = _record(run, start_step)
+    _reference(run, may_compute=checkpoint is None)
     result = TrainResult(status="completed", step=start_step, total_steps=run.training.steps, run_dir=run.run_dir,
                          setup=run.setup, model=run.model)
     _loop_and_outputs(run, result)
@@ -295,6 +300,8 @@ def _data(run: _Run) -> _Data:
     seed_everything(config.seed)
     tokenizer = load_tokenizer(config)
     data = prepare_data(config, tokenizer, console=run.console, resume_from=run.run_dir if run.resume else None)
+    if data.pair_stats is not None:
+        run.console.print(f"data: {data.pair_stats.summary(config.seq_len)}", highlight=False)
     check_vocab(data.checked_examples, int(model_dict.get("vocab_size") or 0), tokenizer)
     return _Data(model_config=model_dict, tokenizer=tokenizer, prepared=data, pad_id=pad_token_id(tokenizer))
 
@@ -315,7 +322,7 @@ def _configuration(run: _Run) -> _Configuration:
     given = first_given or given
     try:
         # The step this configuration runs (its loss, clipping, batch layout), settled before any work.
-        step_fn = build_step(config.spec, make_config(model_dict))
+        step_fn = build_step(config.spec, make_config(model_dict), config.objective_params)
     except ValueError as err:
         raise TrainError(str(err)) from None
     examples = run.data.prepared.train_examples  # a stream's are not known: plan at seq_len
@@ -330,7 +337,7 @@ def _configuration(run: _Run) -> _Configuration:
     fit_record = None
     if config.fit == "auto" and kept is None and not run.resume:
         config, fit_record = fit_configuration(config, planner, longest_len, console)
-        step_fn = build_step(config.spec, make_config(model_dict))
+        step_fn = build_step(config.spec, make_config(model_dict), config.objective_params)
     planned_len = length_for(config.batch_size)
     preflight = preflight_run(config, planner, console, seq_len=planned_len, fit_seq_len=longest_len)
     return _Configuration(config=config, step_fn=step_fn, planner=planner, given=given, fit_record=fit_record,
@@ -359,6 +366,11 @@ def _model(run: _Run, model) -> tuple[Any, dict[str, Any], Any]:
         f"{setup['checkpointed_layers']}/{setup['decoder_layers']} decoder layers, on {where}",
         highlight=False,
     )
+    if needs_reference_copy(spec):
+        # DPO's reference for full fine-tuning: the starting weights, kept before any update.
+        keep_reference_copy(model)
+        run.console.print(f"reference: a frozen copy of the model's {setup['total_params']:,} parameters (DPO, full "
+                          "fine-tuning; precompute_reference: true keeps none)", highlight=False)
     model = world.shard(model, spec, device, run.console)
     return model, setup, world.training_step(run.configuration.step_fn, model)
 
@@ -378,22 +390,14 @@ def _optimizer(run: _Run) -> _Training:
                      batches=batches, steps=steps)
 
 
-def _resume(run: _Run) -> int:
+def _resume(run: _Run) -> tuple[int, Path | None]:
     """Resume: tensors and optimizer now, RNG and data position right before the next step. The step
-    to start from (0 for a new run)."""
-    if not run.resume:
-        return 0
+    to start from (0 for a new run) and the checkpoint it was read from (None for a new run, or one
+    that stopped in its reference pass, before its first step: :func:`_resume_checkpoint`)."""
     run_dir, console, training = run.run_dir, run.console, run.training
-    damaged: list[tuple[Path, str]] = []
-    checkpoint = latest_checkpoint(run_dir, damaged)
-    for path, why in damaged:
-        console.print(f"[yellow]skipping[/] damaged checkpoint {path}: {why}", highlight=False)
+    checkpoint = _resume_checkpoint(run_dir, run.spec, console) if run.resume else None
     if checkpoint is None:
-        raise TrainError(
-            f"--resume: {run_dir} has no {'whole ' if damaged else ''}checkpoint to resume from "
-            f"({'every one is damaged' if damaged else 'the run stopped before saving one'}). "
-            "Start again in another output_dir, or delete this one first."
-        )
+        return 0, None
     try:
         state = run.world.load_checkpoint(checkpoint, model=run.model, optimizer=training.optimizer,
                                           scheduler=training.scheduler, grad_scaler=training.grad_scaler, device=run.device)
@@ -405,15 +409,16 @@ def _resume(run: _Run) -> int:
     if run.world.is_main:
         truncate_metrics(run_dir, state.step)
     console.print(f"resuming from {checkpoint} (step {state.step} of {training.steps})", highlight=False)
-    return state.step
+    return state.step, checkpoint
 
 
 def _record(run: _Run, start_step: int) -> RunRecord:
     """The run's ``run.json``, written now: the checkpoints written from here on say how many
     examples a step takes (see :meth:`_Run.checkpoint_now`)."""
-    configuration, spec = run.configuration, run.spec
+    configuration, spec, pair_stats = run.configuration, run.spec, run.data.prepared.pair_stats
     extra = {**run.world.run_fields(spec), **({"hub": run.hub.record()} if run.hub is not None else {}),
              "data": run.data.prepared.record, "planned_seq_len": configuration.planned_len, "fit": configuration.fit_record,
+             **({"pairs": pair_stats.to_dict()} if pair_stats is not None else {}),
              "active_knobs": {k: spec.knobs()[k] for k in SEARCHED}, "given_knobs": configuration.given,
              "config_changes": _recorded_changes(run.run_dir) if run.resume else []}
     record = RunRecord.for_run(run.run_dir, config=run.config, model_config=run.data.model_config,
@@ -421,6 +426,22 @@ def _record(run: _Run, start_step: int) -> RunRecord:
                                total_steps=run.training.steps, enabled=run.world.is_main, extra=extra)
     record.write(status="running", step=start_step)
     return record
+
+
+def _reference(run: _Run, *, may_compute: bool) -> None:
+    """Reference: DPO's reference log-probs of every pair, computed once before training where the
+    run says ``precompute_reference`` (:mod:`memfit.train.reference`). Run once ``run.json`` is
+    written, so that a pass that stops part way is continued by ``--resume``; ``may_compute`` is
+    False for a run resumed from a checkpoint (its weights have moved: the log-probs must be stored)."""
+    spec = run.spec
+    if spec.reference != "precomputed":
+        return
+    dtype = run.configuration.step_fn.loss_fn.dtype
+    for split, pairs in (("train", run.data.prepared.train_examples), ("eval", run.data.prepared.eval_examples)):
+        if pairs:
+            precompute_reference(pairs, split=split, run_dir=run.run_dir, model=run.model, collate=run.collate,
+                                 batch_size=spec.batch_size, device=run.device, adapters=spec.uses_adapters, dtype=dtype,
+                                 may_compute=may_compute, say=lambda line: run.console.print(line, highlight=False))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -461,6 +482,7 @@ class _Taken:
     grad_norm: float | None
     lr: float
     stopping: bool
+    pair_metrics: list = field(default_factory=list)  # a preference step's summed rewards and log-probs, on the device
 
 
 def _loop(run: _Run, result: TrainResult, stop: StopOnSignal) -> None:
@@ -527,9 +549,11 @@ def _step(run: _Run, step: int, recorder: MemoryRecorder, meter: Throughput, sto
     meter.start()
     micro_batches = world.micro_batches(training.batches, run.spec.grad_accum, run.collate, device)
     tokens = count_step_tokens(micro_batches)
+    pair_metrics: list = []  # a preference step's per-pair rewards and log-probs
     try:
         loss, grad_norm = run.configuration.step_fn(run.model, micro_batches, training.optimizer,
-                                                    grad_scaler=training.grad_scaler, observer=recorder.observer)
+                                                    grad_scaler=training.grad_scaler, observer=recorder.observer,
+                                                    metrics=pair_metrics)
     except torch.OutOfMemoryError:
         del micro_batches
         if _step_down(run, step, data_before, rng_before):
@@ -546,7 +570,7 @@ def _step(run: _Run, step: int, recorder: MemoryRecorder, meter: Throughput, sto
     # On several processes only what they agreed on counts (a signal may reach one rank later
     # than the others); one process also stops for a signal that came after the step's end.
     return _Taken(loss=loss_value, tokens=tokens, grad_norm=float(grad_norm) if grad_norm is not None else None, lr=step_lr,
-                  stopping=stop_requested if world.distributed else stop.signal_name is not None)
+                  stopping=stop_requested if world.distributed else stop.signal_name is not None, pair_metrics=pair_metrics)
 
 
 def _after_step(run: _Run, result: TrainResult, taken: _Taken, recorder: MemoryRecorder, log, bar, meter: Throughput,
@@ -571,7 +595,9 @@ def _after_step(run: _Run, result: TrainResult, taken: _Taken, recorder: MemoryR
         "tokens_per_second": meter.rate(),
         "elapsed_s": round(time.perf_counter() - started, 4),  # since this process's loop began
         **step_peak_reading(run.device),
+        **summarize_metrics(taken.pair_metrics),
     }
+    taken.pair_metrics.clear()  # nothing of this step is held into the next
     result.losses.append((done, taken.loss))
     for finding in recorder.end_step(done, {"loss": taken.loss, "tokens": taken.tokens}):
         warn(run.console, finding)
@@ -642,7 +668,8 @@ def _step_down(run: _Run, step: int, data_before: dict[str, Any], rng_before: di
     training.batches.batch_size = run.world.global_batch_size(new_config.spec)
     training.batches.load_state_dict(data_before, rebatch=True)
     restore_rng(rng_before, device)
-    step_fn = run.world.training_step(build_step(new_config.spec, make_config(run.data.model_config)), run.model)
+    step_fn = run.world.training_step(build_step(new_config.spec, make_config(run.data.model_config), new_config.objective_params),
+                                      run.model)
     run.configuration = dataclasses.replace(configuration, config=new_config, step_fn=step_fn, plan=found.plan,
                                             planned_len=configuration.longest_len)
     active = {k: new_config.spec.knobs()[k] for k in SEARCHED}
@@ -671,6 +698,25 @@ def _out_of_memory(run: _Run, step: int, save_before_step) -> OutOfMemory:
     return error
 
 
+def _resume_checkpoint(run_dir: Path, spec, console) -> Path | None:
+    """The checkpoint a resumed run continues from; None when the run stopped in its reference pass
+    (``precompute_reference``), before its first step. Raises TrainError when there is neither."""
+    damaged: list[tuple[Path, str]] = []
+    checkpoint = latest_checkpoint(run_dir, damaged)
+    for path, why in damaged:
+        console.print(f"[yellow]skipping[/] damaged checkpoint {path}: {why}", highlight=False)
+    if checkpoint is None and not damaged and spec.reference == "precomputed" and reference_file(run_dir, "train").is_file():
+        console.print("resuming the reference pass: training starts once it is done", highlight=False)
+        return None
+    if checkpoint is None:
+        raise TrainError(
+            f"--resume: {run_dir} has no {'whole ' if damaged else ''}checkpoint to resume from "
+            f"({'every one is damaged' if damaged else 'the run stopped before saving one'}). "
+            "Start again in another output_dir, or delete this one first."
+        )
+    return checkpoint
+
+
 def _recorded_changes(run_dir: Path) -> list:
     """The configuration changes an earlier run in ``run_dir`` recorded (kept when it resumes)."""
     import json
@@ -684,12 +730,13 @@ def _recorded_changes(run_dir: Path) -> list:
 
 
 def _warn_slow_on_cpu(config: TrainConfig, device: torch.device, console) -> None:
-    """Say once, before any work, that a QLoRA run on the CPU goes through bitsandbytes' CPU path
-    for 4-bit layers, much slower than LoRA there (and 4 bits save GPU memory, not host memory)."""
-    if device.type == "cpu" and config.method == "qlora":
+    """Say once, before any work, that a QLoRA or lora-8bit run on the CPU goes through
+    bitsandbytes' CPU path for quantized layers, much slower than LoRA there (and fewer bits save
+    GPU memory, not host memory)."""
+    if device.type == "cpu" and config.spec.base_bits is not None:
+        bits = config.spec.base_bits
         console.print(
-            "[yellow]warning:[/] method: qlora on the CPU runs bitsandbytes' CPU path for 4-bit layers, much slower "
-            "than LoRA; on a CPU use method: lora (with precision: fp32), or train QLoRA on a GPU.",
+            f"[yellow]warning:[/] method: {config.method} on the CPU runs bitsandbytes' CPU path for {bits}-bit layers, "
+            f"much slower than LoRA; on a CPU use method: lora (with precision: fp32), or train {config.method} on a GPU.",
             highlight=False,
         )
-
