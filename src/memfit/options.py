@@ -19,6 +19,12 @@ import typer
 
 from memfit import spec as specs
 
+#: The RunSpec knobs ``memfit fit`` takes as given, the same in every plan of its search (the search
+#: chooses method, checkpointing, optimizer and the batch split; batch size, sequence length,
+#: precision, GPUs and sharding are fit options of their own). memfit ui's search takes these too.
+FIT_KNOBS = ("rank", "alpha", "dropout", "targets", "dora", "rslora", "modules_to_save", "objective", "precompute_reference",
+             "recipe", "hf_loss")
+
 
 def knob_options(names: Iterable[str] | None = None, *, help: dict[str, str] | None = None) -> list[inspect.Parameter]:
     """Options for the RunSpec knobs ``names`` (default: all), with the declared help and default.

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 import memfit
-from memfit.planner import api
+from memfit.planner import api, inputs
 from memfit.planner import cache as plan_cache
 from memfit.spec import RunSpec
 
@@ -109,7 +109,7 @@ def test_every_input_is_in_the_key(cache_on, count_estimates, tiny_llama):
 def test_key_holds_every_runspec_field_and_the_environment(cache_on, monkeypatch, tiny_llama):
     seen = []
     monkeypatch.setattr(plan_cache, "make_key", lambda kind, inputs: seen.append(inputs) or "k" * 64)
-    api._plan_key(api._resolve(tiny_llama, method="lora", seq_len=64))
+    api._plan_key(inputs.resolve(tiny_llama, method="lora", seq_len=64))
     assert set(seen[0]["spec"]) == set(RunSpec.model_fields)
     assert seen[0]["model"]["config"] == tiny_llama
 

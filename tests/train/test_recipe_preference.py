@@ -142,11 +142,12 @@ def test_the_planned_length_of_pairs_is_their_longest_micro_batch():
 
 
 def test_fit_searches_preference_runs_with_the_batch_in_pairs(tmp_path):
-    from memfit.planner.fit_run import fit_run
+    from memfit.planner.run import RunPlanner
+    from memfit.planner.target import target_from_options
     from trainer_helpers import tiny_model_dict
 
     knobs = {**_short(tmp_path, objective="dpo", batch_size=4, grad_accum=1).spec.knobs(), "seq_len": 64}
-    found = fit_run(tiny_model_dict(), knobs, budget="1GiB")
+    found = RunPlanner(tiny_model_dict(), target_from_options(None, "1GiB")).fit(knobs)
     assert found is not None
     chosen = found.knobs()
     assert chosen["batch_size"] * chosen["grad_accum"] == 4 and found.chosen.spec["objective"] == "dpo"

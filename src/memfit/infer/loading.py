@@ -159,11 +159,12 @@ def _run_base_weights(run_dir: Path, record: dict[str, Any]) -> Path:
             raise ChatError(f"{run_dir}: the base model folder {str(folder)!r} has no safetensors weights any more; "
                             "put the base model back where the run read it") from None
     if hub.get("repo_id"):
+        from memfit.models.catalog import suggestions
         from memfit.models.hub import HubError, fetch_model
 
         try:
             return fetch_model(hub["repo_id"], hub.get("commit"), weights=True, allow_pickle=bool(record["config"].get("allow_pickle_weights")),
-                               opt_in="allow_pickle_weights: true in the run's config").folder
+                               opt_in="allow_pickle_weights: true in the run's config", suggest=suggestions).folder
         except HubError as err:
             raise ChatError(f"{run_dir}: its base model {hub['repo_id']}: {err}") from None
     raise ChatError(f"{run_dir}: its base model {str(folder)!r} is not on this machine; put the base model back at that "
@@ -212,6 +213,7 @@ def _torch_dtype(dtype: str | None, device):
 
 
 def _model_folder(source: str, revision: str | None) -> Path:
+    from memfit.models.catalog import suggestions
     from memfit.models.hub import HubError, fetch_model, is_hub_id
 
     path = Path(source).expanduser()
@@ -222,7 +224,7 @@ def _model_folder(source: str, revision: str | None) -> Path:
         return path
     if is_hub_id(source):
         try:
-            return fetch_model(source, revision, weights=True).folder
+            return fetch_model(source, revision, weights=True, suggest=suggestions).folder
         except HubError as err:
             raise ChatError(f"{source}: {err}") from None
     raise ChatError(f"{source!r} is not a run folder, a model folder or a Hugging Face Hub id (org/name); check the path")

@@ -10,7 +10,11 @@ memory:
   bisection starts from a tight bracket around the prediction;
 - settings are tried fastest first (no checkpointing, then checkpointing, then offloaded); once
   one fits the whole effective batch in a single micro-batch, the slower ones are not planned;
-- simulations are cached within the process (:mod:`memfit.planner.api`).
+- simulations are cached within the process (:mod:`memfit.planner.extrapolate`);
+- the methods are searched in worker processes of their own (:mod:`memfit.planner.workers`).
+
+The search arithmetic here (the largest micro-batch that fits, bracketing and bisection) is shared
+with a training run's search (:meth:`memfit.planner.run.RunPlanner.fit`).
 """
 
 from __future__ import annotations
@@ -22,11 +26,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from memfit.json_form import JsonForm
-from memfit.planner.api import PlanError, plan, proven_over_budget, quick_problems, validate, validation_state
+from memfit.planner.api import plan
+from memfit.planner.errors import PlanError
+from memfit.planner.inputs import quick_problems, validate, validation_state
+from memfit.planner.layout import proven_over_budget
 from memfit.planner.report import MemoryPlan
 from memfit.planner.sharding import mode_problems
+from memfit.planner.target import Target
 from memfit.planner.throughput import relative_speeds
-from memfit.spec import TILING_AUTO_TOKENS, TRAINED_SHARD_MODES, SpecError, choices, make_spec, upper_bound
+from memfit.planner.workers import run_parallel, start_worker_server, worker_count
+from memfit.spec import TILING_AUTO_TOKENS, TRAINED_SHARD_MODES, SpecError, choices, default, make_spec, upper_bound
 
 METHODS = choices("method")
 #: The methods searched unless ``--method`` says otherwise: an 8-bit base is searched only when asked.
@@ -128,9 +137,11 @@ class FitResult(JsonForm):
 class _Planner:
     """Plans with fixed model, target and base knobs; counts the plans it makes."""
 
-    def __init__(self, model: str | dict, target: dict[str, Any], base: dict[str, Any], progress: Callable[[str], None] | None):
+    def __init__(self, model: str | dict, target: Target, base: dict[str, Any], progress: Callable[[str], None] | None,
+                 deepspeed: Any = None):
         self.model = model
         self.target = target
+        self.deepspeed = {"deepspeed": deepspeed} if deepspeed is not None else {}
         self.base = base
         self.count = 0
         self.progress = progress or (lambda message: None)
@@ -154,13 +165,13 @@ class _Planner:
         merged = self.knobs_for(**knobs)
         self.count += 1
         self.progress(_describe(merged))
-        return _room_for_paged_states(plan(self.model, **self.target, **merged))
+        return _room_for_paged_states(plan(self.model, target=self.target, **self.deepspeed, **merged))
 
     def cannot_fit(self, **knobs: Any) -> bool:
         """Whether what the model states alone need (weights, gradients, optimizer states: a floor
-        under any plan, :func:`memfit.planner.api.memory_lower_bound`) is over the target already,
+        under any plan, :func:`memfit.planner.layout.memory_lower_bound`) is over the target already,
         so that planning ``knobs`` could only say it does not fit. No plan is made."""
-        return proven_over_budget(self.model, **self.target, **self.knobs_for(**knobs))
+        return proven_over_budget(self.model, target=self.target, **self.deepspeed, **self.knobs_for(**knobs))
 
     def unplanned_miss(self, **knobs: Any) -> Miss:
         """The miss ``knobs`` would be, proven by :meth:`cannot_fit`, its figures left to plan."""
@@ -192,6 +203,7 @@ def fit(
     *,
     gpu: str | None = None,
     budget: str | int | None = None,
+    target: Target | None = None,
     batch_size: int | None = None,
     seq_len: int | None = None,
     methods: tuple[str, ...] | None = None,
@@ -205,7 +217,7 @@ def fit(
     found: Callable[[str, list[Fit]], None] | None = None,
     **knobs: Any,
 ) -> FitResult:
-    """Find the configurations of ``model`` that fit ``gpu`` (or ``budget``), fastest first.
+    """Find the configurations of ``model`` that fit ``gpu`` (or ``budget``, or ``target``), fastest first.
 
     ``model`` may be another tool's training config (:mod:`memfit.interop`): its method, knobs,
     effective batch and sequence length are kept (``methods``, ``batch_size``, ``seq_len`` and the
@@ -213,9 +225,11 @@ def fit(
     are searched, with the Hugging Face step it runs; the result keeps what was read (``config``).
 
     Args:
+        target: what to fit, made already (:class:`~memfit.planner.target.Target`), instead of
+            ``gpu`` / ``budget``.
         batch_size: the effective batch (sequences per optimizer step) to keep: each fit splits it
             into a micro-batch and gradient accumulation (default 8).
-        seq_len: sequence length to hold fixed (default: 2048, or the model's maximum if smaller).
+        seq_len: sequence length to hold fixed (default: RunSpec's, or the model's maximum if smaller).
         methods: restrict the search to these methods (default: full, lora, qlora; lora-8bit only when
             named here). With adapter options among ``knobs`` (``dora``, ``rslora``, ``modules_to_save``)
             every plan has them, and the default is the methods that take them.
@@ -242,34 +256,74 @@ def fit(
     from memfit.interop import is_tool_config
 
     if is_tool_config(model):
-        return _fit_tool_config(str(model), gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len, methods=methods,
-                                max_seq_len=max_seq_len, progress=progress, workers=workers, revision=revision,
+        return _fit_tool_config(str(model), gpu=gpu, budget=budget, target=target, batch_size=batch_size, seq_len=seq_len,
+                                methods=methods, max_seq_len=max_seq_len, progress=progress, workers=workers, revision=revision,
                                 plans_expected=plans_expected, found=found, **knobs)
     batch_size = 8 if batch_size is None else batch_size
     started = time.perf_counter()
+    asked = tuple(methods or ())
+    methods, refused = _methods_for(methods, knobs)
+    workers = worker_count(len(methods)) if workers is None else max(1, workers)
+    inputs = dict(revision=revision, gpu=gpu, budget=budget, target=target, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
+    source, target = _validated(model, inputs, asked, refused, knobs, start_workers=workers > 1)
+    if isinstance(model, str) and (source.hub or source.note):
+        # A Hub id is fetched once: every plan of the search (and every worker) uses that config.
+        model = dict(source.config, _name_or_path=source.name)
+    max_gpus = int(knobs.pop("gpus", 1) or 1)
+    levels = gpu_levels(max_gpus, knobs.pop("shard", None))
+    max_positions = int(source.config.get("max_position_embeddings") or 0) or None
+    if seq_len is None:
+        seq_len = min(default("seq_len"), max_positions) if max_positions else default("seq_len")
+    # Without a precision: bf16 where the card has it (a budget alone is taken to have it).
+    supports_bf16 = "precision" in knobs or target.supports_bf16 is not False
+    job = _MethodJob(model=model, target=target, base=dict(knobs, seq_len=seq_len),
+                     supports_bf16=supports_bf16, effective_batch=batch_size,
+                     seq_limit=(max_positions or 131072) if max_seq_len else 0, levels=levels,
+                     optimizers=dict(OPTIMIZERS_LEAN_FIRST, **(optimizers or {})), deepspeed=deepspeed)
+    if plans_expected is not None:
+        plans_expected(expected_plans(len(methods), batch_size, longest=bool(job.seq_limit)))
+    found = found or (lambda method, fits: None)
+    if workers > 1:
+        outcomes = run_parallel(job, methods, workers, progress, lambda method, outcome: found(method, outcome.fits))
+    else:
+        outcomes = []
+        for method in methods:
+            outcomes.append(job.run(method, progress))
+            found(method, outcomes[-1].fits)
+    result = _fit_result(job, outcomes, methods, max_seq_len, progress)
+    return dataclasses.replace(result, model=source.name, gpu={"name": target.name, "memory_bytes": target.memory_bytes},
+                               seconds=time.perf_counter() - started, max_gpus=max_gpus,
+                               notes=[source.note] if source.note else [])
+
+
+def _validated(model: str | dict, inputs: dict[str, Any], asked: tuple[str, ...], refused: list[str], knobs: dict[str, Any], *,
+               start_workers: bool):
+    """The model's source and the Target, once every input is checked; one PlanError listing every
+    problem otherwise, before any simulation. ``asked``: the methods named (they must exist);
+    ``refused``: why some of them cannot take the adapter options (:func:`_methods_for`).
+    ``start_workers``: the search will run in worker processes, whose server starts now when the
+    plans are not known to be cached."""
     problems = []
-    if gpu is None and budget is None:
+    if inputs["target"] is None and inputs["gpu"] is None and inputs["budget"] is None or (
+            inputs["target"] is not None and not inputs["target"].has_memory):
         problems.append("fit needs --gpu NAME or --budget SIZE (e.g. --gpu rtx-4090 or --budget 24GiB)")
     most = upper_bound("grad_accum")
+    batch_size = inputs["batch_size"]
     if isinstance(batch_size, int) and batch_size > most:
         # Every method's search starts at micro-batch 1 with the whole batch accumulated.
         problems.append(f"--batch-size: {batch_size} must be at most {most}: fit plans micro-batch 1 with the whole effective "
                         f"batch accumulated, and --grad-accum is at most {most} (e.g. --batch-size 8)")
-    bad = [m for m in methods or () if m not in METHODS]
+    bad = [m for m in asked if m not in METHODS]
     if bad:
         problems.append(f"--method: {', '.join(bad)} is not one of {', '.join(METHODS)}")
-    methods, refused = _methods_for(methods, knobs)
     problems.extend(refused)
     for fixed in ("method", "checkpointing", "optimizer", "grad_accum"):
         if fixed in knobs:
             problems.append(f"--{fixed.replace('_', '-')} is chosen by the search; leave it out")
-    workers = _worker_count(len(methods)) if workers is None else max(1, workers)
-    inputs = dict(revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
-    if workers > 1 and not problems and validation_state(model, **inputs) == "unknown":
+    if start_workers and not problems and validation_state(model, **inputs) == "unknown":
         # Inputs never seen: the plans will be made, in worker processes. Their imports start now,
         # beside this process's validation, instead of after it.
-        _start_worker_server()
-    # Validate everything once, before any simulation; every problem is reported together.
+        start_worker_server()
     if problems:  # with what else is wrong, found without importing transformers: the rest waits for the fixes
         # A --batch-size over fit's bound is named once, with fit's bound, not again with the knob's.
         batch_named = isinstance(batch_size, int) and batch_size > most
@@ -281,35 +335,12 @@ def fit(
             problems.extend(err.problems)
     if problems:
         raise PlanError(problems, heading="cannot search this model")
-    if isinstance(model, str) and (source.hub or source.note):
-        # A Hub id is fetched once: every plan of the search (and every worker) uses that config.
-        model = dict(source.config, _name_or_path=source.name)
-    max_gpus = int(knobs.pop("gpus", 1) or 1)
-    levels = gpu_levels(max_gpus, knobs.pop("shard", None))
-    max_positions = int(source.config.get("max_position_embeddings") or 0) or None
-    if seq_len is None:
-        seq_len = min(2048, max_positions) if max_positions else 2048
-    supports_bf16 = True
-    if "precision" not in knobs and gpu is not None:
-        from memfit.models.gpus import get_gpu
+    return source, target
 
-        supports_bf16 = get_gpu(gpu).supports_bf16
-    plan_target = {"gpu": gpu, "budget": budget, **({"deepspeed": deepspeed} if deepspeed is not None else {})}
-    job = _MethodJob(model=model, target=plan_target, base=dict(knobs, seq_len=seq_len),
-                     supports_bf16=supports_bf16, effective_batch=batch_size,
-                     seq_limit=(max_positions or 131072) if max_seq_len else 0, levels=levels,
-                     optimizers=dict(OPTIMIZERS_LEAN_FIRST, **(optimizers or {})))
-    if plans_expected is not None:
-        plans_expected(expected_plans(len(methods), batch_size, longest=bool(job.seq_limit)))
-    found = found or (lambda method, fits: None)
-    if workers > 1:
-        outcomes = _run_parallel(job, methods, workers, progress, found)
-    else:
-        outcomes = []
-        for method in methods:
-            outcomes.append(job.run(method, progress))
-            found(method, outcomes[-1].fits)
 
+def _fit_result(job: "_MethodJob", outcomes: list["_MethodOutcome"], methods: tuple[str, ...], max_seq_len: bool,
+                progress: Callable[[str], None] | None) -> FitResult:
+    """The fits of every method, fastest first, the faster settings that miss, the longest sequences."""
     fits = [f for o in outcomes for f in o.fits]
     misses = [m for o in outcomes for m in o.misses]
     for f, speed in zip(fits, relative_speeds([f.spec for f in fits])):
@@ -326,18 +357,8 @@ def fit(
             longest[o.method] = o.longest
         if o.longest_spec is not None:
             longest_specs[o.method] = o.longest_spec
-    return FitResult(
-        model=source.name,
-        gpu={"name": target.name, "memory_bytes": target.memory_bytes},
-        fits=fits,
-        misses=misses,
-        max_seq_len=longest,
-        max_seq_len_specs=longest_specs,
-        plans_made=sum(o.plans for o in outcomes) + planned_misses,
-        seconds=time.perf_counter() - started,
-        max_gpus=max_gpus,
-        notes=[source.note] if source.note else [],
-    )
+    return FitResult(model="", gpu={}, fits=fits, misses=misses, max_seq_len=longest, max_seq_len_specs=longest_specs,
+                     plans_made=sum(o.plans for o in outcomes) + planned_misses)
 
 
 def _methods_for(asked: tuple[str, ...] | None, knobs: dict[str, Any]) -> tuple[tuple[str, ...], list[str]]:
@@ -374,7 +395,8 @@ def _fit_tool_config(path: str, *, batch_size: int | None, seq_len: int | None, 
     its DeepSpeed config shards the run."""
     from memfit.interop import read_tool_config
 
-    search = {k: options.pop(k) for k in ("gpu", "budget", "max_seq_len", "progress", "workers", "plans_expected", "found")}
+    search = {k: options.pop(k) for k in ("gpu", "budget", "target", "max_seq_len", "progress", "workers", "plans_expected",
+                                          "found")}
     tool = read_tool_config(path)
     knobs, dropped = tool.knobs_for(options)
     config_batch = int(knobs.get("batch_size", 1)) * int(knobs.get("grad_accum", 1))
@@ -406,19 +428,20 @@ class _MethodJob:
     """Everything one method's search needs; picklable, so a worker process can run it."""
 
     model: str | dict
-    target: dict[str, Any]
+    target: Target
     base: dict[str, Any]
     supports_bf16: bool
     effective_batch: int
     seq_limit: int  # 0: do not search the longest sequence
     levels: list[tuple[int, str]] = field(default_factory=lambda: [(1, "none")])
     optimizers: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(OPTIMIZERS_LEAN_FIRST))
+    deepspeed: Any = None  # a DeepSpeed config's settings, for the plans on several GPUs it shards
 
     def planner(self, progress: Callable[[str], None] | None = None, gpus: int = 1, shard: str = "none") -> "_Planner":
         base = dict(self.base)
         if gpus > 1:
             base.update(gpus=gpus, shard=shard)
-        planner = _Planner(self.model, self.target, base, progress)
+        planner = _Planner(self.model, self.target, base, progress, self.deepspeed)
         planner.supports_bf16 = self.supports_bf16
         planner.optimizers = self.optimizers
         return planner
@@ -441,118 +464,10 @@ class _MethodJob:
         return _MethodOutcome(method, fits, misses, longest, spec, count)
 
 
-#: The queue a worker process reports its plans on (set by :func:`_set_progress_queue` when the
-#: worker starts; None in the searching process itself).
-_progress_queue = None
-
-
-def _set_progress_queue(queue) -> None:
-    """Worker initializer: report each plan on ``queue`` (the parent prints them as they come)."""
-    global _progress_queue
-    _progress_queue = queue
-
-
-def _run_method_job(job: _MethodJob, method: str) -> _MethodOutcome:
-    import os
-    import sys
-
-    # One core per worker: the workers are the parallelism. A worker forked from the worker server
-    # has torch imported; a spawned one imports it only if a plan is not in the plan cache, and then
-    # starts with the thread count these variables give (torch.set_num_threads(1) alike).
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(1)
-    else:
-        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
-    queue = _progress_queue
-    return job.run(method, queue.put if queue is not None else None)
-
-
-def _worker_count(num_methods: int) -> int:
-    import os
-
-    return max(1, min(num_methods, os.cpu_count() or 1, 3))
-
-
-#: What a plan imports, imported once by the server the search's workers are forked from.
-_WORKER_PRELOAD = ["memfit.planner.simulate", "transformers.models.auto.configuration_auto", "transformers.modeling_utils"]
-
-
-def _start_worker_server() -> None:
-    """Start the server the search's worker processes are forked from (multiprocessing's
-    ``forkserver``), importing what a plan imports, and return at once.
-
-    A new interpreter per worker (``spawn``) imports torch, transformers and PEFT again, seconds
-    each, after this process has imported them to validate; the server imports them once, while
-    this process validates, and each worker is a fork of it with everything imported. The server
-    has run nothing but imports (no torch thread pool started), so forking it is safe. Where
-    there is no ``forkserver`` (Windows), workers are spawned as before.
-    """
-    import multiprocessing
-
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return
-    from multiprocessing import forkserver
-
-    global _worker_server_started
-    forkserver.set_forkserver_preload(_WORKER_PRELOAD)
-    forkserver.ensure_running()
-    _worker_server_started = True
-
-
-_worker_server_started = False
-
-
-def _worker_context():
-    """The worker server when :func:`_start_worker_server` started it, else spawned workers: a clean
-    interpreter that imports only what it needs (nothing heavy when the plan cache answers)."""
-    import multiprocessing
-
-    return multiprocessing.get_context("forkserver" if _worker_server_started else "spawn")
-
-
-def _run_parallel(job: _MethodJob, methods: tuple[str, ...], workers: int, progress,
-                  found: Callable[[str, list[Fit]], None]) -> list[_MethodOutcome]:
-    """Each method's search in its own process (forked from the worker server, or spawned: a clean
-    interpreter either way as far as torch is concerned)."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    import queue as queues
-    from concurrent.futures import FIRST_COMPLETED, wait
-
-    context = _worker_context()
-    # Workers report each plan as they make it, so that a search of a minute shows its progress
-    # plan by plan, as the one-process search does.
-    reports = context.Queue() if progress is not None else None
-    initializer = dict(initializer=_set_progress_queue, initargs=(reports,)) if reports is not None else {}
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context, **initializer) as pool:
-        # Heaviest first (4-bit layers simulate slowest; full fine-tuning usually ends in a few plans).
-        order = sorted(methods, key=lambda m: ("qlora", "lora-8bit", "lora", "full").index(m))
-        futures = {method: pool.submit(_run_method_job, job, method) for method in order}
-        pending = set(futures.values())
-        while pending:
-            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-            while reports is not None:
-                try:
-                    progress(reports.get_nowait())
-                except queues.Empty:
-                    break
-            for method in (m for m in order if futures[m] in done and futures[m].exception() is None):
-                found(method, futures[method].result().fits)
-        outcomes = [futures[method].result() for method in methods]
-    if reports is not None:  # what was put just before the last worker ended
-        while True:
-            try:
-                progress(reports.get(timeout=0.1))
-            except queues.Empty:
-                break
-        reports.close()
-    return outcomes
-
-
 def _plan_unplanned_misses(job: _MethodJob, misses: list[Miss], progress: Callable[[str], None] | None) -> int:
     """Plan the reported misses that were proven not to fit without a plan, for their figures
     (what they need, by how much they are over); the number of plans made."""
-    planner = _Planner(job.model, job.target, {}, progress)
+    planner = _Planner(job.model, job.target, {}, progress, job.deepspeed)
     for miss in misses:
         if miss.device_total_bytes is None:
             candidate = planner(**miss.knobs)
@@ -575,7 +490,7 @@ def _search_method(planner: _Planner, method: str, effective_batch: int) -> tupl
     """
     fits: list[Fit] = []
     misses: list[Miss] = []
-    options = _micro_batches(effective_batch)
+    options = micro_batches(effective_batch)
     for checkpointing in CHECKPOINTING_FAST_FIRST:
         chosen = None
         # 32-bit AdamW first (exact); then lighter states, leanest last.
@@ -614,12 +529,12 @@ def expected_plans(methods: int, effective_batch: int, *, longest: bool = True) 
     not; the largest micro-batch, a guess confirmed in about log2 of the splits of the effective
     batch; and the longest sequence, two plans for the slope and a few to close in on the boundary.
     """
-    splits = len(_micro_batches(effective_batch))
+    splits = len(micro_batches(effective_batch))
     per_method = 2 + math.ceil(math.log2(splits)) + (4 if longest else 0)
     return methods * per_method
 
 
-def _micro_batches(effective_batch: int) -> list[int]:
+def micro_batches(effective_batch: int) -> list[int]:
     """Micro-batch sizes that divide the effective batch (so gradient accumulation keeps it exactly)."""
     return [b for b in range(1, effective_batch + 1) if effective_batch % b == 0]
 

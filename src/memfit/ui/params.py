@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from memfit.errors import UserError
+from memfit.options import FIT_KNOBS
 from memfit.spec import KNOBS, flag, value_kind
 
 #: The model ``memfit plan`` plans when none is given (``memfit.cli.DEFAULT_MODEL``, tested equal).
@@ -27,11 +28,9 @@ DEFAULT_MODEL = "smollm2-135m"
 #: ``memfit plan``'s options besides the model and the knobs (``as_json`` is the API itself).
 PLAN_OPTIONS = ("revision", "gpu", "budget", "context_bytes", "full_sim", "no_cache")
 
-#: The RunSpec knobs ``memfit fit`` takes as they are; the search chooses method, checkpointing,
-#: optimizer and the batch split, and batch_size means the effective batch there.
-FIT_KNOBS = ("rank", "alpha", "dropout", "targets", "dora", "rslora", "modules_to_save", "objective", "precompute_reference", "recipe", "hf_loss")
-#: ``memfit fit``'s other options the page's search takes (``--write``, ``--data`` and
-#: ``--overwrite`` write files: the page never names a server path; see :data:`FIT_REFUSED`).
+#: ``memfit fit``'s options besides its knobs (:data:`memfit.options.FIT_KNOBS`, the command line's
+#: own) that the page's search takes (``--write``, ``--data`` and ``--overwrite`` write files: the
+#: page never names a server path; see :data:`FIT_REFUSED`).
 FIT_OPTIONS = ("revision", "gpu", "budget", "batch_size", "seq_len", "method", "precision", "gpus", "shard", "max")
 #: ``memfit fit`` options the page's search refuses, with why.
 FIT_REFUSED = {
@@ -121,7 +120,7 @@ def check_page_model(model: str) -> None:
     from memfit.models.catalog import catalog_names
     from memfit.models.hub import looks_like_hub_id
 
-    from memfit.ui.uploads import is_upload_name
+    from memfit.ui.dropped_files import is_upload_name
 
     if model.lower() in catalog_names() or is_upload_name(model) or looks_like_hub_id(model):
         return

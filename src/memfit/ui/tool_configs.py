@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any, Mapping
 
-from memfit.ui.uploads import UploadError, check_size
+from memfit.ui.dropped_files import UploadError, check_size
 
 #: Keys whose value may be a file the config names (relative to its folder), in any tool's config.
 FILE_KEYS = ("deepspeed", "fsdp_config")

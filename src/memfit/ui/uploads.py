@@ -29,19 +29,15 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     from memfit.ui.tool_configs import ToolUpload
 
-from memfit.errors import UserError
+from memfit.ui.dropped_files import MAX_UPLOAD_BYTES, UPLOAD_PREFIX, UploadError, check_size, is_upload_name
 
-#: The largest file the page takes (a config.json is a few KiB; a run's memory.jsonl a few hundred).
-MAX_UPLOAD_BYTES = 1 << 20
 #: Dropped configs kept at once (the oldest is forgotten first).
 MAX_KEPT = 64
 #: Files dropped at once: a training config and the DeepSpeed or FSDP JSON it names.
 MAX_FILES = 4
-_PREFIX = "upload-"
 
-
-class UploadError(UserError, ValueError):
-    """A dropped file the page cannot use; the message names the file and the fix."""
+__all__ = ["MAX_FILES", "MAX_KEPT", "MAX_UPLOAD_BYTES", "ModelUpload", "UploadError", "UploadStore", "check_size",
+           "is_upload_name", "read_json_object"]
 
 
 @dataclass(frozen=True)
@@ -70,18 +66,6 @@ class ModelUpload:
         if self.tool is not None:
             answer.update(tool=self.tool.tool, tool_title=self.tool.title, base_model=self.tool.model, knobs=self.tool.knobs)
         return answer
-
-
-def is_upload_name(model: str) -> bool:
-    """Whether ``model`` names a dropped config (``upload-`` and twelve hex digits)."""
-    digits = model[len(_PREFIX):]
-    return model.startswith(_PREFIX) and len(digits) == 12 and all(c in "0123456789abcdef" for c in digits)
-
-
-def check_size(data: bytes, filename: str) -> None:
-    """Refuse a file over :data:`MAX_UPLOAD_BYTES` (the body is read no further than that)."""
-    if len(data) > MAX_UPLOAD_BYTES:
-        raise UploadError(f"{filename}: more than {MAX_UPLOAD_BYTES // 2**20} MiB; the page takes files up to that size.")
 
 
 def read_json_object(data: bytes, filename: str) -> dict[str, Any]:
@@ -166,7 +150,7 @@ class UploadStore:
             return self._model_config(main, files[main])
         companions = {base_name(name): data for name, data in files.items() if name != main}
         tool = write_dropped(self._own_folder(), (main, parsed[main]), companions)
-        return self._keep(ModelUpload(_PREFIX + tool.path.parent.name, {}, main, tool))
+        return self._keep(ModelUpload(UPLOAD_PREFIX + tool.path.parent.name, {}, main, tool))
 
     def _model_config(self, filename: str, data: bytes) -> ModelUpload:
         for reader in MODEL_READERS:
@@ -177,7 +161,7 @@ class UploadStore:
             raise UploadError(f"{filename}: not a file the page can plan; drop a model's config.json or a training "
                               "config (Axolotl, LLaMA-Factory, TrainingArguments / TRL: .yaml, .yml or .json).")
         digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
-        return self._keep(ModelUpload(_PREFIX + digest, config, filename))
+        return self._keep(ModelUpload(UPLOAD_PREFIX + digest, config, filename))
 
     def _own_folder(self) -> Path:
         with self._lock:
