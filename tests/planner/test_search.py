@@ -99,6 +99,14 @@ def test_bad_input(kwargs, message):
     assert message in str(info.value)
 
 
+def test_a_huge_batch_is_one_problem_with_fits_bound_beside_the_others():
+    with pytest.raises(PlanError) as info:
+        fit("smollm2-135m", gpu="rtx-4090", batch_size=10**20, rank=0)
+    batch = [p for p in info.value.problems if p.startswith("--batch-size")]
+    assert len(batch) == 1 and "fit plans micro-batch 1" in batch[0]
+    assert any(p.startswith("--rank: 0") for p in info.value.problems)
+
+
 def test_speed_estimate_orders_settings():
     base = {"method": "lora", "checkpointing": "off", "batch_size": 1, "seq_len": 2048}
     full = dict(base, method="full")

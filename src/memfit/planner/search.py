@@ -325,7 +325,9 @@ def _validated(model: str | dict, inputs: dict[str, Any], asked: tuple[str, ...]
         # beside this process's validation, instead of after it.
         start_worker_server()
     if problems:  # with what else is wrong, found without importing transformers: the rest waits for the fixes
-        problems.extend(quick_problems(model, **inputs))
+        # A --batch-size over fit's bound is named once, with fit's bound, not again with the knob's.
+        batch_named = isinstance(batch_size, int) and batch_size > most
+        problems.extend(quick_problems(model, **(dict(inputs, batch_size=1) if batch_named else inputs)))
     else:
         try:
             source, _, target = validate(model, **inputs)
