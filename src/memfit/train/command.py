@@ -145,10 +145,10 @@ def train_command(
     Every option overrides the YAML field of the same name. Exit code 0: trained (or, with --resume,
     already finished); 2: bad config or input; 3: does not fit (preflight) or ran out of memory;
     130 / 143: stopped by SIGINT / SIGTERM after saving a checkpoint."""
-    from rich.console import Console
+    from memfit.console import make_console
     from rich.markup import escape
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     # Under torchrun every rank runs this command: rank 0 reports how the run ended (errors come from every rank).
     say = console.print if os.environ.get("RANK", "0") in ("", "0") else (lambda *args, **kwargs: None)
 

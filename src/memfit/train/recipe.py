@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from memfit.console import make_console
 from memfit.models.build import make_config
 from memfit.planner.run import SEARCHED, Preflight, RunPlanner, describe
 from memfit.run_files import memory_file_name
@@ -281,7 +282,7 @@ def _start(config: TrainConfig, world, *, resume: bool, model, console, progress
     and the data is read (:mod:`memfit.train.hub_model`)."""
     if not world.is_main:  # one voice: rank 0 prints
         console, progress = Console(stderr=True, quiet=True), False
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     run_dir = Path(config.output_dir or "runs/train")
     device = world.join(config.device, model)
     _warn_slow_on_cpu(config, device, console)
