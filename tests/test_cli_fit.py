@@ -61,6 +61,17 @@ def test_fit_without_target_is_a_clear_error():
     assert result.exit_code == 2 and "--gpu NAME or --budget SIZE" in result.output
 
 
+def test_fit_lists_every_bad_number_with_the_other_problems():
+    # --batch-size, --seq-len and --gpus are read as the knobs are: text that is not a whole number is
+    # one line among the others, not a parser error that hides them.
+    result = runner.invoke(app, ["fit", "smollm2-135m", "--budget", "2GiB", "--batch-size", "x", "-s", "1.5", "--gpus", "two",
+                                 "--method", "nope"])
+    assert result.exit_code == 2
+    for line in ("--batch-size: 'x' is not a whole number", "--seq-len: '1.5' is not a whole number",
+                 "--gpus: 'two' is not a whole number", "--method: nope is not one of"):
+        assert line in result.output
+
+
 def test_fit_at_80_columns_cuts_nothing_and_a_log_shows_progress(tmp_path, monkeypatch):
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY))

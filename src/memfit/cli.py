@@ -16,8 +16,8 @@ import typer
 
 from memfit.console import make_console
 from memfit.errors import EXIT_DOES_NOT_FIT, PathError, cli_errors
-from memfit.options import FIT_KNOBS, knob_options, with_options
-from memfit.spec import TRAINED_KNOBS, choices, default
+from memfit.options import FIT_KNOBS, command_options, knob_options, whole_number, with_options
+from memfit.spec import TRAINED_KNOBS, default
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -32,20 +32,30 @@ app = typer.Typer(
 #: The model `memfit plan` uses when none is given: small enough to plan in a second anywhere.
 DEFAULT_MODEL = "smollm2-135m"
 
+#: The RunSpec knobs `memfit fit` takes with a meaning of its own (the search holds or restricts
+#: them), and that meaning: the options are the knobs' (their flags and the values they take).
+FIT_OWN_KNOBS = {
+    "batch_size": "Effective batch (sequences per optimizer step; pairs with a preference --objective) to keep "
+                  "\\[default: 8; a tool's config: its own].",
+    "seq_len": f"Sequence length to hold fixed (default {default('seq_len')}, or the model's maximum if smaller).",
+    "method": "Only these methods (repeat the option).",
+    "precision": "bf16 / fp16: pure 16-bit; bf16-mixed / fp16-mixed: fp32 weights and optimizer states, 16-bit autocast; "
+                 "fp32 (default: bf16 where the GPU has it).",
+    "gpus": "Up to this many GPUs: the fewest that fit are reported, memory per GPU \\[default: 1].",
+    "shard": "Sharding across GPUs (default with --gpus 2+: searched).",
+}
+
 
 @app.command("plan")
 @cli_errors
-@with_options(knob_options())
+@with_options(knob_options(), first=[command_options("plan")])
 def plan_command(
     model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a Hugging Face Hub id (org/name: config.json only is fetched), a config.json, a model folder, or an Axolotl / LLaMA-Factory / TRL config (docs/interop.md)."),
-    revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit of a Hub id (default: main)."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU to check against (see `memfit models`)."),
-    budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget instead of a GPU, e.g. 24GiB."),
     context_bytes: Optional[int] = typer.Option(None, "--context-bytes", min=0, max=2**40, help="Override the CUDA context estimate (bytes)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     full_sim: bool = typer.Option(False, "--full-sim", help="Simulate every layer instead of extrapolating."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Make the plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0)."),
-    **knobs: Any,
+    **options: Any,
 ) -> None:
     """Predict the peak GPU memory of one training step, by category, without a GPU.
 
@@ -53,8 +63,7 @@ def plan_command(
     3: the plan does not fit the --gpu / --budget."""
     from memfit.planner.api import plan
 
-    result = plan(model, revision=revision, gpu=gpu, budget=budget, context_bytes=context_bytes, extrapolate=not full_sim,
-                  cache=not no_cache, **knobs)
+    result = plan(model, context_bytes=context_bytes, extrapolate=not full_sim, cache=not no_cache, **options)
     if as_json:
         sys.stdout.write(result.to_json(indent=2) + "\n")
     else:
@@ -65,25 +74,17 @@ def plan_command(
 
 @app.command("fit")
 @cli_errors
-@with_options(knob_options(FIT_KNOBS))
+@with_options(knob_options(FIT_KNOBS),
+              first=[command_options("fit"), knob_options(FIT_OWN_KNOBS, help=FIT_OWN_KNOBS, repeatable=("method",))])
 def fit_command(
     model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, a model folder, or an Axolotl / LLaMA-Factory / TRL config (its method, batch and length kept)."),
-    revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit of a Hub id (default: main)."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU to fit (see `memfit models`)."),
-    budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget instead of a GPU, e.g. 24GiB."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Effective batch (sequences per optimizer step; pairs with a preference --objective) to keep [default: 8; a tool's config: its own]."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", "-s", help=f"Sequence length to hold fixed (default {default('seq_len')}, or the model's maximum if smaller)."),
-    method: Optional[list[str]] = typer.Option(None, "--method", metavar="|".join(choices("method")), help="Only these methods (repeat the option)."),
-    precision: Optional[str] = typer.Option(None, "--precision", metavar="|".join(choices("precision")), help="bf16 / fp16: pure 16-bit; bf16-mixed / fp16-mixed: fp32 weights and optimizer states, 16-bit autocast; fp32 (default: bf16 where the GPU has it)."),
-    gpus: int = typer.Option(1, "--gpus", help="Up to this many GPUs: the fewest that fit are reported, memory per GPU."),
-    shard: Optional[str] = typer.Option(None, "--shard", metavar="|".join(choices("shard")), help="Sharding across GPUs (default with --gpus 2+: searched)."),
     max_target: Optional[Literal["seq-len"]] = typer.Option(None, "--max", help="Show the longest sequence each method fits."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     write: Optional[Path] = typer.Option(None, "--write", help="Write the best configuration as a `memfit train` YAML (a tool's config: the same tool's config, only its memory keys changed)."),
     data: Optional[str] = typer.Option(None, "--data", help="Training data for the --write YAML (default: the demo dataset)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Let --write replace an existing file."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Make every plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0)."),
-    **knobs: Any,
+    **options: Any,
 ) -> None:
     """Find the training configurations that fit a GPU, fastest first (estimated), and the longest sequences.
 
@@ -107,8 +108,11 @@ def fit_command(
         os.environ[ENV_SWITCH] = "0"  # for this process and the search's worker processes, which inherit it
     from memfit.planner.fit_report import FitProgress, render_fit
 
-    fixed = {k: v for k, v in dict(knobs, precision=precision, shard=shard).items() if v is not None}
-    if gpus != 1:
+    revision, gpu, budget, method = (options.pop(name) for name in ("revision", "gpu", "budget", "method"))
+    # Text that is not a whole number goes on to the search's checks, which list it with every other problem.
+    batch_size, seq_len, gpus = (whole_number(options.pop(name)) for name in ("batch_size", "seq_len", "gpus"))
+    fixed = {k: v for k, v in options.items() if v is not None}  # the knobs every plan of the search holds
+    if gpus not in (None, 1):
         fixed["gpus"] = gpus
     progress = None if as_json else FitProgress(make_console(stderr=True))
     try:

@@ -1,8 +1,10 @@
-"""Command-line options made from declared fields, so that each knob is declared once.
+"""Command-line options made from declared fields, so that each option is declared once.
 
 :func:`knob_options` turns :class:`~memfit.spec.RunSpec` knobs, and :func:`field_options` the
-fields of any pydantic model (the training config's), into Typer options; :func:`with_options`
-adds them to a command function, which receives them as keyword arguments. Knob options are read
+fields of any pydantic model (the training config's), into Typer options; :class:`CommandOption`
+declares an option several commands share that is not a knob (``--gpu``, ``--budget``,
+``--revision``), and :func:`command_options` makes it for one command; :func:`with_options` adds
+them to a command function, which receives them as keyword arguments. Knob options are read
 as text and validated by :func:`memfit.spec.make_spec`, so that every bad value on a command line
 is reported at once, with its fix, rather than the first one alone. An option left off is ``None``:
 the declared default applies.
@@ -13,7 +15,8 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
-from typing import Any, Callable, Iterable, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import typer
 
@@ -26,14 +29,19 @@ FIT_KNOBS = ("rank", "alpha", "dropout", "targets", "dora", "rslora", "modules_t
              "recipe", "hf_loss")
 
 
-def knob_options(names: Iterable[str] | None = None, *, help: dict[str, str] | None = None) -> list[inspect.Parameter]:
+def knob_options(names: Iterable[str] | None = None, *, help: Mapping[str, str] | None = None,
+                 repeatable: Iterable[str] = ()) -> list[inspect.Parameter]:
     """Options for the RunSpec knobs ``names`` (default: all), with the declared help and default.
 
-    ``help`` replaces a knob's help where a command gives the knob another meaning.
+    ``help`` replaces a knob's help where a command gives the knob another meaning; that help says
+    the command's own default, so the declared one is not added to it. A ``repeatable`` knob's
+    option may be given several times (``--method lora --method qlora``): a list of texts.
     """
     params = []
+    repeated = set(repeatable)
     for name in names if names is not None else specs.KNOBS:
-        text = (help or {}).get(name) or specs.help_text(name)
+        own = (help or {}).get(name)
+        text = own or specs.help_text(name)
         allowed = specs.choices(name)
         is_bool = specs.default(name) is False or specs.default(name) is True
         declared = specs.default(name)
@@ -42,14 +50,85 @@ def knob_options(names: Iterable[str] | None = None, *, help: dict[str, str] | N
             annotation: Any = Optional[bool]
         else:
             shown = (",".join(declared) or "none") if isinstance(declared, tuple) else declared
-            if shown is not None:
+            if shown is not None and own is None:
                 text = f"{text} \\[default: {shown}]"  # escaped: Typer's help is Rich markup
             decls = [specs.flag(name)] + ([specs.short_flag(name)] if specs.short_flag(name) else [])
             metavar = "|".join(allowed) if allowed else _metavar(name)
             option = typer.Option(None, *decls, help=text, metavar=metavar, show_default=False)
-            annotation = Optional[str]
+            annotation = Optional[list[str]] if name in repeated else Optional[str]
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
     return params
+
+
+def whole_number(text: str | None) -> int | str | None:
+    """A whole-number option's text as an int; other text unchanged, for the validation that names
+    it with every other bad value (:func:`memfit.spec.make_spec` and the searches' checks)."""
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+@dataclass(frozen=True)
+class CommandOption:
+    """An option several commands take that is not a RunSpec knob, declared once.
+
+    ``name`` is its Python name (``--gpu`` is ``gpu``, as the training YAML's field); ``help`` its
+    help on every command but those in ``per_command``, where the option means more (a default of
+    its own), each with the reason beside it. The training config's field takes the ``train`` help
+    as its description, so that the YAML reference and ``memfit train --help`` say the same.
+    """
+
+    name: str
+    help: str
+    metavar: str = "TEXT"
+    per_command: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def flag(self) -> str:
+        return specs.flag(self.name)
+
+    def help_for(self, command: str) -> str:
+        """The help this option has on ``memfit command``."""
+        return self.per_command.get(command, self.help)
+
+    def parameter(self, command: str) -> inspect.Parameter:
+        """This option as a keyword parameter of ``memfit command`` (None when left off)."""
+        option = typer.Option(None, self.flag, help=self.help_for(command), metavar=self.metavar, show_default=False)
+        return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=Optional[str])
+
+    def annotated(self, command: str) -> Any:
+        """This option as the ``Annotated`` type of a parameter of ``memfit command`` (give it the default None)."""
+        option = typer.Option(self.flag, help=self.help_for(command), metavar=self.metavar, show_default=False)
+        return typing.Annotated[Optional[str], option]
+
+
+REVISION = CommandOption(
+    "revision", "Branch, tag or commit of a Hugging Face Hub model (default: main).", metavar="REV",
+    # merge reads two models, each of which may be on the Hub: this is the base's (--adapter-revision the adapter's).
+    per_command={"merge": "Branch, tag or commit of a Hub --base (default: main)."},
+)
+GPU = CommandOption(
+    "gpu", "GPU to plan against (see `memfit models`).", metavar="NAME",
+    # train plans before it loads, and without a GPU or budget it plans against the device it runs on.
+    per_command={"train": "GPU to plan against before loading (see `memfit models`; default: the CUDA device's free memory)."},
+)
+BUDGET = CommandOption(
+    "budget", "Memory budget to plan against, e.g. 24GiB (with --gpu: at most the card's memory).", metavar="SIZE",
+    # train: a budget is also how a CPU run checks that it would fit a GPU.
+    per_command={"train": "Memory budget to plan against before loading, e.g. 24GiB, also on CPU runs (with a GPU named: "
+                          "at most the card's memory)."},
+)
+#: What a plan is compared against (``memfit plan``, ``fit`` and ``train``), and which model revision
+#: (chat, generate and merge take ``--revision`` too).
+TARGET_OPTIONS = (REVISION, GPU, BUDGET)
+
+
+def command_options(command: str, declared: Iterable[CommandOption] = TARGET_OPTIONS) -> list[inspect.Parameter]:
+    """The ``declared`` options (default: :data:`TARGET_OPTIONS`) as ``memfit command`` takes them."""
+    return [option.parameter(command) for option in declared]
 
 
 def field_options(model: type, names: Iterable[str]) -> list[inspect.Parameter]:
@@ -72,19 +151,30 @@ def field_options(model: type, names: Iterable[str]) -> list[inspect.Parameter]:
     return params
 
 
-def with_options(*groups: list[inspect.Parameter]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Add the option ``groups`` to a command function that takes ``**options``."""
+def with_options(*groups: list[inspect.Parameter], first: Sequence[list[inspect.Parameter]] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Add the option ``groups`` to a command function that takes ``**options``: after its own
+    options, or, the ``first`` groups, right after its arguments (the order of ``--help``)."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         own = inspect.signature(func, eval_str=True)
         params = [p for p in own.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        leading = 0
+        while leading < len(params) and _is_argument(params[leading]):
+            leading += 1
         taken = {p.name for p in params}
-        for group in groups:
+        added: list[inspect.Parameter] = []
+        for group in (*first, *groups):
             for p in group:
                 if p.name in taken:
                     raise ValueError(f"option {p.name!r} is declared twice on {func.__name__}")
                 taken.add(p.name)
-                params.append(p)
+                added.append(p)
+        ahead = sum(len(group) for group in first)
+        params = params[:leading] + added[:ahead] + params[leading:] + added[ahead:]
+        # A signature lists keyword-only parameters last, so the command's own options after the first
+        # groups become keyword-only too (Typer passes every option by name).
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if i >= leading and p.kind is not inspect.Parameter.KEYWORD_ONLY
+                  else p for i, p in enumerate(params)]
 
         @functools.wraps(func)
         def command(*args: Any, **kwargs: Any) -> Any:
@@ -95,6 +185,12 @@ def with_options(*groups: list[inspect.Parameter]) -> Callable[[Callable[..., An
         return command
 
     return decorate
+
+
+def _is_argument(param: inspect.Parameter) -> bool:
+    """A command's argument (or its Typer context), which its options follow."""
+    marks = [param.default, *getattr(param.annotation, "__metadata__", ())]
+    return param.annotation is typer.Context or any(isinstance(mark, typer.models.ArgumentInfo) for mark in marks)
 
 
 def _optional(annotation: Any) -> Any:

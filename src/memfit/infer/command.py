@@ -13,6 +13,7 @@ from typing import Annotated, Optional
 import typer
 
 from memfit.errors import UserError, cli_errors, listed
+from memfit.options import REVISION
 from memfit.train.generation import Sampling
 
 _DEFAULTS = Sampling()
@@ -22,7 +23,7 @@ Source = Annotated[str, typer.Argument(help="A memfit run folder (its adapter on
 Adapter = Annotated[Optional[str], typer.Option("--adapter", help="A PEFT LoRA adapter folder to put on MODEL (not with a run folder).")]
 Device = Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda or cuda:N.")]
 Dtype = Annotated[Optional[str], typer.Option("--dtype", help="bf16, fp16 or fp32 for a MODEL (default: its own on a GPU, fp32 on a CPU); a run folder uses its precision.")]
-Revision = Annotated[Optional[str], typer.Option("--revision", help="Branch, tag or commit of a Hub MODEL (default: main).")]
+Revision = REVISION.annotated("chat")
 MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help="The longest reply, in tokens.")]
 MinNewTokens = Annotated[int, typer.Option("--min-new-tokens", help="The shortest reply, in tokens: the model's end tokens are held back until then.")]
 DoSample = Annotated[bool, typer.Option("--do-sample/--greedy", help="Sample the reply (with --temperature and --top-p) instead of taking the likeliest token each time.")]

@@ -12,6 +12,9 @@ from typing import Annotated, Optional
 import typer
 
 from memfit.errors import cli_errors
+from memfit.options import REVISION
+
+BaseRevision = REVISION.annotated("merge")
 
 
 @cli_errors
@@ -23,7 +26,7 @@ def merge_command(
     device: Annotated[str, typer.Option("--device", help="Where to compute the LoRA products: cpu, cuda or cuda:N.")] = "cpu",
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier merge in --out (only a folder memfit merge wrote, holding nothing else); the old content is deleted only after the new merge is complete.")] = False,
     safe: Annotated[bool, typer.Option("--safe", help="Check every merged tensor is finite and stop at the first that is not.")] = False,
-    revision: Annotated[Optional[str], typer.Option("--revision", help="Branch, tag or commit of a Hub --base (default: main).")] = None,
+    revision: BaseRevision = None,
     adapter_revision: Annotated[Optional[str], typer.Option("--adapter-revision", help="Branch, tag or commit of a Hub --adapter (default: main).")] = None,
     allow_pickle_weights: Annotated[bool, typer.Option("--allow-pickle-weights", help="Accept a Hub repo whose only weights are pickled .bin files (pickles can run code: trust the repo); they are converted to safetensors once.")] = False,
 ) -> None:

@@ -24,7 +24,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from memfit.errors import cli_errors
-from memfit.options import field_options, knob_options, with_options
+from memfit.options import command_options, field_options, knob_options, with_options
 from memfit.spec import TRAINED_KNOBS
 from memfit.train.config import ConfigError, TrainConfig
 
@@ -127,8 +127,9 @@ def nproc_problem(nproc: int, gpus: int, env: dict[str, str] | None = None) -> s
 @cli_errors
 @with_options(
     knob_options(TRAINED_KNOBS),
-    field_options(TrainConfig, ("lr", "epochs", "max_steps", "seed", "device", "output_dir", "revision", "gpu", "budget", "force",
+    field_options(TrainConfig, ("lr", "epochs", "max_steps", "seed", "device", "output_dir", "force",
                                  "report_to", "beta", "loss_type", "simpo_gamma", "cpo_alpha")),
+    command_options("train"),
 )
 def train_command(
     ctx: typer.Context,

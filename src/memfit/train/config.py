@@ -32,6 +32,7 @@ from pydantic import (
 from memfit import spec as specs
 from memfit.errors import UserError, listed
 from memfit.json_form import JsonForm
+from memfit.options import BUDGET, GPU, REVISION
 from memfit.spec import ObjectiveParams, RunSpec, SpecError, make_spec, objective_problems
 from memfit.train.data.sources import DataSource
 from memfit.train.generation import DEFAULT_EVAL_MAX_NEW_TOKENS, prompt_problem
@@ -92,7 +93,7 @@ class TrainConfig(_run_knobs(), ObjectiveParams, JsonForm):
 
     # -- model ------------------------------------------------------------------------------
     model: str = Field(description="Hugging Face Hub id (org/name: downloaded when the run starts), local Hugging Face model folder (config.json + *.safetensors), a config.json, or a catalog name (with init: random)")
-    revision: str | None = Field(None, description="branch, tag or commit of a Hub model (default: main)")
+    revision: str | None = Field(None, description=REVISION.help_for("train"))
     allow_pickle_weights: bool = Field(False, description="a Hub model with only pickled .bin weights: download them, read them with torch.load(weights_only=True) and convert them to safetensors (trust the repo first)")
     init: Literal["pretrained", "random"] = Field("pretrained", description="pretrained: load the folder's weights; random: random weights (demos, tests, benchmarks)")
     model_overrides: dict[str, Any] = Field(default_factory=dict, description="config.json fields to change, e.g. {num_hidden_layers: 2} (init: random only)")
@@ -129,8 +130,8 @@ class TrainConfig(_run_knobs(), ObjectiveParams, JsonForm):
     report_to: list[str] = Field(default_factory=list, description="also send the metrics to: none (default), all (every installed one), or tensorboard, wandb, mlflow (a list, or comma-separated; as the Hugging Face Trainer's report_to)")
     save_every: int = Field(0, description="save a checkpoint every N optimizer steps (0 = only at the end and on interrupt)")
     keep_checkpoints: int = Field(2, description="how many recent checkpoints to keep")
-    gpu: str | None = Field(None, description="GPU to plan against before loading (default: detected on CUDA)")
-    budget: str | None = Field(None, description="memory budget to plan against, e.g. 20GiB (also on CPU runs)")
+    gpu: str | None = Field(None, description=GPU.help_for("train"))
+    budget: str | None = Field(None, description=BUDGET.help_for("train"))
     force: bool = Field(False, description="train even when the plan says the run does not fit")
     fit: Literal["off", "auto"] = Field("off", description="auto: before loading, choose the micro-batch split, checkpointing and tiling that fit the device (or gpu / budget), fastest first; the effective batch, method, rank, lr and data stay")
     fit_optimizer: bool = Field(False, description="let fit also choose a lighter optimizer (8-bit / paged AdamW)")
