@@ -216,8 +216,9 @@ def fit(
             on 1, 2, 4... up to N GPUs and reported at the smallest count that fits, with the
             first shard mode that fits (``shard``, or ddp, zero1, zero2, fsdp, fsdp-offload in turn);
             memory is then per GPU. Each configuration is simulated once for all counts and modes.
-        workers: processes to search the methods in (default: one per method, at most one per CPU
-            core); each method's search is independent of the others.
+        workers: processes to search in (default: one per part, at most one per CPU core and 3); each
+            method's search is independent of the others, and on one GPU its settings and its longest
+            sequence are searched apart too.
         revision: branch, tag or commit of a Hugging Face Hub id (default: main).
         optimizers: the optimizers to try for a method, leanest first, where not
             :data:`OPTIMIZERS_LEAN_FIRST`'s.
@@ -251,7 +252,8 @@ def fit(
     for fixed in ("method", "checkpointing", "optimizer", "grad_accum"):
         if fixed in knobs:
             problems.append(f"--{fixed.replace('_', '-')} is chosen by the search; leave it out")
-    workers = _worker_count(len(methods)) if workers is None else max(1, workers)
+    # Each method's settings and longest sequence can be searched apart (:meth:`_MethodJob.split_parts`).
+    workers = _worker_count(len(methods) * (2 if max_seq_len else 1)) if workers is None else max(1, workers)
     inputs = dict(revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
     if workers > 1 and not problems and validation_state(model, **inputs) == "unknown":
         # Inputs never seen: the plans will be made, in worker processes. Their imports start now,
@@ -382,22 +384,45 @@ class _MethodJob:
         planner.optimizers = self.optimizers
         return planner
 
-    def run(self, method: str, progress: Callable[[str], None] | None = None) -> _MethodOutcome:
+    def run(self, method: str, progress: Callable[[str], None] | None = None, part: str = "all") -> _MethodOutcome:
+        """Search ``method``: its settings (``part="settings"``), its longest sequence (``"longest"``), or both.
+
+        The two parts are independent where the search has one GPU level (the longest sequence is
+        searched at that level whatever the settings found), so a worker pool runs them apart
+        (:func:`split_parts`); their outcomes add up with :func:`_merge_parts`.
+        """
         # Fewest GPUs first, least sharding first: the first level where anything fits is the answer.
         # Every level plans the same single-GPU simulations (cached), only the sharding arithmetic differs.
         count = 0
-        for gpus, shard in self.levels:
-            planner = self.planner(progress, gpus, shard)
-            fits, misses = _search_method(planner, method, self.effective_batch)
-            count += planner.count
-            if fits:
-                break
+        fits: list[Fit] = []
+        misses: list[Miss] = []
+        planner = self.planner(progress, *self.levels[0])
+        if part != "longest":
+            for gpus, shard in self.levels:
+                planner = self.planner(progress, gpus, shard)
+                fits, misses = _search_method(planner, method, self.effective_batch)
+                count += planner.count
+                if fits:
+                    break
         longest, spec = (0, None)
-        if self.seq_limit:
+        if self.seq_limit and part != "settings":
             before = planner.count
             longest, spec = _longest_sequence(planner, method, self.seq_limit, self.effective_batch)
             count += planner.count - before
         return _MethodOutcome(method, fits, misses, longest, spec, count)
+
+    def split_parts(self) -> tuple[str, ...]:
+        """The parts of a method's search a pool may run apart: both when they are independent."""
+        return ("settings", "longest") if self.seq_limit and len(self.levels) == 1 else ("all",)
+
+
+def _merge_parts(method: str, outcomes: list[_MethodOutcome]) -> _MethodOutcome:
+    """One method's outcome from its parts' (:meth:`_MethodJob.split_parts`, in that order), as one search gives it."""
+    if len(outcomes) == 1:
+        return outcomes[0]
+    settings, longest = outcomes
+    return _MethodOutcome(method, settings.fits, settings.misses, longest.longest, longest.longest_spec,
+                          settings.plans + longest.plans)
 
 
 #: The queue a worker process reports its plans on (set by :func:`_set_progress_queue` when the
@@ -411,7 +436,7 @@ def _set_progress_queue(queue) -> None:
     _progress_queue = queue
 
 
-def _run_method_job(job: _MethodJob, method: str) -> _MethodOutcome:
+def _run_method_job(job: _MethodJob, method: str, part: str = "all") -> _MethodOutcome:
     import os
     import sys
 
@@ -423,13 +448,13 @@ def _run_method_job(job: _MethodJob, method: str) -> _MethodOutcome:
     else:
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     queue = _progress_queue
-    return job.run(method, queue.put if queue is not None else None)
+    return job.run(method, queue.put if queue is not None else None, part)
 
 
-def _worker_count(num_methods: int) -> int:
+def _worker_count(num_jobs: int) -> int:
     import os
 
-    return max(1, min(num_methods, os.cpu_count() or 1, 3))
+    return max(1, min(num_jobs, os.cpu_count() or 1, 3))
 
 
 #: What a plan imports, imported once by the server the search's workers are forked from.
@@ -483,9 +508,13 @@ def _run_parallel(job: _MethodJob, methods: tuple[str, ...], workers: int, progr
     reports = context.Queue() if progress is not None else None
     initializer = dict(initializer=_set_progress_queue, initargs=(reports,)) if reports is not None else {}
     with ProcessPoolExecutor(max_workers=workers, mp_context=context, **initializer) as pool:
-        # Heaviest first (4-bit layers simulate slowest; full fine-tuning usually ends in a few plans).
-        order = sorted(methods, key=lambda m: ("qlora", "lora", "full").index(m))
-        futures = {method: pool.submit(_run_method_job, job, method) for method in order}
+        # Heaviest first: the longest sequence before the settings (more plans), 4-bit layers
+        # before 16-bit ones (slower to simulate); full fine-tuning usually ends in a few plans.
+        parts = job.split_parts()
+        order = sorted(((m, p) for m in methods for p in parts),
+                       key=lambda mp: (("qlora", "lora", "full").index(mp[0]) if mp[1] != "settings" else 3,
+                                       ("qlora", "lora", "full").index(mp[0])))
+        futures = {(method, part): pool.submit(_run_method_job, job, method, part) for method, part in order}
         pending = set(futures.values())
         while pending:
             _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -494,7 +523,7 @@ def _run_parallel(job: _MethodJob, methods: tuple[str, ...], workers: int, progr
                     progress(reports.get_nowait())
                 except queues.Empty:
                     break
-        outcomes = [futures[method].result() for method in methods]
+        outcomes = [_merge_parts(method, [futures[method, part].result() for part in parts]) for method in methods]
     if reports is not None:  # what was put just before the last worker ended
         while True:
             try:
@@ -532,7 +561,12 @@ def _search_method(planner: _Planner, method: str, effective_batch: int) -> tupl
     fits: list[Fit] = []
     misses: list[Miss] = []
     options = _micro_batches(effective_batch)
-    for checkpointing in CHECKPOINTING_FAST_FIRST:
+    for position, checkpointing in enumerate(CHECKPOINTING_FAST_FIRST):
+        if position and len(options) > 1:
+            whole = _whole_batch_at_once(planner, method, checkpointing, effective_batch)
+            if whole is not None:
+                fits.append(Fit(spec=whole.spec, plan=whole))
+                break
         chosen = None
         # 32-bit AdamW first (exact); then lighter states, leanest last.
         for optimizer in planner.optimizers[method][::-1]:
@@ -559,6 +593,28 @@ def _search_method(planner: _Planner, method: str, effective_batch: int) -> tupl
         if best.spec["batch_size"] == options[-1]:
             break
     return fits, misses
+
+
+def _whole_batch_at_once(planner: _Planner, method: str, checkpointing: str, effective_batch: int) -> MemoryPlan | None:
+    """The plan of the whole effective batch in one micro-batch with the optimizer the search tries
+    first, when it fits; else None (one plan made, or none when that optimizer is ruled out).
+
+    Once a faster setting has been planned, a slower one (more checkpointing) usually fits the whole
+    batch at once, and then it is the answer :func:`_search_method` reaches from micro-batch 1 in
+    several plans: that optimizer fits at micro-batch 1 too (memory grows with the micro-batch), the
+    largest micro-batch is the whole batch, and no optimizer of this setting misses. When it does
+    not fit, the search goes on from micro-batch 1 as if this plan had not been made.
+    """
+    for optimizer in planner.optimizers[method][::-1]:
+        if mode_problems(planner.base.get("shard", "none"), planner.base.get("gpus", 1), optimizer):
+            continue
+        knobs = dict(method=method, optimizer=optimizer, checkpointing=checkpointing, batch_size=effective_batch, grad_accum=1)
+        # Only the first optimizer the search would plan: a leaner one would leave misses to report.
+        if planner.cannot_fit(**knobs):
+            return None
+        candidate = planner(**knobs)
+        return candidate if candidate.fits else None
+    return None
 
 
 def expected_plans(methods: int, effective_batch: int, *, longest: bool = True) -> int:
