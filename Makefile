@@ -20,5 +20,6 @@ setup: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/memfit plan
 
+# One line per test as it ends (-v), and the 25 slowest at the end.
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -v --durations=25

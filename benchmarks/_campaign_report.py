@@ -4,6 +4,9 @@ Everything here is read from benchmarks/results/gpu/<gpu>/ (what ``gpu_campaign.
 ``--import-results`` brought home): no figure is typed in. Where a measurement disagrees with the
 plan beyond the planner's goal, the page says so in a sentence. Without results, the page says
 that nothing has been measured yet and how to measure it.
+
+The page and README's section are two generated blocks of benchmarks/figures.py (``gpu-results-page``
+and ``gpu-results``), written by ``gpu_campaign.py --report`` and ``figures.py --write`` alike.
 """
 
 from __future__ import annotations
@@ -14,8 +17,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-README_BEGIN = "<!-- gpu-results:begin (written by benchmarks/gpu_campaign.py --report) -->"
-README_END = "<!-- gpu-results:end -->"
+README_BLOCK = "gpu-results"
+PAGE_BLOCK = "gpu-results-page"
+README_BEGIN = f"<!-- figures:begin {README_BLOCK} (written by benchmarks/gpu_campaign.py --report) -->"
+README_END = f"<!-- figures:end {README_BLOCK} -->"
+PAGE_TEMPLATE = (f"# Measured on a GPU\n\n<!-- figures:begin {PAGE_BLOCK} (written by benchmarks/gpu_campaign.py --report "
+                 f"from benchmarks/results/gpu/; edit that, not this) -->\n<!-- figures:end {PAGE_BLOCK} -->\n")
 
 class ReportError(ValueError):
     """The report cannot be written as asked: one line naming the file and the fix."""
@@ -54,7 +61,7 @@ outcome per part), `campaign.log`, and one JSON per part.
 
 Before going to the machine, with PyPI reachable: `python benchmarks/gpu_campaign.py --fetch-wheels`
 (bitsandbytes and pydantic, pinned to the versions installed here, into `.whl/`). The dry run on a
-CPU, every part's logic on tiny models in about a minute (the test suite runs it):
+CPU, every part's logic on tiny models (the test suite runs it):
 `python benchmarks/gpu_campaign.py --tiny --device cpu --out /tmp/campaign`."""
 
 
@@ -329,8 +336,8 @@ def section_constants(data: dict | None, accuracy: dict | None) -> list[str]:
 
 
 def render(results: list[dict], root: Path) -> str:
-    lines = ["# Measured on a GPU", "",
-             "<!-- Written by `python benchmarks/gpu_campaign.py --report` from benchmarks/results/gpu/; edit that, not this. -->", ""]
+    """The page under its title."""
+    lines: list[str] = []
     if not results:
         lines += ["**No GPU measurements yet.** Every GPU memory and speed figure memfit publishes (README, docs/plan.md,",
                   "docs/memory-lean.md, benchmarks/results/) is a plan or a CPU measurement so far. `benchmarks/gpu_campaign.py`",
@@ -384,21 +391,36 @@ def readme_block(results: list[dict]) -> str:
             body.append(f"- {key}: " + ("; ".join(parts) if parts else "campaign started, nothing finished yet") + ".")
         body += ["", "Every figure, with the machine, versions and commands, and where a measurement disagrees with the plan:",
                  "[docs/gpu-results.md](docs/gpu-results.md)."]
-    return "\n".join([README_BEGIN, *body, README_END])
+    return "\n".join(body)
+
+
+def page_block(figures_results) -> str:
+    """The ``gpu-results-page`` block of benchmarks/figures.py: docs/gpu-results.md under its title."""
+    root = figures_results.gpu_root or figures_results.root / "gpu"
+    return render(load_results(root, include_tiny=figures_results.include_tiny), root)
+
+
+def summary_block(figures_results) -> str:
+    """The ``gpu-results`` block of benchmarks/figures.py: README's section."""
+    root = figures_results.gpu_root or figures_results.root / "gpu"
+    return readme_block(load_results(root, include_tiny=figures_results.include_tiny))
 
 
 def write_report(root: Path, doc: Path, readme: Path | None, include_tiny: bool = False) -> list[Path]:
-    """Write ``doc`` (and the block between the markers in ``readme``) from the results under ``root``."""
-    results = load_results(root, include_tiny=include_tiny)
-    doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(render(results, root))
-    written = [doc]
+    """Write ``doc`` (and the block between the markers in ``readme``) from the results under
+    ``root``, through benchmarks/figures.py's generated blocks (a missing ``doc`` is created)."""
+    import figures
+
+    results = figures.Results(gpu_root=root, include_tiny=include_tiny)
     if readme is not None:
         text = readme.read_text()
-        if README_BEGIN not in text or README_END not in text:
+        if f"<!-- figures:begin {README_BLOCK}" not in text or README_END not in text:
             raise ReportError(f"--report: {readme} has no {README_BEGIN} ... {README_END} block to fill; put the two lines back where the figures go")
-        head, rest = text.split(README_BEGIN, 1)
-        _, tail = rest.split(README_END, 1)
-        readme.write_text(head + readme_block(results) + tail)
-        written.append(readme)
+    if not doc.is_file() or f"<!-- figures:begin {PAGE_BLOCK}" not in doc.read_text():
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        doc.write_text(PAGE_TEMPLATE)
+    written = [doc] + ([readme] if readme is not None else [])
+    problems = figures.write(written, results, names={PAGE_BLOCK, README_BLOCK}, inline=False)
+    if problems:
+        raise ReportError("; ".join(str(p) for p in problems))
     return written

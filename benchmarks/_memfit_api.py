@@ -43,9 +43,12 @@ PLANNER_MODULE = "memfit.planner.simulate"
 def clear_plan_cache() -> None:
     """Forget the planner's simulations, in this process and in the on-disk plan cache (so that a
     timed plan simulates again)."""
-    from memfit.planner import api
+    try:
+        from memfit.planner import extrapolate as sampled
+    except ImportError:  # memfit from before planner/extrapolate.py
+        from memfit.planner import api as sampled
 
-    api._SAMPLE_CACHE.clear()
+    sampled._SAMPLE_CACHE.clear()
     try:
         from memfit.planner import cache
     except ImportError:  # memfit from before the on-disk cache

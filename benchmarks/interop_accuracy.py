@@ -15,9 +15,10 @@ A published "GB" is read as GiB (nvidia-smi's MiB / 1024; an "80GB" A100 has 80 
 
     python benchmarks/interop_accuracy.py              # writes benchmarks/results/interop_accuracy.json
     python benchmarks/interop_accuracy.py --only 3     # the first three cases (a quick look)
-    python benchmarks/interop_accuracy.py --doc        # docs/interop.md's table, from the results file
+    python benchmarks/interop_accuracy.py --doc        # docs/interop.md's table and figures, from the results file
 
-The table in docs/interop.md is made from the results file (a test checks that it is).
+The table in docs/interop.md is the ``interop-accuracy`` block of benchmarks/figures.py, and the
+figures its text quotes carry references to this results file: ``figures.py`` checks both.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results" / "interop_accuracy.json"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "interop.md"
-_DOC_BLOCK = ("<!-- accuracy -->\n", "<!-- /accuracy -->")
 GIB = 2**30
 
 AXOLOTL_README_2023 = ("https://github.com/axolotl-ai-cloud/axolotl/blob/15d3a654b/examples/llama-2/README.md",
@@ -194,13 +194,16 @@ def summary(rows: list[dict]) -> dict:
         return round(statistics.median(abs(r["ratio"] - 1) for r in selected), 3) if selected else None
 
     groups = {
-        "all": rows,
-        "measured, fits, longest (published runs)": [r for r in rows if r["kind"] != "estimate"],
-        "published runs, fully modelled": [r for r in rows if r["kind"] != "estimate" and not r["not_modelled"]],
-        "estimate (LLaMA-Factory's table)": [r for r in rows if r["kind"] == "estimate"],
-        "estimate, fully modelled": [r for r in rows if r["kind"] == "estimate" and not r["not_modelled"]],
+        "all": ("all", rows),
+        "published": ("measured, fits, longest (published runs)", [r for r in rows if r["kind"] != "estimate"]),
+        "published_fully_modelled": ("published runs, fully modelled",
+                                     [r for r in rows if r["kind"] != "estimate" and not r["not_modelled"]]),
+        "estimate": ("estimate (LLaMA-Factory's table)", [r for r in rows if r["kind"] == "estimate"]),
+        "estimate_fully_modelled": ("estimate, fully modelled",
+                                    [r for r in rows if r["kind"] == "estimate" and not r["not_modelled"]]),
     }
-    return {name: {"cases": len(selected), "median_abs_error": median_error(selected)} for name, selected in groups.items()}
+    return {key: {"label": label, "cases": len(selected), "median_abs_error": median_error(selected)}
+            for key, (label, selected) in groups.items()}
 
 
 def doc_table(result: dict) -> str:
@@ -211,30 +214,25 @@ def doc_table(result: dict) -> str:
         lines.append(f"| [{row['id']}]({row['source']}) | {row['kind']} | {row['published_gib']:g} GiB | "
                      f"{row['planned_gib']:.2f} GiB | {row['ratio']:.3f} | {unmodelled} |")
     lines += ["", "| cases | count | median of \\|planned / published - 1\\| |", "| --- | ---: | ---: |"]
-    for name, group in result["summary"].items():
+    for group in result["summary"].values():
         median = "" if group["median_abs_error"] is None else f"{group['median_abs_error']:.1%}"
-        lines.append(f"| {name} | {group['cases']} | {median} |")
+        lines.append(f"| {group['label']} | {group['cases']} | {median} |")
     return "\n".join(lines) + "\n"
-
-
-def render_doc(text: str, result: dict) -> str:
-    """``text`` (docs/interop.md) with its accuracy table made from ``result``."""
-    start, end = _DOC_BLOCK
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    return head + start + doc_table(result) + end + tail
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", type=int, default=None, help="plan the first N cases only")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--doc", action="store_true", help="rewrite docs/interop.md's table from the results file, plan nothing")
+    parser.add_argument("--doc", action="store_true", help="rewrite docs/interop.md's table and figures from the results file, plan nothing")
     args = parser.parse_args(argv)
-    if args.doc:
-        DOC.write_text(render_doc(DOC.read_text(), json.loads(args.out.read_text())))
-        return 0
     sys.path.insert(0, str(Path(__file__).parent))
+    if args.doc:
+        import figures
+
+        problems = figures.write([DOC], figures.Results(root=args.out.parent))
+        print(*problems, sep="\n")
+        return 1 if problems else 0
     from _machine import describe_machine
 
     rows = []

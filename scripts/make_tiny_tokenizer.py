@@ -1,7 +1,6 @@
 """Train the tiny byte-level BPE tokenizer shipped in src/memfit/assets/tokenizer/.
 
-It is trained on the demo data under examples/data/ and src/memfit/assets/data/ (run
-scripts/make_tiny_dataset.py first), with
+It is trained on the demo files named in CORPUS_FILES (run scripts/make_tiny_dataset.py first), with
 512 tokens in all: 256 byte tokens, 7 special tokens and the most frequent merges. Digits are split
 one by one, which helps tiny models with the arithmetic records. The output loads offline with
 ``transformers.AutoTokenizer.from_pretrained(path)``:
@@ -26,6 +25,9 @@ from memfit.files import write_or_check
 ROOT = Path(__file__).resolve().parents[1]
 #: The demo data: the format examples, and the demo dataset shipped inside the package.
 DATA_DIRS = (ROOT / "examples" / "data", ROOT / "src" / "memfit" / "assets" / "data")
+#: The files the tokenizer is trained on, by name: a data file added to those folders later (a
+#: benchmark's task, preference pairs) must not change the shipped tokenizer's merges and ids.
+CORPUS_FILES = ("alpaca-example.json", "sharegpt-example.jsonl", "text-example.jsonl", "tiny-instruct.jsonl")
 OUT_DIR = ROOT / "src" / "memfit" / "assets" / "tokenizer"
 VOCAB_SIZE = 512
 MODEL_MAX_LENGTH = 4096
@@ -52,7 +54,7 @@ def corpus_lines(data_dirs: list[Path]) -> list[str]:
     """Every text the demo data holds, in file-name order; chat turns rendered with the template's
     markers so common marker-adjacent text (newline, first words) gets merges too."""
     lines: list[str] = []
-    for path in sorted((p for d in data_dirs for p in d.glob("*.jsonl")), key=lambda p: p.name):
+    for path in sorted((p for d in data_dirs for p in d.glob("*.jsonl") if p.name in CORPUS_FILES), key=lambda p: p.name):
         for line in path.read_text(encoding="utf-8").splitlines():
             record = json.loads(line)
             if "text" in record:
@@ -61,7 +63,7 @@ def corpus_lines(data_dirs: list[Path]) -> list[str]:
                 lines.append(f"<|{turn['role']}|>\n{turn['content']}<|end|>")
             for turn in record.get("conversations", []):
                 lines.append(turn["value"])
-    for path in sorted((p for d in data_dirs for p in d.glob("*.json")), key=lambda p: p.name):
+    for path in sorted((p for d in data_dirs for p in d.glob("*.json") if p.name in CORPUS_FILES), key=lambda p: p.name):
         for record in json.loads(path.read_text(encoding="utf-8")):
             lines += [record["instruction"], record.get("input", ""), record["output"]]
     return [line for line in lines if line]

@@ -8,6 +8,13 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One CPU thread for torch here and in every process a test starts (set before torch is imported):
+# the models are tiny, so a second thread gains nothing, and on a busy machine OpenMP threads that
+# wait for each other make a millisecond step take tens of milliseconds (tests/step/test_tiling.py
+# and test_losses.py on a busy 2-core machine: 360 s with torch's default threads, 182 s with one).
+# An OMP_NUM_THREADS of your own is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", os.environ["OMP_NUM_THREADS"])
 # Plans are made, never read from the on-disk plan cache (nor written into the user's): a test that
 # patches memfit or a library in-process changes what a plan would be without changing its cache
 # key. The cache's own tests turn it on, in a temporary folder (tests/planner/test_cache.py).

@@ -126,6 +126,7 @@ def test_models_never_cuts_a_name_at_80_columns(monkeypatch):
 def test_plan_to_a_pipe_writes_whole_lines(monkeypatch):
     # On a terminal the table reads at its width; to a pipe or a file no line is wrapped or cut, so
     # that grep and scripts see the header, every row and every note whole.
+    from memfit.planner.api import plan
     from memfit.planner.report import CATEGORY_HELP
 
     monkeypatch.delenv("COLUMNS", raising=False)
@@ -133,7 +134,9 @@ def test_plan_to_a_pipe_writes_whole_lines(monkeypatch):
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert lines[0] == "smollm2-135m · lora r=16 · bf16 · adamw · batch 1 x 256 tokens · checkpointing on"
-    for name, help in CATEGORY_HELP.items():
+    # each row says what its category holds in this plan (the frozen base's dtype, what trains)
+    helps = {**CATEGORY_HELP, **plan("smollm2-135m", seq_len=256, gpu="rtx-4090").details["category_help"]}
+    for name, help in helps.items():
         assert any(name in line and help in line for line in lines), (name, result.stdout)
     assert any(line.startswith("attention: memfit: each micro-batch's examples in one row") and line.endswith("tensor") for line in lines)
     assert "…" not in result.stdout and max(len(line) for line in lines) > 80

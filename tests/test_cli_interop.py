@@ -33,6 +33,7 @@ def test_plan_says_which_tool_s_config_it_read_and_what_is_not_modelled(tmp_path
         use_peft: true
         lora_r: 4
         use_dora: true
+        torch_compile: true
         max_length: 64
         dtype: float32
         bf16: false
@@ -42,10 +43,11 @@ def test_plan_says_which_tool_s_config_it_read_and_what_is_not_modelled(tmp_path
     result = runner.invoke(app, ["plan", str(config), "--no-cache"])
     assert result.exit_code == 0, result.output
     assert f"read TRL / Hugging Face TrainingArguments config {config}" in result.output
-    assert "not modelled: use_dora" in result.output and "unknown key, ignored: my_setting" in result.output
+    assert "not modelled: torch_compile" in result.output and "unknown key, ignored: my_setting" in result.output
+    assert "lora r=4 DoRA" in result.output  # use_dora is planned
     data = json.loads(runner.invoke(app, ["plan", str(config), "--json", "--no-cache"]).stdout)
     assert data["details"]["config"]["tool"] == "trl" and data["spec"]["recipe"] == "hf" and data["spec"]["rank"] == 4
-    assert data["details"]["config"]["not_modelled"][0]["key"] == "use_dora"
+    assert data["spec"]["dora"] is True and data["details"]["config"]["not_modelled"][0]["key"] == "torch_compile"
 
 
 @pytest.mark.parametrize(

@@ -23,3 +23,19 @@ def test_a_terminal_keeps_its_width_and_columns_or_width_win(monkeypatch):
     assert make_console(file=io.StringIO(), width=100).width == 100
     monkeypatch.setenv("COLUMNS", "80")
     assert make_console(file=io.StringIO()).width == 80
+
+
+def test_every_console_that_prints_is_made_by_make_console():
+    # A Rich Console made elsewhere wraps a pipe's lines at 80 columns again; a quiet one prints nothing.
+    from pathlib import Path
+
+    import memfit
+
+    src = Path(memfit.__file__).resolve().parent
+    made_elsewhere = [
+        f"{path.relative_to(src)}:{number}"
+        for path in src.rglob("*.py") if path.name != "console.py"
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "Console(" in line and "quiet=True" not in line
+    ]
+    assert made_elsewhere == []

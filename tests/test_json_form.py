@@ -12,7 +12,7 @@ import pytest
 
 import memfit
 from memfit.json_form import JsonForm, JsonText
-from memfit.planner.fit_run import RunFit
+from memfit.planner.run import RunFit
 from memfit.planner.report import MemoryPlan
 from memfit.planner.search import Fit, FitResult, Miss
 

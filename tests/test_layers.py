@@ -1,15 +1,20 @@
 """The packages stay in layers, with imports pointing one way: down.
 
-cli > infer > train > watch > planner > interop > step > models > (spec, units, files, run_files, options, errors,
+cli, ui > infer > train > watch > planner > interop > step > models > (spec, units, files, run_files, options, errors,
 json_form, console); merge stands apart: it uses the bottom layer and the Hub fetching of models. Every import counts: at module level and inside
 functions (memfit imports heavy dependencies lazily, so an upward import hidden in a function is
 as real as one at the top). docs/layout.md explains why the layers are in this order.
+
+Within a layer, and within a package, no two modules import each other, directly or around a
+circle: each module's imports form a graph without cycles (its strongly connected components are
+single modules), function-level imports included.
 """
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Iterable
 
 import memfit
 
@@ -18,7 +23,7 @@ SRC = Path(memfit.__file__).resolve().parent
 #: Layer of each top-level part of the package, highest first. A module may import its own part
 #: and any part of a lower layer; the bottom's modules may import each other.
 LAYERS: dict[str, int] = {
-    "__init__": 10, "__main__": 10, "cli": 10,
+    "__init__": 10, "__main__": 10, "cli": 10, "ui": 10,
     "infer": 9,
     "train": 8,
     "watch": 7,
@@ -48,15 +53,16 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path, module: str | None = None) -> list[tuple[int, str]]:
-    """(line, imported memfit module) for every import in the file, wherever it is."""
+def _statements(path: Path, module: str | None = None) -> list[tuple[int, str, list[str]]]:
+    """(line, imported memfit module or package, the names a ``from`` import takes from it) for
+    every import in the file, wherever it is; relative imports resolved."""
     tree = ast.parse(path.read_text(), filename=str(path))
     module = module or _module_name(path)
     package = module.removesuffix(".__init__") if path.name == "__init__.py" else module.rsplit(".", 1)[0]
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == "memfit"]
+            found += [(node.lineno, alias.name, []) for alias in node.names if alias.name.split(".")[0] == "memfit"]
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: resolve against this module's package
                 base = package.split(".")
@@ -64,12 +70,82 @@ def _imports(path: Path, module: str | None = None) -> list[tuple[int, str]]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            if target.split(".")[0] != "memfit":
+            if target.split(".")[0] == "memfit":
+                found.append((node.lineno, target, [alias.name for alias in node.names]))
+    return found
+
+
+def _imports(path: Path, module: str | None = None) -> list[tuple[int, str]]:
+    """(line, imported memfit module) for every import in the file, wherever it is."""
+    found = []
+    for line, target, names in _statements(path, module):
+        if target == "memfit" and names:  # from memfit import spec / merge: the names are modules
+            found += [(line, f"memfit.{name}") for name in names]
+        else:
+            found.append((line, target))
+    return found
+
+
+def _module_graph(paths: Iterable[Path]) -> dict[str, set[str]]:
+    """Module -> the memfit modules it imports, wherever the import is. ``from package import name``
+    is an import of the module ``package.name`` where there is one, else of the package."""
+    modules = {_module_name(path): path for path in paths}
+
+    def known(name: str) -> str | None:
+        return next((m for m in (name, f"{name}.__init__") if m in modules), None)
+
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        imported: set[str | None] = set()
+        for _, target, names in _statements(path, module):
+            submodules = [known(f"{target}.{name}") for name in names]
+            imported |= set(submodules) if submodules and all(submodules) else {known(target)}
+        graph[module] = {m for m in imported if m is not None and m != module}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one module (Tarjan's algorithm,
+    iterative): each is a set of modules that import each other around a circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in graph:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
                 continue
-            if target == "memfit":  # from memfit import spec / merge: the names are modules
-                found += [(node.lineno, f"memfit.{alias.name}") for alias in node.names]
-            else:
-                found.append((node.lineno, target))
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
     return found
 
 
@@ -83,6 +159,8 @@ def _allowed(importer: str, imported: str) -> bool:
         return LAYERS.get(dst) == BOTTOM or imported in MERGE_MAY_USE
     if src not in LAYERS or dst not in LAYERS:
         return False
+    if src == "ui" and dst in ("cli", "__main__"):
+        return False  # the CLI imports the page's command to register it: the page never imports the CLI
     # The same layer: the entry points (cli, __main__, the package's front door) use each other,
     # and so do the bottom's small modules.
     return LAYERS[dst] <= LAYERS[src]
@@ -103,6 +181,33 @@ def test_imports_point_down():
     assert not upward, "imports that point up or sideways:\n" + "\n".join(upward)
 
 
+def test_no_module_imports_itself_around_a_circle():
+    graph = _module_graph(sorted(SRC.rglob("*.py")))
+    circles = [" -> ".join(c) + "; " + "; ".join(f"{m} imports {', '.join(sorted(graph[m] & set(c)))}" for m in c)
+               for c in _cycles(graph)]
+    assert not circles, "modules that import each other around a circle:\n" + "\n".join(circles)
+
+
+def test_the_circle_check_finds_circles_through_functions_and_packages(tmp_path):
+    package = tmp_path / "memfit"
+    (package / "part").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "part" / "__init__.py").write_text("")
+    (package / "part" / "a.py").write_text("def f():\n    from memfit.part import b\n")
+    (package / "part" / "b.py").write_text("from memfit.part.c import g\n")
+    (package / "part" / "c.py").write_text("from . import a\n\n\ndef g():\n    pass\n")
+    (package / "part" / "d.py").write_text("from memfit.part import a\n")
+    global SRC
+    real, SRC = SRC, package
+    try:
+        graph = _module_graph(sorted(package.rglob("*.py")))
+    finally:
+        SRC = real
+    assert graph["memfit.part.a"] == {"memfit.part.b"} and graph["memfit.part.c"] == {"memfit.part.a"}
+    assert _cycles(graph) == [["memfit.part.a", "memfit.part.b", "memfit.part.c"]]
+    assert _cycles({"x": {"y"}, "y": set()}) == []
+
+
 def test_the_check_sees_function_level_and_relative_imports(tmp_path):
     # The checker itself: an upward import inside a function, and a relative one, are both found.
     sample = SRC / "step" / "__init__.py"
@@ -117,6 +222,8 @@ def test_the_check_sees_function_level_and_relative_imports(tmp_path):
     assert _allowed("memfit.train.recipe", "memfit.step.builder")
     assert _allowed("memfit.spec", "memfit.units")
     assert not _allowed("memfit.units", "memfit.models.gpus")
+    assert _allowed("memfit.cli", "memfit.ui.command") and _allowed("memfit.ui.app", "memfit.train.config")
+    assert not _allowed("memfit.ui.app", "memfit.cli")
     assert _allowed("memfit.planner.api", "memfit.interop.reading")
     assert _allowed("memfit.interop.reading", "memfit.spec")
     assert not _allowed("memfit.interop.reading", "memfit.planner.api")

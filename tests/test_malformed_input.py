@@ -134,6 +134,10 @@ CASES = [
     ("plan {d}/lama.json --rank 0", 2, "--rank: 0"),
     ("plan {d}/tiny.json --seq-len 100000 --budget 24GiB", 2, "max_position_embeddings (512)"),
     ("plan {d}/tiny.json --targets foo_proj", 2, "--targets: foo_proj match no linear layer"),
+    ("plan {d}/tiny.json --modules-to-save wte", 2, "--modules-to-save: wte match no module of this model"),
+    ("plan {d}/tiny.json --method full --dora", 2, "--dora: only with adapters"),
+    ("plan {d}/tiny.json --method qlora --dora", 2, "--dora: not with --method qlora"),
+    ("plan {d}/tiny.json --method lora8bit", 2, "Did you mean 'lora-8bit'?"),
     ("plan {d}/tiny.json --budget lots", 2, "--budget"),
     ("plan {d}/tiny.json --budget 0", 2, "more than 0 bytes"),
     ("plan {d}/tiny.json --budget -5GiB", 2, "--budget"),
@@ -185,6 +189,8 @@ CASES = [
     ("train {d}/good.yaml --set lr", 2, "--set 'lr': write KEY=VALUE"),
     ("train {d}/good.yaml --set lr=[1,", 2, "--set 'lr=[1,'"),
     ("train {d}/good.yaml --rank 0", 2, "rank: 0 must be 1 or more (e.g. rank: 16)"),
+    ("train {d}/good.yaml --set dora=maybe", 2, "dora: 'maybe' is not true or false"),
+    ("train {d}/good.yaml --set modules_to_save=all-linear", 2, "modules_to_save: all-linear names LoRA targets"),
     ("train {d}/good.yaml --seq-len 100000", 2, "seq_len: 100000 is beyond"),
     ("train {d}/good.yaml --rank 99999999999999999999", 2, "rank: 99999999999999999999 must be at most 65536 (e.g. rank: 16)"),
     ("train {d}/huge.yaml", 2, "grad_accum: 100000000000000000000 must be at most 4096 (e.g. grad_accum: 8)"),
@@ -236,6 +242,13 @@ CASES = [
     ("report {d}/run_ok --out {u}/r.html", 2, "cannot write in"),
     # models
     ("models --no-such-flag", 2, "No such option"),
+    # ui: checked before the server starts
+    ("ui --port 70000", 2, "--port: 70000 is not a port number"),
+    ("ui --port abc", 2, "Invalid value for '--port'"),
+    ("ui --host no-such-host.invalid", 2, "is not an address of this machine"),
+    ("ui --run {d}/no_config_dir", 2, "has no memory.jsonl"),
+    ("ui --run {d}/a_file", 2, "is a file, not a run folder"),
+    ("ui --run {d}/run_binary", 2, "not UTF-8"),
 ]
 
 #: (command line, environment, exit code, text the message holds): each runs as a new process, which

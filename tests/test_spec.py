@@ -132,6 +132,59 @@ def test_the_precision_regime_in_words():
     assert regime(method="qlora", precision="bf16", recipe="hf") == "4-bit base (bf16 compute, other weights fp32), fp32 adapters, bf16 autocast"
 
 
+# ------------------------------------------------------------------------------------------------
+# Adapter options: DoRA, rsLoRA, modules trained whole, an 8-bit base
+
+
+def test_adapter_options_from_flags_and_yaml():
+    spec = make_spec(method="lora-8bit", dora="false", rslora="true", modules_to_save="embed_tokens, lm_head")
+    assert (spec.dora, spec.rslora, spec.modules_to_save) == (False, True, ("embed_tokens", "lm_head"))
+    assert spec.uses_adapters and spec.base_bits == 8 and make_spec(method="qlora").base_bits == 4
+    assert make_spec().base_bits is None and make_spec(modules_to_save="none").modules_to_save == ()
+    assert make_spec(spelling="field", modules_to_save=["lm_head"]).knobs()["modules_to_save"] == ["lm_head"]
+
+
+def test_rslora_scales_by_the_square_root_of_the_rank_as_peft_does():
+    from memfit.merge.adapter import lora_scale  # the merge's copy of PEFT's arithmetic
+
+    assert make_spec(rank=7, alpha=3, rslora=True).lora_scale == lora_scale(3.0, 7, use_rslora=True)
+    assert make_spec(rank=16, alpha=32).lora_scale == 2.0
+    assert make_spec(rank=16, alpha=32, rslora=True).lora_scale == 32 / 16 ** 0.5 == 8.0
+    assert make_spec(rank=7, alpha=3, rslora=True).lora_scale == 3 / 7 ** 0.5
+
+
+@pytest.mark.parametrize(
+    ("knobs", "expected"),
+    [
+        ({"method": "full", "dora": True}, "--dora: only with adapters (--method lora, qlora or lora-8bit); --method full trains every weight already"),
+        ({"method": "full", "modules_to_save": "lm_head"}, "--modules-to-save: only with adapters"),
+        ({"method": "full", "rslora": True}, "--rslora: only with adapters"),
+        ({"method": "qlora", "dora": True}, "--dora: not with --method qlora: PEFT copies each 4-bit layer"),
+        ({"method": "lora-8bit", "dora": True}, "--dora: not with --method lora-8bit: PEFT's DoRA on bitsandbytes' 8-bit layers"),
+        ({"modules_to_save": "all-linear"}, "--modules-to-save: all-linear names LoRA targets, not modules to train whole"),
+        ({"targets": "q_proj,lm_head", "modules_to_save": "lm_head"}, "--modules-to-save: lm_head is also in --targets"),
+        ({"dora": "sometimes"}, "--dora: 'sometimes' is not true or false"),
+    ],
+)
+def test_adapter_options_that_cannot_run(knobs, expected):
+    with pytest.raises(SpecError) as info:
+        make_spec(**knobs)
+    assert expected in str(info.value)
+    assert len(info.value.problems) == 1
+
+
+def test_adapter_problems_are_spelled_as_a_training_yaml_writes_them():
+    with pytest.raises(SpecError) as info:
+        make_spec(spelling="field", method="qlora", dora=True)
+    assert "dora: not with method: qlora" in str(info.value) and "Use dora with method: lora" in str(info.value)
+
+
+def test_the_precision_regime_of_an_8bit_base():
+    assert make_spec(method="lora-8bit").precision_regime == "8-bit base (LLM.int8 matmuls, bf16 around them), fp32 adapters"
+    assert make_spec(method="lora-8bit", recipe="hf").precision_regime.startswith(
+        "8-bit base (LLM.int8 matmuls, bf16 around them, other weights fp32)")
+
+
 @pytest.mark.parametrize(
     ("knobs", "expected"),
     [

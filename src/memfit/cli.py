@@ -16,8 +16,8 @@ import typer
 
 from memfit.console import make_console
 from memfit.errors import EXIT_DOES_NOT_FIT, PathError, cli_errors
-from memfit.options import knob_options, with_options
-from memfit.spec import TRAINED_KNOBS, choices
+from memfit.options import FIT_KNOBS, knob_options, with_options
+from memfit.spec import TRAINED_KNOBS, choices, default
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -65,14 +65,14 @@ def plan_command(
 
 @app.command("fit")
 @cli_errors
-@with_options(knob_options(("rank", "alpha", "dropout", "targets", "recipe", "hf_loss")))
+@with_options(knob_options(FIT_KNOBS))
 def fit_command(
     model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, a model folder, or an Axolotl / LLaMA-Factory / TRL config (its method, batch and length kept)."),
     revision: Optional[str] = typer.Option(None, "--revision", help="Branch, tag or commit of a Hub id (default: main)."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU to fit (see `memfit models`)."),
     budget: Optional[str] = typer.Option(None, "--budget", help="Memory budget instead of a GPU, e.g. 24GiB."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Effective batch (sequences per optimizer step) to keep [default: 8; a tool's config: its own]."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", "-s", help="Sequence length to hold fixed (default 2048)."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", "-b", help="Effective batch (sequences per optimizer step; pairs with a preference --objective) to keep [default: 8; a tool's config: its own]."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", "-s", help=f"Sequence length to hold fixed (default {default('seq_len')}, or the model's maximum if smaller)."),
     method: Optional[list[str]] = typer.Option(None, "--method", metavar="|".join(choices("method")), help="Only these methods (repeat the option)."),
     precision: Optional[str] = typer.Option(None, "--precision", metavar="|".join(choices("precision")), help="bf16 / fp16: pure 16-bit; bf16-mixed / fp16-mixed: fp32 weights and optimizer states, 16-bit autocast; fp32 (default: bf16 where the GPU has it)."),
     gpus: int = typer.Option(1, "--gpus", help="Up to this many GPUs: the fewest that fit are reported, memory per GPU."),
@@ -232,6 +232,7 @@ def models_command(as_json: bool = typer.Option(False, "--json", help="Print as 
 from memfit.infer.command import chat_command, generate_command  # noqa: E402
 from memfit.merge.command import merge_command  # noqa: E402
 from memfit.train.command import train_command  # noqa: E402
+from memfit.ui.command import ui_command  # noqa: E402
 from memfit.watch.command import doctor_command, report_command  # noqa: E402
 
 app.command("train")(train_command)  # each wrapped in cli_errors where it is defined
@@ -240,6 +241,7 @@ app.command("doctor")(doctor_command)
 app.command("report")(report_command)
 app.command("chat")(chat_command)
 app.command("generate")(generate_command)
+app.command("ui")(ui_command)
 
 
 #: Library loggers whose warnings say nothing to someone running memfit: bitsandbytes' CPU backend

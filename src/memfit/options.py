@@ -19,6 +19,12 @@ import typer
 
 from memfit import spec as specs
 
+#: The RunSpec knobs ``memfit fit`` takes as given, the same in every plan of its search (the search
+#: chooses method, checkpointing, optimizer and the batch split; batch size, sequence length,
+#: precision, GPUs and sharding are fit options of their own). memfit ui's search takes these too.
+FIT_KNOBS = ("rank", "alpha", "dropout", "targets", "dora", "rslora", "modules_to_save", "objective", "precompute_reference",
+             "recipe", "hf_loss")
+
 
 def knob_options(names: Iterable[str] | None = None, *, help: dict[str, str] | None = None) -> list[inspect.Parameter]:
     """Options for the RunSpec knobs ``names`` (default: all), with the declared help and default.
@@ -35,7 +41,7 @@ def knob_options(names: Iterable[str] | None = None, *, help: dict[str, str] | N
             option = typer.Option(None, specs.flag(name), help=text, show_default=False)
             annotation: Any = Optional[bool]
         else:
-            shown = ",".join(declared) if isinstance(declared, tuple) else declared
+            shown = (",".join(declared) or "none") if isinstance(declared, tuple) else declared
             if shown is not None:
                 text = f"{text} \\[default: {shown}]"  # escaped: Typer's help is Rich markup
             decls = [specs.flag(name)] + ([specs.short_flag(name)] if specs.short_flag(name) else [])

@@ -79,11 +79,25 @@ class RunSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    method: Literal["full", "lora", "qlora"] = knob("lora", "Fine-tuning method: full (every weight), lora (adapters on the frozen base) or qlora (adapters on a 4-bit base).")
-    rank: int = knob(16, "LoRA rank r (lora, qlora).", example=16, at_most=65536)
+    method: Literal["full", "lora", "qlora", "lora-8bit"] = knob(
+        "lora",
+        "Fine-tuning method: full (every weight), lora (adapters on the frozen base), qlora (adapters on a 4-bit NF4 "
+        "base) or lora-8bit (adapters on an 8-bit LLM.int8 base: load_in_8bit with adapter: lora in Axolotl).",
+    )
+    rank: int = knob(16, "LoRA rank r (lora, qlora, lora-8bit).", example=16, at_most=65536)
     alpha: float | None = knob(None, "LoRA alpha (default: 2 x rank).", example=32)
     dropout: float = knob(0.0, "LoRA dropout probability.", example=0.05)
     targets: tuple[str, ...] = knob((ALL_LINEAR,), "Modules LoRA attaches to: comma-separated names, or all-linear.")
+    dora: bool = knob(False, "DoRA (PEFT's use_dora): a trained magnitude per output row of each adapted layer, and each forward "
+                             "recomputes the norm of every adapted weight with its update (weight-sized temporaries).")
+    rslora: bool = knob(False, "Rank-stabilized LoRA (PEFT's use_rslora): the update is scaled by alpha/sqrt(rank), not alpha/rank.")
+    modules_to_save: tuple[str, ...] = knob(
+        (),
+        "Modules trained whole beside the adapters (PEFT's modules_to_save), comma-separated, e.g. embed_tokens,lm_head: "
+        "PEFT trains a copy of each (the frozen original stays), with its gradients and optimizer states. On a model whose "
+        "embeddings and head are one tensor, one copy serves both.",
+        example="embed_tokens,lm_head",
+    )
     precision: Literal["bf16", "fp16", "fp32", "bf16-mixed", "fp16-mixed"] = knob(
         "bf16",
         "bf16 / fp16: pure 16-bit weights, gradients and optimizer states. bf16-mixed / fp16-mixed: fp32 weights and "
@@ -103,14 +117,27 @@ class RunSpec(BaseModel):
     packing: bool = knob(False, "Concatenate examples into rows of exactly seq_len tokens (attention kept inside each example).")
     padding_free: Literal["auto", "on", "off"] = knob("auto", "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it; the hf recipe only with on: flash attention's varlen path).")
     max_grad_norm: float | None = knob(1.0, "Clip gradients to this L2 norm (none: no clipping).", example=1.0)
+    objective: Literal["sft", "dpo", "orpo", "simpo"] = knob(
+        "sft",
+        "Training objective: sft (next-token loss), or a preference objective on chosen / rejected pairs: dpo (against "
+        "a reference model: the base with adapters disabled, or a frozen copy for full), orpo or simpo (no reference). "
+        "batch_size then counts pairs.",
+    )
+    precompute_reference: bool = knob(
+        False,
+        "dpo: the reference log-probs in one pass before training (kept in the run folder) instead of a reference pass "
+        "in every step; full fine-tuning then keeps no frozen copy of the model.",
+    )
     recipe: Literal["memfit", "hf"] = knob("memfit", "memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison.", planner_only=True)
-    kbit_upcast: bool = knob(True, "The hf recipe's QLoRA through PEFT's prepare_model_for_kbit_training, which upcasts every parameter that is not 4-bit to fp32 (as TRL before 0.26 ran it); off: they stay in the compute dtype (LLaMA-Factory, TRL since 0.26, and Axolotl, which casts them back after PEFT's upcast).", planner_only=True)
+    kbit_upcast: bool = knob(True, "The hf recipe's QLoRA and lora-8bit through PEFT's prepare_model_for_kbit_training, which upcasts every parameter that is not quantized to fp32 (as TRL before 0.26 ran it); off: they stay in the compute dtype (LLaMA-Factory, TRL since 0.26, and Axolotl, which casts them back after PEFT's upcast).", planner_only=True)
     hf_loss: Literal["model", "liger", "chunked-nll"] = knob("model", "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy) or chunked-nll (TRL SFTTrainer's chunked loss).", planner_only=True)
 
-    @field_validator("targets", mode="before")
+    @field_validator("targets", "modules_to_save", mode="before")
     @classmethod
-    def _split_targets(cls, value: Any) -> Any:
+    def _split_names(cls, value: Any, info: ValidationInfo) -> Any:
         if isinstance(value, str):
+            if info.field_name == "modules_to_save" and _means_none(value):
+                return ()
             value = [part.strip() for part in value.split(",") if part.strip()]
         return value
 
@@ -157,7 +184,7 @@ class RunSpec(BaseModel):
             problems.append(f"{name('step_in_backward')}: the hf recipe has no optimizer step in backward. Use {setting('recipe', 'memfit')}.")
         if not self.kbit_upcast and self.recipe != "hf":
             problems.append(
-                f"{name('kbit_upcast')}: off is a choice of the hf recipe's QLoRA (memfit's step never upcasts the base). "
+                f"{name('kbit_upcast')}: off is a choice of the hf recipe's QLoRA and lora-8bit (memfit's step never upcasts the base). "
                 f"Use {setting('recipe', 'hf')}, or drop it."
             )
         if self.hf_loss != "model" and self.recipe != "hf":
@@ -165,14 +192,19 @@ class RunSpec(BaseModel):
                 f"{name('hf_loss')}: {self.hf_loss} is a loss of the hf recipe (memfit's step always runs its own fused, "
                 f"chunked loss). Use {setting('recipe', 'hf')}, or drop {name('hf_loss')}."
             )
-        tokens = self.batch_size * self.seq_len
+        problems.extend(_adapter_problems(self, name, setting))
+        # A pair is two sequences (chosen and rejected) in the same forward.
+        sequences_per_example = 2 if self.is_preference else 1
+        tokens = self.batch_size * sequences_per_example * self.seq_len
         if tokens > MAX_MICRO_BATCH_TOKENS:
-            fewer = max(MAX_MICRO_BATCH_TOKENS // self.seq_len, 1)
+            fewer = max(MAX_MICRO_BATCH_TOKENS // (sequences_per_example * self.seq_len), 1)
+            pairs = " pairs (two sequences each)" if self.is_preference else ""
             problems.append(
-                f"{setting('batch_size', self.batch_size)} with {setting('seq_len', self.seq_len)} is {tokens:,} tokens a "
+                f"{setting('batch_size', self.batch_size)}{pairs} with {setting('seq_len', self.seq_len)} is {tokens:,} tokens a "
                 f"micro-batch: must be at most {MAX_MICRO_BATCH_TOKENS:,} (e.g. {setting('batch_size', fewer)} with "
                 f"{name('grad_accum')} to keep the examples per step)."
             )
+        problems.extend(_objective_combinations(self, name, setting))
         if self.shard != "none" and self.gpus < 2:
             problems.append(f"{name('shard')}: {self.shard} needs {setting('gpus', 2)} or more (got {setting('gpus', self.gpus)}).")
         if problems:
@@ -205,8 +237,29 @@ class RunSpec(BaseModel):
         return float(self.alpha) if self.alpha is not None else 2.0 * self.rank
 
     @property
+    def lora_scale(self) -> float:
+        """What the LoRA update is multiplied by: alpha / rank, or alpha / sqrt(rank) with rsLoRA (PEFT's arithmetic)."""
+        return self.lora_alpha / math.sqrt(self.rank) if self.rslora else self.lora_alpha / self.rank
+
+    @property
     def uses_adapters(self) -> bool:
-        return self.method in ("lora", "qlora")
+        """Whether the base is frozen and adapters train (lora, qlora, lora-8bit)."""
+        return self.method in ADAPTER_METHODS
+
+    @property
+    def base_bits(self) -> int | None:
+        """Bits a frozen base weight of the decoder's linear layers is stored in: 4 (qlora), 8 (lora-8bit), or None."""
+        return QUANTIZED_BASE_BITS.get(self.method)
+
+    @property
+    def is_preference(self) -> bool:
+        """Whether the step trains on chosen / rejected pairs (dpo, orpo, simpo) rather than next tokens."""
+        return self.objective in PREFERENCE_OBJECTIVES
+
+    @property
+    def reference(self) -> str:
+        """Where the step's reference log-probs come from (see :func:`reference_source`)."""
+        return reference_source(self.objective, self.method, self.precompute_reference)
 
     @property
     def tiles_sequence(self) -> bool:
@@ -217,8 +270,47 @@ class RunSpec(BaseModel):
         """Every knob with its resolved value, as plain JSON types."""
         data = self.model_dump()
         data["targets"] = list(self.targets)
+        data["modules_to_save"] = list(self.modules_to_save)
         data["alpha"] = self.lora_alpha
         return data
+
+
+def _adapter_problems(spec: RunSpec, name, setting) -> list[str]:
+    """Adapter options on a run without adapters, and module lists PEFT cannot take."""
+    problems = []
+    if not spec.uses_adapters:
+        for knob_name, on in (("dora", spec.dora), ("rslora", spec.rslora), ("modules_to_save", bool(spec.modules_to_save))):
+            if on:
+                problems.append(
+                    f"{name(knob_name)}: only with adapters ({setting('method', 'lora')}, qlora or lora-8bit); "
+                    f"{setting('method', spec.method)} trains every weight already. Drop {name(knob_name)}."
+                )
+    if spec.dora and spec.base_bits is not None:
+        # 4-bit: PEFT measures DoRA's norms on a deep copy of each layer, and bitsandbytes' Params4bit
+        # cannot be copied without its data (the planner's model has none: it is built on meta).
+        # 8-bit: PEFT moves the weight after dequantizing it, and bitsandbytes' Int8Params drops its
+        # scales when moved (the next forward fails on a CPU); and DoRA's path depends on the weight's
+        # Python class, which a fake tensor cannot take, so no plan could follow it.
+        why = ("PEFT copies each 4-bit layer to measure DoRA's norms, which bitsandbytes cannot do on the weightless "
+               "model memfit plans with" if spec.base_bits == 4 else
+               "PEFT's DoRA on bitsandbytes' 8-bit layers loses their scales when the weight is moved, and its path "
+               "depends on the weight's class, which the planner's fake weights cannot have")
+        problems.append(
+            f"{name('dora')}: not with {setting('method', spec.method)}: {why}. Use {name('dora')} with "
+            f"{setting('method', 'lora')}, or {spec.method} without {name('dora')}."
+        )
+    if ALL_LINEAR in spec.modules_to_save:
+        problems.append(
+            f"{name('modules_to_save')}: all-linear names LoRA targets, not modules to train whole: list module names, "
+            f"e.g. {setting('modules_to_save', 'embed_tokens,lm_head')}."
+        )
+    both = sorted((set(spec.modules_to_save) & set(spec.targets)) - {ALL_LINEAR})
+    if both:
+        problems.append(
+            f"{name('modules_to_save')}: {', '.join(both)} is also in {name('targets')}: a module either gets LoRA adapters "
+            "or is trained whole (PEFT does not do both). Remove it from one of them."
+        )
+    return problems
 
 
 # ------------------------------------------------------------------------------------------------
@@ -227,6 +319,12 @@ class RunSpec(BaseModel):
 
 #: Every knob, in declaration order.
 KNOBS: tuple[str, ...] = tuple(RunSpec.model_fields)
+
+#: Methods that freeze the base and train adapters.
+ADAPTER_METHODS: tuple[str, ...] = ("lora", "qlora", "lora-8bit")
+
+#: Methods whose frozen base layers are quantized, and the bits a weight takes.
+QUANTIZED_BASE_BITS: dict[str, int] = {"qlora": 4, "lora-8bit": 8}
 
 #: The knobs a training run takes (a training YAML's knob fields).
 TRAINED_KNOBS: tuple[str, ...] = tuple(
@@ -360,10 +458,12 @@ def precision_regime(method: str, precision: str, recipe: str = "memfit") -> str
         pure = "pure " if precision != "fp32" else ""
         return f"{pure}{precision}: weights, gradients and optimizer states in {precision}{tail}"
     base = weight_precision(method, precision)
+    # PEFT's k-bit preparation (the hf recipe) upcasts every weight that is not quantized to fp32.
+    kept = ", other weights fp32" if recipe == "hf" else ""
     if method == "qlora":
-        # PEFT's k-bit preparation (the hf recipe) upcasts every weight that is not 4-bit to fp32.
-        kept = ", other weights fp32" if recipe == "hf" else ""
         return f"4-bit base ({base} compute{kept}), fp32 adapters{tail}"
+    if method == "lora-8bit":
+        return f"8-bit base (LLM.int8 matmuls, {base} around them{kept}), fp32 adapters{tail}"
     return f"{base} base, fp32 adapters{tail}"
 
 
@@ -372,6 +472,114 @@ def tiles_sequence(tiling: str, recipe: str, tokens: int) -> bool:
     if recipe == "hf" or tiling == "off":
         return False
     return tiling == "on" or tokens >= TILING_AUTO_TOKENS
+
+
+# ------------------------------------------------------------------------------------------------
+# Preference objectives
+
+#: The objectives that train on chosen / rejected pairs.
+PREFERENCE_OBJECTIVES = ("dpo", "orpo", "simpo")
+
+#: Where a step's reference log-probs come from (:func:`reference_source`).
+REFERENCE_SOURCES = ("none", "disabled-adapters", "frozen-copy", "precomputed")
+
+
+def reference_source(objective: str, method: str, precompute_reference: bool = False) -> str:
+    """Where the reference log-probs of an ``objective`` step come from.
+
+    ``none``: the objective has no reference (sft, orpo, simpo); ``precomputed``: read from the batch
+    (one pass before training computed them); ``disabled-adapters``: LoRA and QLoRA take them from
+    the base model, the adapters switched off (PEFT's ``disable_adapter()``), with no second copy;
+    ``frozen-copy``: full fine-tuning keeps a frozen copy of the starting weights.
+    """
+    if objective != "dpo":
+        return "none"
+    if precompute_reference:
+        return "precomputed"
+    return "frozen-copy" if method == "full" else "disabled-adapters"
+
+
+def _objective_combinations(spec: "RunSpec", name, setting) -> list[str]:
+    """What a preference objective rules out, spelled as the user wrote the knobs."""
+    problems = []
+    if spec.precompute_reference and spec.objective != "dpo":
+        problems.append(
+            f"{name('precompute_reference')}: only {setting('objective', 'dpo')} has a reference model "
+            f"(got {setting('objective', spec.objective)}). Drop {name('precompute_reference')}."
+        )
+    if spec.objective != "sft" and spec.packing:
+        problems.append(
+            f"{name('packing')} cannot be used with {setting('objective', spec.objective)}: a pair's chosen and rejected "
+            f"answers are scored as whole sequences, not cut into packed rows. Drop {name('packing')} "
+            f"({name('padding_free')} keeps a micro-batch's pairs in one row without padding)."
+        )
+    if spec.objective != "sft" and spec.hf_loss != "model":
+        problems.append(
+            f"{name('hf_loss')}: {spec.hf_loss} is an sft loss; the hf recipe's {setting('objective', spec.objective)} "
+            f"takes log-probs from the model's whole logits, as TRL's preference trainers do. Drop {name('hf_loss')}."
+        )
+    if spec.objective != "sft" and spec.gpus > 1:
+        problems.append(
+            f"{setting('objective', spec.objective)} runs on one GPU in memfit (got {setting('gpus', spec.gpus)}). "
+            f"Use {setting('gpus', 1)}."
+        )
+    return problems
+
+
+class ObjectiveParams(BaseModel):
+    """The loss parameters of the preference objectives, under TRL's names and defaults.
+
+    They change the loss value, not the memory of a step: they are training-config fields (``beta:
+    0.1`` in a training YAML, ``--beta`` on ``memfit train``), not :class:`RunSpec` knobs, and plans do
+    not depend on them. :func:`objective_problems` checks them against the objective.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    beta: float = Field(
+        0.1,
+        description="dpo: how far the policy may move from the reference (TRL DPOConfig beta; for loss_type ipo, its "
+        "tau); orpo: the odds-ratio weight lambda (TRL ORPOConfig beta); simpo: the reward scale (TRL CPOConfig beta).",
+    )
+    loss_type: Literal["sigmoid", "ipo", "hinge"] = Field(
+        "sigmoid", description="dpo's loss (TRL DPOConfig loss_type): sigmoid (DPO), ipo (IPO, per-token averages), hinge (SLiC)."
+    )
+    simpo_gamma: float = Field(0.5, description="simpo: the target reward margin gamma (TRL CPOConfig simpo_gamma).")
+    cpo_alpha: float = Field(
+        0.0,
+        description="simpo: weight of an NLL term on the chosen answers (TRL CPOConfig cpo_alpha; 0 is SimPO as its paper "
+        "defines it, TRL's own default 1.0 is CPO-SimPO).",
+    )
+
+
+#: The fields of :class:`ObjectiveParams`, and the objectives each one applies to.
+OBJECTIVE_PARAMS: dict[str, tuple[str, ...]] = {
+    "beta": PREFERENCE_OBJECTIVES, "loss_type": ("dpo",), "simpo_gamma": ("simpo",), "cpo_alpha": ("simpo",),
+}
+
+
+def objective_problems(objective: str, params: ObjectiveParams, given: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """One line per problem with ``params`` for ``objective``, named as training-config fields.
+
+    ``given``: the fields the user set; one that does not apply to the objective is refused rather
+    than silently ignored, unless it holds its default (a run's whole recorded config, run.json's,
+    validates again).
+    """
+    problems = []
+    for field in sorted(given & set(OBJECTIVE_PARAMS)):
+        applies = OBJECTIVE_PARAMS[field]
+        if objective not in applies and getattr(params, field) != ObjectiveParams.model_fields[field].default:
+            problems.append(
+                f"{field}: applies to objective: {' or '.join(applies)}, and this run's objective is {objective}. "
+                f"Remove {field}, or set objective: {applies[0]}."
+            )
+    if not (math.isfinite(params.beta) and params.beta > 0):
+        problems.append(f"beta: {params.beta!r} must be a positive number (e.g. beta: 0.1)")
+    if not math.isfinite(params.simpo_gamma):
+        problems.append(f"simpo_gamma: {params.simpo_gamma!r} must be a number (e.g. simpo_gamma: 0.5)")
+    if not (math.isfinite(params.cpo_alpha) and params.cpo_alpha >= 0):
+        problems.append(f"cpo_alpha: {params.cpo_alpha!r} must be 0 or more (e.g. cpo_alpha: 0)")
+    return problems
 
 
 # ------------------------------------------------------------------------------------------------

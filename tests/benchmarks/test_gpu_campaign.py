@@ -1,6 +1,8 @@
 """The GPU campaign's whole logic runs on a CPU with tiny models (``--tiny --device cpu``), so that
 it cannot rot between GPU runs: every part's results file, resume, ``--parts``,
-``--max-minutes`` and the report."""
+``--max-minutes`` and the report. The dry runs hold ``--max-minutes`` against a clock that does not
+move (``--frozen-clock``), so what starts depends on the estimates alone, not on how busy the
+machine is; the subprocess timeouts only catch a hung process."""
 
 import json
 import subprocess
@@ -14,9 +16,13 @@ CAMPAIGN = ROOT / "benchmarks" / "gpu_campaign.py"
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
+#: Only a hung dry run takes this long, however busy the machine (a quiet one takes about a minute).
+HANG_S = 3600
+
+
 def campaign(*args, tiny=True):
-    command = [sys.executable, str(CAMPAIGN), *(["--tiny", "--device", "cpu"] if tiny else []), *map(str, args)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    command = [sys.executable, str(CAMPAIGN), *(["--tiny", "--device", "cpu", "--frozen-clock"] if tiny else []), *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=HANG_S, cwd=ROOT)
 
 
 def load(folder: Path, name: str) -> dict:
@@ -27,8 +33,8 @@ def load(folder: Path, name: str) -> dict:
 def test_dry_run_every_part_then_resume_then_time_limit(tmp_path):
     out = tmp_path / "results" / "cpu"
 
-    # Three parts only: their files and nothing else.
-    first = campaign("--parts", "tests,accuracy,constants", "--out", out)
+    # Three parts only, within a budget that their estimates fit: their files and nothing else.
+    first = campaign("--parts", "tests,accuracy,constants", "--out", out, "--max-minutes", "5")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     assert {p.name for p in out.iterdir()} == {"campaign.json", "campaign.log", "tests.json", "accuracy.json", "constants.json"}
 
@@ -84,17 +90,20 @@ def test_dry_run_every_part_then_resume_then_time_limit(tmp_path):
     assert invocations[1]["parts"]["tests"]["status"] == "done earlier"
     assert invocations[0]["environment"]["versions"]["torch"]
 
-    # No time: nothing starts, and no part file is written.
-    empty = tmp_path / "results" / "none"
-    stopped = campaign("--out", empty, "--max-minutes", "0")
-    assert stopped.returncode == 0, stopped.stderr[-3000:]
-    assert {p.name for p in empty.iterdir()} == {"campaign.json", "campaign.log"}
-    assert all(p["status"].startswith(("not started", "partial")) for p in load(empty, "campaign.json")["invocations"][0]["parts"].values())
+    # A budget of 18 s: the tests part (estimated 20 s) does not start and writes no file, whatever
+    # the machine's speed (the clock is frozen: only the estimates count).
+    budget = tmp_path / "results" / "budget"
+    limited = campaign("--parts", "tests", "--out", budget, "--max-minutes", "0.3")
+    assert limited.returncode == 0, limited.stderr[-3000:]
+    assert {p.name for p in budget.iterdir()} == {"campaign.json", "campaign.log"}
+    assert load(budget, "campaign.json")["invocations"][0]["parts"]["tests"]["status"] == "not started (time)"
 
-    # The report reads the results; the dry run is marked as such.
+    # The report reads the results; the dry run is marked as such (the command's own --report is
+    # test_report_without_results_says_so's).
+    from _campaign_report import write_report
+
     doc = tmp_path / "gpu-results.md"
-    report = campaign("--report", "--results-root", tmp_path / "results", "--doc", doc, "--include-tiny", tiny=False)
-    assert report.returncode == 0, report.stderr[-3000:]
+    write_report(tmp_path / "results", doc, None, include_tiny=True)
     text = doc.read_text()
     assert "dry run on a CPU" in text and "### 2. Planner accuracy" in text and "tiny-llama/lora-on-2x64" in text
 
@@ -128,6 +137,27 @@ def test_bad_options_one_line_exit_2(args, option):
 def test_cpu_without_tiny_is_refused():
     result = campaign("--device", "cpu", tiny=False)
     assert result.returncode == 2 and "--tiny" in result.stderr
+
+
+def test_the_time_budget_reads_the_clock_it_is_given():
+    from gpu_campaign import GRACE_S, Clock, FrozenClock
+
+    now = [1000.0]
+    clock = Clock(2, now=lambda: now[0])  # two minutes from t=1000
+    assert clock.allows(120) and not clock.allows(120.5)
+    now[0] = 1100.0
+    assert clock.elapsed() == 100 and clock.allows(20) and not clock.allows(21)
+    # A child may run to the deadline plus the grace period, and no less than 30 s.
+    assert clock.child_timeout(1) == 20 + GRACE_S
+    now[0] = 1300.0
+    assert clock.child_timeout(1) == 30 and clock.child_deadline == 1120
+    # Without a budget only a hung child is stopped: at 5x its estimate, the hang limit at least.
+    open_ended = Clock(None, now=lambda: now[0])
+    assert open_ended.allows(10**9) and open_ended.child_timeout(1) == 120 and open_ended.child_timeout(100) == 500
+
+    frozen = FrozenClock(0.5)
+    assert frozen.allows(30) and not frozen.allows(31) and frozen.elapsed() == 0
+    assert frozen.child_deadline is None and frozen.child_timeout(1) == 3600
 
 
 def test_merge_keeps_units_of_both_and_every_invocation():

@@ -33,6 +33,26 @@ def test_the_medians_are_those_of_the_cases():
     assert RESULT["summary"] == interop_accuracy.summary(RESULT["cases"])
 
 
-def test_the_doc_table_is_the_results_file():
+def test_the_doc_table_and_figures_are_the_results_file():
+    import figures
+
     text = interop_accuracy.DOC.read_text()
-    assert interop_accuracy.render_doc(text, RESULT) == text, "python benchmarks/interop_accuracy.py --doc"
+    assert "<!-- figures:begin interop-accuracy" in text
+    assert [f for _, f, _ in figures.references([interop_accuracy.DOC])].count("interop_accuracy") >= 10
+    problems = figures.check_text(text, figures.Results(), interop_accuracy.DOC)
+    assert not problems, f"{problems} (python benchmarks/interop_accuracy.py --doc)"
+
+
+def test_doc_rewrites_the_table_from_the_results(tmp_path, monkeypatch):
+    """--doc writes the block from the file it is given: a changed median reaches the page."""
+    results = tmp_path / "results"
+    results.mkdir()
+    changed = json.loads(json.dumps(RESULT))
+    changed["summary"]["all"]["median_abs_error"] = 0.5
+    (results / "interop_accuracy.json").write_text(json.dumps(changed))
+    doc = tmp_path / "interop.md"
+    doc.write_text(interop_accuracy.DOC.read_text())
+    monkeypatch.setattr(interop_accuracy, "DOC", doc)
+    assert interop_accuracy.main(["--doc", "--out", str(results / "interop_accuracy.json")]) == 0
+    text = doc.read_text()
+    assert "| all | 21 | 50.0% |" in text and "cases the median is\n50.0%<!--fig" in text

@@ -61,6 +61,10 @@ def test_a_qlora_config_maps_every_memory_key(write_config):
     [
         ("adapter: lora\nlora_target_linear: true\n", "targets", ("all-linear",)),
         ("adapter: lora\nload_in_4bit: true\n", "method", "qlora"),
+        ("adapter: lora\nload_in_8bit: true\n", "method", "lora-8bit"),
+        ("adapter: lora\npeft_use_dora: true\n", "dora", True),
+        ("adapter: lora\npeft_use_rslora: true\n", "rslora", True),
+        ("adapter: lora\nlora_modules_to_save: [lm_head]\n", "modules_to_save", ("lm_head",)),
         ("batch_size: 32\nmicro_batch_size: 4\n", "grad_accum", 8),
         ("gradient_checkpointing: offload\n", "checkpointing", "offload"),
         ("activation_offloading: true\ngradient_checkpointing: true\n", "checkpointing", "offload"),
@@ -87,9 +91,7 @@ def test_each_memory_key(write_config, text, knob, value):
 def test_what_is_not_modelled_is_listed_with_why(write_config):
     config = _read(write_config, """
         adapter: lora
-        load_in_8bit: true
-        lora_modules_to_save: [embed_tokens, lm_head]
-        peft_use_dora: true
+        gptq: true
         rl: dpo
         torch_compile: true
         liger_rms_norm: true
@@ -97,12 +99,44 @@ def test_what_is_not_modelled_is_listed_with_why(write_config):
         tensor_parallel_size: 1
     """)
     found = {f.key: f.why for f in config.not_modelled}
-    assert set(found) == {"adapter, load_in_8bit", "lora_modules_to_save", "peft_use_dora", "rl", "torch_compile",
-                          "liger_rms_norm", "eager_attention"}
-    assert "8-bit base" in found["adapter, load_in_8bit"]
-    assert "memfit has no modules_to_save knob yet" in found["lora_modules_to_save"]
-    assert "memfit has no objective knob yet" in found["rl"]
+    assert set(found) == {"adapter, gptq", "torch_compile", "liger_rms_norm", "eager_attention"}
+    assert "GPTQ-quantized base" in found["adapter, gptq"]
+    assert config.knobs["objective"] == "dpo"  # rl: dpo is memfit's objective
     assert config.knobs["method"] == "lora" and "padding_free" not in config.knobs  # eager: planned as SDPA
+
+
+def test_the_adapter_options_set_memfits_knobs(write_config):
+    # Axolotl's own 8B LoRA example: an 8-bit base, embed_tokens and lm_head trained whole; with DoRA and rsLoRA.
+    config = _read(write_config, """
+        adapter: lora
+        load_in_8bit: true
+        lora_modules_to_save: [embed_tokens, lm_head]
+        peft_ensure_weight_tying: true
+        peft_use_dora: false
+        peft_use_rslora: true
+    """)
+    assert config.knobs["method"] == "lora-8bit" and config.knobs["kbit_upcast"] is False
+    assert (config.knobs["modules_to_save"], config.knobs["dora"], config.knobs["rslora"]) == (("embed_tokens", "lm_head"), False, True)
+    assert config.sources["method"] == ("adapter", "load_in_8bit") and config.not_modelled == []
+    found = {f.key: f.why for f in config.approximated}
+    assert "not 8-bit to fp32" in found["load_in_8bit"]  # PEFT's k-bit preparation, then Axolotl's cast back
+    assert "lora_modules_to_save, peft_ensure_weight_tying" not in found  # one shared copy, as memfit trains it
+    assert _read(write_config, "adapter: lora\npeft_use_dora: true\n").knobs["dora"] is True
+
+
+def test_a_tied_embedding_and_head_trained_whole_without_weight_tying_is_listed(write_config):
+    config = _read(write_config, "adapter: lora\nlora_modules_to_save: embed_tokens, lm_head\n")
+    assert config.knobs["modules_to_save"] == ("embed_tokens", "lm_head")
+    found = {f.key: f.why for f in config.approximated}
+    assert "trains a copy of each: planned as one shared copy" in found["lora_modules_to_save"]
+    assert "peft_ensure_weight_tying: true" in found["lora_modules_to_save"]
+
+
+def test_adapter_options_of_a_full_fine_tuning_config_mean_nothing(write_config):
+    # Axolotl reads them only with an adapter: without one they are not knobs memfit would refuse.
+    config = _read(write_config, "lora_modules_to_save: [lm_head]\npeft_use_dora: true\npeft_use_rslora: true\n")
+    assert config.knobs["method"] == "full"
+    assert not {"modules_to_save", "dora", "rslora"} & set(config.knobs)
 
 
 def test_approximations_are_listed(write_config):
@@ -191,3 +225,20 @@ def test_a_bad_attention_flag_is_one_problem(write_config):
     with pytest.raises(ToolConfigError) as err:
         _read(write_config, "flash_attention: maybe\n")
     assert [p.split(":")[0] for p in err.value.problems] == ["flash_attention"]
+
+
+@pytest.mark.parametrize("rl, objective", [("dpo", "dpo"), ("ipo", "dpo"), ("orpo", "orpo"), ("simpo", "simpo")])
+def test_preference_trainers_are_planned_as_their_objective(write_config, rl, objective):
+    from memfit.spec import make_spec
+
+    config = _read(write_config, f"adapter: lora\nrl: {rl}\nprecompute_ref_log_probs: true\n")
+    spec = make_spec(**config.knobs)
+    assert spec.objective == objective and not config.not_modelled
+    # Only DPO has a reference to precompute.
+    assert spec.precompute_reference is (objective == "dpo")
+
+
+def test_other_rl_trainers_are_listed_and_planned_as_sft(write_config):
+    config = _read(write_config, "adapter: lora\nrl: kto\n")
+    assert "objective" not in config.knobs
+    assert [f.key for f in config.not_modelled] == ["rl"] and "rl: kto" in config.not_modelled[0].why

@@ -59,10 +59,48 @@ def test_qlora_and_peft_s_default_targets(write_config):
     assert config.knobs["precision"] == "bf16" and any("adapters to bf16" in f.why for f in config.approximated)
 
 
-def test_a_dpo_config_is_preference_training_not_modelled(write_config):
+def test_an_8bit_base_and_the_adapter_options(write_config):
+    config = _read(write_config, """
+        use_peft: true
+        load_in_8bit: true
+        dtype: bfloat16
+        lora_target_modules: all-linear
+        lora_modules_to_save: [lm_head]
+        use_dora: false
+        use_rslora: true
+    """)
+    knobs = config.knobs
+    assert (knobs["method"], knobs["modules_to_save"], knobs["dora"], knobs["rslora"]) == ("lora-8bit", ("lm_head",), False, True)
+    assert knobs["kbit_upcast"] is False and any("not 8-bit in the compute dtype" in f.why for f in config.approximated)
+    assert config.not_modelled == []
+    assert _read(write_config, "use_peft: true\nuse_dora: true\n").knobs["dora"] is True
+
+
+def test_a_dpo_config_is_planned_as_dpo(write_config):
     config = _read(write_config, "beta: 0.1\nmax_length: 1024\nuse_peft: true\ndtype: bfloat16\n")
-    assert any("preference training" in f.why and "objective" in f.why for f in config.not_modelled)
+    assert config.knobs["objective"] == "dpo" and config.not_modelled == []
     assert "hf_loss" not in config.knobs  # DPO's loss is the model's, over both completions
+    spec = make_spec(**config.knobs)
+    assert spec.reference == "disabled-adapters" and spec.recipe == "hf"
+
+
+def test_dpo_precompute_ref_log_probs_is_precompute_reference(write_config):
+    config = _read(write_config, "beta: 0.1\nprecompute_ref_log_probs: true\n")
+    assert make_spec(**config.knobs).reference == "precomputed"  # full fine-tuning without its frozen copy
+
+
+@pytest.mark.parametrize("text, approximated", [("loss_type: simpo\nsimpo_gamma: 0.5\n", False), ("cpo_alpha: 1.0\n", True)])
+def test_a_cpo_config_is_planned_as_simpo(write_config, text, approximated):
+    config = _read(write_config, "use_peft: true\n" + text)
+    assert config.knobs["objective"] == "simpo" and make_spec(**config.knobs).reference == "none"
+    assert any("SimPO's step" in f.why for f in config.approximated) is approximated
+
+
+def test_liger_on_a_dpo_config_is_listed_not_planned_as_an_sft_loss(write_config):
+    config = _read(write_config, "beta: 0.1\nuse_peft: true\nuse_liger_kernel: true\n")
+    assert "hf_loss" not in config.knobs and config.knobs["objective"] == "dpo"
+    assert any("Liger's fused preference loss" in f.why for f in config.not_modelled)
+    make_spec(**config.knobs)  # a valid plan
 
 
 def test_plain_training_arguments_json(write_config):

@@ -107,16 +107,40 @@ def test_what_is_not_modelled_is_listed(write_config):
         pref_loss: sigmoid
         finetuning_type: lora
         quantization_bit: 8
-        additional_target: embed_tokens,lm_head
-        use_dora: true
+        quantization_method: hqq
         use_unsloth: true
         use_galore: true
     """)))
     found = {f.key: f.why for f in config.not_modelled}
-    assert set(found) == {"finetuning_type, quantization_bit", "additional_target", "use_dora", "use_unsloth", "use_galore",
-                          "stage, pref_loss"}
-    assert "8-bit base" in found["finetuning_type, quantization_bit"]
+    assert set(found) == {"finetuning_type, quantization_bit, quantization_method", "use_unsloth", "use_galore"}
+    assert "8-bit base (hqq)" in found["finetuning_type, quantization_bit, quantization_method"]
+    assert config.knobs["objective"] == "dpo"  # stage: dpo is memfit's objective
     assert config.knobs["method"] == "lora"
+
+
+def test_the_adapter_options_set_memfits_knobs(write_config):
+    config = read_tool_config(write_config("lf.yaml", textwrap.dedent("""
+        model_name_or_path: org/model
+        finetuning_type: lora
+        quantization_bit: 8
+        additional_target: embed_tokens,lm_head
+        use_dora: false
+        use_rslora: true
+    """)))
+    knobs = config.knobs
+    assert (knobs["method"], knobs["kbit_upcast"]) == ("lora-8bit", False)  # LLaMA-Factory skips PEFT's k-bit preparation
+    assert (knobs["modules_to_save"], knobs["dora"], knobs["rslora"]) == (("embed_tokens", "lm_head"), False, True)
+    assert config.not_modelled == []
+    found = {f.key: f.why for f in config.approximated}
+    assert "PEFT without ensure_weight_tying trains a copy of each: planned as one shared copy" in found["additional_target"]
+    dora = read_tool_config(write_config("d.yaml", "model_name_or_path: org/model\nuse_dora: true\nadditional_target: lm_head\n"))
+    assert dora.knobs["dora"] is True and dora.knobs["modules_to_save"] == ("lm_head",)
+    assert "additional_target" not in {f.key for f in dora.approximated}  # one module named: one copy either way
+
+
+def test_dora_on_a_4bit_base_is_refused_naming_the_keys(write_config):
+    with pytest.raises(ToolConfigError, match=r"use_dora \(memfit dora\): not with method: qlora"):
+        read_tool_config(write_config("q.yaml", "model_name_or_path: org/model\nquantization_bit: 4\nuse_dora: true\n"))
 
 
 def test_a_quantized_full_fine_tuning_is_refused(write_config):
@@ -133,3 +157,17 @@ def test_a_deepspeed_file_next_to_the_config_is_read(write_config):
     config = _read(write_config, "finetuning_type: full\ndeepspeed: ds/ds_z2_offload.json\nbf16: true\n")
     assert config.shard == "zero2"
     assert config.zero.offload_optimizer and config.zero.reduce_bucket_elements == 500_000_000 and config.zero.bf16 is True
+
+
+@pytest.mark.parametrize("pref_loss, objective", [("sigmoid", "dpo"), ("ipo", "dpo"), ("orpo", "orpo"), ("simpo", "simpo")])
+def test_a_dpo_stage_is_planned_as_its_objective(write_config, pref_loss, objective):
+    config = read_tool_config(write_config("lf.yaml", f"model_name_or_path: org/model\nstage: dpo\npref_loss: {pref_loss}\n"))
+    assert config.knobs["objective"] == objective and config.not_modelled == []
+    assert make_spec(**config.knobs).reference == ("disabled-adapters" if objective == "dpo" else "none")
+
+
+def test_other_stages_and_a_reference_model_of_its_own_are_listed(write_config):
+    config = read_tool_config(write_config("lf.yaml", "model_name_or_path: org/model\nstage: kto\n"))
+    assert "objective" not in config.knobs and "stage: kto" in config.not_modelled[0].why
+    config = read_tool_config(write_config("lf.yaml", "model_name_or_path: org/model\nstage: dpo\nref_model: org/other\n"))
+    assert [f.key for f in config.not_modelled] == ["ref_model"]

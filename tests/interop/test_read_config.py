@@ -115,10 +115,10 @@ def test_a_model_config_json_is_a_model_not_a_tool_config(write_config, tiny_mod
 
 
 def test_the_plan_json_of_a_config_holds_what_was_read(write_config):
-    config = read_tool_config(write_config("a.yml", "base_model: org/model\nload_in_8bit: true\nadapter: lora\n"))
+    config = read_tool_config(write_config("a.yml", "base_model: org/model\ngptq: true\nadapter: lora\n"))
     data = json.loads(json.dumps(config.to_dict()))
     assert data["tool"] == "axolotl" and data["model"] == "org/model"
     assert data["knobs"]["method"] == "lora" and data["knobs"]["recipe"] == "hf"
-    assert data["keys"]["method"] == ["adapter", "load_in_8bit"]
-    assert [item["key"] for item in data["not_modelled"]] == ["adapter, load_in_8bit"]
-    assert "8-bit base" in data["not_modelled"][0]["why"]
+    assert data["keys"]["method"] == ["adapter", "gptq"]
+    assert [item["key"] for item in data["not_modelled"]] == ["adapter, gptq"]
+    assert "GPTQ-quantized base" in data["not_modelled"][0]["why"]

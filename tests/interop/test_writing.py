@@ -78,6 +78,33 @@ def test_a_method_change_writes_the_tool_s_method_keys(write_config, tmp_path):
     assert read_tool_config(tmp_path / "q.yml").knobs["method"] == "qlora"
 
 
+@pytest.mark.parametrize(
+    "name, text, keys",
+    [
+        ("axolotl.yml", AXOLOTL, {"adapter": "lora", "load_in_8bit": True}),
+        ("lf.yaml", "model_name_or_path: org/model\nfinetuning_type: lora\nquantization_bit: 4\n", {"quantization_bit": 8}),
+        ("trl.yaml", "model_name_or_path: org/model\nuse_peft: true\n", {"use_peft": True, "load_in_8bit": True}),
+    ],
+)
+def test_an_8bit_base_is_written_as_each_tool_asks_for_it(write_config, tmp_path, name, text, keys):
+    from ruamel.yaml import YAML
+
+    config = write_config(name, text)
+    write_fitted_config(config, _spec(method="lora-8bit"), tmp_path / ("8bit-" + name))
+    written = YAML(typ="safe").load((tmp_path / ("8bit-" + name)).read_text())
+    assert {k: written.get(k) for k in keys} == keys
+    assert read_tool_config(tmp_path / ("8bit-" + name)).knobs["method"] == "lora-8bit"
+    write_fitted_config(tmp_path / ("8bit-" + name), _spec(method="lora"), tmp_path / ("back-" + name))  # and back
+    assert read_tool_config(tmp_path / ("back-" + name)).knobs["method"] == "lora"
+
+
+def test_trl_s_8bit_key_is_written_only_where_it_says_something(write_config, tmp_path):
+    config = write_config("trl.yaml", "model_name_or_path: org/model\nuse_peft: true\n")
+    write_fitted_config(config, _spec(method="qlora"), tmp_path / "q.yaml")
+    text = (tmp_path / "q.yaml").read_text()
+    assert "load_in_4bit: true" in text and "load_in_8bit" not in text
+
+
 def test_the_input_is_refused_as_the_output_unless_overwrite(write_config):
     config = write_config("axolotl.yml", AXOLOTL)
     with pytest.raises(PathError, match="is the config being fitted"):

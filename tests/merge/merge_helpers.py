@@ -54,7 +54,10 @@ def save_adapter(base: Path, folder: Path, dtype, seed=1, **lora_kwargs) -> Path
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
-            if "lora_" in name:
+            if "lora_magnitude_vector" in name:
+                # DoRA's magnitudes start as the row norms; trained ones move away from them
+                param.mul_(1 + torch.randn(param.shape, generator=gen) * 0.1)
+            elif "lora_" in name:
                 param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
             elif "modules_to_save" in name:
                 param.add_(torch.randn(param.shape, generator=gen).to(param.dtype) * 0.1)

@@ -44,6 +44,10 @@ def test_plain_config_has_no_problems():
 
 
 def test_all_problems_reported_at_once():
-    problems = config_problems({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "use_dora": True, "bias": "lora_only"})
+    problems = config_problems({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "lora_bias": True, "bias": "lora_only"})
     assert len(problems) == 2
-    assert any("DoRA" in p for p in problems) and any("bias='lora_only'" in p for p in problems)
+    assert any("lora_bias=True" in p for p in problems) and any("bias='lora_only'" in p for p in problems)
+
+
+def test_dora_is_merged_not_refused():
+    assert config_problems({"peft_type": "LORA", "r": 8, "lora_alpha": 16, "use_dora": True}) == []

@@ -232,3 +232,48 @@ def test_interrupted_merge_leaves_nothing_and_keeps_old_out(tmp_path, llama_bf16
         merge(llama_bf16, plain_adapter, fresh, progress=False)
     assert not fresh.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+# DoRA: m * (W + s*BA) / ||W + s*BA|| per output row, as PEFT's merge_and_unload computes it.
+
+
+def test_dora_bf16_sharded_matches_peft(tmp_path, llama_bf16):
+    adapter = save_adapter(llama_bf16, tmp_path / "adapter", torch.bfloat16, r=4, lora_alpha=8, use_dora=True,
+                           target_modules="all-linear")
+    result, _, _ = _compare(tmp_path, llama_bf16, adapter, torch.bfloat16)
+    assert result.shard_count > 2 and result.merged_tensor_count == 7 * 2
+
+
+def test_dora_fp32_with_rslora_and_rank_patterns_matches_peft(tmp_path, llama_fp32):
+    adapter = save_adapter(llama_fp32, tmp_path / "adapter", torch.float32, r=4, lora_alpha=8, use_dora=True, use_rslora=True,
+                           target_modules=["q_proj", "o_proj", "down_proj"], rank_pattern={"o_proj": 2}, alpha_pattern={"down_proj": 3})
+    _compare(tmp_path, llama_fp32, adapter, torch.float32)
+
+
+def test_dora_on_gpt2_conv1d_matches_peft(tmp_path):
+    base = save_base(gpt2_config(), tmp_path / "base", torch.float32, max_shard_size="100KB")
+    adapter = save_adapter(base, tmp_path / "adapter", torch.float32, r=4, lora_alpha=8, use_dora=True, fan_in_fan_out=True,
+                           target_modules=["c_attn", "c_proj", "c_fc"])
+    result, _, _ = _compare(tmp_path, base, adapter, torch.float32)
+    assert result.merged_tensor_count == 2 * 4
+
+
+def test_dora_cast_to_another_dtype_equals_peft_then_cast(tmp_path, llama_bf16):
+    adapter = save_adapter(llama_bf16, tmp_path / "adapter", torch.bfloat16, r=4, lora_alpha=8, use_dora=True,
+                           target_modules=["q_proj", "v_proj"])
+    ours = tmp_path / "ours"
+    merge(llama_bf16, adapter, ours, dtype="fp32", progress=False)
+    # fp32 output: PEFT on the base loaded in fp32
+    assert_same_tensors(ours, peft_merge(llama_bf16, adapter, tmp_path / "peft", torch.float32))
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_dora_with_modules_to_save_matches_peft(tmp_path, llama_bf16, llama_tied, tied):
+    base = llama_tied if tied else llama_bf16
+    extra = dict(ensure_weight_tying=True) if tied else {}
+    adapter = save_adapter(base, tmp_path / "adapter", torch.bfloat16, r=4, lora_alpha=8, use_dora=True,
+                           target_modules="all-linear", modules_to_save=["embed_tokens", "lm_head"], **extra)
+    result, ours, reference = _compare(tmp_path, base, adapter, torch.bfloat16)
+    # tied: one trained copy, written once for both (the merged model stays tied)
+    assert result.replaced_tensor_count == (1 if tied else 2) and not result.untied_embeddings
+    assert json.loads((ours / "config.json").read_text()).get("tie_word_embeddings", True) is tied

@@ -34,7 +34,7 @@ def _refused(tmp_path, base, adapter, match, out=None, **kwargs):
 @pytest.mark.parametrize(
     "change, match",
     [
-        ({"use_dora": True}, r"use_dora=True \(DoRA\)"),
+        ({"use_dora": True}, r"has no DoRA magnitude \(lora_magnitude_vector\) but adapter_config.json says use_dora=true"),
         ({"peft_type": "IA3"}, r"peft_type is 'IA3'"),
         ({"bias": "all"}, r"bias='all'"),
         ({"lora_bias": True}, r"lora_bias=True"),
@@ -75,9 +75,32 @@ def test_unknown_adapter_tensor(tmp_path, llama_bf16, plain_adapter):
 
     adapter = _copy_adapter(plain_adapter, tmp_path)
     tensors = load_file(adapter / "adapter_model.safetensors")
+    tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_scaler.weight"] = torch.ones(64)
+    save_file(tensors, adapter / "adapter_model.safetensors")
+    _refused(tmp_path, llama_bf16, adapter, r"lora_scaler.weight' is neither a LoRA weight")
+
+
+def test_a_dora_magnitude_in_an_adapter_without_dora(tmp_path, llama_bf16, plain_adapter):
+    from safetensors.torch import load_file, save_file
+
+    adapter = _copy_adapter(plain_adapter, tmp_path)
+    tensors = load_file(adapter / "adapter_model.safetensors")
     tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector"] = torch.ones(64)
     save_file(tensors, adapter / "adapter_model.safetensors")
-    _refused(tmp_path, llama_bf16, adapter, r"lora_magnitude_vector' is neither a LoRA weight")
+    _refused(tmp_path, llama_bf16, adapter, r"q_proj' has a DoRA magnitude but adapter_config.json says use_dora=false")
+
+
+def test_a_dora_magnitude_of_the_wrong_length(tmp_path, llama_bf16, plain_adapter):
+    from safetensors.torch import load_file, save_file
+
+    adapter = _copy_adapter(plain_adapter, tmp_path, use_dora=True)
+    tensors = load_file(adapter / "adapter_model.safetensors")
+    for key in [k for k in tensors if k.endswith(".lora_A.weight")]:
+        module = key.removesuffix(".lora_A.weight")
+        tensors[f"{module}.lora_magnitude_vector"] = torch.ones(7 if "layers.1.self_attn.q_proj" in module else tensors[f"{module}.lora_B.weight"].shape[0])
+    save_file(tensors, adapter / "adapter_model.safetensors")
+    _refused(tmp_path, llama_bf16, adapter, r"DoRA magnitude .*layers.1.self_attn.q_proj.lora_magnitude_vector' is \[7\] but base tensor "
+                                            r"'model.layers.1.self_attn.q_proj.weight' has 64 output rows")
 
 
 @pytest.mark.parametrize("where", ["same", "inside", "symlink", "parent"])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import memfit
-from memfit.planner.api import PlanError, extrapolate_linear, sample_layer_counts
+from memfit.planner.api import PlanError
+from memfit.planner.extrapolate import extrapolate_linear, sample_layer_counts
 from memfit.planner.categories import CATEGORIES
 
 CONTRACT_KEYS = {"model", "spec", "peak", "categories", "gpu", "fits", "headroom_bytes"}

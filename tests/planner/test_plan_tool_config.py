@@ -37,15 +37,15 @@ def _axolotl(tmp_path, model_folder, extra: str = "") -> str:
 
 
 def test_a_config_plans_as_its_knobs_plan_on_the_hugging_face_step(tmp_path, model_folder):
-    config = _axolotl(tmp_path, model_folder, "peft_use_dora: true\n")
+    config = _axolotl(tmp_path, model_folder, "peft_use_dora: true\ntorch_compile: true\n")
     from_config = plan(config, cache=False)
     by_hand = plan(str(model_folder), method="lora", rank=8, targets="all-linear", seq_len=128, batch_size=2, grad_accum=2,
-                   checkpointing="on", precision="fp32", recipe="hf", cache=False)
+                   checkpointing="on", precision="fp32", recipe="hf", dora=True, cache=False)
     assert from_config.device_total_bytes == by_hand.device_total_bytes
     assert from_config.spec == by_hand.spec
     read = from_config.details["config"]
     assert read["tool"] == "axolotl" and read["path"] == config
-    assert [f["key"] for f in read["not_modelled"]] == ["peft_use_dora"]
+    assert [f["key"] for f in read["not_modelled"]] == ["torch_compile"]
 
 
 def test_options_given_replace_the_config_s(tmp_path, model_folder):
@@ -67,8 +67,13 @@ def test_a_sharded_config_on_one_gpu_is_planned_unsharded_and_says_so(tmp_path, 
 
 
 def test_fit_keeps_the_config_s_method_batch_and_length(tmp_path, model_folder):
-    result = fit(_axolotl(tmp_path, model_folder), budget="2GiB", max_seq_len=False, workers=1)
+    found, expected = [], []
+    result = fit(_axolotl(tmp_path, model_folder), budget="2GiB", max_seq_len=False, workers=1,
+                 found=lambda method, fits: found.append((method, [f.spec for f in fits])), plans_expected=expected.append)
     assert result.fits and {f.spec["method"] for f in result.fits} == {"lora"}
+    # The caller hears of the search as for any model (memfit ui streams it); the callbacks are not knobs.
+    assert [m for m, _ in found] == ["lora"] and len(found[0][1]) == len(result.fits) and expected and expected[0] > 0
+    assert result.to_dict()["details"]["config"]["given"] == {}
     best = result.fits[0].spec
     assert best["batch_size"] * best["grad_accum"] == 4 and best["seq_len"] == 128 and best["recipe"] == "hf"
     assert result.to_dict()["details"]["config"]["tool"] == "axolotl"

@@ -88,6 +88,8 @@ def test_json_contract():
         ({}, "fit needs --gpu NAME or --budget SIZE"),
         ({"gpu": "rtx-4090", "methods": ("dora",)}, "--method: dora is not one of"),
         ({"gpu": "rtx-4090", "checkpointing": "on"}, "--checkpointing is chosen by the search"),
+        ({"gpu": "rtx-4090", "methods": ("full", "lora"), "dora": True}, "--dora: only with adapters (--method lora"),
+        ({"gpu": "rtx-4090", "methods": ("qlora",), "dora": True}, "--dora: not with --method qlora"),
         ({"gpu": "rtx-4091"}, "Did you mean 'rtx-4090'"),
     ],
 )
@@ -95,6 +97,14 @@ def test_bad_input(kwargs, message):
     with pytest.raises(PlanError) as info:
         fit("smollm2-135m", **kwargs)
     assert message in str(info.value)
+
+
+def test_a_huge_batch_is_one_problem_with_fits_bound_beside_the_others():
+    with pytest.raises(PlanError) as info:
+        fit("smollm2-135m", gpu="rtx-4090", batch_size=10**20, rank=0)
+    batch = [p for p in info.value.problems if p.startswith("--batch-size")]
+    assert len(batch) == 1 and "fit plans micro-batch 1" in batch[0]
+    assert any(p.startswith("--rank: 0") for p in info.value.problems)
 
 
 def test_speed_estimate_orders_settings():
@@ -111,10 +121,35 @@ def test_worker_processes_report_every_plan_as_it_is_made(tiny_llama):
     # progress callback, so a long search shows its progress plan by plan, as a one-process one does.
     lines: list[str] = []
     options = dict(budget="2GiB", batch_size=2, seq_len=64, methods=("full", "lora"), max_seq_len=False)
-    parallel = fit(tiny_llama, workers=2, progress=lines.append, **options)
+    found: list[tuple[str, int]] = []
+    parallel = fit(tiny_llama, workers=2, progress=lines.append, found=lambda m, fits: found.append((m, len(fits))), **options)
     assert len(lines) == parallel.plans_made > 2
     assert {line.split(" ")[0] for line in lines} == {"full", "lora"}
+    # Each method's fits are told as its search ends, before the ranking.
+    assert sorted(found) == sorted((m, sum(f.spec["method"] == m for f in parallel.fits)) for m in ("full", "lora"))
     one_process: list[str] = []
-    alone = fit(tiny_llama, workers=1, progress=one_process.append, **options)
+    found_alone: list[tuple[str, int]] = []
+    alone = fit(tiny_llama, workers=1, progress=one_process.append, found=lambda m, fits: found_alone.append((m, len(fits))), **options)
     assert sorted(one_process) == sorted(lines)
+    assert [m for m, _ in found_alone] == ["full", "lora"] and sorted(found_alone) == sorted(found)
     assert [f.spec for f in alone.fits] == [f.spec for f in parallel.fits]
+
+
+def test_adapter_options_are_searched_only_when_asked():
+    from memfit.planner.search import DEFAULT_METHODS, _methods_for
+
+    assert DEFAULT_METHODS == ("full", "lora", "qlora")  # no 8-bit base unless --method lora-8bit
+    assert _methods_for(None, {}) == (DEFAULT_METHODS, [])
+    assert _methods_for(("lora-8bit", "lora"), {}) == (("lora-8bit", "lora"), [])
+    assert _methods_for(None, {"modules_to_save": "lm_head", "rslora": True}) == (("lora", "qlora"), [])
+    assert _methods_for(None, {"dora": True}) == (("lora",), [])
+    assert _methods_for(None, {"dora": False}) == (DEFAULT_METHODS, [])
+
+
+def test_every_fit_of_a_dora_search_trains_dora_and_the_modules_asked_for(tiny_llama):
+    result = fit(tiny_llama, budget="1GiB", batch_size=2, seq_len=64, max_seq_len=False, workers=1, dora=True,
+                 modules_to_save="lm_head")
+    assert result.fits and {f.spec["method"] for f in result.fits} == {"lora"}
+    for f in result.fits:
+        assert f.spec["dora"] is True and f.spec["modules_to_save"] == ["lm_head"]
+        assert "DoRA magnitudes" in f.plan.details["category_help"]["trainable"]

@@ -1,5 +1,5 @@
-"""memfit fit's shortcuts through the search leave its answers as they were: the whole batch tried
-at once in the slower settings, and each method's settings and longest sequence searched apart."""
+"""memfit fit's shortcut through the settings leaves its answers as they were: a slower setting
+tries the whole batch in one micro-batch first."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from memfit.planner.search import CHECKPOINTING_FAST_FIRST, _micro_batches, _search_method, fit
+from memfit.planner.search import CHECKPOINTING_FAST_FIRST, _search_method, micro_batches
 
 GiB = 2**30
 
@@ -44,7 +44,7 @@ def _every_plan_answer(planner: _LinePlanner, effective_batch: int) -> list[tupl
     fastest first, the largest micro-batch that fits, until one fits the whole batch."""
     answer = []
     for checkpointing in CHECKPOINTING_FAST_FIRST:
-        fitting = [b for b in _micro_batches(effective_batch) if planner.total(checkpointing, b) <= planner.memory]
+        fitting = [b for b in micro_batches(effective_batch) if planner.total(checkpointing, b) <= planner.memory]
         if fitting:
             answer.append((checkpointing, fitting[-1]))
             if fitting[-1] == effective_batch:
@@ -76,12 +76,3 @@ def test_a_slower_setting_that_fits_the_whole_batch_is_found_in_one_plan():
     fits, _ = _search_method(planner, "lora", 8)
     assert [(f.spec["checkpointing"], f.spec["batch_size"]) for f in fits] == [("off", 1), ("on", 8)]
     assert planner.count == 3  # off at 1 and 2, on at 8
-
-
-def test_settings_and_longest_sequence_searched_apart_answer_as_one_search(tiny_llama):
-    options = dict(budget="1GiB", batch_size=2, seq_len=64, methods=("full", "lora"))
-    apart = fit(tiny_llama, workers=2, **options).to_dict()
-    together = fit(tiny_llama, workers=1, **options).to_dict()
-    for answer in (apart, together):
-        answer["details"].pop("seconds")
-    assert apart == together

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 import memfit
-from memfit.planner import api, search
-from memfit.planner.api import memory_lower_bound
+from memfit.models.catalog import resolve_model
+from memfit.planner import layout, search
+from memfit.planner.layout import memory_lower_bound
 from memfit.planner.runtime import DEFAULT_CUDA_CONTEXT_BYTES
 from memfit.spec import make_spec
 
@@ -48,7 +49,7 @@ def test_floor_is_under_every_full_plan(knobs, extrapolate):
 
 def test_floor_of_mixed_precision_is_sixteen_bytes_a_parameter():
     # bf16-mixed: fp32 weights (4 bytes a parameter), fp32 gradients (4), two fp32 AdamW states (8).
-    config = api.resolve_model("llama-3.1-8b").config
+    config = resolve_model("llama-3.1-8b").config
     assert memory_lower_bound(config, make_spec(method="full", precision="bf16-mixed"), 0) == 16 * 8_030_261_248
     # 8-bit AdamW keeps at least 2 bytes an element whatever the parameters' format.
     assert memory_lower_bound(config, make_spec(method="full", precision="bf16-mixed", optimizer="adamw8bit"), 0) == 10 * 8_030_261_248
@@ -61,11 +62,11 @@ def test_floor_only_where_it_is_proven():
 
 def test_floor_rules_out_full_fine_tuning_of_8b_on_24gb():
     # Pure bf16: 2 bytes a parameter of weights, 2 of gradients, 4 of AdamW states, 8,030,261,248 parameters.
-    floor = memory_lower_bound(api.resolve_model("llama-3.1-8b").config, make_spec(method="full"), 0)
+    floor = memory_lower_bound(resolve_model("llama-3.1-8b").config, make_spec(method="full"), 0)
     assert floor == 8 * 8_030_261_248
-    assert api.proven_over_budget("llama-3.1-8b", gpu="rtx-4090", method="full", optimizer="paged-adamw8bit")
-    assert not api.proven_over_budget("llama-3.1-8b", gpu="h200", method="full", optimizer="sgd")
-    assert not api.proven_over_budget("llama-3.1-8b", gpu="rtx-4090", method="lora")
+    assert layout.proven_over_budget("llama-3.1-8b", gpu="rtx-4090", method="full", optimizer="paged-adamw8bit")
+    assert not layout.proven_over_budget("llama-3.1-8b", gpu="h200", method="full", optimizer="sgd")
+    assert not layout.proven_over_budget("llama-3.1-8b", gpu="rtx-4090", method="lora")
 
 
 def _answer(result) -> dict:

@@ -3,8 +3,10 @@
 Every cell of the matrix (two tiny models; full, LoRA, QLoRA; fp32, bf16, fp16, and bf16-mixed and
 fp16-mixed under autocast, which the CPU runs in both formats; checkpointing off, on, offloaded;
 tiling; gradient accumulation; clipping on and off; the step in backward; padded, padding-free and
-packed batches; evaluation between steps; the first steps after a resume) runs ``memfit train``'s
-own code on the CPU and must peak at exactly the bytes its plan predicts.
+packed batches; evaluation between steps; the first steps after a resume; the preference objectives
+DPO, ORPO and SimPO on pairs, with DPO's reference pass, frozen copy or precomputed log-probs; DoRA,
+rsLoRA, modules trained whole on tied and untied models, an 8-bit base) runs ``memfit train``'s own
+code on the CPU and must peak at exactly the bytes its plan predicts.
 """
 
 from __future__ import annotations

@@ -179,3 +179,53 @@ def test_the_length_planned_is_the_datas_longest_micro_batch():
     assert planned_seq_len(examples, 2, 64, DOCUMENTS, packing=False) == 45  # 50 + 40 in one row
     assert planned_seq_len(examples, 2, 32, DOCUMENTS, packing=False) == 32  # never above seq_len
     assert planned_seq_len(examples, 2, 64, DOCUMENTS, packing=True) == 64  # packed rows are full
+
+
+class _CudaDevice:
+    """Where a run would train, as the run's Target reads it: CUDA device 0."""
+
+    type, index = "cuda", 0
+
+
+def test_preflight_and_fit_auto_judge_a_live_device_by_the_same_free_memory(tmp_path, monkeypatch):
+    from memfit.planner.run import SEARCHED, RunPlanner
+    from memfit.planner.target import DeviceReading, device_target
+    from memfit.train import recipe
+    from memfit.train.config import model_config_dict
+    from memfit.train.examples import load_tokenizer, prepare_examples
+    from memfit.train.fitting import run_target
+    from memfit.train.preflight import PreflightError
+    from memfit.units import format_bytes
+
+    given = dict(SETTINGS, budget=None, checkpointing="off", tiling="auto")
+    config = tiny_config(tmp_path / "probe", **given)
+    examples, _ = prepare_examples(config, load_tokenizer(config))
+    length = planned_seq_len(examples, 4, config.seq_len, DOCUMENTS, packing=False)
+    # What the run needs on the card, its CUDA context spent (as on a live device): as given, and leanest.
+    roomy = RunPlanner(model_config_dict(config), device_target(DeviceReading("NVIDIA GeForce RTX 4090", 1 << 40, 1 << 40)))
+    knobs = {**config.knobs(), "seq_len": length}
+    off = roomy.check(knobs).device_total_bytes
+    on = roomy.check(dict(knobs, checkpointing="on", batch_size=1, grad_accum=4)).device_total_bytes
+    assert on < off
+    # The card has room for the run as given; what other processes leave free has not.
+    free, total = (on + off) // 2, 24 << 30
+    readings = []
+
+    def probe(index):
+        readings.append(index)
+        return DeviceReading("NVIDIA GeForce RTX 4090", free, total)
+
+    monkeypatch.setattr(recipe, "run_target", lambda config, device: run_target(config, _CudaDevice(), probe))
+    with pytest.raises(PreflightError) as refused:
+        train(tiny_config(tmp_path / "given", **given), progress=False)
+    assert readings == [0]  # the device is read once, before anything is planned
+    assert f"more than the {format_bytes(free)} of NVIDIA GeForce RTX 4090 (free memory)" in str(refused.value)
+    best = refused.value.fitting[0]
+    assert best.device_total_bytes <= free
+
+    fitted = train(tiny_config(tmp_path / "fitted", **dict(given, fit="auto")), progress=False)
+    assert fitted.status == "completed" and readings == [0, 0]
+    info = _run_json(tmp_path / "fitted")
+    # fit: auto chose what the refusal named first, and preflight accepted it against the same memory.
+    assert {k: info["fit"]["chosen"][k] for k in SEARCHED} == {k: best.spec[k] for k in SEARCHED}
+    assert info["preflight"]["fits"] is True and info["preflight"]["target_bytes"] == free

@@ -5,27 +5,31 @@ from __future__ import annotations
 import pytest
 from trainer_helpers import tiny_config, tiny_model_dict
 
-from memfit.train.preflight import (
-    PreflightError,
-    detect_target,
-    oom_advice,
-    run_preflight,
-)
+from memfit.planner.run import RunPlanner
+from memfit.planner.target import NO_TARGET, target_from_options
+from memfit.train.fitting import run_target
+from memfit.train.preflight import PreflightError, oom_advice, refusal
 
 KNOBS = dict(method="lora", rank=4, precision="fp32", batch_size=4, seq_len=64, grad_accum=1, checkpointing="on")
 
 
-def test_cpu_without_a_target_plans_nothing():
-    result = run_preflight(tiny_model_dict(), KNOBS, device_type="cpu")
-    assert result.plan is None and result.fits is None and result.target is None
-    assert detect_target("cpu", None, None, None) == (None, None)
-    assert detect_target("cpu", None, "rtx-4090", None) == ("rtx-4090", None)
+class _Device:
+    def __init__(self, type: str, index: int | None = None):
+        self.type, self.index = type, index
+
+
+def test_cpu_without_a_target_plans_nothing(tmp_path):
+    result = RunPlanner(tiny_model_dict(), NO_TARGET).preflight(KNOBS)
+    assert result.plan is None and result.fits is None and result.target_name is None
+    assert run_target(tiny_config(tmp_path / "run"), _Device("cpu")) == NO_TARGET
+    assert run_target(tiny_config(tmp_path / "run", gpu="rtx-4090"), _Device("cpu")).card == "rtx-4090"
 
 
 def test_a_budget_too_small_is_refused_with_the_plan_and_what_to_change():
-    with pytest.raises(PreflightError) as info:
-        run_preflight(tiny_model_dict(), KNOBS, device_type="cpu", budget="1MiB")
-    err = info.value
+    preflight = RunPlanner(tiny_model_dict(), target_from_options(None, "1MiB")).preflight(KNOBS)
+    assert preflight.refused and preflight.fitting == []  # nothing fits 1 MiB
+    err = refusal(preflight, KNOBS)
+    assert isinstance(err, PreflightError)
     assert err.plan is not None and err.plan.fits is False
     assert err.plan.device_total_bytes > 1024 * 1024
     assert "more than the 1.0 MiB of budget 1MiB" in str(err)
@@ -33,10 +37,30 @@ def test_a_budget_too_small_is_refused_with_the_plan_and_what_to_change():
     assert "--force" in str(err)
 
 
+def test_a_refusal_names_the_configurations_that_fit_fastest_first():
+    # Between the run as given (checkpointing off, micro-batch 4) and its leanest configuration.
+    knobs = dict(KNOBS, checkpointing="off", tiling="off", seq_len=256)
+    planner = RunPlanner(tiny_model_dict(), NO_TARGET)
+    given = planner.check(knobs).device_total_bytes
+    lean = planner.check(dict(knobs, checkpointing="on", batch_size=1, grad_accum=4)).device_total_bytes
+    assert lean < given
+    budget = target_from_options(None, str((given + lean) // 2))
+    preflight = RunPlanner(tiny_model_dict(), budget).preflight(knobs)
+    assert preflight.refused and 1 <= len(preflight.fitting) <= 3
+    assert all(p.fits and p.spec["batch_size"] * p.spec["grad_accum"] == 4 for p in preflight.fitting)
+    # The first is the configuration fit: auto chooses, against the same Target.
+    chosen = RunPlanner(tiny_model_dict(), budget).fit(knobs)
+    assert chosen is not None and preflight.fitting[0].spec == chosen.chosen.spec
+    text = str(refusal(preflight, knobs))
+    first = preflight.fitting[0].spec
+    assert f"fits (" in text and f"batch_size: {first['batch_size']}, grad_accum: {first['grad_accum']}" in text
+    assert "fit: auto (train --fit)" in text and "--force" in text
+
+
 def test_force_trains_anyway_and_a_big_budget_fits():
-    forced = run_preflight(tiny_model_dict(), KNOBS, device_type="cpu", budget="1MiB", force=True)
-    assert forced.forced and forced.fits is False
-    roomy = run_preflight(tiny_model_dict(), KNOBS, device_type="cpu", budget="80GiB")
+    forced = RunPlanner(tiny_model_dict(), target_from_options(None, "1MiB")).preflight(KNOBS, force=True)
+    assert forced.forced and forced.fits is False and not forced.refused and forced.fitting == []
+    roomy = RunPlanner(tiny_model_dict(), target_from_options(None, "80GiB")).preflight(KNOBS)
     assert roomy.fits is True and not roomy.forced
     assert roomy.to_dict()["plan"]["spec"]["rank"] == 4
 

@@ -104,7 +104,7 @@ def generate_command(
     """Generate a reply to every prompt of a JSONL file, with the model's chat template (greedy by default).
 
     Exit code 0: written; 2: bad input (checked before the model is read; nothing is written)."""
-    from rich.console import Console
+    from memfit.console import make_console
 
     from memfit.infer.batch import check_out, generate_file, read_prompts
 
@@ -112,7 +112,7 @@ def generate_command(
     items = read_prompts(prompts)
     check_out(out, overwrite)
     chat_model = _load(source, adapter, device, dtype, revision, seed)
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
 
     def progress(done: int, total: int) -> None:
         console.print(f"{done}/{total} prompts", highlight=False)

@@ -81,9 +81,10 @@ def read_run(run_dir: Path) -> dict[str, Any]:
 
 def run_output(run_dir: Path, record: dict[str, Any]) -> Path:
     """The run's deliverable (``adapter/`` or ``model/``), or a ChatError saying why there is none."""
+    from memfit.spec import ADAPTER_METHODS
     from memfit.train.run_folder import output_dir
 
-    adapters = record["spec"].get("method") in ("lora", "qlora")
+    adapters = record["spec"].get("method") in ADAPTER_METHODS
     out = output_dir(run_dir, adapters)
     wanted = ADAPTER_WEIGHTS if adapters else "config.json"
     if (out / wanted).is_file():
@@ -158,11 +159,12 @@ def _run_base_weights(run_dir: Path, record: dict[str, Any]) -> Path:
             raise ChatError(f"{run_dir}: the base model folder {str(folder)!r} has no safetensors weights any more; "
                             "put the base model back where the run read it") from None
     if hub.get("repo_id"):
+        from memfit.models.catalog import suggestions
         from memfit.models.hub import HubError, fetch_model
 
         try:
             return fetch_model(hub["repo_id"], hub.get("commit"), weights=True, allow_pickle=bool(record["config"].get("allow_pickle_weights")),
-                               opt_in="allow_pickle_weights: true in the run's config").folder
+                               opt_in="allow_pickle_weights: true in the run's config", suggest=suggestions).folder
         except HubError as err:
             raise ChatError(f"{run_dir}: its base model {hub['repo_id']}: {err}") from None
     raise ChatError(f"{run_dir}: its base model {str(folder)!r} is not on this machine; put the base model back at that "
@@ -185,7 +187,8 @@ def _rebuilt_run_model(record: dict[str, Any], device, weights: Path | None) -> 
 
 
 def _load_adapter_weights(model: Any, adapter_dir: Path, device) -> None:
-    """Put the trained LoRA matrices of ``adapter_dir`` into ``model``'s adapters."""
+    """Put the trained tensors of ``adapter_dir`` into ``model``'s adapters: LoRA's matrices, DoRA's
+    magnitudes and the trained copies of modules trained whole (``modules_to_save``), as PEFT loads them."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
@@ -210,6 +213,7 @@ def _torch_dtype(dtype: str | None, device):
 
 
 def _model_folder(source: str, revision: str | None) -> Path:
+    from memfit.models.catalog import suggestions
     from memfit.models.hub import HubError, fetch_model, is_hub_id
 
     path = Path(source).expanduser()
@@ -220,7 +224,7 @@ def _model_folder(source: str, revision: str | None) -> Path:
         return path
     if is_hub_id(source):
         try:
-            return fetch_model(source, revision, weights=True).folder
+            return fetch_model(source, revision, weights=True, suggest=suggestions).folder
         except HubError as err:
             raise ChatError(f"{source}: {err}") from None
     raise ChatError(f"{source!r} is not a run folder, a model folder or a Hugging Face Hub id (org/name); check the path")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from memfit.interop.common import int_rule, model_rule, revision_rule, targets_rule
+from memfit.interop.common import bool_rule, int_rule, model_rule, modules_to_save_rule, revision_rule, targets_rule
 from memfit.interop.keys import (
     ABSENT,
     Found,
@@ -59,7 +59,7 @@ def _method(values: Mapping[str, Any], ctx: Any) -> Any:
     if kind == "qlora":
         return "qlora"
     if kind == "lora" and eight:
-        return Planned("lora", "an 8-bit base (bitsandbytes LLM.int8): planned as a 16-bit base, twice its size")
+        return "lora-8bit"
     if kind == "lora" and gptq:
         return Planned("lora", "a GPTQ-quantized base: planned as a 16-bit base")
     return kind
@@ -68,6 +68,8 @@ def _method(values: Mapping[str, Any], ctx: Any) -> Any:
 def _write_method(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
     if method == "qlora":
         return {"adapter": "qlora", "load_in_4bit": True, "load_in_8bit": False}
+    if method == "lora-8bit":
+        return {"adapter": "lora", "load_in_4bit": False, "load_in_8bit": True}
     if method == "lora":
         return {"adapter": "lora", "load_in_4bit": False, "load_in_8bit": False}
     return {"adapter": None, "load_in_4bit": False, "load_in_8bit": False}
@@ -114,12 +116,13 @@ def _write_checkpointing(value: str, values: Mapping[str, Any]) -> dict[str, Any
 
 
 def _kbit_upcast(values: Mapping[str, Any], ctx: Any) -> Any:
-    if ctx.knobs.get("method") != "qlora":
+    bits = {"qlora": "4-bit", "lora-8bit": "8-bit"}.get(ctx.knobs.get("method"))
+    if bits is None:
         return None
     if uses_fsdp(ctx) or (ctx.zero is not None and ctx.zero.stage == 3):
         return False  # Axolotl skips PEFT's preparation: every parameter stays in one dtype
     return Planned(False, "Axolotl runs PEFT's prepare_model_for_kbit_training, which upcasts the parameters that are not "
-                          "4-bit to fp32, then casts the norms, the embeddings and the output head back to the training "
+                          f"{bits} to fp32, then casts the norms, the embeddings and the output head back to the training "
                           "dtype: planned with them in the compute dtype", modelled=True)
 
 
@@ -254,6 +257,27 @@ def _max_grad_norm(values: Mapping[str, Any], ctx: Any) -> Any:
     return as_float(value)
 
 
+#: Axolotl's ``rl`` trainers memfit plans; ipo is DPO's step with another loss.
+_RL_OBJECTIVES = {"dpo": "dpo", "ipo": "dpo", "orpo": "orpo", "simpo": "simpo"}
+
+
+def _objective(values: Mapping[str, Any], ctx: Any) -> Any:
+    rl = values["rl"]
+    if rl is ABSENT or not truthy(rl):
+        return None
+    name = str(getattr(rl, "value", rl)).lower()
+    if name in _RL_OBJECTIVES:
+        return _RL_OBJECTIVES[name]
+    return Planned(None, f"rl: {name} trains with another trainer (its own completions, reward or reference models): "
+                         "planned as supervised fine-tuning")
+
+
+def _precompute_reference(values: Mapping[str, Any], ctx: Any) -> Any:
+    if ctx.knobs.get("objective") != "dpo":
+        return None
+    return value_of(values, "precompute_ref_log_probs", as_bool, None)
+
+
 RULES: tuple[Rule, ...] = (
     model_rule("base_model_config", "base_model",
                doc="the model: `base_model` (a Hub id or a folder); its config.json from `base_model_config` when set"),
@@ -263,11 +287,11 @@ RULES: tuple[Rule, ...] = (
          doc="FSDP (`fsdp: [full_shard, auto_wrap]`, `fsdp_version: 2` with `fsdp_config`): `fsdp`; `offload_params` as "
              "`fsdp-offload`; `reshard_after_forward: false` as `zero2`"),
     Rule(("adapter", "load_in_4bit", "load_in_8bit", "gptq"), "method", _method, _write_method,
-         doc="the method: no adapter is `full`, `lora`, `qlora` (or `lora` with `load_in_4bit`); an 8-bit or GPTQ base is "
-             "planned as a 16-bit one and listed"),
-    Rule(("load_in_4bit",), "kbit_upcast", _kbit_upcast,
-         doc="4-bit weights go through PEFT's prepare_model_for_kbit_training (not with FSDP or ZeRO-3), which upcasts the "
-             "parameters that are not 4-bit to fp32; Axolotl then casts the norms, the embeddings and the output head back "
+         doc="the method: no adapter is `full`, `lora`, `qlora` (or `lora` with `load_in_4bit`); `lora` with `load_in_8bit` "
+             "is `lora-8bit` (bitsandbytes LLM.int8); a GPTQ base is planned as a 16-bit one and listed"),
+    Rule(("load_in_4bit", "load_in_8bit"), "kbit_upcast", _kbit_upcast,
+         doc="4-bit and 8-bit weights go through PEFT's prepare_model_for_kbit_training (not with FSDP or ZeRO-3), which "
+             "upcasts the parameters that are not quantized to fp32; Axolotl then casts the norms, the embeddings and the output head back "
              "to the training dtype (`loaders/model.py`): planned as `kbit_upcast: false`"),
     Rule(("lora_r", "lora_rank"), "rank", lambda v, ctx: value_of(v, "lora_r", as_int, None) or value_of(v, "lora_rank", as_int, None),
          doc="LoRA rank"),
@@ -275,11 +299,12 @@ RULES: tuple[Rule, ...] = (
     Rule(("lora_dropout",), "dropout", lambda v, ctx: value_of(v, "lora_dropout", _dropout, None), doc="LoRA dropout"),
     targets_rule("lora_target_linear", "lora_target_modules",
                  doc="LoRA targets: `lora_target_linear: true` is every linear layer (`all-linear`), or the modules listed"),
-    not_modelled("lora_modules_to_save", knob="modules_to_save",
-                 why="whole trainable copies of these modules (often embed_tokens and lm_head), with their gradients and "
-                     "optimizer states"),
-    not_modelled("peft_use_dora", knob="dora",
-                 why="DoRA's magnitude vectors and the weight norm it computes in every adapted layer"),
+    modules_to_save_rule("lora_modules_to_save", "peft_ensure_weight_tying",
+                         doc="modules trained whole (often embed_tokens and lm_head): PEFT's trainable copies, with their "
+                             "gradients and optimizer states; a tied embedding and head named both: one shared copy "
+                             "(`peft_ensure_weight_tying: true`; without it PEFT trains two, listed)"),
+    bool_rule("peft_use_dora", "dora", doc="DoRA: a magnitude per output row, and the norm of every adapted weight each forward"),
+    bool_rule("peft_use_rslora", "rslora", doc="rsLoRA: the update scaled by alpha / sqrt(rank) (no change in memory)"),
     int_rule("sequence_len", "seq_len", 512, doc="tokens per sequence (Axolotl's default 512); memfit plans the longest"),
     int_rule("micro_batch_size", "batch_size", 1, doc="sequences per GPU in one forward pass"),
     Rule(("gradient_accumulation_steps", "batch_size", "micro_batch_size"), "grad_accum", _grad_accum,
@@ -326,12 +351,20 @@ RULES: tuple[Rule, ...] = (
                  "liger_cross_entropy", "liger_rms_norm_gated",
                  why="Liger's fused RMSNorm / SwiGLU / RoPE / cross-entropy kernels keep less for backward than the model's "
                      "own modules, which are planned"),
-    not_modelled("rl", knob="objective",
-                 why="preference training (DPO, IPO, ORPO, KTO, SimPO...) runs chosen and rejected completions, and for DPO a "
-                     "reference pass; planned as supervised fine-tuning"),
-    not_modelled("dpo_use_liger_kernel", "dpo_padding_free", "precompute_ref_log_probs", "kd_trainer", "reward_model",
+    Rule(("rl",), "objective", _objective, matters=lambda values: truthy(values["rl"]),
+         unmodelled="preference training runs chosen and rejected completions, and for DPO a reference pass; planned as "
+                    "supervised fine-tuning",
+         doc="preference training: `rl: dpo` (and `ipo`, DPO's loss on the same step) as `dpo`, `orpo`, `simpo`; other "
+             "trainers (`kto`, `grpo`...) listed and planned as supervised fine-tuning; `micro_batch_size` counts pairs"),
+    Rule(("precompute_ref_log_probs",), "precompute_reference", _precompute_reference,
+         doc="DPO's reference log-probs computed once before training: no reference pass, and no frozen copy for full "
+             "fine-tuning"),
+    not_modelled("dpo_use_liger_kernel", why="Liger's fused preference loss: planned as the trainer's log-probs over the whole "
+                                             "logits"),
+    not_modelled("dpo_padding_free", why="a preference batch in one row without padding: planned as padded rows"),
+    not_modelled("kd_trainer", "reward_model",
                  "process_reward_model", "trl", "vllm",
-                 why="a trainer other than supervised fine-tuning (preference, distillation, reward modelling, GRPO)"),
+                 why="a trainer other than supervised or preference fine-tuning (distillation, reward modelling, GRPO)"),
     not_modelled("torch_compile", why="a compiled step fuses kernels and keeps other tensors for backward"),
     not_modelled("tiled_mlp", why="Axolotl's tiled MLP runs the MLP a chunk of tokens at a time (memfit's step has its own, the "
                                   "hf recipe none)"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from memfit.interop.keys import ABSENT, KeyProblem, Rule, as_int, as_names, value_of
+from memfit.interop.keys import ABSENT, KeyProblem, Planned, Rule, as_bool, as_int, as_names, value_of
 
 
 def model_rule(*names: str, doc: str = "") -> Rule:
@@ -67,3 +67,33 @@ def targets_rule(all_linear: str | None, modules: str, *, all_words: tuple[str, 
         return names
 
     return Rule(keys, "targets", resolve, doc=doc)
+
+
+def bool_rule(name: str, knob: str, *, doc: str) -> Rule:
+    """true / false key ``name`` for knob ``knob`` (absent: the knob's default)."""
+    return Rule((name,), knob, lambda values, ctx: value_of(values, name, as_bool, None), doc=doc)
+
+
+def modules_to_save_rule(name: str, tying: str | None = None, *, doc: str) -> Rule:
+    """Modules trained whole (``modules_to_save``) from key ``name`` (a list, or comma-separated
+    names; empty or null: none). ``tying``: the tool's key for PEFT's ``ensure_weight_tying``.
+
+    memfit trains one copy for an embedding and head that are one tensor (tied) and keeps them one;
+    PEFT without ``ensure_weight_tying`` trains a copy of each. Which models are tied is not known
+    from the config: naming both is listed as an approximation."""
+    keys = (name, tying) if tying else (name,)
+
+    def resolve(values: Mapping[str, Any], ctx: Any) -> Any:
+        value = values[name]
+        if value is ABSENT or value is None or value == [] or (isinstance(value, str) and not value.strip()):
+            return None
+        names = value_of(values, name, as_names, None)
+        tied = bool(tying) and value_of(values, tying, as_bool, False)
+        both = all(any(n == m or n.endswith("." + m) for n in names) for m in ("embed_tokens", "lm_head"))
+        if both and not tied:
+            why = ("on a model whose embeddings and head are tied (tie_word_embeddings), PEFT without ensure_weight_tying "
+                   "trains a copy of each: planned as one shared copy, as memfit trains them")
+            return Planned(names, why + (f" (as with {tying}: true)" if tying else ""), modelled=True)
+        return names
+
+    return Rule(keys, "modules_to_save", resolve, doc=doc)

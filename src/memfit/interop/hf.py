@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from memfit.interop.common import int_rule, model_rule, revision_rule, targets_rule
+from memfit.interop.common import bool_rule, int_rule, model_rule, modules_to_save_rule, revision_rule, targets_rule
 from memfit.interop.keys import (
     ABSENT,
     Found,
@@ -26,6 +26,7 @@ from memfit.interop.keys import (
     as_int,
     not_modelled,
     one_of,
+    truthy,
     value_of,
 )
 from memfit.interop.trainer import (
@@ -51,12 +52,15 @@ chat_template_path shuffle_dataset truncation_mode router_aux_loss_coef beta lab
 precompute_ref_log_probs precompute_ref_batch_size ref_model_mixup_alpha ref_model_sync_steps sync_ref_model rpo_alpha
 use_weighting discopop_tau f_alpha_divergence_coef f_divergence_type ld_alpha disable_dropout model_adapter_name
 ref_adapter_name force_use_ref_model generate_during_eval use_logits_to_keep num_of_sequences chars_per_token env
-use_liger_kernel liger_kernel_config
+use_liger_kernel liger_kernel_config simpo_gamma cpo_alpha
 """.split())
 
-#: Keys only a DPO config has (a ``loss_type`` of DPO's says so too).
+#: Keys only a preference config has (DPOConfig, ORPOConfig, CPOConfig; a ``loss_type`` of theirs says so too).
 _DPO_KEYS = ("beta", "precompute_ref_log_probs", "ref_model_mixup_alpha", "ref_model_sync_steps", "sync_ref_model",
-             "rpo_alpha", "f_divergence_type", "max_prompt_length", "max_completion_length", "ref_adapter_name")
+             "rpo_alpha", "f_divergence_type", "max_prompt_length", "max_completion_length", "ref_adapter_name",
+             "simpo_gamma", "cpo_alpha")
+#: Keys only TRL's CPOConfig has: its trainer keeps no reference, as SimPO's.
+_CPO_KEYS = ("simpo_gamma", "cpo_alpha")
 _SFT_LOSSES = ("nll", "dft", "chunked_nll")
 
 
@@ -91,18 +95,20 @@ def _method(values: Mapping[str, Any], ctx: Any) -> Any:
     if four:
         return "qlora"
     if eight:
-        return Planned("lora", "an 8-bit base (bitsandbytes LLM.int8): planned as a 16-bit base, twice its size")
+        return "lora-8bit"
     return "lora"
 
 
 def _write_method(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
-    return {"full": {"use_peft": False, "load_in_4bit": False}, "lora": {"use_peft": True, "load_in_4bit": False},
-            "qlora": {"use_peft": True, "load_in_4bit": True}}[method]
+    out = {"use_peft": method != "full", "load_in_4bit": method == "qlora"}
+    if method == "lora-8bit" or truthy(values.get("load_in_8bit", False)):
+        out["load_in_8bit"] = method == "lora-8bit"
+    return out
 
 
 def _targets(values: Mapping[str, Any], ctx: Any) -> Any:
     chosen = targets_rule(None, "lora_target_modules", doc="").resolve(values, ctx)
-    if chosen is None and ctx.knobs.get("method") in ("lora", "qlora"):
+    if chosen is None and ctx.knobs.get("method") in ("lora", "qlora", "lora-8bit"):
         return Planned(("q_proj", "v_proj"), "no lora_target_modules: PEFT's default for the model type, planned as q_proj "
                                              "and v_proj (its default for Llama, Mistral, Qwen and Gemma)", modelled=True)
     return chosen
@@ -186,7 +192,8 @@ def _loaded(values: Mapping[str, Any], ctx: Any) -> tuple[str, str, Found | None
 
 
 def _kbit_upcast(values: Mapping[str, Any], ctx: Any) -> Any:
-    if ctx.knobs.get("method") != "qlora":
+    bits = {"qlora": "4-bit", "lora-8bit": "8-bit"}.get(ctx.knobs.get("method"))
+    if bits is None:
         return None
     precision = {k: ctx.raw.get(k, ABSENT) for k in _PRECISION_KEYS}
     try:
@@ -195,11 +202,11 @@ def _kbit_upcast(values: Mapping[str, Any], ctx: Any) -> Any:
     except ValueError:
         return None  # the precision rule names the bad value
     if zero_half(ctx) is not None:
-        return False  # DeepSpeed casts the parameters that are not 4-bit to its 16-bit format
+        return False  # DeepSpeed casts the parameters that are not quantized to its 16-bit format
     if loaded == "fp32":
-        return Planned(True, "TRL loads the parameters that are not 4-bit in float32 (its dtype): planned as PEFT's "
+        return Planned(True, f"TRL loads the parameters that are not {bits} in float32 (its dtype): planned as PEFT's "
                              "prepare_model_for_kbit_training leaves them, in fp32", modelled=True)
-    return Planned(False, "TRL since 0.26 keeps the parameters that are not 4-bit in the compute dtype; earlier versions "
+    return Planned(False, f"TRL since 0.26 keeps the parameters that are not {bits} in the compute dtype; earlier versions "
                           "upcast them to fp32 (pass --kbit-upcast to plan those)", modelled=True)
 
 
@@ -262,6 +269,9 @@ def _padding_free(values: Mapping[str, Any], ctx: Any) -> Any:
 def _hf_loss(values: Mapping[str, Any], ctx: Any) -> Any:
     config = values["liger_kernel_config"] if isinstance(values["liger_kernel_config"], Mapping) else {}
     liger = liger_loss(value_of(values, "use_liger_kernel", as_bool, False), config.get("fused_linear_cross_entropy", ABSENT))
+    if liger and _is_dpo(ctx):
+        return Planned(None, "Liger's fused preference loss (DPOTrainer with use_liger_kernel): planned as the trainer's "
+                             "log-probs over the whole logits")
     if liger:
         return liger
     if not _is_trl(ctx) or _is_dpo(ctx) or ctx.knobs.get("objective"):
@@ -274,7 +284,25 @@ def _hf_loss(values: Mapping[str, Any], ctx: Any) -> Any:
 
 
 def _objective(values: Mapping[str, Any], ctx: Any) -> Any:
-    return "dpo" if _dpo_values(values) else None
+    """dpo for a DPOConfig (any of its loss types: each scores both completions against the reference);
+    simpo for a CPOConfig (``loss_type: simpo``, or CPO's own losses, planned as SimPO's step: no
+    reference, the chosen answers' NLL)."""
+    if not _dpo_values(values):
+        return None
+    loss = values["loss_type"]
+    losses = [] if loss in (ABSENT, None) else [str(x).lower() for x in (loss if isinstance(loss, list) else [loss])]
+    if "simpo" in losses:
+        return "simpo"
+    if any(values[k] is not ABSENT for k in _CPO_KEYS):
+        return Planned("simpo", f"CPOConfig's loss_type {', '.join(losses) or 'sigmoid'}: planned as SimPO's step (no "
+                                "reference, the same log-probs and NLL term)", modelled=True)
+    return "dpo"
+
+
+def _precompute_reference(values: Mapping[str, Any], ctx: Any) -> Any:
+    if ctx.knobs.get("objective") != "dpo":
+        return None
+    return value_of(values, "precompute_ref_log_probs", as_bool, None)
 
 
 def _dpo_values(values: Mapping[str, Any]) -> bool:
@@ -307,10 +335,10 @@ RULES: tuple[Rule, ...] = (
          doc="FSDP (`fsdp: full_shard auto_wrap`, `fsdp_config`): `fsdp`; `offload` as `fsdp-offload`; `shard_grad_op` "
              "as `zero2`; `hybrid_shard` as `fsdp`"),
     Rule(("use_peft", "load_in_4bit", "load_in_8bit"), "method", _method, _write_method,
-         doc="the method: `use_peft` is `lora`, with `load_in_4bit` `qlora`, otherwise `full`; an 8-bit base is planned "
-             "as a 16-bit one and listed"),
-    Rule(("load_in_4bit",) + _PRECISION_KEYS[2:], "kbit_upcast", _kbit_upcast,
-         doc="QLoRA without PEFT's prepare_model_for_kbit_training, as SFTTrainer runs it since TRL 0.26 (earlier: "
+         doc="the method: `use_peft` is `lora`, with `load_in_4bit` `qlora`, with `load_in_8bit` `lora-8bit` (LLM.int8), "
+             "otherwise `full`"),
+    Rule(("load_in_4bit", "load_in_8bit") + _PRECISION_KEYS[2:], "kbit_upcast", _kbit_upcast,
+         doc="QLoRA (and an 8-bit base) without PEFT's prepare_model_for_kbit_training, as SFTTrainer runs it since TRL 0.26 (earlier: "
              "`--kbit-upcast`): the parameters that are not 4-bit stay in `dtype`, so in fp32 with TRL's default float32 "
              "(planned as `kbit_upcast`), and in DeepSpeed's 16-bit format under its bf16 or fp16"),
     int_rule("lora_r", "rank", 16, doc="LoRA rank (TRL's default 16)"),
@@ -318,9 +346,12 @@ RULES: tuple[Rule, ...] = (
     Rule(("lora_dropout",), "dropout", lambda v, ctx: value_of(v, "lora_dropout", _dropout, 0.05), doc="LoRA dropout (0.05)"),
     Rule(("lora_target_modules",), "targets", _targets,
          doc="LoRA targets: the modules listed, `all-linear`; none: PEFT's default for the model type (q_proj, v_proj)"),
-    not_modelled("lora_modules_to_save", knob="modules_to_save",
-                 why="whole trainable copies of these modules, with their gradients and optimizer states"),
-    not_modelled("use_dora", knob="dora", why="DoRA's magnitude vectors and the weight norm it computes in every adapted layer"),
+    modules_to_save_rule("lora_modules_to_save",
+                         doc="modules trained whole besides the adapters (PEFT's modules_to_save): trainable copies, with "
+                             "their gradients and optimizer states; a tied embedding and head named both: planned as one "
+                             "shared copy (PEFT trains two, listed)"),
+    bool_rule("use_dora", "dora", doc="DoRA: a magnitude per output row, and the norm of every adapted weight each forward"),
+    bool_rule("use_rslora", "rslora", doc="rsLoRA: the update scaled by alpha / sqrt(rank) (no change in memory)"),
     not_modelled("lora_target_parameters", why="adapters on parameters (experts) rather than linear modules"),
     Rule(("max_length", "max_seq_length", "block_size"), "seq_len", _seq_len,
          lambda v, values: {next((k for k in ("max_seq_length", "block_size") if k in values and "max_length" not in values),
@@ -352,7 +383,16 @@ RULES: tuple[Rule, ...] = (
     Rule(_DPO_KEYS + ("loss_type",), "objective", _objective, matters=_dpo_values,
          unmodelled="preference training (DPO) runs the chosen and the rejected completion of each example, and a reference "
                     "pass; planned as supervised fine-tuning",
-         doc="a DPO config (DPOConfig's keys, or a DPO `loss_type`) is preference training"),
+         doc="a preference config is preference training: DPOConfig's keys or a DPO `loss_type` as `dpo` (the reference "
+             "from the disabled adapters with `use_peft`, else a frozen copy), CPOConfig's (`simpo_gamma`, `cpo_alpha`) "
+             "as `simpo` (`loss_type: simpo`; CPO's own losses planned as SimPO's step); `per_device_train_batch_size` "
+             "counts pairs"),
+    Rule(("precompute_ref_log_probs",), "precompute_reference", _precompute_reference,
+         doc="DPO's reference log-probs computed once before training: no reference pass, and no frozen copy for full "
+             "fine-tuning"),
+    not_modelled("force_use_ref_model",
+                 why="a reference model loaded beside the PEFT policy (a second copy of the base): planned with the adapters "
+                     "disabled as the reference"),
     not_modelled("torch_compile", why="a compiled step fuses kernels and keeps other tensors for backward"),
     not_modelled("optim_target_modules", why="GaLore / APOLLO projected optimizer states on these modules"),
     not_modelled("parallelism_config", why="tensor or context parallelism splits the model or the sequence across GPUs"),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from memfit.interop.common import int_rule, model_rule, revision_rule, targets_rule
+from memfit.interop.common import bool_rule, int_rule, model_rule, modules_to_save_rule, revision_rule, targets_rule
 from memfit.interop.keys import (
     ABSENT,
     Found,
@@ -50,7 +50,8 @@ _TYPES = one_of({
 
 def _method(values: Mapping[str, Any], ctx: Any) -> Any:
     kind = value_of(values, "finetuning_type", _TYPES, "lora")
-    bits = value_of(values, "quantization_bit", as_int, None)
+    # null (as `memfit fit --write` turns a quantized base off) is no quantization, like an absent key
+    bits = value_of(values, "quantization_bit", as_int, None) if values["quantization_bit"] is not None else None
     how = str(values["quantization_method"]).lower() if values["quantization_method"] not in (ABSENT, None) else "bnb"
     if bits is None:
         return kind
@@ -61,12 +62,16 @@ def _method(values: Mapping[str, Any], ctx: Any) -> Any:
         raise KeyProblem("quantization_bit", "needs finetuning_type: lora (or oft): a quantized model is trained through adapters")
     if bits == 4 and how in ("bnb", "bitsandbytes"):
         return "qlora"
+    if bits == 8 and how in ("bnb", "bitsandbytes"):
+        return "lora-8bit"
     return Planned("lora", f"a {bits}-bit base ({how}): planned as a 16-bit base")
 
 
 def _write_method(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
     if method == "qlora":
         return {"finetuning_type": "lora", "quantization_bit": 4}
+    if method == "lora-8bit":
+        return {"finetuning_type": "lora", "quantization_bit": 8}
     return {"finetuning_type": method, "quantization_bit": None}
 
 
@@ -125,11 +130,17 @@ def _packing(values: Mapping[str, Any], ctx: Any) -> Any:
 
 
 def _objective(values: Mapping[str, Any], ctx: Any) -> Any:
+    """``stage: dpo`` by its ``pref_loss``: orpo and simpo as such, DPO's losses (sigmoid, hinge, ipo,
+    kto_pair) as dpo (LLaMA-Factory's reference: the base with the adapters disabled for LoRA, a
+    copy of the model for full fine-tuning)."""
     stage = str(values["stage"]).lower() if values["stage"] not in (ABSENT, None) else "sft"
-    if stage != "dpo":
+    if stage in ("sft", "pt"):
         return None
+    if stage != "dpo":
+        return Planned(None, f"stage: {stage} trains with another trainer (reward or value models, unpaired examples): "
+                             "planned as supervised fine-tuning")
     loss = str(values["pref_loss"]).lower() if values["pref_loss"] not in (ABSENT, None) else "sigmoid"
-    return {"sigmoid": "dpo", "orpo": "orpo", "simpo": "simpo"}.get(loss, "dpo")
+    return {"orpo": "orpo", "simpo": "simpo"}.get(loss, "dpo")
 
 
 def _stage_matters(values: Mapping[str, Any]) -> bool:
@@ -172,18 +183,22 @@ RULES: tuple[Rule, ...] = (
                                                       "are not read)"),
     Rule(("finetuning_type", "quantization_bit", "quantization_method"), "method", _method, _write_method,
          doc="the method: `finetuning_type` (LLaMA-Factory's default lora; freeze planned as full, oft as lora), "
-             "`quantization_bit: 4` with bitsandbytes `qlora`; other bit widths planned as a 16-bit base and listed"),
-    Rule(("quantization_bit",), "kbit_upcast", lambda v, ctx: False if ctx.knobs.get("method") == "qlora" else None,
-         doc="LLaMA-Factory quantizes without PEFT's prepare_model_for_kbit_training: the parameters that are not 4-bit "
+             "`quantization_bit: 4` with bitsandbytes `qlora`, `quantization_bit: 8` `lora-8bit` (LLM.int8); other bit "
+             "widths planned as a 16-bit base and listed"),
+    Rule(("quantization_bit",), "kbit_upcast", lambda v, ctx: False if ctx.knobs.get("method") in ("qlora", "lora-8bit") else None,
+         doc="LLaMA-Factory quantizes without PEFT's prepare_model_for_kbit_training: the parameters that are not quantized "
              "stay in the compute dtype"),
     not_modelled("upcast_layernorm", why="norm weights upcast to fp32 (a few MiB)"),
     int_rule("lora_rank", "rank", 8, doc="LoRA rank (LLaMA-Factory's default 8)"),
     Rule(("lora_alpha",), "alpha", lambda v, ctx: value_of(v, "lora_alpha", as_float, None), doc="LoRA alpha (default 2 x rank)"),
     Rule(("lora_dropout",), "dropout", lambda v, ctx: value_of(v, "lora_dropout", _dropout, None), doc="LoRA dropout"),
     targets_rule(None, "lora_target", doc="LoRA targets: `all` (the default) is every linear layer, or the modules listed"),
-    not_modelled("additional_target", knob="modules_to_save",
-                 why="whole trainable copies of these modules, with their gradients and optimizer states"),
-    not_modelled("use_dora", knob="dora", why="DoRA's magnitude vectors and the weight norm it computes in every adapted layer"),
+    modules_to_save_rule("additional_target",
+                         doc="modules trained whole besides the adapters (PEFT's modules_to_save): trainable copies, with "
+                             "their gradients and optimizer states; a tied embedding and head named both: planned as one "
+                             "shared copy (PEFT trains two, listed)"),
+    bool_rule("use_dora", "dora", doc="DoRA: a magnitude per output row, and the norm of every adapted weight each forward"),
+    bool_rule("use_rslora", "rslora", doc="rsLoRA: the update scaled by alpha / sqrt(rank) (no change in memory)"),
     int_rule("cutoff_len", "seq_len", 2048, doc="tokens per sequence (default 2048); memfit plans the longest"),
     int_rule("per_device_train_batch_size", "batch_size", 8, doc="sequences per GPU in one forward pass (the Trainer's default 8)"),
     int_rule("gradient_accumulation_steps", "grad_accum", 1, doc="micro-batches per optimizer step"),
@@ -209,7 +224,11 @@ RULES: tuple[Rule, ...] = (
     Rule(("stage", "pref_loss"), "objective", _objective, matters=_stage_matters,
          unmodelled="a stage other than supervised fine-tuning (dpo, kto, rm, ppo): preference pairs, a reference or value "
                     "model; planned as supervised fine-tuning",
-         doc="`stage: dpo` with `pref_loss` (sigmoid, orpo, simpo) is preference training"),
+         doc="`stage: dpo` is preference training: `pref_loss` orpo and simpo as such, DPO's losses (sigmoid, hinge, ipo, "
+             "kto_pair) as `dpo`; other stages (kto, rm, ppo) listed and planned as supervised fine-tuning; "
+             "`per_device_train_batch_size` counts pairs"),
+    not_modelled("ref_model", why="a reference model of its own beside the policy (a second model in memory): planned with "
+                                  "the reference memfit takes (the disabled adapters, or a frozen copy)"),
     not_modelled("use_unsloth", why="Unsloth's kernels and its own step"),
     not_modelled("use_galore", "use_apollo", "use_badam", "use_adam_mini", "use_muon",
                  why="an optimizer memfit does not plan (projected, block-wise or per-layer states): planned as the optim named"),

@@ -26,7 +26,7 @@ from memfit.json_form import JsonForm
 #: Rule knobs that are not RunSpec knobs: the model, and where the run is placed across GPUs.
 _MODEL, _REVISION, _SHARD = "model", "revision", "shard"
 #: Knobs that only adapters use.
-_ADAPTER_KNOBS = ("rank", "alpha", "dropout", "targets")
+_ADAPTER_KNOBS = ("rank", "alpha", "dropout", "targets", "dora", "rslora", "modules_to_save")
 
 
 class ToolConfigError(UserError, ValueError):

@@ -2,9 +2,10 @@
 
 A PEFT adapter folder holds `adapter_config.json` and `adapter_model.safetensors`, whose keys
 look like `base_model.model.<module>.lora_A.weight`. This module turns them into LoRA pairs
-(with their scale), whole-tensor replacements (`modules_to_save`) and base-weight copies
-(`<module>.base_layer.weight`, which PEFT saves for targeted embedding layers and loads over the
-base weight), and refuses every adapter option the merge does not implement.
+(with their scale, and DoRA's magnitude vector where the adapter has one), whole-tensor
+replacements (`modules_to_save`) and base-weight copies (`<module>.base_layer.weight`, which PEFT
+saves for targeted embedding layers and loads over the base weight), and refuses every adapter
+option the merge does not implement.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from .errors import MergeError
 
@@ -28,7 +31,6 @@ _BASE_REWRITING_INITS = ("pissa", "olora", "corda", "loftq")
 # Options that select a LoRA variant or layer type this merge does not implement. Each maps to
 # the value meaning "off"; anything else is refused by name.
 _UNSUPPORTED_WHEN_SET = {
-    "use_dora": False,
     "lora_bias": False,
     "use_qalora": False,
     "trainable_token_indices": None,
@@ -44,6 +46,40 @@ _UNSUPPORTED_WHEN_SET = {
 }
 
 
+class AdapterTensors(Mapping):
+    """The tensors of ``adapter_model.safetensors`` by key. LoRA's own (A, B, DoRA magnitudes: small)
+    are read into memory at once; the others, copies of whole modules (``modules_to_save``: an
+    embedding or a head is as large as the base's), are read from the file each time they are
+    asked for, so that the merge holds one of them at a time. ``shape`` reads no data."""
+
+    def __init__(self, path: Path):
+        from safetensors import safe_open
+
+        self.path = Path(path)
+        with safe_open(str(self.path), "pt") as handle:
+            self.shapes = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+            self._held = {key: handle.get_tensor(key) for key in self.shapes if _split_key(key) is not None}
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self.shapes[key]
+
+    def __getitem__(self, key: str):
+        if key in self._held:
+            return self._held[key]
+        if key not in self.shapes:
+            raise KeyError(key)
+        from safetensors import safe_open
+
+        with safe_open(str(self.path), "pt") as handle:
+            return handle.get_tensor(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.shapes)
+
+    def __len__(self) -> int:
+        return len(self.shapes)
+
+
 @dataclass(frozen=True)
 class LoraPair:
     """One LoRA update `scale * B @ A` for the weight of `module`."""
@@ -55,6 +91,7 @@ class LoraPair:
     rank: int
     alpha: float
     scale: float
+    magnitude_key: str | None = None  # DoRA: the magnitude of each output row (None: plain LoRA)
 
 
 @dataclass
@@ -63,7 +100,7 @@ class Adapter:
 
     folder: Path
     config: dict
-    tensors: dict  # adapter key -> torch.Tensor
+    tensors: Mapping  # adapter key -> torch.Tensor (AdapterTensors: large ones read when asked for)
     pairs: dict[str, LoraPair] = field(default_factory=dict)  # module -> pair
     replacements: dict[str, str] = field(default_factory=dict)  # base weight key -> adapter key (modules_to_save)
     base_copies: dict[str, str] = field(default_factory=dict)  # base weight key -> adapter key (base_layer)
@@ -76,9 +113,10 @@ class Adapter:
     def ensure_weight_tying(self) -> bool:
         return bool(self.config.get("ensure_weight_tying", False))
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+    def shape(self, key: str) -> tuple[int, ...]:
+        """The shape of adapter tensor ``key``, without reading it."""
+        shape = getattr(self.tensors, "shape", None)
+        return shape(key) if shape is not None else tuple(self.tensors[key].shape)
 
 
 def lora_scale(alpha: float, rank: int, use_rslora: bool) -> float:
@@ -116,8 +154,7 @@ def config_problems(config: dict) -> list[str]:
     for name, off in _UNSUPPORTED_WHEN_SET.items():
         value = config.get(name, off)
         if value not in (off, None, False, [], {}):
-            label = "DoRA" if name == "use_dora" else name
-            problems.append(f"adapter_config.json {name}={value!r} ({label}) is not supported: retrain without it or merge with PEFT.")
+            problems.append(f"adapter_config.json {name}={value!r} is not supported: retrain without it or merge with PEFT.")
     init = config.get("init_lora_weights", True)
     if isinstance(init, str) and init.lower().startswith(_BASE_REWRITING_INITS):
         problems.append(
@@ -157,8 +194,9 @@ def target_module_problems(adapter: Adapter, modules: set[str]) -> list[str]:
 
 
 def _split_key(key: str) -> tuple[str, str] | None:
-    """(module, role) for a LoRA key, role one of A, B, EA, EB; None for any other key."""
-    for suffix, role in ((".lora_A.weight", "A"), (".lora_B.weight", "B"), (".lora_embedding_A", "EA"), (".lora_embedding_B", "EB")):
+    """(module, role) for a LoRA key, role one of A, B, EA, EB, M (DoRA's magnitude); None for any other key."""
+    for suffix, role in ((".lora_A.weight", "A"), (".lora_B.weight", "B"), (".lora_embedding_A", "EA"), (".lora_embedding_B", "EB"),
+                         (".lora_magnitude_vector", "M"), (".lora_magnitude_vector.weight", "M")):
         if key.endswith(suffix):
             return key[: -len(suffix)], role
     return None
@@ -166,6 +204,21 @@ def _split_key(key: str) -> tuple[str, str] | None:
 
 def _matches_module_list(module: str, names) -> bool:
     return any(module == n or module.endswith("." + n) for n in names or [])
+
+
+def _dora_problem(module: str, kind: str, use_dora: bool, magnitude_key: str | None, adapter: Adapter) -> str | None:
+    """What is wrong with a LoRA pair's DoRA part (a magnitude where use_dora is off or missing where
+    it is on, an embedding, a magnitude of the wrong length), or None."""
+    if magnitude_key is None:
+        return (f"adapter module {module!r} has no DoRA magnitude (lora_magnitude_vector) but adapter_config.json "
+                "says use_dora=true: the adapter file is incomplete.") if use_dora else None
+    if not use_dora:
+        return f"adapter module {module!r} has a DoRA magnitude but adapter_config.json says use_dora=false."
+    if kind != "linear":
+        return f"adapter module {module!r}: DoRA on an embedding layer is not supported: merge this adapter with PEFT."
+    magnitude = adapter.tensors[magnitude_key]
+    return None if magnitude.dim() == 1 else (
+        f"adapter module {module!r}: DoRA magnitude of shape {tuple(magnitude.shape)}: only linear (1-D magnitude) DoRA can be merged.")
 
 
 def read_adapter(folder: Path) -> Adapter:
@@ -190,10 +243,8 @@ def read_adapter(folder: Path) -> Adapter:
     if problems:
         raise MergeError("\n".join(problems))
 
-    from safetensors.torch import load_file
-
     try:
-        tensors = load_file(str(weights_path))
+        tensors = AdapterTensors(weights_path)
     except Exception as exc:  # safetensors raises its own error types for corrupt files
         raise MergeError(f"cannot read {weights_path}: {exc}") from exc
     adapter = Adapter(folder=folder, config=config, tensors=tensors)
@@ -233,13 +284,19 @@ def _parse_keys(adapter: Adapter, problems: list[str]) -> None:
     rank_pattern = config.get("rank_pattern") or {}
     alpha_pattern = config.get("alpha_pattern") or {}
     use_rslora = bool(config.get("use_rslora", False))
+    use_dora = bool(config.get("use_dora", False))
     for module, roles in sorted(halves.items()):
+        magnitude_key = roles.pop("M", None)
         if set(roles) == {"A", "B"}:
             kind = "linear"
         elif set(roles) == {"EA", "EB"}:
             kind = "embedding"
         else:
-            problems.append(f"adapter module {module!r} has an incomplete LoRA pair: {sorted(roles)}.")
+            problems.append(f"adapter module {module!r} has an incomplete LoRA pair: {sorted(roles) or ['a DoRA magnitude alone']}.")
+            continue
+        dora_problem = _dora_problem(module, kind, use_dora, magnitude_key, adapter)
+        if dora_problem:
+            problems.append(dora_problem)
             continue
         a_key, b_key = (roles["A"], roles["B"]) if kind == "linear" else (roles["EA"], roles["EB"])
         a, b = adapter.tensors[a_key], adapter.tensors[b_key]
@@ -262,7 +319,7 @@ def _parse_keys(adapter: Adapter, problems: list[str]) -> None:
                 f"adapter module {module!r}: adapter_config.json gives r={r} (rank_pattern key {r_key!r}) but the saved weights have rank {rank}."
             )
             continue
-        adapter.pairs[module] = LoraPair(module, kind, a_key, b_key, rank, alpha, lora_scale(alpha, r, use_rslora))
+        adapter.pairs[module] = LoraPair(module, kind, a_key, b_key, rank, alpha, lora_scale(alpha, r, use_rslora), magnitude_key)
     for key in adapter.replacements:
         module = key.rpartition(".")[0]
         if module in adapter.pairs:

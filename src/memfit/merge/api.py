@@ -266,6 +266,7 @@ def _inputs_from_hub(base, adapter, out: Path, *, revision: str | None, adapter_
     adapter is fetched before the large base, so a problem with either shows before the base's
     weights are downloaded.
     """
+    from memfit.models.catalog import suggestions
     from memfit.models.hub import HubError, cache_dir, fetch_adapter, fetch_model, is_hub_id, repo_cache_folder
 
     base_dir, adapter_dir = Path(base).expanduser(), Path(adapter).expanduser()
@@ -287,12 +288,13 @@ def _inputs_from_hub(base, adapter, out: Path, *, revision: str | None, adapter_
     try:
         if adapter_hub:
             adapter_dir = fetch_adapter(str(adapter), adapter_revision, allow_pickle=allow_pickle, opt_in="--allow-pickle-weights",
-                                        progress=progress).folder
+                                        progress=progress, suggest=suggestions).folder
     except HubError as err:
         raise MergeError(f"--adapter {adapter}: {err}") from None
     try:
         if base_hub:
-            base_dir = fetch_model(str(base), revision, allow_pickle=allow_pickle, opt_in="--allow-pickle-weights", progress=progress).folder
+            base_dir = fetch_model(str(base), revision, allow_pickle=allow_pickle, opt_in="--allow-pickle-weights", progress=progress,
+                                   suggest=suggestions).folder
     except HubError as err:
         raise MergeError(f"--base {base}: {err}") from None
     return base_dir, adapter_dir

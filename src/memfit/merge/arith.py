@@ -10,6 +10,10 @@ and the in-place add promotes to float32 and rounds once into W's dtype. For an 
 it rounds the delta to W's dtype first and then adds (`W += delta.to(W.dtype)`), so the result is
 rounded twice. Both orders are kept here; the float32 add is commutative, so adding W into the
 delta buffer (which saves one weight-sized float32 temporary) gives identical bits.
+
+DoRA (PEFT's ``DoraLinearVariant.merge_unsafe``) takes the same float32 sum ``W + delta``, the
+float32 L2 norm of each output row of it, and writes ``(m / norm) * (W + delta)`` rounded once to
+W's dtype; the multiply is done in place in the sum's buffer (the same bits as PEFT's new tensor).
 """
 
 from __future__ import annotations
@@ -35,11 +39,33 @@ def add_embedding_delta(weight, delta):
     return weight.to(delta.device) + delta.to(weight.dtype)
 
 
+def apply_dora(weight, delta, magnitude, transpose: bool):
+    """DoRA merge: each output row of ``W + delta`` scaled to its magnitude, in PEFT's dtypes and order.
+
+    ``transpose``: the weight is stored ``[in, out]`` (GPT-2 Conv1D), so its output rows are columns.
+    PEFT loads the magnitude in float32 (``autocast_adapter_dtype``), as it does LoRA's weights.
+    """
+    import torch
+
+    summed = delta.add_(weight.to(delta.device))  # float32: W promoted, one rounding-free sum
+    if transpose:
+        # PEFT's sum of the two transposed views is laid out as the stored weight; the norm's
+        # reduction order follows the layout, so the bits do too.
+        summed = summed.contiguous()
+    rows = summed.T if transpose else summed
+    norm = torch.linalg.norm(rows, dim=1).to(rows.dtype)
+    factor = (magnitude.to(device=summed.device, dtype=torch.float32) / norm).view(-1, 1)
+    summed.mul_(factor.T if transpose else factor)
+    return summed.to(weight.dtype)
+
+
 def apply_deltas(weight, deltas, tensors, device):
     """Apply `deltas` (plan.Delta, in PEFT's order) to `weight`, returning a new tensor on `device`."""
     for item in deltas:
         delta = lora_delta(tensors[item.pair.a_key], tensors[item.pair.b_key], item.pair.scale, item.transpose, device)
-        if item.pair.kind == "embedding":
+        if item.pair.magnitude_key is not None:
+            weight = apply_dora(weight, delta, tensors[item.pair.magnitude_key], item.transpose)
+        elif item.pair.kind == "embedding":
             weight = add_embedding_delta(weight, delta)
         else:
             weight = add_linear_delta(weight, delta)

@@ -6,6 +6,8 @@ The merge follows what PEFT's `PeftModel.from_pretrained(...).merge_and_unload()
 * every module with a LoRA pair gets `scale * B @ A` added to its weight, in the order PEFT
   visits modules (`named_modules()`); a weight shared by tied modules (lm_head and the input
   embedding) receives the deltas of both, one after the other;
+* a DoRA pair also rescales each output row of the sum to its magnitude:
+  `m * (W + s*BA) / ||W + s*BA||` (:func:`memfit.merge.arith.apply_dora`);
 * `modules_to_save` tensors replace the module's weight; on a tied model that unties the pair
   (the output keeps both tensors and `tie_word_embeddings` becomes false) unless the adapter was
   trained with `ensure_weight_tying`, in which case both stay one tensor;
@@ -125,7 +127,7 @@ def build_plan(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure
             problems.append(f"modules_to_save tensor {adapter_key!r} matches no base tensor {key!r}.")
             continue
         target = base.specs[tied_alias.get(key, key)]
-        got = tuple(adapter.tensors[adapter_key].shape)
+        got = adapter.shape(adapter_key)
         if got != target.shape:
             problems.append(f"shape mismatch: adapter tensor {adapter_key!r} is {list(got)} but base tensor {key!r} is {list(target.shape)}.")
             continue
@@ -147,7 +149,7 @@ def build_plan(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure
         if key not in binding:
             problems.append(f"adapter tensor {adapter_key!r} matches no base tensor {key!r}.")
             continue
-        got = tuple(adapter.tensors[adapter_key].shape)
+        got = adapter.shape(adapter_key)
         want = base.specs[binding[key].base_key].shape
         if got != want:
             problems.append(f"shape mismatch: adapter tensor {adapter_key!r} is {list(got)} but base tensor {key!r} is {list(want)}.")
@@ -177,8 +179,8 @@ def build_plan(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure
             transpose = kind == "conv1d"
         else:
             transpose = adapter.fan_in_fan_out
-        a_shape = tuple(adapter.tensors[pair.a_key].shape)
-        b_shape = tuple(adapter.tensors[pair.b_key].shape)
+        a_shape = adapter.shape(pair.a_key)
+        b_shape = adapter.shape(pair.b_key)
         storage = binding[key]
         want = base.specs[storage.base_key].shape
         got = delta_shape(pair, a_shape, b_shape, transpose)
@@ -190,6 +192,17 @@ def build_plan(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure
             continue
         if base.specs[storage.base_key].dtype not in FLOAT_CODES:
             problems.append(f"base tensor {key!r} is {base.specs[storage.base_key].dtype}: LoRA can only be merged into float weights.")
+            continue
+        if pair.magnitude_key is not None:
+            rows = want[1] if transpose else want[0]
+            length = adapter.shape(pair.magnitude_key)
+            if length != (rows,):
+                problems.append(f"shape mismatch: adapter DoRA magnitude {pair.magnitude_key!r} is {list(length)} but base tensor "
+                                f"{key!r} has {rows} output rows.")
+                continue
+        if storage.deltas and (pair.magnitude_key is not None or any(d.pair.magnitude_key for d in storage.deltas)):
+            problems.append(f"base tensor {key!r} is shared by tied modules that both get adapters, one of them DoRA: "
+                            "merge this adapter with PEFT.")
             continue
         order = structure.order.get(module, 1 if key in tied_alias else 0)
         storage.deltas.append(Delta(pair, transpose, order))

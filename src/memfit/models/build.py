@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from memfit.models.errors import ModelBuildError
-from memfit.models.quantize import is_linear4bit, quantize_fake_or_random
+from memfit.models.quantize import is_quantized_linear, quantize_fake_or_random
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -76,8 +76,8 @@ def build_meta_model(config, dtype: torch.dtype) -> nn.Module:
 def materialize(model: nn.Module, device: str | torch.device, *, random_values: bool = False) -> nn.Module:
     """Give a meta model storage on ``device``; inside ``FakeTensorMode`` nothing is allocated.
 
-    4-bit layers get the packed weight and quantization state that bitsandbytes would store, made by
-    bitsandbytes' own ``quantize_4bit`` on a (fake) dense weight. ``random_values`` fills real
+    4-bit and 8-bit layers get the weight and quantization state that bitsandbytes would store, made
+    by bitsandbytes' own quantization of a (fake) dense weight. ``random_values`` fills real
     storage with small random numbers (uninitialised memory could hold NaNs) and gives buffers the
     values their model computes for them (rotary frequencies, embedding scales); fake storage has no
     values to fill.
@@ -97,7 +97,7 @@ def materialize(model: nn.Module, device: str | torch.device, *, random_values: 
                     p.normal_(0.0, 0.02)
         _init_buffers(model)
     for module in model.modules():
-        if is_linear4bit(module):
+        if is_quantized_linear(module):
             quantize_fake_or_random(module, device, random_values=random_values)
     return model
 
@@ -159,7 +159,8 @@ def _shared_parameter_slots(model: nn.Module) -> list[list[tuple[nn.Module, str]
 
 
 def count_parameters(model: nn.Module) -> tuple[int, int]:
-    """(total, trainable) parameter counts; 4-bit packed weights count as their unpacked elements."""
+    """(total, trainable) parameter counts; 4-bit packed weights count as their unpacked elements
+    (an int8 weight holds one element a byte: its count is its own)."""
     total = trainable = 0
     for p in model.parameters():
         quant_state = getattr(p, "quant_state", None)

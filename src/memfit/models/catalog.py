@@ -19,11 +19,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from memfit.errors import UserError
+from memfit.models.config_file import read_config_file
+from memfit.models.errors import HubError, ModelNotFoundError
 
-
-class ModelNotFoundError(UserError, ValueError):
-    """The model argument is neither a catalog name nor a readable config."""
+__all__ = ["ModelNotFoundError", "ModelSource", "catalog_names", "catalog_sources", "load_catalog_config", "resolve_model",
+           "resolve_source", "suggestions"]
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def resolve_model(model: str | Path | dict, revision: str | None = None) -> Mode
 
     Raises :class:`ModelNotFoundError` with a "did you mean" hint for unknown names, and with the
     file and the parser's message for an unreadable or invalid config.json;
-    :class:`~memfit.models.hub.HubError` (a ValueError too) when a Hub id cannot be fetched.
+    :class:`~memfit.models.errors.HubError` (a ValueError too) when a Hub id cannot be fetched.
     """
     if revision is not None:
         from memfit.models.hub import is_hub_id
@@ -89,14 +89,12 @@ def resolve_model(model: str | Path | dict, revision: str | None = None) -> Mode
                 f"model folder {str(path)!r} has no config.json. Point to a Hugging Face model folder "
                 "(with config.json and *.safetensors), a config.json file, or a catalog name (see `memfit models`)."
             )
-        return ModelSource(name=path.resolve().name, config=_read_config(config_path), origin="folder", path=path)
+        return ModelSource(name=path.resolve().name, config=read_config_file(config_path), origin="folder", path=path)
     if path.is_file():
-        return ModelSource(name=_name_from_config_path(path), config=_read_config(path), origin="config.json", path=path)
+        return ModelSource(name=_name_from_config_path(path), config=read_config_file(path), origin="config.json", path=path)
     from memfit.models.hub import looks_like_hub_id
 
     if looks_like_hub_id(text):  # not a local path (checked above): the Hub
-        from memfit.models.hub import resolve_source
-
         return resolve_source(text, revision)
     if any(sep in text for sep in ("/", "\\")) or text.endswith(".json"):
         raise ModelNotFoundError(f"model path {text!r} does not exist.")
@@ -106,6 +104,65 @@ def resolve_model(model: str | Path | dict, revision: str | None = None) -> Mode
         f"unknown model {text!r}.{hint} Use a catalog name (`memfit models` lists them), a Hugging Face Hub id "
         "(org/name), a path to a config.json, or a local model folder."
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# The catalog's Hub ids: where each shipped config.json was copied from
+
+
+@lru_cache(maxsize=1)
+def _catalog_table() -> tuple[tuple[str, str], ...]:
+    """(catalog name, Hub repo id its shipped config.json was copied from), from the catalog's
+    SOURCES.md table; rows whose model column is not one exact repo id are left out (their copy
+    may come from a sibling variant)."""
+    from memfit.models.hub import looks_like_hub_id
+
+    names = set(catalog_names())
+    text = (_catalog_dir() / "SOURCES.md").read_text()
+    rows = []
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) >= 2 and cells[0] in names and looks_like_hub_id(cells[1]):
+            rows.append((cells[0], cells[1]))
+    return tuple(rows)
+
+
+def catalog_sources() -> dict[str, str]:
+    """Hub repo id (lower case) -> the catalog name whose shipped config.json was copied from it."""
+    return {repo.lower(): name for name, repo in _catalog_table()}
+
+
+def suggestions(repo_id: str) -> list[str]:
+    """Close Hub ids (catalog sources) and catalog names for a repo id that does not exist."""
+    spelled = {repo.lower(): repo for _, repo in _catalog_table()}
+    by_id = difflib.get_close_matches(repo_id.lower(), list(spelled), n=1, cutoff=0.8)
+    name = repo_id.split("/")[-1].lower().replace("_", "-")
+    by_name = difflib.get_close_matches(name, catalog_names(), n=2, cutoff=0.6)
+    return [f"the Hub's {spelled[s]!r}" for s in by_id] + [f"the catalog's {n!r}" for n in by_name]
+
+
+def resolve_source(repo_id: str, revision: str | None = None) -> ModelSource:
+    """The :class:`ModelSource` of a Hub id (config.json only, fetched by :mod:`memfit.models.hub`).
+
+    When the Hub cannot be asked (no network, HF_HUB_OFFLINE=1 with nothing cached, a gated repo
+    this machine has no access to, or a Hugging Face cache that cannot be used), no revision is
+    pinned, and ``repo_id`` is the repo a catalog config was copied from (SOURCES.md), the shipped
+    copy is used, with a note saying so.
+    """
+    from memfit.models.hub import fetch_config, read_config
+
+    try:
+        snapshot = fetch_config(repo_id, revision, suggest=suggestions)
+    except HubError as err:
+        catalog_name = catalog_sources().get(repo_id.lower())
+        if catalog_name is None or revision is not None or err.kind not in ("gated", "network", "offline", "cache"):
+            raise
+        note = (f"{err.reason}: planned with memfit's shipped copy of {repo_id}'s config.json "
+                f"(catalog name {catalog_name}), which needs no network")
+        return ModelSource(name=repo_id, config=load_catalog_config(catalog_name), origin="catalog", note=note)
+    name = repo_id if revision is None else f"{repo_id}@{revision}"
+    return ModelSource(name=name, config=read_config(snapshot), origin="hub", path=snapshot.folder,
+                       note=snapshot.note, hub=snapshot.record())
 
 
 def model_type_problem(config: dict[str, Any]) -> str | None:
@@ -151,25 +208,3 @@ def seq_len_problem(name: str, config: dict[str, Any], seq_len: int, spelling: s
 
 def _name_from_config_path(path: Path) -> str:
     return path.resolve().parent.name if path.name == "config.json" else path.stem
-
-
-def _read_config(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except UnicodeDecodeError as err:
-        raise ModelNotFoundError(f"{path}: not a text file ({err}). Expected a JSON config.json.") from None
-    except json.JSONDecodeError as err:
-        raise ModelNotFoundError(
-            f"{path}: not valid JSON (line {err.lineno}, column {err.colno}: {err.msg}). "
-            "Fix the file or point to the model's original config.json."
-        ) from None
-    except OSError as err:
-        raise ModelNotFoundError(f"{path}: cannot be read ({err.strerror}).") from None
-    if not isinstance(data, dict):
-        raise ModelNotFoundError(f"{path}: a config.json must hold a JSON object, got {type(data).__name__}.")
-    if "model_type" not in data:
-        raise ModelNotFoundError(
-            f"{path}: no 'model_type' field, so transformers cannot tell which architecture to build. "
-            "Add it (e.g. \"model_type\": \"llama\") or use the model's original config.json."
-        )
-    return data

@@ -25,11 +25,14 @@ file downloaded here is checked against the SHA-256 the Hub lists before anythin
 network, or with ``HF_HUB_OFFLINE=1``, the cached snapshot is used when it holds every file needed.
 
 huggingface_hub is imported only inside these functions: only a Hub id pays for it.
+
+This module is the transport alone: what memfit's catalog knows about Hub ids (the shipped copy
+of a catalog model's config.json, close names for a repo that does not exist) is in
+:mod:`memfit.models.catalog`, which calls this module, never the other way round.
 """
 
 from __future__ import annotations
 
-import difflib
 import errno
 import fnmatch
 import hashlib
@@ -44,7 +47,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
-from memfit.errors import UserError
+from memfit.models.config_file import read_config_file
+from memfit.models.errors import HubError
 
 #: ``org/name``: the Hub's rules (letters, digits, ``_``, ``-``, ``.``; each part starts and ends
 #: with a letter, digit or ``_``; at most 96 characters each; no ``--`` or ``..``).
@@ -71,22 +75,9 @@ TOKENIZER_PATTERNS = (
 #: Parallel downloads of weight shards (huggingface_hub's own default is 8; a few streams already
 #: fill most links, and each one is a thread to stop on Ctrl-C).
 DOWNLOAD_WORKERS = 4
+#: Close names to offer for a repo id that does not exist (the catalog's: :func:`memfit.models.catalog.suggestions`).
+Suggest = Callable[[str], list[str]]
 _HASH_CHUNK_BYTES = 8 * 2**20
-
-
-class HubError(UserError, ValueError):
-    """A Hub id could not be turned into the files a command needs; the message says why and what to do.
-
-    ``kind`` names the problem for callers and tests: ``missing-repo``, ``gated``, ``revision``,
-    ``file``, ``network``, ``offline``, ``token``, ``forbidden``, ``http``, ``interrupted``,
-    ``corrupt``, ``cache``, ``pickle``, ``no-weights``, ``remote-code``, ``not-hub-id``. ``reason`` is a short
-    clause (no fix) used where another message quotes it.
-    """
-
-    def __init__(self, message: str, kind: str, reason: str | None = None):
-        super().__init__(message)
-        self.kind = kind
-        self.reason = reason or message
 
 
 @dataclass(frozen=True)
@@ -130,51 +121,17 @@ def is_hub_id(text: str) -> bool:
     return looks_like_hub_id(text) and not Path(str(text)).expanduser().exists()
 
 
-@lru_cache(maxsize=1)
-def _catalog_table() -> tuple[tuple[str, str], ...]:
-    """(catalog name, Hub repo id its shipped config.json was copied from), from the catalog's
-    SOURCES.md table; rows whose model column is not one exact repo id are left out (their copy
-    may come from a sibling variant)."""
-    from importlib import resources
-
-    from memfit.models.catalog import catalog_names
-
-    names = set(catalog_names())
-    text = (resources.files("memfit.models") / "catalog" / "SOURCES.md").read_text()
-    rows = []
-    for line in text.splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if len(cells) >= 2 and cells[0] in names and looks_like_hub_id(cells[1]):
-            rows.append((cells[0], cells[1]))
-    return tuple(rows)
-
-
-def catalog_sources() -> dict[str, str]:
-    """Hub repo id (lower case) -> the catalog name whose shipped config.json was copied from it."""
-    return {repo.lower(): name for name, repo in _catalog_table()}
-
-
-def suggestions(repo_id: str) -> list[str]:
-    """Close Hub ids (catalog sources) and catalog names for a repo id that does not exist."""
-    from memfit.models.catalog import catalog_names
-
-    spelled = {repo.lower(): repo for _, repo in _catalog_table()}
-    by_id = difflib.get_close_matches(repo_id.lower(), list(spelled), n=1, cutoff=0.8)
-    name = repo_id.split("/")[-1].lower().replace("_", "-")
-    by_name = difflib.get_close_matches(name, catalog_names(), n=2, cutoff=0.6)
-    return [f"the Hub's {spelled[s]!r}" for s in by_id] + [f"the catalog's {n!r}" for n in by_name]
-
-
 # ------------------------------------------------------------------------------------------------
 # What commands call
 
 
-def fetch_config(repo_id: str, revision: str | None = None, *, local_only: bool = False) -> Snapshot:
+def fetch_config(repo_id: str, revision: str | None = None, *, local_only: bool = False, suggest: Suggest | None = None) -> Snapshot:
     """Fetch ``config.json`` of ``repo_id`` at ``revision`` (default ``main``) and nothing else.
 
-    ``local_only``: use the cache only. Raises :class:`HubError`.
+    ``local_only``: use the cache only. ``suggest``: close names for a repo that does not exist
+    (:func:`memfit.models.catalog.suggestions`). Raises :class:`HubError`.
     """
-    listing = _listing(repo_id, revision, include=(CONFIG_FILE,), local_only=local_only)
+    listing = _listing(repo_id, revision, include=(CONFIG_FILE,), local_only=local_only, suggest=suggest)
     if CONFIG_FILE not in listing.names:
         raise _no_config(listing)
     _download(listing, [CONFIG_FILE], progress=None)
@@ -183,37 +140,14 @@ def fetch_config(repo_id: str, revision: str | None = None, *, local_only: bool 
 
 def read_config(snapshot: Snapshot) -> dict[str, Any]:
     """The config dict in a snapshot, checked (JSON object with a model_type; no remote code needed)."""
-    from memfit.models.catalog import ModelNotFoundError, _read_config
+    from memfit.models.errors import ModelNotFoundError
 
     try:
-        config = _read_config(snapshot.folder / CONFIG_FILE)
+        config = read_config_file(snapshot.folder / CONFIG_FILE)
     except ModelNotFoundError as err:
         raise HubError(f"{snapshot.repo_id}: {err}", "file") from None
     check_remote_code(config, snapshot.repo_id)
     return config
-
-
-def resolve_source(repo_id: str, revision: str | None = None):
-    """The :class:`~memfit.models.catalog.ModelSource` of a Hub id (config.json only).
-
-    When the Hub cannot be asked (no network, HF_HUB_OFFLINE=1 with nothing cached, a gated repo
-    this machine has no access to, or a Hugging Face cache that cannot be used), no revision is pinned, and ``repo_id`` is the repo a catalog
-    config was copied from (SOURCES.md), the shipped copy is used, with a note saying so.
-    """
-    from memfit.models.catalog import ModelSource, load_catalog_config
-
-    try:
-        snapshot = fetch_config(repo_id, revision)
-    except HubError as err:
-        catalog_name = catalog_sources().get(repo_id.lower())
-        if catalog_name is None or revision is not None or err.kind not in ("gated", "network", "offline", "cache"):
-            raise
-        note = (f"{err.reason}: planned with memfit's shipped copy of {repo_id}'s config.json "
-                f"(catalog name {catalog_name}), which needs no network")
-        return ModelSource(name=repo_id, config=load_catalog_config(catalog_name), origin="catalog", note=note)
-    name = repo_id if revision is None else f"{repo_id}@{revision}"
-    return ModelSource(name=name, config=read_config(snapshot), origin="hub", path=snapshot.folder,
-                       note=snapshot.note, hub=snapshot.record())
 
 
 def fetch_model(
@@ -226,6 +160,7 @@ def fetch_model(
     local_only: bool = False,
     console=None,
     progress: bool | str = True,
+    suggest: Suggest | None = None,
 ) -> Snapshot:
     """Fetch what training or merging reads: config, generation config, tokenizer, weights.
 
@@ -240,11 +175,12 @@ def fetch_model(
         console: Rich console for progress (default: stderr).
         progress: True: a live bar on a terminal, plain lines otherwise; "plain": plain lines;
             False: nothing.
+        suggest: close names for a repo that does not exist (:func:`memfit.models.catalog.suggestions`).
 
     Raises :class:`HubError`, before anything is downloaded wherever the problem can be seen in
     the file listing (missing config, no safetensors without the opt-in, remote code).
     """
-    listing = _listing(repo_id, revision, include=_model_patterns(allow_pickle), local_only=local_only)
+    listing = _listing(repo_id, revision, include=_model_patterns(allow_pickle), local_only=local_only, suggest=suggest)
     if CONFIG_FILE not in listing.names:
         raise _no_config(listing)
     small = [CONFIG_FILE] + [n for n in (GENERATION_CONFIG_FILE,) if n in listing.names]
@@ -275,12 +211,14 @@ def fetch_adapter(
     opt_in: str = "--allow-pickle-weights",
     console=None,
     progress: bool | str = True,
+    suggest: Suggest | None = None,
 ) -> Snapshot:
     """Fetch a PEFT adapter: adapter_config.json, its weights and any tokenizer files beside them.
 
-    Raises :class:`HubError` (a model repo passed as an adapter is named as such).
+    ``suggest`` as for :func:`fetch_model`. Raises :class:`HubError` (a model repo passed as an
+    adapter is named as such).
     """
-    listing = _listing(repo_id, revision, include=(ADAPTER_CONFIG, ADAPTER_WEIGHTS, *TOKENIZER_PATTERNS))
+    listing = _listing(repo_id, revision, include=(ADAPTER_CONFIG, ADAPTER_WEIGHTS, *TOKENIZER_PATTERNS), suggest=suggest)
     if ADAPTER_CONFIG not in listing.names:
         hint = (" It is a model (config.json), not an adapter: pass it as the base model."
                 if CONFIG_FILE in listing.names else " A PEFT adapter repo holds adapter_config.json and adapter_model.safetensors.")
@@ -357,6 +295,7 @@ class _Listing:
     sha256: dict[str, str] = field(default_factory=dict)
     offline: str | None = None  # why the cache was used instead of the Hub (None: the Hub answered)
     include: tuple[str, ...] = ()
+    suggest: Suggest | None = None  # close names for a repo that does not exist
 
     @property
     def names(self) -> set[str]:
@@ -377,7 +316,8 @@ class _Listing:
         return Snapshot(self.repo_id, self.revision, self.commit, self.folder, note, downloaded_bytes)
 
 
-def _listing(repo_id: str, revision: str | None, *, include: tuple[str, ...], local_only: bool = False) -> _Listing:
+def _listing(repo_id: str, revision: str | None, *, include: tuple[str, ...], local_only: bool = False,
+             suggest: Suggest | None = None) -> _Listing:
     if not looks_like_hub_id(repo_id):
         raise HubError(f"{repo_id!r} is not a Hugging Face Hub id: write org/name, e.g. Qwen/Qwen2.5-7B.", "not-hub-id")
     revision = revision or "main"
@@ -399,7 +339,7 @@ def _listing(repo_id: str, revision: str | None, *, include: tuple[str, ...], lo
         if kind in ("network", "offline"):
             reason = "HF_HUB_OFFLINE=1 is set" if kind == "offline" else f"cannot reach {_endpoint()} ({_short(err)})"
             return _cached_listing(repo_id, revision, include, reason=reason, kind=kind)
-        raise _error(kind, err, repo_id, revision, include) from None
+        raise _error(kind, err, repo_id, revision, include, suggest=suggest) from None
     sizes, digests = {}, {}
     for sibling in info.siblings or []:
         name = sibling.rfilename
@@ -413,7 +353,7 @@ def _listing(repo_id: str, revision: str | None, *, include: tuple[str, ...], lo
     if not commit:
         raise HubError(f"{_endpoint()} returned no commit for {repo_id}: HF_ENDPOINT may not point to a Hugging Face Hub.", "http")
     _remember_revision(repo_id, revision, commit)
-    return _Listing(repo_id, revision, commit, sizes, digests, include=include)
+    return _Listing(repo_id, revision, commit, sizes, digests, include=include, suggest=suggest)
 
 
 def _cached_listing(repo_id: str, revision: str, include: tuple[str, ...], *, reason: str, kind: str) -> _Listing:
@@ -612,7 +552,8 @@ def _download_one(listing: _Listing, name: str, bar: "_Progress") -> None:
         kind = _kind(err)
         if kind in ("network", "other"):
             kind = "interrupted"
-        raise _error(kind, err, listing.repo_id, listing.revision, listing.include, filename=name) from None
+        raise _error(kind, err, listing.repo_id, listing.revision, listing.include, filename=name,
+                     suggest=listing.suggest) from None
     digest = listing.sha256.get(name)
     if digest is not None:
         bar.note("checking SHA-256")
@@ -832,11 +773,12 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def _error(kind: str, err: BaseException, repo_id: str, revision: str, include: tuple[str, ...], *, filename: str | None = None) -> HubError:
-    """The HubError for a classified huggingface_hub error."""
+def _error(kind: str, err: BaseException, repo_id: str, revision: str, include: tuple[str, ...], *, filename: str | None = None,
+           suggest: Suggest | None = None) -> HubError:
+    """The HubError for a classified huggingface_hub error (``suggest``: close names for a missing repo)."""
     where = repo_id if revision == "main" else f"{repo_id} (revision {revision})"
     if kind == "missing-repo":
-        hints = suggestions(repo_id)
+        hints = suggest(repo_id) if suggest is not None else []
         hint = f" Did you mean {' or '.join(hints)}?" if hints else ""
         return HubError(
             f"{repo_id!r} is not a local path and not a model on {_endpoint()}.{hint} If the repo is private, set HF_TOKEN "

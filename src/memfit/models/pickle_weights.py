@@ -20,6 +20,7 @@ import shutil
 from pathlib import Path
 
 from memfit.files import apply_umask, make_temp_folder, memfit_cache_dir
+from memfit.models.errors import HubError
 
 
 def safetensors_name(name: str) -> str:
@@ -34,7 +35,7 @@ def convert_checkpoint(folder: Path, repo_id: str, commit: str, files: list[str]
     """A folder like ``folder`` with the pickled ``files`` (and their ``index``) as safetensors.
 
     Every other file of ``folder`` (config, tokenizer) is copied beside them. Returns the finished
-    folder in memfit's cache; raises :class:`~memfit.models.hub.HubError` when a file holds
+    folder in memfit's cache; raises :class:`~memfit.models.errors.HubError` when a file holds
     anything but tensors.
     """
     dest = memfit_cache_dir() / "converted" / ("models--" + repo_id.replace("/", "--")) / commit
@@ -73,8 +74,6 @@ def convert_checkpoint(folder: Path, repo_id: str, commit: str, files: list[str]
             shutil.rmtree(build, ignore_errors=True)
     except OSError as err:  # disk full, read-only cache: say where, not a traceback
         shutil.rmtree(build, ignore_errors=True)
-        from memfit.models.hub import HubError
-
         raise HubError(f"cannot write the converted weights of {repo_id} to {dest.parent} ({err}): set MEMFIT_CACHE to a "
                        "writable folder with room for them.", "cache") from None
     except BaseException:
@@ -93,8 +92,6 @@ def _load_tensors(path: Path, repo_id: str) -> dict:
     import pickle
 
     import torch
-
-    from memfit.models.hub import HubError
 
     try:
         try:

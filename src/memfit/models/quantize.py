@@ -1,13 +1,17 @@
-"""4-bit NF4 weights (QLoRA): the settings memfit uses, and where they are applied.
+"""Quantized frozen base weights: 4-bit NF4 (QLoRA) and 8-bit LLM.int8 (``method: lora-8bit``).
 
-One place for the QLoRA paper's settings (NF4, double quantization, 64-element blocks, uint8
-storage): layers are swapped on ``meta`` (:func:`quantize_linears_on_meta`), a materialised fake or
-random model is quantized by bitsandbytes' own ``quantize_4bit``
-(:func:`memfit.models.build.materialize`), and a real weight is quantized on its device as it is
-loaded (:func:`quantize_on_device`). bitsandbytes is imported only here, and only when called.
+One place for the settings memfit uses: the QLoRA paper's (NF4, double quantization, 64-element
+blocks, uint8 storage) and LLM.int8's as transformers' ``load_in_8bit`` applies them (int8 weights
+with one fp32 scale per output row, inputs above 6.0 kept in 16 bits). Layers are swapped on
+``meta`` (:func:`quantize_linears_on_meta`, :func:`int8_linears_on_meta`), a materialised fake or
+random model is quantized by bitsandbytes' own functions (:func:`memfit.models.build.materialize`),
+and a real weight is quantized on its device as it is loaded (:func:`quantize_on_device`).
+bitsandbytes is imported only here, and only when called.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 from torch import nn
@@ -18,11 +22,24 @@ from memfit.models.layers import decoder_layers
 #: 64-element blocks, uint8 storage).
 NF4_BLOCKSIZE = 64
 
+#: LLM.int8's outlier threshold: input features above it take the 16-bit path (transformers'
+#: ``BitsAndBytesConfig.llm_int8_threshold`` default, which Axolotl's ``load_in_8bit`` uses).
+INT8_THRESHOLD = 6.0
 
 
 def is_linear4bit(module: nn.Module) -> bool:
     """True for bitsandbytes' Linear4bit, checked without importing bitsandbytes (slow to import)."""
     return any(c.__name__ == "Linear4bit" and c.__module__.startswith("bitsandbytes") for c in type(module).__mro__)
+
+
+def is_linear8bit(module: nn.Module) -> bool:
+    """True for bitsandbytes' Linear8bitLt, checked without importing bitsandbytes."""
+    return any(c.__name__ == "Linear8bitLt" and c.__module__.startswith("bitsandbytes") for c in type(module).__mro__)
+
+
+def is_quantized_linear(module: nn.Module) -> bool:
+    """A bitsandbytes 4-bit or 8-bit linear layer (its weight is quantized as it is loaded)."""
+    return is_linear4bit(module) or is_linear8bit(module)
 
 
 def quantize_linears_on_meta(model: nn.Module, compute_dtype: torch.dtype) -> int:
@@ -62,6 +79,53 @@ def quantize_linears_on_meta(model: nn.Module, compute_dtype: torch.dtype) -> in
     return swapped
 
 
+def int8_linears_on_meta(model: nn.Module) -> int:
+    """Swap every linear layer of the decoder blocks for a bitsandbytes LLM.int8 ``Linear8bitLt`` (on meta).
+
+    The set transformers quantizes for ``load_in_8bit`` (every linear but the output head), frozen
+    int8 weights (``has_fp16_weights=False``) and outliers above :data:`INT8_THRESHOLD`. Biases keep
+    the model's dtype. Returns the number of layers swapped.
+    """
+    import bitsandbytes as bnb
+
+    swapped = 0
+    for block in decoder_layers(model):
+        for name, module in list(block.named_modules()):
+            if not isinstance(module, nn.Linear):
+                continue
+            parent_name, _, child = name.rpartition(".")
+            parent = block.get_submodule(parent_name) if parent_name else block
+            with torch.device("meta"):
+                q = bnb.nn.Linear8bitLt(module.in_features, module.out_features, bias=module.bias is not None,
+                                        has_fp16_weights=False, threshold=INT8_THRESHOLD)
+            # The int8 weight's shape from the start, so that materialising never allocates dense weights.
+            empty = torch.empty(module.out_features, module.in_features, dtype=torch.int8, device="meta")
+            scales = torch.empty(module.out_features, dtype=torch.float32, device="meta")
+            q.weight = bnb.nn.Int8Params(empty, requires_grad=False, has_fp16_weights=False, CB=empty, SCB=scales)
+            if q.bias is not None:
+                q.bias = nn.Parameter(torch.empty_like(module.bias, device="meta"), requires_grad=False)
+            q.compute_dtype = module.weight.dtype  # what the weight is dequantized to when loaded or drawn
+            setattr(parent, child, q)
+            swapped += 1
+    model.is_loaded_in_8bit = True  # PEFT reads this to pick its 8-bit LoRA layers
+    _drop_int8_cast_warning()
+    return swapped
+
+
+class _Int8CastWarning(logging.Filter):
+    """Drops bitsandbytes' "inputs will be cast ... to float16" line: LLM.int8 always quantizes
+    from fp16 (docs/train.md says so once), and the line came with every 8-bit matmul of a run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("MatMul8bitLt: inputs will be cast")
+
+
+def _drop_int8_cast_warning() -> None:
+    log = logging.getLogger("bitsandbytes.autograd._functions")
+    if not any(isinstance(f, _Int8CastWarning) for f in log.filters):
+        log.addFilter(_Int8CastWarning())
+
+
 def packed_nf4_shape(out_features: int, in_features: int) -> tuple[int, int]:
     """Shape of the uint8 tensor bitsandbytes packs an ``[out, in]`` weight into (two 4-bit values a byte)."""
     return ((out_features * in_features + 1) // 2, 1)
@@ -69,13 +133,16 @@ def packed_nf4_shape(out_features: int, in_features: int) -> tuple[int, int]:
 
 
 def quantize_on_device(module: nn.Module, dense: torch.Tensor, device: torch.device) -> nn.Parameter:
-    """NF4-quantize ``dense`` (already on ``device``) for 4-bit layer ``module``; the packed weight.
+    """Quantize ``dense`` (already on ``device``) for the 4-bit or 8-bit layer ``module``; the new weight.
 
     Only this layer's dense weight exists while it runs: bitsandbytes replaces ``.data`` with the
-    packed uint8 tensor and the dense one is freed when the caller drops it.
+    packed uint8 (NF4) or int8 tensor and the dense one is freed when the caller drops it.
     """
     import bitsandbytes as bnb
 
+    if is_linear8bit(module):
+        # LLM.int8 quantizes from fp16 (bitsandbytes casts to it), one absmax scale per output row.
+        return bnb.nn.Int8Params(dense, requires_grad=False, has_fp16_weights=False)._quantize(device)
     param = bnb.nn.Params4bit(
         dense.to(module.compute_dtype or torch.bfloat16),
         requires_grad=False,
@@ -89,16 +156,25 @@ def quantize_on_device(module: nn.Module, dense: torch.Tensor, device: torch.dev
 
 
 def quantize_fake_or_random(module: nn.Module, device: str | torch.device, *, random_values: bool) -> None:
-    """Give a materialised 4-bit layer the packed weight and quantization state bitsandbytes stores.
+    """Give a materialised 4-bit or 8-bit layer the weight and quantization state bitsandbytes stores.
 
-    Made by bitsandbytes' own ``quantize_4bit`` on a dense weight (fake under ``FakeTensorMode``,
-    so nothing is allocated; random when ``random_values``).
+    Made by bitsandbytes' own quantization of a dense weight (fake under ``FakeTensorMode``, so
+    nothing is allocated; random when ``random_values``).
     """
     import bitsandbytes.functional as bnbf
 
     dense = torch.empty(module.out_features, module.in_features, dtype=module.compute_dtype, device=device)
     if random_values:
         dense.normal_(0.0, 0.02)
+    if is_linear8bit(module):
+        # What Int8Params._quantize does; the parameter object stays (an Int8Params cannot hold a fake
+        # tensor) and holds the int8 rows and their scales as an Int8Params does.
+        rows, scales, _ = bnbf.int8_vectorwise_quant(dense.contiguous().to(torch.float16))
+        del dense
+        weight = module.weight
+        weight.data = rows
+        weight.CB, weight.SCB, weight.has_fp16_weights = rows, scales, False
+        return
     packed, quant_state = bnbf.quantize_4bit(
         dense,
         blocksize=NF4_BLOCKSIZE,

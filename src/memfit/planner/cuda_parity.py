@@ -23,6 +23,15 @@ explained and tested:
   attention's backward, with the scores' transients at both ends; where it would run flash or the
   memory-efficient kernel, the backward holds the workspace flash allocates for itself
   (:func:`memfit.step.attention.flash_backward_workspace_bytes`).
+- bitsandbytes' LLM.int8 layers (``method: lora-8bit``): training on a CPU, bitsandbytes runs a
+  dequantize-and-matmul function (``MatMul8bitFp``); on CUDA it runs ``MatMul8bitLt``, which
+  quantizes each input to int8 (a 16-bit copy of it first, then ``|x| >= 6.0`` searched over the
+  whole input for outlier columns), multiplies in int8 into an int32 result, dequantizes that to
+  fp16 and casts it to the input's dtype; backward dequantizes the whole weight. While the mode is
+  active the CUDA function runs, and its ops allocate what their CUDA kernels allocate (their
+  fake implementations allocate only outputs, with an unknown number of outlier columns). Outlier
+  columns themselves are planned as none: there are a handful per layer (16-bit, ``tokens x
+  outliers`` each), and how many depends on the values.
 - bitsandbytes 8-bit optimizers: their state initialisation (uint8 states, fp32 block absmax, 32-bit
   states for small tensors) runs as is; the update is one in-place CUDA kernel that allocates
   nothing, while the CPU implementation reads values (impossible on fake tensors), so the planner
@@ -43,8 +52,11 @@ from memfit.planner.attention_kernels import MATH, math_saved_bytes, math_transi
 from memfit.planner.tracker import MemoryTracker
 from memfit.step.attention import flash_backward_workspace_bytes
 
-#: bitsandbytes' 4-bit matmul op, by name (importing bitsandbytes to look it up costs seconds).
+#: bitsandbytes' ops rewritten here, by name (importing bitsandbytes to look them up costs seconds).
 _BNB_GEMM_4BIT = "bitsandbytes::gemm_4bit"
+_BNB_INT8_QUANT = "bitsandbytes::int8_vectorwise_quant"
+_BNB_INT8_MIXED_MM = "bitsandbytes::int8_mixed_scaled_mm"
+_BNB_INT8_DEQUANT = "bitsandbytes::int8_vectorwise_dequant"
 
 
 class CudaParityMode(TorchDispatchMode):
@@ -62,11 +74,25 @@ class CudaParityMode(TorchDispatchMode):
         self.kernels: set[str] = set()
         # What the math kernel keeps for backward, by the storage of the attention's output.
         self._math_kept: dict[int, torch.Tensor] = {}
+        self._int8_path = contextlib.ExitStack()
+
+    def __enter__(self):
+        self._int8_path.enter_context(int8_matmul_as_cuda())
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._int8_path.close()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func.namespace == "bitsandbytes" and func.name() == _BNB_GEMM_4BIT:
-            return self._gemm_4bit_as_cuda(*args, **kwargs)
+        if func.namespace == "bitsandbytes":
+            rewrite = {_BNB_GEMM_4BIT: self._gemm_4bit_as_cuda, _BNB_INT8_QUANT: _int8_quant_as_cuda,
+                       _BNB_INT8_MIXED_MM: _int8_mixed_mm_as_cuda, _BNB_INT8_DEQUANT: _int8_dequant_as_cuda}.get(func.name())
+            if rewrite is not None:
+                return rewrite(*args, **kwargs)
         if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
             return self._sdpa_as_cuda(func, args, kwargs)
         if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
@@ -144,6 +170,71 @@ class CudaParityMode(TorchDispatchMode):
         dense = ops.dequantize_4bit.default(B, absmax, blocksize, quant_type, shapeB, A.dtype)
         del absmax
         return torch.nn.functional.linear(A, dense, bias)
+
+
+@contextlib.contextmanager
+def int8_matmul_as_cuda() -> Iterator[None]:
+    """While active, bitsandbytes' 8-bit layers run the function they run on CUDA (``MatMul8bitLt``)
+    on any device; a no-op where bitsandbytes is not imported (no 8-bit layer can exist then)."""
+    import sys
+
+    bnb = sys.modules.get("bitsandbytes")
+    if bnb is None or not hasattr(bnb, "matmul"):
+        yield
+        return
+    from unittest import mock
+
+    from bitsandbytes.autograd._functions import MatMul8bitLt, MatmulLtState
+
+    def matmul(A, B, out=None, state=None, threshold=0.0, bias=None):
+        state = state or MatmulLtState()
+        if threshold > 0.0:
+            state.threshold = threshold
+        return MatMul8bitLt.apply(A, B, out, bias, state)
+
+    with mock.patch.object(bnb, "matmul", matmul):
+        yield
+
+
+# Ops called in these rewrites go to the next mode down (the tracker), which counts each tensor
+# they make while it is alive; bitsandbytes' own kernels give the values on a real CPU run.
+
+
+def _int8_quant_as_cuda(A, threshold=0.0):
+    """``int8_vectorwise_quant`` as CUDA runs it: the int8 rows and their fp32 scales, then, with a
+    threshold, ``A.abs() >= threshold`` over the whole input (a 16-bit and a bool tensor of its
+    size) to find outlier columns; none are planned (see the module doc)."""
+    ops = torch.ops.bitsandbytes
+    out_row, row_stats, _ = ops.int8_vectorwise_quant.default(A, 0.0)
+    if threshold == 0.0:
+        return out_row, row_stats, None
+    magnitude = A.new_empty(A.shape)
+    outliers = A.new_empty(A.shape, dtype=torch.bool)
+    del magnitude
+    found = outliers.new_empty(())  # outliers.any(), read on the host
+    del found, outliers
+    return out_row, row_stats, A.new_empty((0,), dtype=torch.int64)
+
+
+def _int8_mixed_mm_as_cuda(A, CA, CB, SCA, SCB, outlier_cols=None, bias=None):
+    """``int8_mixed_scaled_mm`` as bitsandbytes runs it on CUDA, without outlier columns: the int8
+    product in int32, dequantized to fp16 (a 16-bit bias added to it, another in place), then cast
+    to the input's dtype."""
+    ops = torch.ops.bitsandbytes
+    no_outliers = A.new_empty((0,))
+    product = ops.int8_linear_matmul.default(CA, CB)
+    fused = bias if bias is not None and bias.dtype == torch.float16 else None
+    dequantized = ops.int8_mm_dequant.default(product, SCA, SCB, dtype=torch.float16, bias=fused)
+    if bias is not None and fused is None:
+        dequantized.add_(bias)
+    out = dequantized.to(A.dtype)
+    del dequantized, product
+    return out, no_outliers
+
+
+def _int8_dequant_as_cuda(A, stats):
+    """``int8_vectorwise_dequant``: bitsandbytes' default kernel (the one CUDA runs too), op by op."""
+    return A * stats.view(-1, 1) * 7.874015718698502e-3
 
 
 class _SaveOnCpuAsOnCuda(torch.autograd.graph.save_on_cpu):

@@ -25,6 +25,9 @@ def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
     precisions = {f.spec["precision"] for f in result.fits}
     if len(precisions) == 1:
         title += f", {next(iter(precisions))}"
+    objectives = {f.spec.get("objective", "sft") for f in result.fits} - {"sft"}
+    if objectives:  # a preference search: its micro-batches are pairs of sequences
+        title += f", {', '.join(sorted(objectives))} (batch counts pairs)"
     if not focus_max_seq_len:
         # Settings and figures are never cut or wrapped (they are read and typed back): headers take
         # two lines, columns are one space apart, and a sequence length all fits share goes in the

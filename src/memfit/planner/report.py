@@ -21,6 +21,57 @@ CATEGORY_HELP = {
 }
 
 
+def category_help(spec: dict[str, Any], adapters: dict[str, Any] | None) -> dict[str, str]:
+    """What each category holds in this plan, where it says more than :data:`CATEGORY_HELP`: what
+    trains (LoRA A/B, DoRA's magnitudes, copies of modules trained whole), how the frozen base is
+    stored, and the transients and kept tensors DoRA and 8-bit layers add."""
+    helps = dict(CATEGORY_HELP)
+    if spec["method"] == "full" or adapters is None:
+        helps["trainable"] = "every weight (full fine-tuning)"
+        return helps
+    trained = ["LoRA A/B"]
+    if adapters.get("dora"):
+        trained.append("DoRA magnitudes (one per output row)")
+    for group in adapters.get("trained_copies", []):
+        trained.append(f"a trainable copy of {' = '.join(group)} (tied: one copy)" if len(group) > 1
+                       else f"a trainable copy of {group[0]}")
+    helps["trainable"] = " + ".join(trained)
+    base = adapters.get("base")
+    stored = {"nf4": "NF4-packed linear layers + quant state", "int8": "int8 linear layers + an fp32 scale per row"}.get(base)
+    weights = f"frozen base: {stored}, the rest in its dtype" if stored else f"frozen base weights in {base}"
+    if adapters.get("trained_copies"):
+        weights += "; the frozen originals of the modules trained whole"
+    helps["weights"] = weights
+    extra = []
+    if adapters.get("dora"):
+        extra.append("DoRA: every adapted weight with its update and row norms, each forward (and recomputation)")
+    if base == "int8":
+        extra.append("int8: inputs quantized, int32 products, the weight dequantized in backward")
+        helps["activations"] = CATEGORY_HELP["activations"] + "; 8-bit layers keep their inputs even under checkpointing"
+    if extra:
+        helps["temporaries"] = CATEGORY_HELP["temporaries"] + "; " + "; ".join(extra)
+    return helps
+
+
+def adapter_notes(spec: dict[str, Any], adapters: dict[str, Any] | None) -> list[str]:
+    """Plain words on what the adapter options mean for this model (tied copies, LLM.int8's outliers)."""
+    if adapters is None:
+        return []
+    notes = []
+    for group in adapters.get("trained_copies", []):
+        if len(group) > 1:
+            notes.append(
+                f"{' and '.join(group)} are one tensor in this model (tied): one trainable copy serves both (PEFT's "
+                "ensure_weight_tying), the frozen original stays beside it, and a merge keeps them one tensor"
+            )
+    if adapters.get("base") == "int8":
+        notes.append(
+            "LLM.int8's outlier columns (inputs above 6.0, multiplied in 16 bits) are planned as none: each one an 8-bit "
+            "layer finds keeps 2 bytes a token of its input until backward"
+        )
+    return notes
+
+
 @dataclass
 class MemoryPlan(JsonForm):
     """Predicted peak GPU memory of one training step, per GPU.
@@ -73,8 +124,11 @@ class MemoryPlan(JsonForm):
         title = (
             f"[bold]{self.model}[/] · {spec['method']}"
             + (f" r={spec['rank']}" if spec["method"] != "full" else "")
+            + (" DoRA" if spec.get("dora") else "") + (" rsLoRA" if spec.get("rslora") else "")
+            + (f" + {','.join(spec['modules_to_save'])} trained whole" if spec.get("modules_to_save") else "")
             + f" · {spec['precision']} · {spec['optimizer']} · batch {spec['batch_size']} x {spec['seq_len']} tokens"
             + f" · checkpointing {spec['checkpointing']}"
+            + (f" · [bold]{spec['objective']}[/] (batch counts pairs)" if spec.get("objective", "sft") != "sft" else "")
             + (" · [bold]recipe hf[/] (plain Hugging Face + PEFT step)" if spec.get("recipe") == "hf" else "")
         )
         d = self.details
@@ -95,10 +149,11 @@ class MemoryPlan(JsonForm):
                          footer=format_bytes(self.device_total_bytes))
         table.add_column("share", justify="right", footer="100%")
         table.add_column("what it is", style="dim")
+        helps = {**CATEGORY_HELP, **d.get("category_help", {})}
         for name in CATEGORIES:
             value = self.categories[name]
             share = value / self.device_total_bytes if self.device_total_bytes else 0.0
-            table.add_row(name, format_bytes(value), f"{share:.0%}", CATEGORY_HELP[name])
+            table.add_row(name, format_bytes(value), f"{share:.0%}", helps[name])
         console.print(table)
 
         peaks = Table.grid(padding=(0, 2))
@@ -130,6 +185,10 @@ class MemoryPlan(JsonForm):
             from rich.markup import escape
 
             console.print(f"attention: {escape(d['attention'])}", highlight=False)
+        if d.get("reference"):
+            from rich.markup import escape
+
+            console.print(f"reference: {escape(d['reference'])}", highlight=False)
         features = step_features(spec, d)
         if features:
             console.print(f"memory-lean step: {', '.join(features)}", highlight=False)
@@ -152,19 +211,19 @@ class MemoryPlan(JsonForm):
 
 def step_features(spec: dict[str, Any], details: dict[str, Any] | None = None) -> list[str]:
     """The memory-lean techniques of memfit's step that this plan includes (none for ``recipe hf``)."""
-    from memfit.spec import tiles_sequence
+    from memfit.spec import ADAPTER_METHODS, tiles_sequence
 
     recipe = spec.get("recipe", "memfit")
     if recipe == "hf":
         return []
-    features = ["fused chunked loss"]
+    features = ["fused chunked loss" if spec.get("objective", "sft") == "sft" else "fused chunked log-probs, chosen and rejected in one forward"]
     if (details or {}).get("batch_layout") == "documents":
         features.append("padding-free batches (attention inside each example)")
     if tiles_sequence(spec.get("tiling", "auto"), recipe, spec["batch_size"] * spec["seq_len"]):
         features.append("tiled MLP and norms")
     if spec["checkpointing"] == "offload":
         features.append("offloaded checkpointing with prefetch")
-    if spec["method"] in ("lora", "qlora"):
+    if spec["method"] in ADAPTER_METHODS and not spec.get("dora"):  # DoRA layers keep PEFT's fp32 input
         features.append("LoRA inputs kept in the compute dtype")
     if spec.get("step_in_backward"):
         features.append("optimizer step in backward")

@@ -10,7 +10,11 @@ memory:
   bisection starts from a tight bracket around the prediction;
 - settings are tried fastest first (no checkpointing, then checkpointing, then offloaded); once
   one fits the whole effective batch in a single micro-batch, the slower ones are not planned;
-- simulations are cached within the process (:mod:`memfit.planner.api`).
+- simulations are cached within the process (:mod:`memfit.planner.extrapolate`);
+- the methods are searched in worker processes of their own (:mod:`memfit.planner.workers`).
+
+The search arithmetic here (the largest micro-batch that fits, bracketing and bisection) is shared
+with a training run's search (:meth:`memfit.planner.run.RunPlanner.fit`).
 """
 
 from __future__ import annotations
@@ -22,16 +26,26 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from memfit.json_form import JsonForm
-from memfit.planner.api import PlanError, plan, proven_over_budget, quick_problems, validate, validation_state
+from memfit.planner.api import plan
+from memfit.planner.errors import PlanError
+from memfit.planner.inputs import quick_problems, validate, validation_state
+from memfit.planner.layout import proven_over_budget
 from memfit.planner.report import MemoryPlan
 from memfit.planner.sharding import mode_problems
+from memfit.planner.target import Target
 from memfit.planner.throughput import relative_speeds
-from memfit.spec import TILING_AUTO_TOKENS, TRAINED_SHARD_MODES, choices, upper_bound
+from memfit.planner.workers import run_parallel, start_worker_server, worker_count
+from memfit.spec import TILING_AUTO_TOKENS, TRAINED_SHARD_MODES, SpecError, choices, default, make_spec, upper_bound
 
 METHODS = choices("method")
+#: The methods searched unless ``--method`` says otherwise: an 8-bit base is searched only when asked.
+DEFAULT_METHODS = ("full", "lora", "qlora")
+#: Adapter options: given to fit, they hold for every plan, so only methods that take them are searched.
+ADAPTER_KNOBS = ("dora", "rslora", "modules_to_save")
 #: Fastest first; each next one needs less memory.
 CHECKPOINTING_FAST_FIRST = choices("checkpointing")  # RunSpec declares them fastest first
-OPTIMIZERS_LEAN_FIRST = {"full": ("paged-adamw8bit", "adamw8bit", "adamw"), "lora": ("adamw",), "qlora": ("adamw",)}
+OPTIMIZERS_LEAN_FIRST = {"full": ("paged-adamw8bit", "adamw8bit", "adamw"), "lora": ("adamw",), "qlora": ("adamw",),
+                         "lora-8bit": ("adamw",)}
 #: Sequence lengths are reported in multiples of this many tokens.
 SEQ_STEP = 128
 #: With ``--gpus N`` and no ``--shard``: the modes tried at each GPU count, least communication
@@ -123,9 +137,11 @@ class FitResult(JsonForm):
 class _Planner:
     """Plans with fixed model, target and base knobs; counts the plans it makes."""
 
-    def __init__(self, model: str | dict, target: dict[str, Any], base: dict[str, Any], progress: Callable[[str], None] | None):
+    def __init__(self, model: str | dict, target: Target, base: dict[str, Any], progress: Callable[[str], None] | None,
+                 deepspeed: Any = None):
         self.model = model
         self.target = target
+        self.deepspeed = {"deepspeed": deepspeed} if deepspeed is not None else {}
         self.base = base
         self.count = 0
         self.progress = progress or (lambda message: None)
@@ -149,13 +165,13 @@ class _Planner:
         merged = self.knobs_for(**knobs)
         self.count += 1
         self.progress(_describe(merged))
-        return _room_for_paged_states(plan(self.model, **self.target, **merged))
+        return _room_for_paged_states(plan(self.model, target=self.target, **self.deepspeed, **merged))
 
     def cannot_fit(self, **knobs: Any) -> bool:
         """Whether what the model states alone need (weights, gradients, optimizer states: a floor
-        under any plan, :func:`memfit.planner.api.memory_lower_bound`) is over the target already,
+        under any plan, :func:`memfit.planner.layout.memory_lower_bound`) is over the target already,
         so that planning ``knobs`` could only say it does not fit. No plan is made."""
-        return proven_over_budget(self.model, **self.target, **self.knobs_for(**knobs))
+        return proven_over_budget(self.model, target=self.target, **self.deepspeed, **self.knobs_for(**knobs))
 
     def unplanned_miss(self, **knobs: Any) -> Miss:
         """The miss ``knobs`` would be, proven by :meth:`cannot_fit`, its figures left to plan."""
@@ -187,6 +203,7 @@ def fit(
     *,
     gpu: str | None = None,
     budget: str | int | None = None,
+    target: Target | None = None,
     batch_size: int | None = None,
     seq_len: int | None = None,
     methods: tuple[str, ...] | None = None,
@@ -197,9 +214,10 @@ def fit(
     optimizers: dict[str, tuple[str, ...]] | None = None,
     deepspeed: Any = None,
     plans_expected: Callable[[int], None] | None = None,
+    found: Callable[[str, list[Fit]], None] | None = None,
     **knobs: Any,
 ) -> FitResult:
-    """Find the configurations of ``model`` that fit ``gpu`` (or ``budget``), fastest first.
+    """Find the configurations of ``model`` that fit ``gpu`` (or ``budget``, or ``target``), fastest first.
 
     ``model`` may be another tool's training config (:mod:`memfit.interop`): its method, knobs,
     effective batch and sequence length are kept (``methods``, ``batch_size``, ``seq_len`` and the
@@ -207,18 +225,21 @@ def fit(
     are searched, with the Hugging Face step it runs; the result keeps what was read (``config``).
 
     Args:
+        target: what to fit, made already (:class:`~memfit.planner.target.Target`), instead of
+            ``gpu`` / ``budget``.
         batch_size: the effective batch (sequences per optimizer step) to keep: each fit splits it
             into a micro-batch and gradient accumulation (default 8).
-        seq_len: sequence length to hold fixed (default: 2048, or the model's maximum if smaller).
-        methods: restrict the search to these methods (default: full, lora, qlora).
+        seq_len: sequence length to hold fixed (default: RunSpec's, or the model's maximum if smaller).
+        methods: restrict the search to these methods (default: full, lora, qlora; lora-8bit only when
+            named here). With adapter options among ``knobs`` (``dora``, ``rslora``, ``modules_to_save``)
+            every plan has them, and the default is the methods that take them.
         max_seq_len: also find the longest sequence each method fits (micro-batch 1).
         knobs ``gpus`` and ``shard``: ``gpus=N`` (N > 1) means "up to N GPUs": each method is searched
             on 1, 2, 4... up to N GPUs and reported at the smallest count that fits, with the
             first shard mode that fits (``shard``, or ddp, zero1, zero2, fsdp, fsdp-offload in turn);
             memory is then per GPU. Each configuration is simulated once for all counts and modes.
-        workers: processes to search in (default: one per part, at most one per CPU core and 3); each
-            method's search is independent of the others, and on one GPU its settings and its longest
-            sequence are searched apart too.
+        workers: processes to search the methods in (default: one per method, at most one per CPU
+            core); each method's search is independent of the others.
         revision: branch, tag or commit of a Hugging Face Hub id (default: main).
         optimizers: the optimizers to try for a method, leanest first, where not
             :data:`OPTIMIZERS_LEAN_FIRST`'s.
@@ -227,48 +248,24 @@ def fit(
         progress: called with each plan's description as it starts (from the worker processes too).
         plans_expected: called once, when the inputs are validated and before the first plan, with
             about how many plans the search will make (:func:`expected_plans`).
+        found: called with a method and its fits (not yet ranked: speeds are relative to the
+            fastest fit of all methods) as soon as that method's search ends.
         knobs: fixed RunSpec knobs passed through (rank, alpha, targets, precision...). Without a
             precision, bf16 is used where the GPU supports it, else fp16 (LoRA, QLoRA) or fp32 (full).
     """
     from memfit.interop import is_tool_config
 
     if is_tool_config(model):
-        return _fit_tool_config(str(model), gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len, methods=methods,
-                                max_seq_len=max_seq_len, progress=progress, workers=workers, revision=revision, **knobs)
+        return _fit_tool_config(str(model), gpu=gpu, budget=budget, target=target, batch_size=batch_size, seq_len=seq_len,
+                                methods=methods, max_seq_len=max_seq_len, progress=progress, workers=workers, revision=revision,
+                                plans_expected=plans_expected, found=found, **knobs)
     batch_size = 8 if batch_size is None else batch_size
     started = time.perf_counter()
-    problems = []
-    if gpu is None and budget is None:
-        problems.append("fit needs --gpu NAME or --budget SIZE (e.g. --gpu rtx-4090 or --budget 24GiB)")
-    most = upper_bound("grad_accum")
-    if isinstance(batch_size, int) and batch_size > most:
-        # Every method's search starts at micro-batch 1 with the whole batch accumulated.
-        problems.append(f"--batch-size: {batch_size} must be at most {most}: fit plans micro-batch 1 with the whole effective "
-                        f"batch accumulated, and --grad-accum is at most {most} (e.g. --batch-size 8)")
-    methods = tuple(methods or METHODS)
-    bad = [m for m in methods if m not in METHODS]
-    if bad:
-        problems.append(f"--method: {', '.join(bad)} is not one of {', '.join(METHODS)}")
-    for fixed in ("method", "checkpointing", "optimizer", "grad_accum"):
-        if fixed in knobs:
-            problems.append(f"--{fixed.replace('_', '-')} is chosen by the search; leave it out")
-    # Each method's settings and longest sequence can be searched apart (:meth:`_MethodJob.split_parts`).
-    workers = _worker_count(len(methods) * (2 if max_seq_len else 1)) if workers is None else max(1, workers)
-    inputs = dict(revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
-    if workers > 1 and not problems and validation_state(model, **inputs) == "unknown":
-        # Inputs never seen: the plans will be made, in worker processes. Their imports start now,
-        # beside this process's validation, instead of after it.
-        _start_worker_server()
-    # Validate everything once, before any simulation; every problem is reported together.
-    if problems:  # with what else is wrong, found without importing transformers: the rest waits for the fixes
-        problems.extend(quick_problems(model, **inputs))
-    else:
-        try:
-            source, _, target = validate(model, **inputs)
-        except PlanError as err:
-            problems.extend(err.problems)
-    if problems:
-        raise PlanError(problems, heading="cannot search this model")
+    asked = tuple(methods or ())
+    methods, refused = _methods_for(methods, knobs)
+    workers = worker_count(len(methods)) if workers is None else max(1, workers)
+    inputs = dict(revision=revision, gpu=gpu, budget=budget, target=target, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
+    source, target = _validated(model, inputs, asked, refused, knobs, start_workers=workers > 1)
     if isinstance(model, str) and (source.hub or source.note):
         # A Hub id is fetched once: every plan of the search (and every worker) uses that config.
         model = dict(source.config, _name_or_path=source.name)
@@ -276,24 +273,74 @@ def fit(
     levels = gpu_levels(max_gpus, knobs.pop("shard", None))
     max_positions = int(source.config.get("max_position_embeddings") or 0) or None
     if seq_len is None:
-        seq_len = min(2048, max_positions) if max_positions else 2048
-    supports_bf16 = True
-    if "precision" not in knobs and gpu is not None:
-        from memfit.models.gpus import get_gpu
-
-        supports_bf16 = get_gpu(gpu).supports_bf16
-    plan_target = {"gpu": gpu, "budget": budget, **({"deepspeed": deepspeed} if deepspeed is not None else {})}
-    job = _MethodJob(model=model, target=plan_target, base=dict(knobs, seq_len=seq_len),
+        seq_len = min(default("seq_len"), max_positions) if max_positions else default("seq_len")
+    # Without a precision: bf16 where the card has it (a budget alone is taken to have it).
+    supports_bf16 = "precision" in knobs or target.supports_bf16 is not False
+    job = _MethodJob(model=model, target=target, base=dict(knobs, seq_len=seq_len),
                      supports_bf16=supports_bf16, effective_batch=batch_size,
                      seq_limit=(max_positions or 131072) if max_seq_len else 0, levels=levels,
-                     optimizers=dict(OPTIMIZERS_LEAN_FIRST, **(optimizers or {})))
+                     optimizers=dict(OPTIMIZERS_LEAN_FIRST, **(optimizers or {})), deepspeed=deepspeed)
     if plans_expected is not None:
         plans_expected(expected_plans(len(methods), batch_size, longest=bool(job.seq_limit)))
+    found = found or (lambda method, fits: None)
     if workers > 1:
-        outcomes = _run_parallel(job, methods, workers, progress)
+        outcomes = run_parallel(job, methods, workers, progress, lambda method, outcome: found(method, outcome.fits))
     else:
-        outcomes = [job.run(method, progress) for method in methods]
+        outcomes = []
+        for method in methods:
+            outcomes.append(job.run(method, progress))
+            found(method, outcomes[-1].fits)
+    result = _fit_result(job, outcomes, methods, max_seq_len, progress)
+    return dataclasses.replace(result, model=source.name, gpu={"name": target.name, "memory_bytes": target.memory_bytes},
+                               seconds=time.perf_counter() - started, max_gpus=max_gpus,
+                               notes=[source.note] if source.note else [])
 
+
+def _validated(model: str | dict, inputs: dict[str, Any], asked: tuple[str, ...], refused: list[str], knobs: dict[str, Any], *,
+               start_workers: bool):
+    """The model's source and the Target, once every input is checked; one PlanError listing every
+    problem otherwise, before any simulation. ``asked``: the methods named (they must exist);
+    ``refused``: why some of them cannot take the adapter options (:func:`_methods_for`).
+    ``start_workers``: the search will run in worker processes, whose server starts now when the
+    plans are not known to be cached."""
+    problems = []
+    if inputs["target"] is None and inputs["gpu"] is None and inputs["budget"] is None or (
+            inputs["target"] is not None and not inputs["target"].has_memory):
+        problems.append("fit needs --gpu NAME or --budget SIZE (e.g. --gpu rtx-4090 or --budget 24GiB)")
+    most = upper_bound("grad_accum")
+    batch_size = inputs["batch_size"]
+    if isinstance(batch_size, int) and batch_size > most:
+        # Every method's search starts at micro-batch 1 with the whole batch accumulated.
+        problems.append(f"--batch-size: {batch_size} must be at most {most}: fit plans micro-batch 1 with the whole effective "
+                        f"batch accumulated, and --grad-accum is at most {most} (e.g. --batch-size 8)")
+    bad = [m for m in asked if m not in METHODS]
+    if bad:
+        problems.append(f"--method: {', '.join(bad)} is not one of {', '.join(METHODS)}")
+    problems.extend(refused)
+    for fixed in ("method", "checkpointing", "optimizer", "grad_accum"):
+        if fixed in knobs:
+            problems.append(f"--{fixed.replace('_', '-')} is chosen by the search; leave it out")
+    if start_workers and not problems and validation_state(model, **inputs) == "unknown":
+        # Inputs never seen: the plans will be made, in worker processes. Their imports start now,
+        # beside this process's validation, instead of after it.
+        start_worker_server()
+    if problems:  # with what else is wrong, found without importing transformers: the rest waits for the fixes
+        # A --batch-size over fit's bound is named once, with fit's bound, not again with the knob's.
+        batch_named = isinstance(batch_size, int) and batch_size > most
+        problems.extend(quick_problems(model, **(dict(inputs, batch_size=1) if batch_named else inputs)))
+    else:
+        try:
+            source, _, target = validate(model, **inputs)
+        except PlanError as err:
+            problems.extend(err.problems)
+    if problems:
+        raise PlanError(problems, heading="cannot search this model")
+    return source, target
+
+
+def _fit_result(job: "_MethodJob", outcomes: list["_MethodOutcome"], methods: tuple[str, ...], max_seq_len: bool,
+                progress: Callable[[str], None] | None) -> FitResult:
+    """The fits of every method, fastest first, the faster settings that miss, the longest sequences."""
     fits = [f for o in outcomes for f in o.fits]
     misses = [m for o in outcomes for m in o.misses]
     for f, speed in zip(fits, relative_speeds([f.spec for f in fits])):
@@ -310,18 +357,31 @@ def fit(
             longest[o.method] = o.longest
         if o.longest_spec is not None:
             longest_specs[o.method] = o.longest_spec
-    return FitResult(
-        model=source.name,
-        gpu={"name": target.name, "memory_bytes": target.memory_bytes},
-        fits=fits,
-        misses=misses,
-        max_seq_len=longest,
-        max_seq_len_specs=longest_specs,
-        plans_made=sum(o.plans for o in outcomes) + planned_misses,
-        seconds=time.perf_counter() - started,
-        max_gpus=max_gpus,
-        notes=[source.note] if source.note else [],
-    )
+    return FitResult(model="", gpu={}, fits=fits, misses=misses, max_seq_len=longest, max_seq_len_specs=longest_specs,
+                     plans_made=sum(o.plans for o in outcomes) + planned_misses)
+
+
+def _methods_for(asked: tuple[str, ...] | None, knobs: dict[str, Any]) -> tuple[tuple[str, ...], list[str]]:
+    """The methods a search plans, and why an asked one cannot take the fixed adapter options.
+
+    Without ``asked``: :data:`DEFAULT_METHODS`, less those that refuse the adapter options among
+    ``knobs`` (DoRA and rsLoRA, modules trained whole: adapters only; DoRA not on a quantized base).
+    """
+    options = {name: knobs[name] for name in ADAPTER_KNOBS if knobs.get(name) not in (None, False, (), [], "")}
+    candidates = tuple(asked) if asked else DEFAULT_METHODS
+    if not options:
+        return candidates, []
+    taken, problems = [], []
+    for method in candidates:
+        if method not in METHODS:
+            continue
+        try:
+            make_spec(method=method, **options)
+            taken.append(method)
+        except SpecError as err:
+            if asked:
+                problems.extend(p for p in err.problems if p not in problems)
+    return tuple(taken), problems
 
 
 #: Knobs the search chooses: a config's values of them are where the search starts from, not fixed.
@@ -335,13 +395,14 @@ def _fit_tool_config(path: str, *, batch_size: int | None, seq_len: int | None, 
     its DeepSpeed config shards the run."""
     from memfit.interop import read_tool_config
 
-    search = {k: options.pop(k) for k in ("gpu", "budget", "max_seq_len", "progress", "workers")}
+    search = {k: options.pop(k) for k in ("gpu", "budget", "target", "max_seq_len", "progress", "workers", "plans_expected",
+                                          "found")}
     tool = read_tool_config(path)
     knobs, dropped = tool.knobs_for(options)
     config_batch = int(knobs.get("batch_size", 1)) * int(knobs.get("grad_accum", 1))
     fixed = {k: v for k, v in knobs.items() if k not in _SEARCHED}
     # Adapters' optimizer states are small: the config's optimizer is kept (full fine-tuning's is searched).
-    optimizers = {m: (knobs["optimizer"],) for m in ("lora", "qlora")} if knobs.get("optimizer") else None
+    optimizers = {m: (knobs["optimizer"],) for m in ("lora", "qlora", "lora-8bit")} if knobs.get("optimizer") else None
     sharded = int(fixed.get("gpus", 1) or 1) > 1 and fixed.get("shard") == tool.shard
     result = fit(tool.model, revision=revision or tool.revision, batch_size=batch_size or config_batch,
                  seq_len=seq_len or knobs.get("seq_len"), methods=methods or (knobs.get("method", "lora"),),
@@ -367,177 +428,46 @@ class _MethodJob:
     """Everything one method's search needs; picklable, so a worker process can run it."""
 
     model: str | dict
-    target: dict[str, Any]
+    target: Target
     base: dict[str, Any]
     supports_bf16: bool
     effective_batch: int
     seq_limit: int  # 0: do not search the longest sequence
     levels: list[tuple[int, str]] = field(default_factory=lambda: [(1, "none")])
     optimizers: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(OPTIMIZERS_LEAN_FIRST))
+    deepspeed: Any = None  # a DeepSpeed config's settings, for the plans on several GPUs it shards
 
     def planner(self, progress: Callable[[str], None] | None = None, gpus: int = 1, shard: str = "none") -> "_Planner":
         base = dict(self.base)
         if gpus > 1:
             base.update(gpus=gpus, shard=shard)
-        planner = _Planner(self.model, self.target, base, progress)
+        planner = _Planner(self.model, self.target, base, progress, self.deepspeed)
         planner.supports_bf16 = self.supports_bf16
         planner.optimizers = self.optimizers
         return planner
 
-    def run(self, method: str, progress: Callable[[str], None] | None = None, part: str = "all") -> _MethodOutcome:
-        """Search ``method``: its settings (``part="settings"``), its longest sequence (``"longest"``), or both.
-
-        The two parts are independent where the search has one GPU level (the longest sequence is
-        searched at that level whatever the settings found), so a worker pool runs them apart
-        (:func:`split_parts`); their outcomes add up with :func:`_merge_parts`.
-        """
+    def run(self, method: str, progress: Callable[[str], None] | None = None) -> _MethodOutcome:
         # Fewest GPUs first, least sharding first: the first level where anything fits is the answer.
         # Every level plans the same single-GPU simulations (cached), only the sharding arithmetic differs.
         count = 0
-        fits: list[Fit] = []
-        misses: list[Miss] = []
-        planner = self.planner(progress, *self.levels[0])
-        if part != "longest":
-            for gpus, shard in self.levels:
-                planner = self.planner(progress, gpus, shard)
-                fits, misses = _search_method(planner, method, self.effective_batch)
-                count += planner.count
-                if fits:
-                    break
+        for gpus, shard in self.levels:
+            planner = self.planner(progress, gpus, shard)
+            fits, misses = _search_method(planner, method, self.effective_batch)
+            count += planner.count
+            if fits:
+                break
         longest, spec = (0, None)
-        if self.seq_limit and part != "settings":
+        if self.seq_limit:
             before = planner.count
             longest, spec = _longest_sequence(planner, method, self.seq_limit, self.effective_batch)
             count += planner.count - before
         return _MethodOutcome(method, fits, misses, longest, spec, count)
 
-    def split_parts(self) -> tuple[str, ...]:
-        """The parts of a method's search a pool may run apart: both when they are independent."""
-        return ("settings", "longest") if self.seq_limit and len(self.levels) == 1 else ("all",)
-
-
-def _merge_parts(method: str, outcomes: list[_MethodOutcome]) -> _MethodOutcome:
-    """One method's outcome from its parts' (:meth:`_MethodJob.split_parts`, in that order), as one search gives it."""
-    if len(outcomes) == 1:
-        return outcomes[0]
-    settings, longest = outcomes
-    return _MethodOutcome(method, settings.fits, settings.misses, longest.longest, longest.longest_spec,
-                          settings.plans + longest.plans)
-
-
-#: The queue a worker process reports its plans on (set by :func:`_set_progress_queue` when the
-#: worker starts; None in the searching process itself).
-_progress_queue = None
-
-
-def _set_progress_queue(queue) -> None:
-    """Worker initializer: report each plan on ``queue`` (the parent prints them as they come)."""
-    global _progress_queue
-    _progress_queue = queue
-
-
-def _run_method_job(job: _MethodJob, method: str, part: str = "all") -> _MethodOutcome:
-    import os
-    import sys
-
-    # One core per worker: the workers are the parallelism. A worker forked from the worker server
-    # has torch imported; a spawned one imports it only if a plan is not in the plan cache, and then
-    # starts with the thread count these variables give (torch.set_num_threads(1) alike).
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(1)
-    else:
-        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
-    queue = _progress_queue
-    return job.run(method, queue.put if queue is not None else None, part)
-
-
-def _worker_count(num_jobs: int) -> int:
-    import os
-
-    return max(1, min(num_jobs, os.cpu_count() or 1, 3))
-
-
-#: What a plan imports, imported once by the server the search's workers are forked from.
-_WORKER_PRELOAD = ["memfit.planner.simulate", "transformers.models.auto.configuration_auto", "transformers.modeling_utils"]
-
-
-def _start_worker_server() -> None:
-    """Start the server the search's worker processes are forked from (multiprocessing's
-    ``forkserver``), importing what a plan imports, and return at once.
-
-    A new interpreter per worker (``spawn``) imports torch, transformers and PEFT again, seconds
-    each, after this process has imported them to validate; the server imports them once, while
-    this process validates, and each worker is a fork of it with everything imported. The server
-    has run nothing but imports (no torch thread pool started), so forking it is safe. Where
-    there is no ``forkserver`` (Windows), workers are spawned as before.
-    """
-    import multiprocessing
-
-    if "forkserver" not in multiprocessing.get_all_start_methods():
-        return
-    from multiprocessing import forkserver
-
-    global _worker_server_started
-    forkserver.set_forkserver_preload(_WORKER_PRELOAD)
-    forkserver.ensure_running()
-    _worker_server_started = True
-
-
-_worker_server_started = False
-
-
-def _worker_context():
-    """The worker server when :func:`_start_worker_server` started it, else spawned workers: a clean
-    interpreter that imports only what it needs (nothing heavy when the plan cache answers)."""
-    import multiprocessing
-
-    return multiprocessing.get_context("forkserver" if _worker_server_started else "spawn")
-
-
-def _run_parallel(job: _MethodJob, methods: tuple[str, ...], workers: int, progress) -> list[_MethodOutcome]:
-    """Each method's search in its own process (forked from the worker server, or spawned: a clean
-    interpreter either way as far as torch is concerned)."""
-    from concurrent.futures import ProcessPoolExecutor
-
-    import queue as queues
-    from concurrent.futures import FIRST_COMPLETED, wait
-
-    context = _worker_context()
-    # Workers report each plan as they make it, so that a search of a minute shows its progress
-    # plan by plan, as the one-process search does.
-    reports = context.Queue() if progress is not None else None
-    initializer = dict(initializer=_set_progress_queue, initargs=(reports,)) if reports is not None else {}
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context, **initializer) as pool:
-        # Heaviest first: the longest sequence before the settings (more plans), 4-bit layers
-        # before 16-bit ones (slower to simulate); full fine-tuning usually ends in a few plans.
-        parts = job.split_parts()
-        order = sorted(((m, p) for m in methods for p in parts),
-                       key=lambda mp: (("qlora", "lora", "full").index(mp[0]) if mp[1] != "settings" else 3,
-                                       ("qlora", "lora", "full").index(mp[0])))
-        futures = {(method, part): pool.submit(_run_method_job, job, method, part) for method, part in order}
-        pending = set(futures.values())
-        while pending:
-            _, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-            while reports is not None:
-                try:
-                    progress(reports.get_nowait())
-                except queues.Empty:
-                    break
-        outcomes = [_merge_parts(method, [futures[method, part].result() for part in parts]) for method in methods]
-    if reports is not None:  # what was put just before the last worker ended
-        while True:
-            try:
-                progress(reports.get(timeout=0.1))
-            except queues.Empty:
-                break
-        reports.close()
-    return outcomes
-
 
 def _plan_unplanned_misses(job: _MethodJob, misses: list[Miss], progress: Callable[[str], None] | None) -> int:
     """Plan the reported misses that were proven not to fit without a plan, for their figures
     (what they need, by how much they are over); the number of plans made."""
-    planner = _Planner(job.model, job.target, {}, progress)
+    planner = _Planner(job.model, job.target, {}, progress, job.deepspeed)
     for miss in misses:
         if miss.device_total_bytes is None:
             candidate = planner(**miss.knobs)
@@ -560,7 +490,7 @@ def _search_method(planner: _Planner, method: str, effective_batch: int) -> tupl
     """
     fits: list[Fit] = []
     misses: list[Miss] = []
-    options = _micro_batches(effective_batch)
+    options = micro_batches(effective_batch)
     for position, checkpointing in enumerate(CHECKPOINTING_FAST_FIRST):
         if position and len(options) > 1:
             whole = _whole_batch_at_once(planner, method, checkpointing, effective_batch)
@@ -626,12 +556,12 @@ def expected_plans(methods: int, effective_batch: int, *, longest: bool = True) 
     not; the largest micro-batch, a guess confirmed in about log2 of the splits of the effective
     batch; and the longest sequence, two plans for the slope and a few to close in on the boundary.
     """
-    splits = len(_micro_batches(effective_batch))
+    splits = len(micro_batches(effective_batch))
     per_method = 2 + math.ceil(math.log2(splits)) + (4 if longest else 0)
     return methods * per_method
 
 
-def _micro_batches(effective_batch: int) -> list[int]:
+def micro_batches(effective_batch: int) -> list[int]:
     """Micro-batch sizes that divide the effective batch (so gradient accumulation keeps it exactly)."""
     return [b for b in range(1, effective_batch + 1) if effective_batch % b == 0]
 

@@ -40,7 +40,8 @@ from memfit.step.batch import PADDED
 from memfit.step.builder import build_step
 from memfit.step.offload import pinned_host_copies
 from memfit.step.optim import build_optimizer
-from memfit.step.prepare import place_for_training, prepare_for_method
+from memfit.step.preference import keep_reference_copy, longest_pairs, needs_reference_copy
+from memfit.step.prepare import place_for_training, prepare_for_method, trained_copies
 
 #: The fake device the step runs on (see the module docstring for why CPU, not CUDA).
 SIM_DEVICE = "cpu"
@@ -61,6 +62,7 @@ class SimulationResult:
     attention_kernels: tuple[str, ...] = ()  # the SDPA kernels CUDA would run ("flash", "math"...)
     batch_layout: str = "padded"  # the micro-batches' layout (memfit.step.batch: padded or documents)
     embeddings_on_host: bool = False  # frozen input embeddings kept in host memory
+    trained_copies: tuple[dict, ...] = ()  # modules_to_save copies: the modules using each, its parameters
 
 
 def simulate(
@@ -90,6 +92,7 @@ def simulate(
         model = prepare_for_method(build_meta_model(config, dtype), spec)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     attention = str(getattr(base.config, "_attn_implementation", None) or "eager")
+    copies = tuple(trained_copies(model))
 
     tracker = MemoryTracker()
     parity = CudaParityMode(tracker, arch)
@@ -107,6 +110,9 @@ def simulate(
         with tracker.outside_device("host") if not fake else contextlib.nullcontext():
             embeddings_on_host = place_for_training(model, spec)
         model.train()
+        if needs_reference_copy(spec):
+            with _quiet():
+                keep_reference_copy(model)  # full fine-tuning's DPO reference: a frozen copy, as the trainer keeps
         tracker.mark_model(model)
         hooks = tracker.watch_gradients(model)
         total, trainable = count_parameters(model)
@@ -114,7 +120,7 @@ def simulate(
         for inner in getattr(optimizer, "inner_optimizers", [optimizer]):
             plan_bitsandbytes_optimizer(inner, tracker)
         grad_scaler = planned_grad_scaler(step_fn, SIM_DEVICE)
-        examples = _longest_examples(spec, step_fn.layout)
+        examples = longest_pairs(spec, step_fn.layout) if spec.is_preference else _longest_examples(spec, step_fn.layout)
         # The step's own peak is what matters; building the model is not part of it.
         tracker.reset_peak()
         observer = _WorkspaceObserver(tracker, workspace_allocs)
@@ -142,6 +148,7 @@ def simulate(
         attention_kernels=tuple(sorted(parity.kernels)),
         batch_layout=step_fn.layout,
         embeddings_on_host=embeddings_on_host,
+        trained_copies=copies,
     )
 
 
@@ -155,9 +162,11 @@ class _WorkspaceObserver:
 
     def on_phase(self, name: str) -> None:
         self.tracker.set_phase(name)
-        for nbytes in self.pending.get(name, []):
+        # A reference pass runs the step's first matmuls on the Python thread, as a forward does.
+        pending = "forward" if name == "reference" else name
+        for nbytes in self.pending.get(pending, []):
             self.workspaces.append(self.tracker.allocate_runtime(nbytes, SIM_DEVICE))
-        self.pending[name] = []
+        self.pending[pending] = []
 
 
 def _longest_examples(spec: RunSpec, layout: str) -> list[dict[str, list[int]]]:
@@ -221,7 +230,7 @@ def _packed_positions(packed: bool) -> Iterator[None]:
 
 
 def _uses_bitsandbytes(spec: RunSpec) -> bool:
-    return spec.method == "qlora" or spec.optimizer in ("adamw8bit", "paged-adamw8bit")
+    return spec.base_bits is not None or spec.optimizer in ("adamw8bit", "paged-adamw8bit")
 
 
 #: Functions of the libraries memfit prepares models with that remember whether bitsandbytes is

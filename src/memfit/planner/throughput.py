@@ -11,7 +11,8 @@ measurements:
 - offloaded checkpointing also moves each layer's input to the host and back; on a PCIe link this
   is partly hidden behind compute: a 10% surcharge is assumed;
 - QLoRA dequantizes every 4-bit weight in forward and backward: a 25% surcharge is assumed (the
-  published QLoRA speed cost is of that order);
+  published QLoRA speed cost is of that order); an 8-bit base (LLM.int8: each input quantized, the
+  weight dequantized in backward) is assumed to cost the same;
 - tiling (MLP and norms over chunks of the sequence) recomputes the MLP once more: about two
   thirds of a Llama-shaped decoder layer's FLOPs, i.e. 2/3 of a forward;
 - small micro-batches leave the GPU underused: efficiency ``tokens / (tokens + 1024)`` per
@@ -48,7 +49,7 @@ def forward_units(spec: dict[str, Any]) -> float:
 def relative_cost(spec: dict[str, Any]) -> float:
     """Estimated time per token, in forward-pass units, including surcharges and utilisation."""
     cost = forward_units(spec)
-    if spec["method"] == "qlora":
+    if spec["method"] in ("qlora", "lora-8bit"):
         cost *= 1.0 + QLORA_DEQUANT_SURCHARGE
     if spec["checkpointing"] == "offload":
         cost *= 1.0 + OFFLOAD_SURCHARGE

@@ -32,6 +32,7 @@ from torch.utils._pytree import tree_flatten
 
 from memfit.planner.categories import TRACKED_CATEGORIES
 from memfit.step.host_embeddings import HOST_RESIDENT_ATTR
+from memfit.step.preference import reference_model
 
 # Roles win over each other in this order: a parameter saved for backward stays a parameter.
 _ROLE_PRIORITY = {name: rank for rank, name in enumerate(TRACKED_CATEGORIES)}
@@ -268,9 +269,23 @@ class MemoryTracker(TorchDispatchMode):
             if quant_state is not None:
                 for t in _quant_state_tensors(quant_state):
                     self.assign(t, "weights")
+            # An int8 weight (bitsandbytes Int8Params) carries one fp32 scale per row beside it (its
+            # layer's matmul state holds them once it has run forward).
+            scales = getattr(p, "SCB", None)
+            if isinstance(scales, torch.Tensor):
+                self.assign(scales, "weights")
+        for module in model.modules():
+            scales = getattr(getattr(module, "state", None), "SCB", None)
+            if isinstance(scales, torch.Tensor):
+                self.assign(scales, "weights")
         for b in model.buffers():
             with self.outside_device("host") if getattr(b, HOST_RESIDENT_ATTR, False) else contextlib.nullcontext():
                 self.assign(b, "weights")
+        # A DPO run's frozen reference copy (full fine-tuning) is weights, though not a submodule.
+        reference = reference_model(model)
+        if reference is not None:
+            for t in list(reference.parameters()) + list(reference.buffers()):
+                self.assign(t, "weights")
 
     def watch_gradients(self, model: torch.nn.Module) -> list:
         """Label each ``param.grad`` as gradients when autograd accumulates it. Returns the hook handles."""

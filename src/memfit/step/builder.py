@@ -16,11 +16,12 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from memfit.spec import RunSpec
+from memfit.spec import ObjectiveParams, RunSpec
 from memfit.step import train_step as train_step_module
 from memfit.step.attention import batch_layout
 from memfit.step.batch import PADDED, collate
 from memfit.step.losses import Batch, LossFn, choose_loss
+from memfit.step.preference import choose_preference_loss, collate_pairs
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,13 @@ class TrainingStep:
     max_grad_norm: float | None = None
     scales_loss: bool = False
     layout: str = PADDED
+    pairs: bool = False  # a preference objective: examples are chosen / rejected pairs
 
     def collate(self, examples: Sequence[dict[str, Any]], pad_token_id: int) -> dict[str, Any]:
-        """One micro-batch of ``examples`` in this step's layout (see :func:`memfit.step.batch.collate`)."""
+        """One micro-batch of ``examples`` in this step's layout (see :func:`memfit.step.batch.collate`;
+        pairs: :func:`memfit.step.preference.collate_pairs`)."""
+        if self.pairs:
+            return collate_pairs(examples, pad_token_id, layout=self.layout)
         return collate(examples, pad_token_id, layout=self.layout)
 
     def grad_scaler(self, device: torch.device) -> "torch.amp.GradScaler | None":
@@ -54,17 +59,23 @@ class TrainingStep:
         *,
         grad_scaler: "torch.amp.GradScaler | None" = None,
         observer: Any = None,
+        metrics: list | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the step (see :func:`memfit.step.train_step.train_step`); returns (loss, grad_norm)."""
+        """Run the step (see :func:`memfit.step.train_step.train_step`); returns (loss, grad_norm).
+        A preference step appends each micro-batch's per-pair metrics to ``metrics``."""
         # Looked up on the module at each call, so that tests can stand in for the step function.
         return train_step_module.train_step(
             model, micro_batches, optimizer, loss_fn=self.loss_fn, max_grad_norm=self.max_grad_norm,
-            grad_scaler=grad_scaler, observer=observer,
+            grad_scaler=grad_scaler, observer=observer, metrics=metrics,
         )
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-        """The mean loss of one batch (evaluation uses it, under ``no_grad``)."""
-        return self.loss_fn(model, batch)
+        """The mean loss of one batch (evaluation uses it, under ``no_grad``), its reference pass included."""
+        reference_pass = getattr(self.loss_fn, "reference_pass", None)
+        if reference_pass is not None:
+            batch = reference_pass(model, batch)
+        output = self.loss_fn(model, batch)
+        return output[0] if isinstance(output, tuple) else output
 
     def sharded(self, model: torch.nn.Module) -> "TrainingStep":
         """This step for one rank of an FSDP2-sharded ``model``.
@@ -102,17 +113,22 @@ def _weighted(loss_fn: LossFn) -> LossFn:
     return run
 
 
-def build_step(spec: RunSpec, model_config: Any) -> TrainingStep:
+def build_step(spec: RunSpec, model_config: Any, objective_params: ObjectiveParams | None = None) -> TrainingStep:
     """The step ``spec`` runs on the model of ``model_config`` (a transformers config): its loss
-    (:func:`memfit.step.losses.choose_loss`: forward under autocast for a mixed precision), clipping
-    at ``spec.max_grad_norm``, fp16's loss scaling, and the layout of its micro-batches (:func:`memfit.step.attention.batch_layout`: one
-    row per micro-batch, attention inside each example, where the model allows it).
+    (:func:`memfit.step.losses.choose_loss`: forward under autocast for a mixed precision; a
+    preference objective's, with ``objective_params``, by :func:`memfit.step.preference.choose_preference_loss`),
+    clipping at ``spec.max_grad_norm``, fp16's loss scaling, and the layout of its micro-batches
+    (:func:`memfit.step.attention.batch_layout`: one row per micro-batch, attention inside each
+    example, where the model allows it). A plan passes no ``objective_params``: they change the
+    loss's value, not its memory.
 
     Raises ValueError when ``spec`` asks for a layout the model cannot run (packing on a model
     whose attention cannot keep examples apart)."""
+    loss_fn = choose_preference_loss(spec, objective_params) if spec.is_preference else choose_loss(spec)
     return TrainingStep(
-        loss_fn=choose_loss(spec),
+        loss_fn=loss_fn,
         max_grad_norm=spec.max_grad_norm,
         scales_loss=spec.scales_loss,
         layout=batch_layout(spec, model_config),
+        pairs=spec.is_preference,
     )

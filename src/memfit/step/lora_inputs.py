@@ -14,6 +14,10 @@ inside forward, and again, one layer at a time, inside backward. The arithmetic 
 equal. Only the instances' ``forward`` changes: parameter names and adapter files are untouched.
 Under autocast (mixed precision) the adapter computes in the 16-bit format from the input as it
 comes, as autocast runs any linear layer: no fp32 copy exists there either.
+
+DoRA layers keep PEFT's cast: DoRA computes its weight norms in the dtype of the input it is given
+(the frozen weight and the update are cast to it), so an input left in bf16 would change its
+arithmetic, not only its memory.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ def keep_lora_inputs_low_precision(model: nn.Module) -> int:
         if not isinstance(lora_a, nn.ModuleDict) or not hasattr(module, "base_layer"):
             continue
         linears = [m for m in lora_a.values() if type(m) is nn.Linear]
-        if not linears:
+        if not linears or len(getattr(module, "lora_magnitude_vector", None) or ()) > 0:
             continue
         # PEFT's own switch (peft.helpers.disable_input_dtype_casting flips the same attribute).
         module.cast_input_dtype_enabled = False

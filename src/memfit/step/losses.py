@@ -107,6 +107,78 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None
 
 
+class ChunkedLinearLogProbs(torch.autograd.Function):
+    """Per-token log-probabilities of ``targets`` under ``hidden @ weight.T``, ``chunk`` rows at a time.
+
+    The preference objectives' counterpart of :class:`ChunkedLinearCrossEntropy`, with the same
+    structure: forward keeps the hidden states (in ``compute_dtype``) and the per-token log-sum-exp,
+    never more than one chunk of ``[chunk, vocab]`` logits; backward recomputes each chunk's logits and
+    turns them into gradients for the hidden states (and the head, when it trains). Returns ``[N]``
+    log-probs in at least fp32, 0 where the target is ``IGNORE_INDEX``. Under ``no_grad`` (a reference
+    pass) nothing is kept once it returns.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int,
+                compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+        compute = compute_dtype or weight.dtype
+        with torch.autocast(device_type=hidden.device.type, enabled=False):
+            kept, head = hidden.to(compute), weight.to(compute)
+            valid = targets != IGNORE_INDEX
+            wide = _wide(kept[:0]).dtype
+            logps = torch.zeros(hidden.shape[0], dtype=wide, device=hidden.device)
+            lse = torch.empty(hidden.shape[0], dtype=wide, device=hidden.device)
+            for start in chunk_starts(hidden.shape[0], chunk, hidden):
+                stop = min(start + chunk, hidden.shape[0])
+                logits = _wide(kept[start:stop] @ head.t())
+                chunk_lse = torch.logsumexp(logits, dim=-1)
+                lse[start:stop] = chunk_lse
+                picked = logits.gather(1, targets[start:stop].clamp(min=0).unsqueeze(1)).squeeze(1)
+                logps[start:stop] = (picked - chunk_lse) * valid[start:stop]
+                del logits
+            del head
+        ctx.save_for_backward(kept, weight, targets, lse)
+        ctx.chunk, ctx.compute_dtype, ctx.hidden_dtype = chunk, compute, hidden.dtype
+        return logps
+
+    @staticmethod
+    def backward(ctx, grad_logps: torch.Tensor):
+        hidden, weight, targets, lse = ctx.saved_tensors
+        chunk, compute = ctx.chunk, ctx.compute_dtype
+        need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        head = weight.to(compute)
+        grad_hidden = torch.empty(hidden.shape, dtype=ctx.hidden_dtype, device=hidden.device) if need_hidden else None
+        grad_weight = torch.zeros_like(weight) if need_weight else None
+        for start in chunk_starts(hidden.shape[0], chunk, hidden):
+            stop = min(start + chunk, hidden.shape[0])
+            h = hidden[start:stop]
+            target = targets[start:stop]
+            # d logp / d logits = one_hot(target) - softmax, times the incoming gradient; zero where no target.
+            scale = grad_logps[start:stop].to(lse.dtype) * (target != IGNORE_INDEX).to(lse.dtype)
+            grad_logits = _wide(h @ head.t())
+            grad_logits.sub_(lse[start:stop].unsqueeze(1)).exp_()
+            grad_logits.mul_(-scale.unsqueeze(1))
+            grad_logits.scatter_add_(1, target.clamp(min=0).unsqueeze(1), scale.unsqueeze(1))
+            for_weight = grad_logits if need_weight and weight.dtype != compute else None
+            grad_logits = grad_logits.to(compute)
+            if need_hidden:
+                grad_hidden[start:stop] = (grad_logits @ head).to(ctx.hidden_dtype)
+            if need_weight:
+                grad_weight.addmm_((grad_logits if for_weight is None else for_weight).t(), h.to(weight.dtype))
+            del grad_logits, for_weight, scale
+        del head
+        return grad_hidden, grad_weight, None, None, None
+
+
+def chunked_token_logps(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                        chunk: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+    """``[N]`` log-probs of ``targets`` (``[N]``, already shifted: position ``t`` holds the token that
+    follows it, or -100) from hidden states ``[..., H]`` and the output projection ``[V, H]``, a chunk
+    of tokens at a time (:class:`ChunkedLinearLogProbs`). Under autocast the matmuls run in its 16-bit format."""
+    compute = active_autocast_dtype(hidden.device.type)
+    return ChunkedLinearLogProbs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets, chunk, compute)
+
+
 def _wide(x: torch.Tensor) -> torch.Tensor:
     """Logits in at least fp32 (bf16 / fp16 logits lose the loss's precision), fp64 kept as is."""
     return x if x.dtype == torch.float64 else x.float()
@@ -169,12 +241,24 @@ def backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn
     config = getattr(base, "config", None)
     prefix = getattr(base, "base_model_prefix", None)
     backbone = getattr(base, prefix, None) if prefix else None
-    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    head = trained_head(base.get_output_embeddings()) if hasattr(base, "get_output_embeddings") else None
     if config is None or not isinstance(backbone, torch.nn.Module) or type(head) is not torch.nn.Linear or head.bias is not None:
         return None
     if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
         return None
     return backbone, head
+
+
+def trained_head(head: torch.nn.Module | None) -> torch.nn.Module | None:
+    """The module that computes the logits: ``head`` itself, or, where PEFT trains a copy of it
+    (``modules_to_save``: a ``ModulesToSaveWrapper``), the active copy, which its forward calls."""
+    saved = getattr(head, "modules_to_save", None)
+    if not isinstance(saved, torch.nn.ModuleDict) or not hasattr(head, "original_module"):
+        return head
+    active = list(getattr(head, "active_adapters", None) or [])
+    if getattr(head, "disable_adapters", False) or not active or active[0] not in saved:
+        return head.original_module
+    return saved[active[0]]
 
 
 def liger_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:

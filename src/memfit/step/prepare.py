@@ -1,7 +1,8 @@
 """Prepare a model for a training method: the one place that shapes what a step will run.
 
 The order is always the same, for the trainer (real weights) and the planner (meta, then fake
-storage): 4-bit layers swapped in (qlora), weights loaded, LoRA adapters attached, then the
+storage): quantized layers swapped in (4-bit for qlora, 8-bit for lora-8bit), weights loaded, LoRA
+adapters attached (with DoRA, rsLoRA and ``modules_to_save`` as the spec says), then the
 memory-lean step (:func:`apply_lean_step`: LoRA inputs kept in the compute dtype, activation
 checkpointing, offloaded or not, and MLPs and norms tiled over the sequence). Once the weights exist,
 :func:`place_for_training` keeps frozen input embeddings in host memory where that applies.
@@ -19,7 +20,7 @@ from memfit.errors import UserError
 from memfit.models.build import DTYPES
 from memfit.models.errors import ModelBuildError
 from memfit.models.layers import decoder_layers, linear_names_in_layers
-from memfit.models.quantize import quantize_linears_on_meta
+from memfit.models.quantize import int8_linears_on_meta, quantize_linears_on_meta
 from memfit.spec import ALL_LINEAR, RunSpec, spell
 from memfit.step.attention import batch_layout, use_document_attention
 from memfit.step.batch import DOCUMENTS
@@ -47,8 +48,53 @@ def check_targets(model: nn.Module, spec: RunSpec, spelling: str = "flag") -> No
         )
 
 
+def modules_named(model: nn.Module, names: tuple[str, ...] | list[str]) -> dict[str, nn.Module]:
+    """The modules PEFT's ``modules_to_save`` picks for ``names``: each module whose full name ends
+    with one of them (PEFT's own rule, ``key.endswith(name)``), by full name."""
+    return {key: module for key, module in model.named_modules() if key and any(key.endswith(name) for name in names)}
+
+
+def check_modules_to_save(model: nn.Module, spec: RunSpec, spelling: str = "flag") -> None:
+    """Raise ModelBuildError when a ``modules_to_save`` name matches no module of the model, or picks a
+    module LoRA adapts (a module either gets adapters or is trained whole)."""
+    if not spec.uses_adapters or not spec.modules_to_save:
+        return
+    problems = []
+    missing = [name for name in spec.modules_to_save if not modules_named(model, [name])]
+    if missing:
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+        known = [key.rsplit(".", 1)[-1] for key, module in model.named_modules() if module is embeddings or module is head]
+        problems.append(f"{', '.join(missing)} match no module of this model (its embeddings and head: {', '.join(known) or 'none found'})")
+    adapted = set(linear_names_in_layers(model)) if spec.targets == (ALL_LINEAR,) else set(spec.targets)
+    layers = {id(m) for block in decoder_layers(model) for m in block.modules()}
+    both = sorted({key.rsplit(".", 1)[-1] for key, module in modules_named(model, spec.modules_to_save).items()
+                   if key.rsplit(".", 1)[-1] in adapted and (spec.targets != (ALL_LINEAR,) or id(module) in layers)})
+    if both:
+        problems.append(f"{', '.join(both)} also get LoRA adapters ({spell('targets', spelling)}); a module either gets adapters or "
+                        "is trained whole: remove it from one of them")
+    if problems:
+        raise ModelBuildError(f"{spell('modules_to_save', spelling)}: " + "; ".join(problems) + ".")
+
+
+def ties_saved_modules(model: nn.Module, names: tuple[str, ...] | list[str]) -> bool:
+    """Whether ``modules_to_save`` picks the input embeddings or the output head of a model that ties
+    them (one tensor, ``tie_word_embeddings``). memfit then keeps them tied: PEFT's
+    ``ensure_weight_tying`` makes one trainable copy that both use, so the trained model is tied as
+    the base is (PEFT's default would train two copies apart and untie them)."""
+    if not names or not hasattr(model, "get_input_embeddings") or not hasattr(model, "get_output_embeddings"):
+        return False
+    embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if embeddings is None or head is None or getattr(embeddings, "weight", None) is not getattr(head, "weight", 0):
+        return False
+    chosen = modules_named(model, names).values()
+    return any(module is embeddings or module is head for module in chosen)
+
+
 def attach_lora(model: nn.Module, spec: RunSpec) -> nn.Module:
-    """Wrap ``model`` with PEFT LoRA adapters as ``spec`` says (works on meta and on real models)."""
+    """Wrap ``model`` with PEFT LoRA adapters as ``spec`` says (works on meta and on real models):
+    rank, alpha, dropout and targets, DoRA (``use_dora``), rsLoRA (``use_rslora``) and the modules
+    trained whole (``modules_to_save``, kept tied where the model ties them: :func:`ties_saved_modules`)."""
     from peft import LoraConfig, get_peft_model
 
     targets: str | list[str] = ALL_LINEAR if spec.targets == (ALL_LINEAR,) else list(spec.targets)
@@ -59,8 +105,20 @@ def attach_lora(model: nn.Module, spec: RunSpec) -> nn.Module:
         target_modules=targets,
         bias="none",
         task_type="CAUSAL_LM",
+        use_dora=spec.dora,
+        use_rslora=spec.rslora,
+        modules_to_save=list(spec.modules_to_save) or None,
+        ensure_weight_tying=ties_saved_modules(model, spec.modules_to_save),
     )
     return get_peft_model(model, config)
+
+
+def quantize_base(model: nn.Module, spec: RunSpec) -> None:
+    """Swap the decoder's linear layers for bitsandbytes' quantized ones, as ``spec.method`` says (on meta)."""
+    if spec.base_bits == 4:
+        quantize_linears_on_meta(model, DTYPES[spec.weight_precision])
+    elif spec.base_bits == 8:
+        int8_linears_on_meta(model)
 
 
 def enable_checkpointing(model: nn.Module, *, offload: bool = False) -> None:
@@ -89,18 +147,18 @@ def prepare_for_method(
     spec: RunSpec,
     load_weights: Callable[[nn.Module], None] | None = None,
 ) -> nn.Module:
-    """Quantize (qlora), load, attach adapters, then the memory-lean step (:func:`apply_lean_step`).
+    """Quantize (qlora, lora-8bit), load, attach adapters, then the memory-lean step (:func:`apply_lean_step`).
 
     ``model`` is a meta model from :func:`memfit.models.build.build_meta_model`. ``load_weights`` (the trainer's) gives
-    it real weights after 4-bit layers are swapped in and before adapters are attached, so that PEFT
+    it real weights after quantized layers are swapped in and before adapters are attached, so that PEFT
     creates the adapters on the weights' device; the planner passes None and materialises later.
     ``spec.recipe == "hf"`` prepares it the plain Hugging Face way instead (:func:`prepare_like_hf`).
     """
     if spec.recipe == "hf":
         return prepare_like_hf(model, spec, load_weights)
     check_targets(model, spec)
-    if spec.method == "qlora":
-        quantize_linears_on_meta(model, DTYPES[spec.weight_precision])
+    check_modules_to_save(model, spec)
+    quantize_base(model, spec)
     if load_weights is not None:
         load_weights(model)
     if spec.uses_adapters:
@@ -167,8 +225,8 @@ def prepare_like_hf(
     """Prepare ``model`` the way the plain Hugging Face + PEFT stack does (``--recipe hf``).
 
     The planner uses it to put memfit's step next to the usual one on the same configuration. What
-    differs from :func:`prepare_for_method`: QLoRA goes through PEFT's
-    ``prepare_model_for_kbit_training``, which upcasts every parameter that is not 4-bit (embeddings,
+    differs from :func:`prepare_for_method`: QLoRA and lora-8bit go through PEFT's
+    ``prepare_model_for_kbit_training``, which upcasts every parameter that is not quantized (embeddings,
     norms, the output head) to fp32 and enables checkpointing with torch's default (reentrant)
     variant (unless ``kbit_upcast`` is off: the trainers that skip it keep them in the compute dtype);
     LoRA and full fine-tuning use transformers' own checkpointing (``offload`` is
@@ -176,11 +234,11 @@ def prepare_like_hf(
     (flash attention) each example's attention runs on its own tokens, as memfit's does.
     """
     check_targets(model, spec)
-    if spec.method == "qlora":
-        quantize_linears_on_meta(model, DTYPES[spec.weight_precision])
+    check_modules_to_save(model, spec)
+    quantize_base(model, spec)
     if load_weights is not None:
         load_weights(model)
-    if spec.method == "qlora" and spec.kbit_upcast:
+    if spec.base_bits is not None and spec.kbit_upcast:
         from peft import prepare_model_for_kbit_training
 
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.checkpointing != "off")
@@ -206,8 +264,10 @@ def prepare_given_model(model: nn.Module, spec: RunSpec) -> nn.Module:
     from peft import PeftModel
 
     refuse_wrapped_model(model)
-    if spec.method == "qlora" and not getattr(model, "is_loaded_in_4bit", False) and not isinstance(model, PeftModel):
-        raise SetupError("method: qlora needs 4-bit base weights; let memfit load the model (model: <folder>) or pass a PeftModel")
+    for bits in (4, 8):
+        if spec.base_bits == bits and not getattr(model, f"is_loaded_in_{bits}bit", False) and not isinstance(model, PeftModel):
+            raise SetupError(f"method: {spec.method} needs {bits}-bit base weights; let memfit load the model (model: <folder>) "
+                             "or pass a PeftModel")
     if spec.uses_adapters and not isinstance(model, PeftModel):
         model = attach_lora(model, spec)
     elif not spec.uses_adapters:
@@ -240,18 +300,44 @@ def refuse_wrapped_model(model: nn.Module) -> None:
     )
 
 
-def expected_lora_parameters(model: nn.Module) -> int:
-    """Parameters LoRA adds: r x (in + out) for each adapted layer, from the layers themselves."""
+def trained_copies(model: nn.Module) -> list[dict]:
+    """The copies PEFT trains for ``modules_to_save``, one entry per copy: the modules that use it
+    (two where tied modules share one copy) and its parameter count."""
+    copies: dict[int, dict] = {}
+    for name, module in model.named_modules():
+        saved = getattr(module, "modules_to_save", None)
+        if not isinstance(saved, nn.ModuleDict) or not hasattr(module, "original_module"):
+            continue
+        for copy in saved.values():
+            params = list(copy.parameters())
+            key = id(params[0]) if params else id(copy)
+            entry = copies.setdefault(key, {"modules": [], "parameters": sum(p.numel() for p in params)})
+            entry["modules"].append(name.removeprefix("base_model.model."))
+    return list(copies.values())
+
+
+def expected_adapter_parameters(model: nn.Module) -> int:
+    """Parameters the adapters train, worked out from the layers themselves: r x (in + out) for each
+    LoRA layer, plus out (one magnitude per output row) where it has DoRA, plus every element of the
+    copies PEFT trains for ``modules_to_save`` (a copy shared by tied modules counted once)."""
     total = 0
+    copies: dict[int, int] = {}
     for module in model.modules():
+        saved = getattr(module, "modules_to_save", None)
+        if isinstance(saved, nn.ModuleDict) and hasattr(module, "original_module"):
+            for copy in saved.values():
+                copies.update({id(p): p.numel() for p in copy.parameters()})
         lora_a = getattr(module, "lora_A", None)
         lora_b = getattr(module, "lora_B", None)
         if not isinstance(lora_a, nn.ModuleDict) or not isinstance(lora_b, nn.ModuleDict):
             continue
+        magnitudes = getattr(module, "lora_magnitude_vector", None) or {}
         for key in lora_a:
             rank = module.r[key]
             total += rank * (module.in_features + module.out_features)
-    return total
+            if key in magnitudes:
+                total += module.out_features
+    return total + sum(copies.values())
 
 
 def checkpointed_layers(model: nn.Module) -> tuple[int, int]:

@@ -35,22 +35,46 @@ def train_step(
     max_grad_norm: float | None = None,
     grad_scaler: "torch.amp.GradScaler | None" = None,
     observer: StepObserver | None = None,
+    metrics: list | None = None,
 ) -> tuple[float | torch.Tensor, torch.Tensor | None]:
     """Run one optimizer step over ``micro_batches`` (gradient accumulation) and return (loss, grad_norm).
 
     The loss returned is the mean over micro-batches, detached (a tensor: reading it with ``.item()``
     is left to the caller, so that the step itself never forces a device sync).
+
+    A loss function may return ``(loss, metrics)`` (the preference objectives: detached sums over a
+    micro-batch's pairs), and may have a ``reference_pass`` (batch -> batch with the reference
+    log-probs), run before each micro-batch's forward as the ``reference`` phase. The metrics,
+    summed over the micro-batches, are appended to ``metrics`` when it is given.
     """
     observer = observer or _NoObserver()
     batches = list(micro_batches)
     if not batches:
         raise ValueError("train_step needs at least one micro-batch")
+    reference_pass = getattr(loss_fn, "reference_pass", None)
     total_loss = None
+    # Summed in place over the micro-batches, whether the caller asks for them or not: a plan
+    # (which does not read them) and a run (which does) hold the same tensors, and the step holds as
+    # many after two micro-batches as after twenty.
+    totals = None
     for batch in batches:
+        if reference_pass is not None:
+            observer.on_phase("reference")
+            batch = reference_pass(model, batch)
         observer.on_phase("forward")
+        output = loss_fn(model, batch)
+        loss, step_metrics = output if isinstance(output, tuple) else (output, None)
+        del output, batch
+        if step_metrics is not None:
+            if totals is None:
+                totals = step_metrics
+            else:
+                for name, value in step_metrics.items():
+                    totals[name].add_(value)
+        del step_metrics
         # Each micro-batch's loss is divided by their count so that accumulated gradients equal the
         # gradient of the mean loss over the whole effective batch.
-        loss = loss_fn(model, batch) / len(batches)
+        loss = loss / len(batches)
         observer.on_phase("backward")
         (grad_scaler.scale(loss) if grad_scaler is not None else loss).backward()
         total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
@@ -73,4 +97,6 @@ def train_step(
     # use that memory.
     optimizer.zero_grad(set_to_none=True)
     observer.on_phase("idle")
+    if metrics is not None and totals is not None:
+        metrics.append(totals)
     return total_loss, grad_norm

@@ -2,8 +2,9 @@
 
 :func:`memfit.train.recipe.train` is the run, top to bottom; the modules beside it each do one part
 of it: the configuration (:mod:`~memfit.train.config`), the preflight plan
-(:mod:`~memfit.train.preflight`), data (:mod:`~memfit.train.data`, :mod:`~memfit.train.examples`,
-:mod:`~memfit.train.batches`), loading weights (:mod:`~memfit.train.loading`), one or many processes
+(:mod:`~memfit.train.preflight`, :mod:`~memfit.train.fitting`), data (:mod:`~memfit.train.data`,
+:mod:`~memfit.train.examples`, :mod:`~memfit.train.micro_batches`, :mod:`~memfit.train.evaluation`),
+loading weights (:mod:`~memfit.train.loading`), one or many processes
 (:mod:`~memfit.train.world`, :mod:`~memfit.train.distributed`), checkpoints
 (:mod:`~memfit.train.checkpointing`), the run folder (:mod:`~memfit.train.run_folder`), progress and
 metrics (:mod:`~memfit.train.progress`), signals and out-of-memory (:mod:`~memfit.train.guards`).

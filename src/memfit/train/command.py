@@ -128,7 +128,7 @@ def nproc_problem(nproc: int, gpus: int, env: dict[str, str] | None = None) -> s
 @with_options(
     knob_options(TRAINED_KNOBS),
     field_options(TrainConfig, ("lr", "epochs", "max_steps", "seed", "device", "output_dir", "revision", "gpu", "budget", "force",
-                                 "report_to")),
+                                 "report_to", "beta", "loss_type", "simpo_gamma", "cpo_alpha")),
 )
 def train_command(
     ctx: typer.Context,
@@ -145,10 +145,10 @@ def train_command(
     Every option overrides the YAML field of the same name. Exit code 0: trained (or, with --resume,
     already finished); 2: bad config or input; 3: does not fit (preflight) or ran out of memory;
     130 / 143: stopped by SIGINT / SIGTERM after saving a checkpoint."""
-    from rich.console import Console
+    from memfit.console import make_console
     from rich.markup import escape
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     # Under torchrun every rank runs this command: rank 0 reports how the run ended (errors come from every rank).
     say = console.print if os.environ.get("RANK", "0") in ("", "0") else (lambda *args, **kwargs: None)
 
@@ -187,7 +187,7 @@ def train_command(
         # The exact command, with every option given (-o, --set...), so that the resume continues this run.
         again = ["memfit", "train"] + relaunch_args([(p, ctx.params.get(p.name)) for p in ctx.command.params],
                                                     skip=("nproc", "resume")) + ["--resume"]
-        output = "adapter" if cfg.method in ("lora", "qlora") else "model"
+        output = "adapter" if cfg.spec.uses_adapters else "model"
         say(
             f"[yellow]stopped[/] by {result.signal_name} at step {result.step} of {result.total_steps}; checkpoint at "
             f"{escape(str(result.checkpoint))}; run `{escape(shlex.join(again))}` to finish and write the {output}",

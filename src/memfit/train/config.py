@@ -32,7 +32,7 @@ from pydantic import (
 from memfit import spec as specs
 from memfit.errors import UserError, listed
 from memfit.json_form import JsonForm
-from memfit.spec import RunSpec, SpecError, make_spec
+from memfit.spec import ObjectiveParams, RunSpec, SpecError, make_spec, objective_problems
 from memfit.train.data.sources import DataSource
 from memfit.train.generation import DEFAULT_EVAL_MAX_NEW_TOKENS, prompt_problem
 
@@ -61,6 +61,7 @@ OTHER_NAMES = {
     "output": "output_dir", "out_dir": "output_dir", "save_steps": "save_every", "logging_steps": "log_every",
     "eval_steps": "eval_every", "save_total_limit": "keep_checkpoints", "bf16": "precision", "fp16": "precision",
     "dtype": "precision", "torch_dtype": "precision", "adapter": "method", "peft": "method", "use_peft": "method",
+    "precompute_ref_log_probs": "precompute_reference",
 }
 
 
@@ -83,9 +84,10 @@ def _run_knobs() -> type[BaseModel]:
     return create_model("RunKnobs", __config__=ConfigDict(extra="forbid", frozen=True), **fields)
 
 
-class TrainConfig(_run_knobs(), JsonForm):
+class TrainConfig(_run_knobs(), ObjectiveParams, JsonForm):
     """Every setting of a training run: the :class:`~memfit.spec.RunSpec` knobs (``method``, ``rank``,
-    ``batch_size``...) and what only training needs. Field docs double as the YAML reference
+    ``batch_size``...), the preference objectives' loss parameters (:class:`~memfit.spec.ObjectiveParams`:
+    ``beta``, ``loss_type``...) and what only training needs. Field docs double as the YAML reference
     (docs/train.md)."""
 
     # -- model ------------------------------------------------------------------------------
@@ -98,7 +100,7 @@ class TrainConfig(_run_knobs(), JsonForm):
 
     # -- data -------------------------------------------------------------------------------
     data: list[str | DataSource] = Field(description="training data: a local file or folder, a Hugging Face Hub dataset id (org/name), or a list of sources, each a path or {path, subset, split, revision, columns, weight, format} (docs/data.md)")
-    data_format: Literal["auto", "alpaca", "sharegpt", "messages", "text", "prompt_completion"] = Field("auto", description="record format of every source (auto: detected from each source's first record)")
+    data_format: Literal["auto", "alpaca", "sharegpt", "messages", "text", "prompt_completion", "preference"] = Field("auto", description="record format of every source (auto: detected from each source's first record; preference: chosen / rejected pairs, for objective dpo, orpo or simpo)")
     train_on_inputs: bool = Field(False, description="also take the loss on prompt tokens")
     eval_split: float = Field(0.0, description="fraction of the training examples held out for evaluation (0 = none)")
     eval_data: list[str | DataSource] | None = Field(None, description="evaluation data instead of a split: the same forms as data, read whole (never streamed)")
@@ -178,6 +180,11 @@ class TrainConfig(_run_knobs(), JsonForm):
     def spec(self) -> RunSpec:
         """The validated RunSpec of the knobs (sizes per GPU)."""
         return make_spec(**self.knobs())
+
+    @property
+    def objective_params(self) -> ObjectiveParams:
+        """The preference objective's loss parameters (beta, loss_type, simpo_gamma, cpo_alpha)."""
+        return ObjectiveParams(**{name: getattr(self, name) for name in ObjectiveParams.model_fields})
 
     def knobs(self) -> dict[str, Any]:
         """The knobs this config sets, as ``memfit plan`` takes them (the others take their defaults).
@@ -440,6 +447,8 @@ def _semantic_problems(c: TrainConfig, *, knobs_valid: bool = True) -> list[str]
     if knobs_valid:
         problems.extend(_multi_gpu_problems(c))
         problems.extend(_fit_problems(c))
+    if c.objective in specs.choices("objective"):
+        problems.extend(objective_problems(c.objective, c.objective_params, c.model_fields_set))
     from memfit.train.trackers import report_to_problems
 
     problems.extend(report_to_problems(c.report_to))
@@ -548,6 +557,9 @@ def _data_problems(c: TrainConfig) -> list[str]:
     if c.streaming and c.max_steps is None:
         problems.append("streaming: true needs max_steps: a stream has no length to count epochs in. Add max_steps: N "
                         "(optimizer steps).")
+    if c.streaming and c.objective in specs.PREFERENCE_OBJECTIVES:
+        problems.append(f"streaming: true with objective: {c.objective}: preference pairs are read in memory (their "
+                        "longest pair sets the plan, and precompute_reference reads them twice). Remove streaming.")
     if c.streaming and c.eval_split > 0:
         problems.append(f"eval_split: {c.eval_split!r} with streaming: true: a stream's length is not known, so it cannot be "
                         "split. Give eval_data instead (e.g. eval_data: {path: org/name, split: test}).")
@@ -607,6 +619,13 @@ def _multi_gpu_problems(c: TrainConfig) -> list[str]:
         )
     if c.device.strip().lower().startswith("cuda:"):
         problems.append(f"device: {c.device!r} with gpus: {c.gpus}: each process takes the GPU of its LOCAL_RANK; use device: auto or cuda.")
+    # The sharded trainer keeps 4-bit weights outside FSDP; int8 weights, DoRA's magnitudes and the
+    # copies of modules_to_save have no such path yet (the planner still plans them per GPU).
+    one_process = [text for on, text in ((c.method == "lora-8bit", "method: lora-8bit"), (c.dora, "dora: true"),
+                                         (bool(c.modules_to_save), "modules_to_save")) if on]
+    if one_process:
+        problems.append(f"{', '.join(one_process)} with gpus: {c.gpus}: memfit train runs {'these' if len(one_process) > 1 else 'this'} "
+                        "on one process; set gpus: 1 (memfit plan --gpus still plans it per GPU).")
     return problems
 
 

@@ -117,6 +117,29 @@ MATRIX: list[tuple[str, dict[str, Any]]] = [
     _cell("llama lora fp16-mixed scaler", model="llama", method="lora", precision="fp16-mixed"),
     _cell("qwen2 full bf16-mixed tiling offload", model="qwen2", method="full", precision="bf16-mixed", tiling="on", checkpointing="offload"),
     _cell("qwen2 qlora bf16-mixed padded", model="qwen2", method="qlora", precision="bf16-mixed", padding_free="off", batch_size=2),
+    # Preference objectives: pairs of sequences in one forward; DPO's reference pass (adapters
+    # disabled, or a frozen copy of the model), or log-probs precomputed before training.
+    _cell("llama dpo lora padded", model="llama", objective="dpo", method="lora", precision="fp32", padding_free="off", batch_size=2),
+    _cell("llama dpo lora padding-free bf16", model="llama", objective="dpo", method="lora", precision="bf16", batch_size=2),
+    _cell("llama dpo full padding-free frozen copy", model="llama", objective="dpo", method="full", precision="fp32"),
+    _cell("llama dpo full padded bf16", model="llama", objective="dpo", method="full", precision="bf16", padding_free="off"),
+    _cell("llama dpo lora precomputed accum3", model="llama", objective="dpo", method="lora", precision="bf16", precompute_reference=True, grad_accum=3),
+    _cell("qwen2 dpo qlora bf16-mixed padded", model="qwen2", objective="dpo", method="qlora", precision="bf16-mixed", padding_free="off"),
+    _cell("llama orpo lora padded", model="llama", objective="orpo", method="lora", precision="fp32", padding_free="off"),
+    _cell("qwen2 orpo full padding-free", model="qwen2", objective="orpo", method="full", precision="bf16", batch_size=2),
+    _cell("llama simpo lora padding-free", model="llama", objective="simpo", method="lora", precision="bf16", batch_size=2),
+    _cell("qwen2 simpo full padded no-ckpt", model="qwen2", objective="simpo", method="full", precision="fp32", padding_free="off", checkpointing="off"),
+    # The adapter options: DoRA, rsLoRA, modules trained whole (tied and untied), an 8-bit base.
+    _cell("llama lora dora bf16", model="llama", method="lora", precision="bf16", dora=True),
+    _cell("llama lora dora fp32 no-ckpt accum3", model="llama", method="lora", precision="fp32", dora=True, checkpointing="off", grad_accum=3),
+    _cell("llama lora rslora", model="llama", method="lora", precision="bf16", rslora=True),
+    _cell("llama lora embed+head saved", model="llama", method="lora", precision="bf16", modules_to_save=["embed_tokens", "lm_head"]),
+    _cell("qwen2 lora tied head saved bf16-mixed", model="qwen2", method="lora", precision="bf16-mixed", modules_to_save=["lm_head"]),
+    _cell("llama lora-8bit bf16", model="llama", method="lora-8bit", precision="bf16"),
+    _cell("llama lora-8bit fp16 offload", model="llama", method="lora-8bit", precision="fp16", checkpointing="offload"),
+    _cell("qwen2 lora-8bit padded accum3", model="qwen2", method="lora-8bit", precision="bf16", padding_free="off", batch_size=2, grad_accum=3),
+    _cell("qwen2 lora dora bf16-mixed padded", model="qwen2", method="lora", precision="bf16-mixed", dora=True, padding_free="off", batch_size=2),
+    _cell("qwen2 lora-8bit embed saved no-ckpt", model="qwen2", method="lora-8bit", precision="fp32", modules_to_save=["embed_tokens"], checkpointing="off"),
 ]
 
 #: The rest of a cell's settings, unless it says otherwise.
@@ -147,11 +170,15 @@ def measure(name: str, settings: dict[str, Any], work_dir: str | Path) -> Cell:
     config_path.write_text(json.dumps(TINY_MODELS[model]))
     knobs = dict(options)
     eval_every = int(knobs.get("eval_every", 0))
-    data = write_data(work_dir / "data.jsonl", seq_len=int(knobs["seq_len"]), batch_size=int(knobs["batch_size"]),
-                      grad_accum=int(knobs["grad_accum"]), steps=2 * STEPS, packing=bool(knobs.get("packing")),
-                      padded=knobs.get("padding_free") == "off" and int(knobs["batch_size"]) > 1)
+    if knobs.get("objective", "sft") != "sft":
+        data = write_pairs(work_dir / "data.jsonl", seq_len=int(knobs["seq_len"]), batch_size=int(knobs["batch_size"]),
+                           grad_accum=int(knobs["grad_accum"]), steps=2 * STEPS, padded=knobs.get("padding_free") == "off")
+    else:
+        data = write_data(work_dir / "data.jsonl", seq_len=int(knobs["seq_len"]), batch_size=int(knobs["batch_size"]),
+                          grad_accum=int(knobs["grad_accum"]), steps=2 * STEPS, packing=bool(knobs.get("packing")),
+                          padded=knobs.get("padding_free") == "off" and int(knobs["batch_size"]) > 1)
     common = {
-        "model": str(config_path), "init": "random", "data": str(data), "data_format": "text", "device": "cpu",
+        "model": str(config_path), "init": "random", "data": str(data), "device": "cpu",
         "output_dir": str(work_dir / "run"), "log_every": 1, "seed": 0, **knobs,
     }
     if eval_every:
@@ -216,6 +243,37 @@ def write_data(path: Path, *, seq_len: int, batch_size: int, grad_accum: int, st
         for length in lengths:
             text = "".join(rng.choice(_ONE_TOKEN_CHARS) for _ in range(length - 2))  # + BOS + EOS
             handle.write(json.dumps({"text": text}) + "\n")
+    return path
+
+
+def write_pairs(path: Path, *, seq_len: int, batch_size: int, grad_accum: int, steps: int, padded: bool, seed: int = 0) -> Path:
+    """A JSONL of text preference pairs whose micro-batches take the shapes the plan assumes
+    (:func:`memfit.step.preference.longest_pairs`): every chosen and rejected sequence ``seq_len``
+    tokens (BOS, a prompt and an answer of one-token characters, EOS), and with ``padded`` the
+    rejected sequence of each micro-batch's last pair, in the order the trainer will draw them (same
+    seed), a token shorter."""
+    from memfit.train.data import BatchIterator
+
+    count = batch_size * grad_accum * steps
+    short = set()
+    if padded:
+        order = BatchIterator(list(range(count)), batch_size=batch_size, seed=seed)
+        for _ in range(count // batch_size):
+            short.add(next(order)[-1])
+    rng = random.Random(f"memfit-conformance-pairs-{seed}")
+
+    def text(n: int) -> str:
+        return "".join(rng.choice(_ONE_TOKEN_CHARS) for _ in range(n))
+
+    prompt_chars = (seq_len - 2) // 2
+    with open(path, "w", encoding="utf-8") as handle:
+        for index in range(count):
+            answer = seq_len - 2 - prompt_chars
+            chosen = text(answer)
+            rejected = text(answer - (1 if index in short else 0))
+            while rejected == chosen:
+                rejected = text(len(rejected))
+            handle.write(json.dumps({"prompt": text(prompt_chars), "chosen": chosen, "rejected": rejected}) + "\n")
     return path
 
 

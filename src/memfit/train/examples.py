@@ -62,6 +62,7 @@ class RunData:
     eval_examples: list
     stream: Any = None  # memfit.train.data.reading.Stream
     record: dict[str, Any] = field(default_factory=dict)
+    pair_stats: Any = None  # memfit.train.data.pairs.PairStats: what seq_len cut of a preference run's pairs
 
     @property
     def checked_examples(self) -> list:
@@ -86,7 +87,8 @@ def prepare_data(config: TrainConfig, tokenizer, *, console=None, resume_from: P
     split off (or load) the evaluation set.
 
     ``resume_from``: the folder of a run being resumed; its Hub datasets are read at the commits it
-    recorded, so the resumed run reads the same rows.
+    recorded, so the resumed run reads the same rows. A preference objective (dpo, orpo, simpo)
+    reads pairs through the same sources (:func:`_prepare_pairs`).
     """
     from memfit.train.data.reading import load_sources, open_stream
     from memfit.train.data.sources import as_sources
@@ -102,17 +104,26 @@ def prepare_data(config: TrainConfig, tokenizer, *, console=None, resume_from: P
     common = dict(format=config.data_format, seed=config.seed, stopping_strategy=config.stopping_strategy,
                   commits=_pins(sources, pinned.get("data")))
     kwargs = dict(seq_len=config.seq_len, train_on_inputs=config.train_on_inputs, packing=config.packing)
+    if config.spec.is_preference:
+        return _prepare_pairs(config, tokenizer, sources, eval_sources, common, eval_loaded if eval_sources else None)
+    if eval_sources:
+        _refuse_pairs(config, "eval_data", eval_sources, eval_loaded.formats)
     eval_examples = tokenize_records(eval_records, tokenizer, **kwargs) if eval_records else []
     if config.streaming:
         check_tokenization(tokenizer, config.seq_len)
-        stream = open_stream(sources, "data", tokenize=lambda r: tokenize_record(r, tokenizer, config.seq_len, config.train_on_inputs),
-                             **common)
+        def tokenize(record):
+            if "pair" in record:  # checked on the stream's first rows, before the run starts
+                _refuse_pairs(config, "data", sources, ["preference"])
+            return tokenize_record(record, tokenizer, config.seq_len, config.train_on_inputs)
+
+        stream = open_stream(sources, "data", tokenize=tokenize, **common)
         if console is not None:
             console.print(f"streaming {_names(sources)}: planned at seq_len {config.seq_len} (a stream's longest example is "
                           "not known before it is read)", highlight=False)
         record = _data_record(sources, stream.commits, eval_sources, eval_loaded.commits if eval_sources else [], True)
         return RunData([], eval_examples, stream, record)
     loaded = load_sources(sources, "data", **common)
+    _refuse_pairs(config, "data", sources, loaded.formats)
     records = loaded.records
     if not eval_sources and config.eval_split > 0:
         records, eval_records = _split_off(records, config.eval_split, config.seed)
@@ -120,6 +131,40 @@ def prepare_data(config: TrainConfig, tokenizer, *, console=None, resume_from: P
     train_examples = tokenize_records(records, tokenizer, **kwargs)
     record = _data_record(sources, loaded.commits, eval_sources, eval_loaded.commits if eval_sources else [], False)
     return RunData(train_examples, eval_examples, None, record)
+
+
+def _refuse_pairs(config: TrainConfig, name: str, sources, formats: list[str]) -> None:
+    """A next-token run given preference pairs says so, in one line, before anything trains."""
+    if "preference" in formats:
+        raise TrainError(
+            f"{name}: {_names(sources)} holds preference pairs (chosen and rejected), which objective: "
+            f"{config.objective} does not train on. Set objective: dpo, orpo or simpo (docs/preference.md)."
+        )
+
+
+def _prepare_pairs(config: TrainConfig, tokenizer, sources, eval_sources, common: dict, eval_loaded) -> RunData:
+    """A dpo, orpo or simpo run's data: preference pairs from every source (local files, Hub
+    datasets, mixes), tokenized as TRL's DPOTrainer splits them and cut to ``seq_len``; the
+    evaluation pairs split off or loaded. ``pair_stats`` says what the cut took."""
+    from memfit.train.data.pairs import tokenize_pairs
+    from memfit.train.data.reading import load_sources
+
+    loaded = load_sources(sources, "data", **common)
+    for name, used, read in (("data", sources, loaded), ("eval_data", eval_sources, eval_loaded)):
+        others = sorted({fmt for fmt in read.formats if fmt != "preference"}) if read is not None else []
+        if others:
+            raise TrainError(
+                f"{name}: objective: {config.objective} trains on preference pairs (chosen and rejected, with or without a "
+                f"prompt), and {_names(used)} holds {', '.join(others)} records. Give pairs (docs/preference.md), or use "
+                "objective: sft for this data."
+            )
+    records, eval_records = loaded.records, eval_loaded.records if eval_loaded is not None else []
+    if not eval_sources and config.eval_split > 0:
+        records, eval_records = _split_off(records, config.eval_split, config.seed)
+    train_pairs, stats = tokenize_pairs(records, tokenizer, config.seq_len)
+    eval_pairs = tokenize_pairs(eval_records, tokenizer, config.seq_len)[0] if eval_records else []
+    record = _data_record(sources, loaded.commits, eval_sources, eval_loaded.commits if eval_loaded is not None else [], False)
+    return RunData(train_pairs, eval_pairs, None, record, pair_stats=stats)
 
 
 def prepare_examples(config: TrainConfig, tokenizer) -> tuple[list, list]:
@@ -178,7 +223,10 @@ def check_vocab(examples: list, vocab_size: int, tokenizer) -> None:
     """Every token id must have an embedding row; a tokenizer/model mismatch fails here, clearly."""
     if not vocab_size:
         return
-    largest = max((max(e["input_ids"]) for e in examples if e["input_ids"]), default=-1)
+    from memfit.step.preference import is_pair, pair_sequences
+
+    sequences = [s for e in examples for s in (pair_sequences(e) if is_pair(e) else (e,))]
+    largest = max((max(s["input_ids"]) for s in sequences if s["input_ids"]), default=-1)
     if largest >= vocab_size:
         raise TrainError(
             f"tokenizer: the data has token id {largest} but the model's vocab_size is {vocab_size} "

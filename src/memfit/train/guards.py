@@ -14,8 +14,9 @@ from typing import Any, Callable
 
 import torch
 
+from memfit.planner.run import Preflight
 from memfit.train.errors import OutOfMemory
-from memfit.train.preflight import PreflightResult, oom_advice
+from memfit.train.preflight import oom_advice
 from memfit.units import format_bytes
 
 
@@ -54,7 +55,7 @@ def handle_oom(
     save_before_step: Callable[[], Path | None],
     knobs: dict[str, Any],
     step_in_backward: bool,
-    preflight: PreflightResult,
+    preflight: Preflight,
     replan: Callable[[], Any],
     device: torch.device,
     console: Any,

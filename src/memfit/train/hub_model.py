@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from memfit.models.catalog import suggestions
 from memfit.models.hub import HubError, Snapshot, fetch_config, fetch_model, is_hub_id
 from memfit.train.config import TrainConfig
 
@@ -38,9 +39,9 @@ def fetch_small_files(config: TrainConfig, *, world, console, resume: bool, run_
 
     def fetch(local_only: bool) -> Snapshot:
         if config.init != "pretrained":
-            return fetch_config(config.model, revision, local_only=local_only)
+            return fetch_config(config.model, revision, local_only=local_only, suggest=suggestions)
         return fetch_model(config.model, revision, weights=False, allow_pickle=config.allow_pickle_weights,
-                           opt_in="allow_pickle_weights: true", local_only=local_only, console=console)
+                           opt_in="allow_pickle_weights: true", local_only=local_only, console=console, suggest=suggestions)
 
     snapshot = _rank_zero_first(world, fetch)
     if snapshot.note:

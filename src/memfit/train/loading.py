@@ -2,8 +2,8 @@
 
 No full copy of the model ever exists in host memory: safetensors shards are opened one at a time
 and each tensor goes straight to the target device in the target dtype, where it replaces the
-``meta`` placeholder. 4-bit layers (QLoRA) receive their dense weight on the device and quantize
-it there, one layer at a time. ``init: random`` follows the same path with random tensors made on
+``meta`` placeholder. Quantized layers (QLoRA's 4-bit, lora-8bit's 8-bit) receive their dense
+weight on the device and quantize it there, one layer at a time. ``init: random`` follows the same path with random tensors made on
 the device. The order of quantize -> load -> adapters -> checkpointing is
 :func:`memfit.step.prepare.prepare_for_method`'s; this module only supplies the ``load_weights``
 step and the checks after it.
@@ -21,12 +21,12 @@ from torch import nn
 
 from memfit.errors import UserError
 from memfit.models.build import DTYPES, build_meta_model, compute_buffers, count_parameters, make_config
-from memfit.models.quantize import is_linear4bit, quantize_on_device
+from memfit.models.quantize import is_quantized_linear, quantize_on_device
 from memfit.spec import RunSpec
 from memfit.step.prepare import (
     SetupError,
     checkpointed_layers,
-    expected_lora_parameters,
+    expected_adapter_parameters,
     place_for_training,
     prepare_for_method,
 )
@@ -134,11 +134,11 @@ def place_parameter(model: nn.Module, name: str, value: torch.Tensor, device: to
     """Replace meta parameter ``name`` (and those tied to it) with ``value`` on ``device``.
 
     Floating tensors take the dtype the meta parameter has (the run's precision); the weight of a
-    4-bit layer is quantized on the device instead.
+    4-bit or 8-bit layer is quantized on the device instead.
     """
     module, attr = _owner(model, name)
     current = module._parameters[attr]
-    if is_linear4bit(module) and attr == "weight":
+    if is_quantized_linear(module) and attr == "weight":
         expected = (module.out_features, module.in_features)
         if tuple(value.shape) != expected:
             raise LoadError(f"{name}: checkpoint shape {tuple(value.shape)} but the model expects {expected}")
@@ -211,7 +211,7 @@ def init_random_into(model: nn.Module, device: torch.device, initializer_range: 
     """Give every meta parameter random values made directly on ``device``.
 
     Matrices (linear and embedding weights) ~ normal(0, initializer_range), 1-D weights (norms) are
-    ones, biases zeros; 4-bit layers get a random dense weight that is quantized at once. A
+    ones, biases zeros; 4-bit and 8-bit layers get a random dense weight that is quantized at once. A
     generator seeded with ``seed`` makes the weights the same on every run.
     """
     tied = _tied_groups(model)
@@ -222,7 +222,7 @@ def init_random_into(model: nn.Module, device: torch.device, initializer_range: 
         if name in done:
             continue
         module, attr = _owner(model, name)
-        if is_linear4bit(module) and attr == "weight":
+        if is_quantized_linear(module) and attr == "weight":
             shape: tuple[int, ...] = (module.out_features, module.in_features)
             dtype = module.compute_dtype or torch.bfloat16
         else:
@@ -345,8 +345,9 @@ def load_model(
 def verify_setup(model: nn.Module, spec: RunSpec) -> dict[str, Any]:
     """Check the model is prepared the way ``spec`` says, and return what was checked.
 
-    - trainable parameters: exactly the LoRA matrices (r x (in + out) per adapted layer) for
-      lora/qlora, every parameter for full fine-tuning;
+    - trainable parameters: exactly what the adapters train (LoRA's r x (in + out) per adapted
+      layer, DoRA's magnitudes, the copies of ``modules_to_save``) with adapters, every parameter
+      for full fine-tuning;
     - base weights frozen, and carrying no gradient;
     - activation checkpointing on in every decoder layer when asked, off otherwise.
     """
@@ -356,14 +357,14 @@ def verify_setup(model: nn.Module, spec: RunSpec) -> dict[str, Any]:
     if with_grad:
         problems.append(f"{len(with_grad)} parameters already hold gradients (first: {with_grad[0]})")
     if spec.uses_adapters:
-        expected = expected_lora_parameters(model)
-        not_lora = [n for n, p in model.named_parameters() if p.requires_grad and "lora_" not in n]
+        expected = expected_adapter_parameters(model)
+        not_lora = [n for n, p in model.named_parameters() if p.requires_grad and "lora_" not in n and ".modules_to_save." not in n]
         if not_lora:
             problems.append(f"base weights are trainable with {spec.method}: {', '.join(not_lora[:3])}")
         if expected == 0:
             problems.append("no LoRA layer was attached")
         if trainable != expected:
-            problems.append(f"{trainable} trainable parameters, but the LoRA layers imply {expected}")
+            problems.append(f"{trainable} trainable parameters, but the adapter layers imply {expected}")
     else:
         expected = total
         if trainable != total:

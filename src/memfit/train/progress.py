@@ -144,6 +144,8 @@ class LiveProgress:
         memory = record.get("peak_allocated_bytes", record.get("rss_bytes"))
         label = "peak" if "peak_allocated_bytes" in record else "rss"
         info = f"loss {record['loss']:.4f}  {record['tokens_per_second']:.0f} tok/s  {label} {format_bytes(memory) if memory else '-'}"
+        if "rewards/accuracies" in record:  # a preference run: how often the chosen answer wins
+            info += f"  acc {record['rewards/accuracies']:.2f}  margin {record['rewards/margins']:.3f}"
         self._progress.update(self._task, completed=step, info=info)
 
     def __exit__(self, *exc) -> None:

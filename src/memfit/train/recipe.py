@@ -1,18 +1,28 @@
-"""The training run, top to bottom: plan, data, model, optimizer, the loop, outputs.
+"""The training run, top to bottom, in named phases: data, configuration, model, optimizer, resume, reference, loop, outputs.
 
-:func:`train` is the whole recipe. Each optimizer step is the :class:`~memfit.step.builder.TrainingStep`
-that :func:`memfit.step.builder.build_step` makes for the configuration, the same one the planner
+:func:`train` is the whole recipe. Each phase is a small function that takes the run's state
+(:class:`_Run`) and returns what it made for the phases after it, the way torchtune's recipes name
+their setup steps: :func:`_data`, :func:`_configuration` (the knobs, planned and checked before any
+weight is read: :class:`~memfit.planner.run.RunPlanner`), :func:`_model` (with DPO's frozen
+reference copy for full fine-tuning), :func:`_optimizer`, :func:`_resume`, :func:`_reference`
+(``precompute_reference``: the reference log-probs of every pair, once, before training),
+:func:`_loop`, :func:`_outputs`.
+
+Each optimizer step is the :class:`~memfit.step.builder.TrainingStep` that
+:func:`memfit.step.builder.build_step` makes for the configuration, the same one the planner
 simulates, so the memory the plan predicted is the memory of this loop. Everything else is
 bookkeeping around it, in modules of its own: the run folder (:mod:`~memfit.train.run_folder`),
 progress and metrics (:mod:`~memfit.train.progress`), signals and out-of-memory
-(:mod:`~memfit.train.guards`), data (:mod:`~memfit.train.examples`, :mod:`~memfit.train.batches`),
-checkpoints (:mod:`~memfit.train.checkpointing`). One process and the ranks of a ``torchrun`` launch
-run the same code: what differs is asked of the :mod:`world <memfit.train.world>`.
+(:mod:`~memfit.train.guards`), data (:mod:`~memfit.train.examples`,
+:mod:`~memfit.train.micro_batches`, :mod:`~memfit.train.evaluation`), checkpoints
+(:mod:`~memfit.train.checkpointing`). One process and the ranks of a ``torchrun`` launch run the
+same code: what differs is asked of the :mod:`world <memfit.train.world>`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -22,14 +32,15 @@ from typing import Any
 import torch
 from rich.console import Console
 
+from memfit.console import make_console
+from memfit.models.build import make_config
+from memfit.planner.run import SEARCHED, Preflight, RunPlanner, describe
 from memfit.run_files import memory_file_name
 from memfit.step.attention import restore_attention
-from memfit.planner.fit_run import SEARCHED, describe
 from memfit.step.builder import build_step
+from memfit.step.preference import keep_reference_copy, needs_reference_copy, summarize_metrics
 from memfit.step.optim import build_optimizer
 from memfit.step.prepare import lean_step_changes, prepare_given_model
-from memfit.models.build import make_config
-from memfit.train.batches import count_step_tokens, evaluate
 from memfit.train.checkpointing import capture_rng, latest_checkpoint, restore_rng
 from memfit.train.config import (
     TrainConfig,
@@ -41,25 +52,29 @@ from memfit.train.config import (
 from memfit.train.distributed import DistributedError, check_world
 from memfit.train.disk_space import FULL_DISK_ERRNOS, full_disk_message
 from memfit.train.errors import DiskFull, OutOfMemory, TrainError
+from memfit.train.evaluation import evaluate
 from memfit.train.examples import (
+    RunData,
     check_vocab,
     load_tokenizer,
     pad_token_id,
     prepare_data,
     seed_everything,
 )
-from memfit.train.fitting import Target, device_target, fit_configuration, planned_seq_len, recorded_knobs, step_down
+from memfit.train.fitting import fit_configuration, planned_seq_len, recorded_knobs, run_target
 from memfit.train.generation import eval_generations
 from memfit.train.guards import StopOnSignal, handle_oom
 from memfit.train.hub_model import fetch_small_files, fetch_weights
 from memfit.train.loading import load_model, verify_setup
-from memfit.train.preflight import PreflightResult, preflight_run
+from memfit.train.micro_batches import count_step_tokens
+from memfit.train.preflight import preflight_run
 from memfit.train.progress import LiveProgress, MetricsLog, NullLog, Throughput, warn
+from memfit.train.reference import precompute_reference, reference_file
 from memfit.train.run_folder import RunRecord, finished_run, truncate_metrics
 from memfit.train.world import make_world
+from memfit.units import format_bytes
 from memfit.watch.compare import comparison_lines
 from memfit.watch.readings import step_peak_reading
-from memfit.units import format_bytes
 from memfit.watch.recorder import MemoryRecorder
 
 __all__ = ["OutOfMemory", "TrainError", "TrainResult", "train"]
@@ -145,34 +160,160 @@ def train(
         world.leave()
 
 
+# ------------------------------------------------------------------------------------------------
+# The run's state
+
+
+@dataclass
+class _Data:
+    """What the data phase made: the model's config (overrides included), the tokenizer, the
+    examples (or the stream) and the padding id."""
+
+    model_config: dict[str, Any]
+    tokenizer: Any
+    prepared: RunData
+    pad_id: int
+
+
+@dataclass
+class _Configuration:
+    """What the configuration phase decided before any weight was read, and what a step down after
+    running out of memory changes while the run goes on (``config``, ``step_fn``, ``planned_len``,
+    ``plan``)."""
+
+    config: TrainConfig  # the configuration in effect: as given, resumed, fitted or stepped down
+    step_fn: Any  # the step it runs (wrapped for the world once the model is sharded)
+    planner: RunPlanner  # the run's model against the run's one Target
+    given: dict[str, Any]  # the searched knobs the config gave at the start
+    fit_record: dict[str, Any] | None  # fit: auto's choice and why
+    longest_len: int  # the data's longest example (the length a search over micro-batch sizes plans)
+    planned_len: int  # the data's longest micro-batch at this configuration's micro-batch size
+    preflight: Preflight
+    plan: Any = None  # the plan of the configuration in effect (None: not planned)
+
+
+@dataclass
+class _Training:
+    """What the optimizer phase made: the optimizer, its schedule, the loss scaler, the data order."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: Any
+    grad_scaler: Any
+    batches: Any  # BatchIterator, or a stream's batches
+    steps: int
+
+
+@dataclass
+class _Run:
+    """The run's state: where it runs, then what each phase made (filled in by :func:`_run`)."""
+
+    world: Any
+    device: torch.device
+    run_dir: Path
+    console: Any
+    progress: bool
+    resume: bool
+    start_config: TrainConfig  # as loaded, the Hub model's files fetched
+    hub: Any = None
+    conformance_steps: int | None = None
+    data: _Data | None = None
+    configuration: _Configuration | None = None
+    model: Any = None
+    setup: dict[str, Any] = field(default_factory=dict)
+    training: _Training | None = None
+    record: RunRecord | None = None
+
+    @property
+    def config(self) -> TrainConfig:
+        return self.configuration.config if self.configuration is not None else self.start_config
+
+    @property
+    def spec(self):
+        return self.config.spec
+
+    def collate(self, examples: list) -> dict[str, Any]:
+        return self.configuration.step_fn.collate(examples, self.data.pad_id)
+
+    def write_generations(self, log, step: int) -> None:
+        """The greedy replies to ``eval_prompts`` at ``step``, one ``metrics.jsonl`` record (none without prompts)."""
+        if self.config.eval_prompts:
+            log.write(eval_generations(self.model, self.data.tokenizer, self.config.eval_prompts, step=step,
+                                       max_new_tokens=self.config.eval_max_new_tokens, device=self.device))
+
+    def checkpoint_now(self, step: int, reason: str, data_state=None, rng_state=None) -> Path:
+        """A checkpoint of the run at ``step`` (the data position and RNG now, unless given)."""
+        training = self.training
+        data = data_state if data_state is not None else training.batches.state_dict()
+        # Examples per optimizer step: a resume may cut them into other micro-batches, never other steps.
+        data = {**data, "examples_per_step": data["batch_size"] * self.record.fields["active_knobs"]["grad_accum"]}
+        return self.world.save_checkpoint(
+            self.run_dir, step, model=self.model, optimizer=training.optimizer, scheduler=training.scheduler,
+            grad_scaler=training.grad_scaler, data_state=data,
+            rng_state=rng_state if rng_state is not None else capture_rng(self.device),
+            reason=reason, keep=self.config.keep_checkpoints,
+        )
+
+
+# ------------------------------------------------------------------------------------------------
+# The phases
+
+
 def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: bool, conformance_steps: int | None) -> TrainResult:
+    run = _start(config, world, resume=resume, model=model, console=console, progress=progress)
+    run.conformance_steps = conformance_steps
+    run.data = _data(run)
+    run.configuration = _configuration(run)
+    run.model, run.setup, run.configuration.step_fn = _model(run, model)
+    run.training = _optimizer(run)
+    start_step, checkpoint = _resume(run)
+    run.record = _record(run, start_step)
+    _reference(run, may_compute=checkpoint is None)
+    result = TrainResult(status="completed", step=start_step, total_steps=run.training.steps, run_dir=run.run_dir,
+                         setup=run.setup, model=run.model)
+    _loop_and_outputs(run, result)
+    run.record.write(status=result.status, step=result.step, tokens_per_second=result.tokens_per_second,
+                     peak=step_peak_reading(run.device))
+    return result
+
+
+def _start(config: TrainConfig, world, *, resume: bool, model, console, progress: bool) -> _Run:
+    """Where the run runs: its console (rank 0 speaks), device and run folder; a Hub model's small
+    files (config, tokenizer, the weights index) fetched now, its weights once the run is known to fit
+    and the data is read (:mod:`memfit.train.hub_model`)."""
     if not world.is_main:  # one voice: rank 0 prints
         console, progress = Console(stderr=True, quiet=True), False
-    console = console or Console(stderr=True)
+    console = console or make_console(stderr=True)
     run_dir = Path(config.output_dir or "runs/train")
     device = world.join(config.device, model)
     _warn_slow_on_cpu(config, device, console)
     for leftover in world.prepare_run_dir(run_dir, resume):
         console.print(f"removed {leftover}: the temporary folder of a save that was interrupted", highlight=False)
-    # A Hub model (model: org/name): its config, tokenizer and weights index now, the weights once
-    # the run is known to fit and the data is read (memfit.train.hub_model).
     config, hub = fetch_small_files(config, world=world, console=console, resume=resume, run_dir=run_dir)
+    return _Run(world=world, device=device, run_dir=run_dir, console=console, progress=progress, resume=resume,
+                start_config=config, hub=hub)
 
-    # 1. Data: tokenized up front (a stream: its first rows), so that a bad file or dataset fails
-    # before anything is planned or loaded.
+
+def _data(run: _Run) -> _Data:
+    """Data: tokenized up front (a stream: its first rows), so that a bad file or dataset fails
+    before anything is planned or loaded."""
+    config = run.start_config
     model_dict = model_config_dict(config)
     seed_everything(config.seed)
     tokenizer = load_tokenizer(config)
-    data = prepare_data(config, tokenizer, console=console, resume_from=run_dir if resume else None)
-    train_examples, eval_examples = data.train_examples, data.eval_examples  # a stream's are not known: plan at seq_len
+    data = prepare_data(config, tokenizer, console=run.console, resume_from=run.run_dir if run.resume else None)
+    if data.pair_stats is not None:
+        run.console.print(f"data: {data.pair_stats.summary(config.seq_len)}", highlight=False)
     check_vocab(data.checked_examples, int(model_dict.get("vocab_size") or 0), tokenizer)
-    pad_id = pad_token_id(tokenizer)
+    return _Data(model_config=model_dict, tokenizer=tokenizer, prepared=data, pad_id=pad_token_id(tokenizer))
 
-    # 2. The configuration, and whether it fits: decided before any weight is read. A resumed run
-    # keeps the configuration it was training with; fit: auto chooses the knobs left open.
-    fit_record = None
+
+def _configuration(run: _Run) -> _Configuration:
+    """The configuration, and whether it fits: decided before any weight is read. A resumed run keeps
+    the configuration it was training with; fit: auto chooses the knobs left open; preflight checks
+    the result against the run's Target (read once: :func:`memfit.train.fitting.run_target`)."""
+    config, console, model_dict = run.start_config, run.console, run.data.model_config
     given = {k: config.spec.knobs()[k] for k in SEARCHED}
-    kept, first_given = recorded_knobs(run_dir) if resume else (None, None)
+    kept, first_given = recorded_knobs(run.run_dir) if run.resume else (None, None)
     if kept is not None and first_given not in (None, given):
         kept = None  # the config was changed on purpose since the run began: it wins
         console.print(f"resuming with the config's {describe(given)}, not the run's {describe(first_given)}", highlight=False)
@@ -182,342 +323,399 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     given = first_given or given
     try:
         # The step this configuration runs (its loss, clipping, batch layout), settled before any work.
-        step_fn = build_step(config.spec, make_config(model_dict))
+        step_fn = build_step(config.spec, make_config(model_dict), config.objective_params)
     except ValueError as err:
         raise TrainError(str(err)) from None
+    examples = run.data.prepared.train_examples  # a stream's are not known: plan at seq_len
+
     def length_for(batch_size: int) -> int:
-        return planned_seq_len(train_examples, batch_size, config.seq_len, step_fn.layout, config.packing)
+        return planned_seq_len(examples, batch_size, config.seq_len, step_fn.layout, config.packing)
 
     # A search over micro-batch sizes plans every candidate at the longest single example: no
     # micro-batch of the data has longer examples (on average) than that, whatever its size.
     longest_len = length_for(1)
-    if config.fit == "auto" and kept is None and not resume:
-        config, fit_record = fit_configuration(config, model_dict, longest_len, device_target(config, device), console)
-        step_fn = build_step(config.spec, make_config(model_dict))
+    planner = RunPlanner(model_dict, run_target(config, run.device))
+    fit_record = None
+    if config.fit == "auto" and kept is None and not run.resume:
+        config, fit_record = fit_configuration(config, planner, longest_len, console)
+        step_fn = build_step(config.spec, make_config(model_dict), config.objective_params)
     planned_len = length_for(config.batch_size)
-    spec = config.spec
-    preflight = preflight_run(config, model_dict, device, console, seq_len=planned_len)
+    preflight = preflight_run(config, planner, console, seq_len=planned_len, fit_seq_len=longest_len)
+    return _Configuration(config=config, step_fn=step_fn, planner=planner, given=given, fit_record=fit_record,
+                          longest_len=longest_len, planned_len=planned_len, preflight=preflight, plan=preflight.plan)
 
-    # 3. Model: meta -> weights on the device -> adapters -> the memory-lean step, then checked;
-    # then sharded (several processes), and the step this configuration runs.
+
+def _model(run: _Run, model) -> tuple[Any, dict[str, Any], Any]:
+    """Model: meta -> weights on the device -> adapters -> the memory-lean step, then checked; then
+    sharded (several processes). The model, its setup, and the step this configuration runs as the
+    world runs it."""
+    config, spec, world, device = run.config, run.spec, run.world, run.device
     if model is None:
         weights = config.model if config.init == "pretrained" else None
-        if hub is not None and weights is not None:
-            weights = fetch_weights(config, hub, world=world, console=console, progress=progress)
-        loaded = load_model(model_dict, spec, world.load_device(spec, device), init=config.init, weights_dir=weights, seed=config.seed)
+        if run.hub is not None and weights is not None:
+            weights = fetch_weights(config, run.hub, world=world, console=run.console, progress=run.progress)
+        loaded = load_model(run.data.model_config, spec, world.load_device(spec, device), init=config.init, weights_dir=weights,
+                            seed=config.seed)
         model, setup = loaded.model, loaded.setup
     else:
         model = prepare_given_model(model, spec)
         setup = verify_setup(model, spec)
     where = f"{world.world_size} processes ({spec.shard}), one on {device} each" if world.distributed else str(device)
-    console.print(
+    run.console.print(
         f"model: {setup['total_params']:,} parameters, {setup['trainable_params']:,} trainable "
         f"({setup['trainable_percent']:.2f}%, {spec.method}), checkpointing in "
         f"{setup['checkpointed_layers']}/{setup['decoder_layers']} decoder layers, on {where}",
         highlight=False,
     )
-    model = world.shard(model, spec, device, console)
-    step_fn = world.training_step(step_fn, model)
+    if needs_reference_copy(spec):
+        # DPO's reference for full fine-tuning: the starting weights, kept before any update.
+        keep_reference_copy(model)
+        run.console.print(f"reference: a frozen copy of the model's {setup['total_params']:,} parameters (DPO, full "
+                          "fine-tuning; precompute_reference: true keeps none)", highlight=False)
+    model = world.shard(model, spec, device, run.console)
+    return model, setup, world.training_step(run.configuration.step_fn, model)
 
-    # 4. Optimizer, schedule, data order and the loss scaler fp16 needs.
-    optimizer = build_optimizer(model.parameters(), spec.optimizer, lr=config.lr, weight_decay=config.weight_decay,
+
+def _optimizer(run: _Run) -> _Training:
+    """Optimizer, schedule, data order and the loss scaler fp16 needs."""
+    config, spec = run.config, run.spec
+    optimizer = build_optimizer(run.model.parameters(), spec.optimizer, lr=config.lr, weight_decay=config.weight_decay,
                                 step_in_backward=spec.step_in_backward)
-    batches = data.batches(world.global_batch_size(spec), config, tokenizer.eos_token_id)
+    batches = run.data.prepared.batches(run.world.global_batch_size(spec), config, run.data.tokenizer.eos_token_id)
     steps = total_steps(config, batches.batches_per_epoch())
     warmup = warmup_steps(config, steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_factor(s, total=steps, warmup=warmup, schedule=config.schedule, min_ratio=config.min_lr_ratio)
     )
-    grad_scaler = step_fn.grad_scaler(device)
+    return _Training(optimizer=optimizer, scheduler=scheduler, grad_scaler=run.configuration.step_fn.grad_scaler(run.device),
+                     batches=batches, steps=steps)
 
-    def checkpoint_now(step: int, reason: str, data_state=None, rng_state=None) -> Path:
-        data = data_state if data_state is not None else batches.state_dict()
-        # Examples per optimizer step: a resume may cut them into other micro-batches, never other steps.
-        data = {**data, "examples_per_step": data["batch_size"] * record.fields["active_knobs"]["grad_accum"]}
-        return world.save_checkpoint(
-            run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
-            data_state=data,
-            rng_state=rng_state if rng_state is not None else capture_rng(device),
-            reason=reason, keep=config.keep_checkpoints,
-        )
 
-    # 5. Resume: tensors and optimizer now, RNG and data position right before the next step.
-    start_step = 0
-    if resume:
-        damaged: list[tuple[Path, str]] = []
-        checkpoint = latest_checkpoint(run_dir, damaged)
-        for path, why in damaged:
-            console.print(f"[yellow]skipping[/] damaged checkpoint {path}: {why}", highlight=False)
-        if checkpoint is None:
-            raise TrainError(
-                f"--resume: {run_dir} has no {'whole ' if damaged else ''}checkpoint to resume from "
-                f"({'every one is damaged' if damaged else 'the run stopped before saving one'}). "
-                "Start again in another output_dir, or delete this one first."
-            )
-        try:
-            state = world.load_checkpoint(checkpoint, model=model, optimizer=optimizer, scheduler=scheduler,
-                                          grad_scaler=grad_scaler, device=device)
-            per_step = world.global_batch_size(spec) * spec.grad_accum
-            batches.load_state_dict(state.data, rebatch=state.data.get("examples_per_step") == per_step)
-        except ValueError as err:  # CheckpointError, or data / batch settings that changed
-            raise TrainError(f"--resume from {checkpoint}: {err}") from None
-        restore_rng(state.rng, device)
-        start_step = state.step
-        if world.is_main:
-            truncate_metrics(run_dir, start_step)
-        console.print(f"resuming from {checkpoint} (step {start_step} of {steps})", highlight=False)
+def _resume(run: _Run) -> tuple[int, Path | None]:
+    """Resume: tensors and optimizer now, RNG and data position right before the next step. The step
+    to start from (0 for a new run) and the checkpoint it was read from (None for a new run, or one
+    that stopped in its reference pass, before its first step: :func:`_resume_checkpoint`)."""
+    run_dir, console, training = run.run_dir, run.console, run.training
+    checkpoint = _resume_checkpoint(run_dir, run.spec, console) if run.resume else None
+    if checkpoint is None:
+        return 0, None
+    try:
+        state = run.world.load_checkpoint(checkpoint, model=run.model, optimizer=training.optimizer,
+                                          scheduler=training.scheduler, grad_scaler=training.grad_scaler, device=run.device)
+        per_step = run.world.global_batch_size(run.spec) * run.spec.grad_accum
+        training.batches.load_state_dict(state.data, rebatch=state.data.get("examples_per_step") == per_step)
+    except ValueError as err:  # CheckpointError, or data / batch settings that changed
+        raise TrainError(f"--resume from {checkpoint}: {err}") from None
+    restore_rng(state.rng, run.device)
+    if run.world.is_main:
+        truncate_metrics(run_dir, state.step)
+    console.print(f"resuming from {checkpoint} (step {state.step} of {training.steps})", highlight=False)
+    return state.step, checkpoint
 
-    # The checkpoints written from here on say how many examples a step takes (see checkpoint_now).
-    record = RunRecord.for_run(run_dir, config=config, model_config=model_dict, preflight=preflight, setup=setup,
-                               device=device, total_steps=steps, enabled=world.is_main,
-                               extra={**world.run_fields(spec), **({"hub": hub.record()} if hub is not None else {}),
-                                      "data": data.record,
-                                      "planned_seq_len": planned_len, "fit": fit_record,
-                                      "active_knobs": {k: spec.knobs()[k] for k in SEARCHED}, "given_knobs": given,
-                                      "config_changes": _recorded_changes(run_dir) if resume else []})
+
+def _record(run: _Run, start_step: int) -> RunRecord:
+    """The run's ``run.json``, written now: the checkpoints written from here on say how many
+    examples a step takes (see :meth:`_Run.checkpoint_now`)."""
+    configuration, spec, pair_stats = run.configuration, run.spec, run.data.prepared.pair_stats
+    extra = {**run.world.run_fields(spec), **({"hub": run.hub.record()} if run.hub is not None else {}),
+             "data": run.data.prepared.record, "planned_seq_len": configuration.planned_len, "fit": configuration.fit_record,
+             **({"pairs": pair_stats.to_dict()} if pair_stats is not None else {}),
+             "active_knobs": {k: spec.knobs()[k] for k in SEARCHED}, "given_knobs": configuration.given,
+             "config_changes": _recorded_changes(run.run_dir) if run.resume else []}
+    record = RunRecord.for_run(run.run_dir, config=run.config, model_config=run.data.model_config,
+                               preflight=configuration.preflight, setup=run.setup, device=run.device,
+                               total_steps=run.training.steps, enabled=run.world.is_main, extra=extra)
     record.write(status="running", step=start_step)
-    result = TrainResult(status="completed", step=start_step, total_steps=steps, run_dir=run_dir, setup=setup, model=model)
-
-    # 6. The loop, then 7. the outputs: the last checkpoint and the deliverable.
-    current = _Current(config=config, step_fn=step_fn, pad_id=pad_id, model_config=model_dict, planned_len=planned_len,
-                       longest_len=longest_len,
-                       plan=preflight.plan, tokenizer=tokenizer)
-    _train_and_save(current, world, result, tokenizer, model=model, optimizer=optimizer, scheduler=scheduler,
-                    grad_scaler=grad_scaler, batches=batches, eval_examples=eval_examples, device=device,
-                    preflight=preflight, record=record, checkpoint_now=checkpoint_now, console=console,
-                    progress=progress, conformance_steps=conformance_steps)
-    record.write(status=result.status, step=result.step, tokens_per_second=result.tokens_per_second,
-                 peak=step_peak_reading(device))
-    return result
+    return record
 
 
-def _train_and_save(current: _Current, world, result: TrainResult, tokenizer, *, model, record, **loop: Any) -> None:
-    """The loop (:func:`_loop`), then the deliverable once it completed (a signal during the last
-    step included: that step is done), with the trained model's own attention back (document
-    attention is for training rows). A signal stops the run after the step it arrives in; from then
-    on until the outputs are written it only asks, so the last checkpoint and the deliverable are
-    never cut short. A full disk is recorded in ``run.json``."""
+def _reference(run: _Run, *, may_compute: bool) -> None:
+    """Reference: DPO's reference log-probs of every pair, computed once before training where the
+    run says ``precompute_reference`` (:mod:`memfit.train.reference`). Run once ``run.json`` is
+    written, so that a pass that stops part way is continued by ``--resume``; ``may_compute`` is
+    False for a run resumed from a checkpoint (its weights have moved: the log-probs must be stored)."""
+    spec = run.spec
+    if spec.reference != "precomputed":
+        return
+    dtype = run.configuration.step_fn.loss_fn.dtype
+    for split, pairs in (("train", run.data.prepared.train_examples), ("eval", run.data.prepared.eval_examples)):
+        if pairs:
+            precompute_reference(pairs, split=split, run_dir=run.run_dir, model=run.model, collate=run.collate,
+                                 batch_size=spec.batch_size, device=run.device, adapters=spec.uses_adapters, dtype=dtype,
+                                 may_compute=may_compute, say=lambda line: run.console.print(line, highlight=False))
+
+
+# ------------------------------------------------------------------------------------------------
+# The loop, then the outputs
+
+
+def _loop_and_outputs(run: _Run, result: TrainResult) -> None:
+    """The loop (:func:`_loop`), then the outputs (:func:`_outputs`) once it completed (a signal
+    during the last step included: that step is done). A signal stops the run after the step it
+    arrives in; from then on until the outputs are written it only asks, so the last checkpoint and
+    the deliverable are never cut short. A full disk is recorded in ``run.json``."""
     try:
         with StopOnSignal() as stop:
-            _loop(current, world, result, stop, model=model, record=record, **loop)
-            restore_attention(model)
-            if result.status == "completed":
-                result.output_dir = world.save_outputs(model, tokenizer, result.run_dir, current.spec.uses_adapters)
-                result.signal_name = stop.signal_name  # arrived once there was nothing left to stop
+            _loop(run, result, stop)
+            _outputs(run, result, stop)
     except DiskFull:
         with contextlib.suppress(OSError):  # a few hundred bytes: there is room once the failed save is gone
-            record.write(status="disk_full", step=result.step)
+            run.record.write(status="disk_full", step=result.step)
         raise
 
 
-def _warn_slow_on_cpu(config: TrainConfig, device: torch.device, console) -> None:
-    """Say once, before any work, that a QLoRA run on the CPU goes through bitsandbytes' CPU path
-    for 4-bit layers, much slower than LoRA there (and 4 bits save GPU memory, not host memory)."""
-    if device.type == "cpu" and config.method == "qlora":
-        console.print(
-            "[yellow]warning:[/] method: qlora on the CPU runs bitsandbytes' CPU path for 4-bit layers, much slower "
-            "than LoRA; on a CPU use method: lora (with precision: fp32), or train QLoRA on a GPU.",
-            highlight=False,
-        )
+def _outputs(run: _Run, result: TrainResult, stop: StopOnSignal) -> None:
+    """The deliverable of a completed run (the adapter or the model, with the tokenizer), with the
+    trained model's own attention back (document attention is for training rows)."""
+    restore_attention(run.model)
+    if result.status == "completed":
+        result.output_dir = run.world.save_outputs(run.model, run.data.tokenizer, result.run_dir, run.spec.uses_adapters)
+        result.signal_name = stop.signal_name  # arrived once there was nothing left to stop
 
 
 @dataclass
-class _Current:
-    """What a step-down after running out of memory changes while the run goes on."""
+class _Taken:
+    """One optimizer step taken: its loss, tokens and gradient norm (totals over the ranks), the lr it
+    used, and whether the run is asked to stop after it."""
 
-    config: TrainConfig
-    step_fn: Any
-    pad_id: int
-    model_config: dict[str, Any]
-    planned_len: int  # the data's longest micro-batch at this configuration's micro-batch size
-    longest_len: int  # the data's longest example (the length a search over micro-batch sizes plans)
-    plan: Any  # the plan of the configuration in effect (None: not planned)
-    tokenizer: Any = None  # for the replies to eval_prompts
-
-    def write_generations(self, log, model, step: int, device: torch.device) -> None:
-        """The greedy replies to ``eval_prompts`` at ``step``, one ``metrics.jsonl`` record (none without prompts)."""
-        if self.config.eval_prompts:
-            log.write(eval_generations(model, self.tokenizer, self.config.eval_prompts, step=step,
-                                       max_new_tokens=self.config.eval_max_new_tokens, device=device))
-
-    @property
-    def spec(self):
-        return self.config.spec
-
-    def collate(self, examples: list) -> dict[str, Any]:
-        return self.step_fn.collate(examples, self.pad_id)
+    loss: float
+    tokens: int
+    grad_norm: float | None
+    lr: float
+    stopping: bool
+    pair_metrics: list = field(default_factory=list)  # a preference step's summed rewards and log-probs, on the device
 
 
-def _loop(current: _Current, world, result: TrainResult, stop: StopOnSignal, *, model, optimizer, scheduler,
-          grad_scaler, batches, eval_examples: list, device: torch.device, preflight: PreflightResult, record,
-          checkpoint_now, console, progress: bool, conformance_steps: int | None = None) -> None:
+def _loop(run: _Run, result: TrainResult, stop: StopOnSignal) -> None:
     """The optimizer steps from ``result.step`` to the end, watched: memory is recorded every step
     (``memory.jsonl``) and checked for leaks, stray devices and switched-off optimizations. A step that
     runs out of memory is taken again one configuration down (:func:`_step_down`), where it can be.
     A signal (``stop``) ends the run after its step with an ``interrupt`` checkpoint, unless that step
     was the last: then the run completes, without its final evaluation."""
-    config, spec = current.config, current.spec
     steps = result.total_steps
-    recorder = MemoryRecorder(result.run_dir, plan=preflight.plan, expected_device=device, total_steps=steps, spec=spec,
-                              source="memfit-train", resumed_from_step=result.step or None,
-                              file_name=memory_file_name(world.rank), rank=world.recorder_rank)
-    for finding in recorder.inspect(model, spec):
-        warn(console, finding)
-    if conformance_steps is not None:
-        recorder.attribute(model, optimizer, steps=conformance_steps, cuda_parity=True)
-    elif world.attributes_memory:
-        recorder.attribute(model, optimizer)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    recorder = _memory_recorder(run, result)
     meter = Throughput()
     started = time.perf_counter()
     # One voice: rank 0 writes metrics.jsonl and reports to the trackers, with what run.json holds.
-    metrics_log = (MetricsLog(result.run_dir, report_to=config.report_to, run_config=record.fields, console=console)
-                   if world.is_main else NullLog())
+    metrics_log = (MetricsLog(result.run_dir, report_to=run.config.report_to, run_config=run.record.fields, console=run.console)
+                   if run.world.is_main else NullLog())
     stopping = False  # asked to stop by the end of the last step (several processes: as they all agreed at its end)
-    with recorder, metrics_log as log, LiveProgress(console, steps, result.step, enabled=progress) as bar:
-        step = result.step
-        while step < steps:
-            # Where the run stands before this step: an emergency checkpoint taken if the step fails
-            # must replay this step's batches, not skip them.
-            data_before, rng_before = batches.state_dict(), capture_rng(device)
-            meter.start()
-            micro_batches = world.micro_batches(batches, current.spec.grad_accum, current.collate, device)
-            tokens = count_step_tokens(micro_batches)
-            try:
-                loss, grad_norm = current.step_fn(model, micro_batches, optimizer, grad_scaler=grad_scaler, observer=recorder.observer)
-            except torch.OutOfMemoryError:
-                del micro_batches
-                if _step_down(current, world, model, optimizer, batches, step, data_before, rng_before, device, record,
-                              checkpoint_now, console):
-                    continue  # the same step again, one configuration down, on the same examples
-                recorder.close(status="oom")
-                raise _out_of_memory(current.config, world, optimizer, step, preflight, device, console,
-                                     lambda: checkpoint_now(step, "oom", data_before, rng_before), record) from None
-            config, spec = current.config, current.spec
-            step_lr = optimizer.param_groups[0]["lr"]  # what this step used: scheduler.step() sets the next one's
-            scheduler.step()
-            loss_value, tokens, stop_requested, grad_norm = world.step_totals(loss, tokens, stop.signal_name is not None, grad_norm, device)
-            if stop_requested and stop.signal_name is None:
-                stop.signal_name = "SIGTERM"  # another rank was asked to stop
-            # On several processes only what they agreed on counts (a signal may reach one rank later
-            # than the others); one process also stops for a signal that came after the step's end.
-            stopping = stop_requested if world.distributed else stop.signal_name is not None
-            meter.stop(tokens)
-            grad_norm = float(grad_norm) if grad_norm is not None else None
-            del micro_batches, loss  # nothing of this step is held into the next
-            done = result.step = step = step + 1
-            if not math.isfinite(loss_value):
-                checkpoint_now(done, "nonfinite")
-                record.write(status="diverged", step=done)
-                raise TrainError(
-                    f"the loss is {loss_value} at step {done}: training diverged. Lower lr (now {config.lr:g}), "
-                    "keep max_grad_norm set, or use bf16 instead of fp16."
-                )
-            metrics = {
-                "step": done,
-                "loss": loss_value,
-                "lr": step_lr,
-                "grad_norm": grad_norm,
-                "tokens": tokens,
-                "tokens_per_second": meter.rate(),
-                "elapsed_s": round(time.perf_counter() - started, 4),  # since this process's loop began
-                **step_peak_reading(device),
-            }
-            result.losses.append((done, loss_value))
-            for finding in recorder.end_step(done, {"loss": loss_value, "tokens": tokens}):
-                warn(console, finding)
-            if done % config.log_every == 0 or done == steps:
-                log.write(metrics)
-            if eval_examples and config.eval_every and done % config.eval_every == 0 and done != steps:
-                eval_loss = evaluate(model, eval_examples, spec.batch_size, current.collate, device, current.step_fn.loss)
-                result.eval_losses.append((done, eval_loss))
-                log.write({"step": done, "eval_loss": eval_loss})
-            if config.eval_every and done % config.eval_every == 0 and done != steps:
-                current.write_generations(log, model, done, device)
-            bar.update(done, metrics)
-            if config.save_every and done % config.save_every == 0 and done != steps:
-                result.checkpoint = checkpoint_now(done, "interval")
-            if stopping and done < steps:
-                result.checkpoint = checkpoint_now(done, "interrupt")
+    with recorder, metrics_log as log, LiveProgress(run.console, steps, result.step, enabled=run.progress) as bar:
+        while result.step < steps:
+            taken = _step(run, result.step, recorder, meter, stop)
+            if taken is None:
+                continue  # the same step again, one configuration down, on the same examples
+            stopping = taken.stopping
+            _after_step(run, result, taken, recorder, log, bar, meter, started)
+            if stopping and result.step < steps:
+                result.checkpoint = run.checkpoint_now(result.step, "interrupt")
                 result.status, result.signal_name = "interrupted", stop.signal_name
                 break
-
         if result.status == "completed":
-            _final_evaluation(current, result, model, eval_examples, device, log, console,
-                              stop.signal_name if stopping else None)
-            result.checkpoint = checkpoint_now(result.step, "final")
+            _final_evaluation(run, result, log, stop.signal_name if stopping else None)
+            result.checkpoint = run.checkpoint_now(result.step, "final")
         for finding in recorder.close(status=result.status):
-            warn(console, finding)
+            warn(run.console, finding)
     for line in comparison_lines(recorder.comparison()):
-        console.print(line, highlight=False)
+        run.console.print(line, highlight=False)
     result.tokens_per_second = meter.overall_rate()
 
 
-def _final_evaluation(current: _Current, result: TrainResult, model, eval_examples: list, device: torch.device, log,
-                      console, stopped_by: str | None) -> None:
+def _memory_recorder(run: _Run, result: TrainResult) -> MemoryRecorder:
+    """What watches the loop's memory, compared with the plan of the configuration in effect; the
+    model inspected for what the plan assumed, memory attributed where the world can."""
+    world, spec, model, device = run.world, run.spec, run.model, run.device
+    recorder = MemoryRecorder(result.run_dir, plan=run.configuration.preflight.plan, expected_device=device,
+                              total_steps=result.total_steps, spec=spec, source="memfit-train",
+                              resumed_from_step=result.step or None, file_name=memory_file_name(world.rank),
+                              rank=world.recorder_rank)
+    for finding in recorder.inspect(model, spec):
+        warn(run.console, finding)
+    if run.conformance_steps is not None:
+        recorder.attribute(model, run.training.optimizer, steps=run.conformance_steps, cuda_parity=True)
+    elif world.attributes_memory:
+        recorder.attribute(model, run.training.optimizer)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    return recorder
+
+
+def _step(run: _Run, step: int, recorder: MemoryRecorder, meter: Throughput, stop: StopOnSignal) -> _Taken | None:
+    """Optimizer step ``step`` (0-based), or None when it ran out of memory and the run stepped down
+    to take it again; an out-of-memory error that cannot be stepped down from ends the run."""
+    world, device, training = run.world, run.device, run.training
+    # Where the run stands before this step: an emergency checkpoint taken if the step fails
+    # must replay this step's batches, not skip them.
+    data_before, rng_before = training.batches.state_dict(), capture_rng(device)
+    meter.start()
+    micro_batches = world.micro_batches(training.batches, run.spec.grad_accum, run.collate, device)
+    tokens = count_step_tokens(micro_batches)
+    pair_metrics: list = []  # a preference step's per-pair rewards and log-probs
+    try:
+        loss, grad_norm = run.configuration.step_fn(run.model, micro_batches, training.optimizer,
+                                                    grad_scaler=training.grad_scaler, observer=recorder.observer,
+                                                    metrics=pair_metrics)
+    except torch.OutOfMemoryError:
+        del micro_batches
+        if _step_down(run, step, data_before, rng_before):
+            return None
+        recorder.close(status="oom")
+        raise _out_of_memory(run, step, lambda: run.checkpoint_now(step, "oom", data_before, rng_before)) from None
+    step_lr = training.optimizer.param_groups[0]["lr"]  # what this step used: scheduler.step() sets the next one's
+    training.scheduler.step()
+    loss_value, tokens, stop_requested, grad_norm = world.step_totals(loss, tokens, stop.signal_name is not None, grad_norm, device)
+    if stop_requested and stop.signal_name is None:
+        stop.signal_name = "SIGTERM"  # another rank was asked to stop
+    meter.stop(tokens)
+    del micro_batches, loss  # nothing of this step is held into the next
+    # On several processes only what they agreed on counts (a signal may reach one rank later
+    # than the others); one process also stops for a signal that came after the step's end.
+    return _Taken(loss=loss_value, tokens=tokens, grad_norm=float(grad_norm) if grad_norm is not None else None, lr=step_lr,
+                  stopping=stop_requested if world.distributed else stop.signal_name is not None, pair_metrics=pair_metrics)
+
+
+def _after_step(run: _Run, result: TrainResult, taken: _Taken, recorder: MemoryRecorder, log, bar, meter: Throughput,
+                started: float) -> None:
+    """The bookkeeping of a step taken: the divergence check, metrics, the memory findings, the
+    evaluations and checkpoints due at this step."""
+    config, steps = run.config, result.total_steps
+    done = result.step = result.step + 1
+    if not math.isfinite(taken.loss):
+        run.checkpoint_now(done, "nonfinite")
+        run.record.write(status="diverged", step=done)
+        raise TrainError(
+            f"the loss is {taken.loss} at step {done}: training diverged. Lower lr (now {config.lr:g}), "
+            "keep max_grad_norm set, or use bf16 instead of fp16."
+        )
+    metrics = {
+        "step": done,
+        "loss": taken.loss,
+        "lr": taken.lr,
+        "grad_norm": taken.grad_norm,
+        "tokens": taken.tokens,
+        "tokens_per_second": meter.rate(),
+        "elapsed_s": round(time.perf_counter() - started, 4),  # since this process's loop began
+        **step_peak_reading(run.device),
+        **summarize_metrics(taken.pair_metrics),
+    }
+    taken.pair_metrics.clear()  # nothing of this step is held into the next
+    result.losses.append((done, taken.loss))
+    for finding in recorder.end_step(done, {"loss": taken.loss, "tokens": taken.tokens}):
+        warn(run.console, finding)
+    if done % config.log_every == 0 or done == steps:
+        log.write(metrics)
+    eval_examples = run.data.prepared.eval_examples
+    if eval_examples and config.eval_every and done % config.eval_every == 0 and done != steps:
+        eval_loss = evaluate(run.model, eval_examples, run.spec.batch_size, run.collate, run.device, run.configuration.step_fn.loss)
+        result.eval_losses.append((done, eval_loss))
+        log.write({"step": done, "eval_loss": eval_loss})
+    if config.eval_every and done % config.eval_every == 0 and done != steps:
+        run.write_generations(log, done)
+    bar.update(done, metrics)
+    if config.save_every and done % config.save_every == 0 and done != steps:
+        result.checkpoint = run.checkpoint_now(done, "interval")
+
+
+def _final_evaluation(run: _Run, result: TrainResult, log, stopped_by: str | None) -> None:
     """Evaluate the trained model at the end of the run (the eval loss, the replies to
     ``eval_prompts``), unless ``stopped_by`` a signal during the last step: then the outputs matter
     more than waiting for the evaluation (say so)."""
-    if not eval_examples and not current.config.eval_prompts:
+    eval_examples = run.data.prepared.eval_examples
+    if not eval_examples and not run.config.eval_prompts:
         return
     if stopped_by is not None:
-        console.print(f"{stopped_by} during the last step: the step is done, so the run completes; "
-                      "its final evaluation is skipped", highlight=False)
+        run.console.print(f"{stopped_by} during the last step: the step is done, so the run completes; "
+                          "its final evaluation is skipped", highlight=False)
         return
     if eval_examples:
-        eval_loss = evaluate(model, eval_examples, current.spec.batch_size, current.collate, device, current.step_fn.loss)
+        eval_loss = evaluate(run.model, eval_examples, run.spec.batch_size, run.collate, run.device, run.configuration.step_fn.loss)
         result.eval_losses.append((result.step, eval_loss))
         log.write({"step": result.step, "eval_loss": eval_loss})
-    current.write_generations(log, model, result.step, device)
+    run.write_generations(log, result.step)
 
 
-def _step_down(current: _Current, world, model, optimizer, batches, step: int, data_before: dict[str, Any],
-               rng_before: dict[str, Any], device: torch.device, record, checkpoint_now, console) -> bool:
+# ------------------------------------------------------------------------------------------------
+# Out of memory
+
+
+def _step_down(run: _Run, step: int, data_before: dict[str, Any], rng_before: dict[str, Any]) -> bool:
     """After step ``step`` ran out of memory: free, take the next configuration down at the same
-    effective batch (:func:`memfit.train.fitting.step_down`), put the data and the random state back
-    to where the step began, save, and say so. False when the run cannot go on that way (one process,
-    ``on_oom: continue``, no optimizer step in backward, something smaller that fits)."""
-    config = current.config
-    optimizer.zero_grad(set_to_none=True)
+    effective batch (:meth:`memfit.planner.run.RunPlanner.step_down`, against the run's one Target),
+    put the data and the random state back to where the step began, save, and say so. False when the
+    run cannot go on that way (one process, ``on_oom: continue``, no optimizer step in backward,
+    something smaller that fits)."""
+    configuration, device, console, training = run.configuration, run.device, run.console, run.training
+    config = configuration.config
+    training.optimizer.zero_grad(set_to_none=True)
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    if config.on_oom != "continue" or world.distributed:
+    if config.on_oom != "continue" or run.world.distributed:
         return False
     if config.spec.step_in_backward:
         console.print("out of memory: the optimizer step in backward had already updated some weights, so the step "
                       "cannot be taken again with another configuration", highlight=False)
         return False
-    target = device_target(config, device) if (config.gpu or config.budget or device.type == "cuda") else Target(None, None, None, "")
     # The configurations down are planned at the longest example (micro-batch sizes change), so the
     # one that failed is compared at that length too.
-    failed = current.plan
-    if failed is None or current.planned_len != current.longest_len:
-        from memfit.planner.api import plan
-
-        failed = plan(current.model_config, gpu=target.gpu, budget=target.budget, context_bytes=target.context_bytes,
-                      **{**config.spec.knobs(), "seq_len": current.longest_len})
-    found = step_down(config, current.model_config, current.longest_len, failed, target)
+    knobs = {**config.spec.knobs(), "seq_len": configuration.longest_len}
+    failed = configuration.plan
+    if failed is None or configuration.planned_len != configuration.longest_len:
+        failed = configuration.planner.check(knobs)
+    found = configuration.planner.step_down(knobs, failed)
     if found is None:
         return False
-    new_config, new_plan, moves = found
-    lean_step_changes(model, config.spec, new_config.spec)
-    batches.batch_size = world.global_batch_size(new_config.spec)
-    batches.load_state_dict(data_before, rebatch=True)
+    new_config = config.model_copy(update={k: found.knobs[k] for k in SEARCHED})
+    lean_step_changes(run.model, config.spec, new_config.spec)
+    training.batches.batch_size = run.world.global_batch_size(new_config.spec)
+    training.batches.load_state_dict(data_before, rebatch=True)
     restore_rng(rng_before, device)
-    current.config, current.plan, current.planned_len = new_config, new_plan, current.longest_len
-    current.step_fn = world.training_step(build_step(new_config.spec, make_config(current.model_config)), model)
-    knobs = {k: new_config.spec.knobs()[k] for k in SEARCHED}
-    change = {"step": step + 1, "reason": "out of memory", "moves": moves, "from": record.fields["active_knobs"],
-              "to": knobs, "plan_bytes": new_plan.device_total_bytes}
+    step_fn = run.world.training_step(build_step(new_config.spec, make_config(run.data.model_config), new_config.objective_params),
+                                      run.model)
+    run.configuration = dataclasses.replace(configuration, config=new_config, step_fn=step_fn, plan=found.plan,
+                                            planned_len=configuration.longest_len)
+    active = {k: new_config.spec.knobs()[k] for k in SEARCHED}
+    record = run.record
+    change = {"step": step + 1, "reason": "out of memory", "moves": found.moves, "from": record.fields["active_knobs"],
+              "to": active, "plan_bytes": found.plan.device_total_bytes}
     record.fields["config_changes"] = list(record.fields.get("config_changes") or []) + [change]
-    record.fields["active_knobs"] = knobs
+    record.fields["active_knobs"] = active
     record.write(status="running", step=step)
-    checkpoint_now(step, "oom", {**data_before, "batch_size": batches.batch_size}, rng_before)
-    console.print(f"[yellow]out of memory[/] at step {step + 1}: continuing with {describe(knobs)} "
-                  f"({'; '.join(moves)}; plan {format_bytes(new_plan.device_total_bytes)}), the same examples in the same order",
+    run.checkpoint_now(step, "oom", {**data_before, "batch_size": training.batches.batch_size}, rng_before)
+    console.print(f"[yellow]out of memory[/] at step {step + 1}: continuing with {describe(active)} "
+                  f"({'; '.join(found.moves)}; plan {format_bytes(found.plan.device_total_bytes)}), the same examples in the same order",
                   highlight=False)
     return True
+
+
+def _out_of_memory(run: _Run, step: int, save_before_step) -> OutOfMemory:
+    """Free, save (where the world can), explain; record the run as ended by running out of memory."""
+    config, world = run.config, run.world
+    error = handle_oom(
+        optimizer=run.training.optimizer, step=step, save_before_step=save_before_step if world.saves_on_oom else (lambda: None),
+        knobs=config.spec.knobs(), step_in_backward=config.spec.step_in_backward, preflight=run.configuration.preflight,
+        replan=lambda: run.configuration.planner.replan(config.knobs()), device=run.device, console=run.console,
+    )
+    run.record.write(status="oom", step=step)
+    return error
+
+
+def _resume_checkpoint(run_dir: Path, spec, console) -> Path | None:
+    """The checkpoint a resumed run continues from; None when the run stopped in its reference pass
+    (``precompute_reference``), before its first step. Raises TrainError when there is neither."""
+    damaged: list[tuple[Path, str]] = []
+    checkpoint = latest_checkpoint(run_dir, damaged)
+    for path, why in damaged:
+        console.print(f"[yellow]skipping[/] damaged checkpoint {path}: {why}", highlight=False)
+    if checkpoint is None and not damaged and spec.reference == "precomputed" and reference_file(run_dir, "train").is_file():
+        console.print("resuming the reference pass: training starts once it is done", highlight=False)
+        return None
+    if checkpoint is None:
+        raise TrainError(
+            f"--resume: {run_dir} has no {'whole ' if damaged else ''}checkpoint to resume from "
+            f"({'every one is damaged' if damaged else 'the run stopped before saving one'}). "
+            "Start again in another output_dir, or delete this one first."
+        )
+    return checkpoint
 
 
 def _recorded_changes(run_dir: Path) -> list:
@@ -531,19 +729,15 @@ def _recorded_changes(run_dir: Path) -> list:
     return list(changes) if isinstance(changes, list) else []
 
 
-def _out_of_memory(config: TrainConfig, world, optimizer, step: int, preflight: PreflightResult, device, console,
-                   save_before_step, record) -> OutOfMemory:
-    """Free, save (where the world can), explain; record the run as ended by running out of memory."""
 
-    def replan():
-        from memfit.planner.api import plan
-
-        return plan(model_config_dict(config), **config.knobs())
-
-    error = handle_oom(
-        optimizer=optimizer, step=step, save_before_step=save_before_step if world.saves_on_oom else (lambda: None),
-        knobs=config.spec.knobs(), step_in_backward=config.spec.step_in_backward, preflight=preflight, replan=replan,
-        device=device, console=console,
-    )
-    record.write(status="oom", step=step)
-    return error
+def _warn_slow_on_cpu(config: TrainConfig, device: torch.device, console) -> None:
+    """Say once, before any work, that a QLoRA or lora-8bit run on the CPU goes through
+    bitsandbytes' CPU path for quantized layers, much slower than LoRA there (and fewer bits save
+    GPU memory, not host memory)."""
+    if device.type == "cpu" and config.spec.base_bits is not None:
+        bits = config.spec.base_bits
+        console.print(
+            f"[yellow]warning:[/] method: {config.method} on the CPU runs bitsandbytes' CPU path for {bits}-bit layers, "
+            f"much slower than LoRA; on a CPU use method: lora (with precision: fp32), or train {config.method} on a GPU.",
+            highlight=False,
+        )

@@ -78,7 +78,7 @@ def finished_run(run_dir: Path, config) -> dict[str, Any] | None:
     recorded = record.get("config") if isinstance(record.get("config"), dict) else {}
     if (recorded.get("max_steps"), recorded.get("epochs")) != (config.max_steps, config.epochs):
         return None  # a longer schedule: the run continues from its last checkpoint
-    output = output_dir(run_dir, config.method in ("lora", "qlora"))
+    output = output_dir(run_dir, config.spec.uses_adapters)
     if not output.is_dir():
         return None
     return {"step": record.get("step"), "total_steps": record.get("total_steps"), "output_dir": output}

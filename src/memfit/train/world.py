@@ -20,7 +20,7 @@ from memfit.files import remove_if_empty
 from memfit.step.builder import TrainingStep
 from memfit.train import checkpointing, distributed
 from memfit.step.batch import labelled_tokens, to_device
-from memfit.train.batches import Collate, micro_batches
+from memfit.train.micro_batches import Collate, micro_batches
 from memfit.train.errors import TrainError
 from memfit.train.examples import unscored
 from memfit.train.run_folder import (

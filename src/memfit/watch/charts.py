@@ -25,7 +25,11 @@ MARKERS_BELOW_POINTS = 40
 MIN_POINTS = 2
 
 #: Chart names and the titles the page gives them (also the PNG files' suffixes).
-TITLES = {"loss": "Loss", "lr": "Learning rate", "memory-host": "Host memory", "categories": "Plan vs measured"}
+TITLES = {"loss": "Loss", "rewards": "Preference rewards", "lr": "Learning rate", "memory-host": "Host memory",
+          "categories": "Plan vs measured"}
+
+#: A preference run's metrics, under TRL's names (memfit train and TRL's trainers log them alike).
+REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
 
 
 class ChartError(UserError, ValueError):
@@ -49,6 +53,9 @@ def render_charts(diagnosis: Diagnosis, plan_compared: bool) -> list[tuple[str, 
     losses, evals = metric_curve(metrics, "loss"), metric_curve(metrics, "eval_loss")
     if max(len(losses), len(evals)) >= MIN_POINTS:
         charts.append(("loss", _loss_chart(Figure, losses, evals)))
+    rewards = {name: metric_curve(metrics, name) for name in REWARD_METRICS}
+    if len(rewards["rewards/accuracies"]) >= MIN_POINTS:
+        charts.append(("rewards", _rewards_chart(Figure, rewards)))
     rates = metric_curve(metrics, "lr") or metric_curve(metrics, "learning_rate")  # memfit train's name, then the Trainer's
     if len(rates) >= MIN_POINTS:
         charts.append(("lr", _lr_chart(Figure, rates)))
@@ -185,6 +192,32 @@ def _lr_chart(Figure, rates: list[tuple[int, float]]) -> bytes:
     ax.set_ylim(bottom=0)
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def _rewards_chart(Figure, curves: dict[str, list[tuple[int, float]]]) -> bytes:
+    """Rewards of the chosen and rejected answers and their margin (left), the share of pairs whose
+    chosen answer wins (right): a preference run learning shows the margin and the share rising."""
+    fig = Figure(figsize=(9, 3.0))
+    left, right = fig.subplots(1, 2, width_ratios=(3, 2))
+    for name, color in (("rewards/chosen", "tab:green"), ("rewards/rejected", "tab:red"), ("rewards/margins", "tab:blue")):
+        points = curves[name]
+        if points:
+            left.plot([s for s, _ in points], [v for _, v in points], color=color, linewidth=1.2, label=name.split("/")[1],
+                      **_style(points))
+    left.axhline(0, color="0.6", linewidth=0.8)
+    left.set_title("rewards (metrics.jsonl)")
+    left.set_xlabel("step")
+    left.legend(loc="best", fontsize="small")
+    left.grid(alpha=0.3)
+    accuracies = curves["rewards/accuracies"]
+    right.plot([s for s, _ in accuracies], [v for _, v in accuracies], color="tab:purple", linewidth=1.2, **_style(accuracies))
+    right.axhline(0.5, color="0.6", linewidth=0.8, linestyle="--")
+    right.set_ylim(-0.02, 1.02)
+    right.set_title("rewards/accuracies")
+    right.set_xlabel("step")
+    right.grid(alpha=0.3)
+    fig.tight_layout()
     return _png(fig)
 
 

@@ -22,12 +22,11 @@ def doctor_command(
 
     Exit code 0: nothing serious; 1: at least one error; 2: not a readable run folder.
     """
-    from rich.console import Console
-
+    from memfit.console import make_console
     from memfit.watch.doctor import diagnose, render
 
     diagnosis = diagnose(run_dir)
-    render(diagnosis, Console())
+    render(diagnosis, make_console())
     raise typer.Exit(code=diagnosis.exit_code)
 
 
@@ -40,9 +39,8 @@ def report_command(
 
     Exit code 0: written; 2: not a readable run folder, or --out cannot be written (checked before
     the charts are drawn; a file memfit report did not write is never replaced)."""
-    from rich.console import Console
-
+    from memfit.console import make_console
     from memfit.watch.report import write_report
 
     path = write_report(run_dir, out)
-    Console().print(f"wrote {path}", highlight=False, markup=False, soft_wrap=True)
+    make_console().print(f"wrote {path}", highlight=False, markup=False, soft_wrap=True)

@@ -343,7 +343,8 @@ def inspect_model(model: Any, spec: Any = None) -> list[Finding]:
     - a trainable parameter count other than the method implies (``trainable_count``).
     """
     from memfit.models.layers import decoder_layers
-    from memfit.step.prepare import expected_lora_parameters
+    from memfit.spec import ADAPTER_METHODS
+    from memfit.step.prepare import expected_adapter_parameters
 
     knobs = _spec_dict(spec)
     inner = _inner_model(model)
@@ -401,8 +402,9 @@ def inspect_model(model: Any, spec: Any = None) -> list[Finding]:
 
     total = sum(p.numel() for _, p in params)
     trainable = sum(p.numel() for _, p in params if p.requires_grad)
-    if method in ("lora", "qlora"):
-        base_trainable = [(n, p) for n, p in params if p.requires_grad and "lora_" not in n]
+    if method in ADAPTER_METHODS:
+        # Copies PEFT trains for modules_to_save are the adapter's own, not base weights.
+        base_trainable = [(n, p) for n, p in params if p.requires_grad and "lora_" not in n and ".modules_to_save." not in n]
         if base_trainable:
             count = sum(p.numel() for _, p in base_trainable)
             nbytes = sum(p.numel() * p.element_size() for _, p in base_trainable)
@@ -420,7 +422,7 @@ def inspect_model(model: Any, spec: Any = None) -> list[Finding]:
                 ),
                 data={"count": len(base_trainable), "parameters": count, "bytes": nbytes, "first": base_trainable[0][0]},
             ))
-        expected = expected_lora_parameters(model)
+        expected = expected_adapter_parameters(model)
         if expected and trainable != expected and not base_trainable:
             findings.append(_trainable_count_finding(method, trainable, expected))
     elif method == "full" and trainable != total:

@@ -106,11 +106,12 @@ def run_facts(run: RunFolder) -> list[tuple[str, str]]:
 
 def render(diagnosis: Diagnosis, console: Any = None) -> None:
     """Print the diagnosis: facts, findings with their fixes (most important first), predicted vs measured."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    console = console or Console()
+    from memfit.console import make_console
+
+    console = console or make_console()
     # Through a pipe or into a file a line is never cut at the console's guessed width (80
     # columns): whoever reads it (grep, a log, a wider window) wraps it, or not, as they like.
     soft = not console.is_terminal

@@ -17,7 +17,7 @@ from pathlib import Path
 from memfit.errors import UserError
 from memfit.files import check_file_writable, write_atomic
 from memfit.units import format_bytes
-from memfit.watch.charts import GENERATOR, chart_title, render_charts
+from memfit.watch.charts import GENERATOR, REWARD_METRICS, chart_title, render_charts
 from memfit.watch.compare import CategoryRow, compare_categories, compare_peaks, run_device
 from memfit.watch.doctor import Diagnosis, diagnose
 from memfit.watch.run_config import NO_CONFIGURATION, configuration_rows
@@ -221,11 +221,24 @@ def _training_html(diagnosis: Diagnosis, images: dict[str, str]) -> list[str]:
     elif losses:
         parts.append('<p class="note">no eval loss in metrics.jsonl: the run had no eval data, or ended before its first '
                      "evaluation.</p>")
-    parts += [images[name] for name in ("loss", "lr") if name in images]
+    parts += _rewards_html(metrics)
+    parts += [images[name] for name in ("loss", "rewards", "lr") if name in images]
     if not parts:
         parts.append('<p class="note">metrics.jsonl holds no loss, eval loss or learning rate '
                      f'({"it is missing" if not metrics else f"{len(metrics):,} records without them"}).</p>')
     return parts
+
+
+def _rewards_html(metrics: list) -> list[str]:
+    """A preference run's rewards (TRL's names), first and last logged step: one table, or nothing."""
+    curves = {name: metric_curve(metrics, name) for name in REWARD_METRICS}
+    shown = [name for name in REWARD_METRICS if curves[name]]
+    if "rewards/accuracies" not in shown:
+        return []
+    rows = "".join(f"<tr><td>{html.escape(name)}</td><td class=num>{curves[name][0][1]:.4f}</td>"
+                   f"<td class=num>{curves[name][-1][1]:.4f}</td></tr>" for name in shown)
+    first, last = curves["rewards/accuracies"][0][0], curves["rewards/accuracies"][-1][0]
+    return [f"<table><tr><th>preference metric</th><th class=num>step {first}</th><th class=num>step {last}</th></tr>{rows}</table>"]
 
 
 def _replies_html(diagnosis: Diagnosis) -> list[str]:

@@ -53,10 +53,12 @@ def format_value(value: Any) -> str:
 
 
 def _memfit_train_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
+    from memfit.spec import ADAPTER_METHODS
+
     config = record["config"]
     spec = record.get("spec") if isinstance(record.get("spec"), dict) else {}
     knobs = {**{k: config.get(k) for k in HEADLINE_KNOBS if k in config}, **spec}
-    adapters = knobs.get("method") in ("lora", "qlora")
+    adapters = knobs.get("method") in ADAPTER_METHODS
     rows = [("model", _model_text(config))]
     setup = record.get("setup") if isinstance(record.get("setup"), dict) else {}
     if isinstance(setup.get("total_params"), int):

@@ -19,12 +19,16 @@ for folder in ("models", "train"):
 
 from hub_repos import point_at  # noqa: E402
 from local_hub import LocalHub  # noqa: E402
-from trainer_helpers import DEMO_DATA  # noqa: E402
+from trainer_helpers import DEMO_DATA, REPO  # noqa: E402
+
+DEMO_PAIRS = REPO / "src" / "memfit" / "assets" / "data" / "tiny-preferences.jsonl"
 
 #: Chat records in data/train.jsonl and data/test.jsonl (splits named by the files, as datasets infers them).
 CHAT = "memfit-test/tiny-chat"
 #: Question/answer pairs in Parquet: two subsets (easy, hard) declared in the README, split train_sft.
 PAIRS = "memfit-test/qa-pairs"
+#: Preference pairs (TRL's prompt / chosen / rejected, message lists) in Parquet: the shipped demo's first 48.
+PREFERENCES = "memfit-test/tiny-preferences"
 #: The chat records again, gated (granted to GRANTED_TOKEN).
 GATED_DATA = "memfit-test/gated-chat"
 GRANTED_TOKEN = "hf_granted_token"
@@ -46,6 +50,11 @@ configs:
 
 def demo_rows(count: int, start: int = 0) -> list[dict]:
     lines = DEMO_DATA.read_text(encoding="utf-8").splitlines()[start:start + count]
+    return [json.loads(line) for line in lines]
+
+
+def demo_pairs(count: int) -> list[dict]:
+    lines = DEMO_PAIRS.read_text(encoding="utf-8").splitlines()[:count]
     return [json.loads(line) for line in lines]
 
 
@@ -80,6 +89,7 @@ def add_dataset_repos(server: LocalHub) -> dict[str, str]:
         CHAT: server.add_commit(CHAT, chat, repo_type="dataset"),
         PAIRS: server.add_commit(PAIRS, {"README.md": PAIRS_README, "easy/train_sft.parquet": parquet(pairs(40, "")),
                                          "hard/train_sft.parquet": parquet(pairs(40, "Think hard: "))}, repo_type="dataset"),
+        PREFERENCES: server.add_commit(PREFERENCES, {"data/train.parquet": parquet(demo_pairs(48))}, repo_type="dataset"),
         GATED_DATA: server.add_commit(GATED_DATA, chat, repo_type="dataset", gated=True, granted_tokens=(GRANTED_TOKEN,)),
     }
 

@@ -78,13 +78,23 @@ def render_chat(
     return full, spans
 
 
-def render_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> str:
-    """``messages`` rendered as at inference: the conversation so far and the assistant's
-    generation prompt, with the template training rendered them with (the tokenizer's own, else
-    :data:`DEFAULT_CHAT_TEMPLATE`). Raises :class:`ChatTemplateError` when the template fails."""
+def render_messages(tokenizer: Any, messages: list[dict[str, str]], add_generation_prompt: bool = False) -> str:
+    """``messages`` rendered with the tokenizer's chat template (or :data:`DEFAULT_CHAT_TEMPLATE`);
+    ``add_generation_prompt``: end with what opens an assistant turn (a prompt as the model sees it).
+
+    Raises:
+        ChatTemplateError: the template fails on these messages.
+    """
     try:
-        return _render(tokenizer, messages, add_generation_prompt=True)
+        return _render(tokenizer, messages, add_generation_prompt=add_generation_prompt)
     except ChatTemplateError:
         raise
     except Exception as exc:  # jinja2 errors, including raise_exception() calls inside templates
         raise ChatTemplateError(f"the chat template failed: {exc}") from exc
+
+
+def render_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> str:
+    """``messages`` rendered as at inference: the conversation so far and the assistant's
+    generation prompt, with the template training rendered them with (the tokenizer's own, else
+    :data:`DEFAULT_CHAT_TEMPLATE`). Raises :class:`ChatTemplateError` when the template fails."""
+    return render_messages(tokenizer, messages, add_generation_prompt=True)

@@ -6,7 +6,9 @@ Every record becomes one of three normalized forms:
   with ``"train_from": k`` when only the assistant turns from message ``k`` on are trained (a
   conversational prompt-completion record: its completion);
 - text: ``{"text": str, "source": where}``;
-- prompt-completion text: ``{"prompt": str, "completion": str, "source": where}``.
+- prompt-completion text: ``{"prompt": str, "completion": str, "source": where}``;
+- preference pair: ``{"pair": {"prompt", "chosen", "rejected", "chat"}, "source": where}``
+  (:mod:`memfit.train.data.pairs`).
 
 ``source`` names the file and line (or the dataset and row) the record came from, for later error
 messages. A source's ``columns`` (memfit field <- dataset column) are applied to each record before
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from memfit.train.data.errors import Problems
+from memfit.train.data.pairs import normalize_pair
 from memfit.train.data.readers import RawRecord, expand_paths, json_type_name, read_file
 
 # The keys that identify each format, in the order they are listed to users.
@@ -29,6 +32,8 @@ FORMAT_KEYS: dict[str, tuple[str, ...]] = {
     "text": ("text",),
     # TRL's prompt-completion: two strings, or two lists of messages (conversational).
     "prompt_completion": ("prompt", "completion"),
+    # TRL's preference formats: chosen / rejected with a prompt, or sharing it (implicit prompt).
+    "preference": ("chosen", "rejected"),
 }
 FORMATS = tuple(FORMAT_KEYS)
 ROLES = ("system", "user", "assistant")
@@ -46,8 +51,9 @@ def load_records(
             a list of them. JSON files hold a list of records; JSONL one record per line; CSV one
             record per row (alpaca, text and prompt-completion text only); Parquet and Arrow files
             are read through the ``datasets`` library.
-        format: ``alpaca``, ``sharegpt``, ``messages``, ``text``, ``prompt_completion`` or ``auto``
-            (detected from the keys of each file's first record; all files must agree).
+        format: ``alpaca``, ``sharegpt``, ``messages``, ``text``, ``prompt_completion``,
+            ``preference`` or ``auto`` (detected from the keys of each file's first record; all
+            files must agree).
         columns: memfit field <- the files' column, applied to every record first
             (``{"prompt": "question", "completion": "answer"}``).
 
@@ -333,4 +339,5 @@ _NORMALIZERS = {
     "messages": _normalize_messages,
     "text": _normalize_text,
     "prompt_completion": _normalize_prompt_completion,
+    "preference": normalize_pair,
 }

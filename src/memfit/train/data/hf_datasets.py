@@ -19,7 +19,6 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Any, Iterator
 
 from memfit.train.data.errors import DataError
 from memfit.train.data.sources import DataSource
@@ -73,14 +72,6 @@ def local_files(path: str | Path, name: str, *, streaming: bool = True):
         raise DataError(f"{name}: {path} holds files of several types ({', '.join(kinds)}); a stream reads one type: "
                         "give each type as a source of its own")
     return datasets.load_dataset(BUILDERS[kinds[0]], data_files=[str(p) for p in files], split="train", streaming=streaming)
-
-
-def read_rows(path: Path, kind: str) -> Iterator[dict[str, Any]]:
-    """The rows of one local Parquet or Arrow file, read through ``datasets``. Raises ImportError
-    when ``datasets`` is not installed, and what the reader raises for a damaged file."""
-    import datasets
-
-    yield from datasets.load_dataset(BUILDERS[kind], data_files=[str(path)], split="train", streaming=True)
 
 
 def _saved_split(saved, source: DataSource, name: str, split: str):

@@ -7,8 +7,8 @@ JSON, JSON Lines and CSV are read here, not through ``datasets``: its JSON reade
 line by its row within a block of the file and a pyarrow message, not by the file's line; it
 refuses a column whose values change type before memfit can name the record and field; and it
 copies every file into its Arrow cache first. Parquet and Arrow files, whose types are fixed per
-column and whose damage is per file, are read through ``datasets``
-(:mod:`memfit.train.data.hf_datasets`), as is every file of a stream.
+column and whose damage is per file, are read through ``datasets`` (:func:`read_rows`), as is every
+file of a stream (:mod:`memfit.train.data.hf_datasets`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import csv
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from memfit.train.data.errors import Problems
 
@@ -148,9 +148,16 @@ def _read_csv(path: Path, problems: Problems) -> list[RawRecord]:
     return records
 
 
-def _read_columnar(path: Path, problems: Problems, kind: str) -> list[RawRecord]:
-    from memfit.train.data.hf_datasets import read_rows
+def read_rows(path: Path, kind: str) -> Iterator[dict[str, Any]]:
+    """The rows of one local Parquet or Arrow file (``kind``: parquet or arrow, the name of the
+    ``datasets`` builder too), read through ``datasets``. Raises ImportError when ``datasets`` is
+    not installed, and what the reader raises for a damaged file."""
+    import datasets
 
+    yield from datasets.load_dataset(kind, data_files=[str(path)], split="train", streaming=True)
+
+
+def _read_columnar(path: Path, problems: Problems, kind: str) -> list[RawRecord]:
     title = {"parquet": "Parquet", "arrow": "Arrow"}[kind]
     try:
         rows = list(read_rows(path, kind))

@@ -31,7 +31,7 @@ from memfit.train.data.formats import FORMATS
 #: Suffixes of data files: a name ending like this is a file, never a Hub dataset id.
 DATA_SUFFIXES = (".json", ".jsonl", ".ndjson", ".csv", ".parquet", ".arrow", ".txt", ".tsv", ".gz", ".zst")
 #: The record fields memfit reads, by format; ``columns`` maps dataset columns onto these.
-FIELDS = ("messages", "conversations", "instruction", "input", "output", "system", "text", "prompt", "completion")
+FIELDS = ("messages", "conversations", "instruction", "input", "output", "system", "text", "prompt", "completion", "chosen", "rejected")
 #: Files ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` write: a folder holding one is read
 #: with ``datasets.load_from_disk``.
 SAVED_DATASET_FILES = ("state.json", "dataset_dict.json")

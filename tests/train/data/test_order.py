@@ -1,4 +1,4 @@
-"""The order of in-memory examples: BatchIterator (memfit.train.data.batching)."""
+"""The order of in-memory examples: BatchIterator (memfit.train.data.order)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Examples into device batches: for the training step and for evaluation.
+"""A step's micro-batches: the next examples of the run's order, collated by the step, on the device.
 
 A micro-batch is made by the step's own ``collate`` (:meth:`memfit.step.builder.TrainingStep.collate`:
 padded rows, or every example in one row), so the trainer feeds the step exactly the layout the
@@ -13,12 +13,12 @@ from typing import Any, Callable
 
 import torch
 
-from memfit.step.batch import count_tokens, labelled_tokens, to_device
+from memfit.step.batch import count_tokens, to_device
 
 #: Examples -> one host batch (the step's collate with the tokenizer's padding id).
 Collate = Callable[[list], dict[str, Any]]
 
-__all__ = ["Collate", "count_step_tokens", "evaluate", "micro_batches", "to_device"]
+__all__ = ["Collate", "count_step_tokens", "micro_batches", "to_device"]
 
 
 def micro_batches(batches, grad_accum: int, collate: Collate, device: torch.device) -> list[dict[str, Any]]:
@@ -29,26 +29,3 @@ def micro_batches(batches, grad_accum: int, collate: Collate, device: torch.devi
 def count_step_tokens(batches: list[dict[str, Any]]) -> int:
     """Input tokens of a step's micro-batches, padding not counted."""
     return sum(count_tokens(b) for b in batches)
-
-
-@torch.no_grad()
-def evaluate(model, examples: list, batch_size: int, collate: Collate, device: torch.device, loss) -> float:
-    """Mean loss over every trained token of ``examples`` (dropout off, no gradients).
-
-    ``loss`` is the step's loss (:meth:`memfit.step.builder.TrainingStep.loss`); batches are made as
-    the step makes them.
-    """
-    was_training = model.training
-    model.eval()
-    total_loss = 0.0
-    total_tokens = 0
-    for start in range(0, len(examples), batch_size):
-        batch = to_device(collate(examples[start : start + batch_size]), device)
-        n = labelled_tokens(batch["labels"])
-        if n == 0:
-            continue
-        total_loss += float(loss(model, batch)) * n
-        total_tokens += n
-    if was_training:
-        model.train()
-    return total_loss / max(total_tokens, 1)

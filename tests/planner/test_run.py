@@ -1,10 +1,11 @@
-"""train --fit's search (memfit.planner.fit_run), with plans made up by the test: which splits it plans."""
+"""train --fit's search (memfit.planner.run.RunPlanner.fit), with plans made up by the test: which splits it plans."""
 
 from __future__ import annotations
 
-from memfit.planner import api
-from memfit.planner.fit_run import fit_run
+from memfit.planner import run
 from memfit.planner.report import MemoryPlan
+from memfit.planner.run import RunPlanner
+from memfit.planner.target import target_from_options
 from memfit.spec import upper_bound
 
 
@@ -23,13 +24,13 @@ def test_an_effective_batch_above_the_accumulation_bound_starts_at_the_smallest_
 
     def plan(model, **knobs):
         planned.append((knobs["batch_size"], knobs["grad_accum"]))
-        return _made_up_plan({k: v for k, v in knobs.items() if k not in ("gpu", "budget", "context_bytes")})
+        return _made_up_plan({k: v for k, v in knobs.items() if k != "target"})
 
-    monkeypatch.setattr(api, "plan", plan)
+    monkeypatch.setattr(run, "plan", plan)
     most = upper_bound("grad_accum")
     knobs = {"method": "lora", "batch_size": 4, "grad_accum": most, "seq_len": 64, "checkpointing": "on",
              "tiling": "off", "optimizer": "adamw"}
-    result = fit_run("made-up", knobs, budget="1TiB")
+    result = RunPlanner("made-up", target_from_options(None, "1TiB")).fit(knobs)
     assert result is not None
     assert planned and all(accum <= most for _, accum in planned)  # micro-batch 1 would accumulate 4 x the bound
     assert min(batch for batch, _ in planned) == 4 and all(b * a == 4 * most for b, a in planned)

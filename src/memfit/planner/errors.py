@@ -1,0 +1,16 @@
+"""The error the planner raises for bad input: every problem with the model, the knobs, the GPU or the budget."""
+
+from __future__ import annotations
+
+from memfit.spec import SpecError
+
+
+class PlanError(SpecError):
+    """Bad input for a plan (model, knobs, GPU or budget); every problem is listed."""
+
+    heading = "cannot plan this run"
+
+    def __init__(self, problems: list[str], heading: str | None = None):
+        if heading is not None:
+            self.heading = heading
+        super().__init__(problems)

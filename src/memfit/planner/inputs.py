@@ -1,0 +1,196 @@
+"""A plan's inputs resolved and validated: the model argument, every knob, the Target.
+
+Two halves. :func:`resolve` is cheap (no transformers, no torch): it resolves the model to its
+config, builds the :class:`~memfit.spec.RunSpec` and the :class:`~memfit.planner.target.Target`,
+and collects what is wrong with each alone. :func:`checked` raises those first, on their own, then
+runs the checks that need the model's architecture (transformers) and the knobs together. Inputs
+that passed are remembered in the plan cache, so the next time they pass without transformers.
+Every problem is a line naming the field, the value and the fix, all raised at once as one
+:class:`~memfit.planner.errors.PlanError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from memfit.models.catalog import ModelSource, model_type_problem, resolve_model, seq_len_problem
+from memfit.planner.errors import PlanError
+from memfit.planner.target import Target, resolve_target
+from memfit.spec import RunSpec, SpecError, make_spec
+
+
+@dataclass
+class Resolved:
+    """The model, knobs and target resolved without transformers or torch, with the problems found so far."""
+
+    knobs: dict[str, Any]
+    source: ModelSource | None
+    spec: RunSpec | None
+    target: Target
+    source_problems: list[str]
+    spec_problems: list[str]
+    target_problems: list[str]
+
+    @property
+    def has_problems(self) -> bool:
+        return bool(self.source_problems or self.spec_problems or self.target_problems)
+
+    @property
+    def problems(self) -> list[str]:
+        return self.source_problems + self.spec_problems + self.target_problems
+
+
+def resolve(model: str | dict, *, revision: str | None = None, gpu: str | None = None, budget: str | int | None = None,
+            target: Target | None = None, **knobs: Any) -> Resolved:
+    """The cheap half of :func:`validate`: resolve the model (its config), the knobs and the target
+    (``target``, or the one ``gpu`` / ``budget`` give), and collect what is wrong with each alone.
+    Imports neither transformers nor torch."""
+    if target is not None and (gpu is not None or budget is not None):
+        raise TypeError("give a Target or gpu / budget, not both")
+    source = spec = None
+    source_problems: list[str] = []
+    spec_problems: list[str] = []
+    try:
+        source = resolve_model(model, revision=revision)
+    except ValueError as err:
+        source_problems.append(f"model: {err}")
+    try:
+        spec = make_spec(**knobs)
+    except SpecError as err:
+        spec_problems.extend(err.problems)
+    target_problems: list[str] = []
+    if target is None:
+        target, target_problems = resolve_target(gpu, budget)
+    return Resolved(knobs, source, spec, target, source_problems, spec_problems, target_problems)
+
+
+def checked(resolved: Resolved, cache: bool = True) -> tuple[ModelSource, RunSpec, Target]:
+    """The other half of :func:`validate`: the checks that need the model's architecture (transformers)
+    and the knobs together; raise one PlanError listing every problem.
+
+    What the cheap half found (the model argument, a knob, the GPU, the budget) is raised first, on
+    its own, before transformers or torch is imported: those mistakes are reported in a fraction of
+    a second, and the checks that need the model's architecture run once they are fixed.
+
+    Inputs that passed are remembered in the plan cache (``cache``): the checks depend on nothing but
+    the model's config, the knobs and the code (all in the key), so the next time the same inputs
+    pass without importing transformers.
+    """
+    if resolved.has_problems:
+        raise PlanError(resolved.problems)
+    from memfit.planner import cache as plan_cache
+
+    key = validation_key(resolved) if cache else None
+    if key is not None and plan_cache.load("validated", key) is True:
+        return resolved.source, resolved.spec, resolved.target
+    source, spec = resolved.source, resolved.spec
+    problem = model_type_problem(source.config)
+    # Nothing more can be checked against a model transformers cannot build.
+    problems = [f"model: {problem}"] if problem else model_problems(source, spec)
+    if problems:
+        raise PlanError(problems)
+    if key is not None:
+        plan_cache.store("validated", key, True)
+    return source, spec, resolved.target
+
+
+def validate(model: str | dict, *, revision: str | None = None, gpu: str | None = None, budget: str | int | None = None,
+             target: Target | None = None, **knobs: Any) -> tuple[ModelSource, RunSpec, Target]:
+    """Check the model, every knob, the GPU and the budget (or ``target``); raise one PlanError
+    listing all problems (those found without transformers first, on their own: see :func:`checked`)."""
+    return checked(resolve(model, revision=revision, gpu=gpu, budget=budget, target=target, **knobs))
+
+
+def quick_problems(model: str | dict, *, revision: str | None = None, gpu: str | None = None,
+                   budget: str | int | None = None, target: Target | None = None, **knobs: Any) -> list[str]:
+    """The problems :func:`validate` finds without importing transformers or torch: the model
+    argument, each knob alone and together, the GPU, the budget (a fraction of a second)."""
+    return resolve(model, revision=revision, gpu=gpu, budget=budget, target=target, **knobs).problems
+
+
+def validation_key(resolved: Resolved) -> str | None:
+    """The cache key of what :func:`checked` checks (None when a cheap check failed already)."""
+    from memfit.planner import cache as plan_cache
+
+    if resolved.has_problems or not plan_cache.enabled():
+        return None
+    return plan_cache.make_key("validated", {"model": {"name": resolved.source.name, "config": resolved.source.config},
+                                             "spec": resolved.spec.model_dump(mode="json")})
+
+
+def validation_state(model: str | dict, *, revision: str | None = None, gpu: str | None = None,
+                     budget: str | int | None = None, target: Target | None = None, **knobs: Any) -> str:
+    """What is known of these inputs without importing transformers: ``"problems"`` (a check that
+    needs no model failed: :func:`validate` will say which), ``"validated"`` (they passed
+    :func:`validate` before, with this code and these libraries: the plan cache remembers it, and
+    the plans to come may be there too), or ``"unknown"``."""
+    from pathlib import Path
+
+    from memfit.planner import cache as plan_cache
+
+    if isinstance(model, str) and "/" in model and not Path(model).expanduser().exists():
+        return "unknown"  # a Hub id: resolving it asks the Hub, which validate() is about to do anyway
+    resolved = resolve(model, revision=revision, gpu=gpu, budget=budget, target=target, **knobs)
+    if resolved.has_problems:
+        return "problems"
+    key = validation_key(resolved)
+    return "validated" if key is not None and plan_cache.load("validated", key) is True else "unknown"
+
+
+def model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
+    """Problems that need both the model and the knobs (cheap: the config only, no model build)."""
+    from memfit.models.build import make_config
+    from memfit.step.attention import batch_layout
+
+    problems = []
+    try:
+        batch_layout(spec, make_config(source.config))  # packing needs attention kept inside each example
+    except ValueError as err:
+        problems.append(str(err))
+    too_long = seq_len_problem(source.name, source.config, spec.seq_len)
+    if too_long:
+        problems.append(too_long)
+    targets = targets_problem(source.config, spec)
+    if targets:
+        problems.append(targets)
+    if spec.base_bits is not None or spec.optimizer in ("adamw8bit", "paged-adamw8bit"):
+        import importlib.util
+
+        if importlib.util.find_spec("bitsandbytes") is None:
+            what = f"--method {spec.method}" if spec.base_bits is not None else f"--optimizer {spec.optimizer}"
+            problems.append(f"{what} needs bitsandbytes, which is not installed: pip install 'memfit[qlora]'")
+    if spec.gpus > 1:
+        from memfit.planner.sharding import mode_problems
+
+        problems.extend(mode_problems(spec.shard, spec.gpus, spec.optimizer))
+    return problems
+
+
+def targets_problem(config: dict[str, Any], spec: RunSpec, spelling: str = "flag") -> str | None:
+    """Why LoRA ``targets`` or ``modules_to_save`` cannot apply to the model (a target that matches no
+    linear layer of its decoder, a module to save that matches no module or that LoRA adapts), or
+    None. One decoder layer is built on ``meta`` (no memory) and asked, as the trainer's
+    :func:`memfit.step.prepare.check_targets` and :func:`~memfit.step.prepare.check_modules_to_save`
+    ask the real model; ``spelling`` as for :func:`memfit.spec.make_spec`."""
+    from memfit.spec import ALL_LINEAR
+
+    if not spec.uses_adapters or (spec.targets == (ALL_LINEAR,) and not spec.modules_to_save):
+        return None
+    from memfit.models.build import DTYPES, build_meta_model, make_config
+    from memfit.models.errors import ModelBuildError
+    from memfit.planner.simulate import _quiet
+    from memfit.step.prepare import check_modules_to_save, check_targets
+
+    try:
+        with _quiet():
+            model = build_meta_model(make_config(config, num_layers=1), DTYPES[spec.weight_precision])
+    except ModelBuildError as err:
+        return str(err)
+    problems = []
+    for check in (check_targets, check_modules_to_save):
+        try:
+            check(model, spec, spelling)
+        except ModelBuildError as err:
+            problems.append(str(err))
+    return "; ".join(problems) or None

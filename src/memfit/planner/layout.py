@@ -1,0 +1,137 @@
+"""What a model's states take, before any step runs: its parameter layout, and the floor under any plan.
+
+:func:`param_layout` builds one period of decoder layers on ``meta``, prepared as the trainer
+prepares them, and counts the bytes of every parameter (the sharding arithmetic divides them
+among ranks). :func:`memory_lower_bound` adds up what the model's states alone need (weights,
+gradients, optimizer states): a floor under any plan of full fine-tuning on one GPU, which lets
+``memfit fit`` rule a setting out without simulating it (:func:`proven_over_budget`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from memfit.planner.inputs import resolve
+from memfit.planner.runtime import runtime_overhead
+from memfit.planner.target import Target
+from memfit.spec import RunSpec
+
+
+_LAYOUT_CACHE: dict[tuple, Any] = {}
+
+
+def param_layout(config: dict[str, Any], spec: RunSpec):
+    """The model's parameter shapes and per-layer bytes (:class:`memfit.planner.sharding.ParamLayout`).
+
+    One period of decoder layers is built on ``meta`` and prepared as the trainer prepares it
+    (4-bit packing for QLoRA, LoRA adapters), so the bytes are those of the real parameters; the
+    decoder layers are then counted as often as the full depth repeats them.
+    """
+    key = (json.dumps(config, sort_keys=True, default=str), spec.method, spec.rank, tuple(spec.targets), spec.weight_precision,
+           spec.dora, tuple(spec.modules_to_save))
+    cached = _LAYOUT_CACHE.get(key)
+    if cached is not None:
+        return cached
+    from memfit.models.build import DTYPES, build_meta_model, layer_period, make_config
+    from memfit.models.layers import decoder_layers
+    from memfit.planner.sharding import ParamGroup, ParamLayout
+    from memfit.planner.simulate import _quiet, bitsandbytes_only_if_used
+    from memfit.step.prepare import prepare_for_method
+
+    full = make_config(config)
+    num_layers = int(full.num_hidden_layers)
+    period = max(layer_period(full), 1)
+    sampled = min(period, num_layers)
+    layer_spec = spec.model_copy(update={"checkpointing": "off", "gpus": 1, "shard": "none"})
+    with _quiet(), bitsandbytes_only_if_used(layer_spec):
+        model = prepare_for_method(build_meta_model(make_config(config, num_layers=sampled), DTYPES[spec.weight_precision]), layer_spec)
+    layers = decoder_layers(model)
+    in_layer = {}
+    for index, layer in enumerate(layers):
+        for p in layer.parameters():
+            in_layer[id(p)] = index
+    # How many decoder layers of the full depth each sampled layer stands for.
+    repeats = [len(range(i, num_layers, sampled)) for i in range(sampled)]
+    groups, layer_bytes, layer_grads = [], [0] * sampled, [0] * sampled
+    root_bytes = root_grads = 0
+    for p in model.parameters():
+        nbytes = p.numel() * p.element_size()
+        dim0 = int(p.shape[0]) if p.dim() > 0 else 1
+        index = in_layer.get(id(p))
+        count = repeats[index] if index is not None else 1
+        # The trainer keeps quantized weights (packed 4-bit, int8) whole on every rank, outside FSDP (never gathered).
+        whole = type(p).__name__ in ("Params4bit", "Int8Params")
+        groups.append(ParamGroup(dim0=dim0, row_bytes=nbytes // max(dim0, 1), trainable=p.requires_grad, count=count, sharded=not whole))
+        if whole:
+            continue
+        if index is None:
+            root_bytes += nbytes
+            root_grads += nbytes if p.requires_grad else 0
+        else:
+            layer_bytes[index] += nbytes
+            layer_grads[index] += nbytes if p.requires_grad else 0
+    largest = max(range(sampled), key=layer_bytes.__getitem__)
+    layout = ParamLayout(groups=tuple(groups), layer_param_bytes=layer_bytes[largest], layer_grad_bytes=layer_grads[largest],
+                         root_param_bytes=root_bytes, root_grad_bytes=root_grads)
+    _LAYOUT_CACHE[key] = layout
+    return layout
+
+
+#: Bytes an optimizer keeps per trainable element at least: AdamW two states in the parameter's
+#: dtype (counted from the bytes, see memory_lower_bound); bitsandbytes' 8-bit AdamW two uint8
+#: states (plus block absmax), or two fp32 states for tensors too small to quantize: 2 at least.
+_STATE_BYTES_PER_ELEMENT_AT_LEAST = {"adamw8bit": 2, "paged-adamw8bit": 2, "sgd": 0}
+
+
+def memory_lower_bound(config: dict[str, Any], spec: RunSpec, context_bytes: int) -> int | None:
+    """A floor under what any plan of ``spec`` needs: device total plus paged optimizer states.
+
+    Worked out only where it is easy to prove, full fine-tuning on one GPU: every parameter is on
+    the device and trained. When the second simulated step's optimizer step starts, every weight,
+    every gradient (unless the step runs in backward, which frees each at once) and every optimizer
+    state exist together, so the allocated peak is at least their sum, whatever the activations; the
+    device total adds the CUDA context to reserved memory, which is at least allocated. Paged states
+    are outside the device total but the search counts them beside it, so the sum covers them too.
+    Bytes are counted from the parameter layout (:func:`param_layout`, one period of layers on
+    ``meta``: cheap), without the 512-byte rounding of allocations, so the floor stays below.
+    None where no floor is worked out (LoRA, QLoRA, several GPUs).
+    """
+    if spec.method != "full" or spec.gpus != 1 or spec.shard != "none":
+        return None
+    layout = param_layout(config, spec)
+    weights = layout.total_bytes(trainable=True) + layout.total_bytes(trainable=False)
+    gradients = 0 if spec.step_in_backward else layout.total_bytes(trainable=True)
+    if spec.optimizer == "adamw":
+        states = 2 * layout.total_bytes(trainable=True)  # exp_avg and exp_avg_sq, in the parameter's dtype
+    else:
+        itemsize = {"fp32": 4}.get(spec.weight_precision, 2)
+        states = _STATE_BYTES_PER_ELEMENT_AT_LEAST[spec.optimizer] * (layout.total_bytes(trainable=True) // itemsize)
+    return weights + gradients + states + context_bytes
+
+
+def proven_over_budget(model: str | dict, *, revision: str | None = None, gpu: str | None = None,
+                       budget: str | int | None = None, target: Target | None = None, context_bytes: int | None = None,
+                       deepspeed: Any = None, **knobs: Any) -> bool:
+    """True when the plan of these arguments (:func:`memfit.planner.api.plan`'s) cannot fit its GPU,
+    budget or ``target``, proven by :func:`memory_lower_bound` without a simulation; False when it may
+    fit, or nothing is proven (the floor is worked out for one GPU, where ``deepspeed`` never applies)."""
+    from memfit.planner import cache as plan_cache
+
+    resolved = resolve(model, revision=revision, gpu=gpu, budget=budget, target=target, **knobs)
+    if resolved.has_problems or resolved.target.memory_bytes is None:
+        return False
+    if context_bytes is None:
+        context_bytes = resolved.target.context_bytes
+    context = runtime_overhead(resolved.target.arch, context_bytes=context_bytes).context_bytes
+    # The floor is kept in the plan cache: working it out builds a layer on meta (torch, transformers),
+    # which a search answered from the cache would otherwise import for this alone.
+    key = plan_cache.make_key("floor", {"config": resolved.source.config, "spec": resolved.spec.model_dump(mode="json"),
+                                        "context_bytes": context}) if plan_cache.enabled() else None
+    stored = plan_cache.load("floor", key)
+    if isinstance(stored, dict) and set(stored) == {"bytes"}:
+        floor = stored["bytes"]
+    else:
+        floor = memory_lower_bound(resolved.source.config, resolved.spec, context)
+        plan_cache.store("floor", key, {"bytes": floor})
+    return floor is not None and floor > resolved.target.memory_bytes

@@ -1,0 +1,109 @@
+"""``memfit ui``: start the page's server, print its address, serve until Ctrl-C."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from memfit.errors import UserError, cli_errors
+
+DEFAULT_PORT = 7860
+DEFAULT_HOST = "127.0.0.1"
+
+
+class ServeError(UserError):
+    """An address the page cannot be served on."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is reachable from this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def open_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0: any free port), or a :class:`ServeError` that
+    says why not and what to use instead."""
+    if not 0 <= port <= 65535:
+        raise ServeError(f"--port: {port} is not a port number; use 1 to 65535 (e.g. --port {DEFAULT_PORT}), or 0 for any free port.")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise ServeError(f"--host: {host!r} is not an address of this machine ({err.strerror}); use e.g. --host {DEFAULT_HOST}.") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as err:
+        sock.close()
+        if err.errno in (98, 48):  # EADDRINUSE on Linux, macOS
+            raise ServeError(f"--port: {port} is in use on {host}; choose another (e.g. --port {port + 1}), or --port 0 for any free port.") from None
+        raise ServeError(f"--host {host} --port {port}: cannot listen there ({err.strerror}); use e.g. --host {DEFAULT_HOST}.") from None
+    sock.listen(128)
+    return sock
+
+
+def page_url(sock: socket.socket, host: str) -> str:
+    port = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}/"
+
+
+@cli_errors
+def ui_command(
+    port: int = typer.Option(DEFAULT_PORT, "--port", help="Port to serve the page on (0: any free port)."),
+    host: str = typer.Option(DEFAULT_HOST, "--host", help="Address to listen on. The default keeps the page to this machine; "
+                                                          "another address makes it reachable from the network, with no password."),
+    open_browser: bool = typer.Option(False, "--open", help="Open the page in the default web browser."),
+    run: Optional[Path] = typer.Option(None, "--run", help="A run folder (memfit train's output_dir) to show against its plan."),
+) -> None:
+    """Plan, fit and compare on a local web page: the planner behind a browser form.
+
+    The page answers from the same API as `memfit plan` and `memfit fit` (its /api/plan and
+    /api/fit return their --json output). Exit code 2: a bad --port, --host or --run."""
+    import sys
+    import tempfile
+
+    from memfit.ui.runs import check_run_folder
+
+    run_dir = check_run_folder(run) if run is not None else None  # a bad folder: one line, before the server starts
+    try:
+        import starlette  # noqa: F401
+        import uvicorn
+    except ImportError as err:
+        raise ServeError(f"memfit ui needs {err.name}, which is not installed: pip install starlette uvicorn.") from None
+    sock = open_socket(host, port)
+    url = page_url(sock, host)
+    if not is_loopback(host):
+        typer.secho(f"warning: memfit ui listens on {host}: anyone who can reach this machine on port {sock.getsockname()[1]} "
+                    f"can use the page and make the server plan (no password, no TLS). Use --host {DEFAULT_HOST} to keep "
+                    "it to this machine.", fg="yellow", bold=True, err=True)
+    from memfit.ui.app import create_app
+    from memfit.ui.service import PlannerService
+
+    service = PlannerService()
+    service.warm()
+    app = create_app(service, run_dir=run_dir)
+    print(f"memfit ui: {url}  (Ctrl-C to stop)", flush=True)
+    if open_browser:
+        import webbrowser
+
+        webbrowser.open(url)
+    # The page names models, never paths; an empty working folder makes sure that a name which also
+    # reads as a relative path (a Hub id's org/name) can never reach the files beside the user.
+    with tempfile.TemporaryDirectory(prefix="memfit-ui-") as empty:
+        import os
+
+        os.chdir(empty)
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+        uvicorn.Server(config).run(sockets=[sock])
+    sys.stdout.flush()

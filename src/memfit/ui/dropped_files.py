@@ -1,0 +1,30 @@
+"""What every file dropped on the page is checked against: its size and the name it is kept under,
+and the error that says what is wrong with it. A module of its own so that the readers of dropped
+files (:mod:`memfit.ui.uploads`, :mod:`memfit.ui.tool_configs`, :mod:`memfit.ui.runs`) and the
+page's parameters (:mod:`memfit.ui.params`) share them without importing each other.
+"""
+
+from __future__ import annotations
+
+from memfit.errors import UserError
+
+#: The largest file the page takes (a config.json is a few KiB; a run's memory.jsonl a few hundred).
+MAX_UPLOAD_BYTES = 1 << 20
+#: What the name a dropped config is kept under starts with (twelve hex digits of its content follow).
+UPLOAD_PREFIX = "upload-"
+
+
+class UploadError(UserError, ValueError):
+    """A dropped file the page cannot use; the message names the file and the fix."""
+
+
+def is_upload_name(model: str) -> bool:
+    """Whether ``model`` names a dropped config (``upload-`` and twelve hex digits)."""
+    digits = model[len(UPLOAD_PREFIX):]
+    return model.startswith(UPLOAD_PREFIX) and len(digits) == 12 and all(c in "0123456789abcdef" for c in digits)
+
+
+def check_size(data: bytes, filename: str) -> None:
+    """Refuse a file over :data:`MAX_UPLOAD_BYTES` (the body is read no further than that)."""
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise UploadError(f"{filename}: more than {MAX_UPLOAD_BYTES // 2**20} MiB; the page takes files up to that size.")
