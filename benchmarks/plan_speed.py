@@ -53,6 +53,20 @@ COLD_LORA = ("llama-3.1-8b", dict(method="lora"))
 COLD_LORA_GOAL_S = 4.0
 
 
+_FILE_HEADER = {
+    "benchmark": "plan_speed",
+    "command": "python benchmarks/plan_speed.py --label LABEL",
+    "notes": (
+        "warm: memfit.plan() in a process that has already planned once (imports done), with the simulation caches "
+        "(in-process and on disk) cleared before each run; cold_cli: a new `python -m memfit plan ... --json` "
+        "process with an empty plan cache (imports and the simulation); cold_cli_cached: the same command again, "
+        "its plan on disk; import_floor: a new process that imports only what a LoRA plan must (the planner, the "
+        "model's transformers module, PEFT), run before each cold LoRA process. The machine is shared: timings are "
+        "noisy, see load_average_1_5_15_min."
+    ),
+}
+
+
 def _cli_args(model: str, knobs: dict) -> list[str]:
     args = [model]
     for key, value in knobs.items():
@@ -78,6 +92,20 @@ def cold_runs(model: str, knobs: dict, repeats: int) -> tuple[list[float], list[
     return empty, cached
 
 
+#: What a LoRA plan of a Llama model must import, and nothing else: the planner, the model's
+#: transformers module and PEFT (bitsandbytes kept out, as the planner keeps it out of LoRA plans).
+#: A new process doing only this is the floor under a cold `memfit plan ... --method lora`.
+IMPORT_FLOOR = ("import sys; import memfit.planner.simulate, transformers.models.llama.modeling_llama; "
+                "sys.modules['bitsandbytes'] = None; import peft")
+
+
+def floor_seconds() -> float:
+    """One new process importing :data:`IMPORT_FLOOR`: seconds."""
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", IMPORT_FLOOR], check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
 def _import_seconds(modules: str) -> float:
     t0 = time.perf_counter()
     subprocess.run([sys.executable, "-c", f"import {modules}"], check=True, capture_output=True)
@@ -91,11 +119,19 @@ def main() -> None:
     parser.add_argument("--cold-repeats", type=int, default=1, help="new processes per case (the median is reported)")
     parser.add_argument("--lora-repeats", type=int, default=3, help="new processes for the cold LoRA command")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "plan_speed.json")
+    parser.add_argument("--cold-lora-only", action="store_true",
+                        help="only the cold LoRA command and the import floor, kept under LABEL-cold-lora")
     args = parser.parse_args()
     load_before = os.getloadavg()
 
-    # The cold LoRA command first, while this process holds no memory worth mentioning.
-    lora_empty, lora_cached = cold_runs(*COLD_LORA, args.lora_repeats)
+    # The cold LoRA command first, while this process holds no memory worth mentioning; each new
+    # process beside one that only imports what it must (the floor), so that both see the same load.
+    lora_empty, lora_cached, floors = [], [], []
+    for _ in range(args.lora_repeats):
+        floors.append(floor_seconds())
+        empty, cached = cold_runs(*COLD_LORA, 1)
+        lora_empty += empty
+        lora_cached += cached
     cold_lora = {
         "command": "python -m memfit plan " + " ".join(_cli_args(*COLD_LORA)) + " --json",
         "empty_cache_seconds_median": round(statistics.median(lora_empty), 3),
@@ -104,9 +140,21 @@ def main() -> None:
         "cached_seconds": [round(s, 3) for s in lora_cached],
         "goal_seconds": COLD_LORA_GOAL_S,
         "empty_cache_meets_goal": statistics.median(lora_empty) <= COLD_LORA_GOAL_S,
+        "import_floor": IMPORT_FLOOR,
+        "import_floor_seconds_median": round(statistics.median(floors), 3),
+        "import_floor_seconds": [round(s, 3) for s in floors],
+        "empty_cache_over_floor_seconds": round(statistics.median(lora_empty) - statistics.median(floors), 3),
     }
     print(f"cold `{cold_lora['command']}`: empty cache {cold_lora['empty_cache_seconds_median']:.2f} s, "
-          f"cached {cold_lora['cached_seconds_median']:.2f} s", flush=True)
+          f"cached {cold_lora['cached_seconds_median']:.2f} s, import floor {cold_lora['import_floor_seconds_median']:.2f} s",
+          flush=True)
+    if args.cold_lora_only:
+        write_labeled_run(args.out, args.label + "-cold-lora", {
+            "memfit": memfit_source(), "machine": describe_machine(),
+            "load_average_1_5_15_min": {"start": [round(x, 2) for x in load_before], "end": [round(x, 2) for x in os.getloadavg()]},
+            "cold_lora": cold_lora}, _FILE_HEADER)
+        shutil.rmtree(_CACHE_ROOT, ignore_errors=True)
+        return
 
     started = time.perf_counter()
     import memfit
@@ -155,16 +203,7 @@ def main() -> None:
         "cold_lora": cold_lora,
         "cases": cases,
     }
-    out = write_labeled_run(args.out, args.label, run, {
-        "benchmark": "plan_speed",
-        "command": "python benchmarks/plan_speed.py --label LABEL",
-        "notes": (
-            "warm: memfit.plan() in a process that has already planned once (imports done), with the simulation caches "
-            "(in-process and on disk) cleared before each run; cold_cli: a new `python -m memfit plan ... --json` "
-            "process with an empty plan cache (imports and the simulation); cold_cli_cached: the same command again, "
-            "its plan on disk. The machine is shared: timings are noisy, see load_average_1_5_15_min."
-        ),
-    })
+    out = write_labeled_run(args.out, args.label, run, _FILE_HEADER)
     shutil.rmtree(_CACHE_ROOT, ignore_errors=True)
     print(f"wrote {args.out} (runs: {', '.join(out['runs'])})")
 

@@ -491,7 +491,12 @@ def _search_method(planner: _Planner, method: str, effective_batch: int) -> tupl
     fits: list[Fit] = []
     misses: list[Miss] = []
     options = micro_batches(effective_batch)
-    for checkpointing in CHECKPOINTING_FAST_FIRST:
+    for position, checkpointing in enumerate(CHECKPOINTING_FAST_FIRST):
+        if position and len(options) > 1:
+            whole = _whole_batch_at_once(planner, method, checkpointing, effective_batch)
+            if whole is not None:
+                fits.append(Fit(spec=whole.spec, plan=whole))
+                break
         chosen = None
         # 32-bit AdamW first (exact); then lighter states, leanest last.
         for optimizer in planner.optimizers[method][::-1]:
@@ -518,6 +523,28 @@ def _search_method(planner: _Planner, method: str, effective_batch: int) -> tupl
         if best.spec["batch_size"] == options[-1]:
             break
     return fits, misses
+
+
+def _whole_batch_at_once(planner: _Planner, method: str, checkpointing: str, effective_batch: int) -> MemoryPlan | None:
+    """The plan of the whole effective batch in one micro-batch with the optimizer the search tries
+    first, when it fits; else None (one plan made, or none when that optimizer is ruled out).
+
+    Once a faster setting has been planned, a slower one (more checkpointing) usually fits the whole
+    batch at once, and then it is the answer :func:`_search_method` reaches from micro-batch 1 in
+    several plans: that optimizer fits at micro-batch 1 too (memory grows with the micro-batch), the
+    largest micro-batch is the whole batch, and no optimizer of this setting misses. When it does
+    not fit, the search goes on from micro-batch 1 as if this plan had not been made.
+    """
+    for optimizer in planner.optimizers[method][::-1]:
+        if mode_problems(planner.base.get("shard", "none"), planner.base.get("gpus", 1), optimizer):
+            continue
+        knobs = dict(method=method, optimizer=optimizer, checkpointing=checkpointing, batch_size=effective_batch, grad_accum=1)
+        # Only the first optimizer the search would plan: a leaner one would leave misses to report.
+        if planner.cannot_fit(**knobs):
+            return None
+        candidate = planner(**knobs)
+        return candidate if candidate.fits else None
+    return None
 
 
 def expected_plans(methods: int, effective_batch: int, *, longest: bool = True) -> int:
