@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from memfit.json_form import JsonForm
 from memfit.step.labels import IGNORE_INDEX
 from memfit.train.data.chat import ChatTemplateError, render_messages
 from memfit.train.data.errors import DataError, Problems
@@ -153,7 +154,7 @@ def _messages(raw: RawRecord, problems: Problems, turns: list, name: str) -> lis
 
 
 @dataclass
-class PairStats:
+class PairStats(JsonForm):
     """What tokenizing pairs to ``seq_len`` did, for the run summary."""
 
     pairs: int = 0
