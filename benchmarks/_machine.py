@@ -123,6 +123,16 @@ def run_json_child(command: list[str], *, prefix: str = "", timeout_s: float | N
     return {**json.loads(results[-1]), "wall_seconds": wall}
 
 
+def write_results(path: Path, data: dict) -> Path:
+    """Write a results file as indented JSON, whole or not at all (memfit's own atomic write); its
+    folder is made if missing."""
+    from memfit.files import write_atomic
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_atomic(path, json.dumps(data, indent=2) + "\n")
+
+
 def write_labeled_run(path: Path, label: str, run: dict, header: dict) -> dict:
     """Keep ``run`` under ``label`` in the results file ``path``, beside the other labels' runs
     (``before``, ``after``...), with ``header`` (benchmark, command, notes) on top; returns the file's

@@ -21,7 +21,6 @@ hung, or ended with another exit code than the documented one, 0 otherwise.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shlex
@@ -328,14 +327,11 @@ def total_line(s: dict) -> str:
 
 def write_results(path: Path, outcomes: list[Outcome], command: str) -> None:
     sys.path.insert(0, str(BENCH))
-    from _machine import memfit_source
+    from _machine import memfit_source, write_results
 
     data = {"benchmark": "bad_inputs", "command": command, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "memfit": memfit_source(), "summary": summary(outcomes), "cases": [asdict(o) for o in outcomes]}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_results(path, data)
 
 
 def main(argv: list[str] | None = None) -> int:

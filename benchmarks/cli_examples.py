@@ -26,7 +26,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 RESULTS = BENCH / "results" / "cli_examples.json"
 sys.path.insert(0, str(BENCH))
-from _machine import describe_machine, memfit_source  # noqa: E402
+from _machine import describe_machine, memfit_source, write_results  # noqa: E402
 
 #: name -> the command's arguments ({run}: an output folder in the temporary working folder).
 EXAMPLES = {
@@ -93,9 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         examples[name] = record
         failed |= record["exit_code"] != 0
         print(f"{name}: exit {record['exit_code']}, {record['wall_seconds']} s")
-    tmp = RESULTS.with_name(RESULTS.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, RESULTS)
+    write_results(RESULTS, data)
     print(f"wrote {RESULTS.relative_to(REPO)}")
     return 1 if failed else 0
 

@@ -11,8 +11,6 @@ peak (``state_bytes``, and per parameter): 8 a parameter in pure bf16, 16 in bf1
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -21,7 +19,7 @@ BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results" / "precision_plans.json"
 sys.path.insert(0, str(BENCH))
 import _memfit_api as memfit_api  # noqa: E402
-from _machine import describe_machine, memfit_source  # noqa: E402
+from _machine import describe_machine, memfit_source, write_results  # noqa: E402
 
 MODEL = "llama-3.1-8b"
 #: (method, precision), in the order docs/plan.md lists them.
@@ -50,10 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{rows[-1]['command']}: device total {rows[-1]['peak']['device_total_bytes']:,} B", flush=True)
     data = {"benchmark": "precision_plans", "model": MODEL, "plans": rows, "wall_seconds": round(time.perf_counter() - started, 1),
             "machine": describe_machine(), "memfit": memfit_source(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    out = Path(args.out)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, out)
+    out = write_results(Path(args.out), data)
     print(f"wrote {out}")
     return 0
 

@@ -44,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import merge_vs_peft  # noqa: E402
 import train_vs_hf  # noqa: E402
-from _machine import memfit_source  # noqa: E402
+from _machine import memfit_source, write_results  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -250,10 +250,7 @@ def main(argv=None) -> int:
         ],
     }
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    os.replace(tmp, out)
+    write_results(out, payload)
     print(json.dumps(checks, indent=2))
     print(f"wrote {out} ({payload['wall_s']:.0f} s)")
     return 0 if all(checks.values()) else 1

@@ -12,7 +12,6 @@ shared machine the same suite takes several times longer, and the load says how 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -25,7 +24,7 @@ BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
 RESULTS = BENCH / "results" / "test_suite.json"
 sys.path.insert(0, str(BENCH))
-from _machine import describe_machine, memfit_source  # noqa: E402
+from _machine import describe_machine, memfit_source, write_results  # noqa: E402
 
 
 def junit_tests(path: Path) -> list[dict]:
@@ -65,10 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             "slowest": sorted(tests, key=lambda t: -t["seconds"])[:40],
             "load_average_1_5_15_min": {"start": [round(x, 2) for x in load_before], "end": [round(x, 2) for x in load_after]},
             "machine": describe_machine(), "memfit": memfit_source(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    out = Path(args.out)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, out)
+    out = write_results(Path(args.out), data)
     print(f"{len(tests)} tests in {wall / 60:.1f} min (exit {done.returncode}); wrote {out}")
     return done.returncode
 
