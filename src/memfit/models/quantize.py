@@ -12,6 +12,7 @@ bitsandbytes is imported only here, and only when called.
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import torch
 from torch import nn
@@ -42,14 +43,9 @@ def is_quantized_linear(module: nn.Module) -> bool:
     return is_linear4bit(module) or is_linear8bit(module)
 
 
-def quantize_linears_on_meta(model: nn.Module, compute_dtype: torch.dtype) -> int:
-    """Swap every linear layer of the decoder blocks for a bitsandbytes NF4 ``Linear4bit`` (on meta).
-
-    This is the set transformers quantizes for ``load_in_4bit`` (every linear except the output
-    head). Returns the number of layers swapped.
-    """
-    import bitsandbytes as bnb
-
+def _swap_decoder_linears(model: nn.Module, quantized: Callable[[nn.Linear], nn.Module]) -> int:
+    """Replace every ``nn.Linear`` of the decoder blocks (the set transformers quantizes: all but
+    the output head) by ``quantized(linear)``, built on meta. Returns the number swapped."""
     swapped = 0
     for block in decoder_layers(model):
         for name, module in list(block.named_modules()):
@@ -58,23 +54,39 @@ def quantize_linears_on_meta(model: nn.Module, compute_dtype: torch.dtype) -> in
             parent_name, _, child = name.rpartition(".")
             parent = block.get_submodule(parent_name) if parent_name else block
             with torch.device("meta"):
-                q = bnb.nn.Linear4bit(
-                    module.in_features,
-                    module.out_features,
-                    bias=module.bias is not None,
-                    compute_dtype=compute_dtype,
-                    compress_statistics=True,
-                    quant_type="nf4",
-                    quant_storage=torch.uint8,
-                )
-            # Hold the packed shape already, so that materialising the model never allocates the
-            # dense weights of every layer at once (a real 4-bit load does not either).
-            q.weight.data = torch.empty(packed_nf4_shape(module.out_features, module.in_features), dtype=torch.uint8, device="meta")
-            q.weight.requires_grad_(False)
-            if q.bias is not None:
-                q.bias.requires_grad_(False)
-            setattr(parent, child, q)
+                layer = quantized(module)
+            setattr(parent, child, layer)
             swapped += 1
+    return swapped
+
+
+def quantize_linears_on_meta(model: nn.Module, compute_dtype: torch.dtype) -> int:
+    """Swap every linear layer of the decoder blocks for a bitsandbytes NF4 ``Linear4bit`` (on meta).
+
+    This is the set transformers quantizes for ``load_in_4bit`` (every linear except the output
+    head). Returns the number of layers swapped.
+    """
+    import bitsandbytes as bnb
+
+    def nf4(module: nn.Linear) -> nn.Module:
+        q = bnb.nn.Linear4bit(
+            module.in_features,
+            module.out_features,
+            bias=module.bias is not None,
+            compute_dtype=compute_dtype,
+            compress_statistics=True,
+            quant_type="nf4",
+            quant_storage=torch.uint8,
+        )
+        # Hold the packed shape already, so that materialising the model never allocates the
+        # dense weights of every layer at once (a real 4-bit load does not either).
+        q.weight.data = torch.empty(packed_nf4_shape(module.out_features, module.in_features), dtype=torch.uint8, device="meta")
+        q.weight.requires_grad_(False)
+        if q.bias is not None:
+            q.bias.requires_grad_(False)
+        return q
+
+    swapped = _swap_decoder_linears(model, nf4)
     model.is_loaded_in_4bit = True  # PEFT reads this to pick its 4-bit LoRA layers
     return swapped
 
@@ -88,25 +100,19 @@ def int8_linears_on_meta(model: nn.Module) -> int:
     """
     import bitsandbytes as bnb
 
-    swapped = 0
-    for block in decoder_layers(model):
-        for name, module in list(block.named_modules()):
-            if not isinstance(module, nn.Linear):
-                continue
-            parent_name, _, child = name.rpartition(".")
-            parent = block.get_submodule(parent_name) if parent_name else block
-            with torch.device("meta"):
-                q = bnb.nn.Linear8bitLt(module.in_features, module.out_features, bias=module.bias is not None,
-                                        has_fp16_weights=False, threshold=INT8_THRESHOLD)
-            # The int8 weight's shape from the start, so that materialising never allocates dense weights.
-            empty = torch.empty(module.out_features, module.in_features, dtype=torch.int8, device="meta")
-            scales = torch.empty(module.out_features, dtype=torch.float32, device="meta")
-            q.weight = bnb.nn.Int8Params(empty, requires_grad=False, has_fp16_weights=False, CB=empty, SCB=scales)
-            if q.bias is not None:
-                q.bias = nn.Parameter(torch.empty_like(module.bias, device="meta"), requires_grad=False)
-            q.compute_dtype = module.weight.dtype  # what the weight is dequantized to when loaded or drawn
-            setattr(parent, child, q)
-            swapped += 1
+    def int8(module: nn.Linear) -> nn.Module:
+        q = bnb.nn.Linear8bitLt(module.in_features, module.out_features, bias=module.bias is not None,
+                                has_fp16_weights=False, threshold=INT8_THRESHOLD)
+        # The int8 weight's shape from the start, so that materialising never allocates dense weights.
+        empty = torch.empty(module.out_features, module.in_features, dtype=torch.int8, device="meta")
+        scales = torch.empty(module.out_features, dtype=torch.float32, device="meta")
+        q.weight = bnb.nn.Int8Params(empty, requires_grad=False, has_fp16_weights=False, CB=empty, SCB=scales)
+        if q.bias is not None:
+            q.bias = nn.Parameter(torch.empty_like(module.bias, device="meta"), requires_grad=False)
+        q.compute_dtype = module.weight.dtype  # what the weight is dequantized to when loaded or drawn
+        return q
+
+    swapped = _swap_decoder_linears(model, int8)
     model.is_loaded_in_8bit = True  # PEFT reads this to pick its 8-bit LoRA layers
     _drop_int8_cast_warning()
     return swapped
