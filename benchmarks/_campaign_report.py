@@ -123,20 +123,12 @@ def section_machine(result: dict, root: Path) -> list[str]:
     source = env.get("memfit") or {}
     lines.append(f"- memfit: commit {source.get('commit') or 'unknown (no .git on the machine)'}, source digest {source.get('digest')}")
     folder = result["folder"].resolve()
-    lines.append(f"- Results: `{folder.relative_to(REPO) if _under(folder, REPO) else folder}/`")
+    lines.append(f"- Results: `{folder.relative_to(REPO) if folder.is_relative_to(REPO) else folder}/`")
     lines += ["", "| started | command | parts | seconds |", "| --- | --- | --- | ---: |"]
     for inv in invocations:
         parts = ", ".join(f"{name}: {info['status']}" for name, info in inv.get("parts", {}).items()) or "none"
         lines.append(f"| {inv.get('started_at', '')} | `{inv.get('command', '')}` | {parts} | {inv.get('seconds', '–')} |")
     return lines
-
-
-def _under(path: Path, root: Path) -> bool:
-    try:
-        path.relative_to(root)
-        return True
-    except ValueError:
-        return False
 
 
 def section_tests(data: dict | None) -> list[str]:

@@ -76,7 +76,7 @@ class Results:
         if name not in self._cache:
             path = self.root / f"{name}.json"
             if not path.is_file():
-                raise FigureError(f"no results file {path.relative_to(REPO) if _under(path, REPO) else path}")
+                raise FigureError(f"no results file {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
             self._cache[name] = json.loads(path.read_text())
         return self._cache[name]
 
@@ -90,14 +90,6 @@ class Results:
         if unit not in UNITS:
             raise FigureError(f"unit {unit!r} is not one of {', '.join(UNITS)}")
         return UNITS[unit](found)
-
-
-def _under(path: Path, root: Path) -> bool:
-    try:
-        path.relative_to(root)
-        return True
-    except ValueError:
-        return False
 
 
 def lookup(data: Any, key: str, where: str = "results") -> Any:
@@ -150,7 +142,7 @@ class Problem:
 
     def __str__(self) -> str:
         path = self.path.resolve()
-        shown = path.relative_to(REPO) if _under(path, REPO) else self.path
+        shown = path.relative_to(REPO) if path.is_relative_to(REPO) else self.path
         return f"{shown}:{self.line}: {self.message}"
 
 

@@ -131,7 +131,13 @@ def _device_chart(Figure, timeline, name: str, plan: dict[str, Any] | None, find
         ax.axhline(planned / scale, color="crimson", linestyle="--", linewidth=1.2, label=f"planned peak allocated ({format_bytes(planned)})")
     for step in _leak_steps(findings, name):
         ax.axvline(step, color="crimson", linestyle=":", linewidth=1, label=f"climb detected from step {step}")
-    ax.set_title(f"{name} memory" + ("" if name in timeline.expected_devices or not timeline.expected_devices else " (not a device this run should use)"))
+    title = f"{name} memory" + ("" if name in timeline.expected_devices or not timeline.expected_devices else " (not a device this run should use)")
+    return _memory_png(fig, ax, title, unit)
+
+
+def _memory_png(fig, ax, title: str, unit: str) -> bytes:
+    """A memory chart's axes, read in bytes from zero against the step, and its PNG."""
+    ax.set_title(title)
     ax.set_xlabel("step")
     ax.set_ylabel(unit)
     ax.set_ylim(bottom=0)
@@ -157,13 +163,7 @@ def _host_chart(Figure, timeline, findings) -> bytes:
                 label="malloc heap in use", **_style(heap))
     for step in _leak_steps(findings, HOST):
         ax.axvline(step, color="crimson", linestyle=":", linewidth=1, label=f"climb detected from step {step}")
-    ax.set_title("host memory of the training process")
-    ax.set_xlabel("step")
-    ax.set_ylabel(unit)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
-    return _png(fig)
+    return _memory_png(fig, ax, "host memory of the training process", unit)
 
 
 def _loss_chart(Figure, losses: list[tuple[int, float]], evals: list[tuple[int, float]]) -> bytes:
