@@ -28,3 +28,11 @@ def check_size(data: bytes, filename: str) -> None:
     """Refuse a file over :data:`MAX_UPLOAD_BYTES` (the body is read no further than that)."""
     if len(data) > MAX_UPLOAD_BYTES:
         raise UploadError(f"{filename}: more than {MAX_UPLOAD_BYTES // 2**20} MiB; the page takes files up to that size.")
+
+
+def decode_text(data: bytes, filename: str, what: str) -> str:
+    """``data`` as UTF-8 text, or an :class:`UploadError` naming the byte and what to drop (``what``)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise UploadError(f"{filename}: not UTF-8 text (byte {err.start}); drop {what}.") from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from memfit.ui.dropped_files import decode_text
 from memfit.ui.uploads import UploadError, check_size, read_json_object
 
 
@@ -74,10 +75,7 @@ def from_uploads(memory: bytes, run_json: bytes | None, fallback_plan: dict[str,
     from memfit.watch.timeline import TimelineError, parse_timeline
 
     check_size(memory, memory_name)
-    try:
-        text = memory.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise UploadError(f"{memory_name}: not UTF-8 text (byte {err.start}); drop the memory.jsonl a run wrote.") from None
+    text = decode_text(memory, memory_name, "the memory.jsonl a run wrote")
     try:
         timeline = parse_timeline(text.splitlines(), source=memory_name)
     except TimelineError as err:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any, Mapping
 
-from memfit.ui.dropped_files import UploadError, check_size
+from memfit.ui.dropped_files import UploadError, check_size, decode_text
 
 #: Keys whose value may be a file the config names (relative to its folder), in any tool's config.
 FILE_KEYS = ("deepspeed", "fsdp_config")
@@ -45,10 +45,7 @@ def parse(data: bytes, filename: str) -> Any:
     import yaml
 
     check_size(data, filename)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise UploadError(f"{filename}: not UTF-8 text (byte {err.start}); drop the training config as it is on disk.") from None
+    text = decode_text(data, filename, "the training config as it is on disk")
     try:
         return json.loads(text) if filename.lower().endswith(".json") else yaml.safe_load(text)
     except ValueError as err:

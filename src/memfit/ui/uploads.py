@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     from memfit.ui.tool_configs import ToolUpload
 
-from memfit.ui.dropped_files import MAX_UPLOAD_BYTES, UPLOAD_PREFIX, UploadError, check_size, is_upload_name
+from memfit.ui.dropped_files import MAX_UPLOAD_BYTES, UPLOAD_PREFIX, UploadError, check_size, decode_text, is_upload_name
 
 #: Dropped configs kept at once (the oldest is forgotten first).
 MAX_KEPT = 64
@@ -70,10 +70,9 @@ class ModelUpload:
 
 def read_json_object(data: bytes, filename: str) -> dict[str, Any]:
     """``data`` parsed as one JSON object, or an :class:`UploadError` saying what it is instead."""
+    text = decode_text(data, filename, "the model's config.json")
     try:
-        value = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as err:
-        raise UploadError(f"{filename}: not UTF-8 text (byte {err.start}); drop the model's config.json.") from None
+        value = json.loads(text)
     except ValueError as err:
         raise UploadError(f"{filename}: not valid JSON ({err}); drop the model's config.json.") from None
     if not isinstance(value, dict):
