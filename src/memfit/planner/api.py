@@ -28,7 +28,7 @@ from typing import Any
 
 from memfit.models.catalog import ModelSource
 from memfit.planner.errors import PlanError
-from memfit.planner.extrapolate import StepEstimate, estimate_step
+from memfit.planner.extrapolate import Sampler, StepEstimate, estimate_step
 from memfit.planner.inputs import Resolved, checked, resolve
 from memfit.planner.report import MemoryPlan, adapter_notes, category_help
 from memfit.planner.runtime import RuntimeOverhead, runtime_overhead
@@ -153,6 +153,46 @@ def plan(
         cached = _cached_plan(key, resolved.spec, started)
         if cached is not None:
             return cached
+    result = _made_plan(resolved, cache=cache, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes,
+                        extrapolate=extrapolate, deepspeed=deepspeed)
+    result.details["plan_seconds"] = round(time.perf_counter() - started, 3)
+    if key is not None:
+        _keep_plan(key, result)
+    return result
+
+
+def predicted_plan(model: str | dict, sampler: Sampler, *, revision: str | None = None, target: Target | None = None,
+                   deepspeed: Any = None, **knobs: Any) -> MemoryPlan:
+    """The plan :func:`plan` makes of these inputs, its step given by ``sampler`` instead of simulated
+    (:class:`memfit.planner.lengths.LengthSampler`: the step at any length from three simulated ones).
+
+    Its device figures are the plan's; its host figures are not (the sampler models device memory
+    only), so a predicted plan only steers a search and is never reported. Not cached.
+    """
+    started = time.perf_counter()
+    resolved = resolve(model, revision=revision, target=target, **knobs)
+    options = dict(context_bytes=resolved.target.context_bytes, cublas_workspace_bytes=None, extrapolate=True)
+    # A search asks the same questions again: its predictions are kept like plans, under their own
+    # kind and with the lengths they were learnt from, so that a repeated search learns nothing anew.
+    key = None if resolved.has_problems else _plan_key(
+        resolved, **options, deepspeed=deepspeed.to_dict() if deepspeed is not None else None, learnt_from=list(sampler.lengths))
+    cached = _cached_plan(key, resolved.spec, started, kind=_PREDICTED)
+    if cached is not None:
+        return cached
+    result = _made_plan(resolved, cache=True, **options, deepspeed=deepspeed, sampler=sampler)
+    result.details["predicted"] = True
+    if key is not None:
+        _keep_plan(key, result, kind=_PREDICTED)
+    return result
+
+
+#: The plan cache's kind for :func:`predicted_plan`'s plans (never mistaken for simulated ones).
+_PREDICTED = "predicted-plan"
+
+
+def _made_plan(resolved: Resolved, *, cache: bool, context_bytes: int, cublas_workspace_bytes: int | None, extrapolate: bool,
+               deepspeed: Any, sampler: Sampler | None = None) -> MemoryPlan:
+    """The plan of checked inputs: the step estimated (simulated, or given by ``sampler``), the runtime added."""
     source, spec, target = checked(resolved, cache=cache)
     runtime = runtime_overhead(target.arch, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes)
     layout = zero = None
@@ -161,16 +201,12 @@ def plan(
 
         layout = param_layout(source.config, spec)
         zero = _zero_plan(deepspeed, source.config, spec, layout)
-    estimate = _estimate(source.config, spec, runtime, target, extrapolate=extrapolate, layout=layout, zero=zero)
-    result = _memory_plan(source, spec, target, runtime, estimate, layout=layout, zero=zero)
-    result.details["plan_seconds"] = round(time.perf_counter() - started, 3)
-    if key is not None:
-        _keep_plan(key, result)
-    return result
+    estimate = _estimate(source.config, spec, runtime, target, extrapolate=extrapolate, layout=layout, zero=zero, sampler=sampler)
+    return _memory_plan(source, spec, target, runtime, estimate, layout=layout, zero=zero)
 
 
 def _estimate(config: dict[str, Any], spec: RunSpec, runtime: RuntimeOverhead, target: Target, *, extrapolate: bool, layout,
-              zero) -> StepEstimate:
+              zero, sampler: Sampler | None = None) -> StepEstimate:
     """The step as one GPU (or one rank of ``layout``'s sharding) holds it at its peak."""
     reshape = None
     if layout is not None:
@@ -182,7 +218,7 @@ def _estimate(config: dict[str, Any], spec: RunSpec, runtime: RuntimeOverhead, t
         # sharding arithmetic then decides what each rank holds at every candidate moment.
         reshape = partial(sharding.per_rank_categories, shard=spec.shard, gpus=spec.gpus, layout=layout, zero=zero)
     estimate = estimate_step(config, spec, runtime.cublas_workspace_allocs, extrapolate=extrapolate, reshape=reshape,
-                             arch=target.arch)
+                             arch=target.arch, sampler=sampler)
     if layout is not None and estimate.paged_peak_bytes:
         from memfit.planner import sharding
 
@@ -290,24 +326,24 @@ def _plan_key(resolved: Resolved, **options: Any) -> str | None:
     return plan_cache.make_key("plan", inputs)
 
 
-def _cached_plan(key: str | None, spec: RunSpec, started: float) -> MemoryPlan | None:
+def _cached_plan(key: str | None, spec: RunSpec, started: float, kind: str = "plan") -> MemoryPlan | None:
     """The plan stored under ``key``, with this call's ``plan_seconds``; None on a miss."""
     from memfit.planner import cache as plan_cache
 
-    stored = plan_cache.load("plan", key)
+    stored = plan_cache.load(kind, key)
     if not isinstance(stored, dict) or set(stored) != set(_CACHED_FIELDS):
         return None
     details = dict(stored["details"], plan_seconds=round(time.perf_counter() - started, 3))
     return MemoryPlan(spec=spec.knobs(), **dict(stored, details=details))
 
 
-def _keep_plan(key: str, result: MemoryPlan) -> None:
+def _keep_plan(key: str, result: MemoryPlan, kind: str = "plan") -> None:
     """Store ``result`` under ``key`` (the time it took left out: it is the new call's own)."""
     from memfit.planner import cache as plan_cache
 
     value = {name: getattr(result, name) for name in _CACHED_FIELDS}
     value["details"] = {k: v for k, v in result.details.items() if k != "plan_seconds"}
-    plan_cache.store("plan", key, value)
+    plan_cache.store(kind, key, value)
 
 
 def _add_per_rank_details(details: dict[str, Any], spec: RunSpec, layout, estimate: StepEstimate, zero=None) -> None:

@@ -45,6 +45,11 @@ class SampledStep:
     phase_peaks: dict[str, int]
     total_params: int
     trainable_params: int
+    chunk_loops: frozenset = frozenset()  # (rows, chunk) of the step's chunked loops
+
+
+#: Simulates (or predicts) the step at one depth: (config, spec, depth, workspace_allocs, arch).
+Sampler = Callable[[dict[str, Any], RunSpec, "int | None", tuple[int, ...], "str | None"], SampledStep]
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,7 @@ def estimate_step(
     extrapolate: bool = True,
     reshape: Reshape | None = None,
     arch: str | None = None,
+    sampler: Sampler | None = None,
 ) -> StepEstimate:
     """Simulate (and extrapolate) the step; return peaks, categories and counts for the full model.
 
@@ -92,6 +98,7 @@ def estimate_step(
     reshaping (sharding can move it, e.g. from the end of backward to its start), and
     ``single_gpu_categories`` holds the unreshaped categories at the single-GPU peak. The
     simulation itself is that of one GPU, whatever ``gpus`` and ``shard`` are: it is shared.
+    ``sampler`` gives the step at one depth in place of a simulation (:mod:`memfit.planner.lengths`).
     """
     from memfit.models.build import layer_period, make_config
 
@@ -104,9 +111,10 @@ def estimate_step(
     num_layers = int(full_config.num_hidden_layers)
     period = layer_period(full_config)
     layers = sample_layer_counts(num_layers, period) if extrapolate else None
-    points = [_sample(config, spec, k, workspace_allocs, arch) for k in (layers or (None,))]
+    sample = sampler or sample_step
+    points = [sample(config, spec, k, workspace_allocs, arch) for k in (layers or (None,))]
     if layers is not None and len(points[0].result.segments()) != len(points[1].result.segments()):
-        layers, points = None, [_sample(config, spec, None, workspace_allocs, arch)]  # no common structure
+        layers, points = None, [sample(config, spec, None, workspace_allocs, arch)]  # no common structure
     last = points[-1]
     shared = dict(simulated_layers=list(layers) if layers else [num_layers], attention=last.attention,
                   attention_kernels=last.attention_kernels, batch_layout=last.batch_layout,
@@ -308,8 +316,8 @@ _SAMPLE_CACHE: dict[tuple, SampledStep] = {}
 _SAMPLE_CACHE_SIZE = 128
 
 
-def _sample(config: dict[str, Any], spec: RunSpec, num_layers: int | None, workspace_allocs: tuple[int, ...],
-            arch: str | None = None) -> SampledStep:
+def sample_step(config: dict[str, Any], spec: RunSpec, num_layers: int | None, workspace_allocs: tuple[int, ...],
+                arch: str | None = None) -> SampledStep:
     """Simulate (or recall) the step at one depth and summarise it: peaks, categories, counts."""
     from memfit.planner.simulate import simulate
 
@@ -344,4 +352,5 @@ def _summarise(sim) -> SampledStep:
         phase_peaks=dict(result.phase_peaks),
         total_params=sim.total_params,
         trainable_params=sim.trainable_params,
+        chunk_loops=sim.chunk_loops,
     )

@@ -167,6 +167,14 @@ class _Planner:
         self.progress(_describe(merged))
         return _room_for_paged_states(plan(self.model, target=self.target, **self.deepspeed, **merged))
 
+    def predict(self, sampler: Any, **knobs: Any) -> MemoryPlan:
+        """The plan of ``knobs`` with its step predicted by ``sampler`` (:func:`memfit.planner.api.predicted_plan`);
+        not counted, not reported: it only steers the search."""
+        from memfit.planner.api import predicted_plan
+
+        return _room_for_paged_states(predicted_plan(self.model, sampler, target=self.target, **self.deepspeed,
+                                                     **self.knobs_for(**knobs)))
+
     def cannot_fit(self, **knobs: Any) -> bool:
         """Whether what the model states alone need (weights, gradients, optimizer states: a floor
         under any plan, :func:`memfit.planner.layout.memory_lower_bound`) is over the target already,
@@ -282,18 +290,31 @@ def fit(
                      optimizers=dict(OPTIMIZERS_LEAN_FIRST, **(optimizers or {})), deepspeed=deepspeed)
     if plans_expected is not None:
         plans_expected(expected_plans(len(methods), batch_size, longest=bool(job.seq_limit)))
-    found = found or (lambda method, fits: None)
-    if workers > 1:
-        outcomes = run_parallel(job, methods, workers, progress, lambda method, outcome: found(method, outcome.fits))
-    else:
-        outcomes = []
-        for method in methods:
-            outcomes.append(job.run(method, progress))
-            found(method, outcomes[-1].fits)
+    outcomes = _run_parts(job, methods, workers, progress, found or (lambda method, fits: None))
     result = _fit_result(job, outcomes, methods, max_seq_len, progress)
     return dataclasses.replace(result, model=source.name, gpu={"name": target.name, "memory_bytes": target.memory_bytes},
                                seconds=time.perf_counter() - started, max_gpus=max_gpus,
                                notes=[source.note] if source.note else [])
+
+
+def _run_parts(job: "_MethodJob", methods: tuple[str, ...], workers: int, progress: Callable[[str], None] | None,
+               found: Callable[[str, list[Fit]], None]) -> list["_MethodOutcome"]:
+    """Each method's outcome, its parts searched in ``workers`` processes (or here, with one);
+    ``found`` is called with a method's fits as soon as its batch search ends."""
+    parts = job.parts(methods) if workers > 1 else tuple(methods)
+
+    def finished(part: str, outcome: "_MethodOutcome") -> None:
+        if not part.endswith(":longest"):
+            found(outcome.method, outcome.fits)
+
+    if workers > 1:
+        results = dict(zip(parts, run_parallel(job, parts, workers, progress, finished)))
+    else:
+        results = {}
+        for part in parts:
+            results[part] = job.run(part, progress)
+            finished(part, results[part])
+    return [_merged(method, [o for part, o in results.items() if part.partition(":")[0] == method]) for method in methods]
 
 
 def _validated(model: str | dict, inputs: dict[str, Any], asked: tuple[str, ...], refused: list[str], knobs: dict[str, Any], *,
@@ -446,22 +467,53 @@ class _MethodJob:
         planner.optimizers = self.optimizers
         return planner
 
-    def run(self, method: str, progress: Callable[[str], None] | None = None) -> _MethodOutcome:
-        # Fewest GPUs first, least sharding first: the first level where anything fits is the answer.
-        # Every level plans the same single-GPU simulations (cached), only the sharding arithmetic differs.
-        count = 0
-        for gpus, shard in self.levels:
-            planner = self.planner(progress, gpus, shard)
-            fits, misses = _search_method(planner, method, self.effective_batch)
-            count += planner.count
-            if fits:
-                break
+    def parts(self, methods: tuple[str, ...]) -> tuple[str, ...]:
+        """What the worker processes run: each method whole, or, on one GPU, its largest micro-batch
+        (``METHOD:batch``) and its longest sequence (``METHOD:longest``) apart (they do not depend on
+        each other there; on several GPUs the longest sequence is searched at the count the batch
+        search ends at)."""
+        if not self.seq_limit or len(self.levels) > 1:
+            return tuple(methods)
+        return tuple(f"{method}:{part}" for method in methods for part in ("batch", "longest"))
+
+    def heaviest_first(self, part: str) -> tuple[int, int]:
+        # The longest sequence plans lengths of several chunks (slowest); 4-bit layers simulate
+        # slowest; full fine-tuning usually ends in a few plans.
+        method, _, which = part.partition(":")
+        return (which != "longest", _HEAVIEST_FIRST.index(method) if method in _HEAVIEST_FIRST else len(_HEAVIEST_FIRST))
+
+    def run(self, part: str, progress: Callable[[str], None] | None = None) -> _MethodOutcome:
+        """Search one part (:meth:`parts`): a method, or its ``batch`` or ``longest`` part alone."""
+        method, _, which = part.partition(":")
+        count, fits, misses = 0, [], []
+        planner = self.planner(progress, *self.levels[0])
+        if which != "longest":
+            # Fewest GPUs first, least sharding first: the first level where anything fits is the answer.
+            # Every level plans the same single-GPU simulations (cached), only the sharding arithmetic differs.
+            for gpus, shard in self.levels:
+                planner = self.planner(progress, gpus, shard)
+                fits, misses = _search_method(planner, method, self.effective_batch)
+                count += planner.count
+                if fits:
+                    break
         longest, spec = (0, None)
-        if self.seq_limit:
+        if self.seq_limit and which != "batch":
             before = planner.count
             longest, spec = _longest_sequence(planner, method, self.seq_limit, self.effective_batch)
             count += planner.count - before
         return _MethodOutcome(method, fits, misses, longest, spec, count)
+
+
+#: Heaviest first (4-bit layers simulate slowest; full fine-tuning usually ends in a few plans).
+_HEAVIEST_FIRST = ("qlora", "lora-8bit", "lora", "full")
+
+
+def _merged(method: str, outcomes: list[_MethodOutcome]) -> _MethodOutcome:
+    """One method's outcome from its parts' (:meth:`_MethodJob.parts`)."""
+    fits = [f for o in outcomes for f in o.fits]
+    misses = [m for o in outcomes for m in o.misses]
+    longest = max(outcomes, key=lambda o: (o.longest_spec is not None, o.longest))
+    return _MethodOutcome(method, fits, misses, longest.longest, longest.longest_spec, sum(o.plans for o in outcomes))
 
 
 def _plan_unplanned_misses(job: _MethodJob, misses: list[Miss], progress: Callable[[str], None] | None) -> int:
@@ -699,6 +751,12 @@ def _longest_sequence(planner: _Planner, method: str, limit: int, effective_batc
         low_plan, low, high_plan, high = at_one, 1, at_mid, mid
     per_step = max((high_plan.device_total_bytes - low_plan.device_total_bytes) / (high - low), 1.0)
     guess = low + int(low_plan.headroom_bytes // per_step)
+    if low_plan is at_mid and hi - lo > 1:
+        bracket = _Bracket(lo, hi, best, hi_plan)
+        answer = _predicted_boundary(planner, knobs, (mid, high), bracket, guess)
+        if answer is not None:
+            return bracket.lo * SEQ_STEP, answer.spec
+        lo, hi, best, hi_plan = bracket.lo, bracket.hi, bracket.best, bracket.hi_plan
     if guess >= top and hi > top and lo < top:
         # Predicted to fit all the way: one plan at the limit confirms it.
         at_top = check(top)
@@ -707,6 +765,65 @@ def _longest_sequence(planner: _Planner, method: str, limit: int, effective_batc
         hi, hi_plan = top, at_top
     steps, best = _largest_fitting(check, lo, hi, guess, best, interpolate=True, hi_plan=hi_plan)
     return steps * SEQ_STEP, best.spec
+
+
+@dataclass
+class _Bracket:
+    """The longest-sequence search's state, in SEQ_STEPs: ``lo`` fits (its plan ``best``), ``hi``
+    does not (its plan ``hi_plan``, or None for one past the limit)."""
+
+    lo: int
+    hi: int
+    best: MemoryPlan
+    hi_plan: MemoryPlan | None
+
+    def narrow(self, steps: int, result: MemoryPlan) -> None:
+        if result.fits and steps > self.lo:
+            self.lo, self.best = steps, result
+        elif not result.fits and steps < self.hi:
+            self.hi, self.hi_plan = steps, result
+
+
+def _predicted_boundary(planner: _Planner, knobs: dict[str, Any], planned: tuple[int, int], bracket: _Bracket,
+                        guess: int) -> MemoryPlan | None:
+    """The plan of the longest sequence, found from a model of the step over lengths
+    (:mod:`memfit.planner.lengths`); None when the search must go on without one (``bracket``
+    narrowed by the plans made here).
+
+    ``planned``: two lengths (in SEQ_STEPs) planned already; one more is planned
+    (:func:`~memfit.planner.lengths.third_length`), the model learnt from the three, and the boundary
+    searched on its predictions, which cost a replay of the allocator instead of a simulation. One
+    plan then confirms it: the predicted answer's (or, when the answer is a length planned already,
+    the next length's), which must agree with its prediction to the byte.
+    """
+    from memfit.planner.lengths import LengthSampler, Unpredictable, third_length
+
+    first, second = planned
+    third = third_length(first, 1)
+    if not first < third < second:
+        return None
+    bracket.narrow(third, planner(**knobs, seq_len=third * SEQ_STEP))
+    if bracket.hi - bracket.lo <= 1:
+        return bracket.best
+    sampler = LengthSampler((first * SEQ_STEP, second * SEQ_STEP, third * SEQ_STEP))
+
+    def predict(steps: int) -> MemoryPlan:
+        return planner.predict(sampler, **knobs, seq_len=steps * SEQ_STEP)
+
+    try:
+        steps, predicted = _largest_fitting(predict, bracket.lo, bracket.hi, guess, bracket.best, interpolate=True,
+                                            hi_plan=bracket.hi_plan)
+        confirm = steps if predicted is not bracket.best else steps + 1
+        if confirm == bracket.hi:
+            return bracket.best  # the next length was planned already: it does not fit
+        expected = predicted if confirm == steps else predict(confirm)
+    except Unpredictable:
+        return None
+    exact = planner(**knobs, seq_len=confirm * SEQ_STEP)
+    bracket.narrow(confirm, exact)
+    if exact.fits == expected.fits and exact.device_total_bytes == expected.device_total_bytes:
+        return exact if confirm == steps else bracket.best
+    return None
 
 
 def _describe(knobs: dict[str, Any]) -> str:

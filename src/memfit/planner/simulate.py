@@ -38,6 +38,7 @@ from memfit.planner.tracker import MemoryTracker, TrackerResult
 from memfit.spec import RunSpec
 from memfit.step.batch import PADDED
 from memfit.step.builder import build_step
+from memfit.step.chunking import recording_loops
 from memfit.step.offload import pinned_host_copies
 from memfit.step.optim import build_optimizer
 from memfit.step.preference import keep_reference_copy, longest_pairs, needs_reference_copy
@@ -63,6 +64,7 @@ class SimulationResult:
     batch_layout: str = "padded"  # the micro-batches' layout (memfit.step.batch: padded or documents)
     embeddings_on_host: bool = False  # frozen input embeddings kept in host memory
     trained_copies: tuple[dict, ...] = ()  # modules_to_save copies: the modules using each, its parameters
+    chunk_loops: frozenset[tuple[int, int]] = frozenset()  # (rows, chunk) of the step's chunked loops
 
 
 def simulate(
@@ -102,6 +104,7 @@ def simulate(
         _packed_positions(spec.recipe == "hf" and spec.packing and step_fn.layout == PADDED),
         offload_parity(),
         pinned_host_copies(),
+        recording_loops() as loops,
         tracker,
         parity,
     ):
@@ -149,6 +152,7 @@ def simulate(
         batch_layout=step_fn.layout,
         embeddings_on_host=embeddings_on_host,
         trained_copies=copies,
+        chunk_loops=frozenset(loops),
     )
 
 

@@ -59,6 +59,8 @@ class Allocation:
     role: str | None = None
     place: str = "device"  # or outside the device allocator: "host" (pinned), "paged" (unified memory)
     op: str = ""  # the aten op whose output it was, for "what allocated this" reports
+    requested_bytes: int = 0  # the storage's own size, before rounding to allocator blocks
+    shape: tuple[int, ...] = ()  # the shape of the first tensor seen on it (how its size arose)
 
     @property
     def category(self) -> str:
@@ -85,6 +87,7 @@ class TrackerResult:
     outside_peaks: dict[str, int]  # peak live bytes per place outside the device allocator
     phase_peaks: dict[str, int] = field(default_factory=dict)
     phase_marks: list[tuple[str, int]] = field(default_factory=list)
+    peak_from_event: int = -1  # the peak is the highest moment after this event (set by reset_peak)
 
     def categories_at(self, event_index: int) -> dict[str, int]:
         """Live device bytes by category just after event ``event_index``."""
@@ -151,6 +154,7 @@ class MemoryTracker(TorchDispatchMode):
         self._peak_device_bytes = 0
         self._peak_outside: dict[str, int] = {}
         self._peak_event = -1
+        self._peak_from_event = -1
         self._phase_peaks: dict[str, int] = {}
         self._places: list[str] = []  # innermost last: where new storages live
         self.phase_marks: list[tuple[str, int]] = []  # (phase, index of the last event before it)
@@ -184,7 +188,8 @@ class MemoryTracker(TorchDispatchMode):
         known = self._by_storage.get(key)
         if known is not None:
             return known
-        nbytes = round_block_bytes(storage.nbytes())
+        requested = int(storage.nbytes())
+        nbytes = round_block_bytes(requested)
         alloc = Allocation(
             alloc_id=len(self.allocations),
             nbytes=nbytes,
@@ -192,6 +197,8 @@ class MemoryTracker(TorchDispatchMode):
             alloc_event=len(self.events),
             place=self._places[-1] if self._places else "device",
             op=getattr(func, "__name__", "") if func is not None else "",
+            requested_bytes=requested,
+            shape=tuple(int(n) for n in tensor.shape),
         )
         self.allocations.append(alloc)
         self._by_storage[key] = alloc
@@ -243,6 +250,7 @@ class MemoryTracker(TorchDispatchMode):
         """Forget the peak so far (setup is not part of the step): the peak restarts at live bytes."""
         self._peak_device_bytes = self._live_device_bytes
         self._peak_event = len(self.events) - 1
+        self._peak_from_event = self._peak_event
         self._peak_outside = dict(self._live_outside)
         self._phase_peaks = {}
 
@@ -339,6 +347,7 @@ class MemoryTracker(TorchDispatchMode):
             outside_peaks=dict(self._peak_outside),
             phase_peaks=dict(self._phase_peaks),
             phase_marks=list(self.phase_marks),
+            peak_from_event=self._peak_from_event,
         )
         index = self._peak_event
         phase = self.allocations[self.events[index][1]].phase if index >= 0 else "setup"

@@ -1,11 +1,12 @@
-"""The worker processes ``memfit fit`` searches its methods in: the pool, its server, its progress queue.
+"""The worker processes ``memfit fit`` searches in: the pool, its server, its progress queue.
 
-A search's methods are independent of each other, so each is searched in a process of its own
-(:func:`run_parallel`). The processes are forked from a server (multiprocessing's ``forkserver``)
+A search's methods are independent of each other, and within a method on one GPU the largest
+micro-batch and the longest sequence are too, so these parts run in worker processes
+(:func:`run_parallel`), heaviest first. The processes are forked from a server (multiprocessing's ``forkserver``)
 that imported what a plan imports while the searching process validated its inputs
 (:func:`start_worker_server`), so that no worker pays for importing torch and transformers again.
 Workers report each plan on a queue as they start it; the searching process prints them as they
-come. What a worker runs is a job's ``run(method, progress)``: this module knows nothing of the
+come. What a worker runs is a job's ``run(part, progress)``: this module knows nothing of the
 search itself.
 """
 
@@ -17,9 +18,12 @@ from typing import Any, Callable, Protocol
 
 
 class MethodJob(Protocol):
-    """What a worker runs: one method's search, picklable."""
+    """What a worker runs: one part of a search (a method's, or a part of a method's), picklable."""
 
-    def run(self, method: str, progress: Callable[[str], None] | None = None) -> Any: ...
+    def run(self, part: str, progress: Callable[[str], None] | None = None) -> Any: ...
+
+    def heaviest_first(self, part: str) -> Any:
+        """Sort key of the parts: the heaviest first, so that the last to start are short."""
 
 
 #: The queue a worker process reports its plans on (set by :func:`_set_progress_queue` when the
@@ -33,7 +37,7 @@ def _set_progress_queue(queue) -> None:
     _progress_queue = queue
 
 
-def _run_method_job(job: MethodJob, method: str) -> Any:
+def _run_method_job(job: MethodJob, part: str) -> Any:
     # One core per worker: the workers are the parallelism. A worker forked from the worker server
     # has torch imported; a spawned one imports it only if a plan is not in the plan cache, and then
     # starts with the thread count these variables give (torch.set_num_threads(1) alike).
@@ -42,7 +46,7 @@ def _run_method_job(job: MethodJob, method: str) -> Any:
     else:
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
     queue = _progress_queue
-    return job.run(method, queue.put if queue is not None else None)
+    return job.run(part, queue.put if queue is not None else None)
 
 
 def worker_count(num_methods: int) -> int:
@@ -86,16 +90,12 @@ def _worker_context():
     return multiprocessing.get_context("forkserver" if _worker_server_started else "spawn")
 
 
-#: Heaviest first (4-bit layers simulate slowest; full fine-tuning usually ends in a few plans).
-_HEAVIEST_FIRST = ("qlora", "lora-8bit", "lora", "full")
-
-
-def run_parallel(job: MethodJob, methods: tuple[str, ...], workers: int, progress: Callable[[str], None] | None,
+def run_parallel(job: MethodJob, parts: tuple[str, ...], workers: int, progress: Callable[[str], None] | None,
                  finished: Callable[[str, Any], None] | None = None) -> list[Any]:
-    """``job.run(method)`` for each method, each in its own process (forked from the worker server,
-    or spawned: a clean interpreter either way as far as torch is concerned); the outcomes in the
-    order of ``methods``. ``progress`` is called here with what the workers report, ``finished`` with
-    a method and its outcome as soon as that method's process returns it."""
+    """``job.run(part)`` for each part, in ``workers`` processes (forked from the worker server, or
+    spawned: a clean interpreter either way as far as torch is concerned), heaviest first; the
+    outcomes in the order of ``parts``. ``progress`` is called here with what the workers report,
+    ``finished`` with a part and its outcome as soon as a process returns it."""
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     context = _worker_context()
@@ -104,16 +104,16 @@ def run_parallel(job: MethodJob, methods: tuple[str, ...], workers: int, progres
     reports = context.Queue() if progress is not None else None
     initializer = dict(initializer=_set_progress_queue, initargs=(reports,)) if reports is not None else {}
     with ProcessPoolExecutor(max_workers=workers, mp_context=context, **initializer) as pool:
-        order = sorted(methods, key=_HEAVIEST_FIRST.index)
-        futures = {method: pool.submit(_run_method_job, job, method) for method in order}
+        order = sorted(parts, key=job.heaviest_first)
+        futures = {part: pool.submit(_run_method_job, job, part) for part in order}
         pending = set(futures.values())
         while pending:
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             _drain(reports, progress, timeout=None)
-            for method in (m for m in order if futures[m] in done and futures[m].exception() is None):
+            for part in (p for p in order if futures[p] in done and futures[p].exception() is None):
                 if finished is not None:
-                    finished(method, futures[method].result())
-        outcomes = [futures[method].result() for method in methods]
+                    finished(part, futures[part].result())
+        outcomes = [futures[part].result() for part in parts]
     if reports is not None:  # what was put just before the last worker ended
         _drain(reports, progress, timeout=0.1)
         reports.close()

@@ -15,10 +15,32 @@ memory (a test compares both ways). Real tensors always run every chunk.
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 
 #: Set to False to make fake runs go through every chunk too (tests compare both ways).
 SHORTCUT_FAKE_CHUNKS = True
+
+#: The loops a fake run went through, as (rows, chunk) pairs, while :func:`recording_loops` is on.
+_recorded: list[set[tuple[int, int]]] = []
+
+
+@contextlib.contextmanager
+def recording_loops() -> Iterator[set[tuple[int, int]]]:
+    """Collect the (rows, chunk) of every chunked loop a fake run goes through in this block.
+
+    The planner reads how a tensor's size follows the sequence length from them
+    (:mod:`memfit.planner.lengths`): inside a loop's last chunk, a dimension is what is left of the
+    rows after the full chunks.
+    """
+    loops: set[tuple[int, int]] = set()
+    _recorded.append(loops)
+    try:
+        yield loops
+    finally:
+        _recorded.remove(loops)
 
 
 def chunk_starts(total: int, chunk: int, like: torch.Tensor | None = None) -> list[int]:
@@ -29,7 +51,10 @@ def chunk_starts(total: int, chunk: int, like: torch.Tensor | None = None) -> li
     last may be partial).
     """
     starts = list(range(0, total, chunk))
-    if SHORTCUT_FAKE_CHUNKS and len(starts) > 3 and like is not None and is_fake(like):
+    fake = like is not None and is_fake(like)
+    if fake and _recorded:
+        _recorded[-1].add((int(total), int(chunk)))
+    if SHORTCUT_FAKE_CHUNKS and len(starts) > 3 and fake:
         return starts[:2] + starts[-1:]
     return starts
 
