@@ -49,7 +49,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from memfit.planner.attention_kernels import MATH, math_saved_bytes, math_transient_bytes, sdpa_kernel
-from memfit.planner.tracker import MemoryTracker
+from memfit.planner.tracker import MemoryTracker, known_device
 from memfit.step.attention import flash_backward_workspace_bytes
 
 #: bitsandbytes' ops rewritten here, by name (importing bitsandbytes to look them up costs seconds).
@@ -87,6 +87,9 @@ class CudaParityMode(TorchDispatchMode):
             self._int8_path.close()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        device = known_device(func, args)
+        if device is not None:
+            return device
         kwargs = kwargs or {}
         if func.namespace == "bitsandbytes":
             rewrite = {_BNB_GEMM_4BIT: self._gemm_4bit_as_cuda, _BNB_INT8_QUANT: _int8_quant_as_cuda,

@@ -321,7 +321,7 @@ def sample_step(config: dict[str, Any], spec: RunSpec, num_layers: int | None, w
     """Simulate (or recall) the step at one depth and summarise it: peaks, categories, counts."""
     from memfit.planner.simulate import simulate
 
-    key = (json.dumps(config, sort_keys=True, default=str), spec.model_dump_json(), num_layers, tuple(workspace_allocs), arch)
+    key = _sample_key(config, spec, num_layers, workspace_allocs, arch)
     cached = _SAMPLE_CACHE.get(key)
     if cached is None:
         cached = _summarise(simulate(config, spec, num_layers=num_layers, workspace_allocs=workspace_allocs, arch=arch))
@@ -331,6 +331,17 @@ def sample_step(config: dict[str, Any], spec: RunSpec, num_layers: int | None, w
     # Callers must not change the tracker result; the dicts around it they may.
     return dataclasses.replace(cached, **{f.name: copy.deepcopy(getattr(cached, f.name))
                                           for f in dataclasses.fields(cached) if f.name != "result"})
+
+
+def cached_sample(config: dict[str, Any], spec: RunSpec, num_layers: int | None, workspace_allocs: tuple[int, ...],
+                  arch: str | None = None) -> SampledStep | None:
+    """The step :func:`sample_step` simulated already in this process for these inputs, or None (nothing is simulated)."""
+    return _SAMPLE_CACHE.get(_sample_key(config, spec, num_layers, workspace_allocs, arch))
+
+
+def _sample_key(config: dict[str, Any], spec: RunSpec, num_layers: int | None, workspace_allocs: tuple[int, ...],
+                arch: str | None) -> tuple:
+    return (json.dumps(config, sort_keys=True, default=str), spec.model_dump_json(), num_layers, tuple(workspace_allocs), arch)
 
 
 def _summarise(sim) -> SampledStep:

@@ -1,51 +1,71 @@
-"""The step at any sequence length, learnt from three simulated lengths (the longest-sequence search).
+"""The step at any sequence length, learnt from two simulated lengths (the longest-sequence search).
 
 Past a few chunks of every chunked loop (:mod:`memfit.step.chunking`), the simulated step does the
 same operations at every sequence length, in the same order, on storages with the same roles:
-only their sizes change. How each storage's size follows the length can be read from three
-simulations, at lengths ``a``, ``b`` and ``c`` (``b - a`` a multiple of every loop's chunk, ``c``
-not): it is
+only their sizes change. How each storage's size follows the length is read from simulations at
+two lengths whose every loop ends on a different partial chunk (:func:`second_length`): it is
 
 - constant;
 - its shape's, each dimension being constant, ``k x length + e``, or what is left of a chunked
-  loop's rows in its last chunk (the loops a fake run went through are recorded with it);
+  loop's rows in its last chunk (the loops a fake run went through are recorded with it), which
+  also covers a product of two such dimensions (a ``[seq, seq]`` mask);
 - or, for a flat buffer whose size comes from a formula (a kernel's workspace), affine in the length.
 
-Each is checked against all three simulations; a storage that none of them explains, or a change of
-structure, means no model (None), and the search plans every length it asks about. From a model,
-the allocations and frees at another length are written out and replayed through the
-caching-allocator model, giving that length's allocated and reserved bytes exactly as a simulation
-would, in a fraction of its time (tests compare the two over a sweep of lengths). Only device
-memory is modelled: host and paged peaks stay those of length ``a``.
+A change of structure between the two means no model (None). From a model, the allocations and
+frees at another length are written out and replayed through the caching-allocator model, giving
+that length's allocated and reserved bytes as a simulation would, in a fraction of its time; a
+simulation at a third length checks the model storage by storage (:meth:`LengthModel.explains`),
+and tests compare predicted and simulated plans over a sweep of lengths. The model holds from the
+shorter length up to where a loop of three chunks or fewer would gain one (the structure changes
+there). Only device memory is modelled: host and paged peaks stay those of the shorter length.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
+import dataclasses
 from fractions import Fraction
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from memfit.planner import allocator
-from memfit.planner.tracker import Allocation, Snapshot, TrackerResult, round_block_bytes
+from memfit.planner.allocator import round_size as round_block_bytes
+
+if TYPE_CHECKING:
+    from memfit.planner.tracker import Snapshot, TrackerResult
 
 #: A storage's requested bytes as a function of the sequence length.
 SizeRule = Callable[[int], int]
+
+#: Chunked loops of more chunks than this run only three under fake tensors (memfit.step.chunking):
+#: their structure no longer changes with the length.
+_SHORTCUT_CHUNKS = 3
 
 
 @dataclass(frozen=True)
 class LengthModel:
     """One depth's simulated step as a function of the sequence length (see the module docstring)."""
 
-    sample: Any  # the SampledStep at the first length, whose structure every length shares
+    sample: Any  # the SampledStep at the shorter length, whose structure every length shares
     rules: tuple[SizeRule, ...]  # by allocation id: requested bytes at a length
-    min_seq_len: int  # the model holds from the first length on (fewer chunks change the structure)
+    min_seq_len: int  # the shorter length learnt from
+    max_seq_len: int  # the longest length with the same structure (a short loop gains a chunk past it)
+
+    def holds_at(self, seq_len: int) -> bool:
+        return self.min_seq_len <= seq_len <= self.max_seq_len
+
+    def explains(self, sample, seq_len: int) -> bool:
+        """Whether ``sample``, simulated at ``seq_len``, is this model's prediction, storage by storage."""
+        return (self.holds_at(seq_len) and _same_structure(self.sample.result, sample.result)
+                and all(rule(seq_len) == a.requested_bytes for rule, a in zip(self.rules, sample.result.allocations)))
 
     def sample_at(self, seq_len: int):
-        """The SampledStep a simulation at ``seq_len`` makes, for device memory (host peaks: the first length's)."""
-        if seq_len < self.min_seq_len:
-            raise ValueError(f"seq_len {seq_len} is below the lengths this model was learnt from ({self.min_seq_len})")
+        """The SampledStep a simulation at ``seq_len`` makes, for device memory (host peaks: the shorter length's)."""
+        if not self.holds_at(seq_len):
+            raise ValueError(f"seq_len {seq_len} is outside the lengths this model holds for "
+                             f"({self.min_seq_len} to {self.max_seq_len})")
+        from memfit.planner.tracker import Allocation, TrackerResult
+
         base = self.sample.result
         allocations = []
         for a, rule in zip(base.allocations, self.rules):
@@ -64,39 +84,48 @@ class LengthModel:
 
 
 def learn(samples: dict[int, Any]) -> LengthModel | None:
-    """A :class:`LengthModel` from SampledSteps at three lengths ``{a: ..., b: ..., c: ...}`` (ascending
-    keys not required), or None where the structure differs or a storage's size is not explained."""
-    if len(samples) != 3:
+    """A :class:`LengthModel` from SampledSteps at two (or more) lengths, ``{length: sample}``: the
+    rules are read from the two shortest and checked against every one; None where the structure
+    differs or a storage's size is not explained."""
+    if len(samples) < 2:
         return None
-    (len_a, a), (len_b, b), (len_c, c) = sorted(samples.items(), key=lambda item: _order(item[0], samples))
-    if not (_same_structure(a.result, b.result) and _same_structure(a.result, c.result)):
+    ordered = sorted(samples.items())
+    (len_a, a), (len_b, b) = ordered[:2]
+    if not all(_same_structure(a.result, other.result) for _, other in ordered[1:]):
         return None
-    if dict(a.result.outside_peaks).get("paged", 0) != dict(c.result.outside_peaks).get("paged", 0):
+    if any(dict(a.result.outside_peaks).get("paged", 0) != dict(o.result.outside_peaks).get("paged", 0) for _, o in ordered[1:]):
         return None  # paged states that follow the length are not modelled
-    loops = _loops(a.chunk_loops, len_a, [(b.chunk_loops, len_b), (c.chunk_loops, len_c)])
+    loops = _loops(a.chunk_loops, len_a, [(o.chunk_loops, n) for n, o in ordered[1:]])
     if loops is None:
         return None
-    lengths = (len_a, len_b, len_c)
     rules = []
-    for alloc_a, alloc_b, alloc_c in zip(a.result.allocations, b.result.allocations, c.result.allocations):
-        rule = _size_rule(lengths, (alloc_a, alloc_b, alloc_c), loops)
+    for alloc_a, alloc_b in zip(a.result.allocations, b.result.allocations):
+        rule = _size_rule((len_a, len_b), (alloc_a, alloc_b), loops)
         if rule is None:
             return None
         rules.append(rule)
-    return LengthModel(sample=a, rules=tuple(rules), min_seq_len=min(lengths))
+    model = LengthModel(sample=a, rules=tuple(rules), min_seq_len=len_a, max_seq_len=_longest_same_structure(loops, len_a))
+    if not all(model.explains(sample, length) for length, sample in ordered[1:]):
+        return None
+    return model
 
 
-def third_length(first: int, step: int) -> int:
-    """The length to simulate beside ``first`` and ``first`` plus whole chunks: an odd number of
-    ``step`` tokens past ``first``, so that every loop's last chunk (chunks are multiples of 256
-    tokens) is a different size than at ``first``."""
+def second_length(first: int, step: int) -> int:
+    """The length to simulate beside ``first``: thirteen ``step`` past it, so that every loop's last
+    chunk (chunks are multiples of 256 tokens, ``first`` a multiple of ``step``) is a different size
+    than at ``first``, and a chunk dimension cannot pass for the length itself."""
     return first + 13 * step
 
 
-def _order(length: int, samples: dict[int, Any]) -> int:
-    # a: the shortest; b: the longest (b - a whole chunks); c: between or beyond, the odd one.
-    keys = sorted(samples)
-    return {keys[0]: 0, keys[-1]: 1}.get(length, 2)
+def _longest_same_structure(loops: list[tuple[int, int]], length: int) -> int:
+    """The longest length at which every loop runs the chunks it runs at ``length`` (or, past
+    :data:`_SHORTCUT_CHUNKS`, any number of them): the structure is the same up to there."""
+    longest = 1 << 62
+    for offset, chunk in loops:
+        chunks = -(-(length + offset) // chunk)
+        if chunks <= _SHORTCUT_CHUNKS:
+            longest = min(longest, chunks * chunk - offset)
+    return longest
 
 
 def _same_structure(x: TrackerResult, y: TrackerResult) -> bool:
@@ -125,48 +154,44 @@ def _last_chunk(rows: int, chunk: int) -> int:
     return (rows - 1) % chunk + 1
 
 
-def _dimension_rule(lengths: tuple[int, int, int], values: tuple[int, int, int], loops) -> Callable[[int], int] | None:
-    """How one dimension follows the length, checked at the three lengths; None if unexplained."""
-    if values[0] == values[1] == values[2]:
-        return lambda n, v=values[0]: v
-    (la, lb, lc), (va, vb, vc) = lengths, values
-    slope, rest = divmod(vb - va, lb - la)
-    if not rest and slope > 0 and vc == va + slope * (lc - la):
-        return lambda n, k=slope, e=va - slope * la: k * n + e
+def _dimension_rule(lengths: tuple[int, int], values: tuple[int, int], loops) -> Callable[[int], int] | None:
+    """How one dimension follows the length, from its values at two lengths; None if unexplained."""
+    (la, lb), (va, vb) = lengths, values
+    if va == vb:
+        return lambda n, v=va: v
     for offset, chunk in loops:
-        if all(v == _last_chunk(length + offset, chunk) for length, v in zip(lengths, values)):
+        if va == _last_chunk(la + offset, chunk) and vb == _last_chunk(lb + offset, chunk):
             return lambda n, o=offset, k=chunk: _last_chunk(n + o, k)
+    slope, rest = divmod(vb - va, lb - la)
+    if not rest and slope > 0:
+        return lambda n, k=slope, e=va - slope * la: k * n + e
     return None
 
 
-def _size_rule(lengths: tuple[int, int, int], allocs, loops) -> SizeRule | None:
-    """How one storage's requested bytes follow the length (module docstring), checked at the three lengths."""
-    sizes = tuple(a.requested_bytes for a in allocs)
-    if sizes[0] == sizes[1] == sizes[2]:
-        return lambda n, s=sizes[0]: s
+def _size_rule(lengths: tuple[int, int], allocs, loops) -> SizeRule | None:
+    """How one storage's requested bytes follow the length (module docstring), from two lengths."""
+    (la, lb), (sa, sb) = lengths, tuple(a.requested_bytes for a in allocs)
+    if sa == sb:
+        return lambda n: sa
     shaped = _shape_rule(lengths, allocs, loops)
     if shaped is not None:
         return shaped
-    (la, lb, lc), (sa, sb, sc) = lengths, sizes
     slope = Fraction(sb - sa, lb - la)
-    if sa + slope * (lc - la) == sc:
-        return lambda n: int(-(-(sa + slope * (n - la)) // 1))  # whole bytes, rounded up
-    return None
+    return lambda n: int(-(-(sa + slope * (n - la)) // 1))  # whole bytes, rounded up
 
 
-def _shape_rule(lengths: tuple[int, int, int], allocs, loops) -> SizeRule | None:
+def _shape_rule(lengths: tuple[int, int], allocs, loops) -> SizeRule | None:
     """Requested bytes that scale with the storage's shape, each dimension following its own rule."""
     dims = []
     for position in range(len(allocs[0].shape)):
-        values = tuple(a.shape[position] for a in allocs)
-        rule = _dimension_rule(lengths, values, loops)
+        rule = _dimension_rule(lengths, (allocs[0].shape[position], allocs[1].shape[position]), loops)
         if rule is None:
             return None
-        dims.append((rule, values[0]))
-    size_a = allocs[0].requested_bytes
+        dims.append((rule, allocs[0].shape[position]))
     numel_a = 1
     for _, value in dims:
         numel_a *= value
+    size_a = allocs[0].requested_bytes
     if numel_a == 0 or size_a % numel_a:
         return None
     per_element = size_a // numel_a
@@ -185,6 +210,8 @@ def _shape_rule(lengths: tuple[int, int, int], allocs, loops) -> SizeRule | None
 def _peaks(result: TrackerResult) -> tuple[Snapshot, dict[str, int]]:
     """The tracker's peak (the highest moment after ``peak_from_event``) and each phase's highest,
     counted as :class:`~memfit.planner.tracker.MemoryTracker` counts them as it runs."""
+    from memfit.planner.tracker import Snapshot
+
     live = result.live_bytes()
     start = result.peak_from_event
     index, top = start, live[start] if start >= 0 else 0
@@ -210,12 +237,13 @@ class LengthSampler:
     """A sampler for :func:`memfit.planner.extrapolate.estimate_step` that predicts the step at each
     depth from a :class:`LengthModel`, learnt on first use from simulations at ``lengths``.
 
-    Raises :class:`Unpredictable` where no model can be learnt, or for a length below them.
+    Raises :class:`Unpredictable` where no model can be learnt, or for a length it does not hold at.
     """
 
-    def __init__(self, lengths: tuple[int, int, int]) -> None:
+    def __init__(self, lengths: tuple[int, ...]) -> None:
         self.lengths = tuple(lengths)
         self.models: dict[Any, LengthModel | None] = {}
+        self._inputs: dict[Any, tuple] = {}  # what each model was learnt for: (config, spec, depth, workspaces, arch)
 
     def __call__(self, config: dict[str, Any], spec, depth: int | None, workspace_allocs: tuple[int, ...], arch: str | None):
         from memfit.planner.extrapolate import sample_step
@@ -227,7 +255,27 @@ class LengthSampler:
             samples = {n: sample_step(config, spec.model_copy(update={"seq_len": n}), depth, workspace_allocs, arch)
                        for n in self.lengths}
             self.models[key] = learn(samples)
+            self._inputs[key] = (config, spec, depth, tuple(workspace_allocs), arch)
         model = self.models[key]
-        if model is None or spec.seq_len < model.min_seq_len:
+        if model is None or not model.holds_at(spec.seq_len):
             raise Unpredictable(f"the step at {spec.seq_len} tokens does not follow the lengths {self.lengths}")
         return model.sample_at(spec.seq_len)
+
+    def explains(self, seq_len: int) -> bool | None:
+        """Whether the simulations made at ``seq_len`` (in this process) are the models' predictions,
+        storage by storage; None when there is nothing to compare (the predictions, or the plan at
+        ``seq_len``, came from the plan cache)."""
+        from memfit.planner.extrapolate import cached_sample
+
+        if not self.models:
+            return None  # every prediction came from the plan cache: nothing was learnt here
+        if any(model is None for model in self.models.values()):
+            return False
+        for key, model in self.models.items():
+            config, spec, depth, workspace_allocs, arch = self._inputs[key]
+            sample = cached_sample(config, spec.model_copy(update={"seq_len": seq_len}), depth, workspace_allocs, arch)
+            if sample is None:
+                return None
+            if not model.explains(sample, seq_len):
+                return False
+        return True

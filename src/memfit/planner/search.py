@@ -6,12 +6,16 @@ memory:
 
 - memory grows with micro-batch size and with sequence length (monotone), so the largest
   micro-batch and the longest sequence are found by bracketing and bisection;
-- memory is close to affine in both, so two plans predict where the boundary lies and the
-  bisection starts from a tight bracket around the prediction;
+- memory is close to affine in the micro-batch, so two plans predict where the boundary lies and
+  the bisection starts from a tight bracket around the prediction;
+- the longest sequence is searched on a model of the step over lengths, learnt from two plans
+  (:mod:`memfit.planner.lengths`: each length then costs a replay of the allocator, not a
+  simulation), and the answer checked with one more plan;
 - settings are tried fastest first (no checkpointing, then checkpointing, then offloaded); once
   one fits the whole effective batch in a single micro-batch, the slower ones are not planned;
 - simulations are cached within the process (:mod:`memfit.planner.extrapolate`);
-- the methods are searched in worker processes of their own (:mod:`memfit.planner.workers`).
+- the methods, and on one GPU each method's micro-batch and longest sequence, are searched in
+  worker processes (:mod:`memfit.planner.workers`).
 
 The search arithmetic here (the largest micro-batch that fits, bracketing and bisection) is shared
 with a training run's search (:meth:`memfit.planner.run.RunPlanner.fit`).
@@ -606,10 +610,11 @@ def expected_plans(methods: int, effective_batch: int, *, longest: bool = True) 
 
     Per method: the first setting that fits at micro-batch 1, often after a faster one that does
     not; the largest micro-batch, a guess confirmed in about log2 of the splits of the effective
-    batch; and the longest sequence, two plans for the slope and a few to close in on the boundary.
+    batch; and the longest sequence, two plans to learn the step over lengths from and one to
+    check the answer (:func:`_predicted_boundary`).
     """
     splits = len(micro_batches(effective_batch))
-    per_method = 2 + math.ceil(math.log2(splits)) + (4 if longest else 0)
+    per_method = 2 + math.ceil(math.log2(splits)) + (3 if longest else 0)
     return methods * per_method
 
 
@@ -726,37 +731,34 @@ def _longest_sequence(planner: _Planner, method: str, limit: int, effective_batc
         return 0, None
     if planner.cannot_fit(**knobs, seq_len=SEQ_STEP):
         return 0, None  # the floor is the model states', the same at every length: no length fits
-    # Two plans give the bytes per token; the boundary is predicted from them, then confirmed. They
-    # are taken where the step is what it is at long lengths (tiling on from TILING_AUTO_TOKENS), so
-    # that the slope holds far out.
-    mid = min(max(2048, TILING_AUTO_TOKENS) // SEQ_STEP, top) if limit > 4 * TILING_AUTO_TOKENS else min(2048 // SEQ_STEP, top)
+    # The first plan is taken where the step is what it is at long lengths (tiling on from
+    # TILING_AUTO_TOKENS), so that what it shows holds far out.
+    long_lengths = limit > 4 * TILING_AUTO_TOKENS
+    mid = min(max(2048, TILING_AUTO_TOKENS) // SEQ_STEP, top) if long_lengths else min(2048 // SEQ_STEP, top)
     at_mid = check(mid)
-    hi_plan = None  # the plan of hi, once one is known not to fit: the bracket's far end
     if at_mid.fits:
-        lo, hi, best = mid, top + 1, at_mid
         if mid == top:
             return top * SEQ_STEP, at_mid.spec
-        far = min(2 * mid, top)
-        at_far = check(far)
-        if at_far.fits:
-            lo, best = far, at_far
-        else:
-            hi, hi_plan = far, at_far
-        low_plan, low, high_plan, high = at_mid, mid, at_far, far
+        bracket = _Bracket(mid, top + 1, at_mid, None)
+        if long_lengths:
+            found = _predicted_boundary(planner, knobs, at_mid, bracket)
+            if found is not None:
+                return bracket.lo * SEQ_STEP, found.spec
+        # Without a model of the step over lengths: two plans give the bytes per token; the boundary
+        # is predicted from them, then confirmed.
+        if bracket.hi_plan is None and bracket.lo == mid:
+            far = min(2 * mid, top)
+            bracket.narrow(far, check(far))
+        high, high_plan = (bracket.hi, bracket.hi_plan) if bracket.hi_plan is not None else (bracket.lo, bracket.best)
+        low_plan, low = at_mid, mid
     else:
         at_one = check(1)
         if not at_one.fits:
             return 0, None
-        lo, hi, best, hi_plan = 1, mid, at_one, at_mid
+        bracket = _Bracket(1, mid, at_one, at_mid)
         low_plan, low, high_plan, high = at_one, 1, at_mid, mid
-    per_step = max((high_plan.device_total_bytes - low_plan.device_total_bytes) / (high - low), 1.0)
-    guess = low + int(low_plan.headroom_bytes // per_step)
-    if low_plan is at_mid and hi - lo > 1:
-        bracket = _Bracket(lo, hi, best, hi_plan)
-        answer = _predicted_boundary(planner, knobs, (mid, high), bracket, guess)
-        if answer is not None:
-            return bracket.lo * SEQ_STEP, answer.spec
-        lo, hi, best, hi_plan = bracket.lo, bracket.hi, bracket.best, bracket.hi_plan
+    lo, hi, best, hi_plan = bracket.lo, bracket.hi, bracket.best, bracket.hi_plan
+    guess = _boundary_guess(low, low_plan, high, high_plan)
     if guess >= top and hi > top and lo < top:
         # Predicted to fit all the way: one plan at the limit confirms it.
         at_top = check(top)
@@ -765,6 +767,12 @@ def _longest_sequence(planner: _Planner, method: str, limit: int, effective_batc
         hi, hi_plan = top, at_top
     steps, best = _largest_fitting(check, lo, hi, guess, best, interpolate=True, hi_plan=hi_plan)
     return steps * SEQ_STEP, best.spec
+
+
+def _boundary_guess(low: int, low_plan: MemoryPlan, high: int, high_plan: MemoryPlan) -> int:
+    """Where the line through two plans (lengths in SEQ_STEPs) runs out of headroom."""
+    per_step = max((high_plan.device_total_bytes - low_plan.device_total_bytes) / max(high - low, 1), 1.0)
+    return low + int(low_plan.headroom_bytes // per_step)
 
 
 @dataclass
@@ -784,45 +792,48 @@ class _Bracket:
             self.hi, self.hi_plan = steps, result
 
 
-def _predicted_boundary(planner: _Planner, knobs: dict[str, Any], planned: tuple[int, int], bracket: _Bracket,
-                        guess: int) -> MemoryPlan | None:
+def _predicted_boundary(planner: _Planner, knobs: dict[str, Any], first_plan: MemoryPlan, bracket: _Bracket) -> MemoryPlan | None:
     """The plan of the longest sequence, found from a model of the step over lengths
-    (:mod:`memfit.planner.lengths`); None when the search must go on without one (``bracket``
-    narrowed by the plans made here).
+    (:mod:`memfit.planner.lengths`), with ``bracket.lo`` its length; None when the search must go on
+    without one (``bracket`` narrowed by the plans made here).
 
-    ``planned``: two lengths (in SEQ_STEPs) planned already; one more is planned
-    (:func:`~memfit.planner.lengths.third_length`), the model learnt from the three, and the boundary
+    ``first_plan``: the plan of ``bracket.lo``. One more length is planned
+    (:func:`~memfit.planner.lengths.second_length`), the model learnt from the two, and the boundary
     searched on its predictions, which cost a replay of the allocator instead of a simulation. One
-    plan then confirms it: the predicted answer's (or, when the answer is a length planned already,
-    the next length's), which must agree with its prediction to the byte.
+    plan then checks the answer: the predicted longest length's (or, when that was planned already,
+    the next one's), which must be its prediction, storage by storage.
     """
-    from memfit.planner.lengths import LengthSampler, Unpredictable, third_length
+    from memfit.planner.lengths import LengthSampler, Unpredictable, second_length
 
-    first, second = planned
-    third = third_length(first, 1)
-    if not first < third < second:
+    first = bracket.lo
+    second = second_length(first, 1)
+    if second >= bracket.hi:
         return None
-    bracket.narrow(third, planner(**knobs, seq_len=third * SEQ_STEP))
+    at_second = planner(**knobs, seq_len=second * SEQ_STEP)
+    bracket.narrow(second, at_second)
     if bracket.hi - bracket.lo <= 1:
         return bracket.best
-    sampler = LengthSampler((first * SEQ_STEP, second * SEQ_STEP, third * SEQ_STEP))
+    sampler = LengthSampler((first * SEQ_STEP, second * SEQ_STEP))
 
     def predict(steps: int) -> MemoryPlan:
         return planner.predict(sampler, **knobs, seq_len=steps * SEQ_STEP)
 
     try:
+        guess = _boundary_guess(first, first_plan, second, at_second)
         steps, predicted = _largest_fitting(predict, bracket.lo, bracket.hi, guess, bracket.best, interpolate=True,
                                             hi_plan=bracket.hi_plan)
-        confirm = steps if predicted is not bracket.best else steps + 1
-        if confirm == bracket.hi:
+        check = steps if predicted is not bracket.best else steps + 1
+        if check == bracket.hi:
             return bracket.best  # the next length was planned already: it does not fit
-        expected = predicted if confirm == steps else predict(confirm)
+        expected = predicted if check == steps else predict(check)
     except Unpredictable:
         return None
-    exact = planner(**knobs, seq_len=confirm * SEQ_STEP)
-    bracket.narrow(confirm, exact)
-    if exact.fits == expected.fits and exact.device_total_bytes == expected.device_total_bytes:
-        return exact if confirm == steps else bracket.best
+    exact = planner(**knobs, seq_len=check * SEQ_STEP)
+    bracket.narrow(check, exact)
+    same = exact.fits == expected.fits and exact.device_total_bytes == expected.device_total_bytes
+    # Storage by storage where its simulations were made here (not where the plan came from the cache).
+    if same and sampler.explains(check * SEQ_STEP) is not False:
+        return bracket.best
     return None
 
 

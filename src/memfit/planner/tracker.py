@@ -47,6 +47,25 @@ def round_block_bytes(nbytes: int) -> int:
     return max(BLOCK_BYTES, -(-nbytes // BLOCK_BYTES) * BLOCK_BYTES)
 
 
+#: The op C++ code (autograd, for one) dispatches to ask a tensor subclass for its device.
+PRIM_DEVICE = torch.ops.prim.device.default
+
+
+def known_device(func, args) -> torch.device | None:
+    """The answer to ``func(*args)`` when it asks a fake tensor for its device, else None.
+
+    Autograd asks every fake tensor for its device (``prim.device``), through every dispatch mode
+    on the stack: half the ops a simulated step dispatches are these questions. A fake tensor knows
+    its device (its ``device`` is a Python property), so the planner's modes answer at once instead
+    of passing the question down.
+    """
+    if func is not PRIM_DEVICE:
+        return None
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return args[0].device if len(args) == 1 and isinstance(args[0], FakeTensor) else None
+
+
 @dataclass
 class Allocation:
     """One storage's life: when it was allocated and freed (event indices) and what it was for."""
@@ -161,6 +180,9 @@ class MemoryTracker(TorchDispatchMode):
 
     # ----------------------------------------------------------------- recording
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        device = known_device(func, args)
+        if device is not None:
+            return device
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         flat, _ = tree_flatten(out)

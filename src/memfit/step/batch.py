@@ -76,6 +76,8 @@ def collate(examples: Sequence[dict[str, Any]], pad_token_id: int, *, layout: st
 
 
 def _padded(examples: Sequence[dict[str, Any]], pad_token_id: int) -> dict[str, Any]:
+    import numpy as np
+
     lengths = [len(example["input_ids"]) for example in examples]
     longest = max(lengths)
     with_positions = all("position_ids" in example for example in examples)
@@ -85,10 +87,12 @@ def _padded(examples: Sequence[dict[str, Any]], pad_token_id: int) -> dict[str, 
     position_ids = torch.zeros(size, dtype=torch.long) if with_positions else None
     for row, example in enumerate(examples):
         length = lengths[row]
-        input_ids[row, :length] = torch.tensor(example["input_ids"], dtype=torch.long)
-        labels[row, :length] = torch.tensor(example["labels"], dtype=torch.long)
+        # (Through numpy: a long row converts many times faster than from a Python list. A tensor
+        # from a new array is what torch.tensor makes of a list, without torch.tensor's extra copy.)
+        input_ids[row, :length] = torch.from_numpy(np.array(example["input_ids"], dtype=np.int64))
+        labels[row, :length] = torch.from_numpy(np.array(example["labels"], dtype=np.int64))
         if position_ids is not None:
-            position_ids[row, :length] = torch.tensor(example["position_ids"], dtype=torch.long)
+            position_ids[row, :length] = torch.from_numpy(np.array(example["position_ids"], dtype=np.int64))
     out: dict[str, Any] = {"input_ids": input_ids, "labels": labels}
     if any(length < longest for length in lengths):
         attention_mask = torch.zeros(size, dtype=torch.long)
@@ -101,26 +105,29 @@ def _padded(examples: Sequence[dict[str, Any]], pad_token_id: int) -> dict[str, 
 
 
 def _one_row(examples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    input_ids: list[int] = []
-    labels: list[int] = []
-    positions: list[int] = []
-    lengths: list[int] = []
+    # The row is put together in numpy (a 100k-token row is many times faster than in Python
+    # lists); each tensor is then made from its new array as torch.tensor makes it from a list.
+    import numpy as np
+
+    input_ids, labels, positions, lengths = [], [], [], []
     for example in examples:
-        ids, labs = list(example["input_ids"]), list(example["labels"])
+        ids = np.asarray(example["input_ids"], dtype=np.int64)
+        labs = np.array(example["labels"], dtype=np.int64)
         given = example.get("position_ids")
-        starts = [0] + ([i for i in range(1, len(ids)) if given[i] == 0] if given is not None else [])
+        given = None if given is None else np.asarray(given, dtype=np.int64)
+        starts = [0] + ((np.flatnonzero(given[1:] == 0) + 1).tolist() if given is not None else [])
         for begin, end in zip(starts, starts[1:] + [len(ids)]):
             lengths.append(end - begin)
             labs[begin] = IGNORE_INDEX
-            positions += given[begin:end] if given is not None else range(end - begin)
-        input_ids += ids
-        labels += labs
+            positions.append(given[begin:end] if given is not None else np.arange(end - begin, dtype=np.int64))
+        input_ids.append(ids)
+        labels.append(labs)
     cu_seqlens = torch.zeros(len(lengths) + 1, dtype=torch.int32)
     cu_seqlens[1:] = torch.tensor(lengths, dtype=torch.int32).cumsum(0)
     return {
-        "input_ids": torch.tensor([input_ids], dtype=torch.long),
-        "labels": torch.tensor([labels], dtype=torch.long),
-        "position_ids": torch.tensor([positions], dtype=torch.long),
+        "input_ids": torch.from_numpy(np.concatenate(input_ids)[None]),
+        "labels": torch.from_numpy(np.concatenate(labels)[None]),
+        "position_ids": torch.from_numpy(np.concatenate(positions)[None]),
         "documents": Documents(cu_seqlens, tuple(lengths)),
     }
 
