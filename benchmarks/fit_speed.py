@@ -41,7 +41,7 @@ CASES = [
     ["qwen2.5-7b", "--budget", "40GiB", "--seq-len", "8192"],
 ]
 #: Goal for a first (empty-cache) `memfit fit` of an 8B model on the 2-core benchmark machine.
-GOAL_SECONDS = 15.0
+GOAL_SECONDS = 20.0
 
 
 def answer_digest(result: dict) -> str:
