@@ -22,9 +22,9 @@ there). Only device memory is modelled: host and paged peaks stay those of the s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
-import dataclasses
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -111,9 +111,9 @@ def learn(samples: dict[int, Any]) -> LengthModel | None:
 
 
 def second_length(first: int, step: int) -> int:
-    """The length to simulate beside ``first``: thirteen ``step`` past it, so that every loop's last
-    chunk (chunks are multiples of 256 tokens, ``first`` a multiple of ``step``) is a different size
-    than at ``first``, and a chunk dimension cannot pass for the length itself."""
+    """The length to simulate beside ``first`` (both multiples of ``step`` tokens): thirteen steps
+    past it, so that every loop's last chunk (chunks are multiples of 256 tokens, twice a step of
+    128) is a different size than at ``first``, and a chunk dimension cannot pass for the length."""
     return first + 13 * step
 
 
@@ -137,8 +137,8 @@ def _same_structure(x: TrackerResult, y: TrackerResult) -> bool:
     if any(e[:2] != f[:2] for e, f in zip(x.events, y.events)):
         return False
     # (Frees are compared as events: ``free_event`` is also set later, when the model is torn down.)
-    return all((p.op, p.role, p.place, p.phase, p.alloc_event, len(p.shape)) == (q.op, q.role, q.place, q.phase, q.alloc_event, len(q.shape))
-               for p, q in zip(x.allocations, y.allocations))
+    return all((p.op, p.role, p.place, p.phase, p.alloc_event, len(p.shape))
+               == (q.op, q.role, q.place, q.phase, q.alloc_event, len(q.shape)) for p, q in zip(x.allocations, y.allocations))
 
 
 def _loops(first: frozenset, length: int, others: list[tuple[frozenset, int]]) -> list[tuple[int, int]] | None:

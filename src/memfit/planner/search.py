@@ -792,7 +792,8 @@ class _Bracket:
             self.hi, self.hi_plan = steps, result
 
 
-def _predicted_boundary(planner: _Planner, knobs: dict[str, Any], first_plan: MemoryPlan, bracket: _Bracket) -> MemoryPlan | None:
+def _predicted_boundary(planner: _Planner, knobs: dict[str, Any], first_plan: MemoryPlan,
+                        bracket: _Bracket) -> MemoryPlan | None:
     """The plan of the longest sequence, found from a model of the step over lengths
     (:mod:`memfit.planner.lengths`), with ``bracket.lo`` its length; None when the search must go on
     without one (``bracket`` narrowed by the plans made here).
@@ -806,7 +807,7 @@ def _predicted_boundary(planner: _Planner, knobs: dict[str, Any], first_plan: Me
     from memfit.planner.lengths import LengthSampler, Unpredictable, second_length
 
     first = bracket.lo
-    second = second_length(first, 1)
+    second = second_length(first * SEQ_STEP, SEQ_STEP) // SEQ_STEP
     if second >= bracket.hi:
         return None
     at_second = planner(**knobs, seq_len=second * SEQ_STEP)
