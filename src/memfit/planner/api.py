@@ -103,6 +103,7 @@ def plan(
     extrapolate: bool = True,
     cache: bool = True,
     deepspeed: Any = None,
+    sampler: Sampler | None = None,
     **knobs: Any,
 ) -> MemoryPlan:
     """Predict the peak GPU memory of one training step of ``model`` configured by ``knobs``.
@@ -128,6 +129,9 @@ def plan(
             make, byte for byte, but for ``details.plan_seconds``.
         deepspeed: a DeepSpeed config's settings (:class:`memfit.interop.deepspeed.ZeroSettings`):
             with ``gpus`` > 1 and a ZeRO ``shard``, each rank is planned with DeepSpeed's buffers.
+        sampler: how the step is simulated at each sampled depth (default: here, one after the
+            other; :class:`memfit.planner.workers.DepthPool`: side by side in worker processes). The
+            plan is the same either way.
         **knobs: the :class:`~memfit.spec.RunSpec` fields: method, rank, alpha, dropout, targets,
             precision, optimizer, batch_size, seq_len, grad_accum, checkpointing, gpus, shard.
 
@@ -138,7 +142,8 @@ def plan(
 
     if is_tool_config(model):
         return _plan_tool_config(str(model), revision=revision, gpu=gpu, budget=budget, target=target, context_bytes=context_bytes,
-                                 cublas_workspace_bytes=cublas_workspace_bytes, extrapolate=extrapolate, cache=cache, **knobs)
+                                 cublas_workspace_bytes=cublas_workspace_bytes, extrapolate=extrapolate, cache=cache,
+                                 sampler=sampler, **knobs)
     started = time.perf_counter()
     resolved = resolve(model, revision=revision, gpu=gpu, budget=budget, target=target, **knobs)
     if context_bytes is None:
@@ -154,7 +159,7 @@ def plan(
         if cached is not None:
             return cached
     result = _made_plan(resolved, cache=cache, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes,
-                        extrapolate=extrapolate, deepspeed=deepspeed)
+                        extrapolate=extrapolate, deepspeed=deepspeed, sampler=sampler)
     result.details["plan_seconds"] = round(time.perf_counter() - started, 3)
     if key is not None:
         _keep_plan(key, result)
@@ -402,7 +407,7 @@ def _plan_tool_config(path: str, *, revision: str | None = None, **options: Any)
     from memfit.interop import read_tool_config
 
     plan_options = {k: options.pop(k) for k in ("gpu", "budget", "target", "context_bytes", "cublas_workspace_bytes", "extrapolate",
-                                                "cache")}
+                                                "cache", "sampler")}
     tool = read_tool_config(path)
     knobs, dropped = tool.knobs_for(options)
     deepspeed = tool.zero if tool.zero is not None and knobs.get("shard") == tool.shard else None

@@ -112,7 +112,10 @@ def estimate_step(
     period = layer_period(full_config)
     layers = sample_layer_counts(num_layers, period) if extrapolate else None
     sample = sampler or sample_step
-    points = [sample(config, spec, k, workspace_allocs, arch) for k in (layers or (None,))]
+    many = getattr(sampler, "sample_many", None)  # a sampler that simulates the depths side by side
+    depths = list(layers or (None,))
+    points = many(config, spec, depths, workspace_allocs, arch) if many else [sample(config, spec, k, workspace_allocs, arch)
+                                                                                for k in depths]
     if layers is not None and len(points[0].result.segments()) != len(points[1].result.segments()):
         layers, points = None, [sample(config, spec, None, workspace_allocs, arch)]  # no common structure
     last = points[-1]

@@ -60,7 +60,7 @@ _WORKER_PRELOAD = ["memfit.planner.simulate", "transformers.models.auto.configur
 _worker_server_started = False
 
 
-def start_worker_server() -> None:
+def start_worker_server(preload: tuple[str, ...] = ()) -> None:
     """Start the server the search's worker processes are forked from (multiprocessing's
     ``forkserver``), importing what a plan imports, and return at once.
 
@@ -68,7 +68,9 @@ def start_worker_server() -> None:
     each, after this process has imported them to validate; the server imports them once, while
     this process validates, and each worker is a fork of it with everything imported. The server
     has run nothing but imports (no torch thread pool started), so forking it is safe. Where
-    there is no ``forkserver`` (Windows), workers are spawned as before.
+    there is no ``forkserver`` (Windows), workers are spawned as before. ``preload``: more modules
+    for the server to import (a long-lived caller's, ``memfit ui``'s: PEFT and bitsandbytes, so that
+    no worker imports them again); only the call that starts the server sets them.
     """
     import multiprocessing
 
@@ -77,7 +79,7 @@ def start_worker_server() -> None:
     from multiprocessing import forkserver
 
     global _worker_server_started
-    forkserver.set_forkserver_preload(_WORKER_PRELOAD)
+    forkserver.set_forkserver_preload(list(dict.fromkeys(_WORKER_PRELOAD + list(preload))))
     forkserver.ensure_running()
     _worker_server_started = True
 
@@ -130,3 +132,78 @@ def _drain(reports, progress: Callable[[str], None] | None, timeout: float | Non
             progress(reports.get_nowait() if timeout is None else reports.get(timeout=timeout))
         except queues.Empty:
             break
+
+
+class DepthPool:
+    """Worker processes that simulate a plan's sampled depths side by side.
+
+    A plan simulates its step at two depths and extrapolates (:mod:`memfit.planner.extrapolate`);
+    the two simulations do not depend on each other, so with a process each a plan takes about as
+    long as its deeper simulation. The processes are forked from the worker server and kept: a
+    long-lived caller (``memfit ui``) pays their imports once. Each simulation is the one
+    :func:`~memfit.planner.extrapolate.sample_step` makes in this process, sent back whole, so a
+    plan made through the pool is the plan made without it, byte for byte.
+
+    Used as a plan's ``sampler`` (:func:`memfit.planner.api.plan`): called for one depth, or through
+    :meth:`sample_many` for all of a plan's depths at once.
+    """
+
+    def __init__(self, workers: int = 2, imports: tuple[str, ...] = ()) -> None:
+        self.workers = max(1, workers)
+        self.imports = tuple(imports)  # modules each worker imports as it starts (what plans will need)
+        self._executor = None
+
+    def _pool(self):
+        if self._executor is None:
+            from concurrent.futures import ProcessPoolExecutor
+
+            start_worker_server(self.imports)
+            self._executor = ProcessPoolExecutor(max_workers=self.workers, mp_context=_worker_context(),
+                                                 initializer=_import_in_worker, initargs=(self.imports,))
+        return self._executor
+
+    def start(self) -> None:
+        """Start every worker process now (each imports :attr:`imports`), not at the first plan."""
+        pool = self._pool()
+        for future in [pool.submit(os.getpid) for _ in range(self.workers)]:
+            future.result()
+
+    def sample_many(self, config: dict[str, Any], spec, depths: list[int | None], workspace_allocs: tuple[int, ...],
+                    arch: str | None) -> list[Any]:
+        """The step simulated at each of ``depths``, each in a worker process, side by side."""
+        futures = [self._pool().submit(_sample_in_worker, config, spec, depth, tuple(workspace_allocs), arch) for depth in depths]
+        return [future.result() for future in futures]
+
+    def __call__(self, config: dict[str, Any], spec, depth: int | None, workspace_allocs: tuple[int, ...], arch: str | None):
+        return self.sample_many(config, spec, [depth], workspace_allocs, arch)[0]
+
+    def close(self) -> None:
+        """Stop the worker processes (a later plan starts new ones)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+
+
+def _import_in_worker(modules: tuple[str, ...]) -> None:
+    import importlib
+    import logging
+
+    # What bitsandbytes says at import about CPU kernels means nothing for a simulation (plans
+    # silence it the same way while they run).
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional library that is not installed: the plans that need it say so
+            pass
+
+
+def _sample_in_worker(config: dict[str, Any], spec, depth: int | None, workspace_allocs: tuple[int, ...], arch: str | None):
+    # One core per simulation: the processes are the parallelism.
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+    else:
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    from memfit.planner.extrapolate import sample_step
+
+    return sample_step(config, spec, depth, workspace_allocs, arch)

@@ -70,6 +70,7 @@ def ui_command(
 
     The page answers from the same API as `memfit plan` and `memfit fit` (its /api/plan and
     /api/fit return their --json output). Exit code 2: a bad --port, --host or --run."""
+    import signal
     import sys
     import tempfile
 
@@ -87,10 +88,12 @@ def ui_command(
         typer.secho(f"warning: memfit ui listens on {host}: anyone who can reach this machine on port {sock.getsockname()[1]} "
                     f"can use the page and make the server plan (no password, no TLS). Use --host {DEFAULT_HOST} to keep "
                     "it to this machine.", fg="yellow", bold=True, err=True)
+    from memfit.planner.workers import DepthPool
     from memfit.ui.app import create_app
-    from memfit.ui.service import PlannerService
+    from memfit.ui.service import WARM_IMPORTS, PlannerService
 
-    service = PlannerService()
+    # A plan's two sampled depths are simulated side by side, in two processes kept for the server's life.
+    service = PlannerService(depths=DepthPool(2, imports=WARM_IMPORTS + ("bitsandbytes",)))
     service.warm()
     app = create_app(service, run_dir=run_dir)
     print(f"memfit ui: {url}  (Ctrl-C to stop)", flush=True)
@@ -105,5 +108,15 @@ def ui_command(
 
         os.chdir(empty)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-        uvicorn.Server(config).run(sockets=[sock])
+        # uvicorn stops gracefully on SIGTERM, then raises it again with the handler it found: this
+        # one, which ends the command through the finally below, so that the workers end too.
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+        try:
+            uvicorn.Server(config).run(sockets=[sock])
+        finally:
+            service.close()  # the planner's worker processes end with the server
     sys.stdout.flush()
+
+
+def _exit_on_signal(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)

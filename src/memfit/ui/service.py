@@ -11,6 +11,11 @@ plans in two threads could see each other's patches. Plans run one at a time und
 search runs its methods' plans in worker processes, so it runs beside the plans; bitsandbytes is
 imported once when the server starts (``warm``), after which no plan hides it, and the search's
 own few in-process plans cannot disturb a plan in another thread.
+
+Why a plan is fast here: the server (``memfit ui``) keeps two worker processes
+(:class:`memfit.planner.workers.DepthPool`, started and their imports done with ``warm``) and
+simulates a plan's two sampled depths side by side, one in each; the plan is the same as the
+command line's, byte for byte.
 """
 
 from __future__ import annotations
@@ -51,8 +56,12 @@ def result_dict(result: Any) -> dict[str, Any]:
 class PlannerService:
     """Plans, sweeps and searches for the page, with the planner's imports done ahead."""
 
-    def __init__(self, uploads: UploadStore | None = None, *, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, uploads: UploadStore | None = None, *, clock: Callable[[], float] = time.perf_counter,
+                 depths: Any = None) -> None:
         self.uploads = uploads or UploadStore()
+        # Where a plan's sampled depths are simulated: side by side in worker processes
+        # (memfit.planner.workers.DepthPool, the server's), or in this process one after the other.
+        self.depths = depths
         self._plan_lock = threading.Lock()
         self._imported = threading.Event()
         self._searches = threading.BoundedSemaphore(MAX_SEARCHES)
@@ -75,11 +84,18 @@ class PlannerService:
                     importlib.import_module(name)
                 if importlib.util.find_spec("bitsandbytes") is not None:
                     importlib.import_module("bitsandbytes")
+                if self.depths is not None:
+                    self.depths.start()
         except Exception:  # a broken optional library: the plans that need it will say so
             log.exception("warming the planner failed; plans import what they need as they go")
         finally:
             self.warm_seconds = self._clock() - started
             self._imported.set()
+
+    def close(self) -> None:
+        """Stop the worker processes plans are simulated in (a later plan would start them again)."""
+        if self.depths is not None:
+            self.depths.close()
 
     def mark_warm(self) -> None:
         """Count the imports as done without doing them (a server that does not warm: tests)."""
@@ -116,7 +132,7 @@ class PlannerService:
 
         self._imported.wait()
         with self._plan_lock:
-            result = plan(self.model_argument(call.model), **call.options, **call.knobs)
+            result = plan(self.model_argument(call.model), sampler=self.depths, **call.options, **call.knobs)
         return self.public(call.model, result_dict(result))
 
     def sweep(self, call: Call, max_positions: int | None, first: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
