@@ -84,10 +84,10 @@ def test_fit_at_80_columns_cuts_nothing_and_a_log_shows_progress(tmp_path, monke
     assert any("adamw" in line and "GiB" in line for line in lines)  # a whole row: settings and figures
     # stderr is not a terminal here: the estimate, then one plain line per plan, with where the search stands
     log = result.stderr.splitlines()
-    assert log[0] == "fit: about 16 plans to make, each is one line"  # 2 methods x (2 + log2(3 splits) + 4)
+    assert log[0] == "fit: about 14 plans to make, each is one line"  # 2 methods x (2 + log2(3 splits) + 3)
     plans = [line for line in log if line.startswith("plan ")]
-    assert len(plans) >= 5 and plans[0].startswith("plan 1 of ~16, ") and " s elapsed: " in plans[0]
-    assert plans[4].startswith("plan 5 of ~16, ") and " left: " in plans[4]  # once three plans are made
+    assert len(plans) >= 5 and plans[0].startswith("plan 1 of ~14, ") and " s elapsed: " in plans[0]
+    assert plans[4].startswith("plan 5 of ~14, ") and " left: " in plans[4]  # once three plans are made
 
 
 def test_fit_to_a_pipe_writes_whole_lines(tmp_path, monkeypatch):

@@ -106,12 +106,14 @@ def _first_reply_text(fd: int, seen: bytearray, typed: bytes) -> bytes:
 
 
 def test_chat_in_a_terminal_streams_replies_and_takes_its_commands(demo_run):
-    # A pseudo-terminal, as a person would run it. The reply is long (at least 400 tokens); its first words
-    # are on the screen while it is still being written: Ctrl-C (SIGINT) then stops that reply, and
-    # the chat goes on. Had the reply come all at once at its end, the SIGINT would reach the prompt
-    # and end the chat instead.
+    # A pseudo-terminal, as a person would run it. The reply is long (100,000 tokens: seconds of
+    # generation on any machine, so that the SIGINT below cannot come after its end); its first
+    # words are on the screen while it is still being written: Ctrl-C (SIGINT) then stops that
+    # reply, and the chat goes on. Had the reply come all at once at its end, the SIGINT would reach
+    # the prompt and end the chat instead.
     master, slave = os.openpty()
-    command = [sys.executable, "-m", "memfit", "chat", str(demo_run), "--device", "cpu", "--min-new-tokens", "400", "--max-new-tokens", "400"]
+    command = [sys.executable, "-m", "memfit", "chat", str(demo_run), "--device", "cpu", "--min-new-tokens", "100000",
+               "--max-new-tokens", "100000"]
     proc = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, start_new_session=True, close_fds=True)
     os.close(slave)
     seen = bytearray()

@@ -248,6 +248,8 @@ class LengthSampler:
     def __call__(self, config: dict[str, Any], spec, depth: int | None, workspace_allocs: tuple[int, ...], arch: str | None):
         from memfit.planner.extrapolate import sample_step
 
+        if spec.seq_len < min(self.lengths):
+            raise Unpredictable(f"{spec.seq_len} tokens is below the lengths {self.lengths} the step is learnt from")
         # One sampler serves one configuration; the key keeps a model from answering for another.
         key = (depth, spec.model_copy(update={"seq_len": 1}).model_dump_json(), tuple(workspace_allocs), arch,
                json.dumps(config, sort_keys=True, default=str))
