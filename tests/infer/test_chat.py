@@ -114,7 +114,10 @@ def test_chat_in_a_terminal_streams_replies_and_takes_its_commands(demo_run):
     master, slave = os.openpty()
     command = [sys.executable, "-m", "memfit", "chat", str(demo_run), "--device", "cpu", "--min-new-tokens", "100000",
                "--max-new-tokens", "100000"]
-    proc = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, start_new_session=True, close_fds=True)
+    # SIGINT as a terminal has it: a test run started in the background (nohup, `&`) ignores it,
+    # and a Python started with it ignored never turns it into KeyboardInterrupt.
+    proc = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, start_new_session=True, close_fds=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     os.close(slave)
     seen = bytearray()
     try:
