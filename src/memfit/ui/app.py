@@ -57,18 +57,39 @@ def _error(message: str, status: int = 400):
     return JSONResponse({"error": message}, status_code=status)
 
 
+#: How much of a refused body is read (and dropped) before the answer, so that a client still
+#: sending it gets the answer rather than a reset connection; past this the connection is closed.
+DRAIN_REFUSED_BYTES = 16 * 2**20
+
+
 async def _body(request, limit: int, what: str) -> bytes:
-    """The request body, refused past ``limit`` bytes (read no further than that)."""
+    """The request body, refused past ``limit`` bytes (kept no further than that)."""
+    too_big = UploadError(f"{what}: more than {limit // 2**20} MiB; the page takes files up to that size.")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise UploadError(f"{what}: more than {limit // 2**20} MiB; the page takes files up to that size.")
+        await _drain(request)
+        raise too_big
     chunks, total = [], 0
     async for chunk in request.stream():
         total += len(chunk)
         if total > limit:
-            raise UploadError(f"{what}: more than {limit // 2**20} MiB; the page takes files up to that size.")
+            await _drain(request, total)
+            raise too_big
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def _drain(request, read: int = 0) -> None:
+    """Read and drop what is left of a refused body, up to :data:`DRAIN_REFUSED_BYTES` in all."""
+    from starlette.requests import ClientDisconnect
+
+    try:
+        async for chunk in request.stream():
+            read += len(chunk)
+            if read > DRAIN_REFUSED_BYTES:
+                break
+    except (ClientDisconnect, RuntimeError):  # gone, or nothing was left ("Stream consumed")
+        pass
 
 
 def _service(request) -> PlannerService:
