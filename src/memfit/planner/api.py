@@ -169,10 +169,11 @@ def plan(
 def predicted_plan(model: str | dict, sampler: Sampler, *, revision: str | None = None, target: Target | None = None,
                    deepspeed: Any = None, **knobs: Any) -> MemoryPlan:
     """The plan :func:`plan` makes of these inputs, its step given by ``sampler`` instead of simulated
-    (:class:`memfit.planner.lengths.LengthSampler`: the step at any length from three simulated ones).
+    (:class:`memfit.planner.lengths.LengthSampler`: the step at any length from two simulated ones).
 
     Its device figures are the plan's; its host figures are not (the sampler models device memory
-    only), so a predicted plan only steers a search and is never reported. Not cached.
+    only), so a predicted plan only steers a search and is never reported. The plan cache keeps it
+    under a kind of its own (:data:`_PREDICTED`), with the lengths the sampler learnt from.
     """
     started = time.perf_counter()
     resolved = resolve(model, revision=revision, target=target, **knobs)

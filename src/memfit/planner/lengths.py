@@ -29,7 +29,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any, Callable
 
 from memfit.planner import allocator
-from memfit.planner.allocator import round_size as round_block_bytes
+from memfit.planner.allocator import round_size
 
 if TYPE_CHECKING:
     from memfit.planner.tracker import Snapshot, TrackerResult
@@ -71,7 +71,7 @@ class LengthModel:
         for a, rule in zip(base.allocations, self.rules):
             requested = rule(seq_len)
             # (Made directly: dataclasses.replace costs more than the rest of a prediction.)
-            allocations.append(Allocation(a.alloc_id, round_block_bytes(requested), a.phase, a.alloc_event, a.free_event, a.role,
+            allocations.append(Allocation(a.alloc_id, round_size(requested), a.phase, a.alloc_event, a.free_event, a.role,
                                           a.place, a.op, requested, a.shape))
         events = [(kind, alloc_id, allocations[alloc_id].nbytes if kind == "alloc" else 0) for kind, alloc_id, _ in base.events]
         result = TrackerResult(allocations=allocations, events=events, peak=base.peak, outside_peaks=dict(base.outside_peaks),

@@ -30,6 +30,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from memfit.planner.allocator import K_MIN_BLOCK_SIZE, round_size
 from memfit.planner.categories import TRACKED_CATEGORIES
 from memfit.step.host_embeddings import HOST_RESIDENT_ATTR
 from memfit.step.preference import reference_model
@@ -38,13 +39,10 @@ from memfit.step.preference import reference_model
 _ROLE_PRIORITY = {name: rank for rank, name in enumerate(TRACKED_CATEGORIES)}
 
 #: CUDA's caching allocator hands out blocks in multiples of 512 bytes; counting the same way keeps
-#: our "allocated" comparable with ``torch.cuda.memory_allocated``.
-BLOCK_BYTES = 512
-
-
-def round_block_bytes(nbytes: int) -> int:
-    """Size of the allocator block that holds ``nbytes`` (multiple of 512, at least 512)."""
-    return max(BLOCK_BYTES, -(-nbytes // BLOCK_BYTES) * BLOCK_BYTES)
+#: our "allocated" comparable with ``torch.cuda.memory_allocated``. The size of the block that holds
+#: ``nbytes`` is the allocator model's ``round_size`` (a multiple of 512, at least 512).
+BLOCK_BYTES = K_MIN_BLOCK_SIZE
+round_block_bytes = round_size
 
 
 #: The op C++ code (autograd, for one) dispatches to ask a tensor subclass for its device.

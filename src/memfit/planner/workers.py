@@ -2,8 +2,8 @@
 
 A search's methods are independent of each other, and within a method on one GPU the largest
 micro-batch and the longest sequence are too, so these parts run in worker processes
-(:func:`run_parallel`), heaviest first. The processes are forked from a server (multiprocessing's ``forkserver``)
-that imported what a plan imports while the searching process validated its inputs
+(:func:`run_parallel`), heaviest first. The processes are forked from a server (multiprocessing's
+``forkserver``) that imported what a plan imports while the searching process validated its inputs
 (:func:`start_worker_server`), so that no worker pays for importing torch and transformers again.
 Workers report each plan on a queue as they start it; the searching process prints them as they
 come. What a worker runs is a job's ``run(part, progress)``: this module knows nothing of the
@@ -37,14 +37,18 @@ def _set_progress_queue(queue) -> None:
     _progress_queue = queue
 
 
-def _run_method_job(job: MethodJob, part: str) -> Any:
-    # One core per worker: the workers are the parallelism. A worker forked from the worker server
-    # has torch imported; a spawned one imports it only if a plan is not in the plan cache, and then
-    # starts with the thread count these variables give (torch.set_num_threads(1) alike).
+def _one_core() -> None:
+    """One core for this worker: the workers are the parallelism. A worker forked from the worker
+    server has torch imported; a spawned one imports it only if a plan is not in the plan cache, and
+    then starts with the thread count these variables give (torch.set_num_threads(1) alike)."""
     if "torch" in sys.modules:
         sys.modules["torch"].set_num_threads(1)
     else:
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+
+
+def _run_method_job(job: MethodJob, part: str) -> Any:
+    _one_core()
     queue = _progress_queue
     return job.run(part, queue.put if queue is not None else None)
 
@@ -199,11 +203,7 @@ def _import_in_worker(modules: tuple[str, ...]) -> None:
 
 
 def _sample_in_worker(config: dict[str, Any], spec, depth: int | None, workspace_allocs: tuple[int, ...], arch: str | None):
-    # One core per simulation: the processes are the parallelism.
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(1)
-    else:
-        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    _one_core()
     from memfit.planner.extrapolate import sample_step
 
     return sample_step(config, spec, depth, workspace_allocs, arch)
