@@ -26,11 +26,11 @@ Reshape = Callable[[dict[str, int], str], dict[str, int]]
 
 
 @dataclass(frozen=True)
-class SampledStep:
-    """One simulation of the step at one depth, summarised: the tracker's result (its events), the
-    peaks, the categories at the allocated peak and the counts."""
+class StepFigures:
+    """What a simulated step and the full-depth estimate made from it both report: how attention
+    runs and the batches are laid out, the peaks, the categories at the allocated peak (``phase``)
+    and the parameter counts."""
 
-    result: Any  # memfit.planner.tracker's result: the events and allocations
     attention: str
     attention_kernels: Any
     batch_layout: str
@@ -45,6 +45,14 @@ class SampledStep:
     phase_peaks: dict[str, int]
     total_params: int
     trainable_params: int
+
+
+@dataclass(frozen=True)
+class SampledStep(StepFigures):
+    """One simulation of the step at one depth, summarised: its figures and the tracker's result
+    (its events)."""
+
+    result: Any  # memfit.planner.tracker's result: the events and allocations
     chunk_loops: frozenset = frozenset()  # (rows, chunk) of the step's chunked loops
 
 
@@ -53,7 +61,7 @@ Sampler = Callable[[dict[str, Any], RunSpec, "int | None", tuple[int, ...], "str
 
 
 @dataclass(frozen=True)
-class StepEstimate:
+class StepEstimate(StepFigures):
     """The step of the full model, as the plan reports it (one rank's, for several GPUs).
 
     ``categories`` are the live device bytes by category at the peak (``phase``), which sum to
@@ -62,21 +70,7 @@ class StepEstimate:
     multi-GPU reshape.
     """
 
-    allocated_bytes: int
-    reserved_bytes: int
-    host_peak_bytes: int
-    paged_peak_bytes: int
-    categories: dict[str, int]
-    phase: str
-    phase_peaks: dict[str, int]
-    total_params: int
-    trainable_params: int
     simulated_layers: list[int]
-    attention: str
-    attention_kernels: Any
-    batch_layout: str
-    embeddings_on_host: bool
-    trained_copies: list[dict]
     num_layers: int
     single_gpu_categories: dict[str, int]
 
