@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from memfit.interop.common import bool_rule, int_rule, model_rule, modules_to_save_rule, revision_rule, targets_rule
+from memfit.interop.common import dora_rule, int_rule, model_rule, modules_to_save_rule, revision_rule, rslora_rule, targets_rule
 from memfit.interop.keys import (
     ABSENT,
     Found,
@@ -303,8 +303,8 @@ RULES: tuple[Rule, ...] = (
                          doc="modules trained whole (often embed_tokens and lm_head): PEFT's trainable copies, with their "
                              "gradients and optimizer states; a tied embedding and head named both: one shared copy "
                              "(`peft_ensure_weight_tying: true`; without it PEFT trains two, listed)"),
-    bool_rule("peft_use_dora", "dora", doc="DoRA: a magnitude per output row, and the norm of every adapted weight each forward"),
-    bool_rule("peft_use_rslora", "rslora", doc="rsLoRA: the update scaled by alpha / sqrt(rank) (no change in memory)"),
+    dora_rule("peft_use_dora"),
+    rslora_rule("peft_use_rslora"),
     int_rule("sequence_len", "seq_len", 512, doc="tokens per sequence (Axolotl's default 512); memfit plans the longest"),
     int_rule("micro_batch_size", "batch_size", 1, doc="sequences per GPU in one forward pass"),
     Rule(("gradient_accumulation_steps", "batch_size", "micro_batch_size"), "grad_accum", _grad_accum,

@@ -74,7 +74,23 @@ def bool_rule(name: str, knob: str, *, doc: str) -> Rule:
     return Rule((name,), knob, lambda values, ctx: value_of(values, name, as_bool, None), doc=doc)
 
 
-def modules_to_save_rule(name: str, tying: str | None = None, *, doc: str) -> Rule:
+def dora_rule(name: str) -> Rule:
+    """DoRA on or off from the tool's key ``name`` (PEFT's ``use_dora``)."""
+    return bool_rule(name, "dora", doc="DoRA: a magnitude per output row, and the norm of every adapted weight each forward")
+
+
+def rslora_rule(name: str) -> Rule:
+    """rsLoRA on or off from the tool's key ``name`` (PEFT's ``use_rslora``)."""
+    return bool_rule(name, "rslora", doc="rsLoRA: the update scaled by alpha / sqrt(rank) (no change in memory)")
+
+
+#: What a tool's modules_to_save key means, for the tools without a key for weight tying.
+MODULES_TO_SAVE_DOC = ("modules trained whole besides the adapters (PEFT's modules_to_save): trainable copies, with their "
+                       "gradients and optimizer states; a tied embedding and head named both: planned as one shared copy "
+                       "(PEFT trains two, listed)")
+
+
+def modules_to_save_rule(name: str, tying: str | None = None, *, doc: str = MODULES_TO_SAVE_DOC) -> Rule:
     """Modules trained whole (``modules_to_save``) from key ``name`` (a list, or comma-separated
     names; empty or null: none). ``tying``: the tool's key for PEFT's ``ensure_weight_tying``.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from memfit.interop.common import bool_rule, int_rule, model_rule, modules_to_save_rule, revision_rule, targets_rule
+from memfit.interop.common import dora_rule, int_rule, model_rule, modules_to_save_rule, revision_rule, rslora_rule, targets_rule
 from memfit.interop.keys import (
     ABSENT,
     Found,
@@ -346,12 +346,9 @@ RULES: tuple[Rule, ...] = (
     Rule(("lora_dropout",), "dropout", lambda v, ctx: value_of(v, "lora_dropout", _dropout, 0.05), doc="LoRA dropout (0.05)"),
     Rule(("lora_target_modules",), "targets", _targets,
          doc="LoRA targets: the modules listed, `all-linear`; none: PEFT's default for the model type (q_proj, v_proj)"),
-    modules_to_save_rule("lora_modules_to_save",
-                         doc="modules trained whole besides the adapters (PEFT's modules_to_save): trainable copies, with "
-                             "their gradients and optimizer states; a tied embedding and head named both: planned as one "
-                             "shared copy (PEFT trains two, listed)"),
-    bool_rule("use_dora", "dora", doc="DoRA: a magnitude per output row, and the norm of every adapted weight each forward"),
-    bool_rule("use_rslora", "rslora", doc="rsLoRA: the update scaled by alpha / sqrt(rank) (no change in memory)"),
+    modules_to_save_rule("lora_modules_to_save"),
+    dora_rule("use_dora"),
+    rslora_rule("use_rslora"),
     not_modelled("lora_target_parameters", why="adapters on parameters (experts) rather than linear modules"),
     Rule(("max_length", "max_seq_length", "block_size"), "seq_len", _seq_len,
          lambda v, values: {next((k for k in ("max_seq_length", "block_size") if k in values and "max_length" not in values),

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from memfit.interop.common import bool_rule, int_rule, model_rule, modules_to_save_rule, revision_rule, targets_rule
+from memfit.interop.common import dora_rule, int_rule, model_rule, modules_to_save_rule, revision_rule, rslora_rule, targets_rule
 from memfit.interop.keys import (
     ABSENT,
     Found,
@@ -193,12 +193,9 @@ RULES: tuple[Rule, ...] = (
     Rule(("lora_alpha",), "alpha", lambda v, ctx: value_of(v, "lora_alpha", as_float, None), doc="LoRA alpha (default 2 x rank)"),
     Rule(("lora_dropout",), "dropout", lambda v, ctx: value_of(v, "lora_dropout", _dropout, None), doc="LoRA dropout"),
     targets_rule(None, "lora_target", doc="LoRA targets: `all` (the default) is every linear layer, or the modules listed"),
-    modules_to_save_rule("additional_target",
-                         doc="modules trained whole besides the adapters (PEFT's modules_to_save): trainable copies, with "
-                             "their gradients and optimizer states; a tied embedding and head named both: planned as one "
-                             "shared copy (PEFT trains two, listed)"),
-    bool_rule("use_dora", "dora", doc="DoRA: a magnitude per output row, and the norm of every adapted weight each forward"),
-    bool_rule("use_rslora", "rslora", doc="rsLoRA: the update scaled by alpha / sqrt(rank) (no change in memory)"),
+    modules_to_save_rule("additional_target"),
+    dora_rule("use_dora"),
+    rslora_rule("use_rslora"),
     int_rule("cutoff_len", "seq_len", 2048, doc="tokens per sequence (default 2048); memfit plans the longest"),
     int_rule("per_device_train_batch_size", "batch_size", 8, doc="sequences per GPU in one forward pass (the Trainer's default 8)"),
     int_rule("gradient_accumulation_steps", "grad_accum", 1, doc="micro-batches per optimizer step"),
