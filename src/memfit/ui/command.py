@@ -88,12 +88,11 @@ def ui_command(
         typer.secho(f"warning: memfit ui listens on {host}: anyone who can reach this machine on port {sock.getsockname()[1]} "
                     f"can use the page and make the server plan (no password, no TLS). Use --host {DEFAULT_HOST} to keep "
                     "it to this machine.", fg="yellow", bold=True, err=True)
-    from memfit.planner.workers import DepthPool
     from memfit.ui.app import create_app
-    from memfit.ui.service import WARM_IMPORTS, PlannerService
+    from memfit.ui.service import PlannerService
 
     # A plan's two sampled depths are simulated side by side, in two processes kept for the server's life.
-    service = PlannerService(depths=DepthPool(2, imports=WARM_IMPORTS + ("bitsandbytes",)))
+    service = PlannerService(depth_workers=2)
     service.warm()
     app = create_app(service, run_dir=run_dir)
     print(f"memfit ui: {url}  (Ctrl-C to stop)", flush=True)

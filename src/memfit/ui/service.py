@@ -57,11 +57,16 @@ class PlannerService:
     """Plans, sweeps and searches for the page, with the planner's imports done ahead."""
 
     def __init__(self, uploads: UploadStore | None = None, *, clock: Callable[[], float] = time.perf_counter,
-                 depths: Any = None) -> None:
+                 depth_workers: int = 0) -> None:
         self.uploads = uploads or UploadStore()
-        # Where a plan's sampled depths are simulated: side by side in worker processes
-        # (memfit.planner.workers.DepthPool, the server's), or in this process one after the other.
-        self.depths = depths
+        # Where a plan's sampled depths are simulated: side by side in ``depth_workers`` worker
+        # processes that import what this process imports to warm (the server's), or here, one
+        # after the other (0).
+        self.depths = None
+        if depth_workers:
+            from memfit.planner.workers import DepthPool
+
+            self.depths = DepthPool(depth_workers, imports=WARM_IMPORTS + ("bitsandbytes",))
         self._plan_lock = threading.Lock()
         self._imported = threading.Event()
         self._searches = threading.BoundedSemaphore(MAX_SEARCHES)
