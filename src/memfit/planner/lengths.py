@@ -105,7 +105,9 @@ def learn(samples: dict[int, Any]) -> LengthModel | None:
             return None
         rules.append(rule)
     model = LengthModel(sample=a, rules=tuple(rules), min_seq_len=len_a, max_seq_len=_longest_same_structure(loops, len_a))
-    if not all(model.explains(sample, length) for length, sample in ordered[1:]):
+    # The two shortest are the rules' own (each rule is checked against their sizes as it is made,
+    # their structures above); the model must hold at both, and explain any other.
+    if not model.holds_at(len_b) or not all(model.explains(sample, length) for length, sample in ordered[2:]):
         return None
     return model
 
