@@ -34,11 +34,12 @@ from memfit.planner.cuda_parity import (
     plan_bitsandbytes_optimizer,
     planned_grad_scaler,
 )
+from memfit.planner.regions import RegionReplay
 from memfit.planner.tracker import MemoryTracker, TrackerResult
 from memfit.spec import RunSpec
 from memfit.step.batch import PADDED
 from memfit.step.builder import build_step
-from memfit.step.chunking import recording_loops
+from memfit.step.chunking import recording_loops, replaying_regions
 from memfit.step.offload import pinned_host_copies
 from memfit.step.optim import build_optimizer
 from memfit.step.preference import keep_reference_copy, longest_pairs, needs_reference_copy
@@ -105,6 +106,10 @@ def simulate(
         offload_parity(),
         pinned_host_copies(),
         recording_loops() as loops,
+        # A chunk's work seen before is replayed, not run (what it might change besides memory:
+        # the attention kernels met, the loops recorded).
+        replaying_regions(RegionReplay(tracker, lambda: (len(parity.kernels), len(loops)),
+                                       _region_templates(config_dict, spec, arch, fake))),
         tracker,
         parity,
     ):
@@ -154,6 +159,30 @@ def simulate(
         trained_copies=copies,
         chunk_loops=frozenset(loops),
     )
+
+
+#: Region templates (:mod:`memfit.planner.regions`) of the last few kinds of plan: by the model's
+#: config, the spec but for the knobs that only change shapes, and the GPU architecture.
+_REGION_TEMPLATES: dict[tuple, dict] = {}
+_REGION_SCOPES = 4
+#: Knobs that change the shapes a step runs on, not what it runs: a template is keyed by its shapes.
+_SHAPE_KNOBS = {"seq_len", "batch_size", "grad_accum"}
+
+
+def _region_templates(config_dict: dict[str, Any], spec: RunSpec, arch: str | None, fake: bool) -> dict:
+    """The templates the simulations of plans of one kind share (their depths, their lengths and
+    micro-batches): the same module on the same shapes does the same at every depth and length."""
+    import json
+
+    scope = (json.dumps(config_dict, sort_keys=True, default=str),
+             json.dumps(spec.model_dump(mode="json", exclude=_SHAPE_KNOBS), sort_keys=True), arch, fake)
+    templates = _REGION_TEMPLATES.pop(scope, None)
+    if templates is None:
+        templates = {}
+        while len(_REGION_TEMPLATES) >= _REGION_SCOPES:
+            del _REGION_TEMPLATES[next(iter(_REGION_TEMPLATES))]
+    _REGION_TEMPLATES[scope] = templates  # most recent last
+    return templates
 
 
 class _WorkspaceObserver:

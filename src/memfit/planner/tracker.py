@@ -105,6 +105,7 @@ class TrackerResult:
     phase_peaks: dict[str, int] = field(default_factory=dict)
     phase_marks: list[tuple[str, int]] = field(default_factory=list)
     peak_from_event: int = -1  # the peak is the highest moment after this event (set by reset_peak)
+    _live: list[int] | None = field(default=None, repr=False, compare=False)  # live_bytes(), once worked out
 
     def categories_at(self, event_index: int) -> dict[str, int]:
         """Live device bytes by category just after event ``event_index``."""
@@ -119,13 +120,15 @@ class TrackerResult:
 
 
     def live_bytes(self) -> list[int]:
-        """Live device bytes just after each event."""
-        sizes = {a.alloc_id: a.nbytes for a in self.allocations}
-        live, series = 0, []
-        for kind, alloc_id, _ in self.events:
-            live += sizes[alloc_id] if kind == "alloc" else -sizes[alloc_id]
-            series.append(live)
-        return series
+        """Live device bytes just after each event (worked out once: a result is not changed once made)."""
+        if self._live is None or len(self._live) != len(self.events):
+            sizes = {a.alloc_id: a.nbytes for a in self.allocations}
+            live, series = 0, []
+            for kind, alloc_id, _ in self.events:
+                live += sizes[alloc_id] if kind == "alloc" else -sizes[alloc_id]
+                series.append(live)
+            self._live = series
+        return self._live
 
     def segments(self) -> list["Segment"]:
         """The step's phases in order, each with its live bytes at start, at end and at its highest."""
@@ -183,7 +186,13 @@ class MemoryTracker(TorchDispatchMode):
             return device
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
-        flat, _ = tree_flatten(out)
+        # Most ops return one tensor or a flat tuple of them: no need for a tree walk.
+        if isinstance(out, torch.Tensor):
+            flat = (out,)
+        elif isinstance(out, (tuple, list)) and all(isinstance(t, torch.Tensor) or t is None for t in out):
+            flat = out
+        else:
+            flat, _ = tree_flatten(out)
         # Pinned memory is host memory (offloaded activations), whatever device the fake run uses.
         pinned = bool(kwargs.get("pin_memory"))
         if pinned:
@@ -220,8 +229,15 @@ class MemoryTracker(TorchDispatchMode):
             requested_bytes=requested,
             shape=tuple(int(n) for n in tensor.shape),
         )
-        self.allocations.append(alloc)
         self._by_storage[key] = alloc
+        self._record(alloc)
+        weakref.finalize(storage, self._free, key, alloc)
+        return alloc
+
+    def _record(self, alloc: Allocation) -> None:
+        """Count a new allocation: its event, the live bytes and the peaks."""
+        nbytes = alloc.nbytes
+        self.allocations.append(alloc)
         if alloc.place != "device":
             live = self._live_outside.get(alloc.place, 0) + nbytes
             self._live_outside[alloc.place] = live
@@ -234,12 +250,13 @@ class MemoryTracker(TorchDispatchMode):
                 self._peak_event = alloc.alloc_event
             if self._live_device_bytes > self._phase_peaks.get(self.phase, 0):
                 self._phase_peaks[self.phase] = self._live_device_bytes
-        weakref.finalize(storage, self._free, key, alloc)
-        return alloc
 
     def _free(self, key: int, alloc: Allocation) -> None:
         if self._by_storage.get(key) is alloc:
             del self._by_storage[key]
+        self._release(alloc)
+
+    def _release(self, alloc: Allocation) -> None:
         alloc.free_event = len(self.events)
         if alloc.place != "device":
             self._live_outside[alloc.place] -= alloc.nbytes
@@ -247,6 +264,26 @@ class MemoryTracker(TorchDispatchMode):
             # Device events are what the caching-allocator model replays; host memory is not in it.
             self.events.append(("free", alloc.alloc_id, 0))
             self._live_device_bytes -= alloc.nbytes
+
+    def replay_allocation(self, like: Allocation) -> Allocation:
+        """Count an allocation of ``like``'s size, op and shape now, with no tensor behind it: a
+        replayed region's (:mod:`memfit.planner.regions`), freed by :meth:`replay_free`."""
+        alloc = Allocation(alloc_id=len(self.allocations), nbytes=like.nbytes, phase=self.phase,
+                           alloc_event=len(self.events), place=self._places[-1] if self._places else "device",
+                           op=like.op, requested_bytes=like.requested_bytes, shape=like.shape)
+        self._record(alloc)
+        return alloc
+
+    def replay_free(self, alloc: Allocation) -> None:
+        """Count the end of an allocation made by :meth:`replay_allocation`."""
+        self._release(alloc)
+
+    def allocation_of(self, tensor: torch.Tensor) -> Allocation | None:
+        """The live allocation behind ``tensor``'s storage, if the tracker has seen it."""
+        try:
+            return self._by_storage.get(tensor.untyped_storage()._cdata)
+        except (NotImplementedError, RuntimeError):
+            return None
 
     # ----------------------------------------------------------------- phases and roles
     def set_phase(self, phase: str) -> None:

@@ -11,12 +11,18 @@ The planner runs the real step on fake tensors, where a 128k-token sequence mean
 identical chunk iterations and a minute of simulation. Under fake tensors the loops therefore run
 the first two chunks and the last one: the same peak, the same categories, the same reserved
 memory (a test compares both ways). Real tensors always run every chunk.
+
+A chunk's work is also the same from one call to the next: the same module on the same shapes in
+every micro-batch, in forward and in the recomputation of an activation checkpoint. The loops run
+that work through :func:`run_region`; the planner, which only needs the memory it makes, records it
+the first time and replays its allocations after that (:mod:`memfit.planner.regions`). On real
+tensors, and without the planner, :func:`run_region` is a plain call.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -41,6 +47,36 @@ def recording_loops() -> Iterator[set[tuple[int, int]]]:
         yield loops
     finally:
         _recorded.remove(loops)
+
+
+#: What runs a region under the planner (:func:`replaying_regions`); innermost last.
+RegionRunner = Callable[[Any, str, Callable[..., Any], tuple], Any]
+_region_runners: list[RegionRunner] = []
+
+
+def run_region(owner: Any, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``: one chunk's work (``what``, e.g. ``"tiled-forward"``) of ``owner``, the module
+    whose chunk it is.
+
+    A region's only effects are its return value (new tensors, or None) and the tensors it makes
+    and frees before it returns, and the memory it makes depends only on ``owner``'s state, ``what``,
+    the shapes of ``args`` (and their other values) and the grad, autocast and autograd modes it
+    runs under. The planner replays the memory of a region it has seen with all of these the same
+    instead of running it again.
+    """
+    if _region_runners and any(isinstance(a, torch.Tensor) and is_fake(a) for a in args):
+        return _region_runners[-1](owner, what, fn, args)
+    return fn(*args)
+
+
+@contextlib.contextmanager
+def replaying_regions(runner: RegionRunner) -> Iterator[None]:
+    """Run the regions of fake runs in this block through ``runner(owner, what, fn, args)``."""
+    _region_runners.append(runner)
+    try:
+        yield
+    finally:
+        _region_runners.remove(runner)
 
 
 def chunk_starts(total: int, chunk: int, like: torch.Tensor | None = None) -> list[int]:

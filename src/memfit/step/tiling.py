@@ -20,6 +20,7 @@ Only the instance's ``forward`` is patched (no wrapper modules), so parameter na
 
 from __future__ import annotations
 
+import functools
 import inspect
 import types
 from typing import Any, Callable
@@ -29,7 +30,7 @@ from torch import nn
 
 from memfit.models.layers import decoder_layers
 from memfit.step.autocast import active_autocast_dtype, same_autocast
-from memfit.step.chunking import chunk_starts, is_fake
+from memfit.step.chunking import chunk_starts, is_fake, run_region
 
 #: Tokens per chunk. 2048 rows keep each chunk's matmuls ([2048, hidden] x [hidden, intermediate])
 #: large enough to run a GPU's tensor cores near full speed (a few hundred rows already do for
@@ -140,9 +141,7 @@ def _tiled_forward(self: nn.Module, hidden_states: torch.Tensor, *args: Any, **k
     if args or kwargs or not isinstance(hidden_states, torch.Tensor) or hidden_states.dim() < 2:
         return _call_untiled(untiled, self, hidden_states, *args, **kwargs)
 
-    def run(x: torch.Tensor) -> torch.Tensor:
-        return _call_untiled(untiled, self, x)
-
+    run = _Untiled(untiled, self)
     chunk_tokens = self.__dict__[_CHUNK_ATTR]
     params = [p for p in self.parameters() if p.requires_grad]
     if not torch.is_grad_enabled() or not (hidden_states.requires_grad or params):
@@ -157,6 +156,17 @@ def _tiled_forward(self: nn.Module, hidden_states: torch.Tensor, *args: Any, **k
 
 def _call_untiled(untiled: Callable | None, module: nn.Module, *args: Any, **kwargs: Any) -> Any:
     return untiled(*args, **kwargs) if untiled is not None else type(module).forward(module, *args, **kwargs)
+
+
+class _Untiled:
+    """``module``'s own (untiled) forward on one chunk; ``module`` is whose chunks they are."""
+
+    def __init__(self, untiled: Callable | None, module: nn.Module) -> None:
+        self.untiled = untiled
+        self.module = module
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return _call_untiled(self.untiled, self.module, x)
 
 
 class TiledMLPFunction(torch.autograd.Function):
@@ -198,15 +208,10 @@ class TiledMLPFunction(torch.autograd.Function):
         with torch.random.fork_rng(devices=devices, enabled=rng_states is not None), same_autocast(x.device.type, ctx.autocast_dtype):
             for index, start in enumerate(chunk_starts(flat_x.shape[0], ctx.chunk_tokens, flat_x)):
                 stop = start + ctx.chunk_tokens
-                piece = flat_x[start:stop].detach().requires_grad_(need_x)
                 if rng_states is not None:
                     _set_rng_state(rng_states[index], devices)
-                with torch.enable_grad():
-                    y = ctx.run(piece)
-                inputs = ([piece] if need_x else []) + [params[i] for i in wanted]
-                # autograd.grad (not .backward) so nothing lands in .grad here: the Function's
-                # return value is accumulated once by autograd, and hooks on it fire once.
-                grads = torch.autograd.grad(y, inputs, flat_grad[start:stop], allow_unused=True)
+                grads = run_region(ctx.run.module, "tiled-backward", functools.partial(_chunk_gradients, ctx.run), need_x,
+                                   flat_x[start:stop], flat_grad[start:stop], *[params[i] for i in wanted])
                 if need_x:
                     grad_x[start:stop] = grads[0]
                     grads = grads[1:]
@@ -219,14 +224,27 @@ class TiledMLPFunction(torch.autograd.Function):
                         grad_params[i] += g
                 # Drop the chunk's gradients now; ``g`` would keep the last one alive through the
                 # next chunk's recomputation.
-                del y, grads
+                del grads
                 g = None
         grad_x = grad_x.view(x.shape) if grad_x is not None else None
         return (None, None, None, grad_x, *grad_params)
 
 
+def _chunk_gradients(run: _Untiled, need_x: bool, x_rows: torch.Tensor, grad_rows: torch.Tensor,
+                     *params: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+    """One chunk of the tiled backward: recompute ``run`` on ``x_rows`` with grad enabled and return
+    the gradients of ``x_rows`` (when ``need_x``) and of ``params`` for the output gradient ``grad_rows``."""
+    piece = x_rows.detach().requires_grad_(need_x)
+    with torch.enable_grad():
+        y = run(piece)
+    inputs = ([piece] if need_x else []) + list(params)
+    # autograd.grad (not .backward) so nothing lands in .grad here: the Function's return value is
+    # accumulated once by autograd, and hooks on it fire once.
+    return torch.autograd.grad(y, inputs, grad_rows, allow_unused=True)
+
+
 def _chunked_forward(
-    run: Callable[[torch.Tensor], torch.Tensor],
+    run: _Untiled,
     x: torch.Tensor,
     chunk_tokens: int,
     rng_states: list[tuple] | None,
@@ -240,7 +258,7 @@ def _chunked_forward(
         piece = flat[start:start + chunk_tokens]
         if rng_states is not None:
             rng_states.append(_get_rng_state(devices))
-        y = run(piece)
+        y = run_region(run.module, "tiled-forward", run, piece)
         if not isinstance(y, torch.Tensor) or y.dim() != 2 or y.shape[0] != piece.shape[0]:
             raise TypeError(
                 f"tiled MLP: the MLP returned {type(y).__name__} "
