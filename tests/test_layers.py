@@ -31,7 +31,7 @@ LAYERS: dict[str, int] = {
     "interop": 5,
     "step": 4,
     "models": 3,
-    "spec": 1, "units": 1, "files": 1, "run_files": 1, "options": 1, "errors": 1, "json_form": 1, "console": 1,
+    "spec": 1, "units": 1, "files": 1, "exits": 1, "run_files": 1, "options": 1, "errors": 1, "json_form": 1, "console": 1,
 }
 #: merge uses the bottom layer, and of the models package only what fetches a model or adapter by
 #: its Hub id (it builds no model); nothing but the CLI and the package's front door use merge.

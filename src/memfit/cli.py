@@ -10,12 +10,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, NoReturn, Optional
 
 import typer
 
 from memfit.console import make_console
 from memfit.errors import EXIT_DOES_NOT_FIT, PathError, cli_errors
+from memfit.exits import end_process
 from memfit.options import FIT_KNOBS, command_options, knob_options, whole_number, with_options
 from memfit.spec import TRAINED_KNOBS, default
 
@@ -254,13 +255,18 @@ app.command("ui")(ui_command)
 _QUIET_LOGGERS = ("bitsandbytes.backends.cpu.ops",)
 
 
-def main() -> None:
-    """Console-script entry point."""
+def main() -> NoReturn:
+    """Console-script entry point. The process ends as soon as the command is done
+    (:func:`memfit.exits.end_process`: exit handlers run, no teardown of torch's modules)."""
     import logging
 
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
-    app()
+    try:
+        app()
+    except SystemExit as done:
+        end_process(done.code)
+    end_process(0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -59,7 +59,8 @@ def worker_count(num_methods: int) -> int:
 
 
 #: What a plan imports, imported once by the server the search's workers are forked from.
-_WORKER_PRELOAD = ["memfit.planner.simulate", "transformers.models.auto.configuration_auto", "transformers.modeling_utils"]
+_WORKER_PRELOAD = ["memfit.planner.server_exit", "memfit.planner.simulate", "transformers.models.auto.configuration_auto",
+                   "transformers.modeling_utils"]
 
 _worker_server_started = False
 
