@@ -67,3 +67,20 @@ def test_the_longest_sequence_is_the_same_with_and_without_predictions(monkeypat
     assert with_model.max_seq_len["lora"] > 16384  # found past the lengths the model was learnt from
     assert with_model.max_seq_len_specs == without.max_seq_len_specs
     assert with_model.plans_made < without.plans_made
+
+
+def test_the_boundary_is_interpolated_between_the_first_plans_and_the_limit(monkeypatch):
+    # Llama-3.1-8B LoRA on 24 GiB: the line through the two plans learnt from points below the
+    # boundary; stepping out from there took fifteen predictions, from both ends it takes seven.
+    asked = []
+    predict = search._Planner.predict
+
+    def counted(self, sampler, **knobs):
+        asked.append(knobs["seq_len"])
+        return predict(self, sampler, **knobs)
+
+    monkeypatch.setattr(search._Planner, "predict", counted)
+    found = search.fit("llama-3.1-8b", gpu="rtx-4090", batch_size=1, methods=("lora",), workers=1)
+    assert found.max_seq_len["lora"] == 58880  # benchmarks/results/fit_answers.json
+    assert asked[0] == 131072  # the limit first
+    assert len(asked) <= 8, asked

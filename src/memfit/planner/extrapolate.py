@@ -272,10 +272,12 @@ def _shared_regions(shallow, deep):
 
 def _signatures(result, first: int, stop: int) -> list[tuple[str, int, str]]:
     """(event kind, bytes, op) of events ``first`` to ``stop - 1``: what an event does, without ids."""
-    by_id = {a.alloc_id: a for a in result.allocations}
+    allocations = result.allocations
+    if not all(allocations[i].alloc_id == i for i in (0, len(allocations) - 1) if allocations):
+        allocations = {a.alloc_id: a for a in allocations}  # not listed by id (the tracker lists them so)
     out = []
     for kind, alloc_id, _ in result.events[first:stop]:
-        a = by_id[alloc_id]
+        a = allocations[alloc_id]
         out.append((kind, a.nbytes, a.op))
     return out
 

@@ -50,6 +50,7 @@ class LengthModel:
     rules: tuple[SizeRule, ...]  # by allocation id: requested bytes at a length
     min_seq_len: int  # the shorter length learnt from
     max_seq_len: int  # the longest length with the same structure (a short loop gains a chunk past it)
+    varying: tuple[int, ...]  # allocations whose size follows the length (the others' rules are constants)
 
     def holds_at(self, seq_len: int) -> bool:
         return self.min_seq_len <= seq_len <= self.max_seq_len
@@ -67,13 +68,15 @@ class LengthModel:
         from memfit.planner.tracker import Allocation, TrackerResult
 
         base = self.sample.result
-        allocations = []
-        for a, rule in zip(base.allocations, self.rules):
-            requested = rule(seq_len)
+        # A storage whose size does not follow the length is the sample's own, and so is its event.
+        allocations, events = list(base.allocations), list(base.events)
+        for index in self.varying:
+            a, requested = allocations[index], self.rules[index](seq_len)
             # (Made directly: dataclasses.replace costs more than the rest of a prediction.)
-            allocations.append(Allocation(a.alloc_id, round_size(requested), a.phase, a.alloc_event, a.free_event, a.role,
-                                          a.place, a.op, requested, a.shape))
-        events = [(kind, alloc_id, allocations[alloc_id].nbytes if kind == "alloc" else 0) for kind, alloc_id, _ in base.events]
+            a = allocations[index] = Allocation(a.alloc_id, round_size(requested), a.phase, a.alloc_event, a.free_event,
+                                                a.role, a.place, a.op, requested, a.shape)
+            if a.place == "device":  # (storages outside the device allocator have no events)
+                events[a.alloc_event] = ("alloc", a.alloc_id, a.nbytes)
         result = TrackerResult(allocations=allocations, events=events, peak=base.peak, outside_peaks=dict(base.outside_peaks),
                                phase_marks=list(base.phase_marks), peak_from_event=base.peak_from_event)
         result.peak, phase_peaks = _peaks(result)
@@ -104,7 +107,9 @@ def learn(samples: dict[int, Any]) -> LengthModel | None:
         if rule is None:
             return None
         rules.append(rule)
-    model = LengthModel(sample=a, rules=tuple(rules), min_seq_len=len_a, max_seq_len=_longest_same_structure(loops, len_a))
+    varying = tuple(i for i, (x, y) in enumerate(zip(a.result.allocations, b.result.allocations)) if x.requested_bytes != y.requested_bytes)
+    model = LengthModel(sample=a, rules=tuple(rules), min_seq_len=len_a, max_seq_len=_longest_same_structure(loops, len_a),
+                        varying=varying)
     # The two shortest are the rules' own (each rule is checked against their sizes as it is made,
     # their structures above); the model must hold at both, and explain any other.
     if not model.holds_at(len_b) or not all(model.explains(sample, length) for length, sample in ordered[2:]):
