@@ -91,7 +91,10 @@ def simulate(
     config.use_cache = False
     dtype = DTYPES[spec.weight_precision]
     step_fn = build_step(spec, config)
-    with _quiet(), bitsandbytes_only_if_used(spec):
+    # Everything the preparation makes goes on meta too: PEFT makes each adapter on the default
+    # device and initialises it (real random numbers on the CPU) before moving it to its base
+    # layer's device, meta here; made there at once, nothing is drawn.
+    with _quiet(), bitsandbytes_only_if_used(spec), torch.device("meta"):
         model = prepare_for_method(build_meta_model(config, dtype), spec)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     attention = str(getattr(base.config, "_attn_implementation", None) or "eager")
