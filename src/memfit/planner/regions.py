@@ -59,8 +59,11 @@ class RegionReplay:
     """The planner's region runner (:func:`memfit.step.chunking.replaying_regions`) for one simulation.
 
     ``probe`` returns a snapshot of state outside the tracker's events that a region could change
-    (a region that changed it is not replayed). Templates are kept for the life of this object: one
-    simulation, while the modules they are keyed by live.
+    (a region that changed it is not replayed). ``templates``: where templates are kept, shared by
+    the simulations of one kind of plan (:func:`memfit.planner.simulate.simulate` keeps them by the
+    model's config, the spec but for its shapes, and the architecture); a template is keyed by what
+    decides its memory (:meth:`_key`), never by a module's identity, so modules equal in every
+    respect (each block's MLP) share one.
     """
 
     def __init__(self, tracker: MemoryTracker, probe: Callable[[], Hashable] = lambda: None,
@@ -91,7 +94,7 @@ class RegionReplay:
         """What decides a region's memory: the module and its state, the region, its arguments'
         shapes (or values), the modes; None when the region is not to be replayed."""
         grad = torch.is_grad_enabled()
-        if grad and torch._C._autograd._top_saved_tensors_default_hooks(False) is not None:
+        if grad and _saved_tensors_hooked():
             return None  # saved tensors would go through hooks that may keep or move them
         shapes = []
         for a in args:
@@ -123,6 +126,13 @@ class RegionReplay:
                 made[local] = tracker.replay_allocation(like)
         values = [None if o is None else outputs[o.local] for o in template.outputs]
         return values[0] if template.container is None else template.container(values)
+
+
+def _saved_tensors_hooked() -> bool:
+    """Whether saved-tensor hooks are active (``torch.autograd.graph.saved_tensors_hooks``); True
+    when this torch cannot say, so that nothing is replayed on a guess."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is None or top(False) is not None
 
 
 def _modes(grad: bool) -> tuple:
