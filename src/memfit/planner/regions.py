@@ -17,8 +17,8 @@ changed (the probe's state: attention kernels met, chunked loops recorded). The 
 module runs the same region on the same shapes under the same modes, the tracker is handed the
 template's allocations and frees (:meth:`~memfit.planner.tracker.MemoryTracker.replay_allocation`)
 and the returned tensors are made empty with the template's shapes and strides: the same events, in
-the same order, as running it, at a fraction of the cost. A test plans with and without replay and
-compares the plans byte for byte.
+the same order, as running it, at a fraction of the cost. A test simulates with and without replay
+and compares every event.
 """
 
 from __future__ import annotations
@@ -70,8 +70,6 @@ class RegionReplay:
                  templates: dict | None = None) -> None:
         self.tracker = tracker
         self.probe = probe
-        # Shared by the simulations of one plan (its depths): what the step does per module is
-        # the same at every depth.
         self._templates: dict[Hashable, _Template | None] = {} if templates is None else templates
         self.replayed = 0  # regions replayed (tests read it)
 
