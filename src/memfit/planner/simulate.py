@@ -34,12 +34,12 @@ from memfit.planner.cuda_parity import (
     plan_bitsandbytes_optimizer,
     planned_grad_scaler,
 )
-from memfit.planner.regions import RegionReplay
+from memfit.planner.regions import MicroBatchReplay, RegionReplay
 from memfit.planner.tracker import MemoryTracker, TrackerResult
 from memfit.spec import RunSpec
 from memfit.step.batch import PADDED
 from memfit.step.builder import build_step
-from memfit.step.chunking import recording_loops, replaying_regions
+from memfit.step.chunking import recording_loops, replaying_micro_batches, replaying_regions
 from memfit.step.offload import pinned_host_copies
 from memfit.step.optim import build_optimizer
 from memfit.step.preference import keep_reference_copy, longest_pairs, needs_reference_copy
@@ -111,7 +111,7 @@ def simulate(
         recording_loops() as loops,
         # A chunk's work seen before is replayed, not run (what it might change besides memory:
         # the attention kernels met, the loops recorded).
-        replaying_regions(RegionReplay(tracker, lambda: (len(parity.kernels), len(loops)),
+        replaying_regions(RegionReplay(tracker, probe := lambda: (len(parity.kernels), len(loops)),
                                        _region_templates(config_dict, spec, arch, fake))),
         tracker,
         parity,
@@ -135,17 +135,20 @@ def simulate(
         # The step's own peak is what matters; building the model is not part of it.
         tracker.reset_peak()
         observer = _WorkspaceObserver(tracker, workspace_allocs)
-        for step in range(SIM_STEPS):
-            # The trainer makes a step's grad_accum micro-batches up front and holds them through
-            # the step; so does the plan. The first step only has to create the optimizer states;
-            # in the last, two micro-batches show gradient accumulation's steady state (the second
-            # runs with gradients held).
-            held = [step_fn.collate(examples, 0) for _ in range(spec.grad_accum)]
-            with _quiet():
-                step_fn(model, held[: min(spec.grad_accum, 2) if step == SIM_STEPS - 1 else 1], optimizer,
-                        grad_scaler=grad_scaler, observer=observer)
-            del held
-            tracker.mark_optimizer(optimizer)
+        # Each step's first micro-batch makes what the first step's did: it is replayed (a loss
+        # scaler's first scaling makes its scale, so with one every micro-batch runs).
+        with replaying_micro_batches(MicroBatchReplay(tracker, probe)) if grad_scaler is None else contextlib.nullcontext():
+            for step in range(SIM_STEPS):
+                # The trainer makes a step's grad_accum micro-batches up front and holds them through
+                # the step; so does the plan. The first step only has to create the optimizer states;
+                # in the last, two micro-batches show gradient accumulation's steady state (the second
+                # runs with gradients held).
+                held = [step_fn.collate(examples, 0) for _ in range(spec.grad_accum)]
+                with _quiet():
+                    step_fn(model, held[: min(spec.grad_accum, 2) if step == SIM_STEPS - 1 else 1], optimizer,
+                            grad_scaler=grad_scaler, observer=observer)
+                del held
+                tracker.mark_optimizer(optimizer)
         for h in hooks:
             h.remove()
         result = tracker.result()

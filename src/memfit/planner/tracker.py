@@ -178,6 +178,9 @@ class MemoryTracker(TorchDispatchMode):
         self._phase_peaks: dict[str, int] = {}
         self._places: list[str] = []  # innermost last: where new storages live
         self.phase_marks: list[tuple[str, int]] = []  # (phase, index of the last event before it)
+        #: While a list: every allocation and free, device or not, in order, as (is an allocation,
+        #: Allocation). A replayed micro-batch is recorded this way (:mod:`memfit.planner.regions`).
+        self.journal: list[tuple[bool, Allocation]] | None = None
 
     # ----------------------------------------------------------------- recording
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -238,6 +241,8 @@ class MemoryTracker(TorchDispatchMode):
         """Count a new allocation: its event, the live bytes and the peaks."""
         nbytes = alloc.nbytes
         self.allocations.append(alloc)
+        if self.journal is not None:
+            self.journal.append((True, alloc))
         if alloc.place != "device":
             live = self._live_outside.get(alloc.place, 0) + nbytes
             self._live_outside[alloc.place] = live
@@ -258,6 +263,8 @@ class MemoryTracker(TorchDispatchMode):
 
     def _release(self, alloc: Allocation) -> None:
         alloc.free_event = len(self.events)
+        if self.journal is not None:
+            self.journal.append((False, alloc))
         if alloc.place != "device":
             self._live_outside[alloc.place] -= alloc.nbytes
         else:
@@ -265,12 +272,15 @@ class MemoryTracker(TorchDispatchMode):
             self.events.append(("free", alloc.alloc_id, 0))
             self._live_device_bytes -= alloc.nbytes
 
-    def replay_allocation(self, like: Allocation) -> Allocation:
+    def replay_allocation(self, like: Allocation, *, as_made: bool = False) -> Allocation:
         """Count an allocation of ``like``'s size, op and shape now, with no tensor behind it: a
-        replayed region's (:mod:`memfit.planner.regions`), freed by :meth:`replay_free`."""
+        replayed region's (:mod:`memfit.planner.regions`), freed by :meth:`replay_free`. ``as_made``:
+        in ``like``'s place and with its role (a replayed micro-batch's), rather than in the place
+        new storages go now and with no role yet."""
+        place = like.place if as_made else self._places[-1] if self._places else "device"
         alloc = Allocation(alloc_id=len(self.allocations), nbytes=like.nbytes, phase=self.phase,
-                           alloc_event=len(self.events), place=self._places[-1] if self._places else "device",
-                           op=like.op, requested_bytes=like.requested_bytes, shape=like.shape)
+                           alloc_event=len(self.events), place=place, op=like.op,
+                           requested_bytes=like.requested_bytes, shape=like.shape, role=like.role if as_made else None)
         self._record(alloc)
         return alloc
 

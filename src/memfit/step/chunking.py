@@ -17,11 +17,17 @@ every micro-batch, in forward and in the recomputation of an activation checkpoi
 that work through :func:`run_region`; the planner, which only needs the memory it makes, records it
 the first time and replays its allocations after that (:mod:`memfit.planner.regions`). On real
 tensors, and without the planner, :func:`run_region` is a plain call.
+
+So is a micro-batch's: the first micro-batch of every optimizer step runs with no gradients held
+yet, on a batch of the same shapes, and makes the same memory each time. The step runs each
+micro-batch through :func:`run_micro_batch`, and the planner replays the first step's first
+micro-batch in the next step instead of running it again.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Any, Callable, Iterator
 
 import torch
@@ -77,6 +83,46 @@ def replaying_regions(runner: RegionRunner) -> Iterator[None]:
         yield
     finally:
         _region_runners.remove(runner)
+
+
+#: What runs a micro-batch under the planner (:func:`replaying_micro_batches`); innermost last.
+MicroBatchRunner = Callable[[Any, Callable[..., Any], tuple], Any]
+_micro_batch_runners: list[MicroBatchRunner] = []
+
+
+def run_micro_batch(model: Any, fn: Callable[..., Any], batch: Any, totals: Any, count: int, observer: Any) -> Any:
+    """``fn(model, batch, totals, count, observer)``: one micro-batch's forward and backward.
+
+    Its effects are its return value, the tensors it makes and frees before it returns, the
+    gradients it accumulates into ``model``'s parameters and the phases it tells ``observer``; what
+    it allocates depends only on ``model``'s state, the shapes of ``batch`` and ``totals``, the
+    gradients already held and the modes it runs under (not on ``count``, a divisor). The planner
+    replays the memory of one it has seen with all of these the same.
+    """
+    args = (model, batch, totals, count, observer)
+    if _micro_batch_runners and any(is_fake(t) for t in _tensors(batch)):
+        return _micro_batch_runners[-1](model, fn, args)
+    return fn(*args)
+
+
+@contextlib.contextmanager
+def replaying_micro_batches(runner: MicroBatchRunner) -> Iterator[None]:
+    """Run the micro-batches of fake runs in this block through ``runner(model, fn, args)``."""
+    _micro_batch_runners.append(runner)
+    try:
+        yield
+    finally:
+        _micro_batch_runners.remove(runner)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, Mapping):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
 
 
 def chunk_starts(total: int, chunk: int, like: torch.Tensor | None = None) -> list[int]:

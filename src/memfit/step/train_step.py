@@ -8,10 +8,12 @@ Keep it free of logging, device moves and anything that allocates memory a real 
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Protocol
 
 import torch
 
+from memfit.step.chunking import run_micro_batch
 from memfit.step.losses import Batch, LossFn
 
 
@@ -51,34 +53,15 @@ def train_step(
     batches = list(micro_batches)
     if not batches:
         raise ValueError("train_step needs at least one micro-batch")
-    reference_pass = getattr(loss_fn, "reference_pass", None)
+    one = functools.partial(_micro_batch, loss_fn, getattr(loss_fn, "reference_pass", None), grad_scaler)
     total_loss = None
     # Summed in place over the micro-batches, whether the caller asks for them or not: a plan
     # (which does not read them) and a run (which does) hold the same tensors, and the step holds as
     # many after two micro-batches as after twenty.
     totals = None
     for batch in batches:
-        if reference_pass is not None:
-            observer.on_phase("reference")
-            batch = reference_pass(model, batch)
-        observer.on_phase("forward")
-        output = loss_fn(model, batch)
-        loss, step_metrics = output if isinstance(output, tuple) else (output, None)
-        del output, batch
-        if step_metrics is not None:
-            if totals is None:
-                totals = step_metrics
-            else:
-                for name, value in step_metrics.items():
-                    totals[name].add_(value)
-        del step_metrics
-        # Each micro-batch's loss is divided by their count so that accumulated gradients equal the
-        # gradient of the mean loss over the whole effective batch.
-        loss = loss / len(batches)
-        observer.on_phase("backward")
-        (grad_scaler.scale(loss) if grad_scaler is not None else loss).backward()
-        total_loss = loss.detach() if total_loss is None else total_loss + loss.detach()
-        # Drop the graph's last reference now: its activations are already freed by backward.
+        loss, totals = run_micro_batch(model, one, batch, totals, len(batches), observer)
+        total_loss = loss if total_loss is None else total_loss + loss
         del loss
 
     observer.on_phase("optimizer")
@@ -100,3 +83,30 @@ def train_step(
     if metrics is not None and totals is not None:
         metrics.append(totals)
     return total_loss, grad_norm
+
+
+def _micro_batch(loss_fn: LossFn, reference_pass, grad_scaler, model: torch.nn.Module, batch: Batch, totals,
+                 count: int, observer: StepObserver):
+    """One micro-batch of ``count``: its reference pass, forward and backward, gradients accumulated
+    into the parameters; returns (its loss over ``count``, detached; the metrics summed so far)."""
+    if reference_pass is not None:
+        observer.on_phase("reference")
+        batch = reference_pass(model, batch)
+    observer.on_phase("forward")
+    output = loss_fn(model, batch)
+    loss, step_metrics = output if isinstance(output, tuple) else (output, None)
+    del output, batch
+    if step_metrics is not None:
+        if totals is None:
+            totals = step_metrics
+        else:
+            for name, value in step_metrics.items():
+                totals[name].add_(value)
+    del step_metrics
+    # Each micro-batch's loss is divided by their count so that accumulated gradients equal the
+    # gradient of the mean loss over the whole effective batch.
+    loss = loss / count
+    observer.on_phase("backward")
+    (grad_scaler.scale(loss) if grad_scaler is not None else loss).backward()
+    # The graph's last reference goes with ``loss``: its activations are already freed by backward.
+    return loss.detach(), totals
