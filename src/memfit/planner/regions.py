@@ -286,7 +286,8 @@ class MicroBatchReplay:
     does what it would do then), the tracker gets the same allocations, in their places and with
     their roles, and the same frees; the returned tensors and gradients are made empty with the
     template's layouts. The probe (attention kernels met, chunked loops recorded) must be where the
-    recorded run left it: what a micro-batch adds to it, it adds once.
+    recorded run left it: it reports what only grows within a simulation (sets of what was met, or
+    their sizes), and what a micro-batch adds to it, it adds the first time.
     """
 
     def __init__(self, tracker: MemoryTracker, probe: Callable[[], Hashable] = lambda: None) -> None:
