@@ -38,3 +38,21 @@ def test_shortcut_plans_the_same_peak_and_reserved_memory(tiny_llama, monkeypatc
     assert short.peak.phase == every.peak.phase
     assert short.phase_peaks == every.phase_peaks
     assert allocator.simulate(short.events).peak_reserved_bytes == allocator.simulate(every.events).peak_reserved_bytes
+
+
+def test_without_the_planner_a_micro_batch_is_a_plain_call():
+    phases = []
+
+    class Observer:
+        def on_phase(self, name):
+            phases.append(name)
+
+    def micro_batch(model, batch, totals, count, observer):
+        observer.on_phase("forward")
+        loss = model(batch["x"]).sum() / count
+        loss.backward()
+        return loss.detach(), totals
+
+    model = torch.nn.Linear(2, 1)
+    loss, totals = chunking.run_micro_batch(model, micro_batch, {"x": torch.ones(3, 2)}, None, 1, Observer())
+    assert totals is None and not loss.requires_grad and model.weight.grad is not None and phases == ["forward"]

@@ -33,13 +33,12 @@ from memfit.planner.tracker import Allocation, MemoryTracker
 
 #: Set to False to make fake runs run every region (tests compare both ways).
 REPLAY_REGIONS = True
-#: Set to False to make fake runs run every micro-batch (tests compare both ways).
-REPLAY_MICRO_BATCHES = True
 
 
 @dataclass(frozen=True)
-class _Output:
-    """One tensor a region returns: which of its allocations holds it, and how to remake it."""
+class Output:
+    """One tensor a region returns (or a micro-batch leaves behind): which of its allocations holds
+    it, and how to remake it."""
 
     local: int  # index of its allocation among the region's
     shape: tuple[int, ...]
@@ -54,7 +53,7 @@ class _Template:
 
     allocations: tuple[Allocation, ...]
     events: tuple[tuple[bool, int], ...]  # (is an allocation, index among the region's allocations)
-    outputs: tuple[_Output | None, ...]
+    outputs: tuple[Output | None, ...]
     container: type | None  # tuple or list; None for one tensor
 
 
@@ -95,7 +94,7 @@ class RegionReplay:
         """What decides a region's memory: the module and its state, the region, its arguments'
         shapes (or values), the modes; None when the region is not to be replayed."""
         grad = torch.is_grad_enabled()
-        if grad and _saved_tensors_hooked():
+        if grad and saved_tensors_hooked():
             return None  # saved tensors would go through hooks that may keep or move them
         shapes = []
         for a in args:
@@ -105,7 +104,7 @@ class RegionReplay:
                 shapes.append(a)
             else:
                 return None
-        return (what, tuple(shapes), _modes(grad), tuple(self.tracker._places), _module_state(owner))
+        return (what, tuple(shapes), dispatch_modes(grad), tuple(self.tracker._places), module_state(owner))
 
     def _replay(self, template: _Template) -> Any:
         tracker = self.tracker
@@ -129,14 +128,14 @@ class RegionReplay:
         return values[0] if template.container is None else template.container(values)
 
 
-def _saved_tensors_hooked() -> bool:
+def saved_tensors_hooked() -> bool:
     """Whether saved-tensor hooks are active (``torch.autograd.graph.saved_tensors_hooks``); True
     when this torch cannot say, so that nothing is replayed on a guess."""
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
     return top is None or top(False) is not None
 
 
-def _modes(grad: bool) -> tuple:
+def dispatch_modes(grad: bool) -> tuple:
     """The global modes a region's ops depend on."""
     return (grad, torch.is_inference_mode_enabled(),
             torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
@@ -144,7 +143,7 @@ def _modes(grad: bool) -> tuple:
             torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack())
 
 
-def _module_state(owner: Any) -> tuple:
+def module_state(owner: Any) -> tuple:
     """What of a module decides what its forward does: each submodule's class, settings (its plain
     attributes: sizes, flags, PEFT's scaling and DoRA switches...), forwards patched on the instance,
     adapter switches and hooks; each parameter's and buffer's class, shape, dtype, device and
@@ -163,7 +162,7 @@ def _module_state(owner: Any) -> tuple:
     return modules, tensors, hooks
 
 
-_PLAIN = (bool, int, float, str, type(None), torch.dtype)
+PLAIN = (bool, int, float, str, type(None), torch.dtype)
 
 
 def _settings(module: torch.nn.Module) -> tuple:
@@ -180,7 +179,7 @@ def _settings(module: torch.nn.Module) -> tuple:
 
 
 def _plain(value: Any) -> Hashable:
-    if isinstance(value, _PLAIN):
+    if isinstance(value, PLAIN):
         return value
     if isinstance(value, (list, tuple, set, frozenset)):
         return (type(value), tuple(_plain(v) for v in value) if not isinstance(value, (set, frozenset)) else frozenset(map(_plain, value)))
@@ -224,28 +223,24 @@ def _template(tracker: MemoryTracker, out: Any, first_event: int, first_alloc: i
     return _Template(tuple(allocations), tuple(events), tuple(outputs), container)
 
 
-def _output(tracker: MemoryTracker, tensor: Any, first_alloc: int) -> _Output | bool:
+def _output(tracker: MemoryTracker, tensor: Any, first_alloc: int) -> Output | bool:
     """How to remake one returned tensor, or False when it is not a new, plain, whole storage."""
-    alloc = _whole_storage(tracker, tensor)
+    alloc = whole_storage(tracker, tensor)
     if alloc is None or alloc.alloc_id < first_alloc:
         return False
-    return _Output(alloc.alloc_id - first_alloc, *_layout(tensor))
-
-
-def _new_output(tracker: MemoryTracker, tensor: Any, local_of: dict[int, int]) -> _Output | bool:
-    """How to remake a tensor a micro-batch left behind, or False when it is not a new, plain, whole
-    storage of the micro-batch's (``local_of``: alloc_id -> its index among them)."""
-    alloc = _whole_storage(tracker, tensor)
-    if alloc is None or alloc.alloc_id not in local_of:
-        return False
-    return _Output(local_of[alloc.alloc_id], *_layout(tensor))
+    return output_of(tensor, alloc.alloc_id - first_alloc)
 
 
 def _layout(tensor: torch.Tensor) -> tuple:
     return tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.device
 
 
-def _whole_storage(tracker: MemoryTracker, tensor: Any) -> Allocation | None:
+def output_of(tensor: torch.Tensor, local: int) -> Output:
+    """How to remake ``tensor``, a whole storage, the ``local``-th allocation of what made it."""
+    return Output(local, *_layout(tensor))
+
+
+def whole_storage(tracker: MemoryTracker, tensor: Any) -> Allocation | None:
     """The tracker's allocation of ``tensor`` when ``tensor`` is a plain fake tensor that does not
     require grad and spans its whole storage (so that ``empty_strided`` remakes it), else None."""
     from torch._subclasses.fake_tensor import FakeTensor
@@ -260,176 +255,3 @@ def _whole_storage(tracker: MemoryTracker, tensor: Any) -> Allocation | None:
     if span * tensor.element_size() != alloc.requested_bytes:
         return None  # empty_strided would not remake the same storage
     return alloc
-
-
-@dataclass(frozen=True)
-class _MicroBatch:
-    """A micro-batch's memory: every allocation and free in order (device and host), the phases it
-    told its observer between them, what it returned and the gradients it left on the parameters."""
-
-    journal: tuple[tuple[str, Any], ...]  # ("alloc", Allocation) / ("free", local index) / ("phase", name)
-    outputs: tuple[_Output | None, ...]  # the returned tensors, flattened
-    treespec: Any  # how to put the returned value back together
-    grads: tuple[tuple[int, _Output], ...]  # (parameter index, the gradient's storage)
-    after: Hashable  # the probe's state after it: where running it again would change nothing
-
-
-class MicroBatchReplay:
-    """The planner's micro-batch runner (:func:`memfit.step.chunking.replaying_micro_batches`) for
-    one simulation.
-
-    A micro-batch is recorded when it starts with no gradients held and what it did makes a sound
-    template: every free is of an allocation it made; what it made and still holds at its end is
-    exactly what it returns and the gradients it left on the parameters (new, whole storages);
-    the workspaces its observer allocated belong to the observer. A later micro-batch with the same
-    key (:meth:`_key`) replays it: the observer is told the same phases at the same points (so it
-    does what it would do then), the tracker gets the same allocations, in their places and with
-    their roles, and the same frees; the returned tensors and gradients are made empty with the
-    template's layouts. The probe (attention kernels met, chunked loops recorded) must be where the
-    recorded run left it: it reports what only grows within a simulation (sets of what was met, or
-    their sizes), and what a micro-batch adds to it, it adds the first time.
-    """
-
-    def __init__(self, tracker: MemoryTracker, probe: Callable[[], Hashable] = lambda: None) -> None:
-        self.tracker = tracker
-        self.probe = probe
-        self._templates: dict[Hashable, _MicroBatch | None] = {}
-        self.replayed = 0  # micro-batches replayed (tests read it)
-
-    def __call__(self, model: Any, fn: Callable[..., Any], args: tuple) -> Any:
-        key = self._key(model, args) if REPLAY_MICRO_BATCHES else None
-        if key is None:
-            return fn(*args)
-        template = self._templates.get(key)
-        if template is not None and self.probe() == template.after:
-            self.replayed += 1
-            return self._replay(model, args[-1], template)
-        if key in self._templates:
-            return fn(*args)
-        out, self._templates[key] = self._record(model, fn, args)
-        return out
-
-    def _key(self, model: Any, args: tuple) -> Hashable | None:
-        """What decides a micro-batch's memory; None when it is not to be recorded or replayed."""
-        if not isinstance(model, torch.nn.Module) or _saved_tensors_hooked():
-            return None
-        if any(p.grad is not None for p in model.parameters()):
-            return None  # gradients held: accumulation, which the first micro-batch of a step never does
-        _, batch, totals, _, _ = args
-        shapes = (_shapes(batch), _shapes(totals))
-        if None in shapes:
-            return None
-        return ("micro-batch", shapes, _modes(torch.is_grad_enabled()), tuple(self.tracker._places), _module_state(model))
-
-    def _record(self, model: Any, fn: Callable[..., Any], args: tuple) -> tuple[Any, _MicroBatch | None]:
-        tracker = self.tracker
-        journal: list[tuple[bool, Allocation] | tuple[str, str]] = []
-        outer = args[-1]
-
-        class Told:
-            """The observer, told through here: the phases join the journal; what the observer
-            allocates itself (workspaces) does not."""
-
-            def on_phase(self, name: str) -> None:
-                journal.append(("phase", name))
-                tracker.journal = None
-                try:
-                    outer.on_phase(name)
-                finally:
-                    tracker.journal = journal
-
-        previous, tracker.journal = tracker.journal, journal
-        try:
-            out = fn(*args[:-1], Told())
-        finally:
-            tracker.journal = previous
-        return out, _micro_batch_template(tracker, model, journal, out, self.probe())
-
-    def _replay(self, model: Any, observer: Any, template: _MicroBatch) -> Any:
-        from torch.utils._pytree import tree_unflatten
-
-        tracker = self.tracker
-        wanted = {o.local: o for o in template.outputs if o is not None}
-        wanted.update((o.local, o) for _, o in template.grads)
-        made: dict[int, Allocation] = {}
-        tensors: dict[int, torch.Tensor] = {}
-        local = 0
-        for kind, value in template.journal:
-            if kind == "phase":
-                observer.on_phase(value)
-            elif kind == "free":
-                tracker.replay_free(made.pop(value))
-            else:
-                if local in wanted:
-                    out = wanted[local]
-                    tensor = torch.empty_strided(out.shape, out.stride, dtype=out.dtype, device=out.device)
-                    alloc = tracker.allocation_of(tensor)
-                    alloc.op, alloc.shape, alloc.role = value.op, value.shape, value.role
-                    tensors[local] = tensor
-                else:
-                    made[local] = tracker.replay_allocation(value, as_made=True)
-                local += 1
-        params = list(model.parameters())
-        for index, out in template.grads:
-            params[index].grad = tensors[out.local]
-        leaves = [None if o is None else tensors[o.local] for o in template.outputs]
-        return tree_unflatten(leaves, template.treespec)
-
-
-def _shapes(value: Any) -> Hashable | None:
-    """The shapes (and plain values) of a batch or metrics, nested; None when something else is in it."""
-    from collections.abc import Mapping
-
-    if isinstance(value, torch.Tensor):
-        return (tuple(value.shape), value.stride(), value.dtype, value.device, value.requires_grad, type(value))
-    if value is None or isinstance(value, _PLAIN):
-        return (value,)
-    if isinstance(value, Mapping):
-        items = tuple((k, _shapes(v)) for k, v in value.items())
-        return None if any(v is None for _, v in items) else (type(value), items)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # e.g. the documents of a packed row
-        items = tuple((f.name, _shapes(getattr(value, f.name))) for f in dataclasses.fields(value))
-        return None if any(v is None for _, v in items) else (type(value), items)
-    if isinstance(value, (list, tuple)):
-        items = tuple(_shapes(v) for v in value)
-        return None if None in items else (type(value), items)
-    return None
-
-
-def _micro_batch_template(tracker: MemoryTracker, model: Any, journal: list, out: Any,
-                          after: Hashable) -> _MicroBatch | None:
-    """The template of a micro-batch that just ran, or None when what it did cannot be replayed."""
-    from torch.utils._pytree import tree_flatten
-
-    local_of: dict[int, int] = {}  # alloc_id -> index among the micro-batch's allocations
-    entries: list[tuple[str, Any]] = []
-    for kind, value in journal:
-        if kind == "phase":
-            entries.append((kind, value))
-        elif kind is True:
-            local_of[value.alloc_id] = len(local_of)
-            entries.append(("alloc", dataclasses.replace(value)))  # as it is now: roles can come later
-        elif value.alloc_id not in local_of:
-            return None  # it freed something it did not make
-        else:
-            entries.append(("free", local_of[value.alloc_id]))
-    leaves, treespec = tree_flatten(out)
-    outputs, held = [], []
-    for leaf in leaves:
-        output = None if leaf is None else _new_output(tracker, leaf, local_of)
-        if output is False:
-            return None
-        outputs.append(output)
-        held.extend([output.local] if output is not None else [])
-    grads = []
-    for index, p in enumerate(model.parameters()):
-        if p.grad is not None:
-            output = _new_output(tracker, p.grad, local_of)
-            if output is False:
-                return None
-            grads.append((index, output))
-            held.append(output.local)
-    freed = {value for kind, value in entries if kind == "free"}
-    if sorted(held) != sorted(set(local_of.values()) - freed):
-        return None  # it left something else behind, or one storage twice
-    return _MicroBatch(tuple(entries), tuple(outputs), treespec, tuple(grads), after)

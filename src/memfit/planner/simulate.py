@@ -34,7 +34,8 @@ from memfit.planner.cuda_parity import (
     plan_bitsandbytes_optimizer,
     planned_grad_scaler,
 )
-from memfit.planner.regions import MicroBatchReplay, RegionReplay
+from memfit.planner.micro_batches import MicroBatchReplay
+from memfit.planner.regions import RegionReplay
 from memfit.planner.tracker import MemoryTracker, TrackerResult
 from memfit.spec import RunSpec
 from memfit.step.batch import PADDED
@@ -135,8 +136,9 @@ def simulate(
         # The step's own peak is what matters; building the model is not part of it.
         tracker.reset_peak()
         observer = _WorkspaceObserver(tracker, workspace_allocs)
-        # Each step's first micro-batch makes what the first step's did: it is replayed (a loss
-        # scaler's first scaling makes its scale, so with one every micro-batch runs).
+        # Each micro-batch makes what the first step's did (the second with the gradients it finds
+        # held): it is replayed (a loss scaler's first scaling makes its scale, so with one every
+        # micro-batch runs).
         with replaying_micro_batches(MicroBatchReplay(tracker, probe)) if grad_scaler is None else contextlib.nullcontext():
             for step in range(SIM_STEPS):
                 # The trainer makes a step's grad_accum micro-batches up front and holds them through

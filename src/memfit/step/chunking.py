@@ -19,9 +19,10 @@ the first time and replays its allocations after that (:mod:`memfit.planner.regi
 tensors, and without the planner, :func:`run_region` is a plain call.
 
 So is a micro-batch's: the first micro-batch of every optimizer step runs with no gradients held
-yet, on a batch of the same shapes, and makes the same memory each time. The step runs each
-micro-batch through :func:`run_micro_batch`, and the planner replays the first step's first
-micro-batch in the next step instead of running it again.
+yet, on a batch of the same shapes, and makes the same memory each time; the next ones make it too,
+but for the gradients they add into the ones held. The step runs each micro-batch through
+:func:`run_micro_batch`, and the planner replays the first step's first micro-batch for the
+micro-batches of the next step instead of running them (:mod:`memfit.planner.micro_batches`).
 """
 
 from __future__ import annotations
