@@ -53,14 +53,14 @@ def train_step(
     batches = list(micro_batches)
     if not batches:
         raise ValueError("train_step needs at least one micro-batch")
-    one = functools.partial(_micro_batch, loss_fn, getattr(loss_fn, "reference_pass", None), grad_scaler)
+    micro_batch = functools.partial(_micro_batch, loss_fn, getattr(loss_fn, "reference_pass", None), grad_scaler)
     total_loss = None
     # Summed in place over the micro-batches, whether the caller asks for them or not: a plan
     # (which does not read them) and a run (which does) hold the same tensors, and the step holds as
     # many after two micro-batches as after twenty.
     totals = None
     for batch in batches:
-        loss, totals = run_micro_batch(model, one, batch, totals, len(batches), observer)
+        loss, totals = run_micro_batch(model, micro_batch, batch, totals, len(batches), observer)
         total_loss = loss if total_loss is None else total_loss + loss
         del loss
 
