@@ -36,3 +36,19 @@ def test_a_search_split_into_parts_answers_as_one_process_does(tiny_llama):
     assert [f.spec for f in parallel.fits] == [f.spec for f in alone.fits]
     assert parallel.max_seq_len == alone.max_seq_len and parallel.max_seq_len_specs == alone.max_seq_len_specs
     assert parallel.plans_made == alone.plans_made
+
+
+def test_the_worker_server_imports_bitsandbytes_without_a_word():
+    # memfit ui's worker server imports bitsandbytes for its workers; on a CPU without its optional
+    # kernels bitsandbytes warns at import, which would land in the terminal memfit ui prints its
+    # address to.
+    import subprocess
+    import sys
+
+    import pytest
+
+    pytest.importorskip("bitsandbytes")
+    code = "import memfit.planner.server_exit, bitsandbytes"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "bitsandbytes" not in done.stderr.lower() and "kernels" not in done.stderr

@@ -189,13 +189,18 @@ class DepthPool:
             self._executor = None
 
 
-def _import_in_worker(modules: tuple[str, ...]) -> None:
-    import importlib
+def quiet_bitsandbytes_import() -> None:
+    """Keep bitsandbytes' import-time warnings (its CPU kernels) from this process's output: they
+    mean nothing for a simulation (plans silence it the same way while they run)."""
     import logging
 
-    # What bitsandbytes says at import about CPU kernels means nothing for a simulation (plans
-    # silence it the same way while they run).
     logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
+
+
+def _import_in_worker(modules: tuple[str, ...]) -> None:
+    import importlib
+
+    quiet_bitsandbytes_import()
     for name in modules:
         try:
             importlib.import_module(name)
