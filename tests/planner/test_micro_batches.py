@@ -6,19 +6,14 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from replay_helpers import events_of as _events
+
 from memfit.planner import micro_batches
 from memfit.planner.micro_batches import MicroBatchReplay
 from memfit.planner.simulate import simulate
 from memfit.planner.tracker import MemoryTracker
 from memfit.spec import make_spec
 from memfit.step.chunking import replaying_micro_batches, run_micro_batch
-
-
-def _events(result) -> list[tuple]:
-    """Every device event with what the tracker knows of its storage, without ids."""
-    allocations = result.allocations
-    return [(kind, allocations[i].nbytes, allocations[i].requested_bytes, allocations[i].op, allocations[i].shape,
-             allocations[i].role, allocations[i].phase) for kind, i, _ in result.events]
 
 
 def _counting_micro_batches(monkeypatch) -> list[int]:

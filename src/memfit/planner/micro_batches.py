@@ -27,7 +27,17 @@ from typing import Any, Callable, Hashable
 
 import torch
 
-from memfit.planner.regions import PLAIN, Output, dispatch_modes, module_state, output_of, saved_tensors_hooked, whole_storage
+from memfit.planner.regions import (
+    PLAIN,
+    Output,
+    dispatch_modes,
+    module_state,
+    output_of,
+    remake,
+    saved_tensors_hooked,
+    tensor_key,
+    whole_storage,
+)
 from memfit.planner.tracker import Allocation, MemoryTracker
 
 #: Set to False to make fake runs run every micro-batch (tests compare both ways).
@@ -148,11 +158,7 @@ class MicroBatchReplay:
                 tracker.replay_free(made.pop(value))
             elif kind == "alloc":
                 if local in wanted:
-                    out = wanted[local]
-                    tensor = torch.empty_strided(out.shape, out.stride, dtype=out.dtype, device=out.device)
-                    alloc = tracker.allocation_of(tensor)
-                    alloc.op, alloc.shape, alloc.role = value.op, value.shape, value.role
-                    tensors[local] = tensor
+                    tensors[local] = remake(tracker, wanted[local], value, value.role)
                 else:
                     made[local] = tracker.replay_allocation(value, as_made=True)
                 local += 1
@@ -266,8 +272,8 @@ def _layout_of(t: torch.Tensor | Output) -> tuple:
 def _shapes(value: Any) -> Hashable | None:
     """The shapes (and plain values) of a batch or metrics, nested; None when something else is in it."""
     if isinstance(value, torch.Tensor):
-        return (tuple(value.shape), value.stride(), value.dtype, value.device, value.requires_grad, type(value))
-    if value is None or isinstance(value, PLAIN):
+        return tensor_key(value)
+    if isinstance(value, PLAIN):
         return (value,)
     if isinstance(value, Mapping):
         items = tuple((k, _shapes(v)) for k, v in value.items())

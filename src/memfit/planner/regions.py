@@ -99,8 +99,8 @@ class RegionReplay:
         shapes = []
         for a in args:
             if isinstance(a, torch.Tensor):
-                shapes.append((tuple(a.shape), a.stride(), a.dtype, a.device, a.requires_grad, type(a)))
-            elif a is None or isinstance(a, (bool, int, float, str, torch.dtype)):
+                shapes.append(tensor_key(a))
+            elif isinstance(a, PLAIN):
                 shapes.append(a)
             else:
                 return None
@@ -116,16 +116,26 @@ class RegionReplay:
             if not is_alloc:
                 tracker.replay_free(made.pop(local))
             elif local in wanted:
-                out = wanted[local]
-                tensor = torch.empty_strided(out.shape, out.stride, dtype=out.dtype, device=out.device)
-                alloc = tracker.allocation_of(tensor)
-                # The op and shape it was made by, for reports and the length model.
-                alloc.op, alloc.shape = like.op, like.shape
-                outputs[local] = tensor
+                outputs[local] = remake(tracker, wanted[local], like)
             else:
                 made[local] = tracker.replay_allocation(like)
         values = [None if o is None else outputs[o.local] for o in template.outputs]
         return values[0] if template.container is None else template.container(values)
+
+
+def remake(tracker: MemoryTracker, out: Output, like: Allocation, role: str | None = None) -> torch.Tensor:
+    """An empty tensor laid out as ``out``, its allocation counted now as ``like``'s op and shape
+    (for reports and the length model), with ``role`` where it is known already."""
+    tensor = torch.empty_strided(out.shape, out.stride, dtype=out.dtype, device=out.device)
+    alloc = tracker.allocation_of(tensor)
+    alloc.op, alloc.shape, alloc.role = like.op, like.shape, role
+    return tensor
+
+
+def tensor_key(t: torch.Tensor) -> tuple:
+    """What of a tensor argument decides the memory of what runs on it: its layout, dtype, device,
+    whether it requires grad and its class."""
+    return tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad, type(t)
 
 
 def saved_tensors_hooked() -> bool:

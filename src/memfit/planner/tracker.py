@@ -179,7 +179,7 @@ class MemoryTracker(TorchDispatchMode):
         self._places: list[str] = []  # innermost last: where new storages live
         self.phase_marks: list[tuple[str, int]] = []  # (phase, index of the last event before it)
         #: While a list: every allocation and free, device or not, in order, as (is an allocation,
-        #: Allocation). A replayed micro-batch is recorded this way (:mod:`memfit.planner.regions`).
+        #: Allocation). A replayed micro-batch is recorded this way (:mod:`memfit.planner.micro_batches`).
         self.journal: list[tuple[bool, Allocation]] | None = None
 
     # ----------------------------------------------------------------- recording
@@ -275,7 +275,8 @@ class MemoryTracker(TorchDispatchMode):
     def replay_allocation(self, like: Allocation, *, as_made: bool = False) -> Allocation:
         """Count an allocation of ``like``'s size, op and shape now, with no tensor behind it: a
         replayed region's (:mod:`memfit.planner.regions`), freed by :meth:`replay_free`. ``as_made``:
-        in ``like``'s place and with its role (a replayed micro-batch's), rather than in the place
+        in ``like``'s place and with its role (a replayed micro-batch's,
+        :mod:`memfit.planner.micro_batches`), rather than in the place
         new storages go now and with no role yet."""
         place = like.place if as_made else self._places[-1] if self._places else "device"
         alloc = Allocation(alloc_id=len(self.allocations), nbytes=like.nbytes, phase=self.phase,

@@ -76,14 +76,9 @@ def run_region(owner: Any, what: str, fn: Callable[..., Any], *args: Any) -> Any
     return fn(*args)
 
 
-@contextlib.contextmanager
-def replaying_regions(runner: RegionRunner) -> Iterator[None]:
+def replaying_regions(runner: RegionRunner) -> contextlib.AbstractContextManager[None]:
     """Run the regions of fake runs in this block through ``runner(owner, what, fn, args)``."""
-    _region_runners.append(runner)
-    try:
-        yield
-    finally:
-        _region_runners.remove(runner)
+    return _innermost(_region_runners, runner)
 
 
 #: What runs a micro-batch under the planner (:func:`replaying_micro_batches`); innermost last.
@@ -106,14 +101,19 @@ def run_micro_batch(model: Any, fn: Callable[..., Any], batch: Any, totals: Any,
     return fn(*args)
 
 
-@contextlib.contextmanager
-def replaying_micro_batches(runner: MicroBatchRunner) -> Iterator[None]:
+def replaying_micro_batches(runner: MicroBatchRunner) -> contextlib.AbstractContextManager[None]:
     """Run the micro-batches of fake runs in this block through ``runner(model, fn, args)``."""
-    _micro_batch_runners.append(runner)
+    return _innermost(_micro_batch_runners, runner)
+
+
+@contextlib.contextmanager
+def _innermost(runners: list, runner: Any) -> Iterator[None]:
+    """``runner`` last in ``runners`` (the one that runs) while the block runs."""
+    runners.append(runner)
     try:
         yield
     finally:
-        _micro_batch_runners.remove(runner)
+        runners.remove(runner)
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
