@@ -7,21 +7,31 @@ one expected), how the error reads on stderr (``one line``: exactly one ``error:
 (N)``: one ``error:`` heading and N indented problems; ``usage``: the command line parser's own
 error panel; anything else is named as it is) and whether a traceback appeared.
 
-The cases are those of tests/test_malformed_input.py (imported: one table, not two) and the ones
-below: huge numbers, numbers that are not numbers, YAML that is wrong in other ways, files and
-folders that cannot be used, environment variables that point at the wrong thing.
+The cases are those of tests/test_malformed_input.py (imported: one table, not two), the ones
+below (huge numbers, numbers that are not numbers, YAML that is wrong in other ways, files and
+folders that cannot be used, environment variables that point at the wrong thing) and those of
+the modules in ``benchmarks/bad_input_cases/`` (one module a topic, each with its ``CASES`` and the
+``make_inputs`` that writes the files they name).
+
+Beyond the exit code, a case may name texts its message must hold (``says``: the field, the value,
+the fix) and files of the user's that must come out byte for byte as they went in (``keeps``). A
+case that expects a refusal and exits 0 is a *silent acceptance*.
 
     python benchmarks/bad_inputs.py            # every case; writes benchmarks/results/bad_inputs.json
     python benchmarks/bad_inputs.py --fast     # the subset the test suite runs
 
 Prints the table and a total (``N cases, 0 tracebacks``); exits 1 when a case printed a traceback,
-hung, or ended with another exit code than the documented one, 0 otherwise.
+hung, ended with another exit code than the documented one, left out a text its message must
+hold, or changed a file of the user's; 0 otherwise.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib
 import os
+import pkgutil
 import re
 import shlex
 import signal
@@ -38,23 +48,9 @@ REPO = BENCH.parent
 RESULTS = BENCH / "results" / "bad_inputs.json"
 sys.path[:0] = [str(REPO / "src"), str(REPO / "tests"), str(BENCH)]
 import test_malformed_input as malformed  # noqa: E402  (its cases and the files they name)
+from bad_input_cases._case import Case  # noqa: E402
 
 HUGE = "99999999999999999999"
-
-
-@dataclass(frozen=True)
-class Case:
-    """A command line as typed (``{d}``: the inputs folder, ``{u}``: a folder nobody may write in),
-    the exit code the documentation gives it, and environment variables set for it."""
-
-    line: str
-    code: int
-    env: dict = field(default_factory=dict)
-    fast: bool = False  # in the subset the test suite runs
-
-    @property
-    def command(self) -> str:
-        return self.line.split()[0] if self.line.strip() else "(none)"
 
 
 def _yaml(replace: dict[str, str] | None = None, extra: str = "") -> str:
@@ -66,9 +62,19 @@ def _yaml(replace: dict[str, str] | None = None, extra: str = "") -> str:
     return text + extra
 
 
+def case_modules() -> list:
+    """The modules of ``benchmarks/bad_input_cases/``, by name: each has ``CASES`` and ``make_inputs``."""
+    import bad_input_cases
+
+    names = sorted(m.name for m in pkgutil.iter_modules(bad_input_cases.__path__) if not m.name.startswith("_"))
+    return [importlib.import_module(f"bad_input_cases.{name}") for name in names]
+
+
 def make_inputs(root: Path) -> None:
-    """The malformed-input table's files, and the ones the cases here name."""
+    """The malformed-input table's files, the ones the cases here name, and each case module's."""
     malformed.make_inputs(root)
+    for module in case_modules():
+        module.make_inputs(root)
     files = {
         "huge_batch.yaml": _yaml({"batch_size: 2": "batch_size: 1.0e+20"}),
         "huge_rank.yaml": _yaml(extra=f"rank: {HUGE}\n"),
@@ -161,7 +167,7 @@ def all_cases() -> list[Case]:
     seen: dict[str, Case] = {}
     for line, code, _says in malformed.CASES:
         seen.setdefault(line, Case(line, code, fast=line in FAST_MALFORMED))
-    for case in EXTRA_CASES:
+    for case in EXTRA_CASES + [c for module in case_modules() for c in module.CASES]:
         seen.setdefault(case.line, case)
     return list(seen.values())
 
@@ -224,10 +230,30 @@ class Outcome:
     first_error_line: str
     env: dict
     stderr_tail: str = ""  # what a traceback ended with, for whoever fixes it
+    missing_texts: list = field(default_factory=list)  # of the case's ``says``, those stderr did not hold
+    changed_files: list = field(default_factory=list)  # of the case's ``keeps``, those that changed
+
+    @property
+    def silent(self) -> bool:
+        """A refusal expected, and the command went ahead (exit 0)."""
+        return self.expected_code != 0 and self.exit_code == 0
 
     @property
     def ok(self) -> bool:
-        return not self.traceback and self.exit_code == self.expected_code
+        return (not self.traceback and self.exit_code == self.expected_code and not self.missing_texts
+                and not self.changed_files)
+
+
+def _digest(path: Path) -> str:
+    """A file's bytes, or a folder's names and files' bytes, as one digest ("missing" when it is not there)."""
+    if not path.exists():
+        return "missing"
+    h = hashlib.sha256()
+    for item in sorted([path, *path.rglob("*")]) if path.is_dir() else [path]:
+        h.update(str(item.relative_to(path.parent)).encode())
+        if item.is_file():
+            h.update(item.read_bytes())
+    return h.hexdigest()
 
 
 #: A bad input is refused before any work: a case still running after this long is taken for hung
@@ -240,13 +266,15 @@ def run_case(case: Case, inputs: Path, unwritable: str | None, *, prefix: list[s
     """``case`` in a fresh process (``prefix`` + its arguments; ``python -m memfit`` by default), in an
     empty working folder of its own, stopped after ``timeout_s`` (the message then says ``hung``)."""
     args = [part.format(d=inputs, u=unwritable) for part in shlex.split(case.line)]
+    kept = {name: _digest(inputs / name) for name in case.keeps}
     env = dict(os.environ, HF_HUB_OFFLINE="1", MEMFIT_PLAN_CACHE="0", TOKENIZERS_PARALLELISM="false", COLUMNS="100",
                NO_COLOR="1", TERM="dumb", PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
     env.update({key: value.format(d=inputs, u=unwritable) for key, value in case.env.items()})
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="memfit-bad-input-") as cwd:
         # A session of its own, so that a hung case is stopped with every process it started.
-        proc = subprocess.Popen([*(prefix or [sys.executable, "-m", "memfit"]), *args], cwd=cwd, env=env, text=True,
+        program = [part.format(d=inputs, python=sys.executable, bench=BENCH) for part in case.prefix]
+        proc = subprocess.Popen([*(program or prefix or [sys.executable, "-m", "memfit"]), *args], cwd=cwd, env=env, text=True,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
         try:
             stdout, stderr = proc.communicate(timeout=timeout_s)
@@ -263,10 +291,13 @@ def run_case(case: Case, inputs: Path, unwritable: str | None, *, prefix: list[s
     if not first and has_traceback(stdout + stderr):
         first = _exception_line(stderr)
     traceback = has_traceback(stdout + stderr)
+    missing = [text for text in case.says if text.format(d=inputs) not in stderr]
+    changed = [name for name, digest in kept.items() if _digest(inputs / name) != digest]
     return Outcome(line=case.line, command=case.command, expected_code=case.code, exit_code=code,
                    message=message_shape(stderr, stdout), traceback=traceback,
                    seconds=round(time.perf_counter() - started, 2), first_error_line=first[:300], env=dict(case.env),
-                   stderr_tail=stderr[-1500:] if traceback else "")
+                   stderr_tail=stderr[-1500:] if traceback or missing else "", missing_texts=missing,
+                   changed_files=changed)
 
 
 def run_all(cases: list[Case], *, jobs: int = 2, prefix: list[str] | None = None, timeout_s: float = HANG_S) -> list[Outcome]:
@@ -297,7 +328,9 @@ def table(outcomes: list[Outcome], width: int = 64) -> str:
         line = o.line if len(o.line) <= width else o.line[: width - 1] + "…"
         env = " ".join(f"{k}={v}" for k, v in o.env.items())
         shown = (env + " " + line).strip() if env and len(env) + len(line) < width else line
-        flag = "TRACEBACK" if o.traceback else "HUNG" if o.message == "hung" else ("" if o.exit_code == o.expected_code else "wrong exit code")
+        flag = ("TRACEBACK" if o.traceback else "HUNG" if o.message == "hung" else "SILENT" if o.silent
+                else "wrong exit code" if o.exit_code != o.expected_code else "FILE CHANGED" if o.changed_files
+                else "message lacks: " + ", ".join(o.missing_texts) if o.missing_texts else "")
         code = "-" if o.exit_code is None else str(o.exit_code)
         rows.append(f"{shown:<{width}} {code:>4} {o.expected_code:>4}  {o.message:<14} {flag}")
     return "\n".join(rows)
@@ -315,6 +348,9 @@ def summary(outcomes: list[Outcome]) -> dict:
         "tracebacks": sum(o.traceback for o in outcomes),
         "hung": sum(o.message == "hung" for o in outcomes),
         "wrong_exit_code": sum(o.exit_code != o.expected_code for o in outcomes),
+        "silent_acceptances": sum(o.silent for o in outcomes),
+        "files_changed": sum(bool(o.changed_files) for o in outcomes),
+        "messages_lacking_a_text": sum(bool(o.missing_texts) for o in outcomes),
         "not_one_message": sum(o.expected_code == 2 and not one_message(o) for o in outcomes),
         "commands": sorted({o.command for o in outcomes}),
     }
@@ -322,7 +358,9 @@ def summary(outcomes: list[Outcome]) -> dict:
 
 def total_line(s: dict) -> str:
     return (f"{s['cases']} cases, {s['tracebacks']} tracebacks, {s['hung']} hung, {s['wrong_exit_code']} with another exit "
-            f"code than documented, {s['not_one_message']} bad inputs without one error message")
+            f"code than documented ({s['silent_acceptances']} silent acceptances), {s['files_changed']} files of the "
+            f"user's changed, {s['messages_lacking_a_text']} messages lacking a text, {s['not_one_message']} bad "
+            f"inputs without one error message")
 
 
 def write_results(path: Path, outcomes: list[Outcome], command: str) -> None:
@@ -353,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.fast:
         write_results(Path(args.out), outcomes, "python benchmarks/bad_inputs.py")
         print(f"wrote {args.out}")
-    return 1 if s["tracebacks"] or s["wrong_exit_code"] else 0
+    return 1 if s["tracebacks"] or s["wrong_exit_code"] or s["files_changed"] or s["messages_lacking_a_text"] else 0
 
 
 if __name__ == "__main__":

@@ -70,3 +70,16 @@ def test_a_case_that_does_not_end_is_stopped_with_its_children_and_reported_hung
     outcome = bad_inputs.run_case(bad_inputs.Case("plan slow", 2), tmp_path, None, prefix=sleeper, timeout_s=1)
     assert outcome.message == "hung" and outcome.exit_code is None and not outcome.ok
     assert "HUNG" in bad_inputs.table([outcome]) and bad_inputs.summary([outcome])["hung"] == 1
+
+
+def test_a_changed_file_a_missing_text_and_a_silent_acceptance_are_each_caught(tmp_path):
+    from bad_input_cases._case import Case
+
+    (tmp_path / "mine.jsonl").write_text("{}\n")
+    script = tmp_path / "prog.py"
+    script.write_text("import sys, pathlib\npathlib.Path(sys.argv[1]).write_text('replaced')\n")
+    case = Case("{d}/mine.jsonl", 2, says=("error: mine",), keeps=("mine.jsonl",), prefix=("{python}", str(script)))
+    outcome = bad_inputs.run_case(case, tmp_path, None)
+    assert outcome.silent and not outcome.ok
+    assert outcome.changed_files == ["mine.jsonl"] and outcome.missing_texts == ["error: mine"]
+    assert bad_inputs.summary([outcome])["silent_acceptances"] == 1
