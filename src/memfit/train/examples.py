@@ -101,29 +101,33 @@ def prepare_data(config: TrainConfig, tokenizer, *, console=None, resume_from: P
         eval_loaded = load_sources(eval_sources, "eval_data", format=config.data_format,
                                    commits=_pins(eval_sources, pinned.get("eval_data")))
         eval_records = eval_loaded.records
+        _say_notes(console, eval_loaded.notes)
     common = dict(format=config.data_format, seed=config.seed, stopping_strategy=config.stopping_strategy,
                   commits=_pins(sources, pinned.get("data")))
     kwargs = dict(seq_len=config.seq_len, train_on_inputs=config.train_on_inputs, packing=config.packing)
     if config.spec.is_preference:
-        return _prepare_pairs(config, tokenizer, sources, eval_sources, common, eval_loaded if eval_sources else None)
+        return _prepare_pairs(config, tokenizer, sources, eval_sources, common, eval_loaded if eval_sources else None, console)
     if eval_sources:
-        _refuse_pairs(config, "eval_data", eval_sources, eval_loaded.formats)
+        refuse_other_kinds(config, "eval_data", eval_sources, eval_loaded.formats)
     eval_examples = tokenize_records(eval_records, tokenizer, **kwargs) if eval_records else []
     if config.streaming:
         check_tokenization(tokenizer, config.seq_len)
         def tokenize(record):
-            if "pair" in record:  # checked on the stream's first rows, before the run starts
-                _refuse_pairs(config, "data", sources, ["preference"])
+            if "pair" in record:  # a pairs source: refused below, once every source's format is known
+                return None
             return tokenize_record(record, tokenizer, config.seq_len, config.train_on_inputs)
 
         stream = open_stream(sources, "data", tokenize=tokenize, **common)
+        refuse_other_kinds(config, "data", sources, stream.formats)
+        _say_notes(console, stream.notes)
         if console is not None:
             console.print(f"streaming {_names(sources)}: planned at seq_len {config.seq_len} (a stream's longest example is "
                           "not known before it is read)", highlight=False)
         record = _data_record(sources, stream.commits, eval_sources, eval_loaded.commits if eval_sources else [], True)
         return RunData([], eval_examples, stream, record)
     loaded = load_sources(sources, "data", **common)
-    _refuse_pairs(config, "data", sources, loaded.formats)
+    refuse_other_kinds(config, "data", sources, loaded.formats)
+    _say_notes(console, loaded.notes)
     records = loaded.records
     if not eval_sources and config.eval_split > 0:
         records, eval_records = _split_off(records, config.eval_split, config.seed)
@@ -133,16 +137,48 @@ def prepare_data(config: TrainConfig, tokenizer, *, console=None, resume_from: P
     return RunData(train_examples, eval_examples, None, record)
 
 
-def _refuse_pairs(config: TrainConfig, name: str, sources, formats: list[str]) -> None:
-    """A next-token run given preference pairs says so, in one line, before anything trains."""
-    if "preference" in formats:
+def refuse_other_kinds(config: TrainConfig, name: str, sources, formats: list[str]) -> None:
+    """Data the run's objective does not train on, refused in one line before anything trains: a
+    next-token objective and preference pairs, a preference objective and other records, or a list
+    of sources that holds both kinds (each source named with the format it holds)."""
+    from memfit.train.data.sources import field_name
+
+    pairs = config.spec.is_preference
+    wrong = [index for index, fmt in enumerate(formats) if (fmt == "preference") != pairs]
+    if not wrong:
+        return
+    if len(wrong) < len(formats):
+        held = "; ".join(f"{field_name(name, i, len(sources))} ({s.label()}) holds {_kind(fmt)}"
+                         for i, (s, fmt) in enumerate(zip(sources, formats)))
+        out = ", ".join(field_name(name, i, len(sources)) for i in wrong)
+        trains, other = ("preference pairs", "sft") if pairs else ("records that are not pairs", "dpo, orpo or simpo")
+        raise TrainError(f"{name}: {held}: they cannot be mixed in one objective, and objective: {config.objective} trains "
+                         f"on {trains}. Leave out {out}, or train on it in a run of its own with objective: {other}.")
+    if pairs:
+        others = sorted(set(formats))
         raise TrainError(
-            f"{name}: {_names(sources)} holds preference pairs (chosen and rejected), which objective: "
-            f"{config.objective} does not train on. Set objective: dpo, orpo or simpo (docs/preference.md)."
+            f"{name}: objective: {config.objective} trains on preference pairs (chosen and rejected, with or without a "
+            f"prompt), and {_names(sources)} holds {', '.join(others)} records. Give pairs (docs/preference.md), or use "
+            "objective: sft for this data."
         )
+    raise TrainError(
+        f"{name}: {_names(sources)} holds preference pairs (chosen and rejected), which objective: "
+        f"{config.objective} does not train on. Set objective: dpo, orpo or simpo (docs/preference.md)."
+    )
 
 
-def _prepare_pairs(config: TrainConfig, tokenizer, sources, eval_sources, common: dict, eval_loaded) -> RunData:
+def _kind(fmt: str) -> str:
+    """What records of format ``fmt`` are, in a sentence."""
+    return "preference pairs (chosen and rejected)" if fmt == "preference" else f"{fmt} records"
+
+
+def _say_notes(console, notes: list[str]) -> None:
+    """Print what the data reading noted (a Hub dataset read from the cache), once each."""
+    for note in notes if console is not None else []:
+        console.print(f"note: {note}", highlight=False)
+
+
+def _prepare_pairs(config: TrainConfig, tokenizer, sources, eval_sources, common: dict, eval_loaded, console=None) -> RunData:
     """A dpo, orpo or simpo run's data: preference pairs from every source (local files, Hub
     datasets, mixes), tokenized as TRL's DPOTrainer splits them and cut to ``seq_len``; the
     evaluation pairs split off or loaded. ``pair_stats`` says what the cut took."""
@@ -151,13 +187,9 @@ def _prepare_pairs(config: TrainConfig, tokenizer, sources, eval_sources, common
 
     loaded = load_sources(sources, "data", **common)
     for name, used, read in (("data", sources, loaded), ("eval_data", eval_sources, eval_loaded)):
-        others = sorted({fmt for fmt in read.formats if fmt != "preference"}) if read is not None else []
-        if others:
-            raise TrainError(
-                f"{name}: objective: {config.objective} trains on preference pairs (chosen and rejected, with or without a "
-                f"prompt), and {_names(used)} holds {', '.join(others)} records. Give pairs (docs/preference.md), or use "
-                "objective: sft for this data."
-            )
+        if read is not None:
+            refuse_other_kinds(config, name, used, read.formats)
+    _say_notes(console, loaded.notes)
     records, eval_records = loaded.records, eval_loaded.records if eval_loaded is not None else []
     if not eval_sources and config.eval_split > 0:
         records, eval_records = _split_off(records, config.eval_split, config.seed)

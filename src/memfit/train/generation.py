@@ -38,9 +38,9 @@ def prompt_problem(prompt: Any) -> str | None:
             return f"message {index}: role {message['role']!r} is not one of {', '.join(ROLES)}"
         if not isinstance(message["content"], str):
             return f"message {index}: content must be text, not {type(message['content']).__name__}"
-    if prompt[-1]["role"] == "assistant":
-        return "ends with an assistant message; end it with the user's turn, whose reply is generated"
-    return None
+    from memfit.train.data.chat import prompt_end_problem
+
+    return prompt_end_problem(prompt)
 
 
 def prompt_messages(prompt: str | list[dict[str, str]]) -> list[dict[str, str]]:

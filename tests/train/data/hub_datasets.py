@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import io
 import json
+import socket
 import sys
+import threading
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parents[2]
@@ -120,3 +122,33 @@ def set_datasets_offline(monkeypatch, offline: bool = True) -> None:
     set_offline(monkeypatch, offline)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", offline)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", offline)
+
+
+class FailingHub:
+    """A Hub that does not work, on 127.0.0.1: every connection is answered with ``503 Service
+    Unavailable`` (``mode="503"``) or closed before any answer (``mode="drop"``), and counted, so a
+    test can say how many times a client tried (huggingface_hub retries both, with waits between)."""
+
+    def __init__(self, mode: str = "503") -> None:
+        self.mode = mode
+        self.connections = 0
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self._socket.listen(16)
+        self.endpoint = f"http://127.0.0.1:{self._socket.getsockname()[1]}"
+        threading.Thread(target=self._serve, name="failing-hub", daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:  # closed
+                return
+            self.connections += 1
+            with connection:
+                if self.mode == "503":
+                    connection.recv(65536)
+                    connection.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+    def close(self) -> None:
+        self._socket.close()

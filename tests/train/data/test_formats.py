@@ -10,7 +10,7 @@ import pytest
 
 from data_samples import ALPACA, CHAT, data_error, write_jsonl
 
-from memfit.train.data import load_records
+from memfit.train.data import DataError, load_records
 
 
 def test_alpaca_loads_the_same_from_json_jsonl_csv_and_parquet(tmp_path):
@@ -240,9 +240,35 @@ def test_columns_map_a_files_fields_onto_memfits(tmp_path):
     # The mapped column wins over a field of the same name the file also has.
     path = write_jsonl(tmp_path / "both.jsonl", [{"text": "old", "body": "new"}])
     assert load_records(path, columns={"text": "body"})[0][0]["text"] == "new"
-    # A column the file does not have: the field is missing, named as memfit reads it.
+    # A column no record of the file has: one line naming the entry, the column and the file's columns.
     message = data_error(path, "messages", columns={"messages": "conversation"})
-    assert "both.jsonl, line 1: messages: missing (required)" in message
+    assert message == (f"{path}: columns: messages: no column 'conversation' in the file (its columns: text, body); "
+                       "map messages to one of them, e.g. columns: {messages: text}")
+
+
+@pytest.mark.parametrize("row, columns, fix", [
+    # SFT: the file's own messages would be trained, the mapping ignored.
+    ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}, {"messages": "conversation"},
+     "(its columns: messages); remove the entry to read its own 'messages' column, or map messages to another column"),
+    # Pairs: the file's own chosen / rejected would be trained.
+    ({"prompt": "Hi", "chosen": " a", "rejected": " b"}, {"chosen": "good", "rejected": "bad"},
+     "(its columns: prompt, chosen, rejected); remove the entry to read its own 'chosen' column, or map chosen to another column"),
+    # SFT without the field: the format could not be told, and the message never named the column.
+    ({"query": "Hi", "response": "Hello"}, {"instruction": "question", "output": "response"},
+     "(its columns: query, response); map instruction to one of them, e.g. columns: {instruction: query}"),
+])
+def test_a_column_the_mapping_names_and_the_file_lacks_is_refused_in_one_line(tmp_path, row, columns, fix):
+    path = write_jsonl(tmp_path / "f.jsonl", [row, row])
+    with pytest.raises(DataError) as err:
+        load_records(path, columns=columns, name="data[1]")
+    field, column = next((f, c) for f, c in columns.items() if c not in row)
+    assert str(err.value) == f"data[1]: {path}: columns: {field}: no column {column!r} in the file {fix}"
+
+
+def test_a_column_only_some_records_have_is_mapped(tmp_path):
+    rows = [{"instruction": "Hi", "output": "Hello"}, {"instruction": "Hi", "output": "Hello", "persona": "Be brief."}]
+    records, _ = load_records(write_jsonl(tmp_path / "f.jsonl", rows), columns={"system": "persona"})
+    assert [r["messages"][0]["role"] for r in records] == ["user", "system"]
 
 
 def test_arrow_files_load_like_parquet(tmp_path):

@@ -79,7 +79,7 @@ def test_a_subset_missing_or_unknown(data_hub):
 def test_a_column_the_dataset_does_not_have(data_hub):
     message = refusal(DataSource(path=CHAT, columns={"messages": "conversation"}))
     assert message == (f"data: {CHAT}: columns: messages: no column 'conversation' in the dataset (its columns: messages); "
-                       "map messages to one of them, e.g. columns: {messages: messages}")
+                       "remove the entry to read its own 'messages' column, or map messages to another column")
 
 
 def test_a_revision_that_does_not_exist(data_hub):
@@ -116,7 +116,45 @@ def test_offline_without_the_dataset_in_the_cache(data_hub, monkeypatch):
 def test_no_network_and_nothing_cached(data_hub):
     data_hub.server.down()
     message = refusal(DataSource(path=CHAT))
-    assert message.startswith(f"data: {CHAT}: cannot reach {data_hub.server.endpoint}, and the dataset is not in the datasets cache")
+    assert message.startswith(f"data: {CHAT}: cannot reach the Hub at {data_hub.server.endpoint} (ConnectError: ")
+    assert "and the dataset is not in the datasets cache at " in message
+    assert message.endswith("connect to the network and run again; or load it once where there is network, copy that cache "
+                            "here and set HF_HUB_OFFLINE=1 (or HF_DATASETS_OFFLINE=1) to read it without asking the Hub; or "
+                            "give a local path (the dataset's files, or a folder of them).")
+
+
+@pytest.mark.parametrize("mode", ["503", "drop"])
+def test_a_hub_that_does_not_answer_is_asked_once(data_hub, monkeypatch, mode):
+    """Asked once, then the datasets cache only: datasets alone would ask again for each file, five
+    times with waits between, before it read its cache."""
+    from hub_datasets import FailingHub, point_datasets_at
+
+    online = load(DataSource(path=CHAT))
+    failing = FailingHub(mode)
+    try:
+        point_datasets_at(monkeypatch, failing.endpoint, data_hub.home)
+        message = refusal(DataSource(path=PAIRS, subset="easy", split="train_sft"))  # never loaded: not cached
+        assert failing.connections == 1
+        assert message.startswith(f"data: {PAIRS}: cannot reach the Hub at {failing.endpoint} (")
+        cached = load(DataSource(path=CHAT))  # loaded once before: read from the cache, and said so
+        assert failing.connections == 2
+    finally:
+        failing.close()
+    assert [r["messages"] for r in cached.records] == [r["messages"] for r in online.records]
+    assert cached.commits == [None] and len(cached.notes) == 1
+    assert cached.notes[0].startswith(f"data: {CHAT}: cannot reach the Hub at {failing.endpoint} (")
+    assert cached.notes[0].endswith(": reading the copy in the datasets cache")
+
+
+def test_datasets_offline_alone_is_named_as_the_reason(data_hub, monkeypatch):
+    import datasets
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # what datasets reads from it at import
+    message = refusal(DataSource(path=CHAT))
+    assert message.startswith(f"data: {CHAT}: HF_DATASETS_OFFLINE=1 is set, and the dataset is not in the datasets cache at ")
+    assert message.endswith("unset HF_DATASETS_OFFLINE to download it once.")
+    assert data_hub.server.data_requests(CHAT) == []  # the Hub was not asked
 
 
 def test_a_stream_from_the_hub_is_not_downloaded_first(data_hub):

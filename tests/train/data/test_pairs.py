@@ -63,6 +63,31 @@ def test_a_broken_pair_names_the_file_line_and_field(tmp_path):
     assert "d.jsonl, line 6: chosen: the answer must start with an assistant turn" in text
 
 
+def test_a_prompt_that_ends_with_an_assistant_turn_is_refused_as_generate_refuses_it(tmp_path):
+    from memfit.train.generation import prompt_problem
+
+    rows = [{"prompt": [USER, GOOD], "chosen": [GOOD], "rejected": [BAD]},  # two assistant turns in a row
+            {"prompt": [USER, GOOD, USER], "chosen": [GOOD], "rejected": [BAD]}]  # an earlier assistant turn is context
+    with pytest.raises(DataError) as err:
+        load_records(_write(tmp_path / "p.jsonl", rows))
+    assert str(err.value) == f"found 1 problem in the training data:\n  - {tmp_path / 'p.jsonl'}, line 1: prompt: {prompt_problem([USER, GOOD])}"
+    assert prompt_problem([USER, GOOD]).startswith("ends with an assistant message, so the reply would be a second assistant turn")
+
+
+@pytest.mark.parametrize("row, what", [
+    ({"chosen": "Yes, it is.", "rejected": "No."}, "chosen and rejected start with no text in common"),
+    ({"chosen": [USER, GOOD], "rejected": [{"role": "user", "content": "What is 3 + 3?"}, BAD]},
+     "the conversations chosen and rejected start with no turn in common"),
+], ids=["text", "conversations"])
+def test_an_implicit_prompt_with_nothing_in_common_is_refused(tmp_path, row, what):
+    """TRL's extract_prompt takes an empty prompt here (and DPO then trains answers to nothing)."""
+    with pytest.raises(DataError) as err:
+        load_records(_write(tmp_path / "p.jsonl", [{"chosen": "Q: 2 + 2? A: 4", "rejected": "Q: 2 + 2? A: 5"}, row]))
+    assert str(err.value).splitlines()[1] == (f"  - {tmp_path / 'p.jsonl'}, line 2: prompt: missing, and {what} to take as "
+                                              "the prompt (the implicit prompt); give the prompt, or start both "
+                                              + ("answers with it" if isinstance(row["chosen"], str) else "with its turns"))
+
+
 def test_pairs_tokenize_with_the_prompt_unscored_and_an_eos_after_text_answers(tmp_path, tokenizer):
     records, _ = load_records(_write(tmp_path / "p.jsonl", [{"prompt": "Is it?", "chosen": " Yes.", "rejected": " No."}]))
     (pair,), stats = tokenize_pairs(records, tokenizer, seq_len=64)
@@ -120,6 +145,38 @@ def test_a_preference_run_refuses_sft_data_in_one_line(tmp_path):
     config = validate_config({"model": "smollm2-135m", "init": "random", "data": str(pairs), "eval_data": str(data),
                               "objective": "dpo"})
     with pytest.raises(TrainError, match=r"^eval_data: objective: dpo trains on preference pairs .* holds messages records"):
+        prepare_data(config, load_tokenizer(config))
+
+
+@pytest.mark.parametrize("objective, left_out, other", [("sft", "data[1]", "dpo, orpo or simpo"), ("dpo", "data[0]", "sft")])
+def test_a_mix_of_pairs_and_other_records_names_each_source_with_its_format(tmp_path, objective, left_out, other):
+    from memfit.train.config import validate_config
+    from memfit.train.errors import TrainError
+    from memfit.train.examples import load_tokenizer, prepare_data
+
+    sft = _write(tmp_path / "sft.jsonl", [{"messages": [USER, GOOD]}])
+    pairs = _write(tmp_path / "pairs.jsonl", [{"prompt": "Hi", "chosen": " a", "rejected": " b"}])
+    config = validate_config({"model": "smollm2-135m", "init": "random", "data": [str(sft), str(pairs)], "objective": objective})
+    with pytest.raises(TrainError) as err:
+        prepare_data(config, load_tokenizer(config))
+    trains = "preference pairs" if objective == "dpo" else "records that are not pairs"
+    assert str(err.value) == (
+        f"data: data[0] ({sft}) holds messages records; data[1] ({pairs}) holds preference pairs (chosen and rejected): they "
+        f"cannot be mixed in one objective, and objective: {objective} trains on {trains}. Leave out {left_out}, or train on "
+        f"it in a run of its own with objective: {other}.")
+
+
+def test_a_streamed_mix_of_pairs_and_other_records_names_each_source(tmp_path):
+    from memfit.train.config import validate_config
+    from memfit.train.errors import TrainError
+    from memfit.train.examples import load_tokenizer, prepare_data
+
+    sft = _write(tmp_path / "sft.jsonl", [{"messages": [USER, GOOD]}])
+    pairs = _write(tmp_path / "pairs.jsonl", [{"prompt": "Hi", "chosen": " a", "rejected": " b"}])
+    config = validate_config({"model": "smollm2-135m", "init": "random", "data": [str(pairs), str(sft)], "streaming": True,
+                              "max_steps": 1})
+    with pytest.raises(TrainError, match=r"^data: data\[0\] \(.*pairs.jsonl\) holds preference pairs \(chosen and rejected\); "
+                                         r"data\[1\] \(.*sft.jsonl\) holds messages records: they cannot be mixed"):
         prepare_data(config, load_tokenizer(config))
 
 

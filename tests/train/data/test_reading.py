@@ -88,3 +88,29 @@ def test_a_folder_written_by_save_to_disk_is_read_with_its_split(tmp_path):
         load_sources([DataSource(path=str(tmp_path / "saved"), split="train_sft")])
     stream = stream_of(DataSource(path=str(tmp_path / "saved")))
     assert stream.formats == ["alpaca"] and len(stream.examples) == 2
+
+
+def _empty_parquet(path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), path)
+
+
+@pytest.mark.parametrize("name, make, problem", [
+    ("empty.parquet", _empty_parquet, "no records (a Parquet file of 0 rows): give a file with records, or leave it out of data"),
+    ("empty.jsonl", lambda path: path.write_bytes(b""), "empty file (0 bytes): give a file with records, or leave it out of data"),
+    ("blank.jsonl", lambda path: path.write_text("\n \n"), "no records: give a source that holds records, or leave it out of data"),
+])
+def test_an_empty_file_is_named_in_one_line_streamed_or_not(tmp_path, name, make, problem):
+    pytest.importorskip("datasets")
+    path = tmp_path / name
+    make(path)
+    with pytest.raises(DataError) as info:
+        stream_of(DataSource(path=str(path)))
+    assert str(info.value) == f"data: {path}: {problem}"
+    with pytest.raises(DataError) as info:
+        load_sources([DataSource(path=str(path))])
+    assert str(info.value).splitlines()[1] == f"  - {path}: " + {"empty.parquet": "no records (a Parquet file of 0 rows)",
+                                                                "empty.jsonl": "empty file (0 bytes)",
+                                                                "blank.jsonl": "empty file"}[name]

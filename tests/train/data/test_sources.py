@@ -70,9 +70,23 @@ def test_every_source_problem_is_named_at_once():
 
 def test_hub_options_on_a_local_file_and_a_lone_weight_are_refused():
     text = problems(data={"path": str(DEMO_DATA), "split": "train", "revision": "main", "weight": 1})
-    assert "data.split: applies to a Hub dataset (org/name) or a folder written by save_to_disk" in text
-    assert "data.revision: applies to a Hub dataset" in text
+    assert f"data.split: applies to a Hub dataset (org/name) or a local folder; {str(DEMO_DATA)!r} is a file. Remove split." in text
+    assert f"data.revision: applies to a Hub dataset (org/name); {str(DEMO_DATA)!r} is a file. Remove revision." in text
     assert "data: weight only means something in a list of two or more sources" in text
+
+
+def test_a_local_folder_takes_a_split_and_a_subset_and_no_revision(tmp_path):
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    config = validate_config(tiny_settings("/tmp/unused", data={"path": str(folder), "split": "train", "subset": "easy"},
+                                           eval_data={"path": str(folder), "split": "test"}))
+    assert as_sources(config.eval_data)[0].split == "test"
+    text = problems(data={"path": str(folder), "revision": "main"})
+    assert f"data.revision: applies to a Hub dataset (org/name); {str(folder)!r} is a folder. Remove revision." in text
+    (folder / "state.json").write_text("{}")  # written by save_to_disk: splits, no subsets
+    text = problems(data={"path": str(folder), "subset": "easy", "split": "test"})
+    assert f"data.subset: applies to a Hub dataset (org/name) or a local folder; {str(folder)!r} is a folder written by save_to_disk" in text
+    assert "data.split" not in text
 
 
 def test_a_stream_needs_max_steps_and_cannot_be_split():

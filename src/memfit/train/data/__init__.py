@@ -12,9 +12,13 @@ A config's sources (:class:`DataSource`: paths, Hub ids, subsets, splits, column
 weights) are read by :func:`~memfit.train.data.reading.load_sources`, or opened as a stream by
 :func:`~memfit.train.data.reading.open_stream` (:class:`~memfit.train.data.stream.StreamBatches`).
 
-Heavy dependencies stay lazy: ``datasets`` (and pyarrow) is imported when a Hub dataset, a Parquet
-or Arrow file, a mix or a stream is read, never for local JSON files; this package never imports
-torch or transformers (it is handed a tokenizer).
+A local folder laid out as a Hub dataset repository (``data/train-*.parquet``, ``test.jsonl``, a
+README's ``configs:``) is read as ``datasets`` reads it, its splits included
+(:mod:`~memfit.train.data.folders`).
+
+Heavy dependencies stay lazy: ``datasets`` (and pyarrow) is imported when a Hub dataset, a local
+folder, a Parquet or Arrow file, a mix or a stream is read, never for a local JSON, JSON Lines or
+CSV file; this package never imports torch or transformers (it is handed a tokenizer).
 """
 
 from __future__ import annotations

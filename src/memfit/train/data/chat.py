@@ -24,6 +24,15 @@ DEFAULT_CHAT_TEMPLATE = (
 )
 
 
+def prompt_end_problem(messages: list[dict[str, Any]]) -> str | None:
+    """Why ``messages`` cannot be a prompt (None when they can): a reply, the assistant's, follows a
+    prompt, so a prompt that ends with an assistant turn would put two of them in a row. The rule of
+    ``memfit generate``'s and ``eval_prompts``' prompts, and of a preference pair's."""
+    if messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant":
+        return "ends with an assistant message, so the reply would be a second assistant turn in a row; end it with the user's turn the reply answers"
+    return None
+
+
 class ChatTemplateError(ValueError):
     """The chat template cannot be used to separate prompts from responses."""
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from memfit.train.data.errors import Problems
+from memfit.train.data.errors import DataError, Problems
 from memfit.train.data.pairs import normalize_pair
 from memfit.train.data.readers import RawRecord, expand_paths, json_type_name, read_file
 
@@ -42,7 +42,8 @@ SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "a
 
 
 def load_records(
-    paths: str | Path | list[str | Path], format: str = "auto", columns: Mapping[str, str] | None = None
+    paths: str | Path | list[str | Path], format: str = "auto", columns: Mapping[str, str] | None = None,
+    *, name: str | None = None,
 ) -> tuple[list[dict[str, Any]], str]:
     """Read, validate and normalize training records from local files.
 
@@ -55,7 +56,9 @@ def load_records(
             ``preference`` or ``auto`` (detected from the keys of each file's first record; all
             files must agree).
         columns: memfit field <- the files' column, applied to every record first
-            (``{"prompt": "question", "completion": "answer"}``).
+            (``{"prompt": "question", "completion": "answer"}``); a column that no record of a file
+            has is refused at once (:func:`column_problem`).
+        name: the config field that names these files (``data``, ``data[1]``), for messages.
 
     Returns:
         The normalized records (see the module docstring) and the format name.
@@ -71,6 +74,8 @@ def load_records(
     for path in files:
         before = problems.count
         raw = read_file(path, problems)
+        if columns and raw:
+            _check_file_columns(path, raw, columns, name)
         per_file.append((path, [map_columns(r, columns) for r in raw] if columns else raw, problems.count > before))
 
     chosen = None if format == "auto" else format
@@ -144,6 +149,34 @@ def map_columns(raw: RawRecord, columns: Mapping[str, str] | None) -> RawRecord:
             value.pop(column)
             value[field_name] = raw.value[column]
     return RawRecord(raw.where, value, raw.file_type)
+
+
+def column_problem(columns: Mapping[str, str], have: Iterable[str], what: str = "the dataset") -> str | None:
+    """The first entry of ``columns`` (memfit field <- column) whose column is not among ``have``, as one
+    line naming the entry, the column, the columns there are and the fix; None when every one is there.
+    (A mapping onto a column that is not there would be ignored, and the record read as it is.)"""
+    have = [str(c) for c in have]
+    for field_name, column in columns.items():
+        if column in have:
+            continue
+        listed = ", ".join(have) or "none"
+        others = [c for c in have if c not in columns.values()]
+        if field_name in have:
+            fix = f"remove the entry to read its own {field_name!r} column, or map {field_name} to another column"
+        else:
+            fix = f"map {field_name} to one of them, e.g. columns: {{{field_name}: {(others or have or ['column'])[0]}}}"
+        return f"columns: {field_name}: no column {column!r} in {what} (its columns: {listed}); {fix}"
+    return None
+
+
+def _check_file_columns(path: Path, raw: list[RawRecord], columns: Mapping[str, str], name: str | None) -> None:
+    """Raise one line when ``columns`` names a column that no record of the file ``path`` has."""
+    have = dict.fromkeys(key for record in raw if isinstance(record.value, dict) for key in record.value)
+    if not have:
+        return  # no record is an object: validation names each
+    problem = column_problem(columns, have, "the file")
+    if problem:
+        raise DataError(f"{name + ': ' if name else ''}{path}: {problem}")
 
 
 def detect_format(raw: RawRecord, problems: Problems) -> str | None:

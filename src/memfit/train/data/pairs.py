@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 from memfit.json_form import JsonForm
 from memfit.step.labels import IGNORE_INDEX
-from memfit.train.data.chat import ChatTemplateError, render_messages
+from memfit.train.data.chat import ChatTemplateError, prompt_end_problem, render_messages
 from memfit.train.data.errors import DataError, Problems
 from memfit.train.data.readers import RawRecord, json_type_name
 
@@ -69,6 +69,11 @@ def _text_pair(raw: RawRecord, problems: Problems, prompt: Any, chosen: str, rej
         return None
     if prompt is None:
         prompt, chosen, rejected = _shared_text_prefix(chosen, rejected)
+        if not prompt:
+            # TRL's extract_prompt would train this pair on an empty prompt: nothing says what it answers.
+            problems.add(raw.where, "missing, and chosen and rejected start with no text in common to take as the prompt "
+                         "(the implicit prompt); give the prompt, or start both answers with it", "prompt")
+            return None
     if chosen == rejected:
         problems.add(raw.where, "chosen and rejected are the same answer: the pair prefers nothing", "rejected")
         return None
@@ -100,6 +105,8 @@ def _chat_pair(raw: RawRecord, problems: Problems, prompt: Any, chosen: list, re
         prompt_turns = [{"role": "user", "content": prompt}] if prompt.strip() else None
         if not prompt.strip():
             problems.add(raw.where, "empty text", "prompt")
+    if prompt_turns is not None and prompt_end_problem(prompt_turns):
+        problems.add(raw.where, prompt_end_problem(prompt_turns), "prompt")
     if problems.count > before:
         return None
     shared = 0
@@ -113,6 +120,10 @@ def _chat_pair(raw: RawRecord, problems: Problems, prompt: Any, chosen: list, re
             problems.add(raw.where, "differs from the turns chosen and rejected start with; give one of the two", "prompt")
             return None
         prompt_turns, chosen_turns, rejected_turns = implicit, chosen_turns[shared:], rejected_turns[shared:]
+    elif prompt_turns is None and chosen_turns[0]["role"] != "assistant":
+        problems.add(raw.where, "missing, and the conversations chosen and rejected start with no turn in common to take as "
+                     "the prompt (the implicit prompt); give the prompt, or start both with its turns", "prompt")
+        return None
     for name, turns in (("chosen", chosen_turns), ("rejected", rejected_turns)):
         if not turns or turns[0]["role"] != "assistant":
             problems.add(raw.where, "the answer must start with an assistant turn (after the prompt's turns)", name)

@@ -65,9 +65,33 @@ def expand_paths(paths: str | Path | list[str | Path] | tuple[str | Path, ...], 
 
 def read_file(path: Path, problems: Problems) -> list[RawRecord]:
     """Read one data file (type from its suffix) into raw records."""
-    reader = _READERS[SUFFIXES[path.suffix.lower()]]
-    records = reader(path, problems)
-    return records
+    kind = SUFFIXES[path.suffix.lower()]
+    empty = emptiness(path, kind)
+    if empty is not None:
+        problems.add(str(path), empty)
+        return []
+    return _READERS[kind](path, problems)
+
+
+def emptiness(path: Path, kind: str) -> str | None:
+    """Why the data file ``path`` of type ``kind`` holds no record, when that is known without reading
+    it: no bytes at all, or a Parquet file whose footer counts 0 rows. (Given to ``datasets``, the first
+    stops its JSON reader with a bare StopIteration and the second its Parquet reader with pyarrow's
+    "BatchSize must be greater than 0".) None: the reader finds out."""
+    try:
+        if path.stat().st_size == 0:
+            return "empty file (0 bytes)"
+    except OSError:
+        return None  # the reader says why it cannot be read
+    if kind != "parquet":
+        return None
+    try:
+        import pyarrow.parquet as pq
+
+        rows = pq.ParquetFile(path).metadata.num_rows
+    except Exception:  # noqa: BLE001 - no pyarrow, or a damaged footer: the reader says why
+        return None
+    return "no records (a Parquet file of 0 rows)" if rows == 0 else None
 
 
 def _read_text(path: Path, problems: Problems) -> str | None:

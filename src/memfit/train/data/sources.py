@@ -132,11 +132,16 @@ def _one_source_problems(name: str, source: DataSource) -> list[str]:
     local = Path(source.path).expanduser()
     if not source.is_hub and not local.exists():
         problems.append(f"{name}: {source.path!r} does not exist: give a local file or folder, or a Hub dataset id (org/name)")
-    elif not source.is_hub and not source.is_saved_dataset:
+    elif not source.is_hub:
+        # A local folder has splits (and subsets) as datasets finds them (memfit.train.data.folders), a
+        # folder written by save_to_disk splits only; a file is one split of its own, and only a Hub
+        # dataset has revisions.
+        kind, takes = (("a folder written by save_to_disk", ("split",)) if source.is_saved_dataset else
+                       ("a folder", ("subset", "split")) if local.is_dir() else ("a file", ()))
         for option in ("subset", "split", "revision"):
-            if getattr(source, option) is not None:
-                problems.append(f"{name}.{option}: applies to a Hub dataset (org/name) or a folder written by save_to_disk; "
-                                f"{source.path!r} is a local {'folder' if local.is_dir() else 'file'}. Remove {option}.")
+            if getattr(source, option) is not None and option not in takes:
+                where = "a Hub dataset (org/name)" if option == "revision" else "a Hub dataset (org/name) or a local folder"
+                problems.append(f"{name}.{option}: applies to {where}; {source.path!r} is {kind}. Remove {option}.")
     for target, column in source.columns.items():
         if target not in FIELDS:
             close = difflib.get_close_matches(target, FIELDS, n=1, cutoff=0.6)
