@@ -252,3 +252,38 @@ def test_several_gpus_given_as_text_get_the_multi_gpu_rules(tmp_path):
         load_config(_yaml_with(tmp_path, "seed: 0"), {"gpus": "2"})
     (problem,) = info.value.problems
     assert problem.startswith("shard: 'none' with gpus: 2") and "--nproc 2" in problem and "torchrun" in problem
+
+
+BOOLEAN = "not true or false: write {f}: true or {f}: false (unquoted)"
+
+
+@pytest.mark.parametrize("line, problem", [
+    ("streaming: 'yes'", "streaming: 'yes' is text, " + BOOLEAN.format(f="streaming")),
+    ("train_on_inputs: 1", "train_on_inputs: 1 is a number, " + BOOLEAN.format(f="train_on_inputs")),
+    ("force: null", "force: null is null, " + BOOLEAN.format(f="force")),
+    ("packing: 'true'", "packing: 'true' is text, " + BOOLEAN.format(f="packing")),  # a knob: make_spec would read the text
+    ("beta: true", "beta: true is true or false, not a number: write a number (e.g. beta: 0.1)"),
+    ("lr: false", "lr: false is true or false, not a number: write a number (e.g. lr: 0.0002)"),
+    ("eval_split: true", "eval_split: true is true or false, not a number: write a number (e.g. eval_split: 0.0)"),
+    ("shuffle_buffer_size: true", "shuffle_buffer_size: true is true or false, not a whole number: write a whole number "
+                                  "(e.g. shuffle_buffer_size: 1000)"),
+    ("epochs: true", "epochs: true is true or false, not a number: write a number"),
+    (f"data: [{{path: {DEMO_DATA}, weight: true}}, {{path: {DEMO_DATA}, weight: 1}}]",
+     "data[0].weight: true is true or false, not a number: write the source's share, e.g. weight: 0.7"),
+])
+def test_booleans_and_numbers_are_not_taken_for_each_other(tmp_path, line, problem):
+    with pytest.raises(ConfigError) as info:
+        load_config(_yaml_with(tmp_path, line))
+    assert info.value.problems == [problem]
+
+
+def test_yaml_booleans_and_set_options_still_parse(tmp_path):
+    config = load_config(_yaml_with(tmp_path, "streaming: yes"))  # YAML 1.1: yes is true
+    assert config.streaming is True
+    assert load_config(_yaml_with(tmp_path, "seed: 1"), parse_set_options(["streaming=true"])).streaming is True
+    overrides = parse_set_options(["objective=dpo", "train_on_inputs=on", "beta=0.2", "lr=1e-4", "packing=false"])
+    config = load_config(_yaml_with(tmp_path, "seed: 1"), overrides)
+    assert (config.train_on_inputs, config.beta, config.lr, config.packing) == (True, 0.2, 1e-4, False)
+    with pytest.raises(ConfigError) as info:
+        load_config(_yaml_with(tmp_path, "seed: 1"), parse_set_options(["beta=true", "streaming='yes'"]))
+    assert sorted(p.split(":")[0] for p in info.value.problems) == ["beta", "streaming"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +25,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     ValidationError,
     create_model,
     field_validator,
@@ -94,7 +96,7 @@ class TrainConfig(_run_knobs(), ObjectiveParams, JsonForm):
     # -- model ------------------------------------------------------------------------------
     model: str = Field(description="Hugging Face Hub id (org/name: downloaded when the run starts), local Hugging Face model folder (config.json + *.safetensors), a config.json, or a catalog name (with init: random)")
     revision: str | None = Field(None, description=REVISION.help_for("train"))
-    allow_pickle_weights: bool = Field(False, description="a Hub model with only pickled .bin weights: download them, read them with torch.load(weights_only=True) and convert them to safetensors (trust the repo first)")
+    allow_pickle_weights: StrictBool = Field(False, description="a Hub model with only pickled .bin weights: download them, read them with torch.load(weights_only=True) and convert them to safetensors (trust the repo first)")
     init: Literal["pretrained", "random"] = Field("pretrained", description="pretrained: load the folder's weights; random: random weights (demos, tests, benchmarks)")
     model_overrides: dict[str, Any] = Field(default_factory=dict, description="config.json fields to change, e.g. {num_hidden_layers: 2} (init: random only)")
     tokenizer: str | None = Field(None, description="tokenizer folder; default: the model folder (or the Hub model's tokenizer), or the shipped tiny tokenizer with init: random")
@@ -102,11 +104,11 @@ class TrainConfig(_run_knobs(), ObjectiveParams, JsonForm):
     # -- data -------------------------------------------------------------------------------
     data: list[str | DataSource] = Field(description="training data: a local file or folder, a Hugging Face Hub dataset id (org/name), or a list of sources, each a path or {path, subset, split, revision, columns, weight, format} (docs/data.md)")
     data_format: Literal["auto", "alpaca", "sharegpt", "messages", "text", "prompt_completion", "preference"] = Field("auto", description="record format of every source (auto: detected from each source's first record; preference: chosen / rejected pairs, for objective dpo, orpo or simpo)")
-    train_on_inputs: bool = Field(False, description="also take the loss on prompt tokens")
+    train_on_inputs: StrictBool = Field(False, description="also take the loss on prompt tokens")
     eval_split: float = Field(0.0, description="fraction of the training examples held out for evaluation (0 = none)")
     eval_data: list[str | DataSource] | None = Field(None, description="evaluation data instead of a split: the same forms as data, read whole (never streamed)")
     eval_every: int = Field(0, description="evaluate every N optimizer steps (0 = only at the end when there is eval data)")
-    streaming: bool = Field(False, description="read the training data while training, as a stream (data larger than memory; Hub datasets are not downloaded first); needs max_steps")
+    streaming: StrictBool = Field(False, description="read the training data while training, as a stream (data larger than memory; Hub datasets are not downloaded first); needs max_steps")
     shuffle_buffer_size: int = Field(1000, description="with streaming: rows of the stream shuffled together (0: the stream's order)")
     stopping_strategy: Literal["all_exhausted", "first_exhausted"] = Field("all_exhausted", description="a mix of weighted sources ends when every source was read whole, the others starting again (all_exhausted), or when the first runs out (first_exhausted)")
     eval_prompts: list[Any] = Field(default_factory=list, description="prompts (text, or lists of {role, content} messages) whose greedy replies are written to metrics.jsonl at every evaluation and at the end")
@@ -132,9 +134,9 @@ class TrainConfig(_run_knobs(), ObjectiveParams, JsonForm):
     keep_checkpoints: int = Field(2, description="how many recent checkpoints to keep")
     gpu: str | None = Field(None, description=GPU.help_for("train"))
     budget: str | None = Field(None, description=BUDGET.help_for("train"))
-    force: bool = Field(False, description="train even when the plan says the run does not fit")
+    force: StrictBool = Field(False, description="train even when the plan says the run does not fit")
     fit: Literal["off", "auto"] = Field("off", description="auto: before loading, choose the micro-batch split, checkpointing and tiling that fit the device (or gpu / budget), fastest first; the effective batch, method, rank, lr and data stay")
-    fit_optimizer: bool = Field(False, description="let fit also choose a lighter optimizer (8-bit / paged AdamW)")
+    fit_optimizer: StrictBool = Field(False, description="let fit also choose a lighter optimizer (8-bit / paged AdamW)")
     on_oom: Literal["continue", "stop"] = Field("continue", description="when a step runs out of memory: continue with the next configuration down at the same effective batch and data order, or stop with a checkpoint")
 
     @field_validator("data", "eval_data", mode="before")
@@ -164,12 +166,13 @@ class TrainConfig(_run_knobs(), ObjectiveParams, JsonForm):
 
         return parse_report_to(value)
 
-    @field_validator(*COUNT_FIELDS, mode="before")
+    @field_validator("*", mode="before")
     @classmethod
-    def _not_a_boolean(cls, value: Any) -> Any:
-        # pydantic takes true as 1; a YAML true where a count belongs is a mistake, not a number.
-        if isinstance(value, bool):
-            raise ValueError("true / false is not a whole number")
+    def _not_a_boolean(cls, value: Any, info) -> Any:
+        # pydantic takes true as 1 (and 1.0); a YAML true where a number belongs is a mistake, not a number.
+        kind = field_kind(cls.model_fields[info.field_name].annotation)
+        if kind in ("int", "float") and isinstance(value, bool):
+            raise ValueError(boolean_problem(info.field_name, kind, cls.model_fields[info.field_name].default))
         return value
 
     @field_validator("eval_prompts", mode="before")
@@ -207,6 +210,38 @@ class TrainConfig(_run_knobs(), ObjectiveParams, JsonForm):
         return self.model_dump(mode="json")
 
 
+def field_kind(annotation: Any) -> str | None:
+    """``bool``, ``int`` or ``float`` for a field of that type (``Optional`` looked through), else None."""
+    kinds = {a for a in (typing.get_args(annotation) or (annotation,)) if a is not type(None)}
+    if kinds == {bool}:
+        return "bool"
+    if kinds and kinds <= {int, float}:
+        return "float" if float in kinds else "int"
+    return None
+
+
+def boolean_problem(field: str, kind: str, default: Any = None) -> str:
+    """What follows ``field: true`` where a number belongs (see :func:`type_problem`)."""
+    number = "whole number" if kind == "int" else "number"
+    example = f" (e.g. {field}: {default})" if isinstance(default, (int, float)) and not isinstance(default, bool) else ""
+    return f"is true or false, not a {number}: write a {number}{example}"
+
+
+def type_problem(field: str, value: Any, message: str, error_type: str = "") -> str:
+    """One line for a value of the wrong type, naming the field, the value as YAML writes it and the
+    type the field takes: a boolean field refuses text and numbers (pydantic's strict booleans: YAML
+    reads yes and on as true, but 'yes' quoted is text, and 1 is a number), a number field refuses
+    true and false."""
+    shown = {True: "true", False: "false"}[value] if isinstance(value, bool) else "null" if value is None else repr(value)
+    if error_type == "bool_type":
+        what = ("text" if isinstance(value, str) else "a number" if isinstance(value, (int, float)) else
+                "null" if value is None else f"a {'list' if isinstance(value, list) else type(value).__name__}")
+        return f"{field}: {shown} is {what}, not true or false: write {field}: true or {field}: false (unquoted)"
+    if message.startswith("is true or false"):
+        return f"{field}: {shown} {message}"
+    return f"{field}: {value!r}: {message}"
+
+
 def _one_source(field: str, index: int, count: int, item: Any) -> str | DataSource:
     """One entry of ``data`` / ``eval_data``: a path kept as text, a mapping as a DataSource."""
     from memfit.train.data.sources import field_name
@@ -227,7 +262,7 @@ def _one_source(field: str, index: int, count: int, item: Any) -> str | DataSour
         for e in err.errors():
             where = ".".join(str(p) for p in e.get("loc", ()))
             message = str(e.get("msg", "")).removeprefix("Value error, ")
-            details.append(f"{name}.{where}: {e.get('input')!r}: {message}" if where else f"{name}: {message}")
+            details.append(type_problem(f"{name}.{where}", e.get("input"), message, e.get("type", "")) if where else f"{name}: {message}")
         raise ValueError("\n".join(details)) from None
 
 
@@ -374,6 +409,9 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
     for required in ("model", "data"):
         if clean.get(required) in (None, "", []):
             problems.append(f"{required}: required (see docs/train.md)")
+    for key in [k for k in specs.TRAINED_KNOBS if k in clean and specs.value_kind(k) == "bool"]:
+        if not isinstance(clean[key], bool):  # make_spec reads a flag's text; a YAML file writes true or false
+            problems.append(type_problem(key, clean.pop(key), "", "bool_type"))
     knobs = {k: ("none" if clean[k] is None and specs.default(k) is not None else clean[k])
              for k in specs.TRAINED_KNOBS if k in clean}
     knobs_valid = False
@@ -401,7 +439,7 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
             if item.get("loc", ("",))[0] in ("data", "eval_data") and item.get("type") == "value_error":
                 problems.extend(str(item.get("msg")).removeprefix("Value error, ").splitlines())  # each names its source
                 continue
-            problems.append(f"{loc}: {item.get('input')!r}: {str(item.get('msg')).removeprefix('Value error, ')}")
+            problems.append(type_problem(loc, item.get("input"), str(item.get("msg")).removeprefix("Value error, "), item.get("type", "")))
     if config is not None:
         problems.extend(_size_problems({k: getattr(config, k) for k in COUNT_FIELDS}))
         problems.extend(_semantic_problems(config, knobs_valid=knobs_valid))

@@ -24,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from memfit.train.data.formats import FORMATS
 
@@ -60,6 +60,14 @@ class DataSource(BaseModel):
                     close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
                     hint = f"; did you mean {close[0]!r}?" if close else f"; a source takes {', '.join(cls.model_fields)}"
                     raise ValueError(f"unknown setting {key!r}{hint}")
+        return value
+
+    @field_validator("weight", mode="before")
+    @classmethod
+    def _weight_not_a_boolean(cls, value: Any) -> Any:
+        # pydantic takes true as 1.0; a YAML true where a share belongs is a mistake, not a number.
+        if isinstance(value, bool):
+            raise ValueError("is true or false, not a number: write the source's share, e.g. weight: 0.7")
         return value
 
     @property
