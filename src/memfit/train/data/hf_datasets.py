@@ -140,6 +140,7 @@ def hub_revision(source: DataSource, name: str, pinned: str | None = None) -> Hu
     dataset or revision that does not exist, or a rejected token."""
     from huggingface_hub import HfApi, constants
 
+    _import_datasets(name)  # its own offline setting (HF_DATASETS_OFFLINE) is read at import
     if _offline_mode():
         return HubRevision(pinned, f"{_offline_variable()} is set")
     try:
