@@ -254,14 +254,14 @@ def test_several_gpus_given_as_text_get_the_multi_gpu_rules(tmp_path):
     assert problem.startswith("shard: 'none' with gpus: 2") and "--nproc 2" in problem and "torchrun" in problem
 
 
-BOOLEAN = "not true or false: write {f}: true or {f}: false (unquoted)"
+BOOLEAN = ": write {f}: true or {f}: false (unquoted)"
 
 
 @pytest.mark.parametrize("line, problem", [
-    ("streaming: 'yes'", "streaming: 'yes' is text, " + BOOLEAN.format(f="streaming")),
-    ("train_on_inputs: 1", "train_on_inputs: 1 is a number, " + BOOLEAN.format(f="train_on_inputs")),
-    ("force: null", "force: null is null, " + BOOLEAN.format(f="force")),
-    ("packing: 'true'", "packing: 'true' is text, " + BOOLEAN.format(f="packing")),  # a knob: make_spec would read the text
+    ("streaming: 'yes'", "streaming: 'yes' is not true or false but text" + BOOLEAN.format(f="streaming")),
+    ("train_on_inputs: 1", "train_on_inputs: 1 is not true or false but a number" + BOOLEAN.format(f="train_on_inputs")),
+    ("force: null", "force: null is not true or false but null" + BOOLEAN.format(f="force")),
+    ("packing: 'true'", "packing: 'true' is not true or false but text" + BOOLEAN.format(f="packing")),  # a knob: make_spec would read the text
     ("beta: true", "beta: true is true or false, not a number: write a number (e.g. beta: 0.1)"),
     ("lr: false", "lr: false is true or false, not a number: write a number (e.g. lr: 0.0002)"),
     ("eval_split: true", "eval_split: true is true or false, not a number: write a number (e.g. eval_split: 0.0)"),

@@ -236,7 +236,7 @@ def type_problem(field: str, value: Any, message: str, error_type: str = "") -> 
     if error_type == "bool_type":
         what = ("text" if isinstance(value, str) else "a number" if isinstance(value, (int, float)) else
                 "null" if value is None else f"a {'list' if isinstance(value, list) else type(value).__name__}")
-        return f"{field}: {shown} is {what}, not true or false: write {field}: true or {field}: false (unquoted)"
+        return f"{field}: {shown} is not true or false but {what}: write {field}: true or {field}: false (unquoted)"
     if message.startswith("is true or false"):
         return f"{field}: {shown} {message}"
     return f"{field}: {value!r}: {message}"

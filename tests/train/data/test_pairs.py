@@ -70,7 +70,7 @@ def test_a_prompt_that_ends_with_an_assistant_turn_is_refused_as_generate_refuse
             {"prompt": [USER, GOOD, USER], "chosen": [GOOD], "rejected": [BAD]}]  # an earlier assistant turn is context
     with pytest.raises(DataError) as err:
         load_records(_write(tmp_path / "p.jsonl", rows))
-    assert str(err.value) == f"found 1 problem in the training data:\n  - {tmp_path / 'p.jsonl'}, line 1: prompt: {prompt_problem([USER, GOOD])}"
+    assert str(err.value) == f"{tmp_path / 'p.jsonl'}, line 1: prompt: {prompt_problem([USER, GOOD])}"
     assert prompt_problem([USER, GOOD]).startswith("ends with an assistant message, so the reply would be a second assistant turn")
 
 
@@ -83,7 +83,7 @@ def test_an_implicit_prompt_with_nothing_in_common_is_refused(tmp_path, row, wha
     """TRL's extract_prompt takes an empty prompt here (and DPO then trains answers to nothing)."""
     with pytest.raises(DataError) as err:
         load_records(_write(tmp_path / "p.jsonl", [{"chosen": "Q: 2 + 2? A: 4", "rejected": "Q: 2 + 2? A: 5"}, row]))
-    assert str(err.value).splitlines()[1] == (f"  - {tmp_path / 'p.jsonl'}, line 2: prompt: missing, and {what} to take as "
+    assert str(err.value) == (f"{tmp_path / 'p.jsonl'}, line 2: prompt: missing, and {what} to take as "
                                               "the prompt (the implicit prompt); give the prompt, or start both "
                                               + ("answers with it" if isinstance(row["chosen"], str) else "with its turns"))
 

@@ -111,6 +111,6 @@ def test_an_empty_file_is_named_in_one_line_streamed_or_not(tmp_path, name, make
     assert str(info.value) == f"data: {path}: {problem}"
     with pytest.raises(DataError) as info:
         load_sources([DataSource(path=str(path))])
-    assert str(info.value).splitlines()[1] == f"  - {path}: " + {"empty.parquet": "no records (a Parquet file of 0 rows)",
+    assert str(info.value) == f"{path}: " + {"empty.parquet": "no records (a Parquet file of 0 rows)",
                                                                 "empty.jsonl": "empty file (0 bytes)",
                                                                 "blank.jsonl": "empty file"}[name]

@@ -2,7 +2,7 @@
 
 Validation walks every record and keeps going after the first problem, so a user fixes a file in one
 pass instead of one error per run. The message lists each problem as ``file, location: field:
-what is wrong``.
+what is wrong`` (a single problem is that one line).
 """
 
 from __future__ import annotations
@@ -39,8 +39,12 @@ class Problems:
         return self.count > 0
 
     def raise_if_any(self, what: str = "the training data") -> None:
+        """Raise the problems as one :class:`DataError`: one problem as its own line (it names its
+        file, record and field), several as a list under a line that counts them."""
         if not self.count:
             return
+        if self.count == 1:
+            raise DataError(self.listed[0])
         noun = "problem" if self.count == 1 else "problems"
         lines = [f"found {self.count} {noun} in {what}:"]
         lines += [f"  - {p}" for p in self.listed]
