@@ -138,6 +138,8 @@ def test_a_hub_that_does_not_answer_is_asked_once(data_hub, monkeypatch, mode):
         assert message.startswith(f"data: {PAIRS}: cannot reach the Hub at {failing.endpoint} (")
         cached = load(DataSource(path=CHAT))  # loaded once before: read from the cache, and said so
         assert failing.connections == 2
+        stream = open_stream([DataSource(path=CHAT)], "data", tokenize=lambda record: {"input_ids": [1], "labels": [1]})
+        assert failing.connections == 3 and len(stream.examples) == 16 and stream.notes == cached.notes
     finally:
         failing.close()
     assert [r["messages"] for r in cached.records] == [r["messages"] for r in online.records]
