@@ -30,8 +30,9 @@ def test_what_a_preference_objective_rules_out_is_said_in_the_users_spelling():
     text = str(err.value)
     assert "--precompute-reference: only --objective dpo has a reference model" in text
     assert "--packing cannot be used with --objective simpo" in text
-    with pytest.raises(SpecError, match="objective: orpo runs on one GPU"):
-        make_spec(objective="orpo", gpus=2, shard="ddp", spelling="field")
+    # Several GPUs are a preference run's as they are SFT's: each rank trains its share of the pairs.
+    assert make_spec(objective="orpo", gpus=2, shard="ddp", spelling="field").gpus == 2
+    assert make_spec(objective="dpo", method="full", gpus=4, shard="fsdp").reference == "frozen-copy"
     with pytest.raises(SpecError, match="is not one of sft, dpo, orpo, simpo. Did you mean 'dpo'"):
         make_spec(objective="dop")
 

@@ -518,11 +518,6 @@ def _objective_combinations(spec: "RunSpec", name, setting) -> list[str]:
             f"{name('hf_loss')}: {spec.hf_loss} is an sft loss; the hf recipe's {setting('objective', spec.objective)} "
             f"takes log-probs from the model's whole logits, as TRL's preference trainers do. Drop {name('hf_loss')}."
         )
-    if spec.objective != "sft" and spec.gpus > 1:
-        problems.append(
-            f"{setting('objective', spec.objective)} runs on one GPU in memfit (got {setting('gpus', spec.gpus)}). "
-            f"Use {setting('gpus', 1)}."
-        )
     return problems
 
 

@@ -21,7 +21,7 @@ from memfit.step import train_step as train_step_module
 from memfit.step.attention import batch_layout
 from memfit.step.batch import PADDED, collate
 from memfit.step.losses import Batch, LossFn, choose_loss
-from memfit.step.preference import choose_preference_loss, collate_pairs
+from memfit.step.preference import choose_preference_loss, collate_pairs, reference_model
 
 
 @dataclass(frozen=True)
@@ -83,34 +83,87 @@ class TrainingStep:
         The loss runs as a forward method of the FSDP root, so that the root's hooks gather the
         embeddings and the output head around it (memfit's fused loss calls the decoder stack and
         reads the head's weight directly, which would skip them); and each micro-batch's loss is
-        weighted by its ``loss_weight`` (its share of the global batch's labelled tokens), so that
-        averaged gradients equal those of one process on the whole batch.
+        weighted by its ``loss_weight`` (its share of the global batch's labelled tokens, or of its
+        pairs), so that averaged gradients equal those of one process on the whole batch. A DPO
+        step's reference pass runs as a forward method of the root it reads: the model's own (its
+        adapters disabled), or the frozen copy's, sharded as a model of its own.
         """
-        from torch.distributed.fsdp import register_fsdp_forward_method
-
         loss_fn = self.loss_fn
-
-        def memfit_loss(self_model, batch):
-            return loss_fn(self_model, batch)
-
-        model.memfit_loss = types.MethodType(memfit_loss, model)
-        register_fsdp_forward_method(model, "memfit_loss")
-        return replace(self, loss_fn=_weighted(_root_forward))
-
-
-def _root_forward(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    return model.memfit_loss(batch)
+        run_loss = root_forward(model, "memfit_loss", loss_fn)
+        reference_pass = getattr(loss_fn, "reference_pass", None)
+        sharded_reference = None
+        if reference_pass is not None:
+            root = reference_model(model) or model
+            sharded_reference = _RootCall(root_forward(root, "memfit_reference", lambda _root, batch: reference_pass(model, batch)))
+        return replace(self, loss_fn=_WeightedLoss(run_loss, sharded_reference))
 
 
-def _weighted(loss_fn: LossFn) -> LossFn:
-    """``loss_fn`` times the batch's ``loss_weight``, when it has one."""
+def root_forward(root: torch.nn.Module, name: str, fn) -> Any:
+    """``fn(root, batch)`` as a forward method ``name`` of the FSDP2 root ``root``: the root's hooks
+    gather its own parameters (embeddings, final norm, head) around the call, and let them go after
+    it as the root says. Returns ``batch -> fn(root, batch)``; call it outside a step.
 
-    def run(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-        loss = loss_fn(model, batch)
+    FSDP2 takes a gathered parameter's ``requires_grad`` from its shard, and PEFT's
+    ``disable_adapter()`` sets it on the tensors a layer holds at the moment: the gathered ones,
+    where a layer keeps them after its forward (``ddp``, ``zero2``). The shards of the parameters
+    that train are made trainable again after every call, or the next gather would freeze them.
+    """
+    from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+
+    for module in root.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()  # what a pass left gathered: the layers then hold their shards
+    trainable = [p for p in root.parameters() if p.requires_grad]
+
+    def method(self_root, batch):
+        return fn(self_root, batch)
+
+    setattr(root, name, types.MethodType(method, root))
+    register_fsdp_forward_method(root, name)
+    bound = getattr(root, name)
+
+    def call(batch):
+        try:
+            return bound(batch)
+        finally:
+            for param in trainable:
+                if not param.requires_grad:
+                    param.requires_grad_(True)
+
+    return call
+
+
+@dataclass(frozen=True)
+class _RootCall:
+    """A pass that runs through a root's forward method: ``(model, batch) -> method(batch)``."""
+
+    method: Any
+
+    def __call__(self, model: torch.nn.Module, batch: Batch) -> Any:
+        return self.method(batch)
+
+
+@dataclass(frozen=True)
+class _WeightedLoss:
+    """A sharded step's loss: the root's forward method, its loss times the batch's ``loss_weight``
+    (when it has one), and the reference pass, where the objective has one to run.
+
+    A slice whose weight is 0 holds nothing of the global batch (a rank's filler at the end of an
+    epoch): its metrics (a preference loss's sums over pairs) count nothing either."""
+
+    run: Any
+    reference_pass: Any = None
+
+    def __call__(self, model: torch.nn.Module, batch: Batch) -> Any:
+        output = self.run(batch)
+        loss, metrics = output if isinstance(output, tuple) else (output, None)
         weight = batch.get("loss_weight") if hasattr(batch, "get") else None
-        return loss if weight is None else loss * weight
-
-    return run
+        if weight is None:
+            return output
+        if metrics is not None and weight == 0:
+            metrics = {name: value * 0 for name, value in metrics.items()}
+        loss = loss * weight
+        return loss if metrics is None else (loss, metrics)
 
 
 def build_step(spec: RunSpec, model_config: Any, objective_params: ObjectiveParams | None = None) -> TrainingStep:

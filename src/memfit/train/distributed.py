@@ -187,15 +187,34 @@ def all_reduce_sum(values: Sequence[float], device) -> list[float]:
     return tensor.tolist()
 
 
-def first_error(message: str | None) -> str | None:
-    """The first rank's error message, if any rank has one (every rank gets the same answer)."""
+def all_reduce_tensors(values: dict[str, Any]) -> dict[str, Any]:
+    """Tensors (one device, scalars) summed over every rank in one collective, as float64; unchanged
+    on one process."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or not values:
+        return values
+    names = list(values)
+    stacked = torch.stack([values[name].detach().double().reshape(()) for name in names])
+    dist.all_reduce(stacked, op=dist.ReduceOp.SUM)
+    return dict(zip(names, stacked.unbind()))
+
+
+def gather_objects(value: Any) -> list[Any]:
+    """``value`` of every rank, in rank order (a collective); ``[value]`` on one process."""
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        return message
+        return [value]
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, message)
-    return next((m for m in gathered if m), None)
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def first_error(message: str | None) -> str | None:
+    """The first rank's error message, if any rank has one (every rank gets the same answer)."""
+    return next((m for m in gather_objects(message) if m), None)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -234,9 +253,13 @@ def load_device(spec, device):
 
 
 def check_placed(model, device) -> None:
-    """Raise if a parameter or buffer of the sharded model is not on ``device`` (a sharding gap)."""
-    stray = sorted({name for name, t in list(model.named_parameters()) + list(model.named_buffers())
-                    if _local(t).device != device})
+    """Raise if a parameter or buffer of the sharded model (or of its reference copy) is not on ``device`` (a sharding gap)."""
+    from memfit.step.preference import reference_model
+
+    reference = reference_model(model)
+    modules = [("", model)] + ([("reference.", reference)] if reference is not None else [])
+    stray = sorted({prefix + name for prefix, module in modules
+                    for name, t in list(module.named_parameters()) + list(module.named_buffers()) if _local(t).device != device})
     if stray:
         raise DistributedError(
             f"after sharding, {len(stray)} tensors are not on {device} (e.g. {', '.join(stray[:3])}); "
@@ -253,7 +276,8 @@ def shard_model(model, spec, device, world: Placement):
     """Shard ``model`` with FSDP2 as ``spec.shard`` says and return it (the same object, now an FSDPModule).
 
     Each decoder layer (:func:`memfit.models.build.decoder_layers`) becomes one FSDP group, then the
-    root takes what is left (embeddings, final norm, output head). Parameters keep the run's dtype
+    root takes what is left (embeddings, final norm, output head); a DPO run's frozen reference copy
+    is sharded alike, apart (:func:`memfit.step.preference.reference_model`). Parameters keep the run's dtype
     (pure bf16, or fp32 master weights under a mixed precision, whose forward runs under autocast
     after the gather, as on one GPU); gradients of 16-bit weights are reduced in fp32.
     """
@@ -268,6 +292,7 @@ def shard_model(model, spec, device, world: Placement):
 
     from memfit.models.build import DTYPES
     from memfit.models.layers import decoder_layers
+    from memfit.step.preference import reference_model
 
     settings = fsdp_settings(spec.shard)
     dtype = DTYPES[spec.weight_precision]
@@ -285,6 +310,13 @@ def shard_model(model, spec, device, world: Placement):
         fully_shard(layer, reshard_after_forward=settings["reshard_after_forward"], **common)
     # The root's weights are needed again right at the start of backward (the output head): keep them.
     fully_shard(model, reshard_after_forward=False, **common)
+    reference = reference_model(model)
+    if reference is not None:
+        # DPO's frozen copy (full fine-tuning) is sharded as a model of its own, a layer at a time,
+        # each gathered for its forward and let go right after: it has no backward to keep them for.
+        for layer in decoder_layers(reference):
+            fully_shard(layer, reshard_after_forward=True, **common)
+        fully_shard(reference, reshard_after_forward=True, **common)
     return model
 
 

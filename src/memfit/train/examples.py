@@ -267,8 +267,29 @@ def check_vocab(examples: list, vocab_size: int, tokenizer) -> None:
         )
 
 
-def unscored(example: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``example`` whose labels are all ignored: a forward for the collectives, no loss."""
-    from memfit.step.labels import IGNORE_INDEX
+#: The mark of a filler pair (:func:`unscored`).
+UNSCORED = "unscored"
 
+
+def unscored(example: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``example`` that scores nothing: a forward for the collectives, no loss.
+
+    A sequence's labels are all ignored. A pair keeps its tokens (a preference loss of answers
+    without a scored token is not a number) and is marked :data:`UNSCORED`: it counts as no pair
+    (:func:`scored_count`), so its slice weighs nothing."""
+    from memfit.step.labels import IGNORE_INDEX
+    from memfit.step.preference import is_pair
+
+    if is_pair(example):
+        return {**example, UNSCORED: True}
     return {**example, "labels": [IGNORE_INDEX] * len(example["labels"])}
+
+
+def scored_count(examples: list[dict[str, Any]], batch: dict[str, Any]) -> int:
+    """What the loss of ``examples`` (collated: ``batch``) is a mean over: its pairs (a preference
+    batch; filler pairs left out), or its labelled tokens."""
+    from memfit.step.batch import labelled_tokens
+
+    if "pairs" in batch:
+        return sum(1 for example in examples if not example.get(UNSCORED))
+    return labelled_tokens(batch["labels"])

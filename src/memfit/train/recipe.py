@@ -37,6 +37,7 @@ from memfit.models.build import make_config
 from memfit.planner.run import SEARCHED, Preflight, RunPlanner, describe
 from memfit.run_files import memory_file_name
 from memfit.step.attention import restore_attention
+from memfit.step.autocast import autocast_dtype
 from memfit.step.builder import build_step
 from memfit.step.preference import keep_reference_copy, needs_reference_copy, summarize_metrics
 from memfit.step.optim import build_optimizer
@@ -437,12 +438,13 @@ def _reference(run: _Run, *, may_compute: bool) -> None:
     spec = run.spec
     if spec.reference != "precomputed":
         return
-    dtype = run.configuration.step_fn.loss_fn.dtype
+    dtype = autocast_dtype(spec)
     for split, pairs in (("train", run.data.prepared.train_examples), ("eval", run.data.prepared.eval_examples)):
         if pairs:
             precompute_reference(pairs, split=split, run_dir=run.run_dir, model=run.model, collate=run.collate,
                                  batch_size=spec.batch_size, device=run.device, adapters=spec.uses_adapters, dtype=dtype,
-                                 may_compute=may_compute, say=lambda line: run.console.print(line, highlight=False))
+                                 may_compute=may_compute, world=run.world,
+                                 say=lambda line: run.console.print(line, highlight=False))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -564,6 +566,7 @@ def _step(run: _Run, step: int, recorder: MemoryRecorder, meter: Throughput, sto
     step_lr = training.optimizer.param_groups[0]["lr"]  # what this step used: scheduler.step() sets the next one's
     training.scheduler.step()
     loss_value, tokens, stop_requested, grad_norm = world.step_totals(loss, tokens, stop.signal_name is not None, grad_norm, device)
+    pair_metrics = world.metric_totals(pair_metrics, device)
     if stop_requested and stop.signal_name is None:
         stop.signal_name = "SIGTERM"  # another rank was asked to stop
     meter.stop(tokens)

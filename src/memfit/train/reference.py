@@ -11,6 +11,7 @@ the pairs' tokens): other data is refused.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 
 from memfit.step.batch import to_device
 from memfit.step.preference import starting_logps
+from memfit.train.distributed import rank_slice
 from memfit.train.errors import TrainError
 
 #: The file of a split's reference log-probs, in the run folder.
@@ -68,13 +70,19 @@ def stored_logps(path: Path, pairs: list[dict[str, Any]]) -> dict[int, tuple[flo
 def precompute_reference(pairs: list[dict[str, Any]], *, split: str, run_dir: Path, model: torch.nn.Module,
                          collate: Callable[[list], dict[str, Any]], batch_size: int, device: torch.device,
                          adapters: bool, dtype: torch.dtype | None, may_compute: bool = True,
-                         say: Callable[[str], None] = print) -> int:
+                         world: Any, say: Callable[[str], None] = print) -> int:
     """Give every pair its ``ref_logps`` (chosen, rejected): read from the run folder, the rest
     computed with ``model`` as it starts (``adapters``: with them disabled) and stored. Returns how
     many pairs were computed now. ``may_compute`` is False once training changed the weights: then
-    every value must be stored already."""
+    every value must be stored already.
+
+    ``world``: the run's (:mod:`memfit.train.world`). On the ranks of a sharded run each rank
+    computes every ``world_size``-th pair of each round of ``batch_size x world_size``, through the
+    sharded model's root; every rank gets every value, and rank 0 writes the file."""
     path = reference_file(run_dir, split)
     stored = stored_logps(path, pairs)
+    # Every rank has read the file before rank 0 writes to it.
+    world.gather_objects(None)
     missing = [i for i in range(len(pairs)) if i not in stored]
     if missing and not may_compute:
         raise TrainError(
@@ -84,28 +92,37 @@ def precompute_reference(pairs: list[dict[str, Any]], *, split: str, run_dir: Pa
     if missing:
         say(f"reference log-probs: computing {len(missing)} of {len(pairs)} {split} pairs before training"
             + (f" ({len(stored)} already in {path.name})" if stored else ""))
-        _compute(pairs, missing, path=path, fresh=not stored, model=model, collate=collate, batch_size=batch_size,
-                 device=device, adapters=adapters, dtype=dtype, stored=stored)
+        logps = world.root_forward(model, "memfit_starting_logps",
+                                   lambda root, batch: starting_logps(root, batch, adapters=adapters, dtype=dtype))
+        _compute(pairs, missing, path=path, fresh=not stored, model=model, logps=logps, collate=collate,
+                 batch_size=batch_size, device=device, stored=stored, world=world)
     for index, pair in enumerate(pairs):
         pair["ref_logps"] = stored[index]
     return len(missing)
 
 
-def _compute(pairs, missing, *, path, fresh, model, collate, batch_size, device, adapters, dtype, stored) -> None:
+def _compute(pairs, missing, *, path, fresh, model, logps, collate, batch_size, device, stored, world) -> None:
     was_training = model.training
     model.eval()  # the starting model as a reference: no dropout
     try:
-        with open(path, "w" if fresh else "a", encoding="utf-8") as handle:
-            if fresh:
+        with (open(path, "w" if fresh else "a", encoding="utf-8") if world.is_main else contextlib.nullcontext()) as handle:
+            if fresh and handle is not None:
                 handle.write(json.dumps({"fingerprint": fingerprint(pairs), "pairs": len(pairs)}) + "\n")
-            for start in range(0, len(missing), batch_size):
-                indices = missing[start:start + batch_size]
-                batch = to_device(collate([pairs[i] for i in indices]), device)
-                chosen, rejected = starting_logps(model, batch, adapters=adapters, dtype=dtype).float().cpu().chunk(2)
-                for index, c, r in zip(indices, chosen.tolist(), rejected.tolist()):
-                    stored[index] = (c, r)
-                    handle.write(json.dumps({"index": index, "chosen": c, "rejected": r}) + "\n")
-                # On disk after every micro-batch: a pass that stops continues from here.
-                handle.flush()
+            per_round = batch_size * world.world_size
+            for start in range(0, len(missing), per_round):
+                indices = missing[start:start + per_round]
+                mine = rank_slice(indices, world.rank, world.world_size)
+                # A rank without pairs in the last round still runs the forward (a collective), on a
+                # pair whose values it drops.
+                batch = to_device(collate([pairs[i] for i in mine or indices[:1]]), device)
+                chosen, rejected = logps(batch).float().cpu().chunk(2)
+                for part in world.gather_objects(list(zip(mine, chosen.tolist(), rejected.tolist()))):
+                    for index, c, r in part:
+                        stored[index] = (c, r)
+                        if handle is not None:
+                            handle.write(json.dumps({"index": index, "chosen": c, "rejected": r}) + "\n")
+                # On disk after every round: a pass that stops continues from here.
+                if handle is not None:
+                    handle.flush()
     finally:
         model.train(was_training)

@@ -17,12 +17,12 @@ import torch
 
 from memfit.errors import UserError
 from memfit.files import remove_if_empty
-from memfit.step.builder import TrainingStep
+from memfit.step.builder import TrainingStep, root_forward
 from memfit.train import checkpointing, distributed
-from memfit.step.batch import labelled_tokens, to_device
+from memfit.step.batch import to_device
 from memfit.train.micro_batches import Collate, micro_batches
 from memfit.train.errors import TrainError
-from memfit.train.examples import unscored
+from memfit.train.examples import scored_count, unscored
 from memfit.train.run_folder import (
     check_run_dir,
     make_run_dir,
@@ -106,6 +106,19 @@ class World:
         Reading the loss syncs with the device: once a step is cheap next to the step itself.
         """
         return float(loss), tokens, stop_requested, grad_norm
+
+    def metric_totals(self, totals: list[dict[str, torch.Tensor]], device: torch.device) -> list[dict[str, torch.Tensor]]:
+        """A step's metric sums (a preference step's, over its pairs) over every process."""
+        return totals
+
+    def gather_objects(self, value: Any) -> list[Any]:
+        """``value`` of every process, in rank order (every process must call it)."""
+        return [value]
+
+    def root_forward(self, model: torch.nn.Module, name: str, fn) -> Any:
+        """``batch -> fn(model, batch)``, run as the world runs a pass of the model outside its step
+        (here: a plain call)."""
+        return lambda batch: fn(model, batch)
 
     # -- memory records -----------------------------------------------------------------------
 
@@ -204,16 +217,17 @@ class ShardedWorld(World):
     def micro_batches(self, batches, grad_accum: int, collate: Collate, device: torch.device) -> list[dict[str, Any]]:
         """This rank's slices of the next ``grad_accum`` global micro-batches, each with its ``loss_weight``.
 
-        Every rank draws the same global batches (same seed and position) and keeps its slice; the
-        labelled-token counts are summed over ranks so each slice's loss is weighted by its share.
+        Every rank draws the same global batches (same seed and position) and keeps its slice (whole
+        pairs: a pair is one example); the labelled-token counts (of a preference batch: the pairs,
+        whose mean its loss is) are summed over ranks so each slice's loss is weighted by its share.
         """
-        slices = []
+        slices, local = [], []
         for _ in range(grad_accum):
             examples = distributed.rank_slice(next(batches), self.rank, self.world_size)
             if not examples:  # fewer examples than ranks at the end of an epoch: a slice that scores nothing
                 examples = [unscored(next(iter(batches.examples)))]
             slices.append(collate(examples))
-        local = [labelled_tokens(b["labels"]) for b in slices]
+            local.append(scored_count(examples, slices[-1]))
         total = distributed.all_reduce_sum(local, device)
         weights = distributed.loss_weights(local, total, self.world_size)
         out = []
@@ -229,6 +243,18 @@ class ShardedWorld(World):
         summed = distributed.all_reduce_sum([float(loss), tokens, 1.0 if stop_requested else 0.0], device)
         norm = distributed.local_value(grad_norm) if grad_norm is not None else None
         return summed[0] / self.world_size, int(summed[1]), bool(summed[2]), norm
+
+    def gather_objects(self, value: Any) -> list[Any]:
+        return distributed.gather_objects(value)
+
+    def root_forward(self, model: torch.nn.Module, name: str, fn) -> Any:
+        # A forward method of the FSDP root: its hooks gather the embeddings and the head around it.
+        return root_forward(model, name, fn)
+
+    def metric_totals(self, totals, device):
+        # Sums over every rank's pairs (its count among them): their means are over the global batch's
+        # pairs, as TRL gathers its metrics from every process before it averages them.
+        return [distributed.all_reduce_tensors(t) for t in totals]
 
     @property
     def recorder_rank(self) -> int | None:
