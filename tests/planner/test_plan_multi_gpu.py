@@ -100,3 +100,41 @@ def test_input_embeddings_stay_on_the_device_under_sharding(tiny_llama):
     assert one.details["input_embeddings"] == "host"
     assert four.details["input_embeddings"] == "device"
     assert four.details["host_peak_bytes"] == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# Preference objectives per rank
+
+
+def test_dpo_plans_per_rank_with_its_reference_pass_and_frozen_copy(tiny_llama):
+    one = memfit.plan(tiny_llama, method="full", objective="dpo", seq_len=64, cache=False)
+    copy_bytes = one.categories["weights"]  # full fine-tuning's only frozen tensors: the reference copy
+    plans = {shard: memfit.plan(tiny_llama, method="full", objective="dpo", seq_len=64, gpus=4, shard=shard, cache=False)
+             for shard in ("ddp", "zero2", "fsdp", "fsdp-offload")}
+    assert plans["ddp"].categories["weights"] == copy_bytes and "whole on each GPU" in plans["ddp"].details["reference"]
+    for shard in ("zero2", "fsdp"):
+        assert copy_bytes / 4 <= plans[shard].categories["weights"] < copy_bytes / 3
+        assert "a shard on each of the 4 GPUs" in plans[shard].details["reference"]
+    assert plans["fsdp-offload"].categories["weights"] == 0
+    for p in plans.values():
+        assert p.details["per_rank"] and "reference" in p.details["phase_peaks_allocated_bytes"]
+    # The pass gathers the copy's layers and root group as forward gathers the model's.
+    lora = {n: memfit.plan(tiny_llama, method="lora", objective="dpo", seq_len=64, gpus=n, shard="fsdp", cache=False)
+            for n in (2, 8)}
+    assert lora[2].details["reference"].startswith("the base model with its LoRA adapters disabled")
+    assert lora[2].allocated_bytes > lora[8].allocated_bytes
+
+
+def test_orpo_simpo_and_a_precomputed_reference_plan_on_several_gpus(tiny_llama):
+    for knobs in (dict(objective="orpo"), dict(objective="simpo"), dict(objective="dpo", precompute_reference=True)):
+        p = memfit.plan(tiny_llama, method="lora", seq_len=64, gpus=2, shard="zero2", cache=False, **knobs)
+        assert p.details["per_rank"] and "reference" not in p.details["phase_peaks_allocated_bytes"]
+    assert "each of the 2 GPUs its share of the pairs" in p.details["reference"]
+
+
+def test_cli_plans_dpo_per_gpu():
+    result = CliRunner().invoke(app, ["plan", MODEL, "--objective", "dpo", "--method", "full", "--seq-len", "128", "--gpus", "2",
+                                      "--shard", "fsdp", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)["details"]
+    assert data["per_rank"] is True and data["objective"] == "dpo" and "a shard on each of the 2 GPUs" in data["reference"]

@@ -77,3 +77,75 @@ def test_fit_keeps_the_config_s_method_batch_and_length(tmp_path, model_folder):
     best = result.fits[0].spec
     assert best["batch_size"] * best["grad_accum"] == 4 and best["seq_len"] == 128 and best["recipe"] == "hf"
     assert result.to_dict()["details"]["config"]["tool"] == "axolotl"
+
+
+# ------------------------------------------------------------------------------------------------
+# Preference configs on several GPUs
+
+
+def _write(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def test_llamafactory_dpo_with_deepspeed_plans_per_gpu_with_trl_s_reference(tmp_path, model_folder):
+    for stage in (2, 3):
+        (tmp_path / f"ds{stage}.json").write_text(json.dumps({"zero_optimization": {"stage": stage}}))
+    common = f"""
+        model_name_or_path: {model_folder}
+        stage: dpo
+        finetuning_type: full
+        cutoff_len: 64
+        per_device_train_batch_size: 1
+        """
+    three = plan(_write(tmp_path, "lf3.yaml", common + "deepspeed: ds3.json\n"), gpus=4, cache=False)
+    two = plan(_write(tmp_path, "lf2.yaml", common + "deepspeed: ds2.json\n"), gpus=4, cache=False)
+    assert three.spec["objective"] == two.spec["objective"] == "dpo"
+    assert (three.spec["shard"], two.spec["shard"]) == ("zero3", "zero2")
+    assert three.details["deepspeed"]["stage"] == 3 and two.details["deepspeed"]["stage"] == 2
+    # TRL's prepare_deepspeed shards the reference model under ZeRO-3 and keeps it whole below.
+    assert "a shard on each of the 4 GPUs" in three.details["reference"]
+    assert "whole on each GPU" in two.details["reference"]
+    assert two.categories["weights"] > 3 * three.categories["weights"]
+
+
+def test_axolotl_rl_dpo_with_deepspeed_plans_per_gpu(tmp_path, model_folder):
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
+    result = plan(_axolotl(tmp_path, model_folder, "rl: dpo\ndeepspeed: ds.json\n"), gpus=2, cache=False)
+    assert result.spec["objective"] == "dpo" and result.spec["gpus"] == 2 and result.spec["shard"] == "zero2"
+    assert result.details["per_rank"] and result.details["reference"].startswith("the base model with its LoRA adapters disabled")
+
+
+@pytest.mark.parametrize("sharding, shard", [("fsdp: full_shard auto_wrap\n", "fsdp"), ("deepspeed: ds.json\n", "zero3")])
+def test_a_trl_dpo_config_with_fsdp_or_deepspeed_plans_per_gpu(tmp_path, model_folder, sharding, shard):
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    config = _write(tmp_path, "dpo.yaml", f"""
+        model_name_or_path: {model_folder}
+        beta: 0.1
+        max_length: 64
+        per_device_train_batch_size: 1
+        gradient_checkpointing: true
+        """ + sharding)
+    result = plan(config, gpus=2, cache=False)
+    assert result.spec["objective"] == "dpo" and result.spec["method"] == "full" and result.spec["shard"] == shard
+    assert "a shard on each of the 2 GPUs" in result.details["reference"]
+
+
+def test_a_mode_that_cannot_run_is_refused_by_the_config_s_keys(tmp_path, model_folder):
+    from memfit.planner.api import PlanError
+
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {
+        "stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}}}))
+    config = _write(tmp_path, "lf.yaml", f"""
+        model_name_or_path: {model_folder}
+        stage: dpo
+        finetuning_type: lora
+        deepspeed: ds.json
+        optim: adamw_bnb_8bit
+        """)
+    with pytest.raises(PlanError) as err:
+        plan(config, gpus=2, cache=False)
+    assert f"{config}: deepspeed (memfit shard: fsdp-offload) with optim (memfit optimizer: adamw8bit)" in str(err.value)
+    with pytest.raises(PlanError, match=r"with --optimizer paged-adamw8bit"):
+        plan(config, gpus=2, optimizer="paged-adamw8bit", cache=False)

@@ -85,3 +85,52 @@ def test_offload_leaves_no_states_on_the_gpu_and_frozen_weights_shard():
 def test_8bit_optimizers_are_refused_with_cpu_offload():
     assert sharding.mode_problems("fsdp-offload", 4, "adamw8bit")
     assert not sharding.mode_problems("fsdp", 4, "adamw8bit")
+
+
+def test_a_tool_config_s_modes_are_refused_by_its_keys():
+    spell = lambda knob, value: f"{knob}_key ({value})"  # noqa: E731 - as a tool config names its keys
+    (line,) = sharding.mode_problems("fsdp-offload", 2, "paged-adamw8bit", spell)
+    assert line.startswith("shard_key (fsdp-offload) with optimizer_key (paged-adamw8bit): ")
+
+
+# ------------------------------------------------------------------------------------------------
+# DPO's reference on several GPUs
+
+
+def _dpo_full(weights_bytes: int) -> dict[str, int]:
+    """Full fine-tuning's DPO on one GPU: its frozen reference copy is the weights."""
+    return {**_single(2, 2, 4), "weights": weights_bytes * PARAMS}
+
+
+@pytest.mark.parametrize("shard, share", [("ddp", 1.0), ("zero1", 1.0), ("zero2", 0.25), ("zero3", 0.25), ("fsdp", 0.25),
+                                          ("fsdp-offload", 0.0)])
+def test_a_frozen_reference_copy_is_sharded_as_the_trainer_shards_it(shard, share):
+    layout = _layout(2)
+    cats = per_rank_categories(_dpo_full(2), "optimizer", shard=shard, gpus=4, layout=layout, reference="frozen-copy")
+    assert cats["weights"] == pytest.approx(2 * PARAMS * share, rel=0.01)
+    # Without a copy, the weights of full fine-tuning are a rank's frozen parameters: as before.
+    assert per_rank_categories(_dpo_full(2), "optimizer", shard="zero2", gpus=4, layout=layout)["weights"] == 2 * PARAMS
+
+
+def test_deepspeed_keeps_the_reference_whole_below_zero3_as_trl_prepares_it():
+    from memfit.interop.deepspeed import ZeroSettings
+
+    layout = _layout(2)
+    assert sharding.reference_ratio("zero2", 4, layout, ZeroSettings("ds.json", stage=2)) == 1.0
+    assert sharding.reference_ratio("zero3", 4, layout, ZeroSettings("ds.json", stage=3)) == pytest.approx(0.25, rel=0.01)
+    assert sharding.reference_ratio("fsdp-offload", 4, layout, ZeroSettings("ds.json", stage=3, offload_param=True)) == 0.0
+
+
+def test_the_reference_pass_gathers_as_forward_does():
+    layout = ParamLayout(groups=(ParamGroup(dim0=1000, row_bytes=2000, trainable=True, count=8),), layer_param_bytes=4_000_000,
+                         layer_grad_bytes=4_000_000, root_param_bytes=1_000_000, root_grad_bytes=1_000_000)
+    gathered = 2 * 4_000_000 + 1_000_000  # the current and the prefetched layer, and the root group
+    for shard in ("zero3", "fsdp"):
+        for reference in ("disabled-adapters", "frozen-copy"):
+            extra = sharding.extra_buffers(shard, 4, "reference", layout, reference=reference)
+            assert extra["temporaries"] == gathered == sharding.extra_buffers(shard, 4, "forward", layout)["temporaries"]
+    # zero2 keeps a model's gathered layers until backward (they count whole in weights); its frozen
+    # copy has no backward and is gathered a layer at a time.
+    assert sharding.extra_buffers("zero2", 4, "reference", layout, reference="disabled-adapters")["temporaries"] == 0
+    assert sharding.extra_buffers("zero2", 4, "reference", layout, reference="frozen-copy")["temporaries"] == gathered
+    assert sharding.extra_buffers("ddp", 4, "reference", layout, reference="frozen-copy")["temporaries"] == 0

@@ -107,3 +107,11 @@ def test_a_plan_of_a_deepspeed_config_names_its_buffers(tiny_llama):
     # A stage the run is not sharded with (one GPU): DeepSpeed's settings change nothing.
     one = dict(knobs, gpus=1, shard="none")
     assert plan(tiny_llama, deepspeed=replace(zero, stage=2), **one).device_total_bytes == plan(tiny_llama, **one).device_total_bytes
+
+
+def test_under_zero3_a_reference_pass_gathers_as_forward_does():
+    zero = ZeroSettings("ds.json", stage=3, offload_param=True)
+    plain, dpo = _terms(zero), _terms(zero, reference_pass=True)
+    for name in ("gathered layer", "stage3_prefetch_bucket_size", "root group", "offload_param"):
+        assert not plain[name].live_in("reference") and dpo[name].live_in("reference") and dpo[name].live_in("forward")
+    assert not dpo["stage3_max_reuse_distance"].live_in("reference") and not dpo["fresh gradients"].live_in("reference")

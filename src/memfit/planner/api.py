@@ -58,22 +58,39 @@ def _attention_note(estimate: StepEstimate) -> str:
     return f"{implementation}: " + ("; ".join(_KERNEL_NOTES[k] for k in kernels) if kernels else "no attention in the step")
 
 
-def _reference_note(spec: RunSpec, categories: dict[str, int], phase_peaks: dict[str, int]) -> str:
-    """Where a preference plan's reference log-probs come from, and what that costs, in one line."""
+def _reference_note(spec: RunSpec, categories: dict[str, int], phase_peaks: dict[str, int], placed: str = "") -> str:
+    """Where a preference plan's reference log-probs come from, and what that costs, in one line
+    (``placed``: where a multi-GPU plan keeps a frozen copy, :func:`_reference_placement`)."""
     source = spec.reference
     if source == "none":
         return f"none: {spec.objective} needs no reference model"
     if source == "precomputed":
-        return ("precomputed: one forward of every pair under no_grad before training (before the optimizer exists), "
+        share = f" (each of the {spec.gpus} GPUs its share of the pairs)" if spec.gpus > 1 else ""
+        return (f"precomputed: one forward of every pair under no_grad before training{share} (before the optimizer exists), "
                 "kept in the run folder; the step reads them and runs no reference pass")
     where = ("the base model with its LoRA adapters disabled (PEFT disable_adapter()): no second copy"
              if source == "disabled-adapters" else
-             f"a frozen copy of the starting weights, in weights ({format_bytes(categories.get('weights', 0))} with the buffers)")
+             f"a frozen copy of the starting weights, in weights ({format_bytes(categories.get('weights', 0))} with the buffers"
+             f"{placed})")
     if spec.recipe == "hf":
         return f"{where}; its pass runs under no_grad after the policy's forward, on top of the activations the policy holds"
     top = phase_peaks.get("reference")
     shown = f" (live memory at most {format_bytes(top)} during it)" if top else ""
     return f"{where}; its pass runs under no_grad before the policy's forward{shown}, keeping nothing but the log-probs"
+
+
+def _reference_placement(spec: RunSpec, layout, zero) -> str:
+    """Where the ranks of a multi-GPU plan keep DPO's frozen reference copy, in words ('' on one GPU)."""
+    if layout is None or spec.reference != "frozen-copy":
+        return ""
+    from memfit.planner import sharding
+
+    ratio = sharding.reference_ratio(spec.shard, spec.gpus, layout, zero.settings if zero is not None else None)
+    if ratio == 1.0:
+        return ", whole on each GPU"
+    if ratio == 0.0:
+        return ", its shards in host memory"
+    return f", a shard on each of the {spec.gpus} GPUs, gathered a layer at a time for its pass"
 
 
 def _adapter_details(spec: RunSpec, copies: list[dict]) -> dict[str, Any]:
@@ -222,7 +239,8 @@ def _estimate(config: dict[str, Any], spec: RunSpec, runtime: RuntimeOverhead, t
 
         # One simulation of one rank's step (the same for every N and mode: it is cached); the
         # sharding arithmetic then decides what each rank holds at every candidate moment.
-        reshape = partial(sharding.per_rank_categories, shard=spec.shard, gpus=spec.gpus, layout=layout, zero=zero)
+        reshape = partial(sharding.per_rank_categories, shard=spec.shard, gpus=spec.gpus, layout=layout, zero=zero,
+                          reference=spec.reference)
     estimate = estimate_step(config, spec, runtime.cublas_workspace_allocs, extrapolate=extrapolate, reshape=reshape,
                              arch=target.arch, sampler=sampler)
     if layout is not None and estimate.paged_peak_bytes:
@@ -270,7 +288,7 @@ def _memory_plan(source: ModelSource, spec: RunSpec, target: Target, runtime: Ru
     }
     if spec.is_preference:
         details["objective"] = spec.objective
-        details["reference"] = _reference_note(spec, categories, estimate.phase_peaks)
+        details["reference"] = _reference_note(spec, categories, estimate.phase_peaks, _reference_placement(spec, layout, zero))
     details["category_help"] = category_help(spec.knobs(), details["adapters"])
     details["notes"].extend(adapter_notes(spec.knobs(), details["adapters"]))
     if layout is not None:
@@ -358,7 +376,8 @@ def _add_per_rank_details(details: dict[str, Any], spec: RunSpec, layout, estima
     from memfit.planner import sharding
 
     shard = sharding.effective_shard(spec.shard, spec.gpus)
-    states = sharding.model_state_bytes(estimate.single_gpu_categories, shard=shard, gpus=spec.gpus, layout=layout, zero=zero)
+    states = sharding.model_state_bytes(estimate.single_gpu_categories, shard=shard, gpus=spec.gpus, layout=layout, zero=zero,
+                                        reference=spec.reference)
     details["per_rank"] = True
     details["shard"] = shard
     details["model_state_bytes"] = states
@@ -397,8 +416,17 @@ def _zero_plan(settings: Any, config: dict[str, Any], spec: RunSpec, layout):
     itemsize = 2 if sixteen else 4
     trainable_itemsize = 4 if spec.uses_adapters or spec.precision == "fp32" else 2
     terms = zero_terms(resolved, gpus=spec.gpus, layout=layout, num_layers=num_layers, itemsize=itemsize,
-                       trainable_itemsize=trainable_itemsize)
+                       trainable_itemsize=trainable_itemsize, reference_pass=_has_reference_pass(spec))
     return ZeroPlan(resolved, tuple(terms))
+
+
+def _has_reference_pass(spec: RunSpec) -> bool:
+    """Whether the step of ``spec`` runs DPO's reference pass as a phase of its own, before the policy's forward."""
+    if not spec.is_preference:
+        return False
+    from memfit.step.preference import choose_preference_loss
+
+    return choose_preference_loss(spec).reference_pass is not None
 
 
 def _plan_tool_config(path: str, *, revision: str | None = None, **options: Any) -> MemoryPlan:
@@ -411,12 +439,30 @@ def _plan_tool_config(path: str, *, revision: str | None = None, **options: Any)
                                                 "cache", "sampler")}
     tool = read_tool_config(path)
     knobs, dropped = tool.knobs_for(options)
+    _check_tool_modes(tool, knobs, given={k for k, v in options.items() if v is not None})
     deepspeed = tool.zero if tool.zero is not None and knobs.get("shard") == tool.shard else None
     result = plan(tool.model, revision=revision or tool.revision, deepspeed=deepspeed, **plan_options, **knobs)
     config = tool.to_dict(given=options)
     config["not_modelled"] += [f.to_dict() for f in dropped]
     result.details = dict(result.details, config=config)
     return result
+
+
+def _check_tool_modes(tool, knobs: dict[str, Any], given: set[str]) -> None:
+    """Refuse a shard mode and optimizer that cannot run together, each named as the user set it: a
+    config's keys (``deepspeed (memfit shard: fsdp-offload)``), or the command line's flag."""
+    from memfit.planner.sharding import mode_problems
+
+    def spell(knob: str, value: Any) -> str:
+        if knob in given or knob not in tool.sources:
+            return f"--{knob} {value}"
+        return f"{', '.join(tool.sources[knob])} (memfit {knob}: {value})"
+
+    gpus = int(knobs.get("gpus") or 1)
+    if gpus > 1:
+        problems = mode_problems(knobs.get("shard", "none"), gpus, knobs.get("optimizer", "adamw"), spell)
+        if problems:
+            raise PlanError([f"{tool.path}: {line}" for line in problems])
 
 
 def _math_attention_note(config: dict[str, Any], spec: RunSpec) -> str:

@@ -121,15 +121,44 @@ def effective_shard(shard: str, gpus: int) -> str:
     return "ddp" if gpus > 1 and shard == "none" else shard
 
 
-def state_ratios(shard: str, gpus: int, layout: ParamLayout, zero=None) -> dict[str, float]:
+def state_ratios(shard: str, gpus: int, layout: ParamLayout, zero=None, reference: str = "none") -> dict[str, float]:
     """Fraction of each model-state category that stays on a rank's GPU (1 where not sharded);
-    ``zero`` (a :class:`memfit.planner.zero.ZeroPlan`): DeepSpeed's offload moves states to the host."""
+    ``zero`` (a :class:`memfit.planner.zero.ZeroPlan`): DeepSpeed's offload moves states to the host.
+    ``reference``: where a DPO step's reference comes from (:func:`memfit.spec.reference_source`); a
+    frozen copy is the ``weights`` of full fine-tuning, placed as :func:`reference_ratio` says."""
     from memfit.planner.zero import uses_zero, zero_ratios
 
     ratios = _mode_ratios(shard, gpus, layout)
-    if uses_zero(getattr(zero, "settings", None), effective_shard(shard, gpus)):
-        ratios = zero_ratios(zero.settings, ratios)
+    settings = getattr(zero, "settings", None)
+    deepspeed = uses_zero(settings, effective_shard(shard, gpus))
+    if deepspeed:
+        ratios = zero_ratios(settings, ratios)
+    if reference == "frozen-copy":
+        ratios["weights"] = reference_ratio(shard, gpus, layout, settings if deepspeed else None)
     return ratios
+
+
+def reference_ratio(shard: str, gpus: int, layout: ParamLayout, deepspeed=None) -> float:
+    """Fraction of full fine-tuning's frozen reference copy (DPO) on a rank's GPU.
+
+    memfit's trainer shards the copy with FSDP2 as it shards the model, a layer at a time, and lets
+    each layer go after its forward (it has no backward): whole with ``ddp``, a shard with ``zero2``,
+    ``zero3`` and ``fsdp`` (padded as the model's, whose layout it has), on the host with
+    ``fsdp-offload``. ``zero1`` is planned as TRL runs it with DeepSpeed, whose
+    ``prepare_deepspeed`` shards the reference only under ZeRO-3 and keeps it whole on every GPU
+    otherwise (stage 0); ``deepspeed`` (a DeepSpeed config's settings) plans it so for every stage,
+    with ZeRO-3's ``offload_param`` on the host.
+    """
+    shard = effective_shard(shard, gpus)
+    if deepspeed is not None:
+        if deepspeed.stage != 3:
+            return 1.0
+        return 0.0 if deepspeed.offload_param else layout.shard_ratio(True, gpus)
+    if shard == "fsdp-offload":
+        return 0.0
+    if shard in ("zero2",) + GATHERING_MODES:
+        return layout.shard_ratio(True, gpus)
+    return 1.0
 
 
 def _mode_ratios(shard: str, gpus: int, layout: ParamLayout) -> dict[str, float]:
@@ -147,9 +176,14 @@ def _mode_ratios(shard: str, gpus: int, layout: ParamLayout) -> dict[str, float]
     return ratios
 
 
-def extra_buffers(shard: str, gpus: int, phase: str, layout: ParamLayout, zero=None) -> dict[str, int]:
+def extra_buffers(shard: str, gpus: int, phase: str, layout: ParamLayout, zero=None, reference: str = "none") -> dict[str, int]:
     """Device bytes a mode adds to a rank at a moment of ``phase``, by the category they count in
-    (DeepSpeed's buffers in place of PyTorch's with ``zero``, a :class:`memfit.planner.zero.ZeroPlan`)."""
+    (DeepSpeed's buffers in place of PyTorch's with ``zero``, a :class:`memfit.planner.zero.ZeroPlan`).
+
+    A DPO step's ``reference`` phase is a forward under ``no_grad``: the model's own with its
+    adapters disabled, or the frozen copy's, whose layers and root group have the model's sizes. Its
+    weights are gathered as in forward where the mode gathers them, and for a frozen copy
+    (:func:`reference_ratio`) with ``zero2`` too."""
     from memfit.planner.zero import extra_bytes, uses_zero
 
     shard = effective_shard(shard, gpus)
@@ -163,14 +197,14 @@ def extra_buffers(shard: str, gpus: int, phase: str, layout: ParamLayout, zero=N
         return extra
     if shard in ("ddp", "zero1"):
         extra["gradients"] = ddp_bucket_bytes(layout.total_bytes(True))
+    if phase == "reference":
+        if shard in GATHERING_MODES or (shard == "zero2" and reference == "frozen-copy"):
+            extra["temporaries"] += _gathered_bytes(shard, gpus, layout)
+        return extra
     if phase not in ("forward", "backward"):
         return extra  # the optimizer step runs on sharded (or whole, local) tensors: no collectives
     if shard in GATHERING_MODES:
-        # Current and prefetched layer all-gathered; the root group stays gathered until backward ends.
-        extra["temporaries"] += 2 * layout.layer_param_bytes + layout.root_param_bytes
-        if shard == "fsdp-offload":
-            # The host shards are copied in as all-gather inputs.
-            extra["temporaries"] += 2 * -(-layout.layer_param_bytes // gpus)
+        extra["temporaries"] += _gathered_bytes(shard, gpus, layout)
     if phase == "backward" and shard in ("zero2",) + GATHERING_MODES:
         # A layer's fresh unsharded gradients, the previous layer's reduce-scatter input, and the
         # root group's unsharded gradients (reduced when backward ends).
@@ -178,6 +212,15 @@ def extra_buffers(shard: str, gpus: int, phase: str, layout: ParamLayout, zero=N
         if shard == "fsdp-offload":
             extra["temporaries"] += -(-layout.layer_grad_bytes // gpus)  # the output, before its copy out
     return extra
+
+
+def _gathered_bytes(shard: str, gpus: int, layout: ParamLayout) -> int:
+    """What a forward holds gathered: the current and the prefetched layer, and the root group (which
+    stays gathered until backward ends); with ``fsdp-offload`` the host shards copied in as inputs."""
+    gathered = 2 * layout.layer_param_bytes + layout.root_param_bytes
+    if shard == "fsdp-offload":
+        gathered += 2 * -(-layout.layer_param_bytes // gpus)
+    return gathered
 
 
 def ddp_bucket_bytes(gradient_bytes: int, bucket_bytes: int = DDP_BUCKET_BYTES) -> int:
@@ -190,49 +233,65 @@ def ddp_bucket_bytes(gradient_bytes: int, bucket_bytes: int = DDP_BUCKET_BYTES) 
 
 
 def per_rank_categories(categories: dict[str, int], phase: str, *, shard: str, gpus: int, layout: ParamLayout,
-                        zero=None) -> dict[str, int]:
-    """One rank's live bytes by category, from the single-GPU categories at a moment of ``phase``."""
+                        zero=None, reference: str = "none") -> dict[str, int]:
+    """One rank's live bytes by category, from the single-GPU categories at a moment of ``phase``
+    (``reference``: where a DPO step's reference comes from)."""
     if gpus <= 1:
         return dict(categories)
-    ratios = state_ratios(shard, gpus, layout, zero)
+    ratios = state_ratios(shard, gpus, layout, zero, reference)
     out = {}
     for name, value in categories.items():
         out[name] = math.ceil(value * ratios[name]) if name in ratios else int(value)
-    for name, value in extra_buffers(shard, gpus, phase, layout, zero).items():
+    for name, value in extra_buffers(shard, gpus, phase, layout, zero, reference).items():
         out[name] = out.get(name, 0) + value
     return out
 
 
-def model_state_bytes(categories: dict[str, int], *, shard: str, gpus: int, layout: ParamLayout, zero=None) -> dict[str, int]:
+def model_state_bytes(categories: dict[str, int], *, shard: str, gpus: int, layout: ParamLayout, zero=None,
+                      reference: str = "none") -> dict[str, int]:
     """Model states (weights, trainable, all gradients, optimizer) before and after sharding.
 
     ``categories`` are the single-GPU categories at its peak (optimizer states are in place then);
-    gradients are counted whole (as large as the trainable parameters), whenever they exist.
+    gradients are counted whole (as large as the trainable parameters), whenever they exist. A DPO
+    run's frozen reference copy is in ``weights`` (``reference``: where the reference comes from).
     """
     states = {"weights": categories.get("weights", 0), "trainable": categories.get("trainable", 0),
               "gradients": layout.total_bytes(True), "optimizer": categories.get("optimizer", 0)}
     before = sum(states.values())
     if effective_shard(shard, gpus) == "fsdp-offload":
-        host = sum(int(v * r) for v, r in zip(states.values(), _sharded_ratios(gpus, layout)))
+        host = sum(int(v * r) for v, r in zip(states.values(), _sharded_ratios(gpus, layout, reference)))
         return {"before_bytes": before, "per_rank_device_bytes": 0, "per_rank_host_bytes": host}
-    ratios = state_ratios(shard, gpus, layout, zero)
+    ratios = state_ratios(shard, gpus, layout, zero, reference)
     after = sum(int(states[name] * ratios[name]) for name in states)
     # What DeepSpeed's offload moves to the host: the rank's share of those states.
-    sharded = state_ratios(shard, gpus, layout)
+    sharded = state_ratios(shard, gpus, layout, reference=reference)
+    if reference == "frozen-copy" and _zero_run(zero, shard, gpus):
+        # TRL keeps the reference whole on every GPU below ZeRO-3; ZeRO-3 shards it (to the host with offload_param).
+        sharded["weights"] = 1.0 if zero.settings.stage != 3 else layout.shard_ratio(True, gpus)
     host = sum(int(states[name] * (sharded[name] - ratios[name])) for name in states)
     return {"before_bytes": before, "per_rank_device_bytes": after, "per_rank_host_bytes": host}
 
 
-def _sharded_ratios(gpus: int, layout: ParamLayout) -> tuple[float, float, float, float]:
+def _zero_run(zero, shard: str, gpus: int) -> bool:
+    from memfit.planner.zero import uses_zero
+
+    return uses_zero(getattr(zero, "settings", None), effective_shard(shard, gpus))
+
+
+def _sharded_ratios(gpus: int, layout: ParamLayout, reference: str = "none") -> tuple[float, float, float, float]:
     trainable = layout.shard_ratio(True, gpus)
-    return layout.shard_ratio(False, gpus), trainable, trainable, trainable
+    # A frozen reference copy has the layout of the model it copies, whose every parameter trains.
+    weights = trainable if reference == "frozen-copy" else layout.shard_ratio(False, gpus)
+    return weights, trainable, trainable, trainable
 
 
-def mode_problems(shard: str, gpus: int, optimizer: str) -> list[str]:
-    """Combinations that cannot run; each line names the knobs and the fix."""
+def mode_problems(shard: str, gpus: int, optimizer: str, spell=None) -> list[str]:
+    """Combinations that cannot run; each line names the knobs and the fix. ``spell(knob, value)``:
+    how the line names a knob the user set (default: its flag, ``--shard fsdp-offload``)."""
+    spell = spell or (lambda knob, value: f"--{knob} {value}")
     if effective_shard(shard, gpus) == "fsdp-offload" and optimizer in ("adamw8bit", "paged-adamw8bit"):
         return [
-            f"--shard fsdp-offload with --optimizer {optimizer}: the optimizer step runs on the CPU "
+            f"{spell('shard', 'fsdp-offload')} with {spell('optimizer', optimizer)}: the optimizer step runs on the CPU "
             "(CPUOffloadPolicy) and bitsandbytes' 8-bit optimizers need GPU tensors. "
             "Use --optimizer adamw, or --shard fsdp."
         ]

@@ -57,11 +57,15 @@ def uses_zero(zero: Any, shard: str) -> bool:
     return zero is not None and zero.stage > 0 and shard in ZERO_MODES
 
 
-def zero_terms(zero: Any, *, gpus: int, layout: Any, num_layers: int, itemsize: int, trainable_itemsize: int) -> list[Term]:
+def zero_terms(zero: Any, *, gpus: int, layout: Any, num_layers: int, itemsize: int, trainable_itemsize: int,
+               reference_pass: bool = False) -> list[Term]:
     """DeepSpeed's buffers on one of ``gpus`` ranks. ``zero``: resolved settings (no ``"auto"`` left);
     ``itemsize``: bytes of an element in DeepSpeed's buffers (2 with bf16 or fp16, 4 otherwise);
-    ``trainable_itemsize``: bytes of an element of the trained parameters as planned."""
+    ``trainable_itemsize``: bytes of an element of the trained parameters as planned.
+    ``reference_pass``: the step has DPO's reference pass (the model with its adapters disabled, or
+    TRL's reference model, which ZeRO-3 shards like the model): under ZeRO-3 it gathers as forward does."""
     terms: list[Term] = []
+    gathering = (("reference",) if reference_pass else ()) + _STEP_PHASES
     if zero.stage in (1, 2):
         count = 2 if zero.overlaps_comm else 1
         terms.append(Term(
@@ -85,10 +89,10 @@ def zero_terms(zero: Any, *, gpus: int, layout: Any, num_layers: int, itemsize: 
     layer = layout.layer_param_bytes
     live_cap = zero.max_live_parameters * itemsize
     current = min(layer, live_cap)
-    terms.append(Term("gathered layer", current, _STEP_PHASES, "temporaries",
+    terms.append(Term("gathered layer", current, gathering, "temporaries",
                       "the weights of the layer computing, all-gathered (planned a decoder layer at a time)"))
     prefetch = min(zero.prefetch_bucket_elements * itemsize, max(live_cap - current, 0))
-    terms.append(Term("stage3_prefetch_bucket_size", prefetch, _STEP_PHASES, "temporaries",
+    terms.append(Term("stage3_prefetch_bucket_size", prefetch, gathering, "temporaries",
                       f"up to {zero.prefetch_bucket_elements:,} elements of the next modules' weights fetched ahead"))
     layer_elements = max(layer // max(itemsize, 1), 1)
     head_elements = layout.root_param_bytes // max(itemsize, 1)
@@ -97,12 +101,12 @@ def zero_terms(zero: Any, *, gpus: int, layout: Any, num_layers: int, itemsize: 
     terms.append(Term("stage3_max_reuse_distance", kept, ("backward",), "temporaries",
                       f"{kept_layers} last layer{'s' if kept_layers != 1 else ''} kept gathered from forward into backward: "
                       f"used again within {zero.max_reuse_distance:,} elements"))
-    terms.append(Term("root group", layout.root_param_bytes, _STEP_PHASES, "temporaries",
+    terms.append(Term("root group", layout.root_param_bytes, gathering, "temporaries",
                       "the embeddings and the output head, gathered (planned through forward and backward)"))
     terms.append(Term("fresh gradients", layout.layer_grad_bytes + layout.root_grad_bytes, ("backward",), "temporaries",
                       "a layer's gradients (and the root group's) before they are copied into the bucket"))
     if zero.offload_param:
-        terms.append(Term("offload_param", -(-layer // gpus), _STEP_PHASES, "temporaries",
+        terms.append(Term("offload_param", -(-layer // gpus), gathering, "temporaries",
                           "the rank's shard of the layer copied in from the host before it is gathered"))
     return terms
 
