@@ -101,6 +101,26 @@ def test_sequence_logps_are_the_same_padded_and_in_one_row(tiny_llama):
     assert padded.answer_tokens.tolist() == [2, 3, 1, 2]
     # Every token but each sequence's first is scored with all_tokens (ORPO's NLL, as TRL's).
     assert row.every_tokens.tolist() == [4, 4, 3, 3]
+    assert padded.logits is None and row.logits is None  # asked for only (DPO's logits/*)
+
+
+def test_answer_mean_logits_are_the_whole_logits_averaged_over_the_answers(tiny_llama):
+    from memfit.step.attention import use_document_attention
+
+    model = _tiny_model(tiny_llama)
+    batch = collate_pairs(PAIRS, 0, layout=PADDED)
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    # Position t predicts token t + 1: the positions before each answer token, summed per sequence.
+    answer = torch.nn.functional.pad(batch["labels"][:, 1:], (0, 1), value=IGNORE_INDEX) != IGNORE_INDEX
+    want = (logits.mean(-1) * answer).sum(1)
+    padded = sequence_logps(model, batch, mean_logits=True)
+    full = sequence_logps(model, batch, full_logits=True, mean_logits=True)
+    use_document_attention(model)
+    row = sequence_logps(model, collate_pairs(PAIRS, 0, layout=DOCUMENTS), mean_logits=True)
+    for got in (padded, full, row):
+        torch.testing.assert_close(got.logits, want.float(), rtol=1e-6, atol=1e-7)
+        assert not got.logits.requires_grad
 
 
 def _logps(chosen, rejected, counts=(1.0, 1.0, 1.0, 1.0), every=None, every_tokens=None):
@@ -129,6 +149,21 @@ def test_dpo_losses_as_trl_writes_them():
     summary = summarize_metrics([metrics])
     assert summary["rewards/accuracies"] == 0.5  # pair 1 prefers chosen (0.1 > -0.2), pair 2 not (0 < 0.2)
     assert summary["rewards/margins"] == pytest.approx(float(beta * margin.mean()))
+    assert not any(name.startswith("logits/") for name in summary)  # no mean logits were given
+
+
+def test_dpo_mean_logits_are_a_mean_over_answer_tokens_and_micro_batches_average_as_trls_batches():
+    ref = torch.zeros(4, dtype=torch.float64)
+    first = _logps([-2.0, -3.0], [-4.0, -1.0], counts=(2.0, 4.0, 1.0, 2.0))
+    first.logits = torch.tensor([0.2, 0.4, -0.3, 0.3], dtype=torch.float64)  # sums over each answer
+    _, one = objective_loss("dpo", ObjectiveParams(), first, ref)
+    assert summarize_metrics([one])["logits/chosen"] == pytest.approx(0.6 / 6)  # 6 chosen tokens in all
+    assert summarize_metrics([one])["logits/rejected"] == pytest.approx(0.0 / 3)
+    second = _logps([-1.0, -1.0], [-1.0, -1.0], counts=(1.0, 1.0, 1.0, 1.0))
+    second.logits = torch.tensor([1.0, 1.0, 1.0, 1.0], dtype=torch.float64)
+    _, two = objective_loss("dpo", ObjectiveParams(), second, ref)
+    # Two micro-batches of two pairs: the mean of their values, as TRL averages its batches' values.
+    assert summarize_metrics([one, two])["logits/chosen"] == pytest.approx((0.1 + 1.0) / 2)
 
 
 def test_orpo_and_simpo_losses():
@@ -139,10 +174,15 @@ def test_orpo_and_simpo_losses():
     log_odds = (mean_c - mean_r) - (torch.log1p(-torch.exp(mean_c)) - torch.log1p(-torch.exp(mean_r)))
     nll = 11.0 / 9.0
     assert orpo.item() == pytest.approx(float(nll - 0.1 * F.logsigmoid(log_odds).mean()))
-    assert summarize_metrics([metrics])["nll_loss"] == pytest.approx(nll)
+    summary = summarize_metrics([metrics])
+    assert summary["nll_loss"] == pytest.approx(nll)
+    # TRL's names: log_odds_chosen is the mean log odds ratio, log_odds_ratio the mean of its log-sigmoid.
+    assert summary["log_odds_chosen"] == pytest.approx(float(log_odds.mean()))
+    assert summary["log_odds_ratio"] == pytest.approx(float(F.logsigmoid(log_odds).mean()))
     simpo, metrics = objective_loss("simpo", ObjectiveParams(beta=2.0, simpo_gamma=0.5), logps)
     assert simpo.item() == pytest.approx(float(-F.logsigmoid(2.0 * ((mean_c - mean_r) - 0.25)).mean()))
     assert "nll_loss" not in metrics and summarize_metrics([metrics])["rewards/chosen"] == -2.0
+    assert "log_odds_ratio" not in metrics
     cpo, _ = objective_loss("simpo", ObjectiveParams(beta=2.0, simpo_gamma=0.5, cpo_alpha=1.0), logps)
     assert cpo.item() == pytest.approx(simpo.item() + 5.0 / 5.0)
 

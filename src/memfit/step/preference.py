@@ -41,6 +41,10 @@ REFERENCE_ATTR = "_memfit_reference"
 
 #: What a preference step reports, under TRL's metric names: each a mean over the step's pairs.
 PAIR_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected")
+#: What DPO reports besides (TRL's DPOTrainer): the mean logit over the vocabulary, averaged over the answer tokens.
+DPO_METRICS = ("logits/chosen", "logits/rejected")
+#: What ORPO reports besides (TRL's ORPOTrainer): ``nll_loss`` and the mean log odds ratio, and its log-sigmoid.
+ORPO_METRICS = ("nll_loss", "log_odds_ratio", "log_odds_chosen")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -114,38 +118,57 @@ def _planned_sequence(length: int) -> dict[str, list[int]]:
 @dataclass
 class SequenceLogps:
     """Per-sequence sums over a micro-batch's ``2 x pairs`` sequences (chosen first): the answer
-    tokens' log-probs and their count; with ``all_tokens``, also every token's (prompt included)."""
+    tokens' log-probs and their count; with ``all_tokens``, also every token's (prompt included);
+    with ``mean_logits``, the answer tokens' mean logits (each the mean over the vocabulary of the
+    logits at the position that predicts the token), detached."""
 
     answer: torch.Tensor  # [sequences], fp32
     answer_tokens: torch.Tensor  # [sequences]
     every: torch.Tensor | None = None
     every_tokens: torch.Tensor | None = None
+    logits: torch.Tensor | None = None  # [sequences], fp32
 
 
-def sequence_logps(model: torch.nn.Module, batch: Batch, *, all_tokens: bool = False, full_logits: bool = False) -> SequenceLogps:
+def sequence_logps(model: torch.nn.Module, batch: Batch, *, all_tokens: bool = False, full_logits: bool = False,
+                   mean_logits: bool = False) -> SequenceLogps:
     """The per-sequence log-probs of ``batch``'s answers under ``model`` (the fused chunked path where
     the model's head allows it; ``full_logits``: the model's own logits, as the plain stack computes them).
 
     ``all_tokens``: score every token of each sequence (the first and padding excepted), as ORPO's
-    NLL term does in TRL, and report the answers' share apart.
+    NLL term does in TRL, and report the answers' share apart. ``mean_logits``: also sum each
+    answer's mean logits (DPO's ``logits/*``), a few small reductions with no graph.
     """
     answer_targets = _shift(batch["labels"])
     targets = _every_token_targets(batch) if all_tokens else answer_targets
+    answer_mask = (answer_targets != IGNORE_INDEX).reshape(-1)
     parts = None if full_logits else backbone_and_head(model)
     if parts is None:
-        token_logps = _logps_from_model_logits(model, batch, targets)
+        token_logps, token_logits = _logps_from_model_logits(model, batch, targets, mean_logits=mean_logits)
     else:
         backbone, head = parts
         hidden = backbone(**_model_inputs(batch), use_cache=False).last_hidden_state
         token_logps = chunked_token_logps(hidden, head.weight, targets.reshape(-1))
-    answer_mask = (answer_targets != IGNORE_INDEX).reshape(-1)
+        token_logits = _mean_logits(hidden, head.weight) if mean_logits else None
+    logits = _per_sequence(token_logits * answer_mask, batch) if token_logits is not None else None
     if all_tokens:
         every_mask = (targets != IGNORE_INDEX).reshape(-1)
         return SequenceLogps(
             answer=_per_sequence(token_logps * answer_mask, batch), answer_tokens=_per_sequence(answer_mask, batch),
-            every=_per_sequence(token_logps, batch), every_tokens=_per_sequence(every_mask, batch),
+            every=_per_sequence(token_logps, batch), every_tokens=_per_sequence(every_mask, batch), logits=logits,
         )
-    return SequenceLogps(answer=_per_sequence(token_logps, batch), answer_tokens=_per_sequence(answer_mask, batch))
+    return SequenceLogps(answer=_per_sequence(token_logps, batch), answer_tokens=_per_sequence(answer_mask, batch),
+                         logits=logits)
+
+
+@torch.no_grad()
+def _mean_logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``[tokens]``: each position's logits averaged over the vocabulary, without the logits: the mean
+    of ``hidden @ weight.T`` over the rows of ``weight`` is ``hidden @ mean(weight rows)``, so it
+    costs one ``[hidden]`` vector and one ``[tokens]`` product, in the hidden states' dtype (autocast
+    off: it would cast a copy of every hidden state)."""
+    center = weight.mean(0).to(hidden.dtype)
+    with torch.autocast(device_type=hidden.device.type, enabled=False):
+        return (hidden.reshape(-1, hidden.shape[-1]) @ center).float()
 
 
 def _shift(labels: torch.Tensor) -> torch.Tensor:
@@ -177,12 +200,17 @@ def _per_sequence(values: torch.Tensor, batch: Batch) -> torch.Tensor:
     return values.reshape(rows, -1).sum(1)
 
 
-def _logps_from_model_logits(model: torch.nn.Module, batch: Batch, targets: torch.Tensor) -> torch.Tensor:
+def _logps_from_model_logits(model: torch.nn.Module, batch: Batch, targets: torch.Tensor, *,
+                             mean_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs from the model's whole ``[rows, seq, vocab]`` logits, upcast to fp32 for the
-    log-softmax: the plain path (soft-capped or scaled heads; the ``hf`` recipe)."""
+    log-softmax: the plain path (soft-capped or scaled heads; the ``hf`` recipe). With
+    ``mean_logits``, also each position's logits averaged over the vocabulary (fp32, detached)."""
     logits = model(**_model_inputs(batch), use_cache=False).logits
     picked = _wide(logits).log_softmax(-1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    return (picked * (targets != IGNORE_INDEX)).reshape(-1)
+    token_logps = (picked * (targets != IGNORE_INDEX)).reshape(-1)
+    del picked
+    means = logits.detach().mean(-1, dtype=torch.float32).reshape(-1) if mean_logits else None
+    return token_logps, means
 
 
 # ------------------------------------------------------------------------------------------------
@@ -248,8 +276,8 @@ class PreferenceLoss:
     """The loss of a preference step: ``(model, batch) -> (loss, metrics)``.
 
     ``metrics`` holds detached sums over the micro-batch's pairs under TRL's names
-    (:data:`PAIR_METRICS`, ``nll_loss`` where the objective has an NLL term) and their count
-    (``pairs``), for :func:`summarize_metrics`. :meth:`reference_pass`, where the objective
+    (:data:`PAIR_METRICS`; DPO's :data:`DPO_METRICS`, ORPO's :data:`ORPO_METRICS`, ``nll_loss``
+    where the objective has an NLL term) and their count (``pairs``), for :func:`summarize_metrics`. :meth:`reference_pass`, where the objective
     has a reference the step computes, adds ``ref_logps`` to a batch; the training step calls it
     before the policy's forward (memfit's recipe). ``dtype``: the forward runs under autocast to it.
     """
@@ -273,7 +301,8 @@ class PreferenceLoss:
 
     def __call__(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         with self._autocast(batch):
-            logps = sequence_logps(model, batch, all_tokens=self.objective == "orpo", full_logits=self.full_logits)
+            logps = sequence_logps(model, batch, all_tokens=self.objective == "orpo", full_logits=self.full_logits,
+                                   mean_logits=self.objective == "dpo")
             ref = None
             if self.objective == "dpo":
                 ref = batch.get("ref_logps")
@@ -295,11 +324,17 @@ def objective_loss(objective: str, params: ObjectiveParams, logps: SequenceLogps
 
     dpo (TRL DPOTrainer): ``-logsigmoid(beta x margin)`` (sigmoid), ``relu(1 - beta x margin)``
     (hinge), or ``(per-token margin - 1 / (2 beta))^2`` (ipo), the margin being the difference of
-    the chosen and rejected log-ratios to the reference; rewards ``beta x log-ratio``.
+    the chosen and rejected log-ratios to the reference; rewards ``beta x log-ratio``; with
+    ``logps.logits``, ``logits/chosen`` and ``logits/rejected``.
     orpo (TRL ORPOTrainer): the NLL of the chosen sequences (prompt and answer) minus ``beta x
-    logsigmoid(log odds ratio)`` of the answers' per-token log-probs; simpo (TRL CPOTrainer,
-    ``loss_type="simpo"``): ``-logsigmoid(beta x (chosen - rejected per-token log-probs) - gamma)``,
-    plus ``cpo_alpha`` x the chosen answers' NLL. Their rewards are ``beta x`` the per-token log-probs.
+    logsigmoid(log odds ratio)`` of the answers' per-token log-probs, with ``log_odds_ratio`` and
+    ``log_odds_chosen``; simpo (TRL CPOTrainer, ``loss_type="simpo"``): ``-logsigmoid(beta x (chosen
+    - rejected per-token log-probs) - gamma)``, plus ``cpo_alpha`` x the chosen answers' NLL. Their
+    rewards are ``beta x`` the per-token log-probs.
+
+    A metric TRL computes over the micro-batch as a whole (``nll_loss``, ``logits/*``: means over its
+    tokens) enters the sums as its value times the pairs, so that :func:`summarize_metrics` gives the
+    mean of the micro-batches' values, as TRL's logs average its batches' values.
     """
     beta = params.beta
     chosen, rejected = logps.answer.chunk(2)
@@ -317,6 +352,8 @@ def objective_loss(objective: str, params: ObjectiveParams, logps: SequenceLogps
         loss = losses.mean()
         rewards = (beta * chosen_ratio.detach(), beta * rejected_ratio.detach())
         shown = (chosen.detach(), rejected.detach())
+        if logps.logits is not None:
+            metrics.update(_answer_logits(logps))
     else:
         counts_chosen, counts_rejected = logps.answer_tokens.clamp(min=1).chunk(2)
         mean_chosen, mean_rejected = chosen / counts_chosen, rejected / counts_rejected
@@ -325,8 +362,11 @@ def objective_loss(objective: str, params: ObjectiveParams, logps: SequenceLogps
             tokens_chosen, _ = logps.every_tokens.chunk(2)
             nll = -every_chosen.sum() / tokens_chosen.sum().clamp(min=1)
             log_odds = (mean_chosen - mean_rejected) - (_log1mexp(mean_chosen) - _log1mexp(mean_rejected))
-            loss = nll - (beta * F.logsigmoid(log_odds)).mean()
+            ratio = F.logsigmoid(log_odds)
+            loss = nll - (beta * ratio).mean()
             metrics["nll_loss"] = nll.detach() * chosen.shape[0]
+            # Under TRL's names: log_odds_ratio is the log-sigmoid of the log odds ratio, log_odds_chosen the ratio itself.
+            metrics["log_odds_ratio"], metrics["log_odds_chosen"] = ratio.detach(), log_odds.detach()
         elif objective == "simpo":
             logits = (mean_chosen - mean_rejected) - params.simpo_gamma / beta
             loss = (-F.logsigmoid(beta * logits)).mean()
@@ -338,15 +378,22 @@ def objective_loss(objective: str, params: ObjectiveParams, logps: SequenceLogps
             raise ValueError(f"objective: {objective!r} is not a preference objective")
         rewards = (beta * mean_chosen.detach(), beta * mean_rejected.detach())
         shown = (mean_chosen.detach(), mean_rejected.detach())
-    pairs = chosen.shape[0]
-    metrics = {name: value.sum() for name, value in metrics.items()}
-    metrics.update({
+    return loss, {
         "rewards/chosen": rewards[0].sum(), "rewards/rejected": rewards[1].sum(),
         "rewards/accuracies": (rewards[0] > rewards[1]).sum(), "rewards/margins": (rewards[0] - rewards[1]).sum(),
         "logps/chosen": shown[0].sum(), "logps/rejected": shown[1].sum(),
-        "pairs": torch.full((), pairs, dtype=torch.int64, device=chosen.device),
-    })
-    return loss, metrics
+        **{name: value.sum() for name, value in metrics.items()},
+        "pairs": torch.full((), chosen.shape[0], dtype=torch.int64, device=chosen.device),
+    }
+
+
+def _answer_logits(logps: SequenceLogps) -> dict[str, torch.Tensor]:
+    """``logits/chosen`` and ``logits/rejected`` as :func:`objective_loss` sums them: the micro-batch's
+    mean logit over its chosen (rejected) answer tokens, as TRL's DPOTrainer logs it, times the pairs."""
+    sums, tokens = logps.logits.chunk(2), logps.answer_tokens.chunk(2)
+    pairs = sums[0].shape[0]
+    return {f"logits/{side}": total.sum() / count.sum().clamp(min=1) * pairs
+            for side, total, count in zip(("chosen", "rejected"), sums, tokens)}
 
 
 def _log1mexp(x: torch.Tensor) -> torch.Tensor:
@@ -355,10 +402,11 @@ def _log1mexp(x: torch.Tensor) -> torch.Tensor:
 
 
 def summarize_metrics(totals: list[dict[str, torch.Tensor]]) -> dict[str, float]:
-    """A step's preference metrics, each a mean over its pairs, from the sums its micro-batches
-    reported (:func:`objective_loss`): :data:`PAIR_METRICS`, ``nll_loss`` where there is one,
-    ``rewards/accuracies`` (the share of pairs whose chosen reward is the higher) and
-    ``rewards/margins`` (chosen minus rejected reward). One read of the device for all of them."""
+    """A step's (or an evaluation's) preference metrics, each a mean over its pairs, from the sums its
+    micro-batches reported (:func:`objective_loss`): :data:`PAIR_METRICS`, ``rewards/accuracies``
+    being the share of pairs whose chosen reward is the higher and ``rewards/margins`` chosen minus
+    rejected reward; then DPO's :data:`DPO_METRICS`, ORPO's :data:`ORPO_METRICS`, or SimPO's
+    ``nll_loss`` (with ``cpo_alpha``). One read of the device for all of them."""
     if not totals:
         return {}
     names = [name for name in totals[0] if name != "pairs"]
