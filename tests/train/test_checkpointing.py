@@ -73,7 +73,13 @@ def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(tmp_path, monke
     assert not (tmp_path / "run" / "adapter").exists()  # no final output from an unfinished run
     monkeypatch.setattr(step_module, "train_step", real_step)
 
-    resumed = train(tiny_config(tmp_path / "run", **settings), resume=True, progress=False)
+    ticks: list[float] = []
+
+    def clock():  # 1 s a reading
+        ticks.append(float(len(ticks)))
+        return ticks[-1]
+
+    resumed = train(tiny_config(tmp_path / "run", **settings), resume=True, progress=False, clock=clock)
     assert resumed.status == "completed" and resumed.step == 8
     got, want = step_losses(tmp_path / "run"), step_losses(tmp_path / "clean")
     assert sorted(got) == sorted(want) == list(range(1, 9))
@@ -83,6 +89,13 @@ def test_interrupted_and_resumed_run_equals_an_uninterrupted_one(tmp_path, monke
     assert [s for s, _ in evals(tmp_path / "run")] == [s for s, _ in evals(tmp_path / "clean")]
     for (_, a), (_, b) in zip(evals(tmp_path / "run"), evals(tmp_path / "clean")):
         assert abs(a - b) <= 1e-6
+    # The end-of-run train_loss is the whole run's (the steps before the resume kept in the checkpoint),
+    # not the resumed part's; the speeds are of the 5 steps this process trained, in its own time.
+    assert abs(resumed.metrics["train_loss"] - clean.metrics["train_loss"]) <= 1e-6
+    assert abs(resumed.metrics["train_loss"] - sum(loss for _, loss in resumed.losses) / 5) > 1e-4
+    assert resumed.metrics["train_steps_per_second"] == round(5 / (ticks[-1] - ticks[0]), 3)
+    stamps = lambda d: [(r["step"], r["epoch"]) for r in read_metrics(d)]  # noqa: E731
+    assert stamps(tmp_path / "run") == stamps(tmp_path / "clean")
     for (name, a), (_, b) in zip(resumed.model.named_parameters(), clean.model.named_parameters()):
         if a.requires_grad:
             assert torch.allclose(a, b, atol=1e-6, rtol=0), name
@@ -200,6 +213,21 @@ def test_metrics_after_the_checkpoint_are_dropped_on_resume(tmp_path):
     path.write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 7)))
     truncate_metrics(tmp_path, 4)
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_a_resume_from_a_checkpoint_without_the_loss_sum_leaves_train_loss_out(tmp_path, monkeypatch):
+    # A checkpoint written before it kept the sum of the step losses: the run's mean is not known.
+    real_step = _interrupt_after(monkeypatch, 1)
+    config = tiny_config(tmp_path / "run", max_steps=2, log_every=1)
+    assert train(config, progress=False).status == "interrupted"
+    monkeypatch.setattr(step_module, "train_step", real_step)
+    state_path = latest_checkpoint(tmp_path / "run") / "state.pt"
+    state = torch.load(state_path, weights_only=False)
+    assert state["data"].pop("train_loss_sum") == pytest.approx(step_losses(tmp_path / "run")[1], rel=1e-12)
+    torch.save(state, state_path)
+    resumed = train(config, resume=True, progress=False)
+    assert resumed.status == "completed" and "train_loss" not in resumed.metrics
+    assert "train_runtime" in read_metrics(tmp_path / "run")[-1]
 
 
 def test_resume_with_other_batch_or_rank_is_refused(tmp_path):

@@ -292,3 +292,68 @@ def test_metrics_log_the_learning_rate_each_step_used(tmp_path):
     assert logged[1] == 6e-3 * (1 / 3)  # the first warmup step takes a third of the peak, not two thirds
     for step, lr in logged.items():  # step k ran with the schedule's value after k - 1 steps
         assert lr == pytest.approx(6e-3 * lr_factor(step - 1, total=6, warmup=3, schedule="cosine"), rel=1e-12), step
+
+
+def test_every_record_carries_the_trainers_fractional_epoch(tmp_path):
+    lines = (REPO / "src" / "memfit" / "assets" / "data" / "tiny-instruct.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "ten.jsonl").write_text("".join(lines[:10]))
+    (tmp_path / "held-out.jsonl").write_text("".join(lines[10:12]))
+    # 10 examples in batches of 4: 3 batches an epoch (4, 4, 2), so 2 epochs are 6 steps.
+    config = tiny_config(tmp_path / "run", data=[str(tmp_path / "ten.jsonl")], eval_data=[str(tmp_path / "held-out.jsonl")],
+                         max_steps=None, epochs=2, batch_size=4, eval_every=2, log_every=1, eval_prompts=["Hi"],
+                         eval_max_new_tokens=2)
+    result = train(config, progress=False)
+    assert result.status == "completed" and result.step == 6
+    records = read_metrics(tmp_path / "run")
+    kinds = {"train": "loss", "eval": "eval_loss", "replies": "generations", "end": "train_runtime"}
+    assert {kind: sum(key in r for r in records) for kind, key in kinds.items()} == {"train": 6, "eval": 3, "replies": 3, "end": 1}
+    for record in records:
+        # The Trainer's epoch + (batch + 1) / batches_per_epoch, after the step's last batch.
+        step = record["step"]
+        assert list(record)[:2] == ["step", "epoch"], record
+        assert record["epoch"] == pytest.approx((step - 1) // 3 + ((step - 1) % 3 + 1) / 3, rel=1e-12), record
+    assert records[-1]["epoch"] == 2.0
+
+
+def test_a_completed_run_ends_with_the_trainers_end_of_run_record(tmp_path):
+    ticks: list[float] = []
+
+    def clock():  # a clock that moves 2.5 s a reading, however fast the machine
+        ticks.append(2.5 * len(ticks))
+        return ticks[-1]
+
+    config = tiny_config(tmp_path / "run", max_steps=5, batch_size=4, grad_accum=2, log_every=2)
+    result = train(config, progress=False, clock=clock)
+    records = read_metrics(tmp_path / "run")
+    last = records[-1]
+    runtime = ticks[-1] - ticks[0]
+    assert runtime > 0 and last["train_runtime"] == runtime
+    # 5 steps of 4 x 2 examples in that time, rounded as the Trainer's speed_metrics rounds them.
+    assert last["train_samples_per_second"] == round(5 * 8 / runtime, 3)
+    assert last["train_steps_per_second"] == round(5 / runtime, 3)
+    # The mean over every step, logged or not (log_every=2 logs steps 2, 4 and the last).
+    assert [r["step"] for r in records if "loss" in r] == [2, 4, 5]
+    assert last["train_loss"] == pytest.approx(_mean(loss for _, loss in result.losses), rel=1e-12)
+    assert len(result.losses) == 5
+    assert "total_flos" not in last  # no honest count of what these steps compute
+    assert result.metrics == {k: v for k, v in last.items() if k not in ("step", "epoch")}
+    assert last["step"] == 5 and list(last)[:2] == ["step", "epoch"]
+    # elapsed_s reads the same clock: since the loop began.
+    assert all(r["elapsed_s"] in [t - ticks[0] for t in ticks] for r in records if "loss" in r)
+
+
+def test_an_interrupted_run_writes_no_end_of_run_record(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    real_step = step_module.train_step
+
+    def step_then_signal(*args, **kwargs):
+        out = real_step(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    monkeypatch.setattr(step_module, "train_step", step_then_signal)
+    result = train(tiny_config(tmp_path / "run", max_steps=3, log_every=1), progress=False)
+    assert result.status == "interrupted" and result.metrics == {}
+    assert not any("train_runtime" in r for r in read_metrics(tmp_path / "run"))

@@ -28,7 +28,8 @@ def test_dpo_on_the_demo_pairs_learns_to_prefer_the_chosen_answers(tmp_path):
     result = train(config, progress=False, console=_quiet())
     steps = [m for m in _metrics(result.run_dir) if "loss" in m]
     assert len(steps) == 16
-    for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected"):
+    for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected",
+                 "logits/chosen", "logits/rejected"):
         assert all(name in m for m in steps), name
     # A fresh adapter is the reference: the first step's rewards are all 0, its loss log 2.
     assert steps[0]["rewards/accuracies"] == 0.0 and steps[0]["loss"] == pytest.approx(0.6931, abs=1e-3)
@@ -46,12 +47,34 @@ def _short(tmp_path, name="run", **changes):
     return tiny_config(tmp_path / name, **settings)
 
 
+PAIR_NAMES = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected"]
+#: What each objective logs besides, as TRL's trainer for it does.
+EXTRA_NAMES = {"dpo": ["logits/chosen", "logits/rejected"], "orpo": ["nll_loss", "log_odds_ratio", "log_odds_chosen"],
+               "simpo": ["nll_loss"]}
+
+
 @pytest.mark.parametrize("objective, extra", [("orpo", {"beta": 0.2}), ("simpo", {"beta": 2.0, "simpo_gamma": 0.3, "cpo_alpha": 0.5})])
 def test_orpo_and_simpo_train_without_a_reference(tmp_path, objective, extra):
     result = train(_short(tmp_path, objective=objective, method="full", **extra), progress=False, console=_quiet())
     steps = [m for m in _metrics(result.run_dir) if "loss" in m]
-    assert len(steps) == 2 and all("nll_loss" in m and "rewards/accuracies" in m for m in steps)
+    assert len(steps) == 2 and all(set(PAIR_NAMES + EXTRA_NAMES[objective]) <= set(m) for m in steps)
+    assert not any(name.startswith("logits/") for name in steps[0])  # TRL's ORPO / CPO logits/* average the padding
     assert (result.output_dir / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("objective", ["dpo", "orpo"])
+def test_evaluation_records_hold_the_metrics_under_trls_eval_names(tmp_path, objective):
+    result = train(_short(tmp_path, objective=objective, eval_split=0.02, eval_every=1, batch_size=4), progress=False,
+                   console=_quiet())
+    records = _metrics(result.run_dir)
+    evals = [m for m in records if "eval_loss" in m]
+    assert [m["step"] for m in evals] == [1, 2]
+    names = PAIR_NAMES + EXTRA_NAMES[objective]
+    for record in evals:
+        assert list(record) == ["step", "epoch", "eval_loss"] + [f"eval_{name}" for name in names]
+        assert 0.0 <= record["eval_rewards/accuracies"] <= 1.0
+    train_names = [k for k in records[0] if "/" in k or k in EXTRA_NAMES[objective]]
+    assert train_names == names  # the training records hold the same metrics, unprefixed
 
 
 def test_full_fine_tuning_dpo_keeps_a_frozen_copy_and_says_so(tmp_path):

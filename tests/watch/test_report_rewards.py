@@ -1,4 +1,5 @@
-"""memfit report on a preference run: its rewards (TRL's names) in the training section, table and chart."""
+"""memfit report on a preference run: its rewards (TRL's names, in training and evaluation) in the training section,
+table and chart; the end-of-run record in one line."""
 
 from __future__ import annotations
 
@@ -32,3 +33,19 @@ def test_a_next_token_run_has_no_rewards(tmp_path):
                     metrics=[{"step": s, "loss": 1.0 / s} for s in range(1, 11)])
     page = write_report(run).read_text()
     assert "rewards" not in page and not (run / "report-rewards.png").exists()
+
+
+def test_evaluation_rewards_and_the_end_of_run_record_are_shown(tmp_path):
+    metrics = _preference_metrics(10)
+    for step, accuracy in ((5, 0.55), (10, 0.8)):
+        metrics.insert(metrics.index(next(m for m in metrics if m["step"] == step)) + 1,
+                       {"step": step, "epoch": step / 10, "eval_loss": 0.6, "eval_rewards/chosen": 0.1, "eval_rewards/rejected": -0.1,
+                        "eval_rewards/margins": 0.2, "eval_rewards/accuracies": accuracy})
+    metrics.append({"step": 10, "epoch": 1.0, "train_runtime": 12.5, "train_samples_per_second": 6.4,
+                    "train_steps_per_second": 0.8, "train_loss": 0.635})
+    run = write_run(tmp_path / "run", [start_record(), *step_records(10, rss=lambda s: GiB)], metrics=metrics)
+    page = write_report(run).read_text()
+    assert "<th>preference metric (evaluation)</th><th class=num>step 5</th><th class=num>step 10</th>" in page
+    assert "<tr><td>eval_rewards/accuracies</td><td class=num>0.5500</td><td class=num>0.8000</td></tr>" in page
+    assert "end of run (step 10): train_loss 0.6350, train_runtime 12.5 s, 6.400 samples/s, 0.800 steps/s" in page
+    assert "Preference rewards" in re.findall(r'<img alt="([^"]+)"', page)

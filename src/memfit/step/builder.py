@@ -71,11 +71,16 @@ class TrainingStep:
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """The mean loss of one batch (evaluation uses it, under ``no_grad``), its reference pass included."""
+        return self.loss_and_metrics(model, batch)[0]
+
+    def loss_and_metrics(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+        """:meth:`loss`, and the metrics a preference loss sums over the batch's pairs (None for the
+        others; :func:`memfit.step.preference.summarize_metrics` averages them)."""
         reference_pass = getattr(self.loss_fn, "reference_pass", None)
         if reference_pass is not None:
             batch = reference_pass(model, batch)
         output = self.loss_fn(model, batch)
-        return output[0] if isinstance(output, tuple) else output
+        return output if isinstance(output, tuple) else (output, None)
 
     def sharded(self, model: torch.nn.Module) -> "TrainingStep":
         """This step for one rank of an FSDP2-sharded ``model``.

@@ -47,8 +47,34 @@ class Throughput:
         return self.tokens / self.seconds if self.seconds > 0 else None
 
 
+def end_of_run_metrics(*, runtime_s: float, samples: int, steps: int, loss_sum: float | None, steps_done: int) -> dict[str, float]:
+    """The figures the Hugging Face Trainer logs when training ends, named and rounded as it does
+    (``speed_metrics``): ``train_runtime`` (``runtime_s``), ``train_samples_per_second`` and
+    ``train_steps_per_second`` (the ``samples`` and ``steps`` trained in those seconds), and
+    ``train_loss``, the mean step loss of the run's ``steps_done`` steps (``loss_sum`` their sum; a
+    resumed run's covers the steps before the resume too; None: not known, left out). No
+    ``total_flos``: its estimate, 6 x parameters x tokens, is not what a LoRA, checkpointed or
+    preference step computes."""
+    record: dict[str, float] = {"train_runtime": round(runtime_s, 4)}
+    if runtime_s > 0:
+        record["train_samples_per_second"] = round(samples / runtime_s, 3)
+        record["train_steps_per_second"] = round(steps / runtime_s, 3)
+    if loss_sum is not None and steps_done > 0:
+        record["train_loss"] = loss_sum / steps_done
+    return record
+
+
+def with_epoch(record: dict[str, Any], epoch: float | None) -> dict[str, Any]:
+    """``record`` with ``epoch`` after its step, as the Trainer adds it to every log (None: as it is)."""
+    if epoch is None or "epoch" in record:
+        return record
+    return {"step": record["step"], "epoch": epoch, **record} if "step" in record else {"epoch": epoch, **record}
+
+
 class NullLog:
     """Stands in for :class:`MetricsLog` on ranks other than 0."""
+
+    epoch: float | None = None
 
     def __enter__(self) -> "NullLog":
         return self
@@ -63,7 +89,10 @@ class NullLog:
 class MetricsLog:
     """Appends one JSON object a line to ``metrics.jsonl`` and sends each to the trackers
     ``report_to`` names (TensorBoard, W&B, MLflow: :mod:`memfit.train.trackers`), with the run's
-    configuration ``run_config`` (what ``run.json`` holds)."""
+    configuration ``run_config`` (what ``run.json`` holds). Every record gets the run's ``epoch``
+    once the loop has set it (training, evaluation and end-of-run records alike, as the Trainer's)."""
+
+    epoch: float | None = None
 
     def __init__(self, run_dir: Path, report_to: Iterable[str] = (), run_config: dict[str, Any] | None = None,
                  console: Any = None):
@@ -88,6 +117,7 @@ class MetricsLog:
         return self
 
     def write(self, record: dict[str, Any]) -> None:
+        record = with_epoch(record, self.epoch)
         self._file.write(json.dumps(record) + "\n")
         # Flushed every line: after a crash the metrics up to the crash are on disk.
         self._file.flush()

@@ -27,7 +27,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from rich.console import Console
@@ -53,7 +53,7 @@ from memfit.train.config import (
 from memfit.train.distributed import DistributedError, check_world
 from memfit.train.disk_space import FULL_DISK_ERRNOS, full_disk_message
 from memfit.train.errors import DiskFull, OutOfMemory, TrainError
-from memfit.train.evaluation import evaluate
+from memfit.train.evaluation import evaluation_metrics
 from memfit.train.examples import (
     RunData,
     check_vocab,
@@ -69,7 +69,7 @@ from memfit.train.hub_model import fetch_small_files, fetch_weights
 from memfit.train.loading import load_model, verify_setup
 from memfit.train.micro_batches import count_step_tokens
 from memfit.train.preflight import preflight_run
-from memfit.train.progress import LiveProgress, MetricsLog, NullLog, Throughput, warn
+from memfit.train.progress import LiveProgress, MetricsLog, NullLog, Throughput, end_of_run_metrics, warn
 from memfit.train.reference import precompute_reference, reference_file
 from memfit.train.run_folder import RunRecord, finished_run, truncate_metrics
 from memfit.train.world import make_world
@@ -99,6 +99,7 @@ class TrainResult:
     eval_losses: list[tuple[int, float]] = field(default_factory=list)
     setup: dict[str, Any] = field(default_factory=dict)
     tokens_per_second: float | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # a completed run's end-of-run record (train_runtime...)
     model: Any = field(default=None, repr=False)  # the trained model, still on its device
 
 
@@ -110,6 +111,7 @@ def train(
     console: Any = None,
     progress: bool = True,
     conformance_steps: int | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> TrainResult:
     """Train as ``config`` says and return how it ended.
 
@@ -124,6 +126,8 @@ def train(
         progress: show the live progress bar.
         conformance_steps: on the CPU, measure this many steps as the planner counts (its CUDA-parity
             rewrites), for comparing a run with its plan byte for byte (:mod:`memfit.train.conformance`).
+        clock: seconds, for ``elapsed_s`` and the end-of-run ``train_runtime`` (``time.perf_counter``;
+            a test gives its own).
 
     Raises:
         TrainError: the output folder holds another run, the data or model do not fit, or the device
@@ -146,7 +150,7 @@ def train(
         raise TrainError(str(err)) from None
     try:
         return _run(config, world, resume=resume, model=model, console=console, progress=progress,
-                    conformance_steps=conformance_steps)
+                    conformance_steps=conformance_steps, clock=clock)
     except OSError as err:
         world.discard_run_dir()
         if err.errno in FULL_DISK_ERRNOS and err.filename is None:  # a write to an open file (metrics, memory)
@@ -223,6 +227,10 @@ class _Run:
     setup: dict[str, Any] = field(default_factory=dict)
     training: _Training | None = None
     record: RunRecord | None = None
+    clock: Callable[[], float] = time.perf_counter
+    # The sum of the step losses from the run's first step (across resumes: checkpoints keep it), for
+    # the end-of-run train_loss; None when a checkpoint written without it was resumed.
+    loss_sum: float | None = 0.0
 
     @property
     def config(self) -> TrainConfig:
@@ -246,7 +254,8 @@ class _Run:
         training = self.training
         data = data_state if data_state is not None else training.batches.state_dict()
         # Examples per optimizer step: a resume may cut them into other micro-batches, never other steps.
-        data = {**data, "examples_per_step": data["batch_size"] * self.record.fields["active_knobs"]["grad_accum"]}
+        data = {**data, "examples_per_step": data["batch_size"] * self.record.fields["active_knobs"]["grad_accum"],
+                "train_loss_sum": self.loss_sum}
         return self.world.save_checkpoint(
             self.run_dir, step, model=self.model, optimizer=training.optimizer, scheduler=training.scheduler,
             grad_scaler=training.grad_scaler, data_state=data,
@@ -259,9 +268,10 @@ class _Run:
 # The phases
 
 
-def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: bool, conformance_steps: int | None) -> TrainResult:
+def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: bool, conformance_steps: int | None,
+         clock: Callable[[], float]) -> TrainResult:
     run = _start(config, world, resume=resume, model=model, console=console, progress=progress)
-    run.conformance_steps = conformance_steps
+    run.conformance_steps, run.clock = conformance_steps, clock
     run.data = _data(run)
     run.configuration = _configuration(run)
     run.model, run.setup, run.configuration.step_fn = _model(run, model)
@@ -408,6 +418,7 @@ def _resume(run: _Run) -> tuple[int, Path | None]:
     except ValueError as err:  # CheckpointError, or data / batch settings that changed
         raise TrainError(f"--resume from {checkpoint}: {err}") from None
     restore_rng(state.rng, run.device)
+    run.loss_sum = state.data.get("train_loss_sum")
     if run.world.is_main:
         truncate_metrics(run_dir, state.step)
     console.print(f"resuming from {checkpoint} (step {state.step} of {training.steps})", highlight=False)
@@ -486,6 +497,7 @@ class _Taken:
     lr: float
     stopping: bool
     pair_metrics: list = field(default_factory=list)  # a preference step's summed rewards and log-probs, on the device
+    samples: int = 0  # the examples (pairs, packed rows) the step trained on, over every process
 
 
 def _loop(run: _Run, result: TrainResult, stop: StopOnSignal) -> None:
@@ -493,21 +505,25 @@ def _loop(run: _Run, result: TrainResult, stop: StopOnSignal) -> None:
     (``memory.jsonl``) and checked for leaks, stray devices and switched-off optimizations. A step that
     runs out of memory is taken again one configuration down (:func:`_step_down`), where it can be.
     A signal (``stop``) ends the run after its step with an ``interrupt`` checkpoint, unless that step
-    was the last: then the run completes, without its final evaluation."""
+    was the last: then the run completes, without its final evaluation. A completed run ends
+    ``metrics.jsonl`` with the Trainer's end-of-run record (:func:`_end_of_run`)."""
     steps = result.total_steps
     recorder = _memory_recorder(run, result)
     meter = Throughput()
-    started = time.perf_counter()
+    started = run.clock()
+    session = _Session()
     # One voice: rank 0 writes metrics.jsonl and reports to the trackers, with what run.json holds.
     metrics_log = (MetricsLog(result.run_dir, report_to=run.config.report_to, run_config=run.record.fields, console=run.console)
                    if run.world.is_main else NullLog())
     stopping = False  # asked to stop by the end of the last step (several processes: as they all agreed at its end)
     with recorder, metrics_log as log, LiveProgress(run.console, steps, result.step, enabled=run.progress) as bar:
+        log.epoch = _epoch(run, result.step, steps)
         while result.step < steps:
             taken = _step(run, result.step, recorder, meter, stop)
             if taken is None:
                 continue  # the same step again, one configuration down, on the same examples
             stopping = taken.stopping
+            session.steps, session.samples = session.steps + 1, session.samples + taken.samples
             _after_step(run, result, taken, recorder, log, bar, meter, started)
             if stopping and result.step < steps:
                 result.checkpoint = run.checkpoint_now(result.step, "interrupt")
@@ -516,6 +532,7 @@ def _loop(run: _Run, result: TrainResult, stop: StopOnSignal) -> None:
         if result.status == "completed":
             _final_evaluation(run, result, log, stop.signal_name if stopping else None)
             result.checkpoint = run.checkpoint_now(result.step, "final")
+            result.metrics = _end_of_run(run, result, session, log, started)
         for finding in recorder.close(status=result.status):
             warn(run.console, finding)
     for line in comparison_lines(recorder.comparison()):
@@ -550,7 +567,9 @@ def _step(run: _Run, step: int, recorder: MemoryRecorder, meter: Throughput, sto
     # must replay this step's batches, not skip them.
     data_before, rng_before = training.batches.state_dict(), capture_rng(device)
     meter.start()
+    handed_out = training.batches.handed_out
     micro_batches = world.micro_batches(training.batches, run.spec.grad_accum, run.collate, device)
+    samples = training.batches.handed_out - handed_out
     tokens = count_step_tokens(micro_batches)
     pair_metrics: list = []  # a preference step's per-pair rewards and log-probs
     try:
@@ -574,7 +593,8 @@ def _step(run: _Run, step: int, recorder: MemoryRecorder, meter: Throughput, sto
     # On several processes only what they agreed on counts (a signal may reach one rank later
     # than the others); one process also stops for a signal that came after the step's end.
     return _Taken(loss=loss_value, tokens=tokens, grad_norm=float(grad_norm) if grad_norm is not None else None, lr=step_lr,
-                  stopping=stop_requested if world.distributed else stop.signal_name is not None, pair_metrics=pair_metrics)
+                  stopping=stop_requested if world.distributed else stop.signal_name is not None, pair_metrics=pair_metrics,
+                  samples=samples)
 
 
 def _after_step(run: _Run, result: TrainResult, taken: _Taken, recorder: MemoryRecorder, log, bar, meter: Throughput,
@@ -590,6 +610,9 @@ def _after_step(run: _Run, result: TrainResult, taken: _Taken, recorder: MemoryR
             f"the loss is {taken.loss} at step {done}: training diverged. Lower lr (now {config.lr:g}), "
             "keep max_grad_norm set, or use bf16 instead of fp16."
         )
+    if run.loss_sum is not None:
+        run.loss_sum += taken.loss
+    log.epoch = _epoch(run, done, steps)  # on this step's records and those after it, until the next step
     metrics = {
         "step": done,
         "loss": taken.loss,
@@ -597,7 +620,7 @@ def _after_step(run: _Run, result: TrainResult, taken: _Taken, recorder: MemoryR
         "grad_norm": taken.grad_norm,
         "tokens": taken.tokens,
         "tokens_per_second": meter.rate(),
-        "elapsed_s": round(time.perf_counter() - started, 4),  # since this process's loop began
+        "elapsed_s": round(run.clock() - started, 4),  # since this process's loop began
         **step_peak_reading(run.device),
         **summarize_metrics(taken.pair_metrics),
     }
@@ -607,11 +630,8 @@ def _after_step(run: _Run, result: TrainResult, taken: _Taken, recorder: MemoryR
         warn(run.console, finding)
     if done % config.log_every == 0 or done == steps:
         log.write(metrics)
-    eval_examples = run.data.prepared.eval_examples
-    if eval_examples and config.eval_every and done % config.eval_every == 0 and done != steps:
-        eval_loss = evaluate(run.model, eval_examples, run.spec.batch_size, run.collate, run.device, run.configuration.step_fn.loss)
-        result.eval_losses.append((done, eval_loss))
-        log.write({"step": done, "eval_loss": eval_loss})
+    if run.data.prepared.eval_examples and config.eval_every and done % config.eval_every == 0 and done != steps:
+        _evaluate(run, result, log, done)
     if config.eval_every and done % config.eval_every == 0 and done != steps:
         run.write_generations(log, done)
     bar.update(done, metrics)
@@ -631,10 +651,44 @@ def _final_evaluation(run: _Run, result: TrainResult, log, stopped_by: str | Non
                           "its final evaluation is skipped", highlight=False)
         return
     if eval_examples:
-        eval_loss = evaluate(run.model, eval_examples, run.spec.batch_size, run.collate, run.device, run.configuration.step_fn.loss)
-        result.eval_losses.append((result.step, eval_loss))
-        log.write({"step": result.step, "eval_loss": eval_loss})
+        _evaluate(run, result, log, result.step)
     run.write_generations(log, result.step)
+
+
+def _evaluate(run: _Run, result: TrainResult, log, step: int) -> None:
+    """One evaluation at ``step``: ``eval_loss`` and, for a preference objective, its metrics under
+    TRL's evaluation names (``eval_rewards/accuracies``...), one ``metrics.jsonl`` record."""
+    record = evaluation_metrics(run.model, run.data.prepared.eval_examples, run.spec.batch_size, run.collate, run.device,
+                                run.configuration.step_fn.loss_and_metrics)
+    result.eval_losses.append((step, record["eval_loss"]))
+    log.write({"step": step, **record})
+
+
+def _epoch(run: _Run, step: int, steps: int) -> float:
+    """The run's epoch after ``step`` of ``steps``, as the Trainer counts it: epochs and batches of
+    the data handed out; for a stream (no length), the share of ``max_steps`` done, as the Trainer
+    counts it for data without a length."""
+    done = run.training.batches.epochs_done()
+    return done if done is not None else step / steps
+
+
+@dataclass
+class _Session:
+    """What this process trained since its loop began (a resumed run: since the resume): optimizer
+    steps and examples, for the end-of-run speeds."""
+
+    steps: int = 0
+    samples: int = 0
+
+
+def _end_of_run(run: _Run, result: TrainResult, session: _Session, log, started: float) -> dict[str, float]:
+    """The end-of-run record of a completed run, as the Trainer logs it when training ends (after the
+    final evaluation and checkpoint): ``train_runtime`` and the speeds of this process's part of the
+    run, and ``train_loss``, the mean step loss of the whole run (:func:`memfit.train.progress.end_of_run_metrics`)."""
+    figures = end_of_run_metrics(runtime_s=run.clock() - started, samples=session.samples, steps=session.steps,
+                                 loss_sum=run.loss_sum, steps_done=result.step)
+    log.write({"step": result.step, **figures})
+    return figures
 
 
 # ------------------------------------------------------------------------------------------------

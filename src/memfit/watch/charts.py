@@ -30,6 +30,8 @@ TITLES = {"loss": "Loss", "rewards": "Preference rewards", "lr": "Learning rate"
 
 #: A preference run's metrics, under TRL's names (memfit train and TRL's trainers log them alike).
 REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
+#: The same, measured on the evaluation pairs (TRL's ``eval_`` names).
+EVAL_REWARD_METRICS = tuple(f"eval_{name}" for name in REWARD_METRICS)
 
 
 class ChartError(UserError, ValueError):
@@ -53,7 +55,7 @@ def render_charts(diagnosis: Diagnosis, plan_compared: bool) -> list[tuple[str, 
     losses, evals = metric_curve(metrics, "loss"), metric_curve(metrics, "eval_loss")
     if max(len(losses), len(evals)) >= MIN_POINTS:
         charts.append(("loss", _loss_chart(Figure, losses, evals)))
-    rewards = {name: metric_curve(metrics, name) for name in REWARD_METRICS}
+    rewards = {name: metric_curve(metrics, name) for name in REWARD_METRICS + EVAL_REWARD_METRICS}
     if len(rewards["rewards/accuracies"]) >= MIN_POINTS:
         charts.append(("rewards", _rewards_chart(Figure, rewards)))
     rates = metric_curve(metrics, "lr") or metric_curve(metrics, "learning_rate")  # memfit train's name, then the Trainer's
@@ -197,7 +199,8 @@ def _lr_chart(Figure, rates: list[tuple[int, float]]) -> bytes:
 
 def _rewards_chart(Figure, curves: dict[str, list[tuple[int, float]]]) -> bytes:
     """Rewards of the chosen and rejected answers and their margin (left), the share of pairs whose
-    chosen answer wins (right): a preference run learning shows the margin and the share rising."""
+    chosen answer wins (right): a preference run learning shows the margin and the share rising. The
+    evaluations' margin and share, where the run has them, are dots on the same axes."""
     fig = Figure(figsize=(9, 3.0))
     left, right = fig.subplots(1, 2, width_ratios=(3, 2))
     for name, color in (("rewards/chosen", "tab:green"), ("rewards/rejected", "tab:red"), ("rewards/margins", "tab:blue")):
@@ -205,13 +208,17 @@ def _rewards_chart(Figure, curves: dict[str, list[tuple[int, float]]]) -> bytes:
         if points:
             left.plot([s for s, _ in points], [v for _, v in points], color=color, linewidth=1.2, label=name.split("/")[1],
                       **_style(points))
+    _eval_dots(left, curves.get("eval_rewards/margins"), "tab:blue", "eval margins")
     left.axhline(0, color="0.6", linewidth=0.8)
     left.set_title("rewards (metrics.jsonl)")
     left.set_xlabel("step")
     left.legend(loc="best", fontsize="small")
     left.grid(alpha=0.3)
     accuracies = curves["rewards/accuracies"]
-    right.plot([s for s, _ in accuracies], [v for _, v in accuracies], color="tab:purple", linewidth=1.2, **_style(accuracies))
+    right.plot([s for s, _ in accuracies], [v for _, v in accuracies], color="tab:purple", linewidth=1.2, label="training",
+               **_style(accuracies))
+    if _eval_dots(right, curves.get("eval_rewards/accuracies"), "tab:purple", "eval"):
+        right.legend(loc="best", fontsize="small")
     right.axhline(0.5, color="0.6", linewidth=0.8, linestyle="--")
     right.set_ylim(-0.02, 1.02)
     right.set_title("rewards/accuracies")
@@ -219,6 +226,15 @@ def _rewards_chart(Figure, curves: dict[str, list[tuple[int, float]]]) -> bytes:
     right.grid(alpha=0.3)
     fig.tight_layout()
     return _png(fig)
+
+
+def _eval_dots(ax, points: list[tuple[int, float]] | None, color: str, label: str) -> bool:
+    """Evaluation values as open dots (whether there were any)."""
+    if not points:
+        return False
+    ax.plot([s for s, _ in points], [v for _, v in points], linestyle="none", marker="o", markersize=5,
+            markerfacecolor="white", color=color, label=label)
+    return True
 
 
 def _categories_chart(Figure, rows) -> bytes:

@@ -1,7 +1,8 @@
 """``memfit report``: one self-contained HTML page (charts inlined as PNG data URIs) and the PNGs.
 
 The page, top to bottom: what the run was (steps, devices, peaks), its configuration, the findings
-with their fixes, training (loss and eval loss, learning rate), memory over steps per CUDA device
+with their fixes, training (loss and eval loss, the end-of-run figures, a preference run's rewards in
+training and evaluation, learning rate), memory over steps per CUDA device
 and for the host, and the plan against the measured peaks by category, or one line saying why not.
 Every section holds something or says in one line why it is empty; no chart is drawn without data.
 The charts are :mod:`memfit.watch.charts` (matplotlib, imported when they are drawn).
@@ -11,13 +12,14 @@ from __future__ import annotations
 
 import base64
 import html
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from memfit.errors import UserError
 from memfit.files import check_file_writable, write_atomic
 from memfit.units import format_bytes
-from memfit.watch.charts import GENERATOR, REWARD_METRICS, chart_title, render_charts
+from memfit.watch.charts import EVAL_REWARD_METRICS, GENERATOR, REWARD_METRICS, chart_title, render_charts
 from memfit.watch.compare import CategoryRow, compare_categories, compare_peaks, run_device
 from memfit.watch.doctor import Diagnosis, diagnose
 from memfit.watch.run_config import NO_CONFIGURATION, configuration_rows
@@ -221,7 +223,9 @@ def _training_html(diagnosis: Diagnosis, images: dict[str, str]) -> list[str]:
     elif losses:
         parts.append('<p class="note">no eval loss in metrics.jsonl: the run had no eval data, or ended before its first '
                      "evaluation.</p>")
-    parts += _rewards_html(metrics)
+    parts += _end_of_run_html(metrics)
+    parts += _rewards_html(metrics, REWARD_METRICS, "preference metric")
+    parts += _rewards_html(metrics, EVAL_REWARD_METRICS, "preference metric (evaluation)")
     parts += [images[name] for name in ("loss", "rewards", "lr") if name in images]
     if not parts:
         parts.append('<p class="note">metrics.jsonl holds no loss, eval loss or learning rate '
@@ -229,16 +233,34 @@ def _training_html(diagnosis: Diagnosis, images: dict[str, str]) -> list[str]:
     return parts
 
 
-def _rewards_html(metrics: list) -> list[str]:
-    """A preference run's rewards (TRL's names), first and last logged step: one table, or nothing."""
-    curves = {name: metric_curve(metrics, name) for name in REWARD_METRICS}
-    shown = [name for name in REWARD_METRICS if curves[name]]
-    if "rewards/accuracies" not in shown:
+def _end_of_run_html(metrics: list) -> list[str]:
+    """The end-of-run record the Trainer (and memfit train) logs, in one line, or nothing."""
+    ends = [r for r in metrics if _finite(r.get("train_runtime"))]
+    if not ends:
+        return []
+    end = ends[-1]
+    parts = [f"{name} {end[name]:.4f}" for name in ("train_loss",) if _finite(end.get(name))]
+    parts.append(f"train_runtime {end['train_runtime']:,.1f} s")
+    parts += [f"{end[name]:,.3f} {unit}" for name, unit in (("train_samples_per_second", "samples/s"),
+                                                          ("train_steps_per_second", "steps/s")) if _finite(end.get(name))]
+    return [f"<p>end of run (step {end.get('step', '?')}): {html.escape(', '.join(parts))}</p>"]
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _rewards_html(metrics: list, names: tuple[str, ...], title: str) -> list[str]:
+    """A preference run's rewards (TRL's ``names``), at their first and last record: one table, or nothing."""
+    curves = {name: metric_curve(metrics, name) for name in names}
+    shown = [name for name in names if curves[name]]
+    accuracies = next(name for name in names if name.endswith("rewards/accuracies"))  # the table's steps
+    if accuracies not in shown:
         return []
     rows = "".join(f"<tr><td>{html.escape(name)}</td><td class=num>{curves[name][0][1]:.4f}</td>"
                    f"<td class=num>{curves[name][-1][1]:.4f}</td></tr>" for name in shown)
-    first, last = curves["rewards/accuracies"][0][0], curves["rewards/accuracies"][-1][0]
-    return [f"<table><tr><th>preference metric</th><th class=num>step {first}</th><th class=num>step {last}</th></tr>{rows}</table>"]
+    first, last = curves[accuracies][0][0], curves[accuracies][-1][0]
+    return [f"<table><tr><th>{html.escape(title)}</th><th class=num>step {first}</th><th class=num>step {last}</th></tr>{rows}</table>"]
 
 
 def _replies_html(diagnosis: Diagnosis) -> list[str]:

@@ -138,7 +138,13 @@ def test_a_state_from_other_data_or_settings_is_refused():
 
 
 def test_a_stream_has_no_length():
-    assert batches().batches_per_epoch() is None
+    assert batches().batches_per_epoch() is None and batches().epochs_done() is None
+
+
+def test_a_stream_counts_the_examples_it_handed_out():
+    stream_batches = batches()
+    sizes = [len(next(stream_batches)) for _ in range(4)]
+    assert stream_batches.handed_out == sum(sizes) == 12
 
 
 @pytest.mark.slow

@@ -99,6 +99,11 @@ def test_a_streamed_run_resumes_exactly(data_hub, tmp_path, monkeypatch):
     assert [loss for _, loss in evals(tmp_path / "run")] == pytest.approx([loss for _, loss in evals(tmp_path / "clean")], abs=1e-6)
     state = torch.load(tmp_path / "run" / "checkpoints" / "step-00000009" / "state.pt", weights_only=True)
     assert state["data"]["stream"] and state["data"]["epoch"] == 1 and len(state["data"]["buffer"]) > 0
+    # A stream has no length: its epoch is the share of max_steps done, as the Trainer counts it for such data.
+    assert all(r["epoch"] == r["step"] / 10 for r in read_metrics(tmp_path / "run"))
+    # Two resumes later, the run's train_loss is still the mean over all 10 steps.
+    assert resumed.metrics["train_loss"] == pytest.approx(clean.metrics["train_loss"], abs=1e-6)
+    assert clean.metrics["train_loss"] == pytest.approx(sum(want.values()) / 10, rel=1e-12)
 
 
 def test_the_cache_serves_a_second_run_offline(data_hub, tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ Turning a batch of examples into tensors is the step's job (:func:`memfit.step.b
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any, Iterator, Sequence
 
@@ -43,6 +44,7 @@ class BatchIterator:
         self.drop_last = drop_last
         self.epoch = 0
         self.position = 0  # examples of the current epoch's order already handed out
+        self.handed_out = 0  # examples handed out by this iterator, whatever the epoch (not saved)
         self._order = self._epoch_order(0)
 
     def _epoch_order(self, epoch: int) -> list[int]:
@@ -58,6 +60,11 @@ class BatchIterator:
         full, rest = divmod(len(self.examples), self.batch_size)
         return full + (1 if rest and not self.drop_last else 0)
 
+    def epochs_done(self) -> float:
+        """The epochs handed out so far, as the Hugging Face Trainer counts its ``epoch``: whole epochs,
+        plus this epoch's batches over its batches (1.0 once the first epoch's last batch is out)."""
+        return self.epoch + math.ceil(self.position / self.batch_size) / self.batches_per_epoch()
+
     def __iter__(self) -> Iterator[list[Any]]:
         return self
 
@@ -69,6 +76,7 @@ class BatchIterator:
             self._order = self._epoch_order(self.epoch)
         indices = self._order[self.position : self.position + self.batch_size]
         self.position += len(indices)
+        self.handed_out += len(indices)
         return [self.examples[i] for i in indices]
 
     def state_dict(self) -> dict[str, int | bool]:

@@ -92,6 +92,7 @@ class StreamBatches:
         self.made = 0  # examples made this epoch
         self.ended = False  # this epoch's rows are all read (the buffer holds the last of them)
         self.skipped = 0
+        self.handed_out = 0  # examples (or packed rows) handed out by this object, whatever the epoch (not saved)
         self.buffer: list[str] = []
         self.ready: list[dict[str, Any]] = []  # examples made, not yet handed out
         self._rng = random.Random(f"memfit-stream-{seed}")
@@ -100,6 +101,10 @@ class StreamBatches:
 
     def batches_per_epoch(self) -> None:
         """None: a stream has no length (a streamed run counts ``max_steps``)."""
+        return None
+
+    def epochs_done(self) -> None:
+        """None: a stream has no length to count epochs in."""
         return None
 
     def __iter__(self):
@@ -115,6 +120,7 @@ class StreamBatches:
             self.made += 1
             self.ready += self.packer.add(example) if self.packer is not None else [example]
         batch, self.ready = self.ready[: self.batch_size], self.ready[self.batch_size :]
+        self.handed_out += len(batch)
         return batch
 
     def _next_row(self) -> str:
