@@ -11,8 +11,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from memfit.interop.common import dora_rule, int_rule, model_rule, modules_to_save_rule, revision_rule, rslora_rule, targets_rule
+from memfit.interop.hf import DPO_LOSSES
 from memfit.interop.keys import (
     ABSENT,
+    Choices,
     Found,
     KeyMap,
     KeyProblem,
@@ -30,6 +32,7 @@ from memfit.interop.trainer import (
     attention,
     deepspeed_rule,
     fsdp_shard,
+    lr_scheduler_choices,
     optimizer_rule,
 )
 from memfit.interop.precision import HALVES, settle_zero_precision, trainer_precision, uses_fsdp
@@ -207,6 +210,9 @@ def _attention_name(values: Mapping[str, Any]) -> str | None:
 
 def _attention(values: Mapping[str, Any], ctx: Any) -> Any:
     name = _attention_name(values)
+    if name is not None and name.lower() == "fp8":
+        return Planned(None, "Axolotl's fp8 attention (the model loaded with sdpa, its attention patched to fp8 kernels): "
+                             "planned as SDPA with padded batches")
     if name is not None:
         return attention(name)
     if value_of(values, "s2_attention", as_bool, False):
@@ -256,6 +262,12 @@ def _max_grad_norm(values: Mapping[str, Any], ctx: Any) -> Any:
         return "none"
     return as_float(value)
 
+
+#: Axolotl's ``rl`` trainers: its ``RLType`` (``utils/schemas/enums.py`` at 067b021).
+RL_TYPES = ("dpo", "gdpo", "grpo", "ipo", "orpo", "kto", "simpo", "ebft")
+#: Axolotl's ``attn_implementation`` names (``CANONICAL_ATTN_IMPLS`` at 067b021; a Hub kernel's path
+#: with a "/" too; the short forms flash, flex, sdp are refused).
+ATTENTION_NAMES = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention", "xformers", "sage", "fp8")
 
 #: Axolotl's ``rl`` trainers memfit plans; ipo is DPO's step with another loss.
 _RL_OBJECTIVES = {"dpo": "dpo", "ipo": "dpo", "orpo": "orpo", "simpo": "simpo"}
@@ -341,7 +353,7 @@ RULES: tuple[Rule, ...] = (
     Rule(("max_grad_norm",), "max_grad_norm", _max_grad_norm, doc="gradient clipping (0 or null: none)"),
     Rule(_ATTENTION_KEYS, "padding_free", _attention,
          doc="attention: flash attention (and xformers, sage, flex; `batch_flattening`) as `padding_free: on` (each "
-             "example's attention on its own tokens, no [seq x seq] mask); sdpa as padded batches; eager listed"),
+             "example's attention on its own tokens, no [seq x seq] mask); sdpa as padded batches; eager and fp8 listed"),
     Rule(("sample_packing",), "packing", lambda v, ctx: value_of(v, "sample_packing", as_bool, None),
          doc="packed rows of `sequence_len` tokens (planned full)"),
     Rule(("plugins", "liger_fused_linear_cross_entropy", "cut_cross_entropy", "chunked_cross_entropy"), "hf_loss", _hf_loss,
@@ -355,7 +367,8 @@ RULES: tuple[Rule, ...] = (
          unmodelled="preference training runs chosen and rejected completions, and for DPO a reference pass; planned as "
                     "supervised fine-tuning",
          doc="preference training: `rl: dpo` (and `ipo`, DPO's loss on the same step) as `dpo`, `orpo`, `simpo`; other "
-             "trainers (`kto`, `grpo`...) listed and planned as supervised fine-tuning; `micro_batch_size` counts pairs"),
+             "trainers (`kto`, `grpo`, `gdpo`, `ebft`) listed and planned as supervised fine-tuning; `micro_batch_size` "
+             "counts pairs"),
     Rule(("precompute_ref_log_probs",), "precompute_reference", _precompute_reference,
          doc="DPO's reference log-probs computed once before training: no reference pass, and no frozen copy for full "
              "fine-tuning"),
@@ -483,10 +496,21 @@ use_sonicmoe use_swanlab use_tensorboard use_trackio use_wandb val_set_size vllm
 wandb_name wandb_project wandb_run_id wandb_watch warmup_ratio warmup_steps weight_decay world_size xformers_attention
 """.split())
 
+#: Keys whose values Axolotl checks against names (its config schema at 067b021).
+CHOICES: tuple[Choices, ...] = (
+    Choices("rl", RL_TYPES, "an RL trainer Axolotl knows", "Axolotl's `RLType`, 067b021"),
+    Choices("dpo_loss_type", DPO_LOSSES, "a DPO loss_type TRL's DPOConfig takes", "TRL 1.16's `DPOConfig.loss_type`, which "
+                                                                                 "Axolotl passes on", many=True),
+    Choices("attn_implementation", ATTENTION_NAMES, "an attention implementation Axolotl takes",
+            "Axolotl's `CANONICAL_ATTN_IMPLS`, 067b021, or a Hub kernel's path", also=lambda name: "/" in name),
+    lr_scheduler_choices("lr_scheduler", "Axolotl", ("one_cycle", "rex")),
+)
+
 KEYMAP = KeyMap(
     tool="axolotl",
     title="Axolotl",
     rules=RULES,
     quiet_keys=ALL_KEYS - frozenset(k for rule in RULES for k in rule.keys),
     docs_url="https://docs.axolotl.ai/docs/config-reference.html",
+    choices=CHOICES,
 )

@@ -25,6 +25,10 @@ def key_table(keymap: KeyMap) -> str:
     rows.append("")
     rows.append(f"{quiet} more keys of {keymap.title} are known not to decide memory and are ignored quietly; any other key "
                 "is reported once as an unknown key (with the closest known key, for a typo).")
+    if keymap.choices:
+        rows += ["", f"Values checked as {keymap.title} checks them, whether or not they decide memory (a value it would "
+                     "refuse is refused, naming the closest one it takes):", ""]
+        rows += [f"- `{check.key}`: {_cell(check.described())}" for check in keymap.choices]
     return "\n".join(rows) + "\n"
 
 

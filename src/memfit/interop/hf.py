@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from memfit.interop.common import dora_rule, int_rule, model_rule, modules_to_save_rule, revision_rule, rslora_rule, targets_rule
 from memfit.interop.keys import (
     ABSENT,
+    Choices,
     Found,
     KeyMap,
     KeyProblem,
@@ -35,6 +36,7 @@ from memfit.interop.trainer import (
     deepspeed_rule,
     fsdp_shard,
     liger_loss,
+    lr_scheduler_choices,
     optimizer_rule,
 )
 from memfit.interop.precision import settle_zero_precision, trainer_precision, zero_half
@@ -61,7 +63,17 @@ _DPO_KEYS = ("beta", "precompute_ref_log_probs", "ref_model_mixup_alpha", "ref_m
              "simpo_gamma", "cpo_alpha")
 #: Keys only TRL's CPOConfig has: its trainer keeps no reference, as SimPO's.
 _CPO_KEYS = ("simpo_gamma", "cpo_alpha")
-_SFT_LOSSES = ("nll", "dft", "chunked_nll")
+#: Keys DPOConfig shares with CPOConfig: a config with these alone may be either.
+_SHARED_PREFERENCE_KEYS = ("beta", "max_prompt_length", "max_completion_length")
+
+#: The ``loss_type`` names of TRL 1.16's configs (``trainer/sft_config.py``, ``trainer/dpo_config.py``,
+#: ``experimental/cpo/cpo_config.py``; the same at f2cd577): SFTConfig's (``chunked_nll``, the
+#: default at f2cd577, is a deprecated alias of ``nll`` in 1.16), DPOConfig's (a list of them is
+#: combined), CPOConfig's.
+SFT_LOSSES = ("nll", "dft", "chunked_nll")
+DPO_LOSSES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
+              "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm")
+CPO_LOSSES = ("sigmoid", "hinge", "ipo", "simpo", "alphapo")
 
 
 #: Model and data arguments the Hugging Face example scripts (``run_clm.py``) have too: not TRL's alone.
@@ -308,7 +320,7 @@ def _precompute_reference(values: Mapping[str, Any], ctx: Any) -> Any:
 def _dpo_values(values: Mapping[str, Any]) -> bool:
     loss = values["loss_type"]
     losses = [] if loss in (ABSENT, None) else loss if isinstance(loss, list) else [loss]
-    return any(values[k] is not ABSENT for k in _DPO_KEYS) or any(str(x).lower() not in _SFT_LOSSES for x in losses)
+    return any(values[k] is not ABSENT for k in _DPO_KEYS) or any(str(x).lower() not in SFT_LOSSES for x in losses)
 
 
 def _dropout(value: Any) -> float:
@@ -326,6 +338,33 @@ def _max_grad_norm(values: Mapping[str, Any], ctx: Any) -> Any:
         return "none"
     return as_float(value)
 
+
+def _loss_names(raw: Mapping[str, Any]) -> tuple[tuple[str, ...], str]:
+    """The ``loss_type`` names of the config TRL would parse this as: a CPOConfig's (its own keys), a
+    DPOConfig's (its own keys; with only the keys it shares with CPOConfig, either's), or any of the
+    three (no preference key: SFTConfig's, or a preference loss that makes it one)."""
+    if any(k in raw for k in _CPO_KEYS):
+        return CPO_LOSSES, "a loss_type TRL's CPOConfig takes"
+    own = [k for k in _DPO_KEYS if k in raw and k not in _CPO_KEYS]
+    if own and any(k not in _SHARED_PREFERENCE_KEYS for k in own):
+        return DPO_LOSSES, "a loss_type TRL's DPOConfig takes"
+    if own:
+        return tuple(dict.fromkeys(DPO_LOSSES + CPO_LOSSES)), "a loss_type TRL's DPOConfig or CPOConfig takes"
+    return tuple(dict.fromkeys(SFT_LOSSES + DPO_LOSSES + CPO_LOSSES)), "a loss_type TRL's SFTConfig, DPOConfig or CPOConfig takes"
+
+
+#: Keys whose values TRL (1.16) and the Trainer check against names.
+CHOICES: tuple[Choices, ...] = (
+    Choices("loss_type", _loss_names, many=True,
+            doc="SFTConfig's `nll`, `dft`, `chunked_nll`; DPOConfig's `sigmoid`, `hinge`, `ipo`... (a list of them); "
+                "CPOConfig's `sigmoid`, `hinge`, `ipo`, `simpo`, `alphapo` (TRL 1.16), as the config's other keys say "
+                "which it is"),
+    Choices("f_divergence_type", ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"),
+            "an f-divergence TRL's DPOConfig takes", "TRL 1.16's `DPOConfig`"),
+    Choices("packing_strategy", ("bfd", "bfd_split", "wrapped"), "a packing strategy TRL's SFTConfig takes",
+            "TRL 1.16's `SFTConfig`"),
+    lr_scheduler_choices(),
+)
 
 RULES: tuple[Rule, ...] = (
     model_rule("model_name_or_path"),
@@ -405,4 +444,5 @@ KEYMAP = KeyMap(
     quiet_keys=ALL_KEYS - frozenset(k for rule in RULES for k in rule.keys),
     docs_url="https://huggingface.co/docs/trl/sft_trainer",
     generic=True,
+    choices=CHOICES,
 )

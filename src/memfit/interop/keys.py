@@ -170,20 +170,75 @@ def as_names(value: Any) -> tuple[str, ...]:
     return tuple(names)
 
 
-def one_of(choices: Mapping[str, Any], what: str) -> Callable[[Any], Any]:
+def one_of(choices: Mapping[str, Any], what: str, *, shown: tuple[str, ...] | None = None) -> Callable[[Any], Any]:
     """A converter for a value out of ``choices`` (the tool's spelling -> what memfit plans: a knob
-    value or a :class:`Planned`); anything else is an error with a did-you-mean suggestion."""
-    import difflib
+    value or a :class:`Planned`); anything else is an error naming the closest value the tool takes
+    (and, for a short list, the values: ``shown``, default the spellings of ``choices``)."""
 
     def read(value: Any) -> Any:
         text = str(value).strip().lower() if value is not None else "null"
         if text in choices:
             return choices[text]
-        close = difflib.get_close_matches(text, list(choices), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else f" Known: {', '.join(sorted(choices))}."
-        raise ValueError(f"{value!r} is not {what}.{hint}")
+        names = tuple(shown) if shown is not None else tuple(k for k in choices if k not in ("", "null", "none"))
+        raise ValueError(not_one_of(value, names, what))
 
     return read
+
+
+def not_one_of(value: Any, names: tuple[str, ...], what: str) -> str:
+    """``'dpoo' is not an RL trainer Axolotl knows (dpo, ipo...). Did you mean 'dpo'?``: the value, what
+    it should be, the values when they are few, and always the closest of them."""
+    import difflib
+
+    text = str(value).strip().lower()
+    close = difflib.get_close_matches(text, names, n=1) or difflib.get_close_matches(text, names, n=1, cutoff=0.0)
+    listing = f" ({', '.join(names)})" if len(names) <= _LISTED else ""
+    return f"{value!r} is not {what}{listing}." + (f" Did you mean {close[0]!r}?" if close else "")
+
+
+#: Up to this many values a tool takes are listed in a refusal (longer lists: the closest alone).
+_LISTED = 16
+
+
+@dataclass(frozen=True)
+class Choices:
+    """A key whose value must be one of the names a tool takes (``rl``, ``pref_loss``, ``loss_type``,
+    ``lr_scheduler_type``...): a value the tool would refuse is refused, before any rule reads it,
+    naming the closest name. Checked whether or not the key decides memory.
+
+    ``names`` are the tool's, as the tool spells them (from ``source``: the tool's file and version);
+    a function of the config's values where they depend on the rest of the config (TRL's
+    ``loss_type``: SFTConfig's, DPOConfig's or CPOConfig's), returning the names and what they are.
+    ``many``: a list of names is taken too. ``also``: other values the tool takes (a Hub kernel's
+    path for ``attn_implementation``). ``doc`` says what is taken, in ``docs/interop.md``."""
+
+    key: str
+    names: tuple[str, ...] | Callable[[Mapping[str, Any]], tuple[tuple[str, ...], str]]
+    what: str = ""
+    source: str = ""
+    many: bool = False
+    also: Callable[[str], bool] | None = None
+    doc: str = ""
+
+    def problem(self, raw: Mapping[str, Any]) -> str | None:
+        """Why the config's value of :attr:`key` is not one the tool takes (None when it is, or is unset)."""
+        value = raw.get(self.key)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        names, what = self.names(raw) if callable(self.names) else (self.names, self.what)
+        values = value if self.many and isinstance(value, (list, tuple)) else [value]
+        for item in values:
+            text = str(getattr(item, "value", item)).strip()
+            if isinstance(item, (bool, int, float, Mapping, list, tuple)) or (
+                    text.lower() not in names and not (self.also is not None and self.also(text))):
+                return f"{self.key}: {not_one_of(item, names, what)}"
+        return None
+
+    def described(self) -> str:
+        """What the key takes, for ``docs/interop.md``."""
+        if self.doc:
+            return self.doc
+        return f"{', '.join(f'`{n}`' for n in self.names)} ({self.source})"
 
 
 @dataclass
@@ -225,6 +280,8 @@ class KeyMap:
     generic: bool = False
     #: Knobs every config of this tool plans with: the Hugging Face step (``recipe: hf``).
     base_knobs: Mapping[str, Any] = field(default_factory=lambda: {"recipe": "hf"})
+    #: Keys whose values must be names the tool takes (checked before the rules run).
+    choices: tuple[Choices, ...] = ()
 
     @property
     def memory_keys(self) -> frozenset[str]:

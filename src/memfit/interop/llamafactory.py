@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from memfit.interop.common import dora_rule, int_rule, model_rule, modules_to_save_rule, revision_rule, rslora_rule, targets_rule
 from memfit.interop.keys import (
     ABSENT,
+    Choices,
     Found,
     KeyMap,
     KeyProblem,
@@ -35,6 +36,7 @@ from memfit.interop.trainer import (
     deepspeed_rule,
     fsdp_shard,
     liger_loss,
+    lr_scheduler_choices,
     optimizer_rule,
 )
 from memfit.interop.precision import settle_zero_precision, trainer_precision, zero_half
@@ -280,10 +282,24 @@ ALL_KEYS = _OWN_KEYS | TRAINER_QUIET_KEYS | frozenset(k for rule in RULES for k 
     {"deepspeed", "fsdp", "fsdp_config", "optim", "bf16", "fp16", "max_grad_norm", "per_device_train_batch_size",
      "gradient_accumulation_steps", "torch_compile", "optim_target_modules", "gradient_checkpointing_kwargs", "use_liger_kernel"})
 
+#: Keys whose values LLaMA-Factory checks against names (``hparams/`` and ``extras/constants.py`` at ff6d4d1).
+CHOICES: tuple[Choices, ...] = (
+    Choices("stage", ("pt", "sft", "rm", "ppo", "dpo", "kto"), "a stage LLaMA-Factory knows",
+            "LLaMA-Factory's `FinetuningArguments.stage`, ff6d4d1"),
+    Choices("pref_loss", ("sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo"), "a pref_loss LLaMA-Factory knows",
+            "LLaMA-Factory's `RLHFArguments.pref_loss`, ff6d4d1"),
+    Choices("flash_attn", ("auto", "disabled", "sdpa", "fa2", "fa3"), "an attention LLaMA-Factory knows",
+            "LLaMA-Factory's `AttentionFunction`, ff6d4d1"),
+    Choices("quantization_method", ("bnb", "gptq", "awq", "aqlm", "quanto", "eetq", "hqq", "mxfp4", "fp8"),
+            "a quantization method LLaMA-Factory knows", "LLaMA-Factory's `QuantizationMethod`, ff6d4d1"),
+    lr_scheduler_choices(),
+)
+
 KEYMAP = KeyMap(
     tool="llama-factory",
     title="LLaMA-Factory",
     rules=RULES,
     quiet_keys=ALL_KEYS - frozenset(k for rule in RULES for k in rule.keys),
     docs_url="https://llamafactory.readthedocs.io/en/latest/advanced/arguments.html",
+    choices=CHOICES,
 )

@@ -178,7 +178,10 @@ def read_tool_config(path: str | Path, keymaps: tuple[KeyMap, ...]) -> ToolConfi
     keymap = detect_tool(raw, keymaps, path)
     ctx = Context(path=path, raw=raw, knobs=dict(keymap.base_knobs),
                   sources={k: ("(the tool's Hugging Face step)",) for k in keymap.base_knobs})
-    problems = _apply_rules(keymap, ctx)
+    problems = _checked_choices(keymap, raw)
+    flagged = {p.split(":", 1)[0] for p in problems}
+    # A key whose value the tool would refuse is named once, by its check, not again by the rule reading it.
+    problems += [p for p in _apply_rules(keymap, ctx) if p.split(":", 1)[0] not in flagged]
     if ctx.knobs.get("method") == "full":
         for knob in _ADAPTER_KNOBS:  # adapters' settings (and the tools' defaults for them) mean nothing here
             ctx.knobs.pop(knob, None)
@@ -195,6 +198,11 @@ def read_tool_config(path: str | Path, keymaps: tuple[KeyMap, ...]) -> ToolConfi
         raise ToolConfigError(path, problems)
     return ToolConfig(keymap.tool, keymap.title, str(path), str(model), revision, ctx.knobs, ctx.sources, shard, ctx.zero,
                       ctx.not_modelled, ctx.approximated, ctx.unknown_keys)
+
+
+def _checked_choices(keymap: KeyMap, raw: Mapping[str, Any]) -> list[str]:
+    """The keys whose value is not one of the names the tool takes (:class:`~memfit.interop.keys.Choices`)."""
+    return [problem for check in keymap.choices if (problem := check.problem(raw)) is not None]
 
 
 def _model_keys(keymap: KeyMap) -> list[str]:

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 from memfit.interop.deepspeed import DeepSpeedError, load_deepspeed, read_zero, shard_mode
 from memfit.interop.keys import (
     ABSENT,
+    Choices,
     KeyProblem,
     Planned,
     Rule,
@@ -211,6 +212,19 @@ tpu_num_cores tpu_metrics_debug past_index use_legacy_prediction_loop xpu_backen
 include_inputs_for_metrics dispatch_batches gradient_checkpointing_use_reentrant adafactor
 eval_batch_size logging_steps save_steps eval_steps hub_model_id
 """.split())
+
+
+#: The Trainer's ``lr_scheduler_type`` names: transformers' ``SchedulerType`` (``trainer_utils.py``, 5.24).
+LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt",
+                 "reduce_lr_on_plateau", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay", "greedy")
+
+
+def lr_scheduler_choices(key: str = "lr_scheduler_type", tool: str = "the Trainer", extra: tuple[str, ...] = ()) -> Choices:
+    """``key`` takes the Trainer's schedulers (and a tool's own, ``extra``): another name is refused
+    as the Trainer refuses it (``SchedulerType(value)``), though a schedule decides no memory."""
+    source = "transformers 5.24's `SchedulerType`" + (f", and {tool}'s own {', '.join(f'`{e}`' for e in extra)}" if extra else "")
+    return Choices(key, LR_SCHEDULERS + extra, f"a learning-rate scheduler {tool} knows", source,
+                   doc=f"the Trainer's schedulers ({source}: `linear`, `cosine`...)")
 
 
 #: Attention implementations by name (transformers' ``attn_implementation`` and the tools' own
