@@ -95,6 +95,20 @@ def test_the_file_is_found_next_to_the_config_then_in_the_working_directory(tmp_
         find_deepspeed_file("missing.json", configs)
 
 
+def test_a_folder_is_named_as_a_folder_where_a_file_is_expected(tmp_path, write_config):
+    (tmp_path / "deepspeed").mkdir()
+    (tmp_path / "deepspeed" / "ds_z3.json").write_text('{"zero_optimization": {"stage": 3}}')
+    with pytest.raises(DeepSpeedError) as err:
+        find_deepspeed_file("deepspeed", tmp_path)
+    assert str(err.value) == (f"'deepspeed' is a folder ({str(tmp_path / 'deepspeed')!r}) (it holds ds_z3.json); a DeepSpeed "
+                              "JSON file is expected: point it at the file, e.g. ds_z3_config.json")
+    from memfit.interop import ToolConfigError, read_tool_config
+
+    config = write_config("sft.yaml", "model_name_or_path: org/model\nfinetuning_type: full\ndeepspeed: deepspeed/\n")
+    with pytest.raises(ToolConfigError, match=r"deepspeed: 'deepspeed/' is a folder .* a DeepSpeed JSON file is expected"):
+        read_tool_config(config)
+
+
 def test_a_file_that_is_not_json_names_the_line(tmp_path):
     (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 2,}}')
     with pytest.raises(DeepSpeedError, match=r"is not valid JSON \(line 1"):
@@ -106,3 +120,12 @@ def test_a_file_that_is_not_json_names_the_line(tmp_path):
 def test_settings_have_a_stable_json_form():
     data = ZeroSettings(path="ds.json", stage=2).to_dict()
     assert data["stage"] == 2 and data["reduce_bucket_size"] == 500_000_000 and data["overlap_comm"] is False
+
+
+def test_an_fsdp_config_that_is_a_folder_is_named_as_one(tmp_path, write_config):
+    from memfit.interop import ToolConfigError, read_tool_config
+
+    (tmp_path / "fsdp").mkdir()
+    config = write_config("sft.yaml", "model_name_or_path: org/model\nfsdp: full_shard auto_wrap\nfsdp_config: fsdp\n")
+    with pytest.raises(ToolConfigError, match=r"fsdp_config: 'fsdp' is a folder .*; an FSDP config file \(JSON\) is expected"):
+        read_tool_config(config)

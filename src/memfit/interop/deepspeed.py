@@ -121,9 +121,16 @@ def find_deepspeed_file(value: str, config_folder: Path) -> Path:
     """The DeepSpeed JSON a training config names: relative to the config's folder, then to the
     working directory (as the tools, started from there, would open it)."""
     named = Path(value).expanduser()
-    for candidate in ([named] if named.is_absolute() else [config_folder / named, Path.cwd() / named]):
+    candidates = [named] if named.is_absolute() else [config_folder / named, Path.cwd() / named]
+    for candidate in candidates:
         if candidate.is_file():
             return candidate
+    folder = next((c for c in candidates if c.is_dir()), None)
+    if folder is not None:
+        inside = sorted(p.name for p in folder.glob("*.json"))[:3]
+        hint = f" (it holds {', '.join(inside)})" if inside else ""
+        raise DeepSpeedError(f"{value!r} is a folder ({str(folder)!r}){hint}; a DeepSpeed JSON file is expected: point it at "
+                             "the file, e.g. ds_z3_config.json")
     raise DeepSpeedError(
         f"{value!r} does not exist (looked in {str(config_folder)!r} and the working directory); "
         "point it at your DeepSpeed JSON"

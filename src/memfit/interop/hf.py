@@ -256,7 +256,9 @@ def _fsdp(values: Mapping[str, Any], ctx: Any) -> Any:
         import json
 
         path = Path(config).expanduser()
-        path = path if path.is_absolute() else (ctx.folder / path if (ctx.folder / path).is_file() else Path.cwd() / path)
+        path = path if path.is_absolute() else (ctx.folder / path if (ctx.folder / path).exists() else Path.cwd() / path)
+        if path.is_dir():
+            raise KeyProblem("fsdp_config", f"{config!r} is a folder ({str(path)!r}); an FSDP config file (JSON) is expected")
         try:
             config = json.loads(path.read_text())
         except (OSError, ValueError) as err:
