@@ -69,3 +69,18 @@ def test_folder_without_config(tmp_path):
 def test_missing_path():
     with pytest.raises(ModelNotFoundError, match="does not exist"):
         resolve_model("./nope/config.json")
+
+
+def test_each_variant_names_a_catalog_entry_and_is_not_one_s_source():
+    from memfit.models.catalog import catalog_sources, catalog_variants
+
+    variants = catalog_variants()
+    # The instruct ids the shipped examples and most recipes name are among them.
+    assert {"meta-llama/llama-3.1-8b-instruct", "meta-llama/meta-llama-3-8b-instruct", "qwen/qwen2-0.5b-instruct",
+            "qwen/qwen2.5-1.5b", "qwen/qwen2.5-7b-instruct"} <= set(variants)
+    assert not set(variants) & set(catalog_sources())  # a source is planned with its own copy
+    for variant in variants.values():
+        assert variant.catalog_name in catalog_names() and variant.differs
+    qwen = variants["qwen/qwen2.5-1.5b"]
+    assert qwen.config() == dict(load_catalog_config("qwen2.5-1.5b"), max_position_embeddings=131072)
+    assert variants["meta-llama/llama-3.1-8b-instruct"].config() == load_catalog_config("llama-3.1-8b")

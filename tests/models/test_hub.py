@@ -172,6 +172,22 @@ def test_a_catalog_entrys_source_falls_back_to_the_shipped_config_when_the_hub_c
     assert "cannot reach" in resolve_model(CATALOG_SOURCE).note
 
 
+@pytest.mark.parametrize(
+    "repo_id, name, positions",
+    [("Qwen/Qwen2.5-1.5B", "qwen2.5-1.5b", 131072), ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b", 131072),
+     ("Qwen/Qwen2-0.5B-Instruct", "qwen2.5-0.5b", 32768)],
+)
+def test_a_variant_of_a_catalog_entry_falls_back_to_its_config_and_says_which(hub, monkeypatch, repo_id, name, positions):
+    set_offline(monkeypatch)  # and nothing in the cache
+    source = resolve_model(repo_id)
+    assert source.origin == "catalog" and source.name == repo_id
+    assert source.config == dict(load_catalog_config(name), max_position_embeddings=positions)
+    assert source.note.startswith("HF_HUB_OFFLINE=1 is set: planned with memfit's shipped copy of ")
+    assert f"(catalog name {name}), which needs no network: {repo_id} has its shape" in source.note
+    with pytest.raises(HubError):  # a pinned revision means that commit's config: no stand-in
+        resolve_model(repo_id, revision="main")
+
+
 def test_hf_home_that_is_a_file_is_named_before_the_hub_is_asked(hub, tmp_path, monkeypatch):
     home = hf_home_is_a_file(monkeypatch, tmp_path / "notes.txt")
     with pytest.raises(HubError) as info:

@@ -22,8 +22,8 @@ from typing import Any
 from memfit.models.config_file import read_config_file
 from memfit.models.errors import HubError, ModelNotFoundError
 
-__all__ = ["ModelNotFoundError", "ModelSource", "catalog_names", "catalog_sources", "load_catalog_config", "resolve_model",
-           "resolve_source", "suggestions"]
+__all__ = ["ModelNotFoundError", "ModelSource", "Variant", "catalog_names", "catalog_sources", "catalog_variants",
+           "load_catalog_config", "resolve_model", "resolve_source", "suggestions"]
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,57 @@ def catalog_sources() -> dict[str, str]:
     return {repo.lower(): name for name, repo in _catalog_table()}
 
 
+@dataclass(frozen=True)
+class Variant:
+    """A Hub id whose config.json has a catalog entry's shape (SOURCES.md, "Other Hub ids with a
+    catalog entry's shape"): an instruct model and its base, a renamed repo."""
+
+    repo_id: str
+    catalog_name: str
+    max_position_embeddings: int | None  # the variant's own, where it differs from the catalog entry's
+    differs: str  # what its config.json has otherwise
+
+    def config(self) -> dict[str, Any]:
+        """The catalog entry's config, with the variant's ``max_position_embeddings``."""
+        config = load_catalog_config(self.catalog_name)
+        if self.max_position_embeddings is not None:
+            config["max_position_embeddings"] = self.max_position_embeddings
+        return config
+
+
+@lru_cache(maxsize=1)
+def catalog_variants() -> dict[str, Variant]:
+    """Hub repo id (lower case) -> :class:`Variant`, from the second table of SOURCES.md."""
+    from memfit.models.hub import looks_like_hub_id
+
+    names = set(catalog_names())
+    text = (_catalog_dir() / "SOURCES.md").read_text()
+    variants = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if len(cells) == 4 and looks_like_hub_id(cells[0]) and cells[1] in names:
+            positions = int(cells[2]) if cells[2] else None
+            variants[cells[0].lower()] = Variant(cells[0], cells[1], positions, cells[3])
+    return variants
+
+
+def _stand_in(repo_id: str) -> tuple[dict[str, Any], str] | None:
+    """(config, what it is) of the shipped config that stands in for Hub id ``repo_id`` when the Hub
+    cannot answer: the catalog entry copied from it, or the entry whose shape it has."""
+    name = catalog_sources().get(repo_id.lower())
+    if name is not None:
+        return load_catalog_config(name), f"memfit's shipped copy of {repo_id}'s config.json (catalog name {name}), which needs no network"
+    variant = catalog_variants().get(repo_id.lower())
+    if variant is None:
+        return None
+    source = dict(_catalog_table())[variant.catalog_name]
+    positions = (f"; max_position_embeddings {variant.max_position_embeddings} is {repo_id}'s"
+                 if variant.max_position_embeddings else "")
+    return variant.config(), (f"memfit's shipped copy of {source}'s config.json (catalog name {variant.catalog_name}), which "
+                              f"needs no network: {repo_id} has its shape (its config.json differs in {variant.differs}"
+                              f"{positions})")
+
+
 def suggestions(repo_id: str) -> list[str]:
     """Close Hub ids (catalog sources) and catalog names for a repo id that does not exist."""
     spelled = {repo.lower(): repo for _, repo in _catalog_table()}
@@ -146,20 +197,20 @@ def resolve_source(repo_id: str, revision: str | None = None) -> ModelSource:
 
     When the Hub cannot be asked (no network, HF_HUB_OFFLINE=1 with nothing cached, a gated repo
     this machine has no access to, or a Hugging Face cache that cannot be used), no revision is
-    pinned, and ``repo_id`` is the repo a catalog config was copied from (SOURCES.md), the shipped
-    copy is used, with a note saying so.
+    pinned, and ``repo_id`` is the repo a catalog config was copied from, or a variant with that
+    config's shape (an instruct model of its base: SOURCES.md), the shipped copy is used, with a
+    note saying which.
     """
     from memfit.models.hub import fetch_config, read_config
 
     try:
         snapshot = fetch_config(repo_id, revision, suggest=suggestions)
     except HubError as err:
-        catalog_name = catalog_sources().get(repo_id.lower())
-        if catalog_name is None or revision is not None or err.kind not in ("gated", "network", "offline", "cache"):
+        stand_in = _stand_in(repo_id)
+        if stand_in is None or revision is not None or err.kind not in ("gated", "network", "offline", "cache"):
             raise
-        note = (f"{err.reason}: planned with memfit's shipped copy of {repo_id}'s config.json "
-                f"(catalog name {catalog_name}), which needs no network")
-        return ModelSource(name=repo_id, config=load_catalog_config(catalog_name), origin="catalog", note=note)
+        config, what = stand_in
+        return ModelSource(name=repo_id, config=config, origin="catalog", note=f"{err.reason}: planned with {what}")
     name = repo_id if revision is None else f"{repo_id}@{revision}"
     return ModelSource(name=name, config=read_config(snapshot), origin="hub", path=snapshot.folder,
                        note=snapshot.note, hub=snapshot.record())
