@@ -56,7 +56,7 @@ def test_plan_says_which_tool_s_config_it_read_and_what_is_not_modelled(tmp_path
         ("base_model: {model}\noptimizer: adamw_torhc\n", "optimizer: 'adamw_torhc' is not an optimizer name the Trainer knows. "
                                                           "Did you mean 'adamw_torch'?"),
         ("model_name_or_path: {model}\nfinetuning_type: full\ndeepspeed: nowhere.json\n", "deepspeed: 'nowhere.json' does not exist"),
-        ("model: {model}\nepochs: 3\n", "cannot tell which tool this config is for"),
+        ("epochs: 3\nmy_setting: 1\n", "cannot tell which tool this config is for"),
     ],
     ids=["typo-value", "missing-deepspeed", "unknown-tool"],
 )

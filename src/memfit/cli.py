@@ -17,7 +17,7 @@ import typer
 from memfit.console import make_console
 from memfit.errors import EXIT_DOES_NOT_FIT, PathError, cli_errors
 from memfit.exits import end_process
-from memfit.options import FIT_KNOBS, command_options, knob_options, whole_number, with_options
+from memfit.options import CONFIG_MODEL, FIT_KNOBS, TARGET_OPTIONS, command_options, knob_options, whole_number, with_options
 from memfit.spec import TRAINED_KNOBS, default
 
 app = typer.Typer(
@@ -49,9 +49,9 @@ FIT_OWN_KNOBS = {
 
 @app.command("plan")
 @cli_errors
-@with_options(knob_options(), first=[command_options("plan")])
+@with_options(knob_options(), first=[command_options("plan", TARGET_OPTIONS + (CONFIG_MODEL,))])
 def plan_command(
-    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a Hugging Face Hub id (org/name: config.json only is fetched), a config.json, a model folder, or an Axolotl / LLaMA-Factory / TRL config (docs/interop.md)."),
+    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a Hugging Face Hub id (org/name: config.json only is fetched), a config.json, a model folder, an Axolotl / LLaMA-Factory / TRL config (docs/interop.md), or memfit's own training YAML."),
     context_bytes: Optional[int] = typer.Option(None, "--context-bytes", min=0, max=2**40, help="Override the CUDA context estimate (bytes)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     full_sim: bool = typer.Option(False, "--full-sim", help="Simulate every layer instead of extrapolating."),
@@ -63,8 +63,10 @@ def plan_command(
     Exit code 0: planned (and fits the --gpu / --budget, if one is given); 2: bad input;
     3: the plan does not fit the --gpu / --budget."""
     from memfit.planner.api import plan
+    from memfit.train.config_plan import is_train_config, plan_train_config
 
-    result = plan(model, context_bytes=context_bytes, extrapolate=not full_sim, cache=not no_cache, **options)
+    planner = plan_train_config if is_train_config(model) else plan  # memfit's own YAML: planned as train plans it
+    result = planner(model, context_bytes=context_bytes, extrapolate=not full_sim, cache=not no_cache, **options)
     if as_json:
         sys.stdout.write(result.to_json(indent=2) + "\n")
     else:
@@ -76,9 +78,10 @@ def plan_command(
 @app.command("fit")
 @cli_errors
 @with_options(knob_options(FIT_KNOBS),
-              first=[command_options("fit"), knob_options(FIT_OWN_KNOBS, help=FIT_OWN_KNOBS, repeatable=("method",))])
+              first=[command_options("fit", TARGET_OPTIONS + (CONFIG_MODEL,)),
+                     knob_options(FIT_OWN_KNOBS, help=FIT_OWN_KNOBS, repeatable=("method",))])
 def fit_command(
-    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, a model folder, or an Axolotl / LLaMA-Factory / TRL config (its method, batch and length kept)."),
+    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, a model folder, an Axolotl / LLaMA-Factory / TRL config, or memfit's own training YAML (its method, batch and length kept)."),
     max_target: Optional[Literal["seq-len"]] = typer.Option(None, "--max", help="Show the longest sequence each method fits."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     write: Optional[Path] = typer.Option(None, "--write", help="Write the best configuration as a `memfit train` YAML (a tool's config: the same tool's config, only its memory keys changed)."),
@@ -93,8 +96,10 @@ def fit_command(
     path too); 3: nothing fits."""
     from memfit.interop import is_tool_config
     from memfit.planner.search import fit
+    from memfit.train.config_plan import fit_train_config, is_train_config
 
-    tool_config = is_tool_config(model)
+    train_config = is_train_config(model)  # memfit's own YAML: fitted as train --fit fits it
+    tool_config = is_tool_config(model) or train_config
     if write is not None:
         _check_write_path(write, overwrite)  # before minutes of search, not after
         if tool_config:
@@ -109,7 +114,8 @@ def fit_command(
         os.environ[ENV_SWITCH] = "0"  # for this process and the search's worker processes, which inherit it
     from memfit.planner.fit_report import FitProgress, render_fit
 
-    revision, gpu, budget, method = (options.pop(name) for name in ("revision", "gpu", "budget", "method"))
+    revision, gpu, budget, method, model_override = (options.pop(name) for name in ("revision", "gpu", "budget", "method",
+                                                                                     "model_override"))
     # Text that is not a whole number goes on to the search's checks, which list it with every other problem.
     batch_size, seq_len, gpus = (whole_number(options.pop(name)) for name in ("batch_size", "seq_len", "gpus"))
     fixed = {k: v for k, v in options.items() if v is not None}  # the knobs every plan of the search holds
@@ -117,10 +123,10 @@ def fit_command(
         fixed["gpus"] = gpus
     progress = None if as_json else FitProgress(make_console(stderr=True))
     try:
-        result = fit(
+        result = (fit_train_config if train_config else fit)(
             model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len,
             methods=tuple(method) if method else None, progress=progress,
-            plans_expected=progress.expect if progress is not None else None, **fixed,
+            plans_expected=progress.expect if progress is not None else None, model_override=model_override, **fixed,
         )
     finally:
         if progress is not None:
@@ -136,8 +142,10 @@ def fit_command(
         raise typer.Exit(code=EXIT_DOES_NOT_FIT)
     if write is not None and tool_config:
         from memfit.interop.writing import write_fitted_config
+        from memfit.train.config_plan import write_fitted_train_config
 
-        diff = write_fitted_config(model, result.fits[0].spec, write, overwrite=overwrite)
+        writer = write_fitted_train_config if train_config else write_fitted_config
+        diff = writer(model, result.fits[0].spec, write, overwrite=overwrite)
         if not as_json:
             sys.stdout.write(diff or f"# {write}: no memory key changes\n")
             console.print(f"wrote {write}: {model} with the memory keys of the fastest fit", highlight=False)

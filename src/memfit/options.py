@@ -85,10 +85,12 @@ class CommandOption:
     help: str
     metavar: str = "TEXT"
     per_command: Mapping[str, str] = field(default_factory=dict)
+    #: The flag's word where it is not the Python name's (``--model`` beside a ``model`` argument).
+    word: str | None = None
 
     @property
     def flag(self) -> str:
-        return specs.flag(self.name)
+        return specs.flag(self.word or self.name)
 
     def help_for(self, command: str) -> str:
         """The help this option has on ``memfit command``."""
@@ -124,6 +126,12 @@ BUDGET = CommandOption(
 #: What a plan is compared against (``memfit plan``, ``fit`` and ``train``), and which model revision
 #: (chat, generate and merge take ``--revision`` too).
 TARGET_OPTIONS = (REVISION, GPU, BUDGET)
+#: ``memfit plan CONFIG --model`` and ``fit``: another model for a training config (its ``model`` is the command's argument).
+CONFIG_MODEL = CommandOption(
+    "model_override", "With a training config as MODEL (Axolotl, LLaMA-Factory, TRL, or memfit's own YAML): plan this model "
+                      "in place of the config's: a folder, a config.json, a catalog name or a Hub id.",
+    metavar="MODEL", word="model",
+)
 
 
 def command_options(command: str, declared: Iterable[CommandOption] = TARGET_OPTIONS) -> list[inspect.Parameter]:

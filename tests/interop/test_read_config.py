@@ -26,11 +26,22 @@ def test_the_tool_is_told_apart_by_its_own_keys(write_config, name, text, tool):
 
 
 def test_a_file_of_no_tool_is_refused_naming_the_file(write_config):
-    path = write_config("mine.yaml", "model: llama\nepochs: 3\n")
+    path = write_config("mine.yaml", "epochs: 3\nmy_setting: 1\n")
     with pytest.raises(ToolConfigError) as err:
         read_tool_config(path)
     assert str(path) in str(err.value) and "cannot tell which tool" in str(err.value)
     assert err.value.exit_code == EXIT_BAD_INPUT
+
+
+def test_memfit_s_own_training_config_is_told_apart_and_pointed_to_its_planner(write_config):
+    from memfit.interop import is_memfit_config
+
+    path = write_config("mine.yaml", "model: llama-3.2-1b\ndata: train.jsonl\nepochs: 3\n")
+    with pytest.raises(ToolConfigError, match=r"is memfit's own training config .*memfit.train.config_plan.plan_train_config"):
+        read_tool_config(path)
+    assert is_memfit_config({"model": "x", "data": "d"}) and is_memfit_config({"model": "x", "lr": 1e-4})
+    # A tool's config names its model with its own key: a stray `model` key does not make it memfit's.
+    assert not is_memfit_config({"model": "x", "base_model": "org/m"}) and not is_memfit_config({"data": "d"})
 
 
 def test_a_deepspeed_json_passed_as_the_config_says_what_to_pass(write_config):

@@ -19,7 +19,7 @@ from typing import Any
 
 from memfit.interop import axolotl, hf, llamafactory
 from memfit.interop.keys import KeyMap
-from memfit.interop.reading import ToolConfig, ToolConfigError, read_tool_config as _read
+from memfit.interop.reading import ToolConfig, ToolConfigError, is_memfit_config as _is_memfit, read_tool_config as _read
 
 #: The tools whose configs memfit reads, in the order they are told apart.
 TOOLS: tuple[KeyMap, ...] = (axolotl.KEYMAP, llamafactory.KEYMAP, hf.KEYMAP)
@@ -44,9 +44,16 @@ def is_tool_config(model: Any) -> bool:
     return True
 
 
-def read_tool_config(path: str | Path) -> ToolConfig:
-    """Read an Axolotl, LLaMA-Factory or TRL / TrainingArguments config (see :mod:`memfit.interop`)."""
-    return _read(path, TOOLS)
+def is_memfit_config(raw: Any) -> bool:
+    """Whether the mapping ``raw`` (a YAML read) is memfit's own training config, not another tool's:
+    its model is named by ``model``, and by none of the tools' keys for it."""
+    return isinstance(raw, dict) and _is_memfit(raw, TOOLS)
 
 
-__all__ = ["TOOLS", "ToolConfig", "ToolConfigError", "is_tool_config", "read_tool_config"]
+def read_tool_config(path: str | Path, *, model: str | None = None) -> ToolConfig:
+    """Read an Axolotl, LLaMA-Factory or TRL / TrainingArguments config (see :mod:`memfit.interop`);
+    ``model``: the model to plan in place of the config's (``--model``)."""
+    return _read(path, TOOLS, model=model)
+
+
+__all__ = ["TOOLS", "ToolConfig", "ToolConfigError", "is_memfit_config", "is_tool_config", "read_tool_config"]

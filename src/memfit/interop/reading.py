@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from memfit.errors import UserError, listed
+from memfit.interop.adapter_model import ADAPTER_FIELDS, ModelChoice, adapter_knob, choose_model, is_lora
 from memfit.interop.deepspeed import ZeroSettings
-from memfit.interop.keys import ABSENT, Found, KeyMap, KeyProblem, Planned
+from memfit.interop.keys import ABSENT, Found, KeyMap, KeyProblem, Planned, Rule
 from memfit.spec import KNOBS, SpecError, make_spec
 from memfit.json_form import JsonForm
 
@@ -50,6 +51,8 @@ class Context:
     not_modelled: list[Found] = field(default_factory=list)
     approximated: list[Found] = field(default_factory=list)
     unknown_keys: list[str] = field(default_factory=list)
+    adapter: Any = None  # the PEFT adapter named as the model (memfit.models.catalog.PeftAdapter)
+    from_adapter: list[str] = field(default_factory=list)  # the knobs its settings gave
 
     @property
     def folder(self) -> Path:
@@ -80,6 +83,7 @@ class ToolConfig(JsonForm):
     not_modelled: list[Found]
     approximated: list[Found]
     unknown_keys: list[str]
+    chosen: ModelChoice | None = None  # --model in place of the config's, a PEFT adapter's base
 
     def knobs_for(self, given: Mapping[str, Any]) -> tuple[dict[str, Any], list[Found]]:
         """The knobs to plan with: the config's, then ``given`` (the command line's, which win),
@@ -117,6 +121,7 @@ class ToolConfig(JsonForm):
             "approximated": [f.to_dict() for f in self.approximated if f.knob not in given],
             "unknown_keys": list(self.unknown_keys),
             "given": given,
+            **(self.chosen.to_dict() if self.chosen is not None else {}),
         }
 
 
@@ -149,6 +154,10 @@ def detect_tool(raw: Mapping[str, Any], keymaps: tuple[KeyMap, ...], path: Path)
         raise ToolConfigError(path, ["is a DeepSpeed config: pass the training config that names it (deepspeed: <this file>)"])
     if "distributed_type" in raw or "compute_environment" in raw:
         raise ToolConfigError(path, ["is an accelerate config: pass the training config (its deepspeed or fsdp keys are read)"])
+    if is_memfit_config(raw, keymaps):
+        raise ToolConfigError(path, ["is memfit's own training config (its model is named by `model:`): `memfit plan` and "
+                                     "`memfit fit` plan it as `memfit train` runs it (from Python: "
+                                     "memfit.train.config_plan.plan_train_config)"])
     counts = []
     for keymap in keymaps:
         others = frozenset().union(*(other.all_keys for other in keymaps if other is not keymap))
@@ -169,8 +178,17 @@ def detect_tool(raw: Mapping[str, Any], keymaps: tuple[KeyMap, ...], path: Path)
     return best[1]
 
 
-def read_tool_config(path: str | Path, keymaps: tuple[KeyMap, ...]) -> ToolConfig:
-    """Read the config at ``path`` (one of ``keymaps``' tools); raise ToolConfigError listing every problem."""
+def is_memfit_config(raw: Mapping[str, Any], keymaps: tuple[KeyMap, ...]) -> bool:
+    """Whether ``raw`` is memfit's own training config: it names its model with ``model``, a key of
+    none of the tools, and with none of theirs (``base_model``, ``model_name_or_path``)."""
+    return "model" in raw and not any(k in raw for keymap in keymaps for k in _model_keys(keymap))
+
+
+def read_tool_config(path: str | Path, keymaps: tuple[KeyMap, ...], *, model: str | None = None) -> ToolConfig:
+    """Read the config at ``path`` (one of ``keymaps``' tools); raise ToolConfigError listing every
+    problem. ``model``: the model to plan in place of the config's (``--model``: a path, a catalog
+    name or a Hub id). A PEFT adapter named as the model is planned as its base with the adapter's
+    settings (:mod:`memfit.interop.adapter_model`)."""
     path = Path(path).expanduser()
     raw = load_config_file(path)
     if not isinstance(raw, Mapping):
@@ -180,24 +198,46 @@ def read_tool_config(path: str | Path, keymaps: tuple[KeyMap, ...]) -> ToolConfi
                   sources={k: ("(the tool's Hugging Face step)",) for k in keymap.base_knobs})
     problems = _checked_choices(keymap, raw)
     flagged = {p.split(":", 1)[0] for p in problems}
+    head = tuple(r for r in keymap.rules if r.knob in (_MODEL, _REVISION))
+    problems += _apply_rules(head, ctx)
+    chosen = _choose_model(keymap, ctx, model, problems)
     # A key whose value the tool would refuse is named once, by its check, not again by the rule reading it.
-    problems += [p for p in _apply_rules(keymap, ctx) if p.split(":", 1)[0] not in flagged]
+    rest = tuple(r for r in keymap.rules if r.knob not in (_MODEL, _REVISION))
+    problems += [p for p in _apply_rules(rest, ctx) if p.split(":", 1)[0] not in flagged]
     if ctx.knobs.get("method") == "full":
         for knob in _ADAPTER_KNOBS:  # adapters' settings (and the tools' defaults for them) mean nothing here
             ctx.knobs.pop(knob, None)
             ctx.sources.pop(knob, None)
     ctx.unknown_keys[:0] = _unknown_keys(raw, keymap)
-    model = ctx.knobs.pop(_MODEL, None)
-    revision = ctx.knobs.pop(_REVISION, None)
     shard = ctx.knobs.pop(_SHARD, None)
-    model_keys = _model_keys(keymap)
-    if not model and not any(p.startswith(k + ":") for k in model_keys for p in problems):
-        problems.append(f"{model_keys[0]}: not set; name the model to plan ({model_keys[0]}: <Hub id or folder>)")
     problems += _spec_problems(ctx)
     if problems:
         raise ToolConfigError(path, problems)
-    return ToolConfig(keymap.tool, keymap.title, str(path), str(model), revision, ctx.knobs, ctx.sources, shard, ctx.zero,
-                      ctx.not_modelled, ctx.approximated, ctx.unknown_keys)
+    chosen.from_adapter = tuple(ctx.from_adapter)
+    return ToolConfig(keymap.tool, keymap.title, str(path), str(chosen.model), chosen.revision, ctx.knobs, ctx.sources, shard,
+                      ctx.zero, ctx.not_modelled, ctx.approximated, ctx.unknown_keys, chosen)
+
+
+def _choose_model(keymap: KeyMap, ctx: Context, given: str | None, problems: list[str]) -> ModelChoice:
+    """The model the config is planned on (:func:`~memfit.interop.adapter_model.choose_model`), with
+    what goes wrong added to ``problems``; the PEFT adapter, if it is one, kept for the rules."""
+    model_keys = _model_keys(keymap)
+    named = ctx.knobs.pop(_MODEL, None)
+    revision = ctx.knobs.pop(_REVISION, None)
+    if not named and not given and not any(p.startswith(k + ":") for k in model_keys for p in problems):
+        problems.append(f"{model_keys[0]}: not set; name the model to plan ({model_keys[0]}: <Hub id or folder>, or --model)")
+    try:
+        chosen = choose_model(named, revision, given)
+    except ValueError as err:
+        problems.append(f"{'--model' if given else model_keys[0]}: {err}")
+        return ModelChoice(named, revision)
+    ctx.adapter = chosen.adapter
+    if chosen.adapter is not None and not is_lora(chosen.adapter):
+        ctx.not_modelled.append(Found("--model" if given else model_keys[0], chosen.adapter.name,
+                                      f"a {chosen.adapter.config.get('peft_type')} adapter: planned as its base "
+                                      f"{chosen.adapter.base}, with the config's method", "method"))
+        ctx.adapter = None
+    return chosen
 
 
 def _checked_choices(keymap: KeyMap, raw: Mapping[str, Any]) -> list[str]:
@@ -209,12 +249,14 @@ def _model_keys(keymap: KeyMap) -> list[str]:
     return [k for rule in keymap.rules if rule.knob == _MODEL for k in rule.keys]
 
 
-def _apply_rules(keymap: KeyMap, ctx: Context) -> list[str]:
-    """Run every rule of ``keymap`` on ``ctx``; the problems found, one line per key."""
+def _apply_rules(rules: tuple[Rule, ...], ctx: Context) -> list[str]:
+    """Run ``rules`` on ``ctx``, in order; the problems found, one line per key."""
     problems: list[str] = []
-    for rule in keymap.rules:
+    for rule in rules:
         values = {name: ctx.raw.get(name, ABSENT) for name in rule.keys}
         present = tuple(name for name in rule.keys if values[name] is not ABSENT)
+        if not present and _from_adapter(rule, ctx):
+            continue
         try:
             value = rule.resolve(values, ctx) if rule.resolve is not None else None
         except KeyProblem as err:
@@ -245,6 +287,23 @@ def _apply_rules(keymap: KeyMap, ctx: Context) -> list[str]:
         ctx.knobs[rule.knob] = value
         ctx.sources[rule.knob] = shown
     return problems
+
+
+def _from_adapter(rule: Rule, ctx: Context) -> bool:
+    """Set ``rule``'s knob from the PEFT adapter named as the model, whose settings are the method's
+    where the config names none (it names none of the rule's keys); whether it did."""
+    if ctx.adapter is None or rule.knob is None or rule.knob in ctx.from_adapter:
+        return False
+    if rule.knob != "method" and ctx.knobs.get("method", "lora") == "full":
+        return False
+    value = adapter_knob(ctx.adapter, rule.knob)
+    if value is None:
+        return False
+    ctx.knobs[rule.knob] = value
+    field = ADAPTER_FIELDS.get(rule.knob, "peft_type")
+    ctx.sources[rule.knob] = (f"{ctx.adapter.name}'s adapter_config.json: {field}",)
+    ctx.from_adapter.append(rule.knob)
+    return True
 
 
 def _shown_value(values: Mapping[str, Any], names: tuple[str, ...]) -> Any:

@@ -58,14 +58,24 @@ def write_fitted_config(config: str | Path, spec: dict[str, Any], out: str | Pat
     """Write ``config`` with the memory keys of the fitted ``spec`` to ``out``; return the unified diff."""
     from memfit.interop import TOOLS, read_tool_config
 
-    config, out = Path(config).expanduser(), Path(out).expanduser()
     tool = read_tool_config(config)
     keymap = next(k for k in TOOLS if k.tool == tool.tool)
+    text = Path(config).expanduser().read_text()
+    raw = json.loads(text) if Path(config).suffix.lower() == ".json" else _yaml().load(text)
+    return write_changes(config, fitted_changes(keymap, dict(raw), tool.knobs, spec), out, overwrite=overwrite)
+
+
+def write_changes(config: str | Path, changes: dict[str, Any], out: str | Path, *, overwrite: bool = False,
+                  spelled: dict[str, str] | None = None) -> str:
+    """Write ``config`` (a YAML or JSON file) to ``out`` with ``changes`` (key -> new value) made, as
+    the user wrote it otherwise: a YAML through ruamel.yaml's round trip (comments, order and quoting
+    kept; a key it did not have added at its end). ``spelled``: the file's spelling of a key, where
+    it differs (``grad-accum``). The input is never touched: ``out`` is written whole to a temporary
+    file, then renamed. Returns the unified diff."""
+    config, out = Path(config).expanduser(), Path(out).expanduser()
     text = config.read_text()
-    if config.suffix.lower() == ".json":
-        new_text = _edit_json(text, keymap, tool.knobs, spec)
-    else:
-        new_text = _edit_yaml(text, keymap, tool.knobs, spec)
+    renamed = {(spelled or {}).get(key, key): value for key, value in changes.items()}
+    new_text = _edit_json(text, renamed) if config.suffix.lower() == ".json" else _edit_yaml(text, renamed)
     if out.exists() and not overwrite:
         raise PathError(f"--write {str(out)!r} exists; choose another file name or pass --overwrite.")
     from memfit.files import write_atomic
@@ -76,16 +86,21 @@ def write_fitted_config(config: str | Path, spec: dict[str, Any], out: str | Pat
     return "".join(diff)
 
 
-def _edit_yaml(text: str, keymap: KeyMap, read_knobs: dict[str, Any], spec: dict[str, Any]) -> str:
+def _yaml():
     from ruamel.yaml import YAML
 
     yaml = YAML(typ="rt")
     yaml.preserve_quotes = True
     yaml.width = 4096  # never re-wrap a long line the user wrote
+    return yaml
+
+
+def _edit_yaml(text: str, changes: dict[str, Any]) -> str:
+    yaml = _yaml()
     mapping, sequence, offset = _indents(text)
     yaml.indent(mapping=mapping, sequence=sequence, offset=offset)
     doc = yaml.load(text)
-    for key, value in fitted_changes(keymap, dict(doc), read_knobs, spec).items():
+    for key, value in changes.items():
         doc[key] = value
     stream = io.StringIO()
     yaml.dump(doc, stream)
@@ -105,9 +120,8 @@ def _indents(text: str) -> tuple[int, int, int]:
     return 2, 2, 0
 
 
-def _edit_json(text: str, keymap: KeyMap, read_knobs: dict[str, Any], spec: dict[str, Any]) -> str:
+def _edit_json(text: str, changes: dict[str, Any]) -> str:
     data = json.loads(text)
-    for key, value in fitted_changes(keymap, data, read_knobs, spec).items():
-        data[key] = value
+    data.update(changes)
     indent = re.search(r"\n([ \t]+)\"", text)
     return json.dumps(data, indent=indent.group(1) if indent else 2) + ("\n" if text.endswith("\n") else "")

@@ -22,8 +22,8 @@ from typing import Any
 from memfit.models.config_file import read_config_file
 from memfit.models.errors import HubError, ModelNotFoundError
 
-__all__ = ["ModelNotFoundError", "ModelSource", "Variant", "catalog_names", "catalog_sources", "catalog_variants",
-           "load_catalog_config", "resolve_model", "resolve_source", "suggestions"]
+__all__ = ["ModelNotFoundError", "ModelSource", "PeftAdapter", "Variant", "catalog_names", "catalog_sources", "catalog_variants",
+           "load_catalog_config", "peft_adapter", "resolve_model", "resolve_source", "suggestions"]
 
 
 @dataclass(frozen=True)
@@ -214,6 +214,64 @@ def resolve_source(repo_id: str, revision: str | None = None) -> ModelSource:
     name = repo_id if revision is None else f"{repo_id}@{revision}"
     return ModelSource(name=name, config=read_config(snapshot), origin="hub", path=snapshot.folder,
                        note=snapshot.note, hub=snapshot.record())
+
+
+# ------------------------------------------------------------------------------------------------
+# A PEFT adapter where a model is named: transformers loads it as its base with the adapter
+
+
+@dataclass(frozen=True)
+class PeftAdapter:
+    """A PEFT adapter named where a model is expected (``adapter_config.json``, no config.json):
+    ``from_pretrained`` loads its base (``base_model_name_or_path``) and the adapter on it."""
+
+    name: str  # the Hub id or folder named
+    config: dict[str, Any]  # adapter_config.json
+    hub: dict[str, str] | None = None  # repo_id, revision and commit of a Hub adapter
+
+    @property
+    def base(self) -> str | None:
+        base = self.config.get("base_model_name_or_path")
+        return base.strip() if isinstance(base, str) and base.strip() else None
+
+    @property
+    def base_revision(self) -> str | None:
+        revision = self.config.get("revision")  # PEFT's: the base model's revision
+        return revision if isinstance(revision, str) and revision not in ("", "main") else None
+
+
+def peft_adapter(model: str, revision: str | None = None) -> PeftAdapter | None:
+    """The PEFT adapter ``model`` names (a folder, or a Hub id: one listing of the repo), or None when
+    it is a model, a catalog name, or cannot be told (the Hub cannot answer: resolving the model
+    says why). Raises :class:`ModelNotFoundError` for an adapter_config.json that is not JSON."""
+    path = Path(str(model)).expanduser()
+    if path.is_dir():
+        file = path / "adapter_config.json"
+        if (path / "config.json").is_file() or not file.is_file():
+            return None
+        return PeftAdapter(str(path), _adapter_config(file))
+    from memfit.models.hub import fetch_adapter_config, is_hub_id
+
+    # A catalog entry's source or variant is a model: no need to ask the Hub.
+    if not is_hub_id(str(model)) or str(model).lower() in catalog_sources() or str(model).lower() in catalog_variants():
+        return None
+    try:
+        snapshot = fetch_adapter_config(str(model), revision)
+    except HubError:
+        return None
+    if snapshot is None:
+        return None
+    return PeftAdapter(str(model), _adapter_config(snapshot.folder / "adapter_config.json"), hub=snapshot.record())
+
+
+def _adapter_config(file: Path) -> dict[str, Any]:
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise ModelNotFoundError(f"{str(file)!r} cannot be read as a PEFT adapter's config: {err}") from None
+    if not isinstance(config, dict):
+        raise ModelNotFoundError(f"{str(file)!r} is not a PEFT adapter's config (a JSON object)")
+    return config
 
 
 def model_type_problem(config: dict[str, Any]) -> str | None:

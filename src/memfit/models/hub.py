@@ -203,6 +203,17 @@ def fetch_model(
     return snapshot
 
 
+def fetch_adapter_config(repo_id: str, revision: str | None = None) -> Snapshot | None:
+    """Fetch ``adapter_config.json`` of ``repo_id`` when the repo is a PEFT adapter (that file and no
+    config.json), as transformers' ``from_pretrained`` takes such a repo: its base with the adapter.
+    None for a model repo, or a repo that is neither. Raises :class:`HubError`."""
+    listing = _listing(repo_id, revision, include=(ADAPTER_CONFIG,))
+    if CONFIG_FILE in listing.names or ADAPTER_CONFIG not in listing.names:
+        return None
+    _download(listing, [ADAPTER_CONFIG], progress=None)
+    return listing.snapshot()
+
+
 def fetch_adapter(
     repo_id: str,
     revision: str | None = None,

@@ -121,6 +121,7 @@ def plan(
     cache: bool = True,
     deepspeed: Any = None,
     sampler: Sampler | None = None,
+    model_override: str | None = None,
     **knobs: Any,
 ) -> MemoryPlan:
     """Predict the peak GPU memory of one training step of ``model`` configured by ``knobs``.
@@ -149,6 +150,8 @@ def plan(
         sampler: how the step is simulated at each sampled depth (default: here, one after the
             other; :class:`memfit.planner.workers.DepthPool`: side by side in worker processes). The
             plan is the same either way.
+        model_override: with another tool's config as ``model``, the model to plan in place of the
+            config's (``--model``: a path, a catalog name or a Hub id).
         **knobs: the :class:`~memfit.spec.RunSpec` fields: method, rank, alpha, dropout, targets,
             precision, optimizer, batch_size, seq_len, grad_accum, checkpointing, gpus, shard.
 
@@ -160,7 +163,8 @@ def plan(
     if is_tool_config(model):
         return _plan_tool_config(str(model), revision=revision, gpu=gpu, budget=budget, target=target, context_bytes=context_bytes,
                                  cublas_workspace_bytes=cublas_workspace_bytes, extrapolate=extrapolate, cache=cache,
-                                 sampler=sampler, **knobs)
+                                 sampler=sampler, model_override=model_override, **knobs)
+    check_no_override(model, model_override)
     started = time.perf_counter()
     resolved = resolve(model, revision=revision, gpu=gpu, budget=budget, target=target, **knobs)
     if context_bytes is None:
@@ -429,15 +433,23 @@ def _has_reference_pass(spec: RunSpec) -> bool:
     return choose_preference_loss(spec).reference_pass is not None
 
 
-def _plan_tool_config(path: str, *, revision: str | None = None, **options: Any) -> MemoryPlan:
-    """:func:`plan` of another tool's config (:func:`memfit.interop.read_tool_config`): its model and
-    knobs, the options given here in place of the config's, its DeepSpeed settings where they shard
-    the run; the plan says what was read and what is not modelled (``details.config``)."""
+def check_no_override(model: Any, model_override: str | None) -> None:
+    """``--model`` replaces a config's model: refuse it beside a model."""
+    if model_override is not None:
+        raise PlanError([f"--model: replaces the model of a training config (Axolotl, LLaMA-Factory, TRL, or memfit's own "
+                         f"YAML), and {str(model)!r} is a model itself: plan it alone, or pass the config"])
+
+
+def _plan_tool_config(path: str, *, revision: str | None = None, model_override: str | None = None, **options: Any) -> MemoryPlan:
+    """:func:`plan` of another tool's config (:func:`memfit.interop.read_tool_config`): its model (or
+    ``model_override``) and knobs, the options given here in place of the config's, its DeepSpeed
+    settings where they shard the run; the plan says what was read and what is not modelled
+    (``details.config``)."""
     from memfit.interop import read_tool_config
 
     plan_options = {k: options.pop(k) for k in ("gpu", "budget", "target", "context_bytes", "cublas_workspace_bytes", "extrapolate",
                                                 "cache", "sampler")}
-    tool = read_tool_config(path)
+    tool = read_tool_config(path, model=model_override)
     knobs, dropped = tool.knobs_for(options)
     _check_tool_modes(tool, knobs, given={k for k, v in options.items() if v is not None})
     deepspeed = tool.zero if tool.zero is not None and knobs.get("shard") == tool.shard else None

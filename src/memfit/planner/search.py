@@ -227,6 +227,7 @@ def fit(
     deepspeed: Any = None,
     plans_expected: Callable[[int], None] | None = None,
     found: Callable[[str, list[Fit]], None] | None = None,
+    model_override: str | None = None,
     **knobs: Any,
 ) -> FitResult:
     """Find the configurations of ``model`` that fit ``gpu`` (or ``budget``, or ``target``), fastest first.
@@ -262,15 +263,19 @@ def fit(
             about how many plans the search will make (:func:`expected_plans`).
         found: called with a method and its fits (not yet ranked: speeds are relative to the
             fastest fit of all methods) as soon as that method's search ends.
+        model_override: with another tool's config as ``model``, the model to fit in place of the
+            config's (``--model``).
         knobs: fixed RunSpec knobs passed through (rank, alpha, targets, precision...). Without a
             precision, bf16 is used where the GPU supports it, else fp16 (LoRA, QLoRA) or fp32 (full).
     """
     from memfit.interop import is_tool_config
+    from memfit.planner.api import check_no_override
 
     if is_tool_config(model):
         return _fit_tool_config(str(model), gpu=gpu, budget=budget, target=target, batch_size=batch_size, seq_len=seq_len,
                                 methods=methods, max_seq_len=max_seq_len, progress=progress, workers=workers, revision=revision,
-                                plans_expected=plans_expected, found=found, **knobs)
+                                plans_expected=plans_expected, found=found, model_override=model_override, **knobs)
+    check_no_override(model, model_override)
     batch_size = 8 if batch_size is None else batch_size
     started = time.perf_counter()
     asked = tuple(methods or ())
@@ -414,15 +419,15 @@ _SEARCHED = ("method", "checkpointing", "optimizer", "grad_accum", "batch_size",
 
 
 def _fit_tool_config(path: str, *, batch_size: int | None, seq_len: int | None, methods: tuple[str, ...] | None,
-                     revision: str | None = None, **options: Any) -> FitResult:
-    """:func:`fit` of another tool's config: its model, its method (unless ``methods``), its effective
-    batch and sequence length (unless given), its other knobs fixed, and DeepSpeed's buffers where
-    its DeepSpeed config shards the run."""
+                     revision: str | None = None, model_override: str | None = None, **options: Any) -> FitResult:
+    """:func:`fit` of another tool's config: its model (or ``model_override``), its method (unless
+    ``methods``), its effective batch and sequence length (unless given), its other knobs fixed, and
+    DeepSpeed's buffers where its DeepSpeed config shards the run."""
     from memfit.interop import read_tool_config
 
     search = {k: options.pop(k) for k in ("gpu", "budget", "target", "max_seq_len", "progress", "workers", "plans_expected",
                                           "found")}
-    tool = read_tool_config(path)
+    tool = read_tool_config(path, model=model_override)
     knobs, dropped = tool.knobs_for(options)
     config_batch = int(knobs.get("batch_size", 1)) * int(knobs.get("grad_accum", 1))
     fixed = {k: v for k, v in knobs.items() if k not in _SEARCHED}
