@@ -57,8 +57,14 @@ def test_plan_says_which_tool_s_config_it_read_and_what_is_not_modelled(tmp_path
                                                           "Did you mean 'adamw_torch'?"),
         ("model_name_or_path: {model}\nfinetuning_type: full\ndeepspeed: nowhere.json\n", "deepspeed: 'nowhere.json' does not exist"),
         ("epochs: 3\nmy_setting: 1\n", "cannot tell which tool this config is for"),
+        ("model_name_or_path: {model}\nstage: dpo\npref_loss: unknownloss\n",
+         "pref_loss: 'unknownloss' is not a pref_loss LLaMA-Factory knows (sigmoid, hinge, ipo, kto_pair, orpo, simpo). Did you "
+         "mean 'orpo'?"),
+        ("base_model: {model}\nadapter: lora\nrl: dpoo\n", "rl: 'dpoo' is not an RL trainer Axolotl knows"),
+        ("model_name_or_path: {model}\nuse_peft: true\nloss_type: bogus\n", "loss_type: 'bogus' is not a loss_type TRL's"),
+        ("model_name_or_path: {model}\nfinetuning_type: full\ndeepspeed: {model}\n", "is a folder"),
     ],
-    ids=["typo-value", "missing-deepspeed", "unknown-tool"],
+    ids=["typo-value", "missing-deepspeed", "unknown-tool", "lf-pref-loss", "axolotl-rl", "trl-loss-type", "deepspeed-folder"],
 )
 def test_bad_configs_are_one_clear_error_naming_the_key_and_the_file(tmp_path, model_folder, text, expected):
     config = _write(tmp_path, "run.yaml", text.format(model=model_folder))
@@ -94,3 +100,40 @@ def test_fit_write_prints_the_diff_and_writes_the_tool_s_config(tmp_path, model_
     assert f"--- {config}" in result.output and f"+++ {out}" in result.output
     assert "+micro_batch_size: 4" in result.output and "+gradient_accumulation_steps: 1" in result.output
     assert "# local" in out.read_text() and "micro_batch_size: 4" in out.read_text()
+
+
+def test_plan_and_fit_take_memfit_s_own_training_yaml(tmp_path):
+    import yaml
+
+    from memfit.train.config import demo_dataset_path
+
+    config = tmp_path / "run.yaml"
+    config.write_text("# my run\n" + yaml.safe_dump({
+        "model": "smollm2-135m", "init": "random", "data": str(demo_dataset_path()), "method": "lora", "rank": 4,
+        "precision": "fp32", "batch_size": 8, "grad_accum": 1, "seq_len": 128, "checkpointing": "on",
+        "model_overrides": {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
+                            "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256},
+    }, sort_keys=False))
+    result = runner.invoke(app, ["plan", str(config), "--no-cache"])
+    assert result.exit_code == 0, result.output
+    assert f"read memfit training config {config}: model smollm2-135m with model_overrides" in result.output
+    assert "data: " in result.output and "training examples read; planned at the data's longest micro-batch" in result.output
+    out = tmp_path / "fitted.yaml"
+    # With room to spare, the fastest fit recomputes nothing: checkpointing off, the effective batch kept.
+    result = runner.invoke(app, ["fit", str(config), "--budget", "2GiB", "--write", str(out), "--no-cache"])
+    assert result.exit_code == 0, result.output
+    assert f"--- {config}" in result.output and "-checkpointing: 'on'\n+checkpointing: 'off'" in result.output  # quoted as written
+    assert out.read_text().startswith("# my run")
+    before, after = yaml.safe_load(config.read_text()), yaml.safe_load(out.read_text())
+    assert {k for k in before if before[k] != after[k]} == {"checkpointing"}
+
+
+def test_model_plans_another_model_in_place_of_the_config_s(tmp_path, model_folder):
+    config = _write(tmp_path, "sft.yaml", "model_name_or_path: org/elsewhere\nuse_peft: true\ndtype: float32\nbf16: false\n"
+                                          "max_length: 64\nper_device_train_batch_size: 1\n")
+    result = runner.invoke(app, ["plan", str(config), "--model", str(model_folder), "--json", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    read = json.loads(result.stdout)["details"]["config"]
+    assert read["model"] == str(model_folder) and read["replaced"] == "org/elsewhere" and read["given_model"]
+    result = runner.invoke(app, ["plan", "smollm2-135m", "--model", str(model_folder)])
+    assert result.exit_code == 2 and "--model: replaces the model of a training config" in result.output

@@ -149,3 +149,11 @@ def test_a_mode_that_cannot_run_is_refused_by_the_config_s_keys(tmp_path, model_
     assert f"{config}: deepspeed (memfit shard: fsdp-offload) with optim (memfit optimizer: adamw8bit)" in str(err.value)
     with pytest.raises(PlanError, match=r"with --optimizer paged-adamw8bit"):
         plan(config, gpus=2, optimizer="paged-adamw8bit", cache=False)
+
+
+def test_plan_and_fit_take_another_model_in_place_of_the_config_s(tmp_path, model_folder):
+    config = _axolotl(tmp_path, "org/not-fetched")  # the config's own model is never looked at
+    planned = plan(config, model_override=str(model_folder), cache=False)
+    assert planned.details["config"]["model"] == str(model_folder) and planned.details["config"]["replaced"] == "org/not-fetched"
+    result = fit(config, model_override=str(model_folder), budget="2GiB", max_seq_len=False, workers=1)
+    assert result.fits and result.config["model"] == str(model_folder) and result.config["given_model"]
