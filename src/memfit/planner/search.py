@@ -434,8 +434,9 @@ def _fit_tool_config(path: str, *, batch_size: int | None, seq_len: int | None, 
     # Adapters' optimizer states are small: the config's optimizer is kept (full fine-tuning's is searched).
     optimizers = {m: (knobs["optimizer"],) for m in ("lora", "qlora", "lora-8bit")} if knobs.get("optimizer") else None
     sharded = int(fixed.get("gpus", 1) or 1) > 1 and fixed.get("shard") == tool.shard
-    result = fit(tool.model, revision=revision or tool.revision, batch_size=batch_size or config_batch,
-                 seq_len=seq_len or knobs.get("seq_len"), methods=methods or (knobs.get("method", "lora"),),
+    # A batch or length given (even 0, which the search refuses) replaces the config's.
+    result = fit(tool.model, revision=revision or tool.revision, batch_size=config_batch if batch_size is None else batch_size,
+                 seq_len=knobs.get("seq_len") if seq_len is None else seq_len, methods=methods or (knobs.get("method", "lora"),),
                  optimizers=optimizers, deepspeed=tool.zero if sharded else None, **search, **fixed)
     config = tool.to_dict(given=options)
     config["not_modelled"] += [f.to_dict() for f in dropped]

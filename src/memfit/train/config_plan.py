@@ -180,7 +180,7 @@ def fit_train_config(path: str | Path, *, model_override: str | None = None, rev
     fixed = {k: v for k, v in config.knobs().items() if k not in SEARCHED and k not in ("method", "seq_len")}
     kept = None if config.fit_optimizer else {m: (config.optimizer,) for m in ("full", "lora", "qlora", "lora-8bit")}
     result = fit(run.model, gpu=gpu or config.gpu, budget=budget or config.budget,
-                 batch_size=batch_size or config.batch_size * config.grad_accum, seq_len=longest,
+                 batch_size=config.batch_size * config.grad_accum if batch_size is None else batch_size, seq_len=longest,
                  methods=methods or (config.method,), optimizers=kept, **search, **fixed)
     result.config = run.details(longest, "the data's longest example" if run.examples else "seq_len")
     if run.note:
