@@ -48,9 +48,13 @@ _ADAPTERS = {
 }
 
 
+#: The adapters a refusal names (null: full fine-tuning, also spelled none or left empty).
+_ADAPTER_NAMES = ("lora", "qlora", "llama-adapter", "ia3", "null")
+
+
 def _method(values: Mapping[str, Any], ctx: Any) -> Any:
     adapter = values["adapter"]
-    kind = one_of(_ADAPTERS, "an adapter Axolotl knows (lora, qlora; none for full fine-tuning)")(adapter) if adapter is not ABSENT else "full"
+    kind = one_of(_ADAPTERS, "an adapter Axolotl knows", shown=_ADAPTER_NAMES)(adapter) if adapter is not ABSENT else "full"
     four = value_of(values, "load_in_4bit", as_bool, False)
     eight = value_of(values, "load_in_8bit", as_bool, False)
     gptq = value_of(values, "gptq", as_bool, False)

@@ -158,7 +158,8 @@ def _write_checkpointing(value: str, values: Mapping[str, Any]) -> dict[str, Any
 
 
 _DTYPES = one_of({"float32": "fp32", "fp32": "fp32", "float": "fp32", "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16",
-                  "fp16": "fp16", "half": "fp16", "auto": "auto", "null": "auto"}, "a dtype (bfloat16, float16, float32, auto)")
+                  "fp16": "fp16", "half": "fp16", "auto": "auto", "null": "auto"}, "a dtype",
+                 shown=("bfloat16", "float16", "float32", "auto"))
 
 #: The keys that say how the model is loaded and trained: the Trainer's bf16 / fp16, TRL's dtype.
 _PRECISION_KEYS = ("bf16", "fp16", "dtype", "torch_dtype", "model_init_kwargs")

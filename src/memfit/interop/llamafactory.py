@@ -47,7 +47,7 @@ _TYPES = one_of({
     "freeze": Planned("full", "freeze tuning trains the last layers only (freeze_trainable_layers): planned as full "
                               "fine-tuning of every layer"),
     "oft": Planned("lora", "OFT (orthogonal adapters): planned as LoRA adapters"),
-}, "a finetuning_type LLaMA-Factory knows (lora, full, freeze, oft)")
+}, "a finetuning_type LLaMA-Factory knows")
 
 
 def _method(values: Mapping[str, Any], ctx: Any) -> Any:
