@@ -52,10 +52,12 @@ def _refusal(write_config, text: str) -> str:
                                                          "takes (bfd, bfd_split, wrapped). Did you mean 'bfd'?"),
         (TRL + "optim: adamw_torhc\n", "optim: 'adamw_torhc' is not an optimizer name the Trainer knows. Did you mean "
                                        "'adamw_torch'?"),
+        (TRL + "attn_implementation: flash_attn_2\n", "attn_implementation: 'flash_attn_2' is not an attention implementation "
+                                                       "transformers knows"),
     ],
     ids=["axolotl-rl", "axolotl-dpo-loss", "axolotl-scheduler", "axolotl-attention", "lf-pref-loss", "lf-stage",
          "lf-flash-attn", "lf-quantization", "lf-finetuning-type", "lf-scheduler", "trl-sft-loss", "trl-dpo-loss",
-         "trl-cpo-loss", "trl-f-divergence", "trl-packing", "trl-optim"],
+         "trl-cpo-loss", "trl-f-divergence", "trl-packing", "trl-optim", "trl-attention"],
 )
 def test_a_value_the_tool_would_refuse_is_refused_with_the_closest_it_takes(write_config, text, expected):
     message = _refusal(write_config, text)
@@ -80,8 +82,11 @@ def test_each_bad_value_is_named_once_even_where_a_rule_reads_it_too(write_confi
         TRL + "beta: 0.1\nloss_type: [sigmoid, sft]\nf_divergence_type: js_divergence\n",
         TRL + "beta: 0.1\nloss_type: simpo\n",  # beta alone: a CPOConfig too
         TRL + "cpo_alpha: 1.0\nloss_type: alphapo\n",
+        TRL + "attn_implementation: kernels-community/flash-attn3\n",
+        TRL + "attn_implementation: paged|eager\n",
     ],
-    ids=["axolotl", "axolotl-dpo", "lf-dpo", "lf-hqq", "trl-sft", "trl-dpo", "trl-beta-simpo", "trl-cpo"],
+    ids=["axolotl", "axolotl-dpo", "lf-dpo", "lf-hqq", "trl-sft", "trl-dpo", "trl-beta-simpo", "trl-cpo", "trl-hub-kernel",
+         "trl-paged"],
 )
 def test_the_values_each_tool_takes_are_read(write_config, text):
     read_tool_config(write_config("run.yaml", text))

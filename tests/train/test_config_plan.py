@@ -107,3 +107,8 @@ def test_fit_keeps_the_run_and_writes_only_the_memory_keys_back(tmp_path):
     before, after = yaml.safe_load(path.read_text()), yaml.safe_load(written)
     assert {k for k in before if before[k] != after[k]} == {"batch_size", "grad_accum", "checkpointing"}
     assert path.read_text().startswith("# my run\n")  # the input untouched
+
+
+def test_a_knob_of_the_planner_alone_is_planned_not_put_in_the_config(tmp_path):
+    planned = plan_train_config(_yaml(tmp_path), recipe="hf", cache=False)
+    assert planned.spec["recipe"] == "hf" and planned.details["config"]["given"] == {"recipe": "hf"}

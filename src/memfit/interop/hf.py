@@ -366,6 +366,11 @@ CHOICES: tuple[Choices, ...] = (
             "an f-divergence TRL's DPOConfig takes", "TRL 1.16's `DPOConfig`"),
     Choices("packing_strategy", ("bfd", "bfd_split", "wrapped"), "a packing strategy TRL's SFTConfig takes",
             "TRL 1.16's `SFTConfig`"),
+    Choices("attn_implementation", ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4",
+                                    "flex_attention", "paged|eager"),
+            "an attention implementation transformers knows",
+            "transformers 5.24's `AttentionInterface`, a `paged|` one, or a Hub kernel's path",
+            also=lambda name: "/" in name or name.startswith("paged|")),
     lr_scheduler_choices(),
 )
 

@@ -251,8 +251,9 @@ ATTENTION: dict[str, Any] = {
 
 
 def attention(value: Any) -> Any:
-    """``padding_free`` for an attention implementation's name (see :data:`ATTENTION`)."""
-    name = str(value).strip()
+    """``padding_free`` for an attention implementation's name (see :data:`ATTENTION`; transformers'
+    ``paged|`` prefix, paged KV caches for generation, changes nothing in training)."""
+    name = str(value).strip().removeprefix("paged|")
     if name.lower() in ATTENTION:
         return ATTENTION[name.lower()]
     if "flash" in name.lower():  # a Hub kernel of flash attention (kernels-community/...)

@@ -153,13 +153,15 @@ def plan_train_config(path: str | Path, *, model_override: str | None = None, re
     from memfit.planner.api import plan
 
     own = {k: options.pop(k) for k in ("context_bytes", "extrapolate", "cache") if k in options}
+    planner_only = _planner_only(options)
     run = read_config_run(path, model_override=model_override, revision=revision, **options)
     config = run.config
     seq_len = run.seq_len_for(config.batch_size)
     result = plan(run.model, gpu=gpu or config.gpu, budget=budget or config.budget, **own,
-                  **dict(config.knobs(), seq_len=seq_len))
+                  **dict(config.knobs(), seq_len=seq_len, **planner_only))
     what = "the data's longest micro-batch" if run.examples else "seq_len"
     result.details = dict(result.details, config=run.details(seq_len, what))
+    result.details["config"]["given"].update(planner_only)
     if run.note:
         result.details["notes"] = [run.note] + list(result.details.get("notes", []))
     return result
@@ -174,18 +176,30 @@ def fit_train_config(path: str | Path, *, model_override: str | None = None, rev
     from memfit.planner.search import fit
 
     search = {k: options.pop(k) for k in ("max_seq_len", "progress", "workers", "plans_expected", "found") if k in options}
+    planner_only = _planner_only(options)
     run = read_config_run(path, model_override=model_override, revision=revision, seq_len=seq_len, **options)
     config = run.config
     longest = run.seq_len_for(1)  # no micro-batch of the data has longer examples, on average, than its longest one
     fixed = {k: v for k, v in config.knobs().items() if k not in SEARCHED and k not in ("method", "seq_len")}
+    fixed.update(planner_only)
     kept = None if config.fit_optimizer else {m: (config.optimizer,) for m in ("full", "lora", "qlora", "lora-8bit")}
     result = fit(run.model, gpu=gpu or config.gpu, budget=budget or config.budget,
                  batch_size=config.batch_size * config.grad_accum if batch_size is None else batch_size, seq_len=longest,
                  methods=methods or (config.method,), optimizers=kept, **search, **fixed)
     result.config = run.details(longest, "the data's longest example" if run.examples else "seq_len")
+    result.config["given"].update(planner_only)
     if run.note:
         result.notes = [run.note] + list(result.notes)
     return result
+
+
+def _planner_only(options: dict[str, Any]) -> dict[str, Any]:
+    """Take the knobs the planner has and the training config has not (``--recipe hf``: the plain
+    Hugging Face step, for comparison) out of ``options``: they go to the plan, not the config."""
+    from memfit.spec import KNOBS, TRAINED_KNOBS
+
+    names = [k for k in options if k in KNOBS and k not in TRAINED_KNOBS]
+    return {k: v for k in names if (v := options.pop(k)) is not None}
 
 
 def write_fitted_train_config(path: str | Path, spec: dict[str, Any], out: str | Path, *, overwrite: bool = False) -> str:
