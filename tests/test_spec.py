@@ -16,6 +16,31 @@ def test_targets_from_comma_string():
 
 
 @pytest.mark.parametrize(
+    "knobs, expected",
+    [
+        ({"modules_to_save": ",,"}, "--modules-to-save: ',,' has an empty item (two commas in a row, or one at an end)"),
+        ({"modules_to_save": "lm_head,"}, "--modules-to-save: 'lm_head,' has an empty item"),
+        ({"targets": "q_proj,,v_proj"}, "--targets: 'q_proj,,v_proj' has an empty item"),
+        ({"targets": ","}, "--targets: ',' has an empty item"),
+        ({"targets": " "}, "--targets: ' ' names no module: write module names separated by commas, e.g. --targets q_proj,v_proj"),
+        ({"targets": []}, "--targets: [] names no module"),
+        ({"targets": ["q_proj", ""]}, "--targets: ['q_proj', ''] has an empty item"),
+    ],
+)
+def test_a_list_of_module_names_with_an_empty_item_is_refused(knobs, expected):
+    # Dropping the empty item would plan another run than the one typed (",," would be no module at all).
+    with pytest.raises(SpecError) as err:
+        make_spec(**knobs)
+    assert expected in str(err.value) and len(err.value.problems) == 1
+
+
+def test_an_empty_list_of_modules_to_save_is_none():
+    assert make_spec(spelling="field", modules_to_save=[]).modules_to_save == ()
+    with pytest.raises(SpecError, match="modules_to_save: 'a,,b' has an empty item .* e.g. modules_to_save: embed_tokens,lm_head"):
+        make_spec(spelling="field", modules_to_save="a,,b")
+
+
+@pytest.mark.parametrize(
     ("knobs", "expected"),
     [
         ({"rank": 0}, "--rank: 0 must be 1 or more"),

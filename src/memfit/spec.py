@@ -87,7 +87,8 @@ class RunSpec(BaseModel):
     rank: int = knob(16, "LoRA rank r (lora, qlora, lora-8bit).", example=16, at_most=65536)
     alpha: float | None = knob(None, "LoRA alpha (default: 2 x rank).", example=32)
     dropout: float = knob(0.0, "LoRA dropout probability.", example=0.05)
-    targets: tuple[str, ...] = knob((ALL_LINEAR,), "Modules LoRA attaches to: comma-separated names, or all-linear.")
+    targets: tuple[str, ...] = knob((ALL_LINEAR,), "Modules LoRA attaches to: comma-separated names, or all-linear.",
+                                    example="q_proj,v_proj")
     dora: bool = knob(False, "DoRA (PEFT's use_dora): a trained magnitude per output row of each adapted layer, and each forward "
                              "recomputes the norm of every adapted weight with its update (weight-sized temporaries).")
     rslora: bool = knob(False, "Rank-stabilized LoRA (PEFT's use_rslora): the update is scaled by alpha/sqrt(rank), not alpha/rank.")
@@ -658,7 +659,37 @@ def _check_value(key: str, value: Any, spelling: str = "flag") -> tuple[str | No
         if text not in ("true", "false", "yes", "no", "on", "off", "1", "0"):
             return f"{name}: {value!r} is not true or false.", value
         return None, text in ("true", "yes", "on", "1")
+    if key in NAME_LISTS:
+        return _names_problem(key, value, spelling), value
     return None, value
+
+
+#: The knobs that take a list of module names (comma-separated on a command line).
+NAME_LISTS = ("targets", "modules_to_save")
+
+
+def _names_problem(key: str, value: Any, spelling: str) -> str | None:
+    """What is wrong with a list of module names: an empty item (``q_proj,,v_proj``, a comma at an
+    end) is a slip of the keyboard, never "no module"; a list of none is ``none`` for
+    ``modules_to_save`` and nothing at all for ``targets``."""
+    if key == "modules_to_save" and _means_none(value):
+        return None
+    if isinstance(value, str):
+        items: list[Any] = value.split(",")
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        return None  # not a list: the type check names it
+    name, good = spell(key, spelling), spell_setting(key, _example(key), spelling)
+    none = f", or {spell_setting(key, 'none', spelling)}" if key == "modules_to_save" else f", or {ALL_LINEAR}"
+    if not items and key == "modules_to_save":
+        return None  # an empty YAML list: none
+    if not items or (isinstance(value, str) and not value.strip()):
+        return f"{name}: {value!r} names no module: write module names separated by commas, e.g. {good}{none}."
+    if any(isinstance(item, str) and not item.strip() for item in items):
+        return (f"{name}: {value!r} has an empty item (two commas in a row, or one at an end): write module names "
+                f"separated by commas, e.g. {good}{none}.")
+    return None
 
 
 #: How "off" is written for a knob whose None is a value (``--max-grad-norm none``).

@@ -54,6 +54,18 @@ def test_report_to_takes_what_the_trainer_takes(given, names):
     assert parse_report_to(given) == names
 
 
+@pytest.mark.parametrize("given", ["tensorboard,,wandb", "wandb,", ["tensorboard", ""], ""])
+def test_an_empty_name_in_report_to_is_refused_not_dropped(tmp_path, given):
+    from trainer_helpers import tiny_settings
+
+    from memfit.train.config import ConfigError, validate_config
+
+    with pytest.raises(ValueError, match="has an empty name"):
+        parse_report_to(given)
+    with pytest.raises(ConfigError, match=r"report_to: .*: has an empty name \(two commas in a row, or one at an end\)"):
+        validate_config(tiny_settings(tmp_path / "run", report_to=given))
+
+
 def test_report_to_problems_name_the_field_the_value_and_the_fix(monkeypatch):
     assert report_to_problems(["tensorbord"]) == [
         "report_to: 'tensorbord' is not one of tensorboard, wandb, mlflow, none, all. Did you mean 'tensorboard'?"]

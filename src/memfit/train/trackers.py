@@ -54,7 +54,8 @@ _MLFLOW_BATCH = 100
 def parse_report_to(value: Any) -> Any:
     """``report_to`` as YAML or flags give it -> a list of names: ``none`` / ``null`` -> ``[]``, a
     string (``wandb``, ``tensorboard,wandb``) or a list of them -> the names, lower case, once each.
-    Anything else is returned as it is, for the type check to name."""
+    An empty name (``tensorboard,,wandb``, a comma at an end) is a ``ValueError``: a slip of the
+    keyboard, not a name. Anything else is returned as it is, for the type check to name."""
     if value is None:
         return []
     items = [value] if isinstance(value, str) else value
@@ -64,7 +65,10 @@ def parse_report_to(value: Any) -> Any:
     for item in items:
         for part in item.split(","):
             name = part.strip().lower()
-            if name and name not in names:
+            if not name:
+                raise ValueError("has an empty name (two commas in a row, or one at an end): write names separated "
+                                 "by commas, e.g. report_to: tensorboard,wandb, or report_to: none")
+            if name not in names:
                 names.append(name)
     return [] if names == ["none"] else names
 
