@@ -128,3 +128,36 @@ def test_fit_no_cache_writes_no_plans(tmp_path, monkeypatch):
     assert list((tmp_path / "cache" / "plans").glob("*.json"))
     first, second = json.loads(result.stdout), json.loads(again.stdout)
     assert first["fits"] and first["fits"] == second["fits"] and first["max_seq_len"] == second["max_seq_len"]
+
+
+def test_write_json_writes_json_into_a_folder_it_makes(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    out = tmp_path / "new" / "folder" / "best.json"
+    result = runner.invoke(app, ["fit", str(config), "--budget", "2GiB", "--batch-size", "2", "--seq-len", "64",
+                                 "--method", "lora", "--write", str(out)])
+    assert result.exit_code == 0, result.output
+    written = json.loads(out.read_text())  # the format the name says: JSON, not YAML in a .json file
+    assert written["method"] == "lora" and written["batch_size"] * written["grad_accum"] == 2
+    from memfit.train.config import load_config
+
+    assert load_config(out, overrides={"device": "cpu", "budget": None}).method == "lora"  # memfit train reads it
+    assert [p.name for p in out.parent.iterdir()] == ["best.json"]  # no temporary file left
+
+
+def test_write_never_replaces_an_input_not_even_with_overwrite(tmp_path):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY))
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"instruction": "hi", "output": "hello"}\n')
+    (tmp_path / "link.json").symlink_to(config)
+    for write, input_ in (("config.json", "config being fitted"), ("link.json", "config being fitted"), ("data.jsonl", "--data file")):
+        result = runner.invoke(app, ["fit", str(config), "--budget", "2GiB", "--seq-len", "64", "--method", "lora",
+                                     "--data", str(data), "--write", str(tmp_path / write), "--overwrite"])
+        assert result.exit_code == 2, result.output
+        assert f"is the {input_}" in result.stderr and "memfit never writes over its inputs" in result.stderr
+        assert "plan 1" not in result.output  # before the search
+    assert json.loads(config.read_text()) == TINY and data.read_text().startswith('{"instruction"')
+    result = runner.invoke(app, ["fit", str(config), "--budget", "2GiB", "--data", str(tmp_path / "missing.jsonl"),
+                                 "--write", str(tmp_path / "best.yaml")])
+    assert result.exit_code == 2 and "--data" in result.stderr and "does not exist" in result.stderr

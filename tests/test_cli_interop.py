@@ -78,9 +78,30 @@ def test_bad_configs_are_one_clear_error_naming_the_key_and_the_file(tmp_path, m
 def test_fit_write_refuses_the_input_as_output(tmp_path, model_folder):
     config = _write(tmp_path, "axolotl.yml", f"base_model: {model_folder}\nadapter: lora\n")
     before = config.read_text()
-    result = runner.invoke(app, ["fit", str(config), "--budget", "2GiB", "--write", str(config)])
-    assert result.exit_code == 2 and "exists" in result.output and "plan 1" not in result.output  # before any search
+    for extra in ([], ["--overwrite"]):
+        result = runner.invoke(app, ["fit", str(config), "--budget", "2GiB", "--write", str(config), *extra])
+        assert result.exit_code == 2 and "plan 1" not in result.output  # before any search
+        assert "is the config being fitted, which this command reads" in " ".join(result.stderr.split())
     assert config.read_text() == before
+
+
+def test_fit_write_keeps_a_json_config_s_bytes_and_writes_the_format_its_name_says(tmp_path, model_folder):
+    text = (f'{{"model_name_or_path": "{model_folder}", "use_peft": true, "learning_rate": 2e-5, "max_length": 64, '
+            '"bf16": false, "gradient_checkpointing": true, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 4}\n')
+    config = tmp_path / "trl.json"
+    config.write_text(text)
+    out = tmp_path / "not" / "yet" / "fitted.json"  # a folder that does not exist yet is made
+    result = runner.invoke(app, ["fit", str(config), "--budget", "4GiB", "--write", str(out), "--no-cache"])
+    assert result.exit_code == 0, result.output
+    written = out.read_text()
+    assert written.count("\n") == 1 and '"learning_rate": 2e-5' in written  # one line, 2e-5 as written
+    assert written == text.replace('"per_device_train_batch_size": 1', '"per_device_train_batch_size": 4').replace(
+        '"gradient_accumulation_steps": 4', '"gradient_accumulation_steps": 1').replace(
+        '"gradient_checkpointing": true', '"gradient_checkpointing": false'), written
+    yaml_config = _write(tmp_path, "axolotl.yml", f"base_model: {model_folder}\nadapter: lora\nsequence_len: 64\nbf16: false\n")
+    result = runner.invoke(app, ["fit", str(yaml_config), "--budget", "4GiB", "--write", str(tmp_path / "axolotl.json"), "--no-cache"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "axolotl.json").read_text())["adapter"] == "lora"  # JSON in the .json file
 
 
 def test_fit_write_prints_the_diff_and_writes_the_tool_s_config(tmp_path, model_folder):

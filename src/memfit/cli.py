@@ -101,11 +101,7 @@ def fit_command(
     train_config = is_train_config(model)  # memfit's own YAML: fitted as train --fit fits it
     tool_config = is_tool_config(model) or train_config
     if write is not None:
-        _check_write_path(write, overwrite)  # before minutes of search, not after
-        if tool_config:
-            from memfit.interop.writing import check_not_the_input
-
-            check_not_the_input(write, model, overwrite)
+        _check_write_path(write, overwrite, model=model, data=data)  # before minutes of search, not after
     if no_cache:
         import os
 
@@ -155,13 +151,22 @@ def fit_command(
             console.print(f"wrote {write}: train it with [bold]memfit train {write}[/]", highlight=False)
 
 
-def _check_write_path(path: Path, overwrite: bool) -> None:
-    """--write must name a file memfit may create (or, with --overwrite, replace)."""
-    from memfit.files import check_file_writable
+def _check_write_path(path: Path, overwrite: bool, *, model: str, data: Optional[str]) -> None:
+    """--write must name a file memfit may create (or, with --overwrite, replace), never the model's
+    config or the --data it reads."""
+    from memfit.files import check_file_writable, check_not_an_input
 
+    inputs = {name: given for name, given in (("config being fitted", model), ("--data file", data))
+              if given and Path(given).expanduser().exists()}  # a catalog name or a Hub id is no file of the user's
+    check_not_an_input(path, "--write", inputs, overwrite=overwrite)
     if path.exists() and not path.is_dir() and not overwrite:
         raise PathError(f"--write {str(path)!r} exists; choose another file name or pass --overwrite.")
     check_file_writable(path, "--write", make_parents=True)
+    if data:
+        from memfit.train.data.sources import is_dataset_id
+
+        if not is_dataset_id(data) and not Path(data).expanduser().exists():
+            raise PathError(f"--data {data!r} does not exist: give a local file or folder, or a Hub dataset id (org/name).")
 
 
 def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: bool, *, gpu, budget, revision=None) -> None:

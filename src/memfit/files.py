@@ -3,8 +3,10 @@
 Files and folders memfit creates get the permissions the user's umask gives (as ``open`` and
 ``mkdir`` would), also where they are first made under a private temporary name. Output paths are
 checked before the work that fills them starts (:func:`check_folder_writable`,
-:func:`check_file_writable`), and a folder made for a command that then failed is removed while it
-is still empty (:func:`make_folder`, :func:`remove_if_empty`).
+:func:`check_file_writable`), never one of the command's inputs (:func:`check_not_an_input`: the
+same file, however it is reached), and a folder made for a command that then failed is removed
+while it is still empty (:func:`make_folder`, :func:`remove_if_empty`). A message about a file
+written through a temporary name names the file, never the temporary name.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import IO, Iterator, Mapping
 
 from memfit.errors import PathError
 
@@ -24,17 +28,52 @@ def write_atomic(path: str | Path, data: str | bytes) -> Path:
     temporary file is removed and ``path`` is untouched. The file gets the permissions a plain
     ``open(path, "w")`` would give (temporary files are created owner-only).
     """
+    with atomic_file(path, binary=True) as handle:
+        handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)
+
+
+@contextmanager
+def atomic_file(path: str | Path, *, binary: bool = False) -> Iterator[IO]:
+    """A file to write ``path``'s content into, line by line if need be: it is a temporary file in
+    the same folder until the block ends, then renamed to ``path`` (see :func:`write_atomic`).
+
+    An ``OSError`` on the way (a missing folder, a full disk) names ``path``, never the temporary
+    name, which is the user's business only in that it is gone: removed on any failure."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise _naming(err, path, err.filename) from None  # the temporary name it tried
+    try:
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as handle:
+            yield handle
         os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        raise _naming(err, path, tmp) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def _naming(err: OSError, path: Path, tmp: str | None) -> OSError:
+    """``err`` about ``path`` (the file the user asked for) rather than the temporary file ``tmp``
+    beside it; an error about another file, or without a number, is passed on as it was."""
+    if err.errno is None or err.filename not in (None, tmp):
+        return err
+    return type(err)(err.errno, err.strerror or os.strerror(err.errno), str(path))
+
+
+#: The text formats a file's extension names.
+FORMATS = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
+
+
+def file_format(path: str | Path, default: str) -> str:
+    """``json`` or ``yaml``, as the extension of ``path`` says; ``default`` for any other extension.
+    A file memfit writes is in the format its name says (``fit --write out.json`` writes JSON)."""
+    return FORMATS.get(Path(path).suffix.lower(), default)
 
 
 def write_or_check(out_dir: str | Path, files: dict[str, str], *, check: bool) -> int:
@@ -195,3 +234,41 @@ def remove_if_empty(created: list[Path]) -> None:
             folder.rmdir()
         except OSError:
             return  # not empty (something was written), or gone: leave it and its parents
+
+
+# ------------------------------------------------------------------------------------------------
+# Inputs are never outputs
+
+
+def same_path(a: str | Path, b: str | Path) -> bool:
+    """Whether ``a`` and ``b`` are the same file or folder: through symbolic links, relative paths
+    and hard links (``os.path.samefile``, where both exist); two paths of which one does not exist
+    are the same when they resolve to the same place."""
+    a, b = Path(a).expanduser(), Path(b).expanduser()
+    if hasattr(os.path, "samefile"):
+        try:
+            return os.path.samefile(a, b)
+        except OSError:
+            pass  # one of them does not exist (yet)
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def input_clash(out: str | Path, option: str, inputs: Mapping[str, str | Path | None], *, overwrite: bool = False) -> str | None:
+    """The line that refuses output ``out`` (given as ``option``) because it is one of the command's
+    ``inputs`` (how each was given, e.g. ``--prompts file``, -> its path; None: not given), or None.
+    ``overwrite``: the user passed ``--overwrite``, which the line answers."""
+    for given_as, path in inputs.items():
+        if path is not None and str(path) != "" and same_path(out, path):
+            same = "" if str(out) == str(path) else f" {str(path)!r}"
+            answer = ", --overwrite or not (it replaces only what memfit wrote)" if overwrite else ""
+            return (f"{option} {str(out)!r} is the {given_as}{same}, which this command reads: memfit never writes over "
+                    f"its inputs{answer}. Choose another {option}.")
+    return None
+
+
+def check_not_an_input(out: str | Path, option: str, inputs: Mapping[str, str | Path | None], *, overwrite: bool = False) -> None:
+    """Raise :class:`~memfit.errors.PathError` when output ``out`` is one of the command's ``inputs``
+    (see :func:`input_clash`), whatever ``--overwrite`` says."""
+    problem = input_clash(out, option, inputs, overwrite=overwrite)
+    if problem:
+        raise PathError(problem)

@@ -95,6 +95,22 @@ def test_bad_prompts_fail_before_the_model_is_read(tmp_path):
     assert result.exit_code == 2 and "line 1: not JSON" in result.output
 
 
+def test_the_prompts_file_is_never_the_output_not_even_with_overwrite(tmp_path, monkeypatch):
+    import os
+
+    prompts = _jsonl(tmp_path / "p.jsonl", ["Hi"])
+    before = prompts.read_bytes()
+    (tmp_path / "link.jsonl").symlink_to(prompts)
+    os.link(prompts, tmp_path / "hard.jsonl")
+    monkeypatch.chdir(tmp_path)
+    for out in ("p.jsonl", str(prompts), "link.jsonl", "hard.jsonl", "./sub/../p.jsonl"):
+        result = runner.invoke(app, ["generate", str(tmp_path / "run"), "--prompts", "p.jsonl", "--out", out, "--overwrite"])
+        assert result.exit_code == 2, result.output
+        assert result.output.count("error:") == 1 and "is the --prompts file" in result.output
+        assert "memfit never writes over its inputs" in " ".join(result.output.split())
+    assert prompts.read_bytes() == before
+
+
 def test_a_run_without_an_adapter_ends_with_one_line(demo_run, tmp_path):
     import shutil
 

@@ -9,7 +9,7 @@ import pytest
 
 from memfit.errors import PathError
 from memfit.interop import read_tool_config
-from memfit.interop.writing import check_not_the_input, write_fitted_config
+from memfit.interop.writing import edit_json_text, write_fitted_config
 
 AXOLOTL = """\
 # my run: keep this comment
@@ -105,16 +105,57 @@ def test_trl_s_8bit_key_is_written_only_where_it_says_something(write_config, tm
     assert "load_in_4bit: true" in text and "load_in_8bit" not in text
 
 
-def test_the_input_is_refused_as_the_output_unless_overwrite(write_config):
+def test_the_input_is_never_the_output_not_even_with_overwrite(write_config, tmp_path):
     config = write_config("axolotl.yml", AXOLOTL)
-    with pytest.raises(PathError, match="is the config being fitted"):
-        check_not_the_input(config, config, overwrite=False)
-    check_not_the_input(config, config, overwrite=True)
-    inode = os.stat(config).st_ino
-    write_fitted_config(config, _spec(batch_size=4, grad_accum=2), config, overwrite=True)
-    # Replaced by renaming a complete new file over it, never rewritten in place.
-    assert os.stat(config).st_ino != inode
-    assert "micro_batch_size: 4" in config.read_text() and "# my run: keep this comment" in config.read_text()
+    before = config.read_bytes()
+    link = tmp_path / "link.yml"
+    link.symlink_to(config)
+    hard = tmp_path / "hard.yml"
+    os.link(config, hard)
+    for out in (config, link, hard, tmp_path / "." / "axolotl.yml"):
+        with pytest.raises(PathError, match="is the config being fitted.*memfit never writes over its inputs, --overwrite or not"):
+            write_fitted_config(config, _spec(batch_size=4, grad_accum=2), out, overwrite=True)
+    assert config.read_bytes() == before
+
+
+def test_a_json_config_keeps_every_byte_but_the_memory_keys(write_config, tmp_path):
+    text = ('{"model_name_or_path": "org/model", "use_peft": true, "learning_rate": 2e-5, "gradient_checkpointing": false, '
+            '"per_device_train_batch_size": 8}\n')
+    config = tmp_path / "trl.json"
+    config.write_text(text)
+    diff = write_fitted_config(config, _spec(batch_size=2, grad_accum=4), tmp_path / "out.json")
+    written = (tmp_path / "out.json").read_text()
+    assert written == ('{"model_name_or_path": "org/model", "use_peft": true, "learning_rate": 2e-5, "gradient_checkpointing": false, '
+                       '"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4}\n')  # one line stays one line, 2e-5 stays 2e-5
+    assert diff.count("\n-") == 1 and diff.count("\n+{") == 1
+
+
+def test_json_text_edits_replace_values_in_place_and_add_keys_spaced_as_the_others():
+    indented = '{\n    "a": 1e-4,\n    "b": [1, {"c": "}"}],\n    "d": 8\n}\n'
+    assert edit_json_text(indented, {"d": 2, "e": True}) == '{\n    "a": 1e-4,\n    "b": [1, {"c": "}"}],\n    "d": 2,\n    "e": true\n}\n'
+    assert edit_json_text('{"a":1}', {"b": "x"}) == '{"a":1,"b":"x"}'
+    assert edit_json_text("{}", {"a": 1, "b": 2}) == '{"a": 1, "b": 2}'
+    assert edit_json_text('{"a": 1, "a": 2}', {"a": 3}) == '{"a": 1, "a": 3}'  # the value a JSON reader keeps
+
+
+def test_the_output_s_extension_says_its_format(write_config, tmp_path):
+    config = write_config("axolotl.yml", AXOLOTL)
+    write_fitted_config(config, _spec(batch_size=2), tmp_path / "fitted.json")
+    data = json.loads((tmp_path / "fitted.json").read_text())  # JSON, not YAML in a .json file
+    assert data["micro_batch_size"] == 2 and data["lora_target_modules"] == ["q_proj", "v_proj"]
+    assert read_tool_config(tmp_path / "fitted.json").knobs["batch_size"] == 2
+    trl = write_config("trl.json", {"model_name_or_path": "org/model", "use_peft": True, "per_device_train_batch_size": 8})
+    write_fitted_config(trl, _spec(batch_size=2), tmp_path / "trl-out.yaml")
+    text = (tmp_path / "trl-out.yaml").read_text()
+    assert not text.startswith("{") and "per_device_train_batch_size: 2\n" in text
+    write_fitted_config(trl, _spec(batch_size=4), tmp_path / "trl-out.txt")  # no format in the name: the config's own
+    assert json.loads((tmp_path / "trl-out.txt").read_text())["per_device_train_batch_size"] == 4
+
+
+def test_the_output_s_folder_is_made(write_config, tmp_path):
+    config = write_config("axolotl.yml", AXOLOTL)
+    write_fitted_config(config, _spec(batch_size=2), tmp_path / "new" / "folder" / "fitted.yml")
+    assert "micro_batch_size: 2" in (tmp_path / "new" / "folder" / "fitted.yml").read_text()
 
 
 def test_an_existing_output_is_not_replaced_without_overwrite(write_config, tmp_path):

@@ -68,6 +68,18 @@ def test_report_is_rewritten_but_never_over_someone_elses_file(tmp_path):
         write_report(run, tmp_path / "missing" / "r.html")
 
 
+def test_report_is_never_written_over_the_run_s_own_files(tmp_path):
+    from memfit.errors import PathError
+
+    run = cuda_run(tmp_path)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    (tmp_path / "link.jsonl").symlink_to(run / "metrics.jsonl")
+    for out in (run / "metrics.jsonl", run / "run.json", tmp_path / "link.jsonl"):
+        with pytest.raises(PathError, match=r"--out .* is the run's (metrics.jsonl|run.json).*which this command reads"):
+            write_report(run, out)
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
 def test_cpu_run_without_plan_or_metrics(tmp_path):
     run = write_run(tmp_path / "run", [start_record(), *step_records(20, rss=lambda s: 400 * MiB + s * MiB)])
     page = write_report(run, tmp_path / "out.html").read_text()

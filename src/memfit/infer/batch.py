@@ -11,7 +11,6 @@ under a temporary name and renamed once complete, and an existing file is replac
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -76,10 +75,12 @@ def _record(value: Any) -> tuple[dict[str, Any], Any]:
     return value, value[keys[0]]
 
 
-def check_out(out: Path, overwrite: bool) -> None:
-    """``--out`` must be a file memfit may create, or replace with ``overwrite`` (checked first)."""
-    from memfit.files import check_file_writable
+def check_out(out: Path, overwrite: bool, inputs: dict[str, str | Path | None] | None = None) -> None:
+    """``--out`` must be a file memfit may create, or replace with ``overwrite``, and none of the
+    command's ``inputs`` (how each was given -> its path; checked first)."""
+    from memfit.files import check_file_writable, check_not_an_input
 
+    check_not_an_input(out, "--out", inputs or {}, overwrite=overwrite)
     if out.exists() and not out.is_dir() and not overwrite:
         raise PathError(f"--out {str(out)!r} exists; choose another file name or pass --overwrite")
     check_file_writable(out, "--out", make_parents=True)
@@ -88,16 +89,13 @@ def check_out(out: Path, overwrite: bool) -> None:
 def generate_file(chat_model: Any, items: list[tuple[dict[str, Any], list[dict[str, str]]]], out: Path, sampling: Sampling,
                   progress: Callable[[int, int], None] = lambda done, total: None) -> int:
     """Write the reply to every prompt of ``items`` to ``out`` (atomically); return how many."""
+    from memfit.files import atomic_file
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as file:
-            for done, (record, messages) in enumerate(items, start=1):
-                reply = generate_reply(chat_model.model, chat_model.tokenizer, messages, sampling, chat_model.device)
-                file.write(json.dumps({**record, "generation": reply.text, "new_tokens": reply.new_tokens,
-                                       "stopped": reply.stopped}, ensure_ascii=False) + "\n")
-                progress(done, len(items))
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(out) as file:
+        for done, (record, messages) in enumerate(items, start=1):
+            reply = generate_reply(chat_model.model, chat_model.tokenizer, messages, sampling, chat_model.device)
+            file.write(json.dumps({**record, "generation": reply.text, "new_tokens": reply.new_tokens,
+                                   "stopped": reply.stopped}, ensure_ascii=False) + "\n")
+            progress(done, len(items))
     return len(items)

@@ -111,7 +111,7 @@ def generate_command(
 
     sampling = _sampling(max_new_tokens, min_new_tokens, do_sample, temperature, top_p)
     items = read_prompts(prompts)
-    check_out(out, overwrite)
+    check_out(out, overwrite, {"--prompts file": prompts, "model": source, "--adapter": adapter})
     chat_model = _load(source, adapter, device, dtype, revision, seed)
     console = make_console(stderr=True)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from memfit.files import (
     check_folder_writable,
+    input_clash,
     make_temp_folder,
     process_alive,
     write_atomic,
@@ -58,6 +59,9 @@ def _is_within(path: Path, folder: Path) -> bool:
 
 def check_paths(base: Path, adapter: Path, out: Path, overwrite: bool) -> Path:
     """Refuse output locations that could hurt the inputs or an existing folder; returns `out` resolved."""
+    clash = input_clash(out, "--out", {"--base folder": base, "--adapter folder": adapter}, overwrite=overwrite)
+    if clash:
+        raise MergeError(clash)
     base_r, adapter_r, out_r = (Path(p).expanduser().resolve() for p in (base, adapter, out))
     if _is_within(out_r, base_r):
         raise MergeError(f"--out {out} is inside --base {base} (resolved {out_r}): choose a folder outside the base model.")

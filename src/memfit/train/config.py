@@ -443,6 +443,7 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
     if config is not None:
         problems.extend(_size_problems({k: getattr(config, k) for k in COUNT_FIELDS}))
         problems.extend(_semantic_problems(config, knobs_valid=knobs_valid))
+        problems.extend(_output_problems(config, source))
     if problems:
         raise ConfigError(problems, source)
     assert config is not None
@@ -525,6 +526,23 @@ def _semantic_problems(c: TrainConfig, *, knobs_valid: bool = True) -> list[str]
         except ValueError as err:
             problems.append(f"gpu: {err}")
     return problems
+
+
+def _output_problems(c: TrainConfig, source: str | None) -> list[str]:
+    """``output_dir`` may not be one of the run's inputs: the config file, the model or tokenizer
+    folder, a local data source."""
+    from memfit.files import input_clash
+    from memfit.train.data.sources import as_sources, field_name
+
+    if c.output_dir is None:
+        return []
+    inputs: dict[str, Any] = {"config file": source, "model folder": c.model if Path(c.model).exists() else None,
+                              "tokenizer folder": c.tokenizer}
+    for field in ("data", "eval_data"):
+        sources = as_sources(getattr(c, field) or [])
+        inputs.update({f"{field_name(field, i, len(sources))} source": s.path for i, s in enumerate(sources) if not s.is_hub})
+    clash = input_clash(c.output_dir, "output_dir", inputs)
+    return [clash] if clash else []
 
 
 def _model_problems(c: TrainConfig) -> list[str]:
@@ -745,22 +763,29 @@ def lr_factor(step: int, *, total: int, warmup: int, schedule: str, min_ratio: f
 
 
 def write_config(values: dict[str, Any], path: str | Path, *, header: str = "", overwrite: bool = False) -> TrainConfig:
-    """Validate ``values`` as a train config and write them to ``path`` as YAML.
+    """Validate ``values`` as a train config and write them to ``path`` as YAML, or as JSON when its
+    name ends in ``.json`` (which ``memfit train`` reads as well: JSON is YAML; the ``header`` of
+    comments is left out there, JSON has none).
 
     The file is written to a temporary name and renamed, so a reader never sees half a file; an
     existing file is kept unless ``overwrite``. Relative paths in ``values`` are written as given
     (``memfit train`` resolves them against the YAML's folder). Returns the validated config.
     """
+    import json
+
     import yaml
 
-    from memfit.files import write_atomic
+    from memfit.files import file_format, write_atomic
 
     path = Path(path)
     if path.exists() and not overwrite:
         raise ConfigError([f"{path} exists; choose another file name or pass --overwrite"])
     folder = path.resolve().parent
     checked = validate_config(_resolve_paths(dict(values), folder), source=str(path))
-    text = header + yaml.safe_dump(values, sort_keys=False, default_flow_style=False)
+    if file_format(path, "yaml") == "json":
+        text = json.dumps(values, indent=2) + "\n"
+    else:
+        text = header + yaml.safe_dump(values, sort_keys=False, default_flow_style=False)
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic(path, text)
     return checked

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from memfit.errors import UserError
-from memfit.files import check_file_writable, write_atomic
+from memfit.files import check_file_writable, check_not_an_input, write_atomic
+from memfit.run_files import METRICS_FILE, RUN_FILE
 from memfit.units import format_bytes
 from memfit.watch.charts import EVAL_REWARD_METRICS, GENERATOR, REWARD_METRICS, chart_title, render_charts
 from memfit.watch.compare import CategoryRow, compare_categories, compare_peaks, run_device
@@ -43,6 +44,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, thresholds:
     """
     diagnosis = diagnose(run_dir, thresholds)  # validates the run folder first
     out = Path(out) if out is not None else diagnosis.run.path / REPORT_FILE
+    check_not_an_input(out, "--out", run_inputs(diagnosis.run.path))
     check_report_path(out)
     section = plan_section(diagnosis)
     charts = render_charts(diagnosis, plan_compared=section.compared)
@@ -56,6 +58,12 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, thresholds:
         write_atomic(_chart_path(out, name), png)
     write_atomic(out, render_html(diagnosis, charts, section).encode("utf-8"))
     return out
+
+
+def run_inputs(run_dir: Path) -> dict[str, Path]:
+    """The files of ``run_dir`` a report is drawn from (what each is -> its path): never its output."""
+    names = [RUN_FILE, METRICS_FILE, *sorted(p.name for p in run_dir.glob("memory*.jsonl"))]
+    return {f"run's {name}": run_dir / name for name in names}
 
 
 def check_report_path(out: Path) -> None:
