@@ -63,12 +63,37 @@ def test_another_seed_gives_another_model(demo_run, tmp_path):
     assert _eval_loss(chat_model, run) != [r["eval_loss"] for r in recorded if "eval_loss" in r][-1]
 
 
-def test_a_run_without_its_adapter_is_refused_in_one_line(demo_run, tmp_path):
-    run = _copy_run(demo_run, tmp_path, status="interrupted")
+def test_a_run_without_its_adapter_says_what_it_lacks_and_what_to_do_in_one_line(demo_run, tmp_path):
+    run = _copy_run(demo_run, tmp_path, status="interrupted", step=2, total_steps=4)
     shutil.rmtree(run / "adapter")
-    with pytest.raises(ChatError, match=r"holds no adapter/adapter_model.safetensors: the run's status is 'interrupted'.*--resume") as err:
+    with pytest.raises(ChatError) as err:
         load_chat_model(str(run), device="cpu")
-    assert "\n" not in str(err.value)
+    assert str(err.value) == (
+        f"{run} has no adapter saved yet: the run has not reached a save (the adapter is written when it completes; its "
+        f"status is 'interrupted', step 2 of 4). To chat with it, finish it first: memfit train CONFIG -o {run} --resume.")
+    shutil.rmtree(run / "checkpoints")  # nothing to resume: --resume is not advised
+    with pytest.raises(ChatError, match="To chat with it, train it again: it saved no checkpoint to resume from") as err:
+        load_chat_model(str(run), device="cpu")
+    assert "--resume" not in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_completed_run_whose_adapter_is_gone_is_not_told_to_train_until_it_completes(demo_run, tmp_path):
+    run = _copy_run(demo_run, tmp_path)
+    shutil.rmtree(run / "adapter")
+    with pytest.raises(ChatError) as err:
+        load_chat_model(str(run), device="cpu")
+    assert str(err.value) == (f"{run} has no adapter/ although the run completed: its adapter was moved or deleted. Put it "
+                              f"back in {run / 'adapter'}, or pass the base model with --adapter FOLDER.")
+
+
+def test_a_full_fine_tune_without_its_model_folder_says_so(tmp_path):
+    from memfit.infer.loading import missing_output
+
+    record = {"status": "running", "step": 1, "total_steps": 4, "spec": {"method": "full"}}
+    line = missing_output(tmp_path, record, tmp_path / "model", adapters=False)
+    assert line == (f"{tmp_path} has no model/ yet: a full fine-tune saves its whole model there when the run completes, and "
+                    "this one has not (its status is 'running', step 1 of 4). To chat with it, if it is still training, wait "
+                    "for it to end; otherwise train it again: it saved no checkpoint to resume from.")
 
 
 def test_a_pretrained_run_whose_base_is_gone_is_refused(demo_run, tmp_path):

@@ -55,3 +55,46 @@ def test_a_set_is_not_undone_by_a_flag_left_off(tmp_path):
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert record["config"]["lr"] == 0.0125
     assert record["config"]["batch_size"] == 2  # -b 2 arrived as text; the run took the number
+
+
+def test_a_resumed_run_s_summary_starts_from_the_run_s_first_loss(tmp_path):
+    from trainer_helpers import step_losses
+
+    config = _config(tmp_path, max_steps=2)
+    assert CliRunner().invoke(app, ["train", str(config), "--no-progress"]).exit_code == 0
+    result = CliRunner().invoke(app, ["train", str(config), "--max-steps", "4", "--resume", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    losses = step_losses(tmp_path / "run")
+    assert sorted(losses) == [1, 2, 3, 4]
+    # From the run's first step (in metrics.jsonl), not from the first step this process took (step 3).
+    assert f"done: 4 steps, loss {losses[1]:.4f} -> {losses[4]:.4f}" in _error(result)
+
+
+def test_a_folder_of_the_user_s_is_not_a_run_to_resume(tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    result = CliRunner().invoke(app, ["train", str(_config(tmp_path)), "-o", str(mine), "--no-progress"])
+    text = _error(result)
+    assert result.exit_code == 2, result.output
+    assert (f"output_dir {str(mine)!r} holds files and is not a memfit run folder (it has no run.json): memfit will not "
+            "write into it. Choose a new folder for the run") in text
+    assert "--resume" not in text and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+def test_the_output_folder_is_never_one_of_the_run_s_inputs(tmp_path):
+    import shutil
+
+    from trainer_helpers import DEMO_DATA
+
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(DEMO_DATA, data / "train.jsonl")
+    config = _config(tmp_path, data=str(data))
+    result = CliRunner().invoke(app, ["train", str(config), "-o", str(data), "--no-progress"])
+    assert result.exit_code == 2
+    assert f"output_dir {str(data)!r} is the data source, which this command reads: memfit never writes over its inputs" in _error(result)
+    result = CliRunner().invoke(app, ["train", str(config), "-o", str(config), "--no-progress"])
+    assert result.exit_code == 2
+    assert f"output_dir {str(config)!r} is the config file, which this command reads" in _error(result)
+    assert sorted(p.name for p in data.iterdir()) == ["train.jsonl"]

@@ -18,7 +18,7 @@ from trainer_helpers import step_losses, tiny_config, tiny_settings  # noqa: E40
 from memfit.train import checkpointing  # noqa: E402
 from memfit.train import disk_space  # noqa: E402
 from memfit.train.checkpointing import checkpoint_problem, latest_checkpoint, list_checkpoints  # noqa: E402
-from memfit.train.errors import DiskFull  # noqa: E402
+from memfit.train.errors import DiskFull, TrainError  # noqa: E402
 from memfit.train.recipe import train  # noqa: E402
 
 NO_SPACE = OSError(errno.ENOSPC, "No space left on device")
@@ -107,9 +107,47 @@ def test_torch_saves_position_error_on_a_full_disk_is_a_full_disk(tmp_path, monk
     _fail_nth_state_write(monkeypatch, 1, cryptic)
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(disk_space.shutil, "disk_usage", lambda path: usage._replace(free=0))
-    with pytest.raises(DiskFull, match="0 B is free there. No checkpoint was saved before it"):
+    with pytest.raises(DiskFull, match="0 B is free there. No checkpoint was saved yet, so there is nothing to resume"):
         train(tiny_config(tmp_path / "run", max_steps=1), progress=False)
     assert _temporary_folders(tmp_path / "run") == []
+
+
+def _fail_nth_metrics_write(monkeypatch, n: int) -> None:
+    """Make the ``n``-th step's line of metrics.jsonl fail as a full disk fails a write to an open
+    file: ENOSPC, and no file name."""
+    from memfit.train import progress
+
+    real_write = progress.MetricsLog.write
+    steps = [0]
+
+    def write(self, record):
+        steps[0] += "loss" in record
+        if "loss" in record and steps[0] == n:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, record)
+
+    monkeypatch.setattr(progress.MetricsLog, "write", write)
+
+
+def test_a_full_disk_before_the_first_checkpoint_does_not_advise_resume(tmp_path, monkeypatch):
+    _fail_nth_metrics_write(monkeypatch, 1)
+    with pytest.raises(DiskFull) as info:
+        train(tiny_config(tmp_path / "run", max_steps=2), progress=False)
+    message = str(info.value)
+    assert message.startswith("no space left on the disk mounted at ") and "for the run's files" in message
+    assert "No checkpoint was saved yet, so there is nothing to resume" in message and "--resume" not in message
+    assert f"start the run again in a new output_dir, or delete {tmp_path / 'run'} first" in message
+    assert latest_checkpoint(tmp_path / "run") is None
+    with pytest.raises(TrainError, match="has no checkpoint to resume from"):
+        train(tiny_config(tmp_path / "run", max_steps=2), resume=True, progress=False)  # what --resume would have said
+
+
+def test_a_full_disk_after_a_checkpoint_advises_resuming_from_it(tmp_path, monkeypatch):
+    _fail_nth_metrics_write(monkeypatch, 2)  # step 1's checkpoint is saved after its metrics line
+    with pytest.raises(DiskFull) as info:
+        train(tiny_config(tmp_path / "run", max_steps=3, save_every=1), progress=False)
+    message = str(info.value)
+    assert "The run's last checkpoint, " in message and "step-00000001, is whole" in message and "--resume." in message
 
 
 def test_other_write_errors_are_not_called_a_full_disk(tmp_path, monkeypatch):

@@ -89,11 +89,34 @@ def run_output(run_dir: Path, record: dict[str, Any]) -> Path:
     wanted = ADAPTER_WEIGHTS if adapters else "config.json"
     if (out / wanted).is_file():
         return out
-    status = record.get("status", "unknown")
-    again = ("finish it with memfit train CONFIG --resume (the same -o), then chat with it"
-             if status in ("running", "interrupted", "oom") else "train it again")
-    raise ChatError(f"{run_dir} holds no {out.name}/{wanted}: the run's status is {status!r}, and only a finished run "
-                    f"saves its {'adapter' if adapters else 'model'}; {again}")
+    raise ChatError(missing_output(run_dir, record, out, adapters))
+
+
+def missing_output(run_dir: Path, record: dict[str, Any], out: Path, adapters: bool) -> str:
+    """One line: what the run folder lacks (its adapter, or a full fine-tune's model folder), why, and
+    what to do: put it back, finish the run with ``--resume`` (only when a checkpoint can), or train."""
+    from memfit.train.checkpointing import latest_checkpoint
+
+    saved = "its adapter" if adapters else f"its model folder ({out.name}/, a full fine-tune's whole model)"
+    status, step, total = record.get("status", "unknown"), record.get("step"), record.get("total_steps")
+    if status == "completed":
+        other = "pass the base model with --adapter FOLDER" if adapters else "pass the model folder itself"
+        return (f"{run_dir} has no {out.name}/ although the run completed: {saved} was moved or deleted. Put it back in "
+                f"{out}, or {other}.")
+    where = f", step {step} of {total}" if step is not None and total is not None else ""
+    lacks = (f"{run_dir} has no adapter saved yet: the run has not reached a save (the adapter is written when it completes; "
+             f"its status is {status!r}{where})" if adapters else
+             f"{run_dir} has no {out.name}/ yet: a full fine-tune saves its whole model there when the run completes, and "
+             f"this one has not (its status is {status!r}{where})")
+    if status == "diverged":
+        todo = "its loss diverged: train it again with a lower lr"
+    elif latest_checkpoint(run_dir) is not None:
+        todo = (("if it is still training, wait for it to end; otherwise " if status == "running" else "")
+                + f"finish it first: memfit train CONFIG -o {run_dir} --resume")
+    else:
+        todo = (("if it is still training, wait for it to end; otherwise " if status == "running" else "")
+                + "train it again: it saved no checkpoint to resume from")
+    return f"{lacks}. To chat with it, {todo}."
 
 
 def _load_run(run_dir: Path, device_name: str) -> ChatModel:

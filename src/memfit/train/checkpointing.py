@@ -243,7 +243,7 @@ def save_checkpoint(
     says how much it needed and how much is free."""
     from safetensors.torch import save_file
 
-    from memfit.train.disk_space import folder_bytes, saving, tensor_bytes
+    from memfit.train.disk_space import after_full_disk, folder_bytes, saving, tensor_bytes
 
     folder = Path(run_dir) / CHECKPOINTS
     folder.mkdir(parents=True, exist_ok=True)
@@ -262,10 +262,7 @@ def save_checkpoint(
     }
     previous = latest_checkpoint(run_dir)
     needed_bytes = max(tensor_bytes(trainable) + tensor_bytes(state), folder_bytes(previous) if previous else 0)
-    then = (f"The checkpoint before it, {previous}, is whole: free some space there (or move the run folder to a "
-            "larger disk) and continue with --resume." if previous is not None else
-            "No checkpoint was saved before it: free some space there, or choose an output_dir on a larger disk, "
-            "and start the run again.")
+    then = after_full_disk(Path(run_dir), previous, named="The checkpoint before it")
     tmp.mkdir()
     with saving(tmp, what=f"checkpoint {final.name}", needed_bytes=needed_bytes, then=then):
         save_file(trainable, str(tmp / TRAINABLE_FILE))

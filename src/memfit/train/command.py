@@ -199,8 +199,10 @@ def train_command(
         say(f"{result.signal_name} arrived during the last step: the run finished it and wrote its output", highlight=False)
     evals = f", eval loss {result.eval_losses[-1][1]:.4f}" if result.eval_losses else ""
     rate = f", {result.tokens_per_second:.0f} tokens/s" if result.tokens_per_second else ""
-    # A resume whose checkpoint was the last step (its output had not been written) trains nothing.
-    losses = (f"loss {result.losses[0][1]:.4f} -> {result.losses[-1][1]:.4f}" if result.losses
+    # From where the run began (a resumed run's first step is not it) to its last step. A resume whose
+    # checkpoint was the last step (its output had not been written) trains nothing.
+    first = result.first_loss or (result.losses[0] if result.losses else None)
+    losses = (f"loss {first[1]:.4f} -> {result.losses[-1][1]:.4f}" if result.losses and first is not None
               else "none left to train, the output written from the last checkpoint")
     say(
         f"[green]done[/]: {result.step} steps, {losses}{evals}{rate}\n"

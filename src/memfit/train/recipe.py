@@ -51,7 +51,7 @@ from memfit.train.config import (
     warmup_steps,
 )
 from memfit.train.distributed import DistributedError, check_world
-from memfit.train.disk_space import FULL_DISK_ERRNOS, full_disk_message
+from memfit.train.disk_space import FULL_DISK_ERRNOS, after_full_disk, full_disk_message
 from memfit.train.errors import DiskFull, OutOfMemory, TrainError
 from memfit.train.evaluation import evaluation_metrics
 from memfit.train.examples import (
@@ -71,7 +71,7 @@ from memfit.train.micro_batches import count_step_tokens
 from memfit.train.preflight import preflight_run
 from memfit.train.progress import LiveProgress, MetricsLog, NullLog, Throughput, end_of_run_metrics, warn
 from memfit.train.reference import precompute_reference, reference_file
-from memfit.train.run_folder import RunRecord, finished_run, truncate_metrics
+from memfit.train.run_folder import RunRecord, finished_run, first_logged_loss, truncate_metrics
 from memfit.train.world import make_world
 from memfit.units import format_bytes
 from memfit.watch.compare import comparison_lines
@@ -96,6 +96,8 @@ class TrainResult:
     checkpoint: Path | None = None
     signal_name: str | None = None
     losses: list[tuple[int, float]] = field(default_factory=list)
+    #: (step, loss) where the run began: its first step's, also after a resume (from metrics.jsonl).
+    first_loss: tuple[int, float] | None = None
     eval_losses: list[tuple[int, float]] = field(default_factory=list)
     setup: dict[str, Any] = field(default_factory=dict)
     tokens_per_second: float | None = None
@@ -153,16 +155,23 @@ def train(
                     conformance_steps=conformance_steps, clock=clock)
     except OSError as err:
         world.discard_run_dir()
-        if err.errno in FULL_DISK_ERRNOS and err.filename is None:  # a write to an open file (metrics, memory)
-            run_dir = Path(config.output_dir or "runs/train")
-            raise DiskFull(full_disk_message(run_dir, "the run's files", None, "Free some space there and continue "
-                                             "with --resume (from the last checkpoint).")) from None
+        run_dir = Path(config.output_dir or "runs/train")
+        # A write to an open file (metrics, memory) names none; run.json, written whole, names itself.
+        if err.errno in FULL_DISK_ERRNOS and (err.filename is None or _within(Path(str(err.filename)), run_dir)):
+            then = after_full_disk(run_dir, latest_checkpoint(run_dir) if run_dir.is_dir() else None)
+            raise DiskFull(full_disk_message(run_dir, "the run's files", None, then)) from None
         raise
     except BaseException:
         world.discard_run_dir()  # a run that failed before writing anything leaves no empty folder
         raise
     finally:
         world.leave()
+
+
+def _within(path: Path, folder: Path) -> bool:
+    """Whether ``path`` is in ``folder`` (or is it)."""
+    path, folder = path.resolve(), folder.resolve()
+    return path == folder or folder in path.parents
 
 
 # ------------------------------------------------------------------------------------------------
@@ -282,6 +291,7 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     result = TrainResult(status="completed", step=start_step, total_steps=run.training.steps, run_dir=run.run_dir,
                          setup=run.setup, model=run.model)
     _loop_and_outputs(run, result)
+    result.first_loss = first_logged_loss(run.run_dir) if start_step else (result.losses[0] if result.losses else None)
     run.record.write(status=result.status, step=result.step, tokens_per_second=result.tokens_per_second,
                      peak=step_peak_reading(run.device))
     return result

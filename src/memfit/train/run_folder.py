@@ -40,7 +40,12 @@ def check_run_dir(run_dir: Path, resume: bool) -> None:
         return
     check_folder_writable(run_dir, "output_dir")
     if run_dir.exists() and any(run_dir.iterdir()):
-        if (run_dir / RUN_FILE).is_file() and latest_checkpoint(run_dir) is None:
+        if not (run_dir / RUN_FILE).is_file():
+            raise TrainError(
+                f"output_dir {str(run_dir)!r} holds files and is not a memfit run folder (it has no {RUN_FILE}): memfit "
+                "will not write into it. Choose a new folder for the run (-o / --output-dir), one that does not exist yet."
+            )
+        if latest_checkpoint(run_dir) is None:
             raise TrainError(
                 f"output_dir {str(run_dir)!r} holds an earlier run that saved no checkpoint, so it cannot be "
                 "resumed. Choose another output_dir (--output-dir), or delete that folder first."
@@ -130,6 +135,24 @@ def truncate_metrics(run_dir: Path, step: int) -> None:
     write_atomic(path, "".join(line + "\n" for line in kept))
 
 
+def first_logged_loss(run_dir: Path) -> tuple[int, float] | None:
+    """(step, loss) of the first training loss in ``run_dir``'s ``metrics.jsonl``: where the run
+    began, also after it was resumed (a resumed process sees only its own steps). None without one."""
+    path = run_dir / METRICS_FILE
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a crash
+        if isinstance(record, dict) and isinstance(record.get("loss"), (int, float)) and "step" in record:
+            return int(record["step"]), float(record["loss"])
+    return None
+
+
 def output_dir(run_dir: Path, adapters: bool) -> Path:
     """Where the deliverable goes: ``adapter/`` for LoRA / QLoRA, ``model/`` for full fine-tuning."""
     return run_dir / (ADAPTER_DIR if adapters else MODEL_DIR)
@@ -142,7 +165,7 @@ def write_outputs(model, tokenizer, run_dir: Path, adapters: bool, state_dict: d
     complete; on a full disk the temporary folder is removed and :class:`DiskFull` says how much it
     needed and how much is free. ``state_dict``: the weights to write (a sharded run gathers them first).
     """
-    from memfit.train.disk_space import folder_bytes, saving, tensor_bytes
+    from memfit.train.disk_space import after_full_disk, folder_bytes, saving, tensor_bytes
 
     final = output_dir(run_dir, adapters)
     tmp = run_dir / f".tmp-{final.name}-{os.getpid()}"
@@ -153,9 +176,7 @@ def write_outputs(model, tokenizer, run_dir: Path, adapters: bool, state_dict: d
         weights = state_dict
     else:
         weights = [p for p in model.parameters() if p.requires_grad] if adapters else model.state_dict()
-    checkpoint = latest_checkpoint(run_dir)
-    then = (f"The run's last checkpoint, {checkpoint}, is whole: free some space there and run the same command with "
-            f"--resume to write the {final.name}." if checkpoint is not None else "Free some space there and run again.")
+    then = after_full_disk(run_dir, latest_checkpoint(run_dir), then=f" to write the {final.name}")
     with saving(tmp, what=f"the {final.name}", needed_bytes=tensor_bytes(weights), then=then) as need:
         tokenizer.save_pretrained(str(tmp))  # first: small, and then its size is known to a full disk's message
         need.bytes += folder_bytes(tmp)
