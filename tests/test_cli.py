@@ -63,6 +63,8 @@ _IMPORT_PROBE = (
         (["plan", "--budget", "lots"], "--budget"),
         (["fit", "--budget", "24GiB", "--rank", "0"], "--rank: 0 must be 1 or more"),
         (["fit", "--gpu", "rtx-4090", "--method", "lorra"], "--method: lorra"),
+        (["plan", "--modules-to-save", ",,"], "--modules-to-save: ',,' has an empty item"),
+        (["plan", "--beta", "0.2"], "--beta 0.2: beta is a training-config field"),
     ],
 )
 def test_bad_input_is_reported_without_importing_torch_transformers_or_peft(args, says):
@@ -176,3 +178,64 @@ def test_plan_cache_and_no_cache(tmp_path, monkeypatch):
     for data in (first, second):
         data["details"].pop("plan_seconds")
     assert first == second
+
+
+def test_a_training_setting_given_to_plan_or_fit_says_what_it_is(tmp_path):
+    result = runner.invoke(app, ["plan", "--beta", "0.2"])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.strip() == ("error: --beta 0.2: beta is a training-config field (beta: in memfit train's YAML) that does "
+                                     "not change memory, so memfit plan does not take it. Drop --beta.")
+    # Every setting of memfit train that is not a plan's: its own options and its config's fields, the flags too.
+    result = runner.invoke(app, ["fit", "--gpu", "rtx-4090", "--lr", "1e-4", "--force", "--resume", "--warmup-steps", "10"])
+    assert result.exit_code == 2
+    assert [line.split(":")[0] for line in result.stderr.splitlines()[1:]] == [
+        "  - --resume", "  - --lr 1e-4", "  - --force", "  - --warmup-steps 10"]
+    assert "does not change memory, so memfit fit does not take it" in result.stderr
+    result = runner.invoke(app, ["plan", "--data", str(tmp_path / "d.jsonl")])
+    assert result.exit_code == 2 and "the sequence length planned is --seq-len" in " ".join(result.stderr.split())
+    # A mistyped option is never pointed to one that is refused.
+    result = runner.invoke(app, ["plan", "--rnak", "8"])
+    assert result.exit_code == 2 and "--rank" in result.output and "--lr" not in result.output
+    assert "--beta" not in runner.invoke(app, ["plan", "--help"]).output
+
+
+def test_every_training_setting_that_is_not_a_plan_s_is_refused_by_plan():
+    from memfit.spec import KNOBS
+    from memfit.train.command import training_settings
+    from memfit.train.config import TrainConfig
+
+    settings = training_settings()
+    assert {"beta", "lr", "resume", "set_", "warmup_steps", "output_dir", "report_to"} <= set(settings)
+    assert not set(settings) & {*KNOBS, "gpu", "budget", "revision", "model"}
+    assert set(TrainConfig.model_fields) - set(KNOBS) - {"gpu", "budget", "revision", "model"} <= set(settings)
+
+
+def test_a_plan_tells_a_terminal_what_it_is_doing_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    import io
+
+    from memfit import cli
+    from memfit.console import make_console
+
+    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    terminal = io.StringIO()
+    plain = cli.make_console
+    monkeypatch.setattr(cli, "make_console", lambda stderr=False, **options: (
+        make_console(file=terminal, force_terminal=True, width=200) if stderr else plain(**options)))
+    monkeypatch.setattr(cli, "PLAN_STATUS_DELAY_S", 0.0)  # shown at once: no waiting for a second to pass
+    result = runner.invoke(app, ["plan", str(path), "--seq-len", "64", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    shown = terminal.getvalue()
+    assert f"planning {path}: building the model from its config and simulating one training step" in shown
+    assert shown.endswith("\x1b[1A\x1b[2K")  # erased before the plan is printed
+    assert "device total" in result.stdout and "planning" not in result.stdout
+
+
+def test_a_plan_says_nothing_on_a_stderr_that_is_not_a_terminal():
+    from memfit import cli
+
+    assert cli.PLAN_STATUS_DELAY_S == 1.0  # on a terminal, once a plan has taken a second
+    result = runner.invoke(app, ["plan", "--seq-len", "64", "--no-cache"])
+    assert result.exit_code == 0 and result.stderr == ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from memfit.console import UNWRAPPED_WIDTH, make_console
+from memfit.console import UNWRAPPED_WIDTH, StatusLine, make_console
 
 
 def test_a_pipe_or_a_file_gets_whole_lines(monkeypatch):
@@ -39,3 +39,48 @@ def test_every_console_that_prints_is_made_by_make_console():
         if "Console(" in line and "quiet=True" not in line
     ]
     assert made_elsewhere == []
+
+
+class FakeTimer:
+    """Stands for the status line's timer: records the delay and the callback; a test calls it."""
+
+    def __init__(self) -> None:
+        self.delay_s: float | None = None
+        self.callback = None
+        self.cancelled = False
+
+    def __call__(self, delay_s, callback):
+        self.delay_s, self.callback = delay_s, callback
+        return self
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def test_a_status_line_waits_for_its_delay_then_goes_when_closed():
+    out, timer = io.StringIO(), FakeTimer()
+    line = StatusLine(make_console(file=out, force_terminal=True, width=100), "planning x: checking", delay_s=1.0, timer=timer)
+    assert timer.delay_s == 1.0 and not line.shown and out.getvalue() == ""  # a quick command prints nothing
+    line.update("planning x: building the model")
+    timer.callback()  # a second has passed
+    assert line.shown and line.text == "planning x: building the model"
+    line.close()
+    assert not line.shown and timer.cancelled
+    shown = out.getvalue()
+    assert "planning x: building the model" in shown
+    assert shown.endswith("\x1b[1A\x1b[2K")  # back up a line and erase it: nothing is left for the plan to follow
+
+
+def test_a_status_line_closed_before_its_delay_never_shows():
+    out, timer = io.StringIO(), FakeTimer()
+    line = StatusLine(make_console(file=out, force_terminal=True), "planning x", delay_s=1.0, timer=timer)
+    line.close()
+    timer.callback()  # the timer's thread lost the race: still nothing
+    assert not line.shown and out.getvalue() == ""
+
+
+def test_a_status_line_says_nothing_where_stderr_is_not_a_terminal():
+    out, timer = io.StringIO(), FakeTimer()
+    with StatusLine(make_console(file=out), "planning x", delay_s=1.0, timer=timer) as line:
+        line.update("planning x: building")
+    assert timer.callback is None and out.getvalue() == ""

@@ -14,11 +14,12 @@ from typing import Any, Literal, NoReturn, Optional
 
 import typer
 
-from memfit.console import make_console
+from memfit.console import StatusLine, make_console
 from memfit.errors import EXIT_DOES_NOT_FIT, PathError, cli_errors
 from memfit.exits import end_process
-from memfit.options import CONFIG_MODEL, FIT_KNOBS, TARGET_OPTIONS, command_options, knob_options, whole_number, with_options
+from memfit.options import CONFIG_MODEL, FIT_KNOBS, TARGET_OPTIONS, RefusingCommand, command_options, knob_options, whole_number, with_options
 from memfit.spec import TRAINED_KNOBS, default
+from memfit.train.command import refuse_training_settings, training_options
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -32,6 +33,8 @@ app = typer.Typer(
 )
 #: The model `memfit plan` uses when none is given: small enough to plan in a second anywhere.
 DEFAULT_MODEL = "smollm2-135m"
+#: A plan that takes longer than this shows a status line on a terminal until it is printed.
+PLAN_STATUS_DELAY_S = 1.0
 
 #: The RunSpec knobs `memfit fit` takes with a meaning of its own (the search holds or restricts
 #: them), and that meaning: the options are the knobs' (their flags and the values they take).
@@ -47,9 +50,9 @@ FIT_OWN_KNOBS = {
 }
 
 
-@app.command("plan")
+@app.command("plan", cls=RefusingCommand)
 @cli_errors
-@with_options(knob_options(), first=[command_options("plan", TARGET_OPTIONS + (CONFIG_MODEL,))])
+@with_options(knob_options(), first=[command_options("plan", TARGET_OPTIONS + (CONFIG_MODEL,))], refused=training_options)
 def plan_command(
     model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a Hugging Face Hub id (org/name: config.json only is fetched), a config.json, a model folder, an Axolotl / LLaMA-Factory / TRL config (docs/interop.md), or memfit's own training YAML."),
     context_bytes: Optional[int] = typer.Option(None, "--context-bytes", min=0, max=2**40, help="Override the CUDA context estimate (bytes)."),
@@ -62,11 +65,20 @@ def plan_command(
 
     Exit code 0: planned (and fits the --gpu / --budget, if one is given); 2: bad input;
     3: the plan does not fit the --gpu / --budget."""
-    from memfit.planner.api import plan
-    from memfit.train.config_plan import is_train_config, plan_train_config
+    refuse_training_settings(options, "plan")  # memfit train's settings: said what they are, not "no such option"
+    # Importing torch, building the model and simulating its step take seconds on a busy machine: a
+    # terminal is told what is going on once it has taken PLAN_STATUS_DELAY_S (a log gets nothing).
+    with StatusLine(make_console(stderr=True), f"planning {model}: checking the model and the options",
+                    delay_s=PLAN_STATUS_DELAY_S) as status:
+        from memfit.planner.api import plan
+        from memfit.train.config_plan import is_train_config, plan_train_config
 
-    planner = plan_train_config if is_train_config(model) else plan  # memfit's own YAML: planned as train plans it
-    result = planner(model, context_bytes=context_bytes, extrapolate=not full_sim, cache=not no_cache, **options)
+        if is_train_config(model):  # memfit's own YAML: planned as train plans it
+            result = plan_train_config(model, context_bytes=context_bytes, extrapolate=not full_sim, cache=not no_cache,
+                                       **options)
+        else:
+            result = plan(model, context_bytes=context_bytes, extrapolate=not full_sim, cache=not no_cache,
+                          progress=lambda what: status.update(f"planning {model}: {what}"), **options)
     if as_json:
         sys.stdout.write(result.to_json(indent=2) + "\n")
     else:
@@ -75,11 +87,12 @@ def plan_command(
         raise typer.Exit(code=EXIT_DOES_NOT_FIT)
 
 
-@app.command("fit")
+@app.command("fit", cls=RefusingCommand)
 @cli_errors
 @with_options(knob_options(FIT_KNOBS),
               first=[command_options("fit", TARGET_OPTIONS + (CONFIG_MODEL,)),
-                     knob_options(FIT_OWN_KNOBS, help=FIT_OWN_KNOBS, repeatable=("method",))])
+                     knob_options(FIT_OWN_KNOBS, help=FIT_OWN_KNOBS, repeatable=("method",))],
+              refused=training_options)
 def fit_command(
     model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, a model folder, an Axolotl / LLaMA-Factory / TRL config, or memfit's own training YAML (its method, batch and length kept)."),
     max_target: Optional[Literal["seq-len"]] = typer.Option(None, "--max", help="Show the longest sequence each method fits."),
@@ -94,6 +107,7 @@ def fit_command(
 
     Exit code 0: at least one configuration fits; 2: bad input (checked before the search, --write's
     path too); 3: nothing fits."""
+    refuse_training_settings(options, "fit")
     from memfit.interop import is_tool_config
     from memfit.planner.search import fit
     from memfit.train.config_plan import fit_train_config, is_train_config

@@ -159,9 +159,42 @@ def field_options(model: type, names: Iterable[str]) -> list[inspect.Parameter]:
     return params
 
 
-def with_options(*groups: list[inspect.Parameter], first: Sequence[list[inspect.Parameter]] = ()) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def hidden_options(flags: Mapping[str, tuple[str, bool]]) -> list[inspect.Parameter]:
+    """Options left out of ``--help``, ``flags`` mapping each name to its flag and whether it is a
+    flag (takes no value): a command takes them only to answer them with a message of its own (the
+    options of another command given to this one), rather than with the parser's "no such option".
+    A value is taken as text, whatever it is."""
+    params = []
+    for name, (flag, is_flag) in flags.items():
+        option = typer.Option(None, flag, hidden=True, show_default=False)
+        annotation: Any = Optional[bool] if is_flag else Optional[str]
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
+    return params
+
+
+class RefusingCommand(typer.core.TyperCommand):
+    """A command with :func:`hidden_options`: a mistyped option is never answered with one of them
+    ("did you mean --lr?" on a command that refuses --lr), only with the options it does take."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        import difflib
+
+        try:
+            return super().parse_args(ctx, args)
+        except Exception as err:
+            if type(err).__name__ != "NoSuchOption":  # click's, which Typer vendors (typer._click), not exported
+                raise
+            shown = [opt for param in self.params if not getattr(param, "hidden", False) for opt in param.opts if opt.startswith("--")]
+            err.possibilities = difflib.get_close_matches(err.option_name, shown) or None  # type: ignore[attr-defined]
+            raise
+
+
+def with_options(*groups: list[inspect.Parameter], first: Sequence[list[inspect.Parameter]] = (),
+                 refused: Callable[[set[str]], list[inspect.Parameter]] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Add the option ``groups`` to a command function that takes ``**options``: after its own
-    options, or, the ``first`` groups, right after its arguments (the order of ``--help``)."""
+    options, or, the ``first`` groups, right after its arguments (the order of ``--help``).
+    ``refused`` makes, from the names the command takes, the hidden options it takes only to refuse
+    (:func:`hidden_options`), added last."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         own = inspect.signature(func, eval_str=True)
@@ -175,6 +208,10 @@ def with_options(*groups: list[inspect.Parameter], first: Sequence[list[inspect.
             for p in group:
                 if p.name in taken:
                     raise ValueError(f"option {p.name!r} is declared twice on {func.__name__}")
+                taken.add(p.name)
+                added.append(p)
+        if refused is not None:
+            for p in refused(set(taken)):
                 taken.add(p.name)
                 added.append(p)
         ahead = sum(len(group) for group in first)

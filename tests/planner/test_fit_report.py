@@ -77,9 +77,9 @@ def test_a_terminal_gets_one_status_line():
     progress.expect(8)
     clock.now += 2.0
     progress("qlora · checkpointing offload · adamw · micro-batch 1 · 131072 tokens")
-    assert progress._status is not None
+    assert progress._line.shown and progress._line.text.startswith("plan 1 of ~8")
     progress.close()
-    assert progress._status is None and "plan " not in out.getvalue().replace("\r", "\n").split("\n")[-1]
+    assert not progress._line.shown and "plan " not in out.getvalue().replace("\r", "\n").split("\n")[-1]
 
 
 def test_the_expected_plans_follow_the_methods_splits_and_the_longest_sequence():

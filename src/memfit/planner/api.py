@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Any
+from typing import Any, Callable
 
 from memfit.models.catalog import ModelSource
 from memfit.planner.errors import PlanError
@@ -122,6 +122,7 @@ def plan(
     deepspeed: Any = None,
     sampler: Sampler | None = None,
     model_override: str | None = None,
+    progress: Callable[[str], None] | None = None,
     **knobs: Any,
 ) -> MemoryPlan:
     """Predict the peak GPU memory of one training step of ``model`` configured by ``knobs``.
@@ -152,6 +153,9 @@ def plan(
             plan is the same either way.
         model_override: with another tool's config as ``model``, the model to plan in place of the
             config's (``--model``: a path, a catalog name or a Hub id).
+        progress: called with what the plan is doing as it goes (``"building the model from its
+            config and simulating one training step"``), for a status line; a plan from the cache
+            says nothing.
         **knobs: the :class:`~memfit.spec.RunSpec` fields: method, rank, alpha, dropout, targets,
             precision, optimizer, batch_size, seq_len, grad_accum, checkpointing, gpus, shard.
 
@@ -163,7 +167,7 @@ def plan(
     if is_tool_config(model):
         return _plan_tool_config(str(model), revision=revision, gpu=gpu, budget=budget, target=target, context_bytes=context_bytes,
                                  cublas_workspace_bytes=cublas_workspace_bytes, extrapolate=extrapolate, cache=cache,
-                                 sampler=sampler, model_override=model_override, **knobs)
+                                 sampler=sampler, model_override=model_override, progress=progress, **knobs)
     check_no_override(model, model_override)
     started = time.perf_counter()
     resolved = resolve(model, revision=revision, gpu=gpu, budget=budget, target=target, **knobs)
@@ -180,7 +184,7 @@ def plan(
         if cached is not None:
             return cached
     result = _made_plan(resolved, cache=cache, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes,
-                        extrapolate=extrapolate, deepspeed=deepspeed, sampler=sampler)
+                        extrapolate=extrapolate, deepspeed=deepspeed, sampler=sampler, progress=progress)
     result.details["plan_seconds"] = round(time.perf_counter() - started, 3)
     if key is not None:
         _keep_plan(key, result)
@@ -218,9 +222,12 @@ _PREDICTED = "predicted-plan"
 
 
 def _made_plan(resolved: Resolved, *, cache: bool, context_bytes: int, cublas_workspace_bytes: int | None, extrapolate: bool,
-               deepspeed: Any, sampler: Sampler | None = None) -> MemoryPlan:
+               deepspeed: Any, sampler: Sampler | None = None, progress: Callable[[str], None] | None = None) -> MemoryPlan:
     """The plan of checked inputs: the step estimated (simulated, or given by ``sampler``), the runtime added."""
+    say = progress or (lambda what: None)
+    say("checking the model's architecture")
     source, spec, target = checked(resolved, cache=cache)
+    say("building the model from its config and simulating one training step")
     runtime = runtime_overhead(target.arch, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes)
     layout = zero = None
     if spec.gpus > 1:
@@ -448,7 +455,7 @@ def _plan_tool_config(path: str, *, revision: str | None = None, model_override:
     from memfit.interop import read_tool_config
 
     plan_options = {k: options.pop(k) for k in ("gpu", "budget", "target", "context_bytes", "cublas_workspace_bytes", "extrapolate",
-                                                "cache", "sampler")}
+                                                "cache", "sampler", "progress")}
     tool = read_tool_config(path, model=model_override)
     knobs, dropped = tool.knobs_for(options)
     _check_tool_modes(tool, knobs, given={k for k, v in options.items() if v is not None})

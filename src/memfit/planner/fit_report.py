@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from memfit.console import StatusLine
 from memfit.units import format_bytes
 
 
@@ -157,15 +158,13 @@ class FitProgress:
         self._clock = clock
         self._started = clock()
         self._starts: list[float] = []
-        self._status = console.status("fit: checking the model and the options") if console.is_terminal else None
-        if self._status is not None:
-            self._status.start()
+        self._line = StatusLine(console, "fit: checking the model and the options")
 
     def expect(self, plans: int) -> None:
         """The search is about to make about ``plans`` plans."""
         self.expected = plans
-        if self._status is not None:
-            self._status.update(f"fit: about {plans} plans to make")
+        if self.console.is_terminal:
+            self._line.update(f"fit: about {plans} plans to make")
         else:
             self._print(f"fit: about {plans} plans to make, each is one line")
 
@@ -175,8 +174,8 @@ class FitProgress:
         self.count += 1
         where = progress_line(self.count, self.expected, now - self._started, recent_seconds_per_plan(self._starts, now))
         line = f"{where}: {message}"
-        if self._status is not None:
-            self._status.update(line)
+        if self.console.is_terminal:
+            self._line.update(line)
         else:
             self._print(line)
 
@@ -184,6 +183,4 @@ class FitProgress:
         self.console.print(line, highlight=False, markup=False, soft_wrap=True)
 
     def close(self) -> None:
-        if self._status is not None:
-            self._status.stop()
-            self._status = None
+        self._line.close()

@@ -13,6 +13,7 @@ machine) and exits with its exit code.
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
 import signal
@@ -23,9 +24,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from memfit.errors import cli_errors
-from memfit.options import command_options, field_options, knob_options, with_options
-from memfit.spec import TRAINED_KNOBS
+from memfit.errors import UserError, cli_errors, listed
+from memfit.options import TARGET_OPTIONS, command_options, field_options, hidden_options, knob_options, with_options
+from memfit.spec import KNOBS, TRAINED_KNOBS, flag
 from memfit.train.config import ConfigError, TrainConfig
 
 
@@ -209,6 +210,65 @@ def train_command(
         f"  output  {result.output_dir}\n  metrics {result.run_dir / 'metrics.jsonl'}\n  run     {result.run_dir / 'run.json'}",
         highlight=False,
     )
+
+
+# ------------------------------------------------------------------------------------------------
+# Training settings given to memfit plan or fit
+
+
+#: The training settings that do change what a plan is of, and what memfit plan and fit take instead.
+PLANNED_INSTEAD = {
+    "data": "the sequence length planned is --seq-len (memfit train plans at its data's longest example)",
+    "model_overrides": "plan a config.json with the overrides written into it",
+    "fit": "memfit fit is that search",
+    "fit_optimizer": "memfit fit searches the optimizers of a full fine-tune itself",
+    "nproc": "the processes of a run are its GPUs, --gpus",
+    "set_": "each knob is an option of its own (see --help); training-config fields do not change memory",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def training_settings() -> dict[str, tuple[str, bool]]:
+    """memfit train's options and its config's fields that are not a plan's (the knobs, --gpu,
+    --budget, --revision, the model): name -> (flag, whether it takes no value). Made from
+    ``memfit train``'s own options and :class:`~memfit.train.config.TrainConfig`'s fields, so that
+    a setting added to either is here too."""
+    app = typer.Typer()
+    app.command()(train_command)
+    planned = {*KNOBS, *(option.name for option in TARGET_OPTIONS), "model"}
+    settings = {param.name: (param.opts[0], bool(getattr(param, "is_flag", False))) for param in typer.main.get_command(app).params
+                if param.param_type_name == "option" and param.name not in planned}
+    for name, info in TrainConfig.model_fields.items():
+        if name not in planned and name not in settings:
+            settings[name] = (flag(name), info.annotation is bool)
+    return settings
+
+
+def training_options(taken: set[str]) -> list:
+    """The training settings a command (memfit plan, fit) does not take itself (``taken``: the
+    names it has), as hidden options that :func:`refuse_training_settings` answers."""
+    return hidden_options({name: flag for name, flag in training_settings().items() if name not in taken})
+
+
+def refuse_training_settings(options: dict[str, Any], command: str) -> None:
+    """Take the training settings out of a command's ``options`` and refuse those given: one line
+    each, saying what the setting is (a training-config field, an option of memfit train), that it
+    does not change memory, or what ``memfit command`` takes instead."""
+    given = {name: options.pop(name) for name in list(options) if name in training_settings()}
+    problems = [_refusal(name, value, command) for name, value in given.items() if value not in (None, False)]
+    if problems:
+        raise UserError(problems[0] if len(problems) == 1 else listed(f"memfit {command} does not take these", problems))
+
+
+def _refusal(name: str, value: Any, command: str) -> str:
+    flag = training_settings()[name][0]
+    shown = flag if value is True else f"{flag} {value}"
+    what = (f"{name} is a training-config field ({name}: in memfit train's YAML)" if name in TrainConfig.model_fields
+            else "an option of memfit train")
+    instead = PLANNED_INSTEAD.get(name)
+    if instead:
+        return f"{shown}: {what}, not an option of memfit {command}: {instead}."
+    return f"{shown}: {what} that does not change memory, so memfit {command} does not take it. Drop {flag}."
 
 
 def _quiet_library_notices() -> None:
