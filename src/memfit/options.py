@@ -7,7 +7,9 @@ declares an option several commands share that is not a knob (``--gpu``, ``--bud
 them to a command function, which receives them as keyword arguments. Knob options are read
 as text and validated by :func:`memfit.spec.make_spec`, so that every bad value on a command line
 is reported at once, with its fix, rather than the first one alone. An option left off is ``None``:
-the declared default applies.
+the declared default applies. :func:`hidden_options` are options a command takes only to refuse
+them with a message of its own (memfit train's settings given to memfit plan), and a
+:class:`RefusingCommand` never suggests one of them for a mistyped option.
 """
 
 from __future__ import annotations
