@@ -97,9 +97,9 @@ def fit_command(
     model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, a model folder, an Axolotl / LLaMA-Factory / TRL config, or memfit's own training YAML (its method, batch and length kept)."),
     max_target: Optional[Literal["seq-len"]] = typer.Option(None, "--max", help="Show the longest sequence each method fits."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    write: Optional[Path] = typer.Option(None, "--write", help="Write the best configuration as a `memfit train` YAML (a tool's config: the same tool's config, only its memory keys changed)."),
+    write: Optional[Path] = typer.Option(None, "--write", help="Write the best configuration as a `memfit train` config, JSON for a .json name, else YAML (a tool's config: the same tool's config, only its memory keys changed)."),
     data: Optional[str] = typer.Option(None, "--data", help="Training data for the --write YAML (default: the demo dataset)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Let --write replace an existing file."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Let --write replace an existing file (never the config or the --data it reads)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Make every plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0)."),
     **options: Any,
 ) -> None:

@@ -119,5 +119,5 @@ def test_a_run_without_an_adapter_ends_with_one_line(demo_run, tmp_path):
     prompts = _jsonl(tmp_path / "prompts.jsonl", ["Hi"])
     result = runner.invoke(app, ["generate", str(run), "--prompts", str(prompts), "--out", str(tmp_path / "o.jsonl")])
     assert result.exit_code == 2
-    assert result.output.count("error:") == 1 and "has no adapter saved yet" in result.output
+    assert result.output.count("error:") == 1 and "has no adapter/ although the run completed" in result.output
     assert not (tmp_path / "o.jsonl").exists()

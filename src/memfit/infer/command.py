@@ -90,7 +90,7 @@ def generate_command(
     source: Source,
     prompts: Annotated[Path, typer.Option("--prompts", help="JSONL file: one prompt a line (a JSON string, or an object with prompt or messages).", show_default=False)],
     out: Annotated[Path, typer.Option("--out", help="JSONL file to write: the same records with generation added.", show_default=False)],
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace --out if it exists.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace --out if it exists (never the --prompts file).")] = False,
     adapter: Adapter = None,
     device: Device = "auto",
     dtype: Dtype = None,
