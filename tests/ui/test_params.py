@@ -79,6 +79,6 @@ def test_the_api_takes_every_option_of_the_command_line():
     from memfit.cli import DEFAULT_MODEL, fit_command, plan_command
 
     assert params.DEFAULT_MODEL == DEFAULT_MODEL
-    assert _cli_options(plan_command) == set(params.PLAN_OPTIONS) | set(params.KNOBS)
+    assert _cli_options(plan_command) == set(params.PLAN_OPTIONS) | set(params.KNOBS) | set(params.PLAN_REFUSED)
     fit_taken = set(params.FIT_OPTIONS) | set(params.FIT_KNOBS) | set(params.FIT_REFUSED)
     assert (_cli_options(fit_command) - {"max_target"}) | {"max"} == fit_taken  # --max is max_target in Python

@@ -28,6 +28,11 @@ DEFAULT_MODEL = "smollm2-135m"
 #: ``memfit plan``'s options besides the model and the knobs (``as_json`` is the API itself).
 PLAN_OPTIONS = ("revision", "gpu", "budget", "context_bytes", "full_sim", "no_cache")
 
+#: ``--model`` (``model_override``: a config's model replaced) on the page: the model field is the model.
+MODEL_OVERRIDE_REFUSED = "the page's model field names the model: put it there, or edit the config's model before dropping it"
+#: ``memfit plan`` options the page refuses, with why.
+PLAN_REFUSED = {"model_override": MODEL_OVERRIDE_REFUSED}
+
 #: ``memfit fit``'s options besides its knobs (:data:`memfit.options.FIT_KNOBS`, the command line's
 #: own) that the page's search takes (``--write``, ``--data`` and ``--overwrite`` write files: the
 #: page never names a server path; see :data:`FIT_REFUSED`).
@@ -38,6 +43,7 @@ FIT_REFUSED = {
     "data": "the page writes no file on the server: use 'copy as YAML', or run the command it gives",
     "overwrite": "the page writes no file on the server: use 'copy as YAML', or run the command it gives",
     "no_cache": "the server's searches share its plan cache: start `memfit ui` with MEMFIT_PLAN_CACHE=0 to plan afresh",
+    "model_override": MODEL_OVERRIDE_REFUSED,
 }
 
 _TRUE, _FALSE = ("true", "1", "yes", "on", ""), ("false", "0", "no", "off")
@@ -68,7 +74,7 @@ def _single(params: Mapping[str, list[str]], known: tuple[str, ...], command: st
         if name == "model":
             continue
         if name not in known:
-            refusal = FIT_REFUSED.get(name) if command == "fit" else None
+            refusal = (FIT_REFUSED if command == "fit" else PLAN_REFUSED).get(name)
             if refusal:
                 raise QueryError(f"{flag(name)}: not taken here: {refusal}.")
             close = difflib.get_close_matches(name, known, n=1)
