@@ -40,7 +40,7 @@ CASES = [
     Case("plan {d}/toolcfg_memfit_typo.yaml", 2, says=("batch_sise: unknown setting. Did you mean 'batch_size'?",)),
     Case("plan {d}/toolcfg_memfit_no_data.yaml", 2, says=("data: required",)),
     Case("fit {d}/toolcfg_memfit.yaml --budget 2GiB --write {d}/toolcfg_memfit.yaml", 2, fast=True,
-         says=("toolcfg_memfit.yaml' exists",), keeps=("toolcfg_memfit.yaml",)),
+         says=("is the config being fitted",), keeps=("toolcfg_memfit.yaml",)),
     Case("fit {d}/toolcfg_memfit.yaml --budget 2GiB --batch-size 0", 2, says=("--batch-size: 0 must be 1 or more",)),
     Case("fit {d}/toolcfg_trl.yaml --budget 2GiB --batch-size 0", 2, says=("--batch-size: 0 must be 1 or more",)),
 ]
