@@ -55,7 +55,7 @@ FIT_OWN_KNOBS = {
 @with_options(knob_options(), first=[command_options("plan", TARGET_OPTIONS + (CONFIG_MODEL,))], refused=training_options)
 def plan_command(
     model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a Hugging Face Hub id (org/name: config.json only is fetched), a config.json, a model folder, an Axolotl / LLaMA-Factory / TRL config (docs/interop.md), or memfit's own training YAML."),
-    context_bytes: Optional[int] = typer.Option(None, "--context-bytes", min=0, max=2**40, help="Override the CUDA context estimate (bytes)."),
+    context_bytes: Optional[str] = typer.Option(None, "--context-bytes", metavar="BYTES", help="Override the CUDA context estimate (bytes, 0 to 1 TiB)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     full_sim: bool = typer.Option(False, "--full-sim", help="Simulate every layer instead of extrapolating."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Make the plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0)."),
@@ -73,11 +73,12 @@ def plan_command(
         from memfit.planner.api import plan
         from memfit.train.config_plan import is_train_config, plan_train_config
 
+        # --context-bytes is checked by the plan with every other input (the page's /api/plan shares the check).
         if is_train_config(model):  # memfit's own YAML: planned as train plans it
-            result = plan_train_config(model, context_bytes=context_bytes, extrapolate=not full_sim, cache=not no_cache,
+            result = plan_train_config(model, context_bytes=whole_number(context_bytes), extrapolate=not full_sim, cache=not no_cache,
                                        **options)
         else:
-            result = plan(model, context_bytes=context_bytes, extrapolate=not full_sim, cache=not no_cache,
+            result = plan(model, context_bytes=whole_number(context_bytes), extrapolate=not full_sim, cache=not no_cache,
                           progress=lambda what: status.update(f"planning {model}: {what}"), **options)
     if as_json:
         sys.stdout.write(result.to_json(indent=2) + "\n")

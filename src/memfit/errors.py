@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import re
 from typing import Any, Callable
 
 #: Exit code of a bad input (option, config field, file or folder).
@@ -44,6 +45,40 @@ class UserError(Exception):
 
     def explain(self, console: Any) -> None:
         """Print what comes before the ``error:`` line (a plan, a table); nothing by default."""
+
+
+#: A value a message shows is cut past this many characters: a 10,000-character model name or
+#: option value leaves the message one readable line, with the field and the fix.
+LONG_VALUE_CHARS = 256
+#: How much of a cut value is shown.
+SHOWN_VALUE_CHARS = 80
+
+# A quoted value (as repr() writes it) or any run of text without a space, longer than LONG_VALUE_CHARS.
+_LONG_VALUE = re.compile(r"'[^'\n]{%d,}'|\"[^\"\n]{%d,}\"|\S{%d,}" % ((LONG_VALUE_CHARS,) * 3))
+
+
+def shown(value: Any) -> str:
+    """``repr(value)`` for a message, cut as :func:`clip_long_values` cuts it when it is long."""
+    return clip_long_values(repr(value))
+
+
+def shown_name(name: str) -> str:
+    """A name as a message writes it: bare when it is one short word (``--method: lorra``), else as
+    :func:`shown` writes it (quoted, and cut when long)."""
+    return name if name and len(name) <= SHOWN_VALUE_CHARS and not any(c.isspace() for c in name) else shown(name)
+
+
+def clip_long_values(message: str) -> str:
+    """``message`` with each value longer than :data:`LONG_VALUE_CHARS` cut to its first
+    :data:`SHOWN_VALUE_CHARS` characters and its length: ``'aaaa…' (10,000 characters)``."""
+    return _LONG_VALUE.sub(_clipped, message)
+
+
+def _clipped(match: re.Match) -> str:
+    text = match.group()
+    quote = text[0] if text[0] in "'\"" and text[-1] == text[0] and len(text) > 1 else ""
+    inner = text[1:-1] if quote else text
+    return f"{quote}{inner[:SHOWN_VALUE_CHARS]}…{quote} ({len(inner):,} characters)"
 
 
 def listed(heading: str, problems: list[str]) -> str:
@@ -126,5 +161,5 @@ def _exit(message: str, code: int, err: UserError | None) -> None:
     console = make_console(stderr=True)  # a plan explain() prints reads whole in a log, as on a terminal
     if err is not None:
         err.explain(console)
-    console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {escape(clip_long_values(message))}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=code) from None

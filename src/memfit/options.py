@@ -67,10 +67,8 @@ def whole_number(text: str | None) -> int | str | None:
     it with every other bad value (:func:`memfit.spec.make_spec` and the searches' checks)."""
     if text is None:
         return None
-    try:
-        return int(text)
-    except ValueError:
-        return text
+    number = specs.whole_number_value(text)
+    return number if isinstance(number, int) else text
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import typing
 from typing import Any, Literal
 
@@ -29,7 +30,7 @@ from pydantic import (
     model_validator,
 )
 
-from memfit.errors import UserError, listed
+from memfit.errors import UserError, listed, shown
 
 #: ``--tiling auto`` tiles the MLP from this many tokens a micro-batch: below it the MLP's
 #: intermediates are small next to the rest of the step, and tiling would only add recomputation.
@@ -140,6 +141,13 @@ class RunSpec(BaseModel):
             if info.field_name == "modules_to_save" and _means_none(value):
                 return ()
             value = [part.strip() for part in value.split(",") if part.strip()]
+        names = value if isinstance(value, (list, tuple)) else ()
+        for name in names:
+            if isinstance(name, str) and (len(name) > MAX_MODULE_NAME_CHARS or any(c.isspace() for c in name)):
+                # No module is named so: a list written with spaces, or a paste gone wrong. (The
+                # message already shows the value when it is this one name.)
+                which = "not" if len(names) == 1 else f"{shown(name)} is not"
+                raise ValueError(f"{which} a module name; separate names with commas (e.g. q_proj,v_proj)")
         return value
 
     @model_validator(mode="after")
@@ -632,14 +640,16 @@ def _check_value(key: str, value: Any, spelling: str = "flag") -> tuple[str | No
             return f"{name}: {value!r} is not one of {', '.join(allowed)}.{hint}", value
         return None, text
     if kind == "int":
-        if isinstance(value, bool) or not _is_int_like(value):
+        number = whole_number_value(value)
+        if number is None:
             return f"{name}: {value!r} is not a whole number. Use e.g. {good}.", value
-        number = int(value)
+        # A number with more digits than Python reads (thousands) is named by its text, cut.
+        said = number if isinstance(number, int) else shown(value)
         if number < 1:
-            return f"{name}: {number} must be 1 or more (e.g. {good}).", value
+            return f"{name}: {said} must be 1 or more (e.g. {good}).", value
         most = upper_bound(key)
         if most is not None and number > most:
-            return f"{name}: {number} must be at most {most} (e.g. {good}).", value
+            return f"{name}: {said} must be at most {most} (e.g. {good}).", value
         return None, number
     if kind == "float":
         if _means_none(value) and RunSpec.model_fields[key].default is not None:
@@ -691,6 +701,8 @@ def _names_problem(key: str, value: Any, spelling: str) -> str | None:
                 f"separated by commas, e.g. {good}{none}.")
     return None
 
+#: The longest module name ``targets`` and ``modules_to_save`` take (a dotted path's tail is far shorter).
+MAX_MODULE_NAME_CHARS = 256
 
 #: How "off" is written for a knob whose None is a value (``--max-grad-norm none``).
 NONE_WORDS = ("none", "null", "off")
@@ -700,14 +712,28 @@ def _means_none(value: Any) -> bool:
     return isinstance(value, str) and value.strip().lower() in NONE_WORDS
 
 
-def _is_int_like(value: Any) -> bool:
+_WHOLE_NUMBER = re.compile(r"[+-]?[0-9]+")
+#: Digits past which a whole number is read as infinitely large: more than any bound, and fewer than
+#: Python's limit on converting text to int (4,300), which would raise.
+_MOST_DIGITS = 64
+
+
+def whole_number_value(value: Any) -> int | float | None:
+    """``value`` (an int, an integral float, or text in ASCII digits with an optional sign) as an
+    int; ``inf`` or ``-inf`` for text of more than :data:`_MOST_DIGITS` digits (out of any range);
+    None when it is not a whole number (text in other scripts' digits, ``²``, ``1_000``, ``--5`` too)."""
+    if isinstance(value, bool):
+        return None
     if isinstance(value, int):
-        return True
+        return value
     if isinstance(value, float):
-        return value.is_integer()
-    if isinstance(value, str):
-        return value.strip().lstrip("-").isdigit()
-    return False
+        return int(value) if value.is_integer() else None
+    if not isinstance(value, str) or not _WHOLE_NUMBER.fullmatch(value.strip()):
+        return None
+    text = value.strip()
+    if len(text.lstrip("+-")) > _MOST_DIGITS:
+        return -math.inf if text.startswith("-") else math.inf
+    return int(text)
 
 
 def _as_float(value: Any) -> float | None:

@@ -33,7 +33,10 @@ def is_tool_config(model: Any) -> bool:
     if not isinstance(model, (str, Path)):
         return False
     path = Path(model).expanduser()
-    if path.suffix.lower() not in _SUFFIXES or not path.is_file():
+    try:
+        if path.suffix.lower() not in _SUFFIXES or not path.is_file():
+            return False
+    except OSError:  # a name longer than the file system takes: no file, and resolving the model says so
         return False
     if path.suffix.lower() == ".json":
         try:

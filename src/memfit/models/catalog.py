@@ -19,11 +19,17 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from memfit.errors import shown
 from memfit.models.config_file import read_config_file
 from memfit.models.errors import HubError, ModelNotFoundError
 
-__all__ = ["ModelNotFoundError", "ModelSource", "PeftAdapter", "Variant", "catalog_names", "catalog_sources", "catalog_variants",
-           "load_catalog_config", "peft_adapter", "resolve_model", "resolve_source", "suggestions"]
+#: The longest model argument memfit takes: more than any catalog name, Hub id (org/name, at most
+#: 96 characters each) or path one types; a longer one is a mistake (a paste gone wrong).
+MAX_MODEL_CHARS = 1024
+
+__all__ = ["MAX_MODEL_CHARS", "ModelNotFoundError", "ModelSource", "PeftAdapter", "Variant", "catalog_names", "catalog_sources",
+           "catalog_variants", "load_catalog_config", "model_argument_problem", "peft_adapter", "resolve_model", "resolve_source",
+           "suggestions"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,24 @@ def _normalise(name: str) -> str:
     return name.strip().lower().replace("_", "-").replace(" ", "-")
 
 
+def model_argument_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a model argument at all, whatever it names (None when it can): longer
+    than :data:`MAX_MODEL_CHARS`. The page's model names and the command line's arguments alike."""
+    if len(text) <= MAX_MODEL_CHARS:
+        return None
+    return (f"{shown(text)} is longer than a model name or path can be (at most {MAX_MODEL_CHARS:,} characters); give a "
+            "catalog name (`memfit models`), a Hugging Face Hub id (org/name) or the path to a config.json.")
+
+
+def _local_kind(path: Path) -> str | None:
+    """``"folder"``, ``"file"``, or None when nothing is at ``path`` or it cannot be a path here (a
+    name longer than the file system takes: then it is a name, or a mistake)."""
+    try:
+        return "folder" if path.is_dir() else "file" if path.is_file() else "other" if path.exists() else None
+    except OSError:  # ENAMETOOLONG and the like: no file can have this name
+        return None
+
+
 def resolve_model(model: str | Path | dict, revision: str | None = None) -> ModelSource:
     """Resolve a catalog name, a config.json path, a model folder, a Hub id (or a config dict) to a ModelSource.
 
@@ -78,11 +102,15 @@ def resolve_model(model: str | Path | dict, revision: str | None = None) -> Mode
     if isinstance(model, dict):
         return ModelSource(name=str(model.get("_name_or_path") or model.get("model_type") or "custom"), config=dict(model), origin="dict")
     text = str(model)
+    too_long = model_argument_problem(text)
+    if too_long:
+        raise ModelNotFoundError(too_long)
     path = Path(text).expanduser()
     key = _normalise(text)
-    if key in catalog_names() and not path.exists():
+    local = _local_kind(path)
+    if key in catalog_names() and local is None:
         return ModelSource(name=key, config=load_catalog_config(key), origin="catalog")
-    if path.is_dir():
+    if local == "folder":
         config_path = path / "config.json"
         if not config_path.is_file():
             raise ModelNotFoundError(
@@ -90,7 +118,7 @@ def resolve_model(model: str | Path | dict, revision: str | None = None) -> Mode
                 "(with config.json and *.safetensors), a config.json file, or a catalog name (see `memfit models`)."
             )
         return ModelSource(name=path.resolve().name, config=read_config_file(config_path), origin="folder", path=path)
-    if path.is_file():
+    if local == "file":
         return ModelSource(name=_name_from_config_path(path), config=read_config_file(path), origin="config.json", path=path)
     from memfit.models.hub import looks_like_hub_id
 

@@ -115,7 +115,7 @@ def plan(
     gpu: str | None = None,
     budget: str | int | None = None,
     target: Target | None = None,
-    context_bytes: int | None = None,
+    context_bytes: int | str | None = None,
     cublas_workspace_bytes: int | None = None,
     extrapolate: bool = True,
     cache: bool = True,
@@ -141,7 +141,8 @@ def plan(
             from options, or a live device), instead of ``gpu`` / ``budget``.
         context_bytes, cublas_workspace_bytes: override the runtime estimates (see
             :mod:`memfit.planner.runtime`); ``context_bytes`` defaults to the target's (0 for a live
-            device, whose context is spent already).
+            device, whose context is spent already), and may be the command line's text (checked:
+            0 to :data:`~memfit.planner.runtime.MAX_CONTEXT_BYTES`).
         extrapolate: simulate a few layers and extrapolate (fast); False simulates every layer.
         cache: read and keep the plan in the on-disk plan cache (:mod:`memfit.planner.cache`; also
             off with ``MEMFIT_PLAN_CACHE=0``). A plan from the cache is the plan this call would
@@ -170,9 +171,11 @@ def plan(
                                  sampler=sampler, model_override=model_override, progress=progress, **knobs)
     check_no_override(model, model_override)
     started = time.perf_counter()
-    resolved = resolve(model, revision=revision, gpu=gpu, budget=budget, target=target, **knobs)
+    resolved = resolve(model, revision=revision, gpu=gpu, budget=budget, target=target, context_bytes=context_bytes, **knobs)
     if context_bytes is None:
         context_bytes = resolved.target.context_bytes
+    elif not resolved.has_problems:
+        context_bytes = int(context_bytes)  # the command line's text, checked
     key = None
     if cache and not resolved.has_problems:
         # Looked up before the checks that need transformers and torch: an entry exists only for

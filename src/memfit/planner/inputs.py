@@ -16,6 +16,7 @@ from typing import Any
 
 from memfit.models.catalog import ModelSource, model_type_problem, resolve_model, seq_len_problem
 from memfit.planner.errors import PlanError
+from memfit.planner.runtime import context_bytes_problem
 from memfit.planner.target import Target, resolve_target
 from memfit.spec import RunSpec, SpecError, make_spec
 
@@ -42,9 +43,10 @@ class Resolved:
 
 
 def resolve(model: str | dict, *, revision: str | None = None, gpu: str | None = None, budget: str | int | None = None,
-            target: Target | None = None, **knobs: Any) -> Resolved:
+            target: Target | None = None, context_bytes: int | str | None = None, **knobs: Any) -> Resolved:
     """The cheap half of :func:`validate`: resolve the model (its config), the knobs and the target
-    (``target``, or the one ``gpu`` / ``budget`` give), and collect what is wrong with each alone.
+    (``target``, or the one ``gpu`` / ``budget`` give), and collect what is wrong with each alone
+    (and with ``context_bytes``, a plan's CUDA context given instead of the estimate).
     Imports neither transformers nor torch."""
     if target is not None and (gpu is not None or budget is not None):
         raise TypeError("give a Target or gpu / budget, not both")
@@ -62,6 +64,9 @@ def resolve(model: str | dict, *, revision: str | None = None, gpu: str | None =
     target_problems: list[str] = []
     if target is None:
         target, target_problems = resolve_target(gpu, budget)
+    context_problem = context_bytes_problem(context_bytes)
+    if context_problem:
+        target_problems = target_problems + [context_problem]
     return Resolved(knobs, source, spec, target, source_problems, spec_problems, target_problems)
 
 

@@ -40,6 +40,28 @@ rounded up to 512 MiB. It varies with the driver, CUDA version and the
 kernels used: an estimate, to be calibrated on each GPU family.
 """
 
+MAX_CONTEXT_BYTES = 2**40
+"""The largest CUDA context a plan takes (``--context-bytes``): 1 TiB, more than any card holds."""
+
+
+def context_bytes_problem(value: int | str | None) -> str | None:
+    """Why ``value`` cannot be ``--context-bytes`` (None when it can: a whole number of bytes from 0
+    to :data:`MAX_CONTEXT_BYTES`, or None for the estimate): the command line's check and the page's."""
+    from memfit.errors import shown
+    from memfit.spec import whole_number_value
+
+    if value is None:
+        return None
+    number = whole_number_value(value)
+    example = "(e.g. --context-bytes 600000000, a measured context of 572 MiB)"
+    if number is None:
+        return f"--context-bytes: {shown(value)} is not a whole number of bytes {example}."
+    if not 0 <= number <= MAX_CONTEXT_BYTES:
+        said = number if isinstance(number, int) else shown(value)
+        return f"--context-bytes: {said} must be 0 to {MAX_CONTEXT_BYTES} ({format_bytes(MAX_CONTEXT_BYTES)}) {example}."
+    return None
+
+
 CUDA_CONTEXT_BYTES_BY_ARCH: dict[str, int] = {}
 """Per-architecture context sizes that replace the default once measured.
 
