@@ -1,9 +1,14 @@
-"""`memfit ui`: a bad address or run folder is one line (exit 2); the page is up at once, on loopback unless told."""
+"""`memfit ui`: a bad address or run folder is one line (exit 2); the page is up at once, on loopback
+unless told; its processes and folders end with it, and a stop cancels the searches it runs."""
 
 from __future__ import annotations
 
+import json
+import signal
 import socket
+import tempfile
 import urllib.request
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -11,7 +16,7 @@ from typer.testing import CliRunner
 from memfit.cli import app
 from memfit.ui.command import is_loopback
 
-from ui_helpers import Server
+from ui_helpers import GENEROUS_S, Server, start_search, wait_until_gone, wait_until_warm
 
 runner = CliRunner()
 
@@ -65,3 +70,51 @@ def test_another_address_is_served_with_a_loud_warning():
         err = server.stop()
     assert "warning: memfit ui listens on 0.0.0.0: anyone who can reach this machine" in err
     assert "no password" in err
+
+
+def test_a_server_killed_with_sigkill_leaves_no_process_and_the_next_start_removes_its_folder():
+    import psutil
+
+    with tempfile.TemporaryDirectory(prefix="mf-") as temp:  # short: a socket's path is at most 107 bytes
+        server = Server(env={"TMPDIR": temp})
+        try:
+            wait_until_warm(server.url)  # the workers plans are simulated in: started
+            with urllib.request.urlopen(server.url + "api/plan?seq_len=256") as answer:
+                assert answer.status == 200
+            stream, _ = start_search(server.url)  # and the search's own workers
+            me = psutil.Process(server.process.pid)
+            processes = me.children(recursive=True)
+            scratch = Path(me.cwd()).parent
+            assert len(processes) >= 5 and scratch.parent == Path(temp)  # forkserver, tracker, 2 + 2 workers
+            server.process.kill()
+            server.process.wait()
+            stream.close()
+            assert wait_until_gone(processes) == []
+            assert scratch.is_dir()  # nobody left to remove it...
+        finally:
+            server.stop()
+        again = Server(env={"TMPDIR": temp})
+        try:
+            assert not scratch.exists()  # ...but the next start
+        finally:
+            again.stop()
+
+
+def test_sigterm_during_a_search_cancels_it_and_the_server_ends_saying_so():
+    import psutil
+
+    server = Server()
+    try:
+        wait_until_warm(server.url)
+        stream, _ = start_search(server.url)
+        processes = psutil.Process(server.process.pid).children(recursive=True)
+        server.process.send_signal(signal.SIGTERM)
+        # The search far from its end: its stream ends with the stop, not with a result.
+        rest = [json.loads(line) for line in stream]
+        assert rest[-1]["event"] == "error" and rest[-1]["status"] == 503, rest[-1:]
+        assert "the server is stopping" in rest[-1]["error"]
+        assert server.process.wait(timeout=GENEROUS_S) == 128 + signal.SIGTERM
+    finally:
+        err = server.stop()
+    assert "memfit ui: stopping (SIGTERM)" in err and "1 search cancelled" in err
+    assert wait_until_gone(processes) == []

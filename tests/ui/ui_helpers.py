@@ -46,3 +46,55 @@ class Server:
             self.process.kill()
             _, err = self.process.communicate()
         return err
+
+
+#: A search that takes far longer than anything here waits for (tens of plans of an 8B model, on
+#: up to 8 GPUs, with the plan cache off in tests): a stop that came before its end cancelled it.
+LONG_SEARCH = "api/fit?model=llama-3.1-8b&gpu=rtx-4090&gpus=8"
+#: How long a server may take to warm, or its processes to end, on a busy shared machine.
+GENEROUS_S = 300
+
+
+def wait_until_warm(url: str) -> None:
+    """Wait until the server's planner is warm (its worker processes started)."""
+    import json
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + GENEROUS_S
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url + "api/status") as answer:
+            if json.load(answer)["warm"]:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"{url} was not warm after {GENEROUS_S} s")
+
+
+def start_search(url: str):
+    """Start :data:`LONG_SEARCH` and read its stream until its first plan is being made (its worker
+    processes are running); the open stream and the events so far."""
+    import json
+    import urllib.request
+
+    stream = urllib.request.urlopen(url + LONG_SEARCH, timeout=GENEROUS_S)
+    events = []
+    for line in stream:
+        events.append(json.loads(line))
+        if events[-1]["event"] in ("progress", "error", "result"):
+            break
+    assert events[-1]["event"] == "progress", events
+    return stream, events
+
+
+def wait_until_gone(processes, bound_s: float = GENEROUS_S) -> list:
+    """Wait (at most ``bound_s``) until none of ``processes`` (psutil) runs; those still running."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + bound_s
+    running = list(processes)
+    while running and time.monotonic() < deadline:
+        time.sleep(0.2)
+        running = [p for p in running if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return running

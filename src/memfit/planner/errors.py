@@ -1,4 +1,5 @@
-"""The error the planner raises for bad input: every problem with the model, the knobs, the GPU or the budget."""
+"""The errors of the planner: bad input (every problem with the model, the knobs, the GPU or the budget),
+and a search stopped before its end."""
 
 from __future__ import annotations
 
@@ -14,3 +15,8 @@ class PlanError(SpecError):
         if heading is not None:
             self.heading = heading
         super().__init__(problems)
+
+
+class SearchCancelled(Exception):
+    """A search stopped before its end because its caller asked it to (``fit(stop=...)``): a server
+    shutting down. Not the user's mistake, and nothing to report but that it stopped."""

@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from memfit.errors import shown_name
 from memfit.json_form import JsonForm
 from memfit.planner.api import plan
-from memfit.planner.errors import PlanError
+from memfit.planner.errors import PlanError, SearchCancelled
 from memfit.planner.inputs import quick_problems, validate, validation_state
 from memfit.planner.layout import proven_over_budget
 from memfit.planner.report import MemoryPlan
@@ -228,6 +230,7 @@ def fit(
     plans_expected: Callable[[int], None] | None = None,
     found: Callable[[str, list[Fit]], None] | None = None,
     model_override: str | None = None,
+    stop: threading.Event | None = None,
     **knobs: Any,
 ) -> FitResult:
     """Find the configurations of ``model`` that fit ``gpu`` (or ``budget``, or ``target``), fastest first.
@@ -265,6 +268,8 @@ def fit(
             fastest fit of all methods) as soon as that method's search ends.
         model_override: with another tool's config as ``model``, the model to fit in place of the
             config's (``--model``).
+        stop: when set (by another thread), the search ends where it is, its worker processes
+            ended, and raises :class:`~memfit.planner.errors.SearchCancelled`.
         knobs: fixed RunSpec knobs passed through (rank, alpha, targets, precision...). Without a
             precision, bf16 is used where the GPU supports it, else fp16 (LoRA, QLoRA) or fp32 (full).
     """
@@ -274,14 +279,16 @@ def fit(
     if is_tool_config(model):
         return _fit_tool_config(str(model), gpu=gpu, budget=budget, target=target, batch_size=batch_size, seq_len=seq_len,
                                 methods=methods, max_seq_len=max_seq_len, progress=progress, workers=workers, revision=revision,
-                                plans_expected=plans_expected, found=found, model_override=model_override, **knobs)
+                                plans_expected=plans_expected, found=found, model_override=model_override, stop=stop, **knobs)
     check_no_override(model, model_override)
     batch_size = 8 if batch_size is None else batch_size
     started = time.perf_counter()
     asked = tuple(methods or ())
     methods, refused = _methods_for(methods, knobs)
     workers = worker_count(len(methods)) if workers is None else max(1, workers)
-    inputs = dict(revision=revision, gpu=gpu, budget=budget, target=target, batch_size=batch_size, seq_len=seq_len or 1, **knobs)
+    # Without a length, any valid one: the model's longest is taken once the model is known.
+    inputs = dict(revision=revision, gpu=gpu, budget=budget, target=target, batch_size=batch_size,
+                  seq_len=1 if seq_len is None else seq_len, **knobs)
     source, target = _validated(model, inputs, asked, refused, knobs, start_workers=workers > 1)
     if isinstance(model, str) and (source.hub or source.note):
         # A Hub id is fetched once: every plan of the search (and every worker) uses that config.
@@ -299,17 +306,33 @@ def fit(
                      optimizers=dict(OPTIMIZERS_LEAN_FIRST, **(optimizers or {})), deepspeed=deepspeed)
     if plans_expected is not None:
         plans_expected(expected_plans(len(methods), batch_size, longest=bool(job.seq_limit)))
-    outcomes = _run_parts(job, methods, workers, progress, found or (lambda method, fits: None))
+    progress = _stoppable(progress, stop)
+    outcomes = _run_parts(job, methods, workers, progress, found or (lambda method, fits: None), stop)
     result = _fit_result(job, outcomes, methods, max_seq_len, progress)
     return dataclasses.replace(result, model=source.name, gpu={"name": target.name, "memory_bytes": target.memory_bytes},
                                seconds=time.perf_counter() - started, max_gpus=max_gpus,
                                notes=[source.note] if source.note else [])
 
 
+def _stoppable(progress: Callable[[str], None] | None, stop: threading.Event | None) -> Callable[[str], None] | None:
+    """``progress``, raising :class:`SearchCancelled` before a plan this process makes once ``stop``
+    is set (the plans of worker processes are stopped by :func:`run_parallel`)."""
+    if stop is None:
+        return progress
+
+    def checked(message: str) -> None:
+        if stop.is_set():
+            raise SearchCancelled()
+        if progress is not None:
+            progress(message)
+
+    return checked
+
+
 def _run_parts(job: "_MethodJob", methods: tuple[str, ...], workers: int, progress: Callable[[str], None] | None,
-               found: Callable[[str, list[Fit]], None]) -> list["_MethodOutcome"]:
+               found: Callable[[str, list[Fit]], None], stop: threading.Event | None = None) -> list["_MethodOutcome"]:
     """Each method's outcome, its parts searched in ``workers`` processes (or here, with one);
-    ``found`` is called with a method's fits as soon as its batch search ends."""
+    ``found`` is called with a method's fits as soon as its batch search ends; ``stop``: see :func:`fit`."""
     parts = job.parts(methods) if workers > 1 else tuple(methods)
 
     def finished(part: str, outcome: "_MethodOutcome") -> None:
@@ -317,7 +340,7 @@ def _run_parts(job: "_MethodJob", methods: tuple[str, ...], workers: int, progre
             found(outcome.method, outcome.fits)
 
     if workers > 1:
-        results = dict(zip(parts, run_parallel(job, parts, workers, progress, finished)))
+        results = dict(zip(parts, run_parallel(job, parts, workers, progress, finished, stop)))
     else:
         results = {}
         for part in parts:
@@ -345,7 +368,7 @@ def _validated(model: str | dict, inputs: dict[str, Any], asked: tuple[str, ...]
                         f"batch accumulated, and --grad-accum is at most {most} (e.g. --batch-size 8)")
     bad = [m for m in asked if m not in METHODS]
     if bad:
-        problems.append(f"--method: {', '.join(bad)} is not one of {', '.join(METHODS)}")
+        problems.append(f"--method: {', '.join(map(shown_name, bad))} is not one of {', '.join(METHODS)}")
     problems.extend(refused)
     for fixed in ("method", "checkpointing", "optimizer", "grad_accum"):
         if fixed in knobs:
@@ -426,7 +449,7 @@ def _fit_tool_config(path: str, *, batch_size: int | None, seq_len: int | None, 
     from memfit.interop import read_tool_config
 
     search = {k: options.pop(k) for k in ("gpu", "budget", "target", "max_seq_len", "progress", "workers", "plans_expected",
-                                          "found")}
+                                          "found", "stop")}
     tool = read_tool_config(path, model=model_override)
     knobs, dropped = tool.knobs_for(options)
     config_batch = int(knobs.get("batch_size", 1)) * int(knobs.get("grad_accum", 1))

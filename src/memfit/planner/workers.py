@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import Any, Callable, Protocol
+
+from memfit.planner.errors import SearchCancelled
 
 
 class MethodJob(Protocol):
@@ -26,15 +29,66 @@ class MethodJob(Protocol):
         """Sort key of the parts: the heaviest first, so that the last to start are short."""
 
 
-#: The queue a worker process reports its plans on (set by :func:`_set_progress_queue` when the
-#: worker starts; None in the searching process itself).
+#: The queue a worker process reports its plans on (set by :func:`_start_worker` when the worker
+#: starts; None in the searching process itself).
 _progress_queue = None
 
 
-def _set_progress_queue(queue) -> None:
-    """Worker initializer: report each plan on ``queue`` (the parent prints them as they come)."""
+def owner_of_workers() -> tuple[int, float]:
+    """This process as its workers watch it: its pid and start time (a pid alone may be reused)."""
+    import psutil
+
+    me = psutil.Process()
+    return me.pid, me.create_time()
+
+
+def end_with(owner: tuple[int, float]) -> None:
+    """End this process as soon as ``owner`` (:func:`owner_of_workers`) ends.
+
+    A worker waits for work on a queue whose writing end it holds itself, so a server killed
+    without a word (SIGKILL, the OOM killer) would leave its workers waiting forever, and with
+    them multiprocessing's worker server and resource tracker, which live while a worker does. A
+    thread of the worker waits for the owner to end (psutil: a pidfd on Linux, polling elsewhere)
+    and ends the worker. Not PR_SET_PDEATHSIG: a worker's parent is the worker server, not the
+    owner, and the signal follows the thread that forked, not the process."""
+    threading.Thread(target=_exit_when_gone, args=(owner,), name="memfit-worker-owner", daemon=True).start()
+
+
+def _exit_when_gone(owner: tuple[int, float]) -> None:
+    import psutil
+
+    pid, started = owner
+    try:
+        process = psutil.Process(pid)
+        if process.create_time() == started:  # else the pid is another process's now: the owner is gone
+            process.wait()
+    except psutil.Error:  # gone already
+        pass
+    os._exit(1)  # at once: nothing this worker does is wanted by anyone any more
+
+
+def _start_worker(owner: tuple[int, float], queue=None, modules: tuple[str, ...] = ()) -> None:
+    """Worker initializer: end with ``owner``, report each plan on ``queue`` (the owner prints them
+    as they come), import ``modules`` (what the worker's plans will need)."""
     global _progress_queue
+    end_with(owner)
     _progress_queue = queue
+    if modules:
+        _import_in_worker(modules)
+
+
+def stop_workers(pool) -> None:
+    """End a ``ProcessPoolExecutor``'s processes now, whatever they are doing (their work is not
+    wanted: a search cancelled, a server stopping); its pending work is cancelled."""
+    terminate = getattr(pool, "terminate_workers", None)  # Python 3.14
+    if terminate is not None:
+        terminate()
+        return
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for process in processes:
+        if process.is_alive():
+            process.terminate()
 
 
 def _one_core() -> None:
@@ -98,29 +152,38 @@ def _worker_context():
 
 
 def run_parallel(job: MethodJob, parts: tuple[str, ...], workers: int, progress: Callable[[str], None] | None,
-                 finished: Callable[[str, Any], None] | None = None) -> list[Any]:
+                 finished: Callable[[str, Any], None] | None = None, stop: threading.Event | None = None) -> list[Any]:
     """``job.run(part)`` for each part, in ``workers`` processes (forked from the worker server, or
     spawned: a clean interpreter either way as far as torch is concerned), heaviest first; the
     outcomes in the order of ``parts``. ``progress`` is called here with what the workers report,
-    ``finished`` with a part and its outcome as soon as a process returns it."""
+    ``finished`` with a part and its outcome as soon as a process returns it. When ``stop`` is set
+    the workers are ended where they are and :class:`~memfit.planner.errors.SearchCancelled` raised."""
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     context = _worker_context()
     # Workers report each plan as they make it, so that a search of a minute shows its progress
     # plan by plan, as the one-process search does.
     reports = context.Queue() if progress is not None else None
-    initializer = dict(initializer=_set_progress_queue, initargs=(reports,)) if reports is not None else {}
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context, **initializer) as pool:
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker,
+                             initargs=(owner_of_workers(), reports)) as pool:
         order = sorted(parts, key=job.heaviest_first)
         futures = {part: pool.submit(_run_method_job, job, part) for part in order}
-        pending = set(futures.values())
-        while pending:
-            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-            _drain(reports, progress, timeout=None)
-            for part in (p for p in order if futures[p] in done and futures[p].exception() is None):
-                if finished is not None:
-                    finished(part, futures[part].result())
-        outcomes = [futures[part].result() for part in parts]
+        try:
+            pending = set(futures.values())
+            while pending:
+                done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+                if stop is not None and stop.is_set():
+                    raise SearchCancelled()
+                _drain(reports, progress, timeout=None)
+                for part in (p for p in order if futures[p] in done and futures[p].exception() is None):
+                    if finished is not None:
+                        finished(part, futures[part].result())
+            outcomes = [futures[part].result() for part in parts]
+        except BaseException:
+            # Whatever ends the search here (a cancel, a part that failed, Ctrl-C) ends its workers
+            # now, rather than after the parts they are planning.
+            stop_workers(pool)
+            raise
     if reports is not None:  # what was put just before the last worker ended
         _drain(reports, progress, timeout=0.1)
         reports.close()
@@ -157,14 +220,17 @@ class DepthPool:
         self.workers = max(1, workers)
         self.imports = tuple(imports)  # modules each worker imports as it starts (what plans will need)
         self._executor = None
+        self._terminated = False
 
     def _pool(self):
+        if self._terminated:
+            raise RuntimeError("the depth workers were ended (DepthPool.terminate): this pool plans no more")
         if self._executor is None:
             from concurrent.futures import ProcessPoolExecutor
 
             start_worker_server(self.imports)
             self._executor = ProcessPoolExecutor(max_workers=self.workers, mp_context=_worker_context(),
-                                                 initializer=_import_in_worker, initargs=(self.imports,))
+                                                 initializer=_start_worker, initargs=(owner_of_workers(), None, self.imports))
         return self._executor
 
     def start(self) -> None:
@@ -183,10 +249,20 @@ class DepthPool:
         return self.sample_many(config, spec, [depth], workspace_allocs, arch)[0]
 
     def close(self) -> None:
-        """Stop the worker processes (a later plan starts new ones)."""
+        """Stop the worker processes once they are done with the depths they simulate (a later plan
+        starts new ones)."""
         if self._executor is not None:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
+
+    def terminate(self) -> None:
+        """End the worker processes now, what they simulate left unfinished (a plan waiting on them
+        fails with ``BrokenProcessPool``), for good: the pool starts no new ones (a server stopping)."""
+        self._terminated = True
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            stop_workers(executor)
+            executor.shutdown(wait=True)
 
 
 def quiet_bitsandbytes_import() -> None:

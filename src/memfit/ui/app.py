@@ -17,9 +17,10 @@ Routes:
   as ``memfit ui --run``), compared with its plan or the plan on the page;
 - ``GET /api/run``: the run given as ``memfit ui --run``, compared with its plan.
 
-A bad input is a 400 whose ``error`` is the command line's message; a search past
-:data:`~memfit.ui.service.MAX_SEARCHES` a 429. Anything else is a bug: a 500 with one line, the
-traceback in the server's log, and the server goes on serving.
+A bad input is a 400 whose ``error`` is the command line's message (a long value in it cut, as the
+command line cuts it); a search past :data:`~memfit.ui.service.MAX_SEARCHES` a 429; what the server
+could not finish because it is stopping a 503 (a search's stream ends with that error). Anything
+else is a bug: a 500 with one line, the traceback in the server's log, and the server goes on serving.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ import threading
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from memfit.errors import UserError
+from memfit.errors import UserError, clip_long_values
 from memfit.ui import params as query
-from memfit.ui.service import BusyError, PlannerService
+from memfit.ui.service import PlannerService
 from memfit.ui.uploads import MAX_UPLOAD_BYTES, UploadError
 
 log = logging.getLogger("memfit.ui")
@@ -167,8 +168,8 @@ async def fit(request):
     def search() -> None:
         try:
             service.fit(call, emit)
-        except BusyError as err:
-            emit({"event": "error", "error": str(err), "status": 429})
+        except UserError as err:  # too many searches (429), the server stopping (503)
+            emit({"event": "error", "error": str(err), "status": getattr(err, "http_status", 400)})
         except Exception as err:  # a bug: said in one line, the traceback in the log
             log.exception("memfit ui: the search failed")
             emit({"event": "error", "error": f"internal error: {type(err).__name__}: {err}", "status": 500})
@@ -303,7 +304,7 @@ async def run_folder(request):
 
 
 async def _user_error(request, err: UserError):
-    return _error(str(err), 429 if isinstance(err, BusyError) else 400)
+    return _error(str(err), getattr(err, "http_status", 400))  # BusyError: 429, ServerStopping: 503
 
 
 async def _bad_json(request, err: json.JSONDecodeError):

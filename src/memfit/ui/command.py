@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 from pathlib import Path
 from typing import Optional
 
@@ -70,16 +71,12 @@ def ui_command(
 
     The page answers from the same API as `memfit plan` and `memfit fit` (its /api/plan and
     /api/fit return their --json output). Exit code 2: a bad --port, --host or --run."""
-    import signal
-    import sys
-    import tempfile
-
     from memfit.ui.runs import check_run_folder
 
     run_dir = check_run_folder(run) if run is not None else None  # a bad folder: one line, before the server starts
     try:
         import starlette  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError as err:
         raise ServeError(f"memfit ui needs {err.name}, which is not installed: pip install starlette uvicorn.") from None
     sock = open_socket(host, port)
@@ -88,9 +85,33 @@ def ui_command(
         typer.secho(f"warning: memfit ui listens on {host}: anyone who can reach this machine on port {sock.getsockname()[1]} "
                     f"can use the page and make the server plan (no password, no TLS). Use --host {DEFAULT_HOST} to keep "
                     "it to this machine.", fg="yellow", bold=True, err=True)
+    _serve(sock, url, run_dir, open_browser)
+
+
+def _serve(sock: socket.socket, url: str, run_dir: Path | None, open_browser: bool) -> None:
+    """Serve the page on ``sock`` until SIGTERM or Ctrl-C, from a scratch folder of the server's own."""
+    import os
+    import signal
+    import tempfile
+
+    from multiprocessing import util as multiprocessing_util
+
     from memfit.ui.app import create_app
+    from memfit.ui.scratch import adopt, make_scratch
     from memfit.ui.service import PlannerService
 
+    # What the server writes to the temporary folder goes into its scratch folder, removed at the
+    # end, or by the next start if this process is killed; multiprocessing's folder (the worker
+    # server's socket, whose path must stay short) beside it, named in it.
+    scratch = make_scratch()
+    _remove_at_exit(scratch)
+    adopt(scratch, multiprocessing_util.get_temp_dir())
+    tempfile.tempdir = str(scratch)
+    # The page names models, never paths; an empty working folder makes sure that a name which also
+    # reads as a relative path (a Hub id's org/name) can never reach the files beside the user.
+    empty = scratch / "cwd"
+    empty.mkdir()
+    os.chdir(empty)
     # A plan's two sampled depths are simulated side by side, in two processes kept for the server's life.
     service = PlannerService(depth_workers=2)
     service.warm()
@@ -100,21 +121,50 @@ def ui_command(
         import webbrowser
 
         webbrowser.open(url)
-    # The page names models, never paths; an empty working folder makes sure that a name which also
-    # reads as a relative path (a Hub id's org/name) can never reach the files beside the user.
-    with tempfile.TemporaryDirectory(prefix="memfit-ui-") as empty:
-        import os
+    # uvicorn stops gracefully on SIGTERM, then raises it again with the handler it found: this
+    # one, which ends the command through the finally below, so that the workers end too.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        _stopping_server(app, service).run(sockets=[sock])
+    finally:
+        service.close()  # the planner's worker processes end with the server
 
-        os.chdir(empty)
-        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-        # uvicorn stops gracefully on SIGTERM, then raises it again with the handler it found: this
-        # one, which ends the command through the finally below, so that the workers end too.
-        signal.signal(signal.SIGTERM, _exit_on_signal)
-        try:
-            uvicorn.Server(config).run(sockets=[sock])
-        finally:
-            service.close()  # the planner's worker processes end with the server
-    sys.stdout.flush()
+
+def _stopping_server(app, service):
+    """A uvicorn server of ``app`` that, on the first SIGTERM or Ctrl-C, says it is stopping and
+    stops ``service`` at once (searches cancelled, workers ended), so that the requests it waits
+    for end now rather than when their searches would have."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame) -> None:
+            first = not self.should_exit
+            super().handle_exit(sig, frame)
+            if first:  # in a thread: a signal handler should not print or wait for processes
+                threading.Thread(target=_stop, args=(service, sig), name="memfit-ui-stop", daemon=True).start()
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    return Server(config)
+
+
+def _stop(service, sig: int) -> None:
+    import signal
+    import sys
+
+    name = signal.Signals(sig).name
+    print(f"memfit ui: stopping ({name})", file=sys.stderr, flush=True)
+    searches = service.stop()
+    if searches:
+        print(f"memfit ui: {searches} search{'es' if searches > 1 else ''} cancelled", file=sys.stderr, flush=True)
+
+
+def _remove_at_exit(folder: Path) -> None:
+    """Remove ``folder`` when this process exits, with multiprocessing's exit handlers (after its
+    own folder, at priority -100: this one runs last)."""
+    import shutil
+    from multiprocessing.util import Finalize
+
+    Finalize(None, shutil.rmtree, args=(str(folder),), kwargs={"ignore_errors": True}, exitpriority=-200)
 
 
 def _exit_on_signal(signum: int, frame) -> None:

@@ -28,7 +28,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from memfit.errors import UserError
+from memfit.errors import UserError, clip_long_values
+from memfit.planner.errors import SearchCancelled
 from memfit.ui.context import longest_fitting, sweep_lengths
 from memfit.ui.params import Call
 from memfit.ui.uploads import UploadStore, is_upload_name
@@ -46,6 +47,18 @@ MAX_SEARCHES = 2
 
 class BusyError(UserError):
     """More searches asked for than the server runs at once."""
+
+    http_status = 429
+
+
+class ServerStopping(UserError):
+    """The server is stopping (SIGTERM, Ctrl-C): what was asked is not done, nor finished."""
+
+    http_status = 503
+
+
+#: What a request that the stop interrupted is answered.
+STOPPING = "the server is stopping: this was not finished; start `memfit ui` again and ask again."
 
 
 def result_dict(result: Any) -> dict[str, Any]:
@@ -70,6 +83,10 @@ class PlannerService:
         self._plan_lock = threading.Lock()
         self._imported = threading.Event()
         self._searches = threading.BoundedSemaphore(MAX_SEARCHES)
+        self._running = 0  # searches running now (under _count_lock)
+        self._count_lock = threading.Lock()
+        # Set by stop(): searches end where they are, no new plan starts.
+        self._stopping = threading.Event()
         self._clock = clock
         self.warm_seconds: float | None = None
 
@@ -92,7 +109,8 @@ class PlannerService:
                 if self.depths is not None:
                     self.depths.start()
         except Exception:  # a broken optional library: the plans that need it will say so
-            log.exception("warming the planner failed; plans import what they need as they go")
+            if not self._stopping.is_set():  # (stopped meanwhile: the workers were ended under it)
+                log.exception("warming the planner failed; plans import what they need as they go")
         finally:
             self.warm_seconds = self._clock() - started
             self._imported.set()
@@ -101,6 +119,25 @@ class PlannerService:
         """Stop the worker processes plans are simulated in (a later plan would start them again)."""
         if self.depths is not None:
             self.depths.close()
+
+    def stop(self) -> int:
+        """Stop what runs, now (the server is stopping): every search ends where it is, its worker
+        processes ended; a plan being simulated is abandoned, its workers ended; what is asked from
+        now on, and what these were asked for, is answered :class:`ServerStopping`. Returns how
+        many searches were running."""
+        self._stopping.set()
+        if self.depths is not None:
+            self.depths.terminate()
+        with self._count_lock:
+            return self._running
+
+    def _ready(self) -> None:
+        """Wait for the imports (:meth:`warm`); :class:`ServerStopping` once the server stops."""
+        while not self._imported.wait(0.1):
+            if self._stopping.is_set():
+                raise ServerStopping(STOPPING)
+        if self._stopping.is_set():
+            raise ServerStopping(STOPPING)
 
     def mark_warm(self) -> None:
         """Count the imports as done without doing them (a server that does not warm: tests)."""
@@ -135,9 +172,15 @@ class PlannerService:
         """``memfit plan --json`` for ``call``."""
         from memfit.planner.api import plan
 
-        self._imported.wait()
+        self._ready()
         with self._plan_lock:
-            result = plan(self.model_argument(call.model), sampler=self.depths, **call.options, **call.knobs)
+            self._ready()
+            try:
+                result = plan(self.model_argument(call.model), sampler=self.depths, **call.options, **call.knobs)
+            except Exception:
+                if self._stopping.is_set():  # its workers were ended under it (BrokenProcessPool, cancelled)
+                    raise ServerStopping(STOPPING) from None
+                raise
         return self.public(call.model, result_dict(result))
 
     def sweep(self, call: Call, max_positions: int | None, first: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
@@ -154,8 +197,11 @@ class PlannerService:
             else:
                 try:
                     data = self.plan(Call(call.model, call.options, dict(call.knobs, seq_len=str(length))))
+                except ServerStopping as err:
+                    yield {"error": str(err), "status": ServerStopping.http_status}
+                    return
                 except UserError as err:
-                    yield {"seq_len": length, "error": str(err)}
+                    yield {"seq_len": length, "error": clip_long_values(str(err))}
                     continue
             capacity = (data.get("gpu") or {}).get("memory_bytes")
             points.append((length, data["peak"]["device_total_bytes"]))
@@ -175,13 +221,16 @@ class PlannerService:
         with about how many plans it will make, ``{"event": "progress"}`` for every plan,
         ``{"event": "found"}`` with a method's fits when its search ends, then ``{"event": "result"}``
         (the ``--json`` form) or ``{"event": "error"}`` (a bad input: the CLI's message). Runs in the
-        caller's thread; raises :class:`BusyError` at once when :data:`MAX_SEARCHES` searches are running."""
+        caller's thread; raises :class:`BusyError` at once when :data:`MAX_SEARCHES` searches are running,
+        :class:`ServerStopping` when the server stops (:meth:`stop`) before the search ends."""
         from memfit.planner.search import fit
 
         if not self._searches.acquire(blocking=False):
             raise BusyError(f"the server is running {MAX_SEARCHES} searches already; wait for one to end and ask again.")
+        with self._count_lock:
+            self._running += 1
         try:
-            self._imported.wait()
+            self._ready()
             count = [0]
 
             def progress(message: str) -> None:
@@ -196,10 +245,14 @@ class PlannerService:
 
             try:
                 result = fit(self.model_argument(call.model), progress=progress, found=found, plans_expected=expected,
-                             **call.options, **call.knobs)
+                             stop=self._stopping, **call.options, **call.knobs)
+            except SearchCancelled:
+                raise ServerStopping(STOPPING) from None
             except UserError as err:
-                emit({"event": "error", "error": str(err), "status": 400})
+                emit({"event": "error", "error": clip_long_values(str(err)), "status": 400})
                 return
             emit({"event": "result", "result": self.public(call.model, result_dict(result))})
         finally:
+            with self._count_lock:
+                self._running -= 1
             self._searches.release()
