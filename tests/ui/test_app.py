@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -69,6 +70,100 @@ def test_a_bad_input_is_a_400_with_the_cli_message(client, query, args):
     assert result.exit_code == 2
     message = result.stderr.split("error: ", 1)[1].strip()
     assert " ".join(answer.json()["error"].split()) == " ".join(message.split())
+
+
+def cli_error(*args: str) -> str:
+    result = runner.invoke(cli, list(args))
+    assert result.exit_code == 2, result.output
+    return " ".join(result.stderr.split("error: ", 1)[1].split())
+
+
+@pytest.mark.parametrize("query, args", [
+    ("context_bytes=-1", ["plan", "--context-bytes", "-1"]),
+    ("context_bytes=2000000000000&seq_len=%C2%B2", ["plan", "--context-bytes", "2000000000000", "--seq-len", "\u00b2"]),
+    (f"rank={'9' * 5000}", ["plan", "--rank", "9" * 5000]),
+    ("targets=q_proj%20v_proj", ["plan", "--targets", "q_proj v_proj"]),
+])
+def test_a_value_out_of_range_is_the_cli_message(client, query, args):
+    answer = client.get(f"/api/plan?{query}")
+    assert answer.status_code == 400
+    assert " ".join(answer.json()["error"].split()) == cli_error(*args)
+
+
+def test_a_long_model_name_is_refused_in_one_line_as_on_the_command_line(client):
+    name = "a" * 10_000
+    answer = client.get(f"/api/plan?model={name}")
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error.startswith("model: 'aaaa") and "(10,000 characters) is longer than a model name" in error
+    assert len(error) < 400 and cli_error("plan", name) == "cannot plan this run: " + error
+
+
+def test_a_bad_fit_option_is_the_cli_message(client):
+    answer = client.get("/api/fit?model=smollm2-135m&gpu=rtx-4090&batch_size=x&seq_len=0&gpus=-2")
+    assert answer.status_code == 400
+    assert " ".join(answer.json()["error"].split()) == cli_error(
+        "fit", "smollm2-135m", "--gpu", "rtx-4090", "--batch-size", "x", "--seq-len", "0", "--gpus", "-2")
+
+
+#: What a parameter may be given by mistake: negative, zero, huge (and with more digits than Python
+#: reads), not a number, empty, very long (with and without spaces), another type's text, a NUL, a
+#: digit of another script.
+ODD_VALUES = ["-1", "0", "99999999999999999999999999", "9" * 5000, "nan", "", "x" * 10_000, "a b" * 3000, "[1]", "\x00",
+              "\u00b2"]
+
+
+def fuzzed(client, route: str, names, base: dict) -> list[str]:
+    """Each of ``names`` given each of :data:`ODD_VALUES` over ``base``: what went wrong."""
+    import urllib.parse
+
+    from memfit.spec import flag
+
+    wrong = []
+    base_error = client.get(f"{route}?{urllib.parse.urlencode(base)}").json().get("error")
+    for name in names:
+        for value in ODD_VALUES:
+            answer = client.get(f"{route}?{urllib.parse.urlencode(dict(base, **{name: value}))}")
+            said = f"{route} {name}={value[:20]!r}: {answer.status_code} {answer.text[:300]}"
+            if answer.status_code >= 500:
+                wrong.append(said)
+            elif answer.status_code >= 400:
+                error = answer.json()["error"]
+                # What the value added to the base's problems (nothing: it was taken) names the parameter.
+                new = [p for p in _problems(error) if p not in (base_error or "")]
+                unnamed = [p for p in new if not {name, flag(name), name.replace("_", "-")} & set(re.findall(r"[\w-]+", p))]
+                if unnamed or len(error) > 2000 or len(value) > 1000 and value[:500] in error:
+                    wrong.append(said)  # the parameter unnamed, or the value shown whole
+    return wrong
+
+
+def _problems(error: str) -> list[str]:
+    """The problems an error lists (its heading, "cannot plan this run:", left off)."""
+    lines = error.splitlines()
+    if len(lines) > 1:
+        return [line.strip().removeprefix("- ") for line in lines[1:]]
+    return [re.sub(r"^cannot [^:]+: ", "", error)]
+
+
+def test_no_parameter_value_makes_a_server_error(client, tiny_config):
+    from starlette.testclient import TestClient
+
+    from memfit.options import FIT_KNOBS
+    from memfit.spec import KNOBS
+    from memfit.ui.params import FIT_OPTIONS, PLAN_OPTIONS
+
+    quiet = TestClient(client.app, raise_server_exceptions=False)
+    model = upload(client, tiny_config)
+    # Each base is refused, by a check that runs after every check of a single value, so that a
+    # value that passes costs no plan and no search.
+    plan_base = {"model": model, "seq_len": "128", "targets": "no_such_proj"}
+    wrong = fuzzed(quiet, "/api/plan", ("model",) + PLAN_OPTIONS + KNOBS, plan_base)
+    wrong += fuzzed(quiet, "/api/context", ("model",) + PLAN_OPTIONS + KNOBS, plan_base)
+    # No --gpu nor --budget, and no such method: refused, with every other value checked as well.
+    wrong += fuzzed(quiet, "/api/fit", ("model",) + FIT_OPTIONS + FIT_KNOBS, {"model": model, "method": "no-such-method"})
+    wrong += fuzzed(quiet, "/api/export", ("model", "command", "spec") + PLAN_OPTIONS + KNOBS, {"model": model})
+    wrong += fuzzed(quiet, "/api/model", ("model",), {})
+    assert wrong == []
 
 
 def test_fit_streams_its_progress_and_ends_with_memfit_fit_json(client, tiny_config):

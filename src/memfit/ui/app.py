@@ -55,7 +55,8 @@ def _multi(request) -> dict[str, list[str]]:
 def _error(message: str, status: int = 400):
     from starlette.responses import JSONResponse
 
-    return JSONResponse({"error": message}, status_code=status)
+    # A value given at length (a pasted file as a model name) is shown cut, as the command line shows it.
+    return JSONResponse({"error": clip_long_values(message)}, status_code=status)
 
 
 #: How much of a refused body is read (and dropped) before the answer, so that a client still
@@ -219,12 +220,11 @@ async def export(request):
         raise query.QueryError(f"command: {command!r} is not one of plan, fit.")
     spec_text = (items.pop("spec", []) or [None])[0]
     call = query.plan_call(items) if command == "plan" else query.fit_call(items)
+    check_values(call.options, call.knobs)  # a command line the command would refuse is not given
     upload = service.uploads.get(call.model) if service.is_upload(call.model) else None
     answer = {"cli": command_line(command, items, model_file=upload.filename if upload else None)}
     if spec_text:
-        spec = json.loads(spec_text)
-        if not isinstance(spec, dict):
-            raise query.QueryError("spec: not a JSON object; send a plan's spec.")
+        spec = query.plan_spec(spec_text)
         # A dropped tool config is trained on the model it names; a dropped config.json by its file.
         tool = upload.tool if upload else None
         model = tool.model if tool else upload.filename if upload else call.model
@@ -239,18 +239,20 @@ async def model_upload(request):
     from starlette.concurrency import run_in_threadpool
     from starlette.responses import JSONResponse
 
+    from memfit.ui.dropped_files import file_name
     from memfit.ui.uploads import MAX_FILES
 
     uploads = _service(request).uploads
     if request.query_params.get("filename"):
-        filename = Path(request.query_params["filename"]).name
-        files = {filename: await _body(request, MAX_UPLOAD_BYTES, filename)}
+        given_name = request.query_params["filename"]
+        data = await _body(request, MAX_UPLOAD_BYTES, given_name)  # read first: a refused name still gets its answer
+        files = {file_name(given_name): data}
     else:
         data = json.loads(await _body(request, MAX_FILES * MAX_UPLOAD_BYTES, "the dropped files") or b"{}")
         given = data.get("files") if isinstance(data, dict) else None
         if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
             raise UploadError("the dropped files: send {\"files\": {<file name>: <its text>}}, or one file as the body with ?filename=.")
-        files = {Path(str(name)).name: text.encode() for name, text in given.items()}
+        files = {file_name(str(name)): text.encode() for name, text in given.items()}
     upload = await run_in_threadpool(uploads.add_files, files)
     return JSONResponse(upload.describe())
 

@@ -6,10 +6,14 @@ page's parameters (:mod:`memfit.ui.params`) share them without importing each ot
 
 from __future__ import annotations
 
-from memfit.errors import UserError
+from pathlib import PurePath
+
+from memfit.errors import UserError, shown
 
 #: The largest file the page takes (a config.json is a few KiB; a run's memory.jsonl a few hundred).
 MAX_UPLOAD_BYTES = 1 << 20
+#: The longest file name a dropped file may have (NAME_MAX on Linux and macOS).
+MAX_FILE_NAME_CHARS = 255
 #: What the name a dropped config is kept under starts with (twelve hex digits of its content follow).
 UPLOAD_PREFIX = "upload-"
 
@@ -22,6 +26,16 @@ def is_upload_name(model: str) -> bool:
     """Whether ``model`` names a dropped config (``upload-`` and twelve hex digits)."""
     digits = model[len(UPLOAD_PREFIX):]
     return model.startswith(UPLOAD_PREFIX) and len(digits) == 12 and all(c in "0123456789abcdef" for c in digits)
+
+
+def file_name(name: str) -> str:
+    """The file name of a dropped file as the page sent it (its last part: a name, never a path),
+    refused when no file can be named so (too long, a NUL character)."""
+    base = PurePath(name).name
+    if len(base) > MAX_FILE_NAME_CHARS or "\x00" in base:
+        raise UploadError(f"file name {shown(base)} is not a file's name (at most {MAX_FILE_NAME_CHARS} characters, no NUL); "
+                          "drop the file as it is named on your disk.")
+    return base
 
 
 def check_size(data: bytes, filename: str) -> None:

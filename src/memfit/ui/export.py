@@ -12,6 +12,30 @@ from typing import Any, Mapping
 from memfit.spec import TRAINED_KNOBS, flag
 
 
+def check_values(options: Mapping[str, Any], knobs: Mapping[str, Any]) -> None:
+    """Refuse settings that the command they are exported as would refuse, each value on its own:
+    the knobs (:func:`memfit.spec.make_spec`), the GPU and budget, the CUDA context, and ``memfit
+    fit``'s batch, length, GPUs and methods as the knobs they are; every problem at once, in the
+    command line's words. (The model's name is checked as the page reads it; what depends on the
+    model, a length past its positions, when it is planned.)"""
+    from memfit.planner.errors import PlanError
+    from memfit.planner.runtime import context_bytes_problem
+    from memfit.planner.target import resolve_target
+    from memfit.spec import SpecError, make_spec
+
+    values = dict(knobs, **{name: options[name] for name in ("batch_size", "seq_len", "gpus") if name in options})
+    problems: list[str] = []
+    for each in [values] + [{"method": method} for method in options.get("methods", ())]:
+        try:
+            make_spec(**each)
+        except SpecError as err:
+            problems.extend(p for p in err.problems if p not in problems)
+    problems.extend(resolve_target(options.get("gpu"), options.get("budget"))[1])
+    problems.extend(filter(None, [context_bytes_problem(options.get("context_bytes"))]))
+    if problems:
+        raise PlanError(problems, heading="cannot export these settings")
+
+
 def command_line(command: str, params: Mapping[str, list[str]], model_file: str | None = None) -> str:
     """``memfit plan MODEL --opt value ...`` for ``params`` (names as the API takes them).
 

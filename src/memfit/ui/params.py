@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from memfit.errors import UserError
-from memfit.options import FIT_KNOBS
+from memfit.options import FIT_KNOBS, whole_number
 from memfit.spec import KNOBS, flag, value_kind
 
 #: The model ``memfit plan`` plans when none is given (``memfit.cli.DEFAULT_MODEL``, tested equal).
@@ -104,13 +104,6 @@ def _switch(name: str, value: str) -> bool:
     raise QueryError(f"{flag(name)}: {value!r} is not true or false (e.g. {name}=true).")
 
 
-def _whole(name: str, value: str, example: str) -> int:
-    text = value.strip()
-    if not text.lstrip("-").isdigit():
-        raise QueryError(f"{flag(name)}: {value!r} is not a whole number (e.g. {flag(name)} {example}).")
-    return int(text)
-
-
 def page_model(params: Mapping[str, list[str]]) -> str:
     """The ``model`` parameter (default: :data:`DEFAULT_MODEL`), refused when it names a server path."""
     given = [v for v in params.get("model", []) if v.strip()]
@@ -123,11 +116,14 @@ def page_model(params: Mapping[str, list[str]]) -> str:
 
 def check_page_model(model: str) -> None:
     """Refuse a model that is a path: the page names a catalog model, a Hub id or a dropped config.json."""
-    from memfit.models.catalog import catalog_names
+    from memfit.models.catalog import catalog_names, model_argument_problem
     from memfit.models.hub import looks_like_hub_id
 
     from memfit.ui.dropped_files import is_upload_name
 
+    too_long = model_argument_problem(model)  # the command line's limit, before anything reads the name
+    if too_long:
+        raise QueryError(f"model: {too_long}")
     if model.lower() in catalog_names() or is_upload_name(model) or looks_like_hub_id(model):
         return
     if any(mark in model for mark in ("/", "\\", "~")) or model.startswith(".") or model.lower().endswith(".json"):
@@ -146,8 +142,8 @@ def plan_call(params: Mapping[str, list[str]]) -> Call:
     for name in ("revision", "gpu", "budget"):
         if name in values:
             options[name] = values.pop(name)
-    if "context_bytes" in values:
-        options["context_bytes"] = _whole("context_bytes", values.pop("context_bytes"), "600000000")
+    if "context_bytes" in values:  # checked by the plan, as `memfit plan --context-bytes` is
+        options["context_bytes"] = whole_number(values.pop("context_bytes"))
     options["extrapolate"] = not _switch("full_sim", values.pop("full_sim", "false"))
     options["cache"] = not _switch("no_cache", values.pop("no_cache", "false"))
     knobs = {name: ("true" if value == "" else value) for name, value in values.items()}
@@ -162,16 +158,39 @@ def fit_call(params: Mapping[str, list[str]]) -> Call:
     for name in ("revision", "gpu", "budget"):
         if name in values:
             options[name] = values.pop(name)
+    # Whole numbers as `memfit fit` reads them: text that is not one goes on to the search's checks,
+    # which name it with every other problem (the command line's message).
     if "batch_size" in values:  # left off: 8, or a dropped tool config's own effective batch
-        options["batch_size"] = _whole("batch_size", values.pop("batch_size"), "8")
+        options["batch_size"] = whole_number(values.pop("batch_size"))
     if "seq_len" in values:
-        options["seq_len"] = _whole("seq_len", values.pop("seq_len"), "2048")
+        options["seq_len"] = whole_number(values.pop("seq_len"))
     if "method" in values:
         options["methods"] = tuple(values.pop("method"))
-    gpus = _whole("gpus", values.pop("gpus", "1"), "2")
+    gpus = whole_number(values.pop("gpus", "1"))
     if gpus != 1:
         options["gpus"] = gpus
     max_target = values.pop("max", None)
     if max_target is not None and max_target != "seq-len":
         raise QueryError(f"--max: {max_target!r} is not one of seq-len.")
     return Call(model, options, dict(values))
+
+
+def plan_spec(text: str) -> dict[str, Any]:
+    """``/api/export``'s ``spec``: a plan's spec as JSON, its knobs checked as ``memfit train`` checks
+    a config's (:func:`memfit.spec.make_spec`), so that the YAML made of it is one memfit trains."""
+    import json
+
+    from memfit.spec import SpecError, make_spec
+
+    try:
+        spec = json.loads(text)
+    except (ValueError, RecursionError) as err:
+        reason = err.msg if isinstance(err, json.JSONDecodeError) else "nested too deep"
+        raise QueryError(f"spec: {text!r} is not valid JSON ({reason}); send a plan's spec (its \"spec\" object).") from None
+    if not isinstance(spec, dict):
+        raise QueryError(f"spec: {text!r} is not a JSON object; send a plan's spec (its \"spec\" object).")
+    try:
+        make_spec(spelling="field", **{k: v for k, v in spec.items() if k in KNOBS})
+    except SpecError as err:
+        raise QueryError(f"spec: not a spec memfit trains: {'; '.join(err.problems)}") from None
+    return spec
