@@ -52,8 +52,9 @@ def request(url: str, method: str = "GET", body: bytes | None = None) -> tuple[i
 def mix(base: str, model: str, total: int) -> list[tuple[str, str, str, bytes | None]]:
     """``total`` requests (kind, method, url, body): valid and invalid ones interleaved, one search."""
     big = b" " * (2**20 + 1)
-    plan = json.dumps({"spec": {"method": "lora", "checkpointing": "on", "batch_size": 1, "seq_len": 64,
-                                "grad_accum": 1, "optimizer": "adamw"}, "details": {}, "fits": False}).encode()
+    plan = json.dumps({"model": "tiny", "spec": {"method": "lora", "rank": 16, "precision": "bf16", "checkpointing": "on",
+                                                 "batch_size": 1, "seq_len": 64, "grad_accum": 1, "optimizer": "adamw"},
+                       "details": {}, "fits": False}).encode()
     kinds = [
         ("valid", "GET", f"{base}api/plan?model={model}&seq_len=64", None),
         ("valid", "GET", f"{base}api/plan?model={model}&seq_len=128&gpu=rtx-4090", None),

@@ -212,10 +212,28 @@ def test_explain_gives_the_text_memfit_plan_prints(client):
 
     result = plan("smollm2-135m", gpu="rtx-4090", budget="512MiB", seq_len=512).to_dict()
     answer = client.post("/api/explain", content=json.dumps(result)).json()
-    assert answer["category_help"] == CATEGORY_HELP
+    assert answer["category_help"] == {**CATEGORY_HELP, **result["details"]["category_help"]}  # "frozen base weights in bf16"
     assert result["fits"] is False and answer["suggestions"] == suggestions(result["spec"])
     assert answer["features"] == step_features(result["spec"], result["details"])
     assert client.post("/api/explain", content=b"{not json").status_code == 400
+
+
+@pytest.mark.parametrize("objective", ["dpo", "orpo", "simpo"])
+def test_a_preference_plan_gets_the_words_memfit_plan_prints(client, tiny_config, objective):
+    # The page shows what the terminal shows of a preference plan: the batch counts pairs, the
+    # reference model (or that there is none), the precision, the memory-lean step.
+    model = upload(client, tiny_config)
+    result = client.get(f"/api/plan?model={model}&seq_len=128&objective={objective}").json()
+    answer = client.post("/api/explain", content=json.dumps(result)).json()
+    printed = runner.invoke(cli, ["plan", str(tiny_config), "--seq-len", "128", "--objective", objective])
+    assert printed.exit_code == 0, printed.output
+    lines = printed.stdout.splitlines()
+    assert answer["headline"] in lines and answer["headline"].endswith(f"{objective} (batch counts pairs)")
+    assert answer["precision"] in lines
+    assert answer["lines"] and all(line in lines for line in answer["lines"])
+    assert [line.split(":")[0] for line in answer["lines"]] == ["attention", "reference", "memory-lean step"]
+    reference = answer["lines"][1]
+    assert ("reference: none: " in reference) == (objective != "dpo"), reference
 
 
 def test_export_names_a_dropped_config_by_its_file(client, tiny_config):

@@ -70,6 +70,16 @@ def test_the_page_shows_memfit_plan(server, browser_page):
     assert not page.errors
 
 
+def test_a_preference_plan_shows_what_memfit_plan_prints(server, browser_page):
+    page = browser_page
+    expected = cli_plan("smollm2-135m", "--objective", "dpo", "--seq-len", "512")
+    page.goto(server.url + "?objective=dpo&seq_len=512")
+    wait_for_total(page, expected["peak"]["device_total_bytes"])
+    assert page.inner_text("#plan-headline").endswith("dpo (batch counts pairs)")
+    assert f"reference: {expected['details']['reference']}" in page.inner_text("#plan-notes")
+    assert not page.errors
+
+
 def test_a_bad_knob_shows_the_cli_error_and_the_page_goes_on(server, browser_page):
     page = browser_page
     page.goto(server.url + "?gpu=rtx-4090&seq_len=512")

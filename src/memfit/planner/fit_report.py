@@ -6,6 +6,7 @@ import time
 from typing import Callable
 
 from memfit.console import StatusLine
+from memfit.planner.report import BATCH_COUNTS_PAIRS
 from memfit.units import format_bytes
 
 
@@ -28,7 +29,7 @@ def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
         title += f", {next(iter(precisions))}"
     objectives = {f.spec.get("objective", "sft") for f in result.fits} - {"sft"}
     if objectives:  # a preference search: its micro-batches are pairs of sequences
-        title += f", {', '.join(sorted(objectives))} (batch counts pairs)"
+        title += f", {', '.join(sorted(objectives))} ({BATCH_COUNTS_PAIRS})"
     if not focus_max_seq_len:
         # Settings and figures are never cut or wrapped (they are read and typed back): headers take
         # two lines, columns are one space apart, and a sequence length all fits share goes in the

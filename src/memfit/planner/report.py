@@ -121,19 +121,8 @@ class MemoryPlan(JsonForm):
 
         console = console or make_console()
         spec = self.spec
-        title = (
-            f"[bold]{self.model}[/] · {spec['method']}"
-            + (f" r={spec['rank']}" if spec["method"] != "full" else "")
-            + (" DoRA" if spec.get("dora") else "") + (" rsLoRA" if spec.get("rslora") else "")
-            + (f" + {','.join(spec['modules_to_save'])} trained whole" if spec.get("modules_to_save") else "")
-            + f" · {spec['precision']} · {spec['optimizer']} · batch {spec['batch_size']} x {spec['seq_len']} tokens"
-            + f" · checkpointing {spec['checkpointing']}"
-            + (f" · [bold]{spec['objective']}[/] (batch counts pairs)" if spec.get("objective", "sft") != "sft" else "")
-            + (" · [bold]recipe hf[/] (plain Hugging Face + PEFT step)" if spec.get("recipe") == "hf" else "")
-        )
+        title = plan_headline(self.model, spec, self.details)
         d = self.details
-        if d.get("per_rank"):
-            title += f" · [bold]per GPU[/], {spec['gpus']} GPUs, shard {d['shard']}"
         if d.get("config"):
             from memfit.interop.summary import headline
 
@@ -181,17 +170,10 @@ class MemoryPlan(JsonForm):
                 f"parameters: {format_count(d['total_params'])}, trainable {format_count(d['trainable_params'])} "
                 f"({100 * d['trainable_params'] / max(d['total_params'], 1):.3f}%)"
             )
-        if d.get("attention"):
+        for line in fact_lines(spec, d):
             from rich.markup import escape
 
-            console.print(f"attention: {escape(d['attention'])}", highlight=False)
-        if d.get("reference"):
-            from rich.markup import escape
-
-            console.print(f"reference: {escape(d['reference'])}", highlight=False)
-        features = step_features(spec, d)
-        if features:
-            console.print(f"memory-lean step: {', '.join(features)}", highlight=False)
+            console.print(escape(line), highlight=False)
         if self.gpu is not None:
             name = self.gpu["name"]
             cap = format_bytes(self.gpu["memory_bytes"])
@@ -207,6 +189,47 @@ class MemoryPlan(JsonForm):
 
             for line in detail_lines(d["config"]):
                 console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+
+#: What a preference objective's batch is, said beside it wherever a plan or a search names one.
+BATCH_COUNTS_PAIRS = "batch counts pairs"
+
+
+def plan_headline(model: str, spec: dict[str, Any], details: dict[str, Any]) -> str:
+    """The line a plan starts with, as ``memfit plan`` prints it (Rich markup; ``.plain`` of
+    ``rich.text.Text.from_markup`` for the page): the model, the method and its options, the
+    precision, optimizer, batch and checkpointing, a preference objective (whose batch counts
+    pairs), the hf recipe, and the GPUs a sharded plan is per GPU of."""
+    from rich.markup import escape
+
+    title = (
+        f"[bold]{escape(model)}[/] · {spec['method']}"
+        + (f" r={spec['rank']}" if spec["method"] != "full" else "")
+        + (" DoRA" if spec.get("dora") else "") + (" rsLoRA" if spec.get("rslora") else "")
+        + (f" + {escape(','.join(spec['modules_to_save']))} trained whole" if spec.get("modules_to_save") else "")
+        + f" · {spec['precision']} · {spec['optimizer']} · batch {spec['batch_size']} x {spec['seq_len']} tokens"
+        + f" · checkpointing {spec['checkpointing']}"
+        + (f" · [bold]{spec['objective']}[/] ({BATCH_COUNTS_PAIRS})" if spec.get("objective", "sft") != "sft" else "")
+        + (" · [bold]recipe hf[/] (plain Hugging Face + PEFT step)" if spec.get("recipe") == "hf" else "")
+    )
+    if details.get("per_rank"):
+        title += f" · [bold]per GPU[/], {spec['gpus']} GPUs, shard {details['shard']}"
+    return title
+
+
+def fact_lines(spec: dict[str, Any], details: dict[str, Any]) -> list[str]:
+    """The lines ``memfit plan`` prints under its figures, one fact each (plain text): the attention
+    the step runs, a preference objective's reference model (or that it needs none), the
+    memory-lean techniques of the step."""
+    lines = []
+    if details.get("attention"):
+        lines.append(f"attention: {details['attention']}")
+    if details.get("reference"):
+        lines.append(f"reference: {details['reference']}")
+    features = step_features(spec, details)
+    if features:
+        lines.append(f"memory-lean step: {', '.join(features)}")
+    return lines
 
 
 def step_features(spec: dict[str, Any], details: dict[str, Any] | None = None) -> list[str]:

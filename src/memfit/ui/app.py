@@ -7,8 +7,10 @@ Routes:
 - ``GET /api/plan?model=...&<option>=...``: ``memfit plan ... --json``;
 - ``GET /api/fit?...``: ``memfit fit ... --json``, streamed as NDJSON events while it searches;
 - ``GET /api/context?...``: plans at increasing sequence lengths (NDJSON, one line a plan);
-- ``POST /api/explain``: for a plan, the category explanations, the memory-lean techniques and
-  the knob changes that lower it (the text ``memfit plan`` prints);
+- ``POST /api/explain``: for a plan, the text ``memfit plan`` prints around its figures: its first
+  line (a preference objective's batch of pairs among it), the precision, the category
+  explanations, the facts under the figures (attention, reference model, memory-lean techniques)
+  and the knob changes that lower it;
 - ``GET /api/export?command=plan|fit&...``: the command line and a ``memfit train`` YAML;
 - ``POST /api/model?filename=config.json``: a dropped config.json or another tool's training
   config (the body, at most 1 MiB), or ``{"files": {name: text}}``: a training config and the
@@ -192,26 +194,25 @@ async def fit(request):
 
 
 async def explain(request):
+    """The words ``memfit plan`` prints around a plan's figures, for the plan the page shows."""
     from starlette.responses import JSONResponse
 
-    from memfit.planner.report import CATEGORY_HELP, step_features, suggestions
+    from memfit.ui.explain import explain as words
 
     data = json.loads(await _body(request, MAX_UPLOAD_BYTES, "plan") or b"{}")
     if not isinstance(data, dict):
         raise UploadError("plan: not a JSON object; send the JSON /api/plan answered.")
-    spec, details = data.get("spec") or {}, data.get("details") or {}
     try:
-        tips = suggestions(spec) if data.get("fits") is False else []
-        features = step_features(spec, details)
-    except (KeyError, TypeError, AttributeError) as err:
-        raise UploadError(f"plan: not a plan memfit made ({err} missing); send the JSON /api/plan answered.") from None
-    return JSONResponse({"category_help": CATEGORY_HELP, "suggestions": tips, "features": features})
+        answer = words(data)
+    except (KeyError, TypeError, AttributeError, ValueError) as err:
+        raise UploadError(f"plan: not a plan memfit made ({type(err).__name__}: {err}); send the JSON /api/plan answered.") from None
+    return JSONResponse(answer)
 
 
 async def export(request):
     from starlette.responses import JSONResponse
 
-    from memfit.ui.export import command_line, train_yaml
+    from memfit.ui.export import check_values, command_line, train_yaml
 
     service = _service(request)
     items = _multi(request)

@@ -261,10 +261,14 @@ function renderPlan(plan, explained) {
   if (d.paged_peak_bytes) facts.push(["paged optimizer states", formatBytes(d.paged_peak_bytes)]);
   $("peaks").replaceChildren(...facts.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v })]));
 
+  // The words are memfit plan's, made by the server (/api/explain): its first line (a preference
+  // objective's batch of pairs), the precision, and the facts under its figures (attention, the
+  // reference model, the memory-lean step).
+  $("plan-headline").textContent = explained.headline;
+  $("plan-precision").textContent = explained.precision;
   const notes = [];
   if (plan.fits === false && explained.suggestions.length) notes.push(el("p", { class: "tip", text: `Try ${explained.suggestions.join(", ")}.` }));
-  if (d.attention) notes.push(el("p", { text: `attention: ${d.attention}` }));
-  if (explained.features.length) notes.push(el("p", { text: `memory-lean step: ${explained.features.join(", ")}` }));
+  for (const line of explained.lines) notes.push(el("p", { text: line }));
   for (const note of d.notes || []) notes.push(el("p", { class: "muted", text: `note: ${note}` }));
   $("plan-notes").replaceChildren(...notes);
   document.body.classList.remove("stale");
