@@ -54,12 +54,19 @@ LONG_VALUE_CHARS = 256
 SHOWN_VALUE_CHARS = 80
 
 # A quoted value (as repr() writes it) or any run of text without a space, longer than LONG_VALUE_CHARS.
-_LONG_VALUE = re.compile(r"'[^'\n]{%d,}'|\"[^\"\n]{%d,}\"|\S{%d,}" % ((LONG_VALUE_CHARS,) * 3))
+# A quoted value starts and ends with what it holds, never a space: the text between the closing
+# quote of one short value and the opening quote of the next (`'cosin' is not ... Did you mean '`)
+# is the message, not a value.
+_LONG_VALUE = re.compile(r"'(?=\S)[^'\n]{%d,}(?<=\S)'|\"(?=\S)[^\"\n]{%d,}(?<=\S)\"|\S{%d,}" % ((LONG_VALUE_CHARS,) * 3))
 
 
 def shown(value: Any) -> str:
-    """``repr(value)`` for a message, cut as :func:`clip_long_values` cuts it when it is long."""
-    return clip_long_values(repr(value))
+    """``repr(value)`` for a message, cut as :func:`clip_long_values` cuts a value when it is long
+    (whatever it holds: spaces at its ends too)."""
+    text = repr(value)
+    if len(text) <= LONG_VALUE_CHARS:
+        return text
+    return _clipped_text(text)
 
 
 def shown_name(name: str) -> str:
@@ -75,7 +82,10 @@ def clip_long_values(message: str) -> str:
 
 
 def _clipped(match: re.Match) -> str:
-    text = match.group()
+    return _clipped_text(match.group())
+
+
+def _clipped_text(text: str) -> str:
     quote = text[0] if text[0] in "'\"" and text[-1] == text[0] and len(text) > 1 else ""
     inner = text[1:-1] if quote else text
     return f"{quote}{inner[:SHOWN_VALUE_CHARS]}…{quote} ({len(inner):,} characters)"
