@@ -6,7 +6,6 @@ import pytest
 
 import memfit
 from memfit.planner.api import PlanError
-from memfit.planner.extrapolate import extrapolate_linear, sample_layer_counts
 from memfit.planner.categories import CATEGORIES
 
 CONTRACT_KEYS = {"model", "spec", "peak", "categories", "gpu", "fits", "headroom_bytes"}
@@ -89,14 +88,6 @@ def test_all_problems_listed_together():
     with pytest.raises(PlanError) as info:
         memfit.plan("nope-7b", rank=0, batch_size=0, gpu="x")
     assert len(info.value.problems) == 4
-
-
-def test_layer_sampling_rules():
-    assert sample_layer_counts(32, 1) == (2, 3)
-    assert sample_layer_counts(26, 2) == (4, 6)
-    assert sample_layer_counts(3, 1) is None  # small: simulate whole
-    assert sample_layer_counts(28, 0) is None  # irregular layer pattern: simulate whole
-    assert extrapolate_linear((2, 3), [10, 13], 32) == 100
 
 
 def test_parameter_counts_read_well():

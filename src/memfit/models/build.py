@@ -9,52 +9,44 @@ training method (4-bit layers, adapters, checkpointing, the memory-lean step) is
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
+from memfit.models.cutting import cut_config_data
 from memfit.models.errors import ModelBuildError
 from memfit.models.quantize import is_quantized_linear, quantize_fake_or_random
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def make_config(config_dict: dict[str, Any], num_layers: int | None = None):
-    """A transformers config from a config dict, optionally cut to ``num_layers`` decoder layers."""
+def make_config(config_dict: dict[str, Any], num_layers: int | None = None, *, layers: Sequence[int] | None = None):
+    """A transformers config from a config dict, optionally cut: to its first ``num_layers`` decoder
+    layers, or to copies of the layers at the indices ``layers`` (:mod:`memfit.models.cutting`)."""
+    config = _config(config_dict)
+    if num_layers is not None and layers is None:
+        layers = range(min(int(num_layers), int(config.num_hidden_layers)))
+    if layers is None:
+        return config
+    cut = _config(cut_config_data(config_dict, config, layers))
+    if int(cut.num_hidden_layers) != len(layers):  # a config that ignored the depth it was given
+        cut.num_hidden_layers = len(layers)
+    return cut
+
+
+def _config(config_dict: dict[str, Any]):
     from transformers import AutoConfig
 
     data = copy.deepcopy(config_dict)
     model_type = data.pop("model_type", None)
     try:
-        config = AutoConfig.for_model(model_type, **data)
+        return AutoConfig.for_model(model_type, **data)
     except (ValueError, KeyError, TypeError) as err:
         raise ModelBuildError(
             f"transformers cannot make a config for model_type {model_type!r}: {err}. "
             "Check the model_type field, or upgrade transformers if the architecture is new."
         ) from None
-    if num_layers is not None:
-        config.num_hidden_layers = num_layers
-        layer_types = getattr(config, "layer_types", None)
-        if layer_types:
-            config.layer_types = list(layer_types[:num_layers])
-    return config
-
-
-def layer_period(config) -> int:
-    """Smallest number of decoder layers after which the layer pattern repeats (1 if uniform).
-
-    Models such as Gemma-2 alternate sliding-window and global attention; a partial simulation must
-    contain whole periods for the extrapolation to hold. Returns 0 when there is no period.
-    """
-    layer_types = list(getattr(config, "layer_types", None) or [])
-    if not layer_types:
-        return 1
-    n = len(layer_types)
-    for period in range(1, n + 1):
-        if all(layer_types[i] == layer_types[i % period] for i in range(n)):
-            return period if period <= n // 3 or period == 1 else 0
-    return 0
 
 
 def build_meta_model(config, dtype: torch.dtype) -> nn.Module:

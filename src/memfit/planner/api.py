@@ -93,12 +93,13 @@ def _reference_placement(spec: RunSpec, layout, zero) -> str:
     return f", a shard on each of the {spec.gpus} GPUs, gathered a layer at a time for its pass"
 
 
-def _adapter_details(spec: RunSpec, copies: list[dict]) -> dict[str, Any]:
-    """What the adapters of a plan are (``details.adapters``): DoRA, rsLoRA and the scale it gives,
-    the base they sit on, the modules trained whole and the copies PEFT makes of them (tied modules
-    share one copy: they are listed together)."""
+def _adapter_details(spec: RunSpec, copies: list[dict], adapted: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What the adapters of a plan are (``details.adapters``): the modules they sit on, DoRA, rsLoRA
+    and the scale it gives, the base they sit on, the modules trained whole and the copies PEFT
+    makes of them (tied modules share one copy: they are listed together)."""
     groups = sorted({tuple(sorted(name.rsplit(".", 1)[-1] for name in copy["modules"])) for copy in copies})
     return {
+        "modules": list(adapted),
         "dora": spec.dora,
         "rslora": spec.rslora,
         "scale": spec.lora_scale,
@@ -290,6 +291,7 @@ def _memory_plan(source: ModelSource, spec: RunSpec, target: Target, runtime: Ru
         "phase_peaks_allocated_bytes": estimate.phase_peaks,
         "simulated_layers": estimate.simulated_layers,
         "num_layers": estimate.num_layers,
+        "layer_kinds": estimate.layer_kinds,
         "context_bytes": runtime.context_bytes,
         "cublas_workspace_bytes": runtime.cublas_workspace_bytes,
         "attention": _attention_note(estimate),
@@ -297,7 +299,7 @@ def _memory_plan(source: ModelSource, spec: RunSpec, target: Target, runtime: Ru
         "batch_layout": estimate.batch_layout,
         "input_embeddings": "host" if estimate.embeddings_on_host else "device",
         "precision_regime": spec.precision_regime,
-        "adapters": _adapter_details(spec, estimate.trained_copies) if spec.uses_adapters else None,
+        "adapters": _adapter_details(spec, estimate.trained_copies, estimate.adapted) if spec.uses_adapters else None,
         "notes": _notes(source, spec, target, runtime, estimate, headroom),
     }
     if spec.is_preference:

@@ -1,9 +1,11 @@
 """The step at full depth from a few simulated depths: the layer-extrapolation arithmetic.
 
-A model's decoder layers repeat with a period (one layer for most models, two for Gemma 2's local
-and global attention): memory per period is the same for every period, so the step is simulated
-(:mod:`memfit.planner.simulate`) at two and three periods and every figure is extrapolated
-linearly to the full depth. The peak is not one number to extrapolate: where it lies can move with
+Memory per decoder layer is the same for every layer of a kind, so the step is simulated
+(:mod:`memfit.planner.simulate`) on a few cut-down models: two and three layers of a model of one
+kind; for a hybrid (Mamba or linear attention beside attention, experts beside dense MLPs) a base
+that holds every kind and, for each kind, the base with one more layer of it
+(:mod:`memfit.planner.depths`). Every figure is extrapolated to the full depth, counting each
+kind by its number in the full model. The peak is not one number to extrapolate: where it lies can move with
 depth, so each phase's shared head and tail of events are extrapolated and the highest moment
 taken (:func:`_extrapolate_peak`). A test checks the result against the full simulation.
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from memfit.planner import allocator
+from memfit.planner.depths import DepthPlan
 from memfit.spec import RunSpec
 
 #: Maps single-GPU categories at a moment of a phase to one rank's categories.
@@ -54,10 +57,12 @@ class SampledStep(StepFigures):
 
     result: Any  # memfit.planner.tracker's result: the events and allocations
     chunk_loops: frozenset = frozenset()  # (rows, chunk) of the step's chunked loops
+    adapted: tuple[str, ...] = ()  # short names of the modules carrying LoRA adapters
 
 
-#: Simulates (or predicts) the step at one depth: (config, spec, depth, workspace_allocs, arch).
-Sampler = Callable[[dict[str, Any], RunSpec, "int | None", tuple[int, ...], "str | None"], SampledStep]
+#: Simulates (or predicts) the step of one cut (the full model's layer indices it copies, None for
+#: all): (config, spec, cut, workspace_allocs, arch).
+Sampler = Callable[[dict[str, Any], RunSpec, "tuple[int, ...] | None", tuple[int, ...], "str | None"], SampledStep]
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,8 @@ class StepEstimate(StepFigures):
     simulated_layers: list[int]
     num_layers: int
     single_gpu_categories: dict[str, int]
+    layer_kinds: list[dict] = dataclasses.field(default_factory=list)  # {"kind", "layers"} of each kind of decoder layer
+    adapted: tuple[str, ...] = ()  # short names of the modules carrying LoRA adapters
 
 
 def estimate_step(
@@ -94,31 +101,37 @@ def estimate_step(
     simulation itself is that of one GPU, whatever ``gpus`` and ``shard`` are: it is shared.
     ``sampler`` gives the step at one depth in place of a simulation (:mod:`memfit.planner.lengths`).
     """
-    from memfit.models.build import layer_period, make_config
+    from memfit.models.layer_kinds import layer_pattern
+    from memfit.planner.depths import plan_depths
 
     if spec.gpus != 1 or spec.shard != "none":
         # One rank's step, the same for every count and mode (so it is simulated once). gpus stays
         # above 1 because placement differs there: under FSDP the input embeddings stay on the
         # device, in the root group, where one GPU keeps a frozen table in host memory.
         spec = spec.model_copy(update={"gpus": 2, "shard": "none"})
-    full_config = make_config(config)
-    num_layers = int(full_config.num_hidden_layers)
-    period = layer_period(full_config)
-    layers = sample_layer_counts(num_layers, period) if extrapolate else None
+    pattern = layer_pattern(config)
+    num_layers = pattern.num_layers
+    depths = plan_depths(config) if extrapolate else None
     sample = sampler or sample_step
     many = getattr(sampler, "sample_many", None)  # a sampler that simulates the depths side by side
-    depths = list(layers or (None,))
-    points = many(config, spec, depths, workspace_allocs, arch) if many else [sample(config, spec, k, workspace_allocs, arch)
-                                                                                for k in depths]
-    if layers is not None and len(points[0].result.segments()) != len(points[1].result.segments()):
-        layers, points = None, [sample(config, spec, None, workspace_allocs, arch)]  # no common structure
+    cuts = list(depths.samples) if depths else [None]
+    points = many(config, spec, cuts, workspace_allocs, arch) if many else [sample(config, spec, cut, workspace_allocs, arch)
+                                                                              for cut in cuts]
+    if depths is not None and len({len(p.result.segments()) for p in points}) > 1:
+        depths, points = None, [sample(config, spec, None, workspace_allocs, arch)]  # no common structure
     last = points[-1]
-    shared = dict(simulated_layers=list(layers) if layers else [num_layers], attention=last.attention,
+    shared = dict(simulated_layers=depths.sizes if depths else [num_layers], attention=last.attention,
                   attention_kernels=last.attention_kernels, batch_layout=last.batch_layout,
-                  embeddings_on_host=last.embeddings_on_host, trained_copies=last.trained_copies)
-    if layers is None:
+                  embeddings_on_host=last.embeddings_on_host, trained_copies=last.trained_copies,
+                  layer_kinds=_kind_counts(pattern), adapted=last.adapted)
+    if depths is None:
         return _whole(points[0], reshape, num_layers, **shared)
-    return _extrapolated(layers, points, num_layers, reshape, **shared)
+    return _extrapolated(depths, points, num_layers, reshape, **shared)
+
+
+def _kind_counts(pattern) -> list[dict[str, Any]]:
+    """The model's kinds of decoder layer and how many of each it stacks (one entry for most models)."""
+    return [{"kind": pattern.names[kind], "layers": count} for kind, count in pattern.counts().items()]
 
 
 def _whole(point: SampledStep, reshape: Reshape | None, num_layers: int, **shared: Any) -> StepEstimate:
@@ -136,14 +149,14 @@ def _whole(point: SampledStep, reshape: Reshape | None, num_layers: int, **share
                         single_gpu_categories=dict(point.categories), num_layers=num_layers, **shared)
 
 
-def _extrapolated(layers: tuple[int, int], points: list[SampledStep], num_layers: int, reshape: Reshape | None,
+def _extrapolated(depths: DepthPlan, points: list[SampledStep], num_layers: int, reshape: Reshape | None,
                   **shared: Any) -> StepEstimate:
-    """The step at ``num_layers`` from the steps simulated at the two depths ``layers``."""
+    """The step at ``num_layers`` from the steps simulated at the cuts of ``depths``."""
 
     def line(values: list[int]) -> int:
-        return extrapolate_linear(layers, values, num_layers)
+        return depths.combine(values)
 
-    phase, categories = _extrapolate_peak(layers, points, num_layers)
+    phase, categories = _extrapolate_peak(depths, points)
     single = dict(categories)
     # Fragmentation does not grow linearly with depth (it jumps with how blocks happen to fit in
     # segments), so the allocator's overhead is not extrapolated: the larger of the sampled
@@ -153,7 +166,7 @@ def _extrapolated(layers: tuple[int, int], points: list[SampledStep], num_layers
     if reshape is not None:
         # One rank's fragmentation is taken to be the single GPU's (an assumption: sharded
         # states are smaller blocks, so this errs high).
-        phase, categories, phase_peaks = _extrapolate_peak(layers, points, num_layers, reshape)
+        phase, categories, phase_peaks = _extrapolate_peak(depths, points, reshape)
     allocated = sum(categories.values())
     return StepEstimate(allocated_bytes=allocated, reserved_bytes=allocated + overhead,
                         host_peak_bytes=line([p.host_peak_bytes for p in points]),
@@ -163,56 +176,40 @@ def _extrapolated(layers: tuple[int, int], points: list[SampledStep], num_layers
                         num_layers=num_layers, **shared)
 
 
-def _extrapolate_peak(layers: tuple[int, int], points: list[SampledStep], num_layers: int, reshape: Reshape | None = None):
-    """Peak phase and categories at the peak of the full-depth step, from two sampled depths.
+def _extrapolate_peak(depths: DepthPlan, points: list[SampledStep], reshape: Reshape | None = None):
+    """Peak phase and categories at the peak of the full-depth step, from the sampled cuts.
 
     Where the peak lies can move with depth: in full fine-tuning the start of backward (logits,
     every layer's activations) is highest for a few layers, the end of backward (every gradient)
-    for many. So the peak is not extrapolated as one number. Each phase of the deeper sample is
-    the shallower one with a period of layers inserted: the events both share at the phase's start
-    (the head) and at its end (the tail) are the same operations, shifted by memory that grows
-    linearly with depth. Memory moves by the same amount from layer to layer, so within a phase
-    the highest point is in its head or its tail; both are extrapolated, and the highest is the peak.
+    for many. So the peak is not extrapolated as one number. Each phase of a further sample is the
+    base's with one layer (or one period) inserted in the middle: the events all samples share at
+    the phase's start (the head) and at its end (the tail) are the same operations, shifted by
+    memory that grows linearly with each kind's number. Memory moves by the same amount from layer
+    to layer of a kind, so within a phase the highest point is in its head or its tail; every moment
+    of both is extrapolated, and the highest is the peak.
 
     With ``reshape`` (one rank of a multi-GPU run) the moments are weighed by one rank's bytes, and
     the return value also holds the highest reshaped total of each phase.
     """
-    shallow, deep = (p.result for p in points)
-    if reshape is not None:
-        return _extrapolate_reshaped_peak(layers, shallow, deep, num_layers, reshape)
-    live_deep = deep.live_bytes()
-    best: tuple[int, str, dict[str, int]] | None = None
-    for phase, first_a, first_b, length in _shared_regions(shallow, deep):
-        # The same operations in both samples: the highest point is at the same offset.
-        offset = max(range(length), key=lambda i: live_deep[first_b + i])
-        cats_a = shallow.categories_at(first_a + offset)
-        cats_b = deep.categories_at(first_b + offset)
-        categories = {name: max(extrapolate_linear(layers, [cats_a[name], cats_b[name]], num_layers), 0) for name in cats_a}
-        total = sum(categories.values())
-        if best is None or total > best[0]:
-            best = (total, phase, categories)
-    if best is None:  # no shared structure at all: fall back to the deeper sample's own peak
-        return points[1].phase, dict(points[1].categories)
-    return best[1], best[2]
-
-
-def _extrapolate_reshaped_peak(layers, shallow, deep, num_layers: int, reshape: Reshape):
-    """:func:`_extrapolate_peak` where each moment counts as one rank holds it after ``reshape``."""
-    series_a, series_b = _category_series(shallow), _category_series(deep)
+    results = [p.result for p in points]
+    series = [_category_series(r) for r in results]
     best: tuple[int, str, dict[str, int]] | None = None
     phases: dict[str, int] = {}
-    for phase, first_a, first_b, length in _shared_regions(shallow, deep):
-        offset = max(range(length), key=lambda i: sum(reshape(series_b[first_b + i], phase).values()))
-        cats_a, cats_b = series_a[first_a + offset], series_b[first_b + offset]
-        single = {name: max(extrapolate_linear(layers, [cats_a[name], cats_b[name]], num_layers), 0) for name in cats_a}
-        categories = reshape(single, phase)
-        total = sum(categories.values())
-        phases[phase] = max(phases.get(phase, 0), total)
-        if best is None or total > best[0]:
-            best = (total, phase, categories)
-    if best is None:  # no shared structure: the deeper sample's own moments
-        return _reshaped_peak(deep, reshape)
-    return best[1], best[2], phases
+    for phase, firsts, length in _shared_regions(results):
+        for offset in range(length):
+            moments = [s[first + offset] for s, first in zip(series, firsts)]
+            categories = {name: max(depths.combine([m[name] for m in moments]), 0) for name in moments[0]}
+            if reshape is not None:
+                categories = reshape(categories, phase)
+            total = sum(categories.values())
+            phases[phase] = max(phases.get(phase, 0), total)
+            if best is None or total > best[0]:
+                best = (total, phase, categories)
+    if best is None:  # no shared structure at all: the base's own moments
+        if reshape is not None:
+            return _reshaped_peak(results[-1], reshape)
+        return points[-1].phase, dict(points[-1].categories)
+    return (best[1], best[2], phases) if reshape is not None else (best[1], best[2])
 
 
 def _reshaped_peak(result, reshape: Reshape) -> tuple[str, dict[str, int], dict[str, int]]:
@@ -256,18 +253,17 @@ def _category_series(result) -> list[dict[str, int]]:
     return series
 
 
-def _shared_regions(shallow, deep):
-    """(phase, first event in ``shallow``, first event in ``deep``, length) of the runs of events
-    both samples share at the start (head) and at the end (tail) of each phase."""
-    for seg_a, seg_b in zip(shallow.segments(), deep.segments()):
-        sig_a = _signatures(shallow, seg_a.start_event + 1, seg_a.end_event + 1)
-        sig_b = _signatures(deep, seg_b.start_event + 1, seg_b.end_event + 1)
-        head = _common_prefix(sig_a, sig_b)
-        tail = _common_prefix(sig_a[::-1], sig_b[::-1])
+def _shared_regions(results):
+    """(phase, first event in each result, length) of the runs of events all ``results`` share at
+    the start (head) and at the end (tail) of each phase."""
+    for segments in zip(*(r.segments() for r in results)):
+        sigs = [_signatures(r, seg.start_event + 1, seg.end_event + 1) for r, seg in zip(results, segments)]
+        head = min(_common_prefix(sigs[0], other) for other in sigs)
+        tail = min(_common_prefix(sigs[0][::-1], other[::-1]) for other in sigs)
         if head:
-            yield seg_b.phase, seg_a.start_event + 1, seg_b.start_event + 1, head
+            yield segments[-1].phase, [seg.start_event + 1 for seg in segments], head
         if tail:
-            yield seg_b.phase, seg_a.end_event + 1 - tail, seg_b.end_event + 1 - tail, tail
+            yield segments[-1].phase, [seg.end_event + 1 - tail for seg in segments], tail
 
 
 def _signatures(result, first: int, stop: int) -> list[tuple[str, int, str]]:
@@ -291,39 +287,21 @@ def _common_prefix(a: list, b: list) -> int:
     return n
 
 
-def sample_layer_counts(num_layers: int, period: int) -> tuple[int, int] | None:
-    """The two depths to simulate for extrapolation, or None when the model is simulated whole.
-
-    Two and three whole periods of the layer pattern. The first decoder layer differs from the
-    others (its input, the embedding output, needs no gradient), so each sample has at least one
-    ordinary layer after it and before it in every phase, and the third period is what every
-    further period adds.
-    """
-    if period <= 0 or num_layers <= 3 * period:
-        return None
-    return 2 * period, 3 * period
-
-
-def extrapolate_linear(xs: tuple[int, int], ys: list[int], x: int) -> int:
-    """The value at ``x`` of the line through (xs[0], ys[0]) and (xs[1], ys[1]), rounded to bytes."""
-    (x0, x1), (y0, y1) = xs, ys
-    return int(round(y0 + (y1 - y0) * (x - x0) / (x1 - x0)))
-
-
 #: Simulation summaries by (config, spec, depth, workspaces): searches plan the same step many times.
 _SAMPLE_CACHE: dict[tuple, SampledStep] = {}
 _SAMPLE_CACHE_SIZE = 128
 
 
-def sample_step(config: dict[str, Any], spec: RunSpec, num_layers: int | None, workspace_allocs: tuple[int, ...],
+def sample_step(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
                 arch: str | None = None) -> SampledStep:
-    """Simulate (or recall) the step at one depth and summarise it: peaks, categories, counts."""
+    """Simulate (or recall) the step of the model cut to copies of its ``layers`` (None: all of
+    them) and summarise it: peaks, categories, counts."""
     from memfit.planner.simulate import simulate
 
-    key = _sample_key(config, spec, num_layers, workspace_allocs, arch)
+    key = _sample_key(config, spec, layers, workspace_allocs, arch)
     cached = _SAMPLE_CACHE.get(key)
     if cached is None:
-        cached = _summarise(simulate(config, spec, num_layers=num_layers, workspace_allocs=workspace_allocs, arch=arch))
+        cached = _summarise(simulate(config, spec, layers=layers, workspace_allocs=workspace_allocs, arch=arch))
         if len(_SAMPLE_CACHE) >= _SAMPLE_CACHE_SIZE:
             _SAMPLE_CACHE.pop(next(iter(_SAMPLE_CACHE)))
         _SAMPLE_CACHE[key] = cached
@@ -332,15 +310,16 @@ def sample_step(config: dict[str, Any], spec: RunSpec, num_layers: int | None, w
                                           for f in dataclasses.fields(cached) if f.name != "result"})
 
 
-def cached_sample(config: dict[str, Any], spec: RunSpec, num_layers: int | None, workspace_allocs: tuple[int, ...],
+def cached_sample(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
                   arch: str | None = None) -> SampledStep | None:
     """The step :func:`sample_step` simulated already in this process for these inputs, or None (nothing is simulated)."""
-    return _SAMPLE_CACHE.get(_sample_key(config, spec, num_layers, workspace_allocs, arch))
+    return _SAMPLE_CACHE.get(_sample_key(config, spec, layers, workspace_allocs, arch))
 
 
-def _sample_key(config: dict[str, Any], spec: RunSpec, num_layers: int | None, workspace_allocs: tuple[int, ...],
+def _sample_key(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
                 arch: str | None) -> tuple:
-    return (json.dumps(config, sort_keys=True, default=str), spec.model_dump_json(), num_layers, tuple(workspace_allocs), arch)
+    cut = None if layers is None else tuple(layers)
+    return (json.dumps(config, sort_keys=True, default=str), spec.model_dump_json(), cut, tuple(workspace_allocs), arch)
 
 
 def _summarise(sim) -> SampledStep:
@@ -363,4 +342,5 @@ def _summarise(sim) -> SampledStep:
         total_params=sim.total_params,
         trainable_params=sim.trainable_params,
         chunk_loops=sim.chunk_loops,
+        adapted=sim.adapted,
     )

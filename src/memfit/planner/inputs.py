@@ -175,7 +175,7 @@ def model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
 def targets_problem(config: dict[str, Any], spec: RunSpec, spelling: str = "flag") -> str | None:
     """Why LoRA ``targets`` or ``modules_to_save`` cannot apply to the model (a target that matches no
     linear layer of its decoder, a module to save that matches no module or that LoRA adapts), or
-    None. One decoder layer is built on ``meta`` (no memory) and asked, as the trainer's
+    None. One decoder layer of each kind is built on ``meta`` (no memory) and asked, as the trainer's
     :func:`memfit.step.prepare.check_targets` and :func:`~memfit.step.prepare.check_modules_to_save`
     ask the real model; ``spelling`` as for :func:`memfit.spec.make_spec`."""
     from memfit.spec import ALL_LINEAR
@@ -184,12 +184,13 @@ def targets_problem(config: dict[str, Any], spec: RunSpec, spelling: str = "flag
         return None
     from memfit.models.build import DTYPES, build_meta_model, make_config
     from memfit.models.errors import ModelBuildError
+    from memfit.models.layer_kinds import covering_layers
     from memfit.planner.simulate import _quiet
     from memfit.step.prepare import check_modules_to_save, check_targets
 
     try:
         with _quiet():
-            model = build_meta_model(make_config(config, num_layers=1), DTYPES[spec.weight_precision])
+            model = build_meta_model(make_config(config, layers=covering_layers(config)), DTYPES[spec.weight_precision])
     except ModelBuildError as err:
         return str(err)
     problems = []

@@ -1,8 +1,9 @@
 """What a model's states take, before any step runs: its parameter layout, and the floor under any plan.
 
-:func:`param_layout` builds one period of decoder layers on ``meta``, prepared as the trainer
-prepares them, and counts the bytes of every parameter (the sharding arithmetic divides them
-among ranks). :func:`memory_lower_bound` adds up what the model's states alone need (weights,
+:func:`param_layout` builds one decoder layer of each kind on ``meta`` (a hybrid's Mamba and
+attention layers, say), prepared as the trainer prepares them, and counts the bytes of every
+parameter, each layer as often as the full model holds its kind (the sharding arithmetic divides
+them among ranks). :func:`memory_lower_bound` adds up what the model's states alone need (weights,
 gradients, optimizer states): a floor under any plan of full fine-tuning on one GPU, which lets
 ``memfit fit`` rule a setting out without simulating it (:func:`proven_over_budget`).
 """
@@ -24,35 +25,31 @@ _LAYOUT_CACHE: dict[tuple, Any] = {}
 def param_layout(config: dict[str, Any], spec: RunSpec):
     """The model's parameter shapes and per-layer bytes (:class:`memfit.planner.sharding.ParamLayout`).
 
-    One period of decoder layers is built on ``meta`` and prepared as the trainer prepares it
-    (4-bit packing for QLoRA, LoRA adapters), so the bytes are those of the real parameters; the
-    decoder layers are then counted as often as the full depth repeats them.
+    One decoder layer of each kind is built on ``meta`` and prepared as the trainer prepares it
+    (4-bit packing for QLoRA, LoRA adapters), so the bytes are those of the real parameters; each
+    is then counted as often as the full model holds its kind.
     """
     key = (json.dumps(config, sort_keys=True, default=str), spec.method, spec.rank, tuple(spec.targets), spec.weight_precision,
            spec.dora, tuple(spec.modules_to_save))
     cached = _LAYOUT_CACHE.get(key)
     if cached is not None:
         return cached
-    from memfit.models.build import DTYPES, build_meta_model, layer_period, make_config
+    from memfit.models.build import DTYPES, build_meta_model, make_config
     from memfit.models.layers import decoder_layers
     from memfit.planner.sharding import ParamGroup, ParamLayout
     from memfit.planner.simulate import _quiet, bitsandbytes_only_if_used
     from memfit.step.prepare import prepare_for_method
 
-    full = make_config(config)
-    num_layers = int(full.num_hidden_layers)
-    period = max(layer_period(full), 1)
-    sampled = min(period, num_layers)
+    sources, repeats = _layers_to_build(config)
+    sampled = len(sources)
     layer_spec = spec.model_copy(update={"checkpointing": "off", "gpus": 1, "shard": "none"})
     with _quiet(), bitsandbytes_only_if_used(layer_spec):
-        model = prepare_for_method(build_meta_model(make_config(config, num_layers=sampled), DTYPES[spec.weight_precision]), layer_spec)
+        model = prepare_for_method(build_meta_model(make_config(config, layers=sources), DTYPES[spec.weight_precision]), layer_spec)
     layers = decoder_layers(model)
     in_layer = {}
     for index, layer in enumerate(layers):
         for p in layer.parameters():
             in_layer[id(p)] = index
-    # How many decoder layers of the full depth each sampled layer stands for.
-    repeats = [len(range(i, num_layers, sampled)) for i in range(sampled)]
     groups, layer_bytes, layer_grads = [], [0] * sampled, [0] * sampled
     root_bytes = root_grads = 0
     for p in model.parameters():
@@ -76,6 +73,22 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
                          root_param_bytes=root_bytes, root_grad_bytes=root_grads)
     _LAYOUT_CACHE[key] = layout
     return layout
+
+
+def _layers_to_build(config: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """The full model's layers to build (one of each kind where the config can cut so, else one
+    period of the pattern, else every layer) and how many layers of the full depth each stands for."""
+    from memfit.models.layer_kinds import cut_keeps_kinds, layer_pattern
+
+    pattern = layer_pattern(config)
+    counts = pattern.counts()
+    one_each = [pattern.first(kind) for kind in counts]
+    if len(counts) == 1 or (not pattern.shared and cut_keeps_kinds(config, one_each)):
+        return one_each, list(counts.values())
+    period = pattern.period()
+    if pattern.num_layers % period == 0 and not pattern.shared:
+        return list(range(period)), [pattern.num_layers // period] * period
+    return list(range(pattern.num_layers)), [1] * pattern.num_layers
 
 
 #: Bytes an optimizer keeps per trainable element at least: AdamW two states in the parameter's

@@ -252,7 +252,7 @@ class LengthSampler:
         self.models: dict[Any, LengthModel | None] = {}
         self._inputs: dict[Any, tuple] = {}  # what each model was learnt for: (config, spec, depth, workspaces, arch)
 
-    def __call__(self, config: dict[str, Any], spec, depth: int | None, workspace_allocs: tuple[int, ...], arch: str | None):
+    def __call__(self, config: dict[str, Any], spec, depth: tuple[int, ...] | None, workspace_allocs: tuple[int, ...], arch: str | None):
         from memfit.planner.extrapolate import sample_step
 
         if spec.seq_len < min(self.lengths):

@@ -44,7 +44,7 @@ from memfit.step.chunking import recording_loops, replaying_micro_batches, repla
 from memfit.step.offload import pinned_host_copies
 from memfit.step.optim import build_optimizer
 from memfit.step.preference import keep_reference_copy, longest_pairs, needs_reference_copy
-from memfit.step.prepare import place_for_training, prepare_for_method, trained_copies
+from memfit.step.prepare import adapted_modules, place_for_training, prepare_for_method, trained_copies
 
 #: The fake device the step runs on (see the module docstring for why CPU, not CUDA).
 SIM_DEVICE = "cpu"
@@ -66,6 +66,7 @@ class SimulationResult:
     batch_layout: str = "padded"  # the micro-batches' layout (memfit.step.batch: padded or documents)
     embeddings_on_host: bool = False  # frozen input embeddings kept in host memory
     trained_copies: tuple[dict, ...] = ()  # modules_to_save copies: the modules using each, its parameters
+    adapted: tuple[str, ...] = ()  # short names of the modules carrying LoRA adapters
     chunk_loops: frozenset[tuple[int, int]] = frozenset()  # (rows, chunk) of the step's chunked loops
 
 
@@ -73,14 +74,15 @@ def simulate(
     config_dict: dict[str, Any],
     spec: RunSpec,
     *,
-    num_layers: int | None = None,
+    layers: tuple[int, ...] | None = None,
     workspace_allocs: tuple[int, ...] = (),
     fake: bool = True,
     arch: str | None = None,
 ) -> SimulationResult:
     """Simulate ``SIM_STEPS`` training steps of the model in ``config_dict`` as ``spec`` configures it.
 
-    ``num_layers`` cuts the model to that many decoder layers (for extrapolation); ``None`` keeps all.
+    ``layers`` cuts the model to copies of the decoder layers at those indices (for extrapolation,
+    :mod:`memfit.planner.depths`); ``None`` keeps all.
     ``workspace_allocs`` are cuBLAS workspaces, allocated as ``runtime`` where CUDA allocates them:
     the first at the first forward matmul (Python thread), the next at the first backward
     (autograd's device thread has its own cuBLAS handle).
@@ -88,7 +90,7 @@ def simulate(
     that fake and real runs count the same bytes. ``arch``: the target GPU's architecture, which
     decides the attention kernel CUDA runs (None: Ampere or newer).
     """
-    config = make_config(config_dict, num_layers=num_layers)
+    config = make_config(config_dict, layers=layers)
     config.use_cache = False
     dtype = DTYPES[spec.weight_precision]
     step_fn = build_step(spec, config)
@@ -100,6 +102,7 @@ def simulate(
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     attention = str(getattr(base.config, "_attn_implementation", None) or "eager")
     copies = tuple(trained_copies(model))
+    adapted = tuple(adapted_modules(model))
 
     tracker = MemoryTracker()
     parity = CudaParityMode(tracker, arch)
@@ -165,6 +168,7 @@ def simulate(
         batch_layout=step_fn.layout,
         embeddings_on_host=embeddings_on_host,
         trained_copies=copies,
+        adapted=adapted,
         chunk_loops=frozenset(loops),
     )
 

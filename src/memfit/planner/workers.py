@@ -205,7 +205,7 @@ def _drain(reports, progress: Callable[[str], None] | None, timeout: float | Non
 class DepthPool:
     """Worker processes that simulate a plan's sampled depths side by side.
 
-    A plan simulates its step at two depths and extrapolates (:mod:`memfit.planner.extrapolate`);
+    A plan simulates its step at a few depths (cuts of the model) and extrapolates (:mod:`memfit.planner.extrapolate`);
     the two simulations do not depend on each other, so with a process each a plan takes about as
     long as its deeper simulation. The processes are forked from the worker server and kept: a
     long-lived caller (``memfit ui``) pays their imports once. Each simulation is the one
@@ -239,13 +239,13 @@ class DepthPool:
         for future in [pool.submit(os.getpid) for _ in range(self.workers)]:
             future.result()
 
-    def sample_many(self, config: dict[str, Any], spec, depths: list[int | None], workspace_allocs: tuple[int, ...],
+    def sample_many(self, config: dict[str, Any], spec, depths: list[tuple[int, ...] | None], workspace_allocs: tuple[int, ...],
                     arch: str | None) -> list[Any]:
         """The step simulated at each of ``depths``, each in a worker process, side by side."""
         futures = [self._pool().submit(_sample_in_worker, config, spec, depth, tuple(workspace_allocs), arch) for depth in depths]
         return [future.result() for future in futures]
 
-    def __call__(self, config: dict[str, Any], spec, depth: int | None, workspace_allocs: tuple[int, ...], arch: str | None):
+    def __call__(self, config: dict[str, Any], spec, depth: tuple[int, ...] | None, workspace_allocs: tuple[int, ...], arch: str | None):
         return self.sample_many(config, spec, [depth], workspace_allocs, arch)[0]
 
     def close(self) -> None:
@@ -284,7 +284,7 @@ def _import_in_worker(modules: tuple[str, ...]) -> None:
             pass
 
 
-def _sample_in_worker(config: dict[str, Any], spec, depth: int | None, workspace_allocs: tuple[int, ...], arch: str | None):
+def _sample_in_worker(config: dict[str, Any], spec, depth: tuple[int, ...] | None, workspace_allocs: tuple[int, ...], arch: str | None):
     _one_core()
     from memfit.planner.extrapolate import sample_step
 

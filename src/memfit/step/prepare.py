@@ -35,8 +35,9 @@ class SetupError(UserError, ValueError):
 
 
 def check_targets(model: nn.Module, spec: RunSpec, spelling: str = "flag") -> None:
-    """Raise ModelBuildError when a ``--targets`` name matches no linear layer of the decoder
-    (named ``--targets`` or ``targets``, as :func:`memfit.spec.spell` spells it)."""
+    """Raise ModelBuildError when a ``--targets`` name matches no linear layer of the decoder, or
+    names one PEFT refuses to adapt in this model (named ``--targets`` or ``targets``, as
+    :func:`memfit.spec.spell` spells it)."""
     if not spec.uses_adapters or spec.targets == (ALL_LINEAR,):
         return
     available = linear_names_in_layers(model)
@@ -46,6 +47,39 @@ def check_targets(model: nn.Module, spec: RunSpec, spelling: str = "flag") -> No
             f"{spell('targets', spelling)}: {', '.join(missing)} match no linear layer of this model's decoder. "
             f"Available: {', '.join(available)} (or all-linear)."
         )
+    refused = peft_refused_targets(model, spec.targets)
+    if refused:
+        model_type = getattr(getattr(model, "config", None), "model_type", None)
+        raise ModelBuildError(
+            f"{spell('targets', spelling)}: PEFT cannot put LoRA on {', '.join(refused)} in a {model_type} model (its "
+            "Mamba kernels read those weights directly). Remove it; all-linear adapts every other linear layer."
+        )
+
+
+def peft_refused_targets(model: nn.Module, names) -> list[str]:
+    """The module names among ``names`` that PEFT refuses to adapt with LoRA in ``model``, by PEFT's
+    own check: a Mamba mixer's ``out_proj`` (and ``conv1d``) in the model types whose fused kernels
+    read those weights without calling the module (Mamba, Mamba-2, Falcon-Mamba, Falcon-H1, Nemotron-H)."""
+    try:
+        from peft import LoraConfig
+        from peft.tuners.tuners_utils import _check_lora_target_modules_mamba as check
+    except ImportError:  # a PEFT without the check refuses nothing
+        return []
+    probe = LoraConfig()
+    refused = []
+    for name in names:
+        try:
+            check(probe, model, name)
+        except ValueError:
+            refused.append(name)
+    return refused
+
+
+def all_linear_names(model: nn.Module) -> list[str]:
+    """What ``all-linear`` adapts: the decoder's linear layers, less those PEFT refuses in this model."""
+    names = linear_names_in_layers(model)
+    refused = set(peft_refused_targets(model, names))
+    return [name for name in names if name not in refused]
 
 
 def modules_named(model: nn.Module, names: tuple[str, ...] | list[str]) -> dict[str, nn.Module]:
@@ -66,7 +100,7 @@ def check_modules_to_save(model: nn.Module, spec: RunSpec, spelling: str = "flag
         embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
         known = [key.rsplit(".", 1)[-1] for key, module in model.named_modules() if module is embeddings or module is head]
         problems.append(f"{', '.join(missing)} match no module of this model (its embeddings and head: {', '.join(known) or 'none found'})")
-    adapted = set(linear_names_in_layers(model)) if spec.targets == (ALL_LINEAR,) else set(spec.targets)
+    adapted = set(all_linear_names(model)) if spec.targets == (ALL_LINEAR,) else set(spec.targets)
     layers = {id(m) for block in decoder_layers(model) for m in block.modules()}
     both = sorted({key.rsplit(".", 1)[-1] for key, module in modules_named(model, spec.modules_to_save).items()
                    if key.rsplit(".", 1)[-1] in adapted and (spec.targets != (ALL_LINEAR,) or id(module) in layers)})
@@ -98,11 +132,15 @@ def attach_lora(model: nn.Module, spec: RunSpec) -> nn.Module:
     from peft import LoraConfig, get_peft_model
 
     targets: str | list[str] = ALL_LINEAR if spec.targets == (ALL_LINEAR,) else list(spec.targets)
+    # all-linear is PEFT's own (every linear layer but the head); the few PEFT refuses in this
+    # model (a Mamba mixer's out_proj) are left out rather than failing the whole run.
+    refused = peft_refused_targets(model, linear_names_in_layers(model)) if targets == ALL_LINEAR else []
     config = LoraConfig(
         r=spec.rank,
         lora_alpha=spec.lora_alpha,
         lora_dropout=spec.dropout,
         target_modules=targets,
+        exclude_modules=refused or None,
         bias="none",
         task_type="CAUSAL_LM",
         use_dora=spec.dora,
@@ -314,6 +352,11 @@ def trained_copies(model: nn.Module) -> list[dict]:
             entry = copies.setdefault(key, {"modules": [], "parameters": sum(p.numel() for p in params)})
             entry["modules"].append(name.removeprefix("base_model.model."))
     return list(copies.values())
+
+
+def adapted_modules(model: nn.Module) -> list[str]:
+    """Short names of the modules that carry LoRA adapters (``q_proj``, ``in_proj``...), sorted."""
+    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")})
 
 
 def expected_adapter_parameters(model: nn.Module) -> int:

@@ -44,14 +44,15 @@ def override_problems(base: dict[str, Any], overrides: dict[str, Any]) -> list[s
 
 
 def build_problem(model_config: dict[str, Any]) -> str | None:
-    """Why transformers cannot make the config ``model_config`` and one decoder layer of its model
-    (None when it can): the innermost error's message, in one line."""
+    """Why transformers cannot make the config ``model_config`` and a decoder layer of each kind of
+    its model (None when it can): the innermost error's message, in one line."""
     import torch
 
     from memfit.models.build import build_meta_model, make_config
+    from memfit.models.layer_kinds import covering_layers
 
     try:
-        build_meta_model(make_config(model_config, num_layers=1), torch.float32)
+        build_meta_model(make_config(model_config, layers=covering_layers(model_config)), torch.float32)
     except Exception as err:  # noqa: BLE001 - transformers' checks raise every kind of error for a bad value
         return _reason(err)
     return None
