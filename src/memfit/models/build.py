@@ -8,6 +8,7 @@ training method (4-bit layers, adapters, checkpointing, the memory-lean step) is
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from typing import Any, Sequence
 
@@ -109,9 +110,11 @@ def _init_buffers(model: nn.Module) -> None:
 def compute_buffers(model: nn.Module, module: nn.Module) -> bool:
     """Give ``module``'s buffers (already holding storage) the values ``model`` computes for them,
     through the model's own ``_init_weights`` (rotary ``inv_freq``, Gemma's ``embed_scale``), and
-    leave the module's parameters as they are (loaded weights stay). Returns whether every buffer
-    got a value: floating buffers start as NaN and must not end so; others start as zeros, which
-    cannot be told from a value, so a module that has any is never reported computed.
+    leave the parameters as they are (loaded weights stay). The initializer is run on ``module``,
+    then, while its buffers still lack values, on each module above it (Falcon-H1's model fills its
+    Mamba mixers' ``mup_vector``). Returns whether every buffer got a value: floating buffers start
+    as NaN and must not end so; others start as zeros, which cannot be told from a value, so a
+    module that has any is never reported computed.
 
     The values are worked out with dispatch modes off: the planner's real-tensor run materializes
     under its memory tracker, and the initializers' scratch tensors are no part of a training step
@@ -121,7 +124,6 @@ def compute_buffers(model: nn.Module, module: nn.Module) -> bool:
 
     init_weights = getattr(model, "_init_weights", None)
     buffers = [b for b in module._buffers.values() if b is not None]
-    parameters = module._parameters
     with torch.no_grad(), _disable_current_modes():
         for buffer in buffers:
             if buffer.is_floating_point():
@@ -130,14 +132,38 @@ def compute_buffers(model: nn.Module, module: nn.Module) -> bool:
                 buffer.zero_()
         if init_weights is None:
             return False
-        # The initializer also draws the module's own weights: give it storage-less stand-ins.
-        module._parameters = {name: None if p is None else nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
-                              for name, p in parameters.items()}
-        try:
-            init_weights(module)
-        finally:
-            module._parameters = parameters
-        return all(b.is_floating_point() and not bool(b.isnan().any()) for b in buffers)
+        floating = [b for b in buffers if b.is_floating_point()]
+        for owner in [module, *_ancestors(model, module)]:
+            with _parameters_hidden(owner):
+                init_weights(owner)
+            if not any(bool(b.isnan().any()) for b in floating):
+                break
+        return len(floating) == len(buffers) and not any(bool(b.isnan().any()) for b in floating)
+
+
+def _ancestors(model: nn.Module, module: nn.Module) -> list[nn.Module]:
+    """The modules that hold ``module``, nearest first."""
+    names = {id(m): name for name, m in model.named_modules()}
+    name = names.get(id(module))
+    if not name:
+        return []
+    parts = name.split(".")
+    return [model.get_submodule(".".join(parts[:i])) for i in range(len(parts) - 1, -1, -1)]
+
+
+@contextlib.contextmanager
+def _parameters_hidden(owner: nn.Module):
+    """Storage-less stand-ins for the parameters of ``owner`` and everything in it, while an
+    initializer that would also draw them runs: the loaded weights stay as they are."""
+    saved = [(m, m._parameters) for m in owner.modules()]
+    for m, parameters in saved:
+        m._parameters = {name: None if p is None else nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
+                         for name, p in parameters.items()}
+    try:
+        yield
+    finally:
+        for m, parameters in saved:
+            m._parameters = parameters
 
 
 def _shared_parameter_slots(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:

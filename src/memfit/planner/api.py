@@ -295,6 +295,7 @@ def _memory_plan(source: ModelSource, spec: RunSpec, target: Target, runtime: Ru
         "context_bytes": runtime.context_bytes,
         "cublas_workspace_bytes": runtime.cublas_workspace_bytes,
         "attention": _attention_note(estimate),
+        "sequence_mixers": _mixers(source),
         "attention_kernels": list(estimate.attention_kernels),
         "batch_layout": estimate.batch_layout,
         "input_embeddings": "host" if estimate.embeddings_on_host else "device",
@@ -341,7 +342,20 @@ def _notes(source: ModelSource, spec: RunSpec, target: Target, runtime: RuntimeO
         notes.append(_math_attention_note(source.config, spec))
     if target.supports_bf16 is False and spec.precision in ("bf16", "bf16-mixed"):
         notes.append(f"{target.card or target.name} has no bf16 support: use --precision fp16 (LoRA/QLoRA), fp16-mixed or fp32")
+    mixers = _mixers(source)
+    if mixers and mixers["installed"]:
+        notes.append(f"{', '.join(mixers['installed'])} installed: the run's Mamba / linear-attention mixers call their fused "
+                     "kernels, and this plan simulated transformers' PyTorch path for them (the kernels do not run on fake "
+                     "tensors), so the mixers' activations are those of the PyTorch path")
     return notes
+
+
+def _mixers(source: ModelSource) -> dict[str, Any] | None:
+    """The path of the model's sequence mixers (:func:`memfit.models.mixer_kernels.describe`), or None."""
+    from memfit.models.build import make_config
+    from memfit.models.mixer_kernels import describe, mixer_kernels
+
+    return describe(mixer_kernels(make_config(source.config)))
 
 
 #: The fields of a MemoryPlan the cache keeps (``spec`` is rebuilt from the RunSpec: it holds tuples).

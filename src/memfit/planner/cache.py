@@ -46,7 +46,8 @@ MAX_ENTRIES = 4096
 #: Bumped whenever what an entry holds, or how keys are made, changes.
 FORMAT = 1
 #: Libraries whose version is part of every key: the code a plan runs, besides memfit's own.
-LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "pydantic", "numpy", "safetensors")
+LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "pydantic", "numpy", "safetensors",
+             "mamba-ssm", "causal-conv1d", "flash-linear-attention")  # the last three: which path sequence mixers take
 #: Temporary files of writes that were killed are removed once they are this old.
 _STALE_TMP_SECONDS = 3600.0
 

@@ -219,16 +219,33 @@ def plan_headline(model: str, spec: dict[str, Any], details: dict[str, Any]) -> 
 
 def fact_lines(spec: dict[str, Any], details: dict[str, Any]) -> list[str]:
     """The lines ``memfit plan`` prints under its figures, one fact each (plain text): the attention
-    the step runs, a preference objective's reference model (or that it needs none), the
-    memory-lean techniques of the step."""
+    the step runs, a hybrid's kinds of layer and its sequence mixers' path, a preference
+    objective's reference model (or that it needs none), the memory-lean techniques of the step."""
     lines = []
     if details.get("attention"):
         lines.append(f"attention: {details['attention']}")
+    lines.extend(layer_lines(details))
     if details.get("reference"):
         lines.append(f"reference: {details['reference']}")
     features = step_features(spec, details)
     if features:
         lines.append(f"memory-lean step: {', '.join(features)}")
+    return lines
+
+
+def layer_lines(details: dict[str, Any]) -> list[str]:
+    """The report's lines on a hybrid's kinds of layer and on how its sequence mixers run."""
+    lines = []
+    kinds = details.get("layer_kinds") or []
+    if len(kinds) > 1:
+        counted = ", ".join(f"{k['layers']} {k['kind']}" for k in kinds)
+        simulated = ", ".join(str(n) for n in details.get("simulated_layers", []))
+        lines.append(f"decoder layers: {counted} (simulated {simulated} layers, each kind counted by its number)")
+    mixers = details.get("sequence_mixers")
+    if mixers:
+        missing = [p for p in mixers["packages"] if p not in mixers["installed"]]
+        why = f"{', '.join(missing)} not installed" if not mixers["installed"] else f"the run calls {', '.join(mixers['installed'])}'s kernels"
+        lines.append(f"sequence mixers: simulated on transformers' PyTorch path ({why})")
     return lines
 
 

@@ -28,6 +28,7 @@ from memfit.models.build import (
     make_config,
     materialize,
 )
+from memfit.models.mixer_kernels import pytorch_mixers
 from memfit.planner.cuda_parity import (
     CudaParityMode,
     offload_parity,
@@ -112,6 +113,9 @@ def simulate(
         _packed_positions(spec.recipe == "hf" and spec.packing and step_fn.layout == PADDED),
         offload_parity(),
         pinned_host_copies(),
+        # mamba-ssm's, causal-conv1d's and fla's kernels do not run on fake tensors: the PyTorch path
+        # is the one simulated (the plan says so where the run would take the kernels).
+        pytorch_mixers(config),
         recording_loops() as loops,
         # A chunk's work seen before is replayed, not run (what it might change besides memory:
         # the attention kernels met, the loops recorded).

@@ -67,9 +67,27 @@ def unsupported_reason(config: Any) -> str | None:
     )
     if sliding:
         return f"{config.model_type} uses sliding-window attention"
+    recurrent = _recurrent_layers(config)
+    if recurrent:
+        return f"{config.model_type}'s {recurrent} layers carry their state from one example into the next"
     if float(getattr(config, "attention_dropout", 0.0) or 0.0) > 0.0:
         return f"its attention_dropout is {config.attention_dropout} (document attention runs without dropout)"
     return None
+
+
+#: layer_types entries of layers that carry a state along the sequence (Mamba, short convolution,
+#: gated delta rule, RG-LRU: transformers calls them all linear_attention, or by their own name).
+RECURRENT_LAYER_TYPES = ("linear_attention", "mamba", "conv", "hybrid", "recurrent")
+
+
+def _recurrent_layers(config: Any) -> str | None:
+    """The kinds of the model's layers that run a recurrence along the row (None when none does)."""
+    from memfit.models.mixer_kernels import mixer_kernels
+
+    kinds = sorted({str(t) for t in (getattr(config, "layer_types", None) or [])} & set(RECURRENT_LAYER_TYPES))
+    if kinds:
+        return "/".join(kinds)
+    return "state-space" if mixer_kernels(config) else None
 
 
 def batch_layout(spec: Any, config: Any) -> str:

@@ -214,6 +214,9 @@ def apply_lean_step(model: nn.Module, spec: RunSpec) -> None:
     take that layout), LoRA inputs kept in the compute dtype, checkpointing (offloaded or not),
     tiled MLPs and norms. The trainer and the planner both come through here."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    # Training never reads a cache; a model asked for one would keep its states besides the step's
+    # (a hybrid's convolution and recurrent states), with checkpointing off as with it on.
+    base.config.use_cache = False
     if batch_layout(spec, base.config) == DOCUMENTS:
         use_document_attention(model)
     if spec.uses_adapters:

@@ -11,7 +11,9 @@ The data is made for the cell so that its micro-batches have the shapes the plan
 example ``seq_len`` tokens long (one row of ``batch_size x seq_len`` tokens without padding), and in
 padded batches one example a token shorter in every micro-batch (so each carries a padding mask, as
 the plan's worst case does). :data:`MATRIX` covers the knobs the trainer accepts on two tiny models
-(Llama- and Qwen2-shaped); ``benchmarks/conformance.py`` writes the whole table.
+(Llama- and Qwen2-shaped), and a state-space model (Mamba-2) and a hybrid (Falcon-H1: attention and
+Mamba side by side in every layer) on transformers' PyTorch path; ``benchmarks/conformance.py``
+writes the whole table.
 """
 
 from __future__ import annotations
@@ -37,6 +39,17 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
         "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 2048,
         "tie_word_embeddings": True, "use_sliding_window": False, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+    },
+    "mamba2": {
+        "model_type": "mamba2", "hidden_size": 64, "num_heads": 8, "head_dim": 16, "n_groups": 2, "state_size": 16,
+        "num_hidden_layers": 3, "vocab_size": 512, "chunk_size": 16, "time_step_rank": 8,
+        "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+    },
+    "falcon_h1": {
+        "model_type": "falcon_h1", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "max_position_embeddings": 2048,
+        "mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 16,
+        "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
     },
 }
 
@@ -140,6 +153,13 @@ MATRIX: list[tuple[str, dict[str, Any]]] = [
     _cell("qwen2 lora-8bit padded accum3", model="qwen2", method="lora-8bit", precision="bf16", padding_free="off", batch_size=2, grad_accum=3),
     _cell("qwen2 lora dora bf16-mixed padded", model="qwen2", method="lora", precision="bf16-mixed", dora=True, padding_free="off", batch_size=2),
     _cell("qwen2 lora-8bit embed saved no-ckpt", model="qwen2", method="lora-8bit", precision="fp32", modules_to_save=["embed_tokens"], checkpointing="off"),
+    # Mamba layers (in_proj adapted, out_proj left to itself as PEFT requires), alone and beside
+    # attention; their recurrence keeps a hybrid's batches padded.
+    _cell("mamba2 lora bf16", model="mamba2", method="lora", precision="bf16"),
+    _cell("mamba2 full fp32 no-ckpt", model="mamba2", method="full", precision="fp32", checkpointing="off"),
+    _cell("falcon_h1 lora bf16 padded", model="falcon_h1", method="lora", precision="bf16", batch_size=2),
+    _cell("falcon_h1 qlora bf16", model="falcon_h1", method="qlora", precision="bf16"),
+    _cell("falcon_h1 full bf16 accum3", model="falcon_h1", method="full", precision="bf16", grad_accum=3),
 ]
 
 #: The rest of a cell's settings, unless it says otherwise.
@@ -176,7 +196,7 @@ def measure(name: str, settings: dict[str, Any], work_dir: str | Path) -> Cell:
     else:
         data = write_data(work_dir / "data.jsonl", seq_len=int(knobs["seq_len"]), batch_size=int(knobs["batch_size"]),
                           grad_accum=int(knobs["grad_accum"]), steps=2 * STEPS, packing=bool(knobs.get("packing")),
-                          padded=knobs.get("padding_free") == "off" and int(knobs["batch_size"]) > 1)
+                          padded=_padded(TINY_MODELS[model], knobs))
     common = {
         "model": str(config_path), "init": "random", "data": str(data), "device": "cpu",
         "output_dir": str(work_dir / "run"), "log_every": 1, "seed": 0, **knobs,
@@ -204,6 +224,18 @@ def measure(name: str, settings: dict[str, Any], work_dir: str | Path) -> Cell:
         cell.error = f"{type(err).__name__}: {err}"
     cell.seconds = round(time.perf_counter() - started, 2)
     return cell
+
+
+def _padded(model_config: dict[str, Any], knobs: dict[str, Any]) -> bool:
+    """Whether the cell's micro-batches are padded rows (padding_free off, or a model that cannot take
+    one-row batches, such as a hybrid whose Mamba layers carry state across examples): its data then
+    pads one example of each micro-batch, as the plan's worst case does."""
+    from memfit.models.build import make_config
+    from memfit.step.attention import unsupported_reason
+
+    if int(knobs["batch_size"]) < 2 or knobs.get("packing"):
+        return False
+    return knobs.get("padding_free") == "off" or unsupported_reason(make_config(model_config)) is not None
 
 
 def run_matrix(cells: list[tuple[str, dict[str, Any]]], work_dir: str | Path,
