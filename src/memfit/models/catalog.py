@@ -312,7 +312,7 @@ def model_type_problem(config: dict[str, Any]) -> str | None:
     if not isinstance(model_type, str) or not model_type:
         return f"model_type {model_type!r} is not an architecture name (e.g. \"model_type\": \"llama\")."
     if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        return None
+        return _nested_language_model(config, model_type)
     import transformers
 
     if model_type in CONFIG_MAPPING_NAMES:
@@ -322,6 +322,17 @@ def model_type_problem(config: dict[str, Any]) -> str | None:
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
     return (f"model_type {model_type!r} is not an architecture transformers {transformers.__version__} knows.{hint} "
             "(A new architecture needs a newer transformers: pip install -U transformers.)")
+
+
+def _nested_language_model(config: dict[str, Any], model_type: str) -> str | None:
+    """Why a config that holds its language model under ``text_config`` (a vision-language model's,
+    such as Qwen3.5's) cannot be planned as it is, or None."""
+    text = config.get("text_config")
+    if not isinstance(text, dict) or "num_hidden_layers" in config:
+        return None
+    inner = text.get("model_type") or f"{model_type}_text"
+    return (f"model_type {model_type!r} is a multimodal config whose language model is under text_config: memfit "
+            f"fine-tunes the language model alone. Give its text_config as the config (model_type {inner!r}).")
 
 
 def max_positions(config: dict[str, Any]) -> int | None:

@@ -31,12 +31,13 @@ from memfit.models.layers import decoder_layers
 @dataclass(frozen=True)
 class LayerPattern:
     """The kind of each decoder layer (kinds numbered in order of first appearance), a name for each
-    kind, and whether decoder layers share parameters (Zamba's shared attention blocks): then a
-    layer's bytes depend on the layers before it, and the model is not a sum of its kinds."""
+    kind, and whether the layers are coupled: decoder layers that share parameters (Zamba's shared
+    attention blocks) or attend over earlier layers' outputs (Inkling 2's attention residuals). A
+    coupled layer's bytes depend on the layers before it, and the model is not a sum of its kinds."""
 
     kinds: tuple[int, ...]
     names: tuple[str, ...]
-    shared: bool = False
+    coupled: bool = False
 
     @property
     def num_layers(self) -> int:
@@ -56,7 +57,11 @@ class LayerPattern:
         return next(p for p in range(1, n + 1) if all(self.kinds[i] == self.kinds[i % p] for i in range(n)))
 
 
-_PATTERNS: dict[str, tuple[LayerPattern, tuple]] = {}
+#: Config fields that make each layer read the outputs of the layers before it (an attention over
+#: depth, every so many layers): the layers are coupled.
+CROSS_LAYER_FIELDS = ("n_layers_per_attn_res_block",)
+
+_PATTERNS: dict[str, tuple[LayerPattern, tuple, bool]] = {}
 _PATTERNS_KEPT = 16
 
 
@@ -68,13 +73,13 @@ def layer_pattern(config_dict: dict[str, Any]) -> LayerPattern:
 def cut_keeps_kinds(config_dict: dict[str, Any], sources: Sequence[int]) -> bool:
     """Whether the model cut to copies of the layers at ``sources`` has, layer by layer, the kinds of
     those layers (a config that computes its kinds from the depth keeps only some cuts)."""
-    pattern, signatures = _pattern_and_signatures(config_dict)
+    pattern, signatures, shared_in_full = _pattern_and_signatures(config_dict)
     names = [name for name, _ in signatures[0][1]] if signatures else []
     try:
         cut, shared = _signatures(make_config(config_dict, layers=list(sources)), names)
     except Exception:  # noqa: BLE001 - transformers refusing the cut config: the cut is not possible
         return False
-    return shared == pattern.shared and list(cut) == [signatures[i] for i in sources]
+    return shared == shared_in_full and list(cut) == [signatures[i] for i in sources]
 
 
 def covering_layers(config_dict: dict[str, Any]) -> list[int]:
@@ -87,14 +92,16 @@ def covering_layers(config_dict: dict[str, Any]) -> list[int]:
     return list(range(one_each[-1] + 1))
 
 
-def _pattern_and_signatures(config_dict: dict[str, Any]) -> tuple[LayerPattern, tuple]:
+def _pattern_and_signatures(config_dict: dict[str, Any]) -> tuple[LayerPattern, tuple, bool]:
     key = json.dumps(config_dict, sort_keys=True, default=str)
     found = _PATTERNS.get(key)
     if found is None:
-        signatures, shared = _signatures(make_config(config_dict))
+        config = make_config(config_dict)
+        signatures, shared = _signatures(config)
         ids: dict[Any, int] = {}
         kinds = tuple(ids.setdefault(sig, len(ids)) for sig in signatures)
-        found = (LayerPattern(kinds=kinds, names=_names(list(ids)), shared=shared), signatures)
+        coupled = shared or any(getattr(config, name, None) for name in CROSS_LAYER_FIELDS)
+        found = (LayerPattern(kinds=kinds, names=_names(list(ids)), coupled=coupled), signatures, shared)
         if len(_PATTERNS) >= _PATTERNS_KEPT:
             _PATTERNS.pop(next(iter(_PATTERNS)))
         _PATTERNS[key] = found

@@ -60,6 +60,15 @@ def _swap_decoder_linears(model: nn.Module, quantized: Callable[[nn.Linear], nn.
     return swapped
 
 
+def _mark_quantized(model: nn.Module) -> None:
+    """Flag the model's configs as transformers flags a model it loaded quantized: models that read a
+    linear layer's weight directly (a Mamba mixer's ``dt_proj``) call the layer instead when flagged."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(module, "get_input_embeddings"):
+            config._is_quantized = True
+
+
 def quantize_linears_on_meta(model: nn.Module, compute_dtype: torch.dtype) -> int:
     """Swap every linear layer of the decoder blocks for a bitsandbytes NF4 ``Linear4bit`` (on meta).
 
@@ -88,6 +97,7 @@ def quantize_linears_on_meta(model: nn.Module, compute_dtype: torch.dtype) -> in
 
     swapped = _swap_decoder_linears(model, nf4)
     model.is_loaded_in_4bit = True  # PEFT reads this to pick its 4-bit LoRA layers
+    _mark_quantized(model)
     return swapped
 
 
@@ -114,6 +124,7 @@ def int8_linears_on_meta(model: nn.Module) -> int:
 
     swapped = _swap_decoder_linears(model, int8)
     model.is_loaded_in_8bit = True  # PEFT reads this to pick its 8-bit LoRA layers
+    _mark_quantized(model)
     _drop_int8_cast_warning()
     return swapped
 

@@ -17,8 +17,8 @@ lines their events up). A model of one kind is simulated at two and three layers
 
 When the config cannot express such cuts (Jamba computes its kinds from the depth) the pattern's
 period is sampled instead, two and three whole periods, which holds where the depth is a whole
-number of periods; a model whose layers share parameters (Zamba's shared attention blocks), or
-that is too shallow to gain from cutting, is simulated whole (:func:`plan_depths` returns None).
+number of periods; a model whose layers are coupled (Zamba's shared attention blocks, Inkling 2's
+attention over earlier layers' outputs), or that is too shallow to gain from cutting, is simulated whole (:func:`plan_depths` returns None).
 """
 
 from __future__ import annotations
@@ -55,9 +55,11 @@ def plan_depths(config_dict: dict[str, Any]) -> DepthPlan | None:
 
     pattern = layer_pattern(config_dict)
     num_layers = pattern.num_layers
+    if pattern.coupled:
+        return None
     if len(set(pattern.kinds)) == 1:
         return None if num_layers <= 3 else DepthPlan(samples=((0, 1), (0, 1, 2)), weights=(Fraction(num_layers - 2),))
-    for plan in (None if pattern.shared else _by_kind(pattern.kinds), _by_period(pattern.kinds, pattern.period())):
+    for plan in (_by_kind(pattern.kinds), _by_period(pattern.kinds, pattern.period())):
         if plan is not None and max(plan.sizes) < num_layers and all(cut_keeps_kinds(config_dict, s) for s in plan.samples):
             return plan
     return None

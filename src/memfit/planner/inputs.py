@@ -159,6 +159,7 @@ def model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
     targets = targets_problem(source.config, spec)
     if targets:
         problems.append(targets)
+    problems.extend(p for p in (training_mode_problem(source.config, spec), quantized_base_problem(source.config, spec)) if p)
     if spec.base_bits is not None or spec.optimizer in ("adamw8bit", "paged-adamw8bit"):
         import importlib.util
 
@@ -170,6 +171,33 @@ def model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
 
         problems.extend(mode_problems(spec.shard, spec.gpus, spec.optimizer))
     return problems
+
+
+def training_mode_problem(config: dict[str, Any], spec: RunSpec) -> str | None:
+    """Why the model's config cannot train at ``spec``'s precision as it stands (None when it can):
+    xLSTM's ``mode: inference`` (its configs' default) runs kernels whose matmuls mix fp32 states
+    with 16-bit weights, which fails in a training step with bf16 or fp16 weights."""
+    mode = str(config.get("mode") or "inference")
+    if config.get("model_type") != "xlstm" or "train" in mode or spec.weight_precision == "fp32":
+        return None
+    return (f"model: xlstm's \"mode\": \"{mode}\" runs xLSTM's inference kernels, which cannot train with "
+            f"{spec.weight_precision} weights. Set \"mode\": \"train\" in the config (memfit train: model_overrides: "
+            "{mode: train}), or use --precision fp32.")
+
+
+#: model_type -> the linear layer its PyTorch path multiplies by its weight instead of calling it
+#: (transformers' Mamba: ``dt_proj.weight @ ...``), which a 4-bit or 8-bit layer does not hold.
+WEIGHT_READ_DIRECTLY = {"mamba": "dt_proj"}
+
+
+def quantized_base_problem(config: dict[str, Any], spec: RunSpec) -> str | None:
+    """Why the model cannot run on a quantized base (None when it can, or when the base is not quantized)."""
+    layer = WEIGHT_READ_DIRECTLY.get(str(config.get("model_type")))
+    if layer is None or spec.base_bits is None:
+        return None
+    return (f"--method {spec.method}: transformers' {config['model_type']} multiplies by its {layer} weight directly, "
+            f"which a {spec.base_bits}-bit layer does not hold, so its step fails on a quantized base. Use --method lora "
+            "or full.")
 
 
 def targets_problem(config: dict[str, Any], spec: RunSpec, spelling: str = "flag") -> str | None:

@@ -83,10 +83,12 @@ def _layers_to_build(config: dict[str, Any]) -> tuple[list[int], list[int]]:
     pattern = layer_pattern(config)
     counts = pattern.counts()
     one_each = [pattern.first(kind) for kind in counts]
-    if len(counts) == 1 or (not pattern.shared and cut_keeps_kinds(config, one_each)):
+    if pattern.coupled:
+        return list(range(pattern.num_layers)), [1] * pattern.num_layers
+    if len(counts) == 1 or cut_keeps_kinds(config, one_each):
         return one_each, list(counts.values())
     period = pattern.period()
-    if pattern.num_layers % period == 0 and not pattern.shared:
+    if pattern.num_layers % period == 0:
         return list(range(period)), [pattern.num_layers // period] * period
     return list(range(pattern.num_layers)), [1] * pattern.num_layers
 

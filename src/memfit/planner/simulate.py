@@ -28,6 +28,7 @@ from memfit.models.build import (
     make_config,
     materialize,
 )
+from memfit.models.errors import ModelBuildError
 from memfit.models.mixer_kernels import pytorch_mixers
 from memfit.planner.cuda_parity import (
     CudaParityMode,
@@ -108,6 +109,7 @@ def simulate(
     tracker = MemoryTracker()
     parity = CudaParityMode(tracker, arch)
     with (
+        _values_not_needed(config),
         _bitsandbytes_tables() if _uses_bitsandbytes(spec) else contextlib.nullcontext(),
         _fake_mode() if fake else contextlib.nullcontext(),
         _packed_positions(spec.recipe == "hf" and spec.packing and step_fn.layout == PADDED),
@@ -240,6 +242,23 @@ def _longest_examples(spec: RunSpec, layout: str) -> list[dict[str, Any]]:
             example["position_ids"] = np.arange(length, dtype=np.int64)
         examples.append(example)
     return examples
+
+
+@contextlib.contextmanager
+def _values_not_needed(config) -> Iterator[None]:
+    """Turn a step that needs tensor values to know its shapes (an op whose output size depends on
+    the data, such as ``nonzero`` in the forward of a model) into a ModelBuildError: fake tensors
+    have no values, so such a model cannot be planned."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    try:
+        yield
+    except (DynamicOutputShapeException, DataDependentOutputException) as err:
+        op = getattr(err, "func", None) or str(err)
+        raise ModelBuildError(
+            f"memfit cannot plan {config.model_type}: its training step runs {op}, whose output shape depends on the "
+            "tensors' values, which the planner's fake tensors do not have"
+        ) from None
 
 
 @contextlib.contextmanager
