@@ -83,8 +83,7 @@ def simulate(
 ) -> SimulationResult:
     """Simulate ``SIM_STEPS`` training steps of the model in ``config_dict`` as ``spec`` configures it.
 
-    ``layers`` cuts the model to copies of the decoder layers at those indices (for extrapolation,
-    :mod:`memfit.planner.depths`); ``None`` keeps all.
+    ``layers`` cuts the model to copies of its decoder layers at those indices (None: all of them).
     ``workspace_allocs`` are cuBLAS workspaces, allocated as ``runtime`` where CUDA allocates them:
     the first at the first forward matmul (Python thread), the next at the first backward
     (autograd's device thread has its own cuBLAS handle).
@@ -103,21 +102,17 @@ def simulate(
         model = prepare_for_method(build_meta_model(config, dtype), spec)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     attention = str(getattr(base.config, "_attn_implementation", None) or "eager")
-    copies = tuple(trained_copies(model))
-    adapted = tuple(adapted_modules(model))
+    copies, adapted = tuple(trained_copies(model)), tuple(adapted_modules(model))
 
     tracker = MemoryTracker()
     parity = CudaParityMode(tracker, arch)
     with (
-        _values_not_needed(config),
+        _simulable(config),
         _bitsandbytes_tables() if _uses_bitsandbytes(spec) else contextlib.nullcontext(),
         _fake_mode() if fake else contextlib.nullcontext(),
         _packed_positions(spec.recipe == "hf" and spec.packing and step_fn.layout == PADDED),
         offload_parity(),
         pinned_host_copies(),
-        # mamba-ssm's, causal-conv1d's and fla's kernels do not run on fake tensors: the PyTorch path
-        # is the one simulated (the plan says so where the run would take the kernels).
-        pytorch_mixers(config),
         recording_loops() as loops,
         # A chunk's work seen before is replayed, not run (what it might change besides memory:
         # the attention kernels met, the loops recorded).
@@ -245,14 +240,16 @@ def _longest_examples(spec: RunSpec, layout: str) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def _values_not_needed(config) -> Iterator[None]:
-    """Turn a step that needs tensor values to know its shapes (an op whose output size depends on
-    the data, such as ``nonzero`` in the forward of a model) into a ModelBuildError: fake tensors
-    have no values, so such a model cannot be planned."""
+def _simulable(config) -> Iterator[None]:
+    """The model as fake tensors can run it: its sequence mixers on transformers' PyTorch path
+    (mamba-ssm's, causal-conv1d's and fla's kernels do not run on fake tensors; the plan says so
+    where the run would take them), and a step that needs tensor values to know its shapes (an op
+    whose output size depends on the data, such as ``nonzero``) turned into a ModelBuildError."""
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
     try:
-        yield
+        with pytorch_mixers(config):
+            yield
     except (DynamicOutputShapeException, DataDependentOutputException) as err:
         op = getattr(err, "func", None) or str(err)
         raise ModelBuildError(
