@@ -42,7 +42,7 @@ CONFIGS = {
 
 CASES = [
     # They plan: Falcon-H1 (attention and Mamba in every layer), Jamba, Mamba-2, Granite 4.0-H.
-    Case("plan {d}/hybrid_falcon_h1.json --seq-len 64", 0, fast=True),
+    Case("plan {d}/hybrid_falcon_h1.json --seq-len 64", 0),
     Case("plan {d}/hybrid_falcon_h1.json --seq-len 64 --method qlora", 0),
     Case("plan {d}/hybrid_falcon_h1.json --seq-len 64 --method full", 0),
     Case("plan {d}/hybrid_jamba.json --seq-len 64", 0),
@@ -52,7 +52,7 @@ CASES = [
     # What PEFT refuses, what transformers' PyTorch path cannot do, what the planner cannot simulate.
     Case("plan {d}/hybrid_mamba2.json --targets in_proj,out_proj", 2, says=("--targets", "out_proj", "mamba2", "all-linear")),
     Case("plan {d}/hybrid_mamba.json --method qlora", 2, says=("--method qlora", "dt_proj", "--method lora")),
-    Case("plan {d}/hybrid_granite.json --seq-len 64 --packing", 2, says=("packing", "linear_attention", "packing: false")),
+    Case("plan {d}/hybrid_granite.json --seq-len 64 --packing", 2, says=("packing", "linear_attention", "packing: false"), fast=True),
     Case("plan {d}/hybrid_granite.json --seq-len 64 --padding-free on", 2, says=("padding_free: on", "linear_attention")),
     Case("plan {d}/hybrid_qwen3_5.json", 2, says=("qwen3_5", "text_config", "qwen3_5_text"), fast=True),
     Case("plan {d}/hybrid_xlstm.json", 2, says=('"mode": "inference"', '"mode": "train"', "--precision fp32")),

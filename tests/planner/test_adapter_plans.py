@@ -133,7 +133,8 @@ def test_the_plan_says_what_trains_and_how_the_base_is_stored():
     pytest.importorskip("bitsandbytes")
     result = plan(TINY_QWEN2_TIED, seq_len=64, rank=8, dora=True, modules_to_save="lm_head", rslora=True)
     adapters = result.details["adapters"]
-    assert adapters == {"dora": True, "rslora": True, "scale": 16 / 8 ** 0.5, "base": "bf16", "modules_to_save": ["lm_head"],
+    assert adapters == {"modules": ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"],
+                        "dora": True, "rslora": True, "scale": 16 / 8 ** 0.5, "base": "bf16", "modules_to_save": ["lm_head"],
                         "trained_copies": [["embed_tokens", "lm_head"]]}
     helps = result.details["category_help"]
     assert helps["trainable"] == ("LoRA A/B + DoRA magnitudes (one per output row) + a trainable copy of "

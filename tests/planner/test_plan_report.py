@@ -73,3 +73,20 @@ def test_a_mixed_precision_full_plan_that_does_not_fit_suggests_pure_bf16():
                 checkpointing="on", tiling="auto")
     assert any(tip.startswith("--precision bf16 ") for tip in suggestions(base))
     assert not any(tip.startswith("--precision") for tip in suggestions(dict(base, precision="bf16")))
+
+
+def test_a_hybrid_plan_counts_its_kinds_of_layer_and_names_its_mixers_path():
+    from memfit.planner.report import layer_lines
+
+    details = {"layer_kinds": [{"kind": "linear_attention", "layers": 36}, {"kind": "full_attention", "layers": 4}],
+               "simulated_layers": [3, 4, 4],
+               "sequence_mixers": {"simulated": "pytorch", "run": "pytorch", "packages": ["causal-conv1d", "mamba-ssm"],
+                                   "installed": []}}
+    assert layer_lines(details) == [
+        "decoder layers: 36 linear_attention, 4 full_attention (simulated 3, 4, 4 layers, each kind counted by its number)",
+        "sequence mixers: simulated on transformers' PyTorch path (causal-conv1d, mamba-ssm not installed)",
+    ]
+    installed = dict(details["sequence_mixers"], run="fused kernels", installed=["causal-conv1d", "mamba-ssm"])
+    assert layer_lines({"sequence_mixers": installed}) == [
+        "sequence mixers: simulated on transformers' PyTorch path (the run calls causal-conv1d, mamba-ssm's kernels)"]
+    assert layer_lines({"layer_kinds": [{"kind": "LlamaDecoderLayer", "layers": 16}], "sequence_mixers": None}) == []

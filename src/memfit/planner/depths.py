@@ -23,6 +23,7 @@ attention over earlier layers' outputs), or that is too shallow to gain from cut
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
@@ -42,15 +43,33 @@ class DepthPlan:
         base = values[0]
         return int(round(base + sum((w * (v - base) for w, v in zip(self.weights, values[1:])), Fraction(0))))
 
+    def float_weights(self) -> list[float]:
+        """Each sample's weight in :meth:`combine` (the base's first), as floats: for comparing moments."""
+        return [float(1 - sum(self.weights)), *(float(w) for w in self.weights)]
+
     @property
     def sizes(self) -> list[int]:
         """The depth of each simulated cut."""
         return [len(s) for s in self.samples]
 
 
+#: Depth plans by config (each is checked by building its cuts; a search plans one model many times).
+_PLANS: dict[str, DepthPlan | None] = {}
+_PLANS_KEPT = 64
+
+
 def plan_depths(config_dict: dict[str, Any]) -> DepthPlan | None:
     """The cuts that give the step of the model in ``config_dict`` at full depth, or None when it is
     simulated whole."""
+    key = json.dumps(config_dict, sort_keys=True, default=str)
+    if key not in _PLANS:
+        if len(_PLANS) >= _PLANS_KEPT:
+            _PLANS.pop(next(iter(_PLANS)))
+        _PLANS[key] = _plan(config_dict)
+    return _PLANS[key]
+
+
+def _plan(config_dict: dict[str, Any]) -> DepthPlan | None:
     from memfit.models.layer_kinds import cut_keeps_kinds, layer_pattern
 
     pattern = layer_pattern(config_dict)

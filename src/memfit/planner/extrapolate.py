@@ -185,31 +185,48 @@ def _extrapolate_peak(depths: DepthPlan, points: list[SampledStep], reshape: Res
     base's with one layer (or one period) inserted in the middle: the events all samples share at
     the phase's start (the head) and at its end (the tail) are the same operations, shifted by
     memory that grows linearly with each kind's number. Memory moves by the same amount from layer
-    to layer of a kind, so within a phase the highest point is in its head or its tail; every moment
-    of both is extrapolated, and the highest is the peak.
+    to layer of a kind, so within a phase the highest point is in its head or its tail: the moment of
+    each where the extrapolated step is highest is found, its categories extrapolated, and the
+    highest of them is the peak.
 
     With ``reshape`` (one rank of a multi-GPU run) the moments are weighed by one rank's bytes, and
     the return value also holds the highest reshaped total of each phase.
     """
     results = [p.result for p in points]
-    series = [_category_series(r) for r in results]
     best: tuple[int, str, dict[str, int]] | None = None
     phases: dict[str, int] = {}
     for phase, firsts, length in _shared_regions(results):
-        for offset in range(length):
-            moments = [s[first + offset] for s, first in zip(series, firsts)]
-            categories = {name: max(depths.combine([m[name] for m in moments]), 0) for name in moments[0]}
-            if reshape is not None:
-                categories = reshape(categories, phase)
-            total = sum(categories.values())
-            phases[phase] = max(phases.get(phase, 0), total)
-            if best is None or total > best[0]:
-                best = (total, phase, categories)
-    if best is None:  # no shared structure at all: the base's own moments
+        offset = _highest_offset(depths, results, firsts, length, phase, reshape)
+        moments = [r.categories_at(first + offset) for r, first in zip(results, firsts)]
+        categories = {name: max(depths.combine([m[name] for m in moments]), 0) for name in moments[0]}
+        if reshape is not None:
+            categories = reshape(categories, phase)
+        total = sum(categories.values())
+        phases[phase] = max(phases.get(phase, 0), total)
+        if best is None or total > best[0]:
+            best = (total, phase, categories)
+    if best is None:  # no shared structure at all: the last sample's own moments
         if reshape is not None:
             return _reshaped_peak(results[-1], reshape)
         return points[-1].phase, dict(points[-1].categories)
     return (best[1], best[2], phases) if reshape is not None else (best[1], best[2])
+
+
+def _highest_offset(depths: DepthPlan, results: list, firsts: list[int], length: int, phase: str, reshape: Reshape | None) -> int:
+    """The offset into a shared region where the full-depth step is highest (live bytes, or one
+    rank's bytes after ``reshape``), weighing the samples as :meth:`DepthPlan.combine` does."""
+    weights = depths.float_weights()
+    if reshape is None:
+        lives = [r.live_bytes() for r in results]
+        return max(range(length), key=lambda i: sum(w * live[f + i] for w, live, f in zip(weights, lives, firsts)))
+    series = [_category_series(r) for r in results]
+
+    def rank_bytes(i: int) -> float:
+        moments = [s[f + i] for s, f in zip(series, firsts)]
+        mixed = {name: max(sum(w * m[name] for w, m in zip(weights, moments)), 0.0) for name in moments[0]}
+        return sum(reshape(mixed, phase).values())
+
+    return max(range(length), key=rank_bytes)
 
 
 def _reshaped_peak(result, reshape: Reshape) -> tuple[str, dict[str, int], dict[str, int]]:
