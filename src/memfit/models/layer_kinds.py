@@ -115,10 +115,15 @@ def _signatures(config, names: list[str] | None = None) -> tuple[tuple, bool]:
 
     model = build_meta_model(config, DTYPES["bf16"])
     values = [(name, getattr(config, name)) for name in (per_layer_names(config) if names is None else names)]
+    layers = decoder_layers(model)
+    if len(layers) != int(config.num_hidden_layers):
+        # The longest list of modules is not one layer each (a model that nests or repeats them):
+        # the config's per-layer lists alone tell the kinds.
+        return tuple((((), ()), tuple((name, _hashable(value[i])) for name, value in values)) for i in range(config.num_hidden_layers)), False
     owners: dict[int, int] = {}
     shared = False
     signatures = []
-    for index, layer in enumerate(decoder_layers(model)):
+    for index, layer in enumerate(layers):
         for p in layer.parameters():
             shared |= owners.setdefault(id(p), index) != index
         entries = tuple((name, _hashable(value[index])) for name, value in values)
@@ -136,7 +141,8 @@ def _names(signatures: list) -> tuple[str, ...]:
     """A short name for each kind: its config entries (``linear_attention``, ``full_attention/moe``),
     else its layer's class; kinds alike by those are told apart by a module class only they hold,
     else by a number."""
-    names = ["/".join(str(v) for _, v in entries if v is not None) or modules[0][1] for (modules, _), entries in signatures]
+    names = ["/".join(str(v) for _, v in entries if v is not None) or (modules[0][1] if modules else "layer")
+             for (modules, _), entries in signatures]
     classes = [{cls for _, cls in modules} for (modules, _), _ in signatures]
     out = []
     for index, name in enumerate(names):
