@@ -300,7 +300,7 @@ def section_constants(data: dict | None, accuracy: dict | None) -> list[str]:
         if stage.get("context_bytes") is not None and abs(stage["context_bytes"] - context) > CONSTANT_TOLERANCE_BYTES:
             notes.append(f"- The CUDA context of a {stage['method']} training process measures {mib(stage['context_bytes'])}, the planner assumes "
                          f"{mib(context)}: every device total it plans is off by {mib(stage['context_bytes'] - context)} on this GPU "
-                         "(`CUDA_CONTEXT_BYTES_BY_ARCH` in src/memfit/planner/runtime.py takes a measured value).")
+                         "(`CUDA_CONTEXT_BYTES_BY_ARCH` in src/memfit/planner/exact/runtime.py takes a measured value).")
     allocs = assumed.get("cublas_workspace_allocs_bytes", [])
     lines.append(f"| cuBLAS workspace of the first forward matmul | {mib(allocs[0] if allocs else None)} | {mib(measured.get('first_forward_matmul_bytes'))} |")
     lines.append(f"| cuBLAS workspace added by the first backward | {mib(allocs[1] if len(allocs) > 1 else None)} | {mib(measured.get('first_backward_bytes_beyond_grad'))} |")

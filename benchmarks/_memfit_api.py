@@ -2,7 +2,7 @@
 
 memfit's modules move as the project is reorganised (the training step, loading and optimizers
 are going to their own package); the benchmarks import memfit through this module only, so that a
-move is one edit here. Public entry points (``memfit.plan``, ``memfit.planner.search.fit``,
+move is one edit here. Public entry points (``memfit.plan``, ``memfit.planner.search.core.fit``,
 ``memfit.train.recipe.train``) are used where they do the job. Every import sits inside the function
 that needs it: importing this module costs nothing, and never imports torch.
 """
@@ -22,11 +22,22 @@ def plan(model: str | dict, **knobs: Any):
     return memfit.plan(model, **knobs)
 
 
+def planner_module(name: str):
+    """``memfit.planner``'s module ``name`` (``"exact.tracker"``), from this tree or from one laid out
+    before the planner's exact/shortcuts/search packages (``memfit.planner.tracker``), so that
+    before-and-after benchmarks run either."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"memfit.planner.{name}")
+    except ImportError:
+        old = {"search.core": "search", "search.run": "run", "search.report": "fit_report"}.get(name, name.split(".")[-1])
+        return importlib.import_module(f"memfit.planner.{old}")
+
+
 def fit(model: str | dict, **options: Any):
     """``memfit fit``'s search (a FitResult); ``max_seq_len`` per method among its fields."""
-    from memfit.planner.search import fit as _fit
-
-    return _fit(model, **options)
+    return planner_module("search.core").fit(model, **options)
 
 
 def relative_cost(knobs: dict[str, Any]) -> float:
@@ -36,21 +47,29 @@ def relative_cost(knobs: dict[str, Any]) -> float:
     return _relative_cost(knobs)
 
 
-#: The module a plan imports (with everything heavy it pulls in): its import time is a plan's cold start.
-PLANNER_MODULE = "memfit.planner.simulate"
+def planner_module_name() -> str:
+    """The module a plan imports (with everything heavy it pulls in): its import time is a plan's
+    cold start (``memfit.planner.simulate`` in trees from before the planner's exact/ package)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("memfit.planner.exact.simulate") is not None
+    except ImportError:
+        found = False
+    return "memfit.planner.exact.simulate" if found else "memfit.planner.simulate"
 
 
 def clear_plan_cache() -> None:
     """Forget the planner's simulations, in this process and in the on-disk plan cache (so that a
     timed plan simulates again)."""
     try:
-        from memfit.planner import extrapolate as sampled
+        sampled = planner_module("shortcuts.extrapolate")
     except ImportError:  # memfit from before planner/extrapolate.py
         from memfit.planner import api as sampled
 
     sampled._SAMPLE_CACHE.clear()
     try:
-        from memfit.planner import cache
+        cache = planner_module("shortcuts.cache")
     except ImportError:  # memfit from before the on-disk cache
         return
     cache.clear()
@@ -150,9 +169,9 @@ def train_step(model, micro_batches, optimizer, *, step, grad_scaler=None):
 def memory_tracker():
     """The planner's tracker (a TorchDispatchMode counting every storage), for measuring on a CPU,
     with the rewrites the planner runs under, so that CPU kernels allocate what CUDA's would
-    (:mod:`memfit.planner.cuda_parity`): a CPU measurement then checks the plan's code path."""
-    from memfit.planner.cuda_parity import CudaParityMode
-    from memfit.planner.tracker import MemoryTracker
+    (:mod:`memfit.planner.exact.cuda_parity`): a CPU measurement then checks the plan's code path."""
+    CudaParityMode = planner_module("exact.cuda_parity").CudaParityMode
+    MemoryTracker = planner_module("exact.tracker").MemoryTracker
 
     class ParityTracker(MemoryTracker):
         def __enter__(self):
@@ -222,7 +241,7 @@ def collate(examples, pad_token_id: int):
 
 def runtime_assumptions(arch: str | None) -> dict[str, Any]:
     """The planner's runtime figures for a GPU architecture: CUDA context and cuBLAS workspaces."""
-    from memfit.planner import runtime
+    runtime = planner_module("exact.runtime")
 
     overhead = runtime.runtime_overhead(arch)
     return {
@@ -243,7 +262,7 @@ def format_bytes(nbytes: int) -> str:
 
 def allocator_constants() -> dict[str, int]:
     """The caching-allocator constants the planner's allocator model uses."""
-    from memfit.planner import allocator
+    allocator = planner_module("exact.allocator")
 
     return {
         "min_block_bytes": allocator.K_MIN_BLOCK_SIZE,
@@ -257,6 +276,6 @@ def allocator_constants() -> dict[str, int]:
 
 def allocator_model(events: list[tuple[str, int, int]]):
     """Replay (kind, key, bytes) events through the planner's allocator model (peaks and traces)."""
-    from memfit.planner import allocator
+    allocator = planner_module("exact.allocator")
 
     return allocator.simulate(events, record_trace=True)

@@ -1,4 +1,4 @@
-"""How fast the caching-allocator model (``memfit.planner.allocator.simulate``) replays events.
+"""How fast the caching-allocator model (``memfit.planner.exact.allocator.simulate``) replays events.
 
 A seeded, transformer-like mix of allocations (many small tensors, some of 1-10 MiB, a few large
 ones) and frees, replayed whole: 100,000 events (best of 5) and 1,000,000 events (best of 2). Times
@@ -41,7 +41,7 @@ def events(count: int, keys: int, seed: int = 0) -> list[tuple[str, int, int]]:
 
 
 def best_of(replays: int, sequence: list[tuple[str, int, int]]) -> float:
-    from memfit.planner.allocator import simulate
+    from memfit.planner.exact.allocator import simulate
 
     times = []
     for _ in range(replays):

@@ -2,8 +2,8 @@
 
 The planner adds to the tensors of a step what fake tensors cannot see (docs/plan.md): the CUDA
 context (outside the caching allocator), cuBLAS workspaces (inside it) and the caching allocator's
-rounding and segments. Each is an assumption in ``memfit.planner.runtime`` and
-``memfit.planner.allocator``; this script measures them, in a fresh process, next to the values
+rounding and segments. Each is an assumption in ``memfit.planner.exact.runtime`` and
+``memfit.planner.exact.allocator``; this script measures them, in a fresh process, next to the values
 assumed for the GPU's architecture:
 
 1. the CUDA context right after the first CUDA call, as device memory in use minus what the

@@ -95,7 +95,7 @@ def cold_runs(model: str, knobs: dict, repeats: int) -> tuple[list[float], list[
 #: What a LoRA plan of a Llama model must import, and nothing else: the planner, the model's
 #: transformers module and PEFT (bitsandbytes kept out, as the planner keeps it out of LoRA plans).
 #: A new process doing only this is the floor under a cold `memfit plan ... --method lora`.
-IMPORT_FLOOR = ("import sys; import memfit.planner.simulate, transformers.models.llama.modeling_llama; "
+IMPORT_FLOOR = ("import sys; import memfit.planner.exact.simulate, transformers.models.llama.modeling_llama; "
                 "sys.modules['bitsandbytes'] = None; import peft")
 
 
@@ -189,6 +189,7 @@ def main() -> None:
         print(f"{model:16s} {knobs['method']:6s} warm {row['warm_seconds_median']:6.2f} s   cold CLI {row['cold_cli_seconds']:6.2f} s"
               f"   cold CLI, cached {row['cold_cli_cached_seconds']:6.2f} s", flush=True)
 
+    planner = api.planner_module_name()
     run = {
         "memfit": memfit_source(),
         "machine": describe_machine(),
@@ -197,8 +198,8 @@ def main() -> None:
         # What importing costs a new process: the planner's own imports (what every plan needs), and
         # with PEFT and bitsandbytes (what a QLoRA plan needs) on top.
         "imports_seconds": {
-            api.PLANNER_MODULE: round(_import_seconds(api.PLANNER_MODULE), 3),
-            f"{api.PLANNER_MODULE}, peft, bitsandbytes": round(_import_seconds(f"{api.PLANNER_MODULE}, peft, bitsandbytes"), 3),
+            planner: round(_import_seconds(planner), 3),
+            f"{planner}, peft, bitsandbytes": round(_import_seconds(f"{planner}, peft, bitsandbytes"), 3),
         },
         "cold_lora": cold_lora,
         "cases": cases,

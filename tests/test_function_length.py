@@ -17,7 +17,7 @@ LONG_ON_PURPOSE = {
     # The caching allocator's replay: one loop over every allocation and free of a step, kept
     # in one frame so that its state lives in local variables rather than paying a call and
     # attribute look-ups per event.
-    "planner/allocator.py:simulate",
+    "planner/exact/allocator.py:simulate",
     # A merge's plan, tensor by tensor: to be split when the adapter options that change it
     # (DoRA, modules_to_save) are in.
     "merge/plan.py:build_plan",

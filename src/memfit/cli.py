@@ -110,7 +110,7 @@ def fit_command(
     path too); 3: nothing fits."""
     refuse_training_settings(options, "fit")
     from memfit.interop import is_tool_config
-    from memfit.planner.search import fit
+    from memfit.planner.search.core import fit
     from memfit.train.config_plan import fit_train_config, is_train_config
 
     train_config = is_train_config(model)  # memfit's own YAML: fitted as train --fit fits it
@@ -120,10 +120,10 @@ def fit_command(
     if no_cache:
         import os
 
-        from memfit.planner.cache import ENV_SWITCH
+        from memfit.planner.shortcuts.cache import ENV_SWITCH
 
         os.environ[ENV_SWITCH] = "0"  # for this process and the search's worker processes, which inherit it
-    from memfit.planner.fit_report import FitProgress, render_fit
+    from memfit.planner.search.report import FitProgress, render_fit
 
     revision, gpu, budget, method, model_override = (options.pop(name) for name in ("revision", "gpu", "budget", "method",
                                                                                      "model_override"))

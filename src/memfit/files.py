@@ -105,7 +105,7 @@ def memfit_cache_dir() -> Path:
     """memfit's own cache folder: $MEMFIT_CACHE, else $XDG_CACHE_HOME/memfit, else ~/.cache/memfit.
 
     One root for every kind of thing memfit caches, each in a subfolder of its own (``converted/``:
-    pickled checkpoints converted to safetensors; ``plans/``: plans, :mod:`memfit.planner.cache`).
+    pickled checkpoints converted to safetensors; ``plans/``: plans, :mod:`memfit.planner.shortcuts.cache`).
     """
     explicit = os.environ.get("MEMFIT_CACHE")
     if explicit:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from memfit.models.build import DTYPES, build_meta_model, make_config, materialize
-from memfit.planner.simulate import simulate
-from memfit.planner.tracker import round_block_bytes
+from memfit.planner.exact.simulate import simulate
+from memfit.planner.exact.tracker import round_block_bytes
 from memfit.spec import make_spec
 from memfit.step.prepare import prepare_for_method
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from memfit.planner.api import plan
-from memfit.planner.cuda_parity import CudaParityMode
-from memfit.planner.simulate import simulate
-from memfit.planner.tracker import MemoryTracker
+from memfit.planner.exact.cuda_parity import CudaParityMode
+from memfit.planner.exact.simulate import simulate
+from memfit.planner.exact.tracker import MemoryTracker
 from memfit.spec import make_spec
 from memfit.step.builder import build_step
 from memfit.step.optim import build_optimizer

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from memfit.planner.api import plan
-from memfit.planner.search import fit
+from memfit.planner.search.core import fit
 
 
 @pytest.fixture

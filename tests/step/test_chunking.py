@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memfit.planner import allocator
-from memfit.planner.simulate import simulate
+from memfit.planner.exact import allocator
+from memfit.planner.exact.simulate import simulate
 from memfit.spec import make_spec
 from memfit.step import chunking
 from memfit.step.chunking import chunk_starts

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from memfit.planner.simulate import simulate
+from memfit.planner.exact.simulate import simulate
 from memfit.spec import SpecError, make_spec
 from memfit.step.hf_losses import (
     TRL_CHUNK_TOKENS,

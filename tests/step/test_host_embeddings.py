@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from memfit.planner.simulate import simulate
+from memfit.planner.exact.simulate import simulate
 from memfit.spec import make_spec
 from memfit.step.host_embeddings import keep_input_embeddings_on_host
 from memfit.step.prepare import attach_lora

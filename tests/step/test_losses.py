@@ -65,7 +65,7 @@ def test_all_labels_ignored_gives_zero_not_nan():
 
 def test_at_most_one_chunk_of_logits_is_alive():
     """Counted with the planner's tracker: the largest transient is one chunk, not all tokens."""
-    from memfit.planner.tracker import MemoryTracker
+    from memfit.planner.exact.tracker import MemoryTracker
 
     tokens, vocab, chunk = 4096, 2048, 256
     hidden = torch.randn(tokens, 32, requires_grad=True)

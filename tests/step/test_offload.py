@@ -265,7 +265,7 @@ def _tracked_step(offload: bool, num_layers: int, seq_len: int):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from memfit.models.build import build_meta_model, materialize
-    from memfit.planner.tracker import MemoryTracker
+    from memfit.planner.exact.tracker import MemoryTracker
     from memfit.step.prepare import prepare_for_method
 
     config = tiny_config(num_layers)
@@ -290,7 +290,7 @@ def _tracked_step(offload: bool, num_layers: int, seq_len: int):
 
 
 def test_planner_sees_layer_inputs_in_host_memory_and_a_lower_device_peak():
-    from memfit.planner.tracker import round_block_bytes
+    from memfit.planner.exact.tracker import round_block_bytes
 
     num_layers, seq_len = 8, 1024  # layer inputs (8 x 256 KiB) outweigh one layer's recomputation
     plain = _tracked_step(False, num_layers, seq_len)

@@ -267,7 +267,7 @@ def test_only_trainable_parameters_and_clear_errors():
 def test_runs_under_fake_tensor_mode_with_the_planner_tracker():
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from memfit.planner.tracker import MemoryTracker
+    from memfit.planner.exact.tracker import MemoryTracker
 
     def gradient_peak_bytes(stepping: bool) -> tuple[int, int, int]:
         tracker = MemoryTracker()
@@ -306,7 +306,7 @@ def test_runs_under_fake_tensor_mode_with_the_planner_tracker():
 
 
 def test_register_hooks_moves_the_update_behind_hooks_added_later():
-    from memfit.planner.tracker import MemoryTracker
+    from memfit.planner.exact.tracker import MemoryTracker
 
     model = tiny_model()
     optimizer = in_backward(model)

@@ -188,7 +188,7 @@ class _CudaDevice:
 
 
 def test_preflight_and_fit_auto_judge_a_live_device_by_the_same_free_memory(tmp_path, monkeypatch):
-    from memfit.planner.run import SEARCHED, RunPlanner
+    from memfit.planner.search.run import SEARCHED, RunPlanner
     from memfit.planner.target import DeviceReading, device_target
     from memfit.train import recipe
     from memfit.train.config import model_config_dict

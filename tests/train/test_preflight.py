@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from trainer_helpers import tiny_config, tiny_model_dict
 
-from memfit.planner.run import RunPlanner
+from memfit.planner.search.run import RunPlanner
 from memfit.planner.target import NO_TARGET, target_from_options
 from memfit.train.fitting import run_target
 from memfit.train.preflight import PreflightError, oom_advice, refusal

@@ -165,7 +165,7 @@ def test_the_planned_length_of_pairs_is_their_longest_micro_batch():
 
 
 def test_fit_searches_preference_runs_with_the_batch_in_pairs(tmp_path):
-    from memfit.planner.run import RunPlanner
+    from memfit.planner.search.run import RunPlanner
     from memfit.planner.target import target_from_options
     from trainer_helpers import tiny_model_dict
 

@@ -6,16 +6,16 @@ The steps, each in its own module:
    budget or a live device: :mod:`memfit.planner.target`), all problems at once and without
    importing torch or transformers; then the checks that need the model's architecture
    (:mod:`memfit.planner.inputs`);
-2. simulate the real training step under fake tensors (:mod:`memfit.planner.simulate`) for a few
+2. simulate the real training step under fake tensors (:mod:`memfit.planner.exact.simulate`) for a few
    whole periods of decoder layers, and extrapolate linearly to the full depth
-   (:mod:`memfit.planner.extrapolate`; memory per decoder layer is the same for every layer of a
+   (:mod:`memfit.planner.shortcuts.extrapolate`; memory per decoder layer is the same for every layer of a
    period, so this is exact up to rounding; a test checks it against the full simulation);
 3. replay the recorded allocations through the CUDA caching-allocator model
-   (:mod:`memfit.planner.allocator`) to get reserved memory;
-4. add the runtime (CUDA context, cuBLAS workspaces: :mod:`memfit.planner.runtime`) and compare with
+   (:mod:`memfit.planner.exact.allocator`) to get reserved memory;
+4. add the runtime (CUDA context, cuBLAS workspaces: :mod:`memfit.planner.exact.runtime`) and compare with
    the Target.
 
-Plans are kept on disk (:mod:`memfit.planner.cache`): a plan from the cache is the plan this call
+Plans are kept on disk (:mod:`memfit.planner.shortcuts.cache`): a plan from the cache is the plan this call
 would make, byte for byte.
 """
 
@@ -28,10 +28,10 @@ from typing import Any, Callable
 
 from memfit.models.catalog import ModelSource
 from memfit.planner.errors import PlanError
-from memfit.planner.extrapolate import Sampler, StepEstimate, estimate_step
+from memfit.planner.shortcuts.extrapolate import Sampler, StepEstimate, estimate_step
 from memfit.planner.inputs import Resolved, checked, resolve
 from memfit.planner.report import MemoryPlan, adapter_notes, category_help
-from memfit.planner.runtime import RuntimeOverhead, runtime_overhead
+from memfit.planner.exact.runtime import RuntimeOverhead, runtime_overhead
 from memfit.planner.target import Target
 from memfit.spec import RunSpec
 from memfit.units import format_bytes
@@ -141,17 +141,17 @@ def plan(
         target: what to check the plan against, made already (:class:`~memfit.planner.target.Target`:
             from options, or a live device), instead of ``gpu`` / ``budget``.
         context_bytes, cublas_workspace_bytes: override the runtime estimates (see
-            :mod:`memfit.planner.runtime`); ``context_bytes`` defaults to the target's (0 for a live
+            :mod:`memfit.planner.exact.runtime`); ``context_bytes`` defaults to the target's (0 for a live
             device, whose context is spent already), and may be the command line's text (checked:
-            0 to :data:`~memfit.planner.runtime.MAX_CONTEXT_BYTES`).
+            0 to :data:`~memfit.planner.exact.runtime.MAX_CONTEXT_BYTES`).
         extrapolate: simulate a few layers and extrapolate (fast); False simulates every layer.
-        cache: read and keep the plan in the on-disk plan cache (:mod:`memfit.planner.cache`; also
+        cache: read and keep the plan in the on-disk plan cache (:mod:`memfit.planner.shortcuts.cache`; also
             off with ``MEMFIT_PLAN_CACHE=0``). A plan from the cache is the plan this call would
             make, byte for byte, but for ``details.plan_seconds``.
         deepspeed: a DeepSpeed config's settings (:class:`memfit.interop.deepspeed.ZeroSettings`):
             with ``gpus`` > 1 and a ZeRO ``shard``, each rank is planned with DeepSpeed's buffers.
         sampler: how the step is simulated at each sampled depth (default: here, one after the
-            other; :class:`memfit.planner.workers.DepthPool`: side by side in worker processes). The
+            other; :class:`memfit.planner.shortcuts.workers.DepthPool`: side by side in worker processes). The
             plan is the same either way.
         model_override: with another tool's config as ``model``, the model to plan in place of the
             config's (``--model``: a path, a catalog name or a Hub id).
@@ -198,7 +198,7 @@ def plan(
 def predicted_plan(model: str | dict, sampler: Sampler, *, revision: str | None = None, target: Target | None = None,
                    deepspeed: Any = None, **knobs: Any) -> MemoryPlan:
     """The plan :func:`plan` makes of these inputs, its step given by ``sampler`` instead of simulated
-    (:class:`memfit.planner.lengths.LengthSampler`: the step at any length from two simulated ones).
+    (:class:`memfit.planner.shortcuts.lengths.LengthSampler`: the step at any length from two simulated ones).
 
     Its device figures are the plan's; its host figures are not (the sampler models device memory
     only), so a predicted plan only steers a search and is never reported. The plan cache keeps it
@@ -365,8 +365,8 @@ _CACHED_FIELDS = ("model", "allocated_bytes", "reserved_bytes", "device_total_by
 
 def _plan_key(resolved: Resolved, **options: Any) -> str | None:
     """The plan cache's key for these inputs: everything a plan depends on (the environment is added
-    by :func:`memfit.planner.cache.make_key`)."""
-    from memfit.planner import cache as plan_cache
+    by :func:`memfit.planner.shortcuts.cache.make_key`)."""
+    from memfit.planner.shortcuts import cache as plan_cache
 
     if not plan_cache.enabled():
         return None
@@ -382,7 +382,7 @@ def _plan_key(resolved: Resolved, **options: Any) -> str | None:
 
 def _cached_plan(key: str | None, spec: RunSpec, started: float, kind: str = "plan") -> MemoryPlan | None:
     """The plan stored under ``key``, with this call's ``plan_seconds``; None on a miss."""
-    from memfit.planner import cache as plan_cache
+    from memfit.planner.shortcuts import cache as plan_cache
 
     stored = plan_cache.load(kind, key)
     if not isinstance(stored, dict) or set(stored) != set(_CACHED_FIELDS):
@@ -393,7 +393,7 @@ def _cached_plan(key: str | None, spec: RunSpec, started: float, kind: str = "pl
 
 def _keep_plan(key: str, result: MemoryPlan, kind: str = "plan") -> None:
     """Store ``result`` under ``key`` (the time it took left out: it is the new call's own)."""
-    from memfit.planner import cache as plan_cache
+    from memfit.planner.shortcuts import cache as plan_cache
 
     value = {name: getattr(result, name) for name in _CACHED_FIELDS}
     value["details"] = {k: v for k, v in result.details.items() if k != "plan_seconds"}

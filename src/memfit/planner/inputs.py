@@ -16,7 +16,7 @@ from typing import Any
 
 from memfit.models.catalog import ModelSource, model_type_problem, resolve_model, seq_len_problem
 from memfit.planner.errors import PlanError
-from memfit.planner.runtime import context_bytes_problem
+from memfit.planner.exact.runtime import context_bytes_problem
 from memfit.planner.target import Target, resolve_target
 from memfit.spec import RunSpec, SpecError, make_spec
 
@@ -84,7 +84,7 @@ def checked(resolved: Resolved, cache: bool = True) -> tuple[ModelSource, RunSpe
     """
     if resolved.has_problems:
         raise PlanError(resolved.problems)
-    from memfit.planner import cache as plan_cache
+    from memfit.planner.shortcuts import cache as plan_cache
 
     key = validation_key(resolved) if cache else None
     if key is not None and plan_cache.load("validated", key) is True:
@@ -116,7 +116,7 @@ def quick_problems(model: str | dict, *, revision: str | None = None, gpu: str |
 
 def validation_key(resolved: Resolved) -> str | None:
     """The cache key of what :func:`checked` checks (None when a cheap check failed already)."""
-    from memfit.planner import cache as plan_cache
+    from memfit.planner.shortcuts import cache as plan_cache
 
     if resolved.has_problems or not plan_cache.enabled():
         return None
@@ -132,7 +132,7 @@ def validation_state(model: str | dict, *, revision: str | None = None, gpu: str
     the plans to come may be there too), or ``"unknown"``."""
     from pathlib import Path
 
-    from memfit.planner import cache as plan_cache
+    from memfit.planner.shortcuts import cache as plan_cache
 
     if isinstance(model, str) and "/" in model and not Path(model).expanduser().exists():
         return "unknown"  # a Hub id: resolving it asks the Hub, which validate() is about to do anyway
@@ -213,7 +213,7 @@ def targets_problem(config: dict[str, Any], spec: RunSpec, spelling: str = "flag
     from memfit.models.build import DTYPES, build_meta_model, make_config
     from memfit.models.errors import ModelBuildError
     from memfit.models.layer_kinds import covering_layers
-    from memfit.planner.simulate import _quiet
+    from memfit.planner.exact.simulate import _quiet
     from memfit.step.prepare import check_modules_to_save, check_targets
 
     try:

@@ -14,7 +14,7 @@ import json
 from typing import Any
 
 from memfit.planner.inputs import resolve
-from memfit.planner.runtime import runtime_overhead
+from memfit.planner.exact.runtime import runtime_overhead
 from memfit.planner.target import Target
 from memfit.spec import RunSpec
 
@@ -37,7 +37,7 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
     from memfit.models.build import DTYPES, build_meta_model, make_config
     from memfit.models.layers import decoder_layers
     from memfit.planner.sharding import ParamGroup, ParamLayout
-    from memfit.planner.simulate import _quiet, bitsandbytes_only_if_used
+    from memfit.planner.exact.simulate import _quiet, bitsandbytes_only_if_used
     from memfit.step.prepare import prepare_for_method
 
     sources, repeats = _layers_to_build(config)
@@ -131,7 +131,7 @@ def proven_over_budget(model: str | dict, *, revision: str | None = None, gpu: s
     """True when the plan of these arguments (:func:`memfit.planner.api.plan`'s) cannot fit its GPU,
     budget or ``target``, proven by :func:`memory_lower_bound` without a simulation; False when it may
     fit, or nothing is proven (the floor is worked out for one GPU, where ``deepspeed`` never applies)."""
-    from memfit.planner import cache as plan_cache
+    from memfit.planner.shortcuts import cache as plan_cache
 
     resolved = resolve(model, revision=revision, gpu=gpu, budget=budget, target=target, **knobs)
     if resolved.has_problems or resolved.target.memory_bytes is None:

@@ -1,13 +1,13 @@
 """What a plan is compared against: one :class:`Target`, from the options or from a live device.
 
 Every comparison of a plan with memory takes a Target: :func:`memfit.plan`, ``memfit fit``'s search,
-and each question a training run asks (:class:`memfit.planner.run.RunPlanner`: preflight,
+and each question a training run asks (:class:`memfit.planner.search.run.RunPlanner`: preflight,
 ``fit: auto``, the step down after running out of memory). A Target is made in one of two ways:
 
 - from the options (:func:`resolve_target`, :func:`target_from_options`): ``--gpu NAME`` (a GPU
   catalog entry: its memory, architecture and bf16 support) and / or ``--budget SIZE`` (a number of
   bytes the run may use; with a GPU it can only lower the card's memory). The CUDA context is the
-  planner's estimate (:mod:`memfit.planner.runtime`).
+  planner's estimate (:mod:`memfit.planner.exact.runtime`).
 - from a live CUDA device (:func:`live_target`), with one policy. The device is read once, through
   one probe (:func:`read_cuda_device`: its name, the bytes free and the bytes in all), when the run
   starts planning. The budget is what is free then: what other processes hold is not the run's to

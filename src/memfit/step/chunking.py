@@ -15,14 +15,14 @@ memory (a test compares both ways). Real tensors always run every chunk.
 A chunk's work is also the same from one call to the next: the same module on the same shapes in
 every micro-batch, in forward and in the recomputation of an activation checkpoint. The loops run
 that work through :func:`run_region`; the planner, which only needs the memory it makes, records it
-the first time and replays its allocations after that (:mod:`memfit.planner.regions`). On real
+the first time and replays its allocations after that (:mod:`memfit.planner.shortcuts.regions`). On real
 tensors, and without the planner, :func:`run_region` is a plain call.
 
 So is a micro-batch's: the first micro-batch of every optimizer step runs with no gradients held
 yet, on a batch of the same shapes, and makes the same memory each time; the next ones make it too,
 but for the gradients they add into the ones held. The step runs each micro-batch through
 :func:`run_micro_batch`, and the planner replays the first step's first micro-batch for the
-micro-batches of the next step instead of running them (:mod:`memfit.planner.micro_batches`).
+micro-batches of the next step instead of running them (:mod:`memfit.planner.shortcuts.micro_batches`).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def recording_loops() -> Iterator[set[tuple[int, int]]]:
     """Collect the (rows, chunk) of every chunked loop a fake run goes through in this block.
 
     The planner reads how a tensor's size follows the sequence length from them
-    (:mod:`memfit.planner.lengths`): inside a loop's last chunk, a dimension is what is left of the
+    (:mod:`memfit.planner.shortcuts.lengths`): inside a loop's last chunk, a dimension is what is left of the
     rows after the full chunks.
     """
     loops: set[tuple[int, int]] = set()

@@ -63,7 +63,7 @@ def pinned_host_copies(host_placement: Callable[[], Any] | None = None) -> Itera
     """Allocate the host copies of CPU tensors with ``pin_memory=True`` while active.
 
     For the planner: under ``FakeTensorMode`` on the CPU, ``pin_memory=True`` works without any
-    accelerator, and :class:`memfit.planner.tracker.MemoryTracker` counts pinned allocations as host
+    accelerator, and :class:`memfit.planner.exact.tracker.MemoryTracker` counts pinned allocations as host
     memory, so the plan separates host and device bytes exactly as a CUDA run does. Real CPU tensors
     on a machine without a pinned-memory allocator still get plain host copies (pinning would fail);
     ``host_placement`` (a context manager factory, e.g. a tracker's ``outside_device("host")``) is

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memfit.planner.run import SEARCHED
+from memfit.planner.search.run import SEARCHED
 from memfit.train.config import TrainConfig, load_config, tokenizer_path
 
 #: Knobs ``fit --write`` may change in the YAML (the search's), in the order they are written.
@@ -173,7 +173,7 @@ def fit_train_config(path: str | Path, *, model_override: str | None = None, rev
     """``memfit fit`` of the training config at ``path``: its method (unless ``methods``), effective
     batch and other knobs kept; the split of the batch, checkpointing and tiling searched (and the
     optimizer, with its ``fit_optimizer``) at the data's longest example, as ``fit: auto`` searches."""
-    from memfit.planner.search import fit
+    from memfit.planner.search.core import fit
 
     search = {k: options.pop(k) for k in ("max_seq_len", "progress", "workers", "plans_expected", "found") if k in options}
     planner_only = _planner_only(options)

@@ -1,6 +1,6 @@
 """A run fitted to its card, as the run says it: the target, the data's length, ``fit: auto``.
 
-The planning itself is :class:`memfit.planner.run.RunPlanner`'s (one model, one Target); this
+The planning itself is :class:`memfit.planner.search.run.RunPlanner`'s (one model, one Target); this
 module holds what only the trainer knows:
 
 - :func:`run_target`: what the run plans against: ``gpu`` / ``budget`` from the config, else the
@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from memfit.planner.run import SEARCHED, RunPlanner, describe
+from memfit.planner.search.run import SEARCHED, RunPlanner, describe
 from memfit.planner.target import NO_TARGET, Probe, Target, live_target, read_cuda_device, target_from_options
 from memfit.run_files import RUN_FILE
 from memfit.step.batch import DOCUMENTS

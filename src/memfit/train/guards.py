@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from memfit.planner.run import Preflight
+from memfit.planner.search.run import Preflight
 from memfit.train.errors import OutOfMemory
 from memfit.train.preflight import oom_advice
 from memfit.units import format_bytes

@@ -1,6 +1,6 @@
 """Preflight, as the run says it: plan the exact run before loading a single weight, and refuse one that cannot fit.
 
-The check is :meth:`memfit.planner.run.RunPlanner.preflight`: the run's model config (overrides
+The check is :meth:`memfit.planner.search.run.RunPlanner.preflight`: the run's model config (overrides
 included) and knobs, planned against the run's Target (:func:`memfit.train.fitting.run_target`:
 the config's ``budget`` / ``gpu``, else the free memory of the CUDA device). CPU runs without
 ``gpu`` or ``budget`` plan nothing: there is no device memory to check. A run that does not fit is
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.errors import EXIT_DOES_NOT_FIT, UserError
-from memfit.planner.run import SEARCHED, Preflight, RunPlanner
+from memfit.planner.search.run import SEARCHED, Preflight, RunPlanner
 from memfit.spec import default
 from memfit.units import format_bytes
 

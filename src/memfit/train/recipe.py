@@ -3,7 +3,7 @@
 :func:`train` is the whole recipe. Each phase is a small function that takes the run's state
 (:class:`_Run`) and returns what it made for the phases after it, the way torchtune's recipes name
 their setup steps: :func:`_data`, :func:`_configuration` (the knobs, planned and checked before any
-weight is read: :class:`~memfit.planner.run.RunPlanner`), :func:`_model` (with DPO's frozen
+weight is read: :class:`~memfit.planner.search.run.RunPlanner`), :func:`_model` (with DPO's frozen
 reference copy for full fine-tuning), :func:`_optimizer`, :func:`_resume`, :func:`_reference`
 (``precompute_reference``: the reference log-probs of every pair, once, before training),
 :func:`_loop`, :func:`_outputs`.
@@ -34,7 +34,7 @@ from rich.console import Console
 
 from memfit.console import make_console
 from memfit.models.build import make_config
-from memfit.planner.run import SEARCHED, Preflight, RunPlanner, describe
+from memfit.planner.search.run import SEARCHED, Preflight, RunPlanner, describe
 from memfit.run_files import memory_file_name
 from memfit.step.attention import restore_attention
 from memfit.step.autocast import autocast_dtype
@@ -707,7 +707,7 @@ def _end_of_run(run: _Run, result: TrainResult, session: _Session, log, started:
 
 def _step_down(run: _Run, step: int, data_before: dict[str, Any], rng_before: dict[str, Any]) -> bool:
     """After step ``step`` ran out of memory: free, take the next configuration down at the same
-    effective batch (:meth:`memfit.planner.run.RunPlanner.step_down`, against the run's one Target),
+    effective batch (:meth:`memfit.planner.search.run.RunPlanner.step_down`, against the run's one Target),
     put the data and the random state back to where the step began, save, and say so. False when the
     run cannot go on that way (one process, ``on_oom: continue``, no optimizer step in backward,
     something smaller that fits)."""

@@ -19,7 +19,7 @@ def check_values(options: Mapping[str, Any], knobs: Mapping[str, Any]) -> None:
     command line's words. (The model's name is checked as the page reads it; what depends on the
     model, a length past its positions, when it is planned.)"""
     from memfit.planner.errors import PlanError
-    from memfit.planner.runtime import context_bytes_problem
+    from memfit.planner.exact.runtime import context_bytes_problem
     from memfit.planner.target import resolve_target
     from memfit.spec import SpecError, make_spec
 

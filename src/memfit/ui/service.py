@@ -1,7 +1,7 @@
 """The planner behind the page: kept warm, one plan at a time in this process, searches beside it.
 
 Every answer comes from the API the command line calls (:func:`memfit.planner.api.plan`,
-:func:`memfit.planner.search.fit`) with the arguments the command line would pass
+:func:`memfit.planner.search.core.fit`) with the arguments the command line would pass
 (:mod:`memfit.ui.params`), and is returned in the command line's ``--json`` form
 (:func:`result_dict`).
 
@@ -13,7 +13,7 @@ imported once when the server starts (``warm``), after which no plan hides it, a
 own few in-process plans cannot disturb a plan in another thread.
 
 Why a plan is fast here: the server (``memfit ui``) keeps two worker processes
-(:class:`memfit.planner.workers.DepthPool`, started and their imports done with ``warm``) and
+(:class:`memfit.planner.shortcuts.workers.DepthPool`, started and their imports done with ``warm``) and
 simulates a plan's two sampled depths side by side, one in each; the plan is the same as the
 command line's, byte for byte.
 """
@@ -38,7 +38,7 @@ log = logging.getLogger("memfit.ui")
 
 #: What a plan imports; imported once when the server starts, so that the first plan does not wait
 #: for them (bitsandbytes last, where it is installed: see the module's docstring).
-WARM_IMPORTS = ("memfit.planner.api", "memfit.planner.search", "memfit.planner.simulate",
+WARM_IMPORTS = ("memfit.planner.api", "memfit.planner.search.core", "memfit.planner.exact.simulate",
                 "transformers.modeling_utils", "peft")
 
 #: Searches at most at once (each runs worker processes); one more is refused until one ends.
@@ -77,7 +77,7 @@ class PlannerService:
         # after the other (0).
         self.depths = None
         if depth_workers:
-            from memfit.planner.workers import DepthPool
+            from memfit.planner.shortcuts.workers import DepthPool
 
             self.depths = DepthPool(depth_workers, imports=WARM_IMPORTS + ("bitsandbytes",))
         self._plan_lock = threading.Lock()
@@ -223,7 +223,7 @@ class PlannerService:
         (the ``--json`` form) or ``{"event": "error"}`` (a bad input: the CLI's message). Runs in the
         caller's thread; raises :class:`BusyError` at once when :data:`MAX_SEARCHES` searches are running,
         :class:`ServerStopping` when the server stops (:meth:`stop`) before the search ends."""
-        from memfit.planner.search import fit
+        from memfit.planner.search.core import fit
 
         if not self._searches.acquire(blocking=False):
             raise BusyError(f"the server is running {MAX_SEARCHES} searches already; wait for one to end and ask again.")

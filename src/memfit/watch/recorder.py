@@ -253,7 +253,7 @@ class MemoryRecorder:
     def attribute(self, model: Any, optimizer: Any = None, steps: int = 2, device: Any = None, cuda_parity: bool = False) -> None:
         """Measure memory by category on the next ``steps`` steps, for predicted-versus-measured.
 
-        Runs the planner's :class:`~memfit.planner.tracker.MemoryTracker` on the real tensors
+        Runs the planner's :class:`~memfit.planner.exact.tracker.MemoryTracker` on the real tensors
         (weights and trainable parameters marked from ``model``, gradients as autograd fills them,
         optimizer states from ``optimizer``) from now until ``steps`` calls of :meth:`end_step`.
         Two steps match the plan, which simulates two (the second with optimizer states in place).
@@ -261,7 +261,7 @@ class MemoryRecorder:
         every operation, so it is used only for these steps.
 
         ``cuda_parity`` (a CPU run only): count as the planner counts, with its rewrites of the ops
-        whose memory differs on CUDA (:mod:`memfit.planner.cuda_parity`) and host copies counted as
+        whose memory differs on CUDA (:mod:`memfit.planner.exact.cuda_parity`) and host copies counted as
         host memory; the peak is then comparable byte for byte with the plan (the conformance check,
         :mod:`memfit.train.conformance`).
         """
@@ -313,7 +313,7 @@ class _Attribution:
 
         import torch
 
-        from memfit.planner.tracker import MemoryTracker
+        from memfit.planner.exact.tracker import MemoryTracker
 
         if device is None:
             first = next(iter(model.parameters()), None)
@@ -337,7 +337,7 @@ class _Attribution:
         if cuda_parity:
             if device.type != "cpu":
                 raise ValueError(f"attribute: cuda_parity is for a CPU run (the rewrites make a CPU count as CUDA), not {device}")
-            from memfit.planner.cuda_parity import CudaParityMode
+            from memfit.planner.exact.cuda_parity import CudaParityMode
             from memfit.step.offload import pinned_host_copies
 
             self._modes.enter_context(pinned_host_copies(lambda: self.tracker.outside_device("host")))

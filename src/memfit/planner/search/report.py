@@ -1,0 +1,187 @@
+"""Render a :class:`~memfit.planner.search.core.FitResult` as Rich tables, and a search's progress."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from memfit.console import StatusLine
+from memfit.planner.report import BATCH_COUNTS_PAIRS
+from memfit.units import format_bytes
+
+
+def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
+    """Print the fits (fastest first), what faster settings lack, and the longest sequences."""
+    from rich.table import Table
+
+    gpu = result.gpu
+    config = getattr(result, "config", None)
+    if config:
+        from memfit.interop.summary import headline
+
+        console.print(headline(config), highlight=False, markup=False, soft_wrap=True)
+    title = f"[bold]{result.model}[/] on {gpu['name']} ({format_bytes(gpu['memory_bytes'])})"
+    multi = getattr(result, "max_gpus", 1) > 1
+    if multi:
+        title += f", up to {result.max_gpus} GPUs (fewest that fit; memory per GPU)"
+    precisions = {f.spec["precision"] for f in result.fits}
+    if len(precisions) == 1:
+        title += f", {next(iter(precisions))}"
+    objectives = {f.spec.get("objective", "sft") for f in result.fits} - {"sft"}
+    if objectives:  # a preference search: its micro-batches are pairs of sequences
+        title += f", {', '.join(sorted(objectives))} ({BATCH_COUNTS_PAIRS})"
+    if not focus_max_seq_len:
+        # Settings and figures are never cut or wrapped (they are read and typed back): headers take
+        # two lines, columns are one space apart, and a sequence length all fits share goes in the
+        # title, so that the table fits 80 columns.
+        lengths = {f.spec["seq_len"] for f in result.fits}
+        # Titles are lines of their own: a table's title wraps at the table's width, and in a pipe
+        # or a file every line must stay whole.
+        heading = title + (f", {next(iter(lengths)):,} tokens a sequence" if len(lengths) == 1 else "")
+        table = Table(box=None, padding=(0, 1), pad_edge=False, collapse_padding=True)
+        columns = [("#", "right"), ("method", "left")] + ([("gpus", "left")] if multi else []) + [
+            ("check-\npointing", "left"), ("optimizer", "left"), ("batch x\naccum", "left")] + (
+            [("seq", "right")] if len(lengths) > 1 else []) + [
+            ("peak\nper GPU" if multi else "peak", "right"), ("head-\nroom", "right"), ("speed\n(est.)", "right")]
+        for column, justify in columns:
+            table.add_column(column, justify=justify, no_wrap=True, header_style="bold")
+        for rank, f in enumerate(result.fits, 1):
+            s = f.spec
+            placement = [f"{s.get('gpus', 1)} {f.plan.details.get('shard', s.get('shard', 'none'))}"] if multi else []
+            # Where the methods got different precisions (a card without bf16), each row says its own.
+            method = s["method"] if len(precisions) == 1 else f"{s['method']} {s['precision']}"
+            table.add_row(
+                str(rank), method, *placement, s["checkpointing"], s["optimizer"], f"{s['batch_size']} x {s['grad_accum']}",
+                *([f"{s['seq_len']:,}"] if len(lengths) > 1 else []), format_bytes(f.plan.device_total_bytes),
+                format_bytes(f.plan.headroom_bytes), f"{f.relative_speed:.2f}",
+            )
+        if result.fits:
+            console.print(heading, highlight=False)
+            console.print(table)
+        else:
+            console.print(f"{title}: [red]no configuration fits[/], not even micro-batch 1 with the leanest settings.")
+        for miss in result.misses:
+            s = miss.spec
+            console.print(
+                f"[dim]faster but does not fit: {s['method']}, checkpointing {s['checkpointing']}, {s['optimizer']}, "
+                f"micro-batch {s['batch_size']}: {format_bytes(miss.device_total_bytes)} ({format_bytes(miss.over_bytes)} over)[/]"
+            )
+    longest = Table(box=None, padding=(0, 1), pad_edge=False, collapse_padding=True)
+    for column in ("method", "tokens", "with"):
+        longest.add_column(column, justify="right" if column == "tokens" else "left", no_wrap=column != "with", header_style="bold")
+    for method, tokens in result.max_seq_len.items():
+        spec = result.max_seq_len_specs.get(method)
+        how = f"checkpointing {spec['checkpointing']}, {spec['optimizer']}" if spec else "does not fit"
+        if spec and spec.get("gpus", 1) > 1:
+            how += f", {spec['gpus']} GPUs, {spec['shard']}"
+        longest.add_row(method, f"{tokens:,}", how)
+    console.print(f"longest sequence, micro-batch 1 ({title})" if focus_max_seq_len else "longest sequence, micro-batch 1",
+                  highlight=False)
+    console.print(longest)
+    for note in getattr(result, "notes", []):
+        console.print(f"[yellow]note:[/] {note}", highlight=False)
+    if config:
+        from memfit.interop.summary import detail_lines
+
+        for line in detail_lines(config):
+            console.print(line, highlight=False, markup=False, soft_wrap=True)
+    console.print(
+        f"[dim]{result.plans_made} plans in {result.seconds:.1f} s. Speed is an estimate from FLOPs per token, "
+        "recomputation, offload and dequantization costs (memfit.planner.throughput), relative to the fastest fit.[/]"
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# Progress
+
+
+def format_duration(seconds: float) -> str:
+    """``41 s``, ``3 min``, ``1.5 h``: a duration as people say it, to the precision that matters."""
+    if seconds < 59.5:
+        return f"{max(seconds, 0.0):.0f} s"
+    if seconds < 3600:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def progress_line(count: int, expected: int | None, elapsed_s: float, seconds_per_plan: float | None) -> str:
+    """``plan 7 of ~26, 41 s elapsed, about 1 min left``: where a search stands as plan ``count``
+    starts, of about ``expected`` (None: not known yet), ``elapsed_s`` since it started.
+
+    What is left is ``seconds_per_plan`` (the recent pace; None before a plan has finished) times
+    the plans still to make, this one included. A search that makes more plans than expected says
+    so rather than promise a time.
+    """
+    if expected is None:
+        return f"plan {count}, {format_duration(elapsed_s)} elapsed"
+    if count > expected:
+        return f"plan {count} (more than the ~{expected} expected), {format_duration(elapsed_s)} elapsed"
+    line = f"plan {count} of ~{expected}, {format_duration(elapsed_s)} elapsed"
+    if seconds_per_plan is not None:
+        line += f", about {format_duration(seconds_per_plan * (expected - count + 1))} left"
+    return line
+
+
+#: Plans whose pace gives what is left: the recent ones, as a search's later plans (the longest
+#: sequences) take longer than its first.
+PACE_PLANS = 5
+#: Plans made before a pace is given: a search's worker processes (up to 3) start their first plans
+#: together, so the time between those says nothing of a plan's.
+PACE_AFTER_PLANS = 3
+
+
+def recent_seconds_per_plan(starts: list[float], now: float, plans: int = PACE_PLANS) -> float | None:
+    """Seconds a plan, over the last ``plans`` plans made: ``starts`` are the times the plans so far
+    started, the last one being the plan starting ``now``. None until :data:`PACE_AFTER_PLANS` are made."""
+    made = starts[:-1]
+    if len(made) < PACE_AFTER_PLANS:
+        return None
+    recent = made[-plans:]
+    return (now - recent[0]) / len(recent)
+
+
+class FitProgress:
+    """The progress of a `memfit fit` search on ``console`` (stderr): one status line on a terminal;
+    elsewhere (a log file, a CI job) one plain line per plan, so that a search of several minutes
+    never looks stuck. Each says which plan of about how many, the time elapsed and what is left
+    at the recent pace (:func:`progress_line`, :func:`recent_seconds_per_plan`).
+
+    ``clock`` gives seconds (``time.perf_counter``; a test gives its own). Called with each plan's
+    description; :meth:`expect` takes the search's estimate once its inputs are validated. Before
+    it, a terminal's status line says the inputs are being checked and a log gets nothing (an input
+    error stands alone there). :meth:`close` ends the status line, which leaves nothing behind.
+    """
+
+    def __init__(self, console, *, clock: Callable[[], float] = time.perf_counter):
+        self.console = console
+        self.count = 0
+        self.expected: int | None = None
+        self._clock = clock
+        self._started = clock()
+        self._starts: list[float] = []
+        self._line = StatusLine(console, "fit: checking the model and the options")
+
+    def expect(self, plans: int) -> None:
+        """The search is about to make about ``plans`` plans."""
+        self.expected = plans
+        if self.console.is_terminal:
+            self._line.update(f"fit: about {plans} plans to make")
+        else:
+            self._print(f"fit: about {plans} plans to make, each is one line")
+
+    def __call__(self, message: str) -> None:
+        now = self._clock()
+        self._starts.append(now)
+        self.count += 1
+        where = progress_line(self.count, self.expected, now - self._started, recent_seconds_per_plan(self._starts, now))
+        line = f"{where}: {message}"
+        if self.console.is_terminal:
+            self._line.update(line)
+        else:
+            self._print(line)
+
+    def _print(self, line: str) -> None:
+        self.console.print(line, highlight=False, markup=False, soft_wrap=True)
+
+    def close(self) -> None:
+        self._line.close()

@@ -1,0 +1,363 @@
+"""The step at full depth from a few simulated depths: the layer-extrapolation arithmetic.
+
+Memory per decoder layer is the same for every layer of a kind, so the step is simulated
+(:mod:`memfit.planner.exact.simulate`) on a few cut-down models: two and three layers of a model of one
+kind; for a hybrid (Mamba or linear attention beside attention, experts beside dense MLPs) a base
+that holds every kind and, for each kind, the base with one more layer of it
+(:mod:`memfit.planner.shortcuts.depths`). Every figure is extrapolated to the full depth, counting each
+kind by its number in the full model. The peak is not one number to extrapolate: where it lies can move with
+depth, so each phase's shared head and tail of events are extrapolated and the highest moment
+taken (:func:`_extrapolate_peak`). A test checks the result against the full simulation.
+
+:func:`estimate_step` returns a :class:`StepEstimate`, the figures a plan is made of.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from memfit.planner.exact import allocator
+from memfit.planner.shortcuts.depths import DepthPlan
+from memfit.spec import RunSpec
+
+#: Maps single-GPU categories at a moment of a phase to one rank's categories.
+Reshape = Callable[[dict[str, int], str], dict[str, int]]
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """What a simulated step and the full-depth estimate made from it both report: how attention
+    runs and the batches are laid out, the peaks, the categories at the allocated peak (``phase``)
+    and the parameter counts."""
+
+    attention: str
+    attention_kernels: Any
+    batch_layout: str
+    embeddings_on_host: bool
+    trained_copies: list[dict]
+    allocated_bytes: int
+    reserved_bytes: int
+    host_peak_bytes: int
+    paged_peak_bytes: int
+    categories: dict[str, int]
+    phase: str
+    phase_peaks: dict[str, int]
+    total_params: int
+    trainable_params: int
+
+
+@dataclass(frozen=True)
+class SampledStep(StepFigures):
+    """One simulation of the step at one depth, summarised: its figures and the tracker's result
+    (its events)."""
+
+    result: Any  # memfit.planner.exact.tracker's result: the events and allocations
+    chunk_loops: frozenset = frozenset()  # (rows, chunk) of the step's chunked loops
+    adapted: tuple[str, ...] = ()  # short names of the modules carrying LoRA adapters
+
+
+#: Simulates (or predicts) the step of one cut (the full model's layer indices it copies, None for
+#: all): (config, spec, cut, workspace_allocs, arch).
+Sampler = Callable[[dict[str, Any], RunSpec, "tuple[int, ...] | None", tuple[int, ...], "str | None"], SampledStep]
+
+
+@dataclass(frozen=True)
+class StepEstimate(StepFigures):
+    """The step of the full model, as the plan reports it (one rank's, for several GPUs).
+
+    ``categories`` are the live device bytes by category at the peak (``phase``), which sum to
+    ``allocated_bytes``; ``reserved_bytes`` adds the caching allocator's overhead (replayed, not
+    extrapolated); ``single_gpu_categories`` are the categories at the single-GPU peak, before a
+    multi-GPU reshape.
+    """
+
+    simulated_layers: list[int]
+    num_layers: int
+    single_gpu_categories: dict[str, int]
+    layer_kinds: list[dict] = dataclasses.field(default_factory=list)  # {"kind", "layers"} of each kind of decoder layer
+    adapted: tuple[str, ...] = ()  # short names of the modules carrying LoRA adapters
+
+
+def estimate_step(
+    config: dict[str, Any],
+    spec: RunSpec,
+    workspace_allocs: tuple[int, ...] = (),
+    *,
+    extrapolate: bool = True,
+    reshape: Reshape | None = None,
+    arch: str | None = None,
+    sampler: Sampler | None = None,
+) -> StepEstimate:
+    """Simulate (and extrapolate) the step; return peaks, categories and counts for the full model.
+
+    ``reshape`` maps the single-GPU categories at a moment of a phase to one rank's categories
+    (:func:`memfit.planner.sharding.per_rank_categories`); the peak is then the highest moment after
+    reshaping (sharding can move it, e.g. from the end of backward to its start), and
+    ``single_gpu_categories`` holds the unreshaped categories at the single-GPU peak. The
+    simulation itself is that of one GPU, whatever ``gpus`` and ``shard`` are: it is shared.
+    ``sampler`` gives the step at one depth in place of a simulation (:mod:`memfit.planner.shortcuts.lengths`).
+    """
+    from memfit.models.layer_kinds import layer_pattern
+    from memfit.planner.shortcuts.depths import plan_depths
+
+    if spec.gpus != 1 or spec.shard != "none":
+        # One rank's step, the same for every count and mode (so it is simulated once). gpus stays
+        # above 1 because placement differs there: under FSDP the input embeddings stay on the
+        # device, in the root group, where one GPU keeps a frozen table in host memory.
+        spec = spec.model_copy(update={"gpus": 2, "shard": "none"})
+    pattern = layer_pattern(config)
+    num_layers = pattern.num_layers
+    depths = plan_depths(config) if extrapolate else None
+    sample = sampler or sample_step
+    many = getattr(sampler, "sample_many", None)  # a sampler that simulates the depths side by side
+    cuts = list(depths.samples) if depths else [None]
+    points = many(config, spec, cuts, workspace_allocs, arch) if many else [sample(config, spec, cut, workspace_allocs, arch)
+                                                                              for cut in cuts]
+    if depths is not None and len({len(p.result.segments()) for p in points}) > 1:
+        depths, points = None, [sample(config, spec, None, workspace_allocs, arch)]  # no common structure
+    last = points[-1]
+    shared = dict(simulated_layers=depths.sizes if depths else [num_layers], attention=last.attention,
+                  attention_kernels=last.attention_kernels, batch_layout=last.batch_layout,
+                  embeddings_on_host=last.embeddings_on_host, trained_copies=last.trained_copies,
+                  layer_kinds=_kind_counts(pattern), adapted=last.adapted)
+    if depths is None:
+        return _whole(points[0], reshape, num_layers, **shared)
+    return _extrapolated(depths, points, num_layers, reshape, **shared)
+
+
+def _kind_counts(pattern) -> list[dict[str, Any]]:
+    """The model's kinds of decoder layer and how many of each it stacks (one entry for most models)."""
+    return [{"kind": pattern.names[kind], "layers": count} for kind, count in pattern.counts().items()]
+
+
+def _whole(point: SampledStep, reshape: Reshape | None, num_layers: int, **shared: Any) -> StepEstimate:
+    """The step simulated at full depth (reshaped for one rank, with ``reshape``)."""
+    phase, categories, phase_peaks = point.phase, point.categories, dict(point.phase_peaks)
+    allocated, reserved = point.allocated_bytes, point.reserved_bytes
+    if reshape is not None:
+        overhead = reserved - allocated
+        phase, categories, phase_peaks = _reshaped_peak(point.result, reshape)
+        allocated = sum(categories.values())
+        reserved = allocated + overhead
+    return StepEstimate(allocated_bytes=allocated, reserved_bytes=reserved, host_peak_bytes=point.host_peak_bytes,
+                        paged_peak_bytes=point.paged_peak_bytes, categories=categories, phase=phase, phase_peaks=phase_peaks,
+                        total_params=point.total_params, trainable_params=point.trainable_params,
+                        single_gpu_categories=dict(point.categories), num_layers=num_layers, **shared)
+
+
+def _extrapolated(depths: DepthPlan, points: list[SampledStep], num_layers: int, reshape: Reshape | None,
+                  **shared: Any) -> StepEstimate:
+    """The step at ``num_layers`` from the steps simulated at the cuts of ``depths``."""
+
+    def line(values: list[int]) -> int:
+        return depths.combine(values)
+
+    phase, categories = _extrapolate_peak(depths, points)
+    single = dict(categories)
+    # Fragmentation does not grow linearly with depth (it jumps with how blocks happen to fit in
+    # segments), so the allocator's overhead is not extrapolated: the larger of the sampled
+    # overheads is added to the extrapolated allocated peak.
+    overhead = max(p.reserved_bytes - p.allocated_bytes for p in points)
+    phase_peaks = {k: line([p.phase_peaks.get(k, 0) for p in points]) for k in points[-1].phase_peaks}
+    if reshape is not None:
+        # One rank's fragmentation is taken to be the single GPU's (an assumption: sharded
+        # states are smaller blocks, so this errs high).
+        phase, categories, phase_peaks = _extrapolate_peak(depths, points, reshape)
+    allocated = sum(categories.values())
+    return StepEstimate(allocated_bytes=allocated, reserved_bytes=allocated + overhead,
+                        host_peak_bytes=line([p.host_peak_bytes for p in points]),
+                        paged_peak_bytes=line([p.paged_peak_bytes for p in points]), categories=categories, phase=phase,
+                        phase_peaks=phase_peaks, total_params=line([p.total_params for p in points]),
+                        trainable_params=line([p.trainable_params for p in points]), single_gpu_categories=single,
+                        num_layers=num_layers, **shared)
+
+
+def _extrapolate_peak(depths: DepthPlan, points: list[SampledStep], reshape: Reshape | None = None):
+    """Peak phase and categories at the peak of the full-depth step, from the sampled cuts.
+
+    Where the peak lies can move with depth: in full fine-tuning the start of backward (logits,
+    every layer's activations) is highest for a few layers, the end of backward (every gradient)
+    for many. So the peak is not extrapolated as one number. Each phase of a further sample is the
+    base's with one layer (or one period) inserted in the middle: the events all samples share at
+    the phase's start (the head) and at its end (the tail) are the same operations, shifted by
+    memory that grows linearly with each kind's number. Memory moves by the same amount from layer
+    to layer of a kind, so within a phase the highest point is in its head or its tail: the moment of
+    each where the extrapolated step is highest is found, its categories extrapolated, and the
+    highest of them is the peak.
+
+    With ``reshape`` (one rank of a multi-GPU run) the moments are weighed by one rank's bytes, and
+    the return value also holds the highest reshaped total of each phase.
+    """
+    results = [p.result for p in points]
+    best: tuple[int, str, dict[str, int]] | None = None
+    phases: dict[str, int] = {}
+    for phase, firsts, length in _shared_regions(results):
+        offset = _highest_offset(depths, results, firsts, length, phase, reshape)
+        moments = [r.categories_at(first + offset) for r, first in zip(results, firsts)]
+        categories = {name: max(depths.combine([m[name] for m in moments]), 0) for name in moments[0]}
+        if reshape is not None:
+            categories = reshape(categories, phase)
+        total = sum(categories.values())
+        phases[phase] = max(phases.get(phase, 0), total)
+        if best is None or total > best[0]:
+            best = (total, phase, categories)
+    if best is None:  # no shared structure at all: the last sample's own moments
+        if reshape is not None:
+            return _reshaped_peak(results[-1], reshape)
+        return points[-1].phase, dict(points[-1].categories)
+    return (best[1], best[2], phases) if reshape is not None else (best[1], best[2])
+
+
+def _highest_offset(depths: DepthPlan, results: list, firsts: list[int], length: int, phase: str, reshape: Reshape | None) -> int:
+    """The offset into a shared region where the full-depth step is highest (live bytes, or one
+    rank's bytes after ``reshape``), weighing the samples as :meth:`DepthPlan.combine` does."""
+    weights = depths.float_weights()
+    if reshape is None:
+        lives = [r.live_bytes() for r in results]
+        return max(range(length), key=lambda i: sum(w * live[f + i] for w, live, f in zip(weights, lives, firsts)))
+    series = [_category_series(r) for r in results]
+
+    def rank_bytes(i: int) -> float:
+        moments = [s[f + i] for s, f in zip(series, firsts)]
+        mixed = {name: max(sum(w * m[name] for w, m in zip(weights, moments)), 0.0) for name in moments[0]}
+        return sum(reshape(mixed, phase).values())
+
+    return max(range(length), key=rank_bytes)
+
+
+def _reshaped_peak(result, reshape: Reshape) -> tuple[str, dict[str, int], dict[str, int]]:
+    """The highest moment of a whole simulation after ``reshape``: phase, categories, per-phase peaks."""
+    series = _category_series(result)
+    best: tuple[int, str, dict[str, int]] | None = None
+    phases: dict[str, int] = {}
+    for seg in result.segments():
+        for event in range(seg.start_event + 1, seg.end_event + 1):
+            categories = reshape(series[event], seg.phase)
+            total = sum(categories.values())
+            phases[seg.phase] = max(phases.get(seg.phase, 0), total)
+            if best is None or total > best[0]:
+                best = (total, seg.phase, categories)
+    if best is None:
+        return result.peak.phase, reshape(dict(result.peak.categories), result.peak.phase), phases
+    return best[1], best[2], phases
+
+
+#: Live bytes by category after every event, by result (kept alongside the simulation cache).
+_SERIES_CACHE: dict[int, tuple[Any, list[dict[str, int]]]] = {}
+
+
+def _category_series(result) -> list[dict[str, int]]:
+    """Live device bytes by category just after each event (``categories_at`` for every event, in one pass)."""
+    cached = _SERIES_CACHE.get(id(result))
+    if cached is not None and cached[0] is result:
+        return cached[1]
+    from memfit.planner.categories import TRACKED_CATEGORIES
+
+    info = {a.alloc_id: (a.category, a.nbytes) for a in result.allocations if a.place == "device"}
+    live = dict.fromkeys(TRACKED_CATEGORIES, 0)
+    series = []
+    for kind, alloc_id, _ in result.events:
+        category, nbytes = info[alloc_id]
+        live[category] += nbytes if kind == "alloc" else -nbytes
+        series.append(dict(live))
+    if len(_SERIES_CACHE) >= _SAMPLE_CACHE_SIZE:
+        _SERIES_CACHE.pop(next(iter(_SERIES_CACHE)))
+    _SERIES_CACHE[id(result)] = (result, series)
+    return series
+
+
+def _shared_regions(results):
+    """(phase, first event in each result, length) of the runs of events all ``results`` share at
+    the start (head) and at the end (tail) of each phase."""
+    for segments in zip(*(r.segments() for r in results)):
+        sigs = [_signatures(r, seg.start_event + 1, seg.end_event + 1) for r, seg in zip(results, segments)]
+        head = min(_common_prefix(sigs[0], other) for other in sigs)
+        tail = min(_common_prefix(sigs[0][::-1], other[::-1]) for other in sigs)
+        if head:
+            yield segments[-1].phase, [seg.start_event + 1 for seg in segments], head
+        if tail:
+            yield segments[-1].phase, [seg.end_event + 1 - tail for seg in segments], tail
+
+
+def _signatures(result, first: int, stop: int) -> list[tuple[str, int, str]]:
+    """(event kind, bytes, op) of events ``first`` to ``stop - 1``: what an event does, without ids."""
+    allocations = result.allocations
+    if not all(allocations[i].alloc_id == i for i in (0, len(allocations) - 1) if allocations):
+        allocations = {a.alloc_id: a for a in allocations}  # not listed by id (the tracker lists them so)
+    out = []
+    for kind, alloc_id, _ in result.events[first:stop]:
+        a = allocations[alloc_id]
+        out.append((kind, a.nbytes, a.op))
+    return out
+
+
+def _common_prefix(a: list, b: list) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+#: Simulation summaries by (config, spec, depth, workspaces): searches plan the same step many times.
+_SAMPLE_CACHE: dict[tuple, SampledStep] = {}
+_SAMPLE_CACHE_SIZE = 128
+
+
+def sample_step(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
+                arch: str | None = None) -> SampledStep:
+    """Simulate (or recall) the step of the model cut to copies of its ``layers`` (None: all of
+    them) and summarise it: peaks, categories, counts."""
+    from memfit.planner.exact.simulate import simulate
+
+    key = _sample_key(config, spec, layers, workspace_allocs, arch)
+    cached = _SAMPLE_CACHE.get(key)
+    if cached is None:
+        cached = _summarise(simulate(config, spec, layers=layers, workspace_allocs=workspace_allocs, arch=arch))
+        if len(_SAMPLE_CACHE) >= _SAMPLE_CACHE_SIZE:
+            _SAMPLE_CACHE.pop(next(iter(_SAMPLE_CACHE)))
+        _SAMPLE_CACHE[key] = cached
+    # Callers must not change the tracker result; the dicts around it they may.
+    return dataclasses.replace(cached, **{f.name: copy.deepcopy(getattr(cached, f.name))
+                                          for f in dataclasses.fields(cached) if f.name != "result"})
+
+
+def cached_sample(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
+                  arch: str | None = None) -> SampledStep | None:
+    """The step :func:`sample_step` simulated already in this process for these inputs, or None (nothing is simulated)."""
+    return _SAMPLE_CACHE.get(_sample_key(config, spec, layers, workspace_allocs, arch))
+
+
+def _sample_key(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
+                arch: str | None) -> tuple:
+    cut = None if layers is None else tuple(layers)
+    return (json.dumps(config, sort_keys=True, default=str), spec.model_dump_json(), cut, tuple(workspace_allocs), arch)
+
+
+def _summarise(sim) -> SampledStep:
+    result = sim.tracker
+    replay = allocator.simulate(result.events)
+    return SampledStep(
+        result=result,
+        attention=sim.attention,
+        attention_kernels=sim.attention_kernels,
+        batch_layout=sim.batch_layout,
+        embeddings_on_host=sim.embeddings_on_host,
+        trained_copies=[dict(entry) for entry in sim.trained_copies],
+        allocated_bytes=result.peak.allocated_bytes,
+        reserved_bytes=replay.peak_reserved_bytes,
+        host_peak_bytes=result.outside_peaks.get("host", 0),
+        paged_peak_bytes=result.outside_peaks.get("paged", 0),
+        categories=dict(result.peak.categories),
+        phase=result.peak.phase,
+        phase_peaks=dict(result.phase_peaks),
+        total_params=sim.total_params,
+        trainable_params=sim.trainable_params,
+        chunk_loops=sim.chunk_loops,
+        adapted=sim.adapted,
+    )

@@ -1,0 +1,101 @@
+"""``--recipe hf``: the planner simulates the plain Hugging Face + PEFT step next to memfit's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memfit.models.build import DTYPES, build_meta_model, make_config
+from memfit.planner.exact.simulate import simulate
+from memfit.spec import make_spec
+from memfit.step.prepare import prepare_like_hf
+
+
+def _largest_allocation(result) -> int:
+    return max(a.nbytes for a in result.allocations)
+
+
+def test_hf_qlora_upcasts_every_non_4bit_parameter_to_fp32(tiny_llama):
+    spec = make_spec(method="qlora", recipe="hf")
+    model = prepare_like_hf(build_meta_model(make_config(tiny_llama), DTYPES[spec.weight_precision]), spec)
+    dtypes = {type(p).__name__ == "Params4bit": set() for p in model.parameters()}
+    for p in model.parameters():
+        dtypes[type(p).__name__ == "Params4bit"].add(p.dtype)
+    assert dtypes[True] == {torch.uint8}
+    # Embeddings, norms and the output head: fp32, as PEFT's prepare_model_for_kbit_training leaves
+    # them; the adapters are fp32 in both recipes.
+    assert dtypes[False] == {torch.float32}
+
+
+def test_hf_qlora_without_kbit_preparation_keeps_the_compute_dtype(tiny_llama):
+    spec = make_spec(method="qlora", recipe="hf", kbit_upcast=False)
+    model = prepare_like_hf(build_meta_model(make_config(tiny_llama), DTYPES[spec.precision]), spec)
+    frozen = {p.dtype for p in model.parameters() if type(p).__name__ != "Params4bit" and not p.requires_grad}
+    assert frozen == {torch.bfloat16}  # embeddings, norms and head as loaded (LLaMA-Factory, TRL since 0.26)
+    upcast = simulate(tiny_llama, make_spec(method="qlora", recipe="hf", seq_len=64)).tracker
+    kept = simulate(tiny_llama, make_spec(method="qlora", recipe="hf", seq_len=64, kbit_upcast=False)).tracker
+    assert kept.peak.categories["weights"] < upcast.peak.categories["weights"]
+
+
+def test_kbit_upcast_off_is_the_hf_recipe_s_choice():
+    from memfit.spec import SpecError
+
+    with pytest.raises(SpecError, match="--kbit-upcast: off is a choice of the hf recipe"):
+        make_spec(method="qlora", kbit_upcast=False)
+
+
+def test_hf_recipe_materialises_the_whole_fp32_logits(tiny_llama):
+    config = dict(tiny_llama, vocab_size=32768)  # a vocabulary large enough for logits to matter
+    tokens = 2048
+    logits_bytes = tokens * config["vocab_size"] * 4
+    hf = simulate(config, make_spec(method="lora", seq_len=tokens, recipe="hf")).tracker
+    memfit = simulate(config, make_spec(method="lora", seq_len=tokens)).tracker
+    assert _largest_allocation(hf) >= logits_bytes
+    # memfit's fused loss holds one chunk of 1,024 tokens' logits at a time.
+    assert _largest_allocation(memfit) < logits_bytes
+    assert memfit.peak.allocated_bytes < hf.peak.allocated_bytes
+
+
+@pytest.mark.parametrize(
+    "knobs",
+    [dict(method="lora", checkpointing="on"), dict(method="full", checkpointing="off", precision="fp32")],
+    ids=lambda k: f"{k['method']}-{k['checkpointing']}",
+)
+def test_hf_recipe_fake_run_counts_the_same_bytes_as_a_real_run(tiny_llama, knobs):
+    spec = make_spec(seq_len=64, batch_size=2, recipe="hf", **knobs)
+    fake = simulate(tiny_llama, spec, fake=True).tracker
+    real = simulate(tiny_llama, spec, fake=False).tracker
+    assert fake.peak.allocated_bytes == real.peak.allocated_bytes
+    assert fake.peak.categories == real.peak.categories
+
+
+def test_hf_recipe_refuses_step_in_backward():
+    from memfit.spec import SpecError
+
+    with pytest.raises(SpecError, match="--step-in-backward"):
+        make_spec(method="full", recipe="hf", step_in_backward=True)
+
+
+def test_hf_recipe_with_flash_attention_keeps_attention_inside_each_example(tiny_llama):
+    # padding_free: on is transformers with flash attention: packed or padded, each example's
+    # attention runs on its own tokens (varlen), no [seq x seq] mask or scores.
+    tokens, batch = 1024, 2
+    # Every other tensor grows with the tokens, a mask with their square: long enough to tell apart.
+    tiny_llama = dict(tiny_llama, vocab_size=64, max_position_embeddings=tokens)
+    masked = simulate(tiny_llama, make_spec(method="lora", seq_len=tokens, batch_size=batch, recipe="hf", packing=True))
+    varlen = simulate(tiny_llama, make_spec(method="lora", seq_len=tokens, batch_size=batch, recipe="hf", packing=True,
+                                            padding_free="on"))
+    assert varlen.batch_layout == "documents" and varlen.attention == "memfit_documents"
+    square = batch * tokens * tokens  # one byte a [seq x seq] element: the smallest a mask can be
+    forward = lambda result: max(a.nbytes for a in result.tracker.allocations if a.phase == "forward")  # noqa: E731
+    assert forward(masked) >= square
+    assert forward(varlen) < square
+    assert varlen.tracker.peak.allocated_bytes < masked.tracker.peak.allocated_bytes
+
+
+def test_hf_recipe_with_flash_attention_fake_run_counts_the_same_bytes_as_a_real_run(tiny_llama):
+    spec = make_spec(method="lora", seq_len=64, batch_size=2, recipe="hf", padding_free="on", precision="fp32")
+    fake = simulate(tiny_llama, spec, fake=True).tracker
+    real = simulate(tiny_llama, spec, fake=False).tracker
+    assert fake.peak.allocated_bytes == real.peak.allocated_bytes
+    assert fake.peak.categories == real.peak.categories
