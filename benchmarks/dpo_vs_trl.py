@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import tempfile
 import time

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 
-import pytest
 
 from memfit.infer.chat import PROMPT, Conversation
 

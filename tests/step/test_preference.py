@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from memfit.models.build import DTYPES, build_meta_model, make_config
+from memfit.models.build import build_meta_model, make_config
 from memfit.spec import ObjectiveParams, make_spec
 from memfit.step.batch import DOCUMENTS, PADDED
 from memfit.step.labels import IGNORE_INDEX

@@ -17,7 +17,7 @@ pytest.importorskip("peft")
 if not torch.distributed.is_available():  # pragma: no cover - depends on the build
     pytest.skip("this PyTorch has no torch.distributed", allow_module_level=True)
 
-from trainer_helpers import REPO, read_metrics, save_tiny_pretrained, step_losses, tiny_config, tiny_settings  # noqa: E402
+from trainer_helpers import REPO, read_metrics, save_tiny_pretrained, tiny_config, tiny_settings  # noqa: E402
 
 from memfit.step.preference import PAIR_METRICS  # noqa: E402
 from memfit.train.recipe import train  # noqa: E402

@@ -53,7 +53,7 @@ def test_a_refusal_names_the_configurations_that_fit_fastest_first():
     assert chosen is not None and preflight.fitting[0].spec == chosen.chosen.spec
     text = str(refusal(preflight, knobs))
     first = preflight.fitting[0].spec
-    assert f"fits (" in text and f"batch_size: {first['batch_size']}, grad_accum: {first['grad_accum']}" in text
+    assert "fits (" in text and f"batch_size: {first['batch_size']}, grad_accum: {first['grad_accum']}" in text
     assert "fit: auto (train --fit)" in text and "--force" in text
 
 

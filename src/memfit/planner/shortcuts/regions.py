@@ -23,7 +23,6 @@ and compares every event.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable
 

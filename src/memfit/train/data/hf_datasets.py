@@ -23,7 +23,6 @@ import os
 import re
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from memfit.train.data.errors import DataError
 from memfit.train.data.folders import DEFAULT_SPLIT, is_plain_split, split_files, split_spec
