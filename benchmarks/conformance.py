@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import describe_machine  # noqa: E402
+from _machine import describe_machine
 
 RESULTS = Path(__file__).parent / "results" / "conformance.json"
 

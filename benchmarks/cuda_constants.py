@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _memfit_api as api  # noqa: E402
+import _memfit_api as api
 
 MiB = 1 << 20
 

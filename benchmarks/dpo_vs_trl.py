@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _memfit_api as api  # noqa: E402
-from _machine import run_json_child  # noqa: E402
-from train_vs_hf import TINY_OVERRIDES, _memory, machine, throughput_after_warmup  # noqa: E402
+import _memfit_api as api
+from _machine import run_json_child
+from train_vs_hf import TINY_OVERRIDES, _memory, machine, throughput_after_warmup
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import describe_machine, memfit_source, write_labeled_run  # noqa: E402
+from _machine import describe_machine, memfit_source, write_labeled_run
 
 CASES = [
     ["llama-3.1-8b", "--gpu", "rtx-4090"],

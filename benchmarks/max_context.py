@@ -39,8 +39,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _memfit_api as api  # noqa: E402
-from _machine import describe_in_subprocess, describe_machine  # noqa: E402
+import _memfit_api as api
+from _machine import describe_in_subprocess, describe_machine
 
 MODEL = "llama-3.1-8b"
 CARD = "rtx-4090"

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _memfit_api as api  # noqa: E402
-from _machine import describe_in_subprocess, run_json_child  # noqa: E402
+import _memfit_api as api
+from _machine import describe_in_subprocess, run_json_child
 
 # (model, knobs), in priority order: the first twelve cover every method and technique once, so a
 # run cut short still says something about each; then sizes 1B to 8B, batch and length spread, the

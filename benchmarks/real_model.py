@@ -42,9 +42,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import merge_vs_peft  # noqa: E402
-import train_vs_hf  # noqa: E402
-from _machine import memfit_source, write_results  # noqa: E402
+import merge_vs_peft
+import train_vs_hf
+from _machine import memfit_source, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"

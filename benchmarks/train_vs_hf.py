@@ -41,8 +41,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _memfit_api as api  # noqa: E402
-from _machine import describe_in_subprocess, run_json_child  # noqa: E402
+import _memfit_api as api
+from _machine import describe_in_subprocess, run_json_child
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"

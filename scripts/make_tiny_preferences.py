@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from make_tiny_dataset import DEMO_DIR, OUT_DIR, SYSTEM_PROMPTS, TASKS  # noqa: E402
+from make_tiny_dataset import DEMO_DIR, OUT_DIR, SYSTEM_PROMPTS, TASKS
 
-from memfit.files import write_or_check  # noqa: E402
+from memfit.files import write_or_check
 
 DEMO_FILE = "tiny-preferences.jsonl"
 SEED = 20240717

@@ -12,11 +12,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "models"))
 
-from hub_repos import point_at  # noqa: E402
-from local_hub import LocalHub  # noqa: E402
+from hub_repos import point_at
+from local_hub import LocalHub
 
-from memfit.interop import ToolConfigError, read_tool_config  # noqa: E402
-from memfit.interop.summary import detail_lines, headline  # noqa: E402
+from memfit.interop import ToolConfigError, read_tool_config
+from memfit.interop.summary import detail_lines, headline
 
 ADAPTER = "memfit-test/zephyr-sft-lora"
 BASE = "memfit-test/tiny-base"

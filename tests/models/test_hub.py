@@ -12,12 +12,12 @@ import pytest
 
 pytest.importorskip("huggingface_hub")
 
-from hub_repos import (  # noqa: E402
+from hub_repos import (
     ADAPTER, CATALOG_SOURCE, GATED, GRANTED_TOKEN, LONG_CONTEXT, MODEL, PICKLED, REMOTE_CODE, hf_home_is_a_file, set_offline,
 )
 
-from memfit.models.catalog import ModelNotFoundError, load_catalog_config, resolve_model  # noqa: E402
-from memfit.models.hub import HubError, fetch_adapter, fetch_config, fetch_model, is_hub_id, looks_like_hub_id  # noqa: E402
+from memfit.models.catalog import ModelNotFoundError, load_catalog_config, resolve_model
+from memfit.models.hub import HubError, fetch_adapter, fetch_config, fetch_model, is_hub_id, looks_like_hub_id
 
 SHARD = "model-00001-of-00002.safetensors"
 

@@ -12,10 +12,10 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from trainer_helpers import DEMO_DATA, tiny_settings  # noqa: E402
+from trainer_helpers import DEMO_DATA, tiny_settings
 
-from memfit.train.config import ConfigError  # noqa: E402
-from memfit.train.config_plan import (  # noqa: E402
+from memfit.train.config import ConfigError
+from memfit.train.config_plan import (
     fit_train_config,
     is_train_config,
     plan_train_config,

@@ -14,13 +14,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from trainer_helpers import step_losses, tiny_config  # noqa: E402
+from trainer_helpers import step_losses, tiny_config
 
-from memfit.step import train_step as step_module  # noqa: E402
-from memfit.step.batch import DOCUMENTS, PADDED  # noqa: E402
-from memfit.train.errors import OutOfMemory  # noqa: E402
-from memfit.train.fitting import planned_seq_len  # noqa: E402
-from memfit.train.recipe import train  # noqa: E402
+from memfit.step import train_step as step_module
+from memfit.step.batch import DOCUMENTS, PADDED
+from memfit.train.errors import OutOfMemory
+from memfit.train.fitting import planned_seq_len
+from memfit.train.recipe import train
 
 #: The step itself, before any test stands in for it.
 REAL_STEP = step_module.train_step

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from memfit.train.recipe import train
-from trainer_helpers import REPO, tiny_config  # noqa: E402
+from trainer_helpers import REPO, tiny_config
 
 PAIRS = REPO / "src" / "memfit" / "assets" / "data" / "tiny-preferences.jsonl"
 

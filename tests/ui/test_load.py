@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from ui_load import load_test  # noqa: E402
+from ui_load import load_test
 
 
 def test_mixed_concurrent_requests_get_no_server_error_and_memory_stays_flat():

@@ -9,9 +9,9 @@ from watch_helpers import GiB, start_record, step_records
 
 pytest.importorskip("matplotlib")
 
-from memfit.watch.charts import chart_title, device_chart_name, render_charts  # noqa: E402
-from memfit.watch.doctor import Diagnosis  # noqa: E402
-from memfit.watch.timeline import RunFolder, Timeline  # noqa: E402
+from memfit.watch.charts import chart_title, device_chart_name, render_charts
+from memfit.watch.doctor import Diagnosis
+from memfit.watch.timeline import RunFolder, Timeline
 
 
 def charts_of(steps, metrics=(), expected=("cuda:0",)):

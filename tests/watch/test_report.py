@@ -12,7 +12,7 @@ from watch_helpers import GiB, MiB, start_record, step_records, tiny_plan, write
 
 pytest.importorskip("matplotlib")
 
-from memfit.watch.report import ReportError, write_report  # noqa: E402
+from memfit.watch.report import ReportError, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -10,7 +10,7 @@ from watch_helpers import GiB, start_record, step_records, write_run
 
 pytest.importorskip("matplotlib")
 
-from memfit.watch.report import write_report  # noqa: E402
+from memfit.watch.report import write_report
 
 
 def _preference_metrics(steps: int) -> list[dict]:

@@ -10,11 +10,11 @@ import pytest
 
 pytest.importorskip("datasets")
 
-from hub_datasets import CHAT, GATED_DATA, GRANTED_TOKEN, PAIRS, demo_rows, jsonl, set_datasets_offline  # noqa: E402
+from hub_datasets import CHAT, GATED_DATA, GRANTED_TOKEN, PAIRS, demo_rows, jsonl, set_datasets_offline
 
-from memfit.train.data.errors import DataError  # noqa: E402
-from memfit.train.data.reading import load_sources, open_stream  # noqa: E402
-from memfit.train.data.sources import DataSource  # noqa: E402
+from memfit.train.data.errors import DataError
+from memfit.train.data.reading import load_sources, open_stream
+from memfit.train.data.sources import DataSource
 
 
 def load(*sources: DataSource, **kwargs):

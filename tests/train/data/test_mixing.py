@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("datasets")
 
-from memfit.train.data.mixing import mix_order, mix_records  # noqa: E402
+from memfit.train.data.mixing import mix_order, mix_records
 
 
 def test_the_same_seed_draws_the_same_mix_and_another_seed_another():
