@@ -124,7 +124,7 @@ def model_structure(folder: Path) -> ModelStructure:
                 model = model_class._from_config(config)
             else:
                 model = AutoModelForCausalLM.from_config(config)
-    except Exception:  # any failure only costs the extra checks, never correctness of plain LoRA
+    except Exception:  # noqa: BLE001 - any failure only costs the extra checks, never correctness of plain LoRA
         return ModelStructure()
 
     from transformers.pytorch_utils import Conv1D

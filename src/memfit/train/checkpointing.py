@@ -478,7 +478,7 @@ def load_sharded_checkpoint(
     state = {"model": model_state, "optimizer": optimizer_state}
     try:
         dcp.load(state, checkpoint_id=str(path))
-    except Exception as err:  # DCP reports missing keys / shapes as a generic CheckpointException
+    except Exception as err:  # noqa: BLE001 - DCP reports missing keys / shapes as a generic CheckpointException
         raise CheckpointError(
             f"checkpoint {path} does not fit this model ({type(err).__name__}: {str(err)[:300]}). Resume with "
             "the same method, rank, targets and model."

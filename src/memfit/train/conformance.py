@@ -220,7 +220,7 @@ def measure(name: str, settings: dict[str, Any], work_dir: str | Path) -> Cell:
         planned = plan(model_config_dict(config), context_bytes=0, cublas_workspace_bytes=0, **config.knobs())
         cell.planned_bytes, cell.planned_phase = planned.allocated_bytes, planned.phase
         cell.planned_categories = {k: v for k, v in planned.categories.items() if k not in ("allocator", "runtime")}
-    except Exception as err:  # a cell that cannot run is a finding, reported with the others
+    except Exception as err:  # noqa: BLE001 - a cell that cannot run is a finding, reported with the others
         cell.error = f"{type(err).__name__}: {err}"
     cell.seconds = round(time.perf_counter() - started, 2)
     return cell

@@ -77,13 +77,13 @@ def handle_oom(
     else:
         try:
             path = save_before_step()
-        except Exception as err:  # the checkpoint is a courtesy; the OOM is the error to report
+        except Exception as err:  # noqa: BLE001 - the checkpoint is a courtesy; the OOM is the error to report
             console.print(f"[red]could not save an emergency checkpoint:[/] {err}", highlight=False)
     plan = preflight.plan
     if plan is None:
         try:
             plan = replan()
-        except Exception:  # planning is advice here; never mask the OOM
+        except Exception:  # noqa: BLE001 - planning is advice here; never mask the OOM
             plan = None
     if plan is not None:
         plan.render(console)

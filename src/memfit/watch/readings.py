@@ -102,7 +102,7 @@ def cuda_in_use() -> bool:
         return False
     try:
         return bool(torch.cuda.is_initialized())
-    except Exception:  # a CPU-only build without the cuda module state
+    except Exception:  # noqa: BLE001 - a CPU-only build without the cuda module state
         return False
 
 
@@ -112,7 +112,7 @@ def visible_cuda_count() -> int:
         import torch
 
         return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
-    except Exception:
+    except Exception:  # noqa: BLE001 - no torch, or a build without CUDA: no device
         return 0
 
 
@@ -155,7 +155,7 @@ class Nvml:
             import pynvml  # the nvidia-ml-py package
 
             pynvml.nvmlInit()
-        except Exception:
+        except Exception:  # noqa: BLE001 - no package, no driver or no permission: no NVML readings
             return
         self._nvml = pynvml
         self.available = True
@@ -173,7 +173,7 @@ class Nvml:
                 import torch
 
                 uuid = str(torch.cuda.get_device_properties(index).uuid)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a device torch cannot describe: found as CUDA_VISIBLE_DEVICES names it
                 uuid = ""
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         if not uuid and visible is not None:
@@ -206,11 +206,11 @@ class Nvml:
             info = pynvml.nvmlDeviceGetMemoryInfo(handle)
             out["total_bytes"] = int(info.total)
             out["nvml_used_bytes"] = int(info.used)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a reading NVML refuses is a reading missing
             return out
         try:
             processes = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-        except Exception:
+        except Exception:  # noqa: BLE001 - a reading NVML refuses is a reading missing
             return out
         pid = os.getpid()
         mine = others = 0
@@ -235,7 +235,7 @@ class Nvml:
         if self.available:
             try:
                 self._nvml.nvmlShutdown()
-            except Exception:
+            except Exception:  # noqa: BLE001 - closing: nothing is left to read
                 pass
             self.available = False
 
@@ -243,7 +243,7 @@ class Nvml:
 def _safe(fn, *args):
     try:
         return fn(*args)
-    except Exception:
+    except Exception:  # noqa: BLE001 - a handle NVML refuses is a device without NVML readings
         return None
 
 
@@ -274,7 +274,7 @@ def device_capacities(cuda_count: int, nvml: Nvml | None) -> dict[str, int]:
                 import torch
 
                 total = int(torch.cuda.get_device_properties(index).total_memory)
-            except Exception:
+            except Exception:  # noqa: BLE001 - a device torch cannot describe has no known capacity
                 total = 0
         if total:
             capacities[f"cuda:{index}"] = total
