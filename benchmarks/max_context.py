@@ -295,7 +295,7 @@ def search_in_process(recipe: str, planned: int, *, cap_bytes: int | None, steps
     prober = Prober(recipe, top, cap_bytes=cap_bytes, steps=steps, model=model, device_name=device_name, settings=settings)
     rows: list[dict] = []
     while (todo := next_probes(planned, step, known + rows)) is not None:
-        direction, lengths = todo
+        _, lengths = todo
         skipped = prober.out_of_time(lengths[0], deadline)
         if skipped:
             rows.append(skipped)

@@ -277,7 +277,7 @@ def compare(planned: dict, measured: dict) -> dict:
 
 def percentile(sorted_values: list[float], fraction: float) -> float:
     """Nearest-rank percentile of an ascending list."""
-    return sorted_values[min(len(sorted_values) - 1, int(round(fraction * (len(sorted_values) - 1))))]
+    return sorted_values[min(len(sorted_values) - 1, round(fraction * (len(sorted_values) - 1)))]
 
 
 def summarize(rows: list[dict]) -> dict:

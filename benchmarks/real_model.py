@@ -196,7 +196,7 @@ def main(argv=None) -> int:
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
 
     folder, convert_s = convert(work)
-    print(f"model: {folder} ({'converted in %.0f s' % convert_s if convert_s is not None else 'converted before'})", flush=True)
+    print(f"model: {folder} ({f'converted in {convert_s:.0f} s' if convert_s is not None else 'converted before'})", flush=True)
     config = json.loads((folder / "config.json").read_text())
     planned = plan(folder, args)
     before = probe(folder, work / "probes-before.jsonl", args.max_new_tokens)

@@ -163,7 +163,7 @@ def run_hf(args, out_dir: Path, use_trl: bool = False) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(str(api.train_tokenizer_path(config)))
     # The exact micro-batches memfit trains on, in its order: padded shapes (and so memory and
     # speed) are then the same on both sides.
-    examples, batches = api.training_batches(config, tokenizer)
+    _, batches = api.training_batches(config, tokenizer)
     ordered = [example for _ in range(config.max_steps * config.grad_accum) for example in next(batches)]
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[config.precision]
     torch.manual_seed(0)

@@ -57,7 +57,8 @@ SHOWN_VALUE_CHARS = 80
 # A quoted value starts and ends with what it holds, never a space: the text between the closing
 # quote of one short value and the opening quote of the next (`'cosin' is not ... Did you mean '`)
 # is the message, not a value.
-_LONG_VALUE = re.compile(r"'(?=\S)[^'\n]{%d,}(?<=\S)'|\"(?=\S)[^\"\n]{%d,}(?<=\S)\"|\S{%d,}" % ((LONG_VALUE_CHARS,) * 3))
+_LONG = f"{{{LONG_VALUE_CHARS},}}"  # the pattern's "LONG_VALUE_CHARS or more"
+_LONG_VALUE = re.compile(rf"'(?=\S)[^'\n]{_LONG}(?<=\S)'|\"(?=\S)[^\"\n]{_LONG}(?<=\S)\"|\S{_LONG}")
 
 
 def shown(value: Any) -> str:

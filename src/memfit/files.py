@@ -138,7 +138,7 @@ def apply_umask(path: str | Path) -> None:
     (for trees written by libraries that create private temporary files)."""
     mask = current_umask()
     root = Path(path)
-    for folder, dirs, files in os.walk(root):
+    for folder, _, files in os.walk(root):
         os.chmod(folder, 0o777 & ~mask)
         for name in files:
             os.chmod(os.path.join(folder, name), 0o666 & ~mask)

@@ -273,7 +273,7 @@ def test_dora_with_modules_to_save_matches_peft(tmp_path, llama_bf16, llama_tied
     extra = dict(ensure_weight_tying=True) if tied else {}
     adapter = save_adapter(base, tmp_path / "adapter", torch.bfloat16, r=4, lora_alpha=8, use_dora=True,
                            target_modules="all-linear", modules_to_save=["embed_tokens", "lm_head"], **extra)
-    result, ours, reference = _compare(tmp_path, base, adapter, torch.bfloat16)
+    result, ours, _ = _compare(tmp_path, base, adapter, torch.bfloat16)
     # tied: one trained copy, written once for both (the merged model stays tied)
     assert result.replaced_tensor_count == (1 if tied else 2) and not result.untied_embeddings
     assert json.loads((ours / "config.json").read_text()).get("tie_word_embeddings", True) is tied

@@ -66,7 +66,7 @@ def run(model, optimizer, data, scheduler=None) -> list[float]:
 
 def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module, atol: float = 1e-6) -> None:
     for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
-        torch.testing.assert_close(pa, pb, atol=atol, rtol=0, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(pa, pb, atol=atol, rtol=0, msg=lambda m, name=name: f"{name}: {m}")
 
 
 def test_five_steps_match_fused_adamw():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -128,7 +129,7 @@ def test_sigterm_in_a_subprocess_saves_and_exits_cleanly(tmp_path):
             assert time.monotonic() < deadline, "no second step logged in 15 minutes"
             time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
-        stdout, stderr = proc.communicate(timeout=900)
+        _, stderr = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -138,7 +139,7 @@ def test_sigterm_in_a_subprocess_saves_and_exits_cleanly(tmp_path):
     # The command printed continues this run: the output folder and every other option are in it.
     again = shlex.split(stderr.split("; run `", 1)[1].split("`", 1)[0])
     assert again[:3] == ["memfit", "train", str(config)] and again[-1] == "--resume"
-    pairs = set(zip(again, again[1:]))
+    pairs = set(itertools.pairwise(again))
     assert {("--output-dir", str(out)), ("--set", "log_every=1"), ("--max-steps", "100000")} <= pairs
     checkpoint = latest_checkpoint(out)
     meta = json.loads((checkpoint / "meta.json").read_text())

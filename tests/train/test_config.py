@@ -32,7 +32,7 @@ def test_there_are_shipped_configs():
 def test_every_shipped_config_loads(path):
     config = load_config(path)
     assert isinstance(config, TrainConfig)
-    config.spec  # the knobs form a valid RunSpec
+    assert config.spec is not None  # the knobs form a valid RunSpec
     for data in config.data:
         assert Path(data).exists(), data
     assert model_config_dict(config)["model_type"]

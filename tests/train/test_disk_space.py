@@ -164,7 +164,7 @@ def test_is_full_disk_reads_the_error_and_its_cause():
         try:
             raise OSError(errno.ENOSPC, "No space left on device")
         except OSError:
-            raise RuntimeError("unexpected pos 704 vs 598")
+            raise RuntimeError("unexpected pos 704 vs 598")  # noqa: B904 - the implicit context is what is read
     except RuntimeError as err:
         assert disk_space.is_full_disk(err, 10**12, 10)  # raised while handling the file's OSError
     assert not disk_space.is_full_disk(OSError(errno.EACCES, "Permission denied"), 10**12, 10)

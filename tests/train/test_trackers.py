@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from trainer_helpers import REPO, read_metrics, tiny_settings
@@ -170,8 +171,8 @@ def test_flat_params():
 class _Recording:
     """A tracker that keeps what it was sent (class-level, so the test can read it)."""
 
-    sent: list = []
-    starts: list = []
+    sent: ClassVar[list] = []
+    starts: ClassVar[list] = []
     fail_start = False
     fail_at_step: int | None = None
 

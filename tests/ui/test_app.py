@@ -132,7 +132,7 @@ def fuzzed(client, route: str, names, base: dict) -> list[str]:
                 # What the value added to the base's problems (nothing: it was taken) names the parameter.
                 new = [p for p in _problems(error) if p not in (base_error or "")]
                 unnamed = [p for p in new if not {name, flag(name), name.replace("_", "-")} & set(re.findall(r"[\w-]+", p))]
-                if unnamed or len(error) > 2000 or len(value) > 1000 and value[:500] in error:
+                if unnamed or len(error) > 2000 or (len(value) > 1000 and value[:500] in error):
                     wrong.append(said)  # the parameter unnamed, or the value shown whole
     return wrong
 
@@ -199,7 +199,7 @@ def test_context_plans_increasing_lengths_and_finds_the_longest(client, tiny_con
         assert answer.status_code == 200
         events = [json.loads(line) for line in answer.iter_lines() if line]
     points = [e for e in events if "plan" in e]
-    assert [p["seq_len"] for p in points][0] == 256 and sorted(p["seq_len"] for p in points) == [256, 512, 1024]
+    assert points[0]["seq_len"] == 256 and sorted(p["seq_len"] for p in points) == [256, 512, 1024]
     totals = [p["plan"]["peak"]["device_total_bytes"] for p in sorted(points, key=lambda p: p["seq_len"])]
     assert totals == sorted(totals)
     assert events[-1]["capacity_bytes"] == 300 * 2**20 and events[-1]["max_positions"] == 1024

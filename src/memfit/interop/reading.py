@@ -340,7 +340,7 @@ def _with_keys(line: str, ctx: Context) -> str:
     """``seq_len: 0 must be...`` -> ``sequence_len (memfit seq_len): 0 must be...``; knobs named
     later in the line (``with method: qlora``) are left as memfit spells them."""
     for knob in sorted(ctx.knobs, key=len, reverse=True):
-        if line.startswith(knob + ":") or line.startswith(knob + " "):
+        if line.startswith((knob + ":", knob + " ")):
             keys = ", ".join(ctx.sources.get(knob, (knob,)))
             return f"{keys} (memfit {knob}){line[len(knob):]}"
     return line

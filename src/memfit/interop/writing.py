@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import difflib
 import io
+import itertools
 import json
 import re
 from pathlib import Path
@@ -139,7 +140,7 @@ def _indents(text: str) -> tuple[int, int, int]:
     """ruamel's (mapping, sequence, offset) indents for a YAML written like ``text``: block
     sequences under a key either flush (``- a``) or indented (``  - a``)."""
     lines = text.splitlines()
-    for before, line in zip(lines, lines[1:]):
+    for before, line in itertools.pairwise(lines):
         key = re.match(r"^(\s*)[^\s#-][^:]*:\s*(#.*)?$", before)
         item = re.match(r"^(\s*)- ", line)
         if key and item:

@@ -214,7 +214,7 @@ def build_plan(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure
         storage.deltas.sort(key=lambda d: d.order)
 
     shards: dict[str, list[OutputTensor]] = {shard: [] for shard in base.shards}
-    for key, spec in base.specs.items():
+    for key in base.specs:
         storage = binding[key]
         shards[base.shard_of[key]].append(OutputTensor(key, storage, _out_spec(key, base.specs[storage.base_key], out_dtype)))
     untied = False

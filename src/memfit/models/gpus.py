@@ -80,7 +80,7 @@ def _parse_entry(name: str, raw: object, problems: list[str]) -> Gpu | None:
     before = len(problems)
     for field, kind in required.items():
         value = raw.get(field)
-        if value is None or isinstance(value, bool) and kind is not bool or not isinstance(value, kind):
+        if value is None or (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
             problems.append(f"{where}: field {field!r} is {value!r}, expected {kind}")
     for field in ("bf16_tflops", "fp16_tflops"):
         value = raw.get(field)

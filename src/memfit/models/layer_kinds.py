@@ -73,7 +73,7 @@ def layer_pattern(config_dict: dict[str, Any]) -> LayerPattern:
 def cut_keeps_kinds(config_dict: dict[str, Any], sources: Sequence[int]) -> bool:
     """Whether the model cut to copies of the layers at ``sources`` has, layer by layer, the kinds of
     those layers (a config that computes its kinds from the depth keeps only some cuts)."""
-    pattern, signatures, shared_in_full = _pattern_and_signatures(config_dict)
+    _, signatures, shared_in_full = _pattern_and_signatures(config_dict)
     names = [name for name, _ in signatures[0][1]] if signatures else []
     try:
         cut, shared = _signatures(make_config(config_dict, layers=list(sources)), names)

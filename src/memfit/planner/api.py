@@ -263,7 +263,7 @@ def _estimate(config: dict[str, Any], spec: RunSpec, runtime: RuntimeOverhead, t
 
         # Paged optimizer states are optimizer states: sharded as the mode shards those.
         ratio = sharding.state_ratios(spec.shard, spec.gpus, layout, zero)["optimizer"]
-        estimate = dataclasses.replace(estimate, paged_peak_bytes=int(math.ceil(estimate.paged_peak_bytes * ratio)))
+        estimate = dataclasses.replace(estimate, paged_peak_bytes=math.ceil(estimate.paged_peak_bytes * ratio))
     return estimate
 
 

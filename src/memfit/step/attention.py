@@ -172,7 +172,7 @@ def attention_forward(
     stays inside each example; a single row without is one document; several rows without (no
     padding: transformers makes no mask for this implementation) run plain causal SDPA per row."""
     documents = kwargs.pop("memfit_documents", None)
-    batch, heads, seq, head_dim = query.shape
+    batch, _heads, seq, head_dim = query.shape
     if documents is None and (batch != 1 or seq == 1):
         # Not a training row (several unpadded rows, decoding): plain causal attention per row.
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -280,11 +280,11 @@ def _forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seq
         q = query[begin:end].transpose(0, 1).unsqueeze(0)
         k, v = _heads_first(key[begin:end], heads), _heads_first(value[begin:end], heads)
         if query.is_cuda:
-            o, l, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True, scale=scale)
+            o, doc_lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True, scale=scale)
         else:
-            o, l = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
+            o, doc_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
         out[begin:end] = o[0].transpose(0, 1)
-        lse[:, begin:end] = l[0, :, : end - begin]
+        lse[:, begin:end] = doc_lse[0, :, : end - begin]
     # The flash kernel's RNG state for dropout (none here), kept so that every path allocates alike.
     rng_state = torch.zeros(2, dtype=torch.uint64, device=query.device)
     return out, lse, rng_state
@@ -321,17 +321,17 @@ def _backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
         k, v = _heads_first(key[begin:end], heads), _heads_first(value[begin:end], heads)
         o = out[begin:end].transpose(0, 1).unsqueeze(0)
         g = grad_out[begin:end].transpose(0, 1).unsqueeze(0)
-        l = lse[:, begin:end].unsqueeze(0)
+        doc_lse = lse[:, begin:end].unsqueeze(0)
         if query.is_cuda:
             rows = -(-(end - begin) // 32) * 32  # the memory-efficient kernel keeps its log-sum-exp padded to 32
-            padded = l.new_zeros((1, heads, rows))
-            padded[..., : end - begin] = l
+            padded = doc_lse.new_zeros((1, heads, rows))
+            padded[..., : end - begin] = doc_lse
             seed = offset = torch.zeros((), dtype=torch.int64, device=query.device)
             dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
                 g, q, k, v, torch.empty(0, device=query.device), o, padded, seed, offset, 0.0, [True, True, True, False], True, scale=scale,
             )
         else:
-            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(g, q, k, v, o, l, 0.0, True, scale=scale)
+            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(g, q, k, v, o, doc_lse, 0.0, True, scale=scale)
         grad_query[begin:end] = dq[0].transpose(0, 1)
         grad_key[begin:end] = _fold_heads(dk, kv_heads)
         grad_value[begin:end] = _fold_heads(dv, kv_heads)

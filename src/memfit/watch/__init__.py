@@ -31,7 +31,7 @@ _EXPORTS = {
     "write_report": "memfit.watch.report",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 - the lazy names, listed once in _EXPORTS
 
 
 def __getattr__(name: str) -> Any:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -124,7 +126,7 @@ def _run_micro_batches(fn, times=2, *, zero_grads=True, probe=lambda: None, mode
         marks.append(len(tracker.events))
         result = tracker.result()
     events = _events(result)
-    return [events[a:b] for a, b in zip(marks, marks[1:])], replay, observer, grads
+    return [events[a:b] for a, b in itertools.pairwise(marks)], replay, observer, grads
 
 
 def test_a_first_micro_batch_is_replayed_with_its_events_phases_and_gradients():

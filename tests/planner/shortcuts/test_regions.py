@@ -113,7 +113,7 @@ def test_a_region_with_effects_beyond_its_outputs_is_run_every_time(name):
 
 def test_a_region_that_changes_what_the_probe_sees_is_run_every_time():
     seen = []
-    first, second, replayed, _ = _fake_run(lambda x: (seen.append(1), x + 1)[1], (4, 4), probe=lambda: len(seen))
+    _, _, replayed, _ = _fake_run(lambda x: (seen.append(1), x + 1)[1], (4, 4), probe=lambda: len(seen))
     assert not replayed
 
 

@@ -26,8 +26,8 @@ def test_batch_iterator_resumes_exactly_mid_epoch():
 def test_batch_iterator_epochs_are_permutations_and_seeded():
     iterator = BatchIterator(list(range(10)), batch_size=4, seed=1)
     assert iterator.batches_per_epoch() == 3
-    epoch0 = sum((next(iterator) for _ in range(3)), [])
-    epoch1 = sum((next(iterator) for _ in range(3)), [])
+    epoch0 = [i for _ in range(3) for i in next(iterator)]
+    epoch1 = [i for _ in range(3) for i in next(iterator)]
     assert sorted(epoch0) == sorted(epoch1) == list(range(10)) and epoch0 != epoch1
     assert next(BatchIterator(list(range(10)), 4, seed=2)) != epoch0[:4]
     assert next(BatchIterator(list(range(10)), 4, shuffle=False)) == [0, 1, 2, 3]

@@ -132,9 +132,9 @@ def test_packing_fills_rows_and_keeps_labels_masked(tokenizer):
         expected_ids += example["input_ids"] + [eos]
         expected_labels += [IGNORE_INDEX] + example["labels"][1:] + [IGNORE_INDEX]
         expected_positions += list(range(len(example["input_ids"]) + 1))
-    assert sum((r["input_ids"] for r in rows), []) == expected_ids
-    assert sum((r["labels"] for r in rows), []) == expected_labels
-    assert sum((r["position_ids"] for r in rows), []) == expected_positions
+    assert [t for r in rows for t in r["input_ids"]] == expected_ids
+    assert [t for r in rows for t in r["labels"]] == expected_labels
+    assert [t for r in rows for t in r["position_ids"]] == expected_positions
     # The trained tokens are the (truncated) assistant replies, nothing from prompts or separators.
     trained = [label for r in rows for label in r["labels"] if label != IGNORE_INDEX]
     replies = [label for e in examples for label in e["labels"] if label != IGNORE_INDEX]

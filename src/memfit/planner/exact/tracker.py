@@ -22,6 +22,7 @@ saved for backward is an activation from the moment it was allocated.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import weakref
 from dataclasses import dataclass, field
 from typing import Iterator
@@ -135,7 +136,7 @@ class TrackerResult:
         live = self.live_bytes()
         marks = list(self.phase_marks) + [("end", len(live) - 1)]
         found = []
-        for (phase, start), (_, end) in zip(marks, marks[1:]):
+        for (phase, start), (_, end) in itertools.pairwise(marks):
             if start < 0 or end <= start:
                 continue
             top = max(range(start + 1, end + 1), key=live.__getitem__)

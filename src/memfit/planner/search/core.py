@@ -357,7 +357,7 @@ def _validated(model: str | dict, inputs: dict[str, Any], asked: tuple[str, ...]
     ``start_workers``: the search will run in worker processes, whose server starts now when the
     plans are not known to be cached."""
     problems = []
-    if inputs["target"] is None and inputs["gpu"] is None and inputs["budget"] is None or (
+    if (inputs["target"] is None and inputs["gpu"] is None and inputs["budget"] is None) or (
             inputs["target"] is not None and not inputs["target"].has_memory):
         problems.append("fit needs --gpu NAME or --budget SIZE (e.g. --gpu rtx-4090 or --budget 24GiB)")
     most = upper_bound("grad_accum")

@@ -41,7 +41,7 @@ class DepthPlan:
     def combine(self, values: list[int]) -> int:
         """The full model's figure from the samples' ``values``: base plus the weighted differences."""
         base = values[0]
-        return int(round(base + sum((w * (v - base) for w, v in zip(self.weights, values[1:])), Fraction(0))))
+        return round(base + sum((w * (v - base) for w, v in zip(self.weights, values[1:])), Fraction(0)))
 
     def float_weights(self) -> list[float]:
         """Each sample's weight in :meth:`combine` (the base's first), as floats: for comparing moments."""
