@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from typing import Callable
+from collections.abc import Callable
 
 import _campaign_report
 

@@ -178,7 +178,6 @@ def _training_stages(device, idle_used_bytes: int | None = None) -> list[dict]:
     """Two steps of memfit's training step on a small model, LoRA then QLoRA; after each, what lies
     outside the allocator (CUDA only)."""
     import torch
-
     from _machine import process_gpu_bytes
 
     stages = []

@@ -36,9 +36,10 @@ import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent

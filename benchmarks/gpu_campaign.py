@@ -48,8 +48,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -57,10 +58,10 @@ sys.path.insert(0, str(BENCH))
 import _machine  # noqa: E402
 import _memfit_api as api  # noqa: E402
 import _wheels  # noqa: E402
-from _campaign_report import ReportError, write_report  # noqa: E402
 import max_context as context_bench  # noqa: E402
 import planner_accuracy as accuracy_bench  # noqa: E402
 import train_vs_hf as speed_bench  # noqa: E402
+from _campaign_report import ReportError, write_report  # noqa: E402
 
 PARTS = ("tests", "accuracy", "context", "speed", "constants")
 RESULTS_ROOT = REPO / "benchmarks" / "results" / "gpu"

@@ -12,9 +12,9 @@ import pytest
 
 import memfit
 from memfit.json_form import JsonForm, JsonText
-from memfit.planner.search.run import RunFit
 from memfit.planner.report import MemoryPlan
 from memfit.planner.search.core import Fit, FitResult, Miss
+from memfit.planner.search.run import RunFit
 
 SRC = Path(memfit.__file__).resolve().parent
 

@@ -13,8 +13,8 @@ single modules), function-level imports included.
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import memfit
 

@@ -6,14 +6,22 @@ from __future__ import annotations
 import ast
 import inspect
 from pathlib import Path
-from typing import Optional
 
 import pytest
 import typer.main
 
 from memfit import options, spec
 from memfit.cli import FIT_OWN_KNOBS, app
-from memfit.options import BUDGET, GPU, REVISION, TARGET_OPTIONS, command_options, knob_options, whole_number, with_options
+from memfit.options import (
+    BUDGET,
+    GPU,
+    REVISION,
+    TARGET_OPTIONS,
+    command_options,
+    knob_options,
+    whole_number,
+    with_options,
+)
 
 SRC = Path(options.__file__).resolve().parent
 #: Options that plan, fit and train (and chat, generate, merge for --revision) share, and the knobs fit gives its own help.
@@ -73,7 +81,7 @@ def test_fit_knobs_are_the_run_spec_knobs_with_fits_help():
 
 def test_knob_options_repeatable_and_own_help():
     (method,) = knob_options(["method"], help={"method": "Only these."}, repeatable=["method"])
-    assert method.annotation == Optional[list[str]]
+    assert method.annotation == list[str] | None
     assert method.default.help == "Only these."
     (rank,) = knob_options(["rank"])
     assert rank.default.help.endswith("\\[default: 16]")

@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from memfit.planner.report import MemoryPlan
 
 
-def plan(model: str, **knobs: Any) -> "MemoryPlan":
+def plan(model: str, **knobs: Any) -> MemoryPlan:
     """Plan the peak GPU memory of one training step. See :func:`memfit.planner.api.plan`."""
     from memfit.planner.api import plan as _plan
 

@@ -10,14 +10,23 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any, Literal, NoReturn, Optional
+from typing import Any, Literal, NoReturn
 
 import typer
 
 from memfit.console import StatusLine, make_console
 from memfit.errors import EXIT_DOES_NOT_FIT, PathError, cli_errors
 from memfit.exits import end_process
-from memfit.options import CONFIG_MODEL, FIT_KNOBS, TARGET_OPTIONS, RefusingCommand, command_options, knob_options, whole_number, with_options
+from memfit.options import (
+    CONFIG_MODEL,
+    FIT_KNOBS,
+    TARGET_OPTIONS,
+    RefusingCommand,
+    command_options,
+    knob_options,
+    whole_number,
+    with_options,
+)
 from memfit.spec import TRAINED_KNOBS, default
 from memfit.train.command import refuse_training_settings, training_options
 
@@ -55,7 +64,7 @@ FIT_OWN_KNOBS = {
 @with_options(knob_options(), first=[command_options("plan", TARGET_OPTIONS + (CONFIG_MODEL,))], refused=training_options)
 def plan_command(
     model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a Hugging Face Hub id (org/name: config.json only is fetched), a config.json, a model folder, an Axolotl / LLaMA-Factory / TRL config (docs/interop.md), or memfit's own training YAML."),
-    context_bytes: Optional[str] = typer.Option(None, "--context-bytes", metavar="BYTES", help="Override the CUDA context estimate (bytes, 0 to 1 TiB)."),
+    context_bytes: str | None = typer.Option(None, "--context-bytes", metavar="BYTES", help="Override the CUDA context estimate (bytes, 0 to 1 TiB)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     full_sim: bool = typer.Option(False, "--full-sim", help="Simulate every layer instead of extrapolating."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Make the plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0)."),
@@ -96,10 +105,10 @@ def plan_command(
               refused=training_options)
 def fit_command(
     model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, a model folder, an Axolotl / LLaMA-Factory / TRL config, or memfit's own training YAML (its method, batch and length kept)."),
-    max_target: Optional[Literal["seq-len"]] = typer.Option(None, "--max", help="Show the longest sequence each method fits."),
+    max_target: Literal["seq-len"] | None = typer.Option(None, "--max", help="Show the longest sequence each method fits."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    write: Optional[Path] = typer.Option(None, "--write", help="Write the best configuration as a `memfit train` config, JSON for a .json name, else YAML (a tool's config: the same tool's config, only its memory keys changed)."),
-    data: Optional[str] = typer.Option(None, "--data", help="Training data for the --write YAML (default: the demo dataset)."),
+    write: Path | None = typer.Option(None, "--write", help="Write the best configuration as a `memfit train` config, JSON for a .json name, else YAML (a tool's config: the same tool's config, only its memory keys changed)."),
+    data: str | None = typer.Option(None, "--data", help="Training data for the --write YAML (default: the demo dataset)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Let --write replace an existing file (never the config or the --data it reads)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Make every plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0)."),
     **options: Any,
@@ -166,7 +175,7 @@ def fit_command(
             console.print(f"wrote {write}: train it with [bold]memfit train {write}[/]", highlight=False)
 
 
-def _check_write_path(path: Path, overwrite: bool, *, model: str, data: Optional[str]) -> None:
+def _check_write_path(path: Path, overwrite: bool, *, model: str, data: str | None) -> None:
     """--write must name a file memfit may create (or, with --overwrite, replace), never the model's
     config or the --data it reads."""
     from memfit.files import check_file_writable, check_not_an_input
@@ -184,7 +193,7 @@ def _check_write_path(path: Path, overwrite: bool, *, model: str, data: Optional
             raise PathError(f"--data {data!r} does not exist: give a local file or folder, or a Hub dataset id (org/name).")
 
 
-def _write_best(result, model: str, path: Path, data: Optional[str], overwrite: bool, *, gpu, budget, revision=None) -> None:
+def _write_best(result, model: str, path: Path, data: str | None, overwrite: bool, *, gpu, budget, revision=None) -> None:
     from memfit.models.hub import is_hub_id
     from memfit.train.config import demo_dataset_path, write_config
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 #: The width of a console that is not a terminal: wider than any line memfit writes, so none wraps.
 UNWRAPPED_WIDTH = 10_000
@@ -102,7 +103,7 @@ class StatusLine:
                 self._status.stop()
                 self._status = None
 
-    def __enter__(self) -> "StatusLine":
+    def __enter__(self) -> StatusLine:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -28,7 +28,8 @@ from __future__ import annotations
 import errno
 import functools
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 #: Exit code of a bad input (option, config field, file or folder).
 EXIT_BAD_INPUT = 2

@@ -14,9 +14,10 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Iterator, Mapping
+from typing import IO
 
 from memfit.errors import PathError
 

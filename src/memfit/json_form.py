@@ -21,7 +21,7 @@ from typing import Any
 class JsonText(str):
     """JSON text that old dict-style code can still read, with a DeprecationWarning (see the module)."""
 
-    def __new__(cls, text: str, data: dict[str, Any] | None = None, owner: str = "to_json()") -> "JsonText":
+    def __new__(cls, text: str, data: dict[str, Any] | None = None, owner: str = "to_json()") -> JsonText:
         self = super().__new__(cls, text)
         self._data = data
         self._owner = owner

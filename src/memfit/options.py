@@ -17,8 +17,9 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any
 
 import typer
 
@@ -49,7 +50,7 @@ def knob_options(names: Iterable[str] | None = None, *, help: Mapping[str, str] 
         declared = specs.default(name)
         if is_bool:
             option = typer.Option(None, specs.flag(name), help=text, show_default=False)
-            annotation: Any = Optional[bool]
+            annotation: Any = bool | None
         else:
             shown = (",".join(declared) or "none") if isinstance(declared, tuple) else declared
             if shown is not None and own is None:
@@ -57,7 +58,7 @@ def knob_options(names: Iterable[str] | None = None, *, help: Mapping[str, str] 
             decls = [specs.flag(name)] + ([specs.short_flag(name)] if specs.short_flag(name) else [])
             metavar = "|".join(allowed) if allowed else _metavar(name)
             option = typer.Option(None, *decls, help=text, metavar=metavar, show_default=False)
-            annotation = Optional[list[str]] if name in repeated else Optional[str]
+            annotation = list[str] | None if name in repeated else str | None
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
     return params
 
@@ -99,12 +100,12 @@ class CommandOption:
     def parameter(self, command: str) -> inspect.Parameter:
         """This option as a keyword parameter of ``memfit command`` (None when left off)."""
         option = typer.Option(None, self.flag, help=self.help_for(command), metavar=self.metavar, show_default=False)
-        return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=Optional[str])
+        return inspect.Parameter(self.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=str | None)
 
     def annotated(self, command: str) -> Any:
         """This option as the ``Annotated`` type of a parameter of ``memfit command`` (give it the default None)."""
         option = typer.Option(self.flag, help=self.help_for(command), metavar=self.metavar, show_default=False)
-        return typing.Annotated[Optional[str], option]
+        return typing.Annotated[str | None, option]
 
 
 REVISION = CommandOption(
@@ -151,7 +152,7 @@ def field_options(model: type, names: Iterable[str]) -> list[inspect.Parameter]:
         if short:
             decls.append(short)
         text = info.description or ""
-        if annotation is Optional[bool]:
+        if annotation == bool | None:
             option = typer.Option(None, decls[0], help=text, show_default=False)
         else:
             option = typer.Option(None, *decls, help=text, show_default=False)
@@ -167,7 +168,7 @@ def hidden_options(flags: Mapping[str, tuple[str, bool]]) -> list[inspect.Parame
     params = []
     for name, (flag, is_flag) in flags.items():
         option = typer.Option(None, flag, hidden=True, show_default=False)
-        annotation: Any = Optional[bool] if is_flag else Optional[str]
+        annotation: Any = bool | None if is_flag else str | None
         params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=annotation))
     return params
 
@@ -243,7 +244,7 @@ def _optional(annotation: Any) -> Any:
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", ())) and len(args) == 1:
         annotation = args[0]
-    return Optional[annotation]
+    return annotation | None
 
 
 def _metavar(name: str) -> str:

@@ -151,7 +151,7 @@ class RunSpec(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _check_combinations(self, info: ValidationInfo) -> "RunSpec":
+    def _check_combinations(self, info: ValidationInfo) -> RunSpec:
         name, setting = _spellers((info.context or {}).get("spelling", "flag"))
         problems = []
         if self.method == "qlora" and self.precision == "fp32":
@@ -508,7 +508,7 @@ def reference_source(objective: str, method: str, precompute_reference: bool = F
     return "frozen-copy" if method == "full" else "disabled-adapters"
 
 
-def _objective_combinations(spec: "RunSpec", name, setting) -> list[str]:
+def _objective_combinations(spec: RunSpec, name, setting) -> list[str]:
     """What a preference objective rules out, spelled as the user wrote the knobs."""
     problems = []
     if spec.precompute_reference and spec.objective != "dpo":

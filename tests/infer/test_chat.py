@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 
-
 from memfit.infer.chat import PROMPT, Conversation
 
 

@@ -15,8 +15,9 @@ from chat_helpers import train_demo
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from memfit.infer.loading import load_chat_model  # noqa: E402
 from test_chat_loading import _eval_loss  # noqa: E402
+
+from memfit.infer.loading import load_chat_model  # noqa: E402
 
 
 def _last_eval_loss(run_dir) -> float:

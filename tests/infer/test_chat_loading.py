@@ -31,8 +31,8 @@ def _eval_loss(chat_model, run_dir):
     """The run's evaluation loss, computed with the loaded model as the trainer computes it."""
     from memfit.models.build import make_config
     from memfit.step.builder import build_step
-    from memfit.train.evaluation import evaluate
     from memfit.train.config import validate_config
+    from memfit.train.evaluation import evaluate
     from memfit.train.examples import pad_token_id, prepare_examples
 
     record = json.loads((run_dir / "run.json").read_text())

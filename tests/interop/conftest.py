@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 
-
 @pytest.fixture
 def tiny_model(tmp_path, tiny_llama) -> Path:
     """A model folder holding only a tiny Llama's config.json (a planner needs nothing else)."""

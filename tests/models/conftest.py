@@ -5,8 +5,19 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from hub_repos import ADAPTER, CATALOG_SOURCE, GATED, GRANTED_TOKEN, MODEL, PICKLED, REMOTE_CODE, Built, HubFixture, build_repos, point_at
+from hub_repos import (
+    ADAPTER,
+    CATALOG_SOURCE,
+    GATED,
+    GRANTED_TOKEN,
+    MODEL,
+    PICKLED,
+    REMOTE_CODE,
+    Built,
+    HubFixture,
+    build_repos,
+    point_at,
+)
 from local_hub import LocalHub
 
 

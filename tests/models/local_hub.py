@@ -105,7 +105,7 @@ class LocalHub:
 
     # -- serving ------------------------------------------------------------------------------
 
-    def start(self) -> "LocalHub":
+    def start(self) -> LocalHub:
         for role in ("hub", "cdn"):
             server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self, role))
             server.daemon_threads = True

@@ -13,7 +13,16 @@ import pytest
 pytest.importorskip("huggingface_hub")
 
 from hub_repos import (
-    ADAPTER, CATALOG_SOURCE, GATED, GRANTED_TOKEN, LONG_CONTEXT, MODEL, PICKLED, REMOTE_CODE, hf_home_is_a_file, set_offline,
+    ADAPTER,
+    CATALOG_SOURCE,
+    GATED,
+    GRANTED_TOKEN,
+    LONG_CONTEXT,
+    MODEL,
+    PICKLED,
+    REMOTE_CODE,
+    hf_home_is_a_file,
+    set_offline,
 )
 
 from memfit.models.catalog import ModelNotFoundError, load_catalog_config, resolve_model

@@ -10,10 +10,9 @@ import yaml
 pytest.importorskip("huggingface_hub")
 torch = pytest.importorskip("torch")
 
-from typer.testing import CliRunner  # noqa: E402
-
 from hub_repos import ADAPTER, CATALOG_SOURCE, GATED, LONG_CONTEXT, MODEL, hf_home_is_a_file  # noqa: E402
 from local_hub import LocalHub  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
 
 from memfit.cli import app  # noqa: E402
 
@@ -152,8 +151,8 @@ def test_resume_uses_the_commit_the_run_started_from(hub, built, tmp_path):
     from rich.console import Console
 
     from memfit.train.config import load_config
-    from memfit.train.world import make_world
     from memfit.train.hub_model import fetch_small_files, recorded_commit
+    from memfit.train.world import make_world
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()

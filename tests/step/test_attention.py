@@ -10,7 +10,13 @@ import torch
 
 from memfit.models.build import make_config
 from memfit.spec import make_spec
-from memfit.step.attention import IMPLEMENTATION, batch_layout, document_attention, unsupported_reason, use_document_attention
+from memfit.step.attention import (
+    IMPLEMENTATION,
+    batch_layout,
+    document_attention,
+    unsupported_reason,
+    use_document_attention,
+)
 from memfit.step.batch import DOCUMENTS, PADDED, collate
 from memfit.step.losses import causal_lm_loss
 

@@ -15,8 +15,7 @@ pytest.importorskip("transformers")
 
 from trainer_helpers import step_losses, tiny_config, tiny_settings  # noqa: E402
 
-from memfit.train import checkpointing  # noqa: E402
-from memfit.train import disk_space  # noqa: E402
+from memfit.train import checkpointing, disk_space  # noqa: E402
 from memfit.train.checkpointing import checkpoint_problem, latest_checkpoint, list_checkpoints  # noqa: E402
 from memfit.train.errors import DiskFull, TrainError  # noqa: E402
 from memfit.train.recipe import train  # noqa: E402

@@ -38,10 +38,11 @@ def test_falcon_h1_trains_two_steps_with_lora(tmp_path):
 def test_falcon_h1_mamba_buffers_get_their_values(tmp_path):
     """Falcon-H1's mixers hold a non-persistent mup_vector that the model's initializer (not the
     mixer's) computes: a run builds it as transformers does, never leaves it empty."""
+    from transformers.models.falcon_h1.modeling_falcon_h1 import compute_mup_vector
+
     from memfit.models.build import make_config
     from memfit.spec import make_spec
     from memfit.train.loading import load_model
-    from transformers.models.falcon_h1.modeling_falcon_h1 import compute_mup_vector
 
     loaded = load_model(FALCON_H1, make_spec(method="lora", precision="fp32"), torch.device("cpu"), init="random")
     expected = compute_mup_vector(make_config(FALCON_H1))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from trainer_helpers import REPO, tiny_config
 
 from memfit.train.recipe import train
-from trainer_helpers import REPO, tiny_config
 
 PAIRS = REPO / "src" / "memfit" / "assets" / "data" / "tiny-preferences.jsonl"
 
@@ -165,9 +165,10 @@ def test_the_planned_length_of_pairs_is_their_longest_micro_batch():
 
 
 def test_fit_searches_preference_runs_with_the_batch_in_pairs(tmp_path):
+    from trainer_helpers import tiny_model_dict
+
     from memfit.planner.search.run import RunPlanner
     from memfit.planner.target import target_from_options
-    from trainer_helpers import tiny_model_dict
 
     knobs = {**_short(tmp_path, objective="dpo", batch_size=4, grad_accum=1).spec.knobs(), "seq_len": 64}
     found = RunPlanner(tiny_model_dict(), target_from_options(None, "1GiB")).fit(knobs)

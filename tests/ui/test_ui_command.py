@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
+from ui_helpers import GENEROUS_S, Server, start_search, wait_until_gone, wait_until_warm
 
 from memfit.cli import app
 from memfit.ui.command import is_loopback
-
-from ui_helpers import GENEROUS_S, Server, start_search, wait_until_gone, wait_until_warm
 
 runner = CliRunner()
 

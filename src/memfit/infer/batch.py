@@ -11,8 +11,9 @@ under a temporary name and renamed once complete, and an existing file is replac
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from memfit.errors import PathError, UserError, listed
 from memfit.train.generation import Sampling, generate_reply, prompt_messages, prompt_problem

@@ -9,7 +9,8 @@ stays), ``/exit`` or Ctrl-D ends it; Ctrl-C stops a reply that is being written.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, TextIO
+from collections.abc import Callable
+from typing import Any, TextIO
 
 from memfit.train.generation import Sampling, generate_reply
 

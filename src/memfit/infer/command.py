@@ -8,7 +8,7 @@ are printed by :func:`memfit.errors.cli_errors` (one line, exit code 2).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -20,9 +20,9 @@ _DEFAULTS = Sampling()
 
 # The options both commands take, declared once; named as transformers' generate() names them.
 Source = Annotated[str, typer.Argument(help="A memfit run folder (its adapter on its base model), a Hugging Face model folder, or a Hub id (org/name).", show_default=False)]
-Adapter = Annotated[Optional[str], typer.Option("--adapter", help="A PEFT LoRA adapter folder to put on MODEL (not with a run folder).")]
+Adapter = Annotated[str | None, typer.Option("--adapter", help="A PEFT LoRA adapter folder to put on MODEL (not with a run folder).")]
 Device = Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda or cuda:N.")]
-Dtype = Annotated[Optional[str], typer.Option("--dtype", help="bf16, fp16 or fp32 for a MODEL (default: its own on a GPU, fp32 on a CPU); a run folder uses its precision.")]
+Dtype = Annotated[str | None, typer.Option("--dtype", help="bf16, fp16 or fp32 for a MODEL (default: its own on a GPU, fp32 on a CPU); a run folder uses its precision.")]
 Revision = REVISION.annotated("chat")
 MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help="The longest reply, in tokens.")]
 MinNewTokens = Annotated[int, typer.Option("--min-new-tokens", help="The shortest reply, in tokens: the model's end tokens are held back until then.")]
@@ -41,7 +41,7 @@ def _sampling(max_new_tokens: int, min_new_tokens: int, do_sample: bool, tempera
     return sampling
 
 
-def _load(source: str, adapter: Optional[str], device: str, dtype: Optional[str], revision: Optional[str], seed: int):
+def _load(source: str, adapter: str | None, device: str, dtype: str | None, revision: str | None, seed: int):
     import warnings
 
     from memfit.infer.loading import load_chat_model
@@ -61,7 +61,7 @@ def _load(source: str, adapter: Optional[str], device: str, dtype: Optional[str]
 def chat_command(
     source: Source,
     adapter: Adapter = None,
-    system: Annotated[Optional[str], typer.Option("--system", help="A system prompt, kept by /reset.")] = None,
+    system: Annotated[str | None, typer.Option("--system", help="A system prompt, kept by /reset.")] = None,
     device: Device = "auto",
     dtype: Dtype = None,
     revision: Revision = None,
@@ -106,7 +106,6 @@ def generate_command(
 
     Exit code 0: written; 2: bad input (checked before the model is read; nothing is written)."""
     from memfit.console import make_console
-
     from memfit.infer.batch import check_out, generate_file, read_prompts
 
     sampling = _sampling(max_new_tokens, min_new_tokens, do_sample, temperature, top_p)

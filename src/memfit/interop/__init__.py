@@ -19,7 +19,12 @@ from typing import Any
 
 from memfit.interop import axolotl, hf, llamafactory
 from memfit.interop.keys import KeyMap
-from memfit.interop.reading import ToolConfig, ToolConfigError, is_memfit_config as _is_memfit, read_tool_config as _read
+from memfit.interop.reading import (
+    ToolConfig,
+    ToolConfigError,
+    is_memfit_config as _is_memfit,
+    read_tool_config as _read,
+)
 
 #: The tools whose configs memfit reads, in the order they are told apart.
 TOOLS: tuple[KeyMap, ...] = (axolotl.KEYMAP, llamafactory.KEYMAP, hf.KEYMAP)

@@ -8,9 +8,18 @@ a model loaded in the training dtype (bf16 by default: ``bf16: auto``), so it is
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
-from memfit.interop.common import dora_rule, int_rule, model_rule, modules_to_save_rule, revision_rule, rslora_rule, targets_rule
+from memfit.interop.common import (
+    dora_rule,
+    int_rule,
+    model_rule,
+    modules_to_save_rule,
+    revision_rule,
+    rslora_rule,
+    targets_rule,
+)
 from memfit.interop.hf import DPO_LOSSES
 from memfit.interop.keys import (
     ABSENT,
@@ -28,6 +37,7 @@ from memfit.interop.keys import (
     truthy,
     value_of,
 )
+from memfit.interop.precision import HALVES, settle_zero_precision, trainer_precision, uses_fsdp
 from memfit.interop.trainer import (
     attention,
     deepspeed_rule,
@@ -35,7 +45,6 @@ from memfit.interop.trainer import (
     lr_scheduler_choices,
     optimizer_rule,
 )
-from memfit.interop.precision import HALVES, settle_zero_precision, trainer_precision, uses_fsdp
 
 _ADAPTERS = {
     "lora": "lora",

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from memfit.interop.keys import ABSENT, KeyProblem, Planned, Rule, as_bool, as_int, as_names, value_of
 

@@ -12,9 +12,10 @@ from the training arguments. Defaults are DeepSpeed's (``runtime/zero/config.py`
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from memfit.interop.keys import as_bool, truthy
 from memfit.json_form import JsonForm
@@ -92,7 +93,7 @@ class ZeroSettings(JsonForm):
     def overlaps_comm(self) -> bool:
         return self.stage == 3 if self.overlap_comm is None else self.overlap_comm
 
-    def resolved(self, hidden_size: int) -> "ZeroSettings":
+    def resolved(self, hidden_size: int) -> ZeroSettings:
         """``"auto"`` bucket sizes filled in as transformers fills them (``trainer_config_finalize``):
         ``reduce_bucket_size`` hidden_size², and for stage 3 ``stage3_prefetch_bucket_size``
         0.9 x hidden_size² and ``stage3_param_persistence_threshold`` 10 x hidden_size. (For stages 1

@@ -10,10 +10,19 @@ Hugging Face step, so the config is planned with the ``hf`` recipe.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
-from memfit.interop.common import dora_rule, int_rule, model_rule, modules_to_save_rule, revision_rule, rslora_rule, targets_rule
+from memfit.interop.common import (
+    dora_rule,
+    int_rule,
+    model_rule,
+    modules_to_save_rule,
+    revision_rule,
+    rslora_rule,
+    targets_rule,
+)
 from memfit.interop.keys import (
     ABSENT,
     Choices,
@@ -30,6 +39,7 @@ from memfit.interop.keys import (
     truthy,
     value_of,
 )
+from memfit.interop.precision import settle_zero_precision, trainer_precision, zero_half
 from memfit.interop.trainer import (
     TRAINER_QUIET_KEYS,
     attention,
@@ -39,7 +49,6 @@ from memfit.interop.trainer import (
     lr_scheduler_choices,
     optimizer_rule,
 )
-from memfit.interop.precision import settle_zero_precision, trainer_precision, zero_half
 
 #: TRL's own keys (ModelConfig, SFTConfig, DPOConfig, ScriptArguments; with names of TRL 0.x).
 TRL_KEYS = frozenset("""

@@ -16,8 +16,10 @@ the knob value planned instead and why.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
+
 from memfit.json_form import JsonForm
 
 #: A key absent from the config: the rule sees this, not None (None is a value YAML can hold).

@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from memfit.errors import UserError, listed
 from memfit.interop.adapter_model import ADAPTER_FIELDS, ModelChoice, adapter_knob, choose_model, is_lora
 from memfit.interop.deepspeed import ZeroSettings
 from memfit.interop.keys import ABSENT, Found, KeyMap, KeyProblem, Planned, Rule
-from memfit.spec import KNOBS, SpecError, make_spec
 from memfit.json_form import JsonForm
+from memfit.spec import KNOBS, SpecError, make_spec
 
 #: Rule knobs that are not RunSpec knobs: the model, and where the run is placed across GPUs.
 _MODEL, _REVISION, _SHARD = "model", "revision", "shard"

@@ -8,7 +8,8 @@ names still seen in configs).
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from memfit.interop.deepspeed import DeepSpeedError, load_deepspeed, read_zero, shard_mode
 from memfit.interop.keys import (

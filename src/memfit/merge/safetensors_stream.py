@@ -111,7 +111,7 @@ def read_offsets(path: Path) -> tuple[int, dict[str, tuple[int, int]]]:
     return 8 + header_len, offsets
 
 
-def copy_bytes(writer: "StreamingWriter", name: str, source: Path, start: int, end: int, chunk_bytes: int = 16 * 2**20) -> None:
+def copy_bytes(writer: StreamingWriter, name: str, source: Path, start: int, end: int, chunk_bytes: int = 16 * 2**20) -> None:
     """Write tensor `name` by copying bytes [start, end) of `source` in chunks of `chunk_bytes`."""
     spec = writer.order[writer._next]
     if name != spec.name:

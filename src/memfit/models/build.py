@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn

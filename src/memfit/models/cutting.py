@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 #: Fields listing the indices of the layers of one kind: remapped to the cut's positions.
 INDEX_FIELDS = ("attn_layer_indices", "full_attn_idxs", "mlp_only_layers", "hybrid_layer_ids")

@@ -41,11 +41,12 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from memfit.models.config_file import read_config_file
 from memfit.models.errors import HubError
@@ -503,7 +504,7 @@ def _matches(name: str, patterns: tuple[str, ...]) -> bool:
 # Downloading
 
 
-def _download(listing: _Listing, names: list[str], *, progress: "_Progress | None") -> int:
+def _download(listing: _Listing, names: list[str], *, progress: _Progress | None) -> int:
     """Fetch ``names`` of ``listing`` into its snapshot folder; return the bytes downloaded now."""
     folder = listing.folder
     missing = [n for n in dict.fromkeys(names) if not (folder / n).is_file()]
@@ -529,7 +530,7 @@ def _download(listing: _Listing, names: list[str], *, progress: "_Progress | Non
     return total
 
 
-def _download_parallel(listing: _Listing, names: list[str], bar: "_Progress") -> None:
+def _download_parallel(listing: _Listing, names: list[str], bar: _Progress) -> None:
     pool = ThreadPoolExecutor(max_workers=min(DOWNLOAD_WORKERS, len(names)), thread_name_prefix="memfit-hub")
     futures = [pool.submit(_download_one, listing, name, bar) for name in names]
     try:
@@ -548,7 +549,7 @@ def _download_parallel(listing: _Listing, names: list[str], bar: "_Progress") ->
     pool.shutdown(wait=True)
 
 
-def _download_one(listing: _Listing, name: str, bar: "_Progress") -> None:
+def _download_one(listing: _Listing, name: str, bar: _Progress) -> None:
     from huggingface_hub import hf_hub_download
 
     # huggingface_hub's own defaults (HF_ENDPOINT, HF_HUB_CACHE, HF_TOKEN) apply; the commit pins every file.
@@ -627,12 +628,12 @@ class _Progress:
         self._started = 0.0
         self._total = 0
 
-    def start(self, total_bytes: int) -> "_Progress":
+    def start(self, total_bytes: int) -> _Progress:
         """Set the bytes to download; use the result as a context manager."""
         self._total = total_bytes
         return self
 
-    def __enter__(self) -> "_Progress":
+    def __enter__(self) -> _Progress:
         self._started = time.perf_counter()
         if not self.enabled:
             return self
@@ -641,7 +642,14 @@ class _Progress:
 
             self.console = make_console(stderr=True)
         if self.live and self.console.is_terminal:
-            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
 
             self._bar = Progress(TextColumn("[bold]download[/] {task.description}"), BarColumn(), DownloadColumn(),
                                  TransferSpeedColumn(), TimeRemainingColumn(), console=self.console, transient=True)

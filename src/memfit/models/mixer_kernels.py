@@ -20,8 +20,9 @@ import contextlib
 import importlib
 import inspect
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 #: Python package -> what pip installs it as.
 DISTRIBUTIONS = {"mamba_ssm": "mamba-ssm", "causal_conv1d": "causal-conv1d", "fla": "flash-linear-attention"}

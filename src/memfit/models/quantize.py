@@ -12,7 +12,7 @@ bitsandbytes is imported only here, and only when called.
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn

@@ -13,11 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from memfit.planner.inputs import resolve
 from memfit.planner.exact.runtime import runtime_overhead
+from memfit.planner.inputs import resolve
 from memfit.planner.target import Target
 from memfit.spec import RunSpec
-
 
 _LAYOUT_CACHE: dict[tuple, Any] = {}
 
@@ -36,8 +35,8 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
         return cached
     from memfit.models.build import DTYPES, build_meta_model, make_config
     from memfit.models.layers import decoder_layers
-    from memfit.planner.sharding import ParamGroup, ParamLayout
     from memfit.planner.exact.simulate import _quiet, bitsandbytes_only_if_used
+    from memfit.planner.sharding import ParamGroup, ParamLayout
     from memfit.step.prepare import prepare_for_method
 
     sources, repeats = _layers_to_build(config)

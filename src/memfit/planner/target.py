@@ -23,8 +23,9 @@ their own (any function returning a :class:`DeviceReading`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from memfit.units import format_bytes, parse_bytes
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
 from memfit.json_form import JsonForm
 
 #: memfit shard modes a DeepSpeed config maps to (:func:`memfit.interop.deepspeed.shard_mode`).

@@ -16,7 +16,7 @@ The planner runs the same code under fake tensors on the CPU, whose autocast cas
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 

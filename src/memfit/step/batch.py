@@ -9,8 +9,9 @@ each example through :mod:`memfit.step.attention`. The trainer collates its data
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -40,7 +41,7 @@ class Documents:
     def total(self) -> int:
         return sum(self.lengths)
 
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Documents":
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Documents:
         return Documents(self.cu_seqlens.to(device, non_blocking=non_blocking), self.lengths)
 
 

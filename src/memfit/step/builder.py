@@ -11,8 +11,9 @@ tensors. Neither picks a loss or wraps the step anywhere else.
 from __future__ import annotations
 
 import types
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -47,7 +48,7 @@ class TrainingStep:
             return collate_pairs(examples, pad_token_id, layout=self.layout)
         return collate(examples, pad_token_id, layout=self.layout)
 
-    def grad_scaler(self, device: torch.device) -> "torch.amp.GradScaler | None":
+    def grad_scaler(self, device: torch.device) -> torch.amp.GradScaler | None:
         """The loss scaler this step needs on ``device``, or None."""
         return torch.amp.GradScaler(device.type) if self.scales_loss else None
 
@@ -57,7 +58,7 @@ class TrainingStep:
         micro_batches: Iterable[Batch],
         optimizer: torch.optim.Optimizer,
         *,
-        grad_scaler: "torch.amp.GradScaler | None" = None,
+        grad_scaler: torch.amp.GradScaler | None = None,
         observer: Any = None,
         metrics: list | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -82,7 +83,7 @@ class TrainingStep:
         output = self.loss_fn(model, batch)
         return output if isinstance(output, tuple) else (output, None)
 
-    def sharded(self, model: torch.nn.Module) -> "TrainingStep":
+    def sharded(self, model: torch.nn.Module) -> TrainingStep:
         """This step for one rank of an FSDP2-sharded ``model``.
 
         The loss runs as a forward method of the FSDP root, so that the root's hooks gather the

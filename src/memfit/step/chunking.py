@@ -28,8 +28,8 @@ micro-batches of the next step instead of running them (:mod:`memfit.planner.sho
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import torch
 

@@ -16,8 +16,8 @@ standard computation (fp32 logits, mean over labelled tokens).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Callable, Mapping
 
 import torch
 

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F

@@ -12,7 +12,7 @@ checkpointing, offloaded or not, and MLPs and norms tiled over the sequence). On
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch import nn
 

@@ -30,7 +30,7 @@ class _InnerStates(Mapping):
     A live, read-only view: states created by later steps show up without rebuilding it.
     """
 
-    def __init__(self, owner: "OptimizerInBackward") -> None:
+    def __init__(self, owner: OptimizerInBackward) -> None:
         self._owner = owner
 
     def __getitem__(self, param: torch.Tensor) -> dict:

@@ -9,7 +9,8 @@ Keep it free of logging, device moves and anything that allocates memory a real 
 from __future__ import annotations
 
 import functools
-from typing import Iterable, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 import torch
 
@@ -35,7 +36,7 @@ def train_step(
     *,
     loss_fn: LossFn,
     max_grad_norm: float | None = None,
-    grad_scaler: "torch.amp.GradScaler | None" = None,
+    grad_scaler: torch.amp.GradScaler | None = None,
     observer: StepObserver | None = None,
     metrics: list | None = None,
 ) -> tuple[float | torch.Tensor, torch.Tensor | None]:

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -136,9 +136,9 @@ def train_command(
     ctx: typer.Context,
     config: Annotated[Path, typer.Argument(help="YAML training config (see docs/train.md; examples/tiny.yaml is a demo).", show_default=False)],
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in output_dir from its latest checkpoint.")] = False,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Any other config field: --set KEY=VALUE (repeatable).")] = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Any other config field: --set KEY=VALUE (repeatable).")] = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="No live progress bar (metrics still go to metrics.jsonl).")] = False,
-    nproc: Annotated[Optional[int], typer.Option("--nproc", help="Start N processes (one per GPU) with torchrun; must equal gpus in the config.")] = None,
+    nproc: Annotated[int | None, typer.Option("--nproc", help="Start N processes (one per GPU) with torchrun; must equal gpus in the config.")] = None,
     fit: Annotated[bool, typer.Option("--fit", help="Before loading, choose the micro-batch split, checkpointing and tiling that fit the device (fit: auto).")] = False,
     **options: Any,
 ) -> None:
@@ -147,8 +147,9 @@ def train_command(
     Every option overrides the YAML field of the same name. Exit code 0: trained (or, with --resume,
     already finished); 2: bad config or input; 3: does not fit (preflight) or ran out of memory;
     130 / 143: stopped by SIGINT / SIGTERM after saving a checkpoint."""
-    from memfit.console import make_console
     from rich.markup import escape
+
+    from memfit.console import make_console
 
     console = make_console(stderr=True)
     # Under torchrun every rank runs this command: rank 0 reports how the run ended (errors come from every rank).

@@ -17,10 +17,11 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from memfit.train.errors import DiskFull
 from memfit.units import format_bytes

@@ -23,8 +23,9 @@ Everything that is arithmetic (the slices, the weights, the checks) is a pure fu
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from memfit.errors import UserError
 from memfit.spec import TRAINED_SHARD_MODES

@@ -3,7 +3,8 @@ preference objective also its metrics, under TRL's evaluation names (``eval_rewa
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -14,8 +14,9 @@ Importing this module imports neither torch nor transformers (the config validat
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 #: Roles a message of a prompt may have (the roles the training data formats produce).
 ROLES = ("system", "user", "assistant")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -36,7 +37,7 @@ class StopOnSignal:
             raise KeyboardInterrupt
         self.signal_name = name
 
-    def __enter__(self) -> "StopOnSignal":
+    def __enter__(self) -> StopOnSignal:
         if threading.current_thread() is threading.main_thread():
             for name in self.SIGNALS:
                 signum = getattr(signal, name)

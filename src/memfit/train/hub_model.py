@@ -15,8 +15,9 @@ processes, rank 0 downloads and the others then read the cache.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from memfit.models.catalog import suggestions
 from memfit.models.hub import HubError, Snapshot, fetch_config, fetch_model, is_hub_id

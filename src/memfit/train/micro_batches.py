@@ -9,7 +9,8 @@ each rank of a sharded run takes its slice of every global micro-batch
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

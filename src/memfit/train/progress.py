@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from memfit.run_files import METRICS_FILE
 from memfit.units import format_bytes
@@ -76,7 +77,7 @@ class NullLog:
 
     epoch: float | None = None
 
-    def __enter__(self) -> "NullLog":
+    def __enter__(self) -> NullLog:
         return self
 
     def write(self, record: dict[str, Any]) -> None:
@@ -104,7 +105,7 @@ class MetricsLog:
         self._run_config = run_config or {}
         self._console = console
 
-    def __enter__(self) -> "MetricsLog":
+    def __enter__(self) -> MetricsLog:
         self._file = open(self.path, "a", encoding="utf-8")
         from memfit.train.trackers import Trackers, resolve_report_to
 
@@ -148,7 +149,7 @@ class LiveProgress:
         self._progress = None
         self._task = None
 
-    def __enter__(self) -> "LiveProgress":
+    def __enter__(self) -> LiveProgress:
         if not self.enabled:
             return self
         from rich.progress import (

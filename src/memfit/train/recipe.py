@@ -25,9 +25,10 @@ import contextlib
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from rich.console import Console
@@ -39,8 +40,8 @@ from memfit.run_files import memory_file_name
 from memfit.step.attention import restore_attention
 from memfit.step.autocast import autocast_dtype
 from memfit.step.builder import build_step
-from memfit.step.preference import keep_reference_copy, needs_reference_copy, summarize_metrics
 from memfit.step.optim import build_optimizer
+from memfit.step.preference import keep_reference_copy, needs_reference_copy, summarize_metrics
 from memfit.step.prepare import lean_step_changes, prepare_given_model
 from memfit.train.checkpointing import capture_rng, latest_checkpoint, restore_rng
 from memfit.train.config import (
@@ -50,8 +51,8 @@ from memfit.train.config import (
     total_steps,
     warmup_steps,
 )
-from memfit.train.distributed import DistributedError, check_world
 from memfit.train.disk_space import FULL_DISK_ERRNOS, after_full_disk, full_disk_message
+from memfit.train.distributed import DistributedError, check_world
 from memfit.train.errors import DiskFull, OutOfMemory, TrainError
 from memfit.train.evaluation import evaluation_metrics
 from memfit.train.examples import (

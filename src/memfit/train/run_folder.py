@@ -102,7 +102,7 @@ class RunRecord:
 
     @classmethod
     def for_run(cls, run_dir: Path, *, config, model_config: dict[str, Any], preflight, setup: dict[str, Any],
-                device, total_steps: int, extra: dict[str, Any], enabled: bool) -> "RunRecord":
+                device, total_steps: int, extra: dict[str, Any], enabled: bool) -> RunRecord:
         import torch
         import transformers
 

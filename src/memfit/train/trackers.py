@@ -25,8 +25,9 @@ import json
 import os
 import re
 import time
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from memfit.files import write_atomic
 from memfit.run_files import METRICS_FILE

@@ -10,19 +10,20 @@ shared files (:mod:`memfit.train.distributed` holds the FSDP2 and process-group 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from memfit.errors import UserError
 from memfit.files import remove_if_empty
+from memfit.step.batch import to_device
 from memfit.step.builder import TrainingStep, root_forward
 from memfit.train import checkpointing, distributed
-from memfit.step.batch import to_device
-from memfit.train.micro_batches import Collate, micro_batches
 from memfit.train.errors import TrainError
 from memfit.train.examples import scored_count, unscored
+from memfit.train.micro_batches import Collate, micro_batches
 from memfit.train.run_folder import (
     check_run_dir,
     make_run_dir,

@@ -31,8 +31,9 @@ import asyncio
 import json
 import logging
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from memfit.errors import UserError, clip_long_values
 from memfit.ui import params as query

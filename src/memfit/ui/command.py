@@ -6,7 +6,6 @@ import ipaddress
 import socket
 import threading
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -65,7 +64,7 @@ def ui_command(
     host: str = typer.Option(DEFAULT_HOST, "--host", help="Address to listen on. The default keeps the page to this machine; "
                                                           "another address makes it reachable from the network, with no password."),
     open_browser: bool = typer.Option(False, "--open", help="Open the page in the default web browser."),
-    run: Optional[Path] = typer.Option(None, "--run", help="A run folder (memfit train's output_dir) to show against its plan."),
+    run: Path | None = typer.Option(None, "--run", help="A run folder (memfit train's output_dir) to show against its plan."),
 ) -> None:
     """Plan, fit and compare on a local web page: the planner behind a browser form.
 
@@ -93,7 +92,6 @@ def _serve(sock: socket.socket, url: str, run_dir: Path | None, open_browser: bo
     import os
     import signal
     import tempfile
-
     from multiprocessing import util as multiprocessing_util
 
     from memfit.ui.app import create_app

@@ -7,7 +7,8 @@ Both are made from the same query parameters the API reads (:mod:`memfit.ui.para
 from __future__ import annotations
 
 import shlex
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from memfit.spec import TRAINED_KNOBS, flag
 

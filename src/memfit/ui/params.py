@@ -15,8 +15,9 @@ not be able to make the server read a file it chooses.
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from memfit.errors import UserError
 from memfit.options import FIT_KNOBS, whole_number
@@ -118,7 +119,6 @@ def check_page_model(model: str) -> None:
     """Refuse a model that is a path: the page names a catalog model, a Hub id or a dropped config.json."""
     from memfit.models.catalog import catalog_names, model_argument_problem
     from memfit.models.hub import looks_like_hub_id
-
     from memfit.ui.dropped_files import is_upload_name
 
     too_long = model_argument_problem(model)  # the command line's limit, before anything reads the name

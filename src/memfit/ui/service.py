@@ -26,7 +26,8 @@ import json
 import logging
 import threading
 import time
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from memfit.errors import UserError, clip_long_values
 from memfit.planner.errors import SearchCancelled

@@ -15,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePath
-from typing import Any, Mapping
+from typing import Any
 
 from memfit.ui.dropped_files import UploadError, check_size, decode_text
 

@@ -22,14 +22,22 @@ import tempfile
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from memfit.ui.tool_configs import ToolUpload
 
-from memfit.ui.dropped_files import MAX_UPLOAD_BYTES, UPLOAD_PREFIX, UploadError, check_size, decode_text, is_upload_name
+from memfit.ui.dropped_files import (
+    MAX_UPLOAD_BYTES,
+    UPLOAD_PREFIX,
+    UploadError,
+    check_size,
+    decode_text,
+    is_upload_name,
+)
 
 #: Dropped configs kept at once (the oldest is forgotten first).
 MAX_KEPT = 64
@@ -48,7 +56,7 @@ class ModelUpload:
     name: str
     config: dict[str, Any]
     filename: str
-    tool: "ToolUpload | None" = None
+    tool: ToolUpload | None = None
 
     @property
     def planned(self) -> str | dict[str, Any]:

@@ -7,7 +7,6 @@ No torch (or matplotlib) import happens when this module is imported. Errors are
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -33,7 +32,7 @@ def doctor_command(
 @cli_errors
 def report_command(
     run_dir: Path = typer.Argument(..., help="A run folder (memfit train's output_dir, or MemoryCallback's run_dir)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="HTML file to write (default: RUN_DIR/report.html)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="HTML file to write (default: RUN_DIR/report.html)."),
 ) -> None:
     """Write a self-contained HTML report (memory per device, loss, plan vs measured) and its PNGs.
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from memfit.units import format_bytes
 from memfit.watch.timeline import Timeline
 
+
 @dataclass(frozen=True)
 class Reading:
     """A peak and when it was reached, in words."""

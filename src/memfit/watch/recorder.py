@@ -48,7 +48,7 @@ LIVE_WINDOW = 1000
 class _Observer:
     """The :class:`~memfit.step.train_step.StepObserver` handed to ``train_step``: reads memory at each phase."""
 
-    def __init__(self, recorder: "MemoryRecorder") -> None:
+    def __init__(self, recorder: MemoryRecorder) -> None:
         self._recorder = recorder
 
     def on_phase(self, name: str) -> None:
@@ -298,7 +298,7 @@ class MemoryRecorder:
             self._nvml.close()
         return last
 
-    def __enter__(self) -> "MemoryRecorder":
+    def __enter__(self) -> MemoryRecorder:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:

@@ -61,7 +61,7 @@ class Finding(JsonForm):
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Finding":
+    def from_json(cls, data: dict[str, Any]) -> Finding:
         return cls(
             severity=data["severity"], code=data["code"], message=data["message"], fix=data.get("fix", ""),
             step=data.get("step"), data=dict(data.get("data") or {}),

@@ -7,8 +7,8 @@ import io
 import pytest
 from rich.console import Console
 
-from memfit.planner.search.report import FitProgress, format_duration, progress_line, recent_seconds_per_plan
 from memfit.planner.search.core import expected_plans
+from memfit.planner.search.report import FitProgress, format_duration, progress_line, recent_seconds_per_plan
 
 
 @pytest.mark.parametrize(("seconds", "said"), [(0.2, "0 s"), (41.4, "41 s"), (59.4, "59 s"), (59.6, "1 min"), (89, "1 min"),

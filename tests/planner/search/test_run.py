@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from memfit.planner.search import run
 from memfit.planner.report import MemoryPlan
+from memfit.planner.search import run
 from memfit.planner.search.run import RunPlanner
 from memfit.planner.target import target_from_options
 from memfit.spec import upper_bound

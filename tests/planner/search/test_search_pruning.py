@@ -8,9 +8,9 @@ import pytest
 import memfit
 from memfit.models.catalog import resolve_model
 from memfit.planner import layout
-from memfit.planner.search import core as search
-from memfit.planner.layout import memory_lower_bound
 from memfit.planner.exact.runtime import DEFAULT_CUDA_CONTEXT_BYTES
+from memfit.planner.layout import memory_lower_bound
+from memfit.planner.search import core as search
 from memfit.spec import make_spec
 
 #: Wide enough that the model states weigh something beside the CUDA context; six layers, so that

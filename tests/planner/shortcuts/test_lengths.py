@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 import memfit
-from memfit.planner.search import core as search
 from memfit.planner.api import predicted_plan
 from memfit.planner.inputs import resolve
+from memfit.planner.search import core as search
 from memfit.planner.shortcuts.lengths import LengthSampler, Unpredictable
 
 LONG = dict(checkpointing="offload", tiling="on", batch_size=1, grad_accum=4)

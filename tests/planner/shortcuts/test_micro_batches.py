@@ -6,14 +6,13 @@ import itertools
 
 import pytest
 import torch
+from replay_helpers import events_of as _events
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from replay_helpers import events_of as _events
-
-from memfit.planner.shortcuts import micro_batches
-from memfit.planner.shortcuts.micro_batches import MicroBatchReplay
 from memfit.planner.exact.simulate import simulate
 from memfit.planner.exact.tracker import MemoryTracker
+from memfit.planner.shortcuts import micro_batches
+from memfit.planner.shortcuts.micro_batches import MicroBatchReplay
 from memfit.spec import make_spec
 from memfit.step.chunking import replaying_micro_batches, run_micro_batch
 

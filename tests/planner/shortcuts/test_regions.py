@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from replay_helpers import events_of as _events
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from replay_helpers import events_of as _events
-
-from memfit.planner.shortcuts import regions
-from memfit.planner.shortcuts.regions import RegionReplay
 from memfit.planner.exact.simulate import simulate
 from memfit.planner.exact.tracker import MemoryTracker
+from memfit.planner.shortcuts import regions
+from memfit.planner.shortcuts.regions import RegionReplay
 from memfit.spec import make_spec
 from memfit.step.chunking import replaying_regions, run_region
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from hub_datasets import LocalHub, add_dataset_repos, point_datasets_at
 
 

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from data_samples import DATA_DIR, DEMO_FILE, ROOT, tiny_llama
 
 from memfit.step.batch import collate

@@ -6,9 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from data_samples import ALPACA
-from data_samples import write_jsonl as write_file
+from data_samples import ALPACA, write_jsonl as write_file
 
 from memfit.train.data.errors import DataError
 from memfit.train.data.reading import load_sources, open_stream

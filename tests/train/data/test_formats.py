@@ -7,7 +7,6 @@ import json
 import sys
 
 import pytest
-
 from data_samples import ALPACA, CHAT, data_error, write_jsonl
 
 from memfit.train.data import DataError, load_records

@@ -9,7 +9,6 @@ import sys
 from collections import Counter
 
 import pytest
-
 from data_samples import ALPACA, CHAT, DEMO_FILE, write_jsonl
 
 from memfit.train.data.errors import DataError

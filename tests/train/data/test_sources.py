@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import yaml
-
 from trainer_helpers import DEMO_DATA, tiny_settings
 
 from memfit.train.config import ConfigError, load_config, total_steps, validate_config

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from data_samples import CHAT, DEMO_FILE, labelled_runs, tiny_llama
 
 from memfit.step.batch import collate

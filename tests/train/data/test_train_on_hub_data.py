@@ -15,10 +15,9 @@ import yaml
 pytest.importorskip("datasets")
 torch = pytest.importorskip("torch")
 
-from typer.testing import CliRunner  # noqa: E402
-
 from hub_datasets import CHAT, GATED_DATA, PAIRS, set_datasets_offline  # noqa: E402
 from trainer_helpers import DEMO_DATA, read_metrics, step_losses, tiny_config, tiny_settings  # noqa: E402
+from typer.testing import CliRunner  # noqa: E402
 
 from memfit.cli import app  # noqa: E402
 from memfit.step import train_step as step_module  # noqa: E402

@@ -51,8 +51,8 @@ equal size.
 from __future__ import annotations
 
 from bisect import bisect_left, insort
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 K_MIN_BLOCK_SIZE = 512  # every block is a multiple of this
 K_SMALL_SIZE = 1 << 20  # largest request served by the small pool (1 MiB)

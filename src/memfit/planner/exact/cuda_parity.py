@@ -43,7 +43,7 @@ explained and tested:
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -307,6 +307,6 @@ class _PlannedGradScaler(torch.amp.GradScaler):
         return optimizer.step(*args, **kwargs)
 
 
-def planned_grad_scaler(step, device: str) -> "torch.amp.GradScaler | None":
+def planned_grad_scaler(step, device: str) -> torch.amp.GradScaler | None:
     """The loss scaler ``step`` (a :class:`~memfit.step.builder.TrainingStep`) needs, for a plan."""
     return _PlannedGradScaler(device) if step.scales_loss else None

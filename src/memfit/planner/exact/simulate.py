@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
@@ -36,9 +37,9 @@ from memfit.planner.exact.cuda_parity import (
     plan_bitsandbytes_optimizer,
     planned_grad_scaler,
 )
+from memfit.planner.exact.tracker import MemoryTracker, TrackerResult
 from memfit.planner.shortcuts.micro_batches import MicroBatchReplay
 from memfit.planner.shortcuts.regions import RegionReplay
-from memfit.planner.exact.tracker import MemoryTracker, TrackerResult
 from memfit.spec import RunSpec
 from memfit.step.batch import PADDED
 from memfit.step.builder import build_step

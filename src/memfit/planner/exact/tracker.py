@@ -24,15 +24,15 @@ from __future__ import annotations
 import contextlib
 import itertools
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from memfit.planner.exact.allocator import K_MIN_BLOCK_SIZE, round_size
 from memfit.planner.categories import TRACKED_CATEGORIES
+from memfit.planner.exact.allocator import K_MIN_BLOCK_SIZE, round_size
 from memfit.step.host_embeddings import HOST_RESIDENT_ATTR
 from memfit.step.preference import reference_model
 
@@ -131,7 +131,7 @@ class TrackerResult:
             self._live = series
         return self._live
 
-    def segments(self) -> list["Segment"]:
+    def segments(self) -> list[Segment]:
         """The step's phases in order, each with its live bytes at start, at end and at its highest."""
         live = self.live_bytes()
         marks = list(self.phase_marks) + [("end", len(live) - 1)]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from memfit.console import StatusLine
 from memfit.planner.report import BATCH_COUNTS_PAIRS

@@ -26,13 +26,19 @@ returns plans and choices.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from memfit.json_form import JsonForm
 from memfit.planner.api import plan
 from memfit.planner.report import MemoryPlan
-from memfit.planner.search.core import CHECKPOINTING_FAST_FIRST, OPTIMIZERS_LEAN_FIRST, largest_micro_batch, micro_batches
+from memfit.planner.search.core import (
+    CHECKPOINTING_FAST_FIRST,
+    OPTIMIZERS_LEAN_FIRST,
+    largest_micro_batch,
+    micro_batches,
+)
 from memfit.planner.target import Target
 from memfit.planner.throughput import relative_speeds
 from memfit.spec import upper_bound

@@ -17,8 +17,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from memfit.planner.exact import allocator
 from memfit.planner.shortcuts.depths import DepthPlan

@@ -21,12 +21,13 @@ accumulated, as its second. Tests simulate with and without replay and compare e
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable
+from typing import Any
 
 import torch
 
+from memfit.planner.exact.tracker import Allocation, MemoryTracker
 from memfit.planner.shortcuts.regions import (
     PLAIN,
     Output,
@@ -38,7 +39,6 @@ from memfit.planner.shortcuts.regions import (
     tensor_key,
     whole_storage,
 )
-from memfit.planner.exact.tracker import Allocation, MemoryTracker
 
 #: Set to False to make fake runs run every micro-batch (tests compare both ways).
 REPLAY_MICRO_BATCHES = True

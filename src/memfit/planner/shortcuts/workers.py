@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 import sys
 import threading
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from memfit.planner.errors import SearchCancelled
 

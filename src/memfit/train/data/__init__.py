@@ -26,10 +26,10 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
-from memfit.train.data.order import BatchIterator
 from memfit.train.data.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplateError, render_chat, render_prompt
 from memfit.train.data.errors import DataError
 from memfit.train.data.formats import FORMATS, detect_format, load_records
+from memfit.train.data.order import BatchIterator
 from memfit.train.data.sources import DataSource
 from memfit.train.data.tokenization import pack_examples, tokenize_records
 

@@ -17,8 +17,9 @@ its format is detected (:func:`map_columns`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from memfit.train.data.errors import DataError, Problems
 from memfit.train.data.pairs import normalize_pair

@@ -11,7 +11,8 @@ run's data: one epoch is one pass over it, in an order shuffled per epoch like a
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 STOPPING_STRATEGIES = ("all_exhausted", "first_exhausted")
 

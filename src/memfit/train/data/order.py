@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 
 class BatchIterator:

@@ -17,8 +17,9 @@ Torch-free: the data pipeline never imports torch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from memfit.json_form import JsonForm
 from memfit.step.labels import IGNORE_INDEX

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from memfit.train.data.errors import Problems
 

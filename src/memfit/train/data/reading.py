@@ -11,9 +11,10 @@ normalized forms (:mod:`~memfit.train.data.formats`), so sources of different fo
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from memfit.train.data.errors import DataError, Problems
 from memfit.train.data.folders import split_spec

@@ -29,7 +29,8 @@ from __future__ import annotations
 import json
 import random
 import warnings
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from memfit.train.data.errors import DataError
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import bisect
 import warnings
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from memfit.step.labels import IGNORE_INDEX
 from memfit.train.data.chat import ChatTemplateError, render_chat
