@@ -6,7 +6,8 @@ plan beyond the planner's goal, the page says so in a sentence. Without results,
 that nothing has been measured yet and how to measure it.
 
 The page and README's section are two generated blocks of benchmarks/figures.py (``gpu-results-page``
-and ``gpu-results``), written by ``gpu_campaign.py --report`` and ``figures.py --write`` alike.
+and ``gpu-results``, rendered by :func:`page_block` and :func:`summary_block`), written by
+``gpu_campaign.py --report`` and ``figures.py --write`` alike.
 """
 
 from __future__ import annotations
@@ -19,13 +20,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 README_BLOCK = "gpu-results"
 PAGE_BLOCK = "gpu-results-page"
-README_BEGIN = f"<!-- figures:begin {README_BLOCK} (written by benchmarks/gpu_campaign.py --report) -->"
-README_END = f"<!-- figures:end {README_BLOCK} -->"
-PAGE_TEMPLATE = (f"# Measured on a GPU\n\n<!-- figures:begin {PAGE_BLOCK} (written by benchmarks/gpu_campaign.py --report "
-                 f"from benchmarks/results/gpu/; edit that, not this) -->\n<!-- figures:end {PAGE_BLOCK} -->\n")
-
-class ReportError(ValueError):
-    """The report cannot be written as asked: one line naming the file and the fix."""
 
 
 #: The planner's accuracy goal on peak reserved memory (docs/plan.md).
@@ -396,23 +390,3 @@ def summary_block(figures_results) -> str:
     """The ``gpu-results`` block of benchmarks/figures.py: README's section."""
     root = figures_results.gpu_root or figures_results.root / "gpu"
     return readme_block(load_results(root, include_tiny=figures_results.include_tiny))
-
-
-def write_report(root: Path, doc: Path, readme: Path | None, include_tiny: bool = False) -> list[Path]:
-    """Write ``doc`` (and the block between the markers in ``readme``) from the results under
-    ``root``, through benchmarks/figures.py's generated blocks (a missing ``doc`` is created)."""
-    import figures
-
-    results = figures.Results(gpu_root=root, include_tiny=include_tiny)
-    if readme is not None:
-        text = readme.read_text()
-        if f"<!-- figures:begin {README_BLOCK}" not in text or README_END not in text:
-            raise ReportError(f"--report: {readme} has no {README_BEGIN} ... {README_END} block to fill; put the two lines back where the figures go")
-    if not doc.is_file() or f"<!-- figures:begin {PAGE_BLOCK}" not in doc.read_text():
-        doc.parent.mkdir(parents=True, exist_ok=True)
-        doc.write_text(PAGE_TEMPLATE)
-    written = [doc] + ([readme] if readme is not None else [])
-    problems = figures.write(written, results, names={PAGE_BLOCK, README_BLOCK}, inline=False)
-    if problems:
-        raise ReportError("; ".join(str(p) for p in problems))
-    return written

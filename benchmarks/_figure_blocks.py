@@ -1,6 +1,6 @@
 """The generated blocks of README.md and docs/*.md (benchmarks/figures.py): tables and sections
 written from the results files, one renderer per block name. Each takes a
-:class:`figures.Results` and returns the block's Markdown; nothing here is typed in but words.
+:class:`_figure_results.Results` and returns the block's Markdown; nothing here is typed in but words.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable
 
 import _campaign_report
+from _figure_results import FigureError
 
 
 def _gib(nbytes: float) -> str:
@@ -145,8 +146,6 @@ def merge_vs_peft(results) -> str:
 def _example(results, name: str) -> dict:
     examples = results.load("cli_examples")["examples"]
     if name not in examples:
-        from figures import FigureError
-
         raise FigureError(f"cli_examples has no example {name!r} (python benchmarks/cli_examples.py --only {name})")
     return examples[name]
 
@@ -208,10 +207,18 @@ def real_model(results) -> str:
 
 
 def interop_accuracy(results) -> str:
-    """benchmarks/interop_accuracy.py's cases, then the medians (its own table function)."""
-    import interop_accuracy as bench
-
-    return bench.doc_table(results.load("interop_accuracy"))
+    """benchmarks/interop_accuracy.py's cases, then the medians."""
+    result = results.load("interop_accuracy")
+    lines = ["| case | kind | published | planned | planned / published | not modelled |", "| --- | --- | ---: | ---: | ---: | --- |"]
+    for row in result["cases"]:
+        unmodelled = "; ".join(item.split(":")[0] for item in row["not_modelled"]) or ""
+        lines.append(f"| [{row['id']}]({row['source']}) | {row['kind']} | {row['published_gib']:g} GiB | "
+                     f"{row['planned_gib']:.2f} GiB | {row['ratio']:.3f} | {unmodelled} |")
+    lines += ["", "| cases | count | median of \\|planned / published - 1\\| |", "| --- | ---: | ---: |"]
+    for group in result["summary"].values():
+        median = "" if group["median_abs_error"] is None else f"{group['median_abs_error']:.1%}"
+        lines.append(f"| {group['label']} | {group['cases']} | {median} |")
+    return "\n".join(lines) + "\n"
 
 
 def precision_plans(results) -> str:

@@ -58,10 +58,11 @@ sys.path.insert(0, str(BENCH))
 import _machine  # noqa: E402
 import _memfit_api as api  # noqa: E402
 import _wheels  # noqa: E402
+import figures  # noqa: E402
 import max_context as context_bench  # noqa: E402
 import planner_accuracy as accuracy_bench  # noqa: E402
 import train_vs_hf as speed_bench  # noqa: E402
-from _campaign_report import ReportError, write_report  # noqa: E402
+from _campaign_report import PAGE_BLOCK, README_BLOCK  # noqa: E402
 
 PARTS = ("tests", "accuracy", "context", "speed", "constants")
 RESULTS_ROOT = REPO / "benchmarks" / "results" / "gpu"
@@ -995,6 +996,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.import_results and not Path(args.import_results).is_dir():
         parser.error(f"--import-results: {args.import_results} is not a folder; give the folder the GPU machine's files came back to")
     return args
+
+
+# ------------------------------------------------------------------------------------------------
+# --report: docs/gpu-results.md and README's section, through benchmarks/figures.py's generated blocks
+
+README_BEGIN = f"<!-- figures:begin {README_BLOCK} (written by benchmarks/gpu_campaign.py --report) -->"
+README_END = f"<!-- figures:end {README_BLOCK} -->"
+PAGE_TEMPLATE = (f"# Measured on a GPU\n\n<!-- figures:begin {PAGE_BLOCK} (written by benchmarks/gpu_campaign.py --report "
+                 f"from benchmarks/results/gpu/; edit that, not this) -->\n<!-- figures:end {PAGE_BLOCK} -->\n")
+
+
+class ReportError(ValueError):
+    """The report cannot be written as asked: one line naming the file and the fix."""
+
+
+def write_report(root: Path, doc: Path, readme: Path | None, include_tiny: bool = False) -> list[Path]:
+    """Write ``doc`` (and the block between the markers in ``readme``) from the results under
+    ``root``, through benchmarks/figures.py's generated blocks (a missing ``doc`` is created)."""
+    results = figures.Results(gpu_root=root, include_tiny=include_tiny)
+    if readme is not None:
+        text = readme.read_text()
+        if f"<!-- figures:begin {README_BLOCK}" not in text or README_END not in text:
+            raise ReportError(f"--report: {readme} has no {README_BEGIN} ... {README_END} block to fill; put the two lines back where the figures go")
+    if not doc.is_file() or f"<!-- figures:begin {PAGE_BLOCK}" not in doc.read_text():
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        doc.write_text(PAGE_TEMPLATE)
+    written = [doc] + ([readme] if readme is not None else [])
+    problems = figures.write(written, results, names={PAGE_BLOCK, README_BLOCK}, inline=False)
+    if problems:
+        raise ReportError("; ".join(str(p) for p in problems))
+    return written
 
 
 def main(argv: list[str] | None = None, clock: Clock | None = None) -> int:

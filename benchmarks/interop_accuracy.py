@@ -206,20 +206,6 @@ def summary(rows: list[dict]) -> dict:
             for key, (label, selected) in groups.items()}
 
 
-def doc_table(result: dict) -> str:
-    """The Markdown table of a results file: each case, then the medians."""
-    lines = ["| case | kind | published | planned | planned / published | not modelled |", "| --- | --- | ---: | ---: | ---: | --- |"]
-    for row in result["cases"]:
-        unmodelled = "; ".join(item.split(":")[0] for item in row["not_modelled"]) or ""
-        lines.append(f"| [{row['id']}]({row['source']}) | {row['kind']} | {row['published_gib']:g} GiB | "
-                     f"{row['planned_gib']:.2f} GiB | {row['ratio']:.3f} | {unmodelled} |")
-    lines += ["", "| cases | count | median of \\|planned / published - 1\\| |", "| --- | ---: | ---: |"]
-    for group in result["summary"].values():
-        median = "" if group["median_abs_error"] is None else f"{group['median_abs_error']:.1%}"
-        lines.append(f"| {group['label']} | {group['cases']} | {median} |")
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", type=int, default=None, help="plan the first N cases only")

@@ -100,7 +100,7 @@ def test_dry_run_every_part_then_resume_then_time_limit(tmp_path):
 
     # The report reads the results; the dry run is marked as such (the command's own --report is
     # test_report_without_results_says_so's).
-    from _campaign_report import write_report
+    from gpu_campaign import write_report
 
     doc = tmp_path / "gpu-results.md"
     write_report(tmp_path / "results", doc, None, include_tiny=True)
@@ -111,7 +111,7 @@ def test_dry_run_every_part_then_resume_then_time_limit(tmp_path):
 def test_report_without_results_says_so(tmp_path):
     doc = tmp_path / "gpu-results.md"
     readme = tmp_path / "README.md"
-    from _campaign_report import README_BEGIN, README_END
+    from gpu_campaign import README_BEGIN, README_END
 
     readme.write_text(f"# x\n\n{README_BEGIN}\nold\n{README_END}\n\nrest\n")
     result = campaign("--report", "--results-root", tmp_path / "nothing", "--doc", doc, "--readme", readme, tiny=False)
@@ -178,7 +178,7 @@ def _write(folder: Path, name: str, data: dict) -> None:
 
 def test_report_says_where_measurements_disagree_with_the_plan(tmp_path):
     """Results shaped as a GPU run writes them (made up for this test): each disagreement gets its sentence."""
-    from _campaign_report import write_report
+    from gpu_campaign import write_report
 
     GiB, MiB = 2**30, 2**20
     folder = tmp_path / "results" / "h100-80gb"
