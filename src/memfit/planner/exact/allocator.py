@@ -115,6 +115,83 @@ def allocation_size(block_bytes: int) -> int:
     return -(-block_bytes // K_ROUND_LARGE) * K_ROUND_LARGE
 
 
+class _OutOfMemory(Exception):
+    """``cudaMalloc`` failed even after the cached segments were released: the replay stops there."""
+
+    def __init__(self, reserved_bytes: int) -> None:
+        super().__init__(reserved_bytes)
+        self.reserved_bytes = reserved_bytes  # what stays reserved once the cache was released
+
+
+class _Segments:
+    """The model's segments and their blocks: the two pools of free blocks, every block's size and
+    the block that ends where another starts, the segments ``cudaMalloc`` handed out.
+
+    Free blocks of each pool are a sorted list of ``(size, addr)``: best fit is one bisect, and
+    ``(size, addr)`` is the order torch's std::set keeps. The replay (:func:`_replay`) works on
+    these containers directly; the methods here are the rare events: a new segment, a release.
+    """
+
+    __slots__ = ("block_at_end", "block_size", "free_addrs", "large_free", "next_addr", "segments", "small_free")
+
+    def __init__(self) -> None:
+        self.small_free: list[tuple[int, int]] = []
+        self.large_free: list[tuple[int, int]] = []
+        self.block_size: dict[int, int] = {}  # addr -> size, every block (free or in use)
+        self.block_at_end: dict[int, int] = {}  # addr + size -> addr, to find the left neighbour
+        self.free_addrs: set[int] = set()  # addresses of the free blocks
+        self.segments: dict[int, int] = {}  # segment start addr -> segment size
+        self.next_addr = 0
+
+    def cuda_malloc(self, pool: list[tuple[int, int]], size: int, reserved: int, capacity_bytes: int | None) -> int:
+        """A new segment for a request of ``size`` (rounded) bytes that no free block of ``pool``
+        holds, put in ``pool`` as one free block; returns the bytes reserved after it. Past
+        ``capacity_bytes``, whole cached segments are released and the segment is tried once more
+        (torch's malloc); :class:`_OutOfMemory` when it still does not fit."""
+        seg_size = allocation_size(size)
+        if capacity_bytes is not None and reserved + seg_size > capacity_bytes:
+            reserved -= self.release_cached()
+            if reserved + seg_size > capacity_bytes:
+                raise _OutOfMemory(reserved)
+        addr = self.next_addr
+        self.next_addr += seg_size + _SEGMENT_GAP
+        self.segments[addr] = seg_size
+        self.block_size[addr] = seg_size
+        self.block_at_end[addr + seg_size] = addr
+        insort(pool, (seg_size, addr))
+        self.free_addrs.add(addr)
+        return reserved + seg_size
+
+    def release_cached(self) -> int:
+        """``cudaFree`` every free block that is a whole segment; returns the bytes released."""
+        released = 0
+        for pool in (self.large_free, self.small_free):
+            kept = []
+            for entry in pool:
+                size, addr = entry
+                if self.segments.get(addr) == size:
+                    del self.segments[addr]
+                    del self.block_size[addr]
+                    del self.block_at_end[addr + size]
+                    self.free_addrs.remove(addr)
+                    released += size
+                else:
+                    kept.append(entry)
+            pool[:] = kept
+        return released
+
+
+def _event_error(index: int, kind: str, key: int, nbytes: int, live: bool) -> ValueError:
+    """The error of an event the replay cannot take."""
+    if kind == ALLOC and live:
+        return ValueError(f"event {index}: alloc of key {key} which is still live; free it first or use a new key")
+    if kind == ALLOC:
+        return ValueError(f"event {index}: alloc of key {key} with negative size {nbytes}")
+    if kind == FREE:
+        return ValueError(f"event {index}: free of key {key} which is not live (never allocated, or freed already)")
+    return ValueError(f"event {index}: unknown event kind {kind!r}; expected {ALLOC!r}, {FREE!r} or {EMPTY_CACHE!r}")
+
+
 def simulate(
     events: Iterable[Event],
     *,
@@ -140,172 +217,102 @@ def simulate(
             is not positive.
     """
     if capacity_bytes is not None and capacity_bytes <= 0:
-        raise ValueError(
-            f"capacity_bytes must be a positive number of bytes or None, got {capacity_bytes!r}"
-        )
+        raise ValueError(f"capacity_bytes must be a positive number of bytes or None, got {capacity_bytes!r}")
+    return _replay(events, capacity_bytes, record_trace)
 
-    # Free blocks of each pool, as a sorted list of (size, addr): best fit is
-    # one bisect, and (size, addr) is the order torch's std::set keeps.
-    small_free: list[tuple[int, int]] = []
-    large_free: list[tuple[int, int]] = []
-    block_size: dict[int, int] = {}  # addr -> size, every block (free or in use)
-    block_at_end: dict[int, int] = {}  # addr + size -> addr, to find the left neighbour
-    free_addrs: set[int] = set()  # addresses of the free blocks
-    segments: dict[int, int] = {}  # segment start addr -> segment size
+
+def _replay(events: Iterable[Event], capacity_bytes: int | None, record_trace: bool) -> AllocatorResult:
+    """:func:`simulate`'s loop. Every event passes here, so its work is done in this one frame, on
+    local names: a call or an attribute look-up per event would cost the replay a tenth of its time."""
+    segments = _Segments()
+    small_free, large_free, free_addrs = segments.small_free, segments.large_free, segments.free_addrs
+    block_size, block_at_end = segments.block_size, segments.block_at_end
     live: dict[int, tuple[int, int]] = {}  # key -> (addr, requested bytes); addr -1: 0 bytes
-
-    next_addr = 0
-    allocated = reserved = requested = 0
-    peak_allocated = peak_reserved = peak_requested = 0
-    allocated_at_peak_reserved = 0
-    num_allocs = 0
+    allocated = reserved = requested = num_allocs = 0
+    peak_allocated = peak_reserved = peak_requested = allocated_at_peak_reserved = 0
     oom_index: int | None = None
-    reserved_trace: list[int] | None = [] if record_trace else None
-    allocated_trace: list[int] | None = [] if record_trace else None
-
-    def release_cached_segments() -> int:
-        """cudaFree every free block that is a whole segment; bytes released."""
-        released = 0
-        for pool in (large_free, small_free):
-            kept = []
-            for entry in pool:
-                size, addr = entry
-                if segments.get(addr) == size:
-                    del segments[addr]
-                    del block_size[addr]
-                    del block_at_end[addr + size]
-                    free_addrs.remove(addr)
-                    released += size
+    trace: list[tuple[int, int]] | None = [] if record_trace else None  # (reserved, allocated) after each event
+    try:
+        for index, (kind, key, nbytes) in enumerate(events):
+            if kind == ALLOC:
+                if key in live or nbytes < 0:
+                    raise _event_error(index, kind, key, nbytes, key in live)
+                if nbytes == 0:
+                    live[key] = (-1, 0)  # torch hands out a null pointer without touching the allocator
                 else:
-                    kept.append(entry)
-            pool[:] = kept
-        return released
-
-    for index, event in enumerate(events):
-        kind, key, nbytes = event
-        if kind == ALLOC:
-            if key in live:
-                raise ValueError(
-                    f"event {index}: alloc of key {key} which is still live; "
-                    "free it first or use a new key"
-                )
-            if nbytes < 0:
-                raise ValueError(f"event {index}: alloc of key {key} with negative size {nbytes}")
-            if nbytes == 0:
-                # torch hands out a null pointer without touching the allocator
-                live[key] = (-1, 0)
-            else:
-                size = nbytes if nbytes % K_MIN_BLOCK_SIZE == 0 else round_size(nbytes)
-                small = size <= K_SMALL_SIZE
-                pool = small_free if small else large_free
-                i = bisect_left(pool, (size, -1))
-                if i < len(pool):
+                    size = -(-nbytes // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE  # round_size, for nbytes > 0
+                    small = size <= K_SMALL_SIZE
+                    pool = small_free if small else large_free
+                    i = bisect_left(pool, (size, -1))  # best fit: the smallest free block, then the lowest address
+                    if i == len(pool):  # nothing fits: a new segment, the one free block that does
+                        reserved = segments.cuda_malloc(pool, size, reserved, capacity_bytes)
+                        i = bisect_left(pool, (size, -1))
                     bsize, addr = pool.pop(i)
                     free_addrs.remove(addr)
-                else:
-                    seg_size = allocation_size(size)
-                    if capacity_bytes is not None and reserved + seg_size > capacity_bytes:
-                        # cudaMalloc failed: free whole cached segments, retry once
-                        reserved -= release_cached_segments()
-                        if reserved + seg_size > capacity_bytes:
-                            oom_index = index
-                            break
-                    addr = next_addr
-                    next_addr += seg_size + _SEGMENT_GAP
-                    segments[addr] = seg_size
-                    reserved += seg_size
-                    bsize = seg_size
-                    block_size[addr] = bsize
-                    block_at_end[addr + bsize] = addr
-                remaining = bsize - size
-                # CUDA's should_split: a small-pool block is split when at least K_MIN_BLOCK_SIZE is
-                # left over, a large-pool block when more than K_SMALL_SIZE is.
-                if (remaining >= K_MIN_BLOCK_SIZE) if small else (remaining > K_SMALL_SIZE):
-                    rest = addr + size
-                    block_size[addr] = size
-                    del block_at_end[addr + bsize]
-                    block_at_end[rest] = addr
-                    block_size[rest] = remaining
-                    block_at_end[rest + remaining] = rest
-                    insort(pool, (remaining, rest))
-                    free_addrs.add(rest)
-                    bsize = size
-                live[key] = (addr, nbytes)
-                allocated += bsize
-                requested += nbytes
-                num_allocs += 1
-                if allocated > peak_allocated:
-                    peak_allocated = allocated
-                if requested > peak_requested:
-                    peak_requested = requested
-        elif kind == FREE:
-            entry = live.pop(key, None)
-            if entry is None:
-                raise ValueError(
-                    f"event {index}: free of key {key} which is not live "
-                    "(never allocated, or freed already)"
-                )
-            addr, nbytes = entry
-            if addr >= 0:
-                size = block_size[addr]
-                allocated -= size
-                requested -= nbytes
-                # An in-use block's pool follows from its size alone: small-pool
-                # blocks in use are never above 1 MiB (their requests are at
-                # most 1 MiB and a remainder of 512 B or more is split off),
-                # large-pool blocks always are.
-                pool = small_free if size <= K_SMALL_SIZE else large_free
-                # merge with a free left neighbour (same segment: segments
-                # never touch)
-                left = block_at_end.get(addr)
-                if left is not None and left in free_addrs:
-                    lsize = block_size[left]
-                    del pool[bisect_left(pool, (lsize, left))]
-                    free_addrs.remove(left)
-                    del block_size[addr]
-                    del block_at_end[addr]
-                    addr = left
-                    size += lsize
+                    remaining = bsize - size
+                    if (remaining >= K_MIN_BLOCK_SIZE) if small else (remaining > K_SMALL_SIZE):  # should_split
+                        rest = addr + size
+                        block_size[addr], block_size[rest] = size, remaining
+                        block_at_end[rest], block_at_end[rest + remaining] = addr, rest
+                        insort(pool, (remaining, rest))
+                        free_addrs.add(rest)
+                        bsize = size
+                    live[key] = (addr, nbytes)
+                    allocated += bsize
+                    requested += nbytes
+                    num_allocs += 1
+                    if allocated > peak_allocated:
+                        peak_allocated = allocated
+                    if requested > peak_requested:
+                        peak_requested = requested
+            elif kind == FREE:
+                entry = live.pop(key, None)
+                if entry is None:
+                    raise _event_error(index, kind, key, nbytes, False)
+                addr, nbytes = entry
+                if addr >= 0:
+                    size = block_size[addr]
+                    allocated -= size
+                    requested -= nbytes
+                    # an in-use block's size tells its pool: small-pool blocks in use are at most 1 MiB
+                    pool = small_free if size <= K_SMALL_SIZE else large_free
+                    left = block_at_end.get(addr)
+                    if left in free_addrs:  # merge with the free block before it (segments never touch)
+                        free_addrs.remove(left)
+                        del pool[bisect_left(pool, (addr - left, left))], block_size[addr], block_at_end[addr]
+                        size += addr - left
+                        addr = left
+                    right = addr + size
+                    if right in free_addrs:  # and with the free block after it
+                        free_addrs.remove(right)
+                        rsize = block_size.pop(right)
+                        del pool[bisect_left(pool, (rsize, right))], block_at_end[right]
+                        size += rsize
                     block_size[addr] = size
                     block_at_end[addr + size] = addr
-                # merge with a free right neighbour
-                right = addr + size
-                if right in free_addrs:
-                    rsize = block_size.pop(right)
-                    del pool[bisect_left(pool, (rsize, right))]
-                    free_addrs.remove(right)
-                    del block_at_end[right]
-                    del block_at_end[right + rsize]
-                    size += rsize
-                    block_size[addr] = size
-                    block_at_end[addr + size] = addr
-                insort(pool, (size, addr))
-                free_addrs.add(addr)
-        elif kind == EMPTY_CACHE:
-            reserved -= release_cached_segments()
-        else:
-            raise ValueError(
-                f"event {index}: unknown event kind {kind!r}; "
-                f"expected {ALLOC!r}, {FREE!r} or {EMPTY_CACHE!r}"
-            )
-        if reserved > peak_reserved:
-            peak_reserved = reserved
-            allocated_at_peak_reserved = allocated
-        if reserved_trace is not None:
-            reserved_trace.append(reserved)
-            allocated_trace.append(allocated)  # type: ignore[union-attr]
-
+                    insort(pool, (size, addr))
+                    free_addrs.add(addr)
+            elif kind == EMPTY_CACHE:
+                reserved -= segments.release_cached()
+            else:
+                raise _event_error(index, kind, key, nbytes, False)
+            if reserved > peak_reserved:
+                peak_reserved, allocated_at_peak_reserved = reserved, allocated
+            if trace is not None:
+                trace.append((reserved, allocated))
+    except _OutOfMemory as oom:  # the alloc at ``index`` could not be served: figures as just before it
+        oom_index, reserved = index, oom.reserved_bytes
     return AllocatorResult(
         peak_allocated_bytes=peak_allocated,
         peak_reserved_bytes=peak_reserved,
         allocated_at_peak_reserved_bytes=allocated_at_peak_reserved,
         final_allocated_bytes=allocated,
         final_reserved_bytes=reserved,
-        num_segments=len(segments),
+        num_segments=len(segments.segments),
         num_allocs=num_allocs,
         oom=oom_index is not None,
-        reserved_trace=tuple(reserved_trace) if reserved_trace is not None else None,
-        allocated_trace=tuple(allocated_trace) if allocated_trace is not None else None,
+        reserved_trace=tuple(r for r, _ in trace) if trace is not None else None,
+        allocated_trace=tuple(a for _, a in trace) if trace is not None else None,
         peak_requested_bytes=peak_requested,
         final_requested_bytes=requested,
         oom_event_index=oom_index,
