@@ -1,7 +1,8 @@
 """No function in src/ is longer than a screenful and a half: a longer one does more than one job.
 
 Read with ast (decorators and docstrings count, nested functions count within their parent and
-again on their own). The exceptions are named with why they stay long.
+again on their own). There are no exceptions: a hot loop keeps its work in one frame by moving
+what is rare out of it (see planner/exact/allocator.py's _replay), not by growing past the limit.
 """
 
 from __future__ import annotations
@@ -11,17 +12,6 @@ from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "memfit"
 MOST_LINES = 100
-
-#: Functions allowed past the limit, each with its reason.
-LONG_ON_PURPOSE = {
-    # The caching allocator's replay: one loop over every allocation and free of a step, kept
-    # in one frame so that its state lives in local variables rather than paying a call and
-    # attribute look-ups per event.
-    "planner/exact/allocator.py:simulate",
-    # A merge's plan, tensor by tensor: to be split when the adapter options that change it
-    # (DoRA, modules_to_save) are in.
-    "merge/plan.py:build_plan",
-}
 
 
 def function_lengths(root: Path) -> dict[str, int]:
@@ -38,15 +28,8 @@ def function_lengths(root: Path) -> dict[str, int]:
 
 
 def test_no_function_is_over_the_limit():
-    too_long = {name: lines for name, lines in function_lengths(SRC).items()
-                if lines > MOST_LINES and name not in LONG_ON_PURPOSE}
+    too_long = {name: lines for name, lines in function_lengths(SRC).items() if lines > MOST_LINES}
     assert too_long == {}, f"split these by job (at most {MOST_LINES} lines each): {too_long}"
-
-
-def test_every_exception_is_still_long():
-    # An exception that was split since is taken off the list, so that it cannot grow back unseen.
-    lengths = function_lengths(SRC)
-    assert {name for name in LONG_ON_PURPOSE if lengths.get(name, 0) <= MOST_LINES} == set()
 
 
 def test_the_count_sees_decorators_methods_and_nested_functions(tmp_path):

@@ -107,10 +107,24 @@ def build_plan(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure
     problems: list[str] = []
     modules = {key.rpartition(".")[0] for key in base.specs} | set(structure.kinds)
     problems.extend(target_module_problems(adapter, modules))
-    # Each checkpoint tensor is its own storage; a tied name missing from the checkpoint (lm_head
-    # when tie_word_embeddings is true) points to the storage of the name that is present.
+    binding, tied_alias = _checkpoint_storages(base, structure)
+    problems += _replace_modules_to_save(base, adapter, structure, binding, tied_alias)
+    problems += _copy_base_layers(base, adapter, binding)
+    problems += _add_deltas(base, adapter, structure, binding, tied_alias)
+    if problems:
+        raise MergeError("adapter does not match the base model:\n  " + "\n  ".join(problems))
+    for storage in {id(s): s for s in binding.values()}.values():
+        storage.deltas.sort(key=lambda d: d.order)
+    shards, untied = _output_shards(base, binding, tied_alias, out_dtype)
+    return MergePlan(shards, untied, out_dtype)
+
+
+def _checkpoint_storages(base: BaseCheckpoint, structure: ModelStructure) -> tuple[dict[str, Storage], dict[str, str]]:
+    """Each checkpoint tensor as its own storage, by name; a tied name missing from the checkpoint
+    (lm_head when tie_word_embeddings is true) points to the storage of the name that is present.
+    Also returns those aliases: alias weight name -> checkpoint weight name."""
     binding: dict[str, Storage] = {key: Storage(key) for key in base.specs}
-    tied_alias: dict[str, str] = {}  # alias weight name -> checkpoint weight name
+    tied_alias: dict[str, str] = {}
     for group in structure.tied_groups:
         present = [name for name in group if name in base.specs]
         if len(present) == 1:
@@ -118,9 +132,14 @@ def build_plan(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure
                 if name != present[0]:
                     binding[name] = binding[present[0]]
                     tied_alias[name] = present[0]
+    return binding, tied_alias
 
-    # modules_to_save: a fresh tensor per module, shared by the whole tied group under
-    # ensure_weight_tying (PEFT then ties the two saved copies back together).
+
+def _replace_modules_to_save(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure,
+                             binding: dict[str, Storage], tied_alias: dict[str, str]) -> list[str]:
+    """modules_to_save: a fresh tensor per module, shared by the whole tied group under
+    ensure_weight_tying (PEFT then ties the two saved copies back together); the problems found."""
+    problems: list[str] = []
     tied_by_replacement: set[int] = set()
     for key, adapter_key in sorted(adapter.replacements.items()):
         if key not in binding:
@@ -144,7 +163,13 @@ def build_plan(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure
             tied_by_replacement.add(id(fresh))
         else:
             binding[key] = Storage(tied_alias.get(key, key), adapter_key)
+    return problems
 
+
+def _copy_base_layers(base: BaseCheckpoint, adapter: Adapter, binding: dict[str, Storage]) -> list[str]:
+    """``<module>.base_layer.weight`` tensors of the adapter as the start values of their storages
+    (PEFT's loader overwrites the base weight with them); the problems found."""
+    problems: list[str] = []
     for key, adapter_key in adapter.base_copies.items():
         if key not in binding:
             problems.append(f"adapter tensor {adapter_key!r} matches no base tensor {key!r}.")
@@ -159,26 +184,37 @@ def build_plan(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure
             storage.adapter_key = adapter_key
         elif not adapter.tensors[storage.adapter_key].equal(adapter.tensors[adapter_key]):
             problems.append(f"adapter tensors {storage.adapter_key!r} and {adapter_key!r} are different copies of one tied base weight.")
+    return problems
 
+
+def _transpose(module: str, pair: LoraPair, adapter: Adapter, structure: ModelStructure) -> bool | str:
+    """Whether ``module``'s delta is transposed (Conv1D and embeddings), or the problem when its
+    LoRA pair cannot be merged into that kind of layer."""
+    kind = structure.kinds.get(module)
+    if pair.kind == "embedding":
+        if structure.known and kind != "embedding":
+            return f"adapter module {module!r} has embedding LoRA weights but the base module is {kind}."
+        return True
+    if structure.known:
+        if kind not in ("linear", "conv1d"):
+            return f"adapter module {module!r} targets a {kind} layer: only Linear, Conv1D and Embedding LoRA can be merged."
+        return kind == "conv1d"  # PEFT decides fan_in_fan_out from the layer type and overrides the config
+    return adapter.fan_in_fan_out
+
+
+def _add_deltas(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure,
+                binding: dict[str, Storage], tied_alias: dict[str, str]) -> list[str]:
+    """Every LoRA pair as a delta on the storage of its module's weight; the problems found."""
+    problems: list[str] = []
     for module, pair in sorted(adapter.pairs.items()):
         key = f"{module}.weight"
         if key not in binding:
             problems.append(f"adapter LoRA module {module!r} matches no base tensor (looked for {key!r}).")
             continue
-        kind = structure.kinds.get(module)
-        if pair.kind == "embedding":
-            if structure.known and kind != "embedding":
-                problems.append(f"adapter module {module!r} has embedding LoRA weights but the base module is {kind}.")
-                continue
-            transpose = True
-        elif structure.known:
-            if kind not in ("linear", "conv1d"):
-                problems.append(f"adapter module {module!r} targets a {kind} layer: only Linear, Conv1D and Embedding LoRA can be merged.")
-                continue
-            # PEFT decides fan_in_fan_out from the layer type and overrides the config
-            transpose = kind == "conv1d"
-        else:
-            transpose = adapter.fan_in_fan_out
+        transpose = _transpose(module, pair, adapter, structure)
+        if isinstance(transpose, str):
+            problems.append(transpose)
+            continue
         a_shape = adapter.shape(pair.a_key)
         b_shape = adapter.shape(pair.b_key)
         storage = binding[key]
@@ -206,13 +242,13 @@ def build_plan(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure
             continue
         order = structure.order.get(module, 1 if key in tied_alias else 0)
         storage.deltas.append(Delta(pair, transpose, order))
+    return problems
 
-    if problems:
-        raise MergeError("adapter does not match the base model:\n  " + "\n  ".join(problems))
 
-    for storage in {id(s): s for s in binding.values()}.values():
-        storage.deltas.sort(key=lambda d: d.order)
-
+def _output_shards(base: BaseCheckpoint, binding: dict[str, Storage], tied_alias: dict[str, str],
+                   out_dtype: str | None) -> tuple[dict[str, list[OutputTensor]], bool]:
+    """The output tensors of each shard, in input shard order, and whether a tied pair came apart
+    (then the alias is written next to the tensor it used to share)."""
     shards: dict[str, list[OutputTensor]] = {shard: [] for shard in base.shards}
     for key in base.specs:
         storage = binding[key]
@@ -220,11 +256,10 @@ def build_plan(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure
     untied = False
     for alias, source in tied_alias.items():
         if binding[alias] is not binding[source]:
-            # the pair came apart: write the alias next to the tensor it used to share
             untied = True
             storage = binding[alias]
             shards[base.shard_of[source]].append(OutputTensor(alias, storage, _out_spec(alias, base.specs[storage.base_key], out_dtype)))
-    return MergePlan(shards, untied, out_dtype)
+    return shards, untied
 
 
 def _group_of(key: str, structure: ModelStructure) -> list[str]:
