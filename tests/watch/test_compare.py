@@ -43,8 +43,10 @@ def test_rows_pair_plan_and_measured_categories():
 
 
 def test_cuda_readings_give_allocator_reserve_and_context():
-    devices = lambda s: {"cuda:0": {"allocated_bytes": GiB, "reserved_bytes": 3 * GiB, "peak_allocated_bytes": 2 * GiB,  # noqa: E731
-                                    "peak_reserved_bytes": 3 * GiB, "process_bytes": 3 * GiB + 500 * MiB}}
+    def devices(s):
+        return {"cuda:0": {"allocated_bytes": GiB, "reserved_bytes": 3 * GiB, "peak_allocated_bytes": 2 * GiB,
+                           "peak_reserved_bytes": 3 * GiB, "process_bytes": 3 * GiB + 500 * MiB}}
+
     measured = measured_categories(attributed({"weights": GiB}, expected=("cuda:0",), devices=devices))
     assert measured["allocator"] == GiB and measured["runtime"] == 500 * MiB
 

@@ -71,8 +71,10 @@ def test_no_leak_with_too_few_steps():
 
 
 def test_device_leak_uses_allocated_bytes_and_device_capacity():
-    devices = lambda s: {"cuda:0": {"allocated_bytes": 10 * GiB + 512 * 1024 * s, "reserved_bytes": 12 * GiB,  # noqa: E731
-                                    "nvml_used_bytes": 13 * GiB}}
+    def devices(s):
+        return {"cuda:0": {"allocated_bytes": 10 * GiB + 512 * 1024 * s, "reserved_bytes": 12 * GiB,
+                           "nvml_used_bytes": 13 * GiB}}
+
     tl = timeline(200, expected=("cuda:0",), devices=devices, capacity={"cuda:0": 80 * GiB})
     [finding] = detect_leak(tl)
     assert finding.data["device"] == "cuda:0"
@@ -87,16 +89,20 @@ def test_device_leak_uses_allocated_bytes_and_device_capacity():
 
 
 def test_stray_tensors_on_another_device_are_an_error():
-    devices = lambda s: {"cuda:0": {"allocated_bytes": 300 * MiB if s >= 5 else 0, "process_bytes": 800 * MiB},  # noqa: E731
-                         "cuda:1": {"allocated_bytes": 20 * GiB, "process_bytes": 21 * GiB}}
+    def devices(s):
+        return {"cuda:0": {"allocated_bytes": 300 * MiB if s >= 5 else 0, "process_bytes": 800 * MiB},
+                "cuda:1": {"allocated_bytes": 20 * GiB, "process_bytes": 21 * GiB}}
+
     [finding] = detect_stray_device(timeline(20, expected=("cuda:1",), devices=devices))
     assert finding.severity == "error" and finding.data["device"] == "cuda:0" and finding.step == 5
     assert "run is on cuda:1" in finding.message and "set_device('cuda:1')" in finding.fix
 
 
 def test_a_stray_context_alone_is_a_warning_and_nothing_is_judged_without_expected_devices():
-    devices = lambda s: {"cuda:0": {"allocated_bytes": 0, "process_bytes": 500 * MiB},  # noqa: E731
-                         "cuda:1": {"allocated_bytes": 20 * GiB, "process_bytes": 21 * GiB}}
+    def devices(s):
+        return {"cuda:0": {"allocated_bytes": 0, "process_bytes": 500 * MiB},
+                "cuda:1": {"allocated_bytes": 20 * GiB, "process_bytes": 21 * GiB}}
+
     [finding] = detect_stray_device(timeline(5, expected=("cuda:1",), devices=devices))
     assert finding.severity == "warning" and "CUDA context" in finding.message
     assert detect_stray_device(timeline(5, expected=(), devices=devices)) == []
@@ -110,7 +116,9 @@ def test_cpu_run_with_tensors_on_a_gpu():
 
 
 def test_other_processes_on_the_run_device():
-    devices = lambda s: {"cuda:0": {"allocated_bytes": GiB, "other_processes_bytes": 3 * GiB if s == 4 else 0}}  # noqa: E731
+    def devices(s):
+        return {"cuda:0": {"allocated_bytes": GiB, "other_processes_bytes": 3 * GiB if s == 4 else 0}}
+
     [finding] = detect_other_processes(timeline(6, expected=("cuda:0",), devices=devices))
     assert finding.step == 4 and finding.data["other_processes_bytes"] == 3 * GiB
     quiet = lambda s: {"cuda:0": {"allocated_bytes": GiB, "other_processes_bytes": 100 * MiB}}  # noqa: E731

@@ -12,10 +12,12 @@ from memfit.watch.timeline import Finding
 
 
 def leaky_run(tmp_path, total_steps=50_000):  # 57 GiB free at 2 MiB per step: full near step 29,000
-    devices = lambda s: {"cuda:0": {"allocated_bytes": 200 * MiB, "process_bytes": 700 * MiB},  # noqa: E731
-                         "cuda:1": {"allocated_bytes": 20 * GiB + 2 * MiB * s, "reserved_bytes": 22 * GiB + 2 * MiB * s,
-                                    "peak_allocated_bytes": 24 * GiB + 2 * MiB * s, "peak_reserved_bytes": 24 * GiB,
-                                    "nvml_used_bytes": 23 * GiB + 2 * MiB * s}}
+    def devices(s):
+        return {"cuda:0": {"allocated_bytes": 200 * MiB, "process_bytes": 700 * MiB},
+                "cuda:1": {"allocated_bytes": 20 * GiB + 2 * MiB * s, "reserved_bytes": 22 * GiB + 2 * MiB * s,
+                           "peak_allocated_bytes": 24 * GiB + 2 * MiB * s, "peak_reserved_bytes": 24 * GiB,
+                           "nvml_used_bytes": 23 * GiB + 2 * MiB * s}}
+
     live = Finding("error", "checkpointing_inactive", "activation checkpointing was asked for but is off", "enable it")
     records = [start_record(("cuda:1",), total_steps, plan=tiny_plan(allocated=20 * GiB), capacity={"cuda:0": 80 * GiB, "cuda:1": 80 * GiB}),
                *step_records(120, devices=devices), {"kind": "finding", "finding": live.to_dict()}]

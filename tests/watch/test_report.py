@@ -18,9 +18,11 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def cuda_run(tmp_path):
-    devices = lambda s: {"cuda:0": {"allocated_bytes": 10 * GiB + 3 * MiB * s, "reserved_bytes": 14 * GiB,  # noqa: E731
-                                    "peak_allocated_bytes": 13 * GiB, "peak_reserved_bytes": 14 * GiB,
-                                    "process_bytes": 14 * GiB + 500 * MiB, "nvml_used_bytes": 15 * GiB}}
+    def devices(s):
+        return {"cuda:0": {"allocated_bytes": 10 * GiB + 3 * MiB * s, "reserved_bytes": 14 * GiB,
+                           "peak_allocated_bytes": 13 * GiB, "peak_reserved_bytes": 14 * GiB,
+                           "process_bytes": 14 * GiB + 500 * MiB, "nvml_used_bytes": 15 * GiB}}
+
     attribution = {"kind": "attribution", "first_step": 1, "steps": 2, "peak_allocated_bytes": 3 * GiB,
                    "categories": {"weights": GiB, "trainable": 64 * MiB, "gradients": 64 * MiB, "optimizer": 128 * MiB,
                                   "activations": 900 * MiB, "temporaries": 40 * MiB, "runtime": 0}}

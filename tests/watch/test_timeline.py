@@ -93,7 +93,9 @@ def test_every_rank_of_a_multi_process_run_is_read_and_diagnosed(tmp_path):
     from memfit.watch.doctor import diagnose, run_facts
 
     steady = lambda s: {"cuda:0": {"allocated_bytes": 10 * GiB, "peak_allocated_bytes": 12 * GiB}}  # noqa: E731
-    leaking = lambda s: {"cuda:1": {"allocated_bytes": 10 * GiB + 2 * MiB * s, "peak_allocated_bytes": 12 * GiB + 2 * MiB * s}}  # noqa: E731
+    def leaking(s):
+        return {"cuda:1": {"allocated_bytes": 10 * GiB + 2 * MiB * s, "peak_allocated_bytes": 12 * GiB + 2 * MiB * s}}
+
     capacity = {"cuda:0": 80 * GiB, "cuda:1": 80 * GiB}
     run = write_run(tmp_path / "run", [start_record(("cuda:0",), 50_000, capacity=capacity), *step_records(120, devices=steady)])
     rank1 = [start_record(("cuda:1",), 50_000, capacity=capacity), *step_records(120, devices=leaking)]
