@@ -19,6 +19,7 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -147,56 +148,99 @@ def train_command(
     Every option overrides the YAML field of the same name. Exit code 0: trained (or, with --resume,
     already finished); 2: bad config or input; 3: does not fit (preflight) or ran out of memory;
     130 / 143: stopped by SIGINT / SIGTERM after saving a checkpoint."""
-    from rich.markup import escape
-
     from memfit.console import make_console
 
     console = make_console(stderr=True)
-    # Under torchrun every rank runs this command: rank 0 reports how the run ended (errors come from every rank).
-    say = console.print if os.environ.get("RANK", "0") in ("", "0") else (lambda *args, **kwargs: None)
-
-    from memfit.train.config import load_config
-
-    overrides = parse_set_options(set_ or [])
-    # A flag left off is None: it must not undo a --set of the same field (--set gpus=2).
-    overrides.update({name: value for name, value in options.items() if value is not None})
-    if fit:
-        overrides["fit"] = "auto"
-    cfg = load_config(config, overrides)
-
+    cfg = _train_config(config, set_ or [], options, fit=fit)
     if nproc is not None:
-        problem = nproc_problem(nproc, cfg.gpus)
-        if problem:
-            raise ConfigError([problem])
-        if nproc > 1:
-            command = torchrun_command(nproc, relaunch_args([(p, ctx.params.get(p.name)) for p in ctx.command.params]))
-            console.print(f"starting {nproc} processes: {' '.join(command[1:])}", highlight=False)
-            raise typer.Exit(code=run_forwarding_signals(command))
+        _start_on_processes(ctx, nproc, cfg.gpus, console)
 
     _quiet_library_notices()
     from memfit.train.recipe import train
 
     result = train(cfg, resume=resume, console=console, progress=not no_progress)
+    _report_result(result, cfg, ctx, _rank_zero_print(console))
 
+
+def _train_config(config: Path, set_: list[str], options: dict[str, Any], fit: bool) -> TrainConfig:
+    """The YAML config at ``config`` with the command line's settings over it: ``--set`` items, then
+    the options given, then ``--fit``."""
+    from memfit.train.config import load_config
+
+    overrides = parse_set_options(set_)
+    # A flag left off is None: it must not undo a --set of the same field (--set gpus=2).
+    overrides.update({name: value for name, value in options.items() if value is not None})
+    if fit:
+        overrides["fit"] = "auto"
+    return load_config(config, overrides)
+
+
+def _start_on_processes(ctx: typer.Context, nproc: int, gpus: int, console: Any) -> None:
+    """Refuse an ``--nproc`` the config cannot run; for more than one process, run this same command
+    under torchrun and exit with its exit code (one process goes on in this one)."""
+    problem = nproc_problem(nproc, gpus)
+    if problem:
+        raise ConfigError([problem])
+    if nproc > 1:
+        command = torchrun_command(nproc, _given_args(ctx))
+        console.print(f"starting {nproc} processes: {' '.join(command[1:])}", highlight=False)
+        raise typer.Exit(code=run_forwarding_signals(command))
+
+
+def _given_args(ctx: typer.Context, skip: tuple[str, ...] = ("nproc",)) -> list[str]:
+    """The arguments of this invocation, every option given (-o, --set...), less the ``skip`` ones."""
+    return relaunch_args([(p, ctx.params.get(p.name)) for p in ctx.command.params], skip=skip)
+
+
+def _rank_zero_print(console: Any) -> Callable[..., None]:
+    """``console.print`` on rank 0 and a no-op on the others: under torchrun every rank runs this
+    command, and one of them reports how the run ended (errors come from every rank)."""
+    if os.environ.get("RANK", "0") in ("", "0"):
+        return console.print
+    return lambda *args, **kwargs: None
+
+
+def _report_result(result: Any, cfg: TrainConfig, ctx: typer.Context, say: Callable[..., None]) -> None:
+    """Say how the run ended; a run stopped by a signal exits with 128 + the signal's number."""
     if result.status == "finished":
-        say(
-            f"[green]already finished[/]: {escape(str(result.run_dir))} completed its {result.step} steps; nothing was "
-            f"changed. Its output is {escape(str(result.output_dir))}. To train longer, raise max_steps or epochs "
-            "and resume; to start over, choose another output_dir.",
-            highlight=False,
-        )
-        return
-    if result.status == "interrupted":
-        # The exact command, with every option given (-o, --set...), so that the resume continues this run.
-        again = ["memfit", "train"] + relaunch_args([(p, ctx.params.get(p.name)) for p in ctx.command.params],
-                                                    skip=("nproc", "resume")) + ["--resume"]
-        output = "adapter" if cfg.spec.uses_adapters else "model"
-        say(
-            f"[yellow]stopped[/] by {result.signal_name} at step {result.step} of {result.total_steps}; checkpoint at "
-            f"{escape(str(result.checkpoint))}; run `{escape(shlex.join(again))}` to finish and write the {output}",
-            highlight=False, soft_wrap=True,
-        )
+        _say_already_finished(result, say)
+    elif result.status == "interrupted":
+        _say_stopped(result, cfg, ctx, say)
         raise typer.Exit(code=128 + int(getattr(signal, result.signal_name or "SIGINT")))
+    else:
+        _say_done(result, say)
+
+
+def _say_already_finished(result: Any, say: Callable[..., None]) -> None:
+    """A --resume of a run that had completed: nothing changed, and how to train longer instead."""
+    from rich.markup import escape
+
+    say(
+        f"[green]already finished[/]: {escape(str(result.run_dir))} completed its {result.step} steps; nothing was "
+        f"changed. Its output is {escape(str(result.output_dir))}. To train longer, raise max_steps or epochs "
+        "and resume; to start over, choose another output_dir.",
+        highlight=False,
+    )
+
+
+def _say_stopped(result: Any, cfg: TrainConfig, ctx: typer.Context, say: Callable[..., None]) -> None:
+    """Where a run stopped by a signal saved its checkpoint, and the command that finishes it."""
+    from rich.markup import escape
+
+    # The exact command, with every option given (-o, --set...), so that the resume continues this run.
+    again = ["memfit", "train", *_given_args(ctx, skip=("nproc", "resume")), "--resume"]
+    output = "adapter" if cfg.spec.uses_adapters else "model"
+    say(
+        f"[yellow]stopped[/] by {result.signal_name} at step {result.step} of {result.total_steps}; checkpoint at "
+        f"{escape(str(result.checkpoint))}; run `{escape(shlex.join(again))}` to finish and write the {output}",
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+def _say_done(result: Any, say: Callable[..., None]) -> None:
+    """A finished run's summary: steps, loss from where it began to its end, eval loss, throughput, and
+    where its output, metrics and run record are."""
     if result.signal_name:
         say(f"{result.signal_name} arrived during the last step: the run finished it and wrote its output", highlight=False)
     evals = f", eval loss {result.eval_losses[-1][1]:.4f}" if result.eval_losses else ""
