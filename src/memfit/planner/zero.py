@@ -65,51 +65,79 @@ def zero_terms(zero: Any, *, gpus: int, layout: Any, num_layers: int, itemsize: 
     ``trainable_itemsize``: bytes of an element of the trained parameters as planned.
     ``reference_pass``: the step has DPO's reference pass (the model with its adapters disabled, or
     TRL's reference model, which ZeRO-3 shards like the model): under ZeRO-3 it gathers as forward does."""
-    terms: list[Term] = []
-    gathering = (("reference",) if reference_pass else ()) + _STEP_PHASES
     if zero.stage in (1, 2):
-        count = 2 if zero.overlaps_comm else 1
-        terms.append(Term(
-            "reduce_bucket_size", count * zero.reduce_bucket_elements * itemsize if zero.contiguous_gradients else 0, ("backward",),
-            "temporaries",
-            f"{count} reduce bucket{'s' if count > 1 else ''} of {zero.reduce_bucket_elements:,} elements"
-            + (" (overlap_comm)" if count > 1 else "") + ", the gradients copied in as backward makes them"
-            if zero.contiguous_gradients else "contiguous_gradients: false: gradients reduced where they are, no bucket"))
-        terms.append(Term("allgather_bucket_size", 0, (), "temporaries",
-                          "the updated weights are all-gathered in place (all_gather_into_tensor): no bucket is allocated"))
-        if zero.offload_optimizer:
-            largest = max((g.dim0 * g.row_bytes for g in layout.groups if g.trainable), default=0)
-            terms.append(Term("offload_optimizer", largest * itemsize // max(trainable_itemsize, 1), (), "gradients",
-                              "a device buffer as large as the largest trained parameter stages gradients for the host"))
-        return terms
+        return _stage_1_2_terms(zero, layout=layout, itemsize=itemsize, trainable_itemsize=trainable_itemsize)
     if zero.stage != 3:
-        return terms
-    terms.append(Term("reduce_bucket_size", zero.reduce_bucket_elements * itemsize if zero.contiguous_gradients else 0, (),
-                      "gradients", f"one reduce bucket of {zero.reduce_bucket_elements:,} elements, kept from the optimizer's "
-                                   "creation on"))
-    layer = layout.layer_param_bytes
-    live_cap = zero.max_live_parameters * itemsize
-    current = min(layer, live_cap)
-    terms.append(Term("gathered layer", current, gathering, "temporaries",
-                      "the weights of the layer computing, all-gathered (planned a decoder layer at a time)"))
-    prefetch = min(zero.prefetch_bucket_elements * itemsize, max(live_cap - current, 0))
-    terms.append(Term("stage3_prefetch_bucket_size", prefetch, gathering, "temporaries",
-                      f"up to {zero.prefetch_bucket_elements:,} elements of the next modules' weights fetched ahead"))
-    layer_elements = max(layer // max(itemsize, 1), 1)
-    head_elements = layout.root_param_bytes // max(itemsize, 1)
-    kept_layers = sum(1 for i in range(num_layers) if 2 * i * layer_elements + head_elements < zero.max_reuse_distance)
-    kept = min(kept_layers * layer, max(live_cap - current - prefetch, 0))
-    terms.append(Term("stage3_max_reuse_distance", kept, ("backward",), "temporaries",
-                      f"{kept_layers} last layer{'s' if kept_layers != 1 else ''} kept gathered from forward into backward: "
-                      f"used again within {zero.max_reuse_distance:,} elements"))
+        return []
+    gathering = (("reference",) if reference_pass else ()) + _STEP_PHASES
+    return _stage_3_terms(zero, gpus=gpus, layout=layout, num_layers=num_layers, itemsize=itemsize, gathering=gathering)
+
+
+def _stage_1_2_terms(zero: Any, *, layout: Any, itemsize: int, trainable_itemsize: int) -> list[Term]:
+    """Stages 1 and 2: the reduce bucket(s) backward copies gradients into, the all-gather bucket
+    (nothing: the gather is in place), and with ``offload_optimizer`` the gradients' staging buffer."""
+    count = 2 if zero.overlaps_comm else 1
+    if zero.contiguous_gradients:
+        bucket_bytes = count * zero.reduce_bucket_elements * itemsize
+        bucket_why = (f"{count} reduce bucket{'s' if count > 1 else ''} of {zero.reduce_bucket_elements:,} elements"
+                      + (" (overlap_comm)" if count > 1 else "") + ", the gradients copied in as backward makes them")
+    else:
+        bucket_bytes = 0
+        bucket_why = "contiguous_gradients: false: gradients reduced where they are, no bucket"
+    terms = [
+        Term("reduce_bucket_size", bucket_bytes, ("backward",), "temporaries", bucket_why),
+        Term("allgather_bucket_size", 0, (), "temporaries",
+             "the updated weights are all-gathered in place (all_gather_into_tensor): no bucket is allocated"),
+    ]
+    if zero.offload_optimizer:
+        # The buffer holds DeepSpeed's elements, as many as the largest trained parameter has.
+        largest = max((g.dim0 * g.row_bytes for g in layout.groups if g.trainable), default=0)
+        terms.append(Term("offload_optimizer", largest * itemsize // max(trainable_itemsize, 1), (), "gradients",
+                          "a device buffer as large as the largest trained parameter stages gradients for the host"))
+    return terms
+
+
+def _stage_3_terms(zero: Any, *, gpus: int, layout: Any, num_layers: int, itemsize: int,
+                   gathering: tuple[str, ...]) -> list[Term]:
+    """Stage 3: the kept reduce bucket, the gathered weights (:func:`_stage_3_live_parameter_terms`),
+    the root group, a layer's fresh gradients, and with ``offload_param`` the shard copied in."""
+    terms = [Term("reduce_bucket_size", zero.reduce_bucket_elements * itemsize if zero.contiguous_gradients else 0, (),
+                  "gradients", f"one reduce bucket of {zero.reduce_bucket_elements:,} elements, kept from the optimizer's "
+                               "creation on")]
+    terms += _stage_3_live_parameter_terms(zero, layout=layout, num_layers=num_layers, itemsize=itemsize, gathering=gathering)
     terms.append(Term("root group", layout.root_param_bytes, gathering, "temporaries",
                       "the embeddings and the output head, gathered (planned through forward and backward)"))
     terms.append(Term("fresh gradients", layout.layer_grad_bytes + layout.root_grad_bytes, ("backward",), "temporaries",
                       "a layer's gradients (and the root group's) before they are copied into the bucket"))
     if zero.offload_param:
-        terms.append(Term("offload_param", -(-layer // gpus), gathering, "temporaries",
+        terms.append(Term("offload_param", -(-layout.layer_param_bytes // gpus), gathering, "temporaries",
                           "the rank's shard of the layer copied in from the host before it is gathered"))
     return terms
+
+
+def _stage_3_live_parameter_terms(zero: Any, *, layout: Any, num_layers: int, itemsize: int,
+                                  gathering: tuple[str, ...]) -> list[Term]:
+    """The weights stage 3 holds gathered, which share ``stage3_max_live_parameters``, taken in this
+    order: the layer computing, the prefetch, the last layers kept from forward into backward."""
+    layer = layout.layer_param_bytes
+    live_cap = zero.max_live_parameters * itemsize
+    current = min(layer, live_cap)
+    prefetch = min(zero.prefetch_bucket_elements * itemsize, max(live_cap - current, 0))
+    # Between the forward and the backward of the i-th layer from the end run i layers' forward, the
+    # root group and i layers' backward: it stays gathered when that many elements are in the distance.
+    layer_elements = max(layer // max(itemsize, 1), 1)
+    head_elements = layout.root_param_bytes // max(itemsize, 1)
+    kept_layers = sum(1 for i in range(num_layers) if 2 * i * layer_elements + head_elements < zero.max_reuse_distance)
+    kept = min(kept_layers * layer, max(live_cap - current - prefetch, 0))
+    return [
+        Term("gathered layer", current, gathering, "temporaries",
+             "the weights of the layer computing, all-gathered (planned a decoder layer at a time)"),
+        Term("stage3_prefetch_bucket_size", prefetch, gathering, "temporaries",
+             f"up to {zero.prefetch_bucket_elements:,} elements of the next modules' weights fetched ahead"),
+        Term("stage3_max_reuse_distance", kept, ("backward",), "temporaries",
+             f"{kept_layers} last layer{'s' if kept_layers != 1 else ''} kept gathered from forward into backward: "
+             f"used again within {zero.max_reuse_distance:,} elements"),
+    ]
 
 
 def zero_ratios(zero: Any, ratios: dict[str, float]) -> dict[str, float]:
