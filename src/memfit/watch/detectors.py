@@ -342,92 +342,121 @@ def inspect_model(model: Any, spec: Any = None) -> list[Finding]:
     - frozen base weights that train (``frozen_trainable``) or hold gradients (``frozen_gradients``);
     - a trainable parameter count other than the method implies (``trainable_count``).
     """
-    from memfit.models.layers import decoder_layers
-    from memfit.spec import ADAPTER_METHODS
-    from memfit.step.prepare import expected_adapter_parameters
-
     knobs = _spec_dict(spec)
     inner = _inner_model(model)
-    uses_peft = _contains_peft(model)
-    method = knobs.get("method") or ("lora" if uses_peft else None)
-    findings: list[Finding] = []
+    method = knobs.get("method") or ("lora" if _contains_peft(model) else None)
+    params = list(model.named_parameters())
+    found = [
+        _wrapped_model_finding(model, inner),
+        _inactive_checkpointing_finding(model, inner, knobs.get("checkpointing")),
+        _frozen_gradients_finding(params),
+        _trainable_finding(model, params, method),
+    ]
+    return [finding for finding in found if finding is not None]
 
-    if inner is not None and inner is not model and not _is_known_model(model):
-        findings.append(Finding(
-            severity="warning",
-            code="wrapped_model",
-            message=(
-                f"the model is a {type(model).__name__} wrapped around a {type(inner).__name__}: "
-                "gradient_checkpointing_enable, PEFT and Trainer features act on the outer object and can silently miss the inner model."
-            ),
-            fix="Pass the transformers / PEFT model itself to the trainer; put custom logic in a loss function (compute_loss) instead of a wrapper.",
-            data={"outer": type(model).__name__, "inner": type(inner).__name__},
-        ))
+
+def _wrapped_model_finding(model: Any, inner: Any) -> Finding | None:
+    """``wrapped_model``: ``model`` is a custom module around the transformers / PEFT model ``inner``."""
+    if inner is None or inner is model or _is_known_model(model):
+        return None
+    return Finding(
+        severity="warning",
+        code="wrapped_model",
+        message=(
+            f"the model is a {type(model).__name__} wrapped around a {type(inner).__name__}: "
+            "gradient_checkpointing_enable, PEFT and Trainer features act on the outer object and can silently miss the inner model."
+        ),
+        fix="Pass the transformers / PEFT model itself to the trainer; put custom logic in a loss function (compute_loss) instead of a wrapper.",
+        data={"outer": type(model).__name__, "inner": type(inner).__name__},
+    )
+
+
+def _inactive_checkpointing_finding(model: Any, inner: Any, want: Any) -> Finding | None:
+    """``checkpointing_inactive``: checkpointing is wanted (``want``, the spec's ``checkpointing``;
+    None: as the model says) but some decoder layers have it off or are in eval mode."""
+    from memfit.models.layers import decoder_layers
 
     try:
         layers = list(decoder_layers(model))
     except Exception:  # noqa: BLE001 - a model whose layers cannot be found is checked without them
         layers = []
-    want = knobs.get("checkpointing")
     wants_checkpointing = (want not in (None, "off")) if want is not None else _says_checkpointing(inner)
-    if layers and wants_checkpointing:
-        on = [layer for layer in layers if getattr(layer, "gradient_checkpointing", False)]
-        off_count = len(layers) - len(on)
-        not_training = [layer for layer in on if not layer.training]
-        if off_count or not_training:
-            why = (f"off in {off_count} of {len(layers)} decoder layers" if off_count
-                   else f"flagged on, but {len(not_training)} of {len(layers)} decoder layers are in eval mode (checkpointing only runs in training mode)")
-            findings.append(Finding(
-                severity="error",
-                code="checkpointing_inactive",
-                message=f"activation checkpointing was asked for but is {why}: activations will take far more memory than planned.",
-                fix=(
-                    "Enable it on the model that trains (model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})) "
-                    "after any wrapping, do not call gradient_checkpointing_disable() in wrappers, and call model.train() before training."
-                ),
-                data={"layers": len(layers), "layers_off": off_count, "layers_in_eval": len(not_training)},
-            ))
+    if not (layers and wants_checkpointing):
+        return None
+    on = [layer for layer in layers if getattr(layer, "gradient_checkpointing", False)]
+    off_count = len(layers) - len(on)
+    not_training = [layer for layer in on if not layer.training]
+    if not (off_count or not_training):
+        return None
+    why = (f"off in {off_count} of {len(layers)} decoder layers" if off_count
+           else f"flagged on, but {len(not_training)} of {len(layers)} decoder layers are in eval mode (checkpointing only runs in training mode)")
+    return Finding(
+        severity="error",
+        code="checkpointing_inactive",
+        message=f"activation checkpointing was asked for but is {why}: activations will take far more memory than planned.",
+        fix=(
+            "Enable it on the model that trains (model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={'use_reentrant': False})) "
+            "after any wrapping, do not call gradient_checkpointing_disable() in wrappers, and call model.train() before training."
+        ),
+        data={"layers": len(layers), "layers_off": off_count, "layers_in_eval": len(not_training)},
+    )
 
-    params = list(model.named_parameters())
-    frozen_with_grad = [n for n, p in params if not p.requires_grad and p.grad is not None]
-    if frozen_with_grad:
-        nbytes = sum(p.grad.numel() * p.grad.element_size() for n, p in params if not p.requires_grad and p.grad is not None)
-        findings.append(Finding(
-            severity="warning",
-            code="frozen_gradients",
-            message=f"{len(frozen_with_grad)} frozen parameters still hold gradients ({format_bytes(nbytes)}; first: {frozen_with_grad[0]}).",
-            fix="Set their .grad to None (optimizer.zero_grad(set_to_none=True) only clears parameters it optimizes).",
-            data={"count": len(frozen_with_grad), "bytes": nbytes, "first": frozen_with_grad[0]},
-        ))
 
-    total = sum(p.numel() for _, p in params)
+def _frozen_gradients_finding(params: list[tuple[str, Any]]) -> Finding | None:
+    """``frozen_gradients``: parameters that do not train but still hold a gradient."""
+    frozen_with_grad = [(n, p) for n, p in params if not p.requires_grad and p.grad is not None]
+    if not frozen_with_grad:
+        return None
+    first = frozen_with_grad[0][0]
+    nbytes = sum(p.grad.numel() * p.grad.element_size() for _, p in frozen_with_grad)
+    return Finding(
+        severity="warning",
+        code="frozen_gradients",
+        message=f"{len(frozen_with_grad)} frozen parameters still hold gradients ({format_bytes(nbytes)}; first: {first}).",
+        fix="Set their .grad to None (optimizer.zero_grad(set_to_none=True) only clears parameters it optimizes).",
+        data={"count": len(frozen_with_grad), "bytes": nbytes, "first": first},
+    )
+
+
+def _trainable_finding(model: Any, params: list[tuple[str, Any]], method: str | None) -> Finding | None:
+    """What trains against what ``method`` trains: base weights that train under an adapter method
+    (``frozen_trainable``), else a trainable count other than the method implies (``trainable_count``)."""
+    from memfit.spec import ADAPTER_METHODS
+    from memfit.step.prepare import expected_adapter_parameters
+
     trainable = sum(p.numel() for _, p in params if p.requires_grad)
     if method in ADAPTER_METHODS:
         # Copies PEFT trains for modules_to_save are the adapter's own, not base weights.
         base_trainable = [(n, p) for n, p in params if p.requires_grad and "lora_" not in n and ".modules_to_save." not in n]
         if base_trainable:
-            count = sum(p.numel() for _, p in base_trainable)
-            nbytes = sum(p.numel() * p.element_size() for _, p in base_trainable)
-            findings.append(Finding(
-                severity="error",
-                code="frozen_trainable",
-                message=(
-                    f"{len(base_trainable)} base weights that {method} keeps frozen have requires_grad=True "
-                    f"({count:,} parameters, {format_bytes(nbytes)}; first: {base_trainable[0][0]}): each also gets a gradient "
-                    "and optimizer states, several times its own size."
-                ),
-                fix=(
-                    "Freeze them (p.requires_grad_(False)) before creating the optimizer, or list them in LoRA's "
-                    "modules_to_save if they are meant to train (then plan with --method full for those)."
-                ),
-                data={"count": len(base_trainable), "parameters": count, "bytes": nbytes, "first": base_trainable[0][0]},
-            ))
+            return _frozen_trainable_finding(method, base_trainable)
         expected = expected_adapter_parameters(model)
-        if expected and trainable != expected and not base_trainable:
-            findings.append(_trainable_count_finding(method, trainable, expected))
-    elif method == "full" and trainable != total:
-        findings.append(_trainable_count_finding(method, trainable, total))
-    return findings
+        if expected and trainable != expected:
+            return _trainable_count_finding(method, trainable, expected)
+        return None
+    total = sum(p.numel() for _, p in params)
+    if method == "full" and trainable != total:
+        return _trainable_count_finding(method, trainable, total)
+    return None
+
+
+def _frozen_trainable_finding(method: str, base_trainable: list[tuple[str, Any]]) -> Finding:
+    count = sum(p.numel() for _, p in base_trainable)
+    nbytes = sum(p.numel() * p.element_size() for _, p in base_trainable)
+    return Finding(
+        severity="error",
+        code="frozen_trainable",
+        message=(
+            f"{len(base_trainable)} base weights that {method} keeps frozen have requires_grad=True "
+            f"({count:,} parameters, {format_bytes(nbytes)}; first: {base_trainable[0][0]}): each also gets a gradient "
+            "and optimizer states, several times its own size."
+        ),
+        fix=(
+            "Freeze them (p.requires_grad_(False)) before creating the optimizer, or list them in LoRA's "
+            "modules_to_save if they are meant to train (then plan with --method full for those)."
+        ),
+        data={"count": len(base_trainable), "parameters": count, "bytes": nbytes, "first": base_trainable[0][0]},
+    )
 
 
 def _trainable_count_finding(method: str, trainable: int, expected: int) -> Finding:
