@@ -89,39 +89,49 @@ def merge(
     started = time.perf_counter()
     out_code = parse_dtype(dtype)
     device_name = parse_device(device)
-    from .base import model_structure, read_base
-    from .outdir import check_free_space, check_paths
+    base_dir, adapter_dir, out_dir = _input_and_output_folders(
+        base, adapter, Path(out), overwrite=overwrite, revision=revision, adapter_revision=adapter_revision,
+        allow_pickle=allow_pickle_weights, progress=progress)
 
-    base_dir, adapter_dir = _inputs_from_hub(base, adapter, Path(out), revision=revision, adapter_revision=adapter_revision,
-                                             allow_pickle=allow_pickle_weights, overwrite=overwrite, progress=progress)
+    from .adapter import read_adapter
+    from .base import model_structure, read_base
+    from .outdir import check_free_space, remove_stale_builds, tokenizer_source
+
+    checkpoint = read_base(base_dir)
+    lora = read_adapter(adapter_dir)
+    plan = build_plan(checkpoint, lora, model_structure(base_dir), out_code)
+    removed, unsure = remove_stale_builds(out_dir)  # before the space check: they may hold a whole model
+    check_free_space(out_dir, plan.output_bytes + 2**20)
+    _write_checkpoint(plan, checkpoint, lora, out_dir, base=base, adapter=adapter, base_dir=base_dir,
+                      adapter_dir=adapter_dir, out_code=out_code, device=device_name, safe=safe, progress=progress)
+    return _merge_result(plan, out_dir, out_code, tokenizer_source(base_dir, adapter_dir), started, removed, unsure)
+
+
+def _input_and_output_folders(base, adapter, out: Path, *, overwrite: bool, revision: str | None,
+                              adapter_revision: str | None, allow_pickle: bool, progress: bool) -> tuple[Path, Path, Path]:
+    """The base and adapter folders (Hub ids downloaded first) and the output folder, checked:
+    the inputs are folders, and ``out`` is outside the base and free unless ``overwrite``."""
+    from .outdir import check_paths
+
+    base_dir, adapter_dir = _inputs_from_hub(base, adapter, out, revision=revision, adapter_revision=adapter_revision,
+                                             allow_pickle=allow_pickle, overwrite=overwrite, progress=progress)
     if not base_dir.is_dir():
         raise MergeError(f"--base {base} is not a folder: pass a Hugging Face checkpoint folder or a Hub id (org/name).")
     if not adapter_dir.is_dir():
         raise MergeError(f"--adapter {adapter} is not a folder: pass a PEFT adapter folder or a Hub id (org/name).")
-    out_dir = check_paths(base_dir, adapter_dir, Path(out), overwrite)
+    return base_dir, adapter_dir, check_paths(base_dir, adapter_dir, out, overwrite)
 
-    from .adapter import read_adapter
-    from .outdir import remove_stale_builds
 
-    checkpoint = read_base(base_dir)
-    lora = read_adapter(adapter_dir)
-    structure = model_structure(base_dir)
-    plan = build_plan(checkpoint, lora, structure, out_code)
-    removed, unsure = remove_stale_builds(out_dir)  # before the space check: they may hold a whole model
-    check_free_space(out_dir, plan.output_bytes + 2**20)
-
-    from .outdir import (
-        copy_side_files,
-        make_build_folder,
-        publish,
-        tokenizer_source,
-        write_config,
-        write_marker,
-    )
+def _write_checkpoint(plan: MergePlan, checkpoint, lora, out_dir: Path, *, base, adapter, base_dir: Path,
+                      adapter_dir: Path, out_code: str | None, device: str, safe: bool, progress: bool) -> None:
+    """Write the merged checkpoint in a build folder next to ``out_dir`` (shards, index, config,
+    the tokenizer and other side files, the marker naming ``base`` and ``adapter``), then publish
+    it as ``out_dir``."""
+    from .outdir import copy_side_files, make_build_folder, publish, write_config, write_marker
 
     build = make_build_folder(out_dir)
     try:
-        _write_shards(plan, checkpoint, lora, build, device_name, safe, progress)
+        _write_shards(plan, checkpoint, lora, build, device, safe, progress)
         if checkpoint.sharded:
             _write_index(plan, build)
         write_config(checkpoint.config, build, CONFIG_NAMES[out_code] if out_code else None, plan.untied)
@@ -132,6 +142,12 @@ def merge(
         # an interrupted or failed merge leaves nothing that looks like a checkpoint
         shutil.rmtree(build, ignore_errors=True)
         raise
+
+
+def _merge_result(plan: MergePlan, out_dir: Path, out_code: str | None, tokenizer_from: Path, started: float,
+                  removed: list[Path], unsure: list[Path]) -> MergeResult:
+    """What the merge of ``plan`` wrote, and how long since ``started`` (a ``perf_counter`` reading)
+    it took; ``removed`` and ``unsure``: earlier build folders removed, and those that may be leftovers."""
     return MergeResult(
         out_dir=out_dir,
         shard_count=len(plan.shards),
@@ -141,7 +157,7 @@ def merge(
         output_bytes=plan.output_bytes,
         dtype=out_code,
         untied_embeddings=plan.untied,
-        tokenizer_from=tokenizer_source(base_dir, adapter_dir),
+        tokenizer_from=tokenizer_from,
         seconds=time.perf_counter() - started,
         removed_leftovers=tuple(removed),
         notes=tuple(f"{path} may be left by an interrupted merge (it has no process id to check): delete it if no merge "
