@@ -2,7 +2,7 @@
 
 memfit's modules move as the project is reorganised (the training step, loading and optimizers
 are going to their own package); the benchmarks import memfit through this module only, so that a
-move is one edit here. Public entry points (``memfit.plan``, ``memfit.planner.search.core.fit``,
+move is one edit here. Public entry points (``memfit.plan``, ``memfit.fit``,
 ``memfit.train.recipe.train``) are used where they do the job. Every import sits inside the function
 that needs it: importing this module costs nothing, and never imports torch.
 """
@@ -36,7 +36,12 @@ def planner_module(name: str):
 
 
 def fit(model: str | dict, **options: Any):
-    """``memfit fit``'s search (a FitResult); ``max_seq_len`` per method among its fields."""
+    """``memfit fit``'s search (a FitResult); ``max_seq_len`` per method among its fields. ``memfit.fit``,
+    or in a tree from before it, the search module's keyword ``fit``."""
+    import memfit
+
+    if hasattr(memfit, "fit"):
+        return memfit.fit(model, **options)
     return planner_module("search.core").fit(model, **options)
 
 

@@ -1,7 +1,7 @@
 """What `memfit fit` answers for the fit_speed cases, to show that a change to the search leaves
 its answers as they were.
 
-Each case runs :func:`memfit.planner.search.core.fit` in this process (one worker, so that the plans
+Each case runs :func:`memfit.fit` in this process (one worker, so that the plans
 each method's search makes can be counted) and writes down everything it answers: every fit (its
 spec and its whole plan, the time it took left out), the faster settings that do not fit and by
 how much, the longest sequence of each method and its spec. The number of plans each method's

@@ -13,7 +13,7 @@ import pytest
 import memfit
 from memfit.json_form import JsonForm, JsonText
 from memfit.planner.report import MemoryPlan
-from memfit.planner.search.core import Fit, FitResult, Miss
+from memfit.planner.search.results import Fit, FitResult, Miss
 from memfit.planner.search.run import RunFit
 
 SRC = Path(memfit.__file__).resolve().parent

@@ -119,7 +119,8 @@ def fit_command(
     path too); 3: nothing fits."""
     refuse_training_settings(options, "fit")
     from memfit.interop import is_tool_config
-    from memfit.planner.search.core import fit
+    from memfit.planner.search.driver import fit
+    from memfit.planner.search.request import FitEvents, FitRequest
     from memfit.train.config_plan import fit_train_config, is_train_config
 
     train_config = is_train_config(model)  # memfit's own YAML: fitted as train --fit fits it
@@ -138,16 +139,13 @@ def fit_command(
                                                                                      "model_override"))
     # Text that is not a whole number goes on to the search's checks, which list it with every other problem.
     batch_size, seq_len, gpus = (whole_number(options.pop(name)) for name in ("batch_size", "seq_len", "gpus"))
-    fixed = {k: v for k, v in options.items() if v is not None}  # the knobs every plan of the search holds
-    if gpus not in (None, 1):
-        fixed["gpus"] = gpus
+    request = FitRequest(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len,
+                         methods=tuple(method) if method else None, gpus=None if gpus == 1 else gpus,
+                         knobs={k: v for k, v in options.items() if v is not None}, model_override=model_override)
     progress = None if as_json else FitProgress(make_console(stderr=True))
+    events = FitEvents(progress=progress, plans_expected=progress.expect if progress is not None else None)
     try:
-        result = (fit_train_config if train_config else fit)(
-            model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len,
-            methods=tuple(method) if method else None, progress=progress,
-            plans_expected=progress.expect if progress is not None else None, model_override=model_override, **fixed,
-        )
+        result = (fit_train_config if train_config else fit)(request, events)
     finally:
         if progress is not None:
             progress.close()

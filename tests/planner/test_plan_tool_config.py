@@ -8,7 +8,8 @@ import textwrap
 import pytest
 
 from memfit.planner.api import plan
-from memfit.planner.search.core import fit
+from memfit.planner.search.driver import fit
+from memfit.planner.search.request import FitEvents, FitRequest
 
 
 @pytest.fixture
@@ -68,8 +69,8 @@ def test_a_sharded_config_on_one_gpu_is_planned_unsharded_and_says_so(tmp_path, 
 
 def test_fit_keeps_the_config_s_method_batch_and_length(tmp_path, model_folder):
     found, expected = [], []
-    result = fit(_axolotl(tmp_path, model_folder), budget="2GiB", max_seq_len=False, workers=1,
-                 found=lambda method, fits: found.append((method, [f.spec for f in fits])), plans_expected=expected.append)
+    result = fit(FitRequest(_axolotl(tmp_path, model_folder), budget="2GiB", max_seq_len=False, workers=1),
+                 FitEvents(found=lambda method, fits: found.append((method, [f.spec for f in fits])), plans_expected=expected.append))
     assert result.fits and {f.spec["method"] for f in result.fits} == {"lora"}
     # The caller hears of the search as for any model (memfit ui streams it); the callbacks are not knobs.
     assert [m for m, _ in found] == ["lora"] and len(found[0][1]) == len(result.fits) and expected and expected[0] > 0
@@ -155,5 +156,5 @@ def test_plan_and_fit_take_another_model_in_place_of_the_config_s(tmp_path, mode
     config = _axolotl(tmp_path, "org/not-fetched")  # the config's own model is never looked at
     planned = plan(config, model_override=str(model_folder), cache=False)
     assert planned.details["config"]["model"] == str(model_folder) and planned.details["config"]["replaced"] == "org/not-fetched"
-    result = fit(config, model_override=str(model_folder), budget="2GiB", max_seq_len=False, workers=1)
+    result = fit(FitRequest(config, model_override=str(model_folder), budget="2GiB", max_seq_len=False, workers=1))
     assert result.fits and result.config["model"] == str(model_folder) and result.config["given_model"]

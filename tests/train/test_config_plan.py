@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from trainer_helpers import DEMO_DATA, tiny_settings
 
+from memfit.planner.search.request import FitRequest
 from memfit.train.config import ConfigError
 from memfit.train.config_plan import (
     fit_train_config,
@@ -92,7 +93,7 @@ def test_a_bad_config_is_the_trainer_s_error(tmp_path):
 
 def test_fit_keeps_the_run_and_writes_only_the_memory_keys_back(tmp_path):
     path = _yaml(tmp_path, batch_size=8, grad_accum=1, checkpointing="on", fit_optimizer=False)
-    result = fit_train_config(path, budget=BUDGET, max_seq_len=False, workers=1)
+    result = fit_train_config(FitRequest(path, budget=BUDGET, max_seq_len=False, workers=1))
     assert result.fits and {f.spec["method"] for f in result.fits} == {"lora"}
     best = result.fits[0].spec
     assert best["batch_size"] * best["grad_accum"] == 8 and best["rank"] == 4 and best["optimizer"] == "adamw"

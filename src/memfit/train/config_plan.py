@@ -16,10 +16,13 @@ This lives with the trainer, which owns the config and the data (the planner kno
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memfit.planner.search.request import FitEvents, FitRequest
+from memfit.planner.search.results import FitResult
 from memfit.planner.search.run import SEARCHED
 from memfit.train.config import TrainConfig, load_config, tokenizer_path
 
@@ -167,25 +170,28 @@ def plan_train_config(path: str | Path, *, model_override: str | None = None, re
     return result
 
 
-def fit_train_config(path: str | Path, *, model_override: str | None = None, revision: str | None = None,
-                     gpu: str | None = None, budget: str | None = None, batch_size: int | None = None,
-                     seq_len: int | None = None, methods: tuple[str, ...] | None = None, **options: Any):
-    """``memfit fit`` of the training config at ``path``: its method (unless ``methods``), effective
-    batch and other knobs kept; the split of the batch, checkpointing and tiling searched (and the
-    optimizer, with its ``fit_optimizer``) at the data's longest example, as ``fit: auto`` searches."""
-    from memfit.planner.search.core import fit
+def fit_train_config(request: FitRequest, events: FitEvents | None = None) -> FitResult:
+    """``memfit fit`` of the training config ``request.model`` names: its method (unless
+    ``request.methods``), effective batch and other knobs kept (the request's knobs on top); the
+    split of the batch, checkpointing and tiling searched (and the optimizer, with its
+    ``fit_optimizer``) at the data's longest example, as ``fit: auto`` searches."""
+    from memfit.planner.search.driver import fit
 
-    search = {k: options.pop(k) for k in ("max_seq_len", "progress", "workers", "plans_expected", "found") if k in options}
-    planner_only = _planner_only(options)
-    run = read_config_run(path, model_override=model_override, revision=revision, seq_len=seq_len, **options)
+    given = dict(request.knobs, **({"gpus": request.gpus} if request.gpus is not None else {}))
+    planner_only = _planner_only(given)
+    run = read_config_run(request.model, model_override=request.model_override, revision=request.revision,
+                          seq_len=request.seq_len, **given)
     config = run.config
     longest = run.seq_len_for(1)  # no micro-batch of the data has longer examples, on average, than its longest one
     fixed = {k: v for k, v in config.knobs().items() if k not in SEARCHED and k not in ("method", "seq_len")}
     fixed.update(planner_only)
     kept = None if config.fit_optimizer else {m: (config.optimizer,) for m in ("full", "lora", "qlora", "lora-8bit")}
-    result = fit(run.model, gpu=gpu or config.gpu, budget=budget or config.budget,
-                 batch_size=config.batch_size * config.grad_accum if batch_size is None else batch_size, seq_len=longest,
-                 methods=methods or (config.method,), optimizers=kept, **search, **fixed)
+    search = dataclasses.replace(
+        request, model=run.model, model_override=None, revision=None, gpu=request.gpu or config.gpu,
+        budget=request.budget or config.budget, seq_len=longest, methods=request.methods or (config.method,),
+        batch_size=config.batch_size * config.grad_accum if request.batch_size is None else request.batch_size,
+        gpus=fixed.pop("gpus", None), knobs=fixed, optimizers=kept)
+    result = fit(search, events)
     result.config = run.details(longest, "the data's longest example" if run.examples else "seq_len")
     result.config["given"].update(planner_only)
     if run.note:

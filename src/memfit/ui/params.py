@@ -151,7 +151,8 @@ def plan_call(params: Mapping[str, list[str]]) -> Call:
 
 
 def fit_call(params: Mapping[str, list[str]]) -> Call:
-    """The arguments of :func:`memfit.planner.search.core.fit` that ``memfit fit`` would pass for ``params``."""
+    """The :class:`~memfit.planner.search.request.FitRequest` ``memfit fit`` would make for ``params``:
+    its fields (``options``) and the knobs every plan holds (``knobs``)."""
     model = page_model(params)
     values = _single(params, FIT_OPTIONS + FIT_KNOBS, "fit", repeatable=("method",))
     options: dict[str, Any] = {}

@@ -1,7 +1,7 @@
 """The planner behind the page: kept warm, one plan at a time in this process, searches beside it.
 
 Every answer comes from the API the command line calls (:func:`memfit.planner.api.plan`,
-:func:`memfit.planner.search.core.fit`) with the arguments the command line would pass
+:func:`memfit.planner.search.driver.fit`) with the arguments the command line would pass
 (:mod:`memfit.ui.params`), and is returned in the command line's ``--json`` form
 (:func:`result_dict`).
 
@@ -39,7 +39,7 @@ log = logging.getLogger("memfit.ui")
 
 #: What a plan imports; imported once when the server starts, so that the first plan does not wait
 #: for them (bitsandbytes last, where it is installed: see the module's docstring).
-WARM_IMPORTS = ("memfit.planner.api", "memfit.planner.search.core", "memfit.planner.exact.simulate",
+WARM_IMPORTS = ("memfit.planner.api", "memfit.planner.search.driver", "memfit.planner.exact.simulate",
                 "transformers.modeling_utils", "peft")
 
 #: Searches at most at once (each runs worker processes); one more is refused until one ends.
@@ -224,7 +224,8 @@ class PlannerService:
         (the ``--json`` form) or ``{"event": "error"}`` (a bad input: the CLI's message). Runs in the
         caller's thread; raises :class:`BusyError` at once when :data:`MAX_SEARCHES` searches are running,
         :class:`ServerStopping` when the server stops (:meth:`stop`) before the search ends."""
-        from memfit.planner.search.core import fit
+        from memfit.planner.search.driver import fit
+        from memfit.planner.search.request import FitEvents, FitRequest
 
         if not self._searches.acquire(blocking=False):
             raise BusyError(f"the server is running {MAX_SEARCHES} searches already; wait for one to end and ask again.")
@@ -245,8 +246,8 @@ class PlannerService:
                 emit({"event": "expected", "plans": plans})
 
             try:
-                result = fit(self.model_argument(call.model), progress=progress, found=found, plans_expected=expected,
-                             stop=self._stopping, **call.options, **call.knobs)
+                request = FitRequest(self.model_argument(call.model), knobs=call.knobs, **call.options)
+                result = fit(request, FitEvents(progress=progress, plans_expected=expected, found=found, stop=self._stopping))
             except SearchCancelled:
                 raise ServerStopping(STOPPING) from None
             except UserError as err:

@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from memfit.planner.search.core import expected_plans
+from memfit.planner.search.driver import expected_plans
 from memfit.planner.search.report import FitProgress, format_duration, progress_line, recent_seconds_per_plan
 
 

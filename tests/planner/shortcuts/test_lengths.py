@@ -8,7 +8,9 @@ import pytest
 import memfit
 from memfit.planner.api import predicted_plan
 from memfit.planner.inputs import resolve
-from memfit.planner.search import core as search
+from memfit.planner.search import longest, plans
+from memfit.planner.search.driver import fit
+from memfit.planner.search.request import FitRequest
 from memfit.planner.shortcuts.lengths import LengthSampler, Unpredictable
 
 LONG = dict(checkpointing="offload", tiling="on", batch_size=1, grad_accum=4)
@@ -60,9 +62,10 @@ def test_below_the_lengths_learnt_from_nothing_is_predicted():
 
 
 def test_the_longest_sequence_is_the_same_with_and_without_predictions(monkeypatch):
-    with_model = search.fit("llama-3.2-1b", budget="8GiB", batch_size=1, methods=("lora",), workers=1)
-    monkeypatch.setattr(search, "_predicted_boundary", lambda *args, **kwargs: None)
-    without = search.fit("llama-3.2-1b", budget="8GiB", batch_size=1, methods=("lora",), workers=1)
+    request = FitRequest("llama-3.2-1b", budget="8GiB", batch_size=1, methods=("lora",), workers=1)
+    with_model = fit(request)
+    monkeypatch.setattr(longest, "_predicted_boundary", lambda *args, **kwargs: None)
+    without = fit(request)
     assert with_model.max_seq_len == without.max_seq_len
     assert with_model.max_seq_len["lora"] > 16384  # found past the lengths the model was learnt from
     assert with_model.max_seq_len_specs == without.max_seq_len_specs
@@ -73,14 +76,14 @@ def test_the_boundary_is_interpolated_between_the_first_plans_and_the_limit(monk
     # Llama-3.1-8B LoRA on 24 GiB: the line through the two plans learnt from points below the
     # boundary; stepping out from there took fifteen predictions, from both ends it takes seven.
     asked = []
-    predict = search._Planner.predict
+    predict = plans.SearchPlanner.predict
 
     def counted(self, sampler, **knobs):
         asked.append(knobs["seq_len"])
         return predict(self, sampler, **knobs)
 
-    monkeypatch.setattr(search._Planner, "predict", counted)
-    found = search.fit("llama-3.1-8b", gpu="rtx-4090", batch_size=1, methods=("lora",), workers=1)
+    monkeypatch.setattr(plans.SearchPlanner, "predict", counted)
+    found = fit(FitRequest("llama-3.1-8b", gpu="rtx-4090", batch_size=1, methods=("lora",), workers=1))
     assert found.max_seq_len["lora"] == 58880  # benchmarks/results/fit_answers.json
     assert asked[0] == 131072  # the limit first
     assert len(asked) <= 8, asked

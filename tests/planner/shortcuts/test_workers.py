@@ -4,7 +4,8 @@ answers as in one process."""
 from __future__ import annotations
 
 import memfit
-from memfit.planner.search.core import fit
+from memfit.planner.search.driver import fit
+from memfit.planner.search.request import FitEvents, FitRequest
 from memfit.planner.shortcuts.workers import DepthPool
 
 
@@ -30,8 +31,8 @@ def test_a_search_split_into_parts_answers_as_one_process_does(tiny_llama):
     # On one GPU each method's micro-batch search and longest-sequence search are jobs of their own.
     options = dict(budget="2GiB", batch_size=2, seq_len=64, methods=("full", "lora"))
     found: list[str] = []
-    parallel = fit(tiny_llama, workers=2, found=lambda method, fits: found.append(method), **options)
-    alone = fit(tiny_llama, workers=1, **options)
+    parallel = fit(FitRequest(tiny_llama, workers=2, **options), FitEvents(found=lambda method, fits: found.append(method)))
+    alone = fit(FitRequest(tiny_llama, workers=1, **options))
     assert sorted(found) == ["full", "lora"]  # once a method, when its micro-batch search ends
     assert [f.spec for f in parallel.fits] == [f.spec for f in alone.fits]
     assert parallel.max_seq_len == alone.max_seq_len and parallel.max_seq_len_specs == alone.max_seq_len_specs

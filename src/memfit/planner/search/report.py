@@ -1,4 +1,4 @@
-"""Render a :class:`~memfit.planner.search.core.FitResult` as Rich tables, and a search's progress."""
+"""Render a :class:`~memfit.planner.search.results.FitResult` as Rich tables, and a search's progress."""
 
 from __future__ import annotations
 

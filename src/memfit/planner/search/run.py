@@ -33,12 +33,8 @@ from typing import Any
 from memfit.json_form import JsonForm
 from memfit.planner.api import plan
 from memfit.planner.report import MemoryPlan
-from memfit.planner.search.core import (
-    CHECKPOINTING_FAST_FIRST,
-    OPTIMIZERS_LEAN_FIRST,
-    largest_micro_batch,
-    micro_batches,
-)
+from memfit.planner.search.micro_batch import CHECKPOINTING_FAST_FIRST, largest_micro_batch, micro_batches
+from memfit.planner.search.plans import OPTIMIZERS_LEAN_FIRST
 from memfit.planner.target import Target
 from memfit.planner.throughput import relative_speeds
 from memfit.spec import upper_bound

@@ -1,5 +1,6 @@
-"""memfit fit plans less without answering differently: the floor it prunes with is under every
-plan, and a search with pruning answers exactly what the search without it answers."""
+"""The search's plans (memfit.planner.search.plans): it plans less without answering differently:
+the floor it prunes with is under every plan, and a search with pruning answers exactly what the
+search without it answers."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from memfit.models.catalog import resolve_model
 from memfit.planner import layout
 from memfit.planner.exact.runtime import DEFAULT_CUDA_CONTEXT_BYTES
 from memfit.planner.layout import memory_lower_bound
-from memfit.planner.search import core as search
+from memfit.planner.search import plans
+from memfit.planner.search.driver import fit
+from memfit.planner.search.request import FitRequest
 from memfit.spec import make_spec
 
 #: Wide enough that the model states weigh something beside the CUDA context; six layers, so that
@@ -78,10 +81,10 @@ def _answer(result) -> dict:
 
 
 def _fit_both_ways(monkeypatch, **options):
-    pruned = search.fit(WIDE, workers=1, **options)
+    pruned = fit(FitRequest(WIDE, workers=1, **options))
     with monkeypatch.context() as patch:
-        patch.setattr(search, "proven_over_budget", lambda *a, **k: False)  # the search as it was
-        unpruned = search.fit(WIDE, workers=1, **options)
+        patch.setattr(plans, "proven_over_budget", lambda *a, **k: False)  # the search as it was
+        unpruned = fit(FitRequest(WIDE, workers=1, **options))
     return pruned, unpruned
 
 

@@ -1,5 +1,6 @@
-"""memfit fit's shortcut through the settings leaves its answers as they were: a slower setting
-tries the whole batch in one micro-batch first."""
+"""One method's settings and largest micro-batch (memfit.planner.search.micro_batch): the shortcut
+through the settings leaves the answers as they were: a slower setting tries the whole batch in one
+micro-batch first."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from memfit.planner.search.core import CHECKPOINTING_FAST_FIRST, _search_method, micro_batches
+from memfit.planner.search.micro_batch import CHECKPOINTING_FAST_FIRST, micro_batches, search_method
 
 GiB = 2**30
 
@@ -59,7 +60,7 @@ def test_settings_found_are_those_every_plan_finds(per_sample_off, per_sample_on
                            per_sample={"off": per_sample_off * GiB, "on": per_sample_on * GiB // 2,
                                        "offload": per_sample_offload * GiB // 4},
                            memory=memory_gib * GiB)
-    fits, misses = _search_method(planner, "lora", 8)
+    fits, misses = search_method(planner, "lora", 8)
     assert [(f.spec["checkpointing"], f.spec["batch_size"]) for f in fits] == _every_plan_answer(planner, 8)
     assert all(f.spec["batch_size"] * f.spec["grad_accum"] == 8 for f in fits)
     # Misses: the settings tried before the last one that fits, micro-batch 1 over the memory.
@@ -73,6 +74,6 @@ def test_a_slower_setting_that_fits_the_whole_batch_is_found_in_one_plan():
     # plan for it instead of micro-batch 1, then 4, then 8.
     planner = _LinePlanner(states={c: 16 * GiB for c in CHECKPOINTING_FAST_FIRST},
                            per_sample={"off": 6 * GiB, "on": GiB // 2, "offload": GiB // 4}, memory=23 * GiB)
-    fits, _ = _search_method(planner, "lora", 8)
+    fits, _ = search_method(planner, "lora", 8)
     assert [(f.spec["checkpointing"], f.spec["batch_size"]) for f in fits] == [("off", 1), ("on", 8)]
     assert planner.count == 3  # off at 1 and 2, on at 8
