@@ -5,32 +5,24 @@ their place, and keeps what was read."""
 from __future__ import annotations
 
 import json
-import textwrap
 
 from memfit.planner.search.request import FitRequest
 from memfit.planner.search.tool_configs import tool_config_request
 
 
-def _axolotl(tmp_path, tiny_llama, extra: str = "") -> str:
+def _trl(tmp_path, tiny_llama) -> str:
+    """A TRL SFT config of the tiny model: LoRA r=8, 128 tokens, micro-batch 2 x 2 accumulated."""
     folder = tmp_path / "tiny"
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps(tiny_llama))
-    path = tmp_path / "axolotl.yml"
-    path.write_text(textwrap.dedent(f"""
-        base_model: {folder}
-        adapter: lora
-        lora_r: 8
-        lora_target_linear: true
-        sequence_len: 128
-        micro_batch_size: 2
-        gradient_accumulation_steps: 2
-        gradient_checkpointing: true
-        """) + extra)
+    path = tmp_path / "sft.yaml"
+    path.write_text(f"model_name_or_path: {folder}\nuse_peft: true\nlora_r: 8\nmax_length: 128\n"
+                    "per_device_train_batch_size: 2\ngradient_accumulation_steps: 2\ngradient_checkpointing: true\n")
     return str(path)
 
 
 def test_the_config_s_method_batch_length_and_knobs_are_kept(tmp_path, tiny_llama):
-    config = _axolotl(tmp_path, tiny_llama)
+    config = _trl(tmp_path, tiny_llama)
     search, read = tool_config_request(FitRequest(config, budget="2GiB", max_seq_len=False, workers=1, exact=True))
     assert search.model == str(tmp_path / "tiny") and search.methods == ("lora",)
     assert search.batch_size == 4 and search.seq_len == 128  # micro-batch x accumulation: the effective batch
@@ -41,11 +33,11 @@ def test_the_config_s_method_batch_length_and_knobs_are_kept(tmp_path, tiny_llam
     # An adapter's optimizer states are small: the config's optimizer (the Trainer's default here) is
     # the one its methods try.
     assert search.optimizers == {m: ("adamw",) for m in ("lora", "qlora", "lora-8bit")}
-    assert read["tool"] == "axolotl" and read["given"] == {}
+    assert read["tool"] == "trl" and read["given"] == {}
 
 
 def test_what_the_request_gives_replaces_the_config_s(tmp_path, tiny_llama):
-    config = _axolotl(tmp_path, tiny_llama)
+    config = _trl(tmp_path, tiny_llama)
     search, read = tool_config_request(FitRequest(config, budget="2GiB", batch_size=8, seq_len=256, methods=("qlora",),
                                                   gpus=2, knobs={"rank": 16, "shard": "fsdp"}))
     assert (search.batch_size, search.seq_len, search.methods, search.gpus) == (8, 256, ("qlora",), 2)
