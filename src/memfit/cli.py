@@ -139,6 +139,7 @@ def fit_command(
                                                                                      "model_override"))
     # Text that is not a whole number goes on to the search's checks, which list it with every other problem.
     batch_size, seq_len, gpus = (whole_number(options.pop(name)) for name in ("batch_size", "seq_len", "gpus"))
+    # --gpus 1 is one GPU, as no --gpus is: neither is a knob the search or a config's "given" holds.
     request = FitRequest(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len,
                          methods=tuple(method) if method else None, gpus=None if gpus == 1 else gpus,
                          knobs={k: v for k, v in options.items() if v is not None}, model_override=model_override)

@@ -18,5 +18,5 @@ class PlanError(SpecError):
 
 
 class SearchCancelled(Exception):
-    """A search stopped before its end because its caller asked it to (``fit(stop=...)``): a server
+    """A search stopped before its end because its caller asked it to (``FitEvents.stop``): a server
     shutting down. Not the user's mistake, and nothing to report but that it stopped."""
