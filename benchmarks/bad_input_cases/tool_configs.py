@@ -43,6 +43,8 @@ CASES = [
          says=("is the config being fitted",), keeps=("toolcfg_memfit.yaml",)),
     Case("fit {d}/toolcfg_memfit.yaml --budget 2GiB --batch-size 0", 2, says=("--batch-size: 0 must be 1 or more",)),
     Case("fit {d}/toolcfg_trl.yaml --budget 2GiB --batch-size 0", 2, says=("--batch-size: 0 must be 1 or more",)),
+    Case("plan {d}/toolcfg_trl.yaml --gpus x", 2, says=("--gpus: 'x' is not a whole number",)),
+    Case("fit {d}/toolcfg_trl.yaml --budget 2GiB --gpus x", 2, says=("--gpus: 'x' is not a whole number",)),
 ]
 
 

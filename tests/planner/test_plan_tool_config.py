@@ -158,3 +158,12 @@ def test_plan_and_fit_take_another_model_in_place_of_the_config_s(tmp_path, mode
     assert planned.details["config"]["model"] == str(model_folder) and planned.details["config"]["replaced"] == "org/not-fetched"
     result = fit(FitRequest(config, model_override=str(model_folder), budget="2GiB", max_seq_len=False, workers=1))
     assert result.fits and result.config["model"] == str(model_folder) and result.config["given_model"]
+
+
+def test_a_gpu_count_that_is_no_number_is_refused_by_name_not_a_traceback(tmp_path, model_folder):
+    from memfit.planner.errors import PlanError
+
+    config = _axolotl(tmp_path, model_folder, "deepspeed: ds.json\n")
+    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    with pytest.raises(PlanError, match="--gpus: 'x' is not a whole number"):
+        plan(config, gpus="x", cache=False)

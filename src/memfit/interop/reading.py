@@ -23,7 +23,7 @@ from memfit.interop.adapter_model import ADAPTER_FIELDS, ModelChoice, adapter_kn
 from memfit.interop.deepspeed import ZeroSettings
 from memfit.interop.keys import ABSENT, Found, KeyMap, KeyProblem, Planned, Rule
 from memfit.json_form import JsonForm
-from memfit.spec import KNOBS, SpecError, make_spec
+from memfit.spec import KNOBS, SpecError, make_spec, whole_number_value
 
 #: Rule knobs that are not RunSpec knobs: the model, and where the run is placed across GPUs.
 _MODEL, _REVISION, _SHARD = "model", "revision", "shard"
@@ -93,7 +93,9 @@ class ToolConfig(JsonForm):
         knobs = dict(self.knobs)
         knobs.update({k: v for k, v in given.items() if v is not None})
         dropped: list[Found] = []
-        gpus = int(knobs.get("gpus") or 1)
+        # A --gpus that is no whole number is the plan's to refuse, naming it; here it is one GPU.
+        number = whole_number_value(knobs.get("gpus") or 1)
+        gpus = number if isinstance(number, int) else 1
         if self.shard and self.shard != "none" and "shard" not in {k for k, v in given.items() if v is not None}:
             source = ", ".join(self.sources.get(_SHARD, ("shard",)))
             if gpus > 1:

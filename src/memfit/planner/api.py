@@ -497,8 +497,10 @@ def _check_tool_modes(tool, knobs: dict[str, Any], given: set[str]) -> None:
             return f"--{knob} {value}"
         return f"{', '.join(tool.sources[knob])} (memfit {knob}: {value})"
 
-    gpus = int(knobs.get("gpus") or 1)
-    if gpus > 1:
+    from memfit.spec import whole_number_value
+
+    gpus = whole_number_value(knobs.get("gpus") or 1)  # not a whole number: the plan's checks name it
+    if isinstance(gpus, int) and gpus > 1:
         problems = mode_problems(knobs.get("shard", "none"), gpus, knobs.get("optimizer", "adamw"), spell)
         if problems:
             raise PlanError([f"{tool.path}: {line}" for line in problems])

@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any
 
 from memfit.planner.search.request import FitRequest
+from memfit.spec import whole_number_value
 
 #: Knobs the search chooses: a config's values of them are where the search starts from, not fixed.
 _SEARCHED = ("method", "checkpointing", "optimizer", "grad_accum", "batch_size", "seq_len", "tiling")
@@ -28,7 +29,8 @@ def tool_config_request(request: FitRequest) -> tuple[FitRequest, dict[str, Any]
     gpus = fixed.pop("gpus", None)
     # Adapters' optimizer states are small: the config's optimizer is kept (full fine-tuning's is searched).
     optimizers = {m: (knobs["optimizer"],) for m in ("lora", "qlora", "lora-8bit")} if knobs.get("optimizer") else None
-    sharded = int(gpus or 1) > 1 and fixed.get("shard") == tool.shard
+    count = whole_number_value(gpus or 1)  # not a whole number: the search's checks name it
+    sharded = isinstance(count, int) and count > 1 and fixed.get("shard") == tool.shard
     search = dataclasses.replace(
         request, model=tool.model, model_override=None, revision=request.revision or tool.revision,
         batch_size=config_batch if request.batch_size is None else request.batch_size,
