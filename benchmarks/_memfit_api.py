@@ -65,14 +65,26 @@ def planner_module_name() -> str:
 
 
 def clear_plan_cache() -> None:
-    """Forget the planner's simulations, in this process and in the on-disk plan cache (so that a
-    timed plan simulates again)."""
+    """Forget everything the planner remembers, in this process and in the on-disk plan cache (so
+    that a timed plan works everything out again): its memo (``memfit.planner.shortcuts.memo``), or
+    in a tree from before it, the same stores where they were (simulations, series, depth plans,
+    layouts, replay templates), so that before and after are timed alike."""
     try:
-        sampled = planner_module("shortcuts.extrapolate")
-    except ImportError:  # memfit from before planner/extrapolate.py
-        from memfit.planner import api as sampled
-
-    sampled._SAMPLE_CACHE.clear()
+        memo = planner_module("shortcuts.memo")
+    except ImportError:
+        memo = None
+    if memo is not None:
+        memo.MEMO.clear()
+        planner_module("shortcuts.cache").environment()  # the source digest again, untimed (the old trees keep theirs)
+        return
+    for module, names in (("shortcuts.extrapolate", ("_SAMPLE_CACHE", "_SERIES_CACHE")), ("shortcuts.depths", ("_PLANS",)),
+                          ("layout", ("_LAYOUT_CACHE",)), ("exact.simulate", ("_REGION_TEMPLATES",))):
+        try:
+            found = planner_module(module)
+        except ImportError:  # memfit from before that store
+            continue
+        for name in names:
+            getattr(found, name, {}).clear()
     try:
         cache = planner_module("shortcuts.cache")
     except ImportError:  # memfit from before the on-disk cache

@@ -1,7 +1,9 @@
 """The packages stay in layers, with imports pointing one way: down.
 
 cli, ui > infer > train > watch > planner > interop > step > models > (spec, units, files, run_files, options, errors,
-json_form, console); merge stands apart: it uses the bottom layer and the Hub fetching of models. Every import counts: at module level and inside
+json_form, console); merge stands apart: it uses the bottom layer and the Hub fetching of models. Within the planner:
+search > its top-level modules (api, inputs, report, layout, sharding, zero, target, throughput) > shortcuts > exact >
+(categories, errors). Every import counts: at module level and inside
 functions (memfit imports heavy dependencies lazily, so an upward import hidden in a function is
 as real as one at the top). docs/layout.md explains why the layers are in this order.
 
@@ -38,6 +40,34 @@ LAYERS: dict[str, int] = {
 MERGE = "merge"
 MERGE_MAY_USE = ("memfit.models.hub", "memfit.models.catalog", "memfit.models.pickle_weights")
 BOTTOM = LAYERS["spec"]
+
+
+#: Within memfit.planner: the level of each subpackage and top-level module, highest first. A module
+#: of the planner may import its own level and lower ones: the search plans with the API, the API
+#: takes the shortcuts, the shortcuts run the exact simulation, and the exact simulation knows
+#: nothing of what makes it fast (its caller hands it the step's seam runner).
+PLANNER_LEVELS: dict[str, int] = {
+    "search": 5,
+    "__init__": 4, "api": 4, "inputs": 4, "report": 4, "layout": 4, "sharding": 4, "zero": 4, "target": 4, "throughput": 4,
+    "shortcuts": 3,
+    "exact": 2,
+    "categories": 1, "errors": 1,
+}
+
+
+def _planner_part(module: str) -> str | None:
+    """The planner subpackage or top-level module ``module`` belongs to (None outside the planner)."""
+    parts = module.split(".")
+    if parts[:2] != ["memfit", "planner"]:
+        return None
+    return parts[2] if len(parts) > 2 else "__init__"
+
+
+def _planner_allowed(importer: str, imported: str) -> bool:
+    src, dst = _planner_part(importer), _planner_part(imported)
+    if src is None or dst is None:
+        return True
+    return src in PLANNER_LEVELS and dst in PLANNER_LEVELS and PLANNER_LEVELS[dst] <= PLANNER_LEVELS[src]
 
 
 def _part(module: str) -> str:
@@ -179,6 +209,27 @@ def test_imports_point_down():
             if not _allowed(importer, imported):
                 upward.append(f"{path.relative_to(SRC.parent)}:{line}: {importer} imports {imported}")
     assert not upward, "imports that point up or sideways:\n" + "\n".join(upward)
+
+
+def test_every_part_of_the_planner_has_a_level():
+    planner = SRC / "planner"
+    parts = {p.stem if p.is_file() else p.name for p in planner.iterdir() if (p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists()))}
+    assert parts - set(PLANNER_LEVELS) == set(), "a new planner module or package needs its place in PLANNER_LEVELS (and docs/layout.md)"
+
+
+def test_imports_within_the_planner_point_down():
+    upward = []
+    for path in sorted((SRC / "planner").rglob("*.py")):
+        importer = _module_name(path)
+        for line, imported in _imports(path):
+            if not _planner_allowed(importer, imported):
+                upward.append(f"{path.relative_to(SRC.parent)}:{line}: {importer} imports {imported}")
+    assert not upward, "planner imports that point up:\n" + "\n".join(upward)
+    assert not _planner_allowed("memfit.planner.exact.simulate", "memfit.planner.shortcuts.replay")
+    assert not _planner_allowed("memfit.planner.shortcuts.depths", "memfit.planner.layout")
+    assert not _planner_allowed("memfit.planner.api", "memfit.planner.search.core")
+    assert _planner_allowed("memfit.planner.search.core", "memfit.planner.shortcuts.workers")
+    assert _planner_allowed("memfit.planner.exact.tracker", "memfit.planner.categories")
 
 
 def test_no_module_imports_itself_around_a_circle():

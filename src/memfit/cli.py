@@ -40,6 +40,9 @@ app = typer.Typer(
         "130 / 143 stopped by SIGINT / SIGTERM."
     ),
 )
+#: The help of plan's and fit's --exact (memfit.planner.shortcuts.switch).
+EXACT_HELP = ("Plan without shortcuts: every layer simulated, every chunk and micro-batch run, no plan cache "
+              "(also MEMFIT_EXACT=1). Slower; the same figures.")
 #: The model `memfit plan` uses when none is given: small enough to plan in a second anywhere.
 DEFAULT_MODEL = "smollm2-135m"
 #: A plan that takes longer than this shows a status line on a terminal until it is printed.
@@ -66,7 +69,8 @@ def plan_command(
     model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a Hugging Face Hub id (org/name: config.json only is fetched), a config.json, a model folder, an Axolotl / LLaMA-Factory / TRL config (docs/interop.md), or memfit's own training YAML."),
     context_bytes: str | None = typer.Option(None, "--context-bytes", metavar="BYTES", help="Override the CUDA context estimate (bytes, 0 to 1 TiB)."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
-    full_sim: bool = typer.Option(False, "--full-sim", help="Simulate every layer instead of extrapolating."),
+    exact: bool = typer.Option(False, "--exact", help=EXACT_HELP),
+    full_sim: bool = typer.Option(False, "--full-sim", hidden=True, help="Now --exact."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Make the plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0)."),
     **options: Any,
 ) -> None:
@@ -75,6 +79,9 @@ def plan_command(
     Exit code 0: planned (and fits the --gpu / --budget, if one is given); 2: bad input;
     3: the plan does not fit the --gpu / --budget."""
     refuse_training_settings(options, "plan")  # memfit train's settings: said what they are, not "no such option"
+    if full_sim:
+        make_console(stderr=True).print("--full-sim is now --exact: planning exactly", highlight=False)
+        exact = True
     # Importing torch, building the model and simulating its step take seconds on a busy machine: a
     # terminal is told what is going on once it has taken PLAN_STATUS_DELAY_S (a log gets nothing).
     with StatusLine(make_console(stderr=True), f"planning {model}: checking the model and the options",
@@ -84,10 +91,10 @@ def plan_command(
 
         # --context-bytes is checked by the plan with every other input (the page's /api/plan shares the check).
         if is_train_config(model):  # memfit's own YAML: planned as train plans it
-            result = plan_train_config(model, context_bytes=whole_number(context_bytes), extrapolate=not full_sim, cache=not no_cache,
+            result = plan_train_config(model, context_bytes=whole_number(context_bytes), exact=exact, cache=not no_cache,
                                        **options)
         else:
-            result = plan(model, context_bytes=whole_number(context_bytes), extrapolate=not full_sim, cache=not no_cache,
+            result = plan(model, context_bytes=whole_number(context_bytes), exact=exact, cache=not no_cache,
                           progress=lambda what: status.update(f"planning {model}: {what}"), **options)
     if as_json:
         sys.stdout.write(result.to_json(indent=2) + "\n")
@@ -111,6 +118,7 @@ def fit_command(
     data: str | None = typer.Option(None, "--data", help="Training data for the --write YAML (default: the demo dataset)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Let --write replace an existing file (never the config or the --data it reads)."),
     no_cache: bool = typer.Option(False, "--no-cache", help="Make every plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0)."),
+    exact: bool = typer.Option(False, "--exact", help=EXACT_HELP + " One process; no longest sequence predicted from two plans."),
     **options: Any,
 ) -> None:
     """Find the training configurations that fit a GPU, fastest first (estimated), and the longest sequences.
@@ -142,7 +150,8 @@ def fit_command(
     # --gpus 1 is one GPU, as no --gpus is: neither is a knob the search or a config's "given" holds.
     request = FitRequest(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len,
                          methods=tuple(method) if method else None, gpus=None if gpus == 1 else gpus,
-                         knobs={k: v for k, v in options.items() if v is not None}, model_override=model_override)
+                         knobs={k: v for k, v in options.items() if v is not None}, model_override=model_override,
+                         exact=exact)
     progress = None if as_json else FitProgress(make_console(stderr=True))
     events = FitEvents(progress=progress, plans_expected=progress.expect if progress is not None else None)
     try:

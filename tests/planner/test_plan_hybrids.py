@@ -78,10 +78,10 @@ def test_all_linear_adapts_the_mamba_projections_peft_allows():
 @pytest.mark.parametrize("model_type, method", [(m, "lora") for m in CUT_CHECKED] + [("nemotron_h", "full"), ("jamba", "full")])
 def test_a_cut_plan_equals_the_whole_depth(model_type, method):
     """Within the tolerance of the extrapolation test for one kind of layer
-    (tests/planner/test_simulate.py::test_extrapolation_matches_full_simulation)."""
+    (tests/planner/exact/test_simulate.py::test_extrapolation_matches_full_simulation)."""
     config = HYBRID_CONFIGS[model_type]
     cut = memfit.plan(dict(config), method=method, seq_len=64, batch_size=2, cache=False)
-    whole = memfit.plan(dict(config), method=method, seq_len=64, batch_size=2, cache=False, extrapolate=False)
+    whole = memfit.plan(dict(config), method=method, seq_len=64, batch_size=2, exact=True)
     assert sum(cut.details["simulated_layers"]) > 0 and max(cut.details["simulated_layers"]) < whole.details["num_layers"]
     assert whole.details["simulated_layers"] == [whole.details["num_layers"]]
     assert cut.phase == whole.phase

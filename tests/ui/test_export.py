@@ -8,7 +8,7 @@ from memfit.ui.export import command_line, train_yaml
 
 
 def test_the_command_line_of_the_page_settings():
-    params = {"model": ["llama-3.1-8b"], "gpu": ["rtx-4090"], "seq-len": ["4096"], "packing": ["true"], "full_sim": ["false"]}
+    params = {"model": ["llama-3.1-8b"], "gpu": ["rtx-4090"], "seq-len": ["4096"], "packing": ["true"], "exact": ["false"]}
     assert command_line("plan", params) == "memfit plan llama-3.1-8b --gpu rtx-4090 --seq-len 4096 --packing"
     assert command_line("fit", {"batch_size": ["16"], "budget": ["20 GiB"]}) == "memfit fit smollm2-135m --batch-size 16 --budget '20 GiB'"
     assert command_line("plan", {"model": ["upload-0123456789ab"]}, model_file="my config.json") == "memfit plan 'my config.json'"

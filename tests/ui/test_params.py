@@ -20,9 +20,9 @@ def test_names_with_dashes_or_underscores_are_the_same_option():
 
 
 def test_plan_options_go_where_memfit_plan_puts_them():
-    call = plan_call(q(gpu="rtx-4090", budget="20GiB", context_bytes="600", full_sim="", method="qlora", packing=""))
+    call = plan_call(q(gpu="rtx-4090", budget="20GiB", context_bytes="600", exact="", method="qlora", packing=""))
     assert call.model == params.DEFAULT_MODEL
-    assert call.options == {"gpu": "rtx-4090", "budget": "20GiB", "context_bytes": 600, "extrapolate": False, "cache": True}
+    assert call.options == {"gpu": "rtx-4090", "budget": "20GiB", "context_bytes": 600, "exact": True, "cache": True}
     assert call.knobs == {"method": "qlora", "packing": "true"}
 
 
@@ -57,6 +57,7 @@ def test_fit_options_as_memfit_fit_passes_them():
     assert call.options == {"gpu": "rtx-4090", "batch_size": 16, "seq_len": 4096, "methods": ("lora", "qlora"), "gpus": 2}
     assert call.knobs == {"shard": "fsdp", "rank": "8", "precision": "fp16"}
     assert fit_call(q()).options == {}  # memfit fit's default effective batch (8, or a tool config's own)
+    assert fit_call(q(exact="")).options == {"exact": True} and fit_call(q(exact="false")).options == {"exact": False}
 
 
 def test_fit_refuses_what_writes_files_and_what_the_search_chooses():

@@ -16,7 +16,9 @@ The steps, each in its own module:
    the Target.
 
 Plans are kept on disk (:mod:`memfit.planner.shortcuts.cache`): a plan from the cache is the plan this call
-would make, byte for byte.
+would make, byte for byte. ``exact=True`` (or ``MEMFIT_EXACT=1``) takes none of the shortcuts
+(:mod:`memfit.planner.shortcuts.switch`): every layer simulated, every chunk and micro-batch run,
+nothing read from or kept in the plan cache.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Any
 from memfit.models.catalog import ModelSource
 from memfit.planner.errors import PlanError
 from memfit.planner.exact.runtime import RuntimeOverhead, runtime_overhead
+from memfit.planner.shortcuts.switch import exact_wanted
 from memfit.planner.inputs import Resolved, checked, resolve
 from memfit.planner.report import MemoryPlan, adapter_notes, category_help
 from memfit.planner.shortcuts.extrapolate import Sampler, StepEstimate, estimate_step
@@ -119,7 +122,7 @@ def plan(
     target: Target | None = None,
     context_bytes: int | str | None = None,
     cublas_workspace_bytes: int | None = None,
-    extrapolate: bool = True,
+    exact: bool = False,
     cache: bool = True,
     deepspeed: Any = None,
     sampler: Sampler | None = None,
@@ -145,10 +148,13 @@ def plan(
             :mod:`memfit.planner.exact.runtime`); ``context_bytes`` defaults to the target's (0 for a live
             device, whose context is spent already), and may be the command line's text (checked:
             0 to :data:`~memfit.planner.exact.runtime.MAX_CONTEXT_BYTES`).
-        extrapolate: simulate a few layers and extrapolate (fast); False simulates every layer.
+        exact: take none of the planner's shortcuts (:mod:`memfit.planner.shortcuts.switch`; also on
+            with ``MEMFIT_EXACT=1``): every decoder layer simulated (no extrapolation over depth),
+            every chunk and micro-batch run (no replay), no plan cache, no ``sampler``. Slower; each
+            shortcut gives the exact plan's figures (``details.exact`` says the plan was made so).
         cache: read and keep the plan in the on-disk plan cache (:mod:`memfit.planner.shortcuts.cache`; also
-            off with ``MEMFIT_PLAN_CACHE=0``). A plan from the cache is the plan this call would
-            make, byte for byte, but for ``details.plan_seconds``.
+            off with ``MEMFIT_PLAN_CACHE=0``, and for an exact plan). A plan from the cache is the plan
+            this call would make, byte for byte, but for ``details.plan_seconds``.
         deepspeed: a DeepSpeed config's settings (:class:`memfit.interop.deepspeed.ZeroSettings`):
             with ``gpus`` > 1 and a ZeRO ``shard``, each rank is planned with DeepSpeed's buffers.
         sampler: how the step is simulated at each sampled depth (default: here, one after the
@@ -169,10 +175,13 @@ def plan(
 
     if is_tool_config(model):
         return _plan_tool_config(str(model), revision=revision, gpu=gpu, budget=budget, target=target, context_bytes=context_bytes,
-                                 cublas_workspace_bytes=cublas_workspace_bytes, extrapolate=extrapolate, cache=cache,
+                                 cublas_workspace_bytes=cublas_workspace_bytes, exact=exact, cache=cache,
                                  sampler=sampler, model_override=model_override, progress=progress, **knobs)
     check_no_override(model, model_override)
     started = time.perf_counter()
+    exact = exact_wanted(exact)
+    if exact:
+        cache, sampler = False, None  # nothing remembered, no worker processes
     resolved = resolve(model, revision=revision, gpu=gpu, budget=budget, target=target, context_bytes=context_bytes, **knobs)
     if context_bytes is None:
         context_bytes = resolved.target.context_bytes
@@ -184,12 +193,12 @@ def plan(
         # inputs that passed them (with the same code and libraries, which are in the key), so a
         # plan from the cache needs neither.
         key = _plan_key(resolved, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes,
-                        extrapolate=extrapolate, deepspeed=deepspeed.to_dict() if deepspeed is not None else None)
+                        deepspeed=deepspeed.to_dict() if deepspeed is not None else None)
         cached = _cached_plan(key, resolved.spec, started)
         if cached is not None:
             return cached
     result = _made_plan(resolved, cache=cache, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes,
-                        extrapolate=extrapolate, deepspeed=deepspeed, sampler=sampler, progress=progress)
+                        exact=exact, deepspeed=deepspeed, sampler=sampler, progress=progress)
     result.details["plan_seconds"] = round(time.perf_counter() - started, 3)
     if key is not None:
         _keep_plan(key, result)
@@ -203,11 +212,15 @@ def predicted_plan(model: str | dict, sampler: Sampler, *, revision: str | None 
 
     Its device figures are the plan's; its host figures are not (the sampler models device memory
     only), so a predicted plan only steers a search and is never reported. The plan cache keeps it
-    under a kind of its own (:data:`_PREDICTED`), with the lengths the sampler learnt from.
+    under a kind of its own (:data:`_PREDICTED`), with the lengths the sampler learnt from. A model
+    of the step over lengths is a shortcut: an exact plan (:mod:`memfit.planner.shortcuts.switch`)
+    is never predicted.
     """
+    if exact_wanted():
+        raise ValueError("an exact plan is simulated, never predicted: plan it (memfit.planner.api.plan)")
     started = time.perf_counter()
     resolved = resolve(model, revision=revision, target=target, **knobs)
-    options = dict(context_bytes=resolved.target.context_bytes, cublas_workspace_bytes=None, extrapolate=True)
+    options = dict(context_bytes=resolved.target.context_bytes, cublas_workspace_bytes=None)
     # A search asks the same questions again: its predictions are kept like plans, under their own
     # kind and with the lengths they were learnt from, so that a repeated search learns nothing anew.
     key = None if resolved.has_problems else _plan_key(
@@ -226,25 +239,30 @@ def predicted_plan(model: str | dict, sampler: Sampler, *, revision: str | None 
 _PREDICTED = "predicted-plan"
 
 
-def _made_plan(resolved: Resolved, *, cache: bool, context_bytes: int, cublas_workspace_bytes: int | None, extrapolate: bool,
+def _made_plan(resolved: Resolved, *, cache: bool, context_bytes: int, cublas_workspace_bytes: int | None, exact: bool = False,
                deepspeed: Any, sampler: Sampler | None = None, progress: Callable[[str], None] | None = None) -> MemoryPlan:
-    """The plan of checked inputs: the step estimated (simulated, or given by ``sampler``), the runtime added."""
+    """The plan of checked inputs: the step estimated (simulated, or given by ``sampler``), the runtime
+    added; ``exact``: with no shortcut."""
     say = progress or (lambda what: None)
     say("checking the model's architecture")
     source, spec, target = checked(resolved, cache=cache)
-    say("building the model from its config and simulating one training step")
+    say("building the model from its config and simulating " + ("every layer of one training step, exactly" if exact
+                                                                 else "one training step"))
     runtime = runtime_overhead(target.arch, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes)
     layout = zero = None
     if spec.gpus > 1:
         from memfit.planner.layout import param_layout
 
-        layout = param_layout(source.config, spec)
+        layout = param_layout(source.config, spec, remember=not exact)
         zero = _zero_plan(deepspeed, source.config, spec, layout)
-    estimate = _estimate(source.config, spec, runtime, target, extrapolate=extrapolate, layout=layout, zero=zero, sampler=sampler)
-    return _memory_plan(source, spec, target, runtime, estimate, layout=layout, zero=zero)
+    estimate = _estimate(source.config, spec, runtime, target, exact=exact, layout=layout, zero=zero, sampler=sampler)
+    result = _memory_plan(source, spec, target, runtime, estimate, layout=layout, zero=zero)
+    if exact:
+        result.details["exact"] = True
+    return result
 
 
-def _estimate(config: dict[str, Any], spec: RunSpec, runtime: RuntimeOverhead, target: Target, *, extrapolate: bool, layout,
+def _estimate(config: dict[str, Any], spec: RunSpec, runtime: RuntimeOverhead, target: Target, *, exact: bool, layout,
               zero, sampler: Sampler | None = None) -> StepEstimate:
     """The step as one GPU (or one rank of ``layout``'s sharding) holds it at its peak."""
     reshape = None
@@ -257,8 +275,8 @@ def _estimate(config: dict[str, Any], spec: RunSpec, runtime: RuntimeOverhead, t
         # sharding arithmetic then decides what each rank holds at every candidate moment.
         reshape = partial(sharding.per_rank_categories, shard=spec.shard, gpus=spec.gpus, layout=layout, zero=zero,
                           reference=spec.reference)
-    estimate = estimate_step(config, spec, runtime.cublas_workspace_allocs, extrapolate=extrapolate, reshape=reshape,
-                             arch=target.arch, sampler=sampler)
+    estimate = estimate_step(config, spec, runtime.cublas_workspace_allocs, exact=exact, reshape=reshape, arch=target.arch,
+                             sampler=sampler)
     if layout is not None and estimate.paged_peak_bytes:
         from memfit.planner import sharding
 
@@ -474,7 +492,7 @@ def _plan_tool_config(path: str, *, revision: str | None = None, model_override:
     (``details.config``)."""
     from memfit.interop import read_tool_config
 
-    plan_options = {k: options.pop(k) for k in ("gpu", "budget", "target", "context_bytes", "cublas_workspace_bytes", "extrapolate",
+    plan_options = {k: options.pop(k) for k in ("gpu", "budget", "target", "context_bytes", "cublas_workspace_bytes", "exact",
                                                 "cache", "sampler", "progress")}
     tool = read_tool_config(path, model=model_override)
     knobs, dropped = tool.knobs_for(options)

@@ -15,22 +15,22 @@ from typing import Any
 
 from memfit.planner.exact.runtime import runtime_overhead
 from memfit.planner.inputs import resolve
+from memfit.planner.shortcuts.memo import MEMO
 from memfit.planner.target import Target
 from memfit.spec import RunSpec
 
-_LAYOUT_CACHE: dict[tuple, Any] = {}
 
-
-def param_layout(config: dict[str, Any], spec: RunSpec):
+def param_layout(config: dict[str, Any], spec: RunSpec, *, remember: bool = True):
     """The model's parameter shapes and per-layer bytes (:class:`memfit.planner.sharding.ParamLayout`).
 
     One decoder layer of each kind is built on ``meta`` and prepared as the trainer prepares it
     (4-bit packing for QLoRA, LoRA adapters), so the bytes are those of the real parameters; each
-    is then counted as often as the full model holds its kind.
+    is then counted as often as the full model holds its kind. Kept in the memo when ``remember``
+    (:mod:`memfit.planner.shortcuts.memo`; not for an exact plan).
     """
     key = (json.dumps(config, sort_keys=True, default=str), spec.method, spec.rank, tuple(spec.targets), spec.weight_precision,
            spec.dora, tuple(spec.modules_to_save))
-    cached = _LAYOUT_CACHE.get(key)
+    cached = MEMO.layouts.get(key) if remember else None
     if cached is not None:
         return cached
     from memfit.models.build import DTYPES, build_meta_model, make_config
@@ -70,8 +70,7 @@ def param_layout(config: dict[str, Any], spec: RunSpec):
     largest = max(range(sampled), key=layer_bytes.__getitem__)
     layout = ParamLayout(groups=tuple(groups), layer_param_bytes=layer_bytes[largest], layer_grad_bytes=layer_grads[largest],
                          root_param_bytes=root_bytes, root_grad_bytes=root_grads)
-    _LAYOUT_CACHE[key] = layout
-    return layout
+    return MEMO.keep("layouts", key, layout) if remember else layout
 
 
 def _layers_to_build(config: dict[str, Any]) -> tuple[list[int], list[int]]:
@@ -98,7 +97,7 @@ def _layers_to_build(config: dict[str, Any]) -> tuple[list[int], list[int]]:
 _STATE_BYTES_PER_ELEMENT_AT_LEAST = {"adamw8bit": 2, "paged-adamw8bit": 2, "sgd": 0}
 
 
-def memory_lower_bound(config: dict[str, Any], spec: RunSpec, context_bytes: int) -> int | None:
+def memory_lower_bound(config: dict[str, Any], spec: RunSpec, context_bytes: int, *, remember: bool = True) -> int | None:
     """A floor under what any plan of ``spec`` needs: device total plus paged optimizer states.
 
     Worked out only where it is easy to prove, full fine-tuning on one GPU: every parameter is on
@@ -109,11 +108,11 @@ def memory_lower_bound(config: dict[str, Any], spec: RunSpec, context_bytes: int
     are outside the device total but the search counts them beside it, so the sum covers them too.
     Bytes are counted from the parameter layout (:func:`param_layout`, one period of layers on
     ``meta``: cheap), without the 512-byte rounding of allocations, so the floor stays below.
-    None where no floor is worked out (LoRA, QLoRA, several GPUs).
+    None where no floor is worked out (LoRA, QLoRA, several GPUs). ``remember``: the layout kept in the memo.
     """
     if spec.method != "full" or spec.gpus != 1 or spec.shard != "none":
         return None
-    layout = param_layout(config, spec)
+    layout = param_layout(config, spec, remember=remember)
     weights = layout.total_bytes(trainable=True) + layout.total_bytes(trainable=False)
     gradients = 0 if spec.step_in_backward else layout.total_bytes(trainable=True)
     if spec.optimizer == "adamw":
@@ -126,11 +125,13 @@ def memory_lower_bound(config: dict[str, Any], spec: RunSpec, context_bytes: int
 
 def proven_over_budget(model: str | dict, *, revision: str | None = None, gpu: str | None = None,
                        budget: str | int | None = None, target: Target | None = None, context_bytes: int | None = None,
-                       deepspeed: Any = None, **knobs: Any) -> bool:
+                       deepspeed: Any = None, exact: bool = False, **knobs: Any) -> bool:
     """True when the plan of these arguments (:func:`memfit.planner.api.plan`'s) cannot fit its GPU,
     budget or ``target``, proven by :func:`memory_lower_bound` without a simulation; False when it may
-    fit, or nothing is proven (the floor is worked out for one GPU, where ``deepspeed`` never applies)."""
+    fit, or nothing is proven (the floor is worked out for one GPU, where ``deepspeed`` never applies).
+    ``exact``: the floor worked out afresh, neither read from nor kept in the plan cache or the memo."""
     from memfit.planner.shortcuts import cache as plan_cache
+    from memfit.planner.shortcuts.switch import exact_wanted
 
     resolved = resolve(model, revision=revision, gpu=gpu, budget=budget, target=target, **knobs)
     if resolved.has_problems or resolved.target.memory_bytes is None:
@@ -140,12 +141,13 @@ def proven_over_budget(model: str | dict, *, revision: str | None = None, gpu: s
     context = runtime_overhead(resolved.target.arch, context_bytes=context_bytes).context_bytes
     # The floor is kept in the plan cache: working it out builds a layer on meta (torch, transformers),
     # which a search answered from the cache would otherwise import for this alone.
+    exact = exact_wanted(exact)
     key = plan_cache.make_key("floor", {"config": resolved.source.config, "spec": resolved.spec.model_dump(mode="json"),
-                                        "context_bytes": context}) if plan_cache.enabled() else None
+                                        "context_bytes": context}) if plan_cache.enabled() and not exact else None
     stored = plan_cache.load("floor", key)
     if isinstance(stored, dict) and set(stored) == {"bytes"}:
         floor = stored["bytes"]
     else:
-        floor = memory_lower_bound(resolved.source.config, resolved.spec, context)
+        floor = memory_lower_bound(resolved.source.config, resolved.spec, context, remember=not exact)
         plan_cache.store("floor", key, {"bytes": floor})
     return floor is not None and floor > resolved.target.memory_bytes

@@ -191,6 +191,10 @@ class MemoryPlan(JsonForm):
                 console.print(line, highlight=False, markup=False, soft_wrap=True)
 
 
+#: What an exact plan says of itself (memfit.planner.shortcuts.switch).
+EXACT_LINE = ("made exact: every decoder layer simulated, every chunk and micro-batch run, nothing replayed, "
+              "nothing from the plan cache")
+
 #: What a preference objective's batch is, said beside it wherever a plan or a search names one.
 BATCH_COUNTS_PAIRS = "batch counts pairs"
 
@@ -220,8 +224,11 @@ def plan_headline(model: str, spec: dict[str, Any], details: dict[str, Any]) -> 
 def fact_lines(spec: dict[str, Any], details: dict[str, Any]) -> list[str]:
     """The lines ``memfit plan`` prints under its figures, one fact each (plain text): the attention
     the step runs, a hybrid's kinds of layer and its sequence mixers' path, a preference
-    objective's reference model (or that it needs none), the memory-lean techniques of the step."""
+    objective's reference model (or that it needs none), the memory-lean techniques of the step,
+    and that the plan was made exact."""
     lines = []
+    if details.get("exact"):
+        lines.append(EXACT_LINE)
     if details.get("attention"):
         lines.append(f"attention: {details['attention']}")
     lines.extend(layer_lines(details))

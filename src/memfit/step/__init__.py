@@ -9,7 +9,10 @@ techniques (:mod:`~memfit.step.offload`, :mod:`~memfit.step.tiling`,
 optimizer step in backward (:mod:`~memfit.step.optim`, :mod:`~memfit.step.step_in_backward`).
 
 The planner runs this code under fake tensors, the trainer on real ones: nothing outside this
-package chooses a loss or applies a technique.
+package chooses a loss or applies a technique. The step meets its simulation in one module,
+:mod:`~memfit.step.seam`: the questions whose answers differ there, the work a simulation may
+replay, and the module state that decides memory; no other module of the step knows of fake tensors
+or of the planner.
 
 May import: :mod:`memfit.models`, :mod:`memfit.spec`, :mod:`memfit.units`, :mod:`memfit.files`
 (and PyTorch, transformers, PEFT, bitsandbytes). Never the planner, watch, train or the CLI.

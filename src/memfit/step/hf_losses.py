@@ -26,8 +26,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from memfit.step.chunking import chunk_starts, is_fake
 from memfit.step.labels import IGNORE_INDEX
+from memfit.step.seam import chunks_to_run, token_count_known
 
 #: TRL's ``_CHUNKED_LM_HEAD_CHUNK_SIZE``: labelled tokens per chunk of its chunked loss.
 TRL_CHUNK_TOKENS = 256
@@ -60,7 +60,7 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         grad_input = torch.zeros_like(hidden)
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
         loss_1d = torch.zeros(tokens, dtype=torch.float32, device=hidden.device)
-        for start in chunk_starts(tokens, chunk, hidden):
+        for start in chunks_to_run(tokens, chunk, hidden):
             stop = min(start + chunk, tokens)
             h = hidden[start:stop]
             logits = h @ weight.t()
@@ -120,8 +120,8 @@ def trl_chunked_nll(hidden_states: torch.Tensor, weight: torch.Tensor, labels: t
     non-reentrant checkpoint, so that a chunk's fp32 logits (and the fp32 head it makes) exist only
     while that chunk runs, in forward and again in backward.
 
-    Under fake tensors the number of labelled tokens is unknown: every token is taken as labelled,
-    the most a micro-batch can have.
+    Where the number of labelled tokens cannot be read (:func:`memfit.step.seam.token_count_known`)
+    every token is taken as labelled, the most a micro-batch can have.
     """
     hidden = hidden_states[..., :-1, :].reshape(-1, hidden_states.size(-1))
     targets = labels[..., 1:].reshape(-1)
@@ -129,12 +129,12 @@ def trl_chunked_nll(hidden_states: torch.Tensor, weight: torch.Tensor, labels: t
     order = valid.to(torch.int8).argsort(descending=True, stable=True)
     hidden, targets = hidden[order], targets[order]
     count = valid.sum()
-    labelled = hidden.shape[0] if is_fake(hidden) else int(count)
+    labelled = int(count) if token_count_known(count) else hidden.shape[0]
     if labelled == 0:
         # No labelled token: a zero loss still connected to every input, as TRL returns it.
         return (hidden_states.float().sum() + weight.float().sum()) * 0.0
     loss = hidden.new_zeros((), dtype=torch.float32)
-    for start in chunk_starts(-(-labelled // chunk) * chunk, chunk, hidden):
+    for start in chunks_to_run(-(-labelled // chunk) * chunk, chunk, hidden):
         part, _, _ = torch.utils.checkpoint.checkpoint(
             _trl_chunk, hidden[start:start + chunk], weight, targets[start:start + chunk], use_reentrant=False
         )

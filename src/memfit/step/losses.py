@@ -23,8 +23,8 @@ import torch
 
 from memfit.spec import RunSpec
 from memfit.step.autocast import active_autocast_dtype, autocast_dtype
-from memfit.step.chunking import chunk_starts
 from memfit.step.labels import IGNORE_INDEX
+from memfit.step.seam import chunks_to_run
 
 Batch = Mapping[str, torch.Tensor]
 LossFn = Callable[[torch.nn.Module, Batch], torch.Tensor]
@@ -57,7 +57,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
             wide = _wide(kept[:0]).dtype
             total = torch.zeros((), dtype=wide, device=hidden.device)
             lse = torch.empty(hidden.shape[0], dtype=wide, device=hidden.device)
-            for start in chunk_starts(hidden.shape[0], chunk, hidden):
+            for start in chunks_to_run(hidden.shape[0], chunk, hidden):
                 stop = min(start + chunk, hidden.shape[0])
                 logits = _wide(kept[start:stop] @ head.t())
                 chunk_lse = torch.logsumexp(logits, dim=-1)
@@ -82,7 +82,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         # The head's gradient accumulates in the head's dtype: an fp32 buffer would cost 4 bytes per
         # head parameter (2 GiB for a 128k x 4096 head) on top of the gradient itself.
         grad_weight = torch.zeros_like(weight) if need_weight else None
-        for start in chunk_starts(hidden.shape[0], chunk, hidden):
+        for start in chunks_to_run(hidden.shape[0], chunk, hidden):
             stop = min(start + chunk, hidden.shape[0])
             h = hidden[start:stop]
             # d loss / d logits = (softmax - one_hot(label)) / count, zero where no label.
@@ -128,7 +128,7 @@ class ChunkedLinearLogProbs(torch.autograd.Function):
             wide = _wide(kept[:0]).dtype
             logps = torch.zeros(hidden.shape[0], dtype=wide, device=hidden.device)
             lse = torch.empty(hidden.shape[0], dtype=wide, device=hidden.device)
-            for start in chunk_starts(hidden.shape[0], chunk, hidden):
+            for start in chunks_to_run(hidden.shape[0], chunk, hidden):
                 stop = min(start + chunk, hidden.shape[0])
                 logits = _wide(kept[start:stop] @ head.t())
                 chunk_lse = torch.logsumexp(logits, dim=-1)
@@ -149,7 +149,7 @@ class ChunkedLinearLogProbs(torch.autograd.Function):
         head = weight.to(compute)
         grad_hidden = torch.empty(hidden.shape, dtype=ctx.hidden_dtype, device=hidden.device) if need_hidden else None
         grad_weight = torch.zeros_like(weight) if need_weight else None
-        for start in chunk_starts(hidden.shape[0], chunk, hidden):
+        for start in chunks_to_run(hidden.shape[0], chunk, hidden):
             stop = min(start + chunk, hidden.shape[0])
             h = hidden[start:stop]
             target = targets[start:stop]

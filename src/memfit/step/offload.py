@@ -20,12 +20,12 @@ On CUDA the copies overlap compute:
   stream waits for its copy, then the copy of layer ``i - 1``'s input is started, so that it moves
   while layer ``i`` is recomputed and differentiated.
 
-On the CPU (tests, and the planner's fake CPU device) the same code runs synchronously: the "host
+On the CPU (tests, and a simulation's fake CPU device) the same code runs synchronously: the "host
 copy" is a second CPU tensor and the "device copy" a third. Memory then behaves as on CUDA: a
 layer's input lives on the device only while it is being packed, and in backward for the current
 and the prefetched layer. Under :func:`pinned_host_copies` host copies are allocated with
-``pin_memory=True`` even on the CPU (fake tensors allow it), which is how the planner's memory
-tracker tells host memory from device memory.
+``pin_memory=True`` on the CPU where they can be, which is how a memory tracker tells host memory
+from device memory.
 
 Limits: only tensors a layer receives as positional arguments are saved by the checkpoint, hence
 offloaded (transformers passes the hidden states positionally; ``stats.tensors_packed`` staying 0 in
@@ -51,6 +51,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from memfit.step.seam import host_copy_pinnable
+
 #: Saved floating tensors smaller than this stay where they are: below a few KiB the fixed cost of
 #: a copy (launch, event, host allocation) buys no memory worth having. Layer inputs are megabytes.
 MIN_OFFLOAD_BYTES = 4096
@@ -60,14 +62,14 @@ _PIN_ON_CPU = threading.local()  # set by pinned_host_copies()
 
 @contextlib.contextmanager
 def pinned_host_copies(host_placement: Callable[[], Any] | None = None) -> Iterator[None]:
-    """Allocate the host copies of CPU tensors with ``pin_memory=True`` while active.
+    """Allocate the host copies of CPU tensors with ``pin_memory=True`` while active, where they
+    can be pinned (:func:`memfit.step.seam.host_copy_pinnable`).
 
-    For the planner: under ``FakeTensorMode`` on the CPU, ``pin_memory=True`` works without any
-    accelerator, and :class:`memfit.planner.exact.tracker.MemoryTracker` counts pinned allocations as host
-    memory, so the plan separates host and device bytes exactly as a CUDA run does. Real CPU tensors
-    on a machine without a pinned-memory allocator still get plain host copies (pinning would fail);
-    ``host_placement`` (a context manager factory, e.g. a tracker's ``outside_device("host")``) is
-    then entered around their allocation, so a measurement counts them as host memory all the same.
+    For a memory tracker on the CPU (the planner's, a run's recorder): it counts pinned allocations as
+    host memory, so host and device bytes are told apart as on CUDA. Host copies that cannot be
+    pinned stay plain; ``host_placement`` (a context manager factory, e.g. a tracker's
+    ``outside_device("host")``) is then entered around their allocation, so a measurement counts
+    them as host memory all the same.
     """
     previous = getattr(_PIN_ON_CPU, "active", False), getattr(_PIN_ON_CPU, "placement", None)
     _PIN_ON_CPU.active, _PIN_ON_CPU.placement = True, host_placement
@@ -245,18 +247,13 @@ class ActivationOffloader:
 
 def pinned_copy_wanted(source: torch.Tensor) -> bool:
     """Whether a host copy of ``source`` should be pinned: always from CUDA (fast, asynchronous
-    copies), and for CPU tensors under :func:`pinned_host_copies` (the planner)."""
+    copies), and for CPU tensors under :func:`pinned_host_copies` (a memory tracker on the CPU)."""
     return source.device.type == "cuda" or _pin_cpu_copy(source)
 
 
 def _pin_cpu_copy(source: torch.Tensor) -> bool:
     """Whether the host copy of a CPU tensor is allocated pinned (see :func:`pinned_host_copies`)."""
-    if not getattr(_PIN_ON_CPU, "active", False):
-        return False
-    from torch._subclasses.fake_tensor import is_fake
-
-    # Fake tensors pin without an accelerator; real ones need a pinned-memory allocator.
-    return is_fake(source) or torch.cuda.is_available()
+    return getattr(_PIN_ON_CPU, "active", False) and host_copy_pinnable(source)
 
 
 def _checkpointed_modules(model: nn.Module) -> list[nn.Module]:

@@ -35,10 +35,15 @@ from memfit.step.autocast import autocast_dtype
 from memfit.step.batch import PADDED, collate
 from memfit.step.labels import IGNORE_INDEX
 from memfit.step.losses import Batch, _model_inputs, _wide, backbone_and_head, chunked_token_logps
+from memfit.step.seam import memory_attribute
 
 #: Where a full fine-tuning model keeps its frozen reference copy (not a submodule: it is neither
 #: trained, nor saved, nor in ``parameters()``; the memory tracker marks it as weights).
 REFERENCE_ATTR = "_memfit_reference"
+
+#: PEFT's switch on its adapter layers and on the wrappers of ``modules_to_save``, which
+#: ``disable_adapter()`` flips for the reference pass: with it on, a layer runs its base alone.
+ADAPTERS_DISABLED = memory_attribute("_disable_adapters")
 
 #: What a preference step reports, under TRL's metric names: each a mean over the step's pairs.
 PAIR_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected")

@@ -31,7 +31,8 @@ from torch import nn
 
 from memfit.models.layers import decoder_layers
 from memfit.step.autocast import active_autocast_dtype, same_autocast
-from memfit.step.chunking import chunk_starts, is_fake, run_region
+from memfit.step import seam
+from memfit.step.seam import chunks_to_run, run_region
 
 #: Tokens per chunk. 2048 rows keep each chunk's matmuls ([2048, hidden] x [hidden, intermediate])
 #: large enough to run a GPU's tensor cores near full speed (a few hundred rows already do for
@@ -40,8 +41,9 @@ from memfit.step.chunking import chunk_starts, is_fake, run_region
 DEFAULT_TILE_TOKENS = 2048
 
 # Instance attributes that mark a tiled MLP. They live in the module's __dict__ (not as
-# parameters or buffers), so the state_dict does not see them.
-_CHUNK_ATTR = "_memfit_tile_tokens"
+# parameters or buffers), so the state_dict does not see them. The chunk size decides what the
+# module's forward allocates.
+TILE_TOKENS = seam.memory_attribute("_memfit_tile_tokens")
 _UNTILED_ATTR = "_memfit_untiled_forward"
 
 # Class names of mixture-of-experts blocks: their routers feed an auxiliary loss through hooks
@@ -100,7 +102,7 @@ def _tile(module: nn.Module, chunk_tokens: int) -> None:
         # Keep whatever forward the instance had (another library may have patched it too).
         module.__dict__[_UNTILED_ATTR] = module.__dict__.get("forward")
         module.forward = types.MethodType(_tiled_forward, module)
-    module.__dict__[_CHUNK_ATTR] = chunk_tokens
+    module.__dict__[TILE_TOKENS] = chunk_tokens
 
 
 def _check_chunk_tokens(chunk_tokens: int) -> None:
@@ -115,7 +117,7 @@ def _is_norm(module: nn.Module) -> bool:
 
 def is_tiled(mlp: nn.Module) -> bool:
     """Whether :func:`tile_mlps` patched this module."""
-    return _CHUNK_ATTR in mlp.__dict__
+    return TILE_TOKENS in mlp.__dict__
 
 
 def is_dense_mlp(mlp: nn.Module) -> bool:
@@ -143,15 +145,13 @@ def _tiled_forward(self: nn.Module, hidden_states: torch.Tensor, *args: Any, **k
         return _call_untiled(untiled, self, hidden_states, *args, **kwargs)
 
     run = _Untiled(untiled, self)
-    chunk_tokens = self.__dict__[_CHUNK_ATTR]
+    chunk_tokens = self.__dict__[TILE_TOKENS]
     params = [p for p in self.parameters() if p.requires_grad]
     if not torch.is_grad_enabled() or not (hidden_states.requires_grad or params):
         # Evaluation or no_grad: nothing to recompute, chunking alone bounds the intermediates.
         with torch.no_grad():
             return _chunked_forward(run, hidden_states, chunk_tokens, rng_states=None)
-    # Fake tensors have no values, so there are no masks to replay; and capturing a fake CUDA
-    # device's RNG state would need a real CUDA device.
-    preserve_rng = _dropout_active(self) and not is_fake(hidden_states)
+    preserve_rng = _dropout_active(self) and seam.keeps_dropout_masks(hidden_states)
     return TiledMLPFunction.apply(run, chunk_tokens, preserve_rng, hidden_states, *params)
 
 
@@ -207,7 +207,7 @@ class TiledMLPFunction(torch.autograd.Function):
         # fork_rng: replaying the forward's RNG states must not change the RNG stream the rest of
         # the step sees afterwards.
         with torch.random.fork_rng(devices=devices, enabled=rng_states is not None), same_autocast(x.device.type, ctx.autocast_dtype):
-            for index, start in enumerate(chunk_starts(flat_x.shape[0], ctx.chunk_tokens, flat_x)):
+            for index, start in enumerate(chunks_to_run(flat_x.shape[0], ctx.chunk_tokens, flat_x)):
                 stop = start + ctx.chunk_tokens
                 if rng_states is not None:
                     _set_rng_state(rng_states[index], devices)
@@ -255,7 +255,7 @@ def _chunked_forward(
     rows = flat.shape[0]
     devices = _cuda_devices(x) if rng_states is not None else []
     out = None
-    for start in chunk_starts(rows, chunk_tokens, flat):
+    for start in chunks_to_run(rows, chunk_tokens, flat):
         piece = flat[start:start + chunk_tokens]
         if rng_states is not None:
             rng_states.append(_get_rng_state(devices))

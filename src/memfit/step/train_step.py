@@ -14,8 +14,8 @@ from typing import Protocol
 
 import torch
 
-from memfit.step.chunking import run_micro_batch
 from memfit.step.losses import Batch, LossFn
+from memfit.step.seam import run_micro_batch
 
 
 class StepObserver(Protocol):

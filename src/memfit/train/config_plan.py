@@ -152,10 +152,10 @@ def plan_train_config(path: str | Path, *, model_override: str | None = None, re
                       gpu: str | None = None, budget: str | None = None, **options: Any):
     """The plan of the run the training config at ``path`` describes, as its preflight plans it: at
     the data's longest micro-batch when the data is at hand. ``options``: the command line's knobs
-    and :func:`memfit.planner.api.plan`'s own (``context_bytes``, ``extrapolate``, ``cache``)."""
+    and :func:`memfit.planner.api.plan`'s own (``context_bytes``, ``exact``, ``cache``)."""
     from memfit.planner.api import plan
 
-    own = {k: options.pop(k) for k in ("context_bytes", "extrapolate", "cache") if k in options}
+    own = {k: options.pop(k) for k in ("context_bytes", "exact", "cache") if k in options}
     planner_only = _planner_only(options)
     run = read_config_run(path, model_override=model_override, revision=revision, **options)
     config = run.config

@@ -41,7 +41,7 @@ def command_line(command: str, params: Mapping[str, list[str]], model_file: str 
     """``memfit plan MODEL --opt value ...`` for ``params`` (names as the API takes them).
 
     ``model_file`` is the file name of a config.json dropped on the page, which the command line
-    names by its path; switches given as true are written bare (``--full-sim``), false ones left out.
+    names by its path; switches given as true are written bare (``--exact``), false ones left out.
     """
     from memfit.ui.params import DEFAULT_MODEL, _flags
 

@@ -27,7 +27,7 @@ from memfit.spec import KNOBS, flag, value_kind
 DEFAULT_MODEL = "smollm2-135m"
 
 #: ``memfit plan``'s options besides the model and the knobs (``as_json`` is the API itself).
-PLAN_OPTIONS = ("revision", "gpu", "budget", "context_bytes", "full_sim", "no_cache")
+PLAN_OPTIONS = ("revision", "gpu", "budget", "context_bytes", "exact", "no_cache")
 
 #: ``--model`` (``model_override``: a config's model replaced) on the page: the model field is the model.
 MODEL_OVERRIDE_REFUSED = "the page's model field names the model: put it there, or edit the config's model before dropping it"
@@ -37,7 +37,7 @@ PLAN_REFUSED = {"model_override": MODEL_OVERRIDE_REFUSED}
 #: ``memfit fit``'s options besides its knobs (:data:`memfit.options.FIT_KNOBS`, the command line's
 #: own) that the page's search takes (``--write``, ``--data`` and ``--overwrite`` write files: the
 #: page never names a server path; see :data:`FIT_REFUSED`).
-FIT_OPTIONS = ("revision", "gpu", "budget", "batch_size", "seq_len", "method", "precision", "gpus", "shard", "max")
+FIT_OPTIONS = ("revision", "gpu", "budget", "batch_size", "seq_len", "method", "precision", "gpus", "shard", "max", "exact")
 #: ``memfit fit`` options the page's search refuses, with why.
 FIT_REFUSED = {
     "write": "the page writes no file on the server: use 'copy as YAML', or run the command it gives",
@@ -91,8 +91,8 @@ def _single(params: Mapping[str, list[str]], known: tuple[str, ...], command: st
 
 
 def _flags(command: str) -> tuple[str, ...]:
-    """Options that are switches: ``?full_sim`` alone means on, as ``--full-sim`` does."""
-    own = ("full_sim", "no_cache") if command == "plan" else ()
+    """Options that are switches: ``?exact`` alone means on, as ``--exact`` does."""
+    own = ("exact", "no_cache") if command == "plan" else ("exact",)
     return own + tuple(k for k in KNOBS if value_kind(k) == "bool")
 
 
@@ -144,7 +144,7 @@ def plan_call(params: Mapping[str, list[str]]) -> Call:
             options[name] = values.pop(name)
     if "context_bytes" in values:  # checked by the plan, as `memfit plan --context-bytes` is
         options["context_bytes"] = whole_number(values.pop("context_bytes"))
-    options["extrapolate"] = not _switch("full_sim", values.pop("full_sim", "false"))
+    options["exact"] = _switch("exact", values.pop("exact", "false"))
     options["cache"] = not _switch("no_cache", values.pop("no_cache", "false"))
     knobs = {name: ("true" if value == "" else value) for name, value in values.items()}
     return Call(model, options, knobs)
@@ -173,6 +173,8 @@ def fit_call(params: Mapping[str, list[str]]) -> Call:
     max_target = values.pop("max", None)
     if max_target is not None and max_target != "seq-len":
         raise QueryError(f"--max: {max_target!r} is not one of seq-len.")
+    if "exact" in values:
+        options["exact"] = _switch("exact", values.pop("exact"))
     return Call(model, options, dict(values))
 
 

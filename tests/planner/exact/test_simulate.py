@@ -173,7 +173,7 @@ def test_extrapolation_matches_full_simulation(knobs):
     from memfit.planner.api import plan
 
     quick = plan("llama-3.2-1b", seq_len=1024, batch_size=2, **knobs)
-    full = plan("llama-3.2-1b", seq_len=1024, batch_size=2, extrapolate=False, **knobs)
+    full = plan("llama-3.2-1b", seq_len=1024, batch_size=2, exact=True, **knobs)
     assert quick.details["simulated_layers"] == [2, 3]
     assert full.details["simulated_layers"] == [16]
     assert quick.phase == full.phase

@@ -42,9 +42,9 @@ def _needs(plan) -> int:
     dict(optimizer="adamw", precision="bf16-mixed"),
     dict(optimizer="adamw8bit", precision="fp16-mixed", tiling="on"),
 ])
-@pytest.mark.parametrize("extrapolate", [True, False])
-def test_floor_is_under_every_full_plan(knobs, extrapolate):
-    plan = memfit.plan(WIDE, method="full", seq_len=128, batch_size=2, extrapolate=extrapolate, **knobs)
+@pytest.mark.parametrize("exact", [False, True])
+def test_floor_is_under_every_full_plan(knobs, exact):
+    plan = memfit.plan(WIDE, method="full", seq_len=128, batch_size=2, exact=exact, **knobs)
     floor = memory_lower_bound(WIDE, make_spec(method="full", seq_len=128, batch_size=2, **knobs), DEFAULT_CUDA_CONTEXT_BYTES)
     assert floor <= _needs(plan)
     # And it is the model states: at least weights + states (+ gradients), not just the context.

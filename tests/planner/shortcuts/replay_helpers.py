@@ -1,4 +1,4 @@
-"""What the replay tests (test_regions, test_micro_batches) compare: a simulation's events."""
+"""What the replay tests (test_replay, test_shortcuts) compare: a simulation's events."""
 
 from __future__ import annotations
 

@@ -10,7 +10,9 @@ CUDA kernels that allocate differently from CPU ones (:mod:`~memfit.planner.exac
 (:mod:`~memfit.planner.exact.runtime`).
 
 This is what "the plan equals the run" is checked on (:mod:`memfit.train.conformance`). Whatever
-makes plans fast lives in :mod:`memfit.planner.shortcuts`, each shortcut checked equal to this.
+makes plans fast lives in :mod:`memfit.planner.shortcuts`, each shortcut checked equal to this; a
+simulation takes them only as its caller hands them in (the step's seam runner,
+:data:`~memfit.planner.exact.simulate.RunnerFactory`).
 
 May import: :mod:`memfit.step`, :mod:`memfit.models` and the bottom layer. Never the shortcuts.
 """

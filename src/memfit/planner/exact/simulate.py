@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,12 +38,10 @@ from memfit.planner.exact.cuda_parity import (
     planned_grad_scaler,
 )
 from memfit.planner.exact.tracker import MemoryTracker, TrackerResult
-from memfit.planner.shortcuts.micro_batches import MicroBatchReplay
-from memfit.planner.shortcuts.regions import RegionReplay
 from memfit.spec import RunSpec
+from memfit.step import seam
 from memfit.step.batch import PADDED
 from memfit.step.builder import build_step
-from memfit.step.chunking import recording_loops, replaying_micro_batches, replaying_regions
 from memfit.step.offload import pinned_host_copies
 from memfit.step.optim import build_optimizer
 from memfit.step.preference import keep_reference_copy, longest_pairs, needs_reference_copy
@@ -70,7 +68,13 @@ class SimulationResult:
     embeddings_on_host: bool = False  # frozen input embeddings kept in host memory
     trained_copies: tuple[dict, ...] = ()  # modules_to_save copies: the modules using each, its parameters
     adapted: tuple[str, ...] = ()  # short names of the modules carrying LoRA adapters
-    chunk_loops: frozenset[tuple[int, int]] = frozenset()  # (rows, chunk) of the step's chunked loops
+
+
+#: Makes the step's seam runner (:class:`memfit.step.seam.Runner`) for one simulation, from its
+#: tracker, the probe of what the simulation notes outside memory (the attention kernels met: a set
+#: that only grows), and whether micro-batches may be replayed (not when a loss scaler's first
+#: scaling makes its scale): the shortcuts' replay (:meth:`memfit.planner.shortcuts.replay.Replay.bind`).
+RunnerFactory = Callable[[MemoryTracker, Callable[[], frozenset], bool], seam.Runner]
 
 
 def simulate(
@@ -81,6 +85,7 @@ def simulate(
     workspace_allocs: tuple[int, ...] = (),
     fake: bool = True,
     arch: str | None = None,
+    runner: RunnerFactory | None = None,
 ) -> SimulationResult:
     """Simulate ``SIM_STEPS`` training steps of the model in ``config_dict`` as ``spec`` configures it.
 
@@ -90,7 +95,9 @@ def simulate(
     (autograd's device thread has its own cuBLAS handle).
     ``fake=False`` runs the same thing on real CPU tensors (random weights): tests use it to check
     that fake and real runs count the same bytes. ``arch``: the target GPU's architecture, which
-    decides the attention kernel CUDA runs (None: Ampere or newer).
+    decides the attention kernel CUDA runs (None: Ampere or newer). ``runner``: what answers the
+    step's seam for work on fake tensors (:data:`RunnerFactory`); None: every chunk, region and
+    micro-batch runs.
     """
     config = make_config(config_dict, layers=layers)
     config.use_cache = False
@@ -114,11 +121,8 @@ def simulate(
         _packed_positions(spec.recipe == "hf" and spec.packing and step_fn.layout == PADDED),
         offload_parity(),
         pinned_host_copies(),
-        recording_loops() as loops,
-        # A chunk's work seen before is replayed, not run (what it might change besides memory:
-        # the attention kernels met, the loops recorded).
-        replaying_regions(RegionReplay(tracker, probe := lambda: (len(parity.kernels), len(loops)),
-                                       _region_templates(config_dict, spec, arch, fake))),
+        # Work seen before may be replayed, not run (what it notes besides memory: the attention kernels met).
+        seam.running(runner(tracker, lambda: parity.kernels, not step_fn.scales_loss)) if runner else contextlib.nullcontext(),
         tracker,
         parity,
     ):
@@ -141,21 +145,17 @@ def simulate(
         # The step's own peak is what matters; building the model is not part of it.
         tracker.reset_peak()
         observer = _WorkspaceObserver(tracker, workspace_allocs)
-        # Each micro-batch makes what the first step's did (the second with the gradients it finds
-        # held): it is replayed (a loss scaler's first scaling makes its scale, so with one every
-        # micro-batch runs).
-        with replaying_micro_batches(MicroBatchReplay(tracker, probe)) if grad_scaler is None else contextlib.nullcontext():
-            for step in range(SIM_STEPS):
-                # The trainer makes a step's grad_accum micro-batches up front and holds them through
-                # the step; so does the plan. The first step only has to create the optimizer states;
-                # in the last, two micro-batches show gradient accumulation's steady state (the second
-                # runs with gradients held).
-                held = [step_fn.collate(examples, 0) for _ in range(spec.grad_accum)]
-                with _quiet():
-                    step_fn(model, held[: min(spec.grad_accum, 2) if step == SIM_STEPS - 1 else 1], optimizer,
-                            grad_scaler=grad_scaler, observer=observer)
-                del held
-                tracker.mark_optimizer(optimizer)
+        for step in range(SIM_STEPS):
+            # The trainer makes a step's grad_accum micro-batches up front and holds them through
+            # the step; so does the plan. The first step only has to create the optimizer states;
+            # in the last, two micro-batches show gradient accumulation's steady state (the second
+            # runs with gradients held).
+            held = [step_fn.collate(examples, 0) for _ in range(spec.grad_accum)]
+            with _quiet():
+                step_fn(model, held[: min(spec.grad_accum, 2) if step == SIM_STEPS - 1 else 1], optimizer,
+                        grad_scaler=grad_scaler, observer=observer)
+            del held
+            tracker.mark_optimizer(optimizer)
         for h in hooks:
             h.remove()
         result = tracker.result()
@@ -171,32 +171,7 @@ def simulate(
         embeddings_on_host=embeddings_on_host,
         trained_copies=copies,
         adapted=adapted,
-        chunk_loops=frozenset(loops),
     )
-
-
-#: Region templates (:mod:`memfit.planner.shortcuts.regions`) of the last few kinds of plan: by the model's
-#: config, the spec but for the knobs that only change shapes, and the GPU architecture.
-_REGION_TEMPLATES: dict[tuple, dict] = {}
-_REGION_SCOPES = 4
-#: Knobs that change the shapes a step runs on, not what it runs: a template is keyed by its shapes.
-_SHAPE_KNOBS = {"seq_len", "batch_size", "grad_accum"}
-
-
-def _region_templates(config_dict: dict[str, Any], spec: RunSpec, arch: str | None, fake: bool) -> dict:
-    """The templates the simulations of plans of one kind share (their depths, their lengths and
-    micro-batches): the same module on the same shapes does the same at every depth and length."""
-    import json
-
-    scope = (json.dumps(config_dict, sort_keys=True, default=str),
-             json.dumps(spec.model_dump(mode="json", exclude=_SHAPE_KNOBS), sort_keys=True), arch, fake)
-    templates = _REGION_TEMPLATES.pop(scope, None)
-    if templates is None:
-        templates = {}
-        while len(_REGION_TEMPLATES) >= _REGION_SCOPES:
-            del _REGION_TEMPLATES[next(iter(_REGION_TEMPLATES))]
-    _REGION_TEMPLATES[scope] = templates  # most recent last
-    return templates
 
 
 class _WorkspaceObserver:

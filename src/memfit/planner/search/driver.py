@@ -40,6 +40,7 @@ from memfit.planner.search.plans import OPTIMIZERS_LEAN_FIRST, SearchPlanner, pl
 from memfit.planner.search.request import FitEvents, FitRequest
 from memfit.planner.search.results import Fit, FitResult, Miss
 from memfit.planner.search.tool_configs import tool_config_request
+from memfit.planner.shortcuts.switch import exact_wanted
 from memfit.planner.shortcuts.workers import run_parallel, start_worker_server, worker_count
 from memfit.planner.throughput import relative_speeds
 from memfit.spec import SpecError, choices, default, make_spec, upper_bound
@@ -85,7 +86,8 @@ def _search(request: FitRequest, events: FitEvents) -> FitResult:
     check_no_override(request.model, request.model_override)
     started = time.perf_counter()
     methods, refused = _methods_for(request.methods, request.knobs)
-    workers = worker_count(len(methods)) if request.workers is None else max(1, request.workers)
+    exact = exact_wanted(request.exact)  # also MEMFIT_EXACT=1: every plan exact, in this one process
+    workers = 1 if exact else worker_count(len(methods)) if request.workers is None else max(1, request.workers)
     source, target = _validated(request, refused, start_workers=workers > 1)
     job = _method_job(request, source, target)
     events.expect(expected_plans(len(methods), job.effective_batch, longest=bool(job.seq_limit)))
@@ -116,7 +118,7 @@ def _method_job(request: FitRequest, source, target) -> MethodJob:
                      effective_batch=_effective_batch(request),
                      seq_limit=(max_positions or 131072) if request.max_seq_len else 0,
                      levels=levels, optimizers=dict(OPTIMIZERS_LEAN_FIRST, **(request.optimizers or {})),
-                     deepspeed=request.deepspeed, exact=request.exact)
+                     deepspeed=request.deepspeed, exact=exact_wanted(request.exact))
 
 
 def _effective_batch(request: FitRequest) -> int | str:

@@ -53,20 +53,16 @@ class DepthPlan:
         return [len(s) for s in self.samples]
 
 
-#: Depth plans by config (each is checked by building its cuts; a search plans one model many times).
-_PLANS: dict[str, DepthPlan | None] = {}
-_PLANS_KEPT = 64
-
-
 def plan_depths(config_dict: dict[str, Any]) -> DepthPlan | None:
     """The cuts that give the step of the model in ``config_dict`` at full depth, or None when it is
-    simulated whole."""
+    simulated whole. Kept in the memo by config: each is checked by building its cuts, and a search
+    plans one model many times."""
+    from memfit.planner.shortcuts.memo import MEMO
+
     key = json.dumps(config_dict, sort_keys=True, default=str)
-    if key not in _PLANS:
-        if len(_PLANS) >= _PLANS_KEPT:
-            _PLANS.pop(next(iter(_PLANS)))
-        _PLANS[key] = _plan(config_dict)
-    return _PLANS[key]
+    if key not in MEMO.depth_plans:
+        MEMO.keep("depth_plans", key, _plan(config_dict))
+    return MEMO.depth_plans[key]
 
 
 def _plan(config_dict: dict[str, Any]) -> DepthPlan | None:

@@ -23,6 +23,7 @@ from typing import Any
 
 from memfit.planner.exact import allocator
 from memfit.planner.shortcuts.depths import DepthPlan
+from memfit.planner.shortcuts.memo import MEMO
 from memfit.spec import RunSpec
 
 #: Maps single-GPU categories at a moment of a phase to one rank's categories.
@@ -88,10 +89,10 @@ def estimate_step(
     spec: RunSpec,
     workspace_allocs: tuple[int, ...] = (),
     *,
-    extrapolate: bool = True,
     reshape: Reshape | None = None,
     arch: str | None = None,
     sampler: Sampler | None = None,
+    exact: bool = False,
 ) -> StepEstimate:
     """Simulate (and extrapolate) the step; return peaks, categories and counts for the full model.
 
@@ -101,6 +102,8 @@ def estimate_step(
     ``single_gpu_categories`` holds the unreshaped categories at the single-GPU peak. The
     simulation itself is that of one GPU, whatever ``gpus`` and ``shard`` are: it is shared.
     ``sampler`` gives the step at one depth in place of a simulation (:mod:`memfit.planner.shortcuts.lengths`).
+    ``exact``: the whole depth simulated with no shortcut (:func:`exact_step`), nothing remembered
+    (``sampler`` is then not used).
     """
     from memfit.models.layer_kinds import layer_pattern
     from memfit.planner.shortcuts.depths import plan_depths
@@ -112,9 +115,9 @@ def estimate_step(
         spec = spec.model_copy(update={"gpus": 2, "shard": "none"})
     pattern = layer_pattern(config)
     num_layers = pattern.num_layers
-    depths = plan_depths(config) if extrapolate else None
-    sample = sampler or sample_step
-    many = getattr(sampler, "sample_many", None)  # a sampler that simulates the depths side by side
+    depths = None if exact else plan_depths(config)
+    sample = exact_step if exact else sampler or sample_step
+    many = getattr(sample, "sample_many", None)  # a sampler that simulates the depths side by side
     cuts = list(depths.samples) if depths else [None]
     points = many(config, spec, cuts, workspace_allocs, arch) if many else [sample(config, spec, cut, workspace_allocs, arch)
                                                                               for cut in cuts]
@@ -126,7 +129,7 @@ def estimate_step(
                   embeddings_on_host=last.embeddings_on_host, trained_copies=last.trained_copies,
                   layer_kinds=_kind_counts(pattern), adapted=last.adapted)
     if depths is None:
-        return _whole(points[0], reshape, num_layers, **shared)
+        return _whole(points[0], reshape, num_layers, remember=not exact, **shared)
     return _extrapolated(depths, points, num_layers, reshape, **shared)
 
 
@@ -135,13 +138,14 @@ def _kind_counts(pattern) -> list[dict[str, Any]]:
     return [{"kind": pattern.names[kind], "layers": count} for kind, count in pattern.counts().items()]
 
 
-def _whole(point: SampledStep, reshape: Reshape | None, num_layers: int, **shared: Any) -> StepEstimate:
-    """The step simulated at full depth (reshaped for one rank, with ``reshape``)."""
+def _whole(point: SampledStep, reshape: Reshape | None, num_layers: int, *, remember: bool = True, **shared: Any) -> StepEstimate:
+    """The step simulated at full depth (reshaped for one rank, with ``reshape``; ``remember``: its
+    category series kept in the memo)."""
     phase, categories, phase_peaks = point.phase, point.categories, dict(point.phase_peaks)
     allocated, reserved = point.allocated_bytes, point.reserved_bytes
     if reshape is not None:
         overhead = reserved - allocated
-        phase, categories, phase_peaks = _reshaped_peak(point.result, reshape)
+        phase, categories, phase_peaks = _reshaped_peak(point.result, reshape, remember)
         allocated = sum(categories.values())
         reserved = allocated + overhead
     return StepEstimate(allocated_bytes=allocated, reserved_bytes=reserved, host_peak_bytes=point.host_peak_bytes,
@@ -167,7 +171,12 @@ def _extrapolated(depths: DepthPlan, points: list[SampledStep], num_layers: int,
     if reshape is not None:
         # One rank's fragmentation is taken to be the single GPU's (an assumption: sharded
         # states are smaller blocks, so this errs high).
-        phase, categories, phase_peaks = _extrapolate_peak(depths, points, reshape)
+        phase, categories, _ = _extrapolate_peak(depths, points, reshape)
+        # Each phase's highest moment, as on one GPU: the samples' own highest, one rank's bytes,
+        # extrapolated (a phase's highest can lie between its head and its tail: the optimizer's
+        # multi-tensor ops allocate for every layer in turn, op after op).
+        sampled = [_reshaped_peak(p.result, reshape)[2] for p in points]
+        phase_peaks = {k: line([peaks.get(k, 0) for peaks in sampled]) for k in sampled[-1]}
     allocated = sum(categories.values())
     return StepEstimate(allocated_bytes=allocated, reserved_bytes=allocated + overhead,
                         host_peak_bytes=line([p.host_peak_bytes for p in points]),
@@ -230,9 +239,9 @@ def _highest_offset(depths: DepthPlan, results: list, firsts: list[int], length:
     return max(range(length), key=rank_bytes)
 
 
-def _reshaped_peak(result, reshape: Reshape) -> tuple[str, dict[str, int], dict[str, int]]:
+def _reshaped_peak(result, reshape: Reshape, remember: bool = True) -> tuple[str, dict[str, int], dict[str, int]]:
     """The highest moment of a whole simulation after ``reshape``: phase, categories, per-phase peaks."""
-    series = _category_series(result)
+    series = _category_series(result, remember)
     best: tuple[int, str, dict[str, int]] | None = None
     phases: dict[str, int] = {}
     for seg in result.segments():
@@ -247,13 +256,10 @@ def _reshaped_peak(result, reshape: Reshape) -> tuple[str, dict[str, int], dict[
     return best[1], best[2], phases
 
 
-#: Live bytes by category after every event, by result (kept alongside the simulation cache).
-_SERIES_CACHE: dict[int, tuple[Any, list[dict[str, int]]]] = {}
-
-
-def _category_series(result) -> list[dict[str, int]]:
-    """Live device bytes by category just after each event (``categories_at`` for every event, in one pass)."""
-    cached = _SERIES_CACHE.get(id(result))
+def _category_series(result, remember: bool = True) -> list[dict[str, int]]:
+    """Live device bytes by category just after each event (``categories_at`` for every event, in
+    one pass), kept in the memo by result when ``remember``."""
+    cached = MEMO.series.get(id(result)) if remember else None
     if cached is not None and cached[0] is result:
         return cached[1]
     from memfit.planner.categories import TRACKED_CATEGORIES
@@ -265,9 +271,8 @@ def _category_series(result) -> list[dict[str, int]]:
         category, nbytes = info[alloc_id]
         live[category] += nbytes if kind == "alloc" else -nbytes
         series.append(dict(live))
-    if len(_SERIES_CACHE) >= _SAMPLE_CACHE_SIZE:
-        _SERIES_CACHE.pop(next(iter(_SERIES_CACHE)))
-    _SERIES_CACHE[id(result)] = (result, series)
+    if remember:
+        MEMO.keep("series", id(result), (result, series))
     return series
 
 
@@ -305,33 +310,38 @@ def _common_prefix(a: list, b: list) -> int:
     return n
 
 
-#: Simulation summaries by (config, spec, depth, workspaces): searches plan the same step many times.
-_SAMPLE_CACHE: dict[tuple, SampledStep] = {}
-_SAMPLE_CACHE_SIZE = 128
-
-
 def sample_step(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
                 arch: str | None = None) -> SampledStep:
-    """Simulate (or recall) the step of the model cut to copies of its ``layers`` (None: all of
-    them) and summarise it: peaks, categories, counts."""
+    """Simulate (or recall, from the memo) the step of the model cut to copies of its ``layers``
+    (None: all of them), work seen before replayed (:mod:`memfit.planner.shortcuts.replay`), and
+    summarise it: peaks, categories, counts."""
     from memfit.planner.exact.simulate import simulate
+    from memfit.planner.shortcuts.replay import Replay
 
     key = _sample_key(config, spec, layers, workspace_allocs, arch)
-    cached = _SAMPLE_CACHE.get(key)
+    cached = MEMO.samples.get(key)
     if cached is None:
-        cached = _summarise(simulate(config, spec, layers=layers, workspace_allocs=workspace_allocs, arch=arch))
-        if len(_SAMPLE_CACHE) >= _SAMPLE_CACHE_SIZE:
-            _SAMPLE_CACHE.pop(next(iter(_SAMPLE_CACHE)))
-        _SAMPLE_CACHE[key] = cached
+        replay = Replay(MEMO.templates_for(config, spec, arch))
+        simulated = simulate(config, spec, layers=layers, workspace_allocs=workspace_allocs, arch=arch, runner=replay.bind)
+        cached = MEMO.keep("samples", key, _summarise(simulated, frozenset(replay.loops)))
     # Callers must not change the tracker result; the dicts around it they may.
     return dataclasses.replace(cached, **{f.name: copy.deepcopy(getattr(cached, f.name))
                                           for f in dataclasses.fields(cached) if f.name != "result"})
 
 
+def exact_step(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
+               arch: str | None = None) -> SampledStep:
+    """The step of the model cut to copies of its ``layers`` (None: all of them), simulated with no
+    shortcut (every chunk, region and micro-batch run) and nothing remembered, summarised."""
+    from memfit.planner.exact.simulate import simulate
+
+    return _summarise(simulate(config, spec, layers=layers, workspace_allocs=workspace_allocs, arch=arch), frozenset())
+
+
 def cached_sample(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
                   arch: str | None = None) -> SampledStep | None:
     """The step :func:`sample_step` simulated already in this process for these inputs, or None (nothing is simulated)."""
-    return _SAMPLE_CACHE.get(_sample_key(config, spec, layers, workspace_allocs, arch))
+    return MEMO.samples.get(_sample_key(config, spec, layers, workspace_allocs, arch))
 
 
 def _sample_key(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
@@ -340,7 +350,8 @@ def _sample_key(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] |
     return (json.dumps(config, sort_keys=True, default=str), spec.model_dump_json(), cut, tuple(workspace_allocs), arch)
 
 
-def _summarise(sim) -> SampledStep:
+def _summarise(sim, chunk_loops: frozenset) -> SampledStep:
+    """A simulation's figures, with the chunked loops its step ran (for the length model)."""
     result = sim.tracker
     replay = allocator.simulate(result.events)
     return SampledStep(
@@ -359,6 +370,6 @@ def _summarise(sim) -> SampledStep:
         phase_peaks=dict(result.phase_peaks),
         total_params=sim.total_params,
         trainable_params=sim.trainable_params,
-        chunk_loops=sim.chunk_loops,
+        chunk_loops=chunk_loops,
         adapted=sim.adapted,
     )

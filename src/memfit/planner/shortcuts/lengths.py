@@ -1,6 +1,7 @@
 """The step at any sequence length, learnt from two simulated lengths (the longest-sequence search).
 
-Past a few chunks of every chunked loop (:mod:`memfit.step.chunking`), the simulated step does the
+Past a few chunks of every chunked loop (which the replay runs the first two and the last of:
+:mod:`memfit.planner.shortcuts.replay`), the simulated step does the
 same operations at every sequence length, in the same order, on storages with the same roles:
 only their sizes change. How each storage's size follows the length is read from simulations at
 two lengths whose every loop ends on a different partial chunk (:func:`second_length`): it is
@@ -37,10 +38,6 @@ if TYPE_CHECKING:
 
 #: A storage's requested bytes as a function of the sequence length.
 SizeRule = Callable[[int], int]
-
-#: Chunked loops of more chunks than this run only three under fake tensors (memfit.step.chunking):
-#: their structure no longer changes with the length.
-_SHORTCUT_CHUNKS = 3
 
 
 @dataclass(frozen=True)
@@ -127,11 +124,13 @@ def second_length(first: int, step: int) -> int:
 
 def _longest_same_structure(loops: list[tuple[int, int]], length: int) -> int:
     """The longest length at which every loop runs the chunks it runs at ``length`` (or, past
-    :data:`_SHORTCUT_CHUNKS`, any number of them): the structure is the same up to there."""
+    :data:`SHORTCUT_CHUNKS`, any number of them): the structure is the same up to there."""
+    from memfit.planner.shortcuts.replay import SHORTCUT_CHUNKS  # (imports torch: a prediction from the cache needs none)
+
     longest = 1 << 62
     for offset, chunk in loops:
         chunks = -(-(length + offset) // chunk)
-        if chunks <= _SHORTCUT_CHUNKS:
+        if chunks <= SHORTCUT_CHUNKS:
             longest = min(longest, chunks * chunk - offset)
     return longest
 
