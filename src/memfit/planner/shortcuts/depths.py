@@ -12,7 +12,7 @@ its number of further layers in the full model times what one more layer of it a
 The base begins with the model's own first layer (its input, the embedding output, needs no
 gradient: it is unlike the others) followed by one layer of each kind in the order the kinds first
 come; the extra layer goes in the middle of the base, so that every sample begins and ends with
-the same layers and the same operations (:func:`memfit.planner.shortcuts.extrapolate._extrapolate_peak`
+the same layers and the same operations (:mod:`memfit.planner.shortcuts.peaks`
 lines their events up). A model of one kind is simulated at two and three layers, as always.
 
 When the config cannot express such cuts (Jamba computes its kinds from the depth) the pattern's

@@ -6,8 +6,8 @@ kind; for a hybrid (Mamba or linear attention beside attention, experts beside d
 that holds every kind and, for each kind, the base with one more layer of it
 (:mod:`memfit.planner.shortcuts.depths`). Every figure is extrapolated to the full depth, counting each
 kind by its number in the full model. The peak is not one number to extrapolate: where it lies can move with
-depth, so each phase's shared head and tail of events are extrapolated and the highest moment
-taken (:func:`_extrapolate_peak`). A test checks the result against the full simulation.
+depth, so every moment of the full step is extrapolated and the highest taken
+(:mod:`memfit.planner.shortcuts.peaks`). Tests check the result against the exact plan.
 
 :func:`estimate_step` returns a :class:`StepEstimate`, the figures a plan is made of.
 """
@@ -24,10 +24,8 @@ from typing import Any
 from memfit.planner.exact import allocator
 from memfit.planner.shortcuts.depths import DepthPlan
 from memfit.planner.shortcuts.memo import MEMO
+from memfit.planner.shortcuts.peaks import Reshape, highest_moment, reshaped_peak
 from memfit.spec import RunSpec
-
-#: Maps single-GPU categories at a moment of a phase to one rank's categories.
-Reshape = Callable[[dict[str, int], str], dict[str, int]]
 
 
 @dataclass(frozen=True)
@@ -145,7 +143,7 @@ def _whole(point: SampledStep, reshape: Reshape | None, num_layers: int, *, reme
     allocated, reserved = point.allocated_bytes, point.reserved_bytes
     if reshape is not None:
         overhead = reserved - allocated
-        phase, categories, phase_peaks = _reshaped_peak(point.result, reshape, remember)
+        phase, categories, phase_peaks = reshaped_peak(point.result, reshape, remember)
         allocated = sum(categories.values())
         reserved = allocated + overhead
     return StepEstimate(allocated_bytes=allocated, reserved_bytes=reserved, host_peak_bytes=point.host_peak_bytes,
@@ -161,22 +159,25 @@ def _extrapolated(depths: DepthPlan, points: list[SampledStep], num_layers: int,
     def line(values: list[int]) -> int:
         return depths.combine(values)
 
-    phase, categories = _extrapolate_peak(depths, points)
+    phase, categories, moments = _highest_moment(depths, points)
     single = dict(categories)
     # Fragmentation does not grow linearly with depth (it jumps with how blocks happen to fit in
     # segments), so the allocator's overhead is not extrapolated: the larger of the sampled
     # overheads is added to the extrapolated allocated peak.
     overhead = max(p.reserved_bytes - p.allocated_bytes for p in points)
-    phase_peaks = {k: line([p.phase_peaks.get(k, 0) for p in points]) for k in points[-1].phase_peaks}
+    sampled = [p.phase_peaks for p in points]
     if reshape is not None:
         # One rank's fragmentation is taken to be the single GPU's (an assumption: sharded
         # states are smaller blocks, so this errs high).
-        phase, categories, _ = _extrapolate_peak(depths, points, reshape)
-        # Each phase's highest moment, as on one GPU: the samples' own highest, one rank's bytes,
-        # extrapolated (a phase's highest can lie between its head and its tail: the optimizer's
-        # multi-tensor ops allocate for every layer in turn, op after op).
-        sampled = [_reshaped_peak(p.result, reshape)[2] for p in points]
-        phase_peaks = {k: line([peaks.get(k, 0) for peaks in sampled]) for k in sampled[-1]}
+        phase, categories, moments = _highest_moment(depths, points, reshape)
+        sampled = [reshaped_peak(p.result, reshape)[2] for p in points]
+    # A phase's highest moment (memfit.planner.shortcuts.peaks), or its samples' own highest,
+    # extrapolated, where that is higher: in a phase weighed at its head and tail only (the
+    # optimizer's multi-tensor ops allocate for every layer in turn, op after op) the highest can
+    # lie between them. (With one kind of layer neither is above the full step's highest: the
+    # second, the samples' highest extrapolated with a weight of one or more, is at most the full
+    # step's at the moment the deeper sample is highest.)
+    phase_peaks = {k: max(line([peaks.get(k, 0) for peaks in sampled]), moments.get(k, 0)) for k in sampled[-1]}
     allocated = sum(categories.values())
     return StepEstimate(allocated_bytes=allocated, reserved_bytes=allocated + overhead,
                         host_peak_bytes=line([p.host_peak_bytes for p in points]),
@@ -186,128 +187,22 @@ def _extrapolated(depths: DepthPlan, points: list[SampledStep], num_layers: int,
                         num_layers=num_layers, **shared)
 
 
-def _extrapolate_peak(depths: DepthPlan, points: list[SampledStep], reshape: Reshape | None = None):
-    """Peak phase and categories at the peak of the full-depth step, from the sampled cuts.
+def _highest_moment(depths: DepthPlan, points: list[SampledStep], reshape: Reshape | None = None):
+    """Phase and categories at the peak of the full-depth step, and each phase's highest, from the
+    sampled cuts (:func:`memfit.planner.shortcuts.peaks.highest_moment`).
 
     Where the peak lies can move with depth: in full fine-tuning the start of backward (logits,
     every layer's activations) is highest for a few layers, the end of backward (every gradient)
-    for many. So the peak is not extrapolated as one number. Each phase of a further sample is the
-    base's with one layer (or one period) inserted in the middle: the events all samples share at
-    the phase's start (the head) and at its end (the tail) are the same operations, shifted by
-    memory that grows linearly with each kind's number. Memory moves by the same amount from layer
-    to layer of a kind, so within a phase the highest point is in its head or its tail: the moment of
-    each where the extrapolated step is highest is found, its categories extrapolated, and the
-    highest of them is the peak.
-
-    With ``reshape`` (one rank of a multi-GPU run) the moments are weighed by one rank's bytes, and
-    the return value also holds the highest reshaped total of each phase.
+    for many; within a layer's backward (its recomputation, a tiled MLP's chunks) for others. So the
+    peak is not extrapolated as one number: every moment of the full step is, and the highest taken.
+    Without a phase the samples share, the last sample's own peak.
     """
-    results = [p.result for p in points]
-    best: tuple[int, str, dict[str, int]] | None = None
-    phases: dict[str, int] = {}
-    for phase, firsts, length in _shared_regions(results):
-        offset = _highest_offset(depths, results, firsts, length, phase, reshape)
-        moments = [r.categories_at(first + offset) for r, first in zip(results, firsts)]
-        categories = {name: max(depths.combine([m[name] for m in moments]), 0) for name in moments[0]}
-        if reshape is not None:
-            categories = reshape(categories, phase)
-        total = sum(categories.values())
-        phases[phase] = max(phases.get(phase, 0), total)
-        if best is None or total > best[0]:
-            best = (total, phase, categories)
-    if best is None:  # no shared structure at all: the last sample's own moments
-        if reshape is not None:
-            return _reshaped_peak(results[-1], reshape)
-        return points[-1].phase, dict(points[-1].categories)
-    return (best[1], best[2], phases) if reshape is not None else (best[1], best[2])
-
-
-def _highest_offset(depths: DepthPlan, results: list, firsts: list[int], length: int, phase: str, reshape: Reshape | None) -> int:
-    """The offset into a shared region where the full-depth step is highest (live bytes, or one
-    rank's bytes after ``reshape``), weighing the samples as :meth:`DepthPlan.combine` does."""
-    weights = depths.float_weights()
-    if reshape is None:
-        lives = [r.live_bytes() for r in results]
-        return max(range(length), key=lambda i: sum(w * live[f + i] for w, live, f in zip(weights, lives, firsts)))
-    series = [_category_series(r) for r in results]
-
-    def rank_bytes(i: int) -> float:
-        moments = [s[f + i] for s, f in zip(series, firsts)]
-        mixed = {name: max(sum(w * m[name] for w, m in zip(weights, moments)), 0.0) for name in moments[0]}
-        return sum(reshape(mixed, phase).values())
-
-    return max(range(length), key=rank_bytes)
-
-
-def _reshaped_peak(result, reshape: Reshape, remember: bool = True) -> tuple[str, dict[str, int], dict[str, int]]:
-    """The highest moment of a whole simulation after ``reshape``: phase, categories, per-phase peaks."""
-    series = _category_series(result, remember)
-    best: tuple[int, str, dict[str, int]] | None = None
-    phases: dict[str, int] = {}
-    for seg in result.segments():
-        for event in range(seg.start_event + 1, seg.end_event + 1):
-            categories = reshape(series[event], seg.phase)
-            total = sum(categories.values())
-            phases[seg.phase] = max(phases.get(seg.phase, 0), total)
-            if best is None or total > best[0]:
-                best = (total, seg.phase, categories)
-    if best is None:
-        return result.peak.phase, reshape(dict(result.peak.categories), result.peak.phase), phases
-    return best[1], best[2], phases
-
-
-def _category_series(result, remember: bool = True) -> list[dict[str, int]]:
-    """Live device bytes by category just after each event (``categories_at`` for every event, in
-    one pass), kept in the memo by result when ``remember``."""
-    cached = MEMO.series.get(id(result)) if remember else None
-    if cached is not None and cached[0] is result:
-        return cached[1]
-    from memfit.planner.categories import TRACKED_CATEGORIES
-
-    info = {a.alloc_id: (a.category, a.nbytes) for a in result.allocations if a.place == "device"}
-    live = dict.fromkeys(TRACKED_CATEGORIES, 0)
-    series = []
-    for kind, alloc_id, _ in result.events:
-        category, nbytes = info[alloc_id]
-        live[category] += nbytes if kind == "alloc" else -nbytes
-        series.append(dict(live))
-    if remember:
-        MEMO.keep("series", id(result), (result, series))
-    return series
-
-
-def _shared_regions(results):
-    """(phase, first event in each result, length) of the runs of events all ``results`` share at
-    the start (head) and at the end (tail) of each phase."""
-    for segments in zip(*(r.segments() for r in results)):
-        sigs = [_signatures(r, seg.start_event + 1, seg.end_event + 1) for r, seg in zip(results, segments)]
-        head = min(_common_prefix(sigs[0], other) for other in sigs)
-        tail = min(_common_prefix(sigs[0][::-1], other[::-1]) for other in sigs)
-        if head:
-            yield segments[-1].phase, [seg.start_event + 1 for seg in segments], head
-        if tail:
-            yield segments[-1].phase, [seg.end_event + 1 - tail for seg in segments], tail
-
-
-def _signatures(result, first: int, stop: int) -> list[tuple[str, int, str]]:
-    """(event kind, bytes, op) of events ``first`` to ``stop - 1``: what an event does, without ids."""
-    allocations = result.allocations
-    if not all(allocations[i].alloc_id == i for i in (0, len(allocations) - 1) if allocations):
-        allocations = {a.alloc_id: a for a in allocations}  # not listed by id (the tracker lists them so)
-    out = []
-    for kind, alloc_id, _ in result.events[first:stop]:
-        a = allocations[alloc_id]
-        out.append((kind, a.nbytes, a.op))
-    return out
-
-
-def _common_prefix(a: list, b: list) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    found = highest_moment(depths, [p.result for p in points], reshape)
+    if found is not None:
+        return found
+    if reshape is not None:
+        return reshaped_peak(points[-1].result, reshape)
+    return points[-1].phase, dict(points[-1].categories), dict(points[-1].phase_peaks)
 
 
 def sample_step(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
