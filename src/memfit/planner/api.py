@@ -32,10 +32,10 @@ from typing import Any
 from memfit.models.catalog import ModelSource
 from memfit.planner.errors import PlanError
 from memfit.planner.exact.runtime import RuntimeOverhead, runtime_overhead
-from memfit.planner.shortcuts.switch import exact_wanted
 from memfit.planner.inputs import Resolved, checked, resolve
 from memfit.planner.report import MemoryPlan, adapter_notes, category_help
 from memfit.planner.shortcuts.extrapolate import Sampler, StepEstimate, estimate_step
+from memfit.planner.shortcuts.switch import exact_wanted
 from memfit.planner.target import Target
 from memfit.spec import RunSpec
 from memfit.units import format_bytes

@@ -33,9 +33,9 @@ bookkeeping otherwise. The planner keys what it replays by the declared set
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Protocol
 
 import torch
 

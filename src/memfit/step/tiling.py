@@ -30,8 +30,8 @@ import torch
 from torch import nn
 
 from memfit.models.layers import decoder_layers
-from memfit.step.autocast import active_autocast_dtype, same_autocast
 from memfit.step import seam
+from memfit.step.autocast import active_autocast_dtype, same_autocast
 from memfit.step.seam import chunks_to_run, run_region
 
 #: Tokens per chunk. 2048 rows keep each chunk's matmuls ([2048, hidden] x [hidden, intermediate])

@@ -5,11 +5,12 @@ Whole simulations with and without replay are compared in test_shortcuts.py."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-
 from replay_helpers import events_of as _events
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from memfit.planner.exact.tracker import MemoryTracker
 from memfit.planner.shortcuts.replay import Replay, unit_key
@@ -209,7 +210,7 @@ def _run_micro_batches(fn, times=2, *, zero_grads=True, probe=frozenset, model=_
         marks.append(len(tracker.events))
         result = tracker.result()
     events = _events(result)
-    return [events[a:b] for a, b in zip(marks, marks[1:])], replay, observer, grads
+    return [events[a:b] for a, b in itertools.pairwise(marks)], replay, observer, grads
 
 
 def test_a_first_micro_batch_is_replayed_with_its_events_phases_and_gradients():

@@ -15,7 +15,6 @@ segment more; equal at the other lengths from 6,272 to 16,384 every 640 tokens, 
 from __future__ import annotations
 
 import pytest
-
 from replay_helpers import events_of
 
 import memfit

@@ -27,8 +27,9 @@ import dataclasses
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from memfit.errors import shown_name
 from memfit.json_form import JsonForm
@@ -38,10 +39,10 @@ from memfit.planner.inputs import quick_problems, validate, validation_state
 from memfit.planner.layout import proven_over_budget
 from memfit.planner.report import MemoryPlan
 from memfit.planner.sharding import mode_problems
-from memfit.planner.target import Target
-from memfit.planner.throughput import relative_speeds
 from memfit.planner.shortcuts.switch import exact_wanted
 from memfit.planner.shortcuts.workers import run_parallel, start_worker_server, worker_count
+from memfit.planner.target import Target
+from memfit.planner.throughput import relative_speeds
 from memfit.spec import TILING_AUTO_TOKENS, TRAINED_SHARD_MODES, SpecError, choices, default, make_spec, upper_bound
 
 METHODS = choices("method")
@@ -331,13 +332,13 @@ def _stoppable(progress: Callable[[str], None] | None, stop: threading.Event | N
     return checked
 
 
-def _run_parts(job: "_MethodJob", methods: tuple[str, ...], workers: int, progress: Callable[[str], None] | None,
-               found: Callable[[str, list[Fit]], None], stop: threading.Event | None = None) -> list["_MethodOutcome"]:
+def _run_parts(job: _MethodJob, methods: tuple[str, ...], workers: int, progress: Callable[[str], None] | None,
+               found: Callable[[str, list[Fit]], None], stop: threading.Event | None = None) -> list[_MethodOutcome]:
     """Each method's outcome, its parts searched in ``workers`` processes (or here, with one);
     ``found`` is called with a method's fits as soon as its batch search ends; ``stop``: see :func:`fit`."""
     parts = job.parts(methods) if workers > 1 else tuple(methods)
 
-    def finished(part: str, outcome: "_MethodOutcome") -> None:
+    def finished(part: str, outcome: _MethodOutcome) -> None:
         if not part.endswith(":longest"):
             found(outcome.method, outcome.fits)
 
@@ -359,7 +360,7 @@ def _validated(model: str | dict, inputs: dict[str, Any], asked: tuple[str, ...]
     ``start_workers``: the search will run in worker processes, whose server starts now when the
     plans are not known to be cached."""
     problems = []
-    if inputs["target"] is None and inputs["gpu"] is None and inputs["budget"] is None or (
+    if (inputs["target"] is None and inputs["gpu"] is None and inputs["budget"] is None) or (
             inputs["target"] is not None and not inputs["target"].has_memory):
         problems.append("fit needs --gpu NAME or --budget SIZE (e.g. --gpu rtx-4090 or --budget 24GiB)")
     most = upper_bound("grad_accum")
@@ -393,7 +394,7 @@ def _validated(model: str | dict, inputs: dict[str, Any], asked: tuple[str, ...]
     return source, target
 
 
-def _fit_result(job: "_MethodJob", outcomes: list["_MethodOutcome"], methods: tuple[str, ...], max_seq_len: bool,
+def _fit_result(job: _MethodJob, outcomes: list[_MethodOutcome], methods: tuple[str, ...], max_seq_len: bool,
                 progress: Callable[[str], None] | None) -> FitResult:
     """The fits of every method, fastest first, the faster settings that miss, the longest sequences."""
     fits = [f for o in outcomes for f in o.fits]
@@ -494,7 +495,7 @@ class _MethodJob:
     deepspeed: Any = None  # a DeepSpeed config's settings, for the plans on several GPUs it shards
     exact: bool = False  # every plan exact (memfit.planner.shortcuts.switch)
 
-    def planner(self, progress: Callable[[str], None] | None = None, gpus: int = 1, shard: str = "none") -> "_Planner":
+    def planner(self, progress: Callable[[str], None] | None = None, gpus: int = 1, shard: str = "none") -> _Planner:
         base = dict(self.base)
         if gpus > 1:
             base.update(gpus=gpus, shard=shard)

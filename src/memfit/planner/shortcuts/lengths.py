@@ -125,7 +125,9 @@ def second_length(first: int, step: int) -> int:
 def _longest_same_structure(loops: list[tuple[int, int]], length: int) -> int:
     """The longest length at which every loop runs the chunks it runs at ``length`` (or, past
     :data:`SHORTCUT_CHUNKS`, any number of them): the structure is the same up to there."""
-    from memfit.planner.shortcuts.replay import SHORTCUT_CHUNKS  # (imports torch: a prediction from the cache needs none)
+    from memfit.planner.shortcuts.replay import (
+        SHORTCUT_CHUNKS,  # (imports torch: a prediction from the cache needs none)
+    )
 
     longest = 1 << 62
     for offset, chunk in loops:

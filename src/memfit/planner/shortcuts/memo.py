@@ -22,7 +22,8 @@ An exact plan (:mod:`memfit.planner.shortcuts.switch`) neither reads nor writes 
 from __future__ import annotations
 
 import json
-from typing import Any, Hashable
+from collections.abc import Hashable
+from typing import Any
 
 #: Entries each store keeps at most (the oldest goes first); templates: the kinds of plan kept.
 LIMITS = {"samples": 128, "series": 128, "depth_plans": 64, "layouts": 256, "templates": 4}

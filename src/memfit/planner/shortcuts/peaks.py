@@ -26,8 +26,8 @@ are (:func:`reshaped_peak`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from fractions import Fraction
-from typing import Any, Callable
 
 from memfit.planner.shortcuts.depths import DepthPlan
 from memfit.planner.shortcuts.memo import MEMO
@@ -112,7 +112,7 @@ def _highest(results: list, moments: list[Moment], phase: str, reshape: Reshape 
         if not counted:
             return None
         top = max(counted, key=lambda m: sum(float(c) * lives[s][e] for s, e, c in m))
-        return int(round(sum(c * lives[s][e] for s, e, c in top))), _categories_at(results, top)
+        return round(sum(c * lives[s][e] for s, e, c in top)), _categories_at(results, top)
     series = [category_series(r) for r in results]
 
     def rank_bytes(moment: Moment) -> float:
@@ -135,7 +135,7 @@ def _categories_at(results: list, moment: Moment) -> dict[str, int]:
     for s, e, c in moment:
         for name, value in results[s].categories_at(e).items():
             totals[name] = totals.get(name, Fraction(0)) + c * value
-    return {name: max(int(round(value)), 0) for name, value in totals.items()}
+    return {name: max(round(value), 0) for name, value in totals.items()}
 
 
 def reshaped_peak(result, reshape: Reshape, remember: bool = True) -> tuple[str, dict[str, int], dict[str, int]]:

@@ -40,9 +40,9 @@ partial), the same peak, categories and reserved memory as every chunk; and it r
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable
+from typing import Any
 
 import torch
 
@@ -101,7 +101,7 @@ class Replay:
         self.probe: Callable[[], frozenset] = frozenset
         self.micro_batches = True
 
-    def bind(self, tracker: MemoryTracker, probe: Callable[[], frozenset] = frozenset, micro_batches: bool = True) -> "Replay":
+    def bind(self, tracker: MemoryTracker, probe: Callable[[], frozenset] = frozenset, micro_batches: bool = True) -> Replay:
         """This runner for the simulation ``tracker`` counts: ``probe`` returns what the simulation
         has noted outside memory (a set that only grows); ``micro_batches`` False runs every
         micro-batch (a loss scaler's first scaling makes its scale)."""
