@@ -227,8 +227,8 @@ def test_imports_within_the_planner_point_down():
     assert not upward, "planner imports that point up:\n" + "\n".join(upward)
     assert not _planner_allowed("memfit.planner.exact.simulate", "memfit.planner.shortcuts.replay")
     assert not _planner_allowed("memfit.planner.shortcuts.depths", "memfit.planner.layout")
-    assert not _planner_allowed("memfit.planner.api", "memfit.planner.search.core")
-    assert _planner_allowed("memfit.planner.search.core", "memfit.planner.shortcuts.workers")
+    assert not _planner_allowed("memfit.planner.api", "memfit.planner.search.driver")
+    assert _planner_allowed("memfit.planner.search.driver", "memfit.planner.shortcuts.workers")
     assert _planner_allowed("memfit.planner.exact.tracker", "memfit.planner.categories")
 
 

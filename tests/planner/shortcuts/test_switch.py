@@ -14,7 +14,8 @@ from memfit.cli import app
 from memfit.errors import UserError
 from memfit.planner import api
 from memfit.planner.report import EXACT_LINE
-from memfit.planner.search import core as search
+from memfit.planner.search import driver, longest, plans
+from memfit.planner.search.request import FitRequest
 from memfit.planner.shortcuts import extrapolate
 from memfit.planner.shortcuts.memo import LIMITS, MEMO
 from memfit.planner.shortcuts.switch import ENV_SWITCH, exact_wanted
@@ -78,12 +79,12 @@ def test_an_exact_plan_is_never_predicted(monkeypatch):
 
 def test_an_exact_search_plans_exact_plans_in_one_process(monkeypatch):
     asked = []
-    real = search.plan
-    monkeypatch.setattr(search, "plan", lambda *a, **k: asked.append(k["exact"]) or real(*a, **k))
-    monkeypatch.setattr(search, "run_parallel", lambda *a, **k: pytest.fail("an exact search starts no worker process"))
-    monkeypatch.setattr(search, "_predicted_boundary", lambda *a, **k: pytest.fail("an exact search predicts no length"))
-    result = search.fit(dict(TINY, max_position_embeddings=32768), budget="1GiB", batch_size=2, methods=("lora", "full"),
-                        exact=True)
+    real = plans.plan
+    monkeypatch.setattr(plans, "plan", lambda *a, **k: asked.append(k.get("exact")) or real(*a, **k))
+    monkeypatch.setattr(driver, "run_parallel", lambda *a, **k: pytest.fail("an exact search starts no worker process"))
+    monkeypatch.setattr(longest, "_predicted_boundary", lambda *a, **k: pytest.fail("an exact search predicts no length"))
+    result = driver.fit(FitRequest(dict(TINY, max_position_embeddings=32768), budget="1GiB", batch_size=2,
+                                   methods=("lora", "full"), max_seq_len=True, exact=True))
     assert result.fits and asked and all(asked)
 
 
@@ -105,10 +106,10 @@ def test_memfit_plan_exact_says_so(tmp_path):
 def test_memfit_fit_exact_reaches_the_search(monkeypatch, tmp_path):
     seen = {}
 
-    def fake_fit(model, **options):
-        seen.update(options)
+    def fake_fit(request, events=None):
+        seen["exact"] = request.exact
         raise SystemExit(0)
 
-    monkeypatch.setattr(search, "fit", fake_fit)
+    monkeypatch.setattr(driver, "fit", fake_fit)
     runner.invoke(app, ["fit", "smollm2-135m", "--budget", "8GiB", "--exact", "--json"])
     assert seen["exact"] is True
