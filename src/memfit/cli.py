@@ -128,7 +128,7 @@ def fit_command(
     refuse_training_settings(options, "fit")
     from memfit.interop import is_tool_config
     from memfit.planner.search.driver import fit
-    from memfit.planner.search.request import FitEvents, FitRequest
+    from memfit.planner.search.request import FitEvents
     from memfit.train.config_plan import fit_train_config, is_train_config
 
     train_config = is_train_config(model)  # memfit's own YAML: fitted as train --fit fits it
@@ -143,15 +143,8 @@ def fit_command(
         os.environ[ENV_SWITCH] = "0"  # for this process and the search's worker processes, which inherit it
     from memfit.planner.search.report import FitProgress, render_fit
 
-    revision, gpu, budget, method, model_override = (options.pop(name) for name in ("revision", "gpu", "budget", "method",
-                                                                                     "model_override"))
-    # Text that is not a whole number goes on to the search's checks, which list it with every other problem.
-    batch_size, seq_len, gpus = (whole_number(options.pop(name)) for name in ("batch_size", "seq_len", "gpus"))
-    # --gpus 1 is one GPU, as no --gpus is: neither is a knob the search or a config's "given" holds.
-    request = FitRequest(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len,
-                         methods=tuple(method) if method else None, gpus=None if gpus == 1 else gpus,
-                         knobs={k: v for k, v in options.items() if v is not None}, model_override=model_override,
-                         exact=exact)
+    request = _fit_request(model, options, exact=exact)
+    gpu, budget, revision = request.gpu, request.budget, request.revision
     progress = None if as_json else FitProgress(make_console(stderr=True))
     events = FitEvents(progress=progress, plans_expected=progress.expect if progress is not None else None)
     try:
@@ -181,6 +174,21 @@ def fit_command(
         _write_best(result, model, write, data, overwrite, gpu=gpu, budget=budget, revision=revision)
         if not as_json:
             console.print(f"wrote {write}: train it with [bold]memfit train {write}[/]", highlight=False)
+
+
+def _fit_request(model: str, options: dict[str, Any], *, exact: bool):
+    """The search's request from fit's command line (``options``: its knob options, taken)."""
+    from memfit.planner.search.request import FitRequest
+
+    revision, gpu, budget, method, model_override = (options.pop(name) for name in ("revision", "gpu", "budget", "method",
+                                                                                     "model_override"))
+    # Text that is not a whole number goes on to the search's checks, which list it with every other problem.
+    batch_size, seq_len, gpus = (whole_number(options.pop(name)) for name in ("batch_size", "seq_len", "gpus"))
+    # --gpus 1 is one GPU, as no --gpus is: neither is a knob the search or a config's "given" holds.
+    return FitRequest(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len,
+                         methods=tuple(method) if method else None, gpus=None if gpus == 1 else gpus,
+                         knobs={k: v for k, v in options.items() if v is not None}, model_override=model_override,
+                         exact=exact)
 
 
 def _check_write_path(path: Path, overwrite: bool, *, model: str, data: str | None) -> None:

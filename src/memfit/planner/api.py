@@ -173,10 +173,19 @@ def plan(
     """
     from memfit.interop import is_tool_config
 
+    given = dict(revision=revision, gpu=gpu, budget=budget, target=target, context_bytes=context_bytes,
+                 cublas_workspace_bytes=cublas_workspace_bytes, exact=exact, cache=cache, sampler=sampler,
+                 model_override=model_override, progress=progress)
     if is_tool_config(model):
-        return _plan_tool_config(str(model), revision=revision, gpu=gpu, budget=budget, target=target, context_bytes=context_bytes,
-                                 cublas_workspace_bytes=cublas_workspace_bytes, exact=exact, cache=cache,
-                                 sampler=sampler, model_override=model_override, progress=progress, **knobs)
+        return _plan_tool_config(str(model), **given, **knobs)
+    return _plan_model(model, deepspeed=deepspeed, **given, **knobs)
+
+
+def _plan_model(model: str | dict, *, revision: str | None, gpu: str | None, budget: str | int | None,
+                target: Target | None, context_bytes: int | str | None, cublas_workspace_bytes: int | None, exact: bool,
+                cache: bool, deepspeed: Any, sampler: Sampler | None, model_override: str | None,
+                progress: Callable[[str], None] | None, **knobs: Any) -> MemoryPlan:
+    """:func:`plan` of a model (not another tool's config)."""
     check_no_override(model, model_override)
     started = time.perf_counter()
     exact = exact_wanted(exact)
@@ -187,22 +196,26 @@ def plan(
         context_bytes = resolved.target.context_bytes
     elif not resolved.has_problems:
         context_bytes = int(context_bytes)  # the command line's text, checked
-    key = None
-    if cache and not resolved.has_problems:
-        # Looked up before the checks that need transformers and torch: an entry exists only for
-        # inputs that passed them (with the same code and libraries, which are in the key), so a
-        # plan from the cache needs neither.
-        key = _plan_key(resolved, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes,
-                        deepspeed=deepspeed.to_dict() if deepspeed is not None else None)
-        cached = _cached_plan(key, resolved.spec, started)
-        if cached is not None:
-            return cached
+    key = _cache_key(resolved, context_bytes, cublas_workspace_bytes, deepspeed) if cache else None
+    cached = _cached_plan(key, resolved.spec, started) if key is not None else None
+    if cached is not None:
+        return cached
     result = _made_plan(resolved, cache=cache, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes,
                         exact=exact, deepspeed=deepspeed, sampler=sampler, progress=progress)
     result.details["plan_seconds"] = round(time.perf_counter() - started, 3)
     if key is not None:
         _keep_plan(key, result)
     return result
+
+
+def _cache_key(resolved: Resolved, context_bytes: int | None, cublas_workspace_bytes: int | None, deepspeed: Any) -> str | None:
+    """The plan cache's key of these inputs; None for inputs with problems. Looked up before the
+    checks that need transformers and torch: an entry exists only for inputs that passed them (with
+    the same code and libraries, which are in the key), so a plan from the cache needs neither."""
+    if resolved.has_problems:
+        return None
+    return _plan_key(resolved, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes,
+                     deepspeed=deepspeed.to_dict() if deepspeed is not None else None)
 
 
 def predicted_plan(model: str | dict, sampler: Sampler, *, revision: str | None = None, target: Target | None = None,

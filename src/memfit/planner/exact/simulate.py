@@ -140,22 +140,7 @@ def simulate(
         optimizer = build_optimizer(model.parameters(), spec.optimizer, step_in_backward=spec.step_in_backward)
         for inner in getattr(optimizer, "inner_optimizers", [optimizer]):
             plan_bitsandbytes_optimizer(inner, tracker)
-        grad_scaler = planned_grad_scaler(step_fn, SIM_DEVICE)
-        examples = longest_pairs(spec, step_fn.layout) if spec.is_preference else _longest_examples(spec, step_fn.layout)
-        # The step's own peak is what matters; building the model is not part of it.
-        tracker.reset_peak()
-        observer = _WorkspaceObserver(tracker, workspace_allocs)
-        for step in range(SIM_STEPS):
-            # The trainer makes a step's grad_accum micro-batches up front and holds them through
-            # the step; so does the plan. The first step only has to create the optimizer states;
-            # in the last, two micro-batches show gradient accumulation's steady state (the second
-            # runs with gradients held).
-            held = [step_fn.collate(examples, 0) for _ in range(spec.grad_accum)]
-            with _quiet():
-                step_fn(model, held[: min(spec.grad_accum, 2) if step == SIM_STEPS - 1 else 1], optimizer,
-                        grad_scaler=grad_scaler, observer=observer)
-            del held
-            tracker.mark_optimizer(optimizer)
+        observer, grad_scaler = _run_steps(model, spec, step_fn, optimizer, tracker, workspace_allocs)
         for h in hooks:
             h.remove()
         result = tracker.result()
@@ -172,6 +157,28 @@ def simulate(
         trained_copies=copies,
         adapted=adapted,
     )
+
+
+def _run_steps(model, spec: RunSpec, step_fn, optimizer, tracker: MemoryTracker, workspace_allocs: tuple[int, ...]):
+    """``SIM_STEPS`` steps of ``step_fn`` on the longest examples, the tracker's peak reset first;
+    the workspace observer (whose workspaces stay alive, as cuBLAS keeps them) and the grad scaler."""
+    grad_scaler = planned_grad_scaler(step_fn, SIM_DEVICE)
+    examples = longest_pairs(spec, step_fn.layout) if spec.is_preference else _longest_examples(spec, step_fn.layout)
+    # The step's own peak is what matters; building the model is not part of it.
+    tracker.reset_peak()
+    observer = _WorkspaceObserver(tracker, workspace_allocs)
+    for step in range(SIM_STEPS):
+        # The trainer makes a step's grad_accum micro-batches up front and holds them through
+        # the step; so does the plan. The first step only has to create the optimizer states;
+        # in the last, two micro-batches show gradient accumulation's steady state (the second
+        # runs with gradients held).
+        held = [step_fn.collate(examples, 0) for _ in range(spec.grad_accum)]
+        with _quiet():
+            step_fn(model, held[: min(spec.grad_accum, 2) if step == SIM_STEPS - 1 else 1], optimizer,
+                    grad_scaler=grad_scaler, observer=observer)
+        del held
+        tracker.mark_optimizer(optimizer)
+    return observer, grad_scaler
 
 
 class _WorkspaceObserver:
