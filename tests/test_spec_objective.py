@@ -9,7 +9,7 @@ from memfit.spec import KNOBS, ObjectiveParams, SpecError, choices, make_spec, o
 
 def test_objective_is_a_knob_with_trl_objectives_and_sft_by_default():
     assert "objective" in KNOBS and "precompute_reference" in KNOBS
-    assert choices("objective") == ("sft", "dpo", "orpo", "simpo")
+    assert choices("objective") == ("sft", "dpo", "orpo", "simpo", "grpo")
     spec = make_spec()
     assert spec.objective == "sft" and not spec.is_preference and spec.reference == "none"
     assert make_spec(objective="DPO").objective == "dpo"
@@ -33,7 +33,7 @@ def test_what_a_preference_objective_rules_out_is_said_in_the_users_spelling():
     # Several GPUs are a preference run's as they are SFT's: each rank trains its share of the pairs.
     assert make_spec(objective="orpo", gpus=2, shard="ddp", spelling="field").gpus == 2
     assert make_spec(objective="dpo", method="full", gpus=4, shard="fsdp").reference == "frozen-copy"
-    with pytest.raises(SpecError, match="is not one of sft, dpo, orpo, simpo. Did you mean 'dpo'"):
+    with pytest.raises(SpecError, match="is not one of sft, dpo, orpo, simpo, grpo. Did you mean 'dpo'"):
         make_spec(objective="dop")
 
 
@@ -45,6 +45,6 @@ def test_loss_parameters_have_trls_names_and_defaults_and_are_checked():
     assert any(p.startswith("simpo_gamma: applies to objective: simpo") for p in problems)
     assert any(p.startswith("beta: 0.0 must be a positive number") for p in problems)
     assert any(p.startswith("cpo_alpha: -1.0 must be 0 or more") for p in problems)
-    assert objective_problems("sft", ObjectiveParams(beta=0.2), {"beta"})[0].startswith("beta: applies to objective: dpo or orpo or simpo")
+    assert objective_problems("sft", ObjectiveParams(beta=0.2), {"beta"})[0].startswith("beta: applies to objective: dpo or orpo or simpo or grpo")
     # A default value does no harm: a run's whole recorded config (run.json) validates again.
     assert objective_problems("sft", ObjectiveParams(), {"beta", "loss_type", "simpo_gamma", "cpo_alpha"}) == []

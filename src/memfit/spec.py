@@ -119,12 +119,46 @@ class RunSpec(BaseModel):
     packing: bool = knob(False, "Concatenate examples into rows of exactly seq_len tokens (attention kept inside each example).")
     padding_free: Literal["auto", "on", "off"] = knob("auto", "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it; the hf recipe only with on: flash attention's varlen path).")
     max_grad_norm: float | None = knob(1.0, "Clip gradients to this L2 norm (none: no clipping).", example=1.0)
-    objective: Literal["sft", "dpo", "orpo", "simpo"] = knob(
+    objective: Literal["sft", "dpo", "orpo", "simpo", "grpo"] = knob(
         "sft",
         "Training objective: sft (next-token loss), or a preference objective on chosen / rejected pairs: dpo (against "
         "a reference model: the base with adapters disabled, or a frozen copy for full), orpo or simpo (no reference). "
-        "batch_size then counts pairs.",
+        "batch_size then counts pairs. grpo: online RL (TRL's GRPOTrainer): completions generated from prompts, scored "
+        "by reward functions; batch_size then counts completions.",
     )
+    beta: float | None = knob(
+        None,
+        "The objective's beta (TRL's name): dpo, orpo, simpo: their loss weight (default 0.1); grpo: the KL coefficient "
+        "(default 0.0: no reference model; above 0 a reference pass in every step, the base with adapters disabled, or a "
+        "frozen copy for full).",
+        example=0.04,
+    )
+    num_generations: int = knob(
+        8, "grpo: completions sampled per prompt (TRL GRPOConfig num_generations); batch_size x grad_accum (the "
+        "generation batch) holds whole groups of them.", example=8, at_most=4096,
+    )
+    max_completion_length: int = knob(
+        512, "grpo: the longest completion generated, in tokens (TRL GRPOConfig max_completion_length); seq_len is the "
+        "prompt's budget plus this.", example=256, at_most=MAX_MICRO_BATCH_TOKENS,
+    )
+    num_iterations: int = knob(
+        1, "grpo: optimizer steps taken on each generation batch (TRL's num_iterations, mu); above 1 the old policy's "
+        "log-probs are computed once after generating, and clipping applies.", example=1, at_most=1024,
+    )
+    temperature: float = knob(1.0, "grpo: sampling temperature; the log-probs are taken at it too (TRL GRPOConfig temperature).",
+                              example=1.0)
+    top_p: float = knob(1.0, "grpo: nucleus sampling's probability mass (TRL GRPOConfig top_p; 1.0: every token).", example=1.0)
+    use_vllm: bool = knob(False, "grpo: generate with vLLM as TRL does (planned from vLLM's rules, not simulated; memfit "
+                                 "train generates with transformers).", planner_only=True)
+    vllm_mode: Literal["colocate", "server"] = knob(
+        "colocate", "grpo with use_vllm: colocate (vLLM in the training process, on the same GPU) or server (a vLLM server "
+        "on GPUs of its own).", planner_only=True)
+    vllm_gpu_memory_utilization: float = knob(
+        0.3, "grpo with use_vllm colocate: the share of the GPU's memory vLLM takes (TRL's vllm_gpu_memory_utilization; "
+        "vLLM's gpu_memory_utilization).", example=0.3, planner_only=True)
+    vllm_enable_sleep_mode: bool = knob(
+        False, "grpo with use_vllm colocate: vLLM sleeps while the policy trains (its weights to host memory, its KV "
+        "cache freed; TRL's vllm_enable_sleep_mode).", planner_only=True)
     precompute_reference: bool = knob(
         False,
         "dpo: the reference log-probs in one pass before training (kept in the run folder) instead of a reference pass "
@@ -268,7 +302,29 @@ class RunSpec(BaseModel):
     @property
     def reference(self) -> str:
         """Where the step's reference log-probs come from (see :func:`reference_source`)."""
-        return reference_source(self.objective, self.method, self.precompute_reference)
+        return reference_source(self.objective, self.method, self.precompute_reference, self.kl_beta)
+
+    @property
+    def is_grpo(self) -> bool:
+        """Whether the run is online RL (grpo): completions generated, scored and trained on."""
+        return self.objective == "grpo"
+
+    @property
+    def kl_beta(self) -> float:
+        """``beta`` in effect: as given, or the objective's default (0.0 for grpo, 0.1 for the others)."""
+        if self.beta is not None:
+            return float(self.beta)
+        return 0.0 if self.objective == "grpo" else DEFAULT_BETA
+
+    @property
+    def prompt_budget(self) -> int:
+        """grpo: the tokens a prompt may take (``seq_len`` less ``max_completion_length``)."""
+        return self.seq_len - self.max_completion_length
+
+    @property
+    def generation_batch(self) -> int:
+        """grpo: completions generated at once on one device (TRL's generation batch: ``batch_size x grad_accum``)."""
+        return self.batch_size * self.grad_accum
 
     @property
     def tiles_sequence(self) -> bool:
@@ -489,18 +545,28 @@ def tiles_sequence(tiling: str, recipe: str, tokens: int) -> bool:
 #: The objectives that train on chosen / rejected pairs.
 PREFERENCE_OBJECTIVES = ("dpo", "orpo", "simpo")
 
+#: ``beta``'s default for dpo, orpo and simpo (TRL's); grpo's is 0.0 (no reference model).
+DEFAULT_BETA = 0.1
+
+#: The knobs only grpo takes (each refused for another objective unless it holds its default).
+GRPO_KNOBS = ("num_generations", "max_completion_length", "num_iterations", "temperature", "top_p", "use_vllm", "vllm_mode",
+              "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
+
 #: Where a step's reference log-probs come from (:func:`reference_source`).
 REFERENCE_SOURCES = ("none", "disabled-adapters", "frozen-copy", "precomputed")
 
 
-def reference_source(objective: str, method: str, precompute_reference: bool = False) -> str:
+def reference_source(objective: str, method: str, precompute_reference: bool = False, beta: float = 0.0) -> str:
     """Where the reference log-probs of an ``objective`` step come from.
 
-    ``none``: the objective has no reference (sft, orpo, simpo); ``precomputed``: read from the batch
-    (one pass before training computed them); ``disabled-adapters``: LoRA and QLoRA take them from
-    the base model, the adapters switched off (PEFT's ``disable_adapter()``), with no second copy;
-    ``frozen-copy``: full fine-tuning keeps a frozen copy of the starting weights.
+    ``none``: the objective has no reference (sft, orpo, simpo, and grpo with ``beta`` 0);
+    ``precomputed``: read from the batch (one pass before training computed them);
+    ``disabled-adapters``: LoRA and QLoRA take them from the base model, the adapters switched off
+    (PEFT's ``disable_adapter()``), with no second copy; ``frozen-copy``: full fine-tuning keeps a
+    frozen copy of the starting weights.
     """
+    if objective == "grpo" and beta > 0:
+        return "frozen-copy" if method == "full" else "disabled-adapters"
     if objective != "dpo":
         return "none"
     if precompute_reference:
@@ -517,11 +583,19 @@ def _objective_combinations(spec: RunSpec, name, setting) -> list[str]:
             f"(got {setting('objective', spec.objective)}). Drop {name('precompute_reference')}."
         )
     if spec.objective != "sft" and spec.packing:
+        what = "a completion is scored" if spec.is_grpo else "a pair's chosen and rejected answers are scored"
+        held = "completions" if spec.is_grpo else "pairs"
         problems.append(
-            f"{name('packing')} cannot be used with {setting('objective', spec.objective)}: a pair's chosen and rejected "
-            f"answers are scored as whole sequences, not cut into packed rows. Drop {name('packing')} "
-            f"({name('padding_free')} keeps a micro-batch's pairs in one row without padding)."
+            f"{name('packing')} cannot be used with {setting('objective', spec.objective)}: {what} as whole sequences, not "
+            f"cut into packed rows. Drop {name('packing')} ({name('padding_free')} keeps a micro-batch's {held} in one row "
+            "without padding)."
         )
+    problems.extend(_grpo_combinations(spec, name, setting))
+    if spec.beta is not None and spec.objective == "sft":
+        problems.append(f"{name('beta')}: applies to the preference objectives and grpo (got {setting('objective', 'sft')}). "
+                        f"Drop {name('beta')}.")
+    elif spec.beta is not None and spec.is_preference and not (math.isfinite(spec.beta) and spec.beta > 0):
+        problems.append(f"{name('beta')}: {spec.beta!r} must be a positive number (e.g. {setting('beta', DEFAULT_BETA)})")
     if spec.objective != "sft" and spec.hf_loss != "model":
         problems.append(
             f"{name('hf_loss')}: {spec.hf_loss} is an sft loss; the hf recipe's {setting('objective', spec.objective)} "
@@ -530,23 +604,72 @@ def _objective_combinations(spec: RunSpec, name, setting) -> list[str]:
     return problems
 
 
-class ObjectiveParams(BaseModel):
-    """The loss parameters of the preference objectives, under TRL's names and defaults.
+def _grpo_combinations(spec: "RunSpec", name, setting) -> list[str]:
+    """What grpo needs of the other knobs, and grpo's knobs given to another objective."""
+    if not spec.is_grpo:
+        given = [knob for knob in GRPO_KNOBS if getattr(spec, knob) != default(knob)]
+        return [f"{name(knob)}: applies to {setting('objective', 'grpo')} (got {setting('objective', spec.objective)}). "
+                f"Drop {name(knob)}, or set {setting('objective', 'grpo')}." for knob in given]
+    problems = []
+    if spec.num_generations < 2:
+        problems.append(f"{setting('num_generations', spec.num_generations)}: grpo needs 2 or more completions of each prompt "
+                        f"to compare them (e.g. {setting('num_generations', 8)}).")
+    elif spec.generation_batch % spec.num_generations:
+        problems.append(
+            f"{setting('batch_size', spec.batch_size)} x {setting('grad_accum', spec.grad_accum)} = {spec.generation_batch} "
+            f"completions a step must hold whole groups of {setting('num_generations', spec.num_generations)} (TRL's "
+            f"generation batch): e.g. {setting('batch_size', spec.num_generations)}, or {name('grad_accum')} "
+            f"{spec.num_generations // math.gcd(spec.num_generations, spec.batch_size)}."
+        )
+    if spec.prompt_budget < 1:
+        problems.append(
+            f"{setting('seq_len', spec.seq_len)} leaves no room for a prompt beside "
+            f"{setting('max_completion_length', spec.max_completion_length)}: seq_len is the prompt's budget plus the "
+            f"completion (e.g. {setting('seq_len', spec.max_completion_length + 512)})."
+        )
+    if spec.gpus != 1:
+        problems.append(f"{setting('objective', 'grpo')}: planned and trained on one GPU (got {setting('gpus', spec.gpus)}); "
+                        f"a vLLM server on GPUs of its own is {setting('vllm_mode', 'server')}.")
+    if spec.recipe == "hf":
+        problems.append(f"{setting('recipe', 'hf')}: plans sft and the preference objectives; grpo runs memfit's step. "
+                        f"Drop {name('recipe')}.")
+    if not (math.isfinite(spec.temperature) and spec.temperature > 0):
+        problems.append(f"{name('temperature')}: {spec.temperature!r} must be more than 0 (e.g. {setting('temperature', 1.0)})")
+    if not (math.isfinite(spec.top_p) and 0 < spec.top_p <= 1):
+        problems.append(f"{name('top_p')}: {spec.top_p!r} must be in (0, 1] (e.g. {setting('top_p', 1.0)})")
+    if not 0 < spec.vllm_gpu_memory_utilization <= 1:
+        problems.append(f"{name('vllm_gpu_memory_utilization')}: {spec.vllm_gpu_memory_utilization!r} must be in (0, 1] "
+                        f"(e.g. {setting('vllm_gpu_memory_utilization', 0.3)})")
+    if spec.beta is not None and not (math.isfinite(spec.beta) and spec.beta >= 0):
+        problems.append(f"{name('beta')}: {spec.beta!r} must be 0 or more for grpo (e.g. {setting('beta', 0.04)})")
+    for knob_name in ("vllm_mode", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode"):
+        if not spec.use_vllm and getattr(spec, knob_name) != default(knob_name):
+            problems.append(f"{name(knob_name)}: applies with {name('use_vllm')}. Add {name('use_vllm')}, or drop {name(knob_name)}.")
+    return problems
 
-    They change the loss value, not the memory of a step: they are training-config fields (``beta:
-    0.1`` in a training YAML, ``--beta`` on ``memfit train``), not :class:`RunSpec` knobs, and plans do
-    not depend on them. :func:`objective_problems` checks them against the objective.
+
+class ObjectiveParams(BaseModel):
+    """The loss parameters of the preference objectives and of grpo, under TRL's names and defaults.
+
+    They change the loss value, not the memory of a step: they are training-config fields
+    (``loss_type: ipo`` in a training YAML, ``--loss-type`` on ``memfit train``), not :class:`RunSpec`
+    knobs, and plans do not depend on them. ``beta`` is the exception, a knob (grpo's reference pass
+    exists only when it is above 0): a training config holds it as the knob and passes it here
+    resolved (:attr:`RunSpec.kl_beta`). :func:`objective_problems` checks them against the objective.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     beta: float = Field(
-        0.1,
+        DEFAULT_BETA,
         description="dpo: how far the policy may move from the reference (TRL DPOConfig beta; for loss_type ipo, its "
-        "tau); orpo: the odds-ratio weight lambda (TRL ORPOConfig beta); simpo: the reward scale (TRL CPOConfig beta).",
+        "tau); orpo: the odds-ratio weight lambda (TRL ORPOConfig beta); simpo: the reward scale (TRL CPOConfig beta); "
+        "grpo: the KL coefficient (TRL GRPOConfig beta, default 0.0).",
     )
-    loss_type: Literal["sigmoid", "ipo", "hinge"] = Field(
-        "sigmoid", description="dpo's loss (TRL DPOConfig loss_type): sigmoid (DPO), ipo (IPO, per-token averages), hinge (SLiC)."
+    loss_type: Literal["sigmoid", "ipo", "hinge", "grpo", "dr_grpo", "dapo", "bnpo"] = Field(
+        "sigmoid", description="dpo's loss (TRL DPOConfig loss_type): sigmoid (DPO), ipo (IPO, per-token averages), hinge "
+        "(SLiC); grpo's (TRL GRPOConfig loss_type, default dapo): grpo (each completion's token mean), dr_grpo (over "
+        "completions x max_completion_length), dapo (over the generation batch's tokens), bnpo (over the micro-batch's tokens).",
     )
     simpo_gamma: float = Field(0.5, description="simpo: the target reward margin gamma (TRL CPOConfig simpo_gamma).")
     cpo_alpha: float = Field(
@@ -554,12 +677,33 @@ class ObjectiveParams(BaseModel):
         description="simpo: weight of an NLL term on the chosen answers (TRL CPOConfig cpo_alpha; 0 is SimPO as its paper "
         "defines it, TRL's own default 1.0 is CPO-SimPO).",
     )
+    epsilon: float = Field(0.2, description="grpo: the ratio's lower clipping bound, 1 - epsilon (TRL GRPOConfig epsilon).")
+    epsilon_high: float | None = Field(
+        None, description="grpo: the ratio's upper clipping bound, 1 + epsilon_high (TRL GRPOConfig epsilon_high; default: epsilon).")
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="grpo: advantages divided by the standard deviation of the rewards of their group, of the "
+        "whole generation batch, or not at all (TRL GRPOConfig scale_rewards).",
+    )
+
+    @field_validator("scale_rewards", mode="before")
+    @classmethod
+    def _scale_words(cls, value: Any) -> Any:
+        return {True: "group", False: "none"}.get(value, value) if isinstance(value, bool) else value
+
+    @property
+    def clip_high(self) -> float:
+        """The upper clipping epsilon in effect (``epsilon_high``, else ``epsilon``)."""
+        return self.epsilon if self.epsilon_high is None else self.epsilon_high
 
 
 #: The fields of :class:`ObjectiveParams`, and the objectives each one applies to.
 OBJECTIVE_PARAMS: dict[str, tuple[str, ...]] = {
-    "beta": PREFERENCE_OBJECTIVES, "loss_type": ("dpo",), "simpo_gamma": ("simpo",), "cpo_alpha": ("simpo",),
+    "beta": PREFERENCE_OBJECTIVES + ("grpo",), "loss_type": ("dpo", "grpo"), "simpo_gamma": ("simpo",), "cpo_alpha": ("simpo",),
+    "epsilon": ("grpo",), "epsilon_high": ("grpo",), "scale_rewards": ("grpo",),
 }
+
+#: ``loss_type``'s choices by objective, the first its default.
+LOSS_TYPES = {"dpo": ("sigmoid", "ipo", "hinge"), "grpo": ("dapo", "grpo", "dr_grpo", "bnpo")}
 
 
 def objective_problems(objective: str, params: ObjectiveParams, given: set[str] | frozenset[str] = frozenset()) -> list[str]:
@@ -577,12 +721,28 @@ def objective_problems(objective: str, params: ObjectiveParams, given: set[str] 
                 f"{field}: applies to objective: {' or '.join(applies)}, and this run's objective is {objective}. "
                 f"Remove {field}, or set objective: {applies[0]}."
             )
-    if not (math.isfinite(params.beta) and params.beta > 0):
+    if objective in LOSS_TYPES and params.loss_type not in LOSS_TYPES[objective]:
+        problems.append(f"loss_type: {params.loss_type!r} is not a loss of objective: {objective}; use one of "
+                        f"{', '.join(LOSS_TYPES[objective])}")
+    if objective == "grpo":
+        problems.extend(_grpo_param_problems(params))
+    elif not (math.isfinite(params.beta) and params.beta > 0):
         problems.append(f"beta: {params.beta!r} must be a positive number (e.g. beta: 0.1)")
     if not math.isfinite(params.simpo_gamma):
         problems.append(f"simpo_gamma: {params.simpo_gamma!r} must be a number (e.g. simpo_gamma: 0.5)")
     if not (math.isfinite(params.cpo_alpha) and params.cpo_alpha >= 0):
         problems.append(f"cpo_alpha: {params.cpo_alpha!r} must be 0 or more (e.g. cpo_alpha: 0)")
+    return problems
+
+
+def _grpo_param_problems(params: ObjectiveParams) -> list[str]:
+    problems = []
+    if not (math.isfinite(params.beta) and params.beta >= 0):
+        problems.append(f"beta: {params.beta!r} must be 0 or more (e.g. beta: 0.04)")
+    if not (math.isfinite(params.epsilon) and 0 < params.epsilon < 1):
+        problems.append(f"epsilon: {params.epsilon!r} must be in (0, 1) (e.g. epsilon: 0.2)")
+    if params.epsilon_high is not None and not (math.isfinite(params.epsilon_high) and params.epsilon_high > 0):
+        problems.append(f"epsilon_high: {params.epsilon_high!r} must be more than 0 (e.g. epsilon_high: 0.28)")
     return problems
 
 
@@ -621,6 +781,12 @@ def make_spec(*, spelling: str = "flag", **knobs: Any) -> RunSpec:
         # Clipping needs every gradient before the first update: with the step in backward, the
         # default is no clipping (asking for both is refused).
         clean["max_grad_norm"] = None
+    if clean.get("objective") == "grpo" and "batch_size" not in clean:
+        # A micro-batch of whole groups by default (TRL's per_device_train_batch_size 8 holds one group
+        # of its num_generations 8); with grad_accum given, the fewest completions that make whole groups.
+        generations, accum = clean.get("num_generations", default("num_generations")), clean.get("grad_accum", 1)
+        if isinstance(generations, int) and isinstance(accum, int) and generations > 0:
+            clean["batch_size"] = generations // math.gcd(generations, accum)
     try:
         return RunSpec.model_validate(clean, context={"spelling": spelling})
     except ValidationError as err:

@@ -262,7 +262,7 @@ BOOLEAN = ": write {f}: true or {f}: false (unquoted)"
     ("train_on_inputs: 1", "train_on_inputs: 1 is not true or false but a number" + BOOLEAN.format(f="train_on_inputs")),
     ("force: null", "force: null is not true or false but null" + BOOLEAN.format(f="force")),
     ("packing: 'true'", "packing: 'true' is not true or false but text" + BOOLEAN.format(f="packing")),  # a knob: make_spec would read the text
-    ("beta: true", "beta: true is true or false, not a number: write a number (e.g. beta: 0.1)"),
+    ("simpo_gamma: true", "simpo_gamma: true is true or false, not a number: write a number (e.g. simpo_gamma: 0.5)"),
     ("lr: false", "lr: false is true or false, not a number: write a number (e.g. lr: 0.0002)"),
     ("eval_split: true", "eval_split: true is true or false, not a number: write a number (e.g. eval_split: 0.0)"),
     ("shuffle_buffer_size: true", "shuffle_buffer_size: true is true or false, not a whole number: write a whole number "

@@ -22,6 +22,7 @@ from memfit.step import train_step as train_step_module
 from memfit.step.attention import batch_layout
 from memfit.step.batch import PADDED, collate
 from memfit.step.losses import Batch, LossFn, choose_loss
+from memfit.step.grpo import choose_grpo_loss, collate_completions
 from memfit.step.preference import choose_preference_loss, collate_pairs, reference_model
 
 
@@ -40,12 +41,16 @@ class TrainingStep:
     scales_loss: bool = False
     layout: str = PADDED
     pairs: bool = False  # a preference objective: examples are chosen / rejected pairs
+    completions: bool = False  # grpo: examples are completions with their advantages
 
     def collate(self, examples: Sequence[dict[str, Any]], pad_token_id: int) -> dict[str, Any]:
         """One micro-batch of ``examples`` in this step's layout (see :func:`memfit.step.batch.collate`;
-        pairs: :func:`memfit.step.preference.collate_pairs`)."""
+        pairs: :func:`memfit.step.preference.collate_pairs`; completions:
+        :func:`memfit.step.grpo.collate_completions`)."""
         if self.pairs:
             return collate_pairs(examples, pad_token_id, layout=self.layout)
+        if self.completions:
+            return collate_completions(examples, pad_token_id, layout=self.layout)
         return collate(examples, pad_token_id, layout=self.layout)
 
     def grad_scaler(self, device: torch.device) -> torch.amp.GradScaler | None:
@@ -183,11 +188,17 @@ def build_step(spec: RunSpec, model_config: Any, objective_params: ObjectivePara
 
     Raises ValueError when ``spec`` asks for a layout the model cannot run (packing on a model
     whose attention cannot keep examples apart)."""
-    loss_fn = choose_preference_loss(spec, objective_params) if spec.is_preference else choose_loss(spec)
+    if spec.is_preference:
+        loss_fn = choose_preference_loss(spec, objective_params)
+    elif spec.is_grpo:
+        loss_fn = choose_grpo_loss(spec, objective_params)
+    else:
+        loss_fn = choose_loss(spec)
     return TrainingStep(
         loss_fn=loss_fn,
         max_grad_norm=spec.max_grad_norm,
         scales_loss=spec.scales_loss,
         layout=batch_layout(spec, model_config),
         pairs=spec.is_preference,
+        completions=spec.is_grpo,
     )

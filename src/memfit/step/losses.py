@@ -110,17 +110,21 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
 class ChunkedLinearLogProbs(torch.autograd.Function):
     """Per-token log-probabilities of ``targets`` under ``hidden @ weight.T``, ``chunk`` rows at a time.
 
-    The preference objectives' counterpart of :class:`ChunkedLinearCrossEntropy`, with the same
-    structure: forward keeps the hidden states (in ``compute_dtype``) and the per-token log-sum-exp,
-    never more than one chunk of ``[chunk, vocab]`` logits; backward recomputes each chunk's logits and
-    turns them into gradients for the hidden states (and the head, when it trains). Returns ``[N]``
-    log-probs in at least fp32, 0 where the target is ``IGNORE_INDEX``. Under ``no_grad`` (a reference
-    pass) nothing is kept once it returns.
+    The preference objectives' and grpo's counterpart of :class:`ChunkedLinearCrossEntropy`, with the
+    same structure: forward keeps the hidden states (in ``compute_dtype``) and the per-token
+    log-sum-exp, never more than one chunk of ``[chunk, vocab]`` logits; backward recomputes each
+    chunk's logits and turns them into gradients for the hidden states (and the head, when it trains).
+    Returns ``[N]`` log-probs in at least fp32, 0 where the target is ``IGNORE_INDEX``. Under
+    ``no_grad`` (a reference pass) nothing is kept once it returns.
+
+    ``temperature``: the logits are divided by it first (grpo scores completions at the temperature
+    they were sampled at, as TRL does). ``with_entropy``: also return each position's entropy of that
+    distribution (``[N]``, no gradient: a metric), one more ``[chunk, vocab]`` transient per chunk.
     """
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int,
-                compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+                compute_dtype: torch.dtype | None = None, temperature: float = 1.0, with_entropy: bool = False):
         compute = compute_dtype or weight.dtype
         with torch.autocast(device_type=hidden.device.type, enabled=False):
             kept, head = hidden.to(compute), weight.to(compute)
@@ -128,23 +132,31 @@ class ChunkedLinearLogProbs(torch.autograd.Function):
             wide = _wide(kept[:0]).dtype
             logps = torch.zeros(hidden.shape[0], dtype=wide, device=hidden.device)
             lse = torch.empty(hidden.shape[0], dtype=wide, device=hidden.device)
+            entropy = torch.zeros(hidden.shape[0], dtype=wide, device=hidden.device) if with_entropy else None
             for start in chunks_to_run(hidden.shape[0], chunk, hidden):
                 stop = min(start + chunk, hidden.shape[0])
                 logits = _wide(kept[start:stop] @ head.t())
+                if temperature != 1.0:
+                    logits.div_(temperature)
                 chunk_lse = torch.logsumexp(logits, dim=-1)
                 lse[start:stop] = chunk_lse
                 picked = logits.gather(1, targets[start:stop].clamp(min=0).unsqueeze(1)).squeeze(1)
                 logps[start:stop] = (picked - chunk_lse) * valid[start:stop]
+                if entropy is not None:
+                    entropy[start:stop] = _entropy_(logits, chunk_lse) * valid[start:stop]
                 del logits
             del head
         ctx.save_for_backward(kept, weight, targets, lse)
-        ctx.chunk, ctx.compute_dtype, ctx.hidden_dtype = chunk, compute, hidden.dtype
-        return logps
+        ctx.chunk, ctx.compute_dtype, ctx.hidden_dtype, ctx.temperature = chunk, compute, hidden.dtype, temperature
+        if entropy is None:
+            return logps
+        ctx.mark_non_differentiable(entropy)
+        return logps, entropy
 
     @staticmethod
-    def backward(ctx, grad_logps: torch.Tensor):
+    def backward(ctx, grad_logps: torch.Tensor, grad_entropy: torch.Tensor | None = None):
         hidden, weight, targets, lse = ctx.saved_tensors
-        chunk, compute = ctx.chunk, ctx.compute_dtype
+        chunk, compute, temperature = ctx.chunk, ctx.compute_dtype, ctx.temperature
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         head = weight.to(compute)
         grad_hidden = torch.empty(hidden.shape, dtype=ctx.hidden_dtype, device=hidden.device) if need_hidden else None
@@ -153,9 +165,14 @@ class ChunkedLinearLogProbs(torch.autograd.Function):
             stop = min(start + chunk, hidden.shape[0])
             h = hidden[start:stop]
             target = targets[start:stop]
-            # d logp / d logits = one_hot(target) - softmax, times the incoming gradient; zero where no target.
+            # d logp / d logits = (one_hot(target) - softmax) / temperature, times the incoming
+            # gradient; zero where no target.
             scale = grad_logps[start:stop].to(lse.dtype) * (target != IGNORE_INDEX).to(lse.dtype)
+            if temperature != 1.0:
+                scale = scale / temperature
             grad_logits = _wide(h @ head.t())
+            if temperature != 1.0:
+                grad_logits.div_(temperature)
             grad_logits.sub_(lse[start:stop].unsqueeze(1)).exp_()
             grad_logits.mul_(-scale.unsqueeze(1))
             grad_logits.scatter_add_(1, target.clamp(min=0).unsqueeze(1), scale.unsqueeze(1))
@@ -167,16 +184,27 @@ class ChunkedLinearLogProbs(torch.autograd.Function):
                 grad_weight.addmm_((grad_logits if for_weight is None else for_weight).t(), h.to(weight.dtype))
             del grad_logits, for_weight, scale
         del head
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
+
+
+def _entropy_(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """Each row's entropy from its logits and their log-sum-exp: ``-sum(p log p)``, with ``log p`` the
+    logits less the log-sum-exp. The logits are shifted in place (the caller is done with them);
+    ``p`` is the one ``[rows, vocab]`` transient."""
+    log_p = logits.sub_(lse.unsqueeze(1))
+    p = log_p.exp()
+    return -(p.mul_(log_p).sum(-1))
 
 
 def chunked_token_logps(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                        chunk: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+                        chunk: int = DEFAULT_CHUNK_TOKENS, *, temperature: float = 1.0, with_entropy: bool = False):
     """``[N]`` log-probs of ``targets`` (``[N]``, already shifted: position ``t`` holds the token that
     follows it, or -100) from hidden states ``[..., H]`` and the output projection ``[V, H]``, a chunk
-    of tokens at a time (:class:`ChunkedLinearLogProbs`). Under autocast the matmuls run in its 16-bit format."""
+    of tokens at a time (:class:`ChunkedLinearLogProbs`). Under autocast the matmuls run in its 16-bit
+    format. ``temperature`` divides the logits; ``with_entropy`` returns ``(log-probs, entropy)``."""
     compute = active_autocast_dtype(hidden.device.type)
-    return ChunkedLinearLogProbs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets, chunk, compute)
+    return ChunkedLinearLogProbs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets, chunk, compute, temperature,
+                                       with_entropy)
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:

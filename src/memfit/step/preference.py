@@ -242,9 +242,9 @@ def reference_model(model: torch.nn.Module) -> torch.nn.Module | None:
 
 
 def needs_reference_copy(spec: RunSpec) -> bool:
-    """Whether a run of ``spec`` keeps a frozen copy of its model (DPO, full fine-tuning, reference
-    not precomputed)."""
-    return spec.is_preference and spec.reference == "frozen-copy"
+    """Whether a run of ``spec`` keeps a frozen copy of its model (DPO, or grpo with beta above 0, in
+    full fine-tuning, the reference not precomputed)."""
+    return spec.reference == "frozen-copy"
 
 
 @torch.no_grad()

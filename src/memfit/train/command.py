@@ -130,7 +130,7 @@ def nproc_problem(nproc: int, gpus: int, env: dict[str, str] | None = None) -> s
 @with_options(
     knob_options(TRAINED_KNOBS),
     field_options(TrainConfig, ("lr", "epochs", "max_steps", "seed", "device", "output_dir", "force",
-                                 "report_to", "beta", "loss_type", "simpo_gamma", "cpo_alpha")),
+                                 "report_to", "loss_type", "simpo_gamma", "cpo_alpha")),
     command_options("train"),
 )
 def train_command(

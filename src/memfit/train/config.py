@@ -87,7 +87,14 @@ def _run_knobs() -> type[BaseModel]:
     return create_model("RunKnobs", __config__=ConfigDict(extra="forbid", frozen=True), **fields)
 
 
-class TrainConfig(_run_knobs(), ObjectiveParams, JsonForm):
+def _objective_fields() -> type[BaseModel]:
+    """The loss parameters of a training config (:class:`~memfit.spec.ObjectiveParams`), but for
+    ``beta``, which is a knob (grpo's reference pass depends on it) and comes with the knobs."""
+    fields = {name: (info.annotation, info) for name, info in ObjectiveParams.model_fields.items() if name != "beta"}
+    return create_model("ObjectiveFields", __config__=ConfigDict(extra="forbid", frozen=True), **fields)
+
+
+class TrainConfig(_run_knobs(), _objective_fields(), JsonForm):
     """Every setting of a training run: the :class:`~memfit.spec.RunSpec` knobs (``method``, ``rank``,
     ``batch_size``...), the preference objectives' loss parameters (:class:`~memfit.spec.ObjectiveParams`:
     ``beta``, ``loss_type``...) and what only training needs. Field docs double as the YAML reference
@@ -187,8 +194,15 @@ class TrainConfig(_run_knobs(), ObjectiveParams, JsonForm):
 
     @property
     def objective_params(self) -> ObjectiveParams:
-        """The preference objective's loss parameters (beta, loss_type, simpo_gamma, cpo_alpha)."""
-        return ObjectiveParams(**{name: getattr(self, name) for name in ObjectiveParams.model_fields})
+        """The objective's loss parameters (beta resolved for the objective, loss_type, simpo_gamma,
+        cpo_alpha, grpo's epsilon, epsilon_high and scale_rewards); grpo's loss_type is dapo unless set."""
+        values = {name: getattr(self, name) for name in ObjectiveParams.model_fields if name != "beta"}
+        if self.objective == "grpo" and "loss_type" not in self.model_fields_set:
+            values["loss_type"] = specs.LOSS_TYPES["grpo"][0]
+        beta = self.beta if isinstance(self.beta, (int, float)) and not isinstance(self.beta, bool) else None
+        if beta is None:
+            beta = 0.0 if self.objective == "grpo" else specs.DEFAULT_BETA
+        return ObjectiveParams(beta=beta, **values)
 
     def knobs(self) -> dict[str, Any]:
         """The knobs this config sets, as ``memfit plan`` takes them (the others take their defaults).
@@ -423,6 +437,8 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
         # The config holds the knobs as make_spec converted them (a flag's "2" is the number 2), so
         # that every later use of config.gpus or config.batch_size sees the type it was checked as.
         clean.update({k: getattr(spec, k) for k in knobs})
+        if spec.is_grpo and "batch_size" not in knobs:
+            clean["batch_size"] = spec.batch_size  # grpo's default: whole groups of completions (make_spec)
         range_problems = _size_problems({k: clean[k] for k in knobs if specs.value_kind(k) == "int"})
         problems.extend(range_problems)
         knobs_valid = not range_problems
