@@ -630,6 +630,9 @@ def _grpo_combinations(spec: "RunSpec", name, setting) -> list[str]:
     if spec.gpus != 1:
         problems.append(f"{setting('objective', 'grpo')}: planned and trained on one GPU (got {setting('gpus', spec.gpus)}); "
                         f"a vLLM server on GPUs of its own is {setting('vllm_mode', 'server')}.")
+    if spec.step_in_backward:
+        problems.append(f"{name('step_in_backward')}: not with {setting('objective', 'grpo')} (its optimizer states are "
+                        f"planned as held between steps, while it generates). Drop {name('step_in_backward')}.")
     if spec.recipe == "hf":
         problems.append(f"{setting('recipe', 'hf')}: plans sft and the preference objectives; grpo runs memfit's step. "
                         f"Drop {name('recipe')}.")

@@ -66,6 +66,8 @@ def _reference_note(spec: RunSpec, categories: dict[str, int], phase_peaks: dict
     """Where a preference plan's reference log-probs come from, and what that costs, in one line
     (``placed``: where a multi-GPU plan keeps a frozen copy, :func:`_reference_placement`)."""
     source = spec.reference
+    if source == "none" and spec.is_grpo:
+        return "none: beta 0 (grpo's default: no KL term, no reference model)"
     if source == "none":
         return f"none: {spec.objective} needs no reference model"
     if source == "precomputed":
@@ -269,10 +271,15 @@ def _made_plan(resolved: Resolved, *, cache: bool, context_bytes: int, cublas_wo
         layout = param_layout(source.config, spec, remember=not exact)
         zero = _zero_plan(deepspeed, source.config, spec, layout)
     estimate = _estimate(source.config, spec, runtime, target, exact=exact, layout=layout, zero=zero, sampler=sampler)
-    result = _memory_plan(source, spec, target, runtime, estimate, layout=layout, zero=zero)
+    made = _memory_plan(source, spec, target, runtime, estimate, layout=layout, zero=zero)
+    if spec.is_grpo:
+        from memfit.planner.grpo import with_phases
+
+        say("simulating the generation (transformers generate under fake tensors)" if not spec.use_vllm else "planning vLLM")
+        made = with_phases(made, source.config, spec, target, runtime, exact=exact)
     if exact:
-        result.details["exact"] = True
-    return result
+        made.details["exact"] = True
+    return made
 
 
 def _estimate(config: dict[str, Any], spec: RunSpec, runtime: RuntimeOverhead, target: Target, *, exact: bool, layout,
@@ -335,7 +342,7 @@ def _memory_plan(source: ModelSource, spec: RunSpec, target: Target, runtime: Ru
         "adapters": _adapter_details(spec, estimate.trained_copies, estimate.adapted) if spec.uses_adapters else None,
         "notes": _notes(source, spec, target, runtime, estimate, headroom),
     }
-    if spec.is_preference:
+    if spec.is_preference or spec.is_grpo:
         details["objective"] = spec.objective
         details["reference"] = _reference_note(spec, categories, estimate.phase_peaks, _reference_placement(spec, layout, zero))
     details["category_help"] = category_help(spec.knobs(), details["adapters"])

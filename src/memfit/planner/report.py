@@ -197,6 +197,18 @@ EXACT_LINE = ("made exact: every decoder layer simulated, every chunk and micro-
 
 #: What a preference objective's batch is, said beside it wherever a plan or a search names one.
 BATCH_COUNTS_PAIRS = "batch counts pairs"
+#: What grpo's batch is, said beside it wherever a plan or a search names one.
+BATCH_COUNTS_COMPLETIONS = "batch counts completions"
+
+
+def objective_words(spec: dict[str, Any]) -> str:
+    """The objective as a plan's headline and a search's title name it, with what its batch counts
+    ('' for sft)."""
+    objective = spec.get("objective", "sft")
+    if objective == "grpo":
+        return (f"grpo ({BATCH_COUNTS_COMPLETIONS}, {spec.get('num_generations')} a prompt, up to "
+                f"{spec.get('max_completion_length')} tokens each)")
+    return "" if objective == "sft" else f"{objective} ({BATCH_COUNTS_PAIRS})"
 
 
 def plan_headline(model: str, spec: dict[str, Any], details: dict[str, Any]) -> str:
@@ -213,7 +225,7 @@ def plan_headline(model: str, spec: dict[str, Any], details: dict[str, Any]) -> 
         + (f" + {escape(','.join(spec['modules_to_save']))} trained whole" if spec.get("modules_to_save") else "")
         + f" · {spec['precision']} · {spec['optimizer']} · batch {spec['batch_size']} x {spec['seq_len']} tokens"
         + f" · checkpointing {spec['checkpointing']}"
-        + (f" · [bold]{spec['objective']}[/] ({BATCH_COUNTS_PAIRS})" if spec.get("objective", "sft") != "sft" else "")
+        + (f" · [bold]{objective_words(spec)}[/]" if spec.get("objective", "sft") != "sft" else "")
         + (" · [bold]recipe hf[/] (plain Hugging Face + PEFT step)" if spec.get("recipe") == "hf" else "")
     )
     if details.get("per_rank"):
@@ -226,7 +238,7 @@ def fact_lines(spec: dict[str, Any], details: dict[str, Any]) -> list[str]:
     the step runs, a hybrid's kinds of layer and its sequence mixers' path, a preference
     objective's reference model (or that it needs none), the memory-lean techniques of the step,
     and that the plan was made exact."""
-    lines = []
+    lines = phase_lines(details)
     if details.get("exact"):
         lines.append(EXACT_LINE)
     if details.get("attention"):
@@ -237,6 +249,28 @@ def fact_lines(spec: dict[str, Any], details: dict[str, Any]) -> list[str]:
     features = step_features(spec, details)
     if features:
         lines.append(f"memory-lean step: {', '.join(features)}")
+    return lines
+
+
+#: The width of the longest bar of :func:`phase_lines`.
+BAR_WIDTH = 30
+
+
+def phase_lines(details: dict[str, Any]) -> list[str]:
+    """A grpo plan's phases, one bar each (the larger is the plan's peak), what each holds and the
+    knobs that drive it; then whether each part was simulated or planned only."""
+    phases = details.get("phases") or []
+    if not phases:
+        return []
+    top = max(p["device_total_bytes"] for p in phases) or 1
+    lines = []
+    for p in phases:
+        bar = "█" * max(1, round(BAR_WIDTH * p["device_total_bytes"] / top))
+        held = f", KV cache {format_bytes(p['kv_cache_bytes'])}" if p.get("kv_cache_bytes") else ""
+        held += f", vLLM {format_bytes(p['vllm_bytes'])}" if p.get("vllm_bytes") else ""
+        mark = " <- peak" if p["device_total_bytes"] == top else ""
+        lines.append(f"{p['name']:<10} {bar:<{BAR_WIDTH}} {format_bytes(p['device_total_bytes'])}{mark} ({p['phase']}{held}; "
+                     f"{p['planned']}; driven by {', '.join(p['drivers'])})")
     return lines
 
 
@@ -263,7 +297,10 @@ def step_features(spec: dict[str, Any], details: dict[str, Any] | None = None) -
     recipe = spec.get("recipe", "memfit")
     if recipe == "hf":
         return []
-    features = ["fused chunked loss" if spec.get("objective", "sft") == "sft" else "fused chunked log-probs, chosen and rejected in one forward"]
+    objective = spec.get("objective", "sft")
+    features = ["fused chunked loss" if objective == "sft" else
+                "fused chunked per-token log-probs of the completions" if objective == "grpo" else
+                "fused chunked log-probs, chosen and rejected in one forward"]
     if (details or {}).get("batch_layout") == "documents":
         features.append("padding-free batches (attention inside each example)")
     if tiles_sequence(spec.get("tiling", "auto"), recipe, spec["batch_size"] * spec["seq_len"]):

@@ -309,6 +309,13 @@ class GRPOLoss:
         with self._autocast(batch), _reference(model, self.reference) as scorer:
             return {**batch, "ref_logps": token_logps(scorer, batch, temperature=self.temperature)[0]}
 
+    @torch.no_grad()
+    def old_logps(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        """``[tokens]`` log-probs of the batch's completions under the policy as it is now, without a
+        graph: the old policy's, which ``num_iterations`` above 1 keeps for the steps that follow."""
+        with self._autocast(batch):
+            return token_logps(model, batch, temperature=self.temperature)[0]
+
     def __call__(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         with self._autocast(batch):
             logps, entropy = token_logps(model, batch, temperature=self.temperature, with_entropy=True)

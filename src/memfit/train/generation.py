@@ -13,8 +13,6 @@ Importing this module imports neither torch nor transformers (the config validat
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,29 +100,12 @@ class Reply:
     stopped: str
 
 
-def _base(model: Any) -> Any:
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+def generation_mode(model: Any):
+    """``model`` ready to generate (:func:`memfit.step.rollout.generation_mode`: the one grpo's
+    completions are sampled in, too)."""
+    from memfit.step.rollout import generation_mode as mode
 
-
-@contextlib.contextmanager
-def generation_mode(model: Any) -> Iterator[None]:
-    """``model`` ready to generate for the duration: evaluation mode (no dropout; checkpointing,
-    which only acts in training mode, idle) and its own attention instead of memfit's document
-    attention, which needs one-row batches without padding; training settings back afterwards."""
-    from memfit.step.attention import IMPLEMENTATION, restore_attention, use_document_attention
-
-    was_training = model.training
-    documents = getattr(_base(model).config, "_attn_implementation", None) == IMPLEMENTATION
-    if documents:
-        restore_attention(model)
-    model.eval()
-    try:
-        yield
-    finally:
-        if documents:
-            use_document_attention(model)
-        if was_training:
-            model.train()
+    return mode(model)
 
 
 def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:

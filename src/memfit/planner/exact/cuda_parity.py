@@ -38,6 +38,10 @@ explained and tested:
   skips the update (:func:`plan_bitsandbytes_optimizer`). Paged states (CUDA unified memory, for
   tensors of 100k elements or more) live outside the caching allocator: the tracker counts them
   as ``paged``.
+- bitsandbytes' 4-bit layers in evaluation mode (grpo's generation): on a CPU with AVX-512 BF16,
+  bitsandbytes repacks each 4-bit weight into a CPU layout at its first forward without gradients
+  (``_convert_weight_packed_for_cpu``: a new storage, the old one freed); CUDA keeps the weight as
+  it is, and so does the planner (:func:`four_bit_weights_as_cuda`).
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ class CudaParityMode(TorchDispatchMode):
 
     def __enter__(self):
         self._int8_path.enter_context(int8_matmul_as_cuda())
+        self._int8_path.enter_context(four_bit_weights_as_cuda())
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -196,6 +201,25 @@ def int8_matmul_as_cuda() -> Iterator[None]:
         return MatMul8bitLt.apply(A, B, out, bias, state)
 
     with mock.patch.object(bnb, "matmul", matmul):
+        yield
+
+
+@contextlib.contextmanager
+def four_bit_weights_as_cuda() -> Iterator[None]:
+    """While active, bitsandbytes' 4-bit layers keep their weights as CUDA does (no CPU repacking in
+    evaluation mode); a no-op where bitsandbytes is not imported (no 4-bit layer can exist then)."""
+    import sys
+
+    modules = sys.modules.get("bitsandbytes.nn.modules")
+    if modules is None or not hasattr(modules, "_convert_weight_packed_for_cpu"):
+        yield
+        return
+    from unittest import mock
+
+    def kept(weight, quant_state, *args, **kwargs):
+        return weight, quant_state
+
+    with mock.patch.object(modules, "_convert_weight_packed_for_cpu", kept):
         yield
 
 

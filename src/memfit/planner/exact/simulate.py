@@ -163,7 +163,7 @@ def _run_steps(model, spec: RunSpec, step_fn, optimizer, tracker: MemoryTracker,
     """``SIM_STEPS`` steps of ``step_fn`` on the longest examples, the tracker's peak reset first;
     the workspace observer (whose workspaces stay alive, as cuBLAS keeps them) and the grad scaler."""
     grad_scaler = planned_grad_scaler(step_fn, SIM_DEVICE)
-    examples = longest_pairs(spec, step_fn.layout) if spec.is_preference else _longest_examples(spec, step_fn.layout)
+    examples = _planned_examples(spec, step_fn.layout)
     # The step's own peak is what matters; building the model is not part of it.
     tracker.reset_peak()
     observer = _WorkspaceObserver(tracker, workspace_allocs)
@@ -196,6 +196,15 @@ class _WorkspaceObserver:
         for nbytes in self.pending.get(pending, []):
             self.workspaces.append(self.tracker.allocate_runtime(nbytes, SIM_DEVICE))
         self.pending[pending] = []
+
+
+def _planned_examples(spec: RunSpec, layout: str) -> list[dict[str, Any]]:
+    """A micro-batch of the longest examples the run takes: sequences, pairs, or grpo's completions."""
+    if spec.is_grpo:
+        from memfit.step.grpo import longest_completions
+
+        return longest_completions(spec, layout)
+    return longest_pairs(spec, layout) if spec.is_preference else _longest_examples(spec, layout)
 
 
 def _longest_examples(spec: RunSpec, layout: str) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 from memfit.console import StatusLine
-from memfit.planner.report import BATCH_COUNTS_PAIRS
+from memfit.planner.report import objective_words
 from memfit.units import format_bytes
 
 
@@ -46,8 +46,8 @@ def _title(result) -> str:
     if len(precisions) == 1:
         title += f", {next(iter(precisions))}"
     objectives = {f.spec.get("objective", "sft") for f in result.fits} - {"sft"}
-    if objectives:  # a preference search: its micro-batches are pairs of sequences
-        title += f", {', '.join(sorted(objectives))} ({BATCH_COUNTS_PAIRS})"
+    if objectives:  # a preference search: its micro-batches are pairs of sequences (grpo's: completions)
+        title += ", " + ", ".join(sorted({objective_words(f.spec) for f in result.fits} - {""}))
     return title
 
 

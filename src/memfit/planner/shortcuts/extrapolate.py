@@ -205,6 +205,15 @@ def _highest_moment(depths: DepthPlan, points: list[SampledStep], reshape: Resha
     return points[-1].phase, dict(points[-1].categories), dict(points[-1].phase_peaks)
 
 
+def extrapolate_peak(depths: DepthPlan, points: list) -> tuple[str, dict[str, int]]:
+    """(phase, categories) at the highest moment of the full-depth run from the simulations of the
+    cuts of ``depths`` (anything with a tracker ``result``, a ``phase``, ``categories`` and
+    ``phase_peaks``): the depth arithmetic of the step (:func:`_highest_moment`), for other simulated
+    phases (grpo's generation)."""
+    phase, categories, _ = _highest_moment(depths, points)
+    return phase, categories
+
+
 def sample_step(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
                 arch: str | None = None) -> SampledStep:
     """Simulate (or recall, from the memo) the step of the model cut to copies of its ``layers``
