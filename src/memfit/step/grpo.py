@@ -86,6 +86,18 @@ def collate_completions(examples: Sequence[dict[str, Any]], pad_token_id: int, *
     return batch
 
 
+def per_example(values: torch.Tensor, batch: Batch) -> list[list[float]]:
+    """Dense ``[tokens]`` values of a collated micro-batch back into one list per example, one value
+    per position of its ``input_ids`` (how :func:`completion_example` keeps ``old_logps``)."""
+    documents = batch.get("documents")
+    if documents is not None:
+        return [part.tolist() for part in values.split(list(documents.lengths))]
+    rows, seq = batch["input_ids"].shape
+    mask = batch.get("attention_mask")
+    lengths = mask.sum(1).tolist() if mask is not None else [seq] * rows
+    return [row[:int(n)].tolist() for row, n in zip(values.reshape(rows, seq), lengths)]
+
+
 def longest_completions(spec: RunSpec, layout: str) -> list[dict[str, Any]]:
     """The micro-batch a plan simulates: ``batch_size`` completions of ``max_completion_length``
     tokens after prompts of the rest of ``seq_len``. In padded rows the last completion is a token

@@ -43,7 +43,8 @@ from memfit.train.generation import DEFAULT_EVAL_MAX_NEW_TOKENS, prompt_problem
 PATH_FIELDS = ("model", "tokenizer", "data", "eval_data", "output_dir")
 
 #: Whole-number fields of a training config besides the knobs: counts of steps and the seed.
-COUNT_FIELDS = ("max_steps", "warmup_steps", "eval_every", "save_every", "log_every", "keep_checkpoints", "seed")
+COUNT_FIELDS = ("max_steps", "warmup_steps", "eval_every", "save_every", "log_every", "keep_checkpoints", "seed",
+                "max_prompt_length")
 
 #: What other tools (Hugging Face TrainingArguments, PEFT's LoraConfig, axolotl) call memfit's
 #: fields: an unknown key spelled like this gets "did you mean" even where it looks nothing alike.
@@ -110,7 +111,7 @@ class TrainConfig(_run_knobs(), _objective_fields(), JsonForm):
 
     # -- data -------------------------------------------------------------------------------
     data: list[str | DataSource] = Field(description="training data: a local file or folder, a Hugging Face Hub dataset id (org/name), or a list of sources, each a path or {path, subset, split, revision, columns, weight, format} (docs/data.md)")
-    data_format: Literal["auto", "alpaca", "sharegpt", "messages", "text", "prompt_completion", "preference"] = Field("auto", description="record format of every source (auto: detected from each source's first record; preference: chosen / rejected pairs, for objective dpo, orpo or simpo)")
+    data_format: Literal["auto", "alpaca", "sharegpt", "messages", "text", "prompt_completion", "preference", "prompt"] = Field("auto", description="record format of every source (auto: detected from each source's first record; preference: chosen / rejected pairs, for objective dpo, orpo or simpo; prompt: a prompt and any other fields, for objective grpo, which reads every source so)")
     train_on_inputs: StrictBool = Field(False, description="also take the loss on prompt tokens")
     eval_split: float = Field(0.0, description="fraction of the training examples held out for evaluation (0 = none)")
     eval_data: list[str | DataSource] | None = Field(None, description="evaluation data instead of a split: the same forms as data, read whole (never streamed)")
@@ -120,6 +121,11 @@ class TrainConfig(_run_knobs(), _objective_fields(), JsonForm):
     stopping_strategy: Literal["all_exhausted", "first_exhausted"] = Field("all_exhausted", description="a mix of weighted sources ends when every source was read whole, the others starting again (all_exhausted), or when the first runs out (first_exhausted)")
     eval_prompts: list[Any] = Field(default_factory=list, description="prompts (text, or lists of {role, content} messages) whose greedy replies are written to metrics.jsonl at every evaluation and at the end")
     eval_max_new_tokens: int = Field(DEFAULT_EVAL_MAX_NEW_TOKENS, description="the longest reply to an eval_prompts prompt, in tokens")
+
+    # -- grpo -------------------------------------------------------------------------------
+    reward_funcs: list[str] = Field(default_factory=list, description="grpo: the reward functions (TRL's reward_funcs): each file.py:function (relative to this file's folder), package.module:function, or a built-in: think_format, length (docs/grpo.md)")
+    reward_weights: list[float] | None = Field(None, description="grpo: a weight for each reward function (TRL's reward_weights; default 1 each)")
+    max_prompt_length: int | None = Field(None, description="grpo: the longest prompt, in tokens (longer ones keep their last tokens); seq_len is then this plus max_completion_length unless given (default: seq_len - max_completion_length)")
 
     # -- schedule ---------------------------------------------------------------------------
     epochs: float | None = Field(None, description="passes over the training data (default 1 when max_steps is not set)")
@@ -203,6 +209,11 @@ class TrainConfig(_run_knobs(), _objective_fields(), JsonForm):
         if beta is None:
             beta = 0.0 if self.objective == "grpo" else specs.DEFAULT_BETA
         return ObjectiveParams(beta=beta, **values)
+
+    @property
+    def reward_weights_in_effect(self) -> list[float]:
+        """grpo: the weight of each reward function (1 each unless ``reward_weights`` says)."""
+        return list(self.reward_weights) if self.reward_weights is not None else [1.0] * len(self.reward_funcs)
 
     def knobs(self) -> dict[str, Any]:
         """The knobs this config sets, as ``memfit plan`` takes them (the others take their defaults).
@@ -364,6 +375,9 @@ def _strict_loader():
 
 def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     out = dict(data)
+    if isinstance(out.get("reward_funcs"), (str, list)):
+        out["reward_funcs"] = [_resolve_reward(entry, folder) for entry in
+                               ([out["reward_funcs"]] if isinstance(out["reward_funcs"], str) else out["reward_funcs"])]
     for key in PATH_FIELDS:
         value = out.get(key)
         if isinstance(value, (str, Path)):
@@ -374,6 +388,15 @@ def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
             out[key] = [_resolve_one(key, str(v), folder) if isinstance(v, (str, Path)) else _resolve_source(key, v, folder)
                         for v in value]
     return out
+
+
+def _resolve_reward(entry: Any, folder: Path) -> Any:
+    """A reward function named as ``file.py:function``, its file relative to ``folder``."""
+    if not isinstance(entry, str) or ".py:" not in entry:
+        return entry
+    path, _, function = entry.rpartition(":")
+    resolved = Path(path).expanduser()
+    return f"{resolved if resolved.is_absolute() else folder / resolved}:{function}"
 
 
 def _resolve_source(key: str, value: Any, folder: Path) -> Any:
@@ -428,6 +451,11 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
             problems.append(type_problem(key, clean.pop(key), "", "bool_type"))
     knobs = {k: ("none" if clean[k] is None and specs.default(k) is not None else clean[k])
              for k in specs.TRAINED_KNOBS if k in clean}
+    prompt_cap = clean.get("max_prompt_length")
+    if isinstance(prompt_cap, int) and not isinstance(prompt_cap, bool) and "seq_len" not in knobs:
+        completion = knobs.get("max_completion_length", specs.default("max_completion_length"))
+        if isinstance(completion, int) and prompt_cap > 0:
+            knobs["seq_len"] = prompt_cap + completion  # TRL's two lengths: the sequence is the sum
     knobs_valid = False
     try:
         spec = make_spec(spelling="field", **knobs)
@@ -505,6 +533,7 @@ def _semantic_problems(c: TrainConfig, *, knobs_valid: bool = True) -> list[str]
         problems.extend(_fit_problems(c))
     if c.objective in specs.choices("objective"):
         problems.extend(objective_problems(c.objective, c.objective_params, c.model_fields_set))
+    problems.extend(_grpo_problems(c))
     from memfit.train.trackers import report_to_problems
 
     problems.extend(report_to_problems(c.report_to))
@@ -541,6 +570,37 @@ def _semantic_problems(c: TrainConfig, *, knobs_valid: bool = True) -> list[str]
             get_gpu(c.gpu)
         except ValueError as err:
             problems.append(f"gpu: {err}")
+    return problems
+
+
+def _grpo_problems(c: TrainConfig) -> list[str]:
+    """What grpo needs of a training config (its rewards, its lengths, its data) and what it rules out."""
+    from memfit.train.rewards import spec_problems
+
+    if c.objective != "grpo":
+        given = [f for f in ("reward_funcs", "reward_weights", "max_prompt_length") if getattr(c, f) not in (None, [])]
+        return [f"{f}: applies to objective: grpo, and this run's objective is {c.objective}. Remove {f}, or set objective: grpo."
+                for f in given]
+    problems = []
+    if not c.reward_funcs:
+        problems.append("reward_funcs: objective: grpo needs reward functions: e.g. reward_funcs: [rewards.py:my_reward] "
+                        "(file.py:function, package.module:function, or a built-in: think_format, length; docs/grpo.md)")
+    problems.extend(spec_problems(c.reward_funcs, c.reward_weights))
+    if c.max_prompt_length is not None:
+        if c.max_prompt_length < 1:
+            problems.append(f"max_prompt_length: {c.max_prompt_length!r} must be 1 or more (e.g. max_prompt_length: 512)")
+        elif isinstance(c.seq_len, int) and isinstance(c.max_completion_length, int) and \
+                c.max_prompt_length + c.max_completion_length > c.seq_len:
+            problems.append(f"max_prompt_length: {c.max_prompt_length} + max_completion_length: {c.max_completion_length} is "
+                            f"more than seq_len: {c.seq_len}: drop seq_len (it is then their sum), or lower one of them")
+    if c.eval_split > 0 or c.eval_data is not None:
+        problems.append("eval_split / eval_data: objective: grpo has no evaluation loss (its loss needs completions and "
+                        "rewards); drop them (eval_prompts still shows greedy replies)")
+    if c.streaming:
+        problems.append("streaming: true with objective: grpo: its prompts are read in memory. Remove streaming.")
+    if c.data_format not in ("auto", "prompt"):
+        problems.append(f"data_format: {c.data_format!r} with objective: grpo, which reads every source as prompts "
+                        "(data_format: prompt, or auto)")
     return problems
 
 

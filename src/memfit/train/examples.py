@@ -63,6 +63,7 @@ class RunData:
     stream: Any = None  # memfit.train.data.reading.Stream
     record: dict[str, Any] = field(default_factory=dict)
     pair_stats: Any = None  # memfit.train.data.pairs.PairStats: what seq_len cut of a preference run's pairs
+    prompt_stats: Any = None  # memfit.train.data.prompts.PromptStats: a grpo run's prompts
 
     @property
     def checked_examples(self) -> list:
@@ -107,6 +108,8 @@ def prepare_data(config: TrainConfig, tokenizer, *, console=None, resume_from: P
     kwargs = dict(seq_len=config.seq_len, train_on_inputs=config.train_on_inputs, packing=config.packing)
     if config.spec.is_preference:
         return _prepare_pairs(config, tokenizer, sources, eval_sources, common, eval_loaded if eval_sources else None, console)
+    if config.spec.is_grpo:
+        return _prepare_prompts(config, tokenizer, sources, {**common, "format": "prompt"}, console)
     if eval_sources:
         refuse_other_kinds(config, "eval_data", eval_sources, eval_loaded.formats)
     eval_examples = tokenize_records(eval_records, tokenizer, **kwargs) if eval_records else []
@@ -143,6 +146,10 @@ def refuse_other_kinds(config: TrainConfig, name: str, sources, formats: list[st
     of sources that holds both kinds (each source named with the format it holds)."""
     from memfit.train.data.sources import field_name
 
+    if "prompt" in formats:
+        raise TrainError(f"{name}: {_names(sources)} holds prompts alone (no completion, no pair), which objective: "
+                         f"{config.objective} does not train on. Set objective: grpo and reward_funcs (docs/grpo.md), or "
+                         "give completions.")
     pairs = config.spec.is_preference
     wrong = [index for index, fmt in enumerate(formats) if (fmt == "preference") != pairs]
     if not wrong:
@@ -197,6 +204,20 @@ def _prepare_pairs(config: TrainConfig, tokenizer, sources, eval_sources, common
     eval_pairs = tokenize_pairs(eval_records, tokenizer, config.seq_len)[0] if eval_records else []
     record = _data_record(sources, loaded.commits, eval_sources, eval_loaded.commits if eval_loaded is not None else [], False)
     return RunData(train_pairs, eval_pairs, None, record, pair_stats=stats)
+
+
+def _prepare_prompts(config: TrainConfig, tokenizer, sources, common: dict, console=None) -> RunData:
+    """A grpo run's data: every source read as prompts (TRL's prompt-only format: a prompt, any other
+    fields for the reward functions), tokenized, each cut to the prompt budget
+    (:mod:`memfit.train.data.prompts`)."""
+    from memfit.train.data.prompts import tokenize_prompts
+    from memfit.train.data.reading import load_sources
+
+    loaded = load_sources(sources, "data", **common)
+    _say_notes(console, loaded.notes)
+    prompts, stats = tokenize_prompts(loaded.records, tokenizer, config.spec.prompt_budget)
+    record = _data_record(sources, loaded.commits, [], [], False)
+    return RunData(prompts, [], None, record, prompt_stats=stats)
 
 
 def prepare_examples(config: TrainConfig, tokenizer) -> tuple[list, list]:

@@ -40,6 +40,7 @@ from memfit.run_files import memory_file_name
 from memfit.step.attention import restore_attention
 from memfit.step.autocast import autocast_dtype
 from memfit.step.builder import build_step
+from memfit.step.grpo import summarize_metrics as summarize_grpo_metrics
 from memfit.step.optim import build_optimizer
 from memfit.step.preference import keep_reference_copy, needs_reference_copy, summarize_metrics
 from memfit.step.prepare import lean_step_changes, prepare_given_model
@@ -72,6 +73,7 @@ from memfit.train.micro_batches import count_step_tokens
 from memfit.train.preflight import preflight_run
 from memfit.train.progress import LiveProgress, MetricsLog, NullLog, Throughput, end_of_run_metrics, warn
 from memfit.train.reference import precompute_reference, reference_file
+from memfit.train.rollouts import longest_sequence
 from memfit.train.run_folder import RunRecord, finished_run, first_logged_loss, truncate_metrics
 from memfit.train.world import make_world
 from memfit.units import format_bytes
@@ -188,6 +190,7 @@ class _Data:
     tokenizer: Any
     prepared: RunData
     pad_id: int
+    rewards: list = field(default_factory=list)  # grpo: the reward functions, loaded and checked
 
 
 @dataclass
@@ -325,8 +328,21 @@ def _data(run: _Run) -> _Data:
     data = prepare_data(config, tokenizer, console=run.console, resume_from=run.run_dir if run.resume else None)
     if data.pair_stats is not None:
         run.console.print(f"data: {data.pair_stats.summary(config.seq_len)}", highlight=False)
+    if data.prompt_stats is not None:
+        run.console.print(f"data: {data.prompt_stats.summary()}", highlight=False)
     check_vocab(data.checked_examples, int(model_dict.get("vocab_size") or 0), tokenizer)
-    return _Data(model_config=model_dict, tokenizer=tokenizer, prepared=data, pad_id=pad_token_id(tokenizer))
+    rewards = _rewards(config, data) if config.spec.is_grpo else []
+    return _Data(model_config=model_dict, tokenizer=tokenizer, prepared=data, pad_id=pad_token_id(tokenizer), rewards=rewards)
+
+
+def _rewards(config: TrainConfig, data: RunData) -> list:
+    """grpo's reward functions, loaded and called once on the first prompt: one that cannot be
+    loaded, raises or returns what is not one number a completion fails before any weight is read."""
+    from memfit.train.rewards import check_rewards, load_rewards
+
+    rewards = load_rewards(config.reward_funcs, config.reward_weights)
+    check_rewards(rewards, data.train_examples[0])
+    return rewards
 
 
 def _configuration(run: _Run) -> _Configuration:
@@ -351,6 +367,8 @@ def _configuration(run: _Run) -> _Configuration:
     examples = run.data.prepared.train_examples  # a stream's are not known: plan at seq_len
 
     def length_for(batch_size: int) -> int:
+        if config.spec.is_grpo:  # completions are not known before they are generated: the longest is planned
+            return config.seq_len
         return planned_seq_len(examples, batch_size, config.seq_len, step_fn.layout, config.packing)
 
     # A search over micro-batch sizes plans every candidate at the longest single example: no
@@ -403,7 +421,10 @@ def _optimizer(run: _Run) -> _Training:
     config, spec = run.config, run.spec
     optimizer = build_optimizer(run.model.parameters(), spec.optimizer, lr=config.lr, weight_decay=config.weight_decay,
                                 step_in_backward=spec.step_in_backward)
-    batches = run.data.prepared.batches(run.world.global_batch_size(spec), config, run.data.tokenizer.eos_token_id)
+    if spec.is_grpo:
+        batches = _completion_batches(run)
+    else:
+        batches = run.data.prepared.batches(run.world.global_batch_size(spec), config, run.data.tokenizer.eos_token_id)
     steps = total_steps(config, batches.batches_per_epoch())
     warmup = warmup_steps(config, steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -411,6 +432,23 @@ def _optimizer(run: _Run) -> _Training:
     )
     return _Training(optimizer=optimizer, scheduler=scheduler, grad_scaler=run.configuration.step_fn.grad_scaler(run.device),
                      batches=batches, steps=steps)
+
+
+def _completion_batches(run: _Run):
+    """grpo's batch order: its prompts in the data's seeded order, each step's completions generated
+    and scored before the step (:mod:`memfit.train.rollouts`)."""
+    from memfit.step.rollout import Sampling
+    from memfit.train.data import BatchIterator
+    from memfit.train.generation import stop_token_ids
+    from memfit.train.rollouts import CompletionBatches, Rollout, prompts_per_step
+
+    config, spec = run.config, run.spec
+    rollout = Rollout(sampling=Sampling.of(spec), rewards=run.data.rewards, scale_rewards=config.objective_params.scale_rewards,
+                      num_iterations=spec.num_iterations, tokenizer=run.data.tokenizer, step=run.configuration.step_fn,
+                      pad_id=run.data.pad_id, eos_ids=stop_token_ids(run.model, run.data.tokenizer), micro_batch=spec.batch_size)
+    order = BatchIterator(run.data.prepared.train_examples, batch_size=prompts_per_step(spec), seed=config.seed)
+    return CompletionBatches(order=order, rollout=rollout, batch_size=spec.batch_size, num_iterations=spec.num_iterations,
+                             grad_accum=spec.grad_accum)
 
 
 def _resume(run: _Run) -> tuple[int, Path | None]:
@@ -443,6 +481,7 @@ def _record(run: _Run, start_step: int) -> RunRecord:
     extra = {**run.world.run_fields(spec), **({"hub": run.hub.record()} if run.hub is not None else {}),
              "data": run.data.prepared.record, "planned_seq_len": configuration.planned_len, "fit": configuration.fit_record,
              **({"pairs": pair_stats.to_dict()} if pair_stats is not None else {}),
+             **({"prompts": run.data.prepared.prompt_stats.to_dict()} if run.data.prepared.prompt_stats is not None else {}),
              "active_knobs": {k: spec.knobs()[k] for k in SEARCHED}, "given_knobs": configuration.given,
              "config_changes": _recorded_changes(run.run_dir) if run.resume else []}
     record = RunRecord.for_run(run.run_dir, config=run.config, model_config=run.data.model_config,
@@ -509,6 +548,8 @@ class _Taken:
     stopping: bool
     pair_metrics: list = field(default_factory=list)  # a preference step's summed rewards and log-probs, on the device
     samples: int = 0  # the examples (pairs, packed rows) the step trained on, over every process
+    rollout_metrics: dict = field(default_factory=dict)  # grpo: the rewards and lengths of the completions trained on
+    longest: int | None = None  # grpo: the step's longest prompt and completion, in tokens
 
 
 def _loop(run: _Run, result: TrainResult, stop: StopOnSignal) -> None:
@@ -578,11 +619,15 @@ def _step(run: _Run, step: int, recorder: MemoryRecorder, meter: Throughput, sto
     # must replay this step's batches, not skip them.
     data_before, rng_before = training.batches.state_dict(), capture_rng(device)
     meter.start()
+    # grpo: the step's completions, generated and scored now (a phase of the step's memory).
+    before_step = getattr(training.batches, "before_step", None)
+    rollout_metrics = before_step(run.model, device, recorder.observer) if before_step is not None else {}
     handed_out = training.batches.handed_out
     micro_batches = world.micro_batches(training.batches, run.spec.grad_accum, run.collate, device)
     samples = training.batches.handed_out - handed_out
     tokens = count_step_tokens(micro_batches)
-    pair_metrics: list = []  # a preference step's per-pair rewards and log-probs
+    longest = longest_sequence(micro_batches) if run.spec.is_grpo else None
+    pair_metrics: list = []  # a preference step's per-pair rewards and log-probs (grpo's: its loss metrics)
     try:
         loss, grad_norm = run.configuration.step_fn(run.model, micro_batches, training.optimizer,
                                                     grad_scaler=training.grad_scaler, observer=recorder.observer,
@@ -605,7 +650,7 @@ def _step(run: _Run, step: int, recorder: MemoryRecorder, meter: Throughput, sto
     # than the others); one process also stops for a signal that came after the step's end.
     return _Taken(loss=loss_value, tokens=tokens, grad_norm=float(grad_norm) if grad_norm is not None else None, lr=step_lr,
                   stopping=stop_requested if world.distributed else stop.signal_name is not None, pair_metrics=pair_metrics,
-                  samples=samples)
+                  samples=samples, rollout_metrics=rollout_metrics, longest=longest)
 
 
 def _after_step(run: _Run, result: TrainResult, taken: _Taken, recorder: MemoryRecorder, log, bar, meter: Throughput,
@@ -633,11 +678,13 @@ def _after_step(run: _Run, result: TrainResult, taken: _Taken, recorder: MemoryR
         "tokens_per_second": meter.rate(),
         "elapsed_s": round(run.clock() - started, 4),  # since this process's loop began
         **step_peak_reading(run.device),
-        **summarize_metrics(taken.pair_metrics),
+        **(summarize_grpo_metrics if run.spec.is_grpo else summarize_metrics)(taken.pair_metrics),
+        **taken.rollout_metrics,
     }
     taken.pair_metrics.clear()  # nothing of this step is held into the next
     result.losses.append((done, taken.loss))
-    for finding in recorder.end_step(done, {"loss": taken.loss, "tokens": taken.tokens}):
+    extra = {"loss": taken.loss, "tokens": taken.tokens, **({"longest_sequence": taken.longest} if taken.longest else {})}
+    for finding in recorder.end_step(done, extra):
         warn(run.console, finding)
     if done % config.log_every == 0 or done == steps:
         log.write(metrics)

@@ -8,7 +8,10 @@ Every record becomes one of three normalized forms:
 - text: ``{"text": str, "source": where}``;
 - prompt-completion text: ``{"prompt": str, "completion": str, "source": where}``;
 - preference pair: ``{"pair": {"prompt", "chosen", "rejected", "chat"}, "source": where}``
-  (:mod:`memfit.train.data.pairs`).
+  (:mod:`memfit.train.data.pairs`);
+- a prompt alone (grpo, TRL's prompt-only format): ``{"rollout": {"prompt": str or messages,
+  "columns": {the record's other fields}}, "source": where}``; the other fields go to the reward
+  functions, as TRL passes a dataset's columns.
 
 ``source`` names the file and line (or the dataset and row) the record came from, for later error
 messages. A source's ``columns`` (memfit field <- dataset column) are applied to each record before
@@ -35,6 +38,8 @@ FORMAT_KEYS: dict[str, tuple[str, ...]] = {
     "prompt_completion": ("prompt", "completion"),
     # TRL's preference formats: chosen / rejected with a prompt, or sharing it (implicit prompt).
     "preference": ("chosen", "rejected"),
+    # TRL's prompt-only format (grpo): a prompt, any other fields for the reward functions.
+    "prompt": ("prompt",),
 }
 FORMATS = tuple(FORMAT_KEYS)
 ROLES = ("system", "user", "assistant")
@@ -190,6 +195,8 @@ def detect_format(raw: RawRecord, problems: Problems) -> str | None:
     # column of the dataset, null where the row has none.
     keys = {key for key, value in raw.value.items() if value is not None}
     matches = [name for name, needed in FORMAT_KEYS.items() if keys.issuperset(needed)]
+    if len(matches) > 1 and "prompt" in matches:
+        matches.remove("prompt")  # a prompt with more (a completion, a pair) is that format
     expected = "; ".join(f"{name} ({', '.join(needed)})" for name, needed in FORMAT_KEYS.items())
     if len(matches) == 1:
         return matches[0]
@@ -367,6 +374,25 @@ def _normalize_prompt_completion(raw: RawRecord, problems: Problems) -> dict[str
     return {"prompt": prompt, "completion": completion, "source": raw.where}
 
 
+def _normalize_prompt(raw: RawRecord, problems: Problems) -> dict[str, Any] | None:
+    """TRL's prompt-only record (grpo): ``prompt`` as text, or a list of messages ending with a turn
+    the model answers; every other field is kept for the reward functions."""
+    value = _record_object(raw, problems)
+    if value is None:
+        return None
+    prompt = value.get("prompt")
+    if isinstance(prompt, list):
+        prompt = _check_turns(prompt, raw, problems, "prompt", "role", "content", {r: r for r in ROLES})
+        if prompt is not None and prompt[-1]["role"] == "assistant":
+            problems.add(raw.where, "ends with an assistant turn: a prompt ends with the turn the model answers", "prompt")
+            return None
+    else:
+        prompt = _check_string(prompt, raw, "prompt", problems)
+    if prompt is None:
+        return None
+    return {"rollout": {"prompt": prompt, "columns": {k: v for k, v in value.items() if k != "prompt"}}, "source": raw.where}
+
+
 _NORMALIZERS = {
     "alpaca": _normalize_alpaca,
     "sharegpt": _normalize_sharegpt,
@@ -374,4 +400,5 @@ _NORMALIZERS = {
     "text": _normalize_text,
     "prompt_completion": _normalize_prompt_completion,
     "preference": normalize_pair,
+    "prompt": _normalize_prompt,
 }
