@@ -4,7 +4,8 @@ Every cell of the matrix (two tiny transformers, a Mamba-2 and a Falcon-H1 hybri
 fp16-mixed under autocast, which the CPU runs in both formats; checkpointing off, on, offloaded;
 tiling; gradient accumulation; clipping on and off; the step in backward; padded, padding-free and
 packed batches; evaluation between steps; the first steps after a resume; the preference objectives
-DPO, ORPO and SimPO on pairs, with DPO's reference pass, frozen copy or precomputed log-probs; DoRA,
+DPO, ORPO and SimPO on pairs, with DPO's reference pass, frozen copy or precomputed log-probs; grpo,
+its generation phase and its training phase each against its plan; DoRA,
 rsLoRA, modules trained whole on tied and untied models, an 8-bit base) runs ``memfit train``'s own
 code on the CPU and must peak at exactly the bytes its plan predicts.
 """
@@ -29,6 +30,8 @@ def test_run_peaks_at_its_plan(name, settings, tmp_path):
         f"plan {cell.planned_categories}"
     )
     assert cell.measured_phase == cell.planned_phase
+    for phase, (planned, measured) in cell.phase_bytes.items():  # grpo: the generation and the training, each
+        assert measured == planned, f"{name}: {phase} measured {measured:,} B, planned {planned:,} B"
 
 
 def test_a_run_that_leaves_the_planned_path_is_caught(tmp_path, monkeypatch):

@@ -52,7 +52,7 @@ def with_phases(plan: MemoryPlan, config: dict[str, Any], spec: RunSpec, target:
                 extrapolate: bool = True) -> MemoryPlan:
     """``plan`` (the training step's) as a grpo plan: its generation phase planned too, each phase in
     ``details.phases``, and the plan's figures those of the larger."""
-    training = _phase("training", plan.allocated_bytes, plan.reserved_bytes, plan.device_total_bytes, f"training ({plan.phase})",
+    training = _phase("training", plan.allocated_bytes, plan.reserved_bytes, plan.device_total_bytes, plan.phase,
                       plan.categories, "simulated", TRAINING_DRIVERS)
     notes: list[str] = []
     if spec.use_vllm:
@@ -67,7 +67,7 @@ def with_phases(plan: MemoryPlan, config: dict[str, Any], spec: RunSpec, target:
     details["notes"] = list(details.get("notes", [])) + notes
     result = dataclasses.replace(plan, allocated_bytes=peak["allocated_bytes"], reserved_bytes=peak["reserved_bytes"],
                                  device_total_bytes=peak["device_total_bytes"], categories=dict(peak["categories"]),
-                                 phase=peak["phase"], details=details)
+                                 phase=f"{peak['name']} ({peak['phase']})", details=details)
     if plan.gpu is not None:
         result.headroom_bytes = plan.gpu["memory_bytes"] - result.device_total_bytes
         result.fits = result.headroom_bytes >= 0
@@ -91,8 +91,8 @@ def _generation_phase(config: dict[str, Any], spec: RunSpec, target: Any, runtim
     categories["allocator"] = estimate.reserved_bytes - estimate.allocated_bytes
     categories["runtime"] = tracked_runtime + runtime.context_bytes
     return _phase("generation", estimate.allocated_bytes, estimate.reserved_bytes, estimate.reserved_bytes + runtime.context_bytes,
-                  f"generation ({estimate.phase})", categories, "simulated", GENERATION_DRIVERS,
-                  kv_cache_bytes=int(estimate.categories.get("activations", 0)),
+                  estimate.phase, categories, "simulated", GENERATION_DRIVERS,
+                  kv_cache_bytes=int(estimate.kv_cache_bytes),
                   sub_phases={k: v for k, v in estimate.phase_peaks.items() if k in PHASES},
                   simulated_layers=estimate.simulated_layers, engine="transformers generate")
 
@@ -125,7 +125,7 @@ def _vllm_phases(spec: RunSpec, target: Any, training: dict[str, Any], notes: li
         return None, training
     share = int(card * spec.vllm_gpu_memory_utilization)
     held = sum(states.values())
-    generation = _phase("generation", held, held, held + context + share, "generation (vLLM)",
+    generation = _phase("generation", held, held, held + context + share, "vLLM",
                         {**dict.fromkeys(training["categories"], 0), **states, "runtime": context + share}, "planned only",
                         VLLM_DRIVERS, vllm_bytes=share, engine="vLLM colocated")
     if target.memory_bytes is not None and held + context + share > card:

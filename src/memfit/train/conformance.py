@@ -13,7 +13,11 @@ padded batches one example a token shorter in every micro-batch (so each carries
 the plan's worst case does). :data:`MATRIX` covers the knobs the trainer accepts on two tiny models
 (Llama- and Qwen2-shaped), and a state-space model (Mamba-2) and a hybrid (Falcon-H1: attention and
 Mamba side by side in every layer) on transformers' PyTorch path; ``benchmarks/conformance.py``
-writes the whole table.
+writes the whole table. grpo's cells compare each phase, the generation (transformers' ``generate``
+with its KV cache, and the old log-probs) and the training step, with its plan: prompts of unequal
+lengths in every generation batch (:func:`write_prompts`), completions that run to their longest
+(a random model rarely samples its end token, and a generation stops early only when every
+completion has).
 """
 
 from __future__ import annotations
@@ -73,6 +77,8 @@ class Cell(JsonForm):
     measured_categories: dict[str, int] = field(default_factory=dict)
     tolerance_bytes: int = 0
     cause: str = ""  # why a tolerance is needed (empty: equal to the byte)
+    #: grpo: each phase's peak, [planned, measured] (generation: generate and the old log-probs; training: the step)
+    phase_bytes: dict[str, list[int]] = field(default_factory=dict)
     seconds: float = 0.0
     error: str = ""
 
@@ -82,7 +88,8 @@ class Cell(JsonForm):
 
     @property
     def agrees(self) -> bool:
-        return not self.error and abs(self.difference_bytes) <= self.tolerance_bytes
+        phases_agree = all(abs(measured - planned) <= self.tolerance_bytes for planned, measured in self.phase_bytes.values())
+        return not self.error and abs(self.difference_bytes) <= self.tolerance_bytes and phases_agree
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "difference_bytes": self.difference_bytes, "agrees": self.agrees}
@@ -143,6 +150,14 @@ MATRIX: list[tuple[str, dict[str, Any]]] = [
     _cell("qwen2 orpo full padding-free", model="qwen2", objective="orpo", method="full", precision="bf16", batch_size=2),
     _cell("llama simpo lora padding-free", model="llama", objective="simpo", method="lora", precision="bf16", batch_size=2),
     _cell("qwen2 simpo full padded no-ckpt", model="qwen2", objective="simpo", method="full", precision="fp32", padding_free="off", checkpointing="off"),
+    # grpo: each step's completions generated (transformers generate, a KV cache), then trained on;
+    # the generation phase and the training phase each equal their plan. Padded rows: the prompts of
+    # a generation batch are of unequal lengths, as the plan assumes.
+    _cell("llama grpo lora bf16 padded", model="llama", objective="grpo", method="lora", precision="bf16", padding_free="off"),
+    _cell("llama grpo full fp32 beta top_p", model="llama", objective="grpo", method="full", precision="fp32", padding_free="off",
+          beta=0.1, top_p=0.9, temperature=0.7),
+    _cell("qwen2 grpo qlora bf16 num_iterations 2", model="qwen2", objective="grpo", method="qlora", precision="bf16",
+          padding_free="off", num_iterations=2),
     # The adapter options: DoRA, rsLoRA, modules trained whole (tied and untied), an 8-bit base.
     _cell("llama lora dora bf16", model="llama", method="lora", precision="bf16", dora=True),
     _cell("llama lora dora fp32 no-ckpt accum3", model="llama", method="lora", precision="fp32", dora=True, checkpointing="off", grad_accum=3),
@@ -166,6 +181,10 @@ MATRIX: list[tuple[str, dict[str, Any]]] = [
 #: The rest of a cell's settings, unless it says otherwise.
 DEFAULTS: dict[str, Any] = {"batch_size": 1, "seq_len": 96, "grad_accum": 1, "rank": 8, "checkpointing": "on", "tiling": "off"}
 
+#: The rest of a grpo cell's settings: two prompts a step, two completions each, up to 16 tokens.
+GRPO_DEFAULTS: dict[str, Any] = {"batch_size": 4, "num_generations": 2, "max_completion_length": 16, "seq_len": 40,
+                                 "reward_funcs": ["length"]}
+
 #: Steps measured (the plan simulates two: the first creates the optimizer states).
 STEPS = 3
 
@@ -184,14 +203,18 @@ def measure(name: str, settings: dict[str, Any], work_dir: str | Path) -> Cell:
     started = time.perf_counter()
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    options = {**DEFAULTS, **settings}
+    options = {**DEFAULTS, **(GRPO_DEFAULTS if settings.get("objective") == "grpo" else {}), **settings}
     resume = bool(options.pop("resume", False))
     model = options.pop("model")
     config_path = work_dir / "config.json"
     config_path.write_text(json.dumps(TINY_MODELS[model]))
     knobs = dict(options)
     eval_every = int(knobs.get("eval_every", 0))
-    if knobs.get("objective", "sft") != "sft":
+    if knobs.get("objective") == "grpo":
+        data = write_prompts(work_dir / "data.jsonl", budget=int(knobs["seq_len"]) - int(knobs["max_completion_length"]),
+                             prompts=int(knobs["batch_size"]) * int(knobs["grad_accum"]) // int(knobs["num_generations"]),
+                             steps=2 * STEPS)
+    elif knobs.get("objective", "sft") != "sft":
         data = write_pairs(work_dir / "data.jsonl", seq_len=int(knobs["seq_len"]), batch_size=int(knobs["batch_size"]),
                            grad_accum=int(knobs["grad_accum"]), steps=2 * STEPS, padded=knobs.get("padding_free") == "off")
     else:
@@ -221,10 +244,29 @@ def measure(name: str, settings: dict[str, Any], work_dir: str | Path) -> Cell:
         planned = plan(model_config_dict(config), context_bytes=0, cublas_workspace_bytes=0, **config.knobs())
         cell.planned_bytes, cell.planned_phase = planned.allocated_bytes, planned.phase
         cell.planned_categories = {k: v for k, v in planned.categories.items() if k not in ("allocator", "runtime")}
+        if config.spec.is_grpo:
+            # Each phase against its plan; the cell's peak is the larger phase's (allocated bytes).
+            cell.phase_bytes = _grpo_phases(planned, attribution)
+            cell.planned_phase, cell.planned_bytes = max(((k, v[0]) for k, v in cell.phase_bytes.items()), key=lambda kv: kv[1])
+            cell.measured_phase, cell.measured_bytes = max(((k, v[1]) for k, v in cell.phase_bytes.items()), key=lambda kv: kv[1])
     except Exception as err:  # noqa: BLE001 - a cell that cannot run is a finding, reported with the others
         cell.error = f"{type(err).__name__}: {err}"
     cell.seconds = round(time.perf_counter() - started, 2)
     return cell
+
+
+#: The run's phases that are grpo's generation (the others are the training step's).
+GENERATION_PHASES = ("generation", "old_logps")
+
+
+def _grpo_phases(planned: Any, attribution: dict[str, Any]) -> dict[str, list[int]]:
+    """[planned, measured] peak allocated bytes of a grpo run's generation phase and training phase."""
+    peaks = attribution.get("phase_peaks_allocated_bytes", {})
+    measured_generation = max((v for k, v in peaks.items() if k in GENERATION_PHASES), default=0)
+    measured_training = max((v for k, v in peaks.items() if k not in GENERATION_PHASES and k != "setup"), default=0)
+    by_name = {p["name"]: p["allocated_bytes"] for p in planned.details.get("phases", [])}
+    return {"generation": [int(by_name.get("generation", 0)), int(measured_generation)],
+            "training": [int(by_name.get("training", 0)), int(measured_training)]}
 
 
 def _padded(model_config: dict[str, Any], knobs: dict[str, Any]) -> bool:
@@ -307,6 +349,24 @@ def write_pairs(path: Path, *, seq_len: int, batch_size: int, grad_accum: int, s
             while rejected == chosen:
                 rejected = text(len(rejected))
             handle.write(json.dumps({"prompt": text(prompt_chars), "chosen": chosen, "rejected": rejected}) + "\n")
+    return path
+
+
+def write_prompts(path: Path, *, budget: int, prompts: int, steps: int, seed: int = 0) -> Path:
+    """A JSONL of grpo prompts whose generation batches take the shapes the plan assumes
+    (:func:`memfit.planner.exact.generation.planned_prompts`): in the order the trainer will draw them
+    (same seed), each step's first prompt the budget long in tokens (BOS and one-token characters), the
+    others a token shorter, so that every generation batch is left-padded."""
+    from memfit.train.data import BatchIterator
+
+    count = prompts * steps
+    order = BatchIterator(list(range(count)), batch_size=prompts, seed=seed)
+    long = {next(order)[0] for _ in range(steps)}
+    rng = random.Random(f"memfit-conformance-prompts-{seed}")
+    with open(path, "w", encoding="utf-8") as handle:
+        for index in range(count):
+            chars = budget - 1 - (0 if index in long or prompts == 1 else 1)  # + BOS
+            handle.write(json.dumps({"prompt": "".join(rng.choice(_ONE_TOKEN_CHARS) for _ in range(chars))}) + "\n")
     return path
 
 

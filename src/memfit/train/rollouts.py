@@ -65,10 +65,11 @@ class Rollout:
         tokens = sum(len(c) for c in completion_ids)
         examples = [completion_example(r["input_ids"], c, float(a), generation_tokens=tokens)
                     for r, c, a in zip(rows, completion_ids, advantages.advantages)]
+        metrics = {**self._reward_metrics(per_function, advantages), **self._length_metrics(completion_ids)}
+        del per_function, advantages  # host tensors: none is held while the policy scores the completions
         if self.num_iterations > 1:
             observer.on_phase("old_logps")
             self._old_logps(model, examples, device)
-        metrics = {**self._reward_metrics(per_function, advantages), **self._length_metrics(completion_ids)}
         order = torch.randperm(len(examples)).tolist()  # as TRL shuffles a generation batch (the run's seeded RNG)
         return [examples[i] for i in order], metrics
 

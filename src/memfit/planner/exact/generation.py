@@ -292,6 +292,7 @@ class GenerationEstimate:
     phase: str
     phase_peaks: dict[str, int]
     simulated_layers: list[int]
+    kv_cache_bytes: int = 0  # the KV cache at its longest (the last decode step)
 
 
 @dataclass(frozen=True)
@@ -303,6 +304,7 @@ class _Point:
     categories: dict[str, int]
     phase_peaks: dict[str, int]
     overhead: int
+    kv_cache: int = 0
 
 
 #: Generation points by (config, spec, cut, workspaces, arch): a search plans one generation many times.
@@ -326,9 +328,11 @@ def estimate_generation(config: dict[str, Any], spec: RunSpec, workspace_allocs:
         phase, categories = extrapolate_peak(depths, points)
         phase_peaks = {k: depths.combine([p.phase_peaks.get(k, 0) for p in points]) for k in points[-1].phase_peaks}
     allocated = sum(categories.values())
+    kv_cache = depths.combine([p.kv_cache for p in points]) if depths else points[0].kv_cache
     return GenerationEstimate(allocated_bytes=allocated, reserved_bytes=allocated + max(p.overhead for p in points),
                               categories=categories, phase=phase, phase_peaks=phase_peaks,
-                              simulated_layers=[len(c) for c in cuts] if depths else [make_config(config).num_hidden_layers])
+                              simulated_layers=[len(c) for c in cuts] if depths else [make_config(config).num_hidden_layers],
+                              kv_cache_bytes=kv_cache)
 
 
 def _point(config: dict[str, Any], spec: RunSpec, cut: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
@@ -356,5 +360,8 @@ def _simulated_point(config: dict[str, Any], spec: RunSpec, cut: tuple[int, ...]
         _check_same_steps(short, long)
         result = trace_at(short, long, tokens)
     reserved = allocator.simulate(result.events).peak_reserved_bytes
+    decode = [s for s in result.segments() if s.phase == "decode"]
+    kv_cache = result.categories_at(decode[-1].top_event)["activations"] if decode else 0
     return _Point(result=result, phase=result.peak.phase, categories=dict(result.peak.categories),
-                  phase_peaks=dict(result.phase_peaks), overhead=max(reserved - result.peak.allocated_bytes, 0))
+                  phase_peaks=dict(result.phase_peaks), overhead=max(reserved - result.peak.allocated_bytes, 0),
+                  kv_cache=kv_cache)
