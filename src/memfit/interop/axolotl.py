@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from memfit.interop import grpo
 from memfit.interop.common import (
     dora_rule,
     int_rule,
@@ -131,9 +132,39 @@ def _write_checkpointing(value: str, values: Mapping[str, Any]) -> dict[str, Any
     return out
 
 
+def _is_grpo(ctx: Any) -> bool:
+    """Whether the config trains with Axolotl's GRPO trainer (``rl: grpo``)."""
+    rl = ctx.raw.get("rl")
+    return rl is not None and str(getattr(rl, "value", rl)).strip().lower() == "grpo"
+
+
+def _trl_block(ctx: Any) -> Mapping[str, Any]:
+    block = ctx.raw.get("trl")
+    return block if isinstance(block, Mapping) else {}
+
+
+def _grpo_rule(knob: str) -> Rule:
+    """A key of the ``trl:`` block for grpo knob ``knob`` (TRL's default where absent), with ``rl: grpo`` only."""
+
+    def resolve(values: Mapping[str, Any], ctx: Any) -> Any:
+        return grpo.knob_value(_trl_block(ctx), knob, prefix="trl.") if _is_grpo(ctx) else None
+
+    return Rule(("trl",), knob, resolve, doc=f"`trl.{grpo.KNOB_KEYS[knob][0]}` with `rl: grpo` (TRL's default "
+                                             f"{grpo.KNOB_KEYS[knob][2]!r})")
+
+
+def _grpo_seq_len(values: Mapping[str, Any], ctx: Any) -> Any:
+    """``rl: grpo``: Axolotl's prompt length (``max_prompt_len``, else ``sequence_len``: what it passes as TRL's
+    ``max_prompt_length``) plus ``trl.max_completion_length``."""
+    if not _is_grpo(ctx):
+        return None
+    prompt = ctx.raw.get("max_prompt_len") or ctx.raw.get("sequence_len") or 512
+    return grpo.seq_len(_trl_block(ctx), prompt, prefix="trl.", prompt_key="max_prompt_len")
+
+
 def _kbit_upcast(values: Mapping[str, Any], ctx: Any) -> Any:
     bits = {"qlora": "4-bit", "lora-8bit": "8-bit"}.get(ctx.knobs.get("method"))
-    if bits is None:
+    if bits is None or _is_grpo(ctx):  # grpo is planned with memfit's step, which never upcasts the base
         return None
     if uses_fsdp(ctx) or (ctx.zero is not None and ctx.zero.stage == 3):
         return False  # Axolotl skips PEFT's preparation: every parameter stays in one dtype
@@ -283,7 +314,7 @@ RL_TYPES = ("dpo", "gdpo", "grpo", "ipo", "orpo", "kto", "simpo", "ebft")
 ATTENTION_NAMES = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention", "xformers", "sage", "fp8")
 
 #: Axolotl's ``rl`` trainers memfit plans; ipo is DPO's step with another loss.
-_RL_OBJECTIVES = {"dpo": "dpo", "ipo": "dpo", "orpo": "orpo", "simpo": "simpo"}
+_RL_OBJECTIVES = {"dpo": "dpo", "ipo": "dpo", "orpo": "orpo", "simpo": "simpo", "grpo": "grpo"}
 
 
 def _objective(values: Mapping[str, Any], ctx: Any) -> Any:
@@ -331,6 +362,8 @@ RULES: tuple[Rule, ...] = (
     dora_rule("peft_use_dora"),
     rslora_rule("peft_use_rslora"),
     int_rule("sequence_len", "seq_len", 512, doc="tokens per sequence (Axolotl's default 512); memfit plans the longest"),
+    Rule(("max_prompt_len",), "seq_len", _grpo_seq_len,
+         doc="`rl: grpo`: the prompt's length (`max_prompt_len`, else `sequence_len`) plus `trl.max_completion_length`"),
     int_rule("micro_batch_size", "batch_size", 1, doc="sequences per GPU in one forward pass"),
     Rule(("gradient_accumulation_steps", "batch_size", "micro_batch_size"), "grad_accum", _grad_accum,
          lambda v, values: {"gradient_accumulation_steps": int(v)},
@@ -379,18 +412,21 @@ RULES: tuple[Rule, ...] = (
     Rule(("rl",), "objective", _objective, matters=lambda values: truthy(values["rl"]),
          unmodelled="preference training runs chosen and rejected completions, and for DPO a reference pass; planned as "
                     "supervised fine-tuning",
-         doc="preference training: `rl: dpo` (and `ipo`, DPO's loss on the same step) as `dpo`, `orpo`, `simpo`; other "
-             "trainers (`kto`, `grpo`, `gdpo`, `ebft`) listed and planned as supervised fine-tuning; `micro_batch_size` "
-             "counts pairs"),
+         doc="preference training: `rl: dpo` (and `ipo`, DPO's loss on the same step) as `dpo`, `orpo`, `simpo`; `rl: "
+             "grpo` as `grpo` (its `trl:` block's GRPOConfig keys, `micro_batch_size` counting completions, planned with "
+             "memfit's step); other trainers (`kto`, `gdpo`, `ebft`) listed and planned as supervised fine-tuning; "
+             "`micro_batch_size` counts pairs"),
+    Rule(("rl",), "recipe", lambda values, ctx: Planned("memfit", grpo.RECIPE_NOTE, modelled=True) if _is_grpo(ctx) else None,
+         doc="`rl: grpo` planned with memfit's step"),
+    *(_grpo_rule(knob) for knob in grpo.KNOB_KEYS),
     Rule(("precompute_ref_log_probs",), "precompute_reference", _precompute_reference,
          doc="DPO's reference log-probs computed once before training: no reference pass, and no frozen copy for full "
              "fine-tuning"),
     not_modelled("dpo_use_liger_kernel", why="Liger's fused preference loss: planned as the trainer's log-probs over the whole "
                                              "logits"),
     not_modelled("dpo_padding_free", why="a preference batch in one row without padding: planned as padded rows"),
-    not_modelled("kd_trainer", "reward_model",
-                 "process_reward_model", "trl", "vllm",
-                 why="a trainer other than supervised or preference fine-tuning (distillation, reward modelling, GRPO)"),
+    not_modelled("kd_trainer", "reward_model", "process_reward_model",
+                 why="a trainer other than supervised, preference or GRPO fine-tuning (distillation, reward modelling)"),
     not_modelled("torch_compile", why="a compiled step fuses kernels and keeps other tensors for backward"),
     not_modelled("tiled_mlp", why="Axolotl's tiled MLP runs the MLP a chunk of tokens at a time (memfit's step has its own, the "
                                   "hf recipe none)"),

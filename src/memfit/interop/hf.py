@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from memfit.interop import grpo
 from memfit.interop.common import (
     dora_rule,
     int_rule,
@@ -50,6 +51,8 @@ from memfit.interop.trainer import (
     optimizer_rule,
 )
 
+GRPO_ONLY_KEYS = grpo.GRPO_ONLY_KEYS
+
 #: TRL's own keys (ModelConfig, SFTConfig, DPOConfig, ScriptArguments; with names of TRL 0.x).
 TRL_KEYS = frozenset("""
 model_name_or_path model_revision dtype torch_dtype attn_implementation use_peft lora_r lora_alpha lora_dropout
@@ -63,8 +66,8 @@ chat_template_path shuffle_dataset truncation_mode router_aux_loss_coef beta lab
 precompute_ref_log_probs precompute_ref_batch_size ref_model_mixup_alpha ref_model_sync_steps sync_ref_model rpo_alpha
 use_weighting discopop_tau f_alpha_divergence_coef f_divergence_type ld_alpha disable_dropout model_adapter_name
 ref_adapter_name force_use_ref_model generate_during_eval use_logits_to_keep num_of_sequences chars_per_token env
-use_liger_kernel liger_kernel_config simpo_gamma cpo_alpha
-""".split())
+use_liger_kernel liger_kernel_config simpo_gamma cpo_alpha temperature top_p top_k
+""".split()) | frozenset(GRPO_ONLY_KEYS)
 
 #: Keys only a preference config has (DPOConfig, ORPOConfig, CPOConfig; a ``loss_type`` of theirs says so too).
 _DPO_KEYS = ("beta", "precompute_ref_log_probs", "ref_model_mixup_alpha", "ref_model_sync_steps", "sync_ref_model",
@@ -101,7 +104,22 @@ def _is_trl(ctx: Any) -> bool:
 
 
 def _is_dpo(ctx: Any) -> bool:
-    return _dpo_values({k: ctx.raw.get(k, ABSENT) for k in _DPO_KEYS + ("loss_type",)})
+    return not _is_grpo(ctx) and _dpo_values({k: ctx.raw.get(k, ABSENT) for k in _DPO_KEYS + ("loss_type",)})
+
+
+def _is_grpo(ctx: Any) -> bool:
+    """Whether the config is TRL's GRPOConfig (one of its own keys is set)."""
+    return grpo.is_grpo(ctx.raw)
+
+
+def _grpo_rule(knob: str) -> Rule:
+    """A GRPOConfig key for grpo knob ``knob`` (TRL's default where absent), in a GRPO config only."""
+    key = grpo.KNOB_KEYS[knob][0]
+
+    def resolve(values: Mapping[str, Any], ctx: Any) -> Any:
+        return grpo.knob_value(ctx.raw, knob) if _is_grpo(ctx) else None
+
+    return Rule((key,), knob, resolve, doc=f"GRPOConfig's `{key}` (TRL's default {grpo.KNOB_KEYS[knob][2]!r})")
 
 
 def _method(values: Mapping[str, Any], ctx: Any) -> Any:
@@ -136,6 +154,8 @@ def _targets(values: Mapping[str, Any], ctx: Any) -> Any:
 
 
 def _seq_len(values: Mapping[str, Any], ctx: Any) -> Any:
+    if _is_grpo(ctx):
+        return grpo.seq_len(ctx.raw)
     for name in ("max_length", "max_seq_length", "block_size"):
         if values[name] is not ABSENT and values[name] is not None:
             return value_of(values, name, as_int)
@@ -215,7 +235,7 @@ def _loaded(values: Mapping[str, Any], ctx: Any) -> tuple[str, str, Found | None
 
 def _kbit_upcast(values: Mapping[str, Any], ctx: Any) -> Any:
     bits = {"qlora": "4-bit", "lora-8bit": "8-bit"}.get(ctx.knobs.get("method"))
-    if bits is None:
+    if bits is None or _is_grpo(ctx):  # grpo is planned with memfit's step, which never upcasts the base
         return None
     precision = {k: ctx.raw.get(k, ABSENT) for k in _PRECISION_KEYS}
     try:
@@ -298,7 +318,7 @@ def _hf_loss(values: Mapping[str, Any], ctx: Any) -> Any:
                              "log-probs over the whole logits")
     if liger:
         return liger
-    if not _is_trl(ctx) or _is_dpo(ctx) or ctx.knobs.get("objective"):
+    if not _is_trl(ctx) or _is_dpo(ctx) or _is_grpo(ctx) or ctx.knobs.get("objective"):
         return None
     loss = values["loss_type"]
     if loss in (ABSENT, None):
@@ -310,7 +330,9 @@ def _hf_loss(values: Mapping[str, Any], ctx: Any) -> Any:
 def _objective(values: Mapping[str, Any], ctx: Any) -> Any:
     """dpo for a DPOConfig (any of its loss types: each scores both completions against the reference);
     simpo for a CPOConfig (``loss_type: simpo``, or CPO's own losses, planned as SimPO's step: no
-    reference, the chosen answers' NLL)."""
+    reference, the chosen answers' NLL); grpo for a GRPOConfig."""
+    if _is_grpo(ctx):
+        return "grpo"
     if not _dpo_values(values):
         return None
     loss = values["loss_type"]
@@ -352,9 +374,11 @@ def _max_grad_norm(values: Mapping[str, Any], ctx: Any) -> Any:
 
 
 def _loss_names(raw: Mapping[str, Any]) -> tuple[tuple[str, ...], str]:
-    """The ``loss_type`` names of the config TRL would parse this as: a CPOConfig's (its own keys), a
-    DPOConfig's (its own keys; with only the keys it shares with CPOConfig, either's), or any of the
-    three (no preference key: SFTConfig's, or a preference loss that makes it one)."""
+    """The ``loss_type`` names of the config TRL would parse this as: a GRPOConfig's or a CPOConfig's
+    (their own keys), a DPOConfig's (its own keys; with only the keys it shares with CPOConfig,
+    either's), or any of the three (no preference key: SFTConfig's, or a preference loss that makes it one)."""
+    if grpo.is_grpo(raw):
+        return grpo.GRPO_LOSSES, "a loss_type TRL's GRPOConfig takes"
     if any(k in raw for k in _CPO_KEYS):
         return CPO_LOSSES, "a loss_type TRL's CPOConfig takes"
     own = [k for k in _DPO_KEYS if k in raw and k not in _CPO_KEYS]
@@ -369,8 +393,8 @@ def _loss_names(raw: Mapping[str, Any]) -> tuple[tuple[str, ...], str]:
 CHOICES: tuple[Choices, ...] = (
     Choices("loss_type", _loss_names, many=True,
             doc="SFTConfig's `nll`, `dft`, `chunked_nll`; DPOConfig's `sigmoid`, `hinge`, `ipo`... (a list of them); "
-                "CPOConfig's `sigmoid`, `hinge`, `ipo`, `simpo`, `alphapo` (TRL 1.16), as the config's other keys say "
-                "which it is"),
+                "CPOConfig's `sigmoid`, `hinge`, `ipo`, `simpo`, `alphapo`; GRPOConfig's `grpo`, `dr_grpo`, `dapo`, "
+                "`bnpo`... (TRL 1.16), as the config's other keys say which it is"),
     Choices("f_divergence_type", ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"),
             "an f-divergence TRL's DPOConfig takes", "TRL 1.16's `DPOConfig`"),
     Choices("packing_strategy", ("bfd", "bfd_split", "wrapped"), "a packing strategy TRL's SFTConfig takes",
@@ -433,13 +457,20 @@ RULES: tuple[Rule, ...] = (
     Rule(("use_liger_kernel", "liger_kernel_config", "loss_type"), "hf_loss", _hf_loss,
          doc="the loss: `use_liger_kernel` as Liger's fused linear cross-entropy; SFT's `loss_type: chunked_nll` (TRL 1.x's "
              "default) as `chunked-nll`, `nll` as the model's loss"),
-    Rule(_DPO_KEYS + ("loss_type",), "objective", _objective, matters=_dpo_values,
+    Rule(_DPO_KEYS + ("loss_type", "num_generations"), "objective", _objective, matters=_dpo_values,
          unmodelled="preference training (DPO) runs the chosen and the rejected completion of each example, and a reference "
                     "pass; planned as supervised fine-tuning",
          doc="a preference config is preference training: DPOConfig's keys or a DPO `loss_type` as `dpo` (the reference "
              "from the disabled adapters with `use_peft`, else a frozen copy), CPOConfig's (`simpo_gamma`, `cpo_alpha`) "
              "as `simpo` (`loss_type: simpo`; CPO's own losses planned as SimPO's step); `per_device_train_batch_size` "
-             "counts pairs"),
+             "counts pairs. A GRPOConfig (`num_generations`, `use_vllm`, `num_iterations`...) is `grpo`, its "
+             "`per_device_train_batch_size` counting completions, planned with memfit's step (TRL's GRPOTrainer's fused "
+             "LM head keeps no whole logits either)"),
+    Rule(("num_generations",), "recipe", lambda values, ctx: Planned("memfit", grpo.RECIPE_NOTE, modelled=True)
+         if _is_grpo(ctx) else None, doc="a GRPOConfig planned with memfit's step"),
+    *(_grpo_rule(knob) for knob in grpo.KNOB_KEYS),
+    not_modelled("generation_batch_size", "steps_per_generation",
+                 why="a generation batch other than per_device_train_batch_size x gradient_accumulation_steps: planned as that"),
     Rule(("precompute_ref_log_probs",), "precompute_reference", _precompute_reference,
          doc="DPO's reference log-probs computed once before training: no reference pass, and no frozen copy for full "
              "fine-tuning"),

@@ -15,8 +15,10 @@ def headline(config: dict[str, Any]) -> str:
     """``read Axolotl config qlora.yml: model llama-3.2-1b, planned as the Hugging Face step``."""
     if config.get("tool") == "memfit":
         return _own_headline(config)
-    return (f"read {config['title']} config {config['path']}: model {config['model']}{model_origin(config)}, planned as the "
-            "tool's Hugging Face step (recipe hf)"
+    step = ("memfit's step (recipe memfit, as for grpo)" if (config.get("knobs") or {}).get("recipe") == "memfit"
+            else "the tool's Hugging Face step (recipe hf)")
+    return (f"read {config['title']} config {config['path']}: model {config['model']}{model_origin(config)}, planned as "
+            f"{step}"
             + (f", DeepSpeed ZeRO stage {config['deepspeed']['stage']} from {config['deepspeed']['path']}"
                if config.get("deepspeed") else ""))
 
