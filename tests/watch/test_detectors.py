@@ -255,3 +255,34 @@ def test_host_leak_seen_in_the_heap_while_rss_stays_flat():
     for record in tl.steps:
         record["rss_bytes"] = 900 * MiB + 3 * MiB * record["step"]
     assert [f.data["measure"] for f in detect_leak(tl)] == ["heap_bytes"]
+
+
+# ---------------------------------------------------------------------------- grpo's completions
+
+
+def _grpo_timeline(lengths, peaks):
+    records = step_records(len(lengths), devices=lambda s: {"cuda:0": {"allocated_bytes": 2 * GiB,
+                                                                         "peak_allocated_bytes": peaks[s - 1]}})
+    for record, length in zip(records, lengths):
+        record["extra"] = {"loss": 0.1, "longest_sequence": length}
+    return Timeline(start=start_record(("cuda:0",), None), steps=records)
+
+
+def test_a_peak_that_rises_with_longer_completions_is_said_not_to_be_a_leak():
+    from memfit.watch.detectors import detect_longer_completions
+
+    lengths = [100, 120, 300, 250, 500, 480, 900, 900]
+    peaks = [5 * GiB, 5 * GiB, 5 * GiB, 5 * GiB, 6 * GiB, 6 * GiB, 7 * GiB, 7 * GiB]
+    found = detect_longer_completions(_grpo_timeline(lengths, peaks))
+    assert [f.code for f in found] == ["longer_completions"] and found[0].severity == "info"
+    assert "not a leak" in found[0].message and found[0].data["to_tokens"] == 900 and found[0].data["rises"] == 2
+    assert "longer_completions" in [f.code for f in detect_all(_grpo_timeline(lengths, peaks))]
+
+
+def test_a_rise_without_a_longer_completion_is_not_explained_away():
+    from memfit.watch.detectors import detect_longer_completions
+
+    lengths = [100, 120, 300, 300, 500, 480, 480, 480]
+    peaks = [5 * GiB] * 5 + [6 * GiB, 7 * GiB, 7 * GiB]  # rises at steps 6 and 7, with no longer sequence
+    assert detect_longer_completions(_grpo_timeline(lengths, peaks)) == []
+    assert detect_longer_completions(timeline(10)) == []  # no grpo lengths: nothing to say

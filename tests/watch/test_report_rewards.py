@@ -49,3 +49,15 @@ def test_evaluation_rewards_and_the_end_of_run_record_are_shown(tmp_path):
     assert "<tr><td>eval_rewards/accuracies</td><td class=num>0.5500</td><td class=num>0.8000</td></tr>" in page
     assert "end of run (step 10): train_loss 0.6350, train_runtime 12.5 s, 6.400 samples/s, 0.800 steps/s" in page
     assert "Preference rewards" in re.findall(r'<img alt="([^"]+)"', page)
+
+
+def test_a_grpo_runs_reward_is_charted_and_tabled(tmp_path):
+    metrics = [{"step": s, "loss": 0.01, "reward": 0.5 + s / 40, "reward_std": 0.2, "rewards/length/mean": 0.5 + s / 40,
+                "rewards/length/std": 0.2, "frac_reward_zero_std": 0.0, "completions/mean_length": 30.0 - s,
+                "completions/clipped_ratio": 0.5, "entropy": 6.0 - s / 10} for s in range(1, 11)]
+    run = write_run(tmp_path / "run", [start_record(), *step_records(10, rss=lambda s: GiB)], metrics=metrics)
+    page = write_report(run).read_text()
+    assert "GRPO rewards" in re.findall(r'<img alt="([^"]+)"', page) and (run / "report-grpo-rewards.png").is_file()
+    assert "<tr><td>reward</td><td class=num>0.5250</td><td class=num>0.7500</td></tr>" in page
+    assert "<tr><td>rewards/length/mean</td>" in page and "<th>grpo metric</th>" in page
+    assert "Preference rewards" not in page

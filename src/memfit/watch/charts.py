@@ -25,8 +25,23 @@ MARKERS_BELOW_POINTS = 40
 MIN_POINTS = 2
 
 #: Chart names and the titles the page gives them (also the PNG files' suffixes).
-TITLES = {"loss": "Loss", "rewards": "Preference rewards", "lr": "Learning rate", "memory-host": "Host memory",
-          "categories": "Plan vs measured"}
+TITLES = {"loss": "Loss", "rewards": "Preference rewards", "grpo-rewards": "GRPO rewards", "lr": "Learning rate",
+          "memory-host": "Host memory", "categories": "Plan vs measured"}
+
+#: A grpo run's metrics, under TRL's names, that the report shows first and last (with each reward
+#: function's ``rewards/<name>/mean``).
+GRPO_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio", "kl",
+                "entropy", "clip_ratio/region_mean")
+
+
+def grpo_reward_names(metrics: list) -> list[str]:
+    """Each reward function's ``rewards/<name>/mean`` a grpo run logged, in the order first seen."""
+    names: dict[str, None] = {}
+    for record in metrics:
+        for name in record:
+            if name.startswith("rewards/") and name.endswith("/mean"):
+                names[name] = None
+    return list(names)
 
 #: A preference run's metrics, under TRL's names (memfit train and TRL's trainers log them alike).
 REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
@@ -58,6 +73,8 @@ def render_charts(diagnosis: Diagnosis, plan_compared: bool) -> list[tuple[str, 
     rewards = {name: metric_curve(metrics, name) for name in REWARD_METRICS + EVAL_REWARD_METRICS}
     if len(rewards["rewards/accuracies"]) >= MIN_POINTS:
         charts.append(("rewards", _rewards_chart(Figure, rewards)))
+    if len(metric_curve(metrics, "reward")) >= MIN_POINTS:
+        charts.append(("grpo-rewards", _grpo_rewards_chart(Figure, metrics)))
     rates = metric_curve(metrics, "lr") or metric_curve(metrics, "learning_rate")  # memfit train's name, then the Trainer's
     if len(rates) >= MIN_POINTS:
         charts.append(("lr", _lr_chart(Figure, rates)))
@@ -194,6 +211,36 @@ def _lr_chart(Figure, rates: list[tuple[int, float]]) -> bytes:
     ax.set_ylim(bottom=0)
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     ax.grid(alpha=0.3)
+    return _png(fig)
+
+
+def _grpo_rewards_chart(Figure, metrics: list) -> bytes:
+    """A grpo run's reward (the weighted sum of its reward functions, a band of one standard deviation)
+    and each function's mean (left); the completions' mean length (right): a run learning shows the
+    reward rising."""
+    fig = Figure(figsize=(9, 3.0))
+    left, right = fig.subplots(1, 2, width_ratios=(3, 2))
+    reward, spread = metric_curve(metrics, "reward"), dict(metric_curve(metrics, "reward_std"))
+    steps = [s for s, _ in reward]
+    left.plot(steps, [v for _, v in reward], color="tab:blue", linewidth=1.4, label="reward", **_style(reward))
+    if spread:
+        low = [v - spread.get(s, 0.0) for s, v in reward]
+        high = [v + spread.get(s, 0.0) for s, v in reward]
+        left.fill_between(steps, low, high, color="tab:blue", alpha=0.15, linewidth=0, label="reward_std")
+    for name in grpo_reward_names(metrics):
+        points = metric_curve(metrics, name)
+        if len(grpo_reward_names(metrics)) > 1 and points:
+            left.plot([s for s, _ in points], [v for _, v in points], linewidth=1.0, label=name, **_style(points))
+    left.set_title("reward (metrics.jsonl)")
+    left.set_xlabel("step")
+    left.legend(loc="best", fontsize="small")
+    left.grid(alpha=0.3)
+    lengths = metric_curve(metrics, "completions/mean_length")
+    right.plot([s for s, _ in lengths], [v for _, v in lengths], color="tab:orange", linewidth=1.2, **_style(lengths))
+    right.set_title("completions/mean_length")
+    right.set_xlabel("step")
+    right.grid(alpha=0.3)
+    fig.tight_layout()
     return _png(fig)
 
 

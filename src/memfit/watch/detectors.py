@@ -6,7 +6,9 @@ Each detector looks for one way memory goes wrong in long runs, with the thresho
 - :func:`detect_leak`: a steady climb of memory after each step;
 - :func:`detect_stray_device`: memory on a device the run was not asked to use;
 - :func:`detect_other_processes`: other processes holding memory on the run's device;
-- :func:`detect_fragmentation`: the allocator reserving far more than the step ever used.
+- :func:`detect_fragmentation`: the allocator reserving far more than the step ever used;
+- :func:`detect_longer_completions`: a grpo run's peak rising step after step with its longest
+  completion, which is not a leak (said so, as information).
 
 Plan-versus-measured checks are in :mod:`memfit.watch.compare`; checks that need the live model
 (checkpointing switched off, frozen weights that train) are :func:`inspect_model`, the one function
@@ -310,6 +312,55 @@ def detect_fragmentation(timeline: Timeline, thresholds: Thresholds = Thresholds
     return findings
 
 
+# ------------------------------------------------------------------------------------------------
+# grpo: the peak follows the completions
+
+
+def detect_longer_completions(timeline: Timeline, thresholds: Thresholds = Thresholds()) -> list[Finding]:
+    """A grpo run's device peak rising after its first step, each time at a step whose prompt and completion
+    (``longest_sequence``) is longer than any before it: the step's memory follows its longest
+    sequence, up to ``seq_len``, which the plan holds; memory that is not a leak, said so (info).
+    A rise at a step without a longer sequence is left to :func:`detect_leak`."""
+    lengths = {r["step"]: r["extra"]["longest_sequence"] for r in timeline.steps
+               if isinstance(r.get("extra"), dict) and isinstance(r["extra"].get("longest_sequence"), int)}
+    if not lengths:
+        return []
+    findings = []
+    for where in timeline.device_names():
+        rises, peak, longest, first = [], None, 0, None
+        for record in timeline.steps:
+            step = record.get("step")
+            value = (record.get("devices", {}).get(where) or {}).get("peak_allocated_bytes")
+            length = lengths.get(step)
+            if not isinstance(value, int) or length is None:
+                continue
+            if peak is not None and value > peak:
+                if length <= longest:
+                    rises = []  # a rise no longer sequence explains: not this finding
+                    break
+                rises.append((step, value, length))
+                first = first if first is not None else (step, peak, longest)
+            peak, longest = value if peak is None else max(peak, value), max(longest, length)
+        if rises:
+            findings.append(_longer_completions_finding(where, first, rises))
+    return findings
+
+
+def _longer_completions_finding(where: str, first: tuple[int, int, int], rises: list[tuple[int, int, int]]) -> Finding:
+    step, value, length = rises[-1]
+    return Finding(
+        severity="info", code="longer_completions",
+        message=(f"{where}'s peak memory rose at {len(rises)} steps, from {format_bytes(first[1])} to {format_bytes(value)} "
+                 f"(steps {rises[0][0]}-{step}), each time with a longer prompt and completion than before ({first[2]} to "
+                 f"{length} tokens): this is not a leak, the step's memory follows its longest completion"),
+        fix="Nothing to fix: the plan's training phase is for the longest, seq_len (prompt budget + max_completion_length). "
+            "To keep the peak lower, lower max_completion_length (memfit plan shows the generation and the training at it).",
+        step=rises[0][0],
+        data={"device": where, "rises": len(rises), "from_bytes": first[1], "to_bytes": value,
+              "from_tokens": first[2], "to_tokens": length},
+    )
+
+
 def detect_all(timeline: Timeline, plan: dict[str, Any] | None = None, thresholds: Thresholds = Thresholds()) -> list[Finding]:
     """Every timeline detector, plus plan-versus-measured when a plan is known; most important first."""
     from memfit.watch.compare import detect_above_plan
@@ -320,6 +371,7 @@ def detect_all(timeline: Timeline, plan: dict[str, Any] | None = None, threshold
         + detect_stray_device(timeline, thresholds)
         + detect_other_processes(timeline, thresholds)
         + detect_fragmentation(timeline, thresholds)
+        + detect_longer_completions(timeline, thresholds)
         + detect_above_plan(timeline, plan, thresholds)
     )
     return merge_findings(found)

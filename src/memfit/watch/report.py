@@ -234,7 +234,8 @@ def _training_html(diagnosis: Diagnosis, images: dict[str, str]) -> list[str]:
     parts += _end_of_run_html(metrics)
     parts += _rewards_html(metrics, REWARD_METRICS, "preference metric")
     parts += _rewards_html(metrics, EVAL_REWARD_METRICS, "preference metric (evaluation)")
-    parts += [images[name] for name in ("loss", "rewards", "lr") if name in images]
+    parts += _grpo_html(metrics)
+    parts += [images[name] for name in ("loss", "rewards", "grpo-rewards", "lr") if name in images]
     if not parts:
         parts.append('<p class="note">metrics.jsonl holds no loss, eval loss or learning rate '
                      f'({"it is missing" if not metrics else f"{len(metrics):,} records without them"}).</p>')
@@ -269,6 +270,21 @@ def _rewards_html(metrics: list, names: tuple[str, ...], title: str) -> list[str
                    f"<td class=num>{curves[name][-1][1]:.4f}</td></tr>" for name in shown)
     first, last = curves[accuracies][0][0], curves[accuracies][-1][0]
     return [f"<table><tr><th>{html.escape(title)}</th><th class=num>step {first}</th><th class=num>step {last}</th></tr>{rows}</table>"]
+
+
+def _grpo_html(metrics: list) -> list[str]:
+    """A grpo run's reward, each reward function's, the completions' length and the policy's metrics
+    (TRL's names) at their first and last record: one table, or nothing."""
+    from memfit.watch.charts import GRPO_METRICS, grpo_reward_names
+
+    names = list(GRPO_METRICS[:2]) + grpo_reward_names(metrics) + list(GRPO_METRICS[2:])
+    curves = {name: metric_curve(metrics, name) for name in names}
+    if not curves["reward"]:
+        return []
+    rows = "".join(f"<tr><td>{html.escape(name)}</td><td class=num>{curves[name][0][1]:.4f}</td>"
+                   f"<td class=num>{curves[name][-1][1]:.4f}</td></tr>" for name in names if curves[name])
+    first, last = curves["reward"][0][0], curves["reward"][-1][0]
+    return [f"<table><tr><th>grpo metric</th><th class=num>step {first}</th><th class=num>step {last}</th></tr>{rows}</table>"]
 
 
 def _replies_html(diagnosis: Diagnosis) -> list[str]:
