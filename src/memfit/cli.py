@@ -51,8 +51,9 @@ PLAN_STATUS_DELAY_S = 1.0
 #: The RunSpec knobs `memfit fit` takes with a meaning of its own (the search holds or restricts
 #: them), and that meaning: the options are the knobs' (their flags and the values they take).
 FIT_OWN_KNOBS = {
-    "batch_size": "Effective batch (sequences per optimizer step; pairs with a preference --objective) to keep "
-                  "\\[default: 8; a tool's config: its own].",
+    "batch_size": "Effective batch (sequences per optimizer step; pairs with a preference --objective; completions, "
+                  "whole groups of --num-generations, with grpo) to keep \\[default: 8; grpo: --num-generations; a tool's "
+                  "config: its own].",
     "seq_len": f"Sequence length to hold fixed (default {default('seq_len')}, or the model's maximum if smaller).",
     "method": "Only these methods (repeat the option).",
     "precision": "bf16 / fp16: pure 16-bit; bf16-mixed / fp16-mixed: fp32 weights and optimizer states, 16-bit autocast; "

@@ -29,7 +29,8 @@ from memfit import spec as specs
 #: chooses method, checkpointing, optimizer and the batch split; batch size, sequence length,
 #: precision, GPUs and sharding are fit options of their own). memfit ui's search takes these too.
 FIT_KNOBS = ("rank", "alpha", "dropout", "targets", "dora", "rslora", "modules_to_save", "objective", "precompute_reference",
-             "recipe", "hf_loss")
+             "recipe", "hf_loss", "beta", "num_generations", "max_completion_length", "num_iterations", "temperature", "top_p",
+             "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
 
 
 def knob_options(names: Iterable[str] | None = None, *, help: Mapping[str, str] | None = None,

@@ -68,7 +68,7 @@ class ConfigRun:
         """The length the trainer plans a micro-batch of ``batch_size`` at (:func:`planned_seq_len`)."""
         from memfit.train.fitting import planned_seq_len
 
-        if not self.examples:
+        if not self.examples or self.config.spec.is_grpo:  # grpo: completions are generated, the longest planned
             return self.config.seq_len
         return planned_seq_len(self.examples, batch_size, self.config.seq_len, self.layout, self.config.packing)
 
