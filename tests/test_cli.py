@@ -64,7 +64,8 @@ _IMPORT_PROBE = (
         (["fit", "--budget", "24GiB", "--rank", "0"], "--rank: 0 must be 1 or more"),
         (["fit", "--gpu", "rtx-4090", "--method", "lorra"], "--method: lorra"),
         (["plan", "--modules-to-save", ",,"], "--modules-to-save: ',,' has an empty item"),
-        (["plan", "--beta", "0.2"], "--beta 0.2: beta is a training-config field"),
+        (["plan", "--simpo-gamma", "0.2"], "--simpo-gamma 0.2: simpo_gamma is a training-config field"),
+        (["plan", "--beta", "0.2"], "--beta: applies to the preference objectives and grpo (got --objective sft)"),
     ],
 )
 def test_bad_input_is_reported_without_importing_torch_transformers_or_peft(args, says):
@@ -181,10 +182,11 @@ def test_plan_cache_and_no_cache(tmp_path, monkeypatch):
 
 
 def test_a_training_setting_given_to_plan_or_fit_says_what_it_is(tmp_path):
-    result = runner.invoke(app, ["plan", "--beta", "0.2"])
+    result = runner.invoke(app, ["plan", "--simpo-gamma", "0.2"])
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert result.stderr.strip() == ("error: --beta 0.2: beta is a training-config field (beta: in memfit train's YAML) that does "
-                                     "not change memory, so memfit plan does not take it. Drop --beta.")
+    assert result.stderr.strip() == ("error: --simpo-gamma 0.2: simpo_gamma is a training-config field (simpo_gamma: in memfit "
+                                     "train's YAML) that does not change memory, so memfit plan does not take it. Drop "
+                                     "--simpo-gamma.")
     # Every setting of memfit train that is not a plan's: its own options and its config's fields, the flags too.
     result = runner.invoke(app, ["fit", "--gpu", "rtx-4090", "--lr", "1e-4", "--force", "--resume", "--warmup-steps", "10"])
     assert result.exit_code == 2
@@ -196,7 +198,7 @@ def test_a_training_setting_given_to_plan_or_fit_says_what_it_is(tmp_path):
     # A mistyped option is never pointed to one that is refused.
     result = runner.invoke(app, ["plan", "--rnak", "8"])
     assert result.exit_code == 2 and "--rank" in result.output and "--lr" not in result.output
-    assert "--beta" not in runner.invoke(app, ["plan", "--help"]).output
+    assert "--simpo-gamma" not in runner.invoke(app, ["plan", "--help"]).output
 
 
 def test_every_training_setting_that_is_not_a_plan_s_is_refused_by_plan():
@@ -205,7 +207,7 @@ def test_every_training_setting_that_is_not_a_plan_s_is_refused_by_plan():
     from memfit.train.config import TrainConfig
 
     settings = training_settings()
-    assert {"beta", "lr", "resume", "set_", "warmup_steps", "output_dir", "report_to"} <= set(settings)
+    assert {"simpo_gamma", "lr", "resume", "set_", "warmup_steps", "output_dir", "report_to"} <= set(settings)
     assert not set(settings) & {*KNOBS, "gpu", "budget", "revision", "model"}
     assert set(TrainConfig.model_fields) - set(KNOBS) - {"gpu", "budget", "revision", "model"} <= set(settings)
 

@@ -709,15 +709,16 @@ OBJECTIVE_PARAMS: dict[str, tuple[str, ...]] = {
 LOSS_TYPES = {"dpo": ("sigmoid", "ipo", "hinge"), "grpo": ("dapo", "grpo", "dr_grpo", "bnpo")}
 
 
-def objective_problems(objective: str, params: ObjectiveParams, given: set[str] | frozenset[str] = frozenset()) -> list[str]:
+def objective_problems(objective: str, params: ObjectiveParams, given: set[str] | frozenset[str] = frozenset(), *,
+                       check_beta: bool = True) -> list[str]:
     """One line per problem with ``params`` for ``objective``, named as training-config fields.
 
     ``given``: the fields the user set; one that does not apply to the objective is refused rather
     than silently ignored, unless it holds its default (a run's whole recorded config, run.json's,
-    validates again).
+    validates again). ``check_beta``: False where ``beta`` was checked already as the knob it is.
     """
     problems = []
-    for field in sorted(given & set(OBJECTIVE_PARAMS)):
+    for field in sorted(given & set(OBJECTIVE_PARAMS) - (set() if check_beta else {"beta"})):
         applies = OBJECTIVE_PARAMS[field]
         if objective not in applies and getattr(params, field) != ObjectiveParams.model_fields[field].default:
             problems.append(
@@ -728,8 +729,8 @@ def objective_problems(objective: str, params: ObjectiveParams, given: set[str] 
         problems.append(f"loss_type: {params.loss_type!r} is not a loss of objective: {objective}; use one of "
                         f"{', '.join(LOSS_TYPES[objective])}")
     if objective == "grpo":
-        problems.extend(_grpo_param_problems(params))
-    elif not (math.isfinite(params.beta) and params.beta > 0):
+        problems.extend(_grpo_param_problems(params, check_beta))
+    elif check_beta and not (math.isfinite(params.beta) and params.beta > 0):
         problems.append(f"beta: {params.beta!r} must be a positive number (e.g. beta: 0.1)")
     if not math.isfinite(params.simpo_gamma):
         problems.append(f"simpo_gamma: {params.simpo_gamma!r} must be a number (e.g. simpo_gamma: 0.5)")
@@ -738,9 +739,9 @@ def objective_problems(objective: str, params: ObjectiveParams, given: set[str] 
     return problems
 
 
-def _grpo_param_problems(params: ObjectiveParams) -> list[str]:
+def _grpo_param_problems(params: ObjectiveParams, check_beta: bool = True) -> list[str]:
     problems = []
-    if not (math.isfinite(params.beta) and params.beta >= 0):
+    if check_beta and not (math.isfinite(params.beta) and params.beta >= 0):
         problems.append(f"beta: {params.beta!r} must be 0 or more (e.g. beta: 0.04)")
     if not (math.isfinite(params.epsilon) and 0 < params.epsilon < 1):
         problems.append(f"epsilon: {params.epsilon!r} must be in (0, 1) (e.g. epsilon: 0.2)")

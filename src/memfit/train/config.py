@@ -532,7 +532,8 @@ def _semantic_problems(c: TrainConfig, *, knobs_valid: bool = True) -> list[str]
         problems.extend(_multi_gpu_problems(c))
         problems.extend(_fit_problems(c))
     if c.objective in specs.choices("objective"):
-        problems.extend(objective_problems(c.objective, c.objective_params, c.model_fields_set))
+        # beta is a knob: make_spec checked it already (for the objective it is given to).
+        problems.extend(objective_problems(c.objective, c.objective_params, c.model_fields_set, check_beta=False))
     problems.extend(_grpo_problems(c))
     from memfit.train.trackers import report_to_problems
 
