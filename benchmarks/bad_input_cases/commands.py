@@ -46,8 +46,8 @@ CASES = [
     Case("fit {d}/cmd_tiny.json --budget 4GiB --data {d}/cmd_missing.jsonl --write {d}/cmd_best.yaml", 2,
          says=("--data", "does not exist")),
     # memfit train's settings given to plan or fit: what they are, not "no such option"
-    Case("plan {d}/cmd_tiny.json --beta 0.2", 2, fast=True,
-         says=("--beta 0.2", "training-config field", "does not change memory", "Drop --beta")),
+    Case("plan {d}/cmd_tiny.json --simpo-gamma 0.2", 2, fast=True,
+         says=("--simpo-gamma 0.2", "training-config field", "does not change memory", "Drop --simpo-gamma")),
     Case("plan {d}/cmd_tiny.json --lr 1e-4 --resume", 2, says=("--lr 1e-4", "--resume: an option of memfit train")),
     Case("fit {d}/cmd_tiny.json --budget 4GiB --warmup-steps 10", 2, says=("--warmup-steps 10", "memfit fit does not take it")),
     Case("plan {d}/cmd_tiny.json --data {d}/cmd_data.jsonl", 2, says=("--data", "the sequence length planned is --seq-len")),

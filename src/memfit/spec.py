@@ -822,6 +822,8 @@ def _check_value(key: str, value: Any, spelling: str = "flag") -> tuple[str | No
             return f"{name}: {said} must be at most {most} (e.g. {good}).", value
         return None, number
     if kind == "float":
+        if isinstance(value, bool):  # a YAML true where a number belongs is a mistake, not 1.0
+            return f"{name}: {str(value).lower()} is true or false, not a number: write a number (e.g. {good})", value
         if _means_none(value) and RunSpec.model_fields[key].default is not None:
             return None, None  # "none": switched off (a None value means "the default" to make_spec)
         number = _as_float(value)

@@ -63,6 +63,11 @@ def with_phases(plan: MemoryPlan, config: dict[str, Any], spec: RunSpec, target:
     peak = max(phases, key=lambda p: p["device_total_bytes"])
     details = dict(plan.details)
     details["phases"] = phases
+    helps = dict(details.get("category_help") or {})
+    helps["activations"] = helps.get("activations", "tensors forward keeps for backward") + "; while generating, the KV cache"
+    if any(p.get("vllm_bytes") for p in phases):
+        helps["runtime"] = helps.get("runtime", "CUDA context and cuBLAS workspaces") + "; vLLM's share of the card (planned only)"
+    details["category_help"] = helps
     details["objective"] = "grpo"
     details["notes"] = list(details.get("notes", [])) + notes
     result = dataclasses.replace(plan, allocated_bytes=peak["allocated_bytes"], reserved_bytes=peak["reserved_bytes"],
