@@ -18,12 +18,9 @@ from memfit.spec import ObjectiveParams, make_spec  # noqa: E402
 from memfit.step.batch import DOCUMENTS, PADDED  # noqa: E402
 from memfit.step.builder import build_step  # noqa: E402
 from memfit.step.grpo import completion_example, group_advantages, summarize_metrics  # noqa: E402
+from memfit.train.conformance import TINY_MODELS  # noqa: E402
 
-TINY = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256, "tie_word_embeddings": False,
-    "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
-}
+TINY = TINY_MODELS["llama"]
 GENERATIONS = 4
 #: Two prompts of different lengths, four completions each of different lengths (EOS = 1 ends some).
 PROMPTS = [[5, 9, 13, 17, 21], [6, 10, 14]]

@@ -39,15 +39,10 @@ def is_grpo(raw: Mapping[str, Any]) -> bool:
 
 
 def _non_negative(value: Any) -> float:
-    if isinstance(value, bool):
-        raise ValueError(f"{value!r} is not a number")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{value!r} is not a number") from None
-    if number < 0:
-        raise ValueError(f"{value!r} must be 0 or more")
-    return number
+    """0, or a positive number (GRPOConfig's ``beta``: 0 keeps no reference model)."""
+    if not isinstance(value, bool) and isinstance(value, (int, float)) and value == 0:
+        return 0.0
+    return as_float(value)
 
 
 def _mode(value: Any) -> str:

@@ -38,6 +38,7 @@ from memfit.step.batch import PADDED, collate
 from memfit.step.labels import IGNORE_INDEX
 from memfit.step.losses import Batch, _model_inputs, _wide, backbone_and_head, chunked_token_logps
 from memfit.step.preference import _per_sequence, _shift, reference_model
+from memfit.step.preference import summarize_metrics as summarize_pair_metrics
 
 #: What a grpo step reports from its loss, under TRL's names: each the mean over the step's
 #: micro-batches of the micro-batch's value (``kl`` only with ``beta`` above 0).
@@ -291,12 +292,7 @@ def _metrics(coef_1: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
 def summarize_metrics(totals: list[dict[str, torch.Tensor]]) -> dict[str, float]:
     """A step's grpo metrics from the sums its micro-batches reported (:func:`grpo_loss`): each the
     mean of the micro-batches' values, as TRL's logs average them. One read of the device."""
-    if not totals:
-        return {}
-    names = [name for name in totals[0] if name != "micro_batches"]
-    stacked = torch.stack([sum(t[name].double() for t in totals) for name in names + ["micro_batches"]]).cpu()
-    count = float(stacked[-1])
-    return {name: float(value) / count for name, value in zip(names, stacked[:-1])}
+    return summarize_pair_metrics(totals, count="micro_batches")
 
 
 @dataclass(frozen=True)

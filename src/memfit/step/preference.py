@@ -407,18 +407,19 @@ def _log1mexp(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x < -0.6931471805599453, torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
 
 
-def summarize_metrics(totals: list[dict[str, torch.Tensor]]) -> dict[str, float]:
+def summarize_metrics(totals: list[dict[str, torch.Tensor]], count: str = "pairs") -> dict[str, float]:
     """A step's (or an evaluation's) preference metrics, each a mean over its pairs, from the sums its
     micro-batches reported (:func:`objective_loss`): :data:`PAIR_METRICS`, ``rewards/accuracies``
     being the share of pairs whose chosen reward is the higher and ``rewards/margins`` chosen minus
     rejected reward; then DPO's :data:`DPO_METRICS`, ORPO's :data:`ORPO_METRICS`, or SimPO's
-    ``nll_loss`` (with ``cpo_alpha``). One read of the device for all of them."""
+    ``nll_loss`` (with ``cpo_alpha``). One read of the device for all of them. ``count``: the total
+    every sum is divided by (grpo's metrics are means over micro-batches: ``micro_batches``)."""
     if not totals:
         return {}
-    names = [name for name in totals[0] if name != "pairs"]
-    stacked = torch.stack([sum(t[name].double() for t in totals) for name in names + ["pairs"]]).cpu()
-    pairs = float(stacked[-1])
-    return {name: float(value) / pairs for name, value in zip(names, stacked[:-1])}
+    names = [name for name in totals[0] if name != count]
+    stacked = torch.stack([sum(t[name].double() for t in totals) for name in names + [count]]).cpu()
+    total = float(stacked[-1])
+    return {name: float(value) / total for name, value in zip(names, stacked[:-1])}
 
 
 def choose_preference_loss(spec: RunSpec, params: ObjectiveParams | None = None) -> PreferenceLoss:

@@ -11,15 +11,6 @@ from memfit.train.data.formats import load_records
 from memfit.train.data.prompts import tokenize_prompts
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    from memfit.train.data import tiny_tokenizer_path
-
-    return AutoTokenizer.from_pretrained(str(tiny_tokenizer_path()))
-
-
 def _jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
