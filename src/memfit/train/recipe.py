@@ -408,10 +408,11 @@ def _model(run: _Run, model) -> tuple[Any, dict[str, Any], Any]:
         highlight=False,
     )
     if needs_reference_copy(spec):
-        # DPO's reference for full fine-tuning: the starting weights, kept before any update.
+        # The reference of full fine-tuning (DPO, grpo with beta): the starting weights, kept before any update.
         keep_reference_copy(model)
-        run.console.print(f"reference: a frozen copy of the model's {setup['total_params']:,} parameters (DPO, full "
-                          "fine-tuning; precompute_reference: true keeps none)", highlight=False)
+        keeps_none = "beta: 0 keeps none" if spec.is_grpo else "precompute_reference: true keeps none"
+        run.console.print(f"reference: a frozen copy of the model's {setup['total_params']:,} parameters "
+                          f"({spec.objective}, full fine-tuning; {keeps_none})", highlight=False)
     model = world.shard(model, spec, device, run.console)
     return model, setup, world.training_step(run.configuration.step_fn, model)
 
