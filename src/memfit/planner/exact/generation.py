@@ -353,12 +353,16 @@ def _simulated_point(config: dict[str, Any], spec: RunSpec, cut: tuple[int, ...]
     short, else written from two short ones (:func:`trace_at`)."""
     tokens = spec.max_completion_length
     options = dict(layers=cut, workspace_allocs=workspace_allocs, arch=arch)
-    if tokens <= SIMULATED_TOKENS[1]:
-        result = _with_peak(simulate_generation(config, spec, new_tokens=tokens, **options).result)
-    else:
+    result = None
+    if tokens > SIMULATED_TOKENS[1]:
         short, long = (simulate_generation(config, spec, new_tokens=n, **options) for n in SIMULATED_TOKENS)
-        _check_same_steps(short, long)
-        result = trace_at(short, long, tokens)
+        try:
+            _check_same_steps(short, long)
+            result = trace_at(short, long, tokens)
+        except ValueError:
+            result = None  # decode steps unlike each other (a model's own cache): the whole generation, simulated
+    if result is None:
+        result = _with_peak(simulate_generation(config, spec, new_tokens=tokens, **options).result)
     reserved = allocator.simulate(result.events).peak_reserved_bytes
     decode = [s for s in result.segments() if s.phase == "decode"]
     kv_cache = result.categories_at(decode[-1].top_event)["activations"] if decode else 0
