@@ -604,7 +604,7 @@ def _objective_combinations(spec: RunSpec, name, setting) -> list[str]:
     return problems
 
 
-def _grpo_combinations(spec: "RunSpec", name, setting) -> list[str]:
+def _grpo_combinations(spec: RunSpec, name, setting) -> list[str]:
     """What grpo needs of the other knobs, and grpo's knobs given to another objective."""
     if not spec.is_grpo:
         given = [knob for knob in GRPO_KNOBS if getattr(spec, knob) != default(knob)]

@@ -8,7 +8,13 @@ import torch
 
 from memfit.spec import make_spec
 from memfit.step.batch import DOCUMENTS, PADDED
-from memfit.step.grpo import collate_completions, completion_example, longest_completions, per_example, summarize_metrics
+from memfit.step.grpo import (
+    collate_completions,
+    completion_example,
+    longest_completions,
+    per_example,
+    summarize_metrics,
+)
 from memfit.step.labels import IGNORE_INDEX
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from trainer_helpers import REPO, tiny_settings
 
 from memfit.train.config import load_config, validate_config
 from memfit.train.recipe import train
-from trainer_helpers import REPO, tiny_settings  # noqa: E402
 
 PROMPTS = REPO / "examples" / "data" / "grpo-prompts-example.jsonl"
 

@@ -13,7 +13,8 @@ with memfit's step (``recipe: memfit``), not the plain Hugging Face one.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from memfit.interop.keys import ABSENT, KeyProblem, Planned, as_bool, as_float, as_int
 

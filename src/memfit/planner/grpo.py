@@ -5,7 +5,8 @@ log-probs over prompt and completion, the reference pass where ``beta`` is above
 phase is what the run holds while it samples the completions:
 
 - with transformers (memfit's run, TRL's default): simulated, ``generate`` under fake tensors
-  (:mod:`memfit.planner.exact.generation`): the policy and its optimizer states, the KV cache of
+  (:mod:`memfit.planner.exact.generation`, at the planned length and full depth by
+  :mod:`memfit.planner.shortcuts.generation`): the policy and its optimizer states, the KV cache of
   the generation batch, the sampling logits;
 - with vLLM (``use_vllm``, as TRL runs it; memfit's run does not): planned only, from vLLM's and
   TRL's rules, cited where they are used. Colocated, vLLM takes ``vllm_gpu_memory_utilization`` of
@@ -49,16 +50,17 @@ VLLM_SOURCES = (
 
 
 def with_phases(plan: MemoryPlan, config: dict[str, Any], spec: RunSpec, target: Any, runtime: Any, *,
-                extrapolate: bool = True) -> MemoryPlan:
+                exact: bool = False) -> MemoryPlan:
     """``plan`` (the training step's) as a grpo plan: its generation phase planned too, each phase in
-    ``details.phases``, and the plan's figures those of the larger."""
+    ``details.phases``, and the plan's figures those of the larger (``exact``: the generation
+    simulated whole, as the step of an exact plan is)."""
     training = _phase("training", plan.allocated_bytes, plan.reserved_bytes, plan.device_total_bytes, plan.phase,
                       plan.categories, "simulated", TRAINING_DRIVERS)
     notes: list[str] = []
     if spec.use_vllm:
         generation, training = _vllm_phases(spec, target, training, notes)
     else:
-        generation = _generation_phase(config, spec, target, runtime, extrapolate)
+        generation = _generation_phase(config, spec, target, runtime, exact)
     phases = [p for p in (generation, training) if p is not None]
     peak = max(phases, key=lambda p: p["device_total_bytes"])
     details = dict(plan.details)
@@ -86,11 +88,12 @@ def _phase(name: str, allocated: int, reserved: int, device_total: int, phase: s
             "drivers": list(drivers), **extra}
 
 
-def _generation_phase(config: dict[str, Any], spec: RunSpec, target: Any, runtime: Any, extrapolate: bool) -> dict[str, Any]:
+def _generation_phase(config: dict[str, Any], spec: RunSpec, target: Any, runtime: Any, exact: bool) -> dict[str, Any]:
     """The generation as memfit's run does it (transformers' ``generate``), simulated."""
-    from memfit.planner.exact.generation import PHASES, estimate_generation
+    from memfit.planner.exact.generation import PHASES
+    from memfit.planner.shortcuts.generation import estimate_generation
 
-    estimate = estimate_generation(config, spec, runtime.cublas_workspace_allocs, extrapolate=extrapolate, arch=target.arch)
+    estimate = estimate_generation(config, spec, runtime.cublas_workspace_allocs, exact=exact, arch=target.arch)
     categories = dict(estimate.categories)
     tracked_runtime = categories.pop("runtime", 0)
     categories["allocator"] = estimate.reserved_bytes - estimate.allocated_bytes

@@ -21,8 +21,8 @@ from memfit.spec import ObjectiveParams, RunSpec
 from memfit.step import train_step as train_step_module
 from memfit.step.attention import batch_layout
 from memfit.step.batch import PADDED, collate
-from memfit.step.losses import Batch, LossFn, choose_loss
 from memfit.step.grpo import choose_grpo_loss, collate_completions
+from memfit.step.losses import Batch, LossFn, choose_loss
 from memfit.step.preference import choose_preference_loss, collate_pairs, reference_model
 
 

@@ -26,8 +26,9 @@ completions and rewards.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,8 +38,7 @@ from memfit.step.autocast import autocast_dtype
 from memfit.step.batch import PADDED, collate
 from memfit.step.labels import IGNORE_INDEX
 from memfit.step.losses import Batch, _model_inputs, _wide, backbone_and_head, chunked_token_logps
-from memfit.step.preference import _per_sequence, _shift, reference_model
-from memfit.step.preference import summarize_metrics as summarize_pair_metrics
+from memfit.step.preference import _per_sequence, _shift, reference_model, summarize_metrics as summarize_pair_metrics
 
 #: What a grpo step reports from its loss, under TRL's names: each the mean over the step's
 #: micro-batches of the micro-batch's value (``kl`` only with ``beta`` above 0).

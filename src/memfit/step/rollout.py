@@ -17,8 +17,9 @@ document attention (one-row training batches), and no gradients.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -33,7 +34,7 @@ class Sampling:
     top_p: float = 1.0
 
     @classmethod
-    def of(cls, spec: Any) -> "Sampling":
+    def of(cls, spec: Any) -> Sampling:
         """The sampling of a grpo :class:`~memfit.spec.RunSpec`."""
         return cls(num_generations=spec.num_generations, max_completion_length=spec.max_completion_length,
                    temperature=spec.temperature, top_p=spec.top_p)

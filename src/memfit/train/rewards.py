@@ -26,9 +26,10 @@ import importlib
 import importlib.util
 import math
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from memfit.errors import UserError
 
@@ -136,7 +137,7 @@ def _load(name: str, spec: str, base_dir: Path | None) -> Callable[..., Any]:
             loader_spec.loader.exec_module(module)
         else:
             module = importlib.import_module(path)
-    except Exception as err:  # the user's module: any error it raises is theirs to see, in one line
+    except Exception as err:  # noqa: BLE001 - the user's module: any error it raises is theirs to see, in one line
         raise RewardError(f"{name}: {spec!r}: importing {path} failed: {type(err).__name__}: {err}") from None
     found = getattr(module, function, None)
     if found is None:
@@ -158,7 +159,7 @@ def score(rewards: Sequence[Reward], prompts: list[Any], completions: list[Any],
     for index, reward in enumerate(rewards):
         try:
             values = reward.function(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
-        except Exception as err:  # the user's function: its error is shown as it raised it, in one line
+        except Exception as err:  # noqa: BLE001 - the user's function: its error is shown as it raised it, in one line
             raise RewardError(f"reward_funcs[{index}]: {reward.entry!r} raised {type(err).__name__}: {err} (called as TRL calls "
                               "it: prompts, completions, completion_ids and the dataset's other columns as keywords)") from None
         out[:, index] = torch.tensor(_checked(index, reward, values, len(completions)), dtype=torch.float32)

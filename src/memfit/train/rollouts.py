@@ -18,8 +18,9 @@ that ended: ``mean_terminated_length``...), ``completions/clipped_ratio``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 

@@ -1,19 +1,11 @@
-"""grpo's generation phase, simulated: transformers' generate under fake tensors counts what it
-counts on real CPU tensors; any completion length written from two short generations equals the
-whole generation; depth extrapolated equals the whole depth."""
+"""grpo's generation, simulated: transformers' generate under fake tensors counts what it counts on
+real CPU tensors; the planned prompts."""
 
 from __future__ import annotations
 
 import pytest
 
-from memfit.planner.exact.generation import (
-    _check_same_steps,
-    _with_peak,
-    estimate_generation,
-    planned_prompts,
-    simulate_generation,
-    trace_at,
-)
+from memfit.planner.exact.generation import planned_prompts, whole_generation
 from memfit.spec import make_spec
 from memfit.train.conformance import TINY_MODELS
 
@@ -32,45 +24,12 @@ def _spec(**knobs):
 ], ids=["llama lora", "llama full reference top_p", "qwen2 qlora old logps"])
 def test_fake_generation_counts_what_a_real_one_counts(config, knobs):
     spec = _spec(**knobs)
-    fake = _with_peak(simulate_generation(config, spec, new_tokens=6).result)
-    real = _with_peak(simulate_generation(config, spec, new_tokens=6, fake=False).result)
+    fake = whole_generation(config, spec, new_tokens=6)
+    real = whole_generation(config, spec, new_tokens=6, fake=False)
     assert fake.peak.allocated_bytes == real.peak.allocated_bytes
     assert fake.phase_peaks == real.phase_peaks
     assert fake.peak.categories == real.peak.categories
     assert {"prefill", "decode"} <= set(fake.phase_peaks)
-
-
-@pytest.mark.parametrize("knobs", [dict(method="lora", precision="bf16", top_p=0.9),
-                                   dict(method="qlora", precision="bf16", num_iterations=2)], ids=["lora top_p", "qlora old logps"])
-def test_any_completion_length_is_written_exactly_from_two_short_generations(knobs):
-    spec = _spec(max_completion_length=14, **knobs)
-    short, long = simulate_generation(LLAMA, spec, new_tokens=4), simulate_generation(LLAMA, spec, new_tokens=5)
-    _check_same_steps(short, long)
-    written = trace_at(short, long, 14)
-    whole = _with_peak(simulate_generation(LLAMA, spec, new_tokens=14).result)
-    assert written.peak.allocated_bytes == whole.peak.allocated_bytes
-    assert written.peak.categories == whole.peak.categories
-    assert {k: v for k, v in written.phase_peaks.items() if k != "idle"} == {k: v for k, v in whole.phase_peaks.items() if k != "idle"}
-
-
-def test_the_kv_cache_grows_with_the_completion_length_and_is_named():
-    shorter = estimate_generation(LLAMA, _spec(method="lora", precision="bf16", max_completion_length=8), extrapolate=False)
-    longer = estimate_generation(LLAMA, _spec(method="lora", precision="bf16", max_completion_length=40, seq_len=76),
-                                 extrapolate=False)
-    # The decode step's cache: 2 (keys, values) x 2 layers x 4 completions x 2 heads x 16 dims x 2 bytes a token.
-    per_token = 2 * 2 * 4 * 2 * 16 * 2
-    assert longer.phase_peaks["decode"] - shorter.phase_peaks["decode"] >= 32 * per_token
-    assert longer.categories["activations"] > 0  # the KV cache, held from token to token
-
-
-def test_depth_is_extrapolated_exactly():
-    deep = dict(LLAMA, num_hidden_layers=6)
-    spec = _spec(method="lora", precision="bf16", max_completion_length=20, seq_len=64, top_p=0.9)
-    extrapolated, whole = estimate_generation(deep, spec), estimate_generation(deep, spec, extrapolate=False)
-    assert extrapolated.simulated_layers == [2, 3] and whole.simulated_layers == [6]
-    assert extrapolated.allocated_bytes == whole.allocated_bytes
-    assert extrapolated.categories == whole.categories
-    assert extrapolated.phase_peaks == whole.phase_peaks
 
 
 def test_the_planned_prompts_are_padded_where_a_batch_holds_several():

@@ -3,15 +3,16 @@ and checkpointing are searched, and the longest sequence is the longest completi
 
 from __future__ import annotations
 
-from memfit.planner.search.core import fit
+from memfit.planner.search.driver import fit
+from memfit.planner.search.request import FitRequest
 from memfit.train.conformance import TINY_MODELS
 
 TINY = dict(TINY_MODELS["llama"], _name_or_path="tiny-llama")
 
 
 def test_a_grpo_fit_searches_the_split_and_the_longest_completion():
-    result = fit(TINY, budget="600MiB", seq_len=48, objective="grpo", num_generations=4, max_completion_length=16,
-                 methods=("lora",), workers=1)
+    result = fit(FitRequest(TINY, budget="600MiB", seq_len=48, methods=("lora",), workers=1,
+                            knobs=dict(objective="grpo", num_generations=4, max_completion_length=16)))
     assert result.fits
     for found in result.fits:
         spec = found.spec

@@ -9,32 +9,25 @@ function on the same prepared model under ``FakeTensorMode`` with a :class:`Memo
 are padded (their attention mask is kept, the case of prompts of unequal lengths); and no row ends
 before ``max_completion_length`` (the stop check answers from the length, the longest generation).
 
-Generating ``max_completion_length`` tokens under fake tensors takes a forward a token, so only a
-few are generated and the rest is exact arithmetic (:func:`trace_at`): every decode step after the
-first does the same operations in the same order, each storage's size affine in the step's number
-(the cache, the ids and the mask grow by a token), and none outlives the step after its own. From
-two generations (4 and 5 tokens) the sizes of the last two decode steps at any completion length
-are written into the longer one's trace; its live bytes are then those of the full generation
-wherever the peak can be (the prefill, or the last decode step, which holds the longest cache).
-Depth is extrapolated as the training step's is (:mod:`memfit.planner.shortcuts.extrapolate`),
-phase by phase: ``prefill`` (the prompts' forward, the first token) and ``decode``. With
-``num_iterations`` above 1 the old policy's log-probs of each micro-batch follow (``old_logps``).
-Tests check :func:`trace_at` against a whole generation, and the plan against the trainer's
-generation measured on the CPU (:mod:`memfit.train.conformance`).
+A generation of a few tokens is simulated here; any completion length is written from two of them,
+and depth extrapolated, by :mod:`memfit.planner.shortcuts.generation` (an exact plan simulates the
+whole generation of the whole model: :func:`whole_generation`). With ``num_iterations`` above 1 the
+old policy's log-probs of each micro-batch follow (``old_logps``). Tests check the fake generation
+against a real one on the CPU, and the plan against the trainer's generation measured on the CPU
+(:mod:`memfit.train.conformance`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
 from memfit.models.build import DTYPES, build_meta_model, make_config, materialize
-from memfit.planner.exact import allocator
-from memfit.planner.exact.allocator import round_size
 from memfit.planner.exact.cuda_parity import CudaParityMode, offload_parity, plan_bitsandbytes_optimizer
 from memfit.planner.exact.simulate import (
     SIM_DEVICE,
@@ -45,7 +38,7 @@ from memfit.planner.exact.simulate import (
     _uses_bitsandbytes,
     bitsandbytes_only_if_used,
 )
-from memfit.planner.exact.tracker import Allocation, MemoryTracker, TrackerResult
+from memfit.planner.exact.tracker import MemoryTracker, TrackerResult
 from memfit.spec import RunSpec
 from memfit.step.builder import build_step
 from memfit.step.offload import pinned_host_copies
@@ -209,57 +202,7 @@ def _answered(fake: bool, final_length: int, *, padded: bool, on_stop) -> Iterat
         yield
 
 
-# ------------------------------------------------------------------------------------------------
-# Any completion length from two
-
-
-def trace_at(short: GenerationTrace, long: GenerationTrace, completion_tokens: int) -> TrackerResult:
-    """The tracker's result of the generation of ``completion_tokens`` tokens, from the generations
-    of ``short.new_tokens`` and ``long.new_tokens`` (one more) tokens: ``long``'s trace with the
-    storages of its last two decode steps sized as in the last two of the longer generation.
-
-    Raises ValueError where the decode steps do not share their structure (the model's generation
-    is not one this arithmetic holds for)."""
-    if long.new_tokens != short.new_tokens + 1 or short.new_tokens < 4:
-        raise ValueError("trace_at needs generations of n and n + 1 tokens, n at least 4")
-    if completion_tokens <= long.new_tokens:
-        raise ValueError(f"completion_tokens {completion_tokens} is within the simulated {long.new_tokens}: simulate it")
-    inner = _allocs(long, len(long.forwards) - 3), _allocs(long, len(long.forwards) - 2)
-    last = _allocs(short, len(short.forwards) - 1), _allocs(long, len(long.forwards) - 1)
-    result = long.result
-    allocations, events = list(result.allocations), list(result.events)
-    for (before, after), step, at in ((inner, len(long.forwards) - 2, completion_tokens - 2),
-                                      (last, len(long.forwards) - 1, completion_tokens - 1)):
-        for a, b in zip(before, after):
-            requested = b.requested_bytes + (at - step) * (b.requested_bytes - a.requested_bytes)
-            grown = dataclasses.replace(b, requested_bytes=requested, nbytes=round_size(requested))
-            allocations[b.alloc_id] = grown
-            if grown.place == "device":
-                events[grown.alloc_event] = ("alloc", grown.alloc_id, grown.nbytes)
-    grown_result = TrackerResult(allocations=allocations, events=events, peak=result.peak,
-                                 outside_peaks=dict(result.outside_peaks), phase_marks=list(result.phase_marks),
-                                 peak_from_event=result.peak_from_event)
-    return _with_peak(grown_result)
-
-
-def _allocs(trace: GenerationTrace, step: int) -> list[Allocation]:
-    """The storages decode step ``step`` allocated, in order (the last step: through the end of ``generate``)."""
-    first = trace.forwards[step]
-    stop = trace.forwards[step + 1] if step + 1 < len(trace.forwards) else trace.end_event
-    allocations = trace.result.allocations
-    return [allocations[alloc_id] for kind, alloc_id, _ in trace.result.events[first + 1:stop + 1] if kind == "alloc"]
-
-
-def _check_same_steps(short: GenerationTrace, long: GenerationTrace) -> None:
-    """Raise ValueError unless the decode steps line up: the same operations, in the same order."""
-    pairs = [(_allocs(long, len(long.forwards) - 3), _allocs(long, len(long.forwards) - 2)),
-             (_allocs(short, len(short.forwards) - 1), _allocs(long, len(long.forwards) - 1))]
-    for before, after in pairs:
-        if [(a.op, a.role, a.place) for a in before] != [(b.op, b.role, b.place) for b in after]:
-            raise ValueError("the decode steps of this model's generation differ from one another")
-
-
-def _with_peak(result: TrackerResult) -> TrackerResult:
+def with_peak(result: TrackerResult) -> TrackerResult:
     """``result`` with its peak (and the peak of each phase) worked out from its events."""
     from memfit.planner.exact.tracker import Snapshot
 
@@ -276,96 +219,7 @@ def _with_peak(result: TrackerResult) -> TrackerResult:
     return result
 
 
-# ------------------------------------------------------------------------------------------------
-# The plan's generation phase
-
-
-@dataclass(frozen=True)
-class GenerationEstimate:
-    """The generation phase of a grpo plan, at full depth: its peak (allocated, reserved), the
-    categories then (the KV cache among ``activations``), the sub-phase it falls in, each
-    sub-phase's peak, and the KV cache at the peak."""
-
-    allocated_bytes: int
-    reserved_bytes: int
-    categories: dict[str, int]
-    phase: str
-    phase_peaks: dict[str, int]
-    simulated_layers: list[int]
-    kv_cache_bytes: int = 0  # the KV cache at its longest (the last decode step)
-
-
-@dataclass(frozen=True)
-class _Point:
-    """One depth's generation at the planned length, as the depth extrapolation takes it."""
-
-    result: TrackerResult
-    phase: str
-    categories: dict[str, int]
-    phase_peaks: dict[str, int]
-    overhead: int
-    kv_cache: int = 0
-
-
-#: Generation points by (config, spec, cut, workspaces, arch): a search plans one generation many times.
-_POINTS: dict[tuple, _Point] = {}
-_POINTS_KEPT = 64
-
-
-def estimate_generation(config: dict[str, Any], spec: RunSpec, workspace_allocs: tuple[int, ...] = (), *,
-                        extrapolate: bool = True, arch: str | None = None) -> GenerationEstimate:
-    """The generation phase of ``spec``'s run on the model of ``config``, at full depth."""
-    from memfit.planner.shortcuts.depths import plan_depths
-    from memfit.planner.shortcuts.extrapolate import extrapolate_peak
-
-    depths = plan_depths(config) if extrapolate else None
-    cuts = list(depths.samples) if depths else [None]
-    points = [_point(config, spec, cut, tuple(workspace_allocs), arch) for cut in cuts]
-    if depths is None:
-        phase, categories = points[0].phase, dict(points[0].categories)
-        phase_peaks = dict(points[0].phase_peaks)
-    else:
-        phase, categories = extrapolate_peak(depths, points)
-        phase_peaks = {k: depths.combine([p.phase_peaks.get(k, 0) for p in points]) for k in points[-1].phase_peaks}
-    allocated = sum(categories.values())
-    kv_cache = depths.combine([p.kv_cache for p in points]) if depths else points[0].kv_cache
-    return GenerationEstimate(allocated_bytes=allocated, reserved_bytes=allocated + max(p.overhead for p in points),
-                              categories=categories, phase=phase, phase_peaks=phase_peaks,
-                              simulated_layers=[len(c) for c in cuts] if depths else [make_config(config).num_hidden_layers],
-                              kv_cache_bytes=kv_cache)
-
-
-def _point(config: dict[str, Any], spec: RunSpec, cut: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
-           arch: str | None) -> _Point:
-    import json
-
-    key = (json.dumps(config, sort_keys=True, default=str), spec.model_dump_json(), cut, workspace_allocs, arch)
-    if key not in _POINTS:
-        if len(_POINTS) >= _POINTS_KEPT:
-            _POINTS.pop(next(iter(_POINTS)))
-        _POINTS[key] = _simulated_point(config, spec, cut, workspace_allocs, arch)
-    return _POINTS[key]
-
-
-def _simulated_point(config: dict[str, Any], spec: RunSpec, cut: tuple[int, ...] | None,
-                     workspace_allocs: tuple[int, ...], arch: str | None) -> _Point:
-    """The generation of ``max_completion_length`` tokens at one depth: simulated whole when it is
-    short, else written from two short ones (:func:`trace_at`)."""
-    tokens = spec.max_completion_length
-    options = dict(layers=cut, workspace_allocs=workspace_allocs, arch=arch)
-    result = None
-    if tokens > SIMULATED_TOKENS[1]:
-        short, long = (simulate_generation(config, spec, new_tokens=n, **options) for n in SIMULATED_TOKENS)
-        try:
-            _check_same_steps(short, long)
-            result = trace_at(short, long, tokens)
-        except ValueError:
-            result = None  # decode steps unlike each other (a model's own cache): the whole generation, simulated
-    if result is None:
-        result = _with_peak(simulate_generation(config, spec, new_tokens=tokens, **options).result)
-    reserved = allocator.simulate(result.events).peak_reserved_bytes
-    decode = [s for s in result.segments() if s.phase == "decode"]
-    kv_cache = result.categories_at(decode[-1].top_event)["activations"] if decode else 0
-    return _Point(result=result, phase=result.peak.phase, categories=dict(result.peak.categories),
-                  phase_peaks=dict(result.phase_peaks), overhead=max(reserved - result.peak.allocated_bytes, 0),
-                  kv_cache=kv_cache)
+def whole_generation(config_dict: dict[str, Any], spec: RunSpec, *, new_tokens: int, **options: Any) -> TrackerResult:
+    """The tracker's result of the generation of ``new_tokens`` tokens, every decode step simulated,
+    with its peak worked out (``options``: :func:`simulate_generation`'s)."""
+    return with_peak(simulate_generation(config_dict, spec, new_tokens=new_tokens, **options).result)

@@ -28,7 +28,7 @@ import dataclasses
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from memfit.errors import shown_name
@@ -52,7 +52,7 @@ DEFAULT_METHODS = ("full", "lora", "qlora")
 ADAPTER_KNOBS = ("dora", "rslora", "modules_to_save")
 #: Knobs the search chooses, refused among the knobs a request holds.
 CHOSEN_BY_THE_SEARCH = ("method", "checkpointing", "optimizer", "grad_accum")
-#: The effective batch without ``batch_size``.
+#: The effective batch without ``batch_size`` (grpo's: one group of completions).
 DEFAULT_EFFECTIVE_BATCH = 8
 
 
@@ -122,7 +122,28 @@ def _method_job(request: FitRequest, source, target) -> MethodJob:
 
 
 def _effective_batch(request: FitRequest) -> int | str:
-    return DEFAULT_EFFECTIVE_BATCH if request.batch_size is None else request.batch_size
+    return _default_batch(request.knobs) if request.batch_size is None else request.batch_size
+
+
+def _default_batch(knobs: Mapping[str, Any]) -> int:
+    """The effective batch fit keeps when none is given: 8, or grpo's one group of completions."""
+    if knobs.get("objective") != "grpo":
+        return DEFAULT_EFFECTIVE_BATCH
+    from memfit.spec import whole_number_value
+
+    generations = whole_number_value(knobs.get("num_generations", default("num_generations")))
+    return generations if isinstance(generations, int) and generations > 0 else DEFAULT_EFFECTIVE_BATCH
+
+
+def _placeholder_length(knobs: Mapping[str, Any]) -> int:
+    """A valid length to check the inputs with before the model's is known: 1, or for grpo a token
+    more than its completion (whose prompt needs room)."""
+    if knobs.get("objective") != "grpo":
+        return 1
+    from memfit.spec import whole_number_value
+
+    completion = whole_number_value(knobs.get("max_completion_length", default("max_completion_length")))
+    return completion + 1 if isinstance(completion, int) and completion > 0 else 1
 
 
 def _plan_inputs(request: FitRequest) -> dict[str, Any]:
@@ -130,7 +151,8 @@ def _plan_inputs(request: FitRequest) -> dict[str, Any]:
     arguments (without a length, any valid one: the model's longest is taken once the model is known)."""
     gpus = {} if request.gpus is None else {"gpus": request.gpus}
     return dict(revision=request.revision, gpu=request.gpu, budget=request.budget, target=request.target,
-                batch_size=_effective_batch(request), seq_len=1 if request.seq_len is None else request.seq_len,
+                batch_size=_effective_batch(request),
+                seq_len=_placeholder_length(request.knobs) if request.seq_len is None else request.seq_len,
                 **request.knobs, **gpus)
 
 

@@ -43,10 +43,19 @@ class SearchPlanner:
         return "fp32" if method == "full" else "fp16"
 
     def knobs_for(self, **knobs: Any) -> dict[str, Any]:
-        """Every knob a plan of ``knobs`` is made with: the base knobs, these, the precision."""
+        """Every knob a plan of ``knobs`` is made with: the base knobs, these, the precision. grpo's
+        sequence keeps its prompt budget: a longer one is a longer completion (the search for the
+        longest sequence is then the search for the longest completion)."""
         merged = dict(self.base)
         merged.update(knobs)
         merged.setdefault("precision", self.precision_for(merged["method"]))
+        if merged.get("objective") == "grpo" and "seq_len" in knobs and "max_completion_length" in self.base:
+            from memfit.spec import whole_number_value
+
+            base_len, completion, length = (whole_number_value(v) for v in (self.base.get("seq_len"),
+                                                                             self.base["max_completion_length"], merged["seq_len"]))
+            if all(isinstance(v, int) for v in (base_len, completion, length)):
+                merged["max_completion_length"] = max(length - (base_len - completion), 1)
         return merged
 
     def __call__(self, **knobs: Any) -> MemoryPlan:

@@ -8,6 +8,8 @@ everything its value depends on, so what it hands back is what working it out wo
   (:func:`memfit.planner.shortcuts.extrapolate.sample_step`);
 - ``series``: live bytes by category after every event of a simulated step, by the step's result
   (:mod:`memfit.planner.shortcuts.extrapolate`, for one rank's peak);
+- ``generations``: grpo's generation of one depth at the planned completion length, by config,
+  spec, cut, workspaces and architecture (:mod:`memfit.planner.shortcuts.generation`);
 - ``depth_plans``: the cuts a config is simulated at (:func:`memfit.planner.shortcuts.depths.plan_depths`);
 - ``layouts``: a model's parameter layout (:func:`memfit.planner.layout.param_layout`);
 - ``templates``: the replay templates of the last few kinds of plan
@@ -26,7 +28,7 @@ from collections.abc import Hashable
 from typing import Any
 
 #: Entries each store keeps at most (the oldest goes first); templates: the kinds of plan kept.
-LIMITS = {"samples": 128, "series": 128, "depth_plans": 64, "layouts": 256, "templates": 4}
+LIMITS = {"samples": 128, "series": 128, "generations": 64, "depth_plans": 64, "layouts": 256, "templates": 4}
 #: Knobs that change the shapes a step runs on, not what it runs: templates are kept by the rest.
 SHAPE_KNOBS = {"seq_len", "batch_size", "grad_accum"}
 
@@ -37,6 +39,7 @@ class Memo:
     def __init__(self) -> None:
         self.samples: dict[Hashable, Any] = {}
         self.series: dict[Hashable, Any] = {}
+        self.generations: dict[Hashable, Any] = {}
         self.depth_plans: dict[Hashable, Any] = {}
         self.layouts: dict[Hashable, Any] = {}
         self.templates: dict[Hashable, dict] = {}

@@ -10,8 +10,9 @@ its generation prompt (:func:`memfit.train.generation.prompt_token_ids`, as TRL'
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from memfit.json_form import JsonForm
 
