@@ -31,6 +31,14 @@ QWEN2 = {
     "tie_word_embeddings": True,
 }
 
+#: Multi-head latent attention: values (16 wide) narrower than queries and keys (24), and experts.
+DEEPSEEK_V2 = {
+    "model_type": "deepseek_v2", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 4,
+    "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": None, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
+    "v_head_dim": 16, "topk_method": "greedy", "n_group": 1, "topk_group": 1, "vocab_size": 97, "max_position_embeddings": 256,
+}
+
 
 def _examples(lengths, vocab=97, seed=0):
     g = torch.Generator().manual_seed(seed)
@@ -58,8 +66,11 @@ def _loss_and_grads(model, batches, loss_fn=causal_lm_loss):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("config_dict", [LLAMA, QWEN2], ids=["llama", "qwen2"])
-@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-10), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("config_dict, dtype, tol", [
+    (LLAMA, torch.float64, 1e-10), (LLAMA, torch.float32, 1e-5), (QWEN2, torch.float64, 1e-10), (QWEN2, torch.float32, 1e-5),
+    # its experts' grouped matmuls take no fp64
+    (DEEPSEEK_V2, torch.float32, 1e-5),
+], ids=["llama-fp64", "llama-fp32", "qwen2-fp64", "qwen2-fp32", "deepseek_v2-fp32"])
 def test_one_row_equals_the_examples_one_by_one(config_dict, dtype, tol):
     examples = _examples([17, 5, 40, 1, 23])
     alone = _model(config_dict, dtype)

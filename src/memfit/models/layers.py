@@ -9,6 +9,7 @@ from __future__ import annotations
 from torch import nn
 
 from memfit.models.errors import ModelBuildError
+from memfit.models.experts import router_ids
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
@@ -23,11 +24,14 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
 
 
 def linear_names_in_layers(model: nn.Module) -> list[str]:
-    """Short names of the linear layers inside the decoder blocks (``q_proj``, ``down_proj``, ...)."""
+    """Short names of the linear layers inside the decoder blocks (``q_proj``, ``down_proj``, ...);
+    a mixture-of-experts router is none, even where it is an ``nn.Linear`` subclass (its forward
+    returns the routing, not a linear map: :mod:`memfit.models.experts`)."""
     names = set()
+    skipped = router_ids(model)
     for block in decoder_layers(model):
         for name, module in block.named_modules():
-            if _is_linear(module) and name:
+            if _is_linear(module) and name and id(module) not in skipped:
                 names.add(name.rsplit(".", 1)[-1])
     return sorted(names)
 

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from memfit.models.experts import router_ids
 from memfit.models.layers import decoder_layers
 
 #: bitsandbytes NF4 settings memfit uses for QLoRA (the QLoRA paper's: NF4, double quantization,
@@ -45,11 +46,14 @@ def is_quantized_linear(module: nn.Module) -> bool:
 
 def _swap_decoder_linears(model: nn.Module, quantized: Callable[[nn.Linear], nn.Module]) -> int:
     """Replace every ``nn.Linear`` of the decoder blocks (the set transformers quantizes: all but
-    the output head) by ``quantized(linear)``, built on meta. Returns the number swapped."""
+    the output head) by ``quantized(linear)``, built on meta. Returns the number swapped. A
+    mixture-of-experts router that is an ``nn.Linear`` subclass (Phi-3.5-MoE, Llama 4) keeps its
+    weights: its forward returns the routing, which a quantized linear layer would not."""
     swapped = 0
+    routers = router_ids(model)
     for block in decoder_layers(model):
         for name, module in list(block.named_modules()):
-            if not isinstance(module, nn.Linear):
+            if not isinstance(module, nn.Linear) or id(module) in routers:
                 continue
             parent_name, _, child = name.rpartition(".")
             parent = block.get_submodule(parent_name) if parent_name else block

@@ -190,11 +190,19 @@ def attention_forward(
         # Under autocast, as SDPA would be: the kernel computes in the 16-bit format (rotary
         # embeddings leave the query and key in fp32 when the residual stream is fp32).
         query, key, value = query.to(dtype), key.to(dtype), value.to(dtype)
+    value_dim = value.shape[-1]
+    if value_dim > head_dim:
+        raise ValueError(f"document attention needs values no wider than queries, got {value_dim} > {head_dim}")
+    if value_dim < head_dim:
+        # Multi-head latent attention (DeepSeek-V2/V3): values narrower than queries and keys. The
+        # kernels take one head size, so the values are padded to it and the output cut back, as
+        # transformers does for flash attention.
+        value = torch.nn.functional.pad(value, (0, head_dim - value_dim))
     out = document_attention(
         query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
         documents.cu_seqlens, list(documents.lengths), scale,
     )
-    return out.unsqueeze(0), None
+    return out.unsqueeze(0)[..., :value_dim], None
 
 
 def document_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens: torch.Tensor,

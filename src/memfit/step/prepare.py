@@ -21,11 +21,18 @@ from memfit.models.build import DTYPES
 from memfit.models.errors import ModelBuildError
 from memfit.models.layers import decoder_layers, linear_names_in_layers
 from memfit.models.quantize import int8_linears_on_meta, quantize_linears_on_meta
-from memfit.spec import ALL_LINEAR, RunSpec, spell
+from memfit.spec import ALL_LINEAR, RunSpec, spell, spell_setting
 from memfit.step.attention import batch_layout, use_document_attention
 from memfit.step.batch import DOCUMENTS
 from memfit.step.host_embeddings import keep_input_embeddings_on_host
 from memfit.step.lora_inputs import keep_lora_inputs_low_precision
+from memfit.step.lora_targets import (
+    LoraTargets,
+    available_targets,
+    lora_targets,
+    parameter_targets_problem,
+    unknown_targets,
+)
 from memfit.step.offload import enable_offloaded_checkpointing
 from memfit.step.tiling import tile_mlps, tile_norms
 
@@ -35,25 +42,42 @@ class SetupError(UserError, ValueError):
 
 
 def check_targets(model: nn.Module, spec: RunSpec, spelling: str = "flag") -> None:
-    """Raise ModelBuildError when a ``--targets`` name matches no linear layer of the decoder, or
-    names one PEFT refuses to adapt in this model (named ``--targets`` or ``targets``, as
-    :func:`memfit.spec.spell` spells it)."""
-    if not spec.uses_adapters or spec.targets == (ALL_LINEAR,):
+    """Raise ModelBuildError when a ``--targets`` name matches nothing LoRA can adapt in the decoder
+    (a linear layer, the experts or one of their weights, a router: :mod:`memfit.step.lora_targets`),
+    names one PEFT refuses to adapt in this model, or asks PEFT for adapters on weights (the
+    experts') with dropout or DoRA, which PEFT's weight adapters do not take (named ``--targets`` or
+    ``targets``, as :func:`memfit.spec.spell` spells it)."""
+    if not spec.uses_adapters:
         return
-    available = linear_names_in_layers(model)
-    missing = [t for t in spec.targets if t not in available]
-    if missing:
+    if spec.targets != (ALL_LINEAR,):
+        missing = unknown_targets(model, spec.targets)
+        if missing:
+            raise ModelBuildError(
+                f"{spell('targets', spelling)}: {', '.join(missing)} match no linear layer, expert weight or router of this "
+                f"model's decoder. Available: {', '.join(available_targets(model))} (or all-linear)."
+            )
+        refused = peft_refused_targets(model, spec.targets)
+        if refused:
+            model_type = getattr(getattr(model, "config", None), "model_type", None)
+            raise ModelBuildError(
+                f"{spell('targets', spelling)}: PEFT cannot put LoRA on {', '.join(refused)} in a {model_type} model (its "
+                "Mamba kernels read those weights directly). Remove it; all-linear adapts every other linear layer."
+            )
+    targets = model_lora_targets(model, spec)
+    blocked = parameter_targets_problem(targets, spec.dropout, spec.dora)
+    if blocked:
+        option = spell("dora", spelling) if spec.dora else spell_setting("dropout", spec.dropout, spelling)
+        fix = "drop it" if spec.dora else f"set {spell_setting('dropout', 0, spelling)}"
         raise ModelBuildError(
-            f"{spell('targets', spelling)}: {', '.join(missing)} match no linear layer of this model's decoder. "
-            f"Available: {', '.join(available)} (or all-linear)."
+            f"{option}: PEFT's LoRA on weights ({', '.join(targets.parameters)}) takes no {blocked}: {fix}, or give "
+            f"{spell('targets', spelling)} without the experts and routers (e.g. {','.join(targets.modules[:4]) or 'q_proj'})."
         )
-    refused = peft_refused_targets(model, spec.targets)
-    if refused:
-        model_type = getattr(getattr(model, "config", None), "model_type", None)
-        raise ModelBuildError(
-            f"{spell('targets', spelling)}: PEFT cannot put LoRA on {', '.join(refused)} in a {model_type} model (its "
-            "Mamba kernels read those weights directly). Remove it; all-linear adapts every other linear layer."
-        )
+
+
+def model_lora_targets(model: nn.Module, spec: RunSpec) -> LoraTargets:
+    """PEFT's targets for ``spec``'s adapters on ``model`` (:func:`memfit.step.lora_targets.lora_targets`)."""
+    refused = peft_refused_targets(model, linear_names_in_layers(model)) if spec.targets == (ALL_LINEAR,) else []
+    return lora_targets(model, spec.targets, spec.rank, spec.lora_alpha, refused)
 
 
 def peft_refused_targets(model: nn.Module, names) -> list[str]:
@@ -131,15 +155,19 @@ def attach_lora(model: nn.Module, spec: RunSpec) -> nn.Module:
     trained whole (``modules_to_save``, kept tied where the model ties them: :func:`ties_saved_modules`)."""
     from peft import LoraConfig, get_peft_model
 
-    targets: str | list[str] = ALL_LINEAR if spec.targets == (ALL_LINEAR,) else list(spec.targets)
-    # all-linear is PEFT's own (every linear layer but the head); the few PEFT refuses in this
-    # model (a Mamba mixer's out_proj) are left out rather than failing the whole run.
-    refused = peft_refused_targets(model, linear_names_in_layers(model)) if targets == ALL_LINEAR else []
+    targets = model_lora_targets(model, spec)
+    # all-linear without experts is PEFT's own (every linear layer but the head); the few PEFT
+    # refuses in this model (a Mamba mixer's out_proj) are left out rather than failing the whole run.
+    refused = peft_refused_targets(model, linear_names_in_layers(model)) if targets.modules == ALL_LINEAR else []
+    modules = targets.modules if isinstance(targets.modules, str) else list(targets.modules)
     config = LoraConfig(
         r=spec.rank,
         lora_alpha=spec.lora_alpha,
         lora_dropout=spec.dropout,
-        target_modules=targets,
+        target_modules=modules or None,
+        target_parameters=list(targets.parameters) or None,
+        rank_pattern=dict(targets.rank_pattern),
+        alpha_pattern=dict(targets.alpha_pattern),
         exclude_modules=refused or None,
         bias="none",
         task_type="CAUSAL_LM",
@@ -358,13 +386,23 @@ def trained_copies(model: nn.Module) -> list[dict]:
 
 
 def adapted_modules(model: nn.Module) -> list[str]:
-    """Short names of the modules that carry LoRA adapters (``q_proj``, ``in_proj``...), sorted."""
-    return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if hasattr(module, "lora_A")})
+    """Short names of what carries LoRA adapters (``q_proj``, ``in_proj``...), sorted; an adapter on a
+    weight that is not a module's only one says which (``experts.gate_up_proj``), a router's or a
+    linear layer's adapted through its weight by its module's name."""
+    names = set()
+    for name, module in model.named_modules():
+        if not hasattr(module, "lora_A"):
+            continue
+        short = name.replace(".base_layer", "").rsplit(".", 1)[-1]
+        parameter = getattr(module, "parameter_name", None)
+        names.add(f"{short}.{parameter}" if parameter not in (None, "weight") else short)
+    return sorted(names)
 
 
 def expected_adapter_parameters(model: nn.Module) -> int:
     """Parameters the adapters train, worked out from the layers themselves: r x (in + out) for each
-    LoRA layer, plus out (one magnitude per output row) where it has DoRA, plus every element of the
+    LoRA layer (for each expert of a fused expert weight: PEFT's ``ParamWrapper`` holds one pair per
+    expert), plus out (one magnitude per output row) where it has DoRA, plus every element of the
     copies PEFT trains for ``modules_to_save`` (a copy shared by tied modules counted once)."""
     total = 0
     copies: dict[int, int] = {}
@@ -378,9 +416,10 @@ def expected_adapter_parameters(model: nn.Module) -> int:
         if not isinstance(lora_a, nn.ModuleDict) or not isinstance(lora_b, nn.ModuleDict):
             continue
         magnitudes = getattr(module, "lora_magnitude_vector", None) or {}
+        experts = int(getattr(module, "num_experts", 1) or 1) if hasattr(module, "parameter_name") else 1
         for key in lora_a:
             rank = module.r[key]
-            total += rank * (module.in_features + module.out_features)
+            total += experts * rank * (module.in_features + module.out_features)
             if key in magnitudes:
                 total += module.out_features
     return total + sum(copies.values())

@@ -56,6 +56,38 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
         "mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 16,
         "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
     },
+    # Mixture-of-experts models, one of each layout of the experts' weights: [experts, out, in] on
+    # transformers' grouped matmuls (Qwen3-MoE with a dense first layer, Mixtral), [experts, in, out]
+    # with biases and interleaved gate and up (gpt-oss), every expert on every token (Llama 4), and
+    # multi-head latent attention beside shared experts (DeepSeek-V2).
+    "qwen3_moe": {
+        "model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
+        "num_experts_per_tok": 2, "mlp_only_layers": [0], "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "vocab_size": 512, "max_position_embeddings": 2048, "tie_word_embeddings": False,
+        "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+    },
+    "mixtral": {
+        "model_type": "mixtral", "hidden_size": 64, "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+        "max_position_embeddings": 2048, "sliding_window": None, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+    },
+    "gpt_oss": {
+        "model_type": "gpt_oss", "hidden_size": 64, "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 32,
+        "vocab_size": 512, "max_position_embeddings": 2048, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+    },
+    "llama4_text": {
+        "model_type": "llama4_text", "hidden_size": 64, "intermediate_size": 64, "intermediate_size_mlp": 128, "num_local_experts": 4,
+        "num_experts_per_tok": 1, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "vocab_size": 512, "max_position_embeddings": 2048, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+    },
+    "deepseek_v2": {
+        "model_type": "deepseek_v2", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 4,
+        "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": None, "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 16, "v_head_dim": 16, "topk_method": "greedy", "n_group": 1, "topk_group": 1, "vocab_size": 512,
+        "max_position_embeddings": 2048, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+    },
 }
 
 #: Characters the tiny tokenizer keeps one token each (it learned no merge of them): texts of them
@@ -176,6 +208,16 @@ MATRIX: list[tuple[str, dict[str, Any]]] = [
     _cell("falcon_h1 lora bf16 padded", model="falcon_h1", method="lora", precision="bf16", batch_size=2),
     _cell("falcon_h1 qlora bf16", model="falcon_h1", method="qlora", precision="bf16"),
     _cell("falcon_h1 full bf16 accum3", model="falcon_h1", method="full", precision="bf16", grad_accum=3),
+    # Mixture-of-experts models: LoRA on every expert (PEFT's weight adapters), on attention alone,
+    # 4-bit experts, full fine-tuning.
+    _cell("qwen3_moe lora bf16", model="qwen3_moe", method="lora", precision="bf16"),
+    _cell("qwen3_moe lora fp32 experts padded", model="qwen3_moe", method="lora", precision="fp32", targets=["experts"],
+          padding_free="off", batch_size=2),
+    _cell("mixtral lora bf16-mixed accum3", model="mixtral", method="lora", precision="bf16-mixed", grad_accum=3),
+    _cell("mixtral full bf16", model="mixtral", method="full", precision="bf16"),
+    _cell("gpt_oss lora bf16", model="gpt_oss", method="lora", precision="bf16", batch_size=2),
+    _cell("llama4_text lora fp32", model="llama4_text", method="lora", precision="fp32"),
+    _cell("deepseek_v2 lora bf16", model="deepseek_v2", method="lora", precision="bf16"),
 ]
 
 #: The rest of a cell's settings, unless it says otherwise.

@@ -32,6 +32,11 @@ explained and tested:
   fake implementations allocate only outputs, with an unknown number of outlier columns). Outlier
   columns themselves are planned as none: there are a handful per layer (16-bit, ``tokens x
   outliers`` each), and how many depends on the values.
+- grouped matmuls (``aten._grouped_mm``, the experts of mixture-of-experts models on transformers'
+  ``grouped_mm`` path): the fake implementation takes bf16 only (it copies the checks of CUDA's fast
+  Hopper kernel), while CUDA runs fp32 and fp16 too, through its fallback (one matmul per expert
+  into the output). The rewrite allocates what CUDA allocates for any of the three: the output, its
+  rows padded to 16 bytes as CUDA lays them out.
 - bitsandbytes 8-bit optimizers: their state initialisation (uint8 states, fp32 block absmax, 32-bit
   states for small tensors) runs as is; the update is one in-place CUDA kernel that allocates
   nothing, while the CPU implementation reads values (impossible on fake tensors), so the planner
@@ -101,6 +106,8 @@ class CudaParityMode(TorchDispatchMode):
                        _BNB_INT8_MIXED_MM: _int8_mixed_mm_as_cuda, _BNB_INT8_DEQUANT: _int8_dequant_as_cuda}.get(func.name())
             if rewrite is not None:
                 return rewrite(*args, **kwargs)
+        if func is torch.ops.aten._grouped_mm.default and _is_fake(args[0]):
+            return _grouped_mm_as_cuda(*args, **kwargs)
         if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default:
             return self._sdpa_as_cuda(func, args, kwargs)
         if func is torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default:
@@ -178,6 +185,29 @@ class CudaParityMode(TorchDispatchMode):
         dense = ops.dequantize_4bit.default(B, absmax, blocksize, quant_type, shapeB, A.dtype)
         del absmax
         return torch.nn.functional.linear(A, dense, bias)
+
+
+def _is_fake(tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(tensor, FakeTensor)
+
+
+def _grouped_mm_as_cuda(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """``aten._grouped_mm``'s output as CUDA makes it (``create_grouped_gemm_output_tensor``): the
+    shape of the grouped product, each row's last dimension padded to 16 bytes, in ``out_dtype`` or
+    the input's; whichever kernel then fills it (the bf16 one, or the per-expert fallback of fp32
+    and fp16) allocates nothing more."""
+    dtype = out_dtype or mat_a.dtype
+    a_2d, b_2d = mat_a.dim() == 2, mat_b.dim() == 2
+    if a_2d:
+        size = [int(offs.shape[0]), int(mat_a.shape[0]), int(mat_b.shape[1])] if b_2d else [int(mat_a.shape[0]), int(mat_b.shape[-1])]
+    else:
+        size = [int(mat_a.shape[1]), int(mat_b.shape[1])] if b_2d else [int(mat_a.shape[0]), int(mat_a.shape[1]), int(mat_b.shape[-1])]
+    alignment = 16 // dtype.itemsize
+    padded = -(-size[-1] // alignment) * alignment
+    stride = [padded, 1] if a_2d != b_2d else [size[1] * padded, padded, 1]
+    return torch.empty_strided(size, stride, dtype=dtype, device=mat_a.device)
 
 
 @contextlib.contextmanager
