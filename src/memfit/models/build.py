@@ -18,6 +18,7 @@ from torch import nn
 
 from memfit.models.cutting import cut_config_data
 from memfit.models.errors import ModelBuildError
+from memfit.models.experts_nf4 import fill_random, nf4_expert_modules, unpacked_counts
 from memfit.models.quantize import is_quantized_linear, quantize_fake_or_random
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -93,6 +94,9 @@ def materialize(model: nn.Module, device: str | torch.device, *, random_values: 
     for module in model.modules():
         if is_quantized_linear(module):
             quantize_fake_or_random(module, device, random_values=random_values)
+    if random_values:
+        for module in nf4_expert_modules(model):
+            fill_random(module, device)
     return model
 
 
@@ -100,7 +104,10 @@ def _init_buffers(model: nn.Module) -> None:
     """Compute the buffers ``to_empty`` left uninitialised (:func:`compute_buffers`); garbage left
     in them (memory reused from earlier tensors) turns into NaNs that depend on what ran before. A
     buffer no initializer fills is zeroed, so a run never depends on leftover memory."""
+    nf4 = {id(m) for m in nf4_expert_modules(model)}  # their buffers are quantization state, filled with their experts
     for module in model.modules():
+        if id(module) in nf4:
+            continue
         if any(b is not None for b in module._buffers.values()) and not compute_buffers(model, module):
             with torch.no_grad():
                 for buffer in module._buffers.values():
@@ -178,12 +185,13 @@ def _shared_parameter_slots(model: nn.Module) -> list[list[tuple[nn.Module, str]
 
 
 def count_parameters(model: nn.Module) -> tuple[int, int]:
-    """(total, trainable) parameter counts; 4-bit packed weights count as their unpacked elements
-    (an int8 weight holds one element a byte: its count is its own)."""
+    """(total, trainable) parameter counts; 4-bit packed weights (linear layers' and experts') count as
+    their unpacked elements (an int8 weight holds one element a byte: its count is its own)."""
     total = trainable = 0
+    experts = unpacked_counts(model)  # 4-bit experts: the elements each packed tensor stands for
     for p in model.parameters():
         quant_state = getattr(p, "quant_state", None)
-        n = int(torch.Size(quant_state.shape).numel()) if quant_state is not None else p.numel()
+        n = int(torch.Size(quant_state.shape).numel()) if quant_state is not None else experts.get(id(p), p.numel())
         total += n
         if p.requires_grad:
             trainable += n

@@ -19,12 +19,14 @@ from torch import nn
 from memfit.errors import UserError
 from memfit.models.build import DTYPES
 from memfit.models.errors import ModelBuildError
+from memfit.models.experts_nf4 import nf4_expert_modules, quantize_experts_on_meta
 from memfit.models.layers import decoder_layers, linear_names_in_layers
 from memfit.models.quantize import int8_linears_on_meta, quantize_linears_on_meta
 from memfit.spec import ALL_LINEAR, RunSpec, spell, spell_setting
 from memfit.step.attention import batch_layout, use_document_attention
 from memfit.step.batch import DOCUMENTS
 from memfit.step.host_embeddings import keep_input_embeddings_on_host
+from memfit.step.expert_adapters import register as register_expert_adapters
 from memfit.step.lora_inputs import keep_lora_inputs_low_precision
 from memfit.step.lora_targets import (
     LoraTargets,
@@ -176,13 +178,18 @@ def attach_lora(model: nn.Module, spec: RunSpec) -> nn.Module:
         modules_to_save=list(spec.modules_to_save) or None,
         ensure_weight_tying=ties_saved_modules(model, spec.modules_to_save),
     )
+    if nf4_expert_modules(model):
+        register_expert_adapters(config)
     return get_peft_model(model, config)
 
 
 def quantize_base(model: nn.Module, spec: RunSpec) -> None:
-    """Swap the decoder's linear layers for bitsandbytes' quantized ones, as ``spec.method`` says (on meta)."""
+    """Swap the decoder's linear layers for bitsandbytes' quantized ones, as ``spec.method`` says (on
+    meta); with 4 bits, every expert of the fused experts modules in NF4 too
+    (:mod:`memfit.models.experts_nf4`)."""
     if spec.base_bits == 4:
         quantize_linears_on_meta(model, DTYPES[spec.weight_precision])
+        quantize_experts_on_meta(model, DTYPES[spec.weight_precision])
     elif spec.base_bits == 8:
         int8_linears_on_meta(model)
 

@@ -218,6 +218,11 @@ MATRIX: list[tuple[str, dict[str, Any]]] = [
     _cell("gpt_oss lora bf16", model="gpt_oss", method="lora", precision="bf16", batch_size=2),
     _cell("llama4_text lora fp32", model="llama4_text", method="lora", precision="fp32"),
     _cell("deepseek_v2 lora bf16", model="deepseek_v2", method="lora", precision="bf16"),
+    _cell("qwen3_moe qlora bf16", model="qwen3_moe", method="qlora", precision="bf16"),
+    _cell("mixtral qlora fp16 experts accum3", model="mixtral", method="qlora", precision="fp16", targets=["experts", "q_proj"], grad_accum=3),
+    _cell("gpt_oss qlora bf16-mixed", model="gpt_oss", method="qlora", precision="bf16-mixed", batch_size=2),
+    _cell("llama4_text qlora bf16", model="llama4_text", method="qlora", precision="bf16"),
+    _cell("deepseek_v2 qlora bf16 padded", model="deepseek_v2", method="qlora", precision="bf16", padding_free="off", batch_size=2),
 ]
 
 #: The rest of a cell's settings, unless it says otherwise.

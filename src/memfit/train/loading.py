@@ -22,6 +22,7 @@ from torch import nn
 
 from memfit.errors import UserError
 from memfit.models.build import DTYPES, build_meta_model, compute_buffers, count_parameters, make_config
+from memfit.models.experts_nf4 import fill_random, is_nf4_experts
 from memfit.models.quantize import is_quantized_linear, quantize_on_device
 from memfit.spec import RunSpec
 from memfit.step.prepare import (
@@ -223,6 +224,10 @@ def init_random_into(model: nn.Module, device: torch.device, initializer_range: 
         if name in done:
             continue
         module, attr = _owner(model, name)
+        if is_nf4_experts(module) and attr in {w.name for w in module.expert_weights}:
+            fill_random(module, device, generator, std=initializer_range)  # every weight of the module, expert by expert
+            done.update(f"{name.rpartition('.')[0]}.{w.name}" for w in module.expert_weights)
+            continue
         if is_quantized_linear(module) and attr == "weight":
             shape: tuple[int, ...] = (module.out_features, module.in_features)
             dtype = module.compute_dtype or torch.bfloat16

@@ -1,5 +1,6 @@
 """Mixture-of-experts steps under fake tensors count what real ones count, in every precision: the
-experts' grouped matmuls (whose fake implementation takes bf16 only) allocate what CUDA allocates."""
+experts' grouped matmuls (whose fake implementation takes bf16 only) allocate what CUDA allocates,
+4-bit experts dequantize one expert at a time into the workspace their op counts."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from memfit.train.conformance import TINY_MODELS
     ("mixtral", {"method": "lora", "precision": "fp16"}),
     ("gpt_oss", {"method": "full", "precision": "fp32", "padding_free": "off", "batch_size": 2}),
     ("llama4_text", {"method": "lora", "precision": "bf16", "targets": ("experts", "router")}),
+    ("qwen3_moe", {"method": "qlora", "precision": "bf16"}),
+    # rank 4 in fp16: the LoRA pairs are padded to the 16 bytes a grouped matmul's rows take
+    ("llama4_text", {"method": "qlora", "precision": "fp16", "rank": 4, "padding_free": "off", "batch_size": 2}),
 ])
 def test_fake_and_real_expert_steps_count_the_same_bytes(name, knobs):
     spec = make_spec(seq_len=32, **knobs)
