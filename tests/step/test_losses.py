@@ -173,3 +173,27 @@ def test_a_mixed_precision_step_runs_its_forward_under_autocast(tiny_llama):
         loss = step.loss(model, batch)
         assert seen.pop() == expected and loss.dtype == torch.float32
         assert step.scales_loss == (precision == "fp16-mixed")
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "gpt_oss", "deepseek_v2"])
+@pytest.mark.parametrize("routing_loss", [True, False])
+def test_a_moe_model_gets_its_routing_loss_as_its_own_forward_adds_it(name, routing_loss):
+    # output_router_logits on: router_aux_loss_coef x the model's load-balancing loss (padding
+    # masked); DeepSeek defines none. Off: the loss alone.
+    from transformers import AutoModelForCausalLM
+
+    from memfit.models.build import make_config
+    from memfit.step.batch import collate
+    from memfit.step.losses import causal_lm_loss
+    from memfit.train.conformance import TINY_MODELS
+
+    torch.manual_seed(0)
+    config = dict(TINY_MODELS[name], output_router_logits=routing_loss, router_aux_loss_coef=0.5)
+    model = AutoModelForCausalLM.from_config(make_config(config))
+    examples = [{"input_ids": list(range(3, 15)), "labels": list(range(3, 15))}, {"input_ids": list(range(20, 29)), "labels": list(range(20, 29))}]
+    batch = collate(examples, 0)
+    ours = causal_lm_loss(model, batch)
+    theirs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
+    plain = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"], output_router_logits=False).loss
+    assert (ours.item() != pytest.approx(plain.item(), rel=1e-6)) == (routing_loss and name != "deepseek_v2")

@@ -38,9 +38,12 @@ class ExpertWeight:
 
 
 def is_experts(module: nn.Module) -> bool:
-    """A fused experts module: it holds 3-D parameters itself (or, 4-bit, says it stands for them)."""
+    """A fused experts module: it holds 3-D parameters itself (or, 4-bit, says it stands for them),
+    and is no convolution (whose weights are 3-D too: a Mamba or linear-attention mixer's)."""
     if getattr(module, "expert_weights", None) is not None:
         return True
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return False
     return any(p is not None and p.dim() == 3 for p in module._parameters.values())
 
 

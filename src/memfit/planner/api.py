@@ -32,6 +32,7 @@ from typing import Any
 from memfit.models.catalog import ModelSource
 from memfit.planner.errors import PlanError
 from memfit.planner.exact.runtime import RuntimeOverhead, runtime_overhead
+from memfit.planner.experts import checkpoint_note, expert_details
 from memfit.planner.inputs import Resolved, checked, resolve
 from memfit.planner.report import MemoryPlan, adapter_notes, category_help
 from memfit.planner.shortcuts.extrapolate import Sampler, StepEstimate, estimate_step
@@ -340,6 +341,7 @@ def _memory_plan(source: ModelSource, spec: RunSpec, target: Target, runtime: Ru
         "input_embeddings": "host" if estimate.embeddings_on_host else "device",
         "precision_regime": spec.precision_regime,
         "adapters": _adapter_details(spec, estimate.trained_copies, estimate.adapted) if spec.uses_adapters else None,
+        "experts": expert_details(source.config, spec),
         "notes": _notes(source, spec, target, runtime, estimate, headroom),
     }
     if spec.is_preference or spec.is_grpo:
@@ -381,6 +383,9 @@ def _notes(source: ModelSource, spec: RunSpec, target: Target, runtime: RuntimeO
         notes.append(_math_attention_note(source.config, spec))
     if target.supports_bf16 is False and spec.precision in ("bf16", "bf16-mixed"):
         notes.append(f"{target.card or target.name} has no bf16 support: use --precision fp16 (LoRA/QLoRA), fp16-mixed or fp32")
+    stored = checkpoint_note(source.config)
+    if stored:
+        notes.append(stored)
     mixers = _mixers(source)
     if mixers and mixers["installed"]:
         notes.append(f"{', '.join(mixers['installed'])} installed: the run's Mamba / linear-attention mixers call their fused "

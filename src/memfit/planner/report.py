@@ -244,6 +244,7 @@ def fact_lines(spec: dict[str, Any], details: dict[str, Any]) -> list[str]:
     if details.get("attention"):
         lines.append(f"attention: {details['attention']}")
     lines.extend(layer_lines(details))
+    lines.extend(expert_lines(details.get("experts")))
     if details.get("reference"):
         lines.append(f"reference: {details['reference']}")
     features = step_features(spec, details)
@@ -287,6 +288,31 @@ def layer_lines(details: dict[str, Any]) -> list[str]:
         missing = [p for p in mixers["packages"] if p not in mixers["installed"]]
         why = f"{', '.join(missing)} not installed" if not mixers["installed"] else f"the run calls {', '.join(mixers['installed'])}'s kernels"
         lines.append(f"sequence mixers: simulated on transformers' PyTorch path ({why})")
+    return lines
+
+
+def expert_lines(experts: dict[str, Any] | None) -> list[str]:
+    """The report's lines on a mixture-of-experts model (``details.experts``): its parameters and
+    their storage, the tokens each expert gets, the routing loss, LoRA on the experts."""
+    if not experts:
+        return []
+    stored = {"nf4": "NF4"}.get(experts["storage"], experts["storage"])
+    lines = [
+        f"experts: {experts['moe_layers']} layers of {experts['experts_per_layer']}, top {experts['top_k']} a token: "
+        f"{format_count(experts['total_params'])} parameters, {format_count(experts['active_params'])} active a token "
+        f"({experts['experts_share']:.0%} of them in experts, stored in {stored}); {experts['forward']}",
+        f"routing: {experts['tokens_per_micro_batch']:,} tokens a micro-batch, {experts['tokens_per_expert']:,} an expert when "
+        "routing is balanced; an imbalanced batch adds no memory (every routed token's row is in one tensor however they spread)",
+    ]
+    aux = experts.get("router_aux_loss")
+    if aux:
+        state = "added to the loss, the router logits of every MoE layer kept for it" if aux["on"] else \
+            "off (output_router_logits: false; set it in model_overrides to train with it)"
+        lines.append(f"routing loss: router_aux_loss_coef {aux['coef']:g}, {state}")
+    adapters = experts.get("adapters")
+    if adapters and adapters["weights"]:
+        lines.append(f"LoRA on experts: {', '.join(adapters['weights'])}, {format_count(adapters['trainable_params'])} trainable "
+                     "(each expert its own pair)")
     return lines
 
 

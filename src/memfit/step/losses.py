@@ -236,8 +236,25 @@ def causal_lm_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     if parts is None:
         return model_loss(model, batch)
     backbone, head = parts
-    hidden = backbone(**_model_inputs(batch), use_cache=False).last_hidden_state
-    return chunked_cross_entropy(hidden, head.weight, batch["labels"])
+    outputs = backbone(**_model_inputs(batch), use_cache=False)
+    loss = chunked_cross_entropy(outputs.last_hidden_state, head.weight, batch["labels"])
+    return with_routing_loss(model, loss, outputs, batch)
+
+
+def with_routing_loss(model: torch.nn.Module, loss: torch.Tensor, outputs, batch: Batch) -> torch.Tensor:
+    """``loss`` plus a mixture-of-experts model's auxiliary load-balancing loss, as the model's own
+    forward adds it: where its config turns ``output_router_logits`` on, ``router_aux_loss_coef``
+    times its ``load_balancing_loss_func`` of every MoE layer's router logits (with the batch's
+    padding mask). Models that define none (DeepSeek, Llama 4) and configs that leave it off: ``loss``."""
+    import sys
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    logits = getattr(outputs, "router_logits", None)
+    balance = getattr(sys.modules.get(type(base).__module__), "load_balancing_loss_func", None)
+    if not logits or balance is None or not getattr(base.config, "output_router_logits", False) or not hasattr(base, "num_experts"):
+        return loss
+    aux = balance(logits, base.num_experts, base.num_experts_per_tok, batch.get("attention_mask"))
+    return loss + base.router_aux_loss_coef * aux.to(loss.device)
 
 
 def model_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:

@@ -215,6 +215,8 @@ MATRIX: list[tuple[str, dict[str, Any]]] = [
           padding_free="off", batch_size=2),
     _cell("mixtral lora bf16-mixed accum3", model="mixtral", method="lora", precision="bf16-mixed", grad_accum=3),
     _cell("mixtral full bf16", model="mixtral", method="full", precision="bf16"),
+    _cell("mixtral lora fp32 routing loss padded", model="mixtral", method="lora", precision="fp32", padding_free="off", batch_size=2,
+          model_overrides={"output_router_logits": True}),
     _cell("gpt_oss lora bf16", model="gpt_oss", method="lora", precision="bf16", batch_size=2),
     _cell("llama4_text lora fp32", model="llama4_text", method="lora", precision="fp32"),
     _cell("deepseek_v2 lora bf16", model="deepseek_v2", method="lora", precision="bf16"),

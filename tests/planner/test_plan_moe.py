@@ -1,0 +1,73 @@
+"""Mixture-of-experts models plan: every family transformers builds, LoRA and QLoRA; the plan says
+what the experts are (total and active parameters, storage, routing) and what LoRA trains on them;
+the catalog's MoE models plan as users train them (Qwen3-30B-A3B QLoRA on a 24 GB card, experts in 4 bits)."""
+
+from __future__ import annotations
+
+import pytest
+from moe_configs import MOE_CONFIGS
+
+import memfit
+from memfit.planner.report import expert_lines
+
+KNOBS = {"seq_len": 64, "batch_size": 2, "budget": "10GiB", "cache": False}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", sorted(MOE_CONFIGS))
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_every_moe_family_plans_lora_and_qlora_on_its_experts(model_type, method):
+    plan = memfit.plan(MOE_CONFIGS[model_type], method=method, **KNOBS)
+    experts = plan.details["experts"]
+    assert experts["storage"] == ("nf4" if method == "qlora" else "bf16")
+    assert experts["adapters"]["weights"] == ["experts.down_proj", "experts.gate_up_proj"]
+    assert {"experts.down_proj", "experts.gate_up_proj"} <= set(plan.details["adapters"]["modules"])
+    assert not {"gate", "router"} & set(plan.details["adapters"]["modules"])
+    assert 0 < experts["adapters"]["trainable_params"] < plan.details["trainable_params"]
+
+
+def test_the_plan_counts_active_parameters_and_balanced_tokens():
+    config = MOE_CONFIGS["mixtral"]
+    plan = memfit.plan(config, method="qlora", targets="experts", **KNOBS)
+    experts = plan.details["experts"]
+    hidden, inner, count, layers = config["hidden_size"], config["intermediate_size"], config["num_local_experts"], config["num_hidden_layers"]
+    in_experts = layers * count * 3 * hidden * inner
+    assert experts["expert_params"] == in_experts
+    assert experts["active_params"] == experts["total_params"] - in_experts + in_experts * 2 // count
+    assert (experts["moe_layers"], experts["experts_per_layer"], experts["top_k"]) == (layers, count, 2)
+    assert experts["tokens_per_micro_batch"] == 128 and experts["tokens_per_expert"] == 128 * 2 // count
+    assert experts["imbalance_bytes"] == 0
+    # r 16: gate_up at rank 32 (two projections), down_proj at 16, each expert its own pair
+    assert experts["adapters"]["trainable_params"] == plan.details["trainable_params"] == \
+        layers * count * (32 * (hidden + 2 * inner) + 16 * (inner + hidden))
+    assert experts["router_aux_loss"] == {"coef": 0.001, "on": False}
+    lines = expert_lines(experts)
+    assert lines[0].startswith(f"experts: {layers} layers of {count}, top 2 a token:") and "stored in NF4" in lines[0]
+    assert "an imbalanced batch adds no memory" in lines[1]
+    assert lines[2].startswith("routing loss: router_aux_loss_coef 0.001, off")
+
+
+def test_a_model_without_experts_has_no_expert_details(tiny_llama):
+    assert memfit.plan(tiny_llama, method="lora", **KNOBS).details["experts"] is None
+
+
+@pytest.mark.slow
+def test_qwen3_30b_a3b_qlora_on_attention_fits_a_24_gb_card_with_its_experts_in_4_bits():
+    plan = memfit.plan("qwen3-30b-a3b", method="qlora", rank=16, targets="q_proj,k_proj,v_proj,o_proj", seq_len=2048, gpu="rtx-4090",
+                       cache=False)
+    assert plan.fits
+    experts = plan.details["experts"]
+    assert experts["storage"] == "nf4" and experts["experts_per_layer"] == 128 and experts["top_k"] == 8
+    assert 3.2e9 < experts["active_params"] < 3.4e9 and 30.4e9 < experts["total_params"] < 30.6e9
+
+
+@pytest.mark.slow
+def test_mixtral_qlora_keeps_its_weights_under_a_byte_a_parameter():
+    plan = memfit.plan("mixtral-8x7b", method="qlora", seq_len=512, targets="q_proj,v_proj", budget="80GiB", cache=False)
+    assert plan.categories["weights"] / plan.details["experts"]["total_params"] < 0.6
+
+
+def test_gpt_oss_says_its_mxfp4_experts_are_dequantized_as_transformers_does_for_training():
+    config = {**MOE_CONFIGS["gpt_oss"], "quantization_config": {"quant_method": "mxfp4"}}
+    plan = memfit.plan(config, method="lora", **KNOBS)
+    assert any("MXFP4" in note and "Mxfp4Config(dequantize=True)" in note for note in plan.details["notes"])
