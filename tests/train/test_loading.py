@@ -198,3 +198,120 @@ def test_loading_onto_cuda_1_leaves_cuda_0_untouched(tmp_path):
     loaded = load_model(tiny_model_dict(), make_spec(method="lora", precision="bf16"), device, weights_dir=folder)
     assert all(p.device == device for p in loaded.model.parameters())
     assert torch.cuda.memory_allocated(0) == before
+
+
+# ------------------------------------------------------------------------------------------------
+# Mixture-of-experts checkpoints: experts stored apart (as transformers saves them), or in MXFP4
+
+
+def _saved_moe(tmp_path, name: str):
+    import transformers
+
+    from memfit.train.conformance import TINY_MODELS
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(make_config(TINY_MODELS[name]), dtype=torch.bfloat16)
+    model.save_pretrained(tmp_path / "m")
+    return TINY_MODELS[name], tmp_path / "m"
+
+
+def _experts_of(model):
+    from memfit.models.experts import expert_modules
+
+    return list(expert_modules(model.get_base_model() if hasattr(model, "get_base_model") else model).values())
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "mixtral", "deepseek_v2"])
+def test_experts_stored_apart_load_into_the_fused_experts_as_transformers_loads_them(tmp_path, name):
+    import transformers
+
+    config, folder = _saved_moe(tmp_path, name)
+    with safe_open_keys(folder) as keys:  # one tensor an expert (Mixtral's under their old names)
+        assert any(".experts.0." in key for key in keys)
+    want = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    got = load_model(config, make_spec(method="lora", precision="fp32"), torch.device("cpu"), weights_dir=folder).model
+    for ours, theirs in zip(_experts_of(got), _experts_of(want), strict=True):
+        assert torch.equal(ours.gate_up_proj, theirs.gate_up_proj) and torch.equal(ours.down_proj, theirs.down_proj)
+    x = torch.randint(3, 500, (1, 12))
+    with torch.no_grad():
+        got.eval()
+        assert torch.allclose(got.get_base_model()(input_ids=x).logits, want(input_ids=x).logits, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "gpt_oss"])
+def test_four_bit_experts_are_quantized_expert_by_expert_as_they_load(tmp_path, name):
+    from memfit.models.experts_nf4 import dequantized
+
+    config, folder = _saved_moe(tmp_path, name)
+    import transformers
+
+    want = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
+    got = load_model(config, make_spec(method="qlora", precision="bf16"), torch.device("cpu"), weights_dir=folder).model
+    for ours, theirs in zip(_experts_of(got), _experts_of(want), strict=True):
+        for weight in ours.expert_weights:
+            assert torch.equal(dequantized(ours, weight.name), _nf4_round_trip(getattr(theirs, weight.name).detach(), weight.transposed))
+
+
+def _nf4_round_trip(stack, transposed: bool):
+    """Each expert of ``stack`` quantized by bitsandbytes as a 4-bit linear layer holds it, and back."""
+    import bitsandbytes.functional as bnbf
+
+    out = []
+    for expert in stack:
+        dense = (expert.t() if transposed else expert).contiguous()
+        packed, state = bnbf.quantize_4bit(dense, blocksize=64, compress_statistics=True, quant_type="nf4")
+        restored = bnbf.dequantize_4bit(packed, state)
+        out.append(restored.t() if transposed else restored)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_gpt_oss_mxfp4_experts_are_dequantized_as_transformers_dequantizes_them(tmp_path, method):
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from memfit.models.experts_nf4 import dequantized
+
+    config, folder = _saved_moe(tmp_path, "gpt_oss")
+    state = load_file(str(folder / "model.safetensors"))
+    generator = torch.Generator().manual_seed(1)
+    expected = {}
+    for key in [k for k in state if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        experts, inner, outer = state.pop(key).shape  # [experts, in, out]: the checkpoint keeps [experts, out, in / 32, 16]
+        blocks = torch.randint(0, 256, (experts, outer, inner // 32, 16), dtype=torch.uint8, generator=generator)
+        scales = torch.randint(120, 130, (experts, outer, inner // 32), dtype=torch.uint8, generator=generator)
+        state[f"{key}_blocks"], state[f"{key}_scales"] = blocks, scales
+        expected[key] = convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16)
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config = {**config, "quantization_config": {"quant_method": "mxfp4"}}
+    model = load_model(config, make_spec(method=method, precision="bf16"), torch.device("cpu"), weights_dir=folder).model
+    for index, module in enumerate(_experts_of(model)):
+        for weight in ("gate_up_proj", "down_proj"):
+            want = expected[f"model.layers.{index}.mlp.experts.{weight}"]
+            got = dequantized(module, weight) if method == "qlora" else getattr(module, weight)
+            assert torch.equal(got, want if method == "lora" else _nf4_round_trip(want, transposed=True))
+
+
+def test_a_checkpoint_missing_an_expert_names_the_weight(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    config, folder = _saved_moe(tmp_path, "qwen3_moe")
+    state = load_file(str(folder / "model.safetensors"))
+    del state["model.layers.1.mlp.experts.2.up_proj.weight"]
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(LoadError, match=r"expert weights with some experts missing: model\.layers\.1\.mlp\.experts\.gate_up_proj"):
+        load_model(config, make_spec(method="lora", precision="bf16"), torch.device("cpu"), weights_dir=folder)
+
+
+class safe_open_keys:
+    def __init__(self, folder):
+        self.folder = folder
+
+    def __enter__(self):
+        from safetensors import safe_open
+
+        with safe_open(str(self.folder / "model.safetensors"), "pt") as handle:
+            return list(handle.keys())
+
+    def __exit__(self, *exc):
+        return False

@@ -22,6 +22,7 @@ from torch import nn
 
 from memfit.errors import UserError
 from memfit.models.build import DTYPES, build_meta_model, compute_buffers, count_parameters, make_config
+from memfit.models.expert_checkpoint import ExpertAssembler, ExpertCheckpointError
 from memfit.models.experts_nf4 import fill_random, is_nf4_experts
 from memfit.models.quantize import is_quantized_linear, quantize_on_device
 from memfit.spec import RunSpec
@@ -183,7 +184,11 @@ def load_checkpoint_into(model: nn.Module, folder: str | Path, device: torch.dev
     persistent = persistent_buffer_names(model)
     loaded: set[str] = set()
     unexpected: list[str] = []
+    experts = ExpertAssembler(model)  # expert pieces into the fused experts, names renamed as transformers does
     for name, tensor in iter_checkpoint_tensors(folder, device):
+        name = _expert_take(experts, name, tensor, folder)
+        if name is None:
+            continue
         if name in params:
             if name in loaded:  # a tied weight stored twice (embed_tokens and lm_head)
                 continue
@@ -195,8 +200,9 @@ def load_checkpoint_into(model: nn.Module, folder: str | Path, device: torch.dev
         else:
             unexpected.append(name)
         del tensor
+    loaded |= experts.loaded()
     missing = sorted((set(params) | persistent) - loaded)
-    problems = []
+    problems = [f"expert weights with some experts missing: {', '.join(experts.incomplete()[:5])}"] if experts.incomplete() else []
     if unexpected:
         problems.append(f"{len(unexpected)} tensors in the checkpoint that the model does not have (first: {', '.join(unexpected[:5])})")
     if missing:
@@ -207,6 +213,14 @@ def load_checkpoint_into(model: nn.Module, folder: str | Path, device: torch.dev
             + "; ".join(problems) + ". Check that model_overrides do not change the architecture."
         )
     return {"tensors": len(loaded)}
+
+
+def _expert_take(experts: ExpertAssembler, name: str, tensor: torch.Tensor, folder) -> str | None:
+    """:meth:`ExpertAssembler.take`, an expert tensor that does not fit the model a LoadError."""
+    try:
+        return experts.take(name, tensor)
+    except ExpertCheckpointError as err:
+        raise LoadError(f"the checkpoint in {folder}: {err}") from None
 
 
 def init_random_into(model: nn.Module, device: torch.device, initializer_range: float, seed: int) -> dict[str, int]:
