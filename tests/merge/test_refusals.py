@@ -40,7 +40,6 @@ def _refused(tmp_path, base, adapter, match, out=None, **kwargs):
         ({"lora_bias": True}, r"lora_bias=True"),
         ({"init_lora_weights": "pissa"}, r"init_lora_weights='pissa'"),
         ({"trainable_token_indices": [1, 2]}, r"trainable_token_indices"),
-        ({"target_parameters": ["mlp.experts.gate_up_proj"]}, r"target_parameters"),
         ({"layer_replication": [[0, 2]]}, r"layer_replication"),
         ({"r": 0}, r"r=0 must be a positive number"),
     ],

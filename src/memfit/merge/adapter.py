@@ -33,7 +33,6 @@ _UNSUPPORTED_WHEN_SET = {
     "lora_bias": False,
     "use_qalora": False,
     "trainable_token_indices": None,
-    "target_parameters": None,
     "layer_replication": None,
     "alora_invocation_tokens": None,
     "velora_config": None,
@@ -91,6 +90,9 @@ class LoraPair:
     alpha: float
     scale: float
     magnitude_key: str | None = None  # DoRA: the magnitude of each output row (None: plain LoRA)
+    parameter: str | None = None  # PEFT's adapter on a weight (target_parameters): the weight's name in `module`
+    experts: int = 1  # a fused expert weight's experts, each with its own pair (A [r x experts, in], B [out, r x experts])
+    swapped: bool = False  # PEFT took the stored [experts, out, in] weight's sizes as (in, out) and swapped them
 
 
 @dataclass
@@ -101,6 +103,9 @@ class Adapter:
     config: dict
     tensors: Mapping  # adapter key -> torch.Tensor (AdapterTensors: large ones read when asked for)
     pairs: dict[str, LoraPair] = field(default_factory=dict)  # module -> pair
+    # pairs of PEFT's weight adapters (target_parameters), by their wrapper's module path: which weight
+    # each one adapts, and its rank, depend on the model (memfit.merge.weights resolves them)
+    wrapped: dict[str, tuple[str, str, str | None]] = field(default_factory=dict)
     replacements: dict[str, str] = field(default_factory=dict)  # base weight key -> adapter key (modules_to_save)
     base_copies: dict[str, str] = field(default_factory=dict)  # base weight key -> adapter key (base_layer)
 
@@ -179,8 +184,8 @@ def target_module_problems(adapter: Adapter, modules: set[str]) -> list[str]:
     """What PEFT refuses when loading ``adapter`` onto a base with these ``modules``:
     ``target_modules`` that match none of them (an adapter trained on another architecture)."""
     targets = adapter.config.get("target_modules")
-    if targets in (None, "all-linear", ["all-linear"]) or not isinstance(targets, (str, list)):
-        return []
+    if targets in (None, "all-linear", ["all-linear"], []) or not isinstance(targets, (str, list)):
+        return []  # [] beside target_parameters: every adapter is on a weight
     try:
         if not any(_targets_module(targets, m) for m in modules):
             return [
@@ -199,6 +204,21 @@ def _split_key(key: str) -> tuple[str, str] | None:
         if key.endswith(suffix):
             return key[: -len(suffix)], role
     return None
+
+
+def _is_weight_adapter(module: str, config: dict) -> bool:
+    """Whether the LoRA pair at ``module`` may be one of PEFT's weight adapters (``target_parameters``):
+    a weight of ``module`` (nested wrappers of one module's weights end in ``.base_layer``) named by them."""
+    targets = config.get("target_parameters") or []
+    owner = module.replace(".base_layer", "")
+    return any(f"{owner}.{t}".startswith(owner + ".") and _names_weight_of(owner, t) for t in targets)
+
+
+def _names_weight_of(owner: str, target: str) -> bool:
+    """Whether target ``experts.gate_up_proj`` (PEFT matches ``<module>.<weight>`` by suffix) can name a
+    weight of module ``owner``: its module part is ``owner`` or a dotted tail of it."""
+    module_part = target.rpartition(".")[0]
+    return not module_part or owner == module_part or owner.endswith("." + module_part)
 
 
 def _matches_module_list(module: str, names) -> bool:
@@ -250,9 +270,42 @@ def read_adapter(folder: Path) -> Adapter:
     _parse_keys(adapter, problems)
     if problems:
         raise MergeError("\n".join(problems))
-    if not adapter.pairs and not adapter.replacements:
+    if not adapter.pairs and not adapter.replacements and not adapter.wrapped:
         raise MergeError(f"{weights_path} holds no LoRA weights and no modules_to_save tensors: nothing to merge.")
     return adapter
+
+
+def make_pair(adapter: Adapter, module: str, kind: str, a_key: str, b_key: str, magnitude_key: str | None, problems: list[str], *,
+              experts: int = 1, parameter: str | None = None, swapped: bool = False) -> LoraPair | None:
+    """The LoRA pair of ``module`` with its rank, alpha and scale as PEFT gives them (``rank_pattern``
+    and ``alpha_pattern`` matched against the module, or for a weight adapter against
+    ``<module>.<weight>``), or None with the problem added. A fused expert weight's pair holds a rank-r
+    pair for each of its ``experts``."""
+    config = adapter.config
+    a, b = adapter.tensors[a_key], adapter.tensors[b_key]
+    if a.dim() != 2 or b.dim() != 2:
+        problems.append(
+            f"adapter module {module!r} has LoRA weights of shapes {tuple(a.shape)} and {tuple(b.shape)}: "
+            "only 2-D (linear, Conv1D, embedding) LoRA can be merged, not convolution LoRA."
+        )
+        return None
+    rank = a.shape[0]
+    if b.shape[1] != rank:
+        problems.append(f"adapter module {module!r}: lora A has rank {rank} but lora B has {b.shape[1]} columns.")
+        return None
+    where = f"{module}.{parameter}" if parameter else module
+    rank_pattern, alpha_pattern = config.get("rank_pattern") or {}, config.get("alpha_pattern") or {}
+    r_key, a_key_pat = pattern_key(rank_pattern, where), pattern_key(alpha_pattern, where)
+    r = rank_pattern[r_key] if r_key is not None else config["r"]
+    alpha = alpha_pattern[a_key_pat] if a_key_pat is not None else config["lora_alpha"]
+    if r * experts != rank:
+        each = f" ({experts} experts of rank {rank / experts:g})" if experts > 1 else ""
+        problems.append(
+            f"adapter module {where!r}: adapter_config.json gives r={r} (rank_pattern key {r_key!r}) but the saved weights have rank {rank}{each}."
+        )
+        return None
+    scale = lora_scale(alpha, r, bool(config.get("use_rslora", False)))
+    return LoraPair(module, kind, a_key, b_key, r, alpha, scale, magnitude_key, parameter, experts, swapped)
 
 
 def _parse_keys(adapter: Adapter, problems: list[str]) -> None:
@@ -280,9 +333,6 @@ def _parse_keys(adapter: Adapter, problems: list[str]) -> None:
         else:
             problems.append(f"adapter tensor {key!r} is neither a LoRA weight nor listed in modules_to_save.")
 
-    rank_pattern = config.get("rank_pattern") or {}
-    alpha_pattern = config.get("alpha_pattern") or {}
-    use_rslora = bool(config.get("use_rslora", False))
     use_dora = bool(config.get("use_dora", False))
     for module, roles in sorted(halves.items()):
         magnitude_key = roles.pop("M", None)
@@ -298,27 +348,12 @@ def _parse_keys(adapter: Adapter, problems: list[str]) -> None:
             problems.append(dora_problem)
             continue
         a_key, b_key = (roles["A"], roles["B"]) if kind == "linear" else (roles["EA"], roles["EB"])
-        a, b = adapter.tensors[a_key], adapter.tensors[b_key]
-        if a.dim() != 2 or b.dim() != 2:
-            problems.append(
-                f"adapter module {module!r} has LoRA weights of shapes {tuple(a.shape)} and {tuple(b.shape)}: "
-                "only 2-D (linear, Conv1D, embedding) LoRA can be merged, not convolution LoRA."
-            )
+        if kind == "linear" and _is_weight_adapter(module, config):
+            adapter.wrapped[module] = (a_key, b_key, magnitude_key)
             continue
-        rank = a.shape[0]
-        if b.shape[1] != rank:
-            problems.append(f"adapter module {module!r}: lora A has rank {rank} but lora B has {b.shape[1]} columns.")
-            continue
-        r_key = pattern_key(rank_pattern, module)
-        a_key_pat = pattern_key(alpha_pattern, module)
-        r = rank_pattern[r_key] if r_key is not None else config["r"]
-        alpha = alpha_pattern[a_key_pat] if a_key_pat is not None else config["lora_alpha"]
-        if r != rank:
-            problems.append(
-                f"adapter module {module!r}: adapter_config.json gives r={r} (rank_pattern key {r_key!r}) but the saved weights have rank {rank}."
-            )
-            continue
-        adapter.pairs[module] = LoraPair(module, kind, a_key, b_key, rank, alpha, lora_scale(alpha, r, use_rslora), magnitude_key)
+        pair = make_pair(adapter, module, kind, a_key, b_key, magnitude_key, problems)
+        if pair is not None:
+            adapter.pairs[module] = pair
     for key in adapter.replacements:
         module = key.rpartition(".")[0]
         if module in adapter.pairs:

@@ -14,6 +14,10 @@ delta buffer (which saves one weight-sized float32 temporary) gives identical bi
 DoRA (PEFT's ``DoraLinearVariant.merge_unsafe``) takes the same float32 sum ``W + delta``, the
 float32 L2 norm of each output row of it, and writes ``(m / norm) * (W + delta)`` rounded once to
 W's dtype; the multiply is done in place in the sum's buffer (the same bits as PEFT's new tensor).
+
+An adapter on a weight (``target_parameters``: a fused expert weight, a router, a linear layer's
+weight; PEFT's ``ParamWrapper``) rounds its float32 update to the weight's dtype before adding it,
+as an embedding's does (:func:`weight_delta`, :func:`add_weight_delta`).
 """
 
 from __future__ import annotations
@@ -59,9 +63,41 @@ def apply_dora(weight, delta, magnitude, transpose: bool):
     return summed.to(weight.dtype)
 
 
+def weight_delta(item, tensors, device):
+    """The update of PEFT's adapter on a weight (``ParamWrapper.get_delta_weight``), in float32 on
+    ``device``: ``B @ A * scale`` for a single weight; for a fused expert weight the einsum PEFT
+    computes over its experts (``"o r e, e r i -> e o i"``, ``"e i o"`` where it did not swap the
+    weight's sizes), here over the one expert the tensor holds, cut to that tensor's rows when the
+    checkpoint stores gate and up apart. Computed expert by expert, it gives the bits of the whole."""
+    import torch
+
+    pair = item.pair
+    a = tensors[pair.a_key].to(device=device, dtype=torch.float32)
+    b = tensors[pair.b_key].to(device=device, dtype=torch.float32)
+    if pair.experts == 1:
+        return (b @ a) * pair.scale
+    a = a.reshape(pair.experts, -1, a.shape[-1])
+    b = b.reshape(b.shape[0], -1, pair.experts)
+    if item.expert is not None:
+        a, b = a[item.expert:item.expert + 1], b[:, :, item.expert:item.expert + 1]
+    delta = torch.einsum("o r e, e r i -> e o i" if pair.swapped else "o r e, e r i -> e i o", b, a) * pair.scale
+    if item.expert is None:
+        return delta
+    rows = delta.shape[1] // item.parts
+    return delta[0, item.part * rows:(item.part + 1) * rows]
+
+
+def add_weight_delta(weight, delta):
+    """PEFT's merge of a weight adapter: the update rounded to the weight's dtype, then added in it."""
+    return weight.to(delta.device) + delta.to(weight.dtype)
+
+
 def apply_deltas(weight, deltas, tensors, device):
     """Apply `deltas` (plan.Delta, in PEFT's order) to `weight`, returning a new tensor on `device`."""
     for item in deltas:
+        if item.pair.parameter is not None:
+            weight = add_weight_delta(weight, weight_delta(item, tensors, device))
+            continue
         delta = lora_delta(tensors[item.pair.a_key], tensors[item.pair.b_key], item.pair.scale, item.transpose, device)
         if item.pair.magnitude_key is not None:
             weight = apply_dora(weight, delta, tensors[item.pair.magnitude_key], item.transpose)

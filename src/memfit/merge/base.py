@@ -42,6 +42,13 @@ class ModelStructure:
     order: dict[str, int] = field(default_factory=dict)  # module -> position in named_modules()
     tied_groups: list[list[str]] = field(default_factory=list)  # parameter names sharing one tensor
     known: bool = False  # False when the model could not be built; callers fall back to the adapter config
+    # each module's own weights in the order it holds them: (name, shape), and whether the module says
+    # it stores [experts, in, out] (PEFT's weight adapters read both: memfit.merge.weights)
+    weights: dict[str, list[tuple[str, tuple[int, ...]]]] = field(default_factory=dict)
+    transposed: dict[str, bool] = field(default_factory=dict)
+    # transformers' renamings and converters of this model's checkpoint keys (experts stored apart)
+    renamings: list = field(default_factory=list)
+    converters: list = field(default_factory=list)
 
 
 def read_base(folder: Path) -> BaseCheckpoint:
@@ -140,8 +147,22 @@ def model_structure(folder: Path) -> ModelStructure:
             structure.kinds[name] = "linear"
         else:
             structure.kinds[name] = type(module).__name__
+        structure.weights[name] = [(key, tuple(p.shape)) for key, p in module.named_parameters(recurse=False)]
+        structure.transposed[name] = bool(getattr(module, "is_transposed", False))
     by_tensor: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         by_tensor.setdefault(id(param), []).append(name)
     structure.tied_groups = [names for names in by_tensor.values() if len(names) > 1]
+    structure.renamings, structure.converters = _conversions(model)
     return structure
+
+
+def _conversions(model) -> tuple[list, list]:
+    """transformers' renamings and converters of the model's checkpoint keys (none where it has none)."""
+    try:
+        from transformers.conversion_mapping import get_model_conversion_mapping
+        from transformers.core_model_loading import WeightConverter, WeightRenaming
+    except ImportError:  # a transformers without conversion mappings stores tensors as the model names them
+        return [], []
+    mapping = list(get_model_conversion_mapping(model) or [])
+    return [t for t in mapping if isinstance(t, WeightRenaming)], [t for t in mapping if isinstance(t, WeightConverter)]

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .adapter import Adapter, LoraPair, target_module_problems
+from .weights import checkpoint_pieces, renamed_keys, resolve_weight_pairs
 from .base import BaseCheckpoint, ModelStructure
 from .dtypes import BYTES_PER_ELEMENT, FLOAT_CODES
 from .errors import MergeError
@@ -33,6 +34,11 @@ class Delta:
     pair: LoraPair
     transpose: bool  # True for fan_in_fan_out (GPT-2 Conv1D) layers and for embeddings
     order: int  # PEFT's merge order among deltas on the same tensor
+    # a fused expert weight stored one tensor an expert: this tensor's expert, and its part of the
+    # expert's rows (gate and up: part 0 and 1 of 2); None: the tensor holds the whole weight
+    expert: int | None = None
+    part: int = 0
+    parts: int = 1
 
 
 @dataclass
@@ -206,6 +212,10 @@ def _add_deltas(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructur
                 binding: dict[str, Storage], tied_alias: dict[str, str]) -> list[str]:
     """Every LoRA pair as a delta on the storage of its module's weight; the problems found."""
     problems: list[str] = []
+    weight_pairs = resolve_weight_pairs(adapter, structure, problems)  # before the plain pairs: it may add some
+    for key, pair in sorted(weight_pairs.items()):
+        _place_weight_pair(key, pair, adapter, binding, base, structure, problems)
+
     for module, pair in sorted(adapter.pairs.items()):
         key = f"{module}.weight"
         if key not in binding:
@@ -260,6 +270,47 @@ def _output_shards(base: BaseCheckpoint, binding: dict[str, Storage], tied_alias
             storage = binding[alias]
             shards[base.shard_of[source]].append(OutputTensor(alias, storage, _out_spec(alias, base.specs[storage.base_key], out_dtype)))
     return shards, untied
+
+
+def _place_weight_pair(key: str, pair: LoraPair, adapter: Adapter, binding: dict[str, Storage], base: BaseCheckpoint,
+                       structure: ModelStructure, problems: list[str]) -> None:
+    """Give the tensors that hold weight ``key`` the update of PEFT's weight adapter ``pair``: the tensor
+    itself (maybe under the checkpoint's older name), or each expert's tensors where the checkpoint
+    stores the experts apart (:mod:`memfit.merge.weights`)."""
+    order = structure.order.get(pair.module, 0)
+    stored = key if key in binding else renamed_keys(base.specs, structure).get(key)
+    update = _update_shape(pair, adapter)
+    if stored is not None:
+        want, code = base.specs[binding[stored].base_key].shape, base.specs[binding[stored].base_key].dtype
+        got = ((pair.experts,) + update) if pair.experts > 1 else update
+        if tuple(want) != got:
+            problems.append(f"shape mismatch: adapter weight {key!r} gives a {list(got)} update but base tensor {stored!r} is {list(want)}.")
+        elif code not in FLOAT_CODES:
+            problems.append(f"base tensor {stored!r} is {code}: LoRA can only be merged into float weights.")
+        else:
+            binding[stored].deltas.append(Delta(pair, False, order))
+        return
+    pieces = checkpoint_pieces(base.specs, structure).get(key)
+    if not pieces:
+        problems.append(f"adapter weight {key!r} matches no base tensor.")
+        return
+    for piece in pieces:
+        want = base.specs[binding[piece.base_key].base_key].shape
+        got = (update[0] // piece.parts, update[1])
+        if tuple(want) != got or pair.experts == 1 or piece.expert >= pair.experts:
+            problems.append(f"shape mismatch: adapter weight {key!r} gives expert {piece.expert} a {list(got)} part but base tensor "
+                            f"{piece.base_key!r} is {list(want)}.")
+            continue
+        binding[piece.base_key].deltas.append(Delta(pair, False, order, piece.expert, piece.part, piece.parts))
+
+
+def _update_shape(pair: LoraPair, adapter: Adapter) -> tuple[int, int]:
+    """The shape of one expert's update (of the weight's, for a single one) as the weight stores it:
+    ``[out, in]`` where PEFT swapped the stored ``[experts, out, in]`` sizes, else ``[in, out]``."""
+    a_shape, b_shape = adapter.shape(pair.a_key), adapter.shape(pair.b_key)
+    if pair.experts > 1 and not pair.swapped:
+        return a_shape[1], b_shape[0]
+    return b_shape[0], a_shape[1]
 
 
 def _group_of(key: str, structure: ModelStructure) -> list[str]:
