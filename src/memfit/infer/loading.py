@@ -321,10 +321,12 @@ def adapter_mismatch(model: Any, adapter_dir: Path) -> str | None:
             if not rest.startswith(("A.", "B.")):
                 continue  # not a LoRA matrix (a bias, an embedding adapter): left to PEFT
             name = layer.removeprefix("base_model.model.")
-            module = base_modules.get(name) or modules.get(layer)
+            # PEFT's wrappers of a module's weights (experts) nest: the inner one sits at <module>.base_layer
+            module = base_modules.get(name) or modules.get(layer) or base_modules.get(name.replace(".base_layer", ""))
             if module is None:
                 return f"it adapts {name}, which this model does not have"
-            module = getattr(module, "base_layer", module)
+            if getattr(module, "parameter_name", None) is None:  # a weight's wrapper (PEFT's ParamWrapper) has its own sizes
+                module = getattr(module, "base_layer", module)
             in_features, out_features = _features(module)
             shape = tuple(weights.get_slice(key).get_shape())
             expected_side = in_features if rest.startswith("A") else out_features
