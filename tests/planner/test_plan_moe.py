@@ -71,3 +71,20 @@ def test_gpt_oss_says_its_mxfp4_experts_are_dequantized_as_transformers_does_for
     config = {**MOE_CONFIGS["gpt_oss"], "quantization_config": {"quant_method": "mxfp4"}}
     plan = memfit.plan(config, method="lora", **KNOBS)
     assert any("MXFP4" in note and "Mxfp4Config(dequantize=True)" in note for note in plan.details["notes"])
+
+
+@pytest.mark.parametrize("method, sharded", [("lora", True), ("qlora", False)])
+def test_fsdp_shards_16_bit_experts_and_keeps_4_bit_experts_whole_on_each_rank(method, sharded):
+    from memfit.planner.layout import param_layout
+    from memfit.spec import make_spec
+
+    config = MOE_CONFIGS["mixtral"]
+    layout = param_layout(config, make_spec(method=method, gpus=2, shard="fsdp"))
+    hidden, inner, experts = config["hidden_size"], config["intermediate_size"], config["num_local_experts"]
+    # a row of a stack is one expert: 16-bit bytes of its matrix, or half a byte an element packed
+    per_element = 2 if method == "lora" else 0.5
+    rows = {int(2 * inner * hidden * per_element), int(hidden * inner * per_element)}
+    stacks = [g for g in layout.groups if g.dim0 == experts and g.row_bytes in rows]
+    assert {g.row_bytes for g in stacks} == rows and {g.sharded for g in stacks} == {sharded}
+    plan = memfit.plan(config, method=method, gpus=2, shard="fsdp", **KNOBS)
+    assert plan.details["per_rank"] and plan.details["experts"]["storage"] == ("nf4" if method == "qlora" else "bf16")

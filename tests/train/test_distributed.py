@@ -36,6 +36,8 @@ TOLERANCE = 1e-5
 STEPS = 6
 FULL = dict(method="full", lr=2e-3)
 QLORA = dict(method="qlora", precision="bf16", max_steps=3, lr=1e-2)
+MOE_LORA = dict(targets=["experts", "q_proj"], max_steps=4)
+MOE_QLORA = dict(method="qlora", precision="bf16", targets=["experts"], max_steps=3, lr=1e-2)
 
 
 def _settings(base: Path, out: Path, **changes):
@@ -51,6 +53,7 @@ def runs(tmp_path_factory):
     one-process runs with the same global batch (batch_size 4)."""
     root = tmp_path_factory.mktemp("distributed")
     base = save_tiny_pretrained(root / "base")
+    moe = _save_tiny_moe(root / "moe-base")
     jobs = [
         {"settings": _settings(base, root / "lora", save_every=3), "logits": str(root / "lora-logits.pt")},
         {"settings": _settings(base, root / "resumed"), "interrupt_at": 3},
@@ -58,6 +61,8 @@ def runs(tmp_path_factory):
         {"settings": _settings(base, root / "full", shard="zero2", **FULL), "logits": str(root / "full-logits.pt")},
         {"settings": _settings(base, root / "ddp", shard="ddp")},
         {"settings": _settings(base, root / "qlora", **QLORA)},
+        {"settings": _settings(moe, root / "moe-lora", **MOE_LORA)},
+        {"settings": _settings(moe, root / "moe-qlora", **MOE_QLORA)},
     ]
     (root / "jobs.json").write_text(json.dumps(jobs))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(WORKER.parent), os.environ.get("PYTHONPATH", "")]))
@@ -69,7 +74,25 @@ def runs(tmp_path_factory):
     train(tiny_config(root / "single-full", **single, **FULL), progress=False)
     if importlib.util.find_spec("bitsandbytes") is not None:
         train(tiny_config(root / "single-qlora", **{**single, **QLORA}), progress=False)
+    moe_single = dict(single, model=str(moe))
+    train(tiny_config(root / "single-moe-lora", **{**moe_single, **MOE_LORA}), progress=False)
+    if importlib.util.find_spec("bitsandbytes") is not None:
+        train(tiny_config(root / "single-moe-qlora", **{**moe_single, **MOE_QLORA}), progress=False)
     return root
+
+
+def _save_tiny_moe(folder: Path) -> Path:
+    """A tiny Qwen3-MoE (a dense first layer, then experts) saved with the shipped tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memfit.models.build import make_config
+    from memfit.train.conformance import TINY_MODELS
+    from memfit.train.data import tiny_tokenizer_path
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(make_config(TINY_MODELS["qwen3_moe"]), dtype=torch.float32).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(str(tiny_tokenizer_path())).save_pretrained(folder)
+    return folder
 
 
 def _assert_same_losses(got: dict, want: dict) -> None:
@@ -110,6 +133,22 @@ def test_qlora_on_two_processes_keeps_the_4bit_base_whole_and_matches(runs):
     # bf16 base and activations: rows computed in other batch shapes round differently
     assert max(abs(got[k] - want[k]) for k in want) < 1e-2, (got, want)
     assert (runs / "qlora" / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_lora_on_experts_sharded_by_fsdp_matches_one_process(runs):
+    # the fused expert weights are sharded like any parameter; PEFT folds each expert's update into
+    # the gathered weight
+    got, want = step_losses(runs / "moe-lora"), step_losses(runs / "single-moe-lora")
+    assert got.keys() == want.keys() == {1, 2, 3, 4}
+    assert max(abs(got[k] - want[k]) for k in want) <= TOLERANCE, (got, want)
+
+
+def test_qlora_keeps_4bit_experts_whole_on_each_rank_and_matches(runs):
+    if not (runs / "single-moe-qlora").exists():
+        pytest.skip("bitsandbytes is not installed")
+    got, want = step_losses(runs / "moe-qlora"), step_losses(runs / "single-moe-qlora")
+    assert got.keys() == want.keys() == {1, 2, 3}
+    assert max(abs(got[k] - want[k]) for k in want) < 1e-2, (got, want)
 
 
 def test_resume_from_a_sharded_checkpoint_equals_an_uninterrupted_run(runs):

@@ -34,6 +34,7 @@ def param_layout(config: dict[str, Any], spec: RunSpec, *, remember: bool = True
     if cached is not None:
         return cached
     from memfit.models.build import DTYPES, build_meta_model, make_config
+    from memfit.models.experts_nf4 import unpacked_counts
     from memfit.models.layers import decoder_layers
     from memfit.planner.exact.simulate import _quiet, bitsandbytes_only_if_used
     from memfit.planner.sharding import ParamGroup, ParamLayout
@@ -45,6 +46,7 @@ def param_layout(config: dict[str, Any], spec: RunSpec, *, remember: bool = True
     with _quiet(), bitsandbytes_only_if_used(layer_spec):
         model = prepare_for_method(build_meta_model(make_config(config, layers=sources), DTYPES[spec.weight_precision]), layer_spec)
     layers = decoder_layers(model)
+    four_bit_experts = unpacked_counts(model)
     in_layer = {}
     for index, layer in enumerate(layers):
         for p in layer.parameters():
@@ -56,8 +58,9 @@ def param_layout(config: dict[str, Any], spec: RunSpec, *, remember: bool = True
         dim0 = int(p.shape[0]) if p.dim() > 0 else 1
         index = in_layer.get(id(p))
         count = repeats[index] if index is not None else 1
-        # The trainer keeps quantized weights (packed 4-bit, int8) whole on every rank, outside FSDP (never gathered).
-        whole = type(p).__name__ in ("Params4bit", "Int8Params")
+        # The trainer keeps quantized weights (packed 4-bit, int8; 4-bit experts) whole on every rank, outside FSDP
+        # (never gathered).
+        whole = type(p).__name__ in ("Params4bit", "Int8Params") or id(p) in four_bit_experts
         groups.append(ParamGroup(dim0=dim0, row_bytes=nbytes // max(dim0, 1), trainable=p.requires_grad, count=count, sharded=not whole))
         if whole:
             continue

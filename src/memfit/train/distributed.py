@@ -232,9 +232,13 @@ def frozen_4bit_params(model) -> set:
     bitsandbytes' ``Params4bit`` carries its quantization state beside the tensor; FSDP2 would
     shard the packed bytes and lose that state. The weights are frozen (nothing to synchronise) and
     a quarter of their bf16 size, so each rank keeps its own copy; the adapters and everything
-    else are sharded.
+    else are sharded. 4-bit experts (:mod:`memfit.models.experts_nf4`) are kept whole alike: their
+    quantization state is buffers beside the packed bytes, which FSDP does not shard.
     """
-    return {module.weight for module in model.modules() if _is_4bit_weight(module, "weight")}
+    from memfit.models.experts_nf4 import nf4_expert_modules
+
+    packed = {module.weight for module in model.modules() if _is_4bit_weight(module, "weight")}
+    return packed | {getattr(m, w.name) for m in nf4_expert_modules(model) for w in m.expert_weights}
 
 
 def load_device(spec, device):
