@@ -13,11 +13,13 @@ from typing import Any
 
 from memfit.interop import grpo
 from memfit.interop.common import (
+    ROUTING_FIELDS,
     dora_rule,
     int_rule,
     model_rule,
     modules_to_save_rule,
     revision_rule,
+    routing_rule,
     rslora_rule,
     targets_rule,
 )
@@ -334,6 +336,13 @@ def _precompute_reference(values: Mapping[str, Any], ctx: Any) -> Any:
     return value_of(values, "precompute_ref_log_probs", as_bool, None)
 
 
+def _other_overrides(values: Mapping[str, Any]) -> bool:
+    """Whether the model config overrides hold more than the routing loss's fields (read as such)."""
+    config = values["overrides_of_model_config"]
+    others = set(config) - set(ROUTING_FIELDS) if isinstance(config, Mapping) else set()
+    return bool(others) or truthy(values["overrides_of_model_kwargs"]) or truthy(values["rope_scaling"])
+
+
 RULES: tuple[Rule, ...] = (
     model_rule("base_model_config", "base_model",
                doc="the model: `base_model` (a Hub id or a folder); its config.json from `base_model_config` when set"),
@@ -455,8 +464,9 @@ RULES: tuple[Rule, ...] = (
                  why="keeps other modules in another dtype than the training dtype"),
     not_modelled("processor_type", "image_size", "freeze_mm_modules",
                  why="a vision (or audio) tower and its inputs: memfit plans text models"),
-    not_modelled("overrides_of_model_config", "overrides_of_model_kwargs", "rope_scaling",
-                 why="changes the model's config.json, which is planned as published"),
+    routing_rule("overrides_of_model_config"),
+    Rule(("overrides_of_model_config", "overrides_of_model_kwargs", "rope_scaling"), None, matters=_other_overrides,
+         unmodelled="changes the model's config.json, which is planned as published (but for the routing loss's fields)"),
     not_modelled("selective_checkpointing", "dynamic_checkpoint",
                  why="checkpoints some of the layers: planned with every layer as gradient_checkpointing says"),
     not_modelled("deepcompile", "relora_cpu_offload", "llmcompressor", "diffusion", "ebft", "dense_mixer", "mora",

@@ -114,3 +114,39 @@ def modules_to_save_rule(name: str, tying: str | None = None, *, doc: str = MODU
         return names
 
     return Rule(keys, "modules_to_save", resolve, doc=doc)
+
+
+#: The model config fields of a mixture-of-experts model's routing loss, which tools set as they load
+#: the model: router logits on (the load-balancing loss added to the loss) and its coefficient.
+ROUTING_FIELDS = ("output_router_logits", "router_aux_loss_coef")
+
+#: What memfit does with a tool's routing-loss setting, in docs/interop.md.
+ROUTING_DOC = ("the routing loss of a mixture-of-experts model (output_router_logits, router_aux_loss_coef): set in the "
+               "planned model's config, whose step adds the load-balancing loss and keeps the router logits for it")
+
+
+def routing_rule(name: str) -> Rule:
+    """The routing-loss fields of the model config the tool's dict key ``name`` overrides (Axolotl's
+    ``overrides_of_model_config``, TRL's ``model_init_kwargs``); its other fields are the other
+    rules' (or not modelled)."""
+
+    def resolve(values: Mapping[str, Any], ctx: Any) -> Any:
+        value = values[name]
+        if not isinstance(value, Mapping):
+            return None
+        found = {field: value[field] for field in ROUTING_FIELDS if field in value}
+        return _routing(found, name) or None
+
+    return Rule((name,), "model_config", resolve, doc=ROUTING_DOC)
+
+
+def _routing(found: Mapping[str, Any], key: str) -> dict[str, Any]:
+    out = {}
+    if "output_router_logits" in found:
+        out["output_router_logits"] = value_of({key: found["output_router_logits"]}, key, as_bool, False)
+    if "router_aux_loss_coef" in found:
+        coef = found["router_aux_loss_coef"]
+        if isinstance(coef, bool) or not isinstance(coef, (int, float)) or coef < 0:
+            raise KeyProblem(key, f"router_aux_loss_coef {coef!r} is not a coefficient (a number of 0 or more)")
+        out["router_aux_loss_coef"] = float(coef)
+    return out

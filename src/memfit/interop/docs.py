@@ -37,6 +37,8 @@ def _target(rule: Rule) -> str:
         return "not modelled"
     if rule.knob in ("model", "revision"):
         return rule.knob
+    if rule.knob == "model_config":
+        return "the model's config"
     from memfit.spec import KNOBS
 
     if rule.knob not in KNOBS and rule.knob != "shard":

@@ -21,11 +21,13 @@ from memfit.interop.common import (
     model_rule,
     modules_to_save_rule,
     revision_rule,
+    routing_rule,
     rslora_rule,
     targets_rule,
 )
 from memfit.interop.keys import (
     ABSENT,
+    as_names,
     Choices,
     Found,
     KeyMap,
@@ -147,10 +149,34 @@ def _write_method(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
 
 def _targets(values: Mapping[str, Any], ctx: Any) -> Any:
     chosen = targets_rule(None, "lora_target_modules", doc="").resolve(values, ctx)
+    weights = _target_parameters(values)
+    if chosen is None and weights:
+        return weights
     if chosen is None and ctx.knobs.get("method") in ("lora", "qlora", "lora-8bit"):
         return Planned(("q_proj", "v_proj"), "no lora_target_modules: PEFT's default for the model type, planned as q_proj "
                                              "and v_proj (its default for Llama, Mistral, Qwen and Gemma)", modelled=True)
-    return chosen
+    if not weights or chosen == ("all-linear",):  # all-linear adapts every expert weight already
+        return chosen
+    return tuple(dict.fromkeys((*chosen, *weights)))
+
+
+def _target_parameters(values: Mapping[str, Any]) -> tuple[str, ...]:
+    """PEFT's ``target_parameters`` (``lora_target_parameters``) as memfit's targets: a fused expert
+    weight (``mlp.experts.gate_up_proj``) as ``experts.gate_up_proj``, a module's ``weight`` (a router)
+    as the module's name."""
+    names = value_of(values, "lora_target_parameters", as_names, None) or []
+    out = []
+    for name in names:
+        module, _, weight = name.rpartition(".")
+        short = module.rpartition(".")[2]
+        if short == "experts":
+            out.append(f"experts.{weight}")
+        elif weight == "weight" and short:
+            out.append(short)
+        else:
+            raise KeyProblem("lora_target_parameters", f"{name!r} names no expert weight (…experts.<weight>) or module weight "
+                                                       "(<module>.weight)")
+    return tuple(out)
 
 
 def _seq_len(values: Mapping[str, Any], ctx: Any) -> Any:
@@ -424,12 +450,14 @@ RULES: tuple[Rule, ...] = (
     int_rule("lora_r", "rank", 16, doc="LoRA rank (TRL's default 16)"),
     Rule(("lora_alpha",), "alpha", lambda v, ctx: value_of(v, "lora_alpha", as_float, 32.0), doc="LoRA alpha (TRL's default 32)"),
     Rule(("lora_dropout",), "dropout", lambda v, ctx: value_of(v, "lora_dropout", _dropout, 0.05), doc="LoRA dropout (0.05)"),
-    Rule(("lora_target_modules",), "targets", _targets,
-         doc="LoRA targets: the modules listed, `all-linear`; none: PEFT's default for the model type (q_proj, v_proj)"),
+    Rule(("lora_target_modules", "lora_target_parameters"), "targets", _targets,
+         doc="LoRA targets: the modules listed, `all-linear`; none: PEFT's default for the model type (q_proj, v_proj); "
+             "`lora_target_parameters` adds PEFT's adapters on weights: `mlp.experts.gate_up_proj` as `experts.gate_up_proj`, "
+             "a router's `gate.weight` as `gate`"),
+    routing_rule("model_init_kwargs"),
     modules_to_save_rule("lora_modules_to_save"),
     dora_rule("use_dora"),
     rslora_rule("use_rslora"),
-    not_modelled("lora_target_parameters", why="adapters on parameters (experts) rather than linear modules"),
     Rule(("max_length", "max_seq_length", "block_size"), "seq_len", _seq_len,
          lambda v, values: {next((k for k in ("max_seq_length", "block_size") if k in values and "max_length" not in values),
                                  "max_length"): int(v)},

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from memfit.interop.common import (
+    ROUTING_DOC,
     dora_rule,
     int_rule,
     model_rule,
@@ -84,6 +85,18 @@ def _write_method(method: str, values: Mapping[str, Any]) -> dict[str, Any]:
     if method == "lora-8bit":
         return {"finetuning_type": "lora", "quantization_bit": 8}
     return {"finetuning_type": method, "quantization_bit": None}
+
+
+def _moe_aux_loss(values: Mapping[str, Any], ctx: Any) -> Any:
+    """``moe_aux_loss_coef``: LLaMA-Factory turns the MoE model's router logits on for training and sets
+    its ``router_aux_loss_coef`` (``model/model_utils/moe.py``: ``configure_moe``); unset or 0: as the
+    model's config says."""
+    coef = value_of(values, "moe_aux_loss_coef", as_float, None)
+    if not coef:
+        return None
+    if coef < 0:
+        raise KeyProblem("moe_aux_loss_coef", f"{coef} is not a coefficient (a number of 0 or more)")
+    return {"output_router_logits": True, "router_aux_loss_coef": coef}
 
 
 def _checkpointing(values: Mapping[str, Any], ctx: Any) -> Any:
@@ -200,6 +213,8 @@ RULES: tuple[Rule, ...] = (
          doc="LLaMA-Factory quantizes without PEFT's prepare_model_for_kbit_training: the parameters that are not quantized "
              "stay in the compute dtype"),
     not_modelled("upcast_layernorm", why="norm weights upcast to fp32 (a few MiB)"),
+    Rule(("moe_aux_loss_coef",), "model_config", _moe_aux_loss,
+         doc=ROUTING_DOC + ": `moe_aux_loss_coef` turns router logits on and sets the coefficient, as LLaMA-Factory does"),
     int_rule("lora_rank", "rank", 8, doc="LoRA rank (LLaMA-Factory's default 8)"),
     Rule(("lora_alpha",), "alpha", lambda v, ctx: value_of(v, "lora_alpha", as_float, None), doc="LoRA alpha (default 2 x rank)"),
     Rule(("lora_dropout",), "dropout", lambda v, ctx: value_of(v, "lora_dropout", _dropout, None), doc="LoRA dropout"),

@@ -27,6 +27,8 @@ from memfit.spec import KNOBS, SpecError, make_spec, whole_number_value
 
 #: Rule knobs that are not RunSpec knobs: the model, and where the run is placed across GPUs.
 _MODEL, _REVISION, _SHARD = "model", "revision", "shard"
+#: Fields the tool sets in the model's config as it loads it (the routing loss of a mixture-of-experts model).
+_MODEL_CONFIG = "model_config"
 #: Knobs that only adapters use.
 _ADAPTER_KNOBS = ("rank", "alpha", "dropout", "targets", "dora", "rslora", "modules_to_save")
 
@@ -85,6 +87,7 @@ class ToolConfig(JsonForm):
     approximated: list[Found]
     unknown_keys: list[str]
     chosen: ModelChoice | None = None  # --model in place of the config's, a PEFT adapter's base
+    model_config: dict[str, Any] = field(default_factory=dict)  # fields the tool sets in the model's config
 
     def knobs_for(self, given: Mapping[str, Any]) -> tuple[dict[str, Any], list[Found]]:
         """The knobs to plan with: the config's, then ``given`` (the command line's, which win),
@@ -123,6 +126,7 @@ class ToolConfig(JsonForm):
             "not_modelled": [f.to_dict() for f in self.not_modelled if f.knob not in given],
             "approximated": [f.to_dict() for f in self.approximated if f.knob not in given],
             "unknown_keys": list(self.unknown_keys),
+            "model_config": dict(self.model_config),
             "given": given,
             **(self.chosen.to_dict() if self.chosen is not None else {}),
         }
@@ -213,12 +217,13 @@ def read_tool_config(path: str | Path, keymaps: tuple[KeyMap, ...], *, model: st
             ctx.sources.pop(knob, None)
     ctx.unknown_keys[:0] = _unknown_keys(raw, keymap)
     shard = ctx.knobs.pop(_SHARD, None)
+    model_config = ctx.knobs.pop(_MODEL_CONFIG, None) or {}
     problems += _spec_problems(ctx)
     if problems:
         raise ToolConfigError(path, problems)
     chosen.from_adapter = tuple(ctx.from_adapter)
     return ToolConfig(keymap.tool, keymap.title, str(path), str(chosen.model), chosen.revision, ctx.knobs, ctx.sources, shard,
-                      ctx.zero, ctx.not_modelled, ctx.approximated, ctx.unknown_keys, chosen)
+                      ctx.zero, ctx.not_modelled, ctx.approximated, ctx.unknown_keys, chosen, model_config)
 
 
 def _choose_model(keymap: KeyMap, ctx: Context, given: str | None, problems: list[str]) -> ModelChoice:
@@ -275,6 +280,11 @@ def _apply_rules(rules: tuple[Rule, ...], ctx: Context) -> list[str]:
             found = Found(label, _shown_value(values, tuple(k for k in named if k in present)), value.why, rule.knob)
             (ctx.approximated if value.modelled else ctx.not_modelled).append(found)
             value = value.value
+        if rule.knob == _MODEL_CONFIG:
+            if value:  # several keys may set fields of the model's config
+                ctx.knobs[_MODEL_CONFIG] = {**ctx.knobs.get(_MODEL_CONFIG, {}), **value}
+                ctx.sources[_MODEL_CONFIG] = tuple(dict.fromkeys((*ctx.sources.get(_MODEL_CONFIG, ()), *shown)))
+            continue
         if rule.knob is not None and rule.knob not in KNOBS and rule.knob not in (_MODEL, _REVISION, _SHARD):
             # A knob memfit is to have: until it does, the key is not modelled.
             if rule.matters is not None and rule.matters(values):

@@ -523,11 +523,26 @@ def _plan_tool_config(path: str, *, revision: str | None = None, model_override:
     knobs, dropped = tool.knobs_for(options)
     _check_tool_modes(tool, knobs, given={k for k, v in options.items() if v is not None})
     deepspeed = tool.zero if tool.zero is not None and knobs.get("shard") == tool.shard else None
-    result = plan(tool.model, revision=revision or tool.revision, deepspeed=deepspeed, **plan_options, **knobs)
+    model, revision = _with_model_config(tool.model, revision or tool.revision, tool.model_config)
+    result = plan(model, revision=revision, deepspeed=deepspeed, **plan_options, **knobs)
     config = tool.to_dict(given=options)
     config["not_modelled"] += [f.to_dict() for f in dropped]
     result.details = dict(result.details, config=config)
     return result
+
+
+def _with_model_config(model: str, revision: str | None, fields: dict[str, Any]) -> tuple[str | dict, str | None]:
+    """The model a tool's config trains: ``model`` itself, or its config with the fields the tool sets
+    as it loads it (the routing loss of a mixture-of-experts model: ``details.config.model_config``)."""
+    if not fields:
+        return model, revision
+    from memfit.models.catalog import resolve_model
+
+    try:
+        source = resolve_model(model, revision=revision)
+    except ValueError as err:
+        raise PlanError([f"model: {err}"]) from None
+    return {**source.config, **fields, "_name_or_path": source.name}, None
 
 
 def _check_tool_modes(tool, knobs: dict[str, Any], given: set[str]) -> None:
