@@ -202,13 +202,15 @@ def quantized_base_problem(config: dict[str, Any], spec: RunSpec) -> str | None:
 
 def targets_problem(config: dict[str, Any], spec: RunSpec, spelling: str = "flag") -> str | None:
     """Why LoRA ``targets`` or ``modules_to_save`` cannot apply to the model (a target that matches no
-    linear layer of its decoder, a module to save that matches no module or that LoRA adapts), or
+    linear layer of its decoder, adapters on expert weights with dropout or DoRA, a module to save
+    that matches no module or that LoRA adapts), or
     None. One decoder layer of each kind is built on ``meta`` (no memory) and asked, as the trainer's
     :func:`memfit.step.prepare.check_targets` and :func:`~memfit.step.prepare.check_modules_to_save`
     ask the real model; ``spelling`` as for :func:`memfit.spec.make_spec`."""
     from memfit.spec import ALL_LINEAR
 
-    if not spec.uses_adapters or (spec.targets == (ALL_LINEAR,) and not spec.modules_to_save):
+    # all-linear names nothing to check, unless it puts adapters on expert weights that take no dropout or DoRA
+    if not spec.uses_adapters or (spec.targets == (ALL_LINEAR,) and not spec.modules_to_save and not spec.dropout and not spec.dora):
         return None
     from memfit.models.build import DTYPES, build_meta_model, make_config
     from memfit.models.errors import ModelBuildError
