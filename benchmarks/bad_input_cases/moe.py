@@ -35,7 +35,7 @@ TOOL_CONFIGS = {
 
 CASES = [
     # They plan: LoRA on every expert, 4-bit experts, a router that is an nn.Linear, MLA beside shared experts.
-    Case("plan {d}/moe_mixtral.json --seq-len 64", 0, fast=True),
+    Case("plan {d}/moe_mixtral.json --seq-len 64", 0),
     Case("plan {d}/moe_mixtral.json --seq-len 64 --method qlora --targets experts,q_proj", 0),
     Case("plan {d}/moe_mixtral.json --seq-len 64 --method full", 0),
     Case("plan {d}/moe_llama4.json --seq-len 64 --targets router,experts", 0),
@@ -44,7 +44,7 @@ CASES = [
     # Targets that name nothing; what PEFT's adapters on weights do not take.
     Case("plan {d}/moe_mixtral.json --seq-len 64 --targets expert", 2, says=("--targets", "expert", "experts.gate_up_proj", "all-linear"), fast=True),
     Case("plan {d}/moe_mixtral.json --seq-len 64 --targets experts.up_proj", 2, says=("--targets", "experts.up_proj", "experts.down_proj")),
-    Case("plan {d}/moe_mixtral.json --seq-len 64 --dropout 0.05", 2, says=("--dropout 0.05", "takes no dropout", "--dropout 0")),
+    Case("plan {d}/moe_mixtral.json --seq-len 64 --dropout 0.05", 2, says=("--dropout 0.05", "takes no dropout", "--dropout 0"), fast=True),
     Case("plan {d}/moe_mixtral.json --seq-len 64 --targets experts --dora", 2, says=("--dora", "takes no DoRA")),
     Case("train {d}/moe_train_dropout.yaml", 2, says=("dropout: 0.1", "takes no dropout", "dropout: 0")),
     # Other tools' MoE keys of the wrong kind.

@@ -12,6 +12,7 @@ checkpointing, offloaded or not, and MLPs and norms tiled over the sequence). On
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 from torch import nn
@@ -180,7 +181,11 @@ def attach_lora(model: nn.Module, spec: RunSpec) -> nn.Module:
     )
     if nf4_expert_modules(model):
         register_expert_adapters(config)
-    return get_peft_model(model, config)
+    with warnings.catch_warnings():
+        # PEFT checks rank and alpha patterns against the modules it adapts, not the weights: the
+        # fused gate_up_proj's patterns, which it does apply, would be reported as ignored.
+        warnings.filterwarnings("ignore", message=r"The following (rank|alpha)_pattern keys did not match")
+        return get_peft_model(model, config)
 
 
 def quantize_base(model: nn.Module, spec: RunSpec) -> None:
