@@ -338,17 +338,24 @@ def _groups(offsets: torch.Tensor):
         start = end
 
 
+def _each_expert(rows: torch.Tensor, state: tuple, offsets: torch.Tensor, out_features: int, in_features: int,
+                 backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each expert's ``rows`` times its dequantized weight ``[out, in]`` (``state``: the packed bytes and
+    quantization state): transposed forward (``[rows, in] -> [rows, out]``), as it is in backward
+    (``[rows, out] -> [rows, in]``). Returns the product and the workspace each expert is dequantized into."""
+    result = rows.new_empty((rows.shape[0], in_features if backward else out_features))
+    workspace = _workspace(rows, out_features, in_features)
+    for index, start, end in _groups(offsets):
+        dense = _expert_weight_into(workspace, index, *state, out_features, in_features, rows.dtype)
+        torch.mm(rows[start:end], dense if backward else dense.t(), out=result[start:end])
+        del dense
+    return result, workspace
+
+
 @torch.library.custom_op("memfit::nf4_experts_mm", mutates_args=())
 def _forward(x: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, absmax2: torch.Tensor, offset: torch.Tensor,
              code: torch.Tensor, offsets: torch.Tensor, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
-    in_features = x.shape[1]
-    out = x.new_empty((x.shape[0], out_features))
-    workspace = _workspace(x, out_features, in_features)
-    for index, start, end in _groups(offsets):
-        dense = _expert_weight_into(workspace, index, packed, absmax, absmax2, offset, code, out_features, in_features, x.dtype)
-        torch.mm(x[start:end], dense.t(), out=out[start:end])
-        del dense
-    return out, workspace
+    return _each_expert(x, (packed, absmax, absmax2, offset, code), offsets, out_features, x.shape[1], backward=False)
 
 
 @_forward.register_fake
@@ -359,14 +366,7 @@ def _forward_fake(x, packed, absmax, absmax2, offset, code, offsets, out_feature
 @torch.library.custom_op("memfit::nf4_experts_mm_backward", mutates_args=())
 def _backward_op(grad: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, absmax2: torch.Tensor, offset: torch.Tensor,
                  code: torch.Tensor, offsets: torch.Tensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
-    out_features = grad.shape[1]
-    grad_x = grad.new_empty((grad.shape[0], in_features))
-    workspace = _workspace(grad, out_features, in_features)
-    for index, start, end in _groups(offsets):
-        dense = _expert_weight_into(workspace, index, packed, absmax, absmax2, offset, code, out_features, in_features, grad.dtype)
-        torch.mm(grad[start:end], dense, out=grad_x[start:end])
-        del dense
-    return grad_x, workspace
+    return _each_expert(grad, (packed, absmax, absmax2, offset, code), offsets, grad.shape[1], in_features, backward=True)
 
 
 @_backward_op.register_fake
