@@ -28,7 +28,7 @@ def test_llama_factory_moe_aux_loss_coef_turns_the_routing_loss_on(write_config,
     assert config.model_config == {"output_router_logits": True, "router_aux_loss_coef": 0.05}
     assert config.to_dict()["model_config"] == config.model_config
     plan = memfit.plan(str(path), cache=False)
-    assert plan.details["experts"]["router_aux_loss"] == {"coef": 0.05, "on": True}
+    assert plan.details["experts"]["router_aux_loss"] == {"coef": 0.05, "on": True, "asked": True}
     off = read_tool_config(write_config("off.yaml", f"model_name_or_path: {moe_model}\nstage: sft\n"))
     assert off.model_config == {}
 

@@ -40,7 +40,7 @@ def test_the_plan_counts_active_parameters_and_balanced_tokens():
     # r 16: gate_up at rank 32 (two projections), down_proj at 16, each expert its own pair
     assert experts["adapters"]["trainable_params"] == plan.details["trainable_params"] == \
         layers * count * (32 * (hidden + 2 * inner) + 16 * (inner + hidden))
-    assert experts["router_aux_loss"] == {"coef": 0.001, "on": False}
+    assert experts["router_aux_loss"] == {"coef": 0.001, "on": False, "asked": False}
     lines = expert_lines(experts)
     assert lines[0].startswith(f"experts: {layers} layers of {count}, top 2 a token:") and "stored in NF4" in lines[0]
     assert "an imbalanced batch adds no memory" in lines[1]
@@ -88,3 +88,21 @@ def test_fsdp_shards_16_bit_experts_and_keeps_4_bit_experts_whole_on_each_rank(m
     assert {g.row_bytes for g in stacks} == rows and {g.sharded for g in stacks} == {sharded}
     plan = memfit.plan(config, method=method, gpus=2, shard="fsdp", **KNOBS)
     assert plan.details["per_rank"] and plan.details["experts"]["storage"] == ("nf4" if method == "qlora" else "bf16")
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "granitemoehybrid", "jamba"])
+def test_hybrids_with_experts_plan_their_experts_in_fp32(model_type):
+    # Nemotron-H's experts run transformers' grouped matmul, whose fake implementation takes bf16 only.
+    from hybrid_configs import HYBRID_CONFIGS
+
+    plan = memfit.plan(HYBRID_CONFIGS[model_type], method="lora", precision="fp32", seq_len=64, cache=False)
+    assert plan.details["experts"]["storage"] == "fp32" and plan.details["experts"]["adapters"]["trainable_params"] > 0
+
+
+def test_the_routing_loss_is_on_where_the_config_asks_for_it_and_the_step_is_supervised():
+    config = {**MOE_CONFIGS["mixtral"], "output_router_logits": True}
+    sft = memfit.plan(config, method="lora", **KNOBS).details["experts"]["router_aux_loss"]
+    dpo = memfit.plan(config, method="lora", objective="dpo", **KNOBS).details["experts"]
+    assert sft == {"coef": 0.001, "on": True, "asked": True}
+    assert dpo["router_aux_loss"] == {"coef": 0.001, "on": False, "asked": True}
+    assert "the preference objectives' losses leave it out" in expert_lines(dpo)[2]

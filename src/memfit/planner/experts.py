@@ -50,7 +50,7 @@ def expert_details(config_dict: dict[str, Any], spec: RunSpec) -> dict[str, Any]
         "tokens_per_micro_batch": tokens,
         "tokens_per_expert": tokens if every_token else tokens * top_k // experts,
         "imbalance_bytes": IMBALANCE_BYTES,
-        "router_aux_loss": _aux_loss(model.config),
+        "router_aux_loss": _aux_loss(model.config, spec),
         "checkpoint": checkpoint_note(config_dict),
     }
     if spec.uses_adapters:
@@ -77,12 +77,15 @@ def _forward(four_bit: bool, every_token: bool) -> str:
     return "transformers' grouped matmuls (grouped_mm)"
 
 
-def _aux_loss(config) -> dict[str, Any] | None:
-    """The auxiliary load-balancing loss the model adds to its loss, where it defines one."""
+def _aux_loss(config, spec: RunSpec) -> dict[str, Any] | None:
+    """The auxiliary load-balancing loss the model adds to its loss, where it defines one: on where
+    the config turns router logits on and the step is supervised fine-tuning (memfit's preference
+    objectives compute their losses from log-probs alone, without it: ``asked`` says the config's wish)."""
     coef = getattr(config, "router_aux_loss_coef", None)
     if coef is None:
         return None
-    return {"coef": float(coef), "on": bool(getattr(config, "output_router_logits", False))}
+    asked = bool(getattr(config, "output_router_logits", False))
+    return {"coef": float(coef), "on": asked and not spec.is_preference, "asked": asked}
 
 
 def checkpoint_note(config_dict: dict[str, Any]) -> str | None:

@@ -306,8 +306,12 @@ def expert_lines(experts: dict[str, Any] | None) -> list[str]:
     ]
     aux = experts.get("router_aux_loss")
     if aux:
-        state = "added to the loss, the router logits of every MoE layer kept for it" if aux["on"] else \
-            "off (output_router_logits: false; set it in model_overrides to train with it)"
+        if aux["on"]:
+            state = "added to the loss, the router logits of every MoE layer kept for it"
+        elif aux.get("asked"):
+            state = "output_router_logits is on, and the preference objectives' losses leave it out"
+        else:
+            state = "off (output_router_logits: false; set it in model_overrides to train with it)"
         lines.append(f"routing loss: router_aux_loss_coef {aux['coef']:g}, {state}")
     adapters = experts.get("adapters")
     if adapters and adapters["weights"]:
