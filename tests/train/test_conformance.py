@@ -1,6 +1,7 @@
 """Plan equals run: the trainer's real steps, measured as the planner counts, equal their plan.
 
-Every cell of the matrix (two tiny transformers, a Mamba-2 and a Falcon-H1 hybrid; full, LoRA, QLoRA; fp32, bf16, fp16, and bf16-mixed and
+Every cell of the matrix (two tiny transformers, a Mamba-2 and a Falcon-H1 hybrid, mixture-of-experts models of each expert layout
+with LoRA on their experts and 4-bit experts; full, LoRA, QLoRA; fp32, bf16, fp16, and bf16-mixed and
 fp16-mixed under autocast, which the CPU runs in both formats; checkpointing off, on, offloaded;
 tiling; gradient accumulation; clipping on and off; the step in backward; padded, padding-free and
 packed batches; evaluation between steps; the first steps after a resume; the preference objectives

@@ -11,13 +11,14 @@ The data is made for the cell so that its micro-batches have the shapes the plan
 example ``seq_len`` tokens long (one row of ``batch_size x seq_len`` tokens without padding), and in
 padded batches one example a token shorter in every micro-batch (so each carries a padding mask, as
 the plan's worst case does). :data:`MATRIX` covers the knobs the trainer accepts on two tiny models
-(Llama- and Qwen2-shaped), and a state-space model (Mamba-2) and a hybrid (Falcon-H1: attention and
-Mamba side by side in every layer) on transformers' PyTorch path; ``benchmarks/conformance.py``
-writes the whole table. grpo's cells compare each phase, the generation (transformers' ``generate``
-with its KV cache, and the old log-probs) and the training step, with its plan: prompts of unequal
-lengths in every generation batch (:func:`write_prompts`), completions that run to their longest
-(a random model rarely samples its end token, and a generation stops early only when every
-completion has).
+(Llama- and Qwen2-shaped), a state-space model (Mamba-2) and a hybrid (Falcon-H1: attention and
+Mamba side by side in every layer) on transformers' PyTorch path, and a mixture-of-experts model of
+each expert layout (Qwen3-MoE, Mixtral, gpt-oss, Llama 4, DeepSeek-V2) with LoRA on the experts,
+4-bit experts and full fine-tuning; ``benchmarks/conformance.py`` writes the whole table. grpo's
+cells compare each phase, the generation (transformers' ``generate`` with its KV cache, and the old
+log-probs) and the training step, with its plan: prompts of unequal lengths in every generation
+batch (:func:`write_prompts`), completions that run to their longest (a random model rarely samples
+its end token, and a generation stops early only when every completion has).
 """
 
 from __future__ import annotations
@@ -225,6 +226,8 @@ MATRIX: list[tuple[str, dict[str, Any]]] = [
     _cell("gpt_oss qlora bf16-mixed", model="gpt_oss", method="qlora", precision="bf16-mixed", batch_size=2),
     _cell("llama4_text qlora bf16", model="llama4_text", method="qlora", precision="bf16"),
     _cell("deepseek_v2 qlora bf16 padded", model="deepseek_v2", method="qlora", precision="bf16", padding_free="off", batch_size=2),
+    _cell("qwen3_moe qlora offload", model="qwen3_moe", method="qlora", precision="bf16", checkpointing="offload"),
+    _cell("deepseek_v2 dpo lora", model="deepseek_v2", objective="dpo", method="lora", precision="bf16", batch_size=2),
 ]
 
 #: The rest of a cell's settings, unless it says otherwise.
