@@ -10,12 +10,12 @@ import torch
 
 pytest.importorskip("bitsandbytes")
 
-from memfit.models.build import make_config  # noqa: E402
-from memfit.models.experts import expert_modules  # noqa: E402
-from memfit.models.experts_nf4 import dequantized, fill_random, nf4_expert_modules, quantize_experts_on_meta  # noqa: E402
-from memfit.spec import make_spec  # noqa: E402
-from memfit.step.prepare import attach_lora  # noqa: E402
-from memfit.train.conformance import TINY_MODELS  # noqa: E402
+from memfit.models.build import make_config
+from memfit.models.experts import expert_modules
+from memfit.models.experts_nf4 import dequantized, fill_random, nf4_expert_modules, quantize_experts_on_meta
+from memfit.spec import make_spec
+from memfit.step.prepare import attach_lora
+from memfit.train.conformance import TINY_MODELS
 
 
 def _adapted_pair(name: str):

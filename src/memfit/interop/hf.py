@@ -27,7 +27,6 @@ from memfit.interop.common import (
 )
 from memfit.interop.keys import (
     ABSENT,
-    as_names,
     Choices,
     Found,
     KeyMap,
@@ -37,6 +36,7 @@ from memfit.interop.keys import (
     as_bool,
     as_float,
     as_int,
+    as_names,
     not_modelled,
     one_of,
     truthy,

@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .adapter import Adapter, LoraPair, target_module_problems
-from .weights import checkpoint_pieces, renamed_keys, resolve_weight_pairs
 from .base import BaseCheckpoint, ModelStructure
 from .dtypes import BYTES_PER_ELEMENT, FLOAT_CODES
 from .errors import MergeError
 from .safetensors_stream import TensorSpec
+from .weights import checkpoint_pieces, renamed_keys, resolve_weight_pairs
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memfit.models.experts import ExpertWeight, expert_modules, expert_weights, is_experts
+from memfit.models.experts import ExpertWeight, expert_modules, expert_weights
 from memfit.models.quantize import NF4_BLOCKSIZE
 
 #: bitsandbytes' block of the double-quantized absmax (``quantize_4bit(compress_statistics=True)``).

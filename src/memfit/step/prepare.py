@@ -26,8 +26,8 @@ from memfit.models.quantize import int8_linears_on_meta, quantize_linears_on_met
 from memfit.spec import ALL_LINEAR, RunSpec, spell, spell_setting
 from memfit.step.attention import batch_layout, use_document_attention
 from memfit.step.batch import DOCUMENTS
-from memfit.step.host_embeddings import keep_input_embeddings_on_host
 from memfit.step.expert_adapters import register as register_expert_adapters
+from memfit.step.host_embeddings import keep_input_embeddings_on_host
 from memfit.step.lora_inputs import keep_lora_inputs_low_precision
 from memfit.step.lora_targets import (
     LoraTargets,
