@@ -48,8 +48,8 @@ BOTTOM = LAYERS["spec"]
 #: nothing of what makes it fast (its caller hands it the step's seam runner).
 PLANNER_LEVELS: dict[str, int] = {
     "search": 5,
-    "__init__": 4, "api": 4, "grpo": 4, "inputs": 4, "report": 4, "layout": 4, "sharding": 4, "zero": 4, "target": 4,
-    "throughput": 4,
+    "__init__": 4, "api": 4, "experts": 4, "grpo": 4, "inputs": 4, "report": 4, "layout": 4, "sharding": 4, "zero": 4,
+    "target": 4, "throughput": 4,
     "shortcuts": 3,
     "exact": 2,
     "categories": 1, "errors": 1,
