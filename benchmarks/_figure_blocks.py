@@ -32,14 +32,21 @@ def _seconds(value: float) -> str:
 
 def _table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> list[str]:
     align = align or ["---"] * len(header)
-    return ["| " + " | ".join(header) + " |", "| " + " | ".join(align) + " |", *("| " + " | ".join(r) + " |" for r in rows)]
+    return [
+        "| " + " | ".join(header) + " |",
+        "| " + " | ".join(align) + " |",
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
 
 
 def _machine(machine: dict) -> str:
     memory = machine.get("memory_bytes") or machine.get("ram_bytes")
-    return (f"{machine.get('cpu_count')}-core {machine.get('cpu') or machine.get('processor')}, "
-            f"{memory / 2**30:.0f} GiB, " + ("no GPU" if not machine.get("gpu") else machine["gpu"])
-            + (f", torch {machine['torch']}" if machine.get("torch") else ""))
+    return (
+        f"{machine.get('cpu_count')}-core {machine.get('cpu') or machine.get('processor')}, "
+        f"{memory / 2**30:.0f} GiB, "
+        + ("no GPU" if not machine.get("gpu") else machine["gpu"])
+        + (f", torch {machine['torch']}" if machine.get("torch") else "")
+    )
 
 
 def model_name(key: str) -> str:
@@ -70,22 +77,53 @@ def plan_speed(results) -> str:
     for old, new in zip(before["cases"], after["cases"]):
         knobs = new["knobs"]
         shape = (f"{knobs['batch_size']} x " if knobs.get("batch_size", 1) > 1 else "") + f"{knobs['seq_len']} tokens"
-        rows.append([f"{model_name(new['model'])} {method_name(knobs['method'])}, {shape}", _seconds(new["warm_seconds_median"]),
-                     _seconds(old["cold_cli_seconds"]), _seconds(new["cold_cli_seconds"]), _seconds(new["cold_cli_cached_seconds"])])
-    return "\n".join([_labels(data), "",
-                      *_table(["model, configuration", "plan, in a process that has planned before",
-                               "`memfit plan` in a new process, before", "after", "after, plan cached"], rows)])
+        rows.append(
+            [
+                f"{model_name(new['model'])} {method_name(knobs['method'])}, {shape}",
+                _seconds(new["warm_seconds_median"]),
+                _seconds(old["cold_cli_seconds"]),
+                _seconds(new["cold_cli_seconds"]),
+                _seconds(new["cold_cli_cached_seconds"]),
+            ]
+        )
+    return "\n".join(
+        [
+            _labels(data),
+            "",
+            *_table(
+                [
+                    "model, configuration",
+                    "plan, in a process that has planned before",
+                    "`memfit plan` in a new process, before",
+                    "after",
+                    "after, plan cached",
+                ],
+                rows,
+            ),
+        ]
+    )
 
 
 def fit_speed(results) -> str:
     data = results.load("fit_speed")
     before, after = data["runs"]["before"], data["runs"]["after"]
-    rows = [[f"`{new['command'].removesuffix(' --json')}`", _seconds(old["cold_cache_wall_seconds"]),
-             _seconds(new["cold_cache_wall_seconds"]), _seconds(new["warm_cache_wall_seconds"]),
-             f"{old['plans_made']} / {new['plans_made']}"]
-            for old, new in zip(before["cases"], after["cases"])]
-    return "\n".join([_labels(data), "",
-                      *_table(["search", "before", "after, empty cache", "after, cached", "plans before / after"], rows)])
+    rows = [
+        [
+            f"`{new['command'].removesuffix(' --json')}`",
+            _seconds(old["cold_cache_wall_seconds"]),
+            _seconds(new["cold_cache_wall_seconds"]),
+            _seconds(new["warm_cache_wall_seconds"]),
+            f"{old['plans_made']} / {new['plans_made']}",
+        ]
+        for old, new in zip(before["cases"], after["cases"])
+    ]
+    return "\n".join(
+        [
+            _labels(data),
+            "",
+            *_table(["search", "before", "after, empty cache", "after, cached", "plans before / after"], rows),
+        ]
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -94,28 +132,48 @@ def fit_speed(results) -> str:
 
 def batch_layouts(results) -> str:
     data = results.load("batch_layouts")
-    names = {"padded": "padded (`--padding-free off`)", "padding-free": "padding-free (default)",
-             "packed": f"packed, {data['setup']['packed_rows_per_micro_batch']} rows of {data['setup']['seq_len']}"}
-    rows = [[names.get(r["mode"], r["mode"]), f"{r['tokens_per_step']}", _mib(r["measured_peak_bytes"]),
-             _mib(r["planned_peak_bytes"]), f"{r['tokens_per_second']:,.0f}"] for r in data["rows"]]
+    names = {
+        "padded": "padded (`--padding-free off`)",
+        "padding-free": "padding-free (default)",
+        "packed": f"packed, {data['setup']['packed_rows_per_micro_batch']} rows of {data['setup']['seq_len']}",
+    }
+    rows = [
+        [
+            names.get(r["mode"], r["mode"]),
+            f"{r['tokens_per_step']}",
+            _mib(r["measured_peak_bytes"]),
+            _mib(r["planned_peak_bytes"]),
+            f"{r['tokens_per_second']:,.0f}",
+        ]
+        for r in data["rows"]
+    ]
     return "\n".join(_table(["batches", "tokens a step", "peak of the steps", "plan", "tokens/s (CPU)"], rows))
 
 
 def max_context(results) -> str:
     data = results.load("max_context")
     recipes = data["recipes"]
-    names = {"memfit": "memfit", "hf": "hf, as `fit` picks it", "hf-checkpointing-on": "hf, checkpointing on (the usual set-up)"}
+    names = {
+        "memfit": "memfit",
+        "hf": "hf, as `fit` picks it",
+        "hf-checkpointing-on": "hf, checkpointing on (the usual set-up)",
+    }
     rows = []
     for key, recipe in recipes.items():
         settings = recipe["settings_at_max"]
-        words = {"offload": "offloaded checkpointing" if key == "memfit" else "transformers' offload",
-                 "on": "checkpointing", "off": "no checkpointing"}[settings["checkpointing"]]
+        words = {
+            "offload": "offloaded checkpointing" if key == "memfit" else "transformers' offload",
+            "on": "checkpointing",
+            "off": "no checkpointing",
+        }[settings["checkpointing"]]
         words += ", tiling" if settings.get("tiling") == "on" else ""
-        words += ", " + {"adamw": "AdamW", "adamw8bit": "8-bit AdamW", "paged-adamw8bit": "paged 8-bit AdamW"}.get(settings["optimizer"], settings["optimizer"])
+        words += ", " + {"adamw": "AdamW", "adamw8bit": "8-bit AdamW", "paged-adamw8bit": "paged 8-bit AdamW"}.get(
+            settings["optimizer"], settings["optimizer"]
+        )
         longest = f"{recipe['max_seq_len']:,}" + (f" ({recipe['plans_made']} plans)" if key == "memfit" else "")
         peak = _gib(recipe["peak_at_8192"]["device_total_bytes"])
         if key == "memfit":
-            longest, peak = f"**{longest.split(' ')[0]}**" + longest[len(longest.split(' ')[0]):], f"**{peak}**"
+            longest, peak = f"**{longest.split(' ')[0]}**" + longest[len(longest.split(" ")[0]) :], f"**{peak}**"
         rows.append([names.get(key, key), longest, words, peak])
     return "\n".join(_table(["recipe", "longest context", "settings at the longest", "peak at 8,192 tokens"], rows))
 
@@ -127,16 +185,34 @@ def max_context(results) -> str:
 def merge_vs_peft(results) -> str:
     """benchmarks/merge_vs_peft.py's three adapters (LoRA, DoRA, LoRA + modules_to_save): peak RSS and wall, each side."""
     rows = []
-    for name, label in (("merge_vs_peft", "LoRA"), ("merge_vs_peft-dora", "DoRA"),
-                        ("merge_vs_peft-modules_to_save", "LoRA + `modules_to_save`")):
+    for name, label in (
+        ("merge_vs_peft", "LoRA"),
+        ("merge_vs_peft-dora", "DoRA"),
+        ("merge_vs_peft-modules_to_save", "LoRA + `modules_to_save`"),
+    ):
         data = results.load(name)
         mine, peft = data["memfit"], data["peft"]
-        rows.append([f"{label} ({_mb(data['model']['adapter_bytes'])})",
-                     f"{_mb(mine['peak_rss_bytes'])} ({_mb(mine['peak_rss_minus_baseline_bytes'])})",
-                     f"{_mb(peft['peak_rss_bytes'])} ({_mb(peft['peak_rss_minus_baseline_bytes'])})",
-                     _seconds(mine["wall_s"]), _seconds(peft["wall_s"])])
-    return "\n".join(_table(["adapter (file size)", "memfit peak RSS (minus baseline)", "PEFT peak RSS (minus baseline)",
-                             "memfit wall", "PEFT wall"], rows))
+        rows.append(
+            [
+                f"{label} ({_mb(data['model']['adapter_bytes'])})",
+                f"{_mb(mine['peak_rss_bytes'])} ({_mb(mine['peak_rss_minus_baseline_bytes'])})",
+                f"{_mb(peft['peak_rss_bytes'])} ({_mb(peft['peak_rss_minus_baseline_bytes'])})",
+                _seconds(mine["wall_s"]),
+                _seconds(peft["wall_s"]),
+            ]
+        )
+    return "\n".join(
+        _table(
+            [
+                "adapter (file size)",
+                "memfit peak RSS (minus baseline)",
+                "PEFT peak RSS (minus baseline)",
+                "memfit wall",
+                "PEFT wall",
+            ],
+            rows,
+        )
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -174,33 +250,51 @@ def train_fit_example(results) -> str:
 def real_model(results) -> str:
     """benchmarks/real_model.py's steps and what each gave, one row a step."""
     data = results.load("real_model")
-    model, conf, plan, train, probes, merge = (data[k] for k in ("model", "configuration", "plan", "training", "probes", "merge"))
+    model, conf, plan, train, probes, merge = (
+        data[k] for k in ("model", "configuration", "plan", "training", "probes", "merge")
+    )
     before, after = probes["before"], probes["after"]
     # What the untrained model says instead of the one word: its replies' commonest first four words.
-    start, times = Counter(" ".join(re.findall(r"\w+", r["generation"])[:4]) for r in before["replies"]).most_common(1)[0]
+    start, times = Counter(" ".join(re.findall(r"\w+", r["generation"])[:4]) for r in before["replies"]).most_common(1)[
+        0
+    ]
 
     def trained(side: dict) -> str:
-        return (f"loss {side['first_loss']:.3f} -> {side['last_loss']:.4f}, {side['tokens_per_second']:.1f} tokens/s, "
-                f"peak RSS {side['peak_rss_bytes'] / 2**20:,.0f} MiB")
+        return (
+            f"loss {side['first_loss']:.3f} -> {side['last_loss']:.4f}, {side['tokens_per_second']:.1f} tokens/s, "
+            f"peak RSS {side['peak_rss_bytes'] / 2**20:,.0f} MiB"
+        )
 
-    identical = (f"all {merge['comparison']['tensors']} tensors bit-identical" if merge["bit_identical"]
-                 else f"{merge['comparison']['differ_count']} of {merge['comparison']['tensors']} tensors differ")
+    identical = (
+        f"all {merge['comparison']['tensors']} tensors bit-identical"
+        if merge["bit_identical"]
+        else f"{merge['comparison']['differ_count']} of {merge['comparison']['tensors']} tensors differ"
+    )
     doctor = next((line.strip() for line in reversed(data["doctor"]["output"]) if line.strip()), "")
     rows = [
-        [f"convert the GGUF file ({_mb(model['gguf_bytes'])}) to safetensors",
-         f"{model['shards']} shards, {_mb(model['safetensors_bytes'])} fp32, {model['convert_s']:.0f} s"],
-        [f"`memfit plan` (batch {conf['batch_size']} x {conf['seq_len']} tokens, LoRA r={conf['rank']}, {conf['precision']}, "
-         "checkpointing)",
-         f"{plan['peak']['device_total_bytes'] / 1e9:.2f} GB on a CUDA device (weights {_mb(plan['categories']['weights'])}, "
-         f"runtime {_mb(plan['categories']['runtime'])})"],
-        ["probes before training", f"{before['exact']} of {before['count']} answered with the word ({before['lenient']} of "
-                                   f"{before['count']} lenient; {times} of {before['count']} replies begin \"{start}\")"],
+        [
+            f"convert the GGUF file ({_mb(model['gguf_bytes'])}) to safetensors",
+            f"{model['shards']} shards, {_mb(model['safetensors_bytes'])} fp32, {model['convert_s']:.0f} s",
+        ],
+        [
+            f"`memfit plan` (batch {conf['batch_size']} x {conf['seq_len']} tokens, LoRA r={conf['rank']}, {conf['precision']}, "
+            "checkpointing)",
+            f"{plan['peak']['device_total_bytes'] / 1e9:.2f} GB on a CUDA device (weights {_mb(plan['categories']['weights'])}, "
+            f"runtime {_mb(plan['categories']['runtime'])})",
+        ],
+        [
+            "probes before training",
+            f"{before['exact']} of {before['count']} answered with the word ({before['lenient']} of "
+            f'{before["count"]} lenient; {times} of {before["count"]} replies begin "{start}")',
+        ],
         [f"{train['memfit']['steps']} LoRA steps, memfit", trained(train["memfit"])],
         [f"{train['hf-trainer']['steps']} LoRA steps, `Trainer` + PEFT", trained(train["hf-trainer"])],
         ["probes after training (`memfit generate RUN_DIR`)", f"{after['exact']} of {after['count']}"],
-        ["`memfit merge` / PEFT `merge_and_unload`",
-         f"{merge['memfit']['peak_rss_bytes'] / 2**20:,.0f} / {merge['peft']['peak_rss_bytes'] / 2**20:,.0f} MiB peak RSS, "
-         f"{merge['memfit']['wall_s']:.1f} / {merge['peft']['wall_s']:.1f} s; {identical}"],
+        [
+            "`memfit merge` / PEFT `merge_and_unload`",
+            f"{merge['memfit']['peak_rss_bytes'] / 2**20:,.0f} / {merge['peft']['peak_rss_bytes'] / 2**20:,.0f} MiB peak RSS, "
+            f"{merge['memfit']['wall_s']:.1f} / {merge['peft']['wall_s']:.1f} s; {identical}",
+        ],
         ["`memfit doctor`", f"exit {data['doctor']['exit_code']}: {doctor[:1].lower()}{doctor[1:].rstrip('.')}"],
     ]
     return "\n".join(_table(["step", "result"], rows))
@@ -209,11 +303,16 @@ def real_model(results) -> str:
 def interop_accuracy(results) -> str:
     """benchmarks/interop_accuracy.py's cases, then the medians."""
     result = results.load("interop_accuracy")
-    lines = ["| case | kind | published | planned | planned / published | not modelled |", "| --- | --- | ---: | ---: | ---: | --- |"]
+    lines = [
+        "| case | kind | published | planned | planned / published | not modelled |",
+        "| --- | --- | ---: | ---: | ---: | --- |",
+    ]
     for row in result["cases"]:
         unmodelled = "; ".join(item.split(":")[0] for item in row["not_modelled"]) or ""
-        lines.append(f"| [{row['id']}]({row['source']}) | {row['kind']} | {row['published_gib']:g} GiB | "
-                     f"{row['planned_gib']:.2f} GiB | {row['ratio']:.3f} | {unmodelled} |")
+        lines.append(
+            f"| [{row['id']}]({row['source']}) | {row['kind']} | {row['published_gib']:g} GiB | "
+            f"{row['planned_gib']:.2f} GiB | {row['ratio']:.3f} | {unmodelled} |"
+        )
     lines += ["", "| cases | count | median of \\|planned / published - 1\\| |", "| --- | ---: | ---: |"]
     for group in result["summary"].values():
         median = "" if group["median_abs_error"] is None else f"{group['median_abs_error']:.1%}"
@@ -230,8 +329,10 @@ def precision_plans(results) -> str:
         total = row["peak"]["device_total_bytes"]
         shown = f"{total / 2**30:.1f} GiB" if total >= 50 * 2**30 else _gib(total)
         lines.append(f"{row['command']:<{width}}   # device total {shown} ({total:,} B)")
-    return (f"Planned on a {_machine(data['machine'])} (the plan is a simulation, not a CUDA run):\n\n"
-            "```bash\n" + "\n".join(lines) + "\n```")
+    return (
+        f"Planned on a {_machine(data['machine'])} (the plan is a simulation, not a CUDA run):\n\n"
+        "```bash\n" + "\n".join(lines) + "\n```"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -255,8 +356,13 @@ def dpo_plan(results) -> str:
         words = [f"checkpointing {at_max['checkpointing']}"] + (["tiling on"] if at_max.get("tiling") == "on" else [])
         return ", ".join(words)
 
-    rows.append(["longest that fits (`memfit fit --objective dpo --max seq-len`)",
-                 f"{mine['max_seq_len']:,} tokens a sequence ({settings(mine)})", f"{plain['max_seq_len']:,} ({settings(plain)})"])
+    rows.append(
+        [
+            "longest that fits (`memfit fit --objective dpo --max seq-len`)",
+            f"{mine['max_seq_len']:,} tokens a sequence ({settings(mine)})",
+            f"{plain['max_seq_len']:,} ({settings(plain)})",
+        ]
+    )
     return "\n".join(_table(["`seq_len`", "memfit", "`--recipe hf`"], rows, ["---", "---:", "---:"]))
 
 
@@ -269,9 +375,17 @@ def dpo_vs_trl_cpu(results) -> str:
     rss = [f"{data['summary'][side]['peak_rss_bytes_median'] / 2**20:,.0f} MiB" for side in sides]
     steps = data["runs"]["memfit"][0]["steps"]
     losses = [f"{data['runs'][side][0]['last_loss']:.4f}" for side in sides]
-    return "\n".join(_table(["", "memfit", "TRL `DPOTrainer` + PEFT"],
-                            [[f"tokens/s (median of {repeats})", *speed], [f"peak RSS (median of {repeats})", *rss],
-                             [f"loss after {steps} steps", *losses]], ["---", "---:", "---:"]))
+    return "\n".join(
+        _table(
+            ["", "memfit", "TRL `DPOTrainer` + PEFT"],
+            [
+                [f"tokens/s (median of {repeats})", *speed],
+                [f"peak RSS (median of {repeats})", *rss],
+                [f"loss after {steps} steps", *losses],
+            ],
+            ["---", "---:", "---:"],
+        )
+    )
 
 
 def plan_dpo_example(results) -> str:
@@ -292,8 +406,10 @@ def _size(nbytes: float) -> str:
 
 
 #: Why a category grows, per option of benchmarks/adapter_plans.py (words only; the figures are the file's).
-_WHY = {"--dora": {"temporaries": "the weight norms"},
-        "--method lora-8bit": {"activations": "the 8-bit layers' inputs, kept through checkpointing"}}
+_WHY = {
+    "--dora": {"temporaries": "the weight norms"},
+    "--method lora-8bit": {"activations": "the 8-bit layers' inputs, kept through checkpointing"},
+}
 _AFTER = {"--modules-to-save embed_tokens,lm_head": " (the embeddings train: they stay on the device)"}
 
 
@@ -301,8 +417,15 @@ def adapter_plans(results) -> str:
     """Each option's device total and the categories it changes against plain LoRA (by 1% and 16 MiB or more)."""
     data = results.load("adapter_plans")
     base = data["plans"][0]
-    rows = [[base["option"], _gib(base["peak"]["device_total_bytes"]),
-             f"(the frozen input embeddings, {_size(base['host_peak_bytes'])}, in host memory)" if base.get("host_peak_bytes") else ""]]
+    rows = [
+        [
+            base["option"],
+            _gib(base["peak"]["device_total_bytes"]),
+            f"(the frozen input embeddings, {_size(base['host_peak_bytes'])}, in host memory)"
+            if base.get("host_peak_bytes")
+            else "",
+        ]
+    ]
     for plan in data["plans"][1:]:
         changes = []
         for name, value in plan["categories"].items():
@@ -312,8 +435,13 @@ def adapter_plans(results) -> str:
             words = f"{name} {_size(value)} at the peak" if before == 0 else f"{name} {_size(before)} to {_size(value)}"
             why = _WHY.get(plan["option"], {}).get(name)
             changes.append(words + (f" ({why})" if why else ""))
-        rows.append([f"`{plan['option']}`", _gib(plan["peak"]["device_total_bytes"]),
-                     "; ".join(changes) + _AFTER.get(plan["option"], "")])
+        rows.append(
+            [
+                f"`{plan['option']}`",
+                _gib(plan["peak"]["device_total_bytes"]),
+                "; ".join(changes) + _AFTER.get(plan["option"], ""),
+            ]
+        )
     return "\n".join(_table(["option", "device total", "what changes (against LoRA)"], rows))
 
 

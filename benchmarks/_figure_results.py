@@ -17,8 +17,12 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 
 UNITS: dict[str, Callable[[float], float]] = {
-    "GiB": lambda v: v / 2**30, "MiB": lambda v: v / 2**20, "KiB": lambda v: v / 2**10,
-    "GB": lambda v: v / 1e9, "MB": lambda v: v / 1e6, "%": lambda v: v * 100,
+    "GiB": lambda v: v / 2**30,
+    "MiB": lambda v: v / 2**20,
+    "KiB": lambda v: v / 2**10,
+    "GB": lambda v: v / 1e9,
+    "MB": lambda v: v / 1e6,
+    "%": lambda v: v * 100,
 }
 _KEY_PART = re.compile(r"\.?(?:(?P<name>[^.\[\]]+)|\[(?P<field>[^=\]]+)=(?P<value>[^\]]*)\])")
 
@@ -69,7 +73,11 @@ def lookup(data: Any, key: str, where: str = "results") -> Any:
         position = match.end()
         if match.group("field") is not None:
             wanted = (match.group("field"), match.group("value"))
-            items = [item for item in node if isinstance(item, dict) and str(item.get(wanted[0])) == wanted[1]] if isinstance(node, list) else []
+            items = (
+                [item for item in node if isinstance(item, dict) and str(item.get(wanted[0])) == wanted[1]]
+                if isinstance(node, list)
+                else []
+            )
             if len(items) != 1:
                 raise FigureError(f"{where}: {len(items)} items with {wanted[0]}={wanted[1]} in {key!r}, not one")
             node = items[0]

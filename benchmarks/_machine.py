@@ -54,9 +54,17 @@ def describe_environment() -> dict:
     info["cuda_runtime"] = torch.version.cuda
     info["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     info["memfit"] = memfit_source()
-    info["environment"] = {key: os.environ.get(key) for key in (
-        "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF", "CUBLAS_WORKSPACE_CONFIG", "TORCH_CUBLASLT_UNIFIED_WORKSPACE",
-        "CUDA_MODULE_LOADING", "CUDA_VISIBLE_DEVICES")}
+    info["environment"] = {
+        key: os.environ.get(key)
+        for key in (
+            "PYTORCH_CUDA_ALLOC_CONF",
+            "PYTORCH_ALLOC_CONF",
+            "CUBLAS_WORKSPACE_CONFIG",
+            "TORCH_CUBLASLT_UNIFIED_WORKSPACE",
+            "CUDA_MODULE_LOADING",
+            "CUDA_VISIBLE_DEVICES",
+        )
+    }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         free_bytes, total_bytes = torch.cuda.mem_get_info(0)
@@ -75,7 +83,7 @@ def describe_environment() -> dict:
 
 
 def _bitsandbytes_on_cuda() -> str | None:
-    """"ok" when bitsandbytes quantizes a tensor on the GPU (its CUDA library loads), else the error;
+    """ "ok" when bitsandbytes quantizes a tensor on the GPU (its CUDA library loads), else the error;
     None without bitsandbytes. QLoRA and the 8-bit optimizers need it."""
     if library_version("bitsandbytes") is None:
         return None
@@ -94,15 +102,21 @@ def _bitsandbytes_on_cuda() -> str | None:
 def describe_in_subprocess(env: dict | None = None, timeout_s: float = 120) -> dict:
     """:func:`describe_environment` run in a child process (so that this one never touches CUDA)."""
     code = "import json, sys; sys.path.insert(0, sys.argv[1]); import _machine; print(json.dumps(_machine.describe_environment()))"
-    proc = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent)], capture_output=True, text=True,
-                          env=env, timeout=timeout_s)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout_s,
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"describing the machine failed: {proc.stderr.strip().splitlines()[-1:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_json_child(command: list[str], *, prefix: str = "", timeout_s: float | None = None,
-                   env: dict | None = None) -> dict:
+def run_json_child(
+    command: list[str], *, prefix: str = "", timeout_s: float | None = None, env: dict | None = None
+) -> dict:
     """Run ``command`` (a benchmark's own fresh process: its own CUDA context, allocator and peaks)
     and return the JSON object on its last stdout line that starts with ``prefix`` followed by ``{``,
     with ``wall_seconds`` added. Never raises: a child that times out, fails or prints no result gives
@@ -114,9 +128,13 @@ def run_json_child(command: list[str], *, prefix: str = "", timeout_s: float | N
     try:
         child = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
-        return {"status": "timeout", "error": f"stopped after {timeout_s:.0f} s", "wall_seconds": round(time.perf_counter() - started, 1)}
+        return {
+            "status": "timeout",
+            "error": f"stopped after {timeout_s:.0f} s",
+            "wall_seconds": round(time.perf_counter() - started, 1),
+        }
     wall = round(time.perf_counter() - started, 1)
-    results = [line[len(prefix):] for line in child.stdout.splitlines() if line.startswith(prefix + "{")]
+    results = [line[len(prefix) :] for line in child.stdout.splitlines() if line.startswith(prefix + "{")]
     if child.returncode != 0 or not results:
         tail = [line for line in child.stderr.strip().splitlines() if line.strip()][-12:]
         return {"status": "error", "error": "\n".join(tail) or f"exit {child.returncode}", "wall_seconds": wall}
@@ -176,8 +194,9 @@ def memfit_source() -> dict:
         head = subprocess.run([git, "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
         if head.returncode == 0:
             out["commit"] = head.stdout.strip()
-            status = subprocess.run([git, "-C", str(checkout), "status", "--porcelain", "--", "src"],
-                                    capture_output=True, text=True)
+            status = subprocess.run(
+                [git, "-C", str(checkout), "status", "--porcelain", "--", "src"], capture_output=True, text=True
+            )
             out["dirty"] = bool(status.stdout.strip()) if status.returncode == 0 else None
     return out
 
@@ -185,9 +204,15 @@ def memfit_source() -> dict:
 def source_digest(root: Path = REPO) -> str:
     """sha256 over the relative paths and bytes of the source files under src/ and benchmarks/."""
     digest = hashlib.sha256()
-    files = sorted(p for folder in ("src", "benchmarks") for p in (root / folder).rglob("*")
-                   if p.is_file() and p.suffix in (".py", ".json", ".yaml", ".md", ".txt", ".sh")
-                   and "__pycache__" not in p.parts and "results" not in p.relative_to(root).parts)
+    files = sorted(
+        p
+        for folder in ("src", "benchmarks")
+        for p in (root / folder).rglob("*")
+        if p.is_file()
+        and p.suffix in (".py", ".json", ".yaml", ".md", ".txt", ".sh")
+        and "__pycache__" not in p.parts
+        and "results" not in p.relative_to(root).parts
+    )
     for path in files:
         digest.update(str(path.relative_to(root)).encode())
         digest.update(b"\0")
@@ -201,7 +226,9 @@ def nvidia_smi_query(field: str) -> str | None:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
-    proc = subprocess.run([smi, f"--query-gpu={field}", "--format=csv,noheader,nounits", "-i", "0"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [smi, f"--query-gpu={field}", "--format=csv,noheader,nounits", "-i", "0"], capture_output=True, text=True
+    )
     return proc.stdout.strip() or None if proc.returncode == 0 else None
 
 
@@ -213,7 +240,9 @@ def gpu_processes() -> list[dict] | None:
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
-    proc = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], capture_output=True, text=True
+    )
     if proc.returncode != 0:
         return None
     rows = []

@@ -31,7 +31,9 @@ def planner_module(name: str):
     try:
         return importlib.import_module(f"memfit.planner.{name}")
     except ImportError:
-        old = {"search.core": "search", "search.run": "run", "search.report": "fit_report"}.get(name, name.split(".")[-1])
+        old = {"search.core": "search", "search.run": "run", "search.report": "fit_report"}.get(
+            name, name.split(".")[-1]
+        )
         return importlib.import_module(f"memfit.planner.{old}")
 
 
@@ -77,8 +79,12 @@ def clear_plan_cache() -> None:
         memo.MEMO.clear()
         planner_module("shortcuts.cache").environment()  # the source digest again, untimed (the old trees keep theirs)
         return
-    for module, names in (("shortcuts.extrapolate", ("_SAMPLE_CACHE", "_SERIES_CACHE")), ("shortcuts.depths", ("_PLANS",)),
-                          ("layout", ("_LAYOUT_CACHE",)), ("exact.simulate", ("_REGION_TEMPLATES",))):
+    for module, names in (
+        ("shortcuts.extrapolate", ("_SAMPLE_CACHE", "_SERIES_CACHE")),
+        ("shortcuts.depths", ("_PLANS",)),
+        ("layout", ("_LAYOUT_CACHE",)),
+        ("exact.simulate", ("_REGION_TEMPLATES",)),
+    ):
         try:
             found = planner_module(module)
         except ImportError:  # memfit from before that store

@@ -19,6 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 WHEEL_DIR = REPO / ".whl"
 
+
 class WheelError(ValueError):
     """Fetching or installing the carried wheels cannot go on: one line, naming the option and the fix."""
 
@@ -35,8 +36,14 @@ CARRIED = {
 
 #: The GPU machine's interpreter and platform (torch wheels for CUDA 13 are manylinux_2_28).
 PYTHON_VERSION = "3.12"
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64", "manylinux1_x86_64")
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+)
 
 #: What the carried wheels may weigh in all: the GPU machine takes 64 MiB of files copied beside the checkout.
 MAX_TOTAL_BYTES = 60 * 2**20
@@ -54,17 +61,32 @@ def pinned_requirements() -> list[str]:
         except metadata.PackageNotFoundError:
             missing.append(name)
     if missing:
-        raise WheelError(f"--fetch-wheels: {', '.join(missing)} not installed here; install memfit with its test "
-                         "extras first (pip install -e '.[test]') so that the versions to carry are known")
+        raise WheelError(
+            f"--fetch-wheels: {', '.join(missing)} not installed here; install memfit with its test "
+            "extras first (pip install -e '.[test]') so that the versions to carry are known"
+        )
     return pins
 
 
 def fetch(dest: Path = WHEEL_DIR) -> list[Path]:
     """Download the carried wheels for the GPU machine into ``dest`` (pip download, binary only)."""
     dest.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", PYTHON_VERSION,
-               "--implementation", "cp", *[arg for p in PLATFORMS for arg in ("--platform", p)], "-d", str(dest),
-               *pinned_requirements()]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        PYTHON_VERSION,
+        "--implementation",
+        "cp",
+        *[arg for p in PLATFORMS for arg in ("--platform", p)],
+        "-d",
+        str(dest),
+        *pinned_requirements(),
+    ]
     print(" ".join(command), flush=True)
     subprocess.run(command, check=True)
     wheels = sorted(dest.glob("*.whl"))
@@ -73,8 +95,10 @@ def fetch(dest: Path = WHEEL_DIR) -> list[Path]:
         print(f"  {wheel.stat().st_size / 2**20:6.1f} MiB  {wheel.name}")
     print(f"  {total / 2**20:6.1f} MiB  in all ({len(wheels)} wheels, limit {MAX_TOTAL_BYTES / 2**20:.0f} MiB)")
     if total > MAX_TOTAL_BYTES:
-        raise WheelError(f"--fetch-wheels: {total / 2**20:.1f} MiB of wheels is over the {MAX_TOTAL_BYTES / 2**20:.0f} MiB "
-                         f"the GPU machine takes; remove old versions from {dest}")
+        raise WheelError(
+            f"--fetch-wheels: {total / 2**20:.1f} MiB of wheels is over the {MAX_TOTAL_BYTES / 2**20:.0f} MiB "
+            f"the GPU machine takes; remove old versions from {dest}"
+        )
     return wheels
 
 
@@ -121,14 +145,27 @@ def install(site: Path, wheel_dir: Path = WHEEL_DIR) -> dict:
     """
     wheels = sorted(wheel_dir.glob("*.whl"))
     if not wheels:
-        raise WheelError(f"--install: no wheels in {wheel_dir}; on a machine with network run "
-                         "python benchmarks/gpu_campaign.py --fetch-wheels, and carry the .whl folder along")
+        raise WheelError(
+            f"--install: no wheels in {wheel_dir}; on a machine with network run "
+            "python benchmarks/gpu_campaign.py --fetch-wheels, and carry the .whl folder along"
+        )
     chosen, kept = plan_install(wheels)
     site.mkdir(parents=True, exist_ok=True)
     method = "none needed"
     if chosen:
-        command = [sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--quiet", "--target", str(site),
-                   "--upgrade", *map(str, chosen)]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-index",
+            "--no-deps",
+            "--quiet",
+            "--target",
+            str(site),
+            "--upgrade",
+            *map(str, chosen),
+        ]
         proc = subprocess.run(command, capture_output=True, text=True)
         method = "pip install --no-index --no-deps --target"
         if proc.returncode != 0:

@@ -36,18 +36,35 @@ KNOBS = {"rank": 16, "precision": "bf16", "seq_len": 2048, "batch_size": 1, "che
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(RESULTS), help="results file (default benchmarks/results/adapter_plans.json)")
+    parser.add_argument(
+        "--out", default=str(RESULTS), help="results file (default benchmarks/results/adapter_plans.json)"
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     rows = []
     for option, knobs in OPTIONS.items():
         data = memfit_api.plan(MODEL, gpu=GPU, **KNOBS, **knobs).to_dict()
-        rows.append({"option": option, "knobs": knobs, "peak": data["peak"], "categories": data["categories"],
-                     "host_peak_bytes": data["details"].get("host_peak_bytes")})
+        rows.append(
+            {
+                "option": option,
+                "knobs": knobs,
+                "peak": data["peak"],
+                "categories": data["categories"],
+                "host_peak_bytes": data["details"].get("host_peak_bytes"),
+            }
+        )
         print(f"{option}: device total {data['peak']['device_total_bytes']:,} B", flush=True)
-    data = {"benchmark": "adapter_plans", "model": MODEL, "gpu": GPU, "knobs": KNOBS, "plans": rows,
-            "wall_seconds": round(time.perf_counter() - started, 1), "machine": describe_machine(), "memfit": memfit_source(),
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    data = {
+        "benchmark": "adapter_plans",
+        "model": MODEL,
+        "gpu": GPU,
+        "knobs": KNOBS,
+        "plans": rows,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "machine": describe_machine(),
+        "memfit": memfit_source(),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     out = write_results(Path(args.out), data)
     print(f"wrote {out}")
     return 0

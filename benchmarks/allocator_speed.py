@@ -31,8 +31,13 @@ def events(count: int, keys: int, seed: int = 0) -> list[tuple[str, int, int]]:
     out: list[tuple[str, int, int]] = []
     for key in range(keys):
         r = rng.random()
-        size = (rng.randint(1, 1 << 20) if r < 0.6 else rng.randint(1 << 20, 10 << 20) if r < 0.95
-                else rng.randint(10 << 20, 200 << 20))
+        size = (
+            rng.randint(1, 1 << 20)
+            if r < 0.6
+            else rng.randint(1 << 20, 10 << 20)
+            if r < 0.95
+            else rng.randint(10 << 20, 200 << 20)
+        )
         out.append(("alloc", key, size))
         live.append(key)
         if len(live) > 800 or rng.random() < 0.3:
@@ -59,10 +64,18 @@ def main() -> int:
         seconds = best_of(replays, sequence)
         rows.append({"events": len(sequence), "keys": keys, "replays": replays, "best_cpu_seconds": round(seconds, 3)})
         print(f"{len(sequence):,} events: {seconds:.3f} CPU s (best of {replays})")
-    data = {"benchmark": "allocator_speed", "command": "python benchmarks/allocator_speed.py", "machine": describe_machine(),
-            "memfit": memfit_source(), "load_average_1_5_15_min": {"start": [round(x, 2) for x in load],
-                                                                   "end": [round(x, 2) for x in os.getloadavg()]},
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "runs": rows}
+    data = {
+        "benchmark": "allocator_speed",
+        "command": "python benchmarks/allocator_speed.py",
+        "machine": describe_machine(),
+        "memfit": memfit_source(),
+        "load_average_1_5_15_min": {
+            "start": [round(x, 2) for x in load],
+            "end": [round(x, 2) for x in os.getloadavg()],
+        },
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "runs": rows,
+    }
     RESULTS.write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {RESULTS}")
     return 0

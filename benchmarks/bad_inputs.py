@@ -147,7 +147,11 @@ EXTRA_CASES = [
     Case("train {d}/hub.yaml", 2, env={"HF_HOME": "{d}/a_file"}),
     # merge
     Case("merge --base {d}/base --adapter {d}/adapter --out {d}/a_file/merged", 2),
-    Case("merge --base memfit-nobody/no-such-model --adapter {d}/adapter --out {d}/merged", 2, env={"HF_HOME": "{d}/a_file"}),
+    Case(
+        "merge --base memfit-nobody/no-such-model --adapter {d}/adapter --out {d}/merged",
+        2,
+        env={"HF_HOME": "{d}/a_file"},
+    ),
     # doctor, report, models, and no command at all
     Case("doctor", 2, fast=True),
     Case("report {d}/missing", 2),
@@ -159,8 +163,13 @@ EXTRA_CASES = [
 
 #: tests/test_malformed_input.py's lines run here too; its table repeats a line to check two texts
 #: in one message, here each line runs once. These are in the fast subset.
-FAST_MALFORMED = {"plan nope-model", "train {d}/broken.yaml", "merge --base {d}/base", "doctor {d}/run_binary",
-                  "report {d}/run_ok --out {d}/mine.yaml"}
+FAST_MALFORMED = {
+    "plan nope-model",
+    "train {d}/broken.yaml",
+    "merge --base {d}/base",
+    "doctor {d}/run_binary",
+    "report {d}/run_ok --out {d}/mine.yaml",
+}
 
 
 def all_cases() -> list[Case]:
@@ -193,7 +202,7 @@ def message_shape(stderr: str, stdout: str = "") -> str:
         return "none"
     if len(errors) > 1:
         return f"{len(errors)} error lines"
-    after = lines[errors[0] + 1:]
+    after = lines[errors[0] + 1 :]
     items = [line for line in after if line.startswith("  - ")]
     if not after:
         return "one line"
@@ -240,8 +249,12 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return (not self.traceback and self.exit_code == self.expected_code and not self.missing_texts
-                and not self.changed_files)
+        return (
+            not self.traceback
+            and self.exit_code == self.expected_code
+            and not self.missing_texts
+            and not self.changed_files
+        )
 
 
 def _digest(path: Path) -> str:
@@ -261,21 +274,38 @@ def _digest(path: Path) -> str:
 HANG_S = 600.0
 
 
-def run_case(case: Case, inputs: Path, unwritable: str | None, *, prefix: list[str] | None = None,
-             timeout_s: float = HANG_S) -> Outcome:
+def run_case(
+    case: Case, inputs: Path, unwritable: str | None, *, prefix: list[str] | None = None, timeout_s: float = HANG_S
+) -> Outcome:
     """``case`` in a fresh process (``prefix`` + its arguments; ``python -m memfit`` by default), in an
     empty working folder of its own, stopped after ``timeout_s`` (the message then says ``hung``)."""
     args = [part.format(d=inputs, u=unwritable) for part in shlex.split(case.line)]
     kept = {name: _digest(inputs / name) for name in case.keeps}
-    env = dict(os.environ, HF_HUB_OFFLINE="1", MEMFIT_PLAN_CACHE="0", TOKENIZERS_PARALLELISM="false", COLUMNS="100",
-               NO_COLOR="1", TERM="dumb", PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        MEMFIT_PLAN_CACHE="0",
+        TOKENIZERS_PARALLELISM="false",
+        COLUMNS="100",
+        NO_COLOR="1",
+        TERM="dumb",
+        PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]),
+    )
     env.update({key: value.format(d=inputs, u=unwritable) for key, value in case.env.items()})
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="memfit-bad-input-") as cwd:
         # A session of its own, so that a hung case is stopped with every process it started.
         program = [part.format(d=inputs, python=sys.executable, bench=BENCH) for part in case.prefix]
-        proc = subprocess.Popen([*(program or prefix or [sys.executable, "-m", "memfit"]), *args], cwd=cwd, env=env, text=True,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(
+            [*(program or prefix or [sys.executable, "-m", "memfit"]), *args],
+            cwd=cwd,
+            env=env,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
             stdout, stderr = proc.communicate(timeout=timeout_s)
             code = proc.returncode
@@ -284,23 +314,42 @@ def run_case(case: Case, inputs: Path, unwritable: str | None, *, prefix: list[s
             stdout, stderr = proc.communicate()
             code = None
     if code is None:
-        return Outcome(line=case.line, command=case.command, expected_code=case.code, exit_code=None, message="hung",
-                       traceback=has_traceback(stdout + stderr), seconds=round(time.perf_counter() - started, 2),
-                       first_error_line=f"still running after {timeout_s:.0f} s", env=dict(case.env))
+        return Outcome(
+            line=case.line,
+            command=case.command,
+            expected_code=case.code,
+            exit_code=None,
+            message="hung",
+            traceback=has_traceback(stdout + stderr),
+            seconds=round(time.perf_counter() - started, 2),
+            first_error_line=f"still running after {timeout_s:.0f} s",
+            env=dict(case.env),
+        )
     first = next((line for line in stderr.splitlines() if line.startswith("error:")), "")
     if not first and has_traceback(stdout + stderr):
         first = _exception_line(stderr)
     traceback = has_traceback(stdout + stderr)
     missing = [text for text in case.says if text.format(d=inputs) not in stderr]
     changed = [name for name, digest in kept.items() if _digest(inputs / name) != digest]
-    return Outcome(line=case.line, command=case.command, expected_code=case.code, exit_code=code,
-                   message=message_shape(stderr, stdout), traceback=traceback,
-                   seconds=round(time.perf_counter() - started, 2), first_error_line=first[:300], env=dict(case.env),
-                   stderr_tail=stderr[-1500:] if traceback or missing else "", missing_texts=missing,
-                   changed_files=changed)
+    return Outcome(
+        line=case.line,
+        command=case.command,
+        expected_code=case.code,
+        exit_code=code,
+        message=message_shape(stderr, stdout),
+        traceback=traceback,
+        seconds=round(time.perf_counter() - started, 2),
+        first_error_line=first[:300],
+        env=dict(case.env),
+        stderr_tail=stderr[-1500:] if traceback or missing else "",
+        missing_texts=missing,
+        changed_files=changed,
+    )
 
 
-def run_all(cases: list[Case], *, jobs: int = 2, prefix: list[str] | None = None, timeout_s: float = HANG_S) -> list[Outcome]:
+def run_all(
+    cases: list[Case], *, jobs: int = 2, prefix: list[str] | None = None, timeout_s: float = HANG_S
+) -> list[Outcome]:
     """Every case, ``jobs`` at a time, each with a fresh copy of the inputs (a case must not see what
     another changed); returned in the order given."""
     with tempfile.TemporaryDirectory(prefix="memfit-bad-inputs-") as scratch:
@@ -328,9 +377,21 @@ def table(outcomes: list[Outcome], width: int = 64) -> str:
         line = o.line if len(o.line) <= width else o.line[: width - 1] + "…"
         env = " ".join(f"{k}={v}" for k, v in o.env.items())
         shown = (env + " " + line).strip() if env and len(env) + len(line) < width else line
-        flag = ("TRACEBACK" if o.traceback else "HUNG" if o.message == "hung" else "SILENT" if o.silent
-                else "wrong exit code" if o.exit_code != o.expected_code else "FILE CHANGED" if o.changed_files
-                else "message lacks: " + ", ".join(o.missing_texts) if o.missing_texts else "")
+        flag = (
+            "TRACEBACK"
+            if o.traceback
+            else "HUNG"
+            if o.message == "hung"
+            else "SILENT"
+            if o.silent
+            else "wrong exit code"
+            if o.exit_code != o.expected_code
+            else "FILE CHANGED"
+            if o.changed_files
+            else "message lacks: " + ", ".join(o.missing_texts)
+            if o.missing_texts
+            else ""
+        )
         code = "-" if o.exit_code is None else str(o.exit_code)
         rows.append(f"{shown:<{width}} {code:>4} {o.expected_code:>4}  {o.message:<14} {flag}")
     return "\n".join(rows)
@@ -357,18 +418,26 @@ def summary(outcomes: list[Outcome]) -> dict:
 
 
 def total_line(s: dict) -> str:
-    return (f"{s['cases']} cases, {s['tracebacks']} tracebacks, {s['hung']} hung, {s['wrong_exit_code']} with another exit "
-            f"code than documented ({s['silent_acceptances']} silent acceptances), {s['files_changed']} files of the "
-            f"user's changed, {s['messages_lacking_a_text']} messages lacking a text, {s['not_one_message']} bad "
-            f"inputs without one error message")
+    return (
+        f"{s['cases']} cases, {s['tracebacks']} tracebacks, {s['hung']} hung, {s['wrong_exit_code']} with another exit "
+        f"code than documented ({s['silent_acceptances']} silent acceptances), {s['files_changed']} files of the "
+        f"user's changed, {s['messages_lacking_a_text']} messages lacking a text, {s['not_one_message']} bad "
+        f"inputs without one error message"
+    )
 
 
 def write_results(path: Path, outcomes: list[Outcome], command: str) -> None:
     sys.path.insert(0, str(BENCH))
     from _machine import memfit_source, write_results
 
-    data = {"benchmark": "bad_inputs", "command": command, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "memfit": memfit_source(), "summary": summary(outcomes), "cases": [asdict(o) for o in outcomes]}
+    data = {
+        "benchmark": "bad_inputs",
+        "command": command,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "memfit": memfit_source(),
+        "summary": summary(outcomes),
+        "cases": [asdict(o) for o in outcomes],
+    }
     write_results(path, data)
 
 
@@ -377,7 +446,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fast", action="store_true", help="only the subset the test suite runs (no results file)")
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once (default 2)")
     parser.add_argument("--out", default=str(RESULTS), help="results file (default benchmarks/results/bad_inputs.json)")
-    parser.add_argument("--hang-minutes", type=float, default=HANG_S / 60, help="a case still running after this long is stopped as hung (default 10)")
+    parser.add_argument(
+        "--hang-minutes",
+        type=float,
+        default=HANG_S / 60,
+        help="a case still running after this long is stopped as hung (default 10)",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs: {args.jobs} must be 1 or more")

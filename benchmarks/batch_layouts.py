@@ -39,8 +39,16 @@ def settings(out: Path, mode: str, packed_rows: int, steps: int) -> dict:
     import yaml
 
     base = yaml.safe_load((REPO / "examples" / "tiny.yaml").read_text())
-    base.update(data=str(DATA), output_dir=str(out), max_steps=steps,
-                eval_split=0.0, save_every=0, log_every=1, batch_size=BATCH, seq_len=SEQ_LEN)
+    base.update(
+        data=str(DATA),
+        output_dir=str(out),
+        max_steps=steps,
+        eval_split=0.0,
+        save_every=0,
+        log_every=1,
+        batch_size=BATCH,
+        seq_len=SEQ_LEN,
+    )
     base.pop("eval_every", None)
     base.pop("epochs", None)
     if mode == "padded":
@@ -110,14 +118,22 @@ def main() -> int:
         for mode in ("padded", "padding-free", "packed"):
             row = run_mode(mode, packed_rows, args.speed_steps, args.memory_steps, Path(work))
             rows.append(row)
-            print(f"{mode:13s} peak {row['measured_peak_bytes'] / 2**20:7.2f} MiB (plan {row['planned_peak_bytes'] / 2**20:7.2f}) "
-                  f"{row['tokens_per_step']:7.1f} tokens/step {row['tokens_per_second']:9.1f} tokens/s", flush=True)
+            print(
+                f"{mode:13s} peak {row['measured_peak_bytes'] / 2**20:7.2f} MiB (plan {row['planned_peak_bytes'] / 2**20:7.2f}) "
+                f"{row['tokens_per_step']:7.1f} tokens/step {row['tokens_per_second']:9.1f} tokens/s",
+                flush=True,
+            )
     payload = {
         "benchmark": "batch_layouts",
         "command": "python benchmarks/batch_layouts.py " + " ".join(sys.argv[1:]),
         "machine": describe_machine(),
-        "setup": {"config": "examples/tiny.yaml", "batch_size": BATCH, "seq_len": SEQ_LEN,
-                  "mean_example_tokens": round(mean_tokens, 1), "packed_rows_per_micro_batch": packed_rows},
+        "setup": {
+            "config": "examples/tiny.yaml",
+            "batch_size": BATCH,
+            "seq_len": SEQ_LEN,
+            "mean_example_tokens": round(mean_tokens, 1),
+            "packed_rows_per_micro_batch": packed_rows,
+        },
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -25,14 +25,29 @@ sys.path.insert(0, str(BENCH))
 from _machine import write_results  # noqa: E402
 
 #: Methods that change the object they are called on.
-MUTATING = {"append", "extend", "add", "update", "clear", "pop", "setdefault", "insert", "remove", "discard", "popitem",
-            "keep", "put"}
+MUTATING = {
+    "append",
+    "extend",
+    "add",
+    "update",
+    "clear",
+    "pop",
+    "setdefault",
+    "insert",
+    "remove",
+    "discard",
+    "popitem",
+    "keep",
+    "put",
+}
 
 
 def _module_names(tree: ast.Module) -> set[str]:
     names = set()
     for node in tree.body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
         names.update(t.id for t in targets if isinstance(t, ast.Name))
     return names
 
@@ -58,14 +73,20 @@ def _changed_in_functions(tree: ast.Module, names: set[str]) -> set[str]:
 def _global_state(root: Path, paths: list[Path]) -> list[str]:
     """``module:name`` of each module-level name that a function changes, in its own module or in
     one that imports it by name (``from memfit.planner.shortcuts.memo import MEMO``)."""
-    trees = {".".join(p.relative_to(root / "src").with_suffix("").parts).removesuffix(".__init__"): ast.parse(p.read_text())
-             for p in paths}
+    trees = {
+        ".".join(p.relative_to(root / "src").with_suffix("").parts).removesuffix(".__init__"): ast.parse(p.read_text())
+        for p in paths
+    }
     owned = {module: _module_names(tree) for module, tree in trees.items()}
     state = set()
     for module, tree in trees.items():
-        imported = {alias.asname or alias.name: (node.module, alias.name) for node in ast.walk(tree)
-                    if isinstance(node, ast.ImportFrom) and node.module in owned for alias in node.names
-                    if alias.name in owned[node.module]}
+        imported = {
+            alias.asname or alias.name: (node.module, alias.name)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module in owned
+            for alias in node.names
+            if alias.name in owned[node.module]
+        }
         for name in _changed_in_functions(tree, owned[module] | set(imported)):
             origin = imported.get(name, (module, name)) if name not in owned[module] else (module, name)
             state.add(f"{origin[0]}:{origin[1]}")
@@ -84,14 +105,27 @@ def shape(root: Path) -> dict:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 100:
                 long_functions.append(f"{path.relative_to(root / 'src')}:{node.name}")
-    wide = sum(len(line) > 120 for folder in ("src", "tests", "benchmarks", "scripts") if (root / folder).exists()
-               for path in (root / folder).rglob("*.py") for line in path.read_text().splitlines())
-    return {"planner_files": len(planner), "planner_lines": sum(lines.values()),
-            "largest_planner_file": str(largest.relative_to(root / "src")), "largest_planner_file_lines": lines[largest],
-            "process_global_state": state,
-            "step_modules_asking_about_fake_tensors": [str(p.relative_to(root / "src")) for p in step
-                                                      if "is_fake" in p.read_text() or "FakeTensor" in p.read_text()],
-            "functions_over_100_lines": long_functions, "lines_over_120_characters": wide}
+    wide = sum(
+        len(line) > 120
+        for folder in ("src", "tests", "benchmarks", "scripts")
+        if (root / folder).exists()
+        for path in (root / folder).rglob("*.py")
+        for line in path.read_text().splitlines()
+    )
+    return {
+        "planner_files": len(planner),
+        "planner_lines": sum(lines.values()),
+        "largest_planner_file": str(largest.relative_to(root / "src")),
+        "largest_planner_file_lines": lines[largest],
+        "process_global_state": state,
+        "step_modules_asking_about_fake_tensors": [
+            str(p.relative_to(root / "src"))
+            for p in step
+            if "is_fake" in p.read_text() or "FakeTensor" in p.read_text()
+        ],
+        "functions_over_100_lines": long_functions,
+        "lines_over_120_characters": wide,
+    }
 
 
 def main() -> None:
@@ -106,8 +140,15 @@ def main() -> None:
     for name in after:
         old, new = before[name], after[name]
         print(f"{name}: {len(old) if isinstance(old, list) else old} -> {len(new) if isinstance(new, list) else new}")
-    write_results(RESULTS, {"benchmark": "code_shape", "command": f"python benchmarks/code_shape.py --before {args.before}",
-                            "before": {"commit": args.before, **before}, "after": after})
+    write_results(
+        RESULTS,
+        {
+            "benchmark": "code_shape",
+            "command": f"python benchmarks/code_shape.py --before {args.before}",
+            "before": {"commit": args.before, **before},
+            "after": after,
+        },
+    )
 
 
 if __name__ == "__main__":

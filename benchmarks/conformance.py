@@ -34,8 +34,12 @@ def cross_product() -> list[tuple[str, dict]]:
     ):
         if (method == "qlora" and precision == "fp32") or (method == "full" and precision == "fp16"):
             continue  # refused by the configuration
-        cells.append((f"{model} {method} {precision} ckpt-{checkpointing} b2",
-                      dict(model=model, method=method, precision=precision, checkpointing=checkpointing, batch_size=2)))
+        cells.append(
+            (
+                f"{model} {method} {precision} ckpt-{checkpointing} b2",
+                dict(model=model, method=method, precision=precision, checkpointing=checkpointing, batch_size=2),
+            )
+        )
     return cells
 
 
@@ -51,8 +55,14 @@ def main() -> int:
     started = time.perf_counter()
 
     def show(cell) -> None:
-        verdict = "equal" if cell.difference_bytes == 0 and not cell.error else (cell.error or f"{cell.difference_bytes:+,} B")
-        print(f"{cell.name:44s} plan {cell.planned_bytes:>11,} B  run {cell.measured_bytes:>11,} B  {verdict}", flush=True)
+        verdict = (
+            "equal"
+            if cell.difference_bytes == 0 and not cell.error
+            else (cell.error or f"{cell.difference_bytes:+,} B")
+        )
+        print(
+            f"{cell.name:44s} plan {cell.planned_bytes:>11,} B  run {cell.measured_bytes:>11,} B  {verdict}", flush=True
+        )
 
     with tempfile.TemporaryDirectory() as work:
         results = run_matrix(cells, work, progress=show)
@@ -64,7 +74,7 @@ def main() -> int:
         "command": "python benchmarks/conformance.py" + (" --quick" if args.quick else ""),
         "machine": describe_machine(),
         "what": "peak allocated bytes of memfit train's steps (CPU, real tensors, the planner's tracker and CUDA-parity "
-                "rewrites) against the plan of the same configuration (no CUDA context, no cuBLAS workspaces)",
+        "rewrites) against the plan of the same configuration (no CUDA context, no cuBLAS workspaces)",
         "summary": {"cells": len(results), "equal_to_the_byte": equal, "agree": agree, "seconds": round(seconds, 1)},
         "cells": [c.to_dict() for c in results],
     }

@@ -37,14 +37,34 @@ MiB = 1 << 20
 
 #: Request sizes around every boundary of the allocator model: the 512-byte block, the 1 MiB small
 #: pool limit, the 10 MiB line under which large requests share 20 MiB segments, 2 MiB rounding.
-ROUNDING_SIZES = (1, 511, 512, 513, 4096, MiB - 1, MiB, MiB + 1, 5 * MiB, 10 * MiB - 1, 10 * MiB, 10 * MiB + 1,
-                  21 * MiB + 3, 100 * MiB + 7)
+ROUNDING_SIZES = (
+    1,
+    511,
+    512,
+    513,
+    4096,
+    MiB - 1,
+    MiB,
+    MiB + 1,
+    5 * MiB,
+    10 * MiB - 1,
+    10 * MiB,
+    10 * MiB + 1,
+    21 * MiB + 3,
+    100 * MiB + 7,
+)
 
 #: A small Llama for the training-kernel stage: big enough to run real GEMMs and attention kernels
 #: (on a CPU, where nothing is measured, a quarter of it in each dimension).
 SMALL_MODEL = {
-    "model_type": "llama", "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 2,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 4096, "max_position_embeddings": 2048,
+    "model_type": "llama",
+    "hidden_size": 512,
+    "intermediate_size": 1408,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "vocab_size": 4096,
+    "max_position_embeddings": 2048,
     "tie_word_embeddings": False,
 }
 CPU_MODEL = {**SMALL_MODEL, "hidden_size": 128, "intermediate_size": 352, "vocab_size": 1024}
@@ -63,7 +83,14 @@ def random_events(seed: int, count: int, max_live: int = 40) -> list[tuple[str, 
         elif live and (roll < 0.45 or len(live) >= max_live):
             events.append(("free", live.pop(rng.randrange(len(live))), 0))
         else:
-            size = rng.choice([rng.randint(1, 4096), rng.randint(4096, MiB + 4096), rng.randint(MiB, 12 * MiB), rng.randint(12 * MiB, 64 * MiB)])
+            size = rng.choice(
+                [
+                    rng.randint(1, 4096),
+                    rng.randint(4096, MiB + 4096),
+                    rng.randint(MiB, 12 * MiB),
+                    rng.randint(12 * MiB, 64 * MiB),
+                ]
+            )
             events.append(("alloc", next_key, size))
             live.append(next_key)
             next_key += 1
@@ -75,8 +102,13 @@ def model_single_requests() -> list[dict]:
     rows = []
     for size in ROUNDING_SIZES:
         result = api.allocator_model([("alloc", 0, size)])
-        rows.append({"request_bytes": size, "model_allocated_bytes": result.peak_allocated_bytes,
-                     "model_reserved_bytes": result.peak_reserved_bytes})
+        rows.append(
+            {
+                "request_bytes": size,
+                "model_allocated_bytes": result.peak_allocated_bytes,
+                "model_reserved_bytes": result.peak_reserved_bytes,
+            }
+        )
     return rows
 
 
@@ -98,8 +130,12 @@ def measure(device_name: str, idle_used_bytes: int | None = None) -> dict:
     }
     events = random_events(7, 600)
     model = api.allocator_model(events)
-    out["replay"] = {"events": len(events), "seed": 7, "model_peak_reserved_bytes": model.peak_reserved_bytes,
-                     "model_peak_allocated_bytes": model.peak_allocated_bytes}
+    out["replay"] = {
+        "events": len(events),
+        "seed": 7,
+        "model_peak_reserved_bytes": model.peak_reserved_bytes,
+        "model_peak_allocated_bytes": model.peak_allocated_bytes,
+    }
     if not device_name.startswith("cuda"):
         out["measured"] = None
         out["reason"] = "no CUDA device: a CPU has no CUDA context, no cuBLAS and no caching allocator"
@@ -123,13 +159,21 @@ def measure(device_name: str, idle_used_bytes: int | None = None) -> dict:
     for row in out["single_requests"]:
         before_alloc, before_reserved = torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device)
         block = torch.empty(row["request_bytes"], dtype=torch.uint8, device=device)
-        singles.append({**row, "allocated_bytes": torch.cuda.memory_allocated(device) - before_alloc,
-                        "reserved_bytes": torch.cuda.memory_reserved(device) - before_reserved})
+        singles.append(
+            {
+                **row,
+                "allocated_bytes": torch.cuda.memory_allocated(device) - before_alloc,
+                "reserved_bytes": torch.cuda.memory_reserved(device) - before_reserved,
+            }
+        )
         del block
         torch.cuda.empty_cache()
     out["single_requests"] = singles
-    measured["single_requests_matching"] = sum(1 for r in singles if r["allocated_bytes"] == r["model_allocated_bytes"]
-                                               and r["reserved_bytes"] == r["model_reserved_bytes"])
+    measured["single_requests_matching"] = sum(
+        1
+        for r in singles
+        if r["allocated_bytes"] == r["model_allocated_bytes"] and r["reserved_bytes"] == r["model_reserved_bytes"]
+    )
     tensors: dict[int, torch.Tensor] = {}
     mismatches = []
     for index, (kind, key_, nbytes) in enumerate(events):
@@ -161,7 +205,9 @@ def measure(device_name: str, idle_used_bytes: int | None = None) -> dict:
     y.float().sum().backward()
     torch.cuda.synchronize(device)
     grad_bytes = w.grad.untyped_storage().nbytes()
-    measured["first_backward_bytes_beyond_grad"] = torch.cuda.memory_allocated(device) - before_backward - _block(grad_bytes)
+    measured["first_backward_bytes_beyond_grad"] = (
+        torch.cuda.memory_allocated(device) - before_backward - _block(grad_bytes)
+    )
     before_clear = torch.cuda.memory_allocated(device)
     torch._C._cuda_clearCublasWorkspaces()
     measured["cublas_workspaces_freed_bytes"] = before_clear - torch.cuda.memory_allocated(device)
@@ -224,8 +270,12 @@ def _block(nbytes: int) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--idle-used-bytes", type=int, default=None,
-                        help="device memory in use before this process started (nvidia-smi), subtracted from the context")
+    parser.add_argument(
+        "--idle-used-bytes",
+        type=int,
+        default=None,
+        help="device memory in use before this process started (nvidia-smi), subtracted from the context",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the JSON here (default: print it)")
     args = parser.parse_args()
     import warnings

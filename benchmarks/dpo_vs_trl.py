@@ -53,25 +53,55 @@ RECIPES = ("memfit", "hf")
 
 def _settings(args) -> dict:
     return {
-        "model": "smollm2-135m", "init": "random", "model_overrides": dict(TINY_OVERRIDES), "data": [str(PAIRS)],
-        "objective": "dpo", "beta": args.beta, "loss_type": "sigmoid",
-        "method": "lora", "rank": args.rank, "alpha": 2 * args.rank, "targets": "all-linear", "precision": "fp32",
-        "optimizer": "adamw", "batch_size": args.batch_size, "seq_len": args.seq_len, "grad_accum": 1,
-        "checkpointing": "on", "max_steps": args.steps, "lr": args.lr, "schedule": "constant", "max_grad_norm": 1.0,
-        "device": "cpu", "seed": 0, "log_every": 1, "keep_checkpoints": 1,
+        "model": "smollm2-135m",
+        "init": "random",
+        "model_overrides": dict(TINY_OVERRIDES),
+        "data": [str(PAIRS)],
+        "objective": "dpo",
+        "beta": args.beta,
+        "loss_type": "sigmoid",
+        "method": "lora",
+        "rank": args.rank,
+        "alpha": 2 * args.rank,
+        "targets": "all-linear",
+        "precision": "fp32",
+        "optimizer": "adamw",
+        "batch_size": args.batch_size,
+        "seq_len": args.seq_len,
+        "grad_accum": 1,
+        "checkpointing": "on",
+        "max_steps": args.steps,
+        "lr": args.lr,
+        "schedule": "constant",
+        "max_grad_norm": 1.0,
+        "device": "cpu",
+        "seed": 0,
+        "log_every": 1,
+        "keep_checkpoints": 1,
     }
 
 
 def run_memfit(args, scratch: Path) -> dict:
     config = api.train_config(_settings(args) | {"output_dir": str(scratch / "memfit")})
     result = api.train(config, progress=False)
-    steps = [r for r in (json.loads(line) for line in (scratch / "memfit" / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    steps = [
+        r
+        for r in (json.loads(line) for line in (scratch / "memfit" / "metrics.jsonl").read_text().splitlines())
+        if "loss" in r
+    ]
     tokens, seconds = sum(r["tokens"] for r in steps), steps[-1]["elapsed_s"]
     return {
-        "steps": result.step, "tokens": tokens, "loop_seconds": seconds, "tokens_per_second": tokens / seconds,
-        "tokens_per_second_after_warmup": throughput_after_warmup([r["tokens"] for r in steps], [r["elapsed_s"] for r in steps], args.warmup_steps),
-        "first_loss": steps[0]["loss"], "last_loss": steps[-1]["loss"],
-        "last_rewards_accuracies": steps[-1]["rewards/accuracies"], "last_rewards_margins": steps[-1]["rewards/margins"],
+        "steps": result.step,
+        "tokens": tokens,
+        "loop_seconds": seconds,
+        "tokens_per_second": tokens / seconds,
+        "tokens_per_second_after_warmup": throughput_after_warmup(
+            [r["tokens"] for r in steps], [r["elapsed_s"] for r in steps], args.warmup_steps
+        ),
+        "first_loss": steps[0]["loss"],
+        "last_loss": steps[-1]["loss"],
+        "last_rewards_accuracies": steps[-1]["rewards/accuracies"],
+        "last_rewards_margins": steps[-1]["rewards/margins"],
         "trainable_params": result.setup["trainable_params"],
         **_memory("cpu"),
     }
@@ -97,14 +127,17 @@ def run_trl(args, scratch: Path) -> dict:
     rows = [json.loads(line) for line in PAIRS.read_text().splitlines()]
     ordered = [rows[i] for i in memfit_order(args, len(rows))]
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(api.make_hf_config(api.train_model_config(config)), dtype=torch.float32,
-                                             attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_config(
+        api.make_hf_config(api.train_model_config(config)), dtype=torch.float32, attn_implementation="sdpa"
+    )
     counted = {"tokens": 0}
     timing = {"step_ends": [], "step_tokens": []}
 
     class CountingDPO(DPOTrainer):
         def _get_train_sampler(self, train_dataset=None):
-            return torch.utils.data.SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
+            return torch.utils.data.SequentialSampler(
+                train_dataset if train_dataset is not None else self.train_dataset
+            )
 
         def compute_loss(self, model, inputs, *a, **kw):
             counted["tokens"] += int(inputs["attention_mask"].sum())
@@ -122,25 +155,52 @@ def run_trl(args, scratch: Path) -> dict:
             timing["end"] = time.perf_counter()
 
     training_args = DPOConfig(
-        output_dir=str(scratch / "trl"), per_device_train_batch_size=args.batch_size, max_steps=args.steps,
-        learning_rate=args.lr, lr_scheduler_type="constant", max_grad_norm=1.0, optim="adamw_torch_fused",
-        gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": False}, bf16=False, fp16=False,
-        use_cpu=True, logging_steps=1, save_strategy="no", report_to=[], dataloader_num_workers=0, seed=0,
-        disable_tqdm=True, beta=args.beta, loss_type=["sigmoid"], max_length=args.seq_len,
+        output_dir=str(scratch / "trl"),
+        per_device_train_batch_size=args.batch_size,
+        max_steps=args.steps,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        max_grad_norm=1.0,
+        optim="adamw_torch_fused",
+        gradient_checkpointing=True,
+        gradient_checkpointing_kwargs={"use_reentrant": False},
+        bf16=False,
+        fp16=False,
+        use_cpu=True,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        dataloader_num_workers=0,
+        seed=0,
+        disable_tqdm=True,
+        beta=args.beta,
+        loss_type=["sigmoid"],
+        max_length=args.seq_len,
     )
-    trainer = CountingDPO(model=model, args=training_args, train_dataset=datasets.Dataset.from_list(ordered),
-                          processing_class=tokenizer, callbacks=[Clock()],
-                          peft_config=LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules="all-linear",
-                                                 lora_dropout=0.0, task_type="CAUSAL_LM"))
+    trainer = CountingDPO(
+        model=model,
+        args=training_args,
+        train_dataset=datasets.Dataset.from_list(ordered),
+        processing_class=tokenizer,
+        callbacks=[Clock()],
+        peft_config=LoraConfig(
+            r=args.rank, lora_alpha=2 * args.rank, target_modules="all-linear", lora_dropout=0.0, task_type="CAUSAL_LM"
+        ),
+    )
     before = _memory("cpu")
     trainer.train()
     seconds = timing["end"] - timing["start"]
     logs = [h for h in trainer.state.log_history if "loss" in h]
     return {
-        "steps": trainer.state.global_step, "tokens": counted["tokens"], "loop_seconds": seconds,
+        "steps": trainer.state.global_step,
+        "tokens": counted["tokens"],
+        "loop_seconds": seconds,
         "tokens_per_second": counted["tokens"] / seconds,
-        "tokens_per_second_after_warmup": throughput_after_warmup(timing["step_tokens"], timing["step_ends"], args.warmup_steps),
-        "first_loss": logs[0]["loss"] if logs else None, "last_loss": logs[-1]["loss"] if logs else None,
+        "tokens_per_second_after_warmup": throughput_after_warmup(
+            timing["step_tokens"], timing["step_ends"], args.warmup_steps
+        ),
+        "first_loss": logs[0]["loss"] if logs else None,
+        "last_loss": logs[-1]["loss"] if logs else None,
         "last_rewards_accuracies": logs[-1].get("rewards/accuracies") if logs else None,
         "last_rewards_margins": logs[-1].get("rewards/margins") if logs else None,
         "trainable_params": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
@@ -161,8 +221,21 @@ def run_side(side: str, args) -> dict:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
     argv = [a for key in SIDE_OPTIONS for a in ("--" + key.replace("_", "-"), str(getattr(args, key)))]
     with tempfile.TemporaryDirectory(prefix="memfit-dpo-bench-") as scratch:
-        result = run_json_child([sys.executable, str(Path(__file__).resolve()), "--part", "side", "--side", side,
-                                 "--scratch", scratch, *argv], prefix="RESULT ", env=env)
+        result = run_json_child(
+            [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--part",
+                "side",
+                "--side",
+                side,
+                "--scratch",
+                scratch,
+                *argv,
+            ],
+            prefix="RESULT ",
+            env=env,
+        )
     return result if "status" in result else {"status": "ok", **result}
 
 
@@ -174,16 +247,22 @@ def measure_cpu(args) -> dict:
             if result["status"] != "ok":
                 raise SystemExit(f"{side} failed ({result['status']}): {result['error']}")
             runs[side].append(result)
-            print(f"{side:8s} run {repeat + 1}: {result['tokens_per_second']:.0f} tokens/s, peak RSS "
-                  f"{result['peak_rss_bytes'] / 2**20:.0f} MiB, loss {result['first_loss']:.4f} -> {result['last_loss']:.4f}",
-                  flush=True)
+            print(
+                f"{side:8s} run {repeat + 1}: {result['tokens_per_second']:.0f} tokens/s, peak RSS "
+                f"{result['peak_rss_bytes'] / 2**20:.0f} MiB, loss {result['first_loss']:.4f} -> {result['last_loss']:.4f}",
+                flush=True,
+            )
 
     def median(values):
         return sorted(values)[len(values) // 2]
 
-    summary = {side: {"tokens_per_second_median": median([r["tokens_per_second"] for r in results]),
-                      "peak_rss_bytes_median": median([r["peak_rss_bytes"] for r in results])}
-               for side, results in runs.items()}
+    summary = {
+        side: {
+            "tokens_per_second_median": median([r["tokens_per_second"] for r in results]),
+            "peak_rss_bytes_median": median([r["peak_rss_bytes"] for r in results]),
+        }
+        for side, results in runs.items()
+    }
     argv = " ".join(f"--{key.replace('_', '-')} {getattr(args, key)}" for key in SIDE_OPTIONS + ("repeats",))
     return {
         "benchmark": "DPO with LoRA: memfit train against TRL DPOTrainer + PEFT (same model, pairs, lengths, batch), CPU",
@@ -219,22 +298,43 @@ def plan_side_by_side(lengths=PLAN_LENGTHS) -> dict:
         peaks = {}
         for tokens in lengths:
             planned = api.plan(MODEL, gpu=CARD, seq_len=tokens, recipe=recipe, **PLAN_KNOBS)
-            peaks[str(tokens)] = {"device_total_bytes": planned.device_total_bytes, "allocated_bytes": planned.allocated_bytes,
-                                  "fits": planned.fits, "phase": planned.phase, "categories": planned.categories,
-                                  "reference": planned.details.get("reference")}
-            print(f"{recipe}: {tokens} tokens: {planned.device_total_bytes / 2**30:.2f} GiB ({planned.phase})", flush=True)
-        result = api.fit(MODEL, gpu=CARD, methods=("qlora",), batch_size=1, rank=PLAN_KNOBS["rank"], objective="dpo",
-                         recipe=recipe, workers=1)
+            peaks[str(tokens)] = {
+                "device_total_bytes": planned.device_total_bytes,
+                "allocated_bytes": planned.allocated_bytes,
+                "fits": planned.fits,
+                "phase": planned.phase,
+                "categories": planned.categories,
+                "reference": planned.details.get("reference"),
+            }
+            print(
+                f"{recipe}: {tokens} tokens: {planned.device_total_bytes / 2**30:.2f} GiB ({planned.phase})", flush=True
+            )
+        result = api.fit(
+            MODEL,
+            gpu=CARD,
+            methods=("qlora",),
+            batch_size=1,
+            rank=PLAN_KNOBS["rank"],
+            objective="dpo",
+            recipe=recipe,
+            workers=1,
+        )
         rows[recipe] = {
             "command": f"memfit fit {MODEL} --gpu {CARD} --method qlora --rank 16 --objective dpo --batch-size 1 --max seq-len --recipe {recipe}",
             "max_seq_len": result.max_seq_len["qlora"],
-            "settings_at_max": {k: v for k, v in (result.max_seq_len_specs.get("qlora") or {}).items()
-                                if k in ("checkpointing", "optimizer", "tiling")},
+            "settings_at_max": {
+                k: v
+                for k, v in (result.max_seq_len_specs.get("qlora") or {}).items()
+                if k in ("checkpointing", "optimizer", "tiling")
+            },
             "plans_made": result.plans_made,
             "peaks": peaks,
             "seconds": round(time.perf_counter() - started, 1),
         }
-        print(f"{recipe}: longest {rows[recipe]['max_seq_len']} tokens a sequence ({rows[recipe]['settings_at_max']})", flush=True)
+        print(
+            f"{recipe}: longest {rows[recipe]['max_seq_len']} tokens a sequence ({rows[recipe]['settings_at_max']})",
+            flush=True,
+        )
     return {
         "benchmark": "Llama-3.1-8B QLoRA DPO on a 24 GB card: memfit's step against the plain stack's (planned)",
         "command": "python benchmarks/dpo_vs_trl.py --part plan",
@@ -242,9 +342,16 @@ def plan_side_by_side(lengths=PLAN_LENGTHS) -> dict:
         "configuration": {"model": MODEL, "gpu": CARD, **PLAN_KNOBS, "precision": "bf16"},
         "recipes": rows,
         "summary": {
-            "memfit_max_seq_len": rows["memfit"]["max_seq_len"], "hf_max_seq_len": rows["hf"]["max_seq_len"],
-            **{f"peak_ratio_at_{n}": round(rows["memfit"]["peaks"][str(n)]["device_total_bytes"]
-                                          / rows["hf"]["peaks"][str(n)]["device_total_bytes"], 3) for n in lengths},
+            "memfit_max_seq_len": rows["memfit"]["max_seq_len"],
+            "hf_max_seq_len": rows["hf"]["max_seq_len"],
+            **{
+                f"peak_ratio_at_{n}": round(
+                    rows["memfit"]["peaks"][str(n)]["device_total_bytes"]
+                    / rows["hf"]["peaks"][str(n)]["device_total_bytes"],
+                    3,
+                )
+                for n in lengths
+            },
         },
         "notes": [
             "planned, not measured: no GPU was used",
@@ -274,7 +381,9 @@ def main(argv=None) -> int:
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--beta", type=float, default=0.1)
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads per run (1 keeps runs steady on a shared machine)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="CPU threads per run (1 keeps runs steady on a shared machine)"
+    )
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--side", choices=sorted(SIDES), help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)

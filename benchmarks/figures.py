@@ -44,9 +44,12 @@ from _figure_results import REPO, FigureError, Results
 #: A number, what stands between it and its reference (emphasis, a unit: no digit), the reference.
 INLINE = re.compile(
     r"(?<![\w.])(?P<number>\d[\d,]*(?:\.\d+)?)(?P<between>[^\d\n<]{0,16}?)"
-    r"<!--fig (?P<file>[\w.-]+) (?P<key>[^\s>]+)(?: (?P<unit>[^\s>]+))?-->")
-BLOCK = re.compile(r"(?P<begin><!-- figures:begin (?P<name>[\w-]+)[^\n]*?-->\n)(?P<body>.*?)(?P<end><!-- figures:end (?P=name) -->)",
-                   re.DOTALL)
+    r"<!--fig (?P<file>[\w.-]+) (?P<key>[^\s>]+)(?: (?P<unit>[^\s>]+))?-->"
+)
+BLOCK = re.compile(
+    r"(?P<begin><!-- figures:begin (?P<name>[\w-]+)[^\n]*?-->\n)(?P<body>.*?)(?P<end><!-- figures:end (?P=name) -->)",
+    re.DOTALL,
+)
 
 
 def format_like(value: float, quoted: str) -> str:
@@ -85,8 +88,9 @@ def _outside_blocks(text: str) -> list[tuple[int, int]]:
     return spans
 
 
-def update_text(text: str, results: Results, path: Path = Path("-"), names: set[str] | None = None,
-                inline: bool = True) -> tuple[str, list[Problem]]:
+def update_text(
+    text: str, results: Results, path: Path = Path("-"), names: set[str] | None = None, inline: bool = True
+) -> tuple[str, list[Problem]]:
     """``text`` with every referenced figure and every generated block (only ``names``, when
     given) written from the results, and the problems found: a reference that cannot be followed,
     a block no renderer knows. A figure that differs is not a problem here: it is rewritten."""
@@ -100,7 +104,13 @@ def update_text(text: str, results: Results, path: Path = Path("-"), names: set[
         if names is not None and name not in names:
             return match.group(0)
         if name not in BLOCKS:
-            problems.append(Problem(path, line_of(match.start()), f"block {name!r}: no renderer of that name in benchmarks/_figure_blocks.py"))
+            problems.append(
+                Problem(
+                    path,
+                    line_of(match.start()),
+                    f"block {name!r}: no renderer of that name in benchmarks/_figure_blocks.py",
+                )
+            )
             return match.group(0)
         try:
             body = BLOCKS[name](results).rstrip("\n") + "\n"
@@ -115,7 +125,7 @@ def update_text(text: str, results: Results, path: Path = Path("-"), names: set[
         except FigureError as err:
             problems.append(Problem(path, line_of(offset + match.start()), str(err)))
             return match.group(0)
-        return format_like(value, match.group("number")) + match.group(0)[len(match.group("number")):]
+        return format_like(value, match.group("number")) + match.group(0)[len(match.group("number")) :]
 
     if inline:
         pieces, last = [], 0
@@ -142,16 +152,28 @@ def check_text(text: str, results: Results, path: Path = Path("-")) -> list[Prob
                 continue
             if not same_number(value, quoted):
                 unit = f" {match.group('unit')}" if match.group("unit") else ""
-                problems.append(Problem(path, line, f"quotes {quoted}, benchmarks/results/{match.group('file')}.json "
-                                                    f"{match.group('key')} says {format_like(value, quoted)}{unit}"))
+                problems.append(
+                    Problem(
+                        path,
+                        line,
+                        f"quotes {quoted}, benchmarks/results/{match.group('file')}.json "
+                        f"{match.group('key')} says {format_like(value, quoted)}{unit}",
+                    )
+                )
     updated, follow = update_text(text, results, path, inline=False)
     problems += follow
     if updated != text:
         for theirs, ours in zip(BLOCK.finditer(text), BLOCK.finditer(updated)):
             if theirs.group("body") != ours.group("body"):
                 line = text.count("\n", 0, theirs.start()) + 1
-                problems.append(Problem(path, line, f"block {theirs.group('name')!r} is not what its results files give "
-                                                    "(python benchmarks/figures.py --write rewrites it)"))
+                problems.append(
+                    Problem(
+                        path,
+                        line,
+                        f"block {theirs.group('name')!r} is not what its results files give "
+                        "(python benchmarks/figures.py --write rewrites it)",
+                    )
+                )
     return problems
 
 
@@ -203,8 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     for problem in problems:
         print(problem)
     figures = len(references(paths))
-    print(f"{figures} figures from results files in {len(paths)} documents; "
-          + ("written" if args.write else f"{len(problems)} not as the results say"))
+    print(
+        f"{figures} figures from results files in {len(paths)} documents; "
+        + ("written" if args.write else f"{len(problems)} not as the results say")
+    )
     return 1 if problems else 0
 
 

@@ -61,8 +61,14 @@ def fit_answer(model: str, options: dict) -> tuple[dict, dict[str, int], float]:
     answer = {
         "model": model,
         "options": options,
-        "fits": [{"spec": f.spec, "relative_speed": round(f.relative_speed, 6), "plan": _plan_json(f.plan)} for f in result.fits],
-        "not_fitting": [{"spec": m.spec, "device_total_bytes": m.device_total_bytes, "over_bytes": m.over_bytes} for m in result.misses],
+        "fits": [
+            {"spec": f.spec, "relative_speed": round(f.relative_speed, 6), "plan": _plan_json(f.plan)}
+            for f in result.fits
+        ],
+        "not_fitting": [
+            {"spec": m.spec, "device_total_bytes": m.device_total_bytes, "over_bytes": m.over_bytes}
+            for m in result.misses
+        ],
         "max_seq_len": result.max_seq_len,
         "max_seq_len_specs": result.max_seq_len_specs,
         "notes": result.notes,
@@ -73,12 +79,16 @@ def fit_answer(model: str, options: dict) -> tuple[dict, dict[str, int], float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="compare with the results file instead of writing it")
-    parser.add_argument("--twice", action="store_true", help="run each case a second time (its plans then come from the cache)")
+    parser.add_argument(
+        "--twice", action="store_true", help="run each case a second time (its plans then come from the cache)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     expected = {}
     if args.check:
-        expected = {json.dumps([c["model"], c["options"]], sort_keys=True): c for c in json.loads(args.out.read_text())["cases"]}
+        expected = {
+            json.dumps([c["model"], c["options"]], sort_keys=True): c for c in json.loads(args.out.read_text())["cases"]
+        }
     rows, differences = [], 0
     for model, options in CASES:
         for attempt in range(2 if args.twice else 1):
@@ -98,10 +108,17 @@ def main() -> int:
             if changed:
                 differences += 1
                 for key in changed:
-                    print(f"  DIFFERENT {key}:\n    before {json.dumps(old.get(key))[:2000]}\n    now    {json.dumps(answer[key])[:2000]}")
+                    print(
+                        f"  DIFFERENT {key}:\n    before {json.dumps(old.get(key))[:2000]}\n    now    {json.dumps(answer[key])[:2000]}"
+                    )
     shutil.rmtree(_CACHE_ROOT, ignore_errors=True)
     if not args.check:
-        payload = {"benchmark": "fit_answers", "command": "python benchmarks/fit_answers.py", "memfit": memfit_source(), "cases": rows}
+        payload = {
+            "benchmark": "fit_answers",
+            "command": "python benchmarks/fit_answers.py",
+            "memfit": memfit_source(),
+            "cases": rows,
+        }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.out}")

@@ -60,8 +60,9 @@ def run_fit(case: list[str], cache_dir: str, src: str | None = None) -> tuple[fl
     if src is not None:
         env["PYTHONPATH"] = os.pathsep.join([src] + [p for p in [os.environ.get("PYTHONPATH")] if p])
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "memfit", "fit", *case, "--json"], check=True, capture_output=True,
-                          text=True, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "memfit", "fit", *case, "--json"], check=True, capture_output=True, text=True, env=env
+    )
     return time.perf_counter() - started, json.loads(done.stdout)
 
 
@@ -92,33 +93,52 @@ def measure_case(case: list[str], repeats: int, src: str | None = None) -> dict:
         "plans_made": result["details"]["plans_made"],
         "simulations": result["details"].get("simulations"),
         "fits": len(result["fits"]),
-        "best": None if best is None else {k: best[k] for k in ("method", "checkpointing", "optimizer", "batch_size", "grad_accum", "seq_len")},
+        "best": None
+        if best is None
+        else {k: best[k] for k in ("method", "checkpointing", "optimizer", "batch_size", "grad_accum", "seq_len")},
         "max_seq_len": result["max_seq_len"],
         "answer_sha256": sorted(answers)[0] if len(answers) == 1 else sorted(answers),
         "load_average_1_min_after": round(os.getloadavg()[0], 2),
     }
-    print(f"{row['command']}{' (' + src + ')' if src else ''}: cold cache {cold_s:.1f} s, warm cache {warm_s:.1f} s, "
-          f"{row['plans_made']} plans, max_seq_len {result['max_seq_len']}", flush=True)
+    print(
+        f"{row['command']}{' (' + src + ')' if src else ''}: cold cache {cold_s:.1f} s, warm cache {warm_s:.1f} s, "
+        f"{row['plans_made']} plans, max_seq_len {result['max_seq_len']}",
+        flush=True,
+    )
     return row
 
 
 def _source_of(src: str) -> dict:
     """:func:`memfit_source` of the memfit in ``src`` (asked of a new process that imports it)."""
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from _machine import memfit_source; "
-            "print(json.dumps(memfit_source()))")
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from _machine import memfit_source; "
+        "print(json.dumps(memfit_source()))"
+    )
     env = dict(os.environ, PYTHONPATH=src)
-    done = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parent)], check=True,
-                          capture_output=True, text=True, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(Path(__file__).resolve().parent)],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     return json.loads(done.stdout)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--label", default="after", help="the name these results are kept under in the file (before, after...)")
-    parser.add_argument("--repeats", type=int, default=1, help="cold + warm pairs per case, each in a new cache (medians reported)")
-    parser.add_argument("--against", metavar="SRC",
-                        help="another checkout's src folder, measured case by case just before this one and kept "
-                             "under the label 'before' (the two then see the same load)")
+    parser.add_argument(
+        "--label", default="after", help="the name these results are kept under in the file (before, after...)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="cold + warm pairs per case, each in a new cache (medians reported)"
+    )
+    parser.add_argument(
+        "--against",
+        metavar="SRC",
+        help="another checkout's src folder, measured case by case just before this one and kept "
+        "under the label 'before' (the two then see the same load)",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fit_speed.json")
     args = parser.parse_args()
     load_before = os.getloadavg()
@@ -131,16 +151,28 @@ def main() -> None:
         "benchmark": "fit_speed",
         "command": "python benchmarks/fit_speed.py --label LABEL [--against OTHER/src]",
         "goal_seconds_cold_cache": GOAL_SECONDS,
-        "notes": ("cold cache: a fresh process and an empty MEMFIT_CACHE folder (every plan is made); warm cache: the "
-                  "same command again in a fresh process with the first run's cache folder. With --against, each "
-                  "case runs with the other checkout and then with this one, one after the other. The machine is "
-                  "shared: timings are noisy, see load_average_1_5_15_min and each case's load_average_1_min_after."),
+        "notes": (
+            "cold cache: a fresh process and an empty MEMFIT_CACHE folder (every plan is made); warm cache: the "
+            "same command again in a fresh process with the first run's cache folder. With --against, each "
+            "case runs with the other checkout and then with this one, one after the other. The machine is "
+            "shared: timings are noisy, see load_average_1_5_15_min and each case's load_average_1_min_after."
+        ),
     }
     loads = {"start": [round(x, 2) for x in load_before], "end": [round(x, 2) for x in os.getloadavg()]}
     if args.against:
-        write_labeled_run(args.out, "before", {"memfit": _source_of(args.against), "machine": describe_machine(),
-                                               "load_average_1_5_15_min": loads, "repeats": args.repeats,
-                                               "interleaved_with": args.label, "cases": against_rows}, header)
+        write_labeled_run(
+            args.out,
+            "before",
+            {
+                "memfit": _source_of(args.against),
+                "machine": describe_machine(),
+                "load_average_1_5_15_min": loads,
+                "repeats": args.repeats,
+                "interleaved_with": args.label,
+                "cases": against_rows,
+            },
+            header,
+        )
     run = {
         "memfit": memfit_source(),
         "machine": describe_machine(),

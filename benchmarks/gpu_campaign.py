@@ -80,17 +80,34 @@ GRACE_S = 45.0
 
 # -- the speed part: the request's four configurations (8B-shaped, LoRA and QLoRA, 2k and 8k) ------
 SPEED_CONFIGS = [
-    {"id": f"{method}-{seq_len}", "model": "llama-3.1-8b", "method": method, "seq_len": seq_len, "batch_size": 1,
-     "steps": 6, "warmup_steps": 1, "rank": 16, "precision": "bf16", "data": "synthetic"}
-    for seq_len in (2048, 8192) for method in ("lora", "qlora")
+    {
+        "id": f"{method}-{seq_len}",
+        "model": "llama-3.1-8b",
+        "method": method,
+        "seq_len": seq_len,
+        "batch_size": 1,
+        "steps": 6,
+        "warmup_steps": 1,
+        "rank": 16,
+        "precision": "bf16",
+        "data": "synthetic",
+    }
+    for seq_len in (2048, 8192)
+    for method in ("lora", "qlora")
 ]
 SPEED_SIDES = ("memfit", "hf-trainer")
 
 # -- --tiny: every part's logic on tiny models, in about a minute on a CPU --------------------------
 #: A Llama whose longest context under TINY_CONTEXT_BUDGET_BYTES is a thousand-odd tokens.
 TINY_CONTEXT_MODEL = {
-    "model_type": "llama", "hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 8192,
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 344,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 8192,
     "tie_word_embeddings": False,
 }
 #: The CUDA context the planner assumes (512 MiB) and 56 MiB for the step.
@@ -98,8 +115,18 @@ TINY_CONTEXT_BUDGET_BYTES = 568 * 2**20
 #: The GPU tests --tiny runs: one file that collects in a second (on a CPU they are all skipped).
 TINY_TEST_FILES = ("tests/planner/test_allocator.py",)
 TINY_SPEED_CONFIGS = [
-    {"id": "tiny-lora-128", "model": "tiny", "method": "lora", "seq_len": 128, "batch_size": 2, "steps": 3,
-     "warmup_steps": 1, "rank": 16, "precision": "fp32", "data": "synthetic"},
+    {
+        "id": "tiny-lora-128",
+        "model": "tiny",
+        "method": "lora",
+        "seq_len": 128,
+        "batch_size": 2,
+        "steps": 3,
+        "warmup_steps": 1,
+        "rank": 16,
+        "precision": "fp32",
+        "data": "synthetic",
+    },
 ]
 
 
@@ -152,8 +179,19 @@ class PartFile:
     def save(self, status: str, summary: dict | None = None) -> None:
         if not self.units and not self.path.exists():
             return  # nothing measured yet: no file (a run stopped before its first unit leaves none)
-        write_json(self.path, {"part": self.part, "schema": SCHEMA, **self.header, "status": status,
-                               "updated_at": now_iso(), "summary": summary or {}, "info": self.info, "units": self.units})
+        write_json(
+            self.path,
+            {
+                "part": self.part,
+                "schema": SCHEMA,
+                **self.header,
+                "status": status,
+                "updated_at": now_iso(),
+                "summary": summary or {},
+                "info": self.info,
+                "units": self.units,
+            },
+        )
 
 
 def now_iso() -> str:
@@ -278,16 +316,29 @@ def planning_job(kind: str, payload: dict) -> dict:
             return accuracy_bench.plan_case(payload["model"], payload["knobs"], payload["gpu_key"], payload["device"])
         if kind == "fit":
             started = time.perf_counter()
-            result = api.fit(payload["model"], methods=("qlora",), batch_size=1, workers=1, **payload["target"], **payload["knobs"])
+            result = api.fit(
+                payload["model"], methods=("qlora",), batch_size=1, workers=1, **payload["target"], **payload["knobs"]
+            )
             chosen = dict(result.max_seq_len_specs.get("qlora") or {})
-            settings = {k: chosen[k] for k in ("checkpointing", "optimizer", "tiling") if k in chosen
-                        and (payload["knobs"].get("recipe") == "memfit" or k != "tiling")}
-            return {"max_seq_len": int(result.max_seq_len.get("qlora") or 0), "settings": settings,
-                    "plans_made": result.plans_made, "fit_seconds": round(time.perf_counter() - started, 1)}
+            settings = {
+                k: chosen[k]
+                for k in ("checkpointing", "optimizer", "tiling")
+                if k in chosen and (payload["knobs"].get("recipe") == "memfit" or k != "tiling")
+            }
+            return {
+                "max_seq_len": int(result.max_seq_len.get("qlora") or 0),
+                "settings": settings,
+                "plans_made": result.plans_made,
+                "fit_seconds": round(time.perf_counter() - started, 1),
+            }
         if kind == "plan":
             plan = api.plan(payload["model"], **payload["options"])
-            return {"allocated_bytes": plan.allocated_bytes, "reserved_bytes": plan.reserved_bytes,
-                    "device_total_bytes": plan.device_total_bytes, "fits": plan.fits}
+            return {
+                "allocated_bytes": plan.allocated_bytes,
+                "reserved_bytes": plan.reserved_bytes,
+                "device_total_bytes": plan.device_total_bytes,
+                "fits": plan.fits,
+            }
         raise ValueError(f"unknown planning job {kind!r}")
     except Exception as err:  # noqa: BLE001 - reported in the results, next to the case
         return {"error": f"{type(err).__name__}: {err}".splitlines()[0][:500]}
@@ -306,8 +357,11 @@ class Planner:
             import multiprocessing
             from concurrent.futures import ProcessPoolExecutor
 
-            self.pool = ProcessPoolExecutor(max_workers=self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                            initializer=_planning_worker_init)
+            self.pool = ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_planning_worker_init,
+            )
         if key not in self.futures:
             self.futures[key] = self.pool.submit(planning_job, kind, payload)
 
@@ -370,7 +424,9 @@ class Campaign:
         return time.time() - self.wall_started
 
     def part_file(self, part: str) -> PartFile:
-        return PartFile(self.out / f"{part}.json", part, {"mode": self.mode, "gpu_key": self.gpu_key, "device": self.device})
+        return PartFile(
+            self.out / f"{part}.json", part, {"mode": self.mode, "gpu_key": self.gpu_key, "device": self.device}
+        )
 
     @property
     def mode(self) -> str:
@@ -388,7 +444,9 @@ class Campaign:
         for path in reversed(paths):
             if path not in sys.path:
                 sys.path.insert(0, path)
-        self.env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in self.env.get("PYTHONPATH", "").split(os.pathsep) if p])
+        self.env["PYTHONPATH"] = os.pathsep.join(
+            paths + [p for p in self.env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
         self.env.setdefault("HF_HUB_OFFLINE", "1")
         self.env.setdefault("TOKENIZERS_PARALLELISM", "false")
         if self.tiny and not self.cuda:
@@ -398,37 +456,62 @@ class Campaign:
         environment = _machine.describe_in_subprocess(env=self.env, timeout_s=self.clock.child_timeout(20.0))
         gpu_name = environment.get("gpu")
         if self.cuda and not gpu_name:
-            raise UsageError(f"--device {self.device}: this machine has no CUDA GPU that PyTorch sees; "
-                             "for the dry run on a CPU use --tiny --device cpu")
+            raise UsageError(
+                f"--device {self.device}: this machine has no CUDA GPU that PyTorch sees; "
+                "for the dry run on a CPU use --tiny --device cpu"
+            )
         if not self.cuda and gpu_name and not self.tiny:
-            raise UsageError(f"--device {self.device}: the campaign measures a GPU; use --device cuda (or --tiny for the dry run)")
+            raise UsageError(
+                f"--device {self.device}: the campaign measures a GPU; use --device cuda (or --tiny for the dry run)"
+            )
         memfit_path = (environment.get("memfit") or {}).get("path", "")
         if not memfit_path.startswith(str(REPO / "src")):
-            raise UsageError(f"memfit is imported from {memfit_path}, not from this checkout's src/; "
-                             "remove the other install from PYTHONPATH or run from the repository root")
+            raise UsageError(
+                f"memfit is imported from {memfit_path}, not from this checkout's src/; "
+                "remove the other install from PYTHONPATH or run from the repository root"
+            )
         if self.cuda and not environment["versions"].get("bitsandbytes"):
-            raise UsageError("bitsandbytes is not installed (QLoRA and 8-bit optimizers need it): add --install "
-                             "to install the wheels carried in .whl/ (python benchmarks/gpu_campaign.py --fetch-wheels fetches them)")
+            raise UsageError(
+                "bitsandbytes is not installed (QLoRA and 8-bit optimizers need it): add --install "
+                "to install the wheels carried in .whl/ (python benchmarks/gpu_campaign.py --fetch-wheels fetches them)"
+            )
         self.environment = environment
         self.gpu_key = (api.gpu_key(gpu_name) or _slug(gpu_name)) if gpu_name and self.cuda else "cpu"
-        self.out = Path(args.out) if args.out else (Path(tempfile.gettempdir()) / "memfit-gpu-campaign-tiny" if self.tiny
-                                                     else RESULTS_ROOT / self.gpu_key)
+        self.out = (
+            Path(args.out)
+            if args.out
+            else (
+                Path(tempfile.gettempdir()) / "memfit-gpu-campaign-tiny" if self.tiny else RESULTS_ROOT / self.gpu_key
+            )
+        )
         self.out.mkdir(parents=True, exist_ok=True)
-        self.log(f"memfit from {memfit_path} (source {environment['memfit']['digest']}"
-                 + (f", commit {environment['memfit']['commit'][:12]}" if environment["memfit"].get("commit") else "") + ")")
+        self.log(
+            f"memfit from {memfit_path} (source {environment['memfit']['digest']}"
+            + (f", commit {environment['memfit']['commit'][:12]}" if environment["memfit"].get("commit") else "")
+            + ")"
+        )
         versions = environment["versions"]
-        self.log("python {python} · torch {torch} (CUDA {cuda}) · transformers {transformers} · peft {peft} · bitsandbytes {bnb}".format(
-            cuda=environment.get("cuda_runtime"), bnb=versions.get("bitsandbytes"), **versions))
+        self.log(
+            "python {python} · torch {torch} (CUDA {cuda}) · transformers {transformers} · peft {peft} · bitsandbytes {bnb}".format(
+                cuda=environment.get("cuda_runtime"), bnb=versions.get("bitsandbytes"), **versions
+            )
+        )
         details = environment.get("gpu_details")
         if details:
-            self.log(f"GPU {details['name']} · {details['total_memory_bytes'] / 2**30:.1f} GiB · compute capability "
-                     f"{details['compute_capability']} · driver {details.get('driver')}")
+            self.log(
+                f"GPU {details['name']} · {details['total_memory_bytes'] / 2**30:.1f} GiB · compute capability "
+                f"{details['compute_capability']} · driver {details.get('driver')}"
+            )
         if self.cuda and environment.get("bitsandbytes_cuda") != "ok":
-            self.log(f"warning: bitsandbytes does not work on this GPU ({environment.get('bitsandbytes_cuda')}): "
-                     "QLoRA and 8-bit optimizer runs will fail; the others go on")
+            self.log(
+                f"warning: bitsandbytes does not work on this GPU ({environment.get('bitsandbytes_cuda')}): "
+                "QLoRA and 8-bit optimizer runs will fail; the others go on"
+            )
         if install:
-            self.log(f"installed into {install['site']}: {', '.join(install['installed']) or 'nothing'}"
-                     + (f"; kept {'; '.join(install['kept'])}" if install["kept"] else ""))
+            self.log(
+                f"installed into {install['site']}: {', '.join(install['installed']) or 'nothing'}"
+                + (f"; kept {'; '.join(install['kept'])}" if install["kept"] else "")
+            )
         self.resume()
         self.invocation = {
             "id": uuid.uuid4().hex[:12],
@@ -458,9 +541,11 @@ class Campaign:
         for folder in [self.out, *sources]:
             campaign = load_json(folder / CAMPAIGN_FILE)
             if campaign and (campaign.get("mode"), campaign.get("gpu_key")) != (self.mode, self.gpu_key):
-                raise UsageError(f"--resume-from {folder}: its results are from {campaign.get('mode')} runs on "
-                                 f"{campaign.get('gpu_key')}, this run is {self.mode} on {self.gpu_key}; "
-                                 "point --out / --resume-from elsewhere, or add --fresh to start over")
+                raise UsageError(
+                    f"--resume-from {folder}: its results are from {campaign.get('mode')} runs on "
+                    f"{campaign.get('gpu_key')}, this run is {self.mode} on {self.gpu_key}; "
+                    "point --out / --resume-from elsewhere, or add --fresh to start over"
+                )
         for folder in sources:
             for name in [f"{p}.json" for p in PARTS] + [CAMPAIGN_FILE]:
                 merged = merge_part(load_json(self.out / name), load_json(folder / name))
@@ -470,8 +555,10 @@ class Campaign:
             self.log(f"resuming with the results in {folder}")
 
     def save_campaign(self) -> None:
-        campaign = merge_part({"schema": SCHEMA, "mode": self.mode, "gpu_key": self.gpu_key, "invocations": [self.invocation]},
-                              load_json(self.out / CAMPAIGN_FILE))
+        campaign = merge_part(
+            {"schema": SCHEMA, "mode": self.mode, "gpu_key": self.gpu_key, "invocations": [self.invocation]},
+            load_json(self.out / CAMPAIGN_FILE),
+        )
         campaign.update(schema=SCHEMA, mode=self.mode, gpu_key=self.gpu_key)
         write_json(self.out / CAMPAIGN_FILE, campaign)
 
@@ -484,9 +571,13 @@ class Campaign:
         self.setup()
         cpus = os.cpu_count() or 1
         self.planner = Planner(workers=max(1, min(3, cpus // 4)))
-        runners: dict[str, Callable[[], str]] = {"tests": self.part_tests, "accuracy": self.part_accuracy,
-                                                 "context": self.part_context, "speed": self.part_speed,
-                                                 "constants": self.part_constants}
+        runners: dict[str, Callable[[], str]] = {
+            "tests": self.part_tests,
+            "accuracy": self.part_accuracy,
+            "context": self.part_context,
+            "speed": self.part_speed,
+            "constants": self.part_constants,
+        }
         failed = False
         try:
             self.submit_plans()
@@ -524,7 +615,9 @@ class Campaign:
             elif part == "accuracy":
                 done = self.part_file("accuracy").units
                 for model, knobs in self.accuracy_cases():
-                    if not self._final(done.get(accuracy_bench.case_id(model, knobs), {}).get("measured", {}).get("status")):
+                    if not self._final(
+                        done.get(accuracy_bench.case_id(model, knobs), {}).get("measured", {}).get("status")
+                    ):
                         self.case_plan(model, knobs, wait=False)
             elif part == "speed":
                 for config in self.speed_configs():
@@ -534,7 +627,9 @@ class Campaign:
     # Each planning job is submitted once, ahead of time by submit_plans or when first needed.
     def case_plan(self, model: str | dict, knobs: dict, wait: bool = True) -> dict | None:
         key = f"accuracy/{accuracy_bench.case_id(model, knobs)}"
-        self.planner.submit(key, "case", {"model": model, "knobs": knobs, "gpu_key": self.plan_gpu, "device": self.device})
+        self.planner.submit(
+            key, "case", {"model": model, "knobs": knobs, "gpu_key": self.plan_gpu, "device": self.device}
+        )
         return self.planner.result(key) if wait else None
 
     def context_fit(self, recipe: str, wait: bool = True) -> dict | None:
@@ -543,7 +638,9 @@ class Campaign:
 
     def speed_plan(self, config: dict, side: str, wait: bool = True) -> dict | None:
         key = f"speed/{config['id']}/{side}"
-        self.planner.submit(key, "plan", {"model": self.speed_model(config), "options": self.speed_plan_options(config, side)})
+        self.planner.submit(
+            key, "plan", {"model": self.speed_model(config), "options": self.speed_plan_options(config, side)}
+        )
         return self.planner.result(key) if wait else None
 
     @property
@@ -561,7 +658,9 @@ class Campaign:
         if store.units.get("pytest", {}).get("status") == "finished":
             self.log("tests: done earlier, skipped")
             return "done earlier"
-        files = sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text())
+        files = sorted(
+            str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text()
+        )
         if self.tiny:
             files = [f for f in files if f in TINY_TEST_FILES]
         estimate = 20.0 if self.tiny else 120.0
@@ -570,7 +669,18 @@ class Campaign:
             return "not started (time)"
         with tempfile.TemporaryDirectory(prefix="memfit-campaign-") as scratch:
             junit = Path(scratch) / "junit.xml"
-            command = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *files]
+            command = [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-m",
+                "gpu",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                f"--junitxml={junit}",
+                *files,
+            ]
             started = time.perf_counter()
             timeout = self.clock.child_timeout(estimate)
             try:
@@ -583,9 +693,15 @@ class Campaign:
         counts: dict[str, int] = {}
         for test in tests:
             counts[test["outcome"]] = counts.get(test["outcome"], 0) + 1
-        store.units["pytest"] = {"status": status, "command": "python -m pytest -m gpu " + " ".join(files),
-                                 "exit_code": exit_code, "seconds": round(time.perf_counter() - started, 1), "counts": counts,
-                                 "tests": tests, "output_tail": output[-4000:]}
+        store.units["pytest"] = {
+            "status": status,
+            "command": "python -m pytest -m gpu " + " ".join(files),
+            "exit_code": exit_code,
+            "seconds": round(time.perf_counter() - started, 1),
+            "counts": counts,
+            "tests": tests,
+            "output_tail": output[-4000:],
+        }
         store.save("complete" if status == "finished" else "partial", counts)
         self.log(f"tests: {', '.join(f'{n} {k}' for k, n in sorted(counts.items())) or 'none ran'} (exit {exit_code})")
         return "complete" if status == "finished" else "partial (timeout)"
@@ -596,12 +712,20 @@ class Campaign:
 
     def part_accuracy(self) -> str:
         store = self.part_file("accuracy")
-        store.info.update(goal=accuracy_bench.GOAL, steps_per_case=accuracy_bench.STEPS,
-                          cases=[accuracy_bench.case_id(m, k) for m, k in self.accuracy_cases()])
+        store.info.update(
+            goal=accuracy_bench.GOAL,
+            steps_per_case=accuracy_bench.STEPS,
+            cases=[accuracy_bench.case_id(m, k) for m, k in self.accuracy_cases()],
+        )
         estimator = self.estimator()
-        todo = [(m, k) for m, k in self.accuracy_cases()
-                if not self._final(store.units.get(accuracy_bench.case_id(m, k), {}).get("measured", {}).get("status"))]
-        self.log(f"accuracy: {len(self.accuracy_cases()) - len(todo)} of {len(self.accuracy_cases())} cases done earlier")
+        todo = [
+            (m, k)
+            for m, k in self.accuracy_cases()
+            if not self._final(store.units.get(accuracy_bench.case_id(m, k), {}).get("measured", {}).get("status"))
+        ]
+        self.log(
+            f"accuracy: {len(self.accuracy_cases()) - len(todo)} of {len(self.accuracy_cases())} cases done earlier"
+        )
         status, errors_in_a_row = "complete", 0
         for model, knobs in todo:
             cid = accuracy_bench.case_id(model, knobs)
@@ -619,8 +743,9 @@ class Campaign:
                 row = accuracy_bench.make_row(model, knobs, planned, measured)
             else:
                 others = _machine.gpu_processes() if self.cuda else None
-                measured = accuracy_bench.measure_in_subprocess(model, knobs, self.device, env=self.env,
-                                                                timeout_s=self.clock.child_timeout(estimate))
+                measured = accuracy_bench.measure_in_subprocess(
+                    model, knobs, self.device, env=self.env, timeout_s=self.clock.child_timeout(estimate)
+                )
                 estimator.learn(params, flops, measured.get("wall_seconds"))
                 row = accuracy_bench.make_row(model, knobs, planned, measured)
                 row["other_gpu_processes"] = others
@@ -629,18 +754,28 @@ class Campaign:
             store.units[cid] = row
             store.save("partial", accuracy_bench.summarize(list(store.units.values())))
             error = row["error"]["reserved"] if row["error"]["reserved"] is not None else row["error"]["allocated"]
-            self.log(f"accuracy: {cid}: {measured.get('status')}"
-                     + (f", error {error:+.2%}" if error is not None else "")
-                     + (f" ({measured.get('wall_seconds')} s, estimated {estimate:.0f} s)" if measured.get("wall_seconds") else "")
-                     + (f" {measured.get('error', '')[:200]}" if measured.get("status") not in ("ok",) else ""))
+            self.log(
+                f"accuracy: {cid}: {measured.get('status')}"
+                + (f", error {error:+.2%}" if error is not None else "")
+                + (
+                    f" ({measured.get('wall_seconds')} s, estimated {estimate:.0f} s)"
+                    if measured.get("wall_seconds")
+                    else ""
+                )
+                + (f" {measured.get('error', '')[:200]}" if measured.get("status") not in ("ok",) else "")
+            )
             errors_in_a_row = errors_in_a_row + 1 if measured.get("status") in ("error", "timeout") else 0
             if errors_in_a_row >= MAX_ERRORS_IN_A_ROW:
-                self.log(f"accuracy: stopping after {errors_in_a_row} failed cases in a row (see the results; --retry-errors runs them again)")
+                self.log(
+                    f"accuracy: stopping after {errors_in_a_row} failed cases in a row (see the results; --retry-errors runs them again)"
+                )
                 status = "stopped (errors)"
                 break
         self.planner.cancel("accuracy/")
-        done = all(self._final(store.units.get(accuracy_bench.case_id(m, k), {}).get("measured", {}).get("status"))
-                   for m, k in self.accuracy_cases())
+        done = all(
+            self._final(store.units.get(accuracy_bench.case_id(m, k), {}).get("measured", {}).get("status"))
+            for m, k in self.accuracy_cases()
+        )
         store.save("complete" if done else "partial", accuracy_bench.summarize(list(store.units.values())))
         return "complete" if done else status
 
@@ -648,7 +783,7 @@ class Campaign:
         if not self.cuda:
             return Estimator(overhead_s=6.0, flops_per_s=2e10, load_s_per_param=1e-7)
         gpu = api.get_gpu(self.plan_gpu) if self.plan_gpu else None
-        tflops = (gpu.bf16_tflops if gpu and gpu.bf16_tflops else 300.0)
+        tflops = gpu.bf16_tflops if gpu and gpu.bf16_tflops else 300.0
         # About a third of the datasheet's dense peak for these small, random-init steps; loading
         # random weights runs at a few GB/s.
         return Estimator(overhead_s=12.0, flops_per_s=tflops * 1e12 / 3.0, load_s_per_param=1.5e-9)
@@ -659,7 +794,11 @@ class Campaign:
 
     def context_fit_payload(self, recipe: str) -> dict:
         target = {"budget": TINY_CONTEXT_BUDGET_BYTES} if self.tiny else {"gpu": context_bench.CARD}
-        return {"model": self.context_model(), "target": target, "knobs": {"rank": context_bench.KNOBS["rank"], "recipe": recipe}}
+        return {
+            "model": self.context_model(),
+            "target": target,
+            "knobs": {"rank": context_bench.KNOBS["rank"], "recipe": recipe},
+        }
 
     def context_cap(self, recipe: str, planned: int, settings: dict) -> dict:
         """The cap the probes run under. On a GPU: the card's memory less the assumed CUDA context.
@@ -675,23 +814,42 @@ class Campaign:
         if self.cuda:
             # A tiny run on a GPU caps the allocator as the full run does, at the budget fit planned for.
             context = api.runtime_assumptions(None)["cuda_context_bytes"]
-            return {"card": "budget", "card_memory_bytes": TINY_CONTEXT_BUDGET_BYTES, "assumed_context_bytes": context,
-                    "cap_bytes": TINY_CONTEXT_BUDGET_BYTES - context}
-        options = {"method": "qlora", "rank": context_bench.KNOBS["rank"], "batch_size": 1, "seq_len": planned,
-                   "recipe": recipe, "context_bytes": 0, "cublas_workspace_bytes": 0, **settings}
+            return {
+                "card": "budget",
+                "card_memory_bytes": TINY_CONTEXT_BUDGET_BYTES,
+                "assumed_context_bytes": context,
+                "cap_bytes": TINY_CONTEXT_BUDGET_BYTES - context,
+            }
+        options = {
+            "method": "qlora",
+            "rank": context_bench.KNOBS["rank"],
+            "batch_size": 1,
+            "seq_len": planned,
+            "recipe": recipe,
+            "context_bytes": 0,
+            "cublas_workspace_bytes": 0,
+            **settings,
+        }
         self.planner.submit(f"context/{recipe}/cap", "plan", {"model": self.context_model(), "options": options})
         plan = self.planner.result(f"context/{recipe}/cap")
         if "error" in plan:
             raise RuntimeError(f"the plan for the tiny cap failed: {plan['error']}")
-        return {"card": "plan", "cap_bytes": plan["allocated_bytes"],
-                "how": "the plan's allocated bytes at fit's answer (no cuBLAS workspaces on a CPU)"}
+        return {
+            "card": "plan",
+            "cap_bytes": plan["allocated_bytes"],
+            "how": "the plan's allocated bytes at fit's answer (no cuBLAS workspaces on a CPU)",
+        }
 
     def part_context(self) -> str:
         store = self.part_file("context")
         model = self.context_model()
-        store.info.update(model=model if isinstance(model, str) else "tiny-llama", knobs=dict(context_bench.KNOBS, batch_size=1),
-                          card=None if self.tiny else context_bench.CARD, steps_per_length=context_bench.PROBE_STEPS,
-                          cublas_workspace_config=None if self.tiny else context_bench.CARD_CUBLAS_WORKSPACE_CONFIG)
+        store.info.update(
+            model=model if isinstance(model, str) else "tiny-llama",
+            knobs=dict(context_bench.KNOBS, batch_size=1),
+            card=None if self.tiny else context_bench.CARD,
+            steps_per_length=context_bench.PROBE_STEPS,
+            cublas_workspace_config=None if self.tiny else context_bench.CARD_CUBLAS_WORKSPACE_CONFIG,
+        )
         env = dict(self.env)
         if not self.tiny:
             # The card the plan is for (Ada) has smaller cuBLAS workspaces than a Hopper GPU.
@@ -712,46 +870,96 @@ class Campaign:
                 break
             fitted = self.context_fit(recipe)
             if "error" in fitted:
-                store.units[recipe] = {"recipe": recipe, "planned": fitted, "finished": True, "conclusion": f"fit failed: {fitted['error']}"}
+                store.units[recipe] = {
+                    "recipe": recipe,
+                    "planned": fitted,
+                    "finished": True,
+                    "conclusion": f"fit failed: {fitted['error']}",
+                }
                 store.save("partial", self.context_summary(store))
                 continue
             planned = fitted["max_seq_len"]
             if not planned:
                 # Nothing to search from: the plan fits no length at all (and says so).
-                store.units[recipe] = {"recipe": recipe, "planned": fitted, "planned_max_seq_len": 0, "probes": [],
-                                       "finished": True, "conclusion": "the plan fits no length: nothing to measure"}
+                store.units[recipe] = {
+                    "recipe": recipe,
+                    "planned": fitted,
+                    "planned_max_seq_len": 0,
+                    "probes": [],
+                    "finished": True,
+                    "conclusion": "the plan fits no length: nothing to measure",
+                }
                 store.save("partial", self.context_summary(store))
                 continue
             settings = dict(fitted["settings"])
             if self.tiny and not self.cuda and recipe == "hf" and settings.get("checkpointing") == "offload":
                 # transformers' offload pins host memory, which needs an accelerator.
                 settings["checkpointing"] = "on"
-            estimate = estimator(params, context_bench.PROBE_STEPS * step_flops(config, params, {"method": "qlora", "seq_len": planned, **settings}))
+            estimate = estimator(
+                params,
+                context_bench.PROBE_STEPS
+                * step_flops(config, params, {"method": "qlora", "seq_len": planned, **settings}),
+            )
             if not self.clock.allows(estimate):
-                self.log(f"context: {recipe} not started (~{estimate:.0f} s for the plan's {planned:,} tokens would end past --max-minutes)")
+                self.log(
+                    f"context: {recipe} not started (~{estimate:.0f} s for the plan's {planned:,} tokens would end past --max-minutes)"
+                )
                 status = "partial (time)"
                 break
             cap = self.context_cap(recipe, planned, settings)
-            self.log(f"context: {recipe}: fit planned {planned:,} tokens with {settings}; probing under a cap of "
-                     f"{api.format_bytes(cap['cap_bytes'])}")
+            self.log(
+                f"context: {recipe}: fit planned {planned:,} tokens with {settings}; probing under a cap of "
+                f"{api.format_bytes(cap['cap_bytes'])}"
+            )
 
             logged = [len((unit or {}).get("probes", []))]
 
-            def saved(probes: list[dict], recipe=recipe, fitted=fitted, settings=settings, planned=planned, cap=cap, logged=logged) -> None:
+            def saved(
+                probes: list[dict],
+                recipe=recipe,
+                fitted=fitted,
+                settings=settings,
+                planned=planned,
+                cap=cap,
+                logged=logged,
+            ) -> None:
                 step = context_bench.probe_step(planned)
-                store.units[recipe] = {"recipe": recipe, "planned": fitted, "settings": settings, "planned_max_seq_len": planned,
-                                       "step_tokens": step, "cap": cap, "probes": probes,
-                                       **context_bench.search_outcome(planned, step, probes)}
+                store.units[recipe] = {
+                    "recipe": recipe,
+                    "planned": fitted,
+                    "settings": settings,
+                    "planned_max_seq_len": planned,
+                    "step_tokens": step,
+                    "cap": cap,
+                    "probes": probes,
+                    **context_bench.search_outcome(planned, step, probes),
+                }
                 store.save("partial", self.context_summary(store))
-                for row in probes[logged[0]:]:
-                    self.log(f"context: {recipe}: {row.get('tokens')} tokens: {row.get('status')}"
-                             + (f", {row['tokens_per_second']:.0f} tokens/s" if row.get("tokens_per_second") else "")
-                             + (f", peak reserved {api.format_bytes(row['max_reserved_bytes'])}" if row.get("max_reserved_bytes") else ""))
+                for row in probes[logged[0] :]:
+                    self.log(
+                        f"context: {recipe}: {row.get('tokens')} tokens: {row.get('status')}"
+                        + (f", {row['tokens_per_second']:.0f} tokens/s" if row.get("tokens_per_second") else "")
+                        + (
+                            f", peak reserved {api.format_bytes(row['max_reserved_bytes'])}"
+                            if row.get("max_reserved_bytes")
+                            else ""
+                        )
+                    )
                 logged[0] = len(probes)
 
             result = context_bench.search_longest(
-                recipe, planned, settings, cap_bytes=cap["cap_bytes"], device=self.device, model=model,
-                probes=(unit or {}).get("probes"), deadline=self.clock.child_deadline, grace_s=GRACE_S, env=env, on_update=saved)
+                recipe,
+                planned,
+                settings,
+                cap_bytes=cap["cap_bytes"],
+                device=self.device,
+                model=model,
+                probes=(unit or {}).get("probes"),
+                deadline=self.clock.child_deadline,
+                grace_s=GRACE_S,
+                env=env,
+                on_update=saved,
+            )
             store.units[recipe] = {**store.units.get(recipe, {}), **result, "planned": fitted, "cap": cap}
             store.save("partial", self.context_summary(store))
             self.log(f"context: {recipe}: {result['conclusion']} (plan: {planned:,})")
@@ -764,8 +972,13 @@ class Campaign:
 
     @staticmethod
     def context_summary(store: PartFile) -> dict:
-        return {recipe: {key: unit.get(key) for key in ("planned_max_seq_len", "longest_ran", "first_oom", "conclusion", "finished")}
-                for recipe, unit in store.units.items()}
+        return {
+            recipe: {
+                key: unit.get(key)
+                for key in ("planned_max_seq_len", "longest_ran", "first_oom", "conclusion", "finished")
+            }
+            for recipe, unit in store.units.items()
+        }
 
     # speed ---------------------------------------------------------------------------------
     def speed_configs(self) -> list[dict]:
@@ -779,9 +992,16 @@ class Campaign:
         return config["model"]
 
     def speed_plan_options(self, config: dict, side: str) -> dict:
-        options = {"method": config["method"], "rank": config["rank"], "precision": config["precision"],
-                   "batch_size": config["batch_size"], "seq_len": config["seq_len"], "checkpointing": "on",
-                   "recipe": "memfit" if side == "memfit" else "hf", "gpu": self.plan_gpu}
+        options = {
+            "method": config["method"],
+            "rank": config["rank"],
+            "precision": config["precision"],
+            "batch_size": config["batch_size"],
+            "seq_len": config["seq_len"],
+            "checkpointing": "on",
+            "recipe": "memfit" if side == "memfit" else "hf",
+            "gpu": self.plan_gpu,
+        }
         if not self.cuda:
             options.update(context_bytes=0, cublas_workspace_bytes=0)
         return options
@@ -797,8 +1017,11 @@ class Campaign:
                 break
             model_dict = api.model_config(self.speed_model(config))
             params = config_params(model_dict)
-            flops = config["steps"] * step_flops(model_dict, params, {"method": config["method"], "seq_len": config["seq_len"],
-                                                                     "batch_size": config["batch_size"]})
+            flops = config["steps"] * step_flops(
+                model_dict,
+                params,
+                {"method": config["method"], "seq_len": config["seq_len"], "batch_size": config["batch_size"]},
+            )
             for side in SPEED_SIDES:
                 uid = f"{config['id']}/{side}"
                 if self._final(store.units.get(uid, {}).get("result", {}).get("status")):
@@ -809,25 +1032,53 @@ class Campaign:
                     self.log(f"speed: stopping before {uid} (~{estimate:.0f} s would end past --max-minutes)")
                     status, out_of_time = "partial (time)", True
                     break
-                options = {key: config[key] for key in ("model", "method", "seq_len", "batch_size", "steps", "warmup_steps",
-                                                        "rank", "precision", "data")}
+                options = {
+                    key: config[key]
+                    for key in (
+                        "model",
+                        "method",
+                        "seq_len",
+                        "batch_size",
+                        "steps",
+                        "warmup_steps",
+                        "rank",
+                        "precision",
+                        "data",
+                    )
+                }
                 options.update(device=self.device, init="random")
-                result = speed_bench.run_side_in_subprocess(side, options, timeout_s=self.clock.child_timeout(estimate), env=self.env)
+                result = speed_bench.run_side_in_subprocess(
+                    side, options, timeout_s=self.clock.child_timeout(estimate), env=self.env
+                )
                 estimator.learn(params, flops, result.get("wall_seconds"))
                 plan = self.speed_plan(config, side)
-                store.units[uid] = {"config": config["id"], "side": side, "options": options, "result": result,
-                                    "plan": plan, "finished_at": now_iso()}
+                store.units[uid] = {
+                    "config": config["id"],
+                    "side": side,
+                    "options": options,
+                    "result": result,
+                    "plan": plan,
+                    "finished_at": now_iso(),
+                }
                 store.save("partial", speed_summary(store.units))
                 speed = result.get("tokens_per_second_after_warmup")
-                self.log(f"speed: {uid}: {result['status']}" + (f", {speed:.0f} tokens/s after warm-up" if speed else "")
-                         + (f" {result.get('error', '')[:200]}" if result["status"] != "ok" else ""))
+                self.log(
+                    f"speed: {uid}: {result['status']}"
+                    + (f", {speed:.0f} tokens/s after warm-up" if speed else "")
+                    + (f" {result.get('error', '')[:200]}" if result["status"] != "ok" else "")
+                )
                 errors_in_a_row = errors_in_a_row + 1 if result["status"] != "ok" else 0
                 if errors_in_a_row >= MAX_ERRORS_IN_A_ROW:
-                    self.log(f"speed: stopping after {errors_in_a_row} failed runs in a row (--retry-errors runs them again)")
+                    self.log(
+                        f"speed: stopping after {errors_in_a_row} failed runs in a row (--retry-errors runs them again)"
+                    )
                     status, out_of_time = "stopped (errors)", True
                     break
-        done = all(self._final(store.units.get(f"{c['id']}/{s}", {}).get("result", {}).get("status"))
-                   for c in self.speed_configs() for s in SPEED_SIDES)
+        done = all(
+            self._final(store.units.get(f"{c['id']}/{s}", {}).get("result", {}).get("status"))
+            for c in self.speed_configs()
+            for s in SPEED_SIDES
+        )
         store.save("complete" if done else "partial", speed_summary(store.units))
         return "complete" if done else status
 
@@ -849,7 +1100,9 @@ class Campaign:
             if idle_bytes is not None:
                 command += ["--idle-used-bytes", str(idle_bytes)]
             try:
-                proc = subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=self.clock.child_timeout(estimate))
+                proc = subprocess.run(
+                    command, env=self.env, capture_output=True, text=True, timeout=self.clock.child_timeout(estimate)
+                )
             except subprocess.TimeoutExpired:
                 self.log("constants: stopped (time)")
                 return "partial (timeout)"
@@ -863,8 +1116,14 @@ class Campaign:
         store.units["constants"] = {"status": "ok", "idle_used_nvidia_smi": idle, **measured}
         store.save("complete")
         context = (measured.get("measured") or {}).get("after_init", {}).get("context_bytes")
-        self.log("constants: " + (f"context after init {context / 2**20:.0f} MiB (assumed {measured['assumed']['cuda_context_bytes'] / 2**20:.0f} MiB)"
-                                  if context is not None else measured.get("reason", "")))
+        self.log(
+            "constants: "
+            + (
+                f"context after init {context / 2**20:.0f} MiB (assumed {measured['assumed']['cuda_context_bytes'] / 2**20:.0f} MiB)"
+                if context is not None
+                else measured.get("reason", "")
+            )
+        )
         return "complete"
 
 
@@ -876,10 +1135,12 @@ def speed_summary(units: dict) -> dict:
         if result.get("status") != "ok":
             continue
         row = summary.setdefault(unit["config"], {})
-        row[unit["side"]] = {"tokens_per_second_after_warmup": result.get("tokens_per_second_after_warmup"),
-                             "peak_reserved_bytes": result.get("peak_reserved_bytes"),
-                             "peak_allocated_bytes": result.get("peak_allocated_bytes"),
-                             "peak_rss_bytes": result.get("peak_rss_bytes")}
+        row[unit["side"]] = {
+            "tokens_per_second_after_warmup": result.get("tokens_per_second_after_warmup"),
+            "peak_reserved_bytes": result.get("peak_reserved_bytes"),
+            "peak_allocated_bytes": result.get("peak_allocated_bytes"),
+            "peak_rss_bytes": result.get("peak_rss_bytes"),
+        }
     for row in summary.values():
         mine, theirs = row.get("memfit"), row.get("hf-trainer")
         if mine and theirs:
@@ -903,9 +1164,15 @@ def parse_junit(path: Path) -> list[dict]:
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
                 message, detail = node.get("message"), (node.text or "").strip()
                 break
-        tests.append({"id": f"{case.get('classname')}::{case.get('name')}", "outcome": outcome,
-                      "seconds": float(case.get("time") or 0.0), "message": message,
-                      "traceback": detail if outcome in ("failed", "error") else None})
+        tests.append(
+            {
+                "id": f"{case.get('classname')}::{case.get('name')}",
+                "outcome": outcome,
+                "seconds": float(case.get("time") or 0.0),
+                "message": message,
+                "traceback": detail if outcome in ("failed", "error") else None,
+            }
+        )
     return tests
 
 
@@ -921,9 +1188,13 @@ def import_results(source: Path, root: Path = RESULTS_ROOT) -> Path:
     """Merge the files a GPU machine's command returned into benchmarks/results/gpu/<gpu>/."""
     campaign = load_json(source / CAMPAIGN_FILE)
     if campaign is None:
-        raise UsageError(f"--import-results {source}: no {CAMPAIGN_FILE} there; point it at the folder the GPU machine's $OUT came back to")
+        raise UsageError(
+            f"--import-results {source}: no {CAMPAIGN_FILE} there; point it at the folder the GPU machine's $OUT came back to"
+        )
     if campaign.get("mode") != "gpu":
-        raise UsageError(f"--import-results {source}: these are {campaign.get('mode')} results (a dry run), not GPU measurements; nothing imported")
+        raise UsageError(
+            f"--import-results {source}: these are {campaign.get('mode')} results (a dry run), not GPU measurements; nothing imported"
+        )
     target = root / campaign["gpu_key"]
     target.mkdir(parents=True, exist_ok=True)
     for name in [f"{p}.json" for p in PARTS] + [CAMPAIGN_FILE]:
@@ -947,21 +1218,54 @@ class _Parser(argparse.ArgumentParser):
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = _Parser(prog="gpu_campaign.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, run in this order (default: {','.join(PARTS)})")
-    parser.add_argument("--max-minutes", type=float, default=None,
-                        help="start nothing that would end later than this many minutes after the start (default: no limit)")
-    parser.add_argument("--out", default=None, help="results folder (default: benchmarks/results/gpu/<gpu>/; give $OUT on the GPU machine)")
-    parser.add_argument("--resume-from", action="append", default=[], metavar="DIR",
-                        help="also take finished results from DIR (default: benchmarks/results/gpu/<gpu>/ when it exists)")
+    parser.add_argument(
+        "--parts", default=",".join(PARTS), help=f"comma-separated, run in this order (default: {','.join(PARTS)})"
+    )
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="start nothing that would end later than this many minutes after the start (default: no limit)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="results folder (default: benchmarks/results/gpu/<gpu>/; give $OUT on the GPU machine)",
+    )
+    parser.add_argument(
+        "--resume-from",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also take finished results from DIR (default: benchmarks/results/gpu/<gpu>/ when it exists)",
+    )
     parser.add_argument("--fresh", action="store_true", help="ignore earlier results in --out and start over")
     parser.add_argument("--retry-errors", action="store_true", help="run again the units that ended in an error")
     parser.add_argument("--device", default="cuda", help="cuda (or cuda:N); cpu only with --tiny")
-    parser.add_argument("--tiny", action="store_true", help="every part's logic on tiny models (the dry run; with --device cpu on a CPU)")
-    parser.add_argument("--install", action="store_true", help="first install the wheels carried in .whl/ (no network) into --site")
-    parser.add_argument("--site", default=str(Path(tempfile.gettempdir()) / "memfit-site"), help="where --install puts them")
-    parser.add_argument("--fetch-wheels", action="store_true", help="download the wheels to carry into .whl/ (needs PyPI) and exit")
-    parser.add_argument("--import-results", metavar="DIR", help="merge the files a GPU machine's command returned into benchmarks/results/gpu/<gpu>/ and exit")
-    parser.add_argument("--report", action="store_true", help="write docs/gpu-results.md and README's figures from the committed results and exit")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="every part's logic on tiny models (the dry run; with --device cpu on a CPU)",
+    )
+    parser.add_argument(
+        "--install", action="store_true", help="first install the wheels carried in .whl/ (no network) into --site"
+    )
+    parser.add_argument(
+        "--site", default=str(Path(tempfile.gettempdir()) / "memfit-site"), help="where --install puts them"
+    )
+    parser.add_argument(
+        "--fetch-wheels", action="store_true", help="download the wheels to carry into .whl/ (needs PyPI) and exit"
+    )
+    parser.add_argument(
+        "--import-results",
+        metavar="DIR",
+        help="merge the files a GPU machine's command returned into benchmarks/results/gpu/<gpu>/ and exit",
+    )
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="write docs/gpu-results.md and README's figures from the committed results and exit",
+    )
     parser.add_argument("--results-root", default=str(RESULTS_ROOT), help=argparse.SUPPRESS)
     parser.add_argument("--doc", default=str(REPO / "docs" / "gpu-results.md"), help=argparse.SUPPRESS)
     parser.add_argument("--readme", default=None, help=argparse.SUPPRESS)
@@ -973,11 +1277,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parts = [p.strip().lower() for p in args.parts.split(",") if p.strip()]
     unknown = [p for p in parts if p not in PARTS]
     if unknown or not parts:
-        parser.error(f"--parts: {', '.join(repr(p) for p in unknown) or 'nothing given'} is not a part; use a comma-separated "
-                     f"list of {', '.join(PARTS)}")
+        parser.error(
+            f"--parts: {', '.join(repr(p) for p in unknown) or 'nothing given'} is not a part; use a comma-separated "
+            f"list of {', '.join(PARTS)}"
+        )
     args.parts = list(dict.fromkeys(parts))
     if args.max_minutes is not None and args.max_minutes < 0:
-        parser.error(f"--max-minutes: {args.max_minutes:g} is negative; give the minutes this run may take, e.g. --max-minutes 9")
+        parser.error(
+            f"--max-minutes: {args.max_minutes:g} is negative; give the minutes this run may take, e.g. --max-minutes 9"
+        )
     device = args.device.strip().lower()
     if device != "cpu" and not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
         parser.error(f"--device: {args.device!r} is not a device; use cuda, cuda:N, or cpu with --tiny")
@@ -994,7 +1302,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.readme and not Path(args.readme).is_file():
         parser.error(f"--readme: {args.readme} is not a file; give the README whose figures block --report fills")
     if args.import_results and not Path(args.import_results).is_dir():
-        parser.error(f"--import-results: {args.import_results} is not a folder; give the folder the GPU machine's files came back to")
+        parser.error(
+            f"--import-results: {args.import_results} is not a folder; give the folder the GPU machine's files came back to"
+        )
     return args
 
 
@@ -1003,8 +1313,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 README_BEGIN = f"<!-- figures:begin {README_BLOCK} (written by benchmarks/gpu_campaign.py --report) -->"
 README_END = f"<!-- figures:end {README_BLOCK} -->"
-PAGE_TEMPLATE = (f"# Measured on a GPU\n\n<!-- figures:begin {PAGE_BLOCK} (written by benchmarks/gpu_campaign.py --report "
-                 f"from benchmarks/results/gpu/; edit that, not this) -->\n<!-- figures:end {PAGE_BLOCK} -->\n")
+PAGE_TEMPLATE = (
+    f"# Measured on a GPU\n\n<!-- figures:begin {PAGE_BLOCK} (written by benchmarks/gpu_campaign.py --report "
+    f"from benchmarks/results/gpu/; edit that, not this) -->\n<!-- figures:end {PAGE_BLOCK} -->\n"
+)
 
 
 class ReportError(ValueError):
@@ -1018,7 +1330,9 @@ def write_report(root: Path, doc: Path, readme: Path | None, include_tiny: bool 
     if readme is not None:
         text = readme.read_text()
         if f"<!-- figures:begin {README_BLOCK}" not in text or README_END not in text:
-            raise ReportError(f"--report: {readme} has no {README_BEGIN} ... {README_END} block to fill; put the two lines back where the figures go")
+            raise ReportError(
+                f"--report: {readme} has no {README_BEGIN} ... {README_END} block to fill; put the two lines back where the figures go"
+            )
     if not doc.is_file() or f"<!-- figures:begin {PAGE_BLOCK}" not in doc.read_text():
         doc.parent.mkdir(parents=True, exist_ok=True)
         doc.write_text(PAGE_TEMPLATE)
@@ -1041,8 +1355,17 @@ def main(argv: list[str] | None = None, clock: Clock | None = None) -> int:
             print(f"merged into {target}; next: python benchmarks/gpu_campaign.py --report")
             return 0
         if args.report:
-            readme = args.readme if args.readme is not None else (str(REPO / "README.md") if args.doc == str(REPO / "docs" / "gpu-results.md") else "")
-            written = write_report(Path(args.results_root), Path(args.doc), Path(readme) if readme else None, include_tiny=args.include_tiny)
+            readme = (
+                args.readme
+                if args.readme is not None
+                else (str(REPO / "README.md") if args.doc == str(REPO / "docs" / "gpu-results.md") else "")
+            )
+            written = write_report(
+                Path(args.results_root),
+                Path(args.doc),
+                Path(readme) if readme else None,
+                include_tiny=args.include_tiny,
+            )
             for path in written:
                 print(f"wrote {path}")
             return 0

@@ -35,20 +35,28 @@ RESULTS = Path(__file__).parent / "results" / "interop_accuracy.json"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "interop.md"
 GIB = 2**30
 
-AXOLOTL_README_2023 = ("https://github.com/axolotl-ai-cloud/axolotl/blob/15d3a654b/examples/llama-2/README.md",
-                       "The 7b variant fits on any 24GB VRAM GPU and will take up about 17 GB of VRAM during training if "
-                       "using qlora and 20 GB if using lora. On a RTX 4090 ...")
-AXOLOTL_LLAMA3 = ("https://github.com/axolotl-ai-cloud/axolotl/blob/067b021/examples/llama-3/README.md",
-                  "[Full Fine Tune](./fft-8b.yaml) - Single GPU @ 48GB VRAM")
-UNSLOTH = ("https://unsloth.ai/blog/llama3-3",
-           "Llama 3.3 (70B) max. context length, Hugging Face+FA2: 48 GB OOM, 80 GB 6,916. Hugging Face + FA2 can only do "
-           "28,000 [Llama 3.1 (8B)] on a 80GB GPU. We tested ... on a 80GB A100 and did 4bit QLoRA on all linear layers "
-           "(Q, K, V, O, gate, up and down) with rank = 32 with a batch size of 1. We padded all sequences to a certain "
-           "maximum sequence length.")
-LLAMA_FACTORY = ("https://github.com/hiyouga/LLaMA-Factory/blob/ff6d4d1/README.md#hardware-requirement",
-                 "Hardware Requirement (* estimated): Full (bf16 or fp16) 32 bits 7B 120GB, 14B 240GB, 30B 600GB, 70B 1200GB; "
-                 "Full (pure_bf16) 16 bits 60GB 120GB 300GB 600GB; Freeze/LoRA/... 16 bits 16GB 32GB 64GB 160GB; QLoRA 8 bits "
-                 "10GB 20GB 40GB 80GB; QLoRA 4 bits 6GB 12GB 24GB 48GB; QLoRA 2 bits 4GB 8GB 16GB 24GB")
+AXOLOTL_README_2023 = (
+    "https://github.com/axolotl-ai-cloud/axolotl/blob/15d3a654b/examples/llama-2/README.md",
+    "The 7b variant fits on any 24GB VRAM GPU and will take up about 17 GB of VRAM during training if "
+    "using qlora and 20 GB if using lora. On a RTX 4090 ...",
+)
+AXOLOTL_LLAMA3 = (
+    "https://github.com/axolotl-ai-cloud/axolotl/blob/067b021/examples/llama-3/README.md",
+    "[Full Fine Tune](./fft-8b.yaml) - Single GPU @ 48GB VRAM",
+)
+UNSLOTH = (
+    "https://unsloth.ai/blog/llama3-3",
+    "Llama 3.3 (70B) max. context length, Hugging Face+FA2: 48 GB OOM, 80 GB 6,916. Hugging Face + FA2 can only do "
+    "28,000 [Llama 3.1 (8B)] on a 80GB GPU. We tested ... on a 80GB A100 and did 4bit QLoRA on all linear layers "
+    "(Q, K, V, O, gate, up and down) with rank = 32 with a batch size of 1. We padded all sequences to a certain "
+    "maximum sequence length.",
+)
+LLAMA_FACTORY = (
+    "https://github.com/hiyouga/LLaMA-Factory/blob/ff6d4d1/README.md#hardware-requirement",
+    "Hardware Requirement (* estimated): Full (bf16 or fp16) 32 bits 7B 120GB, 14B 240GB, 30B 600GB, 70B 1200GB; "
+    "Full (pure_bf16) 16 bits 60GB 120GB 300GB 600GB; Freeze/LoRA/... 16 bits 16GB 32GB 64GB 160GB; QLoRA 8 bits "
+    "10GB 20GB 40GB 80GB; QLoRA 4 bits 6GB 12GB 24GB 48GB; QLoRA 2 bits 4GB 8GB 16GB 24GB",
+)
 
 _AXOLOTL_LLAMA2 = """\
 base_model: llama-2-7b          # NousResearch/Llama-2-7b-hf in the example
@@ -110,7 +118,9 @@ optim: adamw_8bit
 
 # TRL of 2024 ran QLoRA through PEFT's prepare_model_for_kbit_training (removed in TRL 0.26).
 _TRL_2024 = {"kbit_upcast": True}
-_TRL_2024_NOTE = "planned with --kbit-upcast: the TRL of December 2024 prepared QLoRA with PEFT's prepare_model_for_kbit_training"
+_TRL_2024_NOTE = (
+    "planned with --kbit-upcast: the TRL of December 2024 prepared QLoRA with PEFT's prepare_model_for_kbit_training"
+)
 
 # LLaMA-Factory's table, with the settings of its example configs (micro-batch 1, bf16,
 # checkpointing on by default) at 1,024 tokens: the table names no batch or length.
@@ -138,27 +148,64 @@ _LF_FIGURES = {  # GB by method and size, as the table gives them
 def cases() -> list[dict]:
     """Every comparison: the tool's config text, the published figure, where it comes from."""
     out = [
-        dict(id="axolotl llama-2-7b qlora (rtx 4090)", tool="axolotl", kind="measured", published_gib=17,
-             source=AXOLOTL_README_2023, config=_AXOLOTL_LLAMA2.format(quant="load_in_4bit: true", adapter="qlora",
-                                                                       optimizer="paged_adamw_32bit")),
-        dict(id="axolotl llama-2-7b lora 8-bit (rtx 4090)", tool="axolotl", kind="measured", published_gib=20,
-             source=AXOLOTL_README_2023, config=_AXOLOTL_LLAMA2.format(quant="load_in_8bit: true", adapter="lora",
-                                                                       optimizer="adamw_bnb_8bit")),
-        dict(id="axolotl llama-3.1-8b full fine-tuning (48 GB card)", tool="axolotl", kind="fits", published_gib=48,
-             source=AXOLOTL_LLAMA3, config=_AXOLOTL_FFT_8B),
-        dict(id="unsloth's hf+fa2 llama-3.3-70b qlora, longest on 80 GB (6,916 tokens)", tool="trl", kind="longest",
-             published_gib=80, source=UNSLOTH, config=_UNSLOTH_HF.format(model="llama-3.1-70b", tokens=6916),
-             options=_TRL_2024, note="Llama 3.3 70B has Llama 3.1 70B's shapes (the catalog's config); " + _TRL_2024_NOTE),
-        dict(id="unsloth's hf+fa2 llama-3.1-8b qlora, longest on 80 GB (28,000 tokens)", tool="trl", kind="longest",
-             published_gib=80, source=UNSLOTH, config=_UNSLOTH_HF.format(model="llama-3.1-8b", tokens=28000),
-             options=_TRL_2024, note=_TRL_2024_NOTE),
+        dict(
+            id="axolotl llama-2-7b qlora (rtx 4090)",
+            tool="axolotl",
+            kind="measured",
+            published_gib=17,
+            source=AXOLOTL_README_2023,
+            config=_AXOLOTL_LLAMA2.format(quant="load_in_4bit: true", adapter="qlora", optimizer="paged_adamw_32bit"),
+        ),
+        dict(
+            id="axolotl llama-2-7b lora 8-bit (rtx 4090)",
+            tool="axolotl",
+            kind="measured",
+            published_gib=20,
+            source=AXOLOTL_README_2023,
+            config=_AXOLOTL_LLAMA2.format(quant="load_in_8bit: true", adapter="lora", optimizer="adamw_bnb_8bit"),
+        ),
+        dict(
+            id="axolotl llama-3.1-8b full fine-tuning (48 GB card)",
+            tool="axolotl",
+            kind="fits",
+            published_gib=48,
+            source=AXOLOTL_LLAMA3,
+            config=_AXOLOTL_FFT_8B,
+        ),
+        dict(
+            id="unsloth's hf+fa2 llama-3.3-70b qlora, longest on 80 GB (6,916 tokens)",
+            tool="trl",
+            kind="longest",
+            published_gib=80,
+            source=UNSLOTH,
+            config=_UNSLOTH_HF.format(model="llama-3.1-70b", tokens=6916),
+            options=_TRL_2024,
+            note="Llama 3.3 70B has Llama 3.1 70B's shapes (the catalog's config); " + _TRL_2024_NOTE,
+        ),
+        dict(
+            id="unsloth's hf+fa2 llama-3.1-8b qlora, longest on 80 GB (28,000 tokens)",
+            tool="trl",
+            kind="longest",
+            published_gib=80,
+            source=UNSLOTH,
+            config=_UNSLOTH_HF.format(model="llama-3.1-8b", tokens=28000),
+            options=_TRL_2024,
+            note=_TRL_2024_NOTE,
+        ),
     ]
     for method, (finetuning_type, extra, figures) in _LF_FIGURES.items():
         for (size, model), gib in zip(_LF_MODELS.items(), figures):
-            out.append(dict(id=f"llama-factory {size} {method}", tool="llama-factory", kind="estimate", published_gib=gib,
-                            source=LLAMA_FACTORY, config=_LLAMA_FACTORY.format(model=model, finetuning_type=finetuning_type,
-                                                                                extra=extra),
-                            note=f"{size} planned as {model}"))
+            out.append(
+                dict(
+                    id=f"llama-factory {size} {method}",
+                    tool="llama-factory",
+                    kind="estimate",
+                    published_gib=gib,
+                    source=LLAMA_FACTORY,
+                    config=_LLAMA_FACTORY.format(model=model, finetuning_type=finetuning_type, extra=extra),
+                    note=f"{size} planned as {model}",
+                )
+            )
     return out
 
 
@@ -166,7 +213,9 @@ def run_case(case: dict, folder: Path) -> dict:
     """Plan one case's config; the planned figures beside the published one."""
     import memfit
 
-    name = "".join(c if c.isalnum() else "-" for c in case["id"])[:60] + (".yml" if case["tool"] == "axolotl" else ".yaml")
+    name = "".join(c if c.isalnum() else "-" for c in case["id"])[:60] + (
+        ".yml" if case["tool"] == "axolotl" else ".yaml"
+    )
     path = folder / name
     path.write_text(case["config"])
     started = time.perf_counter()
@@ -175,11 +224,20 @@ def run_case(case: dict, folder: Path) -> dict:
     planned = data["peak"]["device_total_bytes"] / GIB
     config = data["details"]["config"]
     return {
-        "id": case["id"], "tool": case["tool"], "kind": case["kind"], "source": case["source"][0], "quote": case["source"][1],
-        "note": case.get("note"), "config": case["config"], "published_gib": case["published_gib"],
-        "options": case.get("options", {}), "planned_gib": round(planned, 2), "planned_allocated_gib": round(data["peak"]["allocated_bytes"] / GIB, 2),
+        "id": case["id"],
+        "tool": case["tool"],
+        "kind": case["kind"],
+        "source": case["source"][0],
+        "quote": case["source"][1],
+        "note": case.get("note"),
+        "config": case["config"],
+        "published_gib": case["published_gib"],
+        "options": case.get("options", {}),
+        "planned_gib": round(planned, 2),
+        "planned_allocated_gib": round(data["peak"]["allocated_bytes"] / GIB, 2),
         "paged_gib": round((data["details"].get("paged_peak_bytes") or 0) / GIB, 2),
-        "ratio": round(planned / case["published_gib"], 3), "spec": data["spec"],
+        "ratio": round(planned / case["published_gib"], 3),
+        "spec": data["spec"],
         "not_modelled": [f"{f['key']}: {f['why']}" for f in config["not_modelled"]],
         "approximated": [f"{f['key']}: {f['why']}" for f in config["approximated"]],
         "plan_seconds": round(time.perf_counter() - started, 1),
@@ -196,21 +254,31 @@ def summary(rows: list[dict]) -> dict:
     groups = {
         "all": ("all", rows),
         "published": ("measured, fits, longest (published runs)", [r for r in rows if r["kind"] != "estimate"]),
-        "published_fully_modelled": ("published runs, fully modelled",
-                                     [r for r in rows if r["kind"] != "estimate" and not r["not_modelled"]]),
+        "published_fully_modelled": (
+            "published runs, fully modelled",
+            [r for r in rows if r["kind"] != "estimate" and not r["not_modelled"]],
+        ),
         "estimate": ("estimate (LLaMA-Factory's table)", [r for r in rows if r["kind"] == "estimate"]),
-        "estimate_fully_modelled": ("estimate, fully modelled",
-                                    [r for r in rows if r["kind"] == "estimate" and not r["not_modelled"]]),
+        "estimate_fully_modelled": (
+            "estimate, fully modelled",
+            [r for r in rows if r["kind"] == "estimate" and not r["not_modelled"]],
+        ),
     }
-    return {key: {"label": label, "cases": len(selected), "median_abs_error": median_error(selected)}
-            for key, (label, selected) in groups.items()}
+    return {
+        key: {"label": label, "cases": len(selected), "median_abs_error": median_error(selected)}
+        for key, (label, selected) in groups.items()
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", type=int, default=None, help="plan the first N cases only")
     parser.add_argument("--out", type=Path, default=RESULTS)
-    parser.add_argument("--doc", action="store_true", help="rewrite docs/interop.md's table and figures from the results file, plan nothing")
+    parser.add_argument(
+        "--doc",
+        action="store_true",
+        help="rewrite docs/interop.md's table and figures from the results file, plan nothing",
+    )
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).parent))
     if args.doc:
@@ -225,9 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as folder:
         for case in cases()[: args.only]:
             row = run_case(case, Path(folder))
-            print(f"{row['id']}: published {row['published_gib']} GiB, planned {row['planned_gib']} GiB "
-                  f"(x{row['ratio']}){' [not modelled: ' + str(len(row['not_modelled'])) + ']' if row['not_modelled'] else ''}",
-                  flush=True)
+            print(
+                f"{row['id']}: published {row['published_gib']} GiB, planned {row['planned_gib']} GiB "
+                f"(x{row['ratio']}){' [not modelled: ' + str(len(row['not_modelled'])) + ']' if row['not_modelled'] else ''}",
+                flush=True,
+            )
             rows.append(row)
     result = {"machine": describe_machine(), "summary": summary(rows), "cases": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -64,7 +64,11 @@ def plan_side_by_side() -> dict:
         longest = result.max_seq_len["qlora"]
         chosen = dict(result.max_seq_len_specs.get("qlora") or {})
         # (the hf recipe has no tiling: the knob means nothing there)
-        settings = {k: chosen[k] for k in ("checkpointing", "optimizer", "tiling") if k in chosen and (recipe == "memfit" or k != "tiling")}
+        settings = {
+            k: chosen[k]
+            for k in ("checkpointing", "optimizer", "tiling")
+            if k in chosen and (recipe == "memfit" or k != "tiling")
+        }
         at_compare = plan(MODEL, gpu=CARD, batch_size=1, seq_len=COMPARE_TOKENS, recipe=recipe, **KNOBS, **settings)
         rows[recipe] = {
             "command": f"memfit fit {MODEL} --gpu {CARD} --method qlora --rank 32 --batch-size 1 --max seq-len --recipe {recipe}",
@@ -79,8 +83,10 @@ def plan_side_by_side() -> dict:
                 "host_peak_bytes": at_compare.details.get("host_peak_bytes"),
             },
         }
-        print(f"{recipe}: longest {longest} tokens ({settings}); at {COMPARE_TOKENS} tokens "
-              f"{at_compare.device_total_bytes / 2**30:.2f} GiB  [{seconds:.0f} s, {result.plans_made} plans]")
+        print(
+            f"{recipe}: longest {longest} tokens ({settings}); at {COMPARE_TOKENS} tokens "
+            f"{at_compare.device_total_bytes / 2**30:.2f} GiB  [{seconds:.0f} s, {result.plans_made} plans]"
+        )
     rows["hf-checkpointing-on"] = _hf_without_offload()
     memfit_peak = rows["memfit"][f"peak_at_{COMPARE_TOKENS}"]["device_total_bytes"]
     hf_peak = rows["hf"][f"peak_at_{COMPARE_TOKENS}"]["device_total_bytes"]
@@ -91,7 +97,8 @@ def plan_side_by_side() -> dict:
         "context_ratio": round(rows["memfit"]["max_seq_len"] / max(rows["hf"]["max_seq_len"], 1), 2),
         f"peak_ratio_at_{COMPARE_TOKENS}": round(ratio, 3),
         f"peak_ratio_at_{COMPARE_TOKENS}_vs_hf_checkpointing_on": round(
-            memfit_peak / rows["hf-checkpointing-on"][f"peak_at_{COMPARE_TOKENS}"]["device_total_bytes"], 3),
+            memfit_peak / rows["hf-checkpointing-on"][f"peak_at_{COMPARE_TOKENS}"]["device_total_bytes"], 3
+        ),
         "hf_checkpointing_on_max_seq_len": rows["hf-checkpointing-on"]["max_seq_len"],
         "meets_token_goal": rows["memfit"]["max_seq_len"] >= GOAL_TOKENS,
         "meets_ratio_goal": ratio <= GOAL_RATIO,
@@ -121,11 +128,13 @@ def _hf_without_offload() -> dict:
         else:
             hi = mid
     at_compare = fits(COMPARE_TOKENS)
-    print(f"hf, checkpointing on (no offload): longest {lo * step} tokens; at {COMPARE_TOKENS} tokens "
-          f"{at_compare.device_total_bytes / 2**30:.2f} GiB  [{time.perf_counter() - started:.0f} s, {plans + 2} plans]")
+    print(
+        f"hf, checkpointing on (no offload): longest {lo * step} tokens; at {COMPARE_TOKENS} tokens "
+        f"{at_compare.device_total_bytes / 2**30:.2f} GiB  [{time.perf_counter() - started:.0f} s, {plans + 2} plans]"
+    )
     return {
         "command": f"memfit plan {MODEL} --gpu {CARD} --method qlora --rank 32 --batch-size 1 --recipe hf --checkpointing on "
-                   "--seq-len N (bisection over N, 128-token steps)",
+        "--seq-len N (bisection over N, 128-token steps)",
         "max_seq_len": lo * step,
         "settings_at_max": {"checkpointing": "on", "optimizer": "adamw"},
         f"peak_at_{COMPARE_TOKENS}": {
@@ -163,8 +172,12 @@ def allocator_cap(card: str = CARD) -> dict:
     context the planner assumes (a plan fits when reserved + context <= the card's memory)."""
     gpu = api.get_gpu(card)
     context = api.runtime_assumptions(gpu.arch)["cuda_context_bytes"]
-    return {"card": card, "card_memory_bytes": gpu.memory_bytes, "assumed_context_bytes": context,
-            "cap_bytes": gpu.memory_bytes - context}
+    return {
+        "card": card,
+        "card_memory_bytes": gpu.memory_bytes,
+        "assumed_context_bytes": context,
+        "cap_bytes": gpu.memory_bytes - context,
+    }
 
 
 class Prober:
@@ -175,8 +188,17 @@ class Prober:
     each length's peak and a peak above ``cap_bytes`` counts as out of memory (``simulated``).
     """
 
-    def __init__(self, recipe: str, max_tokens: int, *, cap_bytes: int | None, steps: int = PROBE_STEPS,
-                 model: str | dict = MODEL, device_name: str = "cuda", settings: dict | None = None):
+    def __init__(
+        self,
+        recipe: str,
+        max_tokens: int,
+        *,
+        cap_bytes: int | None,
+        steps: int = PROBE_STEPS,
+        model: str | dict = MODEL,
+        device_name: str = "cuda",
+        settings: dict | None = None,
+    ):
         import torch
 
         self.torch = torch
@@ -232,15 +254,20 @@ class Prober:
                 tracker.__exit__(None, None, None)
         del batch, rows
         if self.cuda:
-            row.update(max_allocated_bytes=torch.cuda.max_memory_allocated(self.device),
-                       max_reserved_bytes=torch.cuda.max_memory_reserved(self.device))
+            row.update(
+                max_allocated_bytes=torch.cuda.max_memory_allocated(self.device),
+                max_reserved_bytes=torch.cuda.max_memory_reserved(self.device),
+            )
         else:
             row["tracked_peak_bytes"] = peak = tracker.result().peak.allocated_bytes
             if self.cap_bytes is not None and peak > self.cap_bytes and row["status"] == "ok":
                 row.update(status="oom", simulated=True)
         if seconds:
-            row.update(first_step_seconds=round(seconds[0], 3), step_seconds=round(seconds[-1], 3),
-                       tokens_per_second=round(tokens / seconds[-1], 1))
+            row.update(
+                first_step_seconds=round(seconds[0], 3),
+                step_seconds=round(seconds[-1], 3),
+                tokens_per_second=round(tokens / seconds[-1], 1),
+            )
             self.last = (tokens, sum(seconds))
         if row["status"] == "oom":
             # Drop what the failed step left behind before the next length (a shorter one may fit).
@@ -258,9 +285,19 @@ class Prober:
         return {"tokens": tokens, "status": "skipped", "reason": f"would end past the time limit (~{estimate:.0f} s)"}
 
 
-def probe_lengths(recipe: str, lengths: list[int], *, cap_bytes: int | None, steps: int = PROBE_STEPS,
-                  model: str | dict = MODEL, device_name: str = "cuda", settings: dict | None = None,
-                  stop_at: str | None = "oom", deadline: float | None = None, emit=None) -> list[dict]:
+def probe_lengths(
+    recipe: str,
+    lengths: list[int],
+    *,
+    cap_bytes: int | None,
+    steps: int = PROBE_STEPS,
+    model: str | dict = MODEL,
+    device_name: str = "cuda",
+    settings: dict | None = None,
+    stop_at: str | None = "oom",
+    deadline: float | None = None,
+    emit=None,
+) -> list[dict]:
     """Real training steps at each length, in the order given, on one loaded model (:class:`Prober`).
 
     ``stop_at``: stop after the first ``"oom"`` (growing lengths) or the first ``"ok"`` (shrinking).
@@ -268,7 +305,9 @@ def probe_lengths(recipe: str, lengths: list[int], *, cap_bytes: int | None, ste
     it. ``emit`` gets each row as it ends.
     """
     emit = emit or (lambda row: None)
-    prober = Prober(recipe, max(lengths), cap_bytes=cap_bytes, steps=steps, model=model, device_name=device_name, settings=settings)
+    prober = Prober(
+        recipe, max(lengths), cap_bytes=cap_bytes, steps=steps, model=model, device_name=device_name, settings=settings
+    )
     rows: list[dict] = []
     for tokens in lengths:
         skipped = prober.out_of_time(tokens, deadline)
@@ -283,16 +322,28 @@ def probe_lengths(recipe: str, lengths: list[int], *, cap_bytes: int | None, ste
     return rows
 
 
-def search_in_process(recipe: str, planned: int, *, cap_bytes: int | None, steps: int = PROBE_STEPS,
-                      model: str | dict = MODEL, device_name: str = "cpu", settings: dict | None = None,
-                      probes: list[dict] | None = None, deadline: float | None = None, emit=None) -> list[dict]:
+def search_in_process(
+    recipe: str,
+    planned: int,
+    *,
+    cap_bytes: int | None,
+    steps: int = PROBE_STEPS,
+    model: str | dict = MODEL,
+    device_name: str = "cpu",
+    settings: dict | None = None,
+    probes: list[dict] | None = None,
+    deadline: float | None = None,
+    emit=None,
+) -> list[dict]:
     """The whole search (:func:`next_probes`) on one loaded model: for a CPU, where an
     out-of-memory error is only simulated and leaves nothing behind. Returns the new rows."""
     emit = emit or (lambda row: None)
     step = probe_step(planned)
     known = list(probes or [])
     top = planned + MAX_UP_PROBES * step
-    prober = Prober(recipe, top, cap_bytes=cap_bytes, steps=steps, model=model, device_name=device_name, settings=settings)
+    prober = Prober(
+        recipe, top, cap_bytes=cap_bytes, steps=steps, model=model, device_name=device_name, settings=settings
+    )
     rows: list[dict] = []
     while (todo := next_probes(planned, step, known + rows)) is not None:
         _, lengths = todo
@@ -306,17 +357,40 @@ def search_in_process(recipe: str, planned: int, *, cap_bytes: int | None, steps
     return rows
 
 
-def measure_recipe(recipe: str, lengths: list[int], cap_bytes: int | None, compare_tokens: int, steps: int = 2,
-                   model: str | dict = MODEL, device_name: str = "cuda", checkpointing: str = "offload") -> dict:
+def measure_recipe(
+    recipe: str,
+    lengths: list[int],
+    cap_bytes: int | None,
+    compare_tokens: int,
+    steps: int = 2,
+    model: str | dict = MODEL,
+    device_name: str = "cuda",
+    checkpointing: str = "offload",
+) -> dict:
     """Every length in ``lengths`` plus ``compare_tokens``, growing, whatever each one's outcome, and
     tokens/s at ``compare_tokens``."""
     ordered = sorted(set(lengths + [compare_tokens]))
-    rows = probe_lengths(recipe, ordered, cap_bytes=cap_bytes, steps=steps, model=model, device_name=device_name,
-                         settings={"checkpointing": checkpointing}, stop_at=None,
-                         emit=lambda row: print(recipe, row, flush=True))
+    rows = probe_lengths(
+        recipe,
+        ordered,
+        cap_bytes=cap_bytes,
+        steps=steps,
+        model=model,
+        device_name=device_name,
+        settings={"checkpointing": checkpointing},
+        stop_at=None,
+        emit=lambda row: print(recipe, row, flush=True),
+    )
     longest = max((r["tokens"] for r in rows if r["status"] == "ok"), default=0)
-    speed = next((r.get("tokens_per_second") for r in rows if r["tokens"] == compare_tokens and r["status"] == "ok"), None)
-    return {"recipe": recipe, "runs": rows, "longest_measured": longest, f"tokens_per_second_at_{compare_tokens}": speed}
+    speed = next(
+        (r.get("tokens_per_second") for r in rows if r["tokens"] == compare_tokens and r["status"] == "ok"), None
+    )
+    return {
+        "recipe": recipe,
+        "runs": rows,
+        "longest_measured": longest,
+        f"tokens_per_second_at_{compare_tokens}": speed,
+    }
 
 
 def probe_in_subprocess(request: dict, *, timeout_s: float | None = None, env: dict | None = None) -> list[dict]:
@@ -330,14 +404,26 @@ def probe_in_subprocess(request: dict, *, timeout_s: float | None = None, env: d
         stdout, stderr, timed_out = proc.stdout, proc.stderr, False
     except subprocess.TimeoutExpired as err:
         stdout, stderr, timed_out = _text(err.stdout), _text(err.stderr), True
-    rows = [json.loads(line[len("PROBE "):]) for line in stdout.splitlines() if line.startswith("PROBE ")]
+    rows = [json.loads(line[len("PROBE ") :]) for line in stdout.splitlines() if line.startswith("PROBE ")]
     done = {r["tokens"] for r in rows}
     pending = [t for t in request.get("lengths", []) if t not in done]
     if timed_out:
-        rows.append({"tokens": pending[0] if pending else None, "status": "timeout", "error": f"stopped after {timeout_s:.0f} s"})
+        rows.append(
+            {
+                "tokens": pending[0] if pending else None,
+                "status": "timeout",
+                "error": f"stopped after {timeout_s:.0f} s",
+            }
+        )
     elif not timed_out and proc.returncode != 0:
         tail = [line for line in stderr.strip().splitlines() if line.strip()][-12:]
-        rows.append({"tokens": pending[0] if pending else None, "status": "error", "error": "\n".join(tail) or f"exit {proc.returncode}"})
+        rows.append(
+            {
+                "tokens": pending[0] if pending else None,
+                "status": "error",
+                "error": "\n".join(tail) or f"exit {proc.returncode}",
+            }
+        )
     return rows
 
 
@@ -349,8 +435,9 @@ def _text(value) -> str:
 # The search: which lengths to try next, from the results so far (a pure function: resumable)
 
 
-def next_probes(planned: int, step: int, probes: list[dict], *, max_up: int = MAX_UP_PROBES,
-                max_down: int = MAX_DOWN_PROBES) -> tuple[str, list[int]] | None:
+def next_probes(
+    planned: int, step: int, probes: list[dict], *, max_up: int = MAX_UP_PROBES, max_down: int = MAX_DOWN_PROBES
+) -> tuple[str, list[int]] | None:
     """("up", growing lengths) or ("down", shrinking lengths) to try next, or None when done.
 
     The plan's answer first, then up by ``step`` until the first out-of-memory error (at most
@@ -393,14 +480,29 @@ def search_outcome(planned: int, step: int, probes: list[dict]) -> dict:
         conclusion = f"out of memory at every length tried, down to {first_oom:,} tokens"
     else:
         conclusion = "unfinished"
-    return {"longest_ran": longest, "first_oom": first_oom, "conclusion": conclusion,
-            "finished": next_probes(planned, step, probes) is None}
+    return {
+        "longest_ran": longest,
+        "first_oom": first_oom,
+        "conclusion": conclusion,
+        "finished": next_probes(planned, step, probes) is None,
+    }
 
 
-def search_longest(recipe: str, planned: int, settings: dict, *, cap_bytes: int | None, device: str,
-                   model: str | dict = MODEL, steps: int = PROBE_STEPS, probes: list[dict] | None = None,
-                   deadline: float | None = None, grace_s: float = 45.0, env: dict | None = None,
-                   on_update=None) -> dict:
+def search_longest(
+    recipe: str,
+    planned: int,
+    settings: dict,
+    *,
+    cap_bytes: int | None,
+    device: str,
+    model: str | dict = MODEL,
+    steps: int = PROBE_STEPS,
+    probes: list[dict] | None = None,
+    deadline: float | None = None,
+    grace_s: float = 45.0,
+    env: dict | None = None,
+    on_update=None,
+) -> dict:
     """The longest context ``recipe`` trains at under ``cap_bytes``, searched from the plan's answer.
 
     On CUDA, growing lengths run in one fresh process (each length after an empty cache; the first
@@ -415,8 +517,15 @@ def search_longest(recipe: str, planned: int, settings: dict, *, cap_bytes: int 
         if todo is None:
             break
         direction, lengths = todo
-        common = {"recipe": recipe, "cap_bytes": cap_bytes, "steps": steps, "model": model, "device_name": device,
-                  "settings": settings, "deadline": deadline}
+        common = {
+            "recipe": recipe,
+            "cap_bytes": cap_bytes,
+            "steps": steps,
+            "model": model,
+            "device_name": device,
+            "settings": settings,
+            "deadline": deadline,
+        }
         if device == "cpu":
             request = {**common, "planned": planned, "probes": probes}
         else:
@@ -431,13 +540,27 @@ def search_longest(recipe: str, planned: int, settings: dict, *, cap_bytes: int 
             on_update(probes)
         if not any(r["status"] in ("ok", "oom") for r in rows):
             break  # out of time, or the process failed: stop here (a resumed run goes on)
-    return {"recipe": recipe, "planned_max_seq_len": planned, "settings": settings, "step_tokens": step,
-            "cap_bytes": cap_bytes, "probes": probes, **search_outcome(planned, step, probes)}
+    return {
+        "recipe": recipe,
+        "planned_max_seq_len": planned,
+        "settings": settings,
+        "step_tokens": step,
+        "cap_bytes": cap_bytes,
+        "probes": probes,
+        **search_outcome(planned, step, probes),
+    }
+
 
 #: A tiny untied Llama for the harness check (``--tiny --device cpu``): every code path, in seconds.
 TINY_MODEL = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 4096,
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 4096,
     "tie_word_embeddings": False,
 }
 
@@ -446,7 +569,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--measure", action="store_true", help="real runs on the CUDA GPU (needs one)")
     parser.add_argument("--recipe", choices=RECIPES, help="--measure one recipe only")
-    parser.add_argument("--tiny", action="store_true", help="--measure a tiny model (check the harness, e.g. with --device cpu)")
+    parser.add_argument(
+        "--tiny", action="store_true", help="--measure a tiny model (check the harness, e.g. with --device cpu)"
+    )
     parser.add_argument("--device", default="cuda", help="--measure on this device (cuda; cpu only with --tiny)")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--probe", help=argparse.SUPPRESS)  # internal: JSON of one probe_lengths call, run in a child
@@ -462,16 +587,36 @@ def main() -> None:
     if args.tiny:
         # transformers' offload pins host memory, which needs an accelerator: on a CPU the hf recipe
         # runs with plain checkpointing (memfit's offload runs there synchronously).
-        runs = [measure_recipe(recipe, [256, 512], None, 512, steps=1, model=TINY_MODEL, device_name=args.device,
-                               checkpointing="on" if recipe == "hf" and args.device == "cpu" else "offload")
-                for recipe in ([args.recipe] if args.recipe else RECIPES)]
-        out = {"benchmark": "max_context (harness check)", "command": "python benchmarks/max_context.py --tiny", "runs": runs}
+        runs = [
+            measure_recipe(
+                recipe,
+                [256, 512],
+                None,
+                512,
+                steps=1,
+                model=TINY_MODEL,
+                device_name=args.device,
+                checkpointing="on" if recipe == "hf" and args.device == "cpu" else "offload",
+            )
+            for recipe in ([args.recipe] if args.recipe else RECIPES)
+        ]
+        out = {
+            "benchmark": "max_context (harness check)",
+            "command": "python benchmarks/max_context.py --tiny",
+            "runs": runs,
+        }
         path = args.out or RESULTS / "max_context-tiny.json"
     elif not args.measure:
-        out = {"benchmark": "max_context", "command": "python benchmarks/max_context.py", "machine": describe_machine(),
-               "model": MODEL, "card": CARD, "knobs": dict(KNOBS, batch_size=1),
-               "goals": {"memfit_min_tokens": GOAL_TOKENS, f"max_peak_ratio_at_{COMPARE_TOKENS}": GOAL_RATIO},
-               **plan_side_by_side()}
+        out = {
+            "benchmark": "max_context",
+            "command": "python benchmarks/max_context.py",
+            "machine": describe_machine(),
+            "model": MODEL,
+            "card": CARD,
+            "knobs": dict(KNOBS, batch_size=1),
+            "goals": {"memfit_min_tokens": GOAL_TOKENS, f"max_peak_ratio_at_{COMPARE_TOKENS}": GOAL_RATIO},
+            **plan_side_by_side(),
+        }
         path = args.out or RESULTS / "max_context.json"
     else:
         # Described in a child: this process starts the measuring ones and must hold no CUDA context.
@@ -480,18 +625,35 @@ def main() -> None:
             parser.error("--measure needs a CUDA GPU (check the harness on a CPU with --tiny --device cpu)")
         planned_file = RESULTS / "max_context.json"
         if not planned_file.exists():
-            parser.error(f"--measure starts from the plan in {planned_file}; write it first: python benchmarks/max_context.py")
+            parser.error(
+                f"--measure starts from the plan in {planned_file}; write it first: python benchmarks/max_context.py"
+            )
         planned = json.loads(planned_file.read_text())["recipes"]
         cap = allocator_cap()
         env = dict(os.environ, CUBLAS_WORKSPACE_CONFIG=CARD_CUBLAS_WORKSPACE_CONFIG)
         runs = []
-        for recipe in ([args.recipe] if args.recipe else RECIPES):
-            runs.append(search_longest(recipe, int(planned[recipe]["max_seq_len"]), planned[recipe]["settings_at_max"],
-                                       cap_bytes=cap["cap_bytes"], device="cuda", env=env,
-                                       on_update=lambda probes, r=recipe: print(r, probes[-1], flush=True)))
-        out = {"benchmark": "max_context (measured)", "command": "python benchmarks/max_context.py --measure", "machine": machine,
-               "model": MODEL, "knobs": dict(KNOBS, batch_size=1), "cap": cap,
-               "cublas_workspace_config": CARD_CUBLAS_WORKSPACE_CONFIG, "runs": runs}
+        for recipe in [args.recipe] if args.recipe else RECIPES:
+            runs.append(
+                search_longest(
+                    recipe,
+                    int(planned[recipe]["max_seq_len"]),
+                    planned[recipe]["settings_at_max"],
+                    cap_bytes=cap["cap_bytes"],
+                    device="cuda",
+                    env=env,
+                    on_update=lambda probes, r=recipe: print(r, probes[-1], flush=True),
+                )
+            )
+        out = {
+            "benchmark": "max_context (measured)",
+            "command": "python benchmarks/max_context.py --measure",
+            "machine": machine,
+            "model": MODEL,
+            "knobs": dict(KNOBS, batch_size=1),
+            "cap": cap,
+            "cublas_workspace_config": CARD_CUBLAS_WORKSPACE_CONFIG,
+            "runs": runs,
+        }
         path = args.out or RESULTS / f"max_context-{api.gpu_key(machine['gpu']) or 'gpu'}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=2) + "\n")

@@ -163,11 +163,20 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-1.5b", help="catalog config name")
     parser.add_argument("--shard-size", default="400MB", help="max_shard_size for the random base")
-    parser.add_argument("--variant", default="lora", choices=sorted(VARIANTS), help="the adapter: plain LoRA, DoRA, or LoRA with trained embed_tokens and lm_head")
-    parser.add_argument("--out", default=None, help="results file (default: benchmarks/results/merge_vs_peft[-VARIANT].json)")
+    parser.add_argument(
+        "--variant",
+        default="lora",
+        choices=sorted(VARIANTS),
+        help="the adapter: plain LoRA, DoRA, or LoRA with trained embed_tokens and lm_head",
+    )
+    parser.add_argument(
+        "--out", default=None, help="results file (default: benchmarks/results/merge_vs_peft[-VARIANT].json)"
+    )
     args = parser.parse_args()
     if args.out is None:
-        args.out = str(RESULTS / ("merge_vs_peft.json" if args.variant == "lora" else f"merge_vs_peft-{args.variant}.json"))
+        args.out = str(
+            RESULTS / ("merge_vs_peft.json" if args.variant == "lora" else f"merge_vs_peft-{args.variant}.json")
+        )
 
     import peft
     import torch
@@ -177,7 +186,14 @@ def main() -> None:
     try:
         base, adapter = work / "base", work / "adapter"
         started = time.perf_counter()
-        timed(BUILD, str(CATALOG / f"{args.model}.json"), str(base), str(adapter), args.shard_size, json.dumps(VARIANTS[args.variant]))
+        timed(
+            BUILD,
+            str(CATALOG / f"{args.model}.json"),
+            str(base),
+            str(adapter),
+            args.shard_size,
+            json.dumps(VARIANTS[args.variant]),
+        )
         build_s = time.perf_counter() - started
         shards = sorted(base.glob("*.safetensors"))
         largest_shard_bytes = max(p.stat().st_size for p in shards)
@@ -195,10 +211,14 @@ def main() -> None:
         result = {
             "benchmark": "memfit merge vs PEFT merge_and_unload + save_pretrained",
             "command": f"python benchmarks/merge_vs_peft.py --model {args.model} --shard-size {args.shard_size}"
-                       + (f" --variant {args.variant}" if args.variant != "lora" else ""),
+            + (f" --variant {args.variant}" if args.variant != "lora" else ""),
             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "machine": machine(),
-            "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "peft": peft.__version__},
+            "versions": {
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "peft": peft.__version__,
+            },
             "model": {
                 "catalog_config": f"{args.model}.json",
                 "dtype": "bfloat16",
@@ -206,7 +226,7 @@ def main() -> None:
                 "shard_count": len(shards),
                 "largest_shard_bytes": largest_shard_bytes,
                 "adapter": "LoRA r=16, lora_alpha=32, all linear layers, random non-zero B, fp32"
-                           + "".join(f", {k}={v}" for k, v in VARIANTS[args.variant].items()),
+                + "".join(f", {k}={v}" for k, v in VARIANTS[args.variant].items()),
                 "adapter_bytes": adapter_bytes,
                 "adapter_held_bytes": adapter_held_bytes,
                 "build_s": round(build_s, 1),
@@ -236,11 +256,14 @@ def main() -> None:
                 "peft_over_memfit_peak_rss_minus_baseline": round(
                     (theirs["peak_rss_bytes"] - baseline) / (ours["peak_rss_bytes"] - baseline), 2
                 ),
-                "memfit_rss_minus_baseline_over_largest_shard_plus_held_adapter": round((ours["peak_rss_bytes"] - baseline) / stream_bytes, 2),
+                "memfit_rss_minus_baseline_over_largest_shard_plus_held_adapter": round(
+                    (ours["peak_rss_bytes"] - baseline) / stream_bytes, 2
+                ),
                 "memfit_over_peft_wall": round(ours["wall_s"] / theirs["wall_s"], 2),
             },
             "goals": {
-                "memfit_rss_within_1.2x_shard_plus_held_adapter_plus_baseline": ours["peak_rss_bytes"] <= 1.2 * stream_bytes + baseline,
+                "memfit_rss_within_1.2x_shard_plus_held_adapter_plus_baseline": ours["peak_rss_bytes"]
+                <= 1.2 * stream_bytes + baseline,
                 "memfit_rss_at_least_4x_lower_than_peft": theirs["peak_rss_bytes"] >= 4 * ours["peak_rss_bytes"],
                 "memfit_wall_no_worse_than_peft": ours["wall_s"] <= theirs["wall_s"],
             },

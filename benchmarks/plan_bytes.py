@@ -38,9 +38,18 @@ CASES: list[tuple[str, dict]] = [
     ("qwen2.5-7b", dict(method="qlora", seq_len=8192, batch_size=1, checkpointing="on")),
     ("llama-3.1-70b", dict(method="qlora", seq_len=4096, batch_size=1, checkpointing="on")),
     ("qwen2.5-72b", dict(method="qlora", seq_len=2048, batch_size=1, checkpointing="on")),
-    ("llama-3.1-8b", dict(method="qlora", rank=32, seq_len=8192, batch_size=1, checkpointing="offload", gpu="rtx-4090")),
-    ("llama-3.1-8b", dict(method="qlora", rank=32, seq_len=8192, batch_size=1, checkpointing="offload", recipe="hf", gpu="rtx-4090")),
-    ("llama-3.1-8b", dict(method="qlora", rank=32, seq_len=65536, batch_size=1, checkpointing="offload", gpu="rtx-4090")),
+    (
+        "llama-3.1-8b",
+        dict(method="qlora", rank=32, seq_len=8192, batch_size=1, checkpointing="offload", gpu="rtx-4090"),
+    ),
+    (
+        "llama-3.1-8b",
+        dict(method="qlora", rank=32, seq_len=8192, batch_size=1, checkpointing="offload", recipe="hf", gpu="rtx-4090"),
+    ),
+    (
+        "llama-3.1-8b",
+        dict(method="qlora", rank=32, seq_len=65536, batch_size=1, checkpointing="offload", gpu="rtx-4090"),
+    ),
     ("llama-3.2-1b", dict(method="full", seq_len=1024, batch_size=2, checkpointing="off")),
     ("llama-3.2-1b", dict(method="full", seq_len=1024, batch_size=2, checkpointing="on", step_in_backward=True)),
     ("llama-3.2-1b", dict(method="full", seq_len=2048, batch_size=1, optimizer="adamw8bit", precision="fp32")),
@@ -82,10 +91,18 @@ def exact_column(row: dict) -> dict:
     """The exact plan of ``row``'s configuration against ``row`` (its plan with shortcuts): every
     figure that differs, ``{name: [with shortcuts, exact]}`` (names flat: ``peak.reserved_bytes``)."""
     exact = plan_figures(row["model"], row["knobs"], exact=True)
-    short, made = (_flat({k: v for k, v in r.items() if k != "details"} | {
-        "details": {k: v for k, v in r["details"].items() if k not in HOW_MADE}}) for r in (row, exact))
-    differences = {name: [short.get(name), made.get(name)] for name in sorted(set(short) | set(made))
-                   if short.get(name) != made.get(name)}
+    short, made = (
+        _flat(
+            {k: v for k, v in r.items() if k != "details"}
+            | {"details": {k: v for k, v in r["details"].items() if k not in HOW_MADE}}
+        )
+        for r in (row, exact)
+    )
+    differences = {
+        name: [short.get(name), made.get(name)]
+        for name in sorted(set(short) | set(made))
+        if short.get(name) != made.get(name)
+    }
     return {"equal": not differences, "differences": differences}
 
 
@@ -122,8 +139,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="compare with the results file instead of writing it")
     parser.add_argument("--only", type=int, default=None, help="only the first N configurations")
-    parser.add_argument("--exact-cases", default="all",
-                        help="the cases also planned exact: all (default), none, or numbers and ranges, 1-based (1-4,10)")
+    parser.add_argument(
+        "--exact-cases",
+        default="all",
+        help="the cases also planned exact: all (default), none, or numbers and ranges, 1-based (1-4,10)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
 
@@ -134,17 +154,26 @@ def main() -> int:
     for number, (model, knobs) in enumerate(cases, start=1):
         rows.append(plan_figures(model, knobs))
         rows[-1]["exact"] = exact_column(rows[-1]) if number in exact_cases else None
-        print(f"{number:2d} {model:14s} {json.dumps(knobs)}: {rows[-1]['peak']['device_total_bytes']:,} B; "
-              f"{_describe_exact(rows[-1]['exact'])}", flush=True)
+        print(
+            f"{number:2d} {model:14s} {json.dumps(knobs)}: {rows[-1]['peak']['device_total_bytes']:,} B; "
+            f"{_describe_exact(rows[-1]['exact'])}",
+            flush=True,
+        )
     seconds = time.perf_counter() - started
     if not args.check:
-        payload = {"benchmark": "plan_bytes", "command": "python benchmarks/plan_bytes.py", "exact_cases": exact_cases,
-                   "plans": rows}
+        payload = {
+            "benchmark": "plan_bytes",
+            "command": "python benchmarks/plan_bytes.py",
+            "exact_cases": exact_cases,
+            "plans": rows,
+        }
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(payload, indent=2) + "\n")
         print(f"wrote {args.out} ({len(rows)} plans, {seconds:.0f} s)")
         return 0
-    expected = {json.dumps([r["model"], r["knobs"]], sort_keys=True): r for r in json.loads(args.out.read_text())["plans"]}
+    expected = {
+        json.dumps([r["model"], r["knobs"]], sort_keys=True): r for r in json.loads(args.out.read_text())["plans"]
+    }
     differences = 0
     for row in rows:
         old = expected.get(json.dumps([row["model"], row["knobs"]], sort_keys=True))
@@ -153,8 +182,11 @@ def main() -> int:
             differences += 1
             continue
         # The exact column is compared where this run made it.
-        changed = sorted(key for key in row if row[key] != old.get(key)
-                         and not (key == "exact" and (row[key] is None or old.get(key) is None)))
+        changed = sorted(
+            key
+            for key in row
+            if row[key] != old.get(key) and not (key == "exact" and (row[key] is None or old.get(key) is None))
+        )
         if changed:
             differences += 1
             print(f"DIFFERENT {row['model']} {row['knobs']}:")

@@ -95,8 +95,10 @@ def cold_runs(model: str, knobs: dict, repeats: int) -> tuple[list[float], list[
 #: What a LoRA plan of a Llama model must import, and nothing else: the planner, the model's
 #: transformers module and PEFT (bitsandbytes kept out, as the planner keeps it out of LoRA plans).
 #: A new process doing only this is the floor under a cold `memfit plan ... --method lora`.
-IMPORT_FLOOR = ("import sys; import memfit.planner.exact.simulate, transformers.models.llama.modeling_llama; "
-                "sys.modules['bitsandbytes'] = None; import peft")
+IMPORT_FLOOR = (
+    "import sys; import memfit.planner.exact.simulate, transformers.models.llama.modeling_llama; "
+    "sys.modules['bitsandbytes'] = None; import peft"
+)
 
 
 def floor_seconds() -> float:
@@ -114,13 +116,18 @@ def _import_seconds(modules: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--label", default="after", help="the name these results are kept under in the file (before, after...)")
+    parser.add_argument(
+        "--label", default="after", help="the name these results are kept under in the file (before, after...)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="warm runs per case (the median is reported)")
     parser.add_argument("--cold-repeats", type=int, default=1, help="new processes per case (the median is reported)")
     parser.add_argument("--lora-repeats", type=int, default=3, help="new processes for the cold LoRA command")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "plan_speed.json")
-    parser.add_argument("--cold-lora-only", action="store_true",
-                        help="only the cold LoRA command and the import floor, kept under LABEL-cold-lora")
+    parser.add_argument(
+        "--cold-lora-only",
+        action="store_true",
+        help="only the cold LoRA command and the import floor, kept under LABEL-cold-lora",
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()
 
@@ -145,14 +152,26 @@ def main() -> None:
         "import_floor_seconds": [round(s, 3) for s in floors],
         "empty_cache_over_floor_seconds": round(statistics.median(lora_empty) - statistics.median(floors), 3),
     }
-    print(f"cold `{cold_lora['command']}`: empty cache {cold_lora['empty_cache_seconds_median']:.2f} s, "
-          f"cached {cold_lora['cached_seconds_median']:.2f} s, import floor {cold_lora['import_floor_seconds_median']:.2f} s",
-          flush=True)
+    print(
+        f"cold `{cold_lora['command']}`: empty cache {cold_lora['empty_cache_seconds_median']:.2f} s, "
+        f"cached {cold_lora['cached_seconds_median']:.2f} s, import floor {cold_lora['import_floor_seconds_median']:.2f} s",
+        flush=True,
+    )
     if args.cold_lora_only:
-        write_labeled_run(args.out, args.label + "-cold-lora", {
-            "memfit": memfit_source(), "machine": describe_machine(),
-            "load_average_1_5_15_min": {"start": [round(x, 2) for x in load_before], "end": [round(x, 2) for x in os.getloadavg()]},
-            "cold_lora": cold_lora}, _FILE_HEADER)
+        write_labeled_run(
+            args.out,
+            args.label + "-cold-lora",
+            {
+                "memfit": memfit_source(),
+                "machine": describe_machine(),
+                "load_average_1_5_15_min": {
+                    "start": [round(x, 2) for x in load_before],
+                    "end": [round(x, 2) for x in os.getloadavg()],
+                },
+                "cold_lora": cold_lora,
+            },
+            _FILE_HEADER,
+        )
         shutil.rmtree(_CACHE_ROOT, ignore_errors=True)
         return
 
@@ -186,14 +205,20 @@ def main() -> None:
             "device_total_bytes": plan.device_total_bytes,
         }
         cases.append(row)
-        print(f"{model:16s} {knobs['method']:6s} warm {row['warm_seconds_median']:6.2f} s   cold CLI {row['cold_cli_seconds']:6.2f} s"
-              f"   cold CLI, cached {row['cold_cli_cached_seconds']:6.2f} s", flush=True)
+        print(
+            f"{model:16s} {knobs['method']:6s} warm {row['warm_seconds_median']:6.2f} s   cold CLI {row['cold_cli_seconds']:6.2f} s"
+            f"   cold CLI, cached {row['cold_cli_cached_seconds']:6.2f} s",
+            flush=True,
+        )
 
     planner = api.planner_module_name()
     run = {
         "memfit": memfit_source(),
         "machine": describe_machine(),
-        "load_average_1_5_15_min": {"start": [round(x, 2) for x in load_before], "end": [round(x, 2) for x in os.getloadavg()]},
+        "load_average_1_5_15_min": {
+            "start": [round(x, 2) for x in load_before],
+            "end": [round(x, 2) for x in os.getloadavg()],
+        },
         "first_plan_in_process_seconds": round(warmup_s, 3),
         # What importing costs a new process: the planner's own imports (what every plan needs), and
         # with PEFT and bitsandbytes (what a QLoRA plan needs) on top.

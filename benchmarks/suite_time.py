@@ -36,7 +36,9 @@ def junit_tests(path: Path) -> list[dict]:
             if case.find(tag) is not None:
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
         module = case.get("classname", "").replace(".", "/")
-        tests.append({"id": f"{module}.py::{case.get('name')}", "outcome": outcome, "seconds": float(case.get("time") or 0)})
+        tests.append(
+            {"id": f"{module}.py::{case.get('name')}", "outcome": outcome, "seconds": float(case.get("time") or 0)}
+        )
     return tests
 
 
@@ -47,7 +49,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="memfit-suite-") as scratch:
         junit = Path(scratch) / "junit.xml"
-        command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *args.pytest_args]
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={junit}",
+            *args.pytest_args,
+        ]
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")]))
         load_before = os.getloadavg()
         started = time.perf_counter()
@@ -58,12 +69,24 @@ def main(argv: list[str] | None = None) -> int:
     counts: dict[str, int] = {}
     for test in tests:
         counts[test["outcome"]] = counts.get(test["outcome"], 0) + 1
-    data = {"benchmark": "test_suite", "command": "python -m pytest " + " ".join(args.pytest_args), "exit_code": done.returncode,
-            "wall_seconds": round(wall, 1), "wall_minutes": round(wall / 60, 1), "tests": len(tests), "counts": counts,
-            "tests_seconds": round(sum(t["seconds"] for t in tests), 1),
-            "slowest": sorted(tests, key=lambda t: -t["seconds"])[:40],
-            "load_average_1_5_15_min": {"start": [round(x, 2) for x in load_before], "end": [round(x, 2) for x in load_after]},
-            "machine": describe_machine(), "memfit": memfit_source(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    data = {
+        "benchmark": "test_suite",
+        "command": "python -m pytest " + " ".join(args.pytest_args),
+        "exit_code": done.returncode,
+        "wall_seconds": round(wall, 1),
+        "wall_minutes": round(wall / 60, 1),
+        "tests": len(tests),
+        "counts": counts,
+        "tests_seconds": round(sum(t["seconds"] for t in tests), 1),
+        "slowest": sorted(tests, key=lambda t: -t["seconds"])[:40],
+        "load_average_1_5_15_min": {
+            "start": [round(x, 2) for x in load_before],
+            "end": [round(x, 2) for x in load_after],
+        },
+        "machine": describe_machine(),
+        "memfit": memfit_source(),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     out = write_results(Path(args.out), data)
     print(f"{len(tests)} tests in {wall / 60:.1f} min (exit {done.returncode}); wrote {out}")
     return done.returncode

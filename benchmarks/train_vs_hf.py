@@ -50,9 +50,16 @@ DATA = REPO / "src" / "memfit" / "assets" / "data" / "tiny-instruct.jsonl"
 
 #: The demo model of examples/tiny.yaml (used when --model is not given).
 TINY_OVERRIDES = {
-    "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 256, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,
-    "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 256,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 512,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 2,
 }
 
 
@@ -106,7 +113,9 @@ def _settings(args, scratch: Path | None = None) -> dict:
     data = DATA if args.data == "demo" else Path(args.data)
     if args.data == "synthetic":
         # One row per sequence the run trains on, plus a spare: every row is used once.
-        data = synthetic_data(scratch / "synthetic.jsonl", args.seq_len, args.steps * args.batch_size * args.grad_accum + 1)
+        data = synthetic_data(
+            scratch / "synthetic.jsonl", args.seq_len, args.steps * args.batch_size * args.grad_accum + 1
+        )
     return {
         "model": "smollm2-135m" if args.model == "tiny" else args.model,
         "init": args.init,
@@ -146,7 +155,9 @@ def run_memfit(args, out_dir: Path) -> dict:
         "tokens": tokens,
         "loop_seconds": seconds,
         "tokens_per_second": tokens / seconds,
-        "tokens_per_second_after_warmup": throughput_after_warmup([r["tokens"] for r in steps], [r["elapsed_s"] for r in steps], args.warmup_steps),
+        "tokens_per_second_after_warmup": throughput_after_warmup(
+            [r["tokens"] for r in steps], [r["elapsed_s"] for r in steps], args.warmup_steps
+        ),
         "first_loss": steps[0]["loss"],
         "last_loss": steps[-1]["loss"],
         "trainable_params": result.setup["trainable_params"],
@@ -168,17 +179,33 @@ def run_hf(args, out_dir: Path, use_trl: bool = False) -> dict:
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[config.precision]
     torch.manual_seed(0)
     if config.init == "pretrained":
-        model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype, attn_implementation="sdpa").to(args.device)
-        model = get_peft_model(model, LoraConfig(r=config.rank, lora_alpha=config.spec.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM"))
+        model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype, attn_implementation="sdpa").to(
+            args.device
+        )
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=config.rank, lora_alpha=config.spec.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM"
+            ),
+        )
     elif config.method == "qlora":
         # 4-bit weights need a checkpoint for from_pretrained; memfit's loader quantizes random
         # weights on the device the same way, and --recipe hf prepares the model as PEFT does.
         spec = api.make_spec(**(config.knobs() | {"recipe": "hf"}))
-        model = api.load_model(api.train_model_config(config), spec, api.resolve_device(args.device), init="random", seed=0).model
+        model = api.load_model(
+            api.train_model_config(config), spec, api.resolve_device(args.device), init="random", seed=0
+        ).model
     else:
         with torch.device(args.device):
-            model = AutoModelForCausalLM.from_config(api.make_hf_config(api.train_model_config(config)), dtype=dtype, attn_implementation="sdpa")
-        model = get_peft_model(model, LoraConfig(r=config.rank, lora_alpha=config.spec.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM"))
+            model = AutoModelForCausalLM.from_config(
+                api.make_hf_config(api.train_model_config(config)), dtype=dtype, attn_implementation="sdpa"
+            )
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=config.rank, lora_alpha=config.spec.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM"
+            ),
+        )
     counted = {"tokens": 0}
     pad_id = tokenizer.pad_token_id
 
@@ -187,7 +214,9 @@ def run_hf(args, out_dir: Path, use_trl: bool = False) -> dict:
 
     class CountingTrainer(Trainer):
         def _get_train_sampler(self, train_dataset=None):
-            return torch.utils.data.SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
+            return torch.utils.data.SequentialSampler(
+                train_dataset if train_dataset is not None else self.train_dataset
+            )
 
         def compute_loss(self, model, inputs, *a, **kw):
             # Rows without padding come without a mask: every token counts.
@@ -245,7 +274,9 @@ def run_hf(args, out_dir: Path, use_trl: bool = False) -> dict:
 
         class CountingSFT(SFTTrainer):
             def _get_train_sampler(self, train_dataset=None):
-                return torch.utils.data.SequentialSampler(train_dataset if train_dataset is not None else self.train_dataset)
+                return torch.utils.data.SequentialSampler(
+                    train_dataset if train_dataset is not None else self.train_dataset
+                )
 
             def compute_loss(self, model, inputs, *a, **kw):
                 # Rows without padding come without a mask: every token counts.
@@ -254,7 +285,9 @@ def run_hf(args, out_dir: Path, use_trl: bool = False) -> dict:
                 return super().compute_loss(model, inputs, *a, **kw)
 
         trainer_cls = CountingSFT
-    trainer = trainer_cls(model=model, args=training_args, train_dataset=ordered, data_collator=collator, callbacks=[Clock()], **kwargs)
+    trainer = trainer_cls(
+        model=model, args=training_args, train_dataset=ordered, data_collator=collator, callbacks=[Clock()], **kwargs
+    )
     before = _memory(args.device)
     trainer.train()
     seconds = timing["end"] - timing["start"]
@@ -264,7 +297,9 @@ def run_hf(args, out_dir: Path, use_trl: bool = False) -> dict:
         "tokens": counted["tokens"],
         "loop_seconds": seconds,
         "tokens_per_second": counted["tokens"] / seconds,
-        "tokens_per_second_after_warmup": throughput_after_warmup(timing["step_tokens"], timing["step_ends"], args.warmup_steps),
+        "tokens_per_second_after_warmup": throughput_after_warmup(
+            timing["step_tokens"], timing["step_ends"], args.warmup_steps
+        ),
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
@@ -303,8 +338,22 @@ def machine(device: str) -> dict:
 
 
 #: The options a side's process takes (the driver passes them through).
-SIDE_OPTIONS = ("device", "model", "init", "method", "data", "steps", "warmup_steps", "batch_size", "seq_len",
-                "grad_accum", "rank", "precision", "lr", "threads")
+SIDE_OPTIONS = (
+    "device",
+    "model",
+    "init",
+    "method",
+    "data",
+    "steps",
+    "warmup_steps",
+    "batch_size",
+    "seq_len",
+    "grad_accum",
+    "rank",
+    "precision",
+    "lr",
+    "threads",
+)
 SIDES = ("memfit", "hf-trainer", "trl-sft")
 
 
@@ -317,8 +366,9 @@ def side_arguments(options: dict) -> list[str]:
     return argv
 
 
-def run_side_in_subprocess(side: str, options: dict, *, timeout_s: float | None = None, env: dict | None = None,
-                           keep_in: Path | None = None) -> dict:
+def run_side_in_subprocess(
+    side: str, options: dict, *, timeout_s: float | None = None, env: dict | None = None, keep_in: Path | None = None
+) -> dict:
     """One side in a fresh process (its own peak memory), in a scratch folder removed afterwards
     (or in ``keep_in``, kept: memfit's run folder is then ``keep_in / "memfit"``).
 
@@ -329,7 +379,15 @@ def run_side_in_subprocess(side: str, options: dict, *, timeout_s: float | None 
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(options["threads"])
 
     def run(scratch: str) -> dict:
-        cmd = [sys.executable, str(Path(__file__).resolve()), *side_arguments(options), "--side", side, "--scratch", scratch]
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            *side_arguments(options),
+            "--side",
+            side,
+            "--scratch",
+            scratch,
+        ]
         return run_json_child(cmd, prefix="RESULT ", timeout_s=timeout_s, env=env)
 
     if keep_in is not None:
@@ -345,11 +403,18 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--model", default="tiny", help="catalog name, or 'tiny' for the demo model")
-    parser.add_argument("--init", default="random", choices=["random", "pretrained"],
-                        help="random: nothing is downloaded; pretrained: --model is a model folder whose weights are trained")
+    parser.add_argument(
+        "--init",
+        default="random",
+        choices=["random", "pretrained"],
+        help="random: nothing is downloaded; pretrained: --model is a model folder whose weights are trained",
+    )
     parser.add_argument("--method", default="lora", choices=["lora", "qlora"])
-    parser.add_argument("--data", default="demo",
-                        help="demo: the shipped tiny-instruct data; synthetic: generated rows of exactly --seq-len tokens; or a training file")
+    parser.add_argument(
+        "--data",
+        default="demo",
+        help="demo: the shipped tiny-instruct data; synthetic: generated rows of exactly --seq-len tokens; or a training file",
+    )
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup-steps", type=int, default=1, help="steps left out of the after-warm-up tokens/s")
     parser.add_argument("--batch-size", type=int, default=8)
@@ -359,13 +424,22 @@ def main(argv=None) -> int:
     parser.add_argument("--precision", default="fp32", choices=["bf16", "fp16", "fp32"])
     parser.add_argument("--lr", type=float, default=1e-3, help="learning rate (constant), both sides")
     parser.add_argument("--repeats", type=int, default=1, help="runs per side (the median tokens/s is reported)")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads per run (0: torch's default); 1 keeps runs steady on a shared machine")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="CPU threads per run (0: torch's default); 1 keeps runs steady on a shared machine",
+    )
     parser.add_argument("--side", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=None, help="results file (default benchmarks/results/train_vs_hf-<device>.json)")
+    parser.add_argument(
+        "--out", default=None, help="results file (default benchmarks/results/train_vs_hf-<device>.json)"
+    )
     args = parser.parse_args(argv)
     if args.method == "qlora" and args.precision == "fp32":
-        parser.error("--method qlora: --precision fp32 cannot be used (4-bit weights are dequantized to 16 bits); use --precision bf16")
+        parser.error(
+            "--method qlora: --precision fp32 cannot be used (4-bit weights are dequantized to 16 bits); use --precision bf16"
+        )
     if args.warmup_steps >= args.steps:
         parser.error(f"--warmup-steps {args.warmup_steps}: must be below --steps ({args.steps}) to leave steps to time")
 
@@ -378,7 +452,9 @@ def main(argv=None) -> int:
 
             torch.set_num_threads(args.threads)
         scratch = Path(args.scratch)
-        runner = {"memfit": run_memfit, "hf-trainer": run_hf, "trl-sft": lambda a, d: run_hf(a, d, use_trl=True)}[args.side]
+        runner = {"memfit": run_memfit, "hf-trainer": run_hf, "trl-sft": lambda a, d: run_hf(a, d, use_trl=True)}[
+            args.side
+        ]
         print("RESULT " + json.dumps(runner(args, scratch)))
         return 0
 
@@ -398,8 +474,14 @@ def main(argv=None) -> int:
                 sys.stderr.write(result["error"] + "\n")
                 raise SystemExit(f"{side} failed ({result['status']})")
             runs[side].append(result)
-            print(f"{side:10s} run {repeat + 1}: {result['tokens_per_second']:.0f} tokens/s, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB"
-                  + (f", peak allocated {result['peak_allocated_bytes'] / 2**20:.0f} MiB" if "peak_allocated_bytes" in result else ""))
+            print(
+                f"{side:10s} run {repeat + 1}: {result['tokens_per_second']:.0f} tokens/s, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB"
+                + (
+                    f", peak allocated {result['peak_allocated_bytes'] / 2**20:.0f} MiB"
+                    if "peak_allocated_bytes" in result
+                    else ""
+                )
+            )
 
     def median(values):
         values = sorted(values)
@@ -409,13 +491,20 @@ def main(argv=None) -> int:
     for side, results in runs.items():
         summary[side] = {
             "tokens_per_second_median": median([r["tokens_per_second"] for r in results]),
-            "tokens_per_second_after_warmup_median": median([r["tokens_per_second_after_warmup"] or 0.0 for r in results]),
+            "tokens_per_second_after_warmup_median": median(
+                [r["tokens_per_second_after_warmup"] or 0.0 for r in results]
+            ),
             "peak_rss_bytes_median": median([r["peak_rss_bytes"] for r in results]),
-            **({"peak_allocated_bytes_median": median([r["peak_allocated_bytes"] for r in results])} if "peak_allocated_bytes" in results[0] else {}),
+            **(
+                {"peak_allocated_bytes_median": median([r["peak_allocated_bytes"] for r in results])}
+                if "peak_allocated_bytes" in results[0]
+                else {}
+            ),
         }
     payload = {
         "benchmark": f"memfit train vs Hugging Face Trainer + PEFT ({'QLoRA' if args.method == 'qlora' else 'LoRA'}, same configuration)",
-        "command": "python benchmarks/train_vs_hf.py " + " ".join(side_arguments(options) + ["--repeats", str(args.repeats)]),
+        "command": "python benchmarks/train_vs_hf.py "
+        + " ".join(side_arguments(options) + ["--repeats", str(args.repeats)]),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         # On a GPU the machine is described in a child: a CUDA context here would sit beside the runs.
         "machine": describe_in_subprocess() if args.device.startswith("cuda") else machine(args.device),

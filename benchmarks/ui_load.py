@@ -30,9 +30,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 TINY = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 1024,
-    "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2, "_name_or_path": "tiny",
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 1024,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 2,
+    "_name_or_path": "tiny",
 }
 #: A growth of the server's RSS from after the warm-up pass to after the load pass above this is a leak.
 MAX_GROWTH_BYTES = 64 * 2**20
@@ -52,9 +61,23 @@ def request(url: str, method: str = "GET", body: bytes | None = None) -> tuple[i
 def mix(base: str, model: str, total: int) -> list[tuple[str, str, str, bytes | None]]:
     """``total`` requests (kind, method, url, body): valid and invalid ones interleaved, one search."""
     big = b" " * (2**20 + 1)
-    plan = json.dumps({"model": "tiny", "spec": {"method": "lora", "rank": 16, "precision": "bf16", "checkpointing": "on",
-                                                 "batch_size": 1, "seq_len": 64, "grad_accum": 1, "optimizer": "adamw"},
-                       "details": {}, "fits": False}).encode()
+    plan = json.dumps(
+        {
+            "model": "tiny",
+            "spec": {
+                "method": "lora",
+                "rank": 16,
+                "precision": "bf16",
+                "checkpointing": "on",
+                "batch_size": 1,
+                "seq_len": 64,
+                "grad_accum": 1,
+                "optimizer": "adamw",
+            },
+            "details": {},
+            "fits": False,
+        }
+    ).encode()
     kinds = [
         ("valid", "GET", f"{base}api/plan?model={model}&seq_len=64", None),
         ("valid", "GET", f"{base}api/plan?model={model}&seq_len=128&gpu=rtx-4090", None),
@@ -78,7 +101,10 @@ def mix(base: str, model: str, total: int) -> list[tuple[str, str, str, bytes | 
         ("invalid", "GET", f"{base}api/fit?model={model}", None),
     ]
     chosen = [kinds[i % len(kinds)] for i in range(total - 1)]
-    chosen.insert(total // 2, ("valid", "GET", f"{base}api/fit?model={model}&budget=1GiB&batch_size=2&seq_len=64&method=lora", None))
+    chosen.insert(
+        total // 2,
+        ("valid", "GET", f"{base}api/fit?model={model}&budget=1GiB&batch_size=2&seq_len=64&method=lora", None),
+    )
     return chosen
 
 
@@ -96,8 +122,12 @@ def run_pass(base: str, model: str, total: int, threads: int) -> dict:
         "seconds": round(time.perf_counter() - started, 2),
         "statuses": {kind: dict(sorted(counts.items())) for kind, counts in sorted(by_kind.items())},
         "server_errors": sum(1 for s in statuses if s >= 500 or s == 0),
-        "valid_not_ok": sum(1 for (kind, _, _, _), s in zip(requests, statuses) if kind == "valid" and s not in (200, 429)),
-        "invalid_not_4xx": sum(1 for (kind, _, _, _), s in zip(requests, statuses) if kind == "invalid" and not 400 <= s < 500),
+        "valid_not_ok": sum(
+            1 for (kind, _, _, _), s in zip(requests, statuses) if kind == "valid" and s not in (200, 429)
+        ),
+        "invalid_not_4xx": sum(
+            1 for (kind, _, _, _), s in zip(requests, statuses) if kind == "invalid" and not 400 <= s < 500
+        ),
     }
 
 
@@ -106,8 +136,13 @@ def load_test(total: int = 200, threads: int = 8, env: dict | None = None) -> di
     import psutil
 
     with tempfile.TemporaryDirectory(prefix="memfit-ui-load-") as cache:
-        server = subprocess.Popen([sys.executable, "-m", "memfit", "ui", "--port", "0"], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env={**os.environ, "MEMFIT_CACHE": cache, **(env or {})})
+        server = subprocess.Popen(
+            [sys.executable, "-m", "memfit", "ui", "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "MEMFIT_CACHE": cache, **(env or {})},
+        )
         try:
             base = server.stdout.readline().split()[2]
             status, body = request(f"{base}api/model?filename=config.json", "POST", json.dumps(TINY).encode())
@@ -150,15 +185,29 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()
     result = load_test(args.total, args.threads)
-    run = {"memfit": memfit_source(), "machine": describe_machine(), "threads": args.threads,
-           "load_average_1_5_15_min": {"start": [round(x, 2) for x in load_before], "end": [round(x, 2) for x in os.getloadavg()]},
-           **result}
-    write_labeled_run(args.out, args.label, run, {
-        "benchmark": "ui_load",
-        "command": f"python benchmarks/ui_load.py --total {args.total} --threads {args.threads}",
-        "notes": ("two passes of the same mix of valid and invalid requests against `memfit ui --port 0` (a private empty "
-                  "plan cache), each from several threads at once; RSS is the server process's after each pass."),
-    })
+    run = {
+        "memfit": memfit_source(),
+        "machine": describe_machine(),
+        "threads": args.threads,
+        "load_average_1_5_15_min": {
+            "start": [round(x, 2) for x in load_before],
+            "end": [round(x, 2) for x in os.getloadavg()],
+        },
+        **result,
+    }
+    write_labeled_run(
+        args.out,
+        args.label,
+        run,
+        {
+            "benchmark": "ui_load",
+            "command": f"python benchmarks/ui_load.py --total {args.total} --threads {args.threads}",
+            "notes": (
+                "two passes of the same mix of valid and invalid requests against `memfit ui --port 0` (a private empty "
+                "plan cache), each from several threads at once; RSS is the server process's after each pass."
+            ),
+        },
+    )
     print(json.dumps(result, indent=2))
     print(f"wrote {args.out}")
 

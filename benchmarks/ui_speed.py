@@ -41,7 +41,10 @@ PLANS = [
     ("llama-3.1-8b on rtx-4090", "model=llama-3.1-8b&gpu=rtx-4090"),
     ("llama-3.1-8b on rtx-4090, again", "model=llama-3.1-8b&gpu=rtx-4090"),
     ("llama-3.1-8b on rtx-4090, seq_len 4096, qlora", "model=llama-3.1-8b&gpu=rtx-4090&seq_len=4096&method=qlora"),
-    ("llama-3.1-8b on rtx-4090, seq_len 4096, qlora, again", "model=llama-3.1-8b&gpu=rtx-4090&seq_len=4096&method=qlora"),
+    (
+        "llama-3.1-8b on rtx-4090, seq_len 4096, qlora, again",
+        "model=llama-3.1-8b&gpu=rtx-4090&seq_len=4096&method=qlora",
+    ),
 ]
 FIT = "model=llama-3.1-8b&gpu=rtx-4090"
 
@@ -66,17 +69,27 @@ def timed_fit(url: str) -> dict:
                 break
     total = time.perf_counter() - started
     result = event.get("result") or {}
-    return {"first_row_seconds": round(first_row, 2) if first_row else None, "seconds": round(total, 2),
-            "event": event["event"], "fits": len(result.get("fits", [])), "plans_made": (result.get("details") or {}).get("plans_made"),
-            "meets_goal": total <= FIT_GOAL_SECONDS}
+    return {
+        "first_row_seconds": round(first_row, 2) if first_row else None,
+        "seconds": round(total, 2),
+        "event": event["event"],
+        "fits": len(result.get("fits", [])),
+        "plans_made": (result.get("details") or {}).get("plans_made"),
+        "meets_goal": total <= FIT_GOAL_SECONDS,
+    }
 
 
 def measure(cache_on: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="memfit-ui-speed-") as cache:
         env = {**os.environ, "MEMFIT_CACHE": cache, "MEMFIT_PLAN_CACHE": "1" if cache_on else "0"}
         started = time.perf_counter()
-        server = subprocess.Popen([sys.executable, "-m", "memfit", "ui", "--port", "0"], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, env=env)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "memfit", "ui", "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         try:
             base = server.stdout.readline().split()[2]
             address_s = time.perf_counter() - started
@@ -88,19 +101,32 @@ def measure(cache_on: bool) -> dict:
             plans = []
             for what, query in PLANS:
                 seconds, status, _ = timed_get(f"{base}api/plan?{query}")
-                plans.append({"request": what, "query": query, "status": status, "seconds": round(seconds, 2),
-                              "meets_goal": seconds <= PLAN_GOAL_SECONDS})
+                plans.append(
+                    {
+                        "request": what,
+                        "query": query,
+                        "status": status,
+                        "seconds": round(seconds, 2),
+                        "meets_goal": seconds <= PLAN_GOAL_SECONDS,
+                    }
+                )
                 print(f"  plan: {what}: {seconds:.2f} s", flush=True)
             fits = []
             # Without the plan cache a second search makes every plan again: one is timed.
-            for what in ("first search", "the same search again")[:2 if cache_on else 1]:
+            for what in ("first search", "the same search again")[: 2 if cache_on else 1]:
                 fits.append({"request": what, "query": FIT, **timed_fit(f"{base}api/fit?{FIT}")})
                 print(f"  fit: {what}: {fits[-1]}", flush=True)
         finally:
             server.terminate()
             server.communicate(timeout=120)
-    return {"plan_cache": cache_on, "address_printed_seconds": round(address_s, 2), "page_served_seconds": round(page_s, 2),
-            "planner_warm_seconds": round(warm_s, 2), "plans": plans, "fits": fits}
+    return {
+        "plan_cache": cache_on,
+        "address_printed_seconds": round(address_s, 2),
+        "page_served_seconds": round(page_s, 2),
+        "planner_warm_seconds": round(warm_s, 2),
+        "plans": plans,
+        "fits": fits,
+    }
 
 
 def main() -> None:
@@ -116,18 +142,31 @@ def main() -> None:
     for cache_on in (True, False):
         print(f"plan cache {'on' if cache_on else 'off'}:", flush=True)
         runs.append(measure(cache_on))
-    run = {"memfit": memfit_source(), "machine": describe_machine(),
-           "load_average_1_5_15_min": {"start": [round(x, 2) for x in load_before], "end": [round(x, 2) for x in os.getloadavg()]},
-           "servers": runs}
-    write_labeled_run(args.out, args.label, run, {
-        "benchmark": "ui_speed",
-        "command": "python benchmarks/ui_speed.py",
-        "goal_plan_seconds_after_first_request": PLAN_GOAL_SECONDS,
-        "goal_default_fit_seconds": FIT_GOAL_SECONDS,
-        "notes": ("HTTP requests from this process against `python -m memfit ui --port 0`; seconds are wall time of the "
-                  "whole answer. Plan cache on: a private folder, empty when the server starts. The machine is shared "
-                  "by several processes: see load_average_1_5_15_min."),
-    })
+    run = {
+        "memfit": memfit_source(),
+        "machine": describe_machine(),
+        "load_average_1_5_15_min": {
+            "start": [round(x, 2) for x in load_before],
+            "end": [round(x, 2) for x in os.getloadavg()],
+        },
+        "servers": runs,
+    }
+    write_labeled_run(
+        args.out,
+        args.label,
+        run,
+        {
+            "benchmark": "ui_speed",
+            "command": "python benchmarks/ui_speed.py",
+            "goal_plan_seconds_after_first_request": PLAN_GOAL_SECONDS,
+            "goal_default_fit_seconds": FIT_GOAL_SECONDS,
+            "notes": (
+                "HTTP requests from this process against `python -m memfit ui --port 0`; seconds are wall time of the "
+                "whole answer. Plan cache on: a private folder, empty when the server starts. The machine is shared "
+                "by several processes: see load_average_1_5_15_min."
+            ),
+        },
+    )
     print(f"wrote {args.out}")
 
 

@@ -46,9 +46,19 @@ def find_browser() -> str | None:
 def screenshot(browser: str, page: Path, png: Path, timeout_s: float = 90.0) -> None:
     with tempfile.TemporaryDirectory(prefix="memfit-chromium-") as profile:
         command = [
-            browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-            f"--screenshot={png}", f"--window-size=1200,{WINDOW_HEIGHT_PX}", "--hide-scrollbars", page.resolve().as_uri(),
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            f"--user-data-dir={profile}",
+            f"--screenshot={png}",
+            f"--window-size=1200,{WINDOW_HEIGHT_PX}",
+            "--hide-scrollbars",
+            page.resolve().as_uri(),
         ]
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0 or not png.is_file():
@@ -110,9 +120,17 @@ def demo_run(folder: Path) -> Path:
     from memfit.watch.recorder import MemoryRecorder
 
     torch.set_num_threads(1)
-    tiny = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512,
-            "tie_word_embeddings": False}
+    tiny = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 256,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+    }
     knobs = dict(method="lora", rank=4, precision="fp32", batch_size=2, seq_len=32, checkpointing="on")
     spec = make_spec(**knobs)
     torch.manual_seed(0)
@@ -124,8 +142,10 @@ def demo_run(folder: Path) -> Path:
     batch = {"input_ids": ids, "labels": ids.clone()}
     run = folder / "demo-run"
     kept = []
-    with MemoryRecorder(run, expected_device="cpu", plan=plan(tiny, **knobs), spec=spec, total_steps=80) as recorder, \
-            open(run / "metrics.jsonl", "w") as metrics:
+    with (
+        MemoryRecorder(run, expected_device="cpu", plan=plan(tiny, **knobs), spec=spec, total_steps=80) as recorder,
+        open(run / "metrics.jsonl", "w") as metrics,
+    ):
         recorder.inspect(model, spec)
         for step in range(80):
             if step == 0:
@@ -178,8 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     ink_fraction, colours = ink(pixels)
     band, band_top = tallest_blank_band(inked)
     print(f"page: {page}")
-    print(f"screenshot: {png} (page {len(inked)} pixels tall, {ink_fraction:.1%} of its pixels not white, "
-          f"{colours} distinct colours, tallest blank band {band} pixels)")
+    print(
+        f"screenshot: {png} (page {len(inked)} pixels tall, {ink_fraction:.1%} of its pixels not white, "
+        f"{colours} distinct colours, tallest blank band {band} pixels)"
+    )
     if len(inked) >= WINDOW_HEIGHT_PX:
         print(f"FAILED: the page is taller than the {WINDOW_HEIGHT_PX}-pixel window; its end was not seen")
         return 1
@@ -187,8 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAILED: the screenshot looks blank (need >= {MIN_INK_FRACTION:.0%} ink and >= {MIN_COLOURS} colours)")
         return 1
     if band > MAX_BLANK_BAND_PX:
-        print(f"FAILED: a blank band {band} pixels tall from {band_top} pixels down (an empty chart or section; at most "
-              f"{MAX_BLANK_BAND_PX})")
+        print(
+            f"FAILED: a blank band {band} pixels tall from {band_top} pixels down (an empty chart or section; at most "
+            f"{MAX_BLANK_BAND_PX})"
+        )
         return 1
     print("OK: the report rendered with text and charts")
     return 0

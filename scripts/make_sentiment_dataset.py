@@ -33,22 +33,91 @@ NUM_TRAIN = 256
 QUESTION = "Review: {review}\nIs this review positive or negative?"
 
 TRAIN_WORDS = {
-    "positive": ["wonderful", "delicious", "friendly", "excellent", "fantastic", "lovely", "great", "amazing",
-                 "perfect", "delightful", "brilliant", "charming", "pleasant", "enjoyable", "comfortable", "beautiful",
-                 "fresh", "helpful", "impressive", "cozy"],
-    "negative": ["terrible", "awful", "rude", "disgusting", "horrible", "dirty", "boring", "broken", "bland",
-                 "disappointing", "noisy", "overpriced", "stale", "unhelpful", "dreadful", "poor", "ugly", "painful",
-                 "greasy", "cramped"],
+    "positive": [
+        "wonderful",
+        "delicious",
+        "friendly",
+        "excellent",
+        "fantastic",
+        "lovely",
+        "great",
+        "amazing",
+        "perfect",
+        "delightful",
+        "brilliant",
+        "charming",
+        "pleasant",
+        "enjoyable",
+        "comfortable",
+        "beautiful",
+        "fresh",
+        "helpful",
+        "impressive",
+        "cozy",
+    ],
+    "negative": [
+        "terrible",
+        "awful",
+        "rude",
+        "disgusting",
+        "horrible",
+        "dirty",
+        "boring",
+        "broken",
+        "bland",
+        "disappointing",
+        "noisy",
+        "overpriced",
+        "stale",
+        "unhelpful",
+        "dreadful",
+        "poor",
+        "ugly",
+        "painful",
+        "greasy",
+        "cramped",
+    ],
 }
-TRAIN_SUBJECTS = ["the food", "the service", "the staff", "the room", "the movie", "the book", "the hotel", "the pizza",
-                  "the concert", "the phone", "the coffee", "the show", "the game", "the bakery", "the train ride",
-                  "the museum", "the laptop", "the soup", "the flight", "the garden"]
+TRAIN_SUBJECTS = [
+    "the food",
+    "the service",
+    "the staff",
+    "the room",
+    "the movie",
+    "the book",
+    "the hotel",
+    "the pizza",
+    "the concert",
+    "the phone",
+    "the coffee",
+    "the show",
+    "the game",
+    "the bakery",
+    "the train ride",
+    "the museum",
+    "the laptop",
+    "the soup",
+    "the flight",
+    "the garden",
+]
 PROBE_WORDS = {
     "positive": ["marvelous", "splendid", "terrific", "gorgeous", "superb", "outstanding", "heavenly", "flawless"],
     "negative": ["atrocious", "mediocre", "filthy", "horrendous", "lousy", "revolting", "miserable", "shabby"],
 }
-PROBE_SUBJECTS = ["the dessert", "the waiter", "the apartment", "the novel", "the festival", "the headphones",
-                  "the sandwich", "the tour", "the lecture", "the spa", "the bicycle", "the podcast"]
+PROBE_SUBJECTS = [
+    "the dessert",
+    "the waiter",
+    "the apartment",
+    "the novel",
+    "the festival",
+    "the headphones",
+    "the sandwich",
+    "the tour",
+    "the lecture",
+    "the spa",
+    "the bicycle",
+    "the podcast",
+]
 TEMPLATES = [
     "{Subject} was {word}.",
     "I thought {subject} was {word}.",
@@ -70,8 +139,14 @@ def make_files() -> dict[str, str]:
     for index in range(NUM_TRAIN):
         label = ("positive", "negative")[index % 2]
         text = review(rng, TRAIN_WORDS[label], TRAIN_SUBJECTS)
-        train.append({"messages": [{"role": "user", "content": QUESTION.format(review=text)},
-                                   {"role": "assistant", "content": label}]})
+        train.append(
+            {
+                "messages": [
+                    {"role": "user", "content": QUESTION.format(review=text)},
+                    {"role": "assistant", "content": label},
+                ]
+            }
+        )
     probes = []
     for label in ("positive", "negative"):
         for word in PROBE_WORDS[label]:

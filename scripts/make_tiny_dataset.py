@@ -32,20 +32,70 @@ SEED = 20240601
 NUM_MAIN_RECORDS = 320
 
 WORDS = [
-    "apple", "river", "garden", "pencil", "window", "rocket", "silver", "planet", "forest", "candle",
-    "bridge", "yellow", "basket", "tiger", "cloud", "marble", "winter", "summer", "ladder", "button",
-    "orange", "guitar", "island", "puzzle", "violet", "copper", "meadow", "harbor", "lemon", "castle",
+    "apple",
+    "river",
+    "garden",
+    "pencil",
+    "window",
+    "rocket",
+    "silver",
+    "planet",
+    "forest",
+    "candle",
+    "bridge",
+    "yellow",
+    "basket",
+    "tiger",
+    "cloud",
+    "marble",
+    "winter",
+    "summer",
+    "ladder",
+    "button",
+    "orange",
+    "guitar",
+    "island",
+    "puzzle",
+    "violet",
+    "copper",
+    "meadow",
+    "harbor",
+    "lemon",
+    "castle",
 ]
 OPPOSITES = {
-    "hot": "cold", "big": "small", "fast": "slow", "up": "down", "early": "late", "open": "closed",
-    "light": "dark", "happy": "sad", "old": "new", "full": "empty", "high": "low", "hard": "soft",
-    "wet": "dry", "near": "far", "thick": "thin", "loud": "quiet",
+    "hot": "cold",
+    "big": "small",
+    "fast": "slow",
+    "up": "down",
+    "early": "late",
+    "open": "closed",
+    "light": "dark",
+    "happy": "sad",
+    "old": "new",
+    "full": "empty",
+    "high": "low",
+    "hard": "soft",
+    "wet": "dry",
+    "near": "far",
+    "thick": "thin",
+    "loud": "quiet",
 }
 # Plain, stable facts only: the names of the days, months and the basic colours of common things.
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 MONTHS = [
-    "January", "February", "March", "April", "May", "June",
-    "July", "August", "September", "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 ]
 SYSTEM_PROMPTS = ["You are a concise assistant.", "Answer in one short sentence."]
 
@@ -115,8 +165,18 @@ def _even_odd(rng: random.Random) -> tuple[str, str]:
 
 
 TASKS = [
-    _add, _sub, _mul, _reverse, _upper, _length, _first_letter, _opposite, _larger, _next_day,
-    _next_month, _even_odd,
+    _add,
+    _sub,
+    _mul,
+    _reverse,
+    _upper,
+    _length,
+    _first_letter,
+    _opposite,
+    _larger,
+    _next_day,
+    _next_month,
+    _even_odd,
 ]
 
 
@@ -144,11 +204,13 @@ def alpaca_records(rng: random.Random) -> list[dict]:
         records.append({"instruction": question, "input": "", "output": answer})
     # The optional "input" field carries the material the instruction works on.
     word = rng.choice(WORDS)
-    records.append({
-        "instruction": "Reverse the word given as input.",
-        "input": word,
-        "output": f"The reverse of '{word}' is '{word[::-1]}'.",
-    })
+    records.append(
+        {
+            "instruction": "Reverse the word given as input.",
+            "input": word,
+            "output": f"The reverse of '{word}' is '{word[::-1]}'.",
+        }
+    )
     return records
 
 
@@ -201,7 +263,9 @@ def render_files() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out-dir", type=Path, default=None, help="write every file here instead (default: the two folders)")
+    parser.add_argument(
+        "--out-dir", type=Path, default=None, help="write every file here instead (default: the two folders)"
+    )
     parser.add_argument("--check", action="store_true", help="compare with the files on disk; write nothing")
     args = parser.parse_args(argv)
     files = render_files()

@@ -41,13 +41,13 @@ def _wrong(answer: str, rng: random.Random) -> str:
         last = numbers[-1]
         right = int(last.group())
         value = right + rng.choice([1, 2, 3]) * (rng.choice([-1, 1]) if right > 3 else 1)
-        return answer[: last.start()] + str(value) + answer[last.end():]
+        return answer[: last.start()] + str(value) + answer[last.end() :]
     quoted = list(re.finditer(r"'([^']+)'", answer))
     if quoted:
         last = quoted[-1]
         word = last.group(1)
         swapped = word[::-1] if word[::-1] != word else word + "s"
-        return answer[: last.start(1)] + swapped + answer[last.end(1):]
+        return answer[: last.start(1)] + swapped + answer[last.end(1) :]
     words = answer.rstrip(".").split()
     return " ".join(words[:-1] + ["maybe"]) + "."
 
@@ -60,11 +60,13 @@ def pairs(rng: random.Random, count: int) -> list[dict]:
         prompt = [{"role": "system", "content": rng.choice(SYSTEM_PROMPTS)}] if index % 5 == 0 else []
         prompt.append({"role": "user", "content": question})
         rejected = rng.choice(CURT) if index % 2 == 0 else _wrong(answer, rng)
-        records.append({
-            "prompt": prompt,
-            "chosen": [{"role": "assistant", "content": answer}],
-            "rejected": [{"role": "assistant", "content": rejected}],
-        })
+        records.append(
+            {
+                "prompt": prompt,
+                "chosen": [{"role": "assistant", "content": answer}],
+                "rejected": [{"role": "assistant", "content": rejected}],
+            }
+        )
     return records
 
 
@@ -88,10 +90,12 @@ def conversation_pairs(rng: random.Random) -> list[dict]:
         question, answer = rng.choice(TASKS)(rng)
         rejected = rng.choice(CURT) if index % 2 == 0 else _wrong(answer, rng)
         user = {"role": "user", "content": question}
-        records.append({
-            "chosen": [user, {"role": "assistant", "content": answer}],
-            "rejected": [user, {"role": "assistant", "content": rejected}],
-        })
+        records.append(
+            {
+                "chosen": [user, {"role": "assistant", "content": answer}],
+                "rejected": [user, {"role": "assistant", "content": rejected}],
+            }
+        )
     return records
 
 

@@ -54,7 +54,9 @@ def corpus_lines(data_dirs: list[Path]) -> list[str]:
     """Every text the demo data holds, in file-name order; chat turns rendered with the template's
     markers so common marker-adjacent text (newline, first words) gets merges too."""
     lines: list[str] = []
-    for path in sorted((p for d in data_dirs for p in d.glob("*.jsonl") if p.name in CORPUS_FILES), key=lambda p: p.name):
+    for path in sorted(
+        (p for d in data_dirs for p in d.glob("*.jsonl") if p.name in CORPUS_FILES), key=lambda p: p.name
+    ):
         for line in path.read_text(encoding="utf-8").splitlines():
             record = json.loads(line)
             if "text" in record:
@@ -63,7 +65,9 @@ def corpus_lines(data_dirs: list[Path]) -> list[str]:
                 lines.append(f"<|{turn['role']}|>\n{turn['content']}<|end|>")
             for turn in record.get("conversations", []):
                 lines.append(turn["value"])
-    for path in sorted((p for d in data_dirs for p in d.glob("*.json") if p.name in CORPUS_FILES), key=lambda p: p.name):
+    for path in sorted(
+        (p for d in data_dirs for p in d.glob("*.json") if p.name in CORPUS_FILES), key=lambda p: p.name
+    ):
         for record in json.loads(path.read_text(encoding="utf-8")):
             lines += [record["instruction"], record.get("input", ""), record["output"]]
     return [line for line in lines if line]
@@ -133,13 +137,18 @@ def render_files(data_dirs: list[Path]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-dir", type=Path, action="append", help="a folder of demo data (repeatable; default: both demo folders)")
+    parser.add_argument(
+        "--data-dir", type=Path, action="append", help="a folder of demo data (repeatable; default: both demo folders)"
+    )
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     parser.add_argument("--check", action="store_true", help="compare with the files on disk; write nothing")
     args = parser.parse_args(argv)
     data_dirs = args.data_dir or list(DATA_DIRS)
     if not any(p for d in data_dirs for p in d.glob("*.jsonl")):
-        print(f"no .jsonl files in {', '.join(map(str, data_dirs))}; run scripts/make_tiny_dataset.py first", file=sys.stderr)
+        print(
+            f"no .jsonl files in {', '.join(map(str, data_dirs))}; run scripts/make_tiny_dataset.py first",
+            file=sys.stderr,
+        )
         return 2
     files = render_files(data_dirs)
     return write_or_check(args.out_dir, files, check=args.check)

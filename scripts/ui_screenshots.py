@@ -19,8 +19,15 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 VIEW = "model=llama-3.1-8b&gpu=rtx-4090&seq_len=4096"
 WAIT_MS = 30 * 60 * 1000
 
@@ -28,8 +35,23 @@ WAIT_MS = 30 * 60 * 1000
 def demo_run(folder: Path) -> Path:
     """A short real training run of the demo config (CPU), its memory recorded against its plan."""
     run_dir = folder / "run"
-    subprocess.run([sys.executable, "-m", "memfit", "train", str(REPO / "examples" / "tiny.yaml"), "-o", str(run_dir),
-                    "--max-steps", "8", "--no-progress", "--budget", "4GiB"], check=True)  # a budget: the CPU run is planned
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "memfit",
+            "train",
+            str(REPO / "examples" / "tiny.yaml"),
+            "-o",
+            str(run_dir),
+            "--max-steps",
+            "8",
+            "--no-progress",
+            "--budget",
+            "4GiB",
+        ],
+        check=True,
+    )  # a budget: the CPU run is planned
     return run_dir
 
 
@@ -45,14 +67,22 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="memfit-ui-shots-") as work:
         run_dir = demo_run(Path(work))
-        server = subprocess.Popen([sys.executable, "-m", "memfit", "ui", "--port", "0", "--run", str(run_dir)],
-                                  stdout=subprocess.PIPE, text=True)
+        server = subprocess.Popen(
+            [sys.executable, "-m", "memfit", "ui", "--port", "0", "--run", str(run_dir)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             base = server.stdout.readline().split()[2]
             with sync_playwright() as playwright:
                 context = playwright.chromium.launch_persistent_context(
-                    str(Path(work) / "profile"), executable_path=args.chromium, headless=True, args=FLAGS,
-                    viewport={"width": 1400, "height": 900}, device_scale_factor=1)
+                    str(Path(work) / "profile"),
+                    executable_path=args.chromium,
+                    headless=True,
+                    args=FLAGS,
+                    viewport={"width": 1400, "height": 900},
+                    device_scale_factor=1,
+                )
                 page = context.new_page()
                 page.goto(f"{base}?{VIEW}")
                 page.wait_for_function("document.querySelector('#device-total').dataset.bytes", timeout=WAIT_MS)
@@ -61,12 +91,16 @@ def main() -> None:
                     page.screenshot(path=args.out / "ui-plan.png", full_page=True)
                 if "context" in views:
                     page.click("[data-view=context]")
-                    page.wait_for_function("document.querySelector('#longest').dataset.tokens !== undefined", timeout=WAIT_MS)
+                    page.wait_for_function(
+                        "document.querySelector('#longest').dataset.tokens !== undefined", timeout=WAIT_MS
+                    )
                     page.screenshot(path=args.out / "ui-context.png", full_page=True)
                 if "fit" in views:
                     page.click("[data-view=fit]")
                     page.click("#fit-start")
-                    page.wait_for_function("document.querySelector('#fit-summary').dataset.count !== undefined", timeout=WAIT_MS)
+                    page.wait_for_function(
+                        "document.querySelector('#fit-summary').dataset.count !== undefined", timeout=WAIT_MS
+                    )
                     page.screenshot(path=args.out / "ui-fit.png", full_page=True)
                 if "run" in views:
                     page.click("[data-view=run]")

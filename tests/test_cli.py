@@ -19,8 +19,16 @@ def test_plan_default_model_runs():
 
 
 def test_plan_json(tmp_path):
-    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 256,
+        "max_position_embeddings": 512,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     result = runner.invoke(app, ["plan", str(path), "--method", "lora", "--rank", "8", "--seq-len", "64", "--json"])
@@ -78,8 +86,12 @@ def test_bad_input_is_reported_without_importing_torch_transformers_or_peft(args
 
 def test_the_import_probe_sees_the_heavy_imports():
     # The probe itself: a command that plans imports torch and transformers, and it says so.
-    result = subprocess.run([sys.executable, "-c", _IMPORT_PROBE, "plan", "--seq-len", "64", "--json"], capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", _IMPORT_PROBE, "plan", "--seq-len", "64", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     assert {"torch", "transformers"} <= set(result.stderr.strip().splitlines()[-1].split()[1:])
 
@@ -99,8 +111,23 @@ def test_models_lists_catalogs():
 
 
 def test_plan_with_a_gpu_and_a_smaller_budget_says_both(tmp_path, monkeypatch):
-    result = runner.invoke(app, ["plan", "smollm2-135m", "--method", "qlora", "--seq-len", "512", "--gpu", "t4", "--budget", "10GiB",
-                                 "--precision", "fp16"])
+    result = runner.invoke(
+        app,
+        [
+            "plan",
+            "smollm2-135m",
+            "--method",
+            "qlora",
+            "--seq-len",
+            "512",
+            "--gpu",
+            "t4",
+            "--budget",
+            "10GiB",
+            "--precision",
+            "fp16",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "fits t4, budget 10GiB (10.0 GiB)" in result.output
     refused = runner.invoke(app, ["plan", "smollm2-135m", "--gpu", "t4", "--budget", "24GiB"])
@@ -141,7 +168,10 @@ def test_plan_to_a_pipe_writes_whole_lines(monkeypatch):
     helps = {**CATEGORY_HELP, **plan("smollm2-135m", seq_len=256, gpu="rtx-4090").details["category_help"]}
     for name, help in helps.items():
         assert any(name in line and help in line for line in lines), (name, result.stdout)
-    assert any(line.startswith("attention: memfit: each micro-batch's examples in one row") and line.endswith("tensor") for line in lines)
+    assert any(
+        line.startswith("attention: memfit: each micro-batch's examples in one row") and line.endswith("tensor")
+        for line in lines
+    )
     assert "…" not in result.stdout and max(len(line) for line in lines) > 80
 
 
@@ -153,7 +183,9 @@ def test_models_to_a_pipe_writes_whole_rows():
     from memfit.models.gpus import load_gpus
 
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    result = subprocess.run([sys.executable, "-m", "memfit", "models"], capture_output=True, text=True, env=env, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "memfit", "models"], capture_output=True, text=True, env=env, timeout=300
+    )
     assert result.returncode == 0, result.stderr
     rows = [line.split("│")[1:-1] for line in result.stdout.splitlines() if line.startswith("│")]
     by_name = {cells[0].strip(): [c.strip() for c in cells] for cells in rows}
@@ -161,7 +193,8 @@ def test_models_to_a_pipe_writes_whole_rows():
     for gpu in load_gpus().values():
         assert by_name[gpu.name][1] == gpu.display_name
     assert result.stdout.splitlines()[-1] == (
-        "Any causal LM works too: pass a Hugging Face Hub id (org/name), a config.json or a local model folder.")
+        "Any causal LM works too: pass a Hugging Face Hub id (org/name), a config.json or a local model folder."
+    )
 
 
 def test_plan_cache_and_no_cache(tmp_path, monkeypatch):
@@ -184,14 +217,22 @@ def test_plan_cache_and_no_cache(tmp_path, monkeypatch):
 def test_a_training_setting_given_to_plan_or_fit_says_what_it_is(tmp_path):
     result = runner.invoke(app, ["plan", "--simpo-gamma", "0.2"])
     assert result.exit_code == 2 and "Traceback" not in result.output
-    assert result.stderr.strip() == ("error: --simpo-gamma 0.2: simpo_gamma is a training-config field (simpo_gamma: in memfit "
-                                     "train's YAML) that does not change memory, so memfit plan does not take it. Drop "
-                                     "--simpo-gamma.")
+    assert result.stderr.strip() == (
+        "error: --simpo-gamma 0.2: simpo_gamma is a training-config field (simpo_gamma: in memfit "
+        "train's YAML) that does not change memory, so memfit plan does not take it. Drop "
+        "--simpo-gamma."
+    )
     # Every setting of memfit train that is not a plan's: its own options and its config's fields, the flags too.
-    result = runner.invoke(app, ["fit", "--gpu", "rtx-4090", "--lr", "1e-4", "--force", "--resume", "--warmup-steps", "10"])
+    result = runner.invoke(
+        app, ["fit", "--gpu", "rtx-4090", "--lr", "1e-4", "--force", "--resume", "--warmup-steps", "10"]
+    )
     assert result.exit_code == 2
     assert [line.split(":")[0] for line in result.stderr.splitlines()[1:]] == [
-        "  - --resume", "  - --lr 1e-4", "  - --force", "  - --warmup-steps 10"]
+        "  - --resume",
+        "  - --lr 1e-4",
+        "  - --force",
+        "  - --warmup-steps 10",
+    ]
     assert "does not change memory, so memfit fit does not take it" in result.stderr
     result = runner.invoke(app, ["plan", "--data", str(tmp_path / "d.jsonl")])
     assert result.exit_code == 2 and "the sequence length planned is --seq-len" in " ".join(result.stderr.split())
@@ -218,14 +259,27 @@ def test_a_plan_tells_a_terminal_what_it_is_doing_and_leaves_nothing_behind(tmp_
     from memfit import cli
     from memfit.console import make_console
 
-    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 256,
+        "max_position_embeddings": 512,
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config))
     terminal = io.StringIO()
     plain = cli.make_console
-    monkeypatch.setattr(cli, "make_console", lambda stderr=False, **options: (
-        make_console(file=terminal, force_terminal=True, width=200) if stderr else plain(**options)))
+    monkeypatch.setattr(
+        cli,
+        "make_console",
+        lambda stderr=False, **options: (
+            make_console(file=terminal, force_terminal=True, width=200) if stderr else plain(**options)
+        ),
+    )
     monkeypatch.setattr(cli, "PLAN_STATUS_DELAY_S", 0.0)  # shown at once: no waiting for a second to pass
     result = runner.invoke(app, ["plan", str(path), "--seq-len", "64", "--no-cache"])
     assert result.exit_code == 0, result.output

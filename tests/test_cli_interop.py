@@ -28,7 +28,10 @@ def _write(tmp_path, name: str, text: str):
 
 
 def test_plan_says_which_tool_s_config_it_read_and_what_is_not_modelled(tmp_path, model_folder):
-    config = _write(tmp_path, "sft.yaml", f"""
+    config = _write(
+        tmp_path,
+        "sft.yaml",
+        f"""
         model_name_or_path: {model_folder}
         use_peft: true
         lora_r: 4
@@ -39,7 +42,8 @@ def test_plan_says_which_tool_s_config_it_read_and_what_is_not_modelled(tmp_path
         bf16: false
         per_device_train_batch_size: 1
         my_setting: 3
-    """)
+    """,
+    )
     result = runner.invoke(app, ["plan", str(config), "--no-cache"])
     assert result.exit_code == 0, result.output
     assert f"read TRL / Hugging Face TrainingArguments config {config}" in result.output
@@ -53,18 +57,36 @@ def test_plan_says_which_tool_s_config_it_read_and_what_is_not_modelled(tmp_path
 @pytest.mark.parametrize(
     "text, expected",
     [
-        ("base_model: {model}\noptimizer: adamw_torhc\n", "optimizer: 'adamw_torhc' is not an optimizer name the Trainer knows. "
-                                                          "Did you mean 'adamw_torch'?"),
-        ("model_name_or_path: {model}\nfinetuning_type: full\ndeepspeed: nowhere.json\n", "deepspeed: 'nowhere.json' does not exist"),
+        (
+            "base_model: {model}\noptimizer: adamw_torhc\n",
+            "optimizer: 'adamw_torhc' is not an optimizer name the Trainer knows. Did you mean 'adamw_torch'?",
+        ),
+        (
+            "model_name_or_path: {model}\nfinetuning_type: full\ndeepspeed: nowhere.json\n",
+            "deepspeed: 'nowhere.json' does not exist",
+        ),
         ("epochs: 3\nmy_setting: 1\n", "cannot tell which tool this config is for"),
-        ("model_name_or_path: {model}\nstage: dpo\npref_loss: unknownloss\n",
-         "pref_loss: 'unknownloss' is not a pref_loss LLaMA-Factory knows (sigmoid, hinge, ipo, kto_pair, orpo, simpo). Did you "
-         "mean 'orpo'?"),
+        (
+            "model_name_or_path: {model}\nstage: dpo\npref_loss: unknownloss\n",
+            "pref_loss: 'unknownloss' is not a pref_loss LLaMA-Factory knows (sigmoid, hinge, ipo, kto_pair, orpo, simpo). Did you "
+            "mean 'orpo'?",
+        ),
         ("base_model: {model}\nadapter: lora\nrl: dpoo\n", "rl: 'dpoo' is not an RL trainer Axolotl knows"),
-        ("model_name_or_path: {model}\nuse_peft: true\nloss_type: bogus\n", "loss_type: 'bogus' is not a loss_type TRL's"),
+        (
+            "model_name_or_path: {model}\nuse_peft: true\nloss_type: bogus\n",
+            "loss_type: 'bogus' is not a loss_type TRL's",
+        ),
         ("model_name_or_path: {model}\nfinetuning_type: full\ndeepspeed: {model}\n", "is a folder"),
     ],
-    ids=["typo-value", "missing-deepspeed", "unknown-tool", "lf-pref-loss", "axolotl-rl", "trl-loss-type", "deepspeed-folder"],
+    ids=[
+        "typo-value",
+        "missing-deepspeed",
+        "unknown-tool",
+        "lf-pref-loss",
+        "axolotl-rl",
+        "trl-loss-type",
+        "deepspeed-folder",
+    ],
 )
 def test_bad_configs_are_one_clear_error_naming_the_key_and_the_file(tmp_path, model_folder, text, expected):
     config = _write(tmp_path, "run.yaml", text.format(model=model_folder))
@@ -86,8 +108,10 @@ def test_fit_write_refuses_the_input_as_output(tmp_path, model_folder):
 
 
 def test_fit_write_keeps_a_json_config_s_bytes_and_writes_the_format_its_name_says(tmp_path, model_folder):
-    text = (f'{{"model_name_or_path": "{model_folder}", "use_peft": true, "learning_rate": 2e-5, "max_length": 64, '
-            '"bf16": false, "gradient_checkpointing": true, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 4}\n')
+    text = (
+        f'{{"model_name_or_path": "{model_folder}", "use_peft": true, "learning_rate": 2e-5, "max_length": 64, '
+        '"bf16": false, "gradient_checkpointing": true, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 4}\n'
+    )
     config = tmp_path / "trl.json"
     config.write_text(text)
     out = tmp_path / "not" / "yet" / "fitted.json"  # a folder that does not exist yet is made
@@ -96,16 +120,23 @@ def test_fit_write_keeps_a_json_config_s_bytes_and_writes_the_format_its_name_sa
     written = out.read_text()
     assert written.count("\n") == 1 and '"learning_rate": 2e-5' in written  # one line, 2e-5 as written
     assert written == text.replace('"per_device_train_batch_size": 1', '"per_device_train_batch_size": 4').replace(
-        '"gradient_accumulation_steps": 4', '"gradient_accumulation_steps": 1').replace(
-        '"gradient_checkpointing": true', '"gradient_checkpointing": false'), written
-    yaml_config = _write(tmp_path, "axolotl.yml", f"base_model: {model_folder}\nadapter: lora\nsequence_len: 64\nbf16: false\n")
-    result = runner.invoke(app, ["fit", str(yaml_config), "--budget", "4GiB", "--write", str(tmp_path / "axolotl.json"), "--no-cache"])
+        '"gradient_accumulation_steps": 4', '"gradient_accumulation_steps": 1'
+    ).replace('"gradient_checkpointing": true', '"gradient_checkpointing": false'), written
+    yaml_config = _write(
+        tmp_path, "axolotl.yml", f"base_model: {model_folder}\nadapter: lora\nsequence_len: 64\nbf16: false\n"
+    )
+    result = runner.invoke(
+        app, ["fit", str(yaml_config), "--budget", "4GiB", "--write", str(tmp_path / "axolotl.json"), "--no-cache"]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "axolotl.json").read_text())["adapter"] == "lora"  # JSON in the .json file
 
 
 def test_fit_write_prints_the_diff_and_writes_the_tool_s_config(tmp_path, model_folder):
-    config = _write(tmp_path, "axolotl.yml", f"""
+    config = _write(
+        tmp_path,
+        "axolotl.yml",
+        f"""
         base_model: {model_folder}   # local
         adapter: lora
         lora_r: 8
@@ -114,7 +145,8 @@ def test_fit_write_prints_the_diff_and_writes_the_tool_s_config(tmp_path, model_
         gradient_accumulation_steps: 4
         gradient_checkpointing: true
         bf16: false
-    """)
+    """,
+    )
     out = tmp_path / "fitted.yml"
     result = runner.invoke(app, ["fit", str(config), "--budget", "4GiB", "--write", str(out), "--no-cache"])
     assert result.exit_code == 0, result.output
@@ -129,29 +161,59 @@ def test_plan_and_fit_take_memfit_s_own_training_yaml(tmp_path):
     from memfit.train.config import demo_dataset_path
 
     config = tmp_path / "run.yaml"
-    config.write_text("# my run\n" + yaml.safe_dump({
-        "model": "smollm2-135m", "init": "random", "data": str(demo_dataset_path()), "method": "lora", "rank": 4,
-        "precision": "fp32", "batch_size": 8, "grad_accum": 1, "seq_len": 128, "checkpointing": "on",
-        "model_overrides": {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 4,
-                            "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256},
-    }, sort_keys=False))
+    config.write_text(
+        "# my run\n"
+        + yaml.safe_dump(
+            {
+                "model": "smollm2-135m",
+                "init": "random",
+                "data": str(demo_dataset_path()),
+                "method": "lora",
+                "rank": 4,
+                "precision": "fp32",
+                "batch_size": 8,
+                "grad_accum": 1,
+                "seq_len": 128,
+                "checkpointing": "on",
+                "model_overrides": {
+                    "num_hidden_layers": 2,
+                    "hidden_size": 32,
+                    "intermediate_size": 64,
+                    "num_attention_heads": 4,
+                    "num_key_value_heads": 2,
+                    "vocab_size": 512,
+                    "max_position_embeddings": 256,
+                },
+            },
+            sort_keys=False,
+        )
+    )
     result = runner.invoke(app, ["plan", str(config), "--no-cache"])
     assert result.exit_code == 0, result.output
     assert f"read memfit training config {config}: model smollm2-135m with model_overrides" in result.output
-    assert "data: " in result.output and "training examples read; planned at the data's longest micro-batch" in result.output
+    assert (
+        "data: " in result.output
+        and "training examples read; planned at the data's longest micro-batch" in result.output
+    )
     out = tmp_path / "fitted.yaml"
     # With room to spare, the fastest fit recomputes nothing: checkpointing off, the effective batch kept.
     result = runner.invoke(app, ["fit", str(config), "--budget", "2GiB", "--write", str(out), "--no-cache"])
     assert result.exit_code == 0, result.output
-    assert f"--- {config}" in result.output and "-checkpointing: 'on'\n+checkpointing: 'off'" in result.output  # quoted as written
+    assert (
+        f"--- {config}" in result.output and "-checkpointing: 'on'\n+checkpointing: 'off'" in result.output
+    )  # quoted as written
     assert out.read_text().startswith("# my run")
     before, after = yaml.safe_load(config.read_text()), yaml.safe_load(out.read_text())
     assert {k for k in before if before[k] != after[k]} == {"checkpointing"}
 
 
 def test_model_plans_another_model_in_place_of_the_config_s(tmp_path, model_folder):
-    config = _write(tmp_path, "sft.yaml", "model_name_or_path: org/elsewhere\nuse_peft: true\ndtype: float32\nbf16: false\n"
-                                          "max_length: 64\nper_device_train_batch_size: 1\n")
+    config = _write(
+        tmp_path,
+        "sft.yaml",
+        "model_name_or_path: org/elsewhere\nuse_peft: true\ndtype: float32\nbf16: false\n"
+        "max_length: 64\nper_device_train_batch_size: 1\n",
+    )
     result = runner.invoke(app, ["plan", str(config), "--model", str(model_folder), "--json", "--no-cache"])
     assert result.exit_code == 0, result.output
     read = json.loads(result.stdout)["details"]["config"]

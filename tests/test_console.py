@@ -34,7 +34,8 @@ def test_every_console_that_prints_is_made_by_make_console():
     src = Path(memfit.__file__).resolve().parent
     made_elsewhere = [
         f"{path.relative_to(src)}:{number}"
-        for path in src.rglob("*.py") if path.name != "console.py"
+        for path in src.rglob("*.py")
+        if path.name != "console.py"
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if "Console(" in line and "quiet=True" not in line
     ]
@@ -59,7 +60,9 @@ class FakeTimer:
 
 def test_a_status_line_waits_for_its_delay_then_goes_when_closed():
     out, timer = io.StringIO(), FakeTimer()
-    line = StatusLine(make_console(file=out, force_terminal=True, width=100), "planning x: checking", delay_s=1.0, timer=timer)
+    line = StatusLine(
+        make_console(file=out, force_terminal=True, width=100), "planning x: checking", delay_s=1.0, timer=timer
+    )
     assert timer.delay_s == 1.0 and not line.shown and out.getvalue() == ""  # a quick command prints nothing
     line.update("planning x: building the model")
     timer.callback()  # a second has passed

@@ -5,7 +5,8 @@ from memfit.errors import LONG_VALUE_CHARS, clip_long_values, shown
 
 def test_a_long_value_is_cut_to_its_start_and_its_length():
     assert clip_long_values("model: '" + "a" * 1000 + "' is not a model") == (
-        "model: '" + "a" * 80 + "…' (1,000 characters) is not a model")
+        "model: '" + "a" * 80 + "…' (1,000 characters) is not a model"
+    )
     assert clip_long_values("path " + "b" * 300) == "path " + "b" * 80 + "… (300 characters)"
 
 

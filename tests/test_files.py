@@ -62,10 +62,19 @@ def test_an_output_is_never_one_of_the_inputs(tmp_path, monkeypatch):
     (tmp_path / "link.jsonl").symlink_to(prompts)
     os.link(prompts, tmp_path / "hard.jsonl")
     monkeypatch.chdir(tmp_path)
-    for out in (prompts, tmp_path / "link.jsonl", tmp_path / "hard.jsonl", "p.jsonl", tmp_path / "x" / ".." / "p.jsonl"):
+    for out in (
+        prompts,
+        tmp_path / "link.jsonl",
+        tmp_path / "hard.jsonl",
+        "p.jsonl",
+        tmp_path / "x" / ".." / "p.jsonl",
+    ):
         assert same_path(out, prompts), out
-        with pytest.raises(PathError, match=r"--out .* is the --prompts file.*which this command reads: memfit never writes "
-                                            r"over its inputs, --overwrite or not \(it replaces only what memfit wrote\)"):
+        with pytest.raises(
+            PathError,
+            match=r"--out .* is the --prompts file.*which this command reads: memfit never writes "
+            r"over its inputs, --overwrite or not \(it replaces only what memfit wrote\)",
+        ):
             check_not_an_input(out, "--out", {"--prompts file": prompts}, overwrite=True)
     check_not_an_input(tmp_path / "other.jsonl", "--out", {"--prompts file": prompts, "--adapter": None})
     assert not same_path(tmp_path / "new.jsonl", prompts) and same_path(tmp_path / "new.jsonl", "new.jsonl")

@@ -20,25 +20,61 @@ SRC = Path(memfit.__file__).resolve().parent
 
 
 def made_up_plan(**changes) -> MemoryPlan:
-    categories = {"weights": 100, "trainable": 10, "gradients": 10, "optimizer": 20, "activations": 30,
-                  "temporaries": 5, "allocator": 3, "runtime": 2}
-    spec = {"method": "lora", "rank": 16, "optimizer": "adamw", "checkpointing": "on", "batch_size": 2, "grad_accum": 4,
-            "seq_len": 512, "tiling": "auto", "precision": "bf16"}
-    values = dict(model="made-up", spec=spec, allocated_bytes=170, reserved_bytes=175, device_total_bytes=180,
-                  phase="backward", categories=categories, gpu={"name": "budget", "memory_bytes": 1000}, fits=True,
-                  headroom_bytes=820, details={"notes": ["a note"]})
+    categories = {
+        "weights": 100,
+        "trainable": 10,
+        "gradients": 10,
+        "optimizer": 20,
+        "activations": 30,
+        "temporaries": 5,
+        "allocator": 3,
+        "runtime": 2,
+    }
+    spec = {
+        "method": "lora",
+        "rank": 16,
+        "optimizer": "adamw",
+        "checkpointing": "on",
+        "batch_size": 2,
+        "grad_accum": 4,
+        "seq_len": 512,
+        "tiling": "auto",
+        "precision": "bf16",
+    }
+    values = dict(
+        model="made-up",
+        spec=spec,
+        allocated_bytes=170,
+        reserved_bytes=175,
+        device_total_bytes=180,
+        phase="backward",
+        categories=categories,
+        gpu={"name": "budget", "memory_bytes": 1000},
+        fits=True,
+        headroom_bytes=820,
+        details={"notes": ["a note"]},
+    )
     return MemoryPlan(**dict(values, **changes))
 
 
 def made_up_fit() -> FitResult:
     plan = made_up_plan()
-    return FitResult(model="made-up", gpu=plan.gpu, fits=[Fit(spec=plan.spec, plan=plan, relative_speed=1.0)],
-                     misses=[Miss(spec=plan.spec, device_total_bytes=2000, over_bytes=1000)], max_seq_len={"lora": 4096},
-                     plans_made=3, seconds=1.5)
+    return FitResult(
+        model="made-up",
+        gpu=plan.gpu,
+        fits=[Fit(spec=plan.spec, plan=plan, relative_speed=1.0)],
+        misses=[Miss(spec=plan.spec, device_total_bytes=2000, over_bytes=1000)],
+        max_seq_len={"lora": 4096},
+        plans_made=3,
+        seconds=1.5,
+    )
 
 
-@pytest.mark.parametrize("result", [made_up_plan(), made_up_fit(), RunFit(chosen=made_up_plan(), runner_up=None, candidates=2, why="x")],
-                         ids=["MemoryPlan", "FitResult", "RunFit"])
+@pytest.mark.parametrize(
+    "result",
+    [made_up_plan(), made_up_fit(), RunFit(chosen=made_up_plan(), runner_up=None, candidates=2, why="x")],
+    ids=["MemoryPlan", "FitResult", "RunFit"],
+)
 def test_to_json_is_the_json_text_of_to_dict(result, recwarn):
     data = result.to_dict()
     assert isinstance(data, dict) and json.loads(json.dumps(data)) == data  # plain JSON types
@@ -52,8 +88,15 @@ def test_to_json_is_the_json_text_of_to_dict(result, recwarn):
 def test_reading_to_json_as_a_dict_still_works_and_warns():
     plan = made_up_plan()
     text = plan.to_json()
-    for read in (lambda t: t["fits"], lambda t: t.get("headroom_bytes"), lambda t: list(t.keys()), lambda t: dict(t.items()),
-                 lambda t: list(t.values()), lambda t: t == plan.to_dict(), lambda t: t["peak"]["device_total_bytes"]):
+    for read in (
+        lambda t: t["fits"],
+        lambda t: t.get("headroom_bytes"),
+        lambda t: list(t.keys()),
+        lambda t: dict(t.items()),
+        lambda t: list(t.values()),
+        lambda t: t == plan.to_dict(),
+        lambda t: t["peak"]["device_total_bytes"],
+    ):
         with pytest.warns(DeprecationWarning, match=r"MemoryPlan\.to_json\(\) returns JSON text .* call to_dict\(\)"):
             answer = read(text)
         assert answer == read(plan.to_dict())

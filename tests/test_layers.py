@@ -25,7 +25,10 @@ SRC = Path(memfit.__file__).resolve().parent
 #: Layer of each top-level part of the package, highest first. A module may import its own part
 #: and any part of a lower layer; the bottom's modules may import each other.
 LAYERS: dict[str, int] = {
-    "__init__": 10, "__main__": 10, "cli": 10, "ui": 10,
+    "__init__": 10,
+    "__main__": 10,
+    "cli": 10,
+    "ui": 10,
     "infer": 9,
     "train": 8,
     "watch": 7,
@@ -33,7 +36,15 @@ LAYERS: dict[str, int] = {
     "interop": 5,
     "step": 4,
     "models": 3,
-    "spec": 1, "units": 1, "files": 1, "exits": 1, "run_files": 1, "options": 1, "errors": 1, "json_form": 1, "console": 1,
+    "spec": 1,
+    "units": 1,
+    "files": 1,
+    "exits": 1,
+    "run_files": 1,
+    "options": 1,
+    "errors": 1,
+    "json_form": 1,
+    "console": 1,
 }
 #: merge uses the bottom layer, and of the models package only what fetches a model or adapter by
 #: its Hub id (it builds no model); nothing but the CLI and the package's front door use merge.
@@ -48,11 +59,21 @@ BOTTOM = LAYERS["spec"]
 #: nothing of what makes it fast (its caller hands it the step's seam runner).
 PLANNER_LEVELS: dict[str, int] = {
     "search": 5,
-    "__init__": 4, "api": 4, "experts": 4, "grpo": 4, "inputs": 4, "report": 4, "layout": 4, "sharding": 4, "zero": 4,
-    "target": 4, "throughput": 4,
+    "__init__": 4,
+    "api": 4,
+    "experts": 4,
+    "grpo": 4,
+    "inputs": 4,
+    "report": 4,
+    "layout": 4,
+    "sharding": 4,
+    "zero": 4,
+    "target": 4,
+    "throughput": 4,
     "shortcuts": 3,
     "exact": 2,
-    "categories": 1, "errors": 1,
+    "categories": 1,
+    "errors": 1,
 }
 
 
@@ -198,8 +219,14 @@ def _allowed(importer: str, imported: str) -> bool:
 
 
 def test_every_part_of_the_package_has_a_layer():
-    parts = {p.stem if p.is_file() else p.name for p in SRC.iterdir() if (p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists()))}
-    assert parts - set(LAYERS) - {MERGE} == set(), "a new module or package needs its place in LAYERS (and docs/layout.md)"
+    parts = {
+        p.stem if p.is_file() else p.name
+        for p in SRC.iterdir()
+        if (p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists()))
+    }
+    assert parts - set(LAYERS) - {MERGE} == set(), (
+        "a new module or package needs its place in LAYERS (and docs/layout.md)"
+    )
 
 
 def test_imports_point_down():
@@ -214,8 +241,14 @@ def test_imports_point_down():
 
 def test_every_part_of_the_planner_has_a_level():
     planner = SRC / "planner"
-    parts = {p.stem if p.is_file() else p.name for p in planner.iterdir() if (p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists()))}
-    assert parts - set(PLANNER_LEVELS) == set(), "a new planner module or package needs its place in PLANNER_LEVELS (and docs/layout.md)"
+    parts = {
+        p.stem if p.is_file() else p.name
+        for p in planner.iterdir()
+        if (p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists()))
+    }
+    assert parts - set(PLANNER_LEVELS) == set(), (
+        "a new planner module or package needs its place in PLANNER_LEVELS (and docs/layout.md)"
+    )
 
 
 def test_imports_within_the_planner_point_down():
@@ -235,8 +268,10 @@ def test_imports_within_the_planner_point_down():
 
 def test_no_module_imports_itself_around_a_circle():
     graph = _module_graph(sorted(SRC.rglob("*.py")))
-    circles = [" -> ".join(c) + "; " + "; ".join(f"{m} imports {', '.join(sorted(graph[m] & set(c)))}" for m in c)
-               for c in _cycles(graph)]
+    circles = [
+        " -> ".join(c) + "; " + "; ".join(f"{m} imports {', '.join(sorted(graph[m] & set(c)))}" for m in c)
+        for c in _cycles(graph)
+    ]
     assert not circles, "modules that import each other around a circle:\n" + "\n".join(circles)
 
 

@@ -24,9 +24,17 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMO_DATA = ROOT / "src" / "memfit" / "assets" / "data" / "tiny-instruct.jsonl"
 
 TINY = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,
-    "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 512,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 2,
 }
 
 #: A training config that is valid as it is: each case adds one mistake.
@@ -167,9 +175,21 @@ CASES = [
     ("fit {d}/tiny.json --budget 2GiB --method nope", 2, "--method: nope"),
     ("fit {d}/tiny.json --budget 2GiB --rank 0", 2, "--rank: 0"),
     ("fit {d}/tiny.json --budget 2GiB --rank 99999999999999999999", 2, "--rank: 99999999999999999999 must be at most"),
-    ("fit {d}/tiny.json --budget 2GiB --batch-size 99999999999999999999", 2, "--batch-size: 99999999999999999999 must be at most 4096"),
-    ("fit {d}/tiny.json --budget 2GiB --seq-len 99999999999999999999", 2, "--seq-len: 99999999999999999999 must be at most"),
-    ("fit {d}/tiny.json --budget 2GiB --gpus 99999999999999999999", 2, "--gpus: 99999999999999999999 must be at most 65536"),
+    (
+        "fit {d}/tiny.json --budget 2GiB --batch-size 99999999999999999999",
+        2,
+        "--batch-size: 99999999999999999999 must be at most 4096",
+    ),
+    (
+        "fit {d}/tiny.json --budget 2GiB --seq-len 99999999999999999999",
+        2,
+        "--seq-len: 99999999999999999999 must be at most",
+    ),
+    (
+        "fit {d}/tiny.json --budget 2GiB --gpus 99999999999999999999",
+        2,
+        "--gpus: 99999999999999999999 must be at most 65536",
+    ),
     ("fit {d}/tiny.json --budget 2GiB --write {d}/no_config_dir", 2, "is a folder"),
     ("fit {d}/tiny.json --budget 2GiB --write {d}/a_file/best.yaml", 2, "is a file, not a folder"),
     ("fit {d}/tiny.json --budget 2GiB --write {d}/mine.yaml", 2, "exists"),
@@ -192,7 +212,11 @@ CASES = [
     ("train {d}/good.yaml --set dora=maybe", 2, "dora: 'maybe' is not true or false"),
     ("train {d}/good.yaml --set modules_to_save=all-linear", 2, "modules_to_save: all-linear names LoRA targets"),
     ("train {d}/good.yaml --seq-len 100000", 2, "seq_len: 100000 is beyond"),
-    ("train {d}/good.yaml --rank 99999999999999999999", 2, "rank: 99999999999999999999 must be at most 65536 (e.g. rank: 16)"),
+    (
+        "train {d}/good.yaml --rank 99999999999999999999",
+        2,
+        "rank: 99999999999999999999 must be at most 65536 (e.g. rank: 16)",
+    ),
     ("train {d}/huge.yaml", 2, "grad_accum: 100000000000000000000 must be at most 4096 (e.g. grad_accum: 8)"),
     ("train {d}/good.yaml --budget lots", 2, "budget: 'lots'"),
     ("train {d}/good.yaml --gpu nope", 2, "unknown GPU"),
@@ -216,7 +240,11 @@ CASES = [
     ("merge --base {d}/base --adapter {d}/adapter --out {d}/merged --dtype int3", 2, "--dtype"),
     ("merge --base {d}/base --adapter {d}/adapter --out {d}/merged --device tpu", 2, "--device 'tpu'"),
     ("merge --base {d}/base --adapter {d}/adapter --out {d}/users_folder", 2, "is not empty"),
-    ("merge --base {d}/base --adapter {d}/adapter --out {d}/users_folder --overwrite", 2, "not written by memfit merge"),
+    (
+        "merge --base {d}/base --adapter {d}/adapter --out {d}/users_folder --overwrite",
+        2,
+        "not written by memfit merge",
+    ),
     ("merge --base {d}/base --adapter {d}/adapter --out {u}/merged", 2, "cannot write in"),
     ("merge --base {d}/base --adapter {d}/adapter --out {d}/merged", 2, "has neither model.safetensors"),
     ("merge --base {d}/base", 2, "Missing option"),
@@ -255,7 +283,12 @@ CASES = [
 #: reads the environment as it is set for memfit. {d} as above.
 ENV_CASES = [
     ("plan org/some-model", {"HF_HOME": "{d}/a_file"}, 2, "model: HF_HOME ('{d}/a_file') is a file, not a folder"),
-    ("plan org/some-model", {"HF_HUB_CACHE": "{d}/a_file/hub"}, 2, "HF_HUB_CACHE ('{d}/a_file/hub') is under '{d}/a_file'"),
+    (
+        "plan org/some-model",
+        {"HF_HUB_CACHE": "{d}/a_file/hub"},
+        2,
+        "HF_HUB_CACHE ('{d}/a_file/hub') is under '{d}/a_file'",
+    ),
     ("fit org/some-model --gpu t4", {"HF_HOME": "{d}/a_file"}, 2, "Set HF_HOME to a folder, or unset it."),
 ]
 
@@ -279,7 +312,8 @@ def test_malformed_input_gets_one_message_and_its_exit_code(inputs, line, code, 
     monkeypatch.chdir(tmp_path)  # default output folders (runs/...) would land here
     result = CliRunner().invoke(app, args)
     assert result.exception is None or isinstance(result.exception, SystemExit), (
-        f"{line}: raised {type(result.exception).__name__}: {result.exception}")
+        f"{line}: raised {type(result.exception).__name__}: {result.exception}"
+    )
     assert "Traceback" not in result.output
     assert result.exit_code == code, result.output
     if code == 2:
@@ -291,14 +325,22 @@ def test_malformed_input_gets_one_message_and_its_exit_code(inputs, line, code, 
     assert list(tmp_path.iterdir()) == [], f"{line} left files in the working folder"
 
 
-@pytest.mark.parametrize(("line", "env", "code", "says"), ENV_CASES, ids=[f"{c[0].split()[0]}-env-{i}" for i, c in enumerate(ENV_CASES)])
+@pytest.mark.parametrize(
+    ("line", "env", "code", "says"), ENV_CASES, ids=[f"{c[0].split()[0]}-env-{i}" for i, c in enumerate(ENV_CASES)]
+)
 def test_a_bad_environment_gets_one_message_and_its_exit_code(inputs, line, env, code, says, tmp_path):
     variables = {k: v for k, v in os.environ.items() if k not in ("HF_HOME", "HF_HUB_CACHE", "HF_TOKEN_PATH")}
     variables.update({k: v.format(d=inputs) for k, v in env.items()})
     variables["HF_ENDPOINT"] = "http://127.0.0.1:9"  # nothing listens there: no case may need the network
     before = _tree(inputs)
-    result = subprocess.run([sys.executable, "-m", "memfit", *line.split()], capture_output=True, text=True, env=variables,
-                            cwd=tmp_path, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "memfit", *line.split()],
+        capture_output=True,
+        text=True,
+        env=variables,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert "Traceback" not in result.stderr
     assert result.returncode == code, result.stderr
     lines = result.stderr.strip().splitlines()
@@ -314,7 +356,7 @@ def test_an_error_is_one_line_and_lists_every_problem(inputs):
     assert "missing.json" in lines[1]  # the model first
     unknown_type = CliRunner().invoke(app, ["plan", str(inputs / "lama.json")])
     assert unknown_type.exit_code == 2
-    line, = unknown_type.stderr.strip().splitlines()  # one short line (not every known type)
+    (line,) = unknown_type.stderr.strip().splitlines()  # one short line (not every known type)
     assert "model_type 'lama'" in line and len(line) < 300
 
 

@@ -103,6 +103,9 @@ def test_first_options_follow_the_arguments():
     assert list(inspect.signature(wrapped).parameters) == ["model", "revision", "gpu", "budget", "as_json", "rank"]
 
 
-@pytest.mark.parametrize(("text", "value"), [(None, None), ("8", 8), (" 8 ", 8), ("-3", -3), ("x", "x"), ("1.5", "1.5"), ("--3", "--3"), ("²", "²")])
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [(None, None), ("8", 8), (" 8 ", 8), ("-3", -3), ("x", "x"), ("1.5", "1.5"), ("--3", "--3"), ("²", "²")],
+)
 def test_whole_number_converts_only_whole_numbers(text, value):
     assert whole_number(text) == value

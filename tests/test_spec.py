@@ -18,11 +18,17 @@ def test_targets_from_comma_string():
 @pytest.mark.parametrize(
     "knobs, expected",
     [
-        ({"modules_to_save": ",,"}, "--modules-to-save: ',,' has an empty item (two commas in a row, or one at an end)"),
+        (
+            {"modules_to_save": ",,"},
+            "--modules-to-save: ',,' has an empty item (two commas in a row, or one at an end)",
+        ),
         ({"modules_to_save": "lm_head,"}, "--modules-to-save: 'lm_head,' has an empty item"),
         ({"targets": "q_proj,,v_proj"}, "--targets: 'q_proj,,v_proj' has an empty item"),
         ({"targets": ","}, "--targets: ',' has an empty item"),
-        ({"targets": " "}, "--targets: ' ' names no module: write module names separated by commas, e.g. --targets q_proj,v_proj"),
+        (
+            {"targets": " "},
+            "--targets: ' ' names no module: write module names separated by commas, e.g. --targets q_proj,v_proj",
+        ),
         ({"targets": []}, "--targets: [] names no module"),
         ({"targets": ["q_proj", ""]}, "--targets: ['q_proj', ''] has an empty item"),
     ],
@@ -36,7 +42,9 @@ def test_a_list_of_module_names_with_an_empty_item_is_refused(knobs, expected):
 
 def test_an_empty_list_of_modules_to_save_is_none():
     assert make_spec(spelling="field", modules_to_save=[]).modules_to_save == ()
-    with pytest.raises(SpecError, match="modules_to_save: 'a,,b' has an empty item .* e.g. modules_to_save: embed_tokens,lm_head"):
+    with pytest.raises(
+        SpecError, match="modules_to_save: 'a,,b' has an empty item .* e.g. modules_to_save: embed_tokens,lm_head"
+    ):
         make_spec(spelling="field", modules_to_save="a,,b")
 
 
@@ -102,10 +110,15 @@ def test_tiling_auto_follows_the_tokens_of_a_micro_batch():
 @pytest.mark.parametrize(
     ("knobs", "expected"),
     [
-        ({"method": "full", "precision": "fp16"}, "Use --precision fp16-mixed (fp32 weights, fp16 compute, loss scaling), bf16 or fp32"),
+        (
+            {"method": "full", "precision": "fp16"},
+            "Use --precision fp16-mixed (fp32 weights, fp16 compute, loss scaling), bf16 or fp32",
+        ),
         ({"method": "qlora", "precision": "fp32"}, "fp32 cannot be used with --method qlora"),
-        ({"method": "full", "precision": "fp16-mixed", "step_in_backward": True},
-         "--step-in-backward cannot be used with --precision fp16-mixed: fp16's loss scaler must unscale"),
+        (
+            {"method": "full", "precision": "fp16-mixed", "step_in_backward": True},
+            "--step-in-backward cannot be used with --precision fp16-mixed: fp16's loss scaler must unscale",
+        ),
         ({"precision": "bf16mixed"}, "Did you mean 'bf16-mixed'?"),
     ],
 )
@@ -149,12 +162,21 @@ def test_the_precision_regime_in_words():
         return make_spec(**knobs).precision_regime
 
     assert regime(method="full", precision="bf16") == "pure bf16: weights, gradients and optimizer states in bf16"
-    assert regime(method="full", precision="bf16-mixed") == "bf16 mixed: fp32 weights, gradients and optimizer states, bf16 autocast"
+    assert (
+        regime(method="full", precision="bf16-mixed")
+        == "bf16 mixed: fp32 weights, gradients and optimizer states, bf16 autocast"
+    )
     assert regime(method="full", precision="fp32") == "fp32: weights, gradients and optimizer states in fp32"
     assert regime(method="lora", precision="bf16") == "bf16 base, fp32 adapters"
     assert regime(method="lora", precision="bf16-mixed") == "bf16 base, fp32 adapters, bf16 autocast"
-    assert regime(method="qlora", precision="fp16-mixed") == "4-bit base (fp16 compute), fp32 adapters, fp16 autocast, loss scaling"
-    assert regime(method="qlora", precision="bf16", recipe="hf") == "4-bit base (bf16 compute, other weights fp32), fp32 adapters, bf16 autocast"
+    assert (
+        regime(method="qlora", precision="fp16-mixed")
+        == "4-bit base (fp16 compute), fp32 adapters, fp16 autocast, loss scaling"
+    )
+    assert (
+        regime(method="qlora", precision="bf16", recipe="hf")
+        == "4-bit base (bf16 compute, other weights fp32), fp32 adapters, bf16 autocast"
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -174,20 +196,32 @@ def test_rslora_scales_by_the_square_root_of_the_rank_as_peft_does():
 
     assert make_spec(rank=7, alpha=3, rslora=True).lora_scale == lora_scale(3.0, 7, use_rslora=True)
     assert make_spec(rank=16, alpha=32).lora_scale == 2.0
-    assert make_spec(rank=16, alpha=32, rslora=True).lora_scale == 32 / 16 ** 0.5 == 8.0
-    assert make_spec(rank=7, alpha=3, rslora=True).lora_scale == 3 / 7 ** 0.5
+    assert make_spec(rank=16, alpha=32, rslora=True).lora_scale == 32 / 16**0.5 == 8.0
+    assert make_spec(rank=7, alpha=3, rslora=True).lora_scale == 3 / 7**0.5
 
 
 @pytest.mark.parametrize(
     ("knobs", "expected"),
     [
-        ({"method": "full", "dora": True}, "--dora: only with adapters (--method lora, qlora or lora-8bit); --method full trains every weight already"),
+        (
+            {"method": "full", "dora": True},
+            "--dora: only with adapters (--method lora, qlora or lora-8bit); --method full trains every weight already",
+        ),
         ({"method": "full", "modules_to_save": "lm_head"}, "--modules-to-save: only with adapters"),
         ({"method": "full", "rslora": True}, "--rslora: only with adapters"),
         ({"method": "qlora", "dora": True}, "--dora: not with --method qlora: PEFT copies each 4-bit layer"),
-        ({"method": "lora-8bit", "dora": True}, "--dora: not with --method lora-8bit: PEFT's DoRA on bitsandbytes' 8-bit layers"),
-        ({"modules_to_save": "all-linear"}, "--modules-to-save: all-linear names LoRA targets, not modules to train whole"),
-        ({"targets": "q_proj,lm_head", "modules_to_save": "lm_head"}, "--modules-to-save: lm_head is also in --targets"),
+        (
+            {"method": "lora-8bit", "dora": True},
+            "--dora: not with --method lora-8bit: PEFT's DoRA on bitsandbytes' 8-bit layers",
+        ),
+        (
+            {"modules_to_save": "all-linear"},
+            "--modules-to-save: all-linear names LoRA targets, not modules to train whole",
+        ),
+        (
+            {"targets": "q_proj,lm_head", "modules_to_save": "lm_head"},
+            "--modules-to-save: lm_head is also in --targets",
+        ),
         ({"dora": "sometimes"}, "--dora: 'sometimes' is not true or false"),
     ],
 )
@@ -205,9 +239,13 @@ def test_adapter_problems_are_spelled_as_a_training_yaml_writes_them():
 
 
 def test_the_precision_regime_of_an_8bit_base():
-    assert make_spec(method="lora-8bit").precision_regime == "8-bit base (LLM.int8 matmuls, bf16 around them), fp32 adapters"
+    assert (
+        make_spec(method="lora-8bit").precision_regime
+        == "8-bit base (LLM.int8 matmuls, bf16 around them), fp32 adapters"
+    )
     assert make_spec(method="lora-8bit", recipe="hf").precision_regime.startswith(
-        "8-bit base (LLM.int8 matmuls, bf16 around them, other weights fp32)")
+        "8-bit base (LLM.int8 matmuls, bf16 around them, other weights fp32)"
+    )
 
 
 @pytest.mark.parametrize(
@@ -232,14 +270,18 @@ def test_every_whole_number_knob_declares_its_bound():
 
     unbounded = [name for name in KNOBS if value_kind(name) == "int" and upper_bound(name) is None]
     assert unbounded == []
-    assert make_spec(rank=upper_bound("rank"), grad_accum=upper_bound("grad_accum")).rank == 65536  # the bound itself is allowed
+    assert (
+        make_spec(rank=upper_bound("rank"), grad_accum=upper_bound("grad_accum")).rank == 65536
+    )  # the bound itself is allowed
 
 
 def test_bounds_are_spelled_as_a_training_yaml_writes_them():
     with pytest.raises(SpecError) as info:
         make_spec(spelling="field", rank=10**20, seq_len=1.0e20)
-    assert info.value.problems == ["rank: 100000000000000000000 must be at most 65536 (e.g. rank: 16).",
-                                   "seq_len: 100000000000000000000 must be at most 16777216 (e.g. seq_len: 2048)."]
+    assert info.value.problems == [
+        "rank: 100000000000000000000 must be at most 65536 (e.g. rank: 16).",
+        "seq_len: 100000000000000000000 must be at most 16777216 (e.g. seq_len: 2048).",
+    ]
 
 
 def test_a_micro_batch_holds_at_most_16m_tokens():
@@ -250,4 +292,5 @@ def test_a_micro_batch_holds_at_most_16m_tokens():
         make_spec(batch_size=4096, seq_len=8192)
     assert info.value.problems == [
         f"--batch-size 4096 with --seq-len 8192 is 33,554,432 tokens a micro-batch: must be at most {MAX_MICRO_BATCH_TOKENS:,} "
-        "(e.g. --batch-size 2048 with --grad-accum to keep the examples per step)."]
+        "(e.g. --batch-size 2048 with --grad-accum to keep the examples per step)."
+    ]

@@ -15,11 +15,19 @@ def test_objective_is_a_knob_with_trl_objectives_and_sft_by_default():
     assert make_spec(objective="DPO").objective == "dpo"
 
 
-@pytest.mark.parametrize("objective, method, precompute, source", [
-    ("dpo", "lora", False, "disabled-adapters"), ("dpo", "qlora", False, "disabled-adapters"),
-    ("dpo", "full", False, "frozen-copy"), ("dpo", "full", True, "precomputed"), ("dpo", "lora", True, "precomputed"),
-    ("orpo", "full", False, "none"), ("simpo", "lora", False, "none"), ("sft", "full", False, "none"),
-])
+@pytest.mark.parametrize(
+    "objective, method, precompute, source",
+    [
+        ("dpo", "lora", False, "disabled-adapters"),
+        ("dpo", "qlora", False, "disabled-adapters"),
+        ("dpo", "full", False, "frozen-copy"),
+        ("dpo", "full", True, "precomputed"),
+        ("dpo", "lora", True, "precomputed"),
+        ("orpo", "full", False, "none"),
+        ("simpo", "lora", False, "none"),
+        ("sft", "full", False, "none"),
+    ],
+)
 def test_where_the_reference_comes_from(objective, method, precompute, source):
     assert reference_source(objective, method, precompute) == source
 
@@ -41,10 +49,14 @@ def test_loss_parameters_have_trls_names_and_defaults_and_are_checked():
     params = ObjectiveParams()
     assert (params.beta, params.loss_type, params.simpo_gamma, params.cpo_alpha) == (0.1, "sigmoid", 0.5, 0.0)
     assert objective_problems("dpo", ObjectiveParams(loss_type="ipo"), {"loss_type"}) == []
-    problems = objective_problems("orpo", ObjectiveParams(beta=0.0, simpo_gamma=0.3, cpo_alpha=-1.0), {"beta", "simpo_gamma", "cpo_alpha"})
+    problems = objective_problems(
+        "orpo", ObjectiveParams(beta=0.0, simpo_gamma=0.3, cpo_alpha=-1.0), {"beta", "simpo_gamma", "cpo_alpha"}
+    )
     assert any(p.startswith("simpo_gamma: applies to objective: simpo") for p in problems)
     assert any(p.startswith("beta: 0.0 must be a positive number") for p in problems)
     assert any(p.startswith("cpo_alpha: -1.0 must be 0 or more") for p in problems)
-    assert objective_problems("sft", ObjectiveParams(beta=0.2), {"beta"})[0].startswith("beta: applies to objective: dpo or orpo or simpo or grpo")
+    assert objective_problems("sft", ObjectiveParams(beta=0.2), {"beta"})[0].startswith(
+        "beta: applies to objective: dpo or orpo or simpo or grpo"
+    )
     # A default value does no harm: a run's whole recorded config (run.json) validates again.
     assert objective_problems("sft", ObjectiveParams(), {"beta", "loss_type", "simpo_gamma", "cpo_alpha"}) == []

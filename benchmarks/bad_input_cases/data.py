@@ -17,34 +17,79 @@ GOOD = {"role": "assistant", "content": "2 + 2 = 4."}
 BAD = {"role": "assistant", "content": "No idea."}
 
 CASES = [
-    Case("train {d}/data_stream_empty_parquet.yaml", 2, keeps=("data_empty.parquet",),
-         says=("data: {d}/data_empty.parquet: no records (a Parquet file of 0 rows)",)),
+    Case(
+        "train {d}/data_stream_empty_parquet.yaml",
+        2,
+        keeps=("data_empty.parquet",),
+        says=("data: {d}/data_empty.parquet: no records (a Parquet file of 0 rows)",),
+    ),
     Case("train {d}/data_stream_empty_jsonl.yaml", 2, says=("data: {d}/data_empty.jsonl: empty file (0 bytes)",)),
-    Case("train {d}/data_repo_split.yaml", 2,
-         says=("data: {d}/data_repo: no split 'validation'; its splits are train, test: set split: train",)),
-    Case("train {d}/data_columns_sft.yaml", 2, keeps=("data_chat.jsonl",),
-         says=("columns: messages: no column 'conversation' in the file (its columns: messages)",)),
-    Case("train {d}/data_columns_pairs.yaml", 2,
-         says=("columns: chosen: no column 'good' in the file (its columns: prompt, chosen, rejected)",)),
-    Case("train {d}/data_pair_assistant_prompt.yaml", 2,
-         says=("data_pairs_assistant.jsonl, line 1: prompt: ends with an assistant message",)),
-    Case("train {d}/data_pair_no_prompt.yaml", 2,
-         says=("data_pairs_no_prompt.jsonl, line 1: prompt: missing, and chosen and rejected start with no text in common",)),
-    Case("train {d}/data_mix_kinds.yaml", 2,
-         says=("data[0] ({d}/data_chat.jsonl) holds messages records", "data[1] ({d}/data_pairs.jsonl) holds preference pairs",
-               "cannot be mixed in one objective")),
-    Case("train {d}/data_streaming_text.yaml", 2, fast=True,
-         says=("streaming: 'yes' is not true or false but text: write streaming: true or streaming: false",)),
+    Case(
+        "train {d}/data_repo_split.yaml",
+        2,
+        says=("data: {d}/data_repo: no split 'validation'; its splits are train, test: set split: train",),
+    ),
+    Case(
+        "train {d}/data_columns_sft.yaml",
+        2,
+        keeps=("data_chat.jsonl",),
+        says=("columns: messages: no column 'conversation' in the file (its columns: messages)",),
+    ),
+    Case(
+        "train {d}/data_columns_pairs.yaml",
+        2,
+        says=("columns: chosen: no column 'good' in the file (its columns: prompt, chosen, rejected)",),
+    ),
+    Case(
+        "train {d}/data_pair_assistant_prompt.yaml",
+        2,
+        says=("data_pairs_assistant.jsonl, line 1: prompt: ends with an assistant message",),
+    ),
+    Case(
+        "train {d}/data_pair_no_prompt.yaml",
+        2,
+        says=(
+            "data_pairs_no_prompt.jsonl, line 1: prompt: missing, and chosen and rejected start with no text in common",
+        ),
+    ),
+    Case(
+        "train {d}/data_mix_kinds.yaml",
+        2,
+        says=(
+            "data[0] ({d}/data_chat.jsonl) holds messages records",
+            "data[1] ({d}/data_pairs.jsonl) holds preference pairs",
+            "cannot be mixed in one objective",
+        ),
+    ),
+    Case(
+        "train {d}/data_streaming_text.yaml",
+        2,
+        fast=True,
+        says=("streaming: 'yes' is not true or false but text: write streaming: true or streaming: false",),
+    ),
     Case("train {d}/data_packing_text.yaml", 2, says=("packing: 'true' is not true or false but text",)),
     Case("train {d}/data_beta_true.yaml", 2, fast=True, says=("beta: true is true or false, not a number",)),
-    Case("train {d}/data_good.yaml --set beta=true --set objective=dpo", 2, says=("beta: true is true or false, not a number",)),
-    Case("train {d}/data_hub.yaml", 2,
-         env={"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": CLOSED_ENDPOINT, "HF_HOME": "{d}/data_hf_home"},
-         says=(f"data: memfit-nobody/no-data: cannot reach the Hub at {CLOSED_ENDPOINT}",
-               "HF_HUB_OFFLINE=1 (or HF_DATASETS_OFFLINE=1)", "or give a local path")),
-    Case("train {d}/data_hub.yaml --set seed=1", 2,
-         env={"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "1", "HF_HOME": "{d}/data_hf_home"},
-         says=("data: memfit-nobody/no-data: HF_DATASETS_OFFLINE=1 is set", "unset HF_DATASETS_OFFLINE")),
+    Case(
+        "train {d}/data_good.yaml --set beta=true --set objective=dpo",
+        2,
+        says=("beta: true is true or false, not a number",),
+    ),
+    Case(
+        "train {d}/data_hub.yaml",
+        2,
+        env={"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": CLOSED_ENDPOINT, "HF_HOME": "{d}/data_hf_home"},
+        says=(
+            f"data: memfit-nobody/no-data: cannot reach the Hub at {CLOSED_ENDPOINT}",
+            "HF_HUB_OFFLINE=1 (or HF_DATASETS_OFFLINE=1)",
+            "or give a local path",
+        ),
+    ),
+    Case(
+        "train {d}/data_hub.yaml --set seed=1",
+        2,
+        env={"HF_HUB_OFFLINE": "0", "HF_DATASETS_OFFLINE": "1", "HF_HOME": "{d}/data_hf_home"},
+        says=("data: memfit-nobody/no-data: HF_DATASETS_OFFLINE=1 is set", "unset HF_DATASETS_OFFLINE"),
+    ),
 ]
 
 
@@ -65,7 +110,9 @@ def make_inputs(root: Path) -> None:
     config("data_stream_empty_jsonl.yaml", str(root / "data_empty.jsonl"), "streaming: true\n")
     config("data_repo_split.yaml", f"{{path: {root / 'data_repo'}, split: validation}}")
     config("data_columns_sft.yaml", f"{{path: {chat}, columns: {{messages: conversation}}}}")
-    config("data_columns_pairs.yaml", f"{{path: {pairs}, columns: {{chosen: good, rejected: bad}}}}", "objective: dpo\n")
+    config(
+        "data_columns_pairs.yaml", f"{{path: {pairs}, columns: {{chosen: good, rejected: bad}}}}", "objective: dpo\n"
+    )
     config("data_pair_assistant_prompt.yaml", str(root / "data_pairs_assistant.jsonl"), "objective: dpo\n")
     config("data_pair_no_prompt.yaml", str(root / "data_pairs_no_prompt.jsonl"), "objective: dpo\n")
     config("data_mix_kinds.yaml", f"[{chat}, {pairs}]")
@@ -92,5 +139,7 @@ def _data_files(root: Path) -> None:
     jsonl("data_repo/data/train-00000-of-00001.jsonl", chat)
     jsonl("data_repo/data/test-00000-of-00001.jsonl", chat[:2])
     (root / "data_empty.jsonl").write_bytes(b"")
-    pq.write_table(pa.table({"messages": pa.array([], pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])))}),
-                   root / "data_empty.parquet")
+    pq.write_table(
+        pa.table({"messages": pa.array([], pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())])))}),
+        root / "data_empty.parquet",
+    )

@@ -9,38 +9,77 @@ from pathlib import Path
 from ._case import Case
 
 #: A Llama small enough to plan in a second.
-_TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
-         "max_position_embeddings": 512, "tie_word_embeddings": False}
+_TINY = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+}
 
 CASES = [
     # A value the tool would refuse: one line naming the key, the value, the tool and the closest value it takes.
-    Case("plan {d}/toolcfg_axolotl_rl.yml", 2, fast=True,
-         says=("rl: 'dpoo' is not an RL trainer Axolotl knows", "Did you mean 'dpo'?")),
+    Case(
+        "plan {d}/toolcfg_axolotl_rl.yml",
+        2,
+        fast=True,
+        says=("rl: 'dpoo' is not an RL trainer Axolotl knows", "Did you mean 'dpo'?"),
+    ),
     Case("plan {d}/toolcfg_axolotl_scheduler.yml", 2, says=("lr_scheduler: 'cosin'", "Did you mean 'cosine'?")),
-    Case("plan {d}/toolcfg_lf_pref_loss.yaml", 2,
-         says=("pref_loss: 'unknownloss' is not a pref_loss LLaMA-Factory knows", "Did you mean 'orpo'?")),
-    Case("plan {d}/toolcfg_lf_stage.yaml", 2, says=("stage: 'sftt' is not a stage LLaMA-Factory knows", "Did you mean 'sft'?")),
+    Case(
+        "plan {d}/toolcfg_lf_pref_loss.yaml",
+        2,
+        says=("pref_loss: 'unknownloss' is not a pref_loss LLaMA-Factory knows", "Did you mean 'orpo'?"),
+    ),
+    Case(
+        "plan {d}/toolcfg_lf_stage.yaml",
+        2,
+        says=("stage: 'sftt' is not a stage LLaMA-Factory knows", "Did you mean 'sft'?"),
+    ),
     Case("plan {d}/toolcfg_lf_flash_attn.yaml", 2, says=("flash_attn: 'flash_attention_2'", "LLaMA-Factory")),
-    Case("fit {d}/toolcfg_trl_loss_type.yaml --gpu rtx-4090", 2, fast=True,
-         says=("loss_type: 'bogus' is not a loss_type TRL's", "Did you mean")),
-    Case("plan {d}/toolcfg_trl_dpo_loss.yaml", 2, says=("loss_type: 'simpo' is not a loss_type TRL's DPOConfig takes",)),
+    Case(
+        "fit {d}/toolcfg_trl_loss_type.yaml --gpu rtx-4090",
+        2,
+        fast=True,
+        says=("loss_type: 'bogus' is not a loss_type TRL's", "Did you mean"),
+    ),
+    Case(
+        "plan {d}/toolcfg_trl_dpo_loss.yaml", 2, says=("loss_type: 'simpo' is not a loss_type TRL's DPOConfig takes",)
+    ),
     Case("plan {d}/toolcfg_trl_packing.yaml", 2, says=("packing_strategy: 'ffd'", "Did you mean 'bfd'?")),
     Case("plan {d}/toolcfg_trl_scheduler.yaml", 2, says=("lr_scheduler_type: 'cosin'", "the Trainer")),
     # deepspeed: a folder where a JSON file belongs.
-    Case("plan {d}/toolcfg_ds_folder.yaml", 2, says=("deepspeed: 'toolcfg_ds' is a folder", "a DeepSpeed JSON file is expected")),
+    Case(
+        "plan {d}/toolcfg_ds_folder.yaml",
+        2,
+        says=("deepspeed: 'toolcfg_ds' is a folder", "a DeepSpeed JSON file is expected"),
+    ),
     # --model: a model that is not there; beside a model instead of a config.
     Case("plan {d}/toolcfg_trl.yaml --model {d}/toolcfg_no_model", 2, says=("toolcfg_no_model' does not exist",)),
     Case("plan smollm2-135m --model {d}/toolcfg_model", 2, says=("--model: replaces the model of a training config",)),
     Case("fit llama-3.1-8b --gpu rtx-4090 --model {d}/toolcfg_model", 2, says=("--model: replaces the model",)),
     # A PEFT adapter named as the model: one without a base, one whose adapter_config.json is not JSON.
     Case("plan {d}/toolcfg_orphan.yaml", 2, says=("is a PEFT adapter", "names no base_model_name_or_path")),
-    Case("plan {d}/toolcfg_broken_adapter.yaml", 2, says=("adapter_config.json", "cannot be read as a PEFT adapter's config")),
+    Case(
+        "plan {d}/toolcfg_broken_adapter.yaml",
+        2,
+        says=("adapter_config.json", "cannot be read as a PEFT adapter's config"),
+    ),
     # memfit's own training YAML: the trainer's errors, and --write onto it refused before any search.
     Case("plan {d}/toolcfg_memfit_typo.yaml", 2, says=("batch_sise: unknown setting. Did you mean 'batch_size'?",)),
     Case("plan {d}/toolcfg_memfit_no_data.yaml", 2, says=("data: required",)),
-    Case("fit {d}/toolcfg_memfit.yaml --budget 2GiB --write {d}/toolcfg_memfit.yaml", 2, fast=True,
-         says=("is the config being fitted",), keeps=("toolcfg_memfit.yaml",)),
+    Case(
+        "fit {d}/toolcfg_memfit.yaml --budget 2GiB --write {d}/toolcfg_memfit.yaml",
+        2,
+        fast=True,
+        says=("is the config being fitted",),
+        keeps=("toolcfg_memfit.yaml",),
+    ),
     Case("fit {d}/toolcfg_memfit.yaml --budget 2GiB --batch-size 0", 2, says=("--batch-size: 0 must be 1 or more",)),
     Case("fit {d}/toolcfg_trl.yaml --budget 2GiB --batch-size 0", 2, says=("--batch-size: 0 must be 1 or more",)),
     Case("plan {d}/toolcfg_trl.yaml --gpus x", 2, says=("--gpus: 'x' is not a whole number",)),
@@ -59,8 +98,14 @@ def make_inputs(root: Path) -> None:
     orphan.mkdir(), broken.mkdir()
     (orphan / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8}))
     (broken / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 8,')
-    axolotl, lf, trl = f"base_model: {model}\nadapter: lora\n", f"model_name_or_path: {model}\n", f"model_name_or_path: {model}\nuse_peft: true\n"
-    memfit = f"model: {model}\ninit: random\ndata: {root / 'toolcfg_data.jsonl'}\nmethod: lora\nseq_len: 64\nbatch_size: 2\n"
+    axolotl, lf, trl = (
+        f"base_model: {model}\nadapter: lora\n",
+        f"model_name_or_path: {model}\n",
+        f"model_name_or_path: {model}\nuse_peft: true\n",
+    )
+    memfit = (
+        f"model: {model}\ninit: random\ndata: {root / 'toolcfg_data.jsonl'}\nmethod: lora\nseq_len: 64\nbatch_size: 2\n"
+    )
     files = {
         "toolcfg_axolotl_rl.yml": axolotl + "rl: dpoo\n",
         "toolcfg_axolotl_scheduler.yml": axolotl + "lr_scheduler: cosin\n",

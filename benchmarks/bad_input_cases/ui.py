@@ -43,12 +43,22 @@ CASES: list[Case] = [
     api("GET /api/export?command=plan&spec=%7Bnot", says=("spec: '{{not' is not valid JSON",)),
     api("GET /api/export?command=fit&rank=-1&method=lorra", says=("--rank: -1", "--method: 'lorra'")),
     api(f"GET /api/model?model={LONG_NAME}", says=("model: 'aaaa", "(10,000 characters)")),
-    api(f"POST /api/model?filename={'x' * 300}.json {{d}}/ui-config.json", says=("file name 'xxxx", "(305 characters)")),
+    api(
+        f"POST /api/model?filename={'x' * 300}.json {{d}}/ui-config.json", says=("file name 'xxxx", "(305 characters)")
+    ),
 ]
 
 
 def make_inputs(root: Path) -> None:
     """The config.json the API cases drop."""
-    config = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 1024}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+        "max_position_embeddings": 1024,
+    }
     (root / "ui-config.json").write_text(json.dumps(config))

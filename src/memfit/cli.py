@@ -41,8 +41,10 @@ app = typer.Typer(
     ),
 )
 #: The help of plan's and fit's --exact (memfit.planner.shortcuts.switch).
-EXACT_HELP = ("Plan without shortcuts: every layer simulated, every chunk and micro-batch run, no plan cache "
-              "(also MEMFIT_EXACT=1). Slower; the same figures.")
+EXACT_HELP = (
+    "Plan without shortcuts: every layer simulated, every chunk and micro-batch run, no plan cache "
+    "(also MEMFIT_EXACT=1). Slower; the same figures."
+)
 #: The model `memfit plan` uses when none is given: small enough to plan in a second anywhere.
 DEFAULT_MODEL = "smollm2-135m"
 #: A plan that takes longer than this shows a status line on a terminal until it is printed.
@@ -52,12 +54,12 @@ PLAN_STATUS_DELAY_S = 1.0
 #: them), and that meaning: the options are the knobs' (their flags and the values they take).
 FIT_OWN_KNOBS = {
     "batch_size": "Effective batch (sequences per optimizer step; pairs with a preference --objective; completions, "
-                  "whole groups of --num-generations, with grpo) to keep \\[default: 8; grpo: --num-generations; a tool's "
-                  "config: its own].",
+    "whole groups of --num-generations, with grpo) to keep \\[default: 8; grpo: --num-generations; a tool's "
+    "config: its own].",
     "seq_len": f"Sequence length to hold fixed (default {default('seq_len')}, or the model's maximum if smaller).",
     "method": "Only these methods (repeat the option).",
     "precision": "bf16 / fp16: pure 16-bit; bf16-mixed / fp16-mixed: fp32 weights and optimizer states, 16-bit autocast; "
-                 "fp32 (default: bf16 where the GPU has it).",
+    "fp32 (default: bf16 where the GPU has it).",
     "gpus": "Up to this many GPUs: the fewest that fit are reported, memory per GPU \\[default: 1].",
     "shard": "Sharding across GPUs (default with --gpus 2+: searched).",
 }
@@ -65,14 +67,25 @@ FIT_OWN_KNOBS = {
 
 @app.command("plan", cls=RefusingCommand)
 @cli_errors
-@with_options(knob_options(), first=[command_options("plan", TARGET_OPTIONS + (CONFIG_MODEL,))], refused=training_options)
+@with_options(
+    knob_options(), first=[command_options("plan", TARGET_OPTIONS + (CONFIG_MODEL,))], refused=training_options
+)
 def plan_command(
-    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name (see `memfit models`), a Hugging Face Hub id (org/name: config.json only is fetched), a config.json, a model folder, an Axolotl / LLaMA-Factory / TRL config (docs/interop.md), or memfit's own training YAML."),
-    context_bytes: str | None = typer.Option(None, "--context-bytes", metavar="BYTES", help="Override the CUDA context estimate (bytes, 0 to 1 TiB)."),
+    model: str = typer.Argument(
+        DEFAULT_MODEL,
+        help="Catalog name (see `memfit models`), a Hugging Face Hub id (org/name: config.json only is fetched), a config.json, a model folder, an Axolotl / LLaMA-Factory / TRL config (docs/interop.md), or memfit's own training YAML.",
+    ),
+    context_bytes: str | None = typer.Option(
+        None, "--context-bytes", metavar="BYTES", help="Override the CUDA context estimate (bytes, 0 to 1 TiB)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON."),
     exact: bool = typer.Option(False, "--exact", help=EXACT_HELP),
     full_sim: bool = typer.Option(False, "--full-sim", hidden=True, help="Now --exact."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Make the plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0)."),
+    no_cache: bool = typer.Option(
+        False,
+        "--no-cache",
+        help="Make the plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0).",
+    ),
     **options: Any,
 ) -> None:
     """Predict the peak GPU memory of one training step, by category, without a GPU.
@@ -85,18 +98,26 @@ def plan_command(
         exact = True
     # Importing torch, building the model and simulating its step take seconds on a busy machine: a
     # terminal is told what is going on once it has taken PLAN_STATUS_DELAY_S (a log gets nothing).
-    with StatusLine(make_console(stderr=True), f"planning {model}: checking the model and the options",
-                    delay_s=PLAN_STATUS_DELAY_S) as status:
+    with StatusLine(
+        make_console(stderr=True), f"planning {model}: checking the model and the options", delay_s=PLAN_STATUS_DELAY_S
+    ) as status:
         from memfit.planner.api import plan
         from memfit.train.config_plan import is_train_config, plan_train_config
 
         # --context-bytes is checked by the plan with every other input (the page's /api/plan shares the check).
         if is_train_config(model):  # memfit's own YAML: planned as train plans it
-            result = plan_train_config(model, context_bytes=whole_number(context_bytes), exact=exact, cache=not no_cache,
-                                       **options)
+            result = plan_train_config(
+                model, context_bytes=whole_number(context_bytes), exact=exact, cache=not no_cache, **options
+            )
         else:
-            result = plan(model, context_bytes=whole_number(context_bytes), exact=exact, cache=not no_cache,
-                          progress=lambda what: status.update(f"planning {model}: {what}"), **options)
+            result = plan(
+                model,
+                context_bytes=whole_number(context_bytes),
+                exact=exact,
+                cache=not no_cache,
+                progress=lambda what: status.update(f"planning {model}: {what}"),
+                **options,
+            )
     if as_json:
         sys.stdout.write(result.to_json(indent=2) + "\n")
     else:
@@ -107,19 +128,42 @@ def plan_command(
 
 @app.command("fit", cls=RefusingCommand)
 @cli_errors
-@with_options(knob_options(FIT_KNOBS),
-              first=[command_options("fit", TARGET_OPTIONS + (CONFIG_MODEL,)),
-                     knob_options(FIT_OWN_KNOBS, help=FIT_OWN_KNOBS, repeatable=("method",))],
-              refused=training_options)
+@with_options(
+    knob_options(FIT_KNOBS),
+    first=[
+        command_options("fit", TARGET_OPTIONS + (CONFIG_MODEL,)),
+        knob_options(FIT_OWN_KNOBS, help=FIT_OWN_KNOBS, repeatable=("method",)),
+    ],
+    refused=training_options,
+)
 def fit_command(
-    model: str = typer.Argument(DEFAULT_MODEL, help="Catalog name, a Hugging Face Hub id (org/name), a config.json, a model folder, an Axolotl / LLaMA-Factory / TRL config, or memfit's own training YAML (its method, batch and length kept)."),
-    max_target: Literal["seq-len"] | None = typer.Option(None, "--max", help="Show the longest sequence each method fits."),
+    model: str = typer.Argument(
+        DEFAULT_MODEL,
+        help="Catalog name, a Hugging Face Hub id (org/name), a config.json, a model folder, an Axolotl / LLaMA-Factory / TRL config, or memfit's own training YAML (its method, batch and length kept).",
+    ),
+    max_target: Literal["seq-len"] | None = typer.Option(
+        None, "--max", help="Show the longest sequence each method fits."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    write: Path | None = typer.Option(None, "--write", help="Write the best configuration as a `memfit train` config, JSON for a .json name, else YAML (a tool's config: the same tool's config, only its memory keys changed)."),
-    data: str | None = typer.Option(None, "--data", help="Training data for the --write YAML (default: the demo dataset)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Let --write replace an existing file (never the config or the --data it reads)."),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Make every plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0)."),
-    exact: bool = typer.Option(False, "--exact", help=EXACT_HELP + " One process; no longest sequence predicted from two plans."),
+    write: Path | None = typer.Option(
+        None,
+        "--write",
+        help="Write the best configuration as a `memfit train` config, JSON for a .json name, else YAML (a tool's config: the same tool's config, only its memory keys changed).",
+    ),
+    data: str | None = typer.Option(
+        None, "--data", help="Training data for the --write YAML (default: the demo dataset)."
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Let --write replace an existing file (never the config or the --data it reads)."
+    ),
+    no_cache: bool = typer.Option(
+        False,
+        "--no-cache",
+        help="Make every plan afresh: do not read or write the plan cache (also MEMFIT_PLAN_CACHE=0).",
+    ),
+    exact: bool = typer.Option(
+        False, "--exact", help=EXACT_HELP + " One process; no longest sequence predicted from two plans."
+    ),
     **options: Any,
 ) -> None:
     """Find the training configurations that fit a GPU, fastest first (estimated), and the longest sequences.
@@ -181,15 +225,25 @@ def _fit_request(model: str, options: dict[str, Any], *, exact: bool):
     """The search's request from fit's command line (``options``: its knob options, taken)."""
     from memfit.planner.search.request import FitRequest
 
-    revision, gpu, budget, method, model_override = (options.pop(name) for name in ("revision", "gpu", "budget", "method",
-                                                                                     "model_override"))
+    revision, gpu, budget, method, model_override = (
+        options.pop(name) for name in ("revision", "gpu", "budget", "method", "model_override")
+    )
     # Text that is not a whole number goes on to the search's checks, which list it with every other problem.
     batch_size, seq_len, gpus = (whole_number(options.pop(name)) for name in ("batch_size", "seq_len", "gpus"))
     # --gpus 1 is one GPU, as no --gpus is: neither is a knob the search or a config's "given" holds.
-    return FitRequest(model, revision=revision, gpu=gpu, budget=budget, batch_size=batch_size, seq_len=seq_len,
-                         methods=tuple(method) if method else None, gpus=None if gpus == 1 else gpus,
-                         knobs={k: v for k, v in options.items() if v is not None}, model_override=model_override,
-                         exact=exact)
+    return FitRequest(
+        model,
+        revision=revision,
+        gpu=gpu,
+        budget=budget,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        methods=tuple(method) if method else None,
+        gpus=None if gpus == 1 else gpus,
+        knobs={k: v for k, v in options.items() if v is not None},
+        model_override=model_override,
+        exact=exact,
+    )
 
 
 def _check_write_path(path: Path, overwrite: bool, *, model: str, data: str | None) -> None:
@@ -197,8 +251,11 @@ def _check_write_path(path: Path, overwrite: bool, *, model: str, data: str | No
     config or the --data it reads."""
     from memfit.files import check_file_writable, check_not_an_input
 
-    inputs = {name: given for name, given in (("config being fitted", model), ("--data file", data))
-              if given and Path(given).expanduser().exists()}  # a catalog name or a Hub id is no file of the user's
+    inputs = {
+        name: given
+        for name, given in (("config being fitted", model), ("--data file", data))
+        if given and Path(given).expanduser().exists()
+    }  # a catalog name or a Hub id is no file of the user's
     check_not_an_input(path, "--write", inputs, overwrite=overwrite)
     if path.exists() and not path.is_dir() and not overwrite:
         raise PathError(f"--write {str(path)!r} exists; choose another file name or pass --overwrite.")
@@ -207,10 +264,14 @@ def _check_write_path(path: Path, overwrite: bool, *, model: str, data: str | No
         from memfit.train.data.sources import is_dataset_id
 
         if not is_dataset_id(data) and not Path(data).expanduser().exists():
-            raise PathError(f"--data {data!r} does not exist: give a local file or folder, or a Hub dataset id (org/name).")
+            raise PathError(
+                f"--data {data!r} does not exist: give a local file or folder, or a Hub dataset id (org/name)."
+            )
 
 
-def _write_best(result, model: str, path: Path, data: str | None, overwrite: bool, *, gpu, budget, revision=None) -> None:
+def _write_best(
+    result, model: str, path: Path, data: str | None, overwrite: bool, *, gpu, budget, revision=None
+) -> None:
     from memfit.models.hub import is_hub_id
     from memfit.train.config import demo_dataset_path, write_config
 
@@ -225,7 +286,9 @@ def _write_best(result, model: str, path: Path, data: str | None, overwrite: boo
             values["revision"] = revision
     if not has_weights:
         values["init"] = "random"
-        header += "# init: random trains random weights; point model: at your local Hugging Face folder and delete it.\n"
+        header += (
+            "# init: random trains random weights; point model: at your local Hugging Face folder and delete it.\n"
+        )
     values["data"] = data or str(demo_dataset_path())
     multi_gpu = spec.get("gpus", 1) > 1  # a multi-GPU fit: train it with torchrun or --nproc
     for key in TRAINED_KNOBS:
@@ -266,25 +329,43 @@ def models_command(as_json: bool = typer.Option(False, "--json", help="Print as 
     if as_json:
         payload = {
             "models": models,
-            "gpus": [{"name": g.name, "display_name": g.display_name, "memory_bytes": g.memory_bytes, "arch": g.arch} for g in gpus.values()],
+            "gpus": [
+                {"name": g.name, "display_name": g.display_name, "memory_bytes": g.memory_bytes, "arch": g.arch}
+                for g in gpus.values()
+            ],
         }
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
         return
     table = Table(title="models", title_justify="left")
     # Names are typed back by users: never cut or wrapped, whatever the width (the numbers give way).
     for col in ("name", "type", "layers", "hidden", "vocab", "max positions"):
-        table.add_column(col, justify="left" if col in ("name", "type") else "right", no_wrap=col == "name",
-                         min_width=max(len(m["name"]) for m in models) if col == "name" else None)
+        table.add_column(
+            col,
+            justify="left" if col in ("name", "type") else "right",
+            no_wrap=col == "name",
+            min_width=max(len(m["name"]) for m in models) if col == "name" else None,
+        )
     for m in models:
-        table.add_row(m["name"], str(m["model_type"]), str(m["layers"]), str(m["hidden_size"]), str(m["vocab_size"]), str(m["max_position_embeddings"]))
+        table.add_row(
+            m["name"],
+            str(m["model_type"]),
+            str(m["layers"]),
+            str(m["hidden_size"]),
+            str(m["vocab_size"]),
+            str(m["max_position_embeddings"]),
+        )
     console.print(table)
     gtable = Table(title="GPUs", title_justify="left")
     for col in ("name", "card", "memory", "arch", "bf16"):
-        gtable.add_column(col, no_wrap=col == "name", min_width=max(len(g.name) for g in gpus.values()) if col == "name" else None)
+        gtable.add_column(
+            col, no_wrap=col == "name", min_width=max(len(g.name) for g in gpus.values()) if col == "name" else None
+        )
     for g in gpus.values():
         gtable.add_row(g.name, g.display_name, format_bytes(g.memory_bytes), g.arch, "yes" if g.supports_bf16 else "no")
     console.print(gtable)
-    console.print("[dim]Any causal LM works too: pass a Hugging Face Hub id (org/name), a config.json or a local model folder.[/]")
+    console.print(
+        "[dim]Any causal LM works too: pass a Hugging Face Hub id (org/name), a config.json or a local model folder.[/]"
+    )
 
 
 # Commands implemented next to their API; each module imports its heavy dependencies lazily.

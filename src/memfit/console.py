@@ -58,8 +58,14 @@ class StatusLine:
     pipe, a log file) it shows nothing at all. :meth:`update` changes the text, shown or not yet.
     """
 
-    def __init__(self, console: Any, text: str, *, delay_s: float = 0.0,
-                 timer: Callable[[float, Callable[[], None]], Any] = start_timer) -> None:
+    def __init__(
+        self,
+        console: Any,
+        text: str,
+        *,
+        delay_s: float = 0.0,
+        timer: Callable[[float, Callable[[], None]], Any] = start_timer,
+    ) -> None:
         self.console = console
         self.text = text
         self._status: Any = None

@@ -23,8 +23,9 @@ def end_process(code: int | str | None = 0) -> NoReturn:
     """End this process with ``code`` as ``sys.exit(code)`` would, the exit handlers run, without
     the teardown of its modules. Falls back to ``sys.exit`` where that teardown is cheap (torch not
     imported) or where another thread still runs (Python waits for it at exit)."""
-    if "torch" not in sys.modules or any(t is not threading.main_thread() and not t.daemon and t.is_alive()
-                                           for t in threading.enumerate()):
+    if "torch" not in sys.modules or any(
+        t is not threading.main_thread() and not t.daemon and t.is_alive() for t in threading.enumerate()
+    ):
         sys.exit(code)
     if code is None:
         status = 0

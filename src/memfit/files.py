@@ -87,7 +87,9 @@ def write_or_check(out_dir: str | Path, files: dict[str, str], *, check: bool) -
 
     out_dir = Path(out_dir)
     if check:
-        stale = [n for n, t in files.items() if not (out_dir / n).is_file() or (out_dir / n).read_text(encoding="utf-8") != t]
+        stale = [
+            n for n, t in files.items() if not (out_dir / n).is_file() or (out_dir / n).read_text(encoding="utf-8") != t
+        ]
         for name in stale:
             print(f"out of date: {out_dir / name}", file=sys.stderr)
         return 1 if stale else 0
@@ -194,12 +196,18 @@ def check_file_writable(path: str | Path, option: str, *, make_parents: bool = F
         raise PathError(f"{option} {str(path)!r} is a folder: pass a file path.")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.exists() and not make_parents:
-        raise PathError(f"{option} {str(path)!r}: the folder {str(parent)!r} does not exist; create it or choose another path.")
+        raise PathError(
+            f"{option} {str(path)!r}: the folder {str(parent)!r} does not exist; create it or choose another path."
+        )
     _probe(nearest_existing(parent), path, option)
 
 
-_PROBE_REASONS = {errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
-                  errno.EROFS: "the file system is read-only", errno.ENOSPC: "no space left on the device"}
+_PROBE_REASONS = {
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EROFS: "the file system is read-only",
+    errno.ENOSPC: "no space left on the device",
+}
 
 
 def _probe(folder: Path, path: Path, option: str) -> None:
@@ -209,7 +217,9 @@ def _probe(folder: Path, path: Path, option: str) -> None:
         fd, probe = tempfile.mkstemp(dir=folder, prefix=".memfit-probe-")
     except OSError as err:
         reason = _PROBE_REASONS.get(err.errno or 0, err.strerror or str(err))
-        raise PathError(f"{option} {str(path)!r}: cannot write in {str(folder)!r} ({reason}); choose a path you may write to.") from None
+        raise PathError(
+            f"{option} {str(path)!r}: cannot write in {str(folder)!r} ({reason}); choose a path you may write to."
+        ) from None
     os.close(fd)
     os.unlink(probe)
 
@@ -254,7 +264,9 @@ def same_path(a: str | Path, b: str | Path) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def input_clash(out: str | Path, option: str, inputs: Mapping[str, str | Path | None], *, overwrite: bool = False) -> str | None:
+def input_clash(
+    out: str | Path, option: str, inputs: Mapping[str, str | Path | None], *, overwrite: bool = False
+) -> str | None:
     """The line that refuses output ``out`` (given as ``option``) because it is one of the command's
     ``inputs`` (how each was given, e.g. ``--prompts file``, -> its path; None: not given), or None.
     ``overwrite``: the user passed ``--overwrite``, which the line answers."""
@@ -262,12 +274,16 @@ def input_clash(out: str | Path, option: str, inputs: Mapping[str, str | Path | 
         if path is not None and str(path) != "" and same_path(out, path):
             same = "" if str(out) == str(path) else f" {str(path)!r}"
             answer = ", --overwrite or not (it replaces only what memfit wrote)" if overwrite else ""
-            return (f"{option} {str(out)!r} is the {given_as}{same}, which this command reads: memfit never writes over "
-                    f"its inputs{answer}. Choose another {option}.")
+            return (
+                f"{option} {str(out)!r} is the {given_as}{same}, which this command reads: memfit never writes over "
+                f"its inputs{answer}. Choose another {option}."
+            )
     return None
 
 
-def check_not_an_input(out: str | Path, option: str, inputs: Mapping[str, str | Path | None], *, overwrite: bool = False) -> None:
+def check_not_an_input(
+    out: str | Path, option: str, inputs: Mapping[str, str | Path | None], *, overwrite: bool = False
+) -> None:
     """Raise :class:`~memfit.errors.PathError` when output ``out`` is one of the command's ``inputs``
     (see :func:`input_clash`), whatever ``--overwrite`` says."""
     problem = input_clash(out, option, inputs, overwrite=overwrite)

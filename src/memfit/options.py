@@ -28,13 +28,34 @@ from memfit import spec as specs
 #: The RunSpec knobs ``memfit fit`` takes as given, the same in every plan of its search (the search
 #: chooses method, checkpointing, optimizer and the batch split; batch size, sequence length,
 #: precision, GPUs and sharding are fit options of their own). memfit ui's search takes these too.
-FIT_KNOBS = ("rank", "alpha", "dropout", "targets", "dora", "rslora", "modules_to_save", "objective", "precompute_reference",
-             "recipe", "hf_loss", "beta", "num_generations", "max_completion_length", "num_iterations", "temperature", "top_p",
-             "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
+FIT_KNOBS = (
+    "rank",
+    "alpha",
+    "dropout",
+    "targets",
+    "dora",
+    "rslora",
+    "modules_to_save",
+    "objective",
+    "precompute_reference",
+    "recipe",
+    "hf_loss",
+    "beta",
+    "num_generations",
+    "max_completion_length",
+    "num_iterations",
+    "temperature",
+    "top_p",
+    "use_vllm",
+    "vllm_mode",
+    "vllm_gpu_memory_utilization",
+    "vllm_enable_sleep_mode",
+)
 
 
-def knob_options(names: Iterable[str] | None = None, *, help: Mapping[str, str] | None = None,
-                 repeatable: Iterable[str] = ()) -> list[inspect.Parameter]:
+def knob_options(
+    names: Iterable[str] | None = None, *, help: Mapping[str, str] | None = None, repeatable: Iterable[str] = ()
+) -> list[inspect.Parameter]:
     """Options for the RunSpec knobs ``names`` (default: all), with the declared help and default.
 
     ``help`` replaces a knob's help where a command gives the knob another meaning; that help says
@@ -110,29 +131,41 @@ class CommandOption:
 
 
 REVISION = CommandOption(
-    "revision", "Branch, tag or commit of a Hugging Face Hub model (default: main).", metavar="REV",
+    "revision",
+    "Branch, tag or commit of a Hugging Face Hub model (default: main).",
+    metavar="REV",
     # merge reads two models, each of which may be on the Hub: this is the base's (--adapter-revision the adapter's).
     per_command={"merge": "Branch, tag or commit of a Hub --base (default: main)."},
 )
 GPU = CommandOption(
-    "gpu", "GPU to plan against (see `memfit models`).", metavar="NAME",
+    "gpu",
+    "GPU to plan against (see `memfit models`).",
+    metavar="NAME",
     # train plans before it loads, and without a GPU or budget it plans against the device it runs on.
-    per_command={"train": "GPU to plan against before loading (see `memfit models`; default: the CUDA device's free memory)."},
+    per_command={
+        "train": "GPU to plan against before loading (see `memfit models`; default: the CUDA device's free memory)."
+    },
 )
 BUDGET = CommandOption(
-    "budget", "Memory budget to plan against, e.g. 24GiB (with --gpu: at most the card's memory).", metavar="SIZE",
+    "budget",
+    "Memory budget to plan against, e.g. 24GiB (with --gpu: at most the card's memory).",
+    metavar="SIZE",
     # train: a budget is also how a CPU run checks that it would fit a GPU.
-    per_command={"train": "Memory budget to plan against before loading, e.g. 24GiB, also on CPU runs (with a GPU named: "
-                          "at most the card's memory)."},
+    per_command={
+        "train": "Memory budget to plan against before loading, e.g. 24GiB, also on CPU runs (with a GPU named: "
+        "at most the card's memory)."
+    },
 )
 #: What a plan is compared against (``memfit plan``, ``fit`` and ``train``), and which model revision
 #: (chat, generate and merge take ``--revision`` too).
 TARGET_OPTIONS = (REVISION, GPU, BUDGET)
 #: ``memfit plan CONFIG --model`` and ``fit``: another model for a training config (its ``model`` is the command's argument).
 CONFIG_MODEL = CommandOption(
-    "model_override", "With a training config as MODEL (Axolotl, LLaMA-Factory, TRL, or memfit's own YAML): plan this model "
-                      "in place of the config's: a folder, a config.json, a catalog name or a Hub id.",
-    metavar="MODEL", word="model",
+    "model_override",
+    "With a training config as MODEL (Axolotl, LLaMA-Factory, TRL, or memfit's own YAML): plan this model "
+    "in place of the config's: a folder, a config.json, a catalog name or a Hub id.",
+    metavar="MODEL",
+    word="model",
 )
 
 
@@ -186,13 +219,22 @@ class RefusingCommand(typer.core.TyperCommand):
         except Exception as err:
             if type(err).__name__ != "NoSuchOption":  # click's, which Typer vendors (typer._click), not exported
                 raise
-            shown = [opt for param in self.params if not getattr(param, "hidden", False) for opt in param.opts if opt.startswith("--")]
+            shown = [
+                opt
+                for param in self.params
+                if not getattr(param, "hidden", False)
+                for opt in param.opts
+                if opt.startswith("--")
+            ]
             err.possibilities = difflib.get_close_matches(err.option_name, shown) or None  # type: ignore[attr-defined]
             raise
 
 
-def with_options(*groups: list[inspect.Parameter], first: Sequence[list[inspect.Parameter]] = (),
-                 refused: Callable[[set[str]], list[inspect.Parameter]] | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def with_options(
+    *groups: list[inspect.Parameter],
+    first: Sequence[list[inspect.Parameter]] = (),
+    refused: Callable[[set[str]], list[inspect.Parameter]] | None = None,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Add the option ``groups`` to a command function that takes ``**options``: after its own
     options, or, the ``first`` groups, right after its arguments (the order of ``--help``).
     ``refused`` makes, from the names the command takes, the hidden options it takes only to refuse
@@ -220,8 +262,12 @@ def with_options(*groups: list[inspect.Parameter], first: Sequence[list[inspect.
         params = params[:leading] + added[:ahead] + params[leading:] + added[ahead:]
         # A signature lists keyword-only parameters last, so the command's own options after the first
         # groups become keyword-only too (Typer passes every option by name).
-        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) if i >= leading and p.kind is not inspect.Parameter.KEYWORD_ONLY
-                  else p for i, p in enumerate(params)]
+        params = [
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+            if i >= leading and p.kind is not inspect.Parameter.KEYWORD_ONLY
+            else p
+            for i, p in enumerate(params)
+        ]
 
         @functools.wraps(func)
         def command(*args: Any, **kwargs: Any) -> Any:
@@ -243,7 +289,10 @@ def _is_argument(param: inspect.Parameter) -> bool:
 def _optional(annotation: Any) -> Any:
     """``X | None`` as Typer reads it; Literal and list types are kept, unions reduced to their type."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", ())) and len(args) == 1:
+    if (
+        typing.get_origin(annotation) in (typing.Union, getattr(__import__("types"), "UnionType", ()))
+        and len(args) == 1
+    ):
         annotation = args[0]
     return annotation | None
 

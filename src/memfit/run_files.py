@@ -28,5 +28,5 @@ def rank_of_memory_file(name: str) -> int | None:
     """The rank a ``memory-rank<N>.jsonl`` file belongs to (None for any other name)."""
     if not (name.startswith(_RANK_PREFIX) and name.endswith(_RANK_SUFFIX)):
         return None
-    digits = name[len(_RANK_PREFIX):-len(_RANK_SUFFIX)]
+    digits = name[len(_RANK_PREFIX) : -len(_RANK_SUFFIX)]
     return int(digits) if digits.isdigit() else None

@@ -46,8 +46,15 @@ MAX_MICRO_BATCH_TOKENS = 2**24
 ALL_LINEAR = "all-linear"
 
 
-def knob(default: Any, help: str, *, short: str | None = None, example: Any = None, planner_only: bool = False,
-         at_most: int | None = None) -> Any:
+def knob(
+    default: Any,
+    help: str,
+    *,
+    short: str | None = None,
+    example: Any = None,
+    planner_only: bool = False,
+    at_most: int | None = None,
+) -> Any:
     """A :class:`RunSpec` field: its default and help, and how it appears elsewhere.
 
     ``short``: a one-letter command-line alias (``-b``); ``example``: a good value to suggest in an
@@ -57,8 +64,12 @@ def knob(default: Any, help: str, *, short: str | None = None, example: Any = No
     an overflow deep in PyTorch or a plan that runs for hours.
     """
     extra = {"short": short, "example": example, "planner_only": planner_only}
-    return Field(default, description=help, le=at_most,
-                 json_schema_extra={k: v for k, v in extra.items() if v not in (None, False)})
+    return Field(
+        default,
+        description=help,
+        le=at_most,
+        json_schema_extra={k: v for k, v in extra.items() if v not in (None, False)},
+    )
 
 
 class SpecError(UserError, ValueError):
@@ -88,11 +99,17 @@ class RunSpec(BaseModel):
     rank: int = knob(16, "LoRA rank r (lora, qlora, lora-8bit).", example=16, at_most=65536)
     alpha: float | None = knob(None, "LoRA alpha (default: 2 x rank).", example=32)
     dropout: float = knob(0.0, "LoRA dropout probability.", example=0.05)
-    targets: tuple[str, ...] = knob((ALL_LINEAR,), "Modules LoRA attaches to: comma-separated names, or all-linear.",
-                                    example="q_proj,v_proj")
-    dora: bool = knob(False, "DoRA (PEFT's use_dora): a trained magnitude per output row of each adapted layer, and each forward "
-                             "recomputes the norm of every adapted weight with its update (weight-sized temporaries).")
-    rslora: bool = knob(False, "Rank-stabilized LoRA (PEFT's use_rslora): the update is scaled by alpha/sqrt(rank), not alpha/rank.")
+    targets: tuple[str, ...] = knob(
+        (ALL_LINEAR,), "Modules LoRA attaches to: comma-separated names, or all-linear.", example="q_proj,v_proj"
+    )
+    dora: bool = knob(
+        False,
+        "DoRA (PEFT's use_dora): a trained magnitude per output row of each adapted layer, and each forward "
+        "recomputes the norm of every adapted weight with its update (weight-sized temporaries).",
+    )
+    rslora: bool = knob(
+        False, "Rank-stabilized LoRA (PEFT's use_rslora): the update is scaled by alpha/sqrt(rank), not alpha/rank."
+    )
     modules_to_save: tuple[str, ...] = knob(
         (),
         "Modules trained whole beside the adapters (PEFT's modules_to_save), comma-separated, e.g. embed_tokens,lm_head: "
@@ -106,18 +123,33 @@ class RunSpec(BaseModel):
         "optimizer states, 16-bit autocast (HF Trainer bf16=True / fp16=True); a frozen LoRA base stays 16-bit. fp32. "
         "LoRA adapters are fp32 in all.",
     )
-    optimizer: Literal["adamw", "adamw8bit", "paged-adamw8bit", "sgd"] = knob("adamw", "Optimizer (8-bit and paged states need bitsandbytes).")
-    batch_size: int = knob(1, "Micro-batch size per GPU (sequences in one forward pass).", short="-b", example=4, at_most=65536)
+    optimizer: Literal["adamw", "adamw8bit", "paged-adamw8bit", "sgd"] = knob(
+        "adamw", "Optimizer (8-bit and paged states need bitsandbytes)."
+    )
+    batch_size: int = knob(
+        1, "Micro-batch size per GPU (sequences in one forward pass).", short="-b", example=4, at_most=65536
+    )
     seq_len: int = knob(2048, "Tokens per sequence.", short="-s", example=2048, at_most=MAX_MICRO_BATCH_TOKENS)
     # A plan makes and holds a step's micro-batches as the trainer does: 4096 of them take minutes.
     grad_accum: int = knob(1, "Micro-batches per optimizer step.", example=8, at_most=4096)
-    checkpointing: Literal["off", "on", "offload"] = knob("on", "Activation checkpointing (offload: the saved layer inputs in host memory).")
+    checkpointing: Literal["off", "on", "offload"] = knob(
+        "on", "Activation checkpointing (offload: the saved layer inputs in host memory)."
+    )
     gpus: int = knob(1, "GPUs the run uses (memory is planned per GPU).", example=2, at_most=65536)
-    shard: Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-offload"] = knob("none", "Sharding across GPUs.")
-    tiling: Literal["auto", "on", "off"] = knob("auto", f"Sequence-tiled MLPs and norms (auto: from {TILING_AUTO_TOKENS:,} tokens a micro-batch).")
+    shard: Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-offload"] = knob(
+        "none", "Sharding across GPUs."
+    )
+    tiling: Literal["auto", "on", "off"] = knob(
+        "auto", f"Sequence-tiled MLPs and norms (auto: from {TILING_AUTO_TOKENS:,} tokens a micro-batch)."
+    )
     step_in_backward: bool = knob(False, "Full fine-tuning: each parameter's optimizer step runs inside backward.")
-    packing: bool = knob(False, "Concatenate examples into rows of exactly seq_len tokens (attention kept inside each example).")
-    padding_free: Literal["auto", "on", "off"] = knob("auto", "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it; the hf recipe only with on: flash attention's varlen path).")
+    packing: bool = knob(
+        False, "Concatenate examples into rows of exactly seq_len tokens (attention kept inside each example)."
+    )
+    padding_free: Literal["auto", "on", "off"] = knob(
+        "auto",
+        "The examples of a micro-batch in one row, attention kept inside each example, no padding (auto: where the model's attention allows it; the hf recipe only with on: flash attention's varlen path).",
+    )
     max_grad_norm: float | None = knob(1.0, "Clip gradients to this L2 norm (none: no clipping).", example=1.0)
     objective: Literal["sft", "dpo", "orpo", "simpo", "grpo"] = knob(
         "sft",
@@ -134,39 +166,75 @@ class RunSpec(BaseModel):
         example=0.04,
     )
     num_generations: int = knob(
-        8, "grpo: completions sampled per prompt (TRL GRPOConfig num_generations); batch_size x grad_accum (the "
-        "generation batch) holds whole groups of them.", example=8, at_most=4096,
+        8,
+        "grpo: completions sampled per prompt (TRL GRPOConfig num_generations); batch_size x grad_accum (the "
+        "generation batch) holds whole groups of them.",
+        example=8,
+        at_most=4096,
     )
     max_completion_length: int = knob(
-        512, "grpo: the longest completion generated, in tokens (TRL GRPOConfig max_completion_length); seq_len is the "
-        "prompt's budget plus this.", example=256, at_most=MAX_MICRO_BATCH_TOKENS,
+        512,
+        "grpo: the longest completion generated, in tokens (TRL GRPOConfig max_completion_length); seq_len is the "
+        "prompt's budget plus this.",
+        example=256,
+        at_most=MAX_MICRO_BATCH_TOKENS,
     )
     num_iterations: int = knob(
-        1, "grpo: optimizer steps taken on each generation batch (TRL's num_iterations, mu); above 1 the old policy's "
-        "log-probs are computed once after generating, and clipping applies.", example=1, at_most=1024,
+        1,
+        "grpo: optimizer steps taken on each generation batch (TRL's num_iterations, mu); above 1 the old policy's "
+        "log-probs are computed once after generating, and clipping applies.",
+        example=1,
+        at_most=1024,
     )
-    temperature: float = knob(1.0, "grpo: sampling temperature; the log-probs are taken at it too (TRL GRPOConfig temperature).",
-                              example=1.0)
-    top_p: float = knob(1.0, "grpo: nucleus sampling's probability mass (TRL GRPOConfig top_p; 1.0: every token).", example=1.0)
-    use_vllm: bool = knob(False, "grpo: generate with vLLM as TRL does (planned from vLLM's rules, not simulated; memfit "
-                                 "train generates with transformers).", planner_only=True)
+    temperature: float = knob(
+        1.0, "grpo: sampling temperature; the log-probs are taken at it too (TRL GRPOConfig temperature).", example=1.0
+    )
+    top_p: float = knob(
+        1.0, "grpo: nucleus sampling's probability mass (TRL GRPOConfig top_p; 1.0: every token).", example=1.0
+    )
+    use_vllm: bool = knob(
+        False,
+        "grpo: generate with vLLM as TRL does (planned from vLLM's rules, not simulated; memfit "
+        "train generates with transformers).",
+        planner_only=True,
+    )
     vllm_mode: Literal["colocate", "server"] = knob(
-        "colocate", "grpo with use_vllm: colocate (vLLM in the training process, on the same GPU) or server (a vLLM server "
-        "on GPUs of its own).", planner_only=True)
+        "colocate",
+        "grpo with use_vllm: colocate (vLLM in the training process, on the same GPU) or server (a vLLM server "
+        "on GPUs of its own).",
+        planner_only=True,
+    )
     vllm_gpu_memory_utilization: float = knob(
-        0.3, "grpo with use_vllm colocate: the share of the GPU's memory vLLM takes (TRL's vllm_gpu_memory_utilization; "
-        "vLLM's gpu_memory_utilization).", example=0.3, planner_only=True)
+        0.3,
+        "grpo with use_vllm colocate: the share of the GPU's memory vLLM takes (TRL's vllm_gpu_memory_utilization; "
+        "vLLM's gpu_memory_utilization).",
+        example=0.3,
+        planner_only=True,
+    )
     vllm_enable_sleep_mode: bool = knob(
-        False, "grpo with use_vllm colocate: vLLM sleeps while the policy trains (its weights to host memory, its KV "
-        "cache freed; TRL's vllm_enable_sleep_mode).", planner_only=True)
+        False,
+        "grpo with use_vllm colocate: vLLM sleeps while the policy trains (its weights to host memory, its KV "
+        "cache freed; TRL's vllm_enable_sleep_mode).",
+        planner_only=True,
+    )
     precompute_reference: bool = knob(
         False,
         "dpo: the reference log-probs in one pass before training (kept in the run folder) instead of a reference pass "
         "in every step; full fine-tuning then keeps no frozen copy of the model.",
     )
-    recipe: Literal["memfit", "hf"] = knob("memfit", "memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison.", planner_only=True)
-    kbit_upcast: bool = knob(True, "The hf recipe's QLoRA and lora-8bit through PEFT's prepare_model_for_kbit_training, which upcasts every parameter that is not quantized to fp32 (as TRL before 0.26 ran it); off: they stay in the compute dtype (LLaMA-Factory, TRL since 0.26, and Axolotl, which casts them back after PEFT's upcast).", planner_only=True)
-    hf_loss: Literal["model", "liger", "chunked-nll"] = knob("model", "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy) or chunked-nll (TRL SFTTrainer's chunked loss).", planner_only=True)
+    recipe: Literal["memfit", "hf"] = knob(
+        "memfit", "memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison.", planner_only=True
+    )
+    kbit_upcast: bool = knob(
+        True,
+        "The hf recipe's QLoRA and lora-8bit through PEFT's prepare_model_for_kbit_training, which upcasts every parameter that is not quantized to fp32 (as TRL before 0.26 ran it); off: they stay in the compute dtype (LLaMA-Factory, TRL since 0.26, and Axolotl, which casts them back after PEFT's upcast).",
+        planner_only=True,
+    )
+    hf_loss: Literal["model", "liger", "chunked-nll"] = knob(
+        "model",
+        "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy) or chunked-nll (TRL SFTTrainer's chunked loss).",
+        planner_only=True,
+    )
 
     @field_validator("targets", "modules_to_save", mode="before")
     @classmethod
@@ -224,7 +292,9 @@ class RunSpec(BaseModel):
                 f"{name('step_in_backward')}."
             )
         if self.step_in_backward and self.recipe == "hf":
-            problems.append(f"{name('step_in_backward')}: the hf recipe has no optimizer step in backward. Use {setting('recipe', 'memfit')}.")
+            problems.append(
+                f"{name('step_in_backward')}: the hf recipe has no optimizer step in backward. Use {setting('recipe', 'memfit')}."
+            )
         if not self.kbit_upcast and self.recipe != "hf":
             problems.append(
                 f"{name('kbit_upcast')}: off is a choice of the hf recipe's QLoRA and lora-8bit (memfit's step never upcasts the base). "
@@ -249,7 +319,9 @@ class RunSpec(BaseModel):
             )
         problems.extend(_objective_combinations(self, name, setting))
         if self.shard != "none" and self.gpus < 2:
-            problems.append(f"{name('shard')}: {self.shard} needs {setting('gpus', 2)} or more (got {setting('gpus', self.gpus)}).")
+            problems.append(
+                f"{name('shard')}: {self.shard} needs {setting('gpus', 2)} or more (got {setting('gpus', self.gpus)})."
+            )
         if problems:
             raise ValueError("\n".join(problems))
         return self
@@ -344,7 +416,11 @@ def _adapter_problems(spec: RunSpec, name, setting) -> list[str]:
     """Adapter options on a run without adapters, and module lists PEFT cannot take."""
     problems = []
     if not spec.uses_adapters:
-        for knob_name, on in (("dora", spec.dora), ("rslora", spec.rslora), ("modules_to_save", bool(spec.modules_to_save))):
+        for knob_name, on in (
+            ("dora", spec.dora),
+            ("rslora", spec.rslora),
+            ("modules_to_save", bool(spec.modules_to_save)),
+        ):
             if on:
                 problems.append(
                     f"{name(knob_name)}: only with adapters ({setting('method', 'lora')}, qlora or lora-8bit); "
@@ -356,10 +432,13 @@ def _adapter_problems(spec: RunSpec, name, setting) -> list[str]:
         # 8-bit: PEFT moves the weight after dequantizing it, and bitsandbytes' Int8Params drops its
         # scales when moved (the next forward fails on a CPU); and DoRA's path depends on the weight's
         # Python class, which a fake tensor cannot take, so no plan could follow it.
-        why = ("PEFT copies each 4-bit layer to measure DoRA's norms, which bitsandbytes cannot do on the weightless "
-               "model memfit plans with" if spec.base_bits == 4 else
-               "PEFT's DoRA on bitsandbytes' 8-bit layers loses their scales when the weight is moved, and its path "
-               "depends on the weight's class, which the planner's fake weights cannot have")
+        why = (
+            "PEFT copies each 4-bit layer to measure DoRA's norms, which bitsandbytes cannot do on the weightless "
+            "model memfit plans with"
+            if spec.base_bits == 4
+            else "PEFT's DoRA on bitsandbytes' 8-bit layers loses their scales when the weight is moved, and its path "
+            "depends on the weight's class, which the planner's fake weights cannot have"
+        )
         problems.append(
             f"{name('dora')}: not with {setting('method', spec.method)}: {why}. Use {name('dora')} with "
             f"{setting('method', 'lora')}, or {spec.method} without {name('dora')}."
@@ -549,8 +628,17 @@ PREFERENCE_OBJECTIVES = ("dpo", "orpo", "simpo")
 DEFAULT_BETA = 0.1
 
 #: The knobs only grpo takes (each refused for another objective unless it holds its default).
-GRPO_KNOBS = ("num_generations", "max_completion_length", "num_iterations", "temperature", "top_p", "use_vllm", "vllm_mode",
-              "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode")
+GRPO_KNOBS = (
+    "num_generations",
+    "max_completion_length",
+    "num_iterations",
+    "temperature",
+    "top_p",
+    "use_vllm",
+    "vllm_mode",
+    "vllm_gpu_memory_utilization",
+    "vllm_enable_sleep_mode",
+)
 
 #: Where a step's reference log-probs come from (:func:`reference_source`).
 REFERENCE_SOURCES = ("none", "disabled-adapters", "frozen-copy", "precomputed")
@@ -592,10 +680,14 @@ def _objective_combinations(spec: RunSpec, name, setting) -> list[str]:
         )
     problems.extend(_grpo_combinations(spec, name, setting))
     if spec.beta is not None and spec.objective == "sft":
-        problems.append(f"{name('beta')}: applies to the preference objectives and grpo (got {setting('objective', 'sft')}). "
-                        f"Drop {name('beta')}.")
+        problems.append(
+            f"{name('beta')}: applies to the preference objectives and grpo (got {setting('objective', 'sft')}). "
+            f"Drop {name('beta')}."
+        )
     elif spec.beta is not None and spec.is_preference and not (math.isfinite(spec.beta) and spec.beta > 0):
-        problems.append(f"{name('beta')}: {spec.beta!r} must be a positive number (e.g. {setting('beta', DEFAULT_BETA)})")
+        problems.append(
+            f"{name('beta')}: {spec.beta!r} must be a positive number (e.g. {setting('beta', DEFAULT_BETA)})"
+        )
     if spec.objective != "sft" and spec.hf_loss != "model":
         problems.append(
             f"{name('hf_loss')}: {spec.hf_loss} is an sft loss; the hf recipe's {setting('objective', spec.objective)} "
@@ -608,12 +700,17 @@ def _grpo_combinations(spec: RunSpec, name, setting) -> list[str]:
     """What grpo needs of the other knobs, and grpo's knobs given to another objective."""
     if not spec.is_grpo:
         given = [knob for knob in GRPO_KNOBS if getattr(spec, knob) != default(knob)]
-        return [f"{name(knob)}: applies to {setting('objective', 'grpo')} (got {setting('objective', spec.objective)}). "
-                f"Drop {name(knob)}, or set {setting('objective', 'grpo')}." for knob in given]
+        return [
+            f"{name(knob)}: applies to {setting('objective', 'grpo')} (got {setting('objective', spec.objective)}). "
+            f"Drop {name(knob)}, or set {setting('objective', 'grpo')}."
+            for knob in given
+        ]
     problems = []
     if spec.num_generations < 2:
-        problems.append(f"{setting('num_generations', spec.num_generations)}: grpo needs 2 or more completions of each prompt "
-                        f"to compare them (e.g. {setting('num_generations', 8)}).")
+        problems.append(
+            f"{setting('num_generations', spec.num_generations)}: grpo needs 2 or more completions of each prompt "
+            f"to compare them (e.g. {setting('num_generations', 8)})."
+        )
     elif spec.generation_batch % spec.num_generations:
         problems.append(
             f"{setting('batch_size', spec.batch_size)} x {setting('grad_accum', spec.grad_accum)} = {spec.generation_batch} "
@@ -628,26 +725,38 @@ def _grpo_combinations(spec: RunSpec, name, setting) -> list[str]:
             f"completion (e.g. {setting('seq_len', spec.max_completion_length + 512)})."
         )
     if spec.gpus != 1:
-        problems.append(f"{setting('objective', 'grpo')}: planned and trained on one GPU (got {setting('gpus', spec.gpus)}); "
-                        f"a vLLM server on GPUs of its own is {setting('vllm_mode', 'server')}.")
+        problems.append(
+            f"{setting('objective', 'grpo')}: planned and trained on one GPU (got {setting('gpus', spec.gpus)}); "
+            f"a vLLM server on GPUs of its own is {setting('vllm_mode', 'server')}."
+        )
     if spec.step_in_backward:
-        problems.append(f"{name('step_in_backward')}: not with {setting('objective', 'grpo')} (its optimizer states are "
-                        f"planned as held between steps, while it generates). Drop {name('step_in_backward')}.")
+        problems.append(
+            f"{name('step_in_backward')}: not with {setting('objective', 'grpo')} (its optimizer states are "
+            f"planned as held between steps, while it generates). Drop {name('step_in_backward')}."
+        )
     if spec.recipe == "hf":
-        problems.append(f"{setting('recipe', 'hf')}: plans sft and the preference objectives; grpo runs memfit's step. "
-                        f"Drop {name('recipe')}.")
+        problems.append(
+            f"{setting('recipe', 'hf')}: plans sft and the preference objectives; grpo runs memfit's step. "
+            f"Drop {name('recipe')}."
+        )
     if not (math.isfinite(spec.temperature) and spec.temperature > 0):
-        problems.append(f"{name('temperature')}: {spec.temperature!r} must be more than 0 (e.g. {setting('temperature', 1.0)})")
+        problems.append(
+            f"{name('temperature')}: {spec.temperature!r} must be more than 0 (e.g. {setting('temperature', 1.0)})"
+        )
     if not (math.isfinite(spec.top_p) and 0 < spec.top_p <= 1):
         problems.append(f"{name('top_p')}: {spec.top_p!r} must be in (0, 1] (e.g. {setting('top_p', 1.0)})")
     if not 0 < spec.vllm_gpu_memory_utilization <= 1:
-        problems.append(f"{name('vllm_gpu_memory_utilization')}: {spec.vllm_gpu_memory_utilization!r} must be in (0, 1] "
-                        f"(e.g. {setting('vllm_gpu_memory_utilization', 0.3)})")
+        problems.append(
+            f"{name('vllm_gpu_memory_utilization')}: {spec.vllm_gpu_memory_utilization!r} must be in (0, 1] "
+            f"(e.g. {setting('vllm_gpu_memory_utilization', 0.3)})"
+        )
     if spec.beta is not None and not (math.isfinite(spec.beta) and spec.beta >= 0):
         problems.append(f"{name('beta')}: {spec.beta!r} must be 0 or more for grpo (e.g. {setting('beta', 0.04)})")
     for knob_name in ("vllm_mode", "vllm_gpu_memory_utilization", "vllm_enable_sleep_mode"):
         if not spec.use_vllm and getattr(spec, knob_name) != default(knob_name):
-            problems.append(f"{name(knob_name)}: applies with {name('use_vllm')}. Add {name('use_vllm')}, or drop {name(knob_name)}.")
+            problems.append(
+                f"{name(knob_name)}: applies with {name('use_vllm')}. Add {name('use_vllm')}, or drop {name(knob_name)}."
+            )
     return problems
 
 
@@ -670,7 +779,8 @@ class ObjectiveParams(BaseModel):
         "grpo: the KL coefficient (TRL GRPOConfig beta, default 0.0).",
     )
     loss_type: Literal["sigmoid", "ipo", "hinge", "grpo", "dr_grpo", "dapo", "bnpo"] = Field(
-        "sigmoid", description="dpo's loss (TRL DPOConfig loss_type): sigmoid (DPO), ipo (IPO, per-token averages), hinge "
+        "sigmoid",
+        description="dpo's loss (TRL DPOConfig loss_type): sigmoid (DPO), ipo (IPO, per-token averages), hinge "
         "(SLiC); grpo's (TRL GRPOConfig loss_type, default dapo): grpo (each completion's token mean), dr_grpo (over "
         "completions x max_completion_length), dapo (over the generation batch's tokens), bnpo (over the micro-batch's tokens).",
     )
@@ -680,11 +790,16 @@ class ObjectiveParams(BaseModel):
         description="simpo: weight of an NLL term on the chosen answers (TRL CPOConfig cpo_alpha; 0 is SimPO as its paper "
         "defines it, TRL's own default 1.0 is CPO-SimPO).",
     )
-    epsilon: float = Field(0.2, description="grpo: the ratio's lower clipping bound, 1 - epsilon (TRL GRPOConfig epsilon).")
+    epsilon: float = Field(
+        0.2, description="grpo: the ratio's lower clipping bound, 1 - epsilon (TRL GRPOConfig epsilon)."
+    )
     epsilon_high: float | None = Field(
-        None, description="grpo: the ratio's upper clipping bound, 1 + epsilon_high (TRL GRPOConfig epsilon_high; default: epsilon).")
+        None,
+        description="grpo: the ratio's upper clipping bound, 1 + epsilon_high (TRL GRPOConfig epsilon_high; default: epsilon).",
+    )
     scale_rewards: Literal["group", "batch", "none"] = Field(
-        "group", description="grpo: advantages divided by the standard deviation of the rewards of their group, of the "
+        "group",
+        description="grpo: advantages divided by the standard deviation of the rewards of their group, of the "
         "whole generation batch, or not at all (TRL GRPOConfig scale_rewards).",
     )
 
@@ -701,16 +816,22 @@ class ObjectiveParams(BaseModel):
 
 #: The fields of :class:`ObjectiveParams`, and the objectives each one applies to.
 OBJECTIVE_PARAMS: dict[str, tuple[str, ...]] = {
-    "beta": PREFERENCE_OBJECTIVES + ("grpo",), "loss_type": ("dpo", "grpo"), "simpo_gamma": ("simpo",), "cpo_alpha": ("simpo",),
-    "epsilon": ("grpo",), "epsilon_high": ("grpo",), "scale_rewards": ("grpo",),
+    "beta": PREFERENCE_OBJECTIVES + ("grpo",),
+    "loss_type": ("dpo", "grpo"),
+    "simpo_gamma": ("simpo",),
+    "cpo_alpha": ("simpo",),
+    "epsilon": ("grpo",),
+    "epsilon_high": ("grpo",),
+    "scale_rewards": ("grpo",),
 }
 
 #: ``loss_type``'s choices by objective, the first its default.
 LOSS_TYPES = {"dpo": ("sigmoid", "ipo", "hinge"), "grpo": ("dapo", "grpo", "dr_grpo", "bnpo")}
 
 
-def objective_problems(objective: str, params: ObjectiveParams, given: set[str] | frozenset[str] = frozenset(), *,
-                       check_beta: bool = True) -> list[str]:
+def objective_problems(
+    objective: str, params: ObjectiveParams, given: set[str] | frozenset[str] = frozenset(), *, check_beta: bool = True
+) -> list[str]:
     """One line per problem with ``params`` for ``objective``, named as training-config fields.
 
     ``given``: the fields the user set; one that does not apply to the objective is refused rather
@@ -726,8 +847,10 @@ def objective_problems(objective: str, params: ObjectiveParams, given: set[str] 
                 f"Remove {field}, or set objective: {applies[0]}."
             )
     if objective in LOSS_TYPES and params.loss_type not in LOSS_TYPES[objective]:
-        problems.append(f"loss_type: {params.loss_type!r} is not a loss of objective: {objective}; use one of "
-                        f"{', '.join(LOSS_TYPES[objective])}")
+        problems.append(
+            f"loss_type: {params.loss_type!r} is not a loss of objective: {objective}; use one of "
+            f"{', '.join(LOSS_TYPES[objective])}"
+        )
     if objective == "grpo":
         problems.extend(_grpo_param_problems(params, check_beta))
     elif check_beta and not (math.isfinite(params.beta) and params.beta > 0):
@@ -869,9 +992,12 @@ def _names_problem(key: str, value: Any, spelling: str) -> str | None:
     if not items or (isinstance(value, str) and not value.strip()):
         return f"{name}: {value!r} names no module: write module names separated by commas, e.g. {good}{none}."
     if any(isinstance(item, str) and not item.strip() for item in items):
-        return (f"{name}: {value!r} has an empty item (two commas in a row, or one at an end): write module names "
-                f"separated by commas, e.g. {good}{none}.")
+        return (
+            f"{name}: {value!r} has an empty item (two commas in a row, or one at an end): write module names "
+            f"separated by commas, e.g. {good}{none}."
+        )
     return None
+
 
 #: The longest module name ``targets`` and ``modules_to_save`` take (a dotted path's tail is far shorter).
 MAX_MODULE_NAME_CHARS = 256

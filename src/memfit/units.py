@@ -49,8 +49,7 @@ def parse_bytes(value: str | int) -> int:
     multiplier = _UNITS.get(unit.lower())
     if multiplier is None:
         raise ValueError(
-            f"unknown unit {unit!r} in size {value!r}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB "
-            f"({_SIZE_EXAMPLES})"
+            f"unknown unit {unit!r} in size {value!r}; use B, KB, MB, GB, TB, KiB, MiB, GiB or TiB ({_SIZE_EXAMPLES})"
         )
     whole, _, frac = number.partition(".")
     # exact arithmetic: 1.1 GB must be 1,100,000,000 B, not a float artefact

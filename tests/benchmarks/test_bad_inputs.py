@@ -18,8 +18,11 @@ def test_the_fast_subset_gets_one_message_its_exit_code_and_no_traceback():
     assert {c.command for c in cases} >= {"plan", "fit", "train", "merge", "doctor", "report", "models"}
     outcomes = bad_inputs.run_all(cases)
     assert len(outcomes) == len(cases)
-    wrong = [f"{o.line}: exit {o.exit_code} (documented {o.expected_code}), {o.message}, traceback {o.traceback}\n{o.first_error_line}"
-             for o in outcomes if not o.ok or not bad_inputs.one_message(o)]
+    wrong = [
+        f"{o.line}: exit {o.exit_code} (documented {o.expected_code}), {o.message}, traceback {o.traceback}\n{o.first_error_line}"
+        for o in outcomes
+        if not o.ok or not bad_inputs.one_message(o)
+    ]
     assert not wrong, "\n".join(wrong)
 
 
@@ -29,17 +32,28 @@ def test_the_table_shares_the_malformed_input_cases_and_covers_every_command():
     lines = [c.line for c in bad_inputs.all_cases()]
     assert len(lines) == len(set(lines)) and len(lines) >= 80
     assert {line for line, _, _ in malformed.CASES} <= set(lines)
-    assert {c.command for c in bad_inputs.all_cases()} >= {"plan", "fit", "train", "merge", "doctor", "report", "models"}
+    assert {c.command for c in bad_inputs.all_cases()} >= {
+        "plan",
+        "fit",
+        "train",
+        "merge",
+        "doctor",
+        "report",
+        "models",
+    }
 
 
-@pytest.mark.parametrize(("stderr", "shape"), [
-    ("error: --rank: 0 must be 1 or more\n", "one line"),
-    ("error: cannot plan this run:\n  - model: unknown\n  - --rank: 0\n", "list (2)"),
-    ("Usage: memfit plan [OPTIONS]\n╭─ Error ──────╮\n│ No such option │\n╰──────╯\n", "usage"),
-    ("", "none"),
-    ("error: one\nerror: two\n", "2 error lines"),
-    ("error: one\nsomething else\n", "error line and 1 other lines"),
-])
+@pytest.mark.parametrize(
+    ("stderr", "shape"),
+    [
+        ("error: --rank: 0 must be 1 or more\n", "one line"),
+        ("error: cannot plan this run:\n  - model: unknown\n  - --rank: 0\n", "list (2)"),
+        ("Usage: memfit plan [OPTIONS]\n╭─ Error ──────╮\n│ No such option │\n╰──────╯\n", "usage"),
+        ("", "none"),
+        ("error: one\nerror: two\n", "2 error lines"),
+        ("error: one\nsomething else\n", "error line and 1 other lines"),
+    ],
+)
 def test_message_shape(stderr, shape):
     assert bad_inputs.message_shape(stderr) == shape
 
@@ -55,8 +69,12 @@ def test_a_traceback_is_found_and_fails_the_run(tmp_path, capsys):
     outcome = bad_inputs.run_case(bad_inputs.Case("plan boom", 2), tmp_path, None, prefix=crash)
     assert outcome.traceback and outcome.exit_code == 1 and not outcome.ok
     assert "RuntimeError: plan" in outcome.first_error_line or outcome.first_error_line == "error: first"
-    fine = bad_inputs.run_case(bad_inputs.Case("x", 2), tmp_path, None,
-                               prefix=[sys.executable, "-c", "import sys; sys.stderr.write('error: bad x\\n'); sys.exit(2)"])
+    fine = bad_inputs.run_case(
+        bad_inputs.Case("x", 2),
+        tmp_path,
+        None,
+        prefix=[sys.executable, "-c", "import sys; sys.stderr.write('error: bad x\\n'); sys.exit(2)"],
+    )
     assert fine.ok and fine.message == "one line" and not fine.traceback
     summary = bad_inputs.summary([outcome, fine])
     assert bad_inputs.total_line(summary).startswith("2 cases, 1 tracebacks, 0 hung, 1 with another exit code")
@@ -65,8 +83,12 @@ def test_a_traceback_is_found_and_fails_the_run(tmp_path, capsys):
 
 def test_a_case_that_does_not_end_is_stopped_with_its_children_and_reported_hung(tmp_path):
     # The child starts a grandchild and both sleep far past the limit: the whole session is stopped.
-    sleeper = [sys.executable, "-c", "import subprocess, sys, time; "
-               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)"]
+    sleeper = [
+        sys.executable,
+        "-c",
+        "import subprocess, sys, time; "
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)",
+    ]
     outcome = bad_inputs.run_case(bad_inputs.Case("plan slow", 2), tmp_path, None, prefix=sleeper, timeout_s=1)
     assert outcome.message == "hung" and outcome.exit_code is None and not outcome.ok
     assert "HUNG" in bad_inputs.table([outcome]) and bad_inputs.summary([outcome])["hung"] == 1

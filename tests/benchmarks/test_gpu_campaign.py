@@ -21,7 +21,12 @@ HANG_S = 3600
 
 
 def campaign(*args, tiny=True):
-    command = [sys.executable, str(CAMPAIGN), *(["--tiny", "--device", "cpu", "--frozen-clock"] if tiny else []), *map(str, args)]
+    command = [
+        sys.executable,
+        str(CAMPAIGN),
+        *(["--tiny", "--device", "cpu", "--frozen-clock"] if tiny else []),
+        *map(str, args),
+    ]
     return subprocess.run(command, capture_output=True, text=True, timeout=HANG_S, cwd=ROOT)
 
 
@@ -36,13 +41,23 @@ def test_dry_run_every_part_then_resume_then_time_limit(tmp_path):
     # Three parts only, within a budget that their estimates fit: their files and nothing else.
     first = campaign("--parts", "tests,accuracy,constants", "--out", out, "--max-minutes", "5")
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    assert {p.name for p in out.iterdir()} == {"campaign.json", "campaign.log", "tests.json", "accuracy.json", "constants.json"}
+    assert {p.name for p in out.iterdir()} == {
+        "campaign.json",
+        "campaign.log",
+        "tests.json",
+        "accuracy.json",
+        "constants.json",
+    }
 
     tests = load(out, "tests.json")
     assert tests["status"] == "complete" and tests["mode"] == "tiny"
     pytest_run = tests["units"]["pytest"]
     # On a CPU every GPU test is skipped by the suite's conftest, and each one is listed.
-    assert pytest_run["exit_code"] == 0 and pytest_run["counts"] == {"skipped": len(pytest_run["tests"])} and pytest_run["tests"]
+    assert (
+        pytest_run["exit_code"] == 0
+        and pytest_run["counts"] == {"skipped": len(pytest_run["tests"])}
+        and pytest_run["tests"]
+    )
 
     accuracy = load(out, "accuracy.json")
     assert accuracy["status"] == "complete" and len(accuracy["units"]) == 2
@@ -121,12 +136,15 @@ def test_report_without_results_says_so(tmp_path):
     assert "No GPU measurements yet" in text and "old" not in text and text.endswith("rest\n")
 
 
-@pytest.mark.parametrize("args, option", [
-    (["--parts", "acuracy"], "--parts"),
-    (["--max-minutes", "-1"], "--max-minutes"),
-    (["--device", "tpu"], "--device"),
-    (["--resume-from", "/nonexistent/folder"], "--resume-from"),
-])
+@pytest.mark.parametrize(
+    "args, option",
+    [
+        (["--parts", "acuracy"], "--parts"),
+        (["--max-minutes", "-1"], "--max-minutes"),
+        (["--device", "tpu"], "--device"),
+        (["--resume-from", "/nonexistent/folder"], "--resume-from"),
+    ],
+)
 def test_bad_options_one_line_exit_2(args, option):
     result = campaign(*args)
     assert result.returncode == 2
@@ -167,7 +185,9 @@ def test_merge_keeps_units_of_both_and_every_invocation():
     other = {"units": {"b": {"v": 9}, "c": {"v": 3}}, "info": {"y": 2}}
     merged = merge_part(mine, other)
     assert merged["units"] == {"a": {"v": 1}, "b": {"v": 2}, "c": {"v": 3}} and merged["info"] == {"x": 1, "y": 2}
-    runs = merge_part({"invocations": [{"id": "2", "started_at": "2"}]}, {"invocations": [{"id": "1", "started_at": "1"}]})
+    runs = merge_part(
+        {"invocations": [{"id": "2", "started_at": "2"}]}, {"invocations": [{"id": "1", "started_at": "1"}]}
+    )
     assert [i["id"] for i in runs["invocations"]] == ["1", "2"]
 
 
@@ -182,32 +202,129 @@ def test_report_says_where_measurements_disagree_with_the_plan(tmp_path):
 
     GiB, MiB = 2**30, 2**20
     folder = tmp_path / "results" / "h100-80gb"
-    env = {"gpu": "NVIDIA H100 80GB HBM3", "cpu": "x", "cpu_count": 16, "memory_bytes": 128 * GiB, "platform": "linux",
-           "versions": {"python": "3.12", "torch": "2.11", "transformers": "5.17", "peft": "0.18", "bitsandbytes": "0.50.2"},
-           "cuda_runtime": "13.0", "memfit": {"commit": None, "digest": "abc"},
-           "gpu_details": {"name": "NVIDIA H100 80GB HBM3", "total_memory_bytes": 80 * GiB, "compute_capability": "9.0", "driver": "580"}}
-    _write(folder, "campaign.json", {"mode": "gpu", "gpu_key": "h100-80gb", "invocations": [
-        {"id": "1", "started_at": "t", "command": "python3 benchmarks/gpu_campaign.py --install", "environment": env,
-         "parts": {"accuracy": {"status": "complete"}}, "seconds": 500}]})
-    close = {"id": "m/lora-on-1x2048", "plan": {"reserved_bytes": 10 * GiB, "allocated_bytes": 9 * GiB, "context_bytes": 512 * MiB},
-             "measured": {"status": "ok", "reserved_bytes": int(10.1 * GiB), "allocated_bytes": 9 * GiB, "outside_allocator_bytes": 700 * MiB},
-             "error": {"reserved": -0.01, "allocated": 0.0, "device_total": -0.02}}
-    far = {"id": "m/qlora-on-1x4096", "plan": {"reserved_bytes": 10 * GiB, "allocated_bytes": 9 * GiB, "context_bytes": 512 * MiB},
-           "measured": {"status": "ok", "reserved_bytes": int(8.9 * GiB), "allocated_bytes": 8 * GiB, "outside_allocator_bytes": 700 * MiB},
-           "error": {"reserved": 0.12, "allocated": 0.125, "device_total": 0.1}}
-    _write(folder, "accuracy.json", {"units": {close["id"]: close, far["id"]: far}, "info": {"cases": [close["id"], far["id"]]},
-                                     "summary": {"reserved": {"n": 2, "median_abs_error": 0.065, "p95_abs_error": 0.12, "max_abs_error": 0.12}}})
-    _write(folder, "context.json", {"info": {"model": "llama-3.1-8b", "knobs": {"rank": 32}, "card": "rtx-4090", "steps_per_length": 2},
-                                    "units": {"memfit": {"planned_max_seq_len": 131072, "longest_ran": 122880, "first_oom": 126976,
-                                                         "step_tokens": 4096, "finished": True, "probes": []}}})
-    _write(folder, "constants.json", {"units": {"constants": {
-        "status": "ok", "arch": "hopper", "assumed": {"cuda_context_bytes": 512 * MiB, "cublas_workspace_allocs_bytes": [32 * MiB, 32 * MiB],
-                                                       "cublas_workspace_bytes": 64 * MiB},
-        "measured": {"after_init": {"context_bytes": 500 * MiB}, "first_forward_matmul_bytes": 32 * MiB,
-                     "first_backward_bytes_beyond_grad": 32 * MiB, "cublas_workspaces_freed_bytes": 64 * MiB, "single_requests_matching": 14},
-        "training_steps": [{"method": "lora", "context_bytes": 700 * MiB}],
-        "single_requests": [{"request_bytes": 1, "model_allocated_bytes": 512, "model_reserved_bytes": 2 * MiB,
-                             "allocated_bytes": 512, "reserved_bytes": 2 * MiB}], "replay": {"events": 600, "mismatched_events": 0}}}})
+    env = {
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "cpu": "x",
+        "cpu_count": 16,
+        "memory_bytes": 128 * GiB,
+        "platform": "linux",
+        "versions": {
+            "python": "3.12",
+            "torch": "2.11",
+            "transformers": "5.17",
+            "peft": "0.18",
+            "bitsandbytes": "0.50.2",
+        },
+        "cuda_runtime": "13.0",
+        "memfit": {"commit": None, "digest": "abc"},
+        "gpu_details": {
+            "name": "NVIDIA H100 80GB HBM3",
+            "total_memory_bytes": 80 * GiB,
+            "compute_capability": "9.0",
+            "driver": "580",
+        },
+    }
+    _write(
+        folder,
+        "campaign.json",
+        {
+            "mode": "gpu",
+            "gpu_key": "h100-80gb",
+            "invocations": [
+                {
+                    "id": "1",
+                    "started_at": "t",
+                    "command": "python3 benchmarks/gpu_campaign.py --install",
+                    "environment": env,
+                    "parts": {"accuracy": {"status": "complete"}},
+                    "seconds": 500,
+                }
+            ],
+        },
+    )
+    close = {
+        "id": "m/lora-on-1x2048",
+        "plan": {"reserved_bytes": 10 * GiB, "allocated_bytes": 9 * GiB, "context_bytes": 512 * MiB},
+        "measured": {
+            "status": "ok",
+            "reserved_bytes": int(10.1 * GiB),
+            "allocated_bytes": 9 * GiB,
+            "outside_allocator_bytes": 700 * MiB,
+        },
+        "error": {"reserved": -0.01, "allocated": 0.0, "device_total": -0.02},
+    }
+    far = {
+        "id": "m/qlora-on-1x4096",
+        "plan": {"reserved_bytes": 10 * GiB, "allocated_bytes": 9 * GiB, "context_bytes": 512 * MiB},
+        "measured": {
+            "status": "ok",
+            "reserved_bytes": int(8.9 * GiB),
+            "allocated_bytes": 8 * GiB,
+            "outside_allocator_bytes": 700 * MiB,
+        },
+        "error": {"reserved": 0.12, "allocated": 0.125, "device_total": 0.1},
+    }
+    _write(
+        folder,
+        "accuracy.json",
+        {
+            "units": {close["id"]: close, far["id"]: far},
+            "info": {"cases": [close["id"], far["id"]]},
+            "summary": {"reserved": {"n": 2, "median_abs_error": 0.065, "p95_abs_error": 0.12, "max_abs_error": 0.12}},
+        },
+    )
+    _write(
+        folder,
+        "context.json",
+        {
+            "info": {"model": "llama-3.1-8b", "knobs": {"rank": 32}, "card": "rtx-4090", "steps_per_length": 2},
+            "units": {
+                "memfit": {
+                    "planned_max_seq_len": 131072,
+                    "longest_ran": 122880,
+                    "first_oom": 126976,
+                    "step_tokens": 4096,
+                    "finished": True,
+                    "probes": [],
+                }
+            },
+        },
+    )
+    _write(
+        folder,
+        "constants.json",
+        {
+            "units": {
+                "constants": {
+                    "status": "ok",
+                    "arch": "hopper",
+                    "assumed": {
+                        "cuda_context_bytes": 512 * MiB,
+                        "cublas_workspace_allocs_bytes": [32 * MiB, 32 * MiB],
+                        "cublas_workspace_bytes": 64 * MiB,
+                    },
+                    "measured": {
+                        "after_init": {"context_bytes": 500 * MiB},
+                        "first_forward_matmul_bytes": 32 * MiB,
+                        "first_backward_bytes_beyond_grad": 32 * MiB,
+                        "cublas_workspaces_freed_bytes": 64 * MiB,
+                        "single_requests_matching": 14,
+                    },
+                    "training_steps": [{"method": "lora", "context_bytes": 700 * MiB}],
+                    "single_requests": [
+                        {
+                            "request_bytes": 1,
+                            "model_allocated_bytes": 512,
+                            "model_reserved_bytes": 2 * MiB,
+                            "allocated_bytes": 512,
+                            "reserved_bytes": 2 * MiB,
+                        }
+                    ],
+                    "replay": {"events": 600, "mismatched_events": 0},
+                }
+            }
+        },
+    )
     doc = tmp_path / "gpu-results.md"
     write_report(tmp_path / "results", doc, None)
     text = doc.read_text()

@@ -38,7 +38,10 @@ def test_search_goes_up_from_the_plan_until_the_first_oom():
     ran = [{"tokens": t, "status": "ok"} for t in (8320, 8576, 8832, 9088)]
     assert next_probes(planned, step, ran) is None and search_outcome(planned, step, ran)["first_oom"] is None
     # A timeout is not an answer: that length is tried again.
-    assert next_probes(planned, step, [{"tokens": 8320, "status": "ok"}, {"tokens": 8576, "status": "timeout"}]) == ("up", [8576, 8832, 9088])
+    assert next_probes(planned, step, [{"tokens": 8320, "status": "ok"}, {"tokens": 8576, "status": "timeout"}]) == (
+        "up",
+        [8576, 8832, 9088],
+    )
 
 
 def test_search_goes_down_when_the_plan_runs_out_of_memory():

@@ -13,8 +13,17 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_harness_on_cpu(tmp_path):
     out = tmp_path / "accuracy.json"
     subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "planner_accuracy.py"), "--tiny", "--max-cases", "1", "--device", "cpu",
-         "--out", str(out)],
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "planner_accuracy.py"),
+            "--tiny",
+            "--max-cases",
+            "1",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ],
         check=True,
         capture_output=True,
     )

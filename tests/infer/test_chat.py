@@ -18,8 +18,11 @@ def test_the_conversation_keeps_its_system_prompt_across_resets():
     conversation.add("assistant", "Hello")
     conversation.add("user", "And?")
     conversation.drop_unanswered()  # a stopped reply: its question goes too
-    assert conversation.messages == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-                                     {"role": "assistant", "content": "Hello"}]
+    assert conversation.messages == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+    ]
     conversation.reset()
     assert conversation.messages == [{"role": "system", "content": "Be brief."}]
     assert Conversation().messages == []
@@ -41,12 +44,20 @@ def test_each_turn_sees_the_whole_conversation(demo_run, monkeypatch):
     monkeypatch.setattr(chat_module, "generate_reply", recording)
     lines = iter(["Hi", "", "And then?", "/reset", "/nope", "Again", "/exit", "never read"])
     out = io.StringIO()
-    code = chat_module.run_chat(load_chat_model(str(demo_run), device="cpu"), Sampling(max_new_tokens=4), system="Be brief.",
-                                read_line=lambda prompt: next(lines), out=out)
+    code = chat_module.run_chat(
+        load_chat_model(str(demo_run), device="cpu"),
+        Sampling(max_new_tokens=4),
+        system="Be brief.",
+        read_line=lambda prompt: next(lines),
+        out=out,
+    )
     assert code == 0
     system = {"role": "system", "content": "Be brief."}
     assert [[m["content"] for m in messages] for messages in seen] == [
-        ["Be brief.", "Hi"], ["Be brief.", "Hi", seen[1][2]["content"], "And then?"], ["Be brief.", "Again"]]
+        ["Be brief.", "Hi"],
+        ["Be brief.", "Hi", seen[1][2]["content"], "And then?"],
+        ["Be brief.", "Again"],
+    ]
     assert seen[1][2]["role"] == "assistant" and seen[0][0] == system
     text = out.getvalue()
     assert text.startswith(f"chatting with {demo_run}: lora adapter on smollm2-135m")
@@ -110,12 +121,30 @@ def test_chat_in_a_terminal_streams_replies_and_takes_its_commands(demo_run):
     # reply, and the chat goes on. Had the reply come all at once at its end, the SIGINT would reach
     # the prompt and end the chat instead.
     master, slave = os.openpty()
-    command = [sys.executable, "-m", "memfit", "chat", str(demo_run), "--device", "cpu", "--min-new-tokens", "100000",
-               "--max-new-tokens", "100000"]
+    command = [
+        sys.executable,
+        "-m",
+        "memfit",
+        "chat",
+        str(demo_run),
+        "--device",
+        "cpu",
+        "--min-new-tokens",
+        "100000",
+        "--max-new-tokens",
+        "100000",
+    ]
     # SIGINT as a terminal has it: a test run started in the background (nohup, `&`) ignores it,
     # and a Python started with it ignored never turns it into KeyboardInterrupt.
-    proc = subprocess.Popen(command, stdin=slave, stdout=slave, stderr=slave, start_new_session=True, close_fds=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        command,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        start_new_session=True,
+        close_fds=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     os.close(slave)
     seen = bytearray()
     try:

@@ -40,8 +40,14 @@ def _eval_loss(chat_model, run_dir):
     _, eval_examples = prepare_examples(config, chat_model.tokenizer)
     step = build_step(config.spec, make_config(record["model_config"]))
     pad_id = pad_token_id(chat_model.tokenizer)
-    return evaluate(chat_model.model, eval_examples, config.batch_size, lambda batch: step.collate(batch, pad_id),
-                    chat_model.device, step.loss)
+    return evaluate(
+        chat_model.model,
+        eval_examples,
+        config.batch_size,
+        lambda batch: step.collate(batch, pad_id),
+        chat_model.device,
+        step.loss,
+    )
 
 
 def test_a_random_init_run_is_rebuilt_exactly_as_it_trained(demo_run):
@@ -70,9 +76,12 @@ def test_a_run_without_its_adapter_says_what_it_lacks_and_what_to_do_in_one_line
         load_chat_model(str(run), device="cpu")
     assert str(err.value) == (
         f"{run} has no adapter saved yet: the run has not reached a save (the adapter is written when it completes; its "
-        f"status is 'interrupted', step 2 of 4). To chat with it, finish it first: memfit train CONFIG -o {run} --resume.")
+        f"status is 'interrupted', step 2 of 4). To chat with it, finish it first: memfit train CONFIG -o {run} --resume."
+    )
     shutil.rmtree(run / "checkpoints")  # nothing to resume: --resume is not advised
-    with pytest.raises(ChatError, match="To chat with it, train it again: it saved no checkpoint to resume from") as err:
+    with pytest.raises(
+        ChatError, match="To chat with it, train it again: it saved no checkpoint to resume from"
+    ) as err:
         load_chat_model(str(run), device="cpu")
     assert "--resume" not in str(err.value) and "\n" not in str(err.value)
 
@@ -82,8 +91,10 @@ def test_a_completed_run_whose_adapter_is_gone_is_not_told_to_train_until_it_com
     shutil.rmtree(run / "adapter")
     with pytest.raises(ChatError) as err:
         load_chat_model(str(run), device="cpu")
-    assert str(err.value) == (f"{run} has no adapter/ although the run completed: its adapter was moved or deleted. Put it "
-                              f"back in {run / 'adapter'}, or pass the base model with --adapter FOLDER.")
+    assert str(err.value) == (
+        f"{run} has no adapter/ although the run completed: its adapter was moved or deleted. Put it "
+        f"back in {run / 'adapter'}, or pass the base model with --adapter FOLDER."
+    )
 
 
 def test_a_full_fine_tune_without_its_model_folder_says_so(tmp_path):
@@ -91,14 +102,18 @@ def test_a_full_fine_tune_without_its_model_folder_says_so(tmp_path):
 
     record = {"status": "running", "step": 1, "total_steps": 4, "spec": {"method": "full"}}
     line = missing_output(tmp_path, record, tmp_path / "model", adapters=False)
-    assert line == (f"{tmp_path} has no model/ yet: a full fine-tune saves its whole model there when the run completes, and "
-                    "this one has not (its status is 'running', step 1 of 4). To chat with it, if it is still training, wait "
-                    "for it to end; otherwise train it again: it saved no checkpoint to resume from.")
+    assert line == (
+        f"{tmp_path} has no model/ yet: a full fine-tune saves its whole model there when the run completes, and "
+        "this one has not (its status is 'running', step 1 of 4). To chat with it, if it is still training, wait "
+        "for it to end; otherwise train it again: it saved no checkpoint to resume from."
+    )
 
 
 def test_a_pretrained_run_whose_base_is_gone_is_refused(demo_run, tmp_path):
     run = _copy_run(demo_run, tmp_path, **{"config.init": "pretrained", "config.model": str(tmp_path / "moved-away")})
-    with pytest.raises(ChatError, match=r"its base model '.*moved-away' is not on this machine; put the base model back"):
+    with pytest.raises(
+        ChatError, match=r"its base model '.*moved-away' is not on this machine; put the base model back"
+    ):
         load_chat_model(str(run), device="cpu")
 
 
@@ -124,9 +139,19 @@ def _save_model(folder, **sizes):
     from memfit.models.catalog import load_catalog_config
     from memfit.train.data import tiny_tokenizer_path
 
-    config = dict(load_catalog_config("smollm2-135m"), num_hidden_layers=2, hidden_size=64, intermediate_size=256,
-                  num_attention_heads=4, num_key_value_heads=2, vocab_size=512, max_position_embeddings=512,
-                  bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    config = dict(
+        load_catalog_config("smollm2-135m"),
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        max_position_embeddings=512,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+    )
     config.update(sizes)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(make_config(config), dtype=torch.float32)
@@ -140,7 +165,9 @@ def test_a_model_with_an_adapter_is_the_peft_model(tmp_path):
     from transformers import AutoModelForCausalLM
 
     base = _save_model(tmp_path / "base")
-    peft_model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(base)), LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    peft_model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(str(base)), LoraConfig(r=4, target_modules=["q_proj", "v_proj"])
+    )
     for name, param in peft_model.named_parameters():
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.5)  # a trained adapter: B is no longer zero
@@ -149,7 +176,9 @@ def test_a_model_with_an_adapter_is_the_peft_model(tmp_path):
     chat_model = load_chat_model(str(base), adapter=str(tmp_path / "adapter"), device="cpu")
     assert isinstance(chat_model.model, PeftModel) and not chat_model.model.training
     ids = torch.tensor([[0, 5, 9, 33, 80]])
-    reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base)), str(tmp_path / "adapter")).eval()
+    reference = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(str(base)), str(tmp_path / "adapter")
+    ).eval()
     plain = AutoModelForCausalLM.from_pretrained(str(base)).eval()
     with torch.no_grad():
         got = chat_model.model(input_ids=ids).logits
@@ -159,15 +188,20 @@ def test_a_model_with_an_adapter_is_the_peft_model(tmp_path):
 
 def test_an_adapter_for_another_model_is_refused(demo_run, tmp_path):
     other = _save_model(tmp_path / "wider", hidden_size=96, intermediate_size=192)
-    with pytest.raises(ChatError, match=r"--adapter .*: made for another model than .*wider \(.*lora_[AB].weight has shape "
-                                        r"\(\d+, \d+\), but model\.layers\.0\.\S+ is \d+ -> \d+\); pass the base model"):
+    with pytest.raises(
+        ChatError,
+        match=r"--adapter .*: made for another model than .*wider \(.*lora_[AB].weight has shape "
+        r"\(\d+, \d+\), but model\.layers\.0\.\S+ is \d+ -> \d+\); pass the base model",
+    ):
         load_chat_model(str(other), adapter=str(demo_run / "adapter"), device="cpu")
     same = _save_model(tmp_path / "same")
     from transformers import AutoModelForCausalLM
 
     assert adapter_mismatch(AutoModelForCausalLM.from_pretrained(str(same)), demo_run / "adapter") is None
     deeper = _save_model(tmp_path / "one-layer", num_hidden_layers=1)
-    assert "model.layers.1." in adapter_mismatch(AutoModelForCausalLM.from_pretrained(str(deeper)), demo_run / "adapter")
+    assert "model.layers.1." in adapter_mismatch(
+        AutoModelForCausalLM.from_pretrained(str(deeper)), demo_run / "adapter"
+    )
 
 
 def test_sources_that_are_not_models_are_refused(tmp_path):
@@ -195,6 +229,11 @@ def test_a_full_fine_tuning_run_is_its_model_folder(tmp_path):
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in metrics if "generations" in r][-1]
     for generation in last["generations"]:
-        reply = generate_reply(chat_model.model, chat_model.tokenizer, generation["messages"],
-                               Sampling(max_new_tokens=EVAL_MAX_NEW_TOKENS), chat_model.device)
+        reply = generate_reply(
+            chat_model.model,
+            chat_model.tokenizer,
+            generation["messages"],
+            Sampling(max_new_tokens=EVAL_MAX_NEW_TOKENS),
+            chat_model.device,
+        )
         assert reply.text == generation["generation"]

@@ -20,8 +20,16 @@ from memfit.interop.summary import detail_lines, headline
 
 ADAPTER = "memfit-test/zephyr-sft-lora"
 BASE = "memfit-test/tiny-base"
-SETTINGS = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "lora_dropout": 0.05, "use_dora": True,
-            "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"], "modules_to_save": None, "task_type": "CAUSAL_LM"}
+SETTINGS = {
+    "peft_type": "LORA",
+    "r": 8,
+    "lora_alpha": 16,
+    "lora_dropout": 0.05,
+    "use_dora": True,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "modules_to_save": None,
+    "task_type": "CAUSAL_LM",
+}
 
 
 def _adapter_folder(folder: Path, base: str, **changes) -> Path:
@@ -36,7 +44,9 @@ def hub(tmp_path, monkeypatch, tiny_llama):
     server = LocalHub()
     server.add_commit(BASE, {"config.json": json.dumps(dict(tiny_llama, architectures=["LlamaForCausalLM"])).encode()})
     settings = dict(SETTINGS, base_model_name_or_path=BASE)
-    server.add_commit(ADAPTER, {"adapter_config.json": json.dumps(settings).encode(), "adapter_model.safetensors": b"x" * 64})
+    server.add_commit(
+        ADAPTER, {"adapter_config.json": json.dumps(settings).encode(), "adapter_model.safetensors": b"x" * 64}
+    )
     server.start()
     point_at(monkeypatch, server.endpoint, tmp_path / "hf-home")
     yield server
@@ -55,8 +65,9 @@ def test_an_adapter_folder_is_planned_as_its_base_with_the_adapter_s_settings(wr
     read = config.to_dict()
     assert read["adapter"]["base"] == str(tiny_model) and "rank" in read["adapter"]["taken"]
     assert f"(the base of the PEFT adapter {adapter})" in headline(read)
-    assert detail_lines(read)[0].startswith(f"adapter: {adapter} is a PEFT adapter (adapter_config.json), which transformers "
-                                            f"loads as its base {tiny_model}")
+    assert detail_lines(read)[0].startswith(
+        f"adapter: {adapter} is a PEFT adapter (adapter_config.json), which transformers loads as its base {tiny_model}"
+    )
 
 
 def test_the_config_s_own_lora_keys_win_over_the_adapter_s(write_config, tiny_model, tmp_path):
@@ -73,17 +84,23 @@ def test_an_adapter_that_is_not_lora_or_names_no_base_is_said(write_config, tiny
     _adapter_folder(tmp_path / "ia3", str(tiny_model), peft_type="IA3")
     config = read_tool_config(write_config("sft.yaml", "model_name_or_path: ia3\nuse_peft: true\ndtype: bfloat16\n"))
     assert config.model == str(tiny_model) and config.knobs["rank"] == 16  # the config's method, TRL's defaults
-    assert [f.key for f in config.not_modelled] == ["model_name_or_path"] and "IA3 adapter" in config.not_modelled[0].why
+    assert [f.key for f in config.not_modelled] == ["model_name_or_path"] and "IA3 adapter" in config.not_modelled[
+        0
+    ].why
     _adapter_folder(tmp_path / "orphan", "")
-    with pytest.raises(ToolConfigError, match=r"model_name_or_path: '.*orphan' is a PEFT adapter .* names no base_model_name_or_path"):
+    with pytest.raises(
+        ToolConfigError, match=r"model_name_or_path: '.*orphan' is a PEFT adapter .* names no base_model_name_or_path"
+    ):
         read_tool_config(write_config("orphan.yaml", "model_name_or_path: orphan\nuse_peft: true\n"))
 
 
 def test_an_adapter_repo_on_the_hub_is_planned_as_its_base(hub, write_config):
     from memfit.planner.api import plan
 
-    path = write_config("dpo.yaml", f"model_name_or_path: {ADAPTER}\ndtype: bfloat16\nbeta: 0.1\nmax_length: 64\n"
-                                    "per_device_train_batch_size: 1\n")
+    path = write_config(
+        "dpo.yaml",
+        f"model_name_or_path: {ADAPTER}\ndtype: bfloat16\nbeta: 0.1\nmax_length: 64\nper_device_train_batch_size: 1\n",
+    )
     config = read_tool_config(path)
     assert config.model == BASE and config.knobs["rank"] == 8 and config.knobs["dora"] is True
     assert config.chosen.adapter.hub["repo_id"] == ADAPTER

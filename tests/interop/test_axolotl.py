@@ -18,15 +18,24 @@ def _read(write_config, text: str):
 def test_axolotl_defaults_are_planned_when_keys_are_absent(write_config):
     config = _read(write_config, "")
     assert config.knobs == {
-        "recipe": "hf", "method": "full", "seq_len": 512, "batch_size": 1, "grad_accum": 1, "checkpointing": "off",
-        "optimizer": "adamw", "precision": "bf16", "max_grad_norm": 1.0,
+        "recipe": "hf",
+        "method": "full",
+        "seq_len": 512,
+        "batch_size": 1,
+        "grad_accum": 1,
+        "checkpointing": "off",
+        "optimizer": "adamw",
+        "precision": "bf16",
+        "max_grad_norm": 1.0,
     }
     # No attention named: transformers' sdpa, under which Axolotl keeps the embeddings, head and norms in fp32.
     assert [f.key for f in config.not_modelled] == ["attn_implementation (not set)"] and config.unknown_keys == []
 
 
 def test_a_qlora_config_maps_every_memory_key(write_config):
-    config = _read(write_config, """
+    config = _read(
+        write_config,
+        """
         load_in_4bit: true
         adapter: qlora
         lora_r: 32
@@ -45,12 +54,25 @@ def test_a_qlora_config_maps_every_memory_key(write_config):
           use_reentrant: false
         attn_implementation: flash_attention_2
         max_grad_norm: 0.5
-    """)
+    """,
+    )
     assert config.knobs == {
-        "recipe": "hf", "method": "qlora", "rank": 32, "alpha": 16.0, "dropout": 0.05,
-        "targets": ("gate_proj", "down_proj", "up_proj", "q_proj", "v_proj", "k_proj", "o_proj"), "seq_len": 4096,
-        "batch_size": 2, "grad_accum": 4, "checkpointing": "on", "optimizer": "paged-adamw8bit", "precision": "bf16",
-        "max_grad_norm": 0.5, "padding_free": "on", "packing": True, "kbit_upcast": False,
+        "recipe": "hf",
+        "method": "qlora",
+        "rank": 32,
+        "alpha": 16.0,
+        "dropout": 0.05,
+        "targets": ("gate_proj", "down_proj", "up_proj", "q_proj", "v_proj", "k_proj", "o_proj"),
+        "seq_len": 4096,
+        "batch_size": 2,
+        "grad_accum": 4,
+        "checkpointing": "on",
+        "optimizer": "paged-adamw8bit",
+        "precision": "bf16",
+        "max_grad_norm": 0.5,
+        "padding_free": "on",
+        "packing": True,
+        "kbit_upcast": False,
     }
     assert config.sources["method"] == ("adapter", "load_in_4bit")
     assert config.not_modelled == []
@@ -78,7 +100,11 @@ def test_a_qlora_config_maps_every_memory_key(write_config):
         ("batch_flattening: true\n", "padding_free", "on"),
         ("max_grad_norm: 0\n", "max_grad_norm", None),
         ("optimizer: adamw_8bit\n", "optimizer", "adamw8bit"),
-        ("plugins: [axolotl.integrations.liger.LigerPlugin]\nliger_fused_linear_cross_entropy: true\n", "hf_loss", "liger"),
+        (
+            "plugins: [axolotl.integrations.liger.LigerPlugin]\nliger_fused_linear_cross_entropy: true\n",
+            "hf_loss",
+            "liger",
+        ),
     ],
 )
 def test_each_memory_key(write_config, text, knob, value):
@@ -89,7 +115,9 @@ def test_each_memory_key(write_config, text, knob, value):
 
 
 def test_what_is_not_modelled_is_listed_with_why(write_config):
-    config = _read(write_config, """
+    config = _read(
+        write_config,
+        """
         adapter: lora
         gptq: true
         rl: dpo
@@ -97,7 +125,8 @@ def test_what_is_not_modelled_is_listed_with_why(write_config):
         liger_rms_norm: true
         eager_attention: true
         tensor_parallel_size: 1
-    """)
+    """,
+    )
     found = {f.key: f.why for f in config.not_modelled}
     assert set(found) == {"adapter, gptq", "torch_compile", "liger_rms_norm", "eager_attention"}
     assert "GPTQ-quantized base" in found["adapter, gptq"]
@@ -107,16 +136,23 @@ def test_what_is_not_modelled_is_listed_with_why(write_config):
 
 def test_the_adapter_options_set_memfits_knobs(write_config):
     # Axolotl's own 8B LoRA example: an 8-bit base, embed_tokens and lm_head trained whole; with DoRA and rsLoRA.
-    config = _read(write_config, """
+    config = _read(
+        write_config,
+        """
         adapter: lora
         load_in_8bit: true
         lora_modules_to_save: [embed_tokens, lm_head]
         peft_ensure_weight_tying: true
         peft_use_dora: false
         peft_use_rslora: true
-    """)
+    """,
+    )
     assert config.knobs["method"] == "lora-8bit" and config.knobs["kbit_upcast"] is False
-    assert (config.knobs["modules_to_save"], config.knobs["dora"], config.knobs["rslora"]) == (("embed_tokens", "lm_head"), False, True)
+    assert (config.knobs["modules_to_save"], config.knobs["dora"], config.knobs["rslora"]) == (
+        ("embed_tokens", "lm_head"),
+        False,
+        True,
+    )
     assert config.sources["method"] == ("adapter", "load_in_8bit") and config.not_modelled == []
     found = {f.key: f.why for f in config.approximated}
     assert "not 8-bit to fp32" in found["load_in_8bit"]  # PEFT's k-bit preparation, then Axolotl's cast back
@@ -148,12 +184,15 @@ def test_approximations_are_listed(write_config):
 
 
 def test_fsdp_settings_are_the_shard_mode(write_config):
-    offload = _read(write_config, """
+    offload = _read(
+        write_config,
+        """
         fsdp: [full_shard, auto_wrap]
         fsdp_config:
           fsdp_offload_params: true
           fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer
-    """)
+    """,
+    )
     assert offload.shard == "fsdp-offload"
     assert _read(write_config, "fsdp_version: 2\nfsdp_config:\n  reshard_after_forward: true\n").shard == "fsdp"
     assert _read(write_config, "fsdp_version: 2\nfsdp_config:\n  reshard_after_forward: false\n").shard == "zero2"
@@ -181,13 +220,16 @@ def test_full_fine_tuning_under_fsdp_is_mixed_precision(write_config):
     assert lora.shard == "fsdp" and lora.knobs["precision"] == "bf16"  # a frozen base is not upcast
 
 
-@pytest.mark.parametrize("attention, listed", [
-    ("attn_implementation: sdpa\n", "attn_implementation"),
-    ("sdp_attention: true\n", "sdp_attention"),
-    ("attn_implementation: flash_attention_2\n", None),
-    ("flex_attention: true\n", None),
-    ("cut_cross_entropy: true\n", None),
-])
+@pytest.mark.parametrize(
+    "attention, listed",
+    [
+        ("attn_implementation: sdpa\n", "attn_implementation"),
+        ("sdp_attention: true\n", "sdp_attention"),
+        ("attn_implementation: flash_attention_2\n", None),
+        ("flex_attention: true\n", None),
+        ("cut_cross_entropy: true\n", None),
+    ],
+)
 def test_full_fine_tuning_keeps_embeddings_head_and_norms_in_fp32_under_sdpa(write_config, attention, listed):
     config = _read(write_config, attention)
     assert config.knobs["precision"] == "bf16"
@@ -195,7 +237,9 @@ def test_full_fine_tuning_keeps_embeddings_head_and_norms_in_fp32_under_sdpa(wri
     if listed is None:
         assert found == []
     else:
-        assert [f.key for f in found] == [listed] and "embeddings, the output head and the norms in fp32" in found[0].why
+        assert [f.key for f in found] == [listed] and "embeddings, the output head and the norms in fp32" in found[
+            0
+        ].why
 
 
 def test_float32_is_listed_for_qlora_under_fsdp_only(write_config):

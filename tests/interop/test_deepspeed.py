@@ -24,8 +24,18 @@ def test_deepspeed_s_defaults_where_the_file_is_silent():
 
 
 def test_numbers_as_deepspeed_configs_write_them():
-    zero = read_zero({"zero_optimization": {"stage": 3, "reduce_bucket_size": 5e8, "stage3_prefetch_bucket_size": "2e7",
-                                            "stage3_max_live_parameters": 1e9, "overlap_comm": "false"}}, "ds.json")
+    zero = read_zero(
+        {
+            "zero_optimization": {
+                "stage": 3,
+                "reduce_bucket_size": 5e8,
+                "stage3_prefetch_bucket_size": "2e7",
+                "stage3_max_live_parameters": 1e9,
+                "overlap_comm": "false",
+            }
+        },
+        "ds.json",
+    )
     assert zero.reduce_bucket_elements == 500_000_000 and zero.prefetch_bucket_elements == 20_000_000
     assert zero.overlap_comm is False
 
@@ -33,7 +43,11 @@ def test_numbers_as_deepspeed_configs_write_them():
 def test_auto_is_resolved_as_transformers_resolves_it():
     # transformers' integrations/deepspeed.py (trainer_config_finalize): reduce_bucket_size = hidden_size²;
     # for stage 3, stage3_prefetch_bucket_size = int(0.9 x hidden_size²), persistence threshold 10 x hidden_size.
-    auto = {"reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto", "stage3_param_persistence_threshold": "auto"}
+    auto = {
+        "reduce_bucket_size": "auto",
+        "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto",
+    }
     zero3 = read_zero({"zero_optimization": {"stage": 3, **auto}}, "ds.json")
     assert zero3.reduce_bucket_elements is None  # "auto": unknown until the model is
     resolved = zero3.resolved(4096)
@@ -63,9 +77,18 @@ def test_zero_stages_are_memfit_s_shard_modes(zero, mode):
     "zero, message",
     [
         ({"stage": 4}, "zero_optimization.stage: 4 is not one of 0, 1, 2, 3"),
-        ({"stage": 2, "reduce_bucket_size": "big"}, "zero_optimization.reduce_bucket_size: 'big' is not a whole number"),
-        ({"stage": 2, "offload_param": {"device": "cpu"}}, "offload_param: DeepSpeed offloads parameters with stage 3 only"),
-        ({"stage": 3, "offload_optimizer": {"device": "gpu"}}, "offload_optimizer.device: 'gpu' is not one of none, cpu, nvme"),
+        (
+            {"stage": 2, "reduce_bucket_size": "big"},
+            "zero_optimization.reduce_bucket_size: 'big' is not a whole number",
+        ),
+        (
+            {"stage": 2, "offload_param": {"device": "cpu"}},
+            "offload_param: DeepSpeed offloads parameters with stage 3 only",
+        ),
+        (
+            {"stage": 3, "offload_optimizer": {"device": "gpu"}},
+            "offload_optimizer.device: 'gpu' is not one of none, cpu, nvme",
+        ),
     ],
 )
 def test_bad_values_name_the_key_and_the_file(zero, message):
@@ -75,9 +98,16 @@ def test_bad_values_name_the_key_and_the_file(zero, message):
 
 
 def test_what_is_not_modelled_and_unknown_keys_are_kept():
-    zero = read_zero({"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8, "stage3_mystery": 1},
-                      "optimizer": {"type": "AdamW"}, "bf16": {"enabled": True}, "wall_clock_breakdown": False,
-                      "my_key": 1}, "ds.json")
+    zero = read_zero(
+        {
+            "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 8, "stage3_mystery": 1},
+            "optimizer": {"type": "AdamW"},
+            "bf16": {"enabled": True},
+            "wall_clock_breakdown": False,
+            "my_key": 1,
+        },
+        "ds.json",
+    )
     assert [key for key, _, _ in zero.unmodelled] == ["zero_optimization.zero_hpz_partition_size"]
     assert zero.unknown == ("zero_optimization.stage3_mystery", "my_key")
     assert zero.optimizer_type == "AdamW" and zero.bf16 is True
@@ -100,12 +130,16 @@ def test_a_folder_is_named_as_a_folder_where_a_file_is_expected(tmp_path, write_
     (tmp_path / "deepspeed" / "ds_z3.json").write_text('{"zero_optimization": {"stage": 3}}')
     with pytest.raises(DeepSpeedError) as err:
         find_deepspeed_file("deepspeed", tmp_path)
-    assert str(err.value) == (f"'deepspeed' is a folder ({str(tmp_path / 'deepspeed')!r}) (it holds ds_z3.json); a DeepSpeed "
-                              "JSON file is expected: point it at the file, e.g. ds_z3_config.json")
+    assert str(err.value) == (
+        f"'deepspeed' is a folder ({str(tmp_path / 'deepspeed')!r}) (it holds ds_z3.json); a DeepSpeed "
+        "JSON file is expected: point it at the file, e.g. ds_z3_config.json"
+    )
     from memfit.interop import ToolConfigError, read_tool_config
 
     config = write_config("sft.yaml", "model_name_or_path: org/model\nfinetuning_type: full\ndeepspeed: deepspeed/\n")
-    with pytest.raises(ToolConfigError, match=r"deepspeed: 'deepspeed/' is a folder .* a DeepSpeed JSON file is expected"):
+    with pytest.raises(
+        ToolConfigError, match=r"deepspeed: 'deepspeed/' is a folder .* a DeepSpeed JSON file is expected"
+    ):
         read_tool_config(config)
 
 
@@ -127,5 +161,7 @@ def test_an_fsdp_config_that_is_a_folder_is_named_as_one(tmp_path, write_config)
 
     (tmp_path / "fsdp").mkdir()
     config = write_config("sft.yaml", "model_name_or_path: org/model\nfsdp: full_shard auto_wrap\nfsdp_config: fsdp\n")
-    with pytest.raises(ToolConfigError, match=r"fsdp_config: 'fsdp' is a folder .*; an FSDP config file \(JSON\) is expected"):
+    with pytest.raises(
+        ToolConfigError, match=r"fsdp_config: 'fsdp' is a folder .*; an FSDP config file \(JSON\) is expected"
+    ):
         read_tool_config(config)

@@ -15,7 +15,9 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "interop.md"
 
 def test_the_key_tables_are_the_key_maps():
     text = DOC.read_text()
-    assert render_document(text, TOOLS) == text, "docs/interop.md is out of date: python -m memfit.interop.docs docs/interop.md"
+    assert render_document(text, TOOLS) == text, (
+        "docs/interop.md is out of date: python -m memfit.interop.docs docs/interop.md"
+    )
 
 
 @pytest.mark.parametrize("keymap", TOOLS, ids=lambda k: k.tool)

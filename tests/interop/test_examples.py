@@ -8,9 +8,16 @@ import pytest
 
 from memfit.interop import is_tool_config, read_tool_config
 
-EXAMPLES = sorted(p for p in (Path(__file__).resolve().parents[2] / "examples" / "interop").iterdir()
-                  if p.suffix in (".yml", ".yaml") or p.name.startswith(("trl", "hf")))
-TOOLS = {"axolotl-qlora-8b.yml": "axolotl", "llama-factory-full-zero3.yaml": "llama-factory", "trl-sft-lora.yaml": "trl"}
+EXAMPLES = sorted(
+    p
+    for p in (Path(__file__).resolve().parents[2] / "examples" / "interop").iterdir()
+    if p.suffix in (".yml", ".yaml") or p.name.startswith(("trl", "hf"))
+)
+TOOLS = {
+    "axolotl-qlora-8b.yml": "axolotl",
+    "llama-factory-full-zero3.yaml": "llama-factory",
+    "trl-sft-lora.yaml": "trl",
+}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

@@ -17,15 +17,26 @@ def _read(write_config, text: str, name: str = "trl.yaml"):
 def test_trl_defaults_are_planned_when_keys_are_absent(write_config):
     # TRL: checkpointing on, bf16 on a model loaded in float32 (mixed), 1,024 tokens, batch 8.
     config = _read(write_config, "dataset_name: trl-lib/Capybara\ndataset_text_field: text\n")
-    assert config.knobs == {"recipe": "hf", "method": "full", "seq_len": 1024, "batch_size": 8, "grad_accum": 1,
-                            "checkpointing": "on", "optimizer": "adamw", "precision": "bf16-mixed", "max_grad_norm": 1.0,
-                            "hf_loss": "chunked-nll"}
+    assert config.knobs == {
+        "recipe": "hf",
+        "method": "full",
+        "seq_len": 1024,
+        "batch_size": 8,
+        "grad_accum": 1,
+        "checkpointing": "on",
+        "optimizer": "adamw",
+        "precision": "bf16-mixed",
+        "max_grad_norm": 1.0,
+        "hf_loss": "chunked-nll",
+    }
     assert config.not_modelled == []
     assert [f.key for f in config.approximated] == ["loss_type (not set)"]
 
 
 def test_an_sft_lora_config_maps_every_memory_key(write_config):
-    config = _read(write_config, """
+    config = _read(
+        write_config,
+        """
         dtype: bfloat16
         attn_implementation: flash_attention_2
         use_peft: true
@@ -42,11 +53,25 @@ def test_an_sft_lora_config_maps_every_memory_key(write_config):
         bf16: true
         optim: adamw_8bit
         use_liger_kernel: true
-    """)
+    """,
+    )
     assert config.knobs == {
-        "recipe": "hf", "method": "lora", "rank": 32, "alpha": 64.0, "dropout": 0.0, "targets": ("all-linear",),
-        "seq_len": 4096, "batch_size": 2, "grad_accum": 4, "checkpointing": "on", "optimizer": "adamw8bit",
-        "precision": "bf16", "max_grad_norm": 1.0, "padding_free": "on", "packing": True, "hf_loss": "liger",
+        "recipe": "hf",
+        "method": "lora",
+        "rank": 32,
+        "alpha": 64.0,
+        "dropout": 0.0,
+        "targets": ("all-linear",),
+        "seq_len": 4096,
+        "batch_size": 2,
+        "grad_accum": 4,
+        "checkpointing": "on",
+        "optimizer": "adamw8bit",
+        "precision": "bf16",
+        "max_grad_norm": 1.0,
+        "padding_free": "on",
+        "packing": True,
+        "hf_loss": "liger",
     }
     assert config.not_modelled == [] and config.approximated == []
 
@@ -60,7 +85,9 @@ def test_qlora_and_peft_s_default_targets(write_config):
 
 
 def test_an_8bit_base_and_the_adapter_options(write_config):
-    config = _read(write_config, """
+    config = _read(
+        write_config,
+        """
         use_peft: true
         load_in_8bit: true
         dtype: bfloat16
@@ -68,9 +95,15 @@ def test_an_8bit_base_and_the_adapter_options(write_config):
         lora_modules_to_save: [lm_head]
         use_dora: false
         use_rslora: true
-    """)
+    """,
+    )
     knobs = config.knobs
-    assert (knobs["method"], knobs["modules_to_save"], knobs["dora"], knobs["rslora"]) == ("lora-8bit", ("lm_head",), False, True)
+    assert (knobs["method"], knobs["modules_to_save"], knobs["dora"], knobs["rslora"]) == (
+        "lora-8bit",
+        ("lm_head",),
+        False,
+        True,
+    )
     assert knobs["kbit_upcast"] is False and any("not 8-bit in the compute dtype" in f.why for f in config.approximated)
     assert config.not_modelled == []
     assert _read(write_config, "use_peft: true\nuse_dora: true\n").knobs["dora"] is True
@@ -89,7 +122,9 @@ def test_dpo_precompute_ref_log_probs_is_precompute_reference(write_config):
     assert make_spec(**config.knobs).reference == "precomputed"  # full fine-tuning without its frozen copy
 
 
-@pytest.mark.parametrize("text, approximated", [("loss_type: simpo\nsimpo_gamma: 0.5\n", False), ("cpo_alpha: 1.0\n", True)])
+@pytest.mark.parametrize(
+    "text, approximated", [("loss_type: simpo\nsimpo_gamma: 0.5\n", False), ("cpo_alpha: 1.0\n", True)]
+)
 def test_a_cpo_config_is_planned_as_simpo(write_config, text, approximated):
     config = _read(write_config, "use_peft: true\n" + text)
     assert config.knobs["objective"] == "simpo" and make_spec(**config.knobs).reference == "none"
@@ -105,10 +140,19 @@ def test_liger_on_a_dpo_config_is_listed_not_planned_as_an_sft_loss(write_config
 
 def test_plain_training_arguments_json(write_config):
     # No TRL key but the model: the Trainer's own defaults (checkpointing off, no bf16), no length.
-    config = read_tool_config(write_config("args.json", {
-        "model_name_or_path": "org/model", "output_dir": "out", "per_device_train_batch_size": 4,
-        "gradient_accumulation_steps": 2, "fsdp": "full_shard auto_wrap offload", "fsdp_config": {"fsdp_version": 2},
-    }))
+    config = read_tool_config(
+        write_config(
+            "args.json",
+            {
+                "model_name_or_path": "org/model",
+                "output_dir": "out",
+                "per_device_train_batch_size": 4,
+                "gradient_accumulation_steps": 2,
+                "fsdp": "full_shard auto_wrap offload",
+                "fsdp_config": {"fsdp_version": 2},
+            },
+        )
+    )
     assert config.tool == "trl" and config.shard == "fsdp-offload"
     # No bf16, and transformers 5 loads the checkpoint's dtype: planned as bf16, said so.
     assert config.knobs["checkpointing"] == "off" and config.knobs["precision"] == "bf16"
@@ -124,8 +168,11 @@ def test_plain_training_arguments_json(write_config):
         ("max_seq_length: 512\n", "seq_len", 512),
         ("loss_type: nll\n", "hf_loss", "model"),
         ("use_peft: true\ndtype: float16\nfp16: true\n", "precision", "fp16"),
-        ("max_length: 64\nuse_liger_kernel: true\nliger_kernel_config: {fused_linear_cross_entropy: false}\n", "hf_loss",
-         "chunked-nll"),
+        (
+            "max_length: 64\nuse_liger_kernel: true\nliger_kernel_config: {fused_linear_cross_entropy: false}\n",
+            "hf_loss",
+            "chunked-nll",
+        ),
         ("block_size: 256\n", "seq_len", 256),
         ("optim: lion_8bit\n", "optimizer", "adamw8bit"),
         ("optim: sgd\n", "optimizer", "sgd"),

@@ -22,8 +22,11 @@ def moe_model(tmp_path):
 
 
 def test_llama_factory_moe_aux_loss_coef_turns_the_routing_loss_on(write_config, moe_model):
-    path = write_config("lf.yaml", f"model_name_or_path: {moe_model}\nstage: sft\nmoe_aux_loss_coef: 0.05\ncutoff_len: 64\n"
-                                   "per_device_train_batch_size: 1\n")
+    path = write_config(
+        "lf.yaml",
+        f"model_name_or_path: {moe_model}\nstage: sft\nmoe_aux_loss_coef: 0.05\ncutoff_len: 64\n"
+        "per_device_train_batch_size: 1\n",
+    )
     config = read_tool_config(path)
     assert config.model_config == {"output_router_logits": True, "router_aux_loss_coef": 0.05}
     assert config.to_dict()["model_config"] == config.model_config
@@ -34,34 +37,42 @@ def test_llama_factory_moe_aux_loss_coef_turns_the_routing_loss_on(write_config,
 
 
 def test_axolotl_reads_the_routing_fields_of_its_model_config_overrides(write_config):
-    path = write_config("ax.yaml", """
+    path = write_config(
+        "ax.yaml",
+        """
         base_model: org/model
         datasets: [{path: data.jsonl, type: alpaca}]
         overrides_of_model_config:
           output_router_logits: true
           router_aux_loss_coef: 0.02
           rope_theta: 10000
-    """)
+    """,
+    )
     config = read_tool_config(path)
     assert config.model_config == {"output_router_logits": True, "router_aux_loss_coef": 0.02}
     assert any(f.key.startswith("overrides_of_model_config") for f in config.not_modelled)  # rope_theta is not read
 
 
 def test_trl_target_parameters_name_the_experts_and_model_init_kwargs_the_routing_loss(write_config):
-    path = write_config("trl.yaml", """
+    path = write_config(
+        "trl.yaml",
+        """
         model_name_or_path: org/model
         use_peft: true
         lora_target_modules: [q_proj, v_proj]
         lora_target_parameters: [mlp.experts.gate_up_proj, mlp.experts.down_proj, mlp.gate.weight]
         model_init_kwargs: {output_router_logits: true}
         max_length: 512
-    """)
+    """,
+    )
     config = read_tool_config(path)
     assert config.knobs["targets"] == ("q_proj", "v_proj", "experts.gate_up_proj", "experts.down_proj", "gate")
     assert config.model_config == {"output_router_logits": True}
 
 
 def test_a_target_parameter_that_is_no_expert_or_module_weight_is_named(write_config):
-    path = write_config("trl.yaml", "model_name_or_path: org/model\nuse_peft: true\nlora_target_parameters: [mlp.down_proj.bias]\n")
+    path = write_config(
+        "trl.yaml", "model_name_or_path: org/model\nuse_peft: true\nlora_target_parameters: [mlp.down_proj.bias]\n"
+    )
     with pytest.raises(ToolConfigError, match=r"lora_target_parameters: 'mlp\.down_proj\.bias' names no expert weight"):
         read_tool_config(path)

@@ -63,7 +63,9 @@ def test_deepspeed_s_half_casts_the_model_and_keeps_fp32_masters(stage):
         assert trainer_precision("full", weights, "bf16", ctx, where="") == "bf16-mixed"
         assert trainer_precision("lora", weights, "bf16", ctx, where="") == "bf16"  # the base cast to bf16
     # The 16 bytes a parameter are the same; where they sit across the GPUs is said.
-    assert {f.key for f in ctx.approximated} == {"deepspeed"} and "fp32 master weights partitioned" in ctx.approximated[0].why
+    assert {f.key for f in ctx.approximated} == {"deepspeed"} and "fp32 master weights partitioned" in ctx.approximated[
+        0
+    ].why
 
 
 def test_zero_keeps_fp32_partitions_of_16_bit_weights_without_a_half_section():

@@ -37,7 +37,9 @@ def test_memfit_s_own_training_config_is_told_apart_and_pointed_to_its_planner(w
     from memfit.interop import is_memfit_config
 
     path = write_config("mine.yaml", "model: llama-3.2-1b\ndata: train.jsonl\nepochs: 3\n")
-    with pytest.raises(ToolConfigError, match=r"is memfit's own training config .*memfit.train.config_plan.plan_train_config"):
+    with pytest.raises(
+        ToolConfigError, match=r"is memfit's own training config .*memfit.train.config_plan.plan_train_config"
+    ):
         read_tool_config(path)
     assert is_memfit_config({"model": "x", "data": "d"}) and is_memfit_config({"model": "x", "lr": 1e-4})
     # A tool's config names its model with its own key: a stray `model` key does not make it memfit's.
@@ -51,23 +53,31 @@ def test_a_deepspeed_json_passed_as_the_config_says_what_to_pass(write_config):
 
 
 def test_unknown_keys_are_reported_once_with_the_closest_known_key(write_config):
-    config = read_tool_config(write_config("a.yml", """
+    config = read_tool_config(
+        write_config(
+            "a.yml",
+            """
         base_model: org/model
         micro_batch_sise: 3
         my_own_note: hello
         wandb_project: runs
-    """))
+    """,
+        )
+    )
     assert config.unknown_keys == ["micro_batch_sise (did you mean micro_batch_size?)", "my_own_note"]
     assert config.knobs["batch_size"] == 1  # the typo'd key changed nothing
 
 
 def test_every_bad_value_is_one_line_naming_its_key_and_the_file(write_config):
-    path = write_config("a.yml", """
+    path = write_config(
+        "a.yml",
+        """
         base_model: org/model
         optimizer: adamw_torhc
         micro_batch_size: two
         lora_dropout: 1.5
-    """)
+    """,
+    )
     with pytest.raises(ToolConfigError) as err:
         read_tool_config(path)
     problems = err.value.problems
@@ -107,7 +117,9 @@ def test_yaml_that_does_not_parse_names_the_line(write_config):
 
 def test_command_line_knobs_win_and_a_shard_mode_needs_several_gpus(write_config):
     ds = write_config("ds.json", {"zero_optimization": {"stage": 2}})
-    config = read_tool_config(write_config("a.yml", f"base_model: org/model\nmicro_batch_size: 4\ndeepspeed: {ds.name}\n"))
+    config = read_tool_config(
+        write_config("a.yml", f"base_model: org/model\nmicro_batch_size: 4\ndeepspeed: {ds.name}\n")
+    )
     knobs, dropped = config.knobs_for({"batch_size": 2, "rank": None})
     assert knobs["batch_size"] == 2 and "shard" not in knobs
     assert [d.key for d in dropped] == ["deepspeed"] and "--gpus N" in dropped[0].why

@@ -28,5 +28,11 @@ def llama_tied(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def plain_adapter(tmp_path_factory, llama_bf16) -> Path:
-    return save_adapter(llama_bf16, tmp_path_factory.mktemp("plain_adapter"), torch.bfloat16,
-                        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+    return save_adapter(
+        llama_bf16,
+        tmp_path_factory.mktemp("plain_adapter"),
+        torch.bfloat16,
+        r=4,
+        lora_alpha=8,
+        target_modules=["q_proj", "v_proj", "down_proj"],
+    )

@@ -16,15 +16,30 @@ peft = pytest.importorskip("peft")
 
 
 def llama_config(**overrides):
-    kwargs = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
+    kwargs = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=128,
+    )
     kwargs.update(overrides)
     return transformers.LlamaConfig(**kwargs)
 
 
 def qwen2_config(**overrides):
-    kwargs = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, vocab_size=256, max_position_embeddings=128, tie_word_embeddings=False)
+    kwargs = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=128,
+        tie_word_embeddings=False,
+    )
     kwargs.update(overrides)
     return transformers.Qwen2Config(**kwargs)
 
@@ -91,5 +106,3 @@ def assert_same_tensors(ours: Path, reference: Path, cast=None) -> None:
         expected = tensor.to(cast) if cast is not None and tensor.is_floating_point() else tensor
         assert got[name].dtype == expected.dtype, name
         assert torch.equal(got[name], expected), f"{name} differs"
-
-

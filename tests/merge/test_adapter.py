@@ -34,7 +34,12 @@ def test_pattern_key_follows_peft(patterns, module, expected):
 def test_pattern_key_agrees_with_peft_itself():
     peft_other = pytest.importorskip("peft.utils.other")
     patterns = ["q_proj", r"layers\.1\..*", "mlp.up_proj"]
-    for module in ["model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj", "model.layers.0.mlp.up_proj", "lm_head"]:
+    for module in [
+        "model.layers.0.self_attn.q_proj",
+        "model.layers.1.mlp.down_proj",
+        "model.layers.0.mlp.up_proj",
+        "lm_head",
+    ]:
         ours = pattern_key(patterns, module)
         assert (ours if ours is not None else module) == peft_other.get_pattern_key(patterns, module)
 

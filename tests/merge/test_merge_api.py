@@ -59,13 +59,20 @@ def test_plain_lora_bf16_sharded_matches_peft_and_loads(tmp_path, llama_bf16, pl
 
 
 def test_fp32_base_matches_peft(tmp_path, llama_fp32):
-    adapter = save_adapter(llama_fp32, tmp_path / "adapter", torch.float32, r=8, lora_alpha=16, target_modules="all-linear")
+    adapter = save_adapter(
+        llama_fp32, tmp_path / "adapter", torch.float32, r=8, lora_alpha=16, target_modules="all-linear"
+    )
     _compare(tmp_path, llama_fp32, adapter, torch.float32)
 
 
 def test_rslora_with_rank_and_alpha_patterns(tmp_path, llama_bf16):
     adapter = save_adapter(
-        llama_bf16, tmp_path / "adapter", torch.bfloat16, r=4, lora_alpha=8, use_rslora=True,
+        llama_bf16,
+        tmp_path / "adapter",
+        torch.bfloat16,
+        r=4,
+        lora_alpha=8,
+        use_rslora=True,
         target_modules=["q_proj", "k_proj", "o_proj", "gate_proj"],
         # a suffix key, a full-path key and a regex key, as PEFT matches them
         rank_pattern={"o_proj": 2, "model.layers.1.self_attn.q_proj": 6, r"layers\.0\.mlp\..*_proj": 3},
@@ -85,15 +92,24 @@ def test_qwen2_attention_bias(tmp_path):
 
 def test_gpt2_conv1d_fan_in_fan_out(tmp_path):
     base = save_base(gpt2_config(), tmp_path / "base", torch.float32, max_shard_size="100KB")
-    adapter = save_adapter(base, tmp_path / "adapter", torch.float32, r=4, lora_alpha=8, fan_in_fan_out=True,
-                           target_modules=["c_attn", "c_proj", "c_fc"])
+    adapter = save_adapter(
+        base,
+        tmp_path / "adapter",
+        torch.float32,
+        r=4,
+        lora_alpha=8,
+        fan_in_fan_out=True,
+        target_modules=["c_attn", "c_proj", "c_fc"],
+    )
     result, _, _ = _compare(tmp_path, base, adapter, torch.float32)
     assert result.merged_tensor_count == 2 * 4  # attn c_attn, attn c_proj, mlp c_fc, mlp c_proj
 
 
 def test_bf16_adapter_weights(tmp_path, llama_fp32):
     """Adapter tensors saved in bf16 are upcast exactly as PEFT's loader does."""
-    adapter = save_adapter(llama_fp32, tmp_path / "adapter", torch.float32, r=4, lora_alpha=8, target_modules=["q_proj"])
+    adapter = save_adapter(
+        llama_fp32, tmp_path / "adapter", torch.float32, r=4, lora_alpha=8, target_modules=["q_proj"]
+    )
     from safetensors.torch import load_file, save_file
 
     path = adapter / "adapter_model.safetensors"
@@ -102,8 +118,15 @@ def test_bf16_adapter_weights(tmp_path, llama_fp32):
 
 
 def test_untied_modules_to_save(tmp_path, llama_bf16):
-    adapter = save_adapter(llama_bf16, tmp_path / "adapter", torch.bfloat16, r=4, lora_alpha=8,
-                           target_modules=["q_proj"], modules_to_save=["lm_head"])
+    adapter = save_adapter(
+        llama_bf16,
+        tmp_path / "adapter",
+        torch.bfloat16,
+        r=4,
+        lora_alpha=8,
+        target_modules=["q_proj"],
+        modules_to_save=["lm_head"],
+    )
     result, _, _ = _compare(tmp_path, llama_bf16, adapter, torch.bfloat16)
     assert result.replaced_tensor_count == 1 and not result.untied_embeddings
 
@@ -139,7 +162,9 @@ def test_single_file_base(tmp_path):
 
 
 def test_dtype_cast_down_equals_peft_then_cast(tmp_path, llama_fp32):
-    adapter = save_adapter(llama_fp32, tmp_path / "adapter", torch.float32, r=4, lora_alpha=8, target_modules=["q_proj", "up_proj"])
+    adapter = save_adapter(
+        llama_fp32, tmp_path / "adapter", torch.float32, r=4, lora_alpha=8, target_modules=["q_proj", "up_proj"]
+    )
     ours = tmp_path / "ours"
     result = merge(llama_fp32, adapter, ours, dtype="bf16", progress=False)
     assert result.dtype == "BF16"
@@ -238,29 +263,55 @@ def test_interrupted_merge_leaves_nothing_and_keeps_old_out(tmp_path, llama_bf16
 
 
 def test_dora_bf16_sharded_matches_peft(tmp_path, llama_bf16):
-    adapter = save_adapter(llama_bf16, tmp_path / "adapter", torch.bfloat16, r=4, lora_alpha=8, use_dora=True,
-                           target_modules="all-linear")
+    adapter = save_adapter(
+        llama_bf16, tmp_path / "adapter", torch.bfloat16, r=4, lora_alpha=8, use_dora=True, target_modules="all-linear"
+    )
     result, _, _ = _compare(tmp_path, llama_bf16, adapter, torch.bfloat16)
     assert result.shard_count > 2 and result.merged_tensor_count == 7 * 2
 
 
 def test_dora_fp32_with_rslora_and_rank_patterns_matches_peft(tmp_path, llama_fp32):
-    adapter = save_adapter(llama_fp32, tmp_path / "adapter", torch.float32, r=4, lora_alpha=8, use_dora=True, use_rslora=True,
-                           target_modules=["q_proj", "o_proj", "down_proj"], rank_pattern={"o_proj": 2}, alpha_pattern={"down_proj": 3})
+    adapter = save_adapter(
+        llama_fp32,
+        tmp_path / "adapter",
+        torch.float32,
+        r=4,
+        lora_alpha=8,
+        use_dora=True,
+        use_rslora=True,
+        target_modules=["q_proj", "o_proj", "down_proj"],
+        rank_pattern={"o_proj": 2},
+        alpha_pattern={"down_proj": 3},
+    )
     _compare(tmp_path, llama_fp32, adapter, torch.float32)
 
 
 def test_dora_on_gpt2_conv1d_matches_peft(tmp_path):
     base = save_base(gpt2_config(), tmp_path / "base", torch.float32, max_shard_size="100KB")
-    adapter = save_adapter(base, tmp_path / "adapter", torch.float32, r=4, lora_alpha=8, use_dora=True, fan_in_fan_out=True,
-                           target_modules=["c_attn", "c_proj", "c_fc"])
+    adapter = save_adapter(
+        base,
+        tmp_path / "adapter",
+        torch.float32,
+        r=4,
+        lora_alpha=8,
+        use_dora=True,
+        fan_in_fan_out=True,
+        target_modules=["c_attn", "c_proj", "c_fc"],
+    )
     result, _, _ = _compare(tmp_path, base, adapter, torch.float32)
     assert result.merged_tensor_count == 2 * 4
 
 
 def test_dora_cast_to_another_dtype_equals_peft_then_cast(tmp_path, llama_bf16):
-    adapter = save_adapter(llama_bf16, tmp_path / "adapter", torch.bfloat16, r=4, lora_alpha=8, use_dora=True,
-                           target_modules=["q_proj", "v_proj"])
+    adapter = save_adapter(
+        llama_bf16,
+        tmp_path / "adapter",
+        torch.bfloat16,
+        r=4,
+        lora_alpha=8,
+        use_dora=True,
+        target_modules=["q_proj", "v_proj"],
+    )
     ours = tmp_path / "ours"
     merge(llama_bf16, adapter, ours, dtype="fp32", progress=False)
     # fp32 output: PEFT on the base loaded in fp32
@@ -271,8 +322,17 @@ def test_dora_cast_to_another_dtype_equals_peft_then_cast(tmp_path, llama_bf16):
 def test_dora_with_modules_to_save_matches_peft(tmp_path, llama_bf16, llama_tied, tied):
     base = llama_tied if tied else llama_bf16
     extra = dict(ensure_weight_tying=True) if tied else {}
-    adapter = save_adapter(base, tmp_path / "adapter", torch.bfloat16, r=4, lora_alpha=8, use_dora=True,
-                           target_modules="all-linear", modules_to_save=["embed_tokens", "lm_head"], **extra)
+    adapter = save_adapter(
+        base,
+        tmp_path / "adapter",
+        torch.bfloat16,
+        r=4,
+        lora_alpha=8,
+        use_dora=True,
+        target_modules="all-linear",
+        modules_to_save=["embed_tokens", "lm_head"],
+        **extra,
+    )
     result, ours, _ = _compare(tmp_path, base, adapter, torch.bfloat16)
     # tied: one trained copy, written once for both (the merged model stays tied)
     assert result.replaced_tensor_count == (1 if tied else 2) and not result.untied_embeddings

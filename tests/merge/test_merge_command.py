@@ -38,7 +38,18 @@ def test_help_lists_the_options():
 
 def test_bad_input_exits_2_without_traceback(tmp_path):
     result = CliRunner().invoke(
-        _app(), ["merge", "--base", str(tmp_path / "b"), "--adapter", str(tmp_path / "a"), "--out", str(tmp_path / "o"), "--dtype", "int4"]
+        _app(),
+        [
+            "merge",
+            "--base",
+            str(tmp_path / "b"),
+            "--adapter",
+            str(tmp_path / "a"),
+            "--out",
+            str(tmp_path / "o"),
+            "--dtype",
+            "int4",
+        ],
     )
     assert result.exit_code == 2
     assert "--dtype 'int4' is not supported" in result.output
@@ -49,11 +60,25 @@ def test_merge_runs(tmp_path, llama_bf16, plain_adapter):
     pytest.importorskip("torch")
     out = tmp_path / "merged"
     result = CliRunner().invoke(
-        _app(), ["merge", "--base", str(llama_bf16), "--adapter", str(plain_adapter), "--out", str(out), "--dtype", "bf16", "--safe"]
+        _app(),
+        [
+            "merge",
+            "--base",
+            str(llama_bf16),
+            "--adapter",
+            str(plain_adapter),
+            "--out",
+            str(out),
+            "--dtype",
+            "bf16",
+            "--safe",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert "merged 6 tensors" in result.output
     assert (out / "model.safetensors.index.json").is_file()
 
-    again = CliRunner().invoke(_app(), ["merge", "--base", str(llama_bf16), "--adapter", str(plain_adapter), "--out", str(out)])
+    again = CliRunner().invoke(
+        _app(), ["merge", "--base", str(llama_bf16), "--adapter", str(plain_adapter), "--out", str(out)]
+    )
     assert again.exit_code == 2 and "--overwrite" in again.output

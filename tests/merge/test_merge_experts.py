@@ -38,13 +38,16 @@ def _adapter(base, folder, dtype, **knobs):
     return folder
 
 
-@pytest.mark.parametrize("name, targets", [
-    ("qwen3_moe", ("all-linear",)),  # experts apart in the checkpoint; a dense layer adapted through its weight
-    ("mixtral", ("experts", "gate", "q_proj")),  # experts and router under their old names (w1, w3, w2)
-    ("gpt_oss", ("experts", "router")),  # experts whole, [experts, in, out], biases beside them
-    ("llama4_text", ("all-linear", "router")),  # [experts, in, out] without the flag; a router that is an nn.Linear
-    ("deepseek_v2", ("experts", "down_proj")),  # shared experts and a dense layer
-])
+@pytest.mark.parametrize(
+    "name, targets",
+    [
+        ("qwen3_moe", ("all-linear",)),  # experts apart in the checkpoint; a dense layer adapted through its weight
+        ("mixtral", ("experts", "gate", "q_proj")),  # experts and router under their old names (w1, w3, w2)
+        ("gpt_oss", ("experts", "router")),  # experts whole, [experts, in, out], biases beside them
+        ("llama4_text", ("all-linear", "router")),  # [experts, in, out] without the flag; a router that is an nn.Linear
+        ("deepseek_v2", ("experts", "down_proj")),  # shared experts and a dense layer
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_lora_on_experts_merges_as_peft_merges_it(tmp_path, name, targets, dtype):
     base = _base(tmp_path / "base", name, dtype)

@@ -34,7 +34,10 @@ def _refused(tmp_path, base, adapter, match, out=None, **kwargs):
 @pytest.mark.parametrize(
     "change, match",
     [
-        ({"use_dora": True}, r"has no DoRA magnitude \(lora_magnitude_vector\) but adapter_config.json says use_dora=true"),
+        (
+            {"use_dora": True},
+            r"has no DoRA magnitude \(lora_magnitude_vector\) but adapter_config.json says use_dora=true",
+        ),
         ({"peft_type": "IA3"}, r"peft_type is 'IA3'"),
         ({"bias": "all"}, r"bias='all'"),
         ({"lora_bias": True}, r"lora_bias=True"),
@@ -58,8 +61,12 @@ def test_shape_mismatch_names_tensor_and_both_shapes(tmp_path, llama_bf16):
     other = save_base(llama_config(hidden_size=32, intermediate_size=64), tmp_path / "other", torch.bfloat16)
     adapter = save_adapter(other, tmp_path / "adapter", torch.bfloat16, r=4, lora_alpha=8, target_modules=["q_proj"])
     shutil.rmtree(other)
-    _refused(tmp_path, llama_bf16, adapter,
-             r"shape mismatch: adapter module 'model\.layers\.0\.self_attn\.q_proj'.*\[32, 32\].*'model\.layers\.0\.self_attn\.q_proj\.weight' is \[64, 64\]")
+    _refused(
+        tmp_path,
+        llama_bf16,
+        adapter,
+        r"shape mismatch: adapter module 'model\.layers\.0\.self_attn\.q_proj'.*\[32, 32\].*'model\.layers\.0\.self_attn\.q_proj\.weight' is \[64, 64\]",
+    )
 
 
 def test_adapter_module_missing_from_base(tmp_path, llama_bf16):
@@ -96,10 +103,17 @@ def test_a_dora_magnitude_of_the_wrong_length(tmp_path, llama_bf16, plain_adapte
     tensors = load_file(adapter / "adapter_model.safetensors")
     for key in [k for k in tensors if k.endswith(".lora_A.weight")]:
         module = key.removesuffix(".lora_A.weight")
-        tensors[f"{module}.lora_magnitude_vector"] = torch.ones(7 if "layers.1.self_attn.q_proj" in module else tensors[f"{module}.lora_B.weight"].shape[0])
+        tensors[f"{module}.lora_magnitude_vector"] = torch.ones(
+            7 if "layers.1.self_attn.q_proj" in module else tensors[f"{module}.lora_B.weight"].shape[0]
+        )
     save_file(tensors, adapter / "adapter_model.safetensors")
-    _refused(tmp_path, llama_bf16, adapter, r"DoRA magnitude .*layers.1.self_attn.q_proj.lora_magnitude_vector' is \[7\] but base tensor "
-                                            r"'model.layers.1.self_attn.q_proj.weight' has 64 output rows")
+    _refused(
+        tmp_path,
+        llama_bf16,
+        adapter,
+        r"DoRA magnitude .*layers.1.self_attn.q_proj.lora_magnitude_vector' is \[7\] but base tensor "
+        r"'model.layers.1.self_attn.q_proj.weight' has 64 output rows",
+    )
 
 
 @pytest.mark.parametrize("where", ["same", "inside", "symlink", "parent"])
@@ -161,11 +175,19 @@ def test_missing_base_and_adapter_folders(tmp_path, llama_bf16, plain_adapter):
         (lambda d: (d / "config.json").unlink(), "has no config.json"),
         (lambda d: [p.unlink() for p in d.glob("model*.safetensors*")], "neither model.safetensors nor"),
         (lambda d: sorted(d.glob("model-*.safetensors"))[1].unlink(), "names shard 'model-00002"),
-        (lambda d: sorted(d.glob("model-*.safetensors"))[0].write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json"),
-         "cannot read safetensors shard"),
+        (
+            lambda d: sorted(d.glob("model-*.safetensors"))[0].write_bytes(
+                b"\x10\x00\x00\x00\x00\x00\x00\x00{not json"
+            ),
+            "cannot read safetensors shard",
+        ),
         (lambda d: (d / "model.safetensors.index.json").write_text("{"), "cannot read .*index.json"),
-        (lambda d: (d / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "bitsandbytes"}})),
-         "is quantized"),
+        (
+            lambda d: (d / "config.json").write_text(
+                json.dumps({"quantization_config": {"quant_method": "bitsandbytes"}})
+            ),
+            "is quantized",
+        ),
     ],
     ids=["no-config", "no-weights", "missing-shard", "corrupt-shard", "bad-index", "quantized"],
 )
@@ -202,7 +224,9 @@ def test_not_enough_disk_space(tmp_path, llama_bf16, plain_adapter, monkeypatch)
     _refused(tmp_path, llama_bf16, plain_adapter, "GiB needed for the merged model")
 
 
-def test_target_modules_that_match_nothing_in_the_base_are_refused_as_peft_refuses_them(tmp_path, llama_bf16, plain_adapter):
+def test_target_modules_that_match_nothing_in_the_base_are_refused_as_peft_refuses_them(
+    tmp_path, llama_bf16, plain_adapter
+):
     import transformers
     from peft import PeftModel
 

@@ -32,17 +32,25 @@ def hub(built, tmp_path, monkeypatch) -> HubFixture:
     server = LocalHub()
     files = LocalHub.folder_files(built.model)
     main = server.add_commit(MODEL, files)
-    branch = server.add_commit(MODEL, dict(files, **{"config.json": json.dumps(built.branch_config).encode()}), refs=("long-context",))
+    branch = server.add_commit(
+        MODEL, dict(files, **{"config.json": json.dumps(built.branch_config).encode()}), refs=("long-context",)
+    )
     server.add_commit(GATED, files, gated=True, granted_tokens=(GRANTED_TOKEN,))
     server.add_commit(PICKLED, LocalHub.folder_files(built.pickled))
     server.add_commit(ADAPTER, LocalHub.folder_files(built.adapter))
-    custom = {"model_type": "memfit-custom", "hidden_size": 8,
-              "auto_map": {"AutoConfig": "configuration_custom.CustomConfig", "AutoModelForCausalLM": "modeling_custom.CustomModel"}}
-    server.add_commit(REMOTE_CODE, {"config.json": json.dumps(custom).encode(), "configuration_custom.py": b"raise SystemExit\n"})
+    custom = {
+        "model_type": "memfit-custom",
+        "hidden_size": 8,
+        "auto_map": {
+            "AutoConfig": "configuration_custom.CustomConfig",
+            "AutoModelForCausalLM": "modeling_custom.CustomModel",
+        },
+    }
+    server.add_commit(
+        REMOTE_CODE, {"config.json": json.dumps(custom).encode(), "configuration_custom.py": b"raise SystemExit\n"}
+    )
     server.add_commit(CATALOG_SOURCE, {"config.json": b"{}"}, gated=True)
     server.start()
     point_at(monkeypatch, server.endpoint, tmp_path / "hf-home")
     yield HubFixture(server, tmp_path / "hf-home" / "hub", main, branch)
     server.down()
-
-

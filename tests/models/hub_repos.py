@@ -53,7 +53,9 @@ def build_repos(root: Path) -> Built:
     main_config["max_position_embeddings"] = 128
     (model / "config.json").write_text(json.dumps(main_config, indent=2))
     branch_config = dict(main_config, max_position_embeddings=LONG_CONTEXT)
-    adapter = save_adapter(model, root / "adapter", torch.float32, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    adapter = save_adapter(
+        model, root / "adapter", torch.float32, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]
+    )
 
     import transformers
 
@@ -85,9 +87,15 @@ def point_at(monkeypatch, endpoint: str, home: Path, *, token: str | None = None
     from huggingface_hub import constants
 
     home.mkdir(parents=True, exist_ok=True)
-    env = {"HF_ENDPOINT": endpoint, "HF_HOME": str(home), "HF_HUB_CACHE": str(home / "hub"),
-           "HF_HUB_OFFLINE": "1" if offline else "0", "MEMFIT_CACHE": str(home / "memfit"), "HF_HUB_DISABLE_TELEMETRY": "1",
-           "NO_PROXY": "127.0.0.1,localhost"}
+    env = {
+        "HF_ENDPOINT": endpoint,
+        "HF_HOME": str(home),
+        "HF_HUB_CACHE": str(home / "hub"),
+        "HF_HUB_OFFLINE": "1" if offline else "0",
+        "MEMFIT_CACHE": str(home / "memfit"),
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     for key in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_DISABLE_IMPLICIT_TOKEN"):

@@ -80,8 +80,16 @@ class LocalHub:
 
     # -- content ------------------------------------------------------------------------------
 
-    def add_commit(self, repo_id: str, files: dict[str, bytes], *, refs: tuple[str, ...] = ("main",), gated: bool = False,
-                   granted_tokens: tuple[str, ...] = (), repo_type: str = "model") -> str:
+    def add_commit(
+        self,
+        repo_id: str,
+        files: dict[str, bytes],
+        *,
+        refs: tuple[str, ...] = ("main",),
+        gated: bool = False,
+        granted_tokens: tuple[str, ...] = (),
+        repo_type: str = "model",
+    ) -> str:
         """Add a commit holding ``files`` (paths in the repo: ``data/train.jsonl``) to ``repo_id`` of
         ``repo_type`` (model or dataset; created if new) and point ``refs`` at it."""
         repo = self.repos.setdefault(repo_key(repo_id, repo_type), Repo())
@@ -109,7 +117,9 @@ class LocalHub:
         for role in ("hub", "cdn"):
             server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self, role))
             server.daemon_threads = True
-            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"local-{role}", daemon=True).start()
+            threading.Thread(
+                target=server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"local-{role}", daemon=True
+            ).start()
             self._servers.append(server)
         self.endpoint = f"http://127.0.0.1:{self._servers[0].server_address[1]}"
         self.cdn = f"http://localhost:{self._servers[1].server_address[1]}"
@@ -128,6 +138,7 @@ class LocalHub:
 
     def weight_requests(self) -> list[Request]:
         """Requests for weight files, on either server (a dataset's data files are not weights)."""
+
         def weights(request: Request) -> bool:
             path = request.path.split("?")[0]
             if request.server == "cdn":
@@ -139,7 +150,12 @@ class LocalHub:
 
     def data_requests(self, repo_id: str) -> list[Request]:
         """Requests to the Hub about dataset ``repo_id``: its API and its files."""
-        return [r for r in self.requests if r.server == "hub" and (f"/datasets/{repo_id}/" in r.path or r.path.split("?")[0].endswith(f"/datasets/{repo_id}"))]
+        return [
+            r
+            for r in self.requests
+            if r.server == "hub"
+            and (f"/datasets/{repo_id}/" in r.path or r.path.split("?")[0].endswith(f"/datasets/{repo_id}"))
+        ]
 
 
 def repo_key(repo_id: str, repo_type: str = "model") -> str:
@@ -173,7 +189,9 @@ def _handler(hub: LocalHub, role: str):
             segments = [unquote(s) for s in urlsplit(self.path).path.split("/")[1:]]
             # /api/{models,datasets}/{org}/{name}/paths-info/{rev}
             if role == "hub" and len(segments) == 6 and segments[0] == "api" and segments[4] == "paths-info":
-                return self._paths_info(_key(segments[1], f"{segments[2]}/{segments[3]}"), segments[5], form.get("paths", []))
+                return self._paths_info(
+                    _key(segments[1], f"{segments[2]}/{segments[3]}"), segments[5], form.get("paths", [])
+                )
             self._error(404, None, "Not found")
 
         # -- dispatch -------------------------------------------------------------------------
@@ -192,7 +210,9 @@ def _handler(hub: LocalHub, role: str):
                 rev = segments[5] if len(segments) >= 6 and segments[4] == "revision" else "main"
                 return self._model_info(key, rev, "blobs" in parse_qs(parts.query))
             if len(segments) >= 6 and segments[0] == "datasets" and segments[3] == "resolve":
-                return self._resolve(repo_key(f"{segments[1]}/{segments[2]}", "dataset"), segments[4], "/".join(segments[5:]), body)
+                return self._resolve(
+                    repo_key(f"{segments[1]}/{segments[2]}", "dataset"), segments[4], "/".join(segments[5:]), body
+                )
             if len(segments) >= 5 and segments[2] == "resolve":
                 return self._resolve(f"{segments[0]}/{segments[1]}", segments[3], "/".join(segments[4:]), body)
             self._error(404, None, "Not found")
@@ -209,13 +229,23 @@ def _handler(hub: LocalHub, role: str):
                 self._error(404, "RevisionNotFound", "Invalid rev id: " + rev)
                 return None, None
             if files and repo.gated and self._token() not in repo.granted_tokens:
-                kind, name = ("dataset", repo_id.split("/", 1)[1]) if repo_id.startswith("datasets/") else ("model", repo_id)
+                kind, name = (
+                    ("dataset", repo_id.split("/", 1)[1]) if repo_id.startswith("datasets/") else ("model", repo_id)
+                )
                 if self._token():
-                    self._error(403, "GatedRepo", f"Access to {kind} {name} is restricted and you are not in the authorized list. "
-                                f"Visit https://huggingface.co/{repo_id} to ask for access.")
+                    self._error(
+                        403,
+                        "GatedRepo",
+                        f"Access to {kind} {name} is restricted and you are not in the authorized list. "
+                        f"Visit https://huggingface.co/{repo_id} to ask for access.",
+                    )
                 else:
-                    self._error(401, "GatedRepo", f"Access to {kind} {name} is restricted. You must have access to it and be "
-                                "authenticated to access it. Please log in.")
+                    self._error(
+                        401,
+                        "GatedRepo",
+                        f"Access to {kind} {name} is restricted. You must have access to it and be "
+                        "authenticated to access it. Please log in.",
+                    )
                 return None, None
             return repo, sha
 
@@ -229,11 +259,21 @@ def _handler(hub: LocalHub, role: str):
                 if blobs:
                     entry.update(size=len(data), blobId=git_blob_sha1(data))
                     if is_lfs(name):
-                        entry["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+                        entry["lfs"] = {
+                            "sha256": hashlib.sha256(data).hexdigest(),
+                            "size": len(data),
+                            "pointerSize": 134,
+                        }
                 siblings.append(entry)
             plain_id = repo_id.removeprefix("datasets/")
-            info = {"id": plain_id, "sha": sha, "private": False,
-                    "gated": "manual" if repo.gated else False, "disabled": False, "siblings": siblings}
+            info = {
+                "id": plain_id,
+                "sha": sha,
+                "private": False,
+                "gated": "manual" if repo.gated else False,
+                "disabled": False,
+                "siblings": siblings,
+            }
             if plain_id == repo_id:
                 info["modelId"] = repo_id
             self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body=True)
@@ -244,13 +284,18 @@ def _handler(hub: LocalHub, role: str):
                 return
             data = repo.commits[sha].get(filename)
             if data is None or filename in hub.hidden:
-                self._error(404, "EntryNotFound", f"{filename} does not exist on \"{rev}\"", commit=sha)
+                self._error(404, "EntryNotFound", f'{filename} does not exist on "{rev}"', commit=sha)
                 return
             headers = {"X-Repo-Commit": sha, "ETag": f'"{git_blob_sha1(data)}"'}
             if is_lfs(filename):
                 digest = hashlib.sha256(data).hexdigest()
-                headers.update({"Location": f"{hub.cdn}/cdn/{digest}?expires=never", "X-Linked-Etag": f'"{digest}"',
-                                "X-Linked-Size": str(len(data))})
+                headers.update(
+                    {
+                        "Location": f"{hub.cdn}/cdn/{digest}?expires=never",
+                        "X-Linked-Etag": f'"{digest}"',
+                        "X-Linked-Size": str(len(data)),
+                    }
+                )
                 self._send(302, b"", headers, body=body)
                 return
             status, data, ranged = self._ranged(data)
@@ -267,7 +312,15 @@ def _handler(hub: LocalHub, role: str):
                 parts = name.split("/")[:-1]
                 for depth in range(1, len(parts) + 1):
                     folder = "/".join(parts[:depth])
-                    entries.setdefault(folder, {"type": "directory", "oid": hashlib.sha1(folder.encode()).hexdigest(), "size": 0, "path": folder})
+                    entries.setdefault(
+                        folder,
+                        {
+                            "type": "directory",
+                            "oid": hashlib.sha1(folder.encode()).hexdigest(),
+                            "size": 0,
+                            "path": folder,
+                        },
+                    )
             return entries
 
         def _tree(self, key: str, rev: str, folder: str, recursive: bool) -> None:
@@ -277,12 +330,17 @@ def _handler(hub: LocalHub, role: str):
             entries = self._entries(repo, sha)
             folder = folder.strip("/")
             if folder and entries.get(folder, {}).get("type") != "directory":
-                self._error(404, "EntryNotFound", f"{folder} does not exist on \"{rev}\"", commit=sha)
+                self._error(404, "EntryNotFound", f'{folder} does not exist on "{rev}"', commit=sha)
                 return
             prefix = folder + "/" if folder else ""
-            listed = [e for path, e in sorted(entries.items()) if path.startswith(prefix)
-                      and (recursive or "/" not in path[len(prefix):])]
-            self._send(200, json.dumps(listed).encode(), {"Content-Type": "application/json", "X-Repo-Commit": sha}, body=True)
+            listed = [
+                e
+                for path, e in sorted(entries.items())
+                if path.startswith(prefix) and (recursive or "/" not in path[len(prefix) :])
+            ]
+            self._send(
+                200, json.dumps(listed).encode(), {"Content-Type": "application/json", "X-Repo-Commit": sha}, body=True
+            )
 
         def _paths_info(self, key: str, rev: str, paths: list[str]) -> None:
             repo, sha = self._lookup(key, rev, files=False)
@@ -290,18 +348,24 @@ def _handler(hub: LocalHub, role: str):
                 return
             entries = self._entries(repo, sha)
             found = [entries[p.strip("/")] for p in paths if p.strip("/") in entries]
-            self._send(200, json.dumps(found).encode(), {"Content-Type": "application/json", "X-Repo-Commit": sha}, body=True)
+            self._send(
+                200, json.dumps(found).encode(), {"Content-Type": "application/json", "X-Repo-Commit": sha}, body=True
+            )
 
         def _ranged(self, data: bytes) -> tuple[int, bytes, dict[str, str]]:
             """(status, body, headers) for ``data``, cut to the request's ``Range`` when it has one."""
             header = self.headers.get("Range")
             if not (header and header.startswith("bytes=")):
                 return 200, data, {"Accept-Ranges": "bytes"}
-            first, _, last = header[len("bytes="):].partition("-")
+            first, _, last = header[len("bytes=") :].partition("-")
             start = int(first or 0)
             end = min(int(last), len(data) - 1) if last else len(data) - 1
-            chunk = data[start:end + 1]
-            return 206, chunk, {"Content-Range": f"bytes {start}-{start + len(chunk) - 1}/{len(data)}", "Accept-Ranges": "bytes"}
+            chunk = data[start : end + 1]
+            return (
+                206,
+                chunk,
+                {"Content-Range": f"bytes {start}-{start + len(chunk) - 1}/{len(data)}", "Accept-Ranges": "bytes"},
+            )
 
         def _cdn(self, segments: list[str], body: bool) -> None:
             entry = hub.blobs.get(segments[1]) if len(segments) == 2 and segments[0] == "cdn" else None
@@ -340,7 +404,7 @@ def _handler(hub: LocalHub, role: str):
 
         def _token(self) -> str | None:
             value = self.headers.get("Authorization") or ""
-            return value[len("Bearer "):] if value.startswith("Bearer ") else None
+            return value[len("Bearer ") :] if value.startswith("Bearer ") else None
 
         def _error(self, status: int, code: str | None, message: str, commit: str | None = None) -> None:
             headers = {"Content-Type": "application/json", "X-Error-Message": message}

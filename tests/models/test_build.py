@@ -11,7 +11,9 @@ from memfit.step.prepare import prepare_for_method
 
 def test_materialize_keeps_tied_embeddings_tied(tiny_llama):
     spec = make_spec(method="full", seq_len=32)
-    model = prepare_for_method(build_meta_model(make_config(dict(tiny_llama, tie_word_embeddings=True)), DTYPES["bf16"]), spec)
+    model = prepare_for_method(
+        build_meta_model(make_config(dict(tiny_llama, tie_word_embeddings=True)), DTYPES["bf16"]), spec
+    )
     assert model.get_input_embeddings().weight is model.get_output_embeddings().weight
     materialize(model, "cpu")
     assert model.get_input_embeddings().weight is model.get_output_embeddings().weight
@@ -42,10 +44,26 @@ def test_random_materialize_computes_buffers_as_the_model_does(tiny_llama):
     # embedding scale must be computed, or a test's numbers depend on the tests that ran before it.
     import torch
 
-    gemma = dict(model_type="gemma3_text", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=128)
-    llama3_rope = dict(tiny_llama, rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 16})
+    gemma = dict(
+        model_type="gemma3_text",
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=128,
+    )
+    llama3_rope = dict(
+        tiny_llama,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    )
     for config in (llama3_rope, gemma):
         garbage = torch.full((1 << 16,), float("nan"))  # freed memory the next allocations may reuse
         del garbage

@@ -30,7 +30,13 @@ def test_every_catalog_config_builds_on_meta(name):
 
 @pytest.mark.parametrize(
     ("name", "billions"),
-    [("llama-3.1-8b", 8.030), ("llama-3.1-70b", 70.554), ("qwen2.5-72b", 72.706), ("qwen2.5-7b", 7.616), ("smollm2-135m", 0.1345)],
+    [
+        ("llama-3.1-8b", 8.030),
+        ("llama-3.1-70b", 70.554),
+        ("qwen2.5-72b", 72.706),
+        ("qwen2.5-7b", 7.616),
+        ("smollm2-135m", 0.1345),
+    ],
 )
 def test_published_parameter_counts(name, billions):
     model = build_meta_model(make_config(load_catalog_config(name)), torch.bfloat16)
@@ -52,7 +58,11 @@ def test_unknown_name_suggests():
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [("{not json", "not valid JSON (line 1"), ("[1, 2]", "must hold a JSON object"), ('{"hidden_size": 4}', "no 'model_type' field")],
+    [
+        ("{not json", "not valid JSON (line 1"),
+        ("[1, 2]", "must hold a JSON object"),
+        ('{"hidden_size": 4}', "no 'model_type' field"),
+    ],
 )
 def test_bad_config_files(tmp_path, content, message):
     path = tmp_path / "config.json"
@@ -76,8 +86,13 @@ def test_each_variant_names_a_catalog_entry_and_is_not_one_s_source():
 
     variants = catalog_variants()
     # The instruct ids the shipped examples and most recipes name are among them.
-    assert {"meta-llama/llama-3.1-8b-instruct", "meta-llama/meta-llama-3-8b-instruct", "qwen/qwen2-0.5b-instruct",
-            "qwen/qwen2.5-1.5b", "qwen/qwen2.5-7b-instruct"} <= set(variants)
+    assert {
+        "meta-llama/llama-3.1-8b-instruct",
+        "meta-llama/meta-llama-3-8b-instruct",
+        "qwen/qwen2-0.5b-instruct",
+        "qwen/qwen2.5-1.5b",
+        "qwen/qwen2.5-7b-instruct",
+    } <= set(variants)
     assert not set(variants) & set(catalog_sources())  # a source is planned with its own copy
     for variant in variants.values():
         assert variant.catalog_name in catalog_names() and variant.differs

@@ -31,7 +31,9 @@ def test_every_moe_layer_has_one_experts_module_and_one_router(name):
     assert all(name.rsplit(".", 1)[-1] in ("gate", "router") for name in routers(model))
 
 
-@pytest.mark.parametrize("name, transposed, biases", [("mixtral", False, False), ("gpt_oss", True, True), ("llama4_text", True, False)])
+@pytest.mark.parametrize(
+    "name, transposed, biases", [("mixtral", False, False), ("gpt_oss", True, True), ("llama4_text", True, False)]
+)
 def test_expert_weights_say_their_orientation_and_features(name, transposed, biases):
     model = _meta(name)
     config = TINY_MODELS[name]

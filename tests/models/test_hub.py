@@ -54,8 +54,18 @@ def blobs(hub) -> list[Path]:
 def test_what_counts_as_a_hub_id(tmp_path, monkeypatch):
     for text in ("Qwen/Qwen2.5-7B", "meta-llama/Llama-3.1-8B", "a/b", "org_1/name.v2"):
         assert looks_like_hub_id(text), text
-    for text in ("llama-3.1-8b", "./models/x", "/abs/path", "org/name/extra", "org/config.json", "org/-bad", "org/a--b",
-                 "~/x", "org/", "a\\b"):
+    for text in (
+        "llama-3.1-8b",
+        "./models/x",
+        "/abs/path",
+        "org/name/extra",
+        "org/config.json",
+        "org/-bad",
+        "org/a--b",
+        "~/x",
+        "org/",
+        "a\\b",
+    ):
         assert not looks_like_hub_id(text), text
     monkeypatch.chdir(tmp_path)
     assert is_hub_id("models/llama")
@@ -64,8 +74,10 @@ def test_what_counts_as_a_hub_id(tmp_path, monkeypatch):
 
 
 def test_importing_the_catalog_and_hub_modules_imports_no_huggingface_hub():
-    code = ("import sys; from memfit.models.catalog import resolve_model; import memfit.models.hub; "
-            "resolve_model('smollm2-135m'); print('huggingface_hub' in sys.modules)")
+    code = (
+        "import sys; from memfit.models.catalog import resolve_model; import memfit.models.hub; "
+        "resolve_model('smollm2-135m'); print('huggingface_hub' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 
@@ -183,10 +195,15 @@ def test_a_catalog_entrys_source_falls_back_to_the_shipped_config_when_the_hub_c
 
 @pytest.mark.parametrize(
     "repo_id, name, positions",
-    [("Qwen/Qwen2.5-1.5B", "qwen2.5-1.5b", 131072), ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b", 131072),
-     ("Qwen/Qwen2-0.5B-Instruct", "qwen2.5-0.5b", 32768)],
+    [
+        ("Qwen/Qwen2.5-1.5B", "qwen2.5-1.5b", 131072),
+        ("meta-llama/Llama-3.1-8B-Instruct", "llama-3.1-8b", 131072),
+        ("Qwen/Qwen2-0.5B-Instruct", "qwen2.5-0.5b", 32768),
+    ],
 )
-def test_a_variant_of_a_catalog_entry_falls_back_to_its_config_and_says_which(hub, monkeypatch, repo_id, name, positions):
+def test_a_variant_of_a_catalog_entry_falls_back_to_its_config_and_says_which(
+    hub, monkeypatch, repo_id, name, positions
+):
     set_offline(monkeypatch)  # and nothing in the cache
     source = resolve_model(repo_id)
     assert source.origin == "catalog" and source.name == repo_id
@@ -202,8 +219,10 @@ def test_hf_home_that_is_a_file_is_named_before_the_hub_is_asked(hub, tmp_path, 
     with pytest.raises(HubError) as info:
         resolve_model(MODEL)
     assert info.value.kind == "cache"
-    assert str(info.value) == (f"HF_HOME ({str(home)!r}) is a file, not a folder: huggingface_hub keeps its cache and your "
-                               "token in that folder. Set HF_HOME to a folder, or unset it.")
+    assert str(info.value) == (
+        f"HF_HOME ({str(home)!r}) is a file, not a folder: huggingface_hub keeps its cache and your "
+        "token in that folder. Set HF_HOME to a folder, or unset it."
+    )
     assert hub.server.requests == []  # not the server's fault, and the server was never asked
     assert home.read_text() == "not a folder\n"
 
@@ -215,7 +234,9 @@ def test_hf_home_under_a_file_names_the_file(hub, tmp_path, monkeypatch):
         fetch_config(MODEL)
     monkeypatch.delenv("HF_HUB_CACHE")
     monkeypatch.delenv("HF_HOME")
-    with pytest.raises(HubError, match=rf"the Hugging Face cache folder '{home}/hub' cannot be made: '{home}' is a file"):
+    with pytest.raises(
+        HubError, match=rf"the Hugging Face cache folder '{home}/hub' cannot be made: '{home}' is a file"
+    ):
         fetch_model(MODEL)  # the default place: no variable to name, the path and what to do
 
 
@@ -224,7 +245,9 @@ def test_a_catalog_model_is_planned_from_its_shipped_config_when_hf_home_is_a_fi
     for repo_id, name in (("meta-llama/Llama-3.1-8B", "llama-3.1-8b"), (CATALOG_SOURCE, "smollm2-135m")):
         source = resolve_model(repo_id)
         assert source.origin == "catalog" and source.config == load_catalog_config(name)
-        assert source.note.startswith(f"HF_HOME ({str(home)!r}) is a file, not a folder: planned with memfit's shipped copy")
+        assert source.note.startswith(
+            f"HF_HOME ({str(home)!r}) is a file, not a folder: planned with memfit's shipped copy"
+        )
     assert hub.server.requests == []
 
 

@@ -59,13 +59,17 @@ def test_plan_errors_are_one_line_with_exit_code_2(hub):
     assert offline.exit_code == 2 and "cannot reach" in offline.output and "hf download" in offline.output
 
 
-def test_plan_with_hf_home_a_file_names_it_and_plans_a_catalog_model_from_its_shipped_config(hub, tmp_path, monkeypatch):
+def test_plan_with_hf_home_a_file_names_it_and_plans_a_catalog_model_from_its_shipped_config(
+    hub, tmp_path, monkeypatch
+):
     home = hf_home_is_a_file(monkeypatch, tmp_path / "notes.txt")
     refused = invoke("plan", MODEL)
     assert refused.exit_code == 2
-    assert refused.stderr.strip() == (f"error: cannot plan this run: model: HF_HOME ({str(home)!r}) is a file, not a folder: "
-                                      "huggingface_hub keeps its cache and your token in that folder. Set HF_HOME to a "
-                                      "folder, or unset it.")
+    assert refused.stderr.strip() == (
+        f"error: cannot plan this run: model: HF_HOME ({str(home)!r}) is a file, not a folder: "
+        "huggingface_hub keeps its cache and your token in that folder. Set HF_HOME to a "
+        "folder, or unset it."
+    )
     planned = invoke("plan", CATALOG_SOURCE, "--seq-len", "64", "--json")
     assert planned.exit_code == 0, planned.output
     note = json.loads(planned.stdout)["details"]["notes"][0]
@@ -75,7 +79,9 @@ def test_plan_with_hf_home_a_file_names_it_and_plans_a_catalog_model_from_its_sh
 
 def test_fit_fetches_the_config_once_and_writes_a_hub_config(hub, tmp_path):
     best = tmp_path / "best.yaml"
-    result = invoke("fit", MODEL, "--budget", "8GiB", "--method", "lora", "--seq-len", "64", "-b", "2", "--write", str(best))
+    result = invoke(
+        "fit", MODEL, "--budget", "8GiB", "--method", "lora", "--seq-len", "64", "-b", "2", "--write", str(best)
+    )
     assert result.exit_code == 0, result.output
     config_heads = [r for r in hub.server.requests if r.path.endswith("/config.json")]
     assert len([r for r in config_heads if r.method == "GET"]) == 1  # every plan of the search used one download
@@ -93,8 +99,20 @@ def test_fit_fetches_the_config_once_and_writes_a_hub_config(hub, tmp_path):
 def _train_yaml(tmp_path, **changes) -> str:
     from trainer_helpers import DEMO_DATA
 
-    settings = {"model": MODEL, "data": str(DEMO_DATA), "method": "lora", "rank": 4, "precision": "fp32", "batch_size": 4,
-                "seq_len": 64, "max_steps": 2, "lr": 5e-3, "device": "cpu", "output_dir": str(tmp_path / "run"), "seed": 0}
+    settings = {
+        "model": MODEL,
+        "data": str(DEMO_DATA),
+        "method": "lora",
+        "rank": 4,
+        "precision": "fp32",
+        "batch_size": 4,
+        "seq_len": 64,
+        "max_steps": 2,
+        "lr": 5e-3,
+        "device": "cpu",
+        "output_dir": str(tmp_path / "run"),
+        "seed": 0,
+    }
     settings.update(changes)
     path = tmp_path / "run.yaml"
     path.write_text(yaml.safe_dump(settings))
@@ -110,7 +128,9 @@ def test_train_a_hub_model(hub, tmp_path):
     assert (tmp_path / "run" / "adapter" / "adapter_model.safetensors").is_file()
     paths = [r.path for r in hub.server.requests]
     first_weights = min(i for i, r in enumerate(hub.server.requests) if r.server == "cdn")
-    assert max(i for i, p in enumerate(paths) if p.endswith("tokenizer.json")) < first_weights  # tokenizer, then weights
+    assert (
+        max(i for i, p in enumerate(paths) if p.endswith("tokenizer.json")) < first_weights
+    )  # tokenizer, then weights
     assert f"downloading {MODEL}" in result.output
 
 
@@ -130,7 +150,11 @@ def test_a_run_that_does_not_fit_stops_before_any_weights_are_downloaded(hub, tm
 
 def test_train_errors_before_work(hub, tmp_path):
     gated = invoke("train", _train_yaml(tmp_path, model=GATED))
-    assert gated.exit_code == 2 and "model: memfit-test/gated-llama is gated" in gated.output and "HF_TOKEN" in gated.output
+    assert (
+        gated.exit_code == 2
+        and "model: memfit-test/gated-llama is gated" in gated.output
+        and "HF_TOKEN" in gated.output
+    )
     assert hub.server.weight_requests() == []
 
 
@@ -158,7 +182,9 @@ def test_resume_uses_the_commit_the_run_started_from(hub, built, tmp_path):
     run_dir.mkdir()
     (run_dir / "run.json").write_text(json.dumps({"hub": {"repo_id": MODEL, "revision": "main", "commit": hub.main}}))
     assert recorded_commit(run_dir, MODEL) == hub.main and recorded_commit(run_dir, "other/model") is None
-    moved = hub.server.add_commit(MODEL, dict(LocalHub.folder_files(built.model), **{"README.md": b"new"}))  # main moves on
+    moved = hub.server.add_commit(
+        MODEL, dict(LocalHub.folder_files(built.model), **{"README.md": b"new"})
+    )  # main moves on
     config = load_config(_train_yaml(tmp_path))
     options = {"world": make_world({}), "console": Console(stderr=True, quiet=True), "run_dir": run_dir}
     resumed, snapshot = fetch_small_files(config, resume=True, **options)
@@ -185,17 +211,28 @@ def test_merge_hub_base_and_adapter_equals_merging_the_local_folders(hub, built,
         assert torch.equal(merged[name], expected[name]), name
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())
     snapshot = hub.cache / "models--memfit-test--tiny-llama" / "snapshots" / hub.main
-    assert sorted(p.name for p in snapshot.iterdir()) == sorted(p.name for p in built.model.iterdir())  # read, not written
+    assert sorted(p.name for p in snapshot.iterdir()) == sorted(
+        p.name for p in built.model.iterdir()
+    )  # read, not written
 
 
 def test_merge_refusals_come_before_any_download(hub, tmp_path):
     inside = invoke("merge", "--base", MODEL, "--adapter", ADAPTER, "--out", str(hub.cache / "merged"))
     assert inside.exit_code == 2 and "is inside the Hugging Face cache" in inside.output
-    local = invoke("merge", "--base", str(tmp_path), "--adapter", ADAPTER, "--out", str(tmp_path / "o"), "--revision", "main")
-    assert local.exit_code == 2 and "--revision 'main' applies only when --base is a Hugging Face Hub id" in local.output
+    local = invoke(
+        "merge", "--base", str(tmp_path), "--adapter", ADAPTER, "--out", str(tmp_path / "o"), "--revision", "main"
+    )
+    assert (
+        local.exit_code == 2 and "--revision 'main' applies only when --base is a Hugging Face Hub id" in local.output
+    )
     assert hub.server.requests == []
-    revision = invoke("merge", "--base", MODEL, "--adapter", ADAPTER, "--adapter-revision", "v9", "--out", str(tmp_path / "o"))
-    assert revision.exit_code == 2 and "--adapter memfit-test/tiny-adapter: revision 'v9' does not exist" in revision.output
+    revision = invoke(
+        "merge", "--base", MODEL, "--adapter", ADAPTER, "--adapter-revision", "v9", "--out", str(tmp_path / "o")
+    )
+    assert (
+        revision.exit_code == 2
+        and "--adapter memfit-test/tiny-adapter: revision 'v9' does not exist" in revision.output
+    )
     gated = invoke("merge", "--base", GATED, "--adapter", ADAPTER, "--out", str(tmp_path / "o"))
     assert gated.exit_code == 2 and "--base memfit-test/gated-llama: memfit-test/gated-llama is gated" in gated.output
     assert not (tmp_path / "o").exists()

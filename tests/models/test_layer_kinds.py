@@ -5,11 +5,25 @@ from __future__ import annotations
 from memfit.models.build import make_config
 from memfit.models.layer_kinds import covering_layers, cut_keeps_kinds, layer_pattern
 
-ATTENTION = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-             "vocab_size": 256, "max_position_embeddings": 512, "pad_token_id": 0}
+ATTENTION = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "pad_token_id": 0,
+}
 MAMBA2 = {"mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 16}
 L, F = "linear_attention", "full_attention"
-FALCON_H1 = {**ATTENTION, "model_type": "falcon_h1", "num_hidden_layers": 4, "head_dim": 16, "mamba_d_ssm": 128, **MAMBA2}
+FALCON_H1 = {
+    **ATTENTION,
+    "model_type": "falcon_h1",
+    "num_hidden_layers": 4,
+    "head_dim": 16,
+    "mamba_d_ssm": 128,
+    **MAMBA2,
+}
 BAMBA = {**ATTENTION, "model_type": "bamba", "num_hidden_layers": 6, "attn_layer_indices": [3, 5], **MAMBA2}
 
 
@@ -30,8 +44,16 @@ def test_index_lists_are_remapped_to_the_cut():
 
 
 def test_per_layer_lists_and_leading_counts_follow_the_cut():
-    lfm2_moe = {**ATTENTION, "model_type": "lfm2_moe", "num_hidden_layers": 6, "layer_types": ["conv", "conv", F, "conv", F, "conv"],
-                "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 64, "num_dense_layers": 2}
+    lfm2_moe = {
+        **ATTENTION,
+        "model_type": "lfm2_moe",
+        "num_hidden_layers": 6,
+        "layer_types": ["conv", "conv", F, "conv", F, "conv"],
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "num_dense_layers": 2,
+    }
     cut = make_config(lfm2_moe, layers=[0, 2, 3])
     assert list(cut.layer_types) == ["conv", F, "conv"]
     assert cut.num_dense_layers == 1  # of the cut's layers, only the first copies a dense one
@@ -43,17 +65,34 @@ def test_per_layer_lists_and_leading_counts_follow_the_cut():
 
 
 def test_a_cycle_of_kinds_is_written_out_for_the_cut():
-    gemma = {**ATTENTION, "model_type": "recurrent_gemma", "num_hidden_layers": 6, "num_key_value_heads": 4, "head_dim": 16,
-             "lru_width": 64, "attention_window_size": 16}
+    gemma = {
+        **ATTENTION,
+        "model_type": "recurrent_gemma",
+        "num_hidden_layers": 6,
+        "num_key_value_heads": 4,
+        "head_dim": 16,
+        "lru_width": 64,
+        "attention_window_size": 16,
+    }
     cut = make_config(gemma, layers=[0, 1, 1, 2])  # recurrent, recurrent, recurrent, attention
     assert list(cut.block_types) == ["recurrent", "recurrent", "recurrent", "attention"]
     assert cut_keeps_kinds(gemma, [0, 1, 1, 2])
 
 
 def test_a_rule_of_the_depth_keeps_only_prefix_cuts():
-    jamba = {**ATTENTION, "model_type": "jamba", "num_hidden_layers": 8, "num_experts": 4, "num_experts_per_tok": 2,
-             "attn_layer_period": 4, "attn_layer_offset": 2, "expert_layer_period": 2, "expert_layer_offset": 1,
-             "mamba_d_state": 8, "mamba_dt_rank": 8}
+    jamba = {
+        **ATTENTION,
+        "model_type": "jamba",
+        "num_hidden_layers": 8,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "attn_layer_period": 4,
+        "attn_layer_offset": 2,
+        "expert_layer_period": 2,
+        "expert_layer_offset": 1,
+        "mamba_d_state": 8,
+        "mamba_dt_rank": 8,
+    }
     pattern = layer_pattern(jamba)
     assert pattern.kinds == (0, 1, 2, 1, 0, 1, 2, 1) and pattern.period() == 4
     assert not cut_keeps_kinds(jamba, [0, 2, 1])  # the attention layer would land where the rule puts Mamba
@@ -69,9 +108,19 @@ def test_kinds_are_named_by_the_config_and_counted():
 
 
 def test_layers_that_share_weights_are_coupled():
-    zamba = {**ATTENTION, "model_type": "zamba", "num_hidden_layers": 7, "attn_layer_period": 3, "attn_layer_offset": 2,
-             "num_key_value_heads": 4, "attention_head_dim": 32, "attention_hidden_size": 128, "n_mamba_heads": 2,
-             "mamba_d_state": 8, "mamba_dt_rank": 8}
+    zamba = {
+        **ATTENTION,
+        "model_type": "zamba",
+        "num_hidden_layers": 7,
+        "attn_layer_period": 3,
+        "attn_layer_offset": 2,
+        "num_key_value_heads": 4,
+        "attention_head_dim": 32,
+        "attention_hidden_size": 128,
+        "n_mamba_heads": 2,
+        "mamba_d_state": 8,
+        "mamba_dt_rank": 8,
+    }
     assert layer_pattern(zamba).coupled
     assert not layer_pattern(BAMBA).coupled
 

@@ -8,8 +8,16 @@ import types
 from memfit.models.build import make_config
 from memfit.models.mixer_kernels import _kernel_functions, describe, mixer_kernels, pytorch_mixers
 
-MAMBA2 = {"model_type": "mamba2", "hidden_size": 64, "num_heads": 8, "head_dim": 16, "n_groups": 2, "state_size": 16,
-          "num_hidden_layers": 2, "vocab_size": 256}
+MAMBA2 = {
+    "model_type": "mamba2",
+    "hidden_size": 64,
+    "num_heads": 8,
+    "head_dim": 16,
+    "n_groups": 2,
+    "state_size": 16,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+}
 
 
 def test_a_mamba_model_without_the_packages_runs_the_pytorch_path():
@@ -25,8 +33,14 @@ def test_a_mamba_model_without_the_packages_runs_the_pytorch_path():
 
 
 def test_a_model_without_such_mixers_has_none():
-    llama = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 2,
-             "vocab_size": 256}
+    llama = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "vocab_size": 256,
+    }
     assert mixer_kernels(make_config(llama)) == []
     assert describe([]) is None
 

@@ -22,8 +22,15 @@ from memfit.step.builder import build_step
 from memfit.step.optim import build_optimizer
 
 TINY_QWEN2_TIED = {
-    "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512, "tie_word_embeddings": True,
+    "model_type": "qwen2",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
     "use_sliding_window": False,
 }
 
@@ -42,16 +49,27 @@ def _peft_model(config: dict, spec, tmp_path):
     if spec.base_bits == 8:
         model.save_pretrained(tmp_path / "base")
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            tmp_path / "base", dtype=dtype, device_map="cpu", attn_implementation="sdpa",
-            quantization_config=transformers.BitsAndBytesConfig(load_in_8bit=True))
+            tmp_path / "base",
+            dtype=dtype,
+            device_map="cpu",
+            attn_implementation="sdpa",
+            quantization_config=transformers.BitsAndBytesConfig(load_in_8bit=True),
+        )
         model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.checkpointing != "off")
     elif spec.checkpointing != "off":
         model.activation_checkpointing_enable()
     model.config.use_cache = False
     tied = bool(config.get("tie_word_embeddings")) and bool(spec.modules_to_save)
-    lora = peft.LoraConfig(r=spec.rank, lora_alpha=spec.lora_alpha, target_modules="all-linear", task_type="CAUSAL_LM",
-                           use_dora=spec.dora, use_rslora=spec.rslora, modules_to_save=list(spec.modules_to_save) or None,
-                           ensure_weight_tying=tied)
+    lora = peft.LoraConfig(
+        r=spec.rank,
+        lora_alpha=spec.lora_alpha,
+        target_modules="all-linear",
+        task_type="CAUSAL_LM",
+        use_dora=spec.dora,
+        use_rslora=spec.rslora,
+        modules_to_save=list(spec.modules_to_save) or None,
+        ensure_weight_tying=tied,
+    )
     return peft.get_peft_model(model, lora)
 
 
@@ -126,24 +144,37 @@ def test_an_8bit_base_holds_int8_weights_with_a_scale_per_row(tiny_llama):
     layers = tiny_llama["num_hidden_layers"]
     # bf16 linear weights (2 bytes an element) became int8 (1 byte) + an fp32 scale a row, each its own 512-byte block
     linear_bf16 = layers * per_layer * 2
-    assert sixteen["weights"] - eight["weights"] == pytest.approx(linear_bf16 / 2 - layers * 4 * rows, abs=layers * 7 * 2 * 512)
+    assert sixteen["weights"] - eight["weights"] == pytest.approx(
+        linear_bf16 / 2 - layers * 4 * rows, abs=layers * 7 * 2 * 512
+    )
 
 
 def test_the_plan_says_what_trains_and_how_the_base_is_stored():
     pytest.importorskip("bitsandbytes")
     result = plan(TINY_QWEN2_TIED, seq_len=64, rank=8, dora=True, modules_to_save="lm_head", rslora=True)
     adapters = result.details["adapters"]
-    assert adapters == {"modules": ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"],
-                        "dora": True, "rslora": True, "scale": 16 / 8 ** 0.5, "base": "bf16", "modules_to_save": ["lm_head"],
-                        "trained_copies": [["embed_tokens", "lm_head"]]}
+    assert adapters == {
+        "modules": ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"],
+        "dora": True,
+        "rslora": True,
+        "scale": 16 / 8**0.5,
+        "base": "bf16",
+        "modules_to_save": ["lm_head"],
+        "trained_copies": [["embed_tokens", "lm_head"]],
+    }
     helps = result.details["category_help"]
-    assert helps["trainable"] == ("LoRA A/B + DoRA magnitudes (one per output row) + a trainable copy of "
-                                  "embed_tokens = lm_head (tied: one copy)")
+    assert helps["trainable"] == (
+        "LoRA A/B + DoRA magnitudes (one per output row) + a trainable copy of embed_tokens = lm_head (tied: one copy)"
+    )
     assert "DoRA: every adapted weight" in helps["temporaries"]
-    assert any("embed_tokens and lm_head are one tensor in this model (tied): one trainable copy serves both" in n
-               for n in result.details["notes"])
+    assert any(
+        "embed_tokens and lm_head are one tensor in this model (tied): one trainable copy serves both" in n
+        for n in result.details["notes"]
+    )
     eight = plan(TINY_QWEN2_TIED, seq_len=64, rank=8, method="lora-8bit")
-    assert eight.details["category_help"]["weights"].startswith("frozen base: int8 linear layers + an fp32 scale per row")
+    assert eight.details["category_help"]["weights"].startswith(
+        "frozen base: int8 linear layers + an fp32 scale per row"
+    )
     assert "8-bit layers keep their inputs even under checkpointing" in eight.details["category_help"]["activations"]
     assert any("outlier columns" in n for n in eight.details["notes"])
     assert plan(TINY_QWEN2_TIED, seq_len=64, method="full").details["adapters"] is None
@@ -165,7 +196,9 @@ def test_8bit_layers_keep_their_inputs_under_checkpointing(tiny_llama):
     pytest.importorskip("bitsandbytes")
     # bitsandbytes' 8-bit matmul holds its input on its autograd context, not as a saved tensor, so
     # activation checkpointing cannot drop it: the plan shows it as activations.
-    kept = simulate(tiny_llama, make_spec(seq_len=64, rank=8, method="lora-8bit")).tracker.peak.categories["activations"]
+    kept = simulate(tiny_llama, make_spec(seq_len=64, rank=8, method="lora-8bit")).tracker.peak.categories[
+        "activations"
+    ]
     plain = simulate(tiny_llama, make_spec(seq_len=64, rank=8)).tracker.peak.categories["activations"]
     h, i, tokens = tiny_llama["hidden_size"], tiny_llama["intermediate_size"], 64
     inputs_per_layer = (3 * h + i) * tokens * 2  # q/k/v and gate/up share their input; o and down have their own

@@ -23,7 +23,17 @@ def test_json_contract(tiny_llama):
     assert data["gpu"] == {"name": "rtx-4090", "memory_bytes": 24564 * 2**20}
     assert data["fits"] is True
     assert data["headroom_bytes"] == data["gpu"]["memory_bytes"] - data["peak"]["device_total_bytes"]
-    for knob in ("method", "rank", "alpha", "targets", "precision", "optimizer", "batch_size", "seq_len", "checkpointing"):
+    for knob in (
+        "method",
+        "rank",
+        "alpha",
+        "targets",
+        "precision",
+        "optimizer",
+        "batch_size",
+        "seq_len",
+        "checkpointing",
+    ):
         assert knob in data["spec"]
 
 
@@ -39,7 +49,9 @@ def test_budget_decides_fit(tiny_llama):
 
 
 def test_catalog_model_plans_with_every_method():
-    peaks = {m: memfit.plan("smollm2-135m", method=m, seq_len=256).device_total_bytes for m in ("full", "lora", "qlora")}
+    peaks = {
+        m: memfit.plan("smollm2-135m", method=m, seq_len=256).device_total_bytes for m in ("full", "lora", "qlora")
+    }
     assert peaks["qlora"] < peaks["lora"] < peaks["full"]
 
 
@@ -68,7 +80,10 @@ def test_optimizers_and_precisions_plan():
         (("smollm2-135m", {"budget": "lots"}), "--budget"),
         (("smollm2-135m", {"budget": "0GiB"}), "must be more than 0 bytes"),
         (("smollm2-135m", {"gpus": 1, "shard": "zero3"}), "--shard: zero3 needs --gpus 2 or more"),
-        (("smollm2-135m", {"gpus": 4, "shard": "fsdp-offload", "optimizer": "adamw8bit"}), "bitsandbytes' 8-bit optimizers need GPU tensors"),
+        (
+            ("smollm2-135m", {"gpus": 4, "shard": "fsdp-offload", "optimizer": "adamw8bit"}),
+            "bitsandbytes' 8-bit optimizers need GPU tensors",
+        ),
     ],
 )
 def test_bad_input_is_refused_before_work(args, message):

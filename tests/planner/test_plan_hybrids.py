@@ -75,14 +75,18 @@ def test_all_linear_adapts_the_mamba_projections_peft_allows():
     assert {"in_proj", "out_proj"} <= set(bamba.details["adapters"]["modules"])  # PEFT allows it there
 
 
-@pytest.mark.parametrize("model_type, method", [(m, "lora") for m in CUT_CHECKED] + [("nemotron_h", "full"), ("jamba", "full")])
+@pytest.mark.parametrize(
+    "model_type, method", [(m, "lora") for m in CUT_CHECKED] + [("nemotron_h", "full"), ("jamba", "full")]
+)
 def test_a_cut_plan_equals_the_whole_depth(model_type, method):
     """Within the tolerance of the extrapolation test for one kind of layer
     (tests/planner/exact/test_simulate.py::test_extrapolation_matches_full_simulation)."""
     config = HYBRID_CONFIGS[model_type]
     cut = memfit.plan(dict(config), method=method, seq_len=64, batch_size=2, cache=False)
     whole = memfit.plan(dict(config), method=method, seq_len=64, batch_size=2, exact=True)
-    assert sum(cut.details["simulated_layers"]) > 0 and max(cut.details["simulated_layers"]) < whole.details["num_layers"]
+    assert (
+        sum(cut.details["simulated_layers"]) > 0 and max(cut.details["simulated_layers"]) < whole.details["num_layers"]
+    )
     assert whole.details["simulated_layers"] == [whole.details["num_layers"]]
     assert cut.phase == whole.phase
     assert cut.allocated_bytes == pytest.approx(whole.allocated_bytes, rel=0.005)
@@ -95,7 +99,10 @@ def test_a_cut_plan_equals_the_whole_depth(model_type, method):
 
 def test_each_kind_is_counted_by_its_number():
     granite = memfit.plan(dict(HYBRID_CONFIGS["granitemoehybrid"]), seq_len=32, cache=False)
-    assert granite.details["layer_kinds"] == [{"kind": "linear_attention", "layers": 4}, {"kind": "full_attention", "layers": 2}]
+    assert granite.details["layer_kinds"] == [
+        {"kind": "linear_attention", "layers": 4},
+        {"kind": "full_attention", "layers": 2},
+    ]
     assert granite.details["simulated_layers"] == [3, 4, 4]
 
 

@@ -30,7 +30,12 @@ def test_the_plan_counts_active_parameters_and_balanced_tokens():
     config = MOE_CONFIGS["mixtral"]
     plan = memfit.plan(config, method="qlora", targets="experts", **KNOBS)
     experts = plan.details["experts"]
-    hidden, inner, count, layers = config["hidden_size"], config["intermediate_size"], config["num_local_experts"], config["num_hidden_layers"]
+    hidden, inner, count, layers = (
+        config["hidden_size"],
+        config["intermediate_size"],
+        config["num_local_experts"],
+        config["num_hidden_layers"],
+    )
     in_experts = layers * count * 3 * hidden * inner
     assert experts["expert_params"] == in_experts
     assert experts["active_params"] == experts["total_params"] - in_experts + in_experts * 2 // count
@@ -38,8 +43,11 @@ def test_the_plan_counts_active_parameters_and_balanced_tokens():
     assert experts["tokens_per_micro_batch"] == 128 and experts["tokens_per_expert"] == 128 * 2 // count
     assert experts["imbalance_bytes"] == 0
     # r 16: gate_up at rank 32 (two projections), down_proj at 16, each expert its own pair
-    assert experts["adapters"]["trainable_params"] == plan.details["trainable_params"] == \
-        layers * count * (32 * (hidden + 2 * inner) + 16 * (inner + hidden))
+    assert (
+        experts["adapters"]["trainable_params"]
+        == plan.details["trainable_params"]
+        == layers * count * (32 * (hidden + 2 * inner) + 16 * (inner + hidden))
+    )
     assert experts["router_aux_loss"] == {"coef": 0.001, "on": False, "asked": False}
     lines = expert_lines(experts)
     assert lines[0].startswith(f"experts: {layers} layers of {count}, top 2 a token:") and "stored in NF4" in lines[0]
@@ -53,8 +61,15 @@ def test_a_model_without_experts_has_no_expert_details(tiny_llama):
 
 @pytest.mark.slow
 def test_qwen3_30b_a3b_qlora_on_attention_fits_a_24_gb_card_with_its_experts_in_4_bits():
-    plan = memfit.plan("qwen3-30b-a3b", method="qlora", rank=16, targets="q_proj,k_proj,v_proj,o_proj", seq_len=2048, gpu="rtx-4090",
-                       cache=False)
+    plan = memfit.plan(
+        "qwen3-30b-a3b",
+        method="qlora",
+        rank=16,
+        targets="q_proj,k_proj,v_proj,o_proj",
+        seq_len=2048,
+        gpu="rtx-4090",
+        cache=False,
+    )
     assert plan.fits
     experts = plan.details["experts"]
     assert experts["storage"] == "nf4" and experts["experts_per_layer"] == 128 and experts["top_k"] == 8
@@ -63,7 +78,9 @@ def test_qwen3_30b_a3b_qlora_on_attention_fits_a_24_gb_card_with_its_experts_in_
 
 @pytest.mark.slow
 def test_mixtral_qlora_keeps_its_weights_under_a_byte_a_parameter():
-    plan = memfit.plan("mixtral-8x7b", method="qlora", seq_len=512, targets="q_proj,v_proj", budget="80GiB", cache=False)
+    plan = memfit.plan(
+        "mixtral-8x7b", method="qlora", seq_len=512, targets="q_proj,v_proj", budget="80GiB", cache=False
+    )
     assert plan.categories["weights"] / plan.details["experts"]["total_params"] < 0.6
 
 

@@ -66,11 +66,15 @@ def test_bad_combinations_are_refused():
 
 def test_cli_plan_per_gpu():
     runner = CliRunner()
-    result = runner.invoke(app, ["plan", MODEL, "--method", "full", "--seq-len", "256", "--gpus", "8", "--shard", "fsdp",
-                                 "--gpu", "h100-80gb"])
+    result = runner.invoke(
+        app,
+        ["plan", MODEL, "--method", "full", "--seq-len", "256", "--gpus", "8", "--shard", "fsdp", "--gpu", "h100-80gb"],
+    )
     assert result.exit_code == 0, result.output
     assert "per GPU" in result.output and "fits" in result.output
-    result = runner.invoke(app, ["plan", MODEL, "--method", "full", "--seq-len", "256", "--gpus", "8", "--shard", "fsdp", "--json"])
+    result = runner.invoke(
+        app, ["plan", MODEL, "--method", "full", "--seq-len", "256", "--gpus", "8", "--shard", "fsdp", "--json"]
+    )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["details"]["per_rank"] is True
 
@@ -90,7 +94,9 @@ def test_qlora_4bit_weights_stay_whole_on_every_rank():
     assert packed > 0
     assert four.categories["weights"] >= packed  # not divided by 4
     assert four.categories["weights"] < one.categories["weights"]  # the bf16 embeddings and head are sharded
-    assert four.details["gathered_layer_bytes"] < packed / config["num_hidden_layers"]  # 4-bit weights are never gathered
+    assert (
+        four.details["gathered_layer_bytes"] < packed / config["num_hidden_layers"]
+    )  # 4-bit weights are never gathered
 
 
 def test_input_embeddings_stay_on_the_device_under_sharding(tiny_llama):
@@ -109,8 +115,10 @@ def test_input_embeddings_stay_on_the_device_under_sharding(tiny_llama):
 def test_dpo_plans_per_rank_with_its_reference_pass_and_frozen_copy(tiny_llama):
     one = memfit.plan(tiny_llama, method="full", objective="dpo", seq_len=64, cache=False)
     copy_bytes = one.categories["weights"]  # full fine-tuning's only frozen tensors: the reference copy
-    plans = {shard: memfit.plan(tiny_llama, method="full", objective="dpo", seq_len=64, gpus=4, shard=shard, cache=False)
-             for shard in ("ddp", "zero2", "fsdp", "fsdp-offload")}
+    plans = {
+        shard: memfit.plan(tiny_llama, method="full", objective="dpo", seq_len=64, gpus=4, shard=shard, cache=False)
+        for shard in ("ddp", "zero2", "fsdp", "fsdp-offload")
+    }
     assert plans["ddp"].categories["weights"] == copy_bytes and "whole on each GPU" in plans["ddp"].details["reference"]
     for shard in ("zero2", "fsdp"):
         assert copy_bytes / 4 <= plans[shard].categories["weights"] < copy_bytes / 3
@@ -119,8 +127,10 @@ def test_dpo_plans_per_rank_with_its_reference_pass_and_frozen_copy(tiny_llama):
     for p in plans.values():
         assert p.details["per_rank"] and "reference" in p.details["phase_peaks_allocated_bytes"]
     # The pass gathers the copy's layers and root group as forward gathers the model's.
-    lora = {n: memfit.plan(tiny_llama, method="lora", objective="dpo", seq_len=64, gpus=n, shard="fsdp", cache=False)
-            for n in (2, 8)}
+    lora = {
+        n: memfit.plan(tiny_llama, method="lora", objective="dpo", seq_len=64, gpus=n, shard="fsdp", cache=False)
+        for n in (2, 8)
+    }
     assert lora[2].details["reference"].startswith("the base model with its LoRA adapters disabled")
     assert lora[2].allocated_bytes > lora[8].allocated_bytes
 
@@ -133,8 +143,26 @@ def test_orpo_simpo_and_a_precomputed_reference_plan_on_several_gpus(tiny_llama)
 
 
 def test_cli_plans_dpo_per_gpu():
-    result = CliRunner().invoke(app, ["plan", MODEL, "--objective", "dpo", "--method", "full", "--seq-len", "128", "--gpus", "2",
-                                      "--shard", "fsdp", "--json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            MODEL,
+            "--objective",
+            "dpo",
+            "--method",
+            "full",
+            "--seq-len",
+            "128",
+            "--gpus",
+            "2",
+            "--shard",
+            "fsdp",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)["details"]
-    assert data["per_rank"] is True and data["objective"] == "dpo" and "a shard on each of the 2 GPUs" in data["reference"]
+    assert (
+        data["per_rank"] is True and data["objective"] == "dpo" and "a shard on each of the 2 GPUs" in data["reference"]
+    )

@@ -22,7 +22,8 @@ def model_folder(tmp_path, tiny_llama):
 
 def _axolotl(tmp_path, model_folder, extra: str = "") -> str:
     path = tmp_path / "axolotl.yml"
-    path.write_text(textwrap.dedent(f"""
+    path.write_text(
+        textwrap.dedent(f"""
         base_model: {model_folder}
         adapter: lora
         lora_r: 8
@@ -33,15 +34,29 @@ def _axolotl(tmp_path, model_folder, extra: str = "") -> str:
         gradient_checkpointing: true
         bf16: false
         fp16: false
-        """) + extra)
+        """)
+        + extra
+    )
     return str(path)
 
 
 def test_a_config_plans_as_its_knobs_plan_on_the_hugging_face_step(tmp_path, model_folder):
     config = _axolotl(tmp_path, model_folder, "peft_use_dora: true\ntorch_compile: true\n")
     from_config = plan(config, cache=False)
-    by_hand = plan(str(model_folder), method="lora", rank=8, targets="all-linear", seq_len=128, batch_size=2, grad_accum=2,
-                   checkpointing="on", precision="fp32", recipe="hf", dora=True, cache=False)
+    by_hand = plan(
+        str(model_folder),
+        method="lora",
+        rank=8,
+        targets="all-linear",
+        seq_len=128,
+        batch_size=2,
+        grad_accum=2,
+        checkpointing="on",
+        precision="fp32",
+        recipe="hf",
+        dora=True,
+        cache=False,
+    )
     assert from_config.device_total_bytes == by_hand.device_total_bytes
     assert from_config.spec == by_hand.spec
     read = from_config.details["config"]
@@ -69,8 +84,12 @@ def test_a_sharded_config_on_one_gpu_is_planned_unsharded_and_says_so(tmp_path, 
 
 def test_fit_keeps_the_config_s_method_batch_and_length(tmp_path, model_folder):
     found, expected = [], []
-    result = fit(FitRequest(_axolotl(tmp_path, model_folder), budget="2GiB", max_seq_len=False, workers=1),
-                 FitEvents(found=lambda method, fits: found.append((method, [f.spec for f in fits])), plans_expected=expected.append))
+    result = fit(
+        FitRequest(_axolotl(tmp_path, model_folder), budget="2GiB", max_seq_len=False, workers=1),
+        FitEvents(
+            found=lambda method, fits: found.append((method, [f.spec for f in fits])), plans_expected=expected.append
+        ),
+    )
     assert result.fits and {f.spec["method"] for f in result.fits} == {"lora"}
     # The caller hears of the search as for any model (memfit ui streams it); the callbacks are not knobs.
     assert [m for m, _ in found] == ["lora"] and len(found[0][1]) == len(result.fits) and expected and expected[0] > 0
@@ -115,19 +134,28 @@ def test_axolotl_rl_dpo_with_deepspeed_plans_per_gpu(tmp_path, model_folder):
     (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
     result = plan(_axolotl(tmp_path, model_folder, "rl: dpo\ndeepspeed: ds.json\n"), gpus=2, cache=False)
     assert result.spec["objective"] == "dpo" and result.spec["gpus"] == 2 and result.spec["shard"] == "zero2"
-    assert result.details["per_rank"] and result.details["reference"].startswith("the base model with its LoRA adapters disabled")
+    assert result.details["per_rank"] and result.details["reference"].startswith(
+        "the base model with its LoRA adapters disabled"
+    )
 
 
-@pytest.mark.parametrize("sharding, shard", [("fsdp: full_shard auto_wrap\n", "fsdp"), ("deepspeed: ds.json\n", "zero3")])
+@pytest.mark.parametrize(
+    "sharding, shard", [("fsdp: full_shard auto_wrap\n", "fsdp"), ("deepspeed: ds.json\n", "zero3")]
+)
 def test_a_trl_dpo_config_with_fsdp_or_deepspeed_plans_per_gpu(tmp_path, model_folder, sharding, shard):
     (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 3}}))
-    config = _write(tmp_path, "dpo.yaml", f"""
+    config = _write(
+        tmp_path,
+        "dpo.yaml",
+        f"""
         model_name_or_path: {model_folder}
         beta: 0.1
         max_length: 64
         per_device_train_batch_size: 1
         gradient_checkpointing: true
-        """ + sharding)
+        """
+        + sharding,
+    )
     result = plan(config, gpus=2, cache=False)
     assert result.spec["objective"] == "dpo" and result.spec["method"] == "full" and result.spec["shard"] == shard
     assert "a shard on each of the 2 GPUs" in result.details["reference"]
@@ -136,18 +164,33 @@ def test_a_trl_dpo_config_with_fsdp_or_deepspeed_plans_per_gpu(tmp_path, model_f
 def test_a_mode_that_cannot_run_is_refused_by_the_config_s_keys(tmp_path, model_folder):
     from memfit.planner.api import PlanError
 
-    (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {
-        "stage": 3, "offload_param": {"device": "cpu"}, "offload_optimizer": {"device": "cpu"}}}))
-    config = _write(tmp_path, "lf.yaml", f"""
+    (tmp_path / "ds.json").write_text(
+        json.dumps(
+            {
+                "zero_optimization": {
+                    "stage": 3,
+                    "offload_param": {"device": "cpu"},
+                    "offload_optimizer": {"device": "cpu"},
+                }
+            }
+        )
+    )
+    config = _write(
+        tmp_path,
+        "lf.yaml",
+        f"""
         model_name_or_path: {model_folder}
         stage: dpo
         finetuning_type: lora
         deepspeed: ds.json
         optim: adamw_bnb_8bit
-        """)
+        """,
+    )
     with pytest.raises(PlanError) as err:
         plan(config, gpus=2, cache=False)
-    assert f"{config}: deepspeed (memfit shard: fsdp-offload) with optim (memfit optimizer: adamw8bit)" in str(err.value)
+    assert f"{config}: deepspeed (memfit shard: fsdp-offload) with optim (memfit optimizer: adamw8bit)" in str(
+        err.value
+    )
     with pytest.raises(PlanError, match=r"with --optimizer paged-adamw8bit"):
         plan(config, gpus=2, optimizer="paged-adamw8bit", cache=False)
 
@@ -155,7 +198,10 @@ def test_a_mode_that_cannot_run_is_refused_by_the_config_s_keys(tmp_path, model_
 def test_plan_and_fit_take_another_model_in_place_of_the_config_s(tmp_path, model_folder):
     config = _axolotl(tmp_path, "org/not-fetched")  # the config's own model is never looked at
     planned = plan(config, model_override=str(model_folder), cache=False)
-    assert planned.details["config"]["model"] == str(model_folder) and planned.details["config"]["replaced"] == "org/not-fetched"
+    assert (
+        planned.details["config"]["model"] == str(model_folder)
+        and planned.details["config"]["replaced"] == "org/not-fetched"
+    )
     result = fit(FitRequest(config, model_override=str(model_folder), budget="2GiB", max_seq_len=False, workers=1))
     assert result.fits and result.config["model"] == str(model_folder) and result.config["given_model"]
 

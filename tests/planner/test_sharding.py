@@ -13,8 +13,13 @@ PARAMS = 1_000_000 * 64  # rows of a 1,000-wide layer, 64 of them
 def _layout(elem_bytes: int, *, trainable: bool = True, dim0: int = 1000, count: int = 64) -> ParamLayout:
     group = ParamGroup(dim0=dim0, row_bytes=1000 * elem_bytes, trainable=trainable, count=count)
     layer = dim0 * 1000 * elem_bytes
-    return ParamLayout(groups=(group,), layer_param_bytes=layer, layer_grad_bytes=layer if trainable else 0,
-                       root_param_bytes=0, root_grad_bytes=0)
+    return ParamLayout(
+        groups=(group,),
+        layer_param_bytes=layer,
+        layer_grad_bytes=layer if trainable else 0,
+        root_param_bytes=0,
+        root_grad_bytes=0,
+    )
 
 
 def _states(cats: dict[str, int]) -> int:
@@ -22,8 +27,15 @@ def _states(cats: dict[str, int]) -> int:
 
 
 def _single(weight_bytes: int, grad_bytes: int, optimizer_bytes: int) -> dict[str, int]:
-    return {"weights": 0, "trainable": weight_bytes * PARAMS, "gradients": grad_bytes * PARAMS,
-            "optimizer": optimizer_bytes * PARAMS, "activations": 10_000, "temporaries": 0, "runtime": 0}
+    return {
+        "weights": 0,
+        "trainable": weight_bytes * PARAMS,
+        "gradients": grad_bytes * PARAMS,
+        "optimizer": optimizer_bytes * PARAMS,
+        "activations": 10_000,
+        "temporaries": 0,
+        "runtime": 0,
+    }
 
 
 @pytest.mark.parametrize("gpus", [2, 4, 8])
@@ -74,12 +86,25 @@ def test_ddp_keeps_everything_and_adds_buckets_and_nccl():
 
 def test_offload_leaves_no_states_on_the_gpu_and_frozen_weights_shard():
     frozen = _layout(2, trainable=False)
-    single = {"weights": 2 * PARAMS, "trainable": 0, "gradients": 0, "optimizer": 0, "activations": 0, "temporaries": 0, "runtime": 0}
-    assert per_rank_categories(single, "forward", shard="fsdp", gpus=8, layout=frozen)["weights"] == pytest.approx(2 * PARAMS / 8, rel=0.01)
+    single = {
+        "weights": 2 * PARAMS,
+        "trainable": 0,
+        "gradients": 0,
+        "optimizer": 0,
+        "activations": 0,
+        "temporaries": 0,
+        "runtime": 0,
+    }
+    assert per_rank_categories(single, "forward", shard="fsdp", gpus=8, layout=frozen)["weights"] == pytest.approx(
+        2 * PARAMS / 8, rel=0.01
+    )
     off = per_rank_categories(_single(2, 2, 4), "forward", shard="fsdp-offload", gpus=4, layout=_layout(2))
     assert _states(off) == 0
     states = sharding.model_state_bytes(_single(2, 2, 4), shard="fsdp-offload", gpus=4, layout=_layout(2))
-    assert states["per_rank_host_bytes"] == pytest.approx(8 * PARAMS / 4, rel=0.01) and states["per_rank_device_bytes"] == 0
+    assert (
+        states["per_rank_host_bytes"] == pytest.approx(8 * PARAMS / 4, rel=0.01)
+        and states["per_rank_device_bytes"] == 0
+    )
 
 
 def test_8bit_optimizers_are_refused_with_cpu_offload():
@@ -102,8 +127,10 @@ def _dpo_full(weights_bytes: int) -> dict[str, int]:
     return {**_single(2, 2, 4), "weights": weights_bytes * PARAMS}
 
 
-@pytest.mark.parametrize("shard, share", [("ddp", 1.0), ("zero1", 1.0), ("zero2", 0.25), ("zero3", 0.25), ("fsdp", 0.25),
-                                          ("fsdp-offload", 0.0)])
+@pytest.mark.parametrize(
+    "shard, share",
+    [("ddp", 1.0), ("zero1", 1.0), ("zero2", 0.25), ("zero3", 0.25), ("fsdp", 0.25), ("fsdp-offload", 0.0)],
+)
 def test_a_frozen_reference_copy_is_sharded_as_the_trainer_shards_it(shard, share):
     layout = _layout(2)
     cats = per_rank_categories(_dpo_full(2), "optimizer", shard=shard, gpus=4, layout=layout, reference="frozen-copy")
@@ -117,18 +144,29 @@ def test_deepspeed_keeps_the_reference_whole_below_zero3_as_trl_prepares_it():
 
     layout = _layout(2)
     assert sharding.reference_ratio("zero2", 4, layout, ZeroSettings("ds.json", stage=2)) == 1.0
-    assert sharding.reference_ratio("zero3", 4, layout, ZeroSettings("ds.json", stage=3)) == pytest.approx(0.25, rel=0.01)
-    assert sharding.reference_ratio("fsdp-offload", 4, layout, ZeroSettings("ds.json", stage=3, offload_param=True)) == 0.0
+    assert sharding.reference_ratio("zero3", 4, layout, ZeroSettings("ds.json", stage=3)) == pytest.approx(
+        0.25, rel=0.01
+    )
+    assert (
+        sharding.reference_ratio("fsdp-offload", 4, layout, ZeroSettings("ds.json", stage=3, offload_param=True)) == 0.0
+    )
 
 
 def test_the_reference_pass_gathers_as_forward_does():
-    layout = ParamLayout(groups=(ParamGroup(dim0=1000, row_bytes=2000, trainable=True, count=8),), layer_param_bytes=4_000_000,
-                         layer_grad_bytes=4_000_000, root_param_bytes=1_000_000, root_grad_bytes=1_000_000)
+    layout = ParamLayout(
+        groups=(ParamGroup(dim0=1000, row_bytes=2000, trainable=True, count=8),),
+        layer_param_bytes=4_000_000,
+        layer_grad_bytes=4_000_000,
+        root_param_bytes=1_000_000,
+        root_grad_bytes=1_000_000,
+    )
     gathered = 2 * 4_000_000 + 1_000_000  # the current and the prefetched layer, and the root group
     for shard in ("zero3", "fsdp"):
         for reference in ("disabled-adapters", "frozen-copy"):
             extra = sharding.extra_buffers(shard, 4, "reference", layout, reference=reference)
-            assert extra["temporaries"] == gathered == sharding.extra_buffers(shard, 4, "forward", layout)["temporaries"]
+            assert (
+                extra["temporaries"] == gathered == sharding.extra_buffers(shard, 4, "forward", layout)["temporaries"]
+            )
     # zero2 keeps a model's gathered layers until backward (they count whole in weights); its frozen
     # copy has no backward and is gathered a layer at a time.
     assert sharding.extra_buffers("zero2", 4, "reference", layout, reference="disabled-adapters")["temporaries"] == 0

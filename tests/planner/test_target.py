@@ -36,7 +36,12 @@ def test_a_gpu_gives_its_catalog_memory_arch_and_bf16_support():
     target, problems = resolve_target("4090", None)
     assert problems == []
     assert (target.name, target.memory_bytes, target.arch, target.supports_bf16, target.card) == (
-        "rtx-4090", card.memory_bytes, card.arch, card.supports_bf16, "rtx-4090")
+        "rtx-4090",
+        card.memory_bytes,
+        card.arch,
+        card.supports_bf16,
+        "rtx-4090",
+    )
     assert target.source == "gpu" and target.context_bytes is None  # the planner's estimate
 
 
@@ -54,8 +59,10 @@ def test_bad_options_are_named_with_the_value_and_the_fix_all_at_once():
     assert problems[0].startswith("--gpu: ") and "Did you mean 'rtx-4090'" in problems[0]
     assert problems[1] == "--budget: '0' must be more than 0 bytes (e.g. '24GiB')"
     _, problems = resolve_target("rtx-4090", "30GiB")
-    assert problems == ["--budget: 30GiB is more than rtx-4090's 24.0 GiB: a budget can only be lower than the card's "
-                        "memory. Drop --budget, or use a larger --gpu."]
+    assert problems == [
+        "--budget: 30GiB is more than rtx-4090's 24.0 GiB: a budget can only be lower than the card's "
+        "memory. Drop --budget, or use a larger --gpu."
+    ]
     with pytest.raises(PlanError) as info:
         target_from_options("no-such-card", "lots")
     assert [p.split(":")[0] for p in info.value.problems] == ["--gpu", "--budget"]
@@ -73,7 +80,9 @@ def test_a_live_device_is_judged_by_what_is_free_with_its_context_spent():
 
 def test_an_unknown_card_plans_with_the_default_estimates():
     target = live_target(None, _Probe("Quantum Toaster 9000", free_bytes=5 * GiB, total_bytes=8 * GiB))
-    assert target.memory_bytes == 5 * GiB and target.card is None and target.arch is None and target.supports_bf16 is None
+    assert (
+        target.memory_bytes == 5 * GiB and target.card is None and target.arch is None and target.supports_bf16 is None
+    )
     assert target.name == "Quantum Toaster 9000 (free memory)"
 
 

@@ -21,22 +21,51 @@ from memfit.step.batch import DOCUMENTS, PADDED, collate
 from memfit.step.losses import causal_lm_loss
 
 LLAMA = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 97, "max_position_embeddings": 256,
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 97,
+    "max_position_embeddings": 256,
     "tie_word_embeddings": False,
 }
 QWEN2 = {
-    "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 1, "vocab_size": 97, "max_position_embeddings": 256,
+    "model_type": "qwen2",
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "vocab_size": 97,
+    "max_position_embeddings": 256,
     "tie_word_embeddings": True,
 }
 
 #: Multi-head latent attention: values (16 wide) narrower than queries and keys (24), and experts.
 DEEPSEEK_V2 = {
-    "model_type": "deepseek_v2", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 4,
-    "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": None, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
-    "v_head_dim": 16, "topk_method": "greedy", "n_group": 1, "topk_group": 1, "vocab_size": 97, "max_position_embeddings": 256,
+    "model_type": "deepseek_v2",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "kv_lora_rank": 16,
+    "q_lora_rank": None,
+    "qk_rope_head_dim": 8,
+    "qk_nope_head_dim": 16,
+    "v_head_dim": 16,
+    "topk_method": "greedy",
+    "n_group": 1,
+    "topk_group": 1,
+    "vocab_size": 97,
+    "max_position_embeddings": 256,
 }
 
 
@@ -66,11 +95,18 @@ def _loss_and_grads(model, batches, loss_fn=causal_lm_loss):
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("config_dict, dtype, tol", [
-    (LLAMA, torch.float64, 1e-10), (LLAMA, torch.float32, 1e-5), (QWEN2, torch.float64, 1e-10), (QWEN2, torch.float32, 1e-5),
-    # its experts' grouped matmuls take no fp64
-    (DEEPSEEK_V2, torch.float32, 1e-5),
-], ids=["llama-fp64", "llama-fp32", "qwen2-fp64", "qwen2-fp32", "deepseek_v2-fp32"])
+@pytest.mark.parametrize(
+    "config_dict, dtype, tol",
+    [
+        (LLAMA, torch.float64, 1e-10),
+        (LLAMA, torch.float32, 1e-5),
+        (QWEN2, torch.float64, 1e-10),
+        (QWEN2, torch.float32, 1e-5),
+        # its experts' grouped matmuls take no fp64
+        (DEEPSEEK_V2, torch.float32, 1e-5),
+    ],
+    ids=["llama-fp64", "llama-fp32", "qwen2-fp64", "qwen2-fp32", "deepseek_v2-fp32"],
+)
 def test_one_row_equals_the_examples_one_by_one(config_dict, dtype, tol):
     examples = _examples([17, 5, 40, 1, 23])
     alone = _model(config_dict, dtype)
@@ -116,8 +152,12 @@ def test_no_token_attends_to_another_example():
     with torch.no_grad():
         first = collate([a, b], 0, layout=DOCUMENTS)
         second = collate([changed, b], 0, layout=DOCUMENTS)
-        out1 = model(input_ids=first["input_ids"], position_ids=first["position_ids"], memfit_documents=first["documents"]).logits
-        out2 = model(input_ids=second["input_ids"], position_ids=second["position_ids"], memfit_documents=second["documents"]).logits
+        out1 = model(
+            input_ids=first["input_ids"], position_ids=first["position_ids"], memfit_documents=first["documents"]
+        ).logits
+        out2 = model(
+            input_ids=second["input_ids"], position_ids=second["position_ids"], memfit_documents=second["documents"]
+        ).logits
     assert not torch.allclose(out1[0, :12], out2[0, :12])
     torch.testing.assert_close(out1[0, 12:], out2[0, 12:], rtol=0, atol=0)
 
@@ -129,7 +169,7 @@ def test_the_op_matches_sdpa_example_by_example_with_grouped_query_heads():
     k = torch.randn(20, 2, 8, dtype=torch.float64, requires_grad=True)
     v = torch.randn(20, 2, 8, dtype=torch.float64, requires_grad=True)
     cu = torch.tensor([0, 7, 8, 20], dtype=torch.int32)
-    out = document_attention(q, k, v, cu, lengths, 8 ** -0.5)
+    out = document_attention(q, k, v, cu, lengths, 8**-0.5)
     grad = torch.randn_like(out)
     dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad)
     refs = []
@@ -153,7 +193,9 @@ def test_fake_tensors_allocate_what_the_flash_kernel_keeps():
     with FakeTensorMode():
         q = torch.empty(4096, 8, 64, dtype=torch.bfloat16)
         k = torch.empty(4096, 2, 64, dtype=torch.bfloat16)
-        out, lse, rng = torch.ops.memfit.document_attention(q, k, k, torch.empty(3, dtype=torch.int32), [1000, 3096], 0.125)
+        out, lse, rng = torch.ops.memfit.document_attention(
+            q, k, k, torch.empty(3, dtype=torch.int32), [1000, 3096], 0.125
+        )
     assert out.shape == (4096, 8, 64) and out.dtype == torch.bfloat16
     assert lse.shape == (8, 4096) and lse.dtype == torch.float32
     assert rng.shape == (2,) and rng.dtype == torch.uint64
@@ -162,8 +204,18 @@ def test_fake_tensors_allocate_what_the_flash_kernel_keeps():
 def test_which_models_and_layouts():
     llama = make_config(LLAMA)
     assert unsupported_reason(llama) is None
-    gemma2 = make_config({"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-                          "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97})
+    gemma2 = make_config(
+        {
+            "model_type": "gemma2",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "vocab_size": 97,
+        }
+    )
     assert "soft-caps" in unsupported_reason(gemma2) or "sliding" in unsupported_reason(gemma2)
     assert batch_layout(make_spec(), llama) == DOCUMENTS
     assert batch_layout(make_spec(padding_free="off"), llama) == PADDED

@@ -21,7 +21,13 @@ def test_padded_rows_pad_right_and_mask_only_padding():
     # No padding, no mask: an all-ones mask would only make the model check it.
     same = collate([{"input_ids": [1, 2], "labels": [1, 2]}, {"input_ids": [3, 4], "labels": [3, 4]}], 0, layout=PADDED)
     assert set(same) == {"input_ids", "labels"} and count_tokens(same) == 4
-    packed = collate([{"input_ids": [1, 2], "labels": [1, 2], "position_ids": [0, 0]}, {"input_ids": [3], "labels": [3], "position_ids": [4]}], 0)
+    packed = collate(
+        [
+            {"input_ids": [1, 2], "labels": [1, 2], "position_ids": [0, 0]},
+            {"input_ids": [3], "labels": [3], "position_ids": [4]},
+        ],
+        0,
+    )
     assert packed["position_ids"].tolist() == [[0, 0], [4, 0]]
     with pytest.raises(ValueError, match="pad_token_id must be a non-negative integer, got None"):
         collate(batch, pad_token_id=None)
@@ -46,7 +52,11 @@ def test_documents_are_one_row_with_bounds_positions_and_no_label_across_them():
 
 def test_packed_rows_split_into_documents_where_positions_restart():
     # A packed row: an example continued from the previous row (positions 3, 4), then two examples.
-    row = {"input_ids": [1, 2, 3, 4, 5, 6, 7], "labels": [1, 2, -100, 4, 5, -100, 7], "position_ids": [3, 4, 0, 1, 2, 0, 1]}
+    row = {
+        "input_ids": [1, 2, 3, 4, 5, 6, 7],
+        "labels": [1, 2, -100, 4, 5, -100, 7],
+        "position_ids": [3, 4, 0, 1, 2, 0, 1],
+    }
     out = collate([row, {"input_ids": [8, 9], "labels": [-100, 9], "position_ids": [0, 1]}], 0, layout=DOCUMENTS)
     assert out["documents"].lengths == (2, 3, 2, 2)
     assert out["position_ids"].tolist() == [[3, 4, 0, 1, 2, 0, 1, 0, 1]]

@@ -19,8 +19,10 @@ from memfit.step.labels import IGNORE_INDEX
 
 
 def _examples():
-    return [completion_example([5, 6, 7], [8, 9], 1.5, generation_tokens=5, old_logps=[0.0, 0.0, -1.0, -2.0, 0.0]),
-            completion_example([5], [8, 9, 10], -0.5, generation_tokens=5, old_logps=[-3.0, -4.0, -5.0, 0.0])]
+    return [
+        completion_example([5, 6, 7], [8, 9], 1.5, generation_tokens=5, old_logps=[0.0, 0.0, -1.0, -2.0, 0.0]),
+        completion_example([5], [8, 9, 10], -0.5, generation_tokens=5, old_logps=[-3.0, -4.0, -5.0, 0.0]),
+    ]
 
 
 def test_a_completion_is_its_prompt_then_its_tokens_labelled():
@@ -39,7 +41,9 @@ def test_collated_values_come_back_per_example(layout):
 
 
 def test_the_planned_micro_batch_holds_the_longest_completions():
-    spec = make_spec(objective="grpo", num_generations=2, batch_size=4, seq_len=40, max_completion_length=16, num_iterations=2)
+    spec = make_spec(
+        objective="grpo", num_generations=2, batch_size=4, seq_len=40, max_completion_length=16, num_iterations=2
+    )
     planned = longest_completions(spec, PADDED)
     assert [len(e["input_ids"]) for e in planned] == [40, 40, 40, 39]
     assert all(e["labels"][:24] == [IGNORE_INDEX] * 24 and len(e["old_logps"]) == len(e["input_ids"]) for e in planned)

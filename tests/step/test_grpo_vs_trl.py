@@ -24,8 +24,16 @@ TINY = TINY_MODELS["llama"]
 GENERATIONS = 4
 #: Two prompts of different lengths, four completions each of different lengths (EOS = 1 ends some).
 PROMPTS = [[5, 9, 13, 17, 21], [6, 10, 14]]
-COMPLETIONS = [[30, 31, 32, 1], [40, 41, 42, 43, 44, 45], [50, 1], [60, 61, 62, 63, 64],
-               [70, 71, 72, 73, 74, 75], [80, 1], [90, 91, 92], [100, 101, 102, 103, 1]]
+COMPLETIONS = [
+    [30, 31, 32, 1],
+    [40, 41, 42, 43, 44, 45],
+    [50, 1],
+    [60, 61, 62, 63, 64],
+    [70, 71, 72, 73, 74, 75],
+    [80, 1],
+    [90, 91, 92],
+    [100, 101, 102, 103, 1],
+]
 MAX_COMPLETION = 6
 REWARDS = [[1.0, 0.5], [0.0, 0.25], [2.0, float("nan")], [0.5, 0.0], [1.5, 1.0], [0.0, 0.0], [3.0, 0.5], [0.25, 2.0]]
 WEIGHTS = [1.0, 0.5]
@@ -47,8 +55,10 @@ def _lora_model():
     from memfit.step.prepare import attach_lora
 
     torch.manual_seed(0)
-    model = attach_lora(AutoModelForCausalLM.from_config(make_config(TINY), dtype=torch.float32),
-                        make_spec(method="lora", rank=4, precision="fp32"))
+    model = attach_lora(
+        AutoModelForCausalLM.from_config(make_config(TINY), dtype=torch.float32),
+        make_spec(method="lora", rank=4, precision="fp32"),
+    )
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
@@ -73,14 +83,26 @@ def _trl_trainer(tmp_path, model, tokenizer, **kwargs):
         return [0.0] * len(prompts)
 
     rows = len(COMPLETIONS)
-    args = GRPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=rows, num_generations=GENERATIONS,
-                      max_completion_length=MAX_COMPLETION, report_to=[], use_cpu=True, bf16=False, fp16=False,
-                      gradient_checkpointing=False, disable_dropout=True, reward_weights=WEIGHTS, **kwargs)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        per_device_train_batch_size=rows,
+        num_generations=GENERATIONS,
+        max_completion_length=MAX_COMPLETION,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        disable_dropout=True,
+        reward_weights=WEIGHTS,
+        **kwargs,
+    )
     dataset = datasets.Dataset.from_list([{"prompt": "x"}] * rows)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = GRPOTrainer(model=model, reward_funcs=[reward_a, reward_b], args=args, train_dataset=dataset,
-                              processing_class=tokenizer)
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=[reward_a, reward_b], args=args, train_dataset=dataset, processing_class=tokenizer
+        )
     trainer.current_gradient_accumulation_steps = 1
     # Given a model with an adapter, TRL keeps a copy of it as the reference ("ref"); memfit's reference
     # (and TRL's for an adapter it attaches itself) is the base with the adapters disabled.
@@ -103,14 +125,26 @@ def _trl_trainer(tmp_path, model, tokenizer, **kwargs):
 def _memfit(model, params: ObjectiveParams, layout: str, *, beta: float, temperature: float):
     from memfit.step.attention import restore_attention, use_document_attention
 
-    spec = make_spec(method="lora", rank=4, precision="fp32", objective="grpo", num_generations=GENERATIONS,
-                     batch_size=len(COMPLETIONS), max_completion_length=MAX_COMPLETION, seq_len=64, beta=beta,
-                     temperature=temperature, padding_free="on" if layout == DOCUMENTS else "off")
+    spec = make_spec(
+        method="lora",
+        rank=4,
+        precision="fp32",
+        objective="grpo",
+        num_generations=GENERATIONS,
+        batch_size=len(COMPLETIONS),
+        max_completion_length=MAX_COMPLETION,
+        seq_len=64,
+        beta=beta,
+        temperature=temperature,
+        padding_free="on" if layout == DOCUMENTS else "off",
+    )
     step = build_step(spec, make_config(TINY), params)
     advantages = group_advantages(torch.tensor(REWARDS), WEIGHTS, GENERATIONS, params.scale_rewards).advantages
     tokens = sum(len(c) for c in COMPLETIONS)
-    examples = [completion_example(PROMPTS[i // GENERATIONS], c, float(a), generation_tokens=tokens)
-                for i, (c, a) in enumerate(zip(COMPLETIONS, advantages))]
+    examples = [
+        completion_example(PROMPTS[i // GENERATIONS], c, float(a), generation_tokens=tokens)
+        for i, (c, a) in enumerate(zip(COMPLETIONS, advantages))
+    ]
     if layout == DOCUMENTS:
         use_document_attention(model)
     batch = step.collate(examples, pad_token_id=2)
@@ -122,10 +156,16 @@ def _memfit(model, params: ObjectiveParams, layout: str, *, beta: float, tempera
     return advantages, loss.detach(), summarize_metrics([metrics]), _grads(model)
 
 
-@pytest.mark.parametrize("loss_type, beta, temperature, layout", [
-    ("dapo", 0.0, 1.0, PADDED), ("grpo", 0.04, 0.7, PADDED), ("bnpo", 0.0, 1.3, DOCUMENTS),
-    ("dr_grpo", 0.1, 1.0, DOCUMENTS), ("dapo", 0.04, 0.9, DOCUMENTS),
-])
+@pytest.mark.parametrize(
+    "loss_type, beta, temperature, layout",
+    [
+        ("dapo", 0.0, 1.0, PADDED),
+        ("grpo", 0.04, 0.7, PADDED),
+        ("bnpo", 0.0, 1.3, DOCUMENTS),
+        ("dr_grpo", 0.1, 1.0, DOCUMENTS),
+        ("dapo", 0.04, 0.9, DOCUMENTS),
+    ],
+)
 def test_loss_advantages_and_gradients_equal_trls(tmp_path, tokenizer, loss_type, beta, temperature, layout):
     model = _lora_model()
     trainer, inputs = _trl_trainer(tmp_path, model, tokenizer, loss_type=loss_type, beta=beta, temperature=temperature)
@@ -141,19 +181,25 @@ def test_loss_advantages_and_gradients_equal_trls(tmp_path, tokenizer, loss_type
     torch.testing.assert_close(loss, trl_loss.detach(), rtol=2e-5, atol=1e-7)
     assert grads.keys() == trl_grads.keys() and grads
     for name in grads:
-        torch.testing.assert_close(grads[name], trl_grads[name], rtol=2e-4, atol=2e-7, msg=lambda m, name=name: f"{name}: {m}")
-    for name in ("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean") + (("kl",) if beta else ()):
+        torch.testing.assert_close(
+            grads[name], trl_grads[name], rtol=2e-4, atol=2e-7, msg=lambda m, name=name: f"{name}: {m}"
+        )
+    for name in ("entropy", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean") + (
+        ("kl",) if beta else ()
+    ):
         assert metrics[name] == pytest.approx(trl_metrics[name], rel=1e-4, abs=1e-6), name
-    assert trl_metrics["reward"] == pytest.approx(float(torch.nanmean(
-        group_advantages(torch.tensor(REWARDS), WEIGHTS, GENERATIONS, "group").rewards)), rel=1e-6)
+    assert trl_metrics["reward"] == pytest.approx(
+        float(torch.nanmean(group_advantages(torch.tensor(REWARDS), WEIGHTS, GENERATIONS, "group").rewards)), rel=1e-6
+    )
 
 
 def test_a_step_away_from_the_old_policy_clips_as_trl_does(tmp_path, tokenizer):
     # num_iterations > 1: the completions carry the old policy's log-probs; moving the policy makes
     # ratios leave [1 - epsilon, 1 + epsilon_high] and the clipped shares count them.
     model = _lora_model()
-    trainer, inputs = _trl_trainer(tmp_path, model, tokenizer, loss_type="grpo", num_iterations=2, epsilon=0.05,
-                                   epsilon_high=0.1)
+    trainer, inputs = _trl_trainer(
+        tmp_path, model, tokenizer, loss_type="grpo", num_iterations=2, epsilon=0.05, epsilon_high=0.1
+    )
     scored = trainer._generate_and_score_completions(inputs)
     old = scored["old_per_token_logps"]
     with torch.no_grad():
@@ -166,15 +212,24 @@ def test_a_step_away_from_the_old_policy_clips_as_trl_does(tmp_path, tokenizer):
     trl_metrics = {name: values[-1] for name, values in trainer._metrics["train"].items()}
 
     params = ObjectiveParams(beta=0.0, loss_type="grpo", epsilon=0.05, epsilon_high=0.1)
-    spec = make_spec(method="lora", rank=4, precision="fp32", objective="grpo", num_generations=GENERATIONS,
-                     batch_size=len(COMPLETIONS), max_completion_length=MAX_COMPLETION, seq_len=64, num_iterations=2,
-                     padding_free="off")
+    spec = make_spec(
+        method="lora",
+        rank=4,
+        precision="fp32",
+        objective="grpo",
+        num_generations=GENERATIONS,
+        batch_size=len(COMPLETIONS),
+        max_completion_length=MAX_COMPLETION,
+        seq_len=64,
+        num_iterations=2,
+        padding_free="off",
+    )
     step = build_step(spec, make_config(TINY), params)
     examples = []
     for i, (c, a) in enumerate(zip(COMPLETIONS, scored["advantages"])):
         prompt = PROMPTS[i // GENERATIONS]
         # TRL's old log-probs are [completions, longest completion]; memfit's one per position.
-        per_position = [0.0] * (len(prompt) - 1) + old[i, :len(c)].tolist() + [0.0]
+        per_position = [0.0] * (len(prompt) - 1) + old[i, : len(c)].tolist() + [0.0]
         examples.append(completion_example(prompt, c, float(a), generation_tokens=1, old_logps=per_position))
     loss, metrics = step.loss_fn(model, step.collate(examples, pad_token_id=2))
     loss.backward()
@@ -183,8 +238,13 @@ def test_a_step_away_from_the_old_policy_clips_as_trl_does(tmp_path, tokenizer):
         torch.testing.assert_close(grad, trl_grads[name], rtol=2e-4, atol=2e-7, msg=name)
     metrics = summarize_metrics([metrics])
     assert trl_metrics["clip_ratio/region_mean"] > 0
-    for name in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
-                 "clip_ratio/high_max"):
+    for name in (
+        "clip_ratio/low_mean",
+        "clip_ratio/high_mean",
+        "clip_ratio/region_mean",
+        "clip_ratio/low_min",
+        "clip_ratio/high_max",
+    ):
         assert metrics[name] == pytest.approx(trl_metrics[name], rel=1e-5, abs=1e-7), name
 
 
@@ -196,7 +256,10 @@ def test_advantages_scale_as_trl_scales_them(scale):
     ours = group_advantages(rewards, WEIGHTS, GENERATIONS, scale)
     summed = (rewards * torch.tensor(WEIGHTS)).nansum(1)
     mean = summed.view(-1, GENERATIONS).mean(1).repeat_interleave(GENERATIONS)
-    std = (trl_nanstd(summed.view(-1, GENERATIONS), dim=1).repeat_interleave(GENERATIONS) if scale == "group"
-           else trl_nanstd(summed).expand_as(summed))
+    std = (
+        trl_nanstd(summed.view(-1, GENERATIONS), dim=1).repeat_interleave(GENERATIONS)
+        if scale == "group"
+        else trl_nanstd(summed).expand_as(summed)
+    )
     expected = summed - mean if scale == "none" else (summed - mean) / (std + 1e-4)
     torch.testing.assert_close(ours.advantages, expected)

@@ -20,7 +20,7 @@ from memfit.step.losses import choose_loss
 
 
 def _reference(hidden, weight, labels):
-    logits = (hidden.double() @ weight.double().t())
+    logits = hidden.double() @ weight.double().t()
     targets = F.pad(labels[..., 1:], (0, 1), value=IGNORE_INDEX)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
 
@@ -98,7 +98,9 @@ def test_chunked_nll_makes_an_fp32_head_for_each_chunk(tiny_llama):
     # TRL's chunk upcasts the head (w.float()): a bf16 head gets an fp32 copy, V x H x 4 bytes.
     config = dict(tiny_llama, vocab_size=8192)
     head_fp32_bytes = config["vocab_size"] * config["hidden_size"] * 4
-    result = simulate(config, make_spec(method="lora", seq_len=TRL_CHUNK_TOKENS, recipe="hf", hf_loss="chunked-nll")).tracker
+    result = simulate(
+        config, make_spec(method="lora", seq_len=TRL_CHUNK_TOKENS, recipe="hf", hf_loss="chunked-nll")
+    ).tracker
     assert any(a.nbytes == head_fp32_bytes for a in result.allocations)
 
 

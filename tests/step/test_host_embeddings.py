@@ -16,8 +16,16 @@ def _lora_model(tie: bool):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=128, max_position_embeddings=256, tie_word_embeddings=tie)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=256,
+        tie_word_embeddings=tie,
+    )
     model = attach_lora(LlamaForCausalLM(config), make_spec(method="lora", rank=4))
     with torch.no_grad():
         for name, p in model.named_parameters():

@@ -17,8 +17,15 @@ def _model(seed: int = 0) -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(hidden_size=HIDDEN, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=128, max_position_embeddings=256)
+    config = LlamaConfig(
+        hidden_size=HIDDEN,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=256,
+    )
     model = LlamaForCausalLM(config).to(torch.bfloat16)
     model = attach_lora(model, make_spec(method="lora", rank=8))
     with torch.no_grad():  # lora_B starts at zero; make it count in the gradients of lora_A

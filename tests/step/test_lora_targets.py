@@ -27,8 +27,17 @@ def _adapted(name: str, **knobs) -> tuple[list[str], torch.nn.Module]:
 def test_all_linear_adapts_every_linear_layer_and_every_expert_but_not_the_router():
     adapted, _ = _adapted("qwen3_moe")
     # Layer 0 is a dense MLP (mlp_only_layers): its projections are adapted too.
-    assert adapted == ["down_proj", "experts.down_proj", "experts.gate_up_proj", "gate_proj", "k_proj", "o_proj", "q_proj",
-                       "up_proj", "v_proj"]
+    assert adapted == [
+        "down_proj",
+        "experts.down_proj",
+        "experts.gate_up_proj",
+        "gate_proj",
+        "k_proj",
+        "o_proj",
+        "q_proj",
+        "up_proj",
+        "v_proj",
+    ]
 
 
 @pytest.mark.parametrize("name", ["mixtral", "gpt_oss", "llama4_text", "deepseek_v2"])
@@ -59,7 +68,12 @@ def test_a_fused_gate_and_up_takes_twice_the_rank_and_alpha():
     assert targets.alpha_pattern == {r".*\.experts\.gate_up_proj": 32.0}
     config = TINY_MODELS["mixtral"]
     _, model = _adapted("mixtral", targets=("experts",), rank=8)
-    hidden, inner, experts, layers = config["hidden_size"], config["intermediate_size"], config["num_local_experts"], config["num_hidden_layers"]
+    hidden, inner, experts, layers = (
+        config["hidden_size"],
+        config["intermediate_size"],
+        config["num_local_experts"],
+        config["num_hidden_layers"],
+    )
     per_expert = 16 * (hidden + 2 * inner) + 8 * (inner + hidden)
     assert sum(p.numel() for p in model.parameters() if p.requires_grad) == layers * experts * per_expert
 
@@ -69,7 +83,9 @@ def test_a_dense_layer_peft_would_give_to_the_experts_is_adapted_through_its_wei
     # DeepSeek types (and Qwen3-MoE...): the dense first layer and the shared experts would lose
     # their adapters; their weights are named instead.
     model = _meta("deepseek_v2")
-    assert {"down_proj", "gate_proj", "up_proj"} <= peft_claimed_names(model, ["down_proj", "gate_proj", "up_proj", "q_proj"])
+    assert {"down_proj", "gate_proj", "up_proj"} <= peft_claimed_names(
+        model, ["down_proj", "gate_proj", "up_proj", "q_proj"]
+    )
     targets = lora_targets(model, ("down_proj", "q_proj"), rank=8, alpha=16.0, refused=[])
     assert targets.modules == ("q_proj",) and targets.parameters == ("down_proj.weight",)
     adapted, prepared = _adapted("deepseek_v2", targets=("down_proj",))
@@ -82,14 +98,20 @@ def test_a_dense_layer_peft_would_give_to_the_experts_is_adapted_through_its_wei
 def test_unknown_targets_name_what_the_model_has():
     model = _meta("qwen3_moe")
     assert {"experts", "experts.gate_up_proj", "experts.down_proj", "gate", "q_proj"} <= set(available_targets(model))
-    with pytest.raises(ModelBuildError, match=r"--targets: expert match no linear layer, expert weight or router.*experts\.gate_up_proj"):
+    with pytest.raises(
+        ModelBuildError,
+        match=r"--targets: expert match no linear layer, expert weight or router.*experts\.gate_up_proj",
+    ):
         check_targets(model, make_spec(method="lora", targets=("expert",)))
 
 
 def test_dropout_and_dora_are_refused_on_expert_weights_with_the_fix():
     model = _meta("mixtral")
-    with pytest.raises(ModelBuildError, match=r"--dropout 0.05: PEFT's LoRA on weights .*takes no dropout: set --dropout 0, or give "
-                                              r"--targets without the experts and routers \(e\.g\. "):
+    with pytest.raises(
+        ModelBuildError,
+        match=r"--dropout 0.05: PEFT's LoRA on weights .*takes no dropout: set --dropout 0, or give "
+        r"--targets without the experts and routers \(e\.g\. ",
+    ):
         check_targets(model, make_spec(method="lora", dropout=0.05))
     with pytest.raises(ModelBuildError, match=r"dora: .*takes no DoRA"):
         check_targets(model, make_spec(method="lora", targets=("experts",), dora=True), spelling="key")

@@ -190,10 +190,18 @@ def test_a_moe_model_gets_its_routing_loss_as_its_own_forward_adds_it(name, rout
     torch.manual_seed(0)
     config = dict(TINY_MODELS[name], output_router_logits=routing_loss, router_aux_loss_coef=0.5)
     model = AutoModelForCausalLM.from_config(make_config(config))
-    examples = [{"input_ids": list(range(3, 15)), "labels": list(range(3, 15))}, {"input_ids": list(range(20, 29)), "labels": list(range(20, 29))}]
+    examples = [
+        {"input_ids": list(range(3, 15)), "labels": list(range(3, 15))},
+        {"input_ids": list(range(20, 29)), "labels": list(range(20, 29))},
+    ]
     batch = collate(examples, 0)
     ours = causal_lm_loss(model, batch)
     theirs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-6)
-    plain = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"], output_router_logits=False).loss
+    plain = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        labels=batch["labels"],
+        output_router_logits=False,
+    ).loss
     assert (ours.item() != pytest.approx(plain.item(), rel=1e-6)) == (routing_loss and name != "deepseek_v2")

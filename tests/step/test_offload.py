@@ -53,7 +53,9 @@ def tiny_config(num_layers: int = LAYERS):
     )
 
 
-def build(method: str, *, offload: bool, device: str = "cpu", seed: int = 0, attention: str = "sdpa") -> torch.nn.Module:
+def build(
+    method: str, *, offload: bool, device: str = "cpu", seed: int = 0, attention: str = "sdpa"
+) -> torch.nn.Module:
     """A tiny Llama with checkpointing on (offloaded or not); same seed, same weights."""
     from transformers import AutoModelForCausalLM
 
@@ -113,7 +115,9 @@ def test_adamw_steps_with_gradient_accumulation_equal_plain_checkpointing(method
         torch.manual_seed(2)
         losses = []
         for step in range(3):
-            loss, _ = train_step(model, [batch(10 * step), batch(10 * step + 1)], optimizer, loss_fn=causal_lm_loss, max_grad_norm=1.0)
+            loss, _ = train_step(
+                model, [batch(10 * step), batch(10 * step + 1)], optimizer, loss_fn=causal_lm_loss, max_grad_norm=1.0
+            )
             losses.append(float(loss))
         return losses, {n: p.detach().clone() for n, p in model.named_parameters()}
 

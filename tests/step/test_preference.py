@@ -68,7 +68,12 @@ PAIRS = [_pair([5, 6, 7], [8, 9], [10]), _pair([11, 12], [13, 14, 15], [16, 17])
 def test_pairs_collate_chosen_first_padded_and_in_one_row():
     padded = collate_pairs(PAIRS, pad_token_id=0, layout=PADDED)
     assert padded["pairs"] == 2
-    assert padded["input_ids"].tolist() == [[5, 6, 7, 8, 9], [11, 12, 13, 14, 15], [5, 6, 7, 10, 0], [11, 12, 16, 17, 0]]
+    assert padded["input_ids"].tolist() == [
+        [5, 6, 7, 8, 9],
+        [11, 12, 13, 14, 15],
+        [5, 6, 7, 10, 0],
+        [11, 12, 16, 17, 0],
+    ]
     assert padded["attention_mask"].tolist()[2] == [1, 1, 1, 1, 0]
     row = collate_pairs(PAIRS, pad_token_id=0, layout=DOCUMENTS)
     assert row["documents"].lengths == (5, 5, 4, 4)
@@ -125,9 +130,12 @@ def test_answer_mean_logits_are_the_whole_logits_averaged_over_the_answers(tiny_
 
 def _logps(chosen, rejected, counts=(1.0, 1.0, 1.0, 1.0), every=None, every_tokens=None):
     answer = torch.tensor(chosen + rejected, dtype=torch.float64)
-    return SequenceLogps(answer=answer, answer_tokens=torch.tensor(counts, dtype=torch.float64),
-                         every=None if every is None else torch.tensor(every, dtype=torch.float64),
-                         every_tokens=None if every_tokens is None else torch.tensor(every_tokens, dtype=torch.float64))
+    return SequenceLogps(
+        answer=answer,
+        answer_tokens=torch.tensor(counts, dtype=torch.float64),
+        every=None if every is None else torch.tensor(every, dtype=torch.float64),
+        every_tokens=None if every_tokens is None else torch.tensor(every_tokens, dtype=torch.float64),
+    )
 
 
 def test_dpo_losses_as_trl_writes_them():
@@ -167,8 +175,13 @@ def test_dpo_mean_logits_are_a_mean_over_answer_tokens_and_micro_batches_average
 
 
 def test_orpo_and_simpo_losses():
-    logps = _logps([-2.0, -3.0], [-4.0, -1.0], counts=(2.0, 3.0, 2.0, 1.0), every=[-5.0, -6.0, -7.0, -2.0],
-                   every_tokens=[4.0, 5.0, 4.0, 2.0])
+    logps = _logps(
+        [-2.0, -3.0],
+        [-4.0, -1.0],
+        counts=(2.0, 3.0, 2.0, 1.0),
+        every=[-5.0, -6.0, -7.0, -2.0],
+        every_tokens=[4.0, 5.0, 4.0, 2.0],
+    )
     mean_c, mean_r = torch.tensor([-1.0, -1.0]), torch.tensor([-2.0, -1.0])
     orpo, metrics = objective_loss("orpo", ObjectiveParams(beta=0.1), logps)
     log_odds = (mean_c - mean_r) - (torch.log1p(-torch.exp(mean_c)) - torch.log1p(-torch.exp(mean_r)))
@@ -233,7 +246,9 @@ def test_the_step_runs_the_reference_pass_as_a_phase_and_reports_metrics(tiny_ll
 
     metrics: list = []
     optimizer = build_optimizer(model.parameters(), "adamw", lr=1e-2)
-    loss, _ = step(model, [step.collate(PAIRS, 0), step.collate(PAIRS[:1], 0)], optimizer, observer=Observer(), metrics=metrics)
+    loss, _ = step(
+        model, [step.collate(PAIRS, 0), step.collate(PAIRS[:1], 0)], optimizer, observer=Observer(), metrics=metrics
+    )
     assert phases[:3] == ["reference", "forward", "backward"] and phases.count("reference") == 2
     # A fresh adapter (LoRA B is zero) is the reference: every reward 0, the loss log 2.
     assert loss.item() == pytest.approx(math.log(2), rel=1e-6)

@@ -21,9 +21,18 @@ from memfit.step.labels import IGNORE_INDEX  # noqa: E402
 from memfit.step.preference import summarize_metrics  # noqa: E402
 
 TINY = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256, "tie_word_embeddings": False,
-    "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 2,
 }
 
 TEXT_PAIRS = [
@@ -32,12 +41,16 @@ TEXT_PAIRS = [
     {"prompt": "Q: Is 7 even or odd?\nA:", "chosen": " 7 is odd.", "rejected": " Whatever."},
 ]
 CHAT_PAIRS = [
-    {"prompt": [{"role": "user", "content": "What comes after Monday?"}],
-     "chosen": [{"role": "assistant", "content": "The day after Monday is Tuesday."}],
-     "rejected": [{"role": "assistant", "content": "Ask someone else."}]},
-    {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Opposite of hot?"}],
-     "chosen": [{"role": "assistant", "content": "Cold."}],
-     "rejected": [{"role": "assistant", "content": "Hot."}]},
+    {
+        "prompt": [{"role": "user", "content": "What comes after Monday?"}],
+        "chosen": [{"role": "assistant", "content": "The day after Monday is Tuesday."}],
+        "rejected": [{"role": "assistant", "content": "Ask someone else."}],
+    },
+    {
+        "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Opposite of hot?"}],
+        "chosen": [{"role": "assistant", "content": "Cold."}],
+        "rejected": [{"role": "assistant", "content": "Hot."}],
+    },
 ]
 
 
@@ -81,13 +94,28 @@ def _lora_config():
     """The LoraConfig memfit's attach_lora makes for SPEC, for TRL to attach itself."""
     from peft import LoraConfig
 
-    return LoraConfig(r=SPEC.rank, lora_alpha=SPEC.lora_alpha, lora_dropout=0.0, target_modules="all-linear", bias="none",
-                      task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=SPEC.rank,
+        lora_alpha=SPEC.lora_alpha,
+        lora_dropout=0.0,
+        target_modules="all-linear",
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
 
 
 def _args(tmp_path, config_class, **kwargs):
-    return config_class(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=2, report_to=[], use_cpu=True,
-                        bf16=False, fp16=False, gradient_checkpointing=False, disable_dropout=True, **kwargs)
+    return config_class(
+        output_dir=str(tmp_path / "trl"),
+        per_device_train_batch_size=2,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        disable_dropout=True,
+        **kwargs,
+    )
 
 
 def _lora_grads(model) -> dict[str, torch.Tensor]:
@@ -95,8 +123,13 @@ def _lora_grads(model) -> dict[str, torch.Tensor]:
 
 
 def _memfit_step(objective: str, layout: str, params: ObjectiveParams):
-    spec = make_spec(method="lora", rank=4, precision="fp32", objective=objective,
-                     padding_free="on" if layout == DOCUMENTS else "off")
+    spec = make_spec(
+        method="lora",
+        rank=4,
+        precision="fp32",
+        objective=objective,
+        padding_free="on" if layout == DOCUMENTS else "off",
+    )
     return build_step(spec, make_config(TINY), params)
 
 
@@ -148,8 +181,12 @@ def test_pairs_tokenize_as_dpo_trainer_tokenizes_them(tmp_path, tokenizer, rows)
     ours, _ = tokenize_pairs(records, tokenizer, seq_len=256)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = DPOTrainer(model=_lora_model(), args=_args(tmp_path, DPOConfig, max_length=None),
-                             train_dataset=datasets.Dataset.from_list(rows), processing_class=tokenizer)
+        trainer = DPOTrainer(
+            model=_lora_model(),
+            args=_args(tmp_path, DPOConfig, max_length=None),
+            train_dataset=datasets.Dataset.from_list(rows),
+            processing_class=tokenizer,
+        )
     for mine, theirs in zip(ours, trainer.train_dataset):
         assert mine == _pair(theirs["prompt_ids"], theirs["chosen_ids"], theirs["rejected_ids"])
 
@@ -166,9 +203,13 @@ def test_dpo_loss_rewards_and_lora_gradients_equal_dpo_trainers(tmp_path, tokeni
     # adapter trained further); both then get the same adapter weights, away from the base.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = DPOTrainer(model=_base_model(), args=_args(tmp_path, DPOConfig, beta=beta, loss_type=[loss_type], max_length=None),
-                             train_dataset=datasets.Dataset.from_list(TEXT_PAIRS), processing_class=tokenizer,
-                             peft_config=_lora_config())
+        trainer = DPOTrainer(
+            model=_base_model(),
+            args=_args(tmp_path, DPOConfig, beta=beta, loss_type=[loss_type], max_length=None),
+            train_dataset=datasets.Dataset.from_list(TEXT_PAIRS),
+            processing_class=tokenizer,
+            peft_config=_lora_config(),
+        )
     _move_adapters(trainer.model)
     ours_model = attach_lora(_base_model(), SPEC)
     ours_model.load_state_dict({k: v for k, v in trainer.model.state_dict().items() if "lora_" in k}, strict=False)
@@ -180,14 +221,26 @@ def test_dpo_loss_rewards_and_lora_gradients_equal_dpo_trainers(tmp_path, tokeni
     logged = {name: values[-1] for name, values in trainer._metrics["train"].items()}
     pairs = [_pair(r["prompt_ids"], r["chosen_ids"], r["rejected_ids"]) for r in rows]
     ours_model.train()
-    loss, metrics, grads = _memfit_loss(ours_model, pairs, "dpo", layout, ObjectiveParams(beta=beta, loss_type=loss_type))
+    loss, metrics, grads = _memfit_loss(
+        ours_model, pairs, "dpo", layout, ObjectiveParams(beta=beta, loss_type=loss_type)
+    )
     assert loss.item() == pytest.approx(theirs.item(), rel=1e-5, abs=1e-6)
-    names = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected",
-             "logits/chosen", "logits/rejected")
+    names = (
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/accuracies",
+        "rewards/margins",
+        "logps/chosen",
+        "logps/rejected",
+        "logits/chosen",
+        "logits/rejected",
+    )
     assert set(names) <= set(metrics)
     for name in names:
         # The mean logits of a tiny random model are near 0 (about 0.01): held to a tighter floor.
-        assert metrics[name] == pytest.approx(logged[name], rel=1e-5, abs=1e-8 if name.startswith("logits/") else 1e-6), name
+        assert metrics[name] == pytest.approx(
+            logged[name], rel=1e-5, abs=1e-8 if name.startswith("logits/") else 1e-6
+        ), name
     assert metrics["logits/chosen"] != metrics["logits/rejected"]  # two answers, two means: not a constant
     _assert_close_grads(grads, _lora_grads(trainer.model))
 
@@ -199,16 +252,25 @@ def test_dpo_loss_rewards_and_lora_gradients_equal_dpo_trainers(tmp_path, tokeni
 def _trainer_batch(trainer, count):
     rows = [trainer.train_dataset[i] for i in range(count)]
     batch = trainer.data_collator(rows)
-    pairs = [{"chosen": {"input_ids": r["chosen_input_ids"], "labels": r["chosen_labels"]},
-              "rejected": {"input_ids": r["rejected_input_ids"], "labels": r["rejected_labels"]}} for r in rows]
+    pairs = [
+        {
+            "chosen": {"input_ids": r["chosen_input_ids"], "labels": r["chosen_labels"]},
+            "rejected": {"input_ids": r["rejected_input_ids"], "labels": r["rejected_labels"]},
+        }
+        for r in rows
+    ]
     return batch, pairs
 
 
-@pytest.mark.parametrize("objective, extra", [
-    ("orpo", {"beta": 0.2}),
-    ("simpo", {"beta": 2.0, "simpo_gamma": 0.5, "cpo_alpha": 0.0}),
-    ("simpo", {"beta": 2.5, "simpo_gamma": 0.3, "cpo_alpha": 1.0}),
-], ids=["orpo", "simpo", "cpo-simpo"])
+@pytest.mark.parametrize(
+    "objective, extra",
+    [
+        ("orpo", {"beta": 0.2}),
+        ("simpo", {"beta": 2.0, "simpo_gamma": 0.5, "cpo_alpha": 0.0}),
+        ("simpo", {"beta": 2.5, "simpo_gamma": 0.3, "cpo_alpha": 1.0}),
+    ],
+    ids=["orpo", "simpo", "cpo-simpo"],
+)
 @pytest.mark.parametrize("layout", [PADDED, DOCUMENTS], ids=["padded", "padding-free"])
 def test_orpo_and_simpo_equal_trls_trainers(tmp_path, tokenizer, objective, extra, layout):
     from trl.experimental.cpo import CPOConfig, CPOTrainer
@@ -220,12 +282,20 @@ def test_orpo_and_simpo_equal_trls_trainers(tmp_path, tokenizer, objective, extr
         warnings.simplefilter("ignore")
         if objective == "orpo":
             args = _args(tmp_path, ORPOConfig, beta=extra["beta"], max_length=256)
-            trainer = ORPOTrainer(model=policy, args=args, train_dataset=datasets.Dataset.from_list(TEXT_PAIRS),
-                                  processing_class=tokenizer)
+            trainer = ORPOTrainer(
+                model=policy,
+                args=args,
+                train_dataset=datasets.Dataset.from_list(TEXT_PAIRS),
+                processing_class=tokenizer,
+            )
         else:
             args = _args(tmp_path, CPOConfig, loss_type="simpo", max_length=256, **extra)
-            trainer = CPOTrainer(model=policy, args=args, train_dataset=datasets.Dataset.from_list(TEXT_PAIRS),
-                                 processing_class=tokenizer)
+            trainer = CPOTrainer(
+                model=policy,
+                args=args,
+                train_dataset=datasets.Dataset.from_list(TEXT_PAIRS),
+                processing_class=tokenizer,
+            )
     batch, pairs = _trainer_batch(trainer, len(TEXT_PAIRS))
     trainer.model.train()
     theirs, logged = trainer.get_batch_loss_metrics(trainer.model, batch)
@@ -233,7 +303,14 @@ def test_orpo_and_simpo_equal_trls_trainers(tmp_path, tokenizer, objective, extr
     ours_model.train()
     loss, metrics, grads = _memfit_loss(ours_model, pairs, objective, layout, ObjectiveParams(**extra))
     assert loss.item() == pytest.approx(theirs.item(), rel=1e-5, abs=1e-6)
-    names = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected"]
+    names = [
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/accuracies",
+        "rewards/margins",
+        "logps/chosen",
+        "logps/rejected",
+    ]
     if objective == "orpo":
         names += ["log_odds_ratio", "log_odds_chosen"]
     if objective == "orpo" or extra["cpo_alpha"] > 0:

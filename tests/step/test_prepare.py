@@ -25,14 +25,22 @@ def _meta(config: dict, tie: bool = False):
     return build_meta_model(make_config(dict(config, tie_word_embeddings=tie)), DTYPES["bf16"])
 
 
-@pytest.mark.parametrize("names", [["lm_head"], ["embed_tokens", "lm_head"], ["norm"], ["head"], ["layers.0.input_layernorm"]])
+@pytest.mark.parametrize(
+    "names", [["lm_head"], ["embed_tokens", "lm_head"], ["norm"], ["head"], ["layers.0.input_layernorm"]]
+)
 def test_modules_to_save_picks_what_peft_picks(tiny_llama, names):
     import peft
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model = peft.get_peft_model(_meta(tiny_llama), peft.LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=names))
-    wrapped = {name.removeprefix("base_model.model.") for name, m in model.named_modules() if type(m).__name__ == "ModulesToSaveWrapper"}
+        model = peft.get_peft_model(
+            _meta(tiny_llama), peft.LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=names)
+        )
+    wrapped = {
+        name.removeprefix("base_model.model.")
+        for name, m in model.named_modules()
+        if type(m).__name__ == "ModulesToSaveWrapper"
+    }
     assert set(modules_named(_meta(tiny_llama), names)) == wrapped
 
 
@@ -50,8 +58,15 @@ def test_a_tied_model_keeps_one_trainable_copy_for_embeddings_and_head(tiny_llam
     assert sorted(c["modules"][0] for c in trained_copies(untied)) == ["lm_head", "model.embed_tokens"]
 
 
-@pytest.mark.parametrize("knobs", [dict(dora=True), dict(modules_to_save="embed_tokens,lm_head"),
-                                   dict(dora=True, modules_to_save="lm_head", targets="q_proj,v_proj"), dict(rslora=True)])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(dora=True),
+        dict(modules_to_save="embed_tokens,lm_head"),
+        dict(dora=True, modules_to_save="lm_head", targets="q_proj,v_proj"),
+        dict(rslora=True),
+    ],
+)
 def test_expected_adapter_parameters_are_what_trains(tiny_llama, knobs):
     spec = make_spec(rank=4, checkpointing="off", **knobs)
     model = prepare_for_method(_meta(tiny_llama, tie=True), spec)
@@ -63,8 +78,11 @@ def test_expected_adapter_parameters_are_what_trains(tiny_llama, knobs):
 
 def test_modules_to_save_the_model_lacks_or_that_lora_adapts_are_named(tiny_llama):
     model = _meta(tiny_llama)
-    with pytest.raises(ModelBuildError, match=r"--modules-to-save: wte match no module of this model \(its embeddings and head: "
-                                              r"embed_tokens, lm_head\)"):
+    with pytest.raises(
+        ModelBuildError,
+        match=r"--modules-to-save: wte match no module of this model \(its embeddings and head: "
+        r"embed_tokens, lm_head\)",
+    ):
         check_modules_to_save(model, make_spec(modules_to_save="wte"))
     with pytest.raises(ModelBuildError, match="o_proj also get LoRA adapters"):
         check_modules_to_save(model, make_spec(modules_to_save="o_proj"))

@@ -82,6 +82,9 @@ def test_only_the_seam_knows_fake_tensors_and_the_planner():
     from pathlib import Path
 
     step = Path(seam.__file__).parent
-    knowing = [path.name for path in step.glob("*.py")
-               if path.name != "seam.py" and ("fake_tensor" in (text := path.read_text()) or "is_fake" in text)]
+    knowing = [
+        path.name
+        for path in step.glob("*.py")
+        if path.name != "seam.py" and ("fake_tensor" in (text := path.read_text()) or "is_fake" in text)
+    ]
     assert knowing == []

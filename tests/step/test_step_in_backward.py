@@ -20,8 +20,15 @@ STEPS = 5
 
 def tiny_model(*, tie: bool = False, seed: int = 0) -> LlamaForCausalLM:
     config = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=tie, use_cache=False,
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        tie_word_embeddings=tie,
+        use_cache=False,
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).train()  # float32: the default dtype
@@ -125,7 +132,9 @@ def test_state_dict_round_trip_mid_run_resumes_exactly():
     first = in_backward(interrupted)
     first_sched = torch.optim.lr_scheduler.LambdaLR(first, warmup)
     run(interrupted, first, data[:2], first_sched)
-    checkpoint = _saved({"model": interrupted.state_dict(), "optimizer": first.state_dict(), "scheduler": first_sched.state_dict()})
+    checkpoint = _saved(
+        {"model": interrupted.state_dict(), "optimizer": first.state_dict(), "scheduler": first_sched.state_dict()}
+    )
     assert set(checkpoint["optimizer"]["state"]) == set(range(len(list(interrupted.parameters()))))
     first.remove_hooks()
     del first, first_sched, interrupted
@@ -185,7 +194,9 @@ def test_at_most_one_gradient_exists_during_backward():
     counts_normal = _gradient_counts(normal)
     optimizer = adamw(normal.parameters())
     normal.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.cross_entropy(normal(input_ids=data[0]["input_ids"]).logits.flatten(0, 1), data[0]["labels"].flatten())
+    loss = torch.nn.functional.cross_entropy(
+        normal(input_ids=data[0]["input_ids"]).logits.flatten(0, 1), data[0]["labels"].flatten()
+    )
     loss.backward()
     assert max(counts_normal) == n_params  # the ordinary step holds every gradient when backward ends
     assert sum(p.grad is not None for p in normal.parameters()) == n_params

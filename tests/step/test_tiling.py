@@ -43,7 +43,9 @@ def _config(model_type: str):
     return Gemma2Config(head_dim=16, sliding_window=32, **common)
 
 
-def _build(model_type: str, method: str, dtype: torch.dtype, *, dropout: float = 0.0, checkpointing: bool = False) -> nn.Module:
+def _build(
+    model_type: str, method: str, dtype: torch.dtype, *, dropout: float = 0.0, checkpointing: bool = False
+) -> nn.Module:
     """A tiny model with random weights; LoRA B matrices random too (PEFT starts them at zero,
     which would make every LoRA A gradient zero and the comparison weak)."""
     from transformers import AutoModelForCausalLM
@@ -148,7 +150,8 @@ def test_mixed_precision_recomputes_under_the_forwards_autocast(checkpointing):
     tile_mlps(tiled_model, CHUNK)
     recomputed = []
     decoder_layers(tiled_model)[0].mlp.gate_proj.register_forward_hook(
-        lambda module, args, out: recomputed.append(out.dtype) if torch.is_grad_enabled() else None)
+        lambda module, args, out: recomputed.append(out.dtype) if torch.is_grad_enabled() else None
+    )
     ids, embeds = _batch(torch.float32)
     results = []
     for model in (ref_model, tiled_model):
@@ -201,7 +204,7 @@ def _chunked_with_graph(model: nn.Module, chunk_tokens: int) -> None:
 
         def forward(self, x, _untiled=untiled):
             flat = x.reshape(-1, x.shape[-1])
-            pieces = [_untiled(self, flat[s:s + chunk_tokens]) for s in range(0, flat.shape[0], chunk_tokens)]
+            pieces = [_untiled(self, flat[s : s + chunk_tokens]) for s in range(0, flat.shape[0], chunk_tokens)]
             return torch.cat(pieces).view(*x.shape[:-1], -1)
 
         mlp.forward = types.MethodType(forward, mlp)
@@ -411,8 +414,15 @@ def test_norms_tile_too_and_keep_gradients():
     torch.manual_seed(0)
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, vocab_size=128, max_position_embeddings=512)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=176,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=512,
+    )
     plain = LlamaForCausalLM(config).double()
     tiled = copy.deepcopy(plain)
     assert tile_norms(tiled, chunk_tokens=64) == 2 * 2  # input and post-attention norm of each layer

@@ -40,8 +40,9 @@ def test_the_adapter_loads_in_peft_and_gives_the_trained_models_logits(tmp_path,
     if settings.get("method") == "lora-8bit":
         pytest.importorskip("bitsandbytes")
     base_dir = save_tiny_pretrained(tmp_path / "base", tie=tie)
-    config = tiny_config(tmp_path / "run", model=str(base_dir), init="pretrained", model_overrides={}, max_steps=4, lr=1e-2,
-                         **settings)
+    config = tiny_config(
+        tmp_path / "run", model=str(base_dir), init="pretrained", model_overrides={}, max_steps=4, lr=1e-2, **settings
+    )
     result = train(config, progress=False)
     assert result.setup["trainable_params"] == result.setup["expected_trainable_params"]
     saved = json.loads((result.output_dir / "adapter_config.json").read_text())
@@ -66,8 +67,14 @@ def test_the_adapter_loads_in_peft_and_gives_the_trained_models_logits(tmp_path,
 
 def test_a_tied_model_trains_one_copy_for_its_embeddings_and_head(tmp_path):
     base_dir = save_tiny_pretrained(tmp_path / "base", tie=True)
-    config = tiny_config(tmp_path / "run", model=str(base_dir), init="pretrained", model_overrides={}, max_steps=2,
-                         modules_to_save=["lm_head"])
+    config = tiny_config(
+        tmp_path / "run",
+        model=str(base_dir),
+        init="pretrained",
+        model_overrides={},
+        max_steps=2,
+        modules_to_save=["lm_head"],
+    )
     result = train(config, progress=False)
     base = result.model.get_base_model()
     embeddings, head = base.get_input_embeddings(), base.get_output_embeddings()
@@ -82,8 +89,14 @@ def test_a_tied_model_trains_one_copy_for_its_embeddings_and_head(tmp_path):
 
 def test_an_untied_model_trains_a_copy_of_each_module(tmp_path):
     base_dir = save_tiny_pretrained(tmp_path / "base", tie=False)
-    config = tiny_config(tmp_path / "run", model=str(base_dir), init="pretrained", model_overrides={}, max_steps=2,
-                         modules_to_save=["embed_tokens", "lm_head"])
+    config = tiny_config(
+        tmp_path / "run",
+        model=str(base_dir),
+        init="pretrained",
+        model_overrides={},
+        max_steps=2,
+        modules_to_save=["embed_tokens", "lm_head"],
+    )
     result = train(config, progress=False)
     base = result.model.get_base_model()
     embeddings, head = base.get_input_embeddings(), base.get_output_embeddings()
@@ -92,10 +105,16 @@ def test_an_untied_model_trains_a_copy_of_each_module(tmp_path):
     assert saved["ensure_weight_tying"] is False
 
 
-@pytest.mark.parametrize("settings, says", [
-    (dict(modules_to_save=["embed"]), "modules_to_save: embed match no module of this model (its embeddings and head: embed_tokens, lm_head)"),
-    (dict(modules_to_save=["down_proj"]), "modules_to_save: down_proj also get LoRA adapters (targets)"),
-])
+@pytest.mark.parametrize(
+    "settings, says",
+    [
+        (
+            dict(modules_to_save=["embed"]),
+            "modules_to_save: embed match no module of this model (its embeddings and head: embed_tokens, lm_head)",
+        ),
+        (dict(modules_to_save=["down_proj"]), "modules_to_save: down_proj also get LoRA adapters (targets)"),
+    ],
+)
 def test_modules_to_save_that_the_model_cannot_take_are_refused_before_loading(tmp_path, settings, says):
     config = tiny_config(tmp_path / "run", max_steps=1, **settings)
     with pytest.raises(ConfigError) as caught:
@@ -107,7 +126,9 @@ def test_modules_to_save_that_the_model_cannot_take_are_refused_before_loading(t
 def test_adapter_options_on_several_gpus_are_refused_in_one_line(tmp_path):
     with pytest.raises(ConfigError) as caught:
         tiny_config(tmp_path / "run", gpus=2, shard="fsdp", dora=True, modules_to_save=["lm_head"], device="auto")
-    assert "dora: true, modules_to_save with gpus: 2: memfit train runs these on one process; set gpus: 1" in str(caught.value)
+    assert "dora: true, modules_to_save with gpus: 2: memfit train runs these on one process; set gpus: 1" in str(
+        caught.value
+    )
 
 
 def test_lora_8bit_on_the_cpu_says_it_is_slow_there(tmp_path):
@@ -115,7 +136,9 @@ def test_lora_8bit_on_the_cpu_says_it_is_slow_there(tmp_path):
     from rich.console import Console
 
     console = Console(stderr=True, record=True, width=200)
-    result = train(tiny_config(tmp_path / "run", method="lora-8bit", max_steps=3, lr=1e-2), progress=False, console=console)
+    result = train(
+        tiny_config(tmp_path / "run", method="lora-8bit", max_steps=3, lr=1e-2), progress=False, console=console
+    )
     said = console.export_text()
     assert said.count("method: lora-8bit on the CPU runs bitsandbytes' CPU path for 8-bit layers") == 1
     assert "MatMul8bitLt: inputs will be cast" not in said
@@ -134,8 +157,16 @@ def test_a_trained_dora_adapter_with_a_tied_head_merges_as_peft_merges_it(tmp_pa
     from memfit.merge import merge
 
     base_dir = save_tiny_pretrained(tmp_path / "base", tie=True, max_shard_size="40KB")
-    config = tiny_config(tmp_path / "run", model=str(base_dir), init="pretrained", model_overrides={}, max_steps=3, lr=1e-2,
-                         dora=True, modules_to_save=["lm_head"])
+    config = tiny_config(
+        tmp_path / "run",
+        model=str(base_dir),
+        init="pretrained",
+        model_overrides={},
+        max_steps=3,
+        lr=1e-2,
+        dora=True,
+        modules_to_save=["lm_head"],
+    )
     result = train(config, progress=False)
     merged = merge(base_dir, result.output_dir, tmp_path / "merged", progress=False)
     assert merged.shard_count > 1 and not merged.untied_embeddings
@@ -144,8 +175,15 @@ def test_a_trained_dora_adapter_with_a_tied_head_merges_as_peft_merges_it(tmp_pa
 
 def test_dora_and_a_tied_copy_resume_exactly(tmp_path):
     base_dir = save_tiny_pretrained(tmp_path / "base", tie=True)
-    settings = dict(model=str(base_dir), init="pretrained", model_overrides={}, lr=1e-2, dora=True, modules_to_save=["lm_head"],
-                    save_every=2)
+    settings = dict(
+        model=str(base_dir),
+        init="pretrained",
+        model_overrides={},
+        lr=1e-2,
+        dora=True,
+        modules_to_save=["lm_head"],
+        save_every=2,
+    )
     straight = train(tiny_config(tmp_path / "straight", max_steps=4, **settings), progress=False)
     train(tiny_config(tmp_path / "resumed", max_steps=2, **settings), progress=False)
     resumed = train(tiny_config(tmp_path / "resumed", max_steps=4, **settings), resume=True, progress=False)

@@ -106,7 +106,9 @@ def test_sigterm_in_a_subprocess_saves_and_exits_cleanly(tmp_path):
     out = tmp_path / "run"
     config = tmp_path / "run.yaml"
     config.write_text(
-        (REPO / "examples" / "tiny.yaml").read_text().replace("../src/memfit/assets/data/tiny-instruct.jsonl", str(DEMO_DATA))
+        (REPO / "examples" / "tiny.yaml")
+        .read_text()
+        .replace("../src/memfit/assets/data/tiny-instruct.jsonl", str(DEMO_DATA))
     )
     script = textwrap.dedent(
         """
@@ -118,7 +120,20 @@ def test_sigterm_in_a_subprocess_saves_and_exits_cleanly(tmp_path):
         app()
         """
     )
-    cmd = [sys.executable, "-c", script, "train", str(config), "--output-dir", str(out), "--max-steps", "100000", "--set", "log_every=1", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-c",
+        script,
+        "train",
+        str(config),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "100000",
+        "--set",
+        "log_every=1",
+        "--no-progress",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # Waits for the run's second logged step, however slow the machine; the limit only catches a hang.
@@ -156,8 +171,16 @@ class _Tiny(torch.nn.Module):
 
 def _save(run_dir, step, model, opt, keep=2):
     return save_checkpoint(
-        run_dir, step, model=model, optimizer=opt, scheduler=None, grad_scaler=None,
-        data_state={"epoch": 0, "position": step}, rng_state=capture_rng(CPU), reason="interval", keep=keep,
+        run_dir,
+        step,
+        model=model,
+        optimizer=opt,
+        scheduler=None,
+        grad_scaler=None,
+        data_state={"epoch": 0, "position": step},
+        rng_state=capture_rng(CPU),
+        reason="interval",
+        keep=keep,
     )
 
 
@@ -172,7 +195,11 @@ def test_checkpoints_are_atomic_and_pruned(tmp_path):
     assert latest_checkpoint(tmp_path).name == "step-00000004"
     # saving the same step again replaces it whole
     _save(tmp_path, 4, model, opt, keep=2)
-    assert sorted(p.name for p in (tmp_path / "checkpoints" / "step-00000004").iterdir()) == ["meta.json", "state.pt", "trainable.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints" / "step-00000004").iterdir()) == [
+        "meta.json",
+        "state.pt",
+        "trainable.safetensors",
+    ]
     # only trainable tensors are stored
     from safetensors.torch import load_file
 
@@ -193,7 +220,9 @@ def test_load_restores_tensors_and_optimizer_and_refuses_other_models(tmp_path):
     assert torch.equal(other_opt.state_dict()["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
     wrong = _Tiny(n=5)
     with pytest.raises(CheckpointError, match="shape"):
-        load_checkpoint(path, model=wrong, optimizer=torch.optim.AdamW([wrong.a]), scheduler=None, grad_scaler=None, device=CPU)
+        load_checkpoint(
+            path, model=wrong, optimizer=torch.optim.AdamW([wrong.a]), scheduler=None, grad_scaler=None, device=CPU
+        )
     (path / "state.pt").unlink()
     with pytest.raises(CheckpointError, match="incomplete"):
         load_checkpoint(path, model=other, optimizer=other_opt, scheduler=None, grad_scaler=None, device=CPU)
@@ -261,8 +290,12 @@ def test_resume_falls_back_past_a_damaged_checkpoint_and_says_so(tmp_path):
     damaged.write_bytes(b"")  # a full disk while it was written
     assert first.status == "completed"
     said = StringIO()
-    resumed = train(tiny_config(tmp_path / "run", max_steps=4, save_every=1), resume=True, progress=False,
-                    console=Console(file=said, width=200))
+    resumed = train(
+        tiny_config(tmp_path / "run", max_steps=4, save_every=1),
+        resume=True,
+        progress=False,
+        console=Console(file=said, width=200),
+    )
     assert "skipping damaged checkpoint" in said.getvalue() and "trainable.safetensors is empty" in said.getvalue()
     assert "resuming from" in said.getvalue() and "step-00000002" in said.getvalue()
     assert resumed.status == "completed" and resumed.step == 4
@@ -311,11 +344,16 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path):
 def test_resume_removes_what_interrupted_saves_left_and_nothing_else(tmp_path):
     train(tiny_config(tmp_path / "run", max_steps=2), progress=False)
     folder = tmp_path / "run" / "checkpoints"
-    dead = [folder / ".tmp-step-00000003-999999999", tmp_path / "run" / ".tmp-adapter-999999999",
-            folder / ".old-step-00000002-999999999"]
-    kept = [folder / f".tmp-step-00000004-{os.getpid()}",  # a live process's save
-            folder / ".tmp-step-00000005",  # a multi-process save: no pid to prove it abandoned
-            tmp_path / "run" / "my-notes"]
+    dead = [
+        folder / ".tmp-step-00000003-999999999",
+        tmp_path / "run" / ".tmp-adapter-999999999",
+        folder / ".old-step-00000002-999999999",
+    ]
+    kept = [
+        folder / f".tmp-step-00000004-{os.getpid()}",  # a live process's save
+        folder / ".tmp-step-00000005",  # a multi-process save: no pid to prove it abandoned
+        tmp_path / "run" / "my-notes",
+    ]
     for path in dead + kept:
         path.mkdir()
     assert stale_temporary_folders(tmp_path / "run") == sorted(dead)
@@ -332,7 +370,8 @@ def test_checkpoints_and_outputs_get_the_permissions_of_the_umask(tmp_path):
     run = tmp_path / "run"
     files = [p for p in run.rglob("*") if p.is_file()]
     assert files and {oct(p.stat().st_mode & 0o777) for p in files} == {oct(0o644)}, [
-        (str(p), oct(p.stat().st_mode & 0o777)) for p in files if p.stat().st_mode & 0o777 != 0o644]
+        (str(p), oct(p.stat().st_mode & 0o777)) for p in files if p.stat().st_mode & 0o777 != 0o644
+    ]
     assert {oct(p.stat().st_mode & 0o777) for p in run.rglob("*") if p.is_dir()} == {oct(0o755)}
 
 
@@ -352,7 +391,9 @@ def test_a_signal_while_the_adapter_is_written_does_not_cut_it_short(tmp_path, m
     import memfit.train.world as world_module
 
     received = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))  # what would end the process
+    previous = signal.signal(
+        signal.SIGTERM, lambda signum, frame: received.append(signum)
+    )  # what would end the process
     real_write = world_module.write_outputs
 
     def signal_then_write(*args, **kwargs):
@@ -382,5 +423,8 @@ def test_a_signal_before_the_last_step_says_how_to_finish(tmp_path, monkeypatch)
     assert result.exit_code == 128 + signal.SIGTERM, result.output
     text = " ".join(result.stderr.split())
     checkpoint = tmp_path / "run" / "checkpoints" / "step-00000003"
-    assert f"stopped by SIGTERM at step 3 of 4; checkpoint at {checkpoint}; run `memfit train {config} --no-progress --resume` to finish and write the adapter" in text
+    assert (
+        f"stopped by SIGTERM at step 3 of 4; checkpoint at {checkpoint}; run `memfit train {config} --no-progress --resume` to finish and write the adapter"
+        in text
+    )
     assert not (tmp_path / "run" / "adapter").exists()

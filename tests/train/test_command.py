@@ -47,8 +47,9 @@ def test_several_gpus_in_one_process_say_how_to_start_them(tmp_path):
 
 def test_a_set_is_not_undone_by_a_flag_left_off(tmp_path):
     # --lr is a flag too: left off, it must not put lr back to the file's value over --set lr=...
-    result = CliRunner().invoke(app, ["train", str(_config(tmp_path, max_steps=1)), "--set", "lr=0.0125",
-                                      "-b", "2", "--no-progress"])
+    result = CliRunner().invoke(
+        app, ["train", str(_config(tmp_path, max_steps=1)), "--set", "lr=0.0125", "-b", "2", "--no-progress"]
+    )
     assert result.exit_code == 0, result.output
     import json
 
@@ -77,8 +78,10 @@ def test_a_folder_of_the_user_s_is_not_a_run_to_resume(tmp_path):
     result = CliRunner().invoke(app, ["train", str(_config(tmp_path)), "-o", str(mine), "--no-progress"])
     text = _error(result)
     assert result.exit_code == 2, result.output
-    assert (f"output_dir {str(mine)!r} holds files and is not a memfit run folder (it has no run.json): memfit will not "
-            "write into it. Choose a new folder for the run") in text
+    assert (
+        f"output_dir {str(mine)!r} holds files and is not a memfit run folder (it has no run.json): memfit will not "
+        "write into it. Choose a new folder for the run"
+    ) in text
     assert "--resume" not in text and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
 
 
@@ -93,7 +96,10 @@ def test_the_output_folder_is_never_one_of_the_run_s_inputs(tmp_path):
     config = _config(tmp_path, data=str(data))
     result = CliRunner().invoke(app, ["train", str(config), "-o", str(data), "--no-progress"])
     assert result.exit_code == 2
-    assert f"output_dir {str(data)!r} is the data source, which this command reads: memfit never writes over its inputs" in _error(result)
+    assert (
+        f"output_dir {str(data)!r} is the data source, which this command reads: memfit never writes over its inputs"
+        in _error(result)
+    )
     result = CliRunner().invoke(app, ["train", str(config), "-o", str(config), "--no-progress"])
     assert result.exit_code == 2
     assert f"output_dir {str(config)!r} is the config file, which this command reads" in _error(result)

@@ -145,9 +145,13 @@ def test_eval_prompts_are_checked_with_their_index(tmp_path):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     assert validate_config(tiny_settings(tmp_path / "out", eval_prompts=["Hi", messages])).eval_prompts[1] == messages
     with pytest.raises(ConfigError) as err:
-        validate_config(tiny_settings(tmp_path / "out", eval_prompts=["ok", "", [{"role": "user", "content": "a"},
-                                                                              {"role": "assistant", "content": "b"}]],
-                                      eval_max_new_tokens=0))
+        validate_config(
+            tiny_settings(
+                tmp_path / "out",
+                eval_prompts=["ok", "", [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]],
+                eval_max_new_tokens=0,
+            )
+        )
     assert err.value.problems == [
         "eval_prompts[1]: is empty text; write the prompt, or a list of {role, content} messages",
         "eval_prompts[2]: ends with an assistant message, so the reply would be a second assistant turn in a row; end it with the user's turn the reply answers",
@@ -208,16 +212,19 @@ def _yaml_with(tmp_path: Path, line: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("line", [
-    "batch_size: 1.0e+20",  # a float that is a whole number, too large for any tensor
-    "batch_size: 99999999999999999999",
-    "batch_size: 2.5",
-    "batch_size: true",
-    "batch_size: 1e20",  # YAML 1.1 reads this as text
-    "grad_accum: 1.0e+30",
-    "seq_len: 18446744073709551616",
-    "gpus: 1.0e+19",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "batch_size: 1.0e+20",  # a float that is a whole number, too large for any tensor
+        "batch_size: 99999999999999999999",
+        "batch_size: 2.5",
+        "batch_size: true",
+        "batch_size: 1e20",  # YAML 1.1 reads this as text
+        "grad_accum: 1.0e+30",
+        "seq_len: 18446744073709551616",
+        "gpus: 1.0e+19",
+    ],
+)
 def test_whole_number_knobs_in_yaml_are_checked_and_named(tmp_path, line):
     field = line.split(":", 1)[0]
     with pytest.raises(ConfigError) as info:
@@ -227,8 +234,16 @@ def test_whole_number_knobs_in_yaml_are_checked_and_named(tmp_path, line):
     assert info.value.exit_code == 2
 
 
-@pytest.mark.parametrize("line", ["seed: 99999999999999999999", "log_every: true", "max_steps: 2.5",
-                                  "save_every: 1.0e+30", "keep_checkpoints: false"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "seed: 99999999999999999999",
+        "log_every: true",
+        "max_steps: 2.5",
+        "save_every: 1.0e+30",
+        "keep_checkpoints: false",
+    ],
+)
 def test_whole_number_fields_in_yaml_are_checked_and_named(tmp_path, line):
     field = line.split(":", 1)[0]
     with pytest.raises(ConfigError) as info:
@@ -240,7 +255,9 @@ def test_whole_number_fields_in_yaml_are_checked_and_named(tmp_path, line):
 def test_knobs_are_held_as_the_numbers_they_were_checked_as(tmp_path):
     # A flag's value is text and a quoted YAML number is too: the config holds them converted, so
     # the run never compares or slices with text.
-    config = load_config(_yaml_with(tmp_path, 'batch_size: "8"'), {"grad_accum": "3", "rank": "8", "max_grad_norm": "none"})
+    config = load_config(
+        _yaml_with(tmp_path, 'batch_size: "8"'), {"grad_accum": "3", "rank": "8", "max_grad_norm": "none"}
+    )
     assert (config.batch_size, config.grad_accum, config.rank, config.max_grad_norm) == (8, 3, 8, None)
     assert config.spec.batch_size == 8 and config.spec.max_grad_norm is None
     config = load_config(_yaml_with(tmp_path, "targets: q_proj, v_proj"), {"gpus": "1", "checkpointing": "OFF"})
@@ -257,20 +274,37 @@ def test_several_gpus_given_as_text_get_the_multi_gpu_rules(tmp_path):
 BOOLEAN = ": write {f}: true or {f}: false (unquoted)"
 
 
-@pytest.mark.parametrize("line, problem", [
-    ("streaming: 'yes'", "streaming: 'yes' is not true or false but text" + BOOLEAN.format(f="streaming")),
-    ("train_on_inputs: 1", "train_on_inputs: 1 is not true or false but a number" + BOOLEAN.format(f="train_on_inputs")),
-    ("force: null", "force: null is not true or false but null" + BOOLEAN.format(f="force")),
-    ("packing: 'true'", "packing: 'true' is not true or false but text" + BOOLEAN.format(f="packing")),  # a knob: make_spec would read the text
-    ("simpo_gamma: true", "simpo_gamma: true is true or false, not a number: write a number (e.g. simpo_gamma: 0.5)"),
-    ("lr: false", "lr: false is true or false, not a number: write a number (e.g. lr: 0.0002)"),
-    ("eval_split: true", "eval_split: true is true or false, not a number: write a number (e.g. eval_split: 0.0)"),
-    ("shuffle_buffer_size: true", "shuffle_buffer_size: true is true or false, not a whole number: write a whole number "
-                                  "(e.g. shuffle_buffer_size: 1000)"),
-    ("epochs: true", "epochs: true is true or false, not a number: write a number"),
-    (f"data: [{{path: {DEMO_DATA}, weight: true}}, {{path: {DEMO_DATA}, weight: 1}}]",
-     "data[0].weight: true is true or false, not a number: write the source's share, e.g. weight: 0.7"),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ("streaming: 'yes'", "streaming: 'yes' is not true or false but text" + BOOLEAN.format(f="streaming")),
+        (
+            "train_on_inputs: 1",
+            "train_on_inputs: 1 is not true or false but a number" + BOOLEAN.format(f="train_on_inputs"),
+        ),
+        ("force: null", "force: null is not true or false but null" + BOOLEAN.format(f="force")),
+        (
+            "packing: 'true'",
+            "packing: 'true' is not true or false but text" + BOOLEAN.format(f="packing"),
+        ),  # a knob: make_spec would read the text
+        (
+            "simpo_gamma: true",
+            "simpo_gamma: true is true or false, not a number: write a number (e.g. simpo_gamma: 0.5)",
+        ),
+        ("lr: false", "lr: false is true or false, not a number: write a number (e.g. lr: 0.0002)"),
+        ("eval_split: true", "eval_split: true is true or false, not a number: write a number (e.g. eval_split: 0.0)"),
+        (
+            "shuffle_buffer_size: true",
+            "shuffle_buffer_size: true is true or false, not a whole number: write a whole number "
+            "(e.g. shuffle_buffer_size: 1000)",
+        ),
+        ("epochs: true", "epochs: true is true or false, not a number: write a number"),
+        (
+            f"data: [{{path: {DEMO_DATA}, weight: true}}, {{path: {DEMO_DATA}, weight: 1}}]",
+            "data[0].weight: true is true or false, not a number: write the source's share, e.g. weight: 0.7",
+        ),
+    ],
+)
 def test_booleans_and_numbers_are_not_taken_for_each_other(tmp_path, line, problem):
     with pytest.raises(ConfigError) as info:
         load_config(_yaml_with(tmp_path, line))

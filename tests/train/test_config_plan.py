@@ -52,7 +52,9 @@ def test_the_plan_is_the_trainer_s_preflight_plan_at_the_data_s_longest_micro_ba
     planned = plan_train_config(path, cache=False)
     read = planned.details["config"]
     assert read["tool"] == "memfit" and read["data"]["read"] and read["data"]["examples"] > 0
-    assert planned.spec["seq_len"] == read["data"]["planned_seq_len"] < 128  # the demo's examples are shorter than seq_len
+    assert (
+        planned.spec["seq_len"] == read["data"]["planned_seq_len"] < 128
+    )  # the demo's examples are shorter than seq_len
     train(path_config(path, tmp_path / "run"), progress=False)
     record = json.loads((tmp_path / "run" / "run.json").read_text())
     assert record["planned_seq_len"] == planned.spec["seq_len"]

@@ -60,7 +60,9 @@ def test_the_data_gives_the_shapes_the_plan_assumes(tmp_path):
     from memfit.train.data import BatchIterator, load_records, tiny_tokenizer_path, tokenize_records
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_tokenizer_path()))
-    path = conformance.write_data(tmp_path / "d.jsonl", seq_len=40, batch_size=3, grad_accum=2, steps=2, packing=False, padded=True)
+    path = conformance.write_data(
+        tmp_path / "d.jsonl", seq_len=40, batch_size=3, grad_accum=2, steps=2, packing=False, padded=True
+    )
     records, _ = load_records(path)
     examples = tokenize_records(records, tokenizer, seq_len=40)
     assert sorted({len(e["input_ids"]) for e in examples}) == [39, 40]

@@ -158,7 +158,9 @@ def test_other_write_errors_are_not_called_a_full_disk(tmp_path, monkeypatch):
 
 def test_is_full_disk_reads_the_error_and_its_cause():
     assert disk_space.is_full_disk(OSError(errno.EDQUOT, "Disk quota exceeded"), 10**12, 10)
-    assert disk_space.is_full_disk(Exception("Error while serializing: I/O error: No space left on device (os error 28)"), None, 10)
+    assert disk_space.is_full_disk(
+        Exception("Error while serializing: I/O error: No space left on device (os error 28)"), None, 10
+    )
     try:
         try:
             raise OSError(errno.ENOSPC, "No space left on device")

@@ -42,7 +42,9 @@ MOE_QLORA = dict(method="qlora", precision="bf16", targets=["experts"], max_step
 
 def _settings(base: Path, out: Path, **changes):
     """A 2-process run of the tiny model: 2 examples a rank = 4 a step, the one-process batch below."""
-    values = dict(model=str(base), init="pretrained", model_overrides={}, gpus=2, shard="fsdp", batch_size=2, max_steps=STEPS)
+    values = dict(
+        model=str(base), init="pretrained", model_overrides={}, gpus=2, shard="fsdp", batch_size=2, max_steps=STEPS
+    )
     values.update(changes)
     return tiny_settings(out, **values)
 
@@ -65,8 +67,20 @@ def runs(tmp_path_factory):
         {"settings": _settings(moe, root / "moe-qlora", **MOE_QLORA)},
     ]
     (root / "jobs.json").write_text(json.dumps(jobs))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(WORKER.parent), os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(WORKER), str(root / "jobs.json")]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(WORKER.parent), os.environ.get("PYTHONPATH", "")]),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(WORKER),
+        str(root / "jobs.json"),
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)  # a hang guard only
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
     single = dict(model=str(base), init="pretrained", model_overrides={}, batch_size=4, max_steps=STEPS)
@@ -208,7 +222,11 @@ def test_loss_weights_make_the_rank_mean_the_global_token_mean():
 
 
 def test_fsdp_settings_by_shard():
-    assert distributed.fsdp_settings("zero3") == distributed.fsdp_settings("fsdp") == {"reshard_after_forward": True, "offload": False, "replicate": False}
+    assert (
+        distributed.fsdp_settings("zero3")
+        == distributed.fsdp_settings("fsdp")
+        == {"reshard_after_forward": True, "offload": False, "replicate": False}
+    )
     assert distributed.fsdp_settings("zero2")["reshard_after_forward"] is False
     assert distributed.fsdp_settings("fsdp-offload")["offload"] is True
     assert distributed.fsdp_settings("ddp")["replicate"] is True
@@ -278,13 +296,17 @@ def test_nproc_must_match_gpus_and_relaunches_through_torchrun(tmp_path, monkeyp
 
     launched = []
     monkeypatch.setattr(command, "run_forwarding_signals", lambda cmd: launched.append(cmd) or 7)
-    ok = runner.invoke(app, ["train", str(config), "--nproc", "2", "--lr", "0.01", "--no-progress", "--set", "eval_split=0.1"])
+    ok = runner.invoke(
+        app, ["train", str(config), "--nproc", "2", "--lr", "0.01", "--no-progress", "--set", "eval_split=0.1"]
+    )
     assert ok.exit_code == 7, ok.output  # the launched command's exit code
     (cmd,) = launched
     assert cmd[:6] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m"]
     assert cmd[6:] == ["memfit", "train", str(config), "--set", "eval_split=0.1", "--no-progress", "--lr", "0.01"]
     assert not (tmp_path / "out").exists()
-    assert command.nproc_problem(2, 2, {"WORLD_SIZE": "2"}).startswith("--nproc: this command already runs under torchrun")
+    assert command.nproc_problem(2, 2, {"WORLD_SIZE": "2"}).startswith(
+        "--nproc: this command already runs under torchrun"
+    )
 
 
 def test_ranks_load_on_the_host_and_shard_onto_their_gpu():
@@ -298,4 +320,6 @@ def test_ranks_load_on_the_host_and_shard_onto_their_gpu():
     assert distributed.load_device(make_spec(method="full", gpus=2, shard="zero2"), cuda) == torch.device("cpu")
     # QLoRA's 4-bit weights are quantized on the GPU and stay outside FSDP.
     assert distributed.load_device(make_spec(method="qlora", gpus=2, shard="fsdp"), cuda) == cuda
-    assert distributed.load_device(make_spec(method="lora", gpus=2, shard="fsdp"), torch.device("cpu")) == torch.device("cpu")
+    assert distributed.load_device(make_spec(method="lora", gpus=2, shard="fsdp"), torch.device("cpu")) == torch.device(
+        "cpu"
+    )

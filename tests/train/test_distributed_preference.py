@@ -37,8 +37,18 @@ COMPARED = {
 
 def _settings(base: Path, out: Path, **changes):
     """A 2-process preference run of the tiny model: 2 pairs a rank = 4 a step, the one-process batch below."""
-    values = dict(model=str(base), init="pretrained", model_overrides={}, data=[str(PAIRS)], objective="dpo", gpus=2,
-                  batch_size=2, max_steps=STEPS, lr=1e-2, log_every=1)
+    values = dict(
+        model=str(base),
+        init="pretrained",
+        model_overrides={},
+        data=[str(PAIRS)],
+        objective="dpo",
+        gpus=2,
+        batch_size=2,
+        max_steps=STEPS,
+        lr=1e-2,
+        log_every=1,
+    )
     values.update(changes)
     return tiny_settings(out, **values)
 
@@ -50,18 +60,51 @@ def runs(tmp_path_factory):
     base = save_tiny_pretrained(root / "base")
     five = root / "five-pairs.jsonl"
     five.write_text("".join(PAIRS.read_text().splitlines(keepends=True)[:5]))
-    compared = {name: dict(changes, data=[str(five)]) if name == "dpo-short-batch" else changes for name, changes in COMPARED.items()}
+    compared = {
+        name: dict(changes, data=[str(five)]) if name == "dpo-short-batch" else changes
+        for name, changes in COMPARED.items()
+    }
     jobs = [{"settings": _settings(base, root / name, **changes)} for name, changes in compared.items()]
-    jobs += [{"settings": _settings(base, root / "orpo", objective="orpo", shard="fsdp", beta=0.2)},
-             {"settings": _settings(base, root / "simpo", objective="simpo", method="full", shard="fsdp-offload", lr=2e-3,
-                                    beta=2.0, cpo_alpha=0.5)}]
+    jobs += [
+        {"settings": _settings(base, root / "orpo", objective="orpo", shard="fsdp", beta=0.2)},
+        {
+            "settings": _settings(
+                base,
+                root / "simpo",
+                objective="simpo",
+                method="full",
+                shard="fsdp-offload",
+                lr=2e-3,
+                beta=2.0,
+                cpo_alpha=0.5,
+            )
+        },
+    ]
     (root / "jobs.json").write_text(json.dumps(jobs))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(WORKER.parent), os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(WORKER), str(root / "jobs.json")]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(WORKER.parent), os.environ.get("PYTHONPATH", "")]),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(WORKER),
+        str(root / "jobs.json"),
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)  # a hang guard only
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
     for job, name in zip(jobs, compared):
-        single = {**job["settings"], "gpus": 1, "shard": "none", "batch_size": 4, "output_dir": str(root / f"{name}-single")}
+        single = {
+            **job["settings"],
+            "gpus": 1,
+            "shard": "none",
+            "batch_size": 4,
+            "output_dir": str(root / f"{name}-single"),
+        }
         train(tiny_config(root / f"{name}-single", **single), progress=False)
     return root
 
@@ -113,7 +156,10 @@ def test_precomputed_reference_is_split_over_the_ranks_and_written_once(runs):
         return json.loads(lines[0]), {r["index"]: (r["chosen"], r["rejected"]) for r in records}
 
     for split in ("train", "eval"):
-        (head, sharded), (single_head, single) = values(runs / "dpo-precomputed", split), values(runs / "dpo-precomputed-single", split)
+        (head, sharded), (single_head, single) = (
+            values(runs / "dpo-precomputed", split),
+            values(runs / "dpo-precomputed-single", split),
+        )
         assert head == single_head and sharded.keys() == single.keys() == set(range(head["pairs"]))
         assert max(abs(a - b) for k in single for a, b in zip(sharded[k], single[k])) <= TOLERANCE
     got, want = read_metrics(runs / "dpo-precomputed"), read_metrics(runs / "dpo-precomputed-single")

@@ -36,7 +36,9 @@ class _StepLog:
     """Stands in for the step: records the examples of every step that completed, and raises an
     out-of-memory error at chosen calls (a call of the step with ``accumulated`` micro-batches)."""
 
-    def __init__(self, monkeypatch, oom_at_call: int | None = None, accumulated: int = 1, signal_after: int | None = None):
+    def __init__(
+        self, monkeypatch, oom_at_call: int | None = None, accumulated: int = 1, signal_after: int | None = None
+    ):
         self.real = REAL_STEP
         self.calls = 0
         self.completed = 0
@@ -66,7 +68,7 @@ def _split(batch) -> list[tuple[int, ...]]:
     ids = batch["input_ids"][0].tolist()
     out, start = [], 0
     for length in batch["documents"].lengths:
-        out.append(tuple(ids[start:start + length]))
+        out.append(tuple(ids[start : start + length]))
         start += length
     return out
 
@@ -99,7 +101,9 @@ def test_out_of_memory_continues_one_configuration_down_on_the_same_examples(tmp
     stopped = train(tiny_config(tmp_path / "resumed", **SETTINGS), progress=False)
     assert stopped.status == "interrupted" and stopped.step == 2
     _StepLog(monkeypatch)
-    resumed = train(tiny_config(tmp_path / "resumed", **dict(SETTINGS, batch_size=2, grad_accum=2)), resume=True, progress=False)
+    resumed = train(
+        tiny_config(tmp_path / "resumed", **dict(SETTINGS, batch_size=2, grad_accum=2)), resume=True, progress=False
+    )
     assert resumed.status == "completed"
     switched, again = step_losses(tmp_path / "run"), step_losses(tmp_path / "resumed")
     assert switched.keys() == again.keys() == set(range(1, 7))
@@ -153,7 +157,9 @@ def test_fit_auto_chooses_records_and_says_why(tmp_path):
     off, on = planned(), planned(checkpointing="on", batch_size=1, grad_accum=4)
     assert on.device_total_bytes < off.device_total_bytes
     budget = str((on.device_total_bytes + off.device_total_bytes) // 2)
-    result = train(tiny_config(tmp_path / "run", **dict(given, budget=budget, fit="auto", tiling="auto")), progress=False)
+    result = train(
+        tiny_config(tmp_path / "run", **dict(given, budget=budget, fit="auto", tiling="auto")), progress=False
+    )
     assert result.status == "completed"
     info = _run_json(tmp_path / "run")
     chosen = info["fit"]["chosen"]
@@ -202,7 +208,9 @@ def test_preflight_and_fit_auto_judge_a_live_device_by_the_same_free_memory(tmp_
     examples, _ = prepare_examples(config, load_tokenizer(config))
     length = planned_seq_len(examples, 4, config.seq_len, DOCUMENTS, packing=False)
     # What the run needs on the card, its CUDA context spent (as on a live device): as given, and leanest.
-    roomy = RunPlanner(model_config_dict(config), device_target(DeviceReading("NVIDIA GeForce RTX 4090", 1 << 40, 1 << 40)))
+    roomy = RunPlanner(
+        model_config_dict(config), device_target(DeviceReading("NVIDIA GeForce RTX 4090", 1 << 40, 1 << 40))
+    )
     knobs = {**config.knobs(), "seq_len": length}
     off = roomy.check(knobs).device_total_bytes
     on = roomy.check(dict(knobs, checkpointing="on", batch_size=1, grad_accum=4)).device_total_bytes

@@ -19,7 +19,9 @@ def test_prompts_are_text_or_messages_ending_with_a_user_turn():
     assert "exactly role and content" in prompt_problem([{"role": "user"}])
     assert "role 'bot' is not one of system, user, assistant" in prompt_problem([{"role": "bot", "content": "x"}])
     assert "content must be text" in prompt_problem([{"role": "user", "content": 5}])
-    assert "ends with an assistant message" in prompt_problem([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}])
+    assert "ends with an assistant message" in prompt_problem(
+        [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    )
     assert prompt_messages("Hi") == [{"role": "user", "content": "Hi"}]
 
 
@@ -27,12 +29,24 @@ def test_sampling_options_are_checked_and_greedy_means_greedy():
     assert Sampling().problems() == []
     problems = Sampling(max_new_tokens=0, temperature=0.0, top_p=1.5).problems()
     assert [p.split()[0] for p in problems] == ["--max-new-tokens", "--temperature", "--top-p"]
-    assert Sampling(max_new_tokens=4, min_new_tokens=5).problems() == ["--min-new-tokens 5: must be from 0 to --max-new-tokens (4)"]
+    assert Sampling(max_new_tokens=4, min_new_tokens=5).problems() == [
+        "--min-new-tokens 5: must be from 0 to --max-new-tokens (4)"
+    ]
     assert Sampling(min_new_tokens=3).generate_kwargs()["min_new_tokens"] == 3
     # Greedy overrides whatever sampling a model's generation_config asks for.
-    assert Sampling().generate_kwargs() == {"max_new_tokens": 256, "do_sample": False, "temperature": None, "top_p": None, "top_k": None}
+    assert Sampling().generate_kwargs() == {
+        "max_new_tokens": 256,
+        "do_sample": False,
+        "temperature": None,
+        "top_p": None,
+        "top_k": None,
+    }
     assert Sampling(do_sample=True, temperature=0.7, top_p=0.9).generate_kwargs() == {
-        "max_new_tokens": 256, "do_sample": True, "temperature": 0.7, "top_p": 0.9}
+        "max_new_tokens": 256,
+        "do_sample": True,
+        "temperature": 0.7,
+        "top_p": 0.9,
+    }
 
 
 torch = pytest.importorskip("torch")
@@ -47,9 +61,19 @@ def tiny_model_and_tokenizer():
     from memfit.models.catalog import load_catalog_config
     from memfit.train.data import tiny_tokenizer_path
 
-    config = dict(load_catalog_config("smollm2-135m"), num_hidden_layers=2, hidden_size=32, intermediate_size=64,
-                  num_attention_heads=4, num_key_value_heads=2, vocab_size=512, max_position_embeddings=256,
-                  bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    config = dict(
+        load_catalog_config("smollm2-135m"),
+        num_hidden_layers=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=512,
+        max_position_embeddings=256,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=2,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(make_config(config), dtype=torch.float32)
     return model, AutoTokenizer.from_pretrained(str(tiny_tokenizer_path()))
@@ -121,9 +145,15 @@ def test_a_run_writes_the_replies_to_its_eval_prompts(tmp_path):
 
     from memfit.train.recipe import train
 
-    prompts = ["What is the capital of France?", [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]]
+    prompts = [
+        "What is the capital of France?",
+        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+    ]
     # With dropout, a generation that drew random numbers would change every loss after step 3.
-    train(tiny_config(tmp_path / "with", eval_prompts=prompts, eval_every=3, eval_max_new_tokens=5, dropout=0.1), progress=False)
+    train(
+        tiny_config(tmp_path / "with", eval_prompts=prompts, eval_every=3, eval_max_new_tokens=5, dropout=0.1),
+        progress=False,
+    )
     train(tiny_config(tmp_path / "without", eval_every=3, dropout=0.1), progress=False)
     records = read_metrics(tmp_path / "with")
     generated = [r for r in records if "generations" in r]

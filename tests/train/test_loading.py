@@ -41,10 +41,19 @@ def test_logits_equal_from_pretrained(tmp_path, tie, shards, precision):
     from transformers import AutoModelForCausalLM
 
     folder = save_tiny_pretrained(tmp_path / "m", tie=tie, max_shard_size=shards)
-    assert len(checkpoint_files(folder)) == (1 if shards is None else len(set(json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"].values())))
+    assert len(checkpoint_files(folder)) == (
+        1
+        if shards is None
+        else len(set(json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"].values()))
+    )
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
     reference = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
-    loaded = load_model(tiny_model_dict(tie_word_embeddings=tie), make_spec(method="full", precision=precision, checkpointing="off"), CPU, weights_dir=folder)
+    loaded = load_model(
+        tiny_model_dict(tie_word_embeddings=tie),
+        make_spec(method="full", precision=precision, checkpointing="off"),
+        CPU,
+        weights_dir=folder,
+    )
     model = loaded.model
     ids = torch.randint(0, 512, (2, 24), generator=torch.Generator().manual_seed(1))
     assert torch.equal(_logits(reference, ids), _logits(model, ids))
@@ -61,13 +70,24 @@ def test_gemma3_checkpoint_loads_with_the_buffers_transformers_computes(tmp_path
     # from arguments rather than a config: the model's initializer computes it, the loaded weights stay.
     from transformers import AutoModelForCausalLM, Gemma3TextConfig
 
-    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, vocab_size=128)
+    shape = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=128,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(Gemma3TextConfig(**shape)).save_pretrained(tmp_path / "m")
     reference = AutoModelForCausalLM.from_pretrained(str(tmp_path / "m"), dtype=torch.float32)
-    model = load_model(dict(shape, model_type="gemma3_text"), make_spec(method="full", precision="fp32", checkpointing="off"),
-                       CPU, weights_dir=tmp_path / "m").model
+    model = load_model(
+        dict(shape, model_type="gemma3_text"),
+        make_spec(method="full", precision="fp32", checkpointing="off"),
+        CPU,
+        weights_dir=tmp_path / "m",
+    ).model
     buffers = dict(model.named_buffers())
     assert buffers.keys() == dict(reference.named_buffers()).keys()
     for name, value in reference.named_buffers():
@@ -79,11 +99,20 @@ def test_gemma3_checkpoint_loads_with_the_buffers_transformers_computes(tmp_path
 
 def test_lora_setup_is_verified(tmp_path):
     folder = save_tiny_pretrained(tmp_path / "m")
-    loaded = load_model(tiny_model_dict(), make_spec(method="lora", rank=4, precision="fp32", checkpointing="on"), CPU, weights_dir=folder)
+    loaded = load_model(
+        tiny_model_dict(),
+        make_spec(method="lora", rank=4, precision="fp32", checkpointing="on"),
+        CPU,
+        weights_dir=folder,
+    )
     setup = loaded.setup
     # 2 layers x 7 linear layers, r x (in + out) each
     cfg = make_config(tiny_model_dict())
-    h, i, kv = cfg.hidden_size, cfg.intermediate_size, cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    h, i, kv = (
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads),
+    )
     per_layer = 4 * ((h + h) * 2 + (h + kv) * 2 + (h + i) * 2 + (i + h))
     assert setup["trainable_params"] == setup["expected_trainable_params"] == 2 * per_layer
     assert setup["checkpointed_layers"] == setup["decoder_layers"] == 2
@@ -106,7 +135,13 @@ def test_qlora_quantizes_each_layer_on_the_device(tmp_path):
         assert weight.dtype == torch.uint8 and weight.bnb_quantized and weight.quant_state is not None
         key = name.replace("base_model.model.", "").replace(".base_layer", "") + ".weight"
         # exactly what bitsandbytes makes of the checkpoint tensor with memfit's NF4 settings
-        packed, state = bnbf.quantize_4bit(dense[key].to(torch.bfloat16), blocksize=64, compress_statistics=True, quant_type="nf4", quant_storage=torch.uint8)
+        packed, state = bnbf.quantize_4bit(
+            dense[key].to(torch.bfloat16),
+            blocksize=64,
+            compress_statistics=True,
+            quant_type="nf4",
+            quant_storage=torch.uint8,
+        )
         assert torch.equal(weight.data, packed)
         assert torch.equal(bnbf.dequantize_4bit(weight.data, weight.quant_state), bnbf.dequantize_4bit(packed, state))
     assert loaded.setup["trainable_params"] == loaded.setup["expected_trainable_params"] > 0
@@ -142,7 +177,9 @@ def test_checkpoint_mismatches_are_listed(tmp_path):
 def test_shape_mismatch_and_missing_files(tmp_path):
     folder = save_tiny_pretrained(tmp_path / "m")
     with pytest.raises(LoadError, match="checkpoint shape"):
-        load_model(tiny_model_dict(intermediate_size=96), make_spec(method="full", precision="fp32"), CPU, weights_dir=folder)
+        load_model(
+            tiny_model_dict(intermediate_size=96), make_spec(method="full", precision="fp32"), CPU, weights_dir=folder
+        )
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(LoadError, match="no model.safetensors"):
@@ -249,7 +286,10 @@ def test_four_bit_experts_are_quantized_expert_by_expert_as_they_load(tmp_path, 
     got = load_model(config, make_spec(method="qlora", precision="bf16"), torch.device("cpu"), weights_dir=folder).model
     for ours, theirs in zip(_experts_of(got), _experts_of(want), strict=True):
         for weight in ours.expert_weights:
-            assert torch.equal(dequantized(ours, weight.name), _nf4_round_trip(getattr(theirs, weight.name).detach(), weight.transposed))
+            assert torch.equal(
+                dequantized(ours, weight.name),
+                _nf4_round_trip(getattr(theirs, weight.name).detach(), weight.transposed),
+            )
 
 
 def _nf4_round_trip(stack, transposed: bool):
@@ -277,14 +317,18 @@ def test_gpt_oss_mxfp4_experts_are_dequantized_as_transformers_dequantizes_them(
     generator = torch.Generator().manual_seed(1)
     expected = {}
     for key in [k for k in state if k.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
-        experts, inner, outer = state.pop(key).shape  # [experts, in, out]: the checkpoint keeps [experts, out, in / 32, 16]
+        experts, inner, outer = state.pop(
+            key
+        ).shape  # [experts, in, out]: the checkpoint keeps [experts, out, in / 32, 16]
         blocks = torch.randint(0, 256, (experts, outer, inner // 32, 16), dtype=torch.uint8, generator=generator)
         scales = torch.randint(120, 130, (experts, outer, inner // 32), dtype=torch.uint8, generator=generator)
         state[f"{key}_blocks"], state[f"{key}_scales"] = blocks, scales
         expected[key] = convert_moe_packed_tensors(blocks, scales, dtype=torch.bfloat16)
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     config = {**config, "quantization_config": {"quant_method": "mxfp4"}}
-    model = load_model(config, make_spec(method=method, precision="bf16"), torch.device("cpu"), weights_dir=folder).model
+    model = load_model(
+        config, make_spec(method=method, precision="bf16"), torch.device("cpu"), weights_dir=folder
+    ).model
     for index, module in enumerate(_experts_of(model)):
         for weight in ("gate_up_proj", "down_proj"):
             want = expected[f"model.layers.{index}.mlp.experts.{weight}"]
@@ -299,7 +343,9 @@ def test_a_checkpoint_missing_an_expert_names_the_weight(tmp_path):
     state = load_file(str(folder / "model.safetensors"))
     del state["model.layers.1.mlp.experts.2.up_proj.weight"]
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(LoadError, match=r"expert weights with some experts missing: model\.layers\.1\.mlp\.experts\.gate_up_proj"):
+    with pytest.raises(
+        LoadError, match=r"expert weights with some experts missing: model\.layers\.1\.mlp\.experts\.gate_up_proj"
+    ):
         load_model(config, make_spec(method="lora", precision="bf16"), torch.device("cpu"), weights_dir=folder)
 
 

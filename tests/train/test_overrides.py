@@ -21,12 +21,19 @@ def _problems(tmp_path, **changes) -> list[str]:
     return info.value.problems
 
 
-@pytest.mark.parametrize(("changes", "key", "reason"), [
-    ({"hidden_size": 63}, "hidden_size: 63", "not a multiple of the number of attention heads"),  # the config's check
-    ({"hidden_size": "big"}, "hidden_size: 'big'", "expected int"),  # a field's type
-    ({"hidden_act": "nope"}, "hidden_act: 'nope'", "KeyError: 'nope'"),  # refused only when the layer is made
-    ({"intermediate_size": -5}, "intermediate_size: -5", "negative dimension"),
-])
+@pytest.mark.parametrize(
+    ("changes", "key", "reason"),
+    [
+        (
+            {"hidden_size": 63},
+            "hidden_size: 63",
+            "not a multiple of the number of attention heads",
+        ),  # the config's check
+        ({"hidden_size": "big"}, "hidden_size: 'big'", "expected int"),  # a field's type
+        ({"hidden_act": "nope"}, "hidden_act: 'nope'", "KeyError: 'nope'"),  # refused only when the layer is made
+        ({"intermediate_size": -5}, "intermediate_size: -5", "negative dimension"),
+    ],
+)
 def test_a_refused_override_is_named_with_its_value_and_reason(tmp_path, changes, key, reason):
     (problem,) = _problems(tmp_path, **changes)
     assert problem.startswith(f"model_overrides.{key}: transformers refuses it ("), problem

@@ -89,7 +89,9 @@ def test_the_command_exits_3_on_refusal(tmp_path):
     app = typer.Typer()
     app.command("train")(train_command)
     app.command("other")(lambda: None)
-    result = CliRunner().invoke(app, ["train", str(REPO / "examples" / "tiny.yaml"), "-o", str(tmp_path / "run"), "--budget", "1MiB"])
+    result = CliRunner().invoke(
+        app, ["train", str(REPO / "examples" / "tiny.yaml"), "-o", str(tmp_path / "run"), "--budget", "1MiB"]
+    )
     assert result.exit_code == 3, result.output
     assert "preflight" in result.output and "--force" in result.output
     bad = CliRunner().invoke(app, ["train", str(REPO / "examples" / "tiny.yaml"), "--lr", "-1", "--set", "epoch=2"])
@@ -98,7 +100,9 @@ def test_the_command_exits_3_on_refusal(tmp_path):
 
 
 def test_oom_advice_is_ordered_by_effect():
-    advice = oom_advice(dict(method="full", optimizer="adamw", checkpointing="off", batch_size=8, grad_accum=2, seq_len=4096))
+    advice = oom_advice(
+        dict(method="full", optimizer="adamw", checkpointing="off", batch_size=8, grad_accum=2, seq_len=4096)
+    )
     assert advice[0].startswith("turn activation checkpointing on")
     assert "batch_size: 4, grad_accum: 4" in advice[1]
     assert "seq_len: 2048" in advice[2]

@@ -31,7 +31,10 @@ def _mean(values):
 
 
 def test_demo_config_trains_and_loss_decreases(tmp_path):
-    config = load_config(REPO / "examples" / "tiny.yaml", {"output_dir": str(tmp_path / "run"), "max_steps": 50, "eval_every": 25, "log_every": 1})
+    config = load_config(
+        REPO / "examples" / "tiny.yaml",
+        {"output_dir": str(tmp_path / "run"), "max_steps": 50, "eval_every": 25, "log_every": 1},
+    )
     result = train(config, progress=False)
     assert result.status == "completed" and result.step == 50
     losses = [loss for _, loss in result.losses]
@@ -57,10 +60,14 @@ def test_adapter_loads_unchanged_with_peft(tmp_path):
     from transformers import AutoModelForCausalLM
 
     base_dir = save_tiny_pretrained(tmp_path / "base")
-    config = tiny_config(tmp_path / "run", model=str(base_dir), init="pretrained", model_overrides={}, dropout=0.1, max_steps=4)
+    config = tiny_config(
+        tmp_path / "run", model=str(base_dir), init="pretrained", model_overrides={}, dropout=0.1, max_steps=4
+    )
     result = train(config, progress=False)
     trained = result.model.eval()
-    reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(base_dir)), str(result.output_dir)).eval()
+    reloaded = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(str(base_dir)), str(result.output_dir)
+    ).eval()
     ids = torch.randint(0, 512, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = trained(input_ids=ids).logits
@@ -257,12 +264,23 @@ def test_packing_on_a_model_whose_attention_cannot_keep_examples_apart_is_refuse
         raise AssertionError("the model was loaded before the refusal")
 
     monkeypatch.setattr(loading, "load_model", no_loading)
-    gemma2 = {"model_type": "gemma2", "num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 512}
+    gemma2 = {
+        "model_type": "gemma2",
+        "num_hidden_layers": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 8,
+        "vocab_size": 512,
+    }
     (tmp_path / "gemma2.json").write_text(__import__("json").dumps(gemma2))
     config = tiny_config(tmp_path / "run", model=str(tmp_path / "gemma2.json"), model_overrides={}, packing=True)
-    with pytest.raises(TrainError, match="packing: examples packed in one row need attention kept inside each example, "
-                                         "and gemma2 soft-caps its attention logits. Set packing: false"):
+    with pytest.raises(
+        TrainError,
+        match="packing: examples packed in one row need attention kept inside each example, "
+        "and gemma2 soft-caps its attention logits. Set packing: false",
+    ):
         train(config, progress=False)
     assert not (tmp_path / "run" / "checkpoints").exists()
 
@@ -286,7 +304,9 @@ def test_lora_on_cpu_gets_no_warning_about_qlora(tmp_path):
 def test_metrics_log_the_learning_rate_each_step_used(tmp_path):
     from memfit.train.config import lr_factor
 
-    result = train(tiny_config(tmp_path / "run", max_steps=6, warmup_steps=3, lr=6e-3, schedule="cosine"), progress=False)
+    result = train(
+        tiny_config(tmp_path / "run", max_steps=6, warmup_steps=3, lr=6e-3, schedule="cosine"), progress=False
+    )
     assert result.status == "completed"
     logged = {r["step"]: r["lr"] for r in read_metrics(tmp_path / "run") if "lr" in r}
     assert logged[1] == 6e-3 * (1 / 3)  # the first warmup step takes a third of the peak, not two thirds
@@ -299,14 +319,28 @@ def test_every_record_carries_the_trainers_fractional_epoch(tmp_path):
     (tmp_path / "ten.jsonl").write_text("".join(lines[:10]))
     (tmp_path / "held-out.jsonl").write_text("".join(lines[10:12]))
     # 10 examples in batches of 4: 3 batches an epoch (4, 4, 2), so 2 epochs are 6 steps.
-    config = tiny_config(tmp_path / "run", data=[str(tmp_path / "ten.jsonl")], eval_data=[str(tmp_path / "held-out.jsonl")],
-                         max_steps=None, epochs=2, batch_size=4, eval_every=2, log_every=1, eval_prompts=["Hi"],
-                         eval_max_new_tokens=2)
+    config = tiny_config(
+        tmp_path / "run",
+        data=[str(tmp_path / "ten.jsonl")],
+        eval_data=[str(tmp_path / "held-out.jsonl")],
+        max_steps=None,
+        epochs=2,
+        batch_size=4,
+        eval_every=2,
+        log_every=1,
+        eval_prompts=["Hi"],
+        eval_max_new_tokens=2,
+    )
     result = train(config, progress=False)
     assert result.status == "completed" and result.step == 6
     records = read_metrics(tmp_path / "run")
     kinds = {"train": "loss", "eval": "eval_loss", "replies": "generations", "end": "train_runtime"}
-    assert {kind: sum(key in r for r in records) for kind, key in kinds.items()} == {"train": 6, "eval": 3, "replies": 3, "end": 1}
+    assert {kind: sum(key in r for r in records) for kind, key in kinds.items()} == {
+        "train": 6,
+        "eval": 3,
+        "replies": 3,
+        "end": 1,
+    }
     for record in records:
         # The Trainer's epoch + (batch + 1) / batches_per_epoch, after the step's last batch.
         step = record["step"]

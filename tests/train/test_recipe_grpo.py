@@ -14,10 +14,26 @@ from memfit.train.recipe import train
 PROMPTS = REPO / "examples" / "data" / "grpo-prompts-example.jsonl"
 
 #: What every grpo step logs, under TRL's names.
-STEP_NAMES = ("loss", "grad_norm", "reward", "reward_std", "rewards/length/mean", "rewards/length/std", "frac_reward_zero_std",
-              "completions/mean_length", "completions/min_length", "completions/max_length", "completions/clipped_ratio",
-              "completions/mean_terminated_length", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
-              "clip_ratio/region_mean", "clip_ratio/low_min", "clip_ratio/high_max")
+STEP_NAMES = (
+    "loss",
+    "grad_norm",
+    "reward",
+    "reward_std",
+    "rewards/length/mean",
+    "rewards/length/std",
+    "frac_reward_zero_std",
+    "completions/mean_length",
+    "completions/min_length",
+    "completions/max_length",
+    "completions/clipped_ratio",
+    "completions/mean_terminated_length",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_max",
+)
 
 
 def _quiet():
@@ -27,21 +43,34 @@ def _quiet():
 
 
 def _steps(run_dir) -> list[dict]:
-    return [m for m in (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()) if "reward" in m]
+    return [
+        m for m in (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()) if "reward" in m
+    ]
 
 
 def _grpo(tmp_path, name="run", **changes):
-    settings = tiny_settings(tmp_path / name, data=[str(PROMPTS)], objective="grpo", reward_funcs=["length"],
-                             num_generations=4, batch_size=8, max_completion_length=12, seq_len=28, max_steps=2,
-                             log_every=1, lr=1e-2)
+    settings = tiny_settings(
+        tmp_path / name,
+        data=[str(PROMPTS)],
+        objective="grpo",
+        reward_funcs=["length"],
+        num_generations=4,
+        batch_size=8,
+        max_completion_length=12,
+        seq_len=28,
+        max_steps=2,
+        log_every=1,
+        lr=1e-2,
+    )
     settings.update(changes)
     return validate_config(settings)
 
 
 @pytest.mark.slow
 def test_the_grpo_example_raises_its_reward_within_a_few_minutes(tmp_path):
-    config = load_config(REPO / "examples" / "grpo-tiny.yaml", {"output_dir": str(tmp_path / "run"), "max_steps": 40,
-                                                                 "log_every": 1})
+    config = load_config(
+        REPO / "examples" / "grpo-tiny.yaml", {"output_dir": str(tmp_path / "run"), "max_steps": 40, "log_every": 1}
+    )
     result = train(config, progress=False, console=_quiet())
     steps = _steps(result.run_dir)
     assert len(steps) == 40 and all(set(STEP_NAMES) <= set(s) for s in steps)
@@ -69,7 +98,9 @@ def test_beta_logs_the_kl_and_num_iterations_reuses_a_generation(tmp_path):
     config = _grpo(tmp_path, method="full", beta=0.05, num_iterations=2, max_steps=4, epsilon=0.1)
     result = train(config, progress=False, console=_quiet())
     steps = _steps(result.run_dir)
-    assert all("kl" in s for s in steps) and steps[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # the policy starts as its reference
+    assert all("kl" in s for s in steps) and steps[0]["kl"] == pytest.approx(
+        0.0, abs=1e-6
+    )  # the policy starts as its reference
     # Two steps on each generation batch: the same completions, so the same rewards.
     assert steps[0]["reward"] == steps[1]["reward"] and steps[2]["reward"] == steps[3]["reward"]
     assert steps[1]["clip_ratio/region_mean"] >= 0.0

@@ -14,16 +14,31 @@ from trainer_helpers import read_metrics, tiny_config  # noqa: E402
 from memfit.train.recipe import train  # noqa: E402
 
 FALCON_H1 = {
-    "model_type": "falcon_h1", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 512, "max_position_embeddings": 256, "mamba_d_ssm": 64,
-    "mamba_n_heads": 4, "mamba_d_head": 16, "mamba_d_state": 8, "mamba_chunk_size": 16,
-    "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+    "model_type": "falcon_h1",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "mamba_d_ssm": 64,
+    "mamba_n_heads": 4,
+    "mamba_d_head": 16,
+    "mamba_d_state": 8,
+    "mamba_chunk_size": 16,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 2,
 }
 
 
 def test_falcon_h1_trains_two_steps_with_lora(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(FALCON_H1))
-    config = tiny_config(tmp_path / "run", model=str(tmp_path / "config.json"), model_overrides={}, max_steps=2, batch_size=2)
+    config = tiny_config(
+        tmp_path / "run", model=str(tmp_path / "config.json"), model_overrides={}, max_steps=2, batch_size=2
+    )
     result = train(config, progress=False)
     assert result.status == "completed" and result.step == 2
     losses = [r["loss"] for r in read_metrics(tmp_path / "run") if "loss" in r]

@@ -45,7 +45,9 @@ def _peft_model(base, adapter):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), str(adapter)).eval()
+        return peft.PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), str(adapter)
+        ).eval()
 
 
 @pytest.mark.parametrize("name", ["qwen3_moe", "mixtral"])
@@ -72,7 +74,10 @@ def test_lora_on_experts_trains_loads_in_peft_and_merges_as_peft(tmp_path, name)
     merge(base, run / "adapter", tmp_path / "merged", progress=False)
     reference = tmp_path / "peft-merged"
     _peft_model(base, run / "adapter").merge_and_unload().save_pretrained(reference)
-    got, want = load_file(str(tmp_path / "merged" / "model.safetensors")), load_file(str(reference / "model.safetensors"))
+    got, want = (
+        load_file(str(tmp_path / "merged" / "model.safetensors")),
+        load_file(str(reference / "model.safetensors")),
+    )
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
 
 

@@ -58,7 +58,9 @@ def test_bf16_mixed_lora_keeps_the_frozen_base_in_bf16(tmp_path, monkeypatch):
     result = train(config, progress=False)
     params = list(result.model.named_parameters())
     assert {p.dtype for _, p in params if not p.requires_grad} == {torch.bfloat16}
-    assert {p.dtype for n, p in params if p.requires_grad} == {torch.float32} and all("lora_" in n for n, p in params if p.requires_grad)
+    assert {p.dtype for n, p in params if p.requires_grad} == {torch.float32} and all(
+        "lora_" in n for n, p in params if p.requires_grad
+    )
     assert set(seen) == {torch.bfloat16}
     losses = [loss for _, loss in result.losses]
     assert _mean(losses[-2:]) < _mean(losses[:2]), losses

@@ -23,13 +23,31 @@ def _metrics(run_dir):
 
 
 def test_dpo_on_the_demo_pairs_learns_to_prefer_the_chosen_answers(tmp_path):
-    config = tiny_config(tmp_path / "run", data=[str(PAIRS)], objective="dpo", batch_size=8, seq_len=96,
-                         max_steps=16, lr=2e-2, warmup_steps=0, rank=8, log_every=1)
+    config = tiny_config(
+        tmp_path / "run",
+        data=[str(PAIRS)],
+        objective="dpo",
+        batch_size=8,
+        seq_len=96,
+        max_steps=16,
+        lr=2e-2,
+        warmup_steps=0,
+        rank=8,
+        log_every=1,
+    )
     result = train(config, progress=False, console=_quiet())
     steps = [m for m in _metrics(result.run_dir) if "loss" in m]
     assert len(steps) == 16
-    for name in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected",
-                 "logits/chosen", "logits/rejected"):
+    for name in (
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/accuracies",
+        "rewards/margins",
+        "logps/chosen",
+        "logps/rejected",
+        "logits/chosen",
+        "logits/rejected",
+    ):
         assert all(name in m for m in steps), name
     # A fresh adapter is the reference: the first step's rewards are all 0, its loss log 2.
     assert steps[0]["rewards/accuracies"] == 0.0 and steps[0]["loss"] == pytest.approx(0.6931, abs=1e-3)
@@ -47,13 +65,25 @@ def _short(tmp_path, name="run", **changes):
     return tiny_config(tmp_path / name, **settings)
 
 
-PAIR_NAMES = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected"]
+PAIR_NAMES = [
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+]
 #: What each objective logs besides, as TRL's trainer for it does.
-EXTRA_NAMES = {"dpo": ["logits/chosen", "logits/rejected"], "orpo": ["nll_loss", "log_odds_ratio", "log_odds_chosen"],
-               "simpo": ["nll_loss"]}
+EXTRA_NAMES = {
+    "dpo": ["logits/chosen", "logits/rejected"],
+    "orpo": ["nll_loss", "log_odds_ratio", "log_odds_chosen"],
+    "simpo": ["nll_loss"],
+}
 
 
-@pytest.mark.parametrize("objective, extra", [("orpo", {"beta": 0.2}), ("simpo", {"beta": 2.0, "simpo_gamma": 0.3, "cpo_alpha": 0.5})])
+@pytest.mark.parametrize(
+    "objective, extra", [("orpo", {"beta": 0.2}), ("simpo", {"beta": 2.0, "simpo_gamma": 0.3, "cpo_alpha": 0.5})]
+)
 def test_orpo_and_simpo_train_without_a_reference(tmp_path, objective, extra):
     result = train(_short(tmp_path, objective=objective, method="full", **extra), progress=False, console=_quiet())
     steps = [m for m in _metrics(result.run_dir) if "loss" in m]
@@ -64,8 +94,11 @@ def test_orpo_and_simpo_train_without_a_reference(tmp_path, objective, extra):
 
 @pytest.mark.parametrize("objective", ["dpo", "orpo"])
 def test_evaluation_records_hold_the_metrics_under_trls_eval_names(tmp_path, objective):
-    result = train(_short(tmp_path, objective=objective, eval_split=0.02, eval_every=1, batch_size=4), progress=False,
-                   console=_quiet())
+    result = train(
+        _short(tmp_path, objective=objective, eval_split=0.02, eval_every=1, batch_size=4),
+        progress=False,
+        console=_quiet(),
+    )
     records = _metrics(result.run_dir)
     evals = [m for m in records if "eval_loss" in m]
     assert [m["step"] for m in evals] == [1, 2]
@@ -83,7 +116,9 @@ def test_full_fine_tuning_dpo_keeps_a_frozen_copy_and_says_so(tmp_path):
     from rich.console import Console
 
     out = StringIO()
-    result = train(_short(tmp_path, objective="dpo", method="full"), progress=False, console=Console(file=out, width=200))
+    result = train(
+        _short(tmp_path, objective="dpo", method="full"), progress=False, console=Console(file=out, width=200)
+    )
     assert "reference: a frozen copy of the model's" in out.getvalue()
     assert result.status == "completed"
 
@@ -138,14 +173,19 @@ def test_the_dpo_adapter_merges_like_an_sft_adapter(tmp_path):
     from memfit.merge import merge
 
     base = save_tiny_pretrained(tmp_path / "base")
-    config = _short(tmp_path, objective="dpo", model=str(base), init="pretrained", model_overrides={}, lr=5e-2, max_steps=3)
+    config = _short(
+        tmp_path, objective="dpo", model=str(base), init="pretrained", model_overrides={}, lr=5e-2, max_steps=3
+    )
     result = train(config, progress=False, console=_quiet())
     merge(base, result.output_dir, tmp_path / "merged", progress=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
         peft.PeftModel.from_pretrained(model, result.output_dir).merge_and_unload().save_pretrained(tmp_path / "peft")
-    ours, theirs = load_file(tmp_path / "merged" / "model.safetensors"), load_file(tmp_path / "peft" / "model.safetensors")
+    ours, theirs = (
+        load_file(tmp_path / "merged" / "model.safetensors"),
+        load_file(tmp_path / "peft" / "model.safetensors"),
+    )
     assert sorted(ours) == sorted(theirs) and all(torch.equal(ours[name], theirs[name]) for name in theirs)
     trained = load_file(result.output_dir / "adapter_model.safetensors")
     assert any(name.endswith("lora_B.weight") and tensor.abs().sum() > 0 for name, tensor in trained.items())
@@ -156,7 +196,10 @@ def test_the_planned_length_of_pairs_is_their_longest_micro_batch():
     from memfit.train.fitting import planned_seq_len
 
     def pair(c, r):
-        return {"chosen": {"input_ids": [0] * c, "labels": [0] * c}, "rejected": {"input_ids": [0] * r, "labels": [0] * r}}
+        return {
+            "chosen": {"input_ids": [0] * c, "labels": [0] * c},
+            "rejected": {"input_ids": [0] * r, "labels": [0] * r},
+        }
 
     pairs = [pair(10, 30), pair(20, 20), pair(5, 7)]
     assert planned_seq_len(pairs, 2, 64, PADDED, False) == 30  # the longest sequence
@@ -182,11 +225,19 @@ def test_a_resumed_full_fine_tuning_dpo_run_ends_where_an_uninterrupted_one_does
     from safetensors.torch import load_file
 
     # The frozen reference copy must hold the starting weights after a resume, not the checkpoint's.
-    straight = train(_short(tmp_path, "straight", objective="dpo", method="full", max_steps=4, lr=5e-3),
-                     progress=False, console=_quiet())
+    straight = train(
+        _short(tmp_path, "straight", objective="dpo", method="full", max_steps=4, lr=5e-3),
+        progress=False,
+        console=_quiet(),
+    )
     first = _short(tmp_path, "resumed", objective="dpo", method="full", max_steps=2, lr=5e-3)
     train(first, progress=False, console=_quiet())
     resumed = train(first.model_copy(update={"max_steps": 4}), resume=True, progress=False, console=_quiet())
-    assert [m["loss"] for m in _metrics(resumed.run_dir) if "loss" in m] == [m["loss"] for m in _metrics(straight.run_dir) if "loss" in m]
-    ours, theirs = load_file(resumed.output_dir / "model.safetensors"), load_file(straight.output_dir / "model.safetensors")
+    assert [m["loss"] for m in _metrics(resumed.run_dir) if "loss" in m] == [
+        m["loss"] for m in _metrics(straight.run_dir) if "loss" in m
+    ]
+    ours, theirs = (
+        load_file(resumed.output_dir / "model.safetensors"),
+        load_file(straight.output_dir / "model.safetensors"),
+    )
     assert all(torch.equal(ours[name], theirs[name]) for name in theirs)

@@ -46,11 +46,21 @@ def _hide(monkeypatch, *modules: str) -> None:
 # What report_to takes
 
 
-@pytest.mark.parametrize("given, names", [
-    (None, []), ("none", []), (["none"], []), ("None", []), ("all", ["all"]), ("wandb", ["wandb"]),
-    (["tensorboard", "wandb"], ["tensorboard", "wandb"]), ("tensorboard, wandb", ["tensorboard", "wandb"]),
-    (["tensorboard,mlflow", "wandb"], ["tensorboard", "mlflow", "wandb"]), (["wandb", "WandB"], ["wandb"]),
-])
+@pytest.mark.parametrize(
+    "given, names",
+    [
+        (None, []),
+        ("none", []),
+        (["none"], []),
+        ("None", []),
+        ("all", ["all"]),
+        ("wandb", ["wandb"]),
+        (["tensorboard", "wandb"], ["tensorboard", "wandb"]),
+        ("tensorboard, wandb", ["tensorboard", "wandb"]),
+        (["tensorboard,mlflow", "wandb"], ["tensorboard", "mlflow", "wandb"]),
+        (["wandb", "WandB"], ["wandb"]),
+    ],
+)
 def test_report_to_takes_what_the_trainer_takes(given, names):
     assert parse_report_to(given) == names
 
@@ -63,13 +73,16 @@ def test_an_empty_name_in_report_to_is_refused_not_dropped(tmp_path, given):
 
     with pytest.raises(ValueError, match="has an empty name"):
         parse_report_to(given)
-    with pytest.raises(ConfigError, match=r"report_to: .*: has an empty name \(two commas in a row, or one at an end\)"):
+    with pytest.raises(
+        ConfigError, match=r"report_to: .*: has an empty name \(two commas in a row, or one at an end\)"
+    ):
         validate_config(tiny_settings(tmp_path / "run", report_to=given))
 
 
 def test_report_to_problems_name_the_field_the_value_and_the_fix(monkeypatch):
     assert report_to_problems(["tensorbord"]) == [
-        "report_to: 'tensorbord' is not one of tensorboard, wandb, mlflow, none, all. Did you mean 'tensorboard'?"]
+        "report_to: 'tensorbord' is not one of tensorboard, wandb, mlflow, none, all. Did you mean 'tensorboard'?"
+    ]
     (mixed,) = report_to_problems(["all", "tensorboard"])
     assert mixed.startswith("report_to: ['all', 'tensorboard']: none and all stand alone")
     _hide(monkeypatch, "wandb")
@@ -152,16 +165,32 @@ def test_names_are_the_trainers(monkeypatch):
 
 def test_records_of_a_step_keep_their_order():
     positions = Positions()
-    records = [{"step": 3, "loss": 1.0}, {"step": 3, "eval_loss": 1.0}, {"step": 3, "eval_samples": 2},
-               {"step": 4, "loss": 1.0}]
+    records = [
+        {"step": 3, "loss": 1.0},
+        {"step": 3, "eval_loss": 1.0},
+        {"step": 3, "eval_samples": 2},
+        {"step": 4, "loss": 1.0},
+    ]
     assert [positions.of(r) for r in records] == [(3, 0), (3, 1), (3, 2), (4, 0)]
 
 
 def test_flat_params():
-    params = flat_params({"config": {"lr": 0.01, "targets": ["q_proj"], "model": "m", "gpu": None},
-                          "plan": None, "big": "x" * 7000, "odd(name)": 1})
-    assert params == {"config.lr": "0.01", "config.targets": '["q_proj"]', "config.model": "m", "config.gpu": "null",
-                      "plan": "null", "odd_name_": "1"}
+    params = flat_params(
+        {
+            "config": {"lr": 0.01, "targets": ["q_proj"], "model": "m", "gpu": None},
+            "plan": None,
+            "big": "x" * 7000,
+            "odd(name)": 1,
+        }
+    )
+    assert params == {
+        "config.lr": "0.01",
+        "config.targets": '["q_proj"]',
+        "config.model": "m",
+        "config.gpu": "null",
+        "plan": "null",
+        "odd_name_": "1",
+    }
 
 
 # ------------------------------------------------------------------------------------------------
@@ -200,8 +229,9 @@ def _recording(**changes):
 
 def _open(run_dir, kind, lines=None):
     lines = lines if lines is not None else []
-    return Trackers(run_dir, ["wandb"], {"config": {"lr": 0.1}}, say=lambda line: None, warn=lines.append,
-                    classes={"wandb": kind})
+    return Trackers(
+        run_dir, ["wandb"], {"config": {"lr": 0.1}}, say=lambda line: None, warn=lines.append, classes={"wandb": kind}
+    )
 
 
 def _write_metrics(run_dir, records):
@@ -269,12 +299,24 @@ def test_a_failing_tracker_is_dropped_with_one_warning_and_caught_up_on_resume(t
 
 def _offline_env(root: Path) -> dict[str, str]:
     """No network: W&B offline with its files under ``root``, MLflow in the run folder."""
-    return {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_CONFIG_DIR": str(root / "wandb-config"),
-            "WANDB_CACHE_DIR": str(root / "wandb-cache"), "WANDB_DATA_DIR": str(root / "wandb-data")}
+    return {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_CONFIG_DIR": str(root / "wandb-config"),
+        "WANDB_CACHE_DIR": str(root / "wandb-cache"),
+        "WANDB_DATA_DIR": str(root / "wandb-data"),
+    }
 
 
-_CLEARED = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_EXPERIMENT_ID", "WANDB_DIR", "WANDB_RUN_ID",
-            "WANDB_PROJECT", "WANDB_API_KEY")
+_CLEARED = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_EXPERIMENT_NAME",
+    "MLFLOW_EXPERIMENT_ID",
+    "WANDB_DIR",
+    "WANDB_RUN_ID",
+    "WANDB_PROJECT",
+    "WANDB_API_KEY",
+)
 
 
 @pytest.fixture(scope="module")
@@ -314,8 +356,9 @@ def resumed_run(tmp_path_factory):
             train(validate_config(tiny_settings(run_dir, **settings)), progress=False)
             settings["max_steps"] = 6
         mp.setattr(step_module, "train_step", real_step)
-        result = train(validate_config(tiny_settings(run_dir, report_to=list(INSTALLED), **settings)),
-                       resume=True, progress=False)
+        result = train(
+            validate_config(tiny_settings(run_dir, report_to=list(INSTALLED), **settings)), resume=True, progress=False
+        )
     assert result.status == "completed" and result.step == 6
     return run_dir
 
@@ -345,7 +388,9 @@ def test_tensorboard_event_files_hold_every_scalar(resumed_run):
     events = EventAccumulator(str(resumed_run / "tensorboard"))
     events.Reload()
     scalars = events.Tags()["scalars"]
-    assert {"train/loss", "train/learning_rate", "train/grad_norm", "train/tokens_per_second", "eval/loss"} <= set(scalars)
+    assert {"train/loss", "train/learning_rate", "train/grad_norm", "train/tokens_per_second", "eval/loss"} <= set(
+        scalars
+    )
     # TensorBoard was named only on resume: the records before the checkpoint came from metrics.jsonl.
     _assert_once_each([(e.step, e.value) for e in events.Scalars("train/loss")], _expected(resumed_run, "loss"))
     _assert_once_each([(e.step, e.value) for e in events.Scalars("eval/loss")], _expected(resumed_run, "eval_loss"))
@@ -368,8 +413,10 @@ def test_mlflow_store_in_the_run_folder_has_the_params_and_the_metric_history(re
     assert run.data.params["config.lr"] == json.dumps(run_json["config"]["lr"])
     assert run.data.params["config.rank"] == "4" and run.data.params["spec.method"] == "lora"
     assert run.data.params["model_config.num_hidden_layers"] == "2"
-    history = {key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
-               for key in ("loss", "learning_rate", "eval_loss", "tokens_per_second")}
+    history = {
+        key: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
+        for key in ("loss", "learning_rate", "eval_loss", "tokens_per_second")
+    }
     _assert_once_each(history["loss"], _expected(resumed_run, "loss"))
     _assert_once_each(history["learning_rate"], _expected(resumed_run, "lr"))
     _assert_once_each(history["eval_loss"], _expected(resumed_run, "eval_loss"))
@@ -388,8 +435,8 @@ def _wandb_records(path: Path):
         if block - pos % block < 7:
             pos += block - pos % block  # the end of a block too short for a header is padding
             continue
-        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
-        pending += data[pos + 7:pos + 7 + length]
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # a whole record, or the last chunk of one
             yield wandb_internal_pb2.Record.FromString(pending)
@@ -407,8 +454,9 @@ def test_wandb_offline_run_holds_the_config_and_every_metric(resumed_run):
         for record in _wandb_records(path):
             kind = record.WhichOneof("record_type")
             if kind == "history":
-                history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                                for item in record.history.item})
+                history.append(
+                    {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+                )
             elif kind == "config":
                 config |= {item.key for item in record.config.update}
     assert {"config", "spec", "model_config", "setup", "versions"} <= config
@@ -437,10 +485,20 @@ def test_only_rank_0_reports(tmp_path):
     settings = tiny_settings(run_dir, gpus=2, shard="ddp", batch_size=2, max_steps=3, report_to=names)
     (tmp_path / "jobs.json").write_text(json.dumps([{"settings": settings}]))
     env = {k: v for k, v in os.environ.items() if k not in _CLEARED}
-    env.update(_offline_env(tmp_path), OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(WORKER.parent), os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(WORKER),
-               str(tmp_path / "jobs.json")]
+    env.update(
+        _offline_env(tmp_path),
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(WORKER.parent), os.environ.get("PYTHONPATH", "")]),
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(WORKER),
+        str(tmp_path / "jobs.json"),
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
     assert set(json.loads((run_dir / TRACKERS_FILE).read_text())) == set(names)

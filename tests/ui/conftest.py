@@ -35,7 +35,12 @@ def browser_page():
         pytest.skip("chromium is not installed (apt-get install chromium)")
     with tempfile.TemporaryDirectory(prefix="memfit-ui-browser-") as profile, sync_api.sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
-            profile, executable_path=executable, headless=True, args=CHROMIUM_FLAGS[1:], viewport={"width": 1400, "height": 900})
+            profile,
+            executable_path=executable,
+            headless=True,
+            args=CHROMIUM_FLAGS[1:],
+            viewport={"width": 1400, "height": 900},
+        )
         page = context.new_page()
         errors: list[str] = []
         page.on("pageerror", lambda err: errors.append(str(err)))

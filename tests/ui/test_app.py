@@ -47,22 +47,29 @@ def upload(client, config_path) -> str:
 def test_plan_is_memfit_plan_json(client):
     answer = client.get("/api/plan?model=smollm2-135m&method=lora&seq_len=512")
     assert answer.status_code == 200
-    assert without_timing(answer.json()) == without_timing(cli_json("plan", "smollm2-135m", "--method", "lora", "--seq-len", "512"))
+    assert without_timing(answer.json()) == without_timing(
+        cli_json("plan", "smollm2-135m", "--method", "lora", "--seq-len", "512")
+    )
 
 
 def test_plan_of_a_dropped_config_is_memfit_plan_of_the_file(client, tiny_config):
     model = upload(client, tiny_config)
     answer = client.get(f"/api/plan?model={model}&seq-len=128&batch_size=2&gpu=rtx-4090&checkpointing=off")
-    expected = cli_json("plan", str(tiny_config), "--seq-len", "128", "--batch-size", "2", "--gpu", "rtx-4090", "--checkpointing", "off")
+    expected = cli_json(
+        "plan", str(tiny_config), "--seq-len", "128", "--batch-size", "2", "--gpu", "rtx-4090", "--checkpointing", "off"
+    )
     assert without_timing(answer.json()) == without_timing(expected)
 
 
-@pytest.mark.parametrize("query, args", [
-    ("method=lora&rank=0&seq_len=abc", ["--method", "lora", "--rank", "0", "--seq-len", "abc"]),
-    ("model=llama-3.1-8bb", ["llama-3.1-8bb"]),
-    ("gpu=rtx-9090", ["--gpu", "rtx-9090"]),
-    ("seq_len=999999", ["--seq-len", "999999"]),
-])
+@pytest.mark.parametrize(
+    "query, args",
+    [
+        ("method=lora&rank=0&seq_len=abc", ["--method", "lora", "--rank", "0", "--seq-len", "abc"]),
+        ("model=llama-3.1-8bb", ["llama-3.1-8bb"]),
+        ("gpu=rtx-9090", ["--gpu", "rtx-9090"]),
+        ("seq_len=999999", ["--seq-len", "999999"]),
+    ],
+)
 def test_a_bad_input_is_a_400_with_the_cli_message(client, query, args):
     answer = client.get(f"/api/plan?{query}")
     assert answer.status_code == 400
@@ -78,12 +85,18 @@ def cli_error(*args: str) -> str:
     return " ".join(result.stderr.split("error: ", 1)[1].split())
 
 
-@pytest.mark.parametrize("query, args", [
-    ("context_bytes=-1", ["plan", "--context-bytes", "-1"]),
-    ("context_bytes=2000000000000&seq_len=%C2%B2", ["plan", "--context-bytes", "2000000000000", "--seq-len", "\u00b2"]),
-    (f"rank={'9' * 5000}", ["plan", "--rank", "9" * 5000]),
-    ("targets=q_proj%20v_proj", ["plan", "--targets", "q_proj v_proj"]),
-])
+@pytest.mark.parametrize(
+    "query, args",
+    [
+        ("context_bytes=-1", ["plan", "--context-bytes", "-1"]),
+        (
+            "context_bytes=2000000000000&seq_len=%C2%B2",
+            ["plan", "--context-bytes", "2000000000000", "--seq-len", "\u00b2"],
+        ),
+        (f"rank={'9' * 5000}", ["plan", "--rank", "9" * 5000]),
+        ("targets=q_proj%20v_proj", ["plan", "--targets", "q_proj v_proj"]),
+    ],
+)
 def test_a_value_out_of_range_is_the_cli_message(client, query, args):
     answer = client.get(f"/api/plan?{query}")
     assert answer.status_code == 400
@@ -103,14 +116,26 @@ def test_a_bad_fit_option_is_the_cli_message(client):
     answer = client.get("/api/fit?model=smollm2-135m&gpu=rtx-4090&batch_size=x&seq_len=0&gpus=-2")
     assert answer.status_code == 400
     assert " ".join(answer.json()["error"].split()) == cli_error(
-        "fit", "smollm2-135m", "--gpu", "rtx-4090", "--batch-size", "x", "--seq-len", "0", "--gpus", "-2")
+        "fit", "smollm2-135m", "--gpu", "rtx-4090", "--batch-size", "x", "--seq-len", "0", "--gpus", "-2"
+    )
 
 
 #: What a parameter may be given by mistake: negative, zero, huge (and with more digits than Python
 #: reads), not a number, empty, very long (with and without spaces), another type's text, a NUL, a
 #: digit of another script.
-ODD_VALUES = ["-1", "0", "99999999999999999999999999", "9" * 5000, "nan", "", "x" * 10_000, "a b" * 3000, "[1]", "\x00",
-              "\u00b2"]
+ODD_VALUES = [
+    "-1",
+    "0",
+    "99999999999999999999999999",
+    "9" * 5000,
+    "nan",
+    "",
+    "x" * 10_000,
+    "a b" * 3000,
+    "[1]",
+    "\x00",
+    "\u00b2",
+]
 
 
 def fuzzed(client, route: str, names, base: dict) -> list[str]:
@@ -131,7 +156,9 @@ def fuzzed(client, route: str, names, base: dict) -> list[str]:
                 error = answer.json()["error"]
                 # What the value added to the base's problems (nothing: it was taken) names the parameter.
                 new = [p for p in _problems(error) if p not in (base_error or "")]
-                unnamed = [p for p in new if not {name, flag(name), name.replace("_", "-")} & set(re.findall(r"[\w-]+", p))]
+                unnamed = [
+                    p for p in new if not {name, flag(name), name.replace("_", "-")} & set(re.findall(r"[\w-]+", p))
+                ]
                 if unnamed or len(error) > 2000 or (len(value) > 1000 and value[:500] in error):
                     wrong.append(said)  # the parameter unnamed, or the value shown whole
     return wrong
@@ -160,7 +187,9 @@ def test_no_parameter_value_makes_a_server_error(client, tiny_config):
     wrong = fuzzed(quiet, "/api/plan", ("model",) + PLAN_OPTIONS + KNOBS, plan_base)
     wrong += fuzzed(quiet, "/api/context", ("model",) + PLAN_OPTIONS + KNOBS, plan_base)
     # No --gpu nor --budget, and no such method: refused, with every other value checked as well.
-    wrong += fuzzed(quiet, "/api/fit", ("model",) + FIT_OPTIONS + FIT_KNOBS, {"model": model, "method": "no-such-method"})
+    wrong += fuzzed(
+        quiet, "/api/fit", ("model",) + FIT_OPTIONS + FIT_KNOBS, {"model": model, "method": "no-such-method"}
+    )
     wrong += fuzzed(quiet, "/api/export", ("model", "command", "spec") + PLAN_OPTIONS + KNOBS, {"model": model})
     wrong += fuzzed(quiet, "/api/model", ("model",), {})
     assert wrong == []
@@ -168,7 +197,9 @@ def test_no_parameter_value_makes_a_server_error(client, tiny_config):
 
 def test_fit_streams_its_progress_and_ends_with_memfit_fit_json(client, tiny_config):
     model = upload(client, tiny_config)
-    with client.stream("GET", f"/api/fit?model={model}&budget=2GiB&batch_size=2&seq_len=64&method=lora&method=full") as answer:
+    with client.stream(
+        "GET", f"/api/fit?model={model}&budget=2GiB&batch_size=2&seq_len=64&method=lora&method=full"
+    ) as answer:
         assert answer.status_code == 200 and answer.headers["content-type"].startswith("application/x-ndjson")
         events = [json.loads(line) for line in answer.iter_lines() if line]
     kinds = [e["event"] for e in events]
@@ -178,10 +209,23 @@ def test_fit_streams_its_progress_and_ends_with_memfit_fit_json(client, tiny_con
     assert sorted(e["method"] for e in found) == ["full", "lora"]
     # Every row the search reported as it went is in the final table.
     result = events[-1]["result"]
-    assert sorted(json.dumps(f["spec"], sort_keys=True) for e in found for f in e["fits"]) == \
-        sorted(json.dumps(f["spec"], sort_keys=True) for f in result["fits"])
-    expected = cli_json("fit", str(tiny_config), "--budget", "2GiB", "--batch-size", "2", "--seq-len", "64",
-                        "--method", "lora", "--method", "full")
+    assert sorted(json.dumps(f["spec"], sort_keys=True) for e in found for f in e["fits"]) == sorted(
+        json.dumps(f["spec"], sort_keys=True) for f in result["fits"]
+    )
+    expected = cli_json(
+        "fit",
+        str(tiny_config),
+        "--budget",
+        "2GiB",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "64",
+        "--method",
+        "lora",
+        "--method",
+        "full",
+    )
     assert without_timing(result) == without_timing(expected)
     assert sum(e["event"] == "progress" for e in events) == result["details"]["plans_made"]
 
@@ -212,7 +256,10 @@ def test_explain_gives_the_text_memfit_plan_prints(client):
 
     result = plan("smollm2-135m", gpu="rtx-4090", budget="512MiB", seq_len=512).to_dict()
     answer = client.post("/api/explain", content=json.dumps(result)).json()
-    assert answer["category_help"] == {**CATEGORY_HELP, **result["details"]["category_help"]}  # "frozen base weights in bf16"
+    assert answer["category_help"] == {
+        **CATEGORY_HELP,
+        **result["details"]["category_help"],
+    }  # "frozen base weights in bf16"
     assert result["fits"] is False and answer["suggestions"] == suggestions(result["spec"])
     assert answer["features"] == step_features(result["spec"], result["details"])
     assert client.post("/api/explain", content=b"{not json").status_code == 400
@@ -238,15 +285,19 @@ def test_a_preference_plan_gets_the_words_memfit_plan_prints(client, tiny_config
 
 def test_export_names_a_dropped_config_by_its_file(client, tiny_config):
     model = upload(client, tiny_config)
-    answer = client.get(f"/api/export?command=plan&model={model}&seq_len=128&spec={json.dumps({'method': 'lora'})}").json()
+    answer = client.get(
+        f"/api/export?command=plan&model={model}&seq_len=128&spec={json.dumps({'method': 'lora'})}"
+    ).json()
     assert answer["cli"] == "memfit plan config.json --seq-len 128"
     assert "model: config.json" in answer["yaml"]
 
 
 def test_a_dropped_training_config_is_memfit_plan_of_the_file(client, tmp_path):
     # An Axolotl YAML and the DeepSpeed JSON it names, dropped together, as `memfit plan` reads them side by side.
-    config = ("base_model: smollm2-135m\nadapter: lora\nlora_r: 8\nlora_alpha: 16\nlora_target_linear: true\n"
-              "sequence_len: 64\nmicro_batch_size: 1\ngradient_accumulation_steps: 2\nbf16: true\ndeepspeed: ds_z2.json\n")
+    config = (
+        "base_model: smollm2-135m\nadapter: lora\nlora_r: 8\nlora_alpha: 16\nlora_target_linear: true\n"
+        "sequence_len: 64\nmicro_batch_size: 1\ngradient_accumulation_steps: 2\nbf16: true\ndeepspeed: ds_z2.json\n"
+    )
     deepspeed = json.dumps({"zero_optimization": {"stage": 2}})
     (tmp_path / "axolotl.yml").write_text(config)
     (tmp_path / "ds_z2.json").write_text(deepspeed)
@@ -258,14 +309,18 @@ def test_a_dropped_training_config_is_memfit_plan_of_the_file(client, tmp_path):
 
     answer = client.get(f"/api/plan?model={upload['model']}&gpu=rtx-4090&checkpointing=off")
     assert answer.status_code == 200, answer.text
-    expected = without_timing(cli_json("plan", str(tmp_path / "axolotl.yml"), "--gpu", "rtx-4090", "--checkpointing", "off"))
+    expected = without_timing(
+        cli_json("plan", str(tmp_path / "axolotl.yml"), "--gpu", "rtx-4090", "--checkpointing", "off")
+    )
     # The command line names the files by the paths it was given; the page by the names they were dropped under.
     expected["details"]["config"]["path"] = "axolotl.yml"
     expected["details"]["config"]["deepspeed"]["path"] = "ds_z2.json"
     assert without_timing(answer.json()) == expected
     assert str(tmp_path) not in answer.text
 
-    exported = client.get(f"/api/export?command=plan&model={upload['model']}&gpu=rtx-4090&spec={json.dumps({'method': 'lora'})}").json()
+    exported = client.get(
+        f"/api/export?command=plan&model={upload['model']}&gpu=rtx-4090&spec={json.dumps({'method': 'lora'})}"
+    ).json()
     assert exported["cli"] == "memfit plan axolotl.yml --gpu rtx-4090"
     assert "model: smollm2-135m" in exported["yaml"]  # trained on the model the config names
 
@@ -278,7 +333,9 @@ def test_the_form_is_runspec(client):
     assert sorted(k["name"] for k in form["knobs"]) == sorted(KNOBS)
     seq = next(k for k in form["knobs"] if k["name"] == "seq_len")
     assert seq["default"] == default("seq_len") and seq["kind"] == "int" and seq["flag"] == "--seq-len"
-    assert any(m["name"] == "llama-3.1-8b" for m in form["models"]) and any(g["name"] == "rtx-4090" for g in form["gpus"])
+    assert any(m["name"] == "llama-3.1-8b" for m in form["models"]) and any(
+        g["name"] == "rtx-4090" for g in form["gpus"]
+    )
 
 
 def test_the_page_and_its_files_are_served_offline(client):

@@ -29,7 +29,10 @@ def wait_for_total(page, expected: int) -> None:
     """Wait until the page shows ``expected`` bytes (or an error): the plan of the knobs just set."""
     page.wait_for_function(
         "expected => document.querySelector('#device-total').dataset.bytes === String(expected) "
-        "|| !document.querySelector('#error').hidden", arg=expected, timeout=WAIT_MS)
+        "|| !document.querySelector('#error').hidden",
+        arg=expected,
+        timeout=WAIT_MS,
+    )
     assert page.is_hidden("#error"), page.inner_text("#error")
     assert shown_bytes(page) == expected
 
@@ -123,12 +126,15 @@ def test_a_dropped_config_a_link_the_longest_context_and_the_search(server, brow
     page.fill("#fit-batch", "2")
     page.click("#fit-start")
     page.wait_for_function("document.querySelector('#fit-summary').dataset.count !== undefined", timeout=WAIT_MS)
-    fit = runner.invoke(app, ["fit", str(tiny_config), "--budget", "1GiB", "--batch-size", "2", "--seq-len", "256", "--json"])
+    fit = runner.invoke(
+        app, ["fit", str(tiny_config), "--budget", "1GiB", "--batch-size", "2", "--seq-len", "256", "--json"]
+    )
     expected_fits = json.loads(fit.stdout)["fits"]
     rows = page.query_selector_all("#fits tbody tr")
     assert len(rows) == len(expected_fits) > 0
-    assert [int(r.query_selector("td[data-bytes]").get_attribute("data-bytes")) for r in rows] == \
-        [f["peak"]["device_total_bytes"] for f in expected_fits]
+    assert [int(r.query_selector("td[data-bytes]").get_attribute("data-bytes")) for r in rows] == [
+        f["peak"]["device_total_bytes"] for f in expected_fits
+    ]
 
     # Copy as CLI gives the command whose --json the page shows.
     page.click("[data-view=plan]")
@@ -143,16 +149,24 @@ def test_a_dropped_run_is_shown_against_its_plan(server, browser_page, tmp_path)
     page = browser_page
     plan = cli_plan("smollm2-135m", "--seq-len", "512")
     reading = {"cuda:0": {"peak_allocated_bytes": 2**30, "peak_reserved_bytes": 2**30 + 2**26, "process_bytes": 2**31}}
-    records = [{"kind": "start", "schema": 1, "expected_devices": ["cuda:0"], "plan": plan},
-               {"kind": "step", "step": 1, "rss_bytes": 2**29, "devices": reading},
-               {"kind": "attribution", "first_step": 1, "categories": {"weights": plan["categories"]["weights"], "activations": 12345}}]
+    records = [
+        {"kind": "start", "schema": 1, "expected_devices": ["cuda:0"], "plan": plan},
+        {"kind": "step", "step": 1, "rss_bytes": 2**29, "devices": reading},
+        {
+            "kind": "attribution",
+            "first_step": 1,
+            "categories": {"weights": plan["categories"]["weights"], "activations": 12345},
+        },
+    ]
     memory = tmp_path / "memory.jsonl"
     memory.write_text("".join(json.dumps(r) + "\n" for r in records))
     open_page(page, server.url)
     page.set_input_files("#files", str(memory))
     page.wait_for_selector("#run-table:not([hidden])", timeout=WAIT_MS)
-    cells = {row.query_selector("td").inner_text().strip(): row.query_selector_all("td")[2].inner_text()
-             for row in page.query_selector_all("#run-table tbody tr")}
+    cells = {
+        row.query_selector("td").inner_text().strip(): row.query_selector_all("td")[2].inner_text()
+        for row in page.query_selector_all("#run-table tbody tr")
+    }
     assert cells["activations"] == "12.1 KiB" and cells["gradients"] == "not measured"
     assert "run=" not in page.url and "view=run" in page.url
 
@@ -160,9 +174,11 @@ def test_a_dropped_run_is_shown_against_its_plan(server, browser_page, tmp_path)
 def test_a_dropped_training_config_fills_the_form_and_is_planned_as_memfit_plan(server, browser_page, tmp_path):
     page = browser_page
     config = tmp_path / "axolotl.yml"
-    config.write_text("base_model: smollm2-135m\nadapter: lora\nlora_r: 8\nlora_alpha: 16\nlora_target_linear: true\n"
-                      "sequence_len: 256\nmicro_batch_size: 1\ngradient_accumulation_steps: 4\nbf16: true\n"
-                      "deepspeed: ds_z2.json\n")
+    config.write_text(
+        "base_model: smollm2-135m\nadapter: lora\nlora_r: 8\nlora_alpha: 16\nlora_target_linear: true\n"
+        "sequence_len: 256\nmicro_batch_size: 1\ngradient_accumulation_steps: 4\nbf16: true\n"
+        "deepspeed: ds_z2.json\n"
+    )
     (tmp_path / "ds_z2.json").write_text(json.dumps({"zero_optimization": {"stage": 2}}))
     open_page(page, server.url + "?gpu=rtx-4090")
     page.set_input_files("#files", [str(config), str(tmp_path / "ds_z2.json")])  # both files, as a drop sends them

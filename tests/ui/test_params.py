@@ -52,9 +52,26 @@ def test_names_pass_to_the_planner(model):
 
 
 def test_fit_options_as_memfit_fit_passes_them():
-    call = fit_call(q(model="llama-3.1-8b", gpu="rtx-4090", batch_size="16", seq_len="4096", method=["lora", "qlora"],
-                      gpus="2", shard="fsdp", rank="8", precision="fp16"))
-    assert call.options == {"gpu": "rtx-4090", "batch_size": 16, "seq_len": 4096, "methods": ("lora", "qlora"), "gpus": 2}
+    call = fit_call(
+        q(
+            model="llama-3.1-8b",
+            gpu="rtx-4090",
+            batch_size="16",
+            seq_len="4096",
+            method=["lora", "qlora"],
+            gpus="2",
+            shard="fsdp",
+            rank="8",
+            precision="fp16",
+        )
+    )
+    assert call.options == {
+        "gpu": "rtx-4090",
+        "batch_size": 16,
+        "seq_len": 4096,
+        "methods": ("lora", "qlora"),
+        "gpus": 2,
+    }
     assert call.knobs == {"shard": "fsdp", "rank": "8", "precision": "fp16"}
     assert fit_call(q()).options == {}  # memfit fit's default effective batch (8, or a tool config's own)
     assert fit_call(q(exact="")).options == {"exact": True} and fit_call(q(exact="false")).options == {"exact": False}

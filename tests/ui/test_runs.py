@@ -12,21 +12,59 @@ from memfit.ui.uploads import MAX_UPLOAD_BYTES, UploadError
 MiB, GiB = 2**20, 2**30
 
 PLAN = {
-    "model": "tiny", "spec": {"method": "lora", "checkpointing": "on", "batch_size": 1, "seq_len": 2048},
-    "peak": {"allocated_bytes": 2 * GiB, "reserved_bytes": 2 * GiB + 100 * MiB, "device_total_bytes": 2 * GiB + 600 * MiB, "phase": "backward"},
-    "categories": {"weights": GiB, "trainable": 64 * MiB, "gradients": 64 * MiB, "optimizer": 128 * MiB, "activations": 20 * MiB,
-                   "temporaries": 32 * MiB, "allocator": 100 * MiB, "runtime": 500 * MiB},
-    "gpu": None, "fits": None, "headroom_bytes": None, "details": {},
+    "model": "tiny",
+    "spec": {"method": "lora", "checkpointing": "on", "batch_size": 1, "seq_len": 2048},
+    "peak": {
+        "allocated_bytes": 2 * GiB,
+        "reserved_bytes": 2 * GiB + 100 * MiB,
+        "device_total_bytes": 2 * GiB + 600 * MiB,
+        "phase": "backward",
+    },
+    "categories": {
+        "weights": GiB,
+        "trainable": 64 * MiB,
+        "gradients": 64 * MiB,
+        "optimizer": 128 * MiB,
+        "activations": 20 * MiB,
+        "temporaries": 32 * MiB,
+        "allocator": 100 * MiB,
+        "runtime": 500 * MiB,
+    },
+    "gpu": None,
+    "fits": None,
+    "headroom_bytes": None,
+    "details": {},
 }
 
 
 def records(plan=PLAN, cuda=True):
-    device = {"cuda:0": {"allocated_bytes": GiB, "reserved_bytes": 2 * GiB, "peak_allocated_bytes": 2 * GiB + 50 * MiB,
-                         "peak_reserved_bytes": 2 * GiB + 200 * MiB, "process_bytes": 2 * GiB + 700 * MiB}} if cuda else {}
-    start = {"kind": "start", "schema": 1, "expected_devices": ["cuda:0" if cuda else "cpu"], "plan": plan, "total_steps": 3}
+    device = (
+        {
+            "cuda:0": {
+                "allocated_bytes": GiB,
+                "reserved_bytes": 2 * GiB,
+                "peak_allocated_bytes": 2 * GiB + 50 * MiB,
+                "peak_reserved_bytes": 2 * GiB + 200 * MiB,
+                "process_bytes": 2 * GiB + 700 * MiB,
+            }
+        }
+        if cuda
+        else {}
+    )
+    start = {
+        "kind": "start",
+        "schema": 1,
+        "expected_devices": ["cuda:0" if cuda else "cpu"],
+        "plan": plan,
+        "total_steps": 3,
+    }
     steps = [{"kind": "step", "step": i, "rss_bytes": 400 * MiB, "devices": device} for i in (1, 2, 3)]
-    attribution = {"kind": "attribution", "first_step": 1, "peak_allocated_bytes": 2 * GiB,
-                   "categories": {"weights": GiB, "activations": 60 * MiB, "runtime": 1}}
+    attribution = {
+        "kind": "attribution",
+        "first_step": 1,
+        "peak_allocated_bytes": 2 * GiB,
+        "categories": {"weights": GiB, "activations": 60 * MiB, "runtime": 1},
+    }
     return [start, *steps, attribution]
 
 
@@ -66,12 +104,15 @@ def test_a_cpu_run_is_shown_measured_only_as_memfit_report_shows_it():
     assert answer["note"].startswith("a CPU run: the plan is of GPU memory")
 
 
-@pytest.mark.parametrize("memory, says", [
-    (b"\xff\xfe", "not UTF-8 text"),
-    (jsonl([{"kind": "step", "step": 1}]), "has no start record"),
-    (b"{oops\n" + jsonl(records()), "line 1 is not a JSON object"),
-    (b" " * (MAX_UPLOAD_BYTES + 1), "more than 1 MiB"),
-])
+@pytest.mark.parametrize(
+    "memory, says",
+    [
+        (b"\xff\xfe", "not UTF-8 text"),
+        (jsonl([{"kind": "step", "step": 1}]), "has no start record"),
+        (b"{oops\n" + jsonl(records()), "line 1 is not a JSON object"),
+        (b" " * (MAX_UPLOAD_BYTES + 1), "more than 1 MiB"),
+    ],
+)
 def test_a_damaged_or_large_file_is_one_line(memory, says):
     with pytest.raises(UploadError, match=says):
         from_uploads(memory, None)

@@ -12,7 +12,9 @@ from memfit.ui.scratch import adopt, make_scratch, remove_stale
 
 def ended_pid() -> int:
     """The id of a process that has ended."""
-    done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     return int(done.stdout)
 
 
@@ -26,7 +28,11 @@ def test_a_start_removes_the_folders_of_servers_that_are_gone_and_nothing_else(t
     alive.mkdir()
     other_pymp = tmp_path / "pymp-zzzzzzzz"  # nobody named it: not memfit's to remove
     other_pymp.mkdir()
-    not_ours = [tmp_path / f"memfit-ui-{ended_pid()}-short", tmp_path / "memfit-ui-abcdefgh", tmp_path / "memfit-ui-configs-x1y2z3w4"]
+    not_ours = [
+        tmp_path / f"memfit-ui-{ended_pid()}-short",
+        tmp_path / "memfit-ui-abcdefgh",
+        tmp_path / "memfit-ui-configs-x1y2z3w4",
+    ]
     for folder in not_ours:
         folder.mkdir()
     link = tmp_path / f"memfit-ui-{ended_pid()}-linklink"  # a link is never followed nor removed

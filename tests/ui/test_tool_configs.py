@@ -38,7 +38,9 @@ def test_an_axolotl_yaml_is_read_as_memfit_plan_reads_it():
 
 def test_the_deepspeed_json_it_names_must_be_dropped_with_it():
     config = AXOLOTL + "deepspeed: /home/someone/configs/ds_z2.json\n"
-    with pytest.raises(UploadError, match=r"deepspeed: names '/home/someone/configs/ds_z2.json'; drop that file together") as err:
+    with pytest.raises(
+        UploadError, match=r"deepspeed: names '/home/someone/configs/ds_z2.json'; drop that file together"
+    ) as err:
         UploadStore().add(config.encode(), "axolotl.yml")
     assert "\n" not in str(err.value)
 
@@ -53,18 +55,23 @@ def test_the_deepspeed_json_it_names_must_be_dropped_with_it():
 
 def test_a_model_folder_on_the_server_is_refused():
     config = AXOLOTL.replace("base_model: smollm2-135m", "base_model: /srv/models/llama")
-    with pytest.raises(UploadError, match=r"base_model: '/srv/models/llama' is a folder on this machine.*memfit plan axolotl.yml"):
+    with pytest.raises(
+        UploadError, match=r"base_model: '/srv/models/llama' is a folder on this machine.*memfit plan axolotl.yml"
+    ):
         UploadStore().add(config.encode(), "axolotl.yml")
 
 
-@pytest.mark.parametrize("files, says", [
-    ({"ds_z2.json": ZERO2}, "is a DeepSpeed config: pass the training config that names it"),
-    ({"a.yml": AXOLOTL, "b.yml": AXOLOTL}, "a.yml, b.yml: drop one config at a time"),
-    ({"config.json": json.dumps({"model_type": "llama"}), "ds_z2.json": ZERO2}, "drop one config at a time"),
-    ({"axolotl.yml": "base_model: [unclosed"}, "axolotl.yml: not valid YAML"),
-    ({"axolotl.yml": "- a list"}, "holds a list, not a config of keys and values"),
-    ({"axolotl.yml": AXOLOTL.replace("lora_r: 8", "lora_r: eight")}, "cannot plan axolotl.yml"),
-])
+@pytest.mark.parametrize(
+    "files, says",
+    [
+        ({"ds_z2.json": ZERO2}, "is a DeepSpeed config: pass the training config that names it"),
+        ({"a.yml": AXOLOTL, "b.yml": AXOLOTL}, "a.yml, b.yml: drop one config at a time"),
+        ({"config.json": json.dumps({"model_type": "llama"}), "ds_z2.json": ZERO2}, "drop one config at a time"),
+        ({"axolotl.yml": "base_model: [unclosed"}, "axolotl.yml: not valid YAML"),
+        ({"axolotl.yml": "- a list"}, "holds a list, not a config of keys and values"),
+        ({"axolotl.yml": AXOLOTL.replace("lora_r: 8", "lora_r: eight")}, "cannot plan axolotl.yml"),
+    ],
+)
 def test_what_cannot_be_planned_is_one_clear_error(files, says):
     store = UploadStore()
     with pytest.raises(UploadError, match=says) as err:

@@ -20,11 +20,14 @@ from memfit.ui.command import is_loopback
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--port", "70000"], "--port: 70000 is not a port number"),
-    (["--host", "no-such-host.invalid"], "--host: 'no-such-host.invalid' is not an address of this machine"),
-    (["--run", "/no/such/run"], "run folder '/no/such/run' does not exist"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--port", "70000"], "--port: 70000 is not a port number"),
+        (["--host", "no-such-host.invalid"], "--host: 'no-such-host.invalid' is not an address of this machine"),
+        (["--run", "/no/such/run"], "run folder '/no/such/run' does not exist"),
+    ],
+)
 def test_a_bad_option_is_one_line_and_exit_2(args, says):
     result = runner.invoke(app, ["ui", *args])
     assert result.exit_code == 2

@@ -16,12 +16,15 @@ def test_a_config_json_is_kept_under_a_name_from_its_content():
     assert store.get(first.name).config == config
 
 
-@pytest.mark.parametrize("data, says", [
-    (b"{not json", "not valid JSON"),
-    (b"[1, 2]", "holds a JSON list, not an object"),
-    (b'{"hidden_size": 64}', "has no model_type"),
-    (b"\xff\xfe", "not UTF-8 text"),
-])
+@pytest.mark.parametrize(
+    "data, says",
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[1, 2]", "holds a JSON list, not an object"),
+        (b'{"hidden_size": 64}', "has no model_type"),
+        (b"\xff\xfe", "not UTF-8 text"),
+    ],
+)
 def test_a_file_that_is_not_a_config_is_one_line(data, says):
     with pytest.raises(UploadError, match=says) as err:
         UploadStore().add(data, "config.json")

@@ -10,8 +10,16 @@ def tiny_llama_config():
     """The transformers config of a tiny llama (runs a training step in milliseconds on a CPU)."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, vocab_size=256, max_position_embeddings=512, tie_word_embeddings=False)
+    return LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
 
 
 @pytest.fixture(autouse=True)

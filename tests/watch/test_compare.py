@@ -28,9 +28,16 @@ from memfit.watch.timeline import Timeline  # noqa: E402
 
 
 def attributed(categories, expected=("cpu",), devices=None, plan=None) -> Timeline:
-    return Timeline(start=start_record(expected, plan=plan), steps=step_records(5, devices=devices),
-                    attribution={"kind": "attribution", "first_step": 1, "categories": categories,
-                                 "peak_allocated_bytes": sum(categories.values())})
+    return Timeline(
+        start=start_record(expected, plan=plan),
+        steps=step_records(5, devices=devices),
+        attribution={
+            "kind": "attribution",
+            "first_step": 1,
+            "categories": categories,
+            "peak_allocated_bytes": sum(categories.values()),
+        },
+    )
 
 
 def test_rows_pair_plan_and_measured_categories():
@@ -39,13 +46,29 @@ def test_rows_pair_plan_and_measured_categories():
     assert rows["weights"].predicted_bytes == GiB and rows["weights"].ratio == 1.0
     assert rows["activations"].ratio == pytest.approx(1.5)
     assert rows["allocator"].measured_bytes is None  # not measurable on CPU
-    assert list(rows) == ["weights", "trainable", "gradients", "optimizer", "activations", "temporaries", "allocator", "runtime"]
+    assert list(rows) == [
+        "weights",
+        "trainable",
+        "gradients",
+        "optimizer",
+        "activations",
+        "temporaries",
+        "allocator",
+        "runtime",
+    ]
 
 
 def test_cuda_readings_give_allocator_reserve_and_context():
     def devices(s):
-        return {"cuda:0": {"allocated_bytes": GiB, "reserved_bytes": 3 * GiB, "peak_allocated_bytes": 2 * GiB,
-                           "peak_reserved_bytes": 3 * GiB, "process_bytes": 3 * GiB + 500 * MiB}}
+        return {
+            "cuda:0": {
+                "allocated_bytes": GiB,
+                "reserved_bytes": 3 * GiB,
+                "peak_allocated_bytes": 2 * GiB,
+                "peak_reserved_bytes": 3 * GiB,
+                "process_bytes": 3 * GiB + 500 * MiB,
+            }
+        }
 
     measured = measured_categories(attributed({"weights": GiB}, expected=("cuda:0",), devices=devices))
     assert measured["allocator"] == GiB and measured["runtime"] == 500 * MiB
@@ -55,8 +78,10 @@ def test_peaks_are_compared_on_the_run_device_only():
     devices = lambda s: {"cuda:0": {"peak_allocated_bytes": s * GiB, "peak_reserved_bytes": 5 * GiB}}  # noqa: E731
     rows = compare_peaks(tiny_plan(allocated=4 * GiB), attributed({}, expected=("cuda:0",), devices=devices))
     assert [(r.name, r.predicted_bytes, r.measured_bytes) for r in rows] == [
-        ("peak allocated", 4 * GiB, 5 * GiB), ("peak reserved", 4 * GiB + 100 * MiB, 5 * GiB),
-        ("device total", 4 * GiB + 600 * MiB, None)]  # NVML did not report this process
+        ("peak allocated", 4 * GiB, 5 * GiB),
+        ("peak reserved", 4 * GiB + 100 * MiB, 5 * GiB),
+        ("device total", 4 * GiB + 600 * MiB, None),
+    ]  # NVML did not report this process
     assert compare_peaks(tiny_plan(), attributed({})) == []  # a CPU run
     assert compare_peaks(None, attributed({}, expected=("cuda:0",), devices=devices)) == []
 
@@ -84,8 +109,14 @@ def test_peak_above_plan_from_device_counters():
 
 
 TINY_LLAMA = {
-    "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512,
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
     "tie_word_embeddings": False,
 }
 KNOBS = dict(method="lora", rank=4, precision="fp32", batch_size=2, seq_len=32, checkpointing="on")

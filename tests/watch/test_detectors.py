@@ -72,16 +72,25 @@ def test_no_leak_with_too_few_steps():
 
 def test_device_leak_uses_allocated_bytes_and_device_capacity():
     def devices(s):
-        return {"cuda:0": {"allocated_bytes": 10 * GiB + 512 * 1024 * s, "reserved_bytes": 12 * GiB,
-                           "nvml_used_bytes": 13 * GiB}}
+        return {
+            "cuda:0": {
+                "allocated_bytes": 10 * GiB + 512 * 1024 * s,
+                "reserved_bytes": 12 * GiB,
+                "nvml_used_bytes": 13 * GiB,
+            }
+        }
 
     tl = timeline(200, expected=("cuda:0",), devices=devices, capacity={"cuda:0": 80 * GiB})
     [finding] = detect_leak(tl)
     assert finding.data["device"] == "cuda:0"
     assert finding.data["bytes_per_step"] == pytest.approx(512 * 1024)
     assert finding.data["full_at_step"] == 200 + 67 * 2048  # 67 GiB free at 0.5 MiB per step
-    steady = timeline(200, expected=("cuda:0",), capacity={"cuda:0": 80 * GiB},
-                      devices=lambda s: {"cuda:0": {"allocated_bytes": 10 * GiB, "reserved_bytes": 12 * GiB}})
+    steady = timeline(
+        200,
+        expected=("cuda:0",),
+        capacity={"cuda:0": 80 * GiB},
+        devices=lambda s: {"cuda:0": {"allocated_bytes": 10 * GiB, "reserved_bytes": 12 * GiB}},
+    )
     assert detect_leak(steady) == []
 
 
@@ -90,8 +99,10 @@ def test_device_leak_uses_allocated_bytes_and_device_capacity():
 
 def test_stray_tensors_on_another_device_are_an_error():
     def devices(s):
-        return {"cuda:0": {"allocated_bytes": 300 * MiB if s >= 5 else 0, "process_bytes": 800 * MiB},
-                "cuda:1": {"allocated_bytes": 20 * GiB, "process_bytes": 21 * GiB}}
+        return {
+            "cuda:0": {"allocated_bytes": 300 * MiB if s >= 5 else 0, "process_bytes": 800 * MiB},
+            "cuda:1": {"allocated_bytes": 20 * GiB, "process_bytes": 21 * GiB},
+        }
 
     [finding] = detect_stray_device(timeline(20, expected=("cuda:1",), devices=devices))
     assert finding.severity == "error" and finding.data["device"] == "cuda:0" and finding.step == 5
@@ -100,8 +111,10 @@ def test_stray_tensors_on_another_device_are_an_error():
 
 def test_a_stray_context_alone_is_a_warning_and_nothing_is_judged_without_expected_devices():
     def devices(s):
-        return {"cuda:0": {"allocated_bytes": 0, "process_bytes": 500 * MiB},
-                "cuda:1": {"allocated_bytes": 20 * GiB, "process_bytes": 21 * GiB}}
+        return {
+            "cuda:0": {"allocated_bytes": 0, "process_bytes": 500 * MiB},
+            "cuda:1": {"allocated_bytes": 20 * GiB, "process_bytes": 21 * GiB},
+        }
 
     [finding] = detect_stray_device(timeline(5, expected=("cuda:1",), devices=devices))
     assert finding.severity == "warning" and "CUDA context" in finding.message
@@ -132,6 +145,7 @@ def fragmented(first_bad: int, last_bad: int):
     def devices(s):
         reserved = 30 * GiB if first_bad <= s <= last_bad else 21 * GiB
         return {"cuda:0": {"allocated_bytes": 8 * GiB, "reserved_bytes": reserved, "peak_allocated_bytes": 20 * GiB}}
+
     return devices
 
 
@@ -261,8 +275,9 @@ def test_host_leak_seen_in_the_heap_while_rss_stays_flat():
 
 
 def _grpo_timeline(lengths, peaks):
-    records = step_records(len(lengths), devices=lambda s: {"cuda:0": {"allocated_bytes": 2 * GiB,
-                                                                         "peak_allocated_bytes": peaks[s - 1]}})
+    records = step_records(
+        len(lengths), devices=lambda s: {"cuda:0": {"allocated_bytes": 2 * GiB, "peak_allocated_bytes": peaks[s - 1]}}
+    )
     for record, length in zip(records, lengths):
         record["extra"] = {"loss": 0.1, "longest_sequence": length}
     return Timeline(start=start_record(("cuda:0",), None), steps=records)

@@ -13,14 +13,28 @@ from memfit.watch.timeline import Finding
 
 def leaky_run(tmp_path, total_steps=50_000):  # 57 GiB free at 2 MiB per step: full near step 29,000
     def devices(s):
-        return {"cuda:0": {"allocated_bytes": 200 * MiB, "process_bytes": 700 * MiB},
-                "cuda:1": {"allocated_bytes": 20 * GiB + 2 * MiB * s, "reserved_bytes": 22 * GiB + 2 * MiB * s,
-                           "peak_allocated_bytes": 24 * GiB + 2 * MiB * s, "peak_reserved_bytes": 24 * GiB,
-                           "nvml_used_bytes": 23 * GiB + 2 * MiB * s}}
+        return {
+            "cuda:0": {"allocated_bytes": 200 * MiB, "process_bytes": 700 * MiB},
+            "cuda:1": {
+                "allocated_bytes": 20 * GiB + 2 * MiB * s,
+                "reserved_bytes": 22 * GiB + 2 * MiB * s,
+                "peak_allocated_bytes": 24 * GiB + 2 * MiB * s,
+                "peak_reserved_bytes": 24 * GiB,
+                "nvml_used_bytes": 23 * GiB + 2 * MiB * s,
+            },
+        }
 
     live = Finding("error", "checkpointing_inactive", "activation checkpointing was asked for but is off", "enable it")
-    records = [start_record(("cuda:1",), total_steps, plan=tiny_plan(allocated=20 * GiB), capacity={"cuda:0": 80 * GiB, "cuda:1": 80 * GiB}),
-               *step_records(120, devices=devices), {"kind": "finding", "finding": live.to_dict()}]
+    records = [
+        start_record(
+            ("cuda:1",),
+            total_steps,
+            plan=tiny_plan(allocated=20 * GiB),
+            capacity={"cuda:0": 80 * GiB, "cuda:1": 80 * GiB},
+        ),
+        *step_records(120, devices=devices),
+        {"kind": "finding", "finding": live.to_dict()},
+    ]
     return write_run(tmp_path / "run", records, metrics=[{"step": s, "loss": 3.0 / s} for s in range(1, 121)])
 
 
@@ -33,7 +47,11 @@ def text_of(diagnosis) -> str:
 def test_findings_from_the_timeline_and_from_the_live_run_most_severe_first(tmp_path):
     diagnosis = diagnose(leaky_run(tmp_path))
     codes = [(f.severity, f.code, f.data.get("device")) for f in diagnosis.findings]
-    assert codes[:3] == [("error", "checkpointing_inactive", None), ("error", "stray_device", "cuda:0"), ("error", "leak", "cuda:1")]
+    assert codes[:3] == [
+        ("error", "checkpointing_inactive", None),
+        ("error", "stray_device", "cuda:0"),
+        ("error", "leak", "cuda:1"),
+    ]
     assert diagnosis.exit_code == 1
     text = text_of(diagnosis)
     assert "1. error checkpointing_inactive" in text and "fix:" in text
@@ -77,7 +95,10 @@ def test_output_through_a_pipe_is_not_wrapped_at_80_columns(tmp_path):
 
     from memfit.cli import app
 
-    run = write_run(tmp_path / ("a-run-folder-with-a-long-name-" * 3), [start_record(), *step_records(100, rss=lambda s: 400 * MiB + 3 * MiB * s)])
+    run = write_run(
+        tmp_path / ("a-run-folder-with-a-long-name-" * 3),
+        [start_record(), *step_records(100, rss=lambda s: 400 * MiB + 3 * MiB * s)],
+    )
     result = CliRunner().invoke(app, ["doctor", str(run)])  # not a terminal, as through a pipe
     lines = result.output.splitlines()
     assert any(line.startswith("run folder") and line.endswith(run.name) for line in lines)

@@ -46,9 +46,17 @@ def run_trainer(out, config, steps, extra_callbacks=(), training_args=None, pret
         model.save_pretrained(out / "base")
         model = AutoModelForCausalLM.from_pretrained(out / "base", attn_implementation="sdpa")
     args = TrainingArguments(
-        output_dir=str(out), max_steps=steps, per_device_train_batch_size=2, learning_rate=1e-3,
-        use_cpu=True, report_to=[], logging_steps=10, save_strategy="no", disable_tqdm=True,
-        dataloader_num_workers=0, **(training_args or {}),
+        output_dir=str(out),
+        max_steps=steps,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=10,
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **(training_args or {}),
     )
     callback = MemoryCallback(**callback_kwargs)
     trainer = Trainer(model=model, args=args, train_dataset=TinyData(), callbacks=[callback, *extra_callbacks])
@@ -92,7 +100,9 @@ def test_checkpointing_trainer_is_inspected_as_it_trains_and_raises_no_alarm(tmp
 
     from memfit.cli import app
 
-    callback = run_trainer(tmp_path, tiny_llama_config, 3, training_args={"gradient_checkpointing": True}, pretrained=True)
+    callback = run_trainer(
+        tmp_path, tiny_llama_config, 3, training_args={"gradient_checkpointing": True}, pretrained=True
+    )
     assert [f.code for f in callback.findings if f.code == "checkpointing_inactive"] == []
     folder = load_run(tmp_path)
     assert folder.timeline.start["spec"]["checkpointing"] == "on"
@@ -100,7 +110,11 @@ def test_checkpointing_trainer_is_inspected_as_it_trains_and_raises_no_alarm(tmp
     config = folder.timeline.start["config"]
     assert config["model"] == str(tmp_path / "base") and config["trainable parameters"] == config["parameters"] > 0
     assert {k: config[k] for k in ("per_device_train_batch_size", "learning_rate", "max_steps", "seed")} == {
-        "per_device_train_batch_size": 2, "learning_rate": 1e-3, "max_steps": 3, "seed": 42}
+        "per_device_train_batch_size": 2,
+        "learning_rate": 1e-3,
+        "max_steps": 3,
+        "seed": 42,
+    }
     assert config.get("activation_checkpointing", config.get("gradient_checkpointing")) is True
     assert [f.code for f in folder.timeline.findings] == []
     result = CliRunner().invoke(app, ["doctor", str(tmp_path)])
@@ -114,6 +128,12 @@ def test_checkpointing_switched_off_while_training_is_still_found(tmp_path, tiny
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             model.gradient_checkpointing_disable()
 
-    callback = run_trainer(tmp_path, tiny_llama_config, 2, extra_callbacks=[TurnsItOff()],
-                           training_args={"gradient_checkpointing": True}, pretrained=True)
+    callback = run_trainer(
+        tmp_path,
+        tiny_llama_config,
+        2,
+        extra_callbacks=[TurnsItOff()],
+        training_args={"gradient_checkpointing": True},
+        pretrained=True,
+    )
     assert [f.code for f in callback.findings if f.code == "checkpointing_inactive"] == ["checkpointing_inactive"]

@@ -15,7 +15,8 @@ from memfit.watch.hf import MemoryCallback  # noqa: E402
 
 PAIRS = [
     {"prompt": f"Q: What is {a} + {b}?\nA:", "chosen": f" {a} + {b} = {a + b}.", "rejected": " No idea."}
-    for a in range(1, 5) for b in range(1, 5)
+    for a in range(1, 5)
+    for b in range(1, 5)
 ]
 
 
@@ -35,14 +36,31 @@ def _dpo_run(out, tiny_llama_config, *, lora: bool, steps: int = 6):
     if not lora:  # full fine-tuning: TRL's frozen reference copy
         torch.manual_seed(0)
         ref_model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    args = DPOConfig(output_dir=str(out), max_steps=steps, per_device_train_batch_size=2, learning_rate=1e-3, use_cpu=True,
-                     bf16=False, report_to=[], logging_steps=1, save_strategy="no", disable_tqdm=True, max_length=64)
+    args = DPOConfig(
+        output_dir=str(out),
+        max_steps=steps,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        use_cpu=True,
+        bf16=False,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        max_length=64,
+    )
     callback = MemoryCallback(check_every=2, attribute_steps=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer = DPOTrainer(model=model, ref_model=ref_model, args=args, train_dataset=datasets.Dataset.from_list(PAIRS),
-                             processing_class=tokenizer, callbacks=[callback],
-                             peft_config=LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM") if lora else None)
+        trainer = DPOTrainer(
+            model=model,
+            ref_model=ref_model,
+            args=args,
+            train_dataset=datasets.Dataset.from_list(PAIRS),
+            processing_class=tokenizer,
+            callbacks=[callback],
+            peft_config=LoraConfig(r=4, target_modules="all-linear", task_type="CAUSAL_LM") if lora else None,
+        )
         trainer.train()
     return callback
 
@@ -56,7 +74,14 @@ def test_a_dpo_trainer_run_raises_no_false_alarm(tmp_path, tiny_llama_config, lo
     errors = [f for f in callback.findings if f.severity == "error"]
     assert errors == [], [f.message for f in errors]
     # The reference pass (disabled adapters, or TRL's copy of the model) is none of these.
-    false_alarms = {"leak", "stray_device", "frozen_gradients", "frozen_trainable", "trainable_count", "checkpointing_inactive"}
+    false_alarms = {
+        "leak",
+        "stray_device",
+        "frozen_gradients",
+        "frozen_trainable",
+        "trainable_count",
+        "checkpointing_inactive",
+    }
     assert not [f.message for f in callback.findings if f.code in false_alarms]
     run = load_run(tmp_path)
     assert len(run.timeline.steps) == 6 and run.timeline.attribution is not None

@@ -18,8 +18,10 @@ def test_the_os_high_water_mark_wins_over_step_end_readings():
         record["peak_rss_bytes"] = 1900 * MiB if record["step"] < 3 else 2048 * MiB
     peak = host_peak(timeline(steps))
     assert peak.peak_bytes == 2048 * MiB and peak.source == "os"
-    assert peak.describe() == ("2.0 GiB (the process's peak RSS from the OS, getrusage ru_maxrss; reached by the end of step 3); "
-                               "the recorder's highest reading 1.8 GiB (step 5, after the step)")
+    assert peak.describe() == (
+        "2.0 GiB (the process's peak RSS from the OS, getrusage ru_maxrss; reached by the end of step 3); "
+        "the recorder's highest reading 1.8 GiB (step 5, after the step)"
+    )
 
 
 def test_a_peak_reached_while_loading_is_said_so():

@@ -45,7 +45,9 @@ def fake_nvml(processes_by_index):
     module.nvmlDeviceGetHandleByIndex = lambda i: i
     module.nvmlDeviceGetUUID = lambda h: uuids[h]
     module.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(total=80 * GiB, used=(h + 1) * 10 * GiB)
-    module.nvmlDeviceGetComputeRunningProcesses = lambda h: [SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in processes_by_index[h]]
+    module.nvmlDeviceGetComputeRunningProcesses = lambda h: [
+        SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in processes_by_index[h]
+    ]
     return module
 
 
@@ -55,7 +57,12 @@ def test_nvml_splits_this_process_from_others_and_follows_cuda_visible_devices(m
     monkeypatch.setattr(readings, "cuda_in_use", lambda: False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # the process's cuda:0 is the machine's GPU 1
     nvml = readings.Nvml(1)
-    assert nvml.reading(0) == {"total_bytes": 80 * GiB, "nvml_used_bytes": 20 * GiB, "process_bytes": 5 * GiB, "other_processes_bytes": 3 * GiB}
+    assert nvml.reading(0) == {
+        "total_bytes": 80 * GiB,
+        "nvml_used_bytes": 20 * GiB,
+        "process_bytes": 5 * GiB,
+        "other_processes_bytes": 3 * GiB,
+    }
     assert readings.device_reading(1, nvml) == {"cuda:0": nvml.reading(0)}
     assert readings.device_capacities(1, nvml) == {"cuda:0": 80 * GiB}
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa")  # by UUID prefix

@@ -23,8 +23,13 @@ def lines(records):
 
 def test_parse_keeps_every_kind():
     finding = Finding("warning", "leak", "m", "f", 3, {"device": "host"})
-    records = [start_record(), *step_records(3), {"kind": "attribution", "categories": {"weights": 1}},
-               {"kind": "finding", "finding": finding.to_dict()}, {"kind": "end", "status": "completed"}]
+    records = [
+        start_record(),
+        *step_records(3),
+        {"kind": "attribution", "categories": {"weights": 1}},
+        {"kind": "finding", "finding": finding.to_dict()},
+        {"kind": "end", "status": "completed"},
+    ]
     timeline = parse_timeline(lines(records))
     assert [r["step"] for r in timeline.steps] == [1, 2, 3]
     assert timeline.attribution["categories"] == {"weights": 1}
@@ -66,8 +71,11 @@ def test_load_run_errors_name_the_problem(tmp_path):
 
 
 def test_load_run_fills_device_and_plan_from_run_json(tmp_path):
-    run = write_run(tmp_path / "run", [start_record(expected=()), *step_records(2)],
-                    metrics=[{"step": 1, "loss": 2.0}, {"step": 1, "eval_loss": 2.5}, "not a dict"])
+    run = write_run(
+        tmp_path / "run",
+        [start_record(expected=()), *step_records(2)],
+        metrics=[{"step": 1, "loss": 2.0}, {"step": 1, "eval_loss": 2.5}, "not a dict"],
+    )
     (run / "run.json").write_text(json.dumps({"device": "cuda:1", "total_steps": 50, "plan": {"categories": {}}}))
     folder = load_run(run)
     assert folder.timeline.expected_devices == ["cuda:1"]
@@ -93,11 +101,14 @@ def test_every_rank_of_a_multi_process_run_is_read_and_diagnosed(tmp_path):
     from memfit.watch.doctor import diagnose, run_facts
 
     steady = lambda s: {"cuda:0": {"allocated_bytes": 10 * GiB, "peak_allocated_bytes": 12 * GiB}}  # noqa: E731
+
     def leaking(s):
         return {"cuda:1": {"allocated_bytes": 10 * GiB + 2 * MiB * s, "peak_allocated_bytes": 12 * GiB + 2 * MiB * s}}
 
     capacity = {"cuda:0": 80 * GiB, "cuda:1": 80 * GiB}
-    run = write_run(tmp_path / "run", [start_record(("cuda:0",), 50_000, capacity=capacity), *step_records(120, devices=steady)])
+    run = write_run(
+        tmp_path / "run", [start_record(("cuda:0",), 50_000, capacity=capacity), *step_records(120, devices=steady)]
+    )
     rank1 = [start_record(("cuda:1",), 50_000, capacity=capacity), *step_records(120, devices=leaking)]
     (run / "memory-rank1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rank1))
 

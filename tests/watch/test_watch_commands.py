@@ -40,7 +40,9 @@ def test_report_command(tmp_path):
 
 
 def test_importing_the_commands_loads_neither_torch_nor_matplotlib():
-    code = ("import sys, memfit.watch.command, memfit.watch.doctor, memfit.watch.report; "
-            "print(sorted(m for m in ('torch', 'matplotlib', 'transformers') if m in sys.modules))")
+    code = (
+        "import sys, memfit.watch.command, memfit.watch.doctor, memfit.watch.report; "
+        "print(sorted(m for m in ('torch', 'matplotlib', 'transformers') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

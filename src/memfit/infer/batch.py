@@ -87,8 +87,13 @@ def check_out(out: Path, overwrite: bool, inputs: dict[str, str | Path | None] |
     check_file_writable(out, "--out", make_parents=True)
 
 
-def generate_file(chat_model: Any, items: list[tuple[dict[str, Any], list[dict[str, str]]]], out: Path, sampling: Sampling,
-                  progress: Callable[[int, int], None] = lambda done, total: None) -> int:
+def generate_file(
+    chat_model: Any,
+    items: list[tuple[dict[str, Any], list[dict[str, str]]]],
+    out: Path,
+    sampling: Sampling,
+    progress: Callable[[int, int], None] = lambda done, total: None,
+) -> int:
     """Write the reply to every prompt of ``items`` to ``out`` (atomically); return how many."""
     from memfit.files import atomic_file
 
@@ -96,7 +101,12 @@ def generate_file(chat_model: Any, items: list[tuple[dict[str, Any], list[dict[s
     with atomic_file(out) as file:
         for done, (record, messages) in enumerate(items, start=1):
             reply = generate_reply(chat_model.model, chat_model.tokenizer, messages, sampling, chat_model.device)
-            file.write(json.dumps({**record, "generation": reply.text, "new_tokens": reply.new_tokens,
-                                   "stopped": reply.stopped}, ensure_ascii=False) + "\n")
+            file.write(
+                json.dumps(
+                    {**record, "generation": reply.text, "new_tokens": reply.new_tokens, "stopped": reply.stopped},
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
             progress(done, len(items))
     return len(items)

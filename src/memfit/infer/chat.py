@@ -56,8 +56,14 @@ def make_streamer(tokenizer: Any, out: TextIO) -> Any:
     return _Streamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
 
 
-def run_chat(chat_model: Any, sampling: Sampling, *, system: str | None = None, read_line: Callable[[str], str] = input,
-             out: TextIO = sys.stdout) -> int:
+def run_chat(
+    chat_model: Any,
+    sampling: Sampling,
+    *,
+    system: str | None = None,
+    read_line: Callable[[str], str] = input,
+    out: TextIO = sys.stdout,
+) -> int:
     """Talk with ``chat_model`` (:class:`memfit.infer.loading.ChatModel`) until ``/exit`` or the end of input;
     return the exit code (0)."""
     conversation = Conversation(system)
@@ -85,8 +91,14 @@ def run_chat(chat_model: Any, sampling: Sampling, *, system: str | None = None, 
             continue
         conversation.add("user", text)
         try:
-            reply = generate_reply(chat_model.model, chat_model.tokenizer, conversation.messages, sampling,
-                                   chat_model.device, streamer=make_streamer(chat_model.tokenizer, out))
+            reply = generate_reply(
+                chat_model.model,
+                chat_model.tokenizer,
+                conversation.messages,
+                sampling,
+                chat_model.device,
+                streamer=make_streamer(chat_model.tokenizer, out),
+            )
         except KeyboardInterrupt:
             conversation.drop_unanswered()
             out.write("\n(stopped; that turn is forgotten)\n")

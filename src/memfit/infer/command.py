@@ -19,22 +19,60 @@ from memfit.train.generation import Sampling
 _DEFAULTS = Sampling()
 
 # The options both commands take, declared once; named as transformers' generate() names them.
-Source = Annotated[str, typer.Argument(help="A memfit run folder (its adapter on its base model), a Hugging Face model folder, or a Hub id (org/name).", show_default=False)]
-Adapter = Annotated[str | None, typer.Option("--adapter", help="A PEFT LoRA adapter folder to put on MODEL (not with a run folder).")]
+Source = Annotated[
+    str,
+    typer.Argument(
+        help="A memfit run folder (its adapter on its base model), a Hugging Face model folder, or a Hub id (org/name).",
+        show_default=False,
+    ),
+]
+Adapter = Annotated[
+    str | None, typer.Option("--adapter", help="A PEFT LoRA adapter folder to put on MODEL (not with a run folder).")
+]
 Device = Annotated[str, typer.Option("--device", help="auto (a GPU if there is one), cpu, cuda or cuda:N.")]
-Dtype = Annotated[str | None, typer.Option("--dtype", help="bf16, fp16 or fp32 for a MODEL (default: its own on a GPU, fp32 on a CPU); a run folder uses its precision.")]
+Dtype = Annotated[
+    str | None,
+    typer.Option(
+        "--dtype",
+        help="bf16, fp16 or fp32 for a MODEL (default: its own on a GPU, fp32 on a CPU); a run folder uses its precision.",
+    ),
+]
 Revision = REVISION.annotated("chat")
 MaxNewTokens = Annotated[int, typer.Option("--max-new-tokens", help="The longest reply, in tokens.")]
-MinNewTokens = Annotated[int, typer.Option("--min-new-tokens", help="The shortest reply, in tokens: the model's end tokens are held back until then.")]
-DoSample = Annotated[bool, typer.Option("--do-sample/--greedy", help="Sample the reply (with --temperature and --top-p) instead of taking the likeliest token each time.")]
+MinNewTokens = Annotated[
+    int,
+    typer.Option(
+        "--min-new-tokens", help="The shortest reply, in tokens: the model's end tokens are held back until then."
+    ),
+]
+DoSample = Annotated[
+    bool,
+    typer.Option(
+        "--do-sample/--greedy",
+        help="Sample the reply (with --temperature and --top-p) instead of taking the likeliest token each time.",
+    ),
+]
 Temperature = Annotated[float, typer.Option("--temperature", help="Sampling temperature (with --do-sample).")]
-TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling: the smallest set of tokens holding this much probability (with --do-sample).")]
-Seed = Annotated[int, typer.Option("--seed", help="Random seed of sampling (replies with --do-sample are the same for the same seed).")]
+TopP = Annotated[
+    float,
+    typer.Option(
+        "--top-p", help="Nucleus sampling: the smallest set of tokens holding this much probability (with --do-sample)."
+    ),
+]
+Seed = Annotated[
+    int,
+    typer.Option("--seed", help="Random seed of sampling (replies with --do-sample are the same for the same seed)."),
+]
 
 
 def _sampling(max_new_tokens: int, min_new_tokens: int, do_sample: bool, temperature: float, top_p: float) -> Sampling:
-    sampling = Sampling(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens, do_sample=do_sample,
-                        temperature=temperature, top_p=top_p)
+    sampling = Sampling(
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=min_new_tokens,
+        do_sample=do_sample,
+        temperature=temperature,
+        top_p=top_p,
+    )
     problems = sampling.problems()
     if problems:
         raise UserError(listed("sampling options", problems))
@@ -88,9 +126,21 @@ def chat_command(
 @cli_errors
 def generate_command(
     source: Source,
-    prompts: Annotated[Path, typer.Option("--prompts", help="JSONL file: one prompt a line (a JSON string, or an object with prompt or messages).", show_default=False)],
-    out: Annotated[Path, typer.Option("--out", help="JSONL file to write: the same records with generation added.", show_default=False)],
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace --out if it exists (never the --prompts file).")] = False,
+    prompts: Annotated[
+        Path,
+        typer.Option(
+            "--prompts",
+            help="JSONL file: one prompt a line (a JSON string, or an object with prompt or messages).",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option("--out", help="JSONL file to write: the same records with generation added.", show_default=False),
+    ],
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace --out if it exists (never the --prompts file).")
+    ] = False,
     adapter: Adapter = None,
     device: Device = "auto",
     dtype: Dtype = None,

@@ -48,15 +48,23 @@ def is_run_folder(path: str | Path) -> bool:
     return (Path(path) / RUN_FILE).is_file()
 
 
-def load_chat_model(source: str, *, adapter: str | None = None, device: str = "auto", dtype: str | None = None,
-                    revision: str | None = None) -> ChatModel:
+def load_chat_model(
+    source: str,
+    *,
+    adapter: str | None = None,
+    device: str = "auto",
+    dtype: str | None = None,
+    revision: str | None = None,
+) -> ChatModel:
     """Load ``source`` (a run folder, a model folder or a Hub id) on ``device`` for generation."""
     if dtype is not None and dtype not in DTYPE_NAMES:
         raise ChatError(f"--dtype {dtype!r}: use one of {', '.join(DTYPE_NAMES)}")
     if is_run_folder(source):
         if adapter is not None:
-            raise ChatError(f"--adapter: {source} is a run folder, which names its own adapter; pass the base model "
-                            "with --adapter, or the run folder alone")
+            raise ChatError(
+                f"--adapter: {source} is a run folder, which names its own adapter; pass the base model "
+                "with --adapter, or the run folder alone"
+            )
         if dtype is not None:
             raise ChatError(f"--dtype: {source} is a run folder, loaded in the precision it trained in; drop --dtype")
         return _load_run(Path(source), device)
@@ -101,21 +109,28 @@ def missing_output(run_dir: Path, record: dict[str, Any], out: Path, adapters: b
     status, step, total = record.get("status", "unknown"), record.get("step"), record.get("total_steps")
     if status == "completed":
         other = "pass the base model with --adapter FOLDER" if adapters else "pass the model folder itself"
-        return (f"{run_dir} has no {out.name}/ although the run completed: {saved} was moved or deleted. Put it back in "
-                f"{out}, or {other}.")
+        return (
+            f"{run_dir} has no {out.name}/ although the run completed: {saved} was moved or deleted. Put it back in "
+            f"{out}, or {other}."
+        )
     where = f", step {step} of {total}" if step is not None and total is not None else ""
-    lacks = (f"{run_dir} has no adapter saved yet: the run has not reached a save (the adapter is written when it completes; "
-             f"its status is {status!r}{where})" if adapters else
-             f"{run_dir} has no {out.name}/ yet: a full fine-tune saves its whole model there when the run completes, and "
-             f"this one has not (its status is {status!r}{where})")
+    lacks = (
+        f"{run_dir} has no adapter saved yet: the run has not reached a save (the adapter is written when it completes; "
+        f"its status is {status!r}{where})"
+        if adapters
+        else f"{run_dir} has no {out.name}/ yet: a full fine-tune saves its whole model there when the run completes, and "
+        f"this one has not (its status is {status!r}{where})"
+    )
     if status == "diverged":
         todo = "its loss diverged: train it again with a lower lr"
     elif latest_checkpoint(run_dir) is not None:
-        todo = (("if it is still training, wait for it to end; otherwise " if status == "running" else "")
-                + f"finish it first: memfit train CONFIG -o {run_dir} --resume")
+        todo = (
+            "if it is still training, wait for it to end; otherwise " if status == "running" else ""
+        ) + f"finish it first: memfit train CONFIG -o {run_dir} --resume"
     else:
-        todo = (("if it is still training, wait for it to end; otherwise " if status == "running" else "")
-                + "train it again: it saved no checkpoint to resume from")
+        todo = (
+            "if it is still training, wait for it to end; otherwise " if status == "running" else ""
+        ) + "train it again: it saved no checkpoint to resume from"
     return f"{lacks}. To chat with it, {todo}."
 
 
@@ -135,12 +150,18 @@ def _load_run(run_dir: Path, device_name: str) -> ChatModel:
     model = _rebuilt_run_model(record, build_device, weights)
     mismatch = adapter_mismatch(model, out)
     if mismatch:
-        raise ChatError(f"{out} is an adapter for another model than the run's base ({mismatch}); was the folder "
-                        "copied from another run?")
+        raise ChatError(
+            f"{out} is an adapter for another model than the run's base ({mismatch}); was the folder "
+            "copied from another run?"
+        )
     _load_adapter_weights(model, out, build_device)
     if device != build_device:
         model.to(device)
-    base = f"{config.get('model')} (random weights from seed {config.get('seed', 0)})" if init == "random" else str(weights)
+    base = (
+        f"{config.get('model')} (random weights from seed {config.get('seed', 0)})"
+        if init == "random"
+        else str(weights)
+    )
     description = f"{run_dir}: {record['spec'].get('method')} adapter on {base}, on {device}"
     return ChatModel(model=model, tokenizer=tokenizer, device=device, description=description)
 
@@ -162,7 +183,8 @@ def _run_devices(run_dir: Path, record: dict[str, Any], device_name: str):
         if not torch.cuda.is_available():
             raise ChatError(
                 f"{run_dir} trained on random base weights (init: random) drawn on a GPU; the same seed draws other "
-                "numbers on a CPU, so its base can be made again only on a GPU: run memfit chat on a machine with one")
+                "numbers on a CPU, so its base can be made again only on a GPU: run memfit chat on a machine with one"
+            )
         return resolve_device("cuda"), device
     return torch.device("cpu"), device
 
@@ -179,19 +201,29 @@ def _run_base_weights(run_dir: Path, record: dict[str, Any]) -> Path:
             return folder
     except UserError:
         if not hub:
-            raise ChatError(f"{run_dir}: the base model folder {str(folder)!r} has no safetensors weights any more; "
-                            "put the base model back where the run read it") from None
+            raise ChatError(
+                f"{run_dir}: the base model folder {str(folder)!r} has no safetensors weights any more; "
+                "put the base model back where the run read it"
+            ) from None
     if hub.get("repo_id"):
         from memfit.models.catalog import suggestions
         from memfit.models.hub import HubError, fetch_model
 
         try:
-            return fetch_model(hub["repo_id"], hub.get("commit"), weights=True, allow_pickle=bool(record["config"].get("allow_pickle_weights")),
-                               opt_in="allow_pickle_weights: true in the run's config", suggest=suggestions).folder
+            return fetch_model(
+                hub["repo_id"],
+                hub.get("commit"),
+                weights=True,
+                allow_pickle=bool(record["config"].get("allow_pickle_weights")),
+                opt_in="allow_pickle_weights: true in the run's config",
+                suggest=suggestions,
+            ).folder
         except HubError as err:
             raise ChatError(f"{run_dir}: its base model {hub['repo_id']}: {err}") from None
-    raise ChatError(f"{run_dir}: its base model {str(folder)!r} is not on this machine; put the base model back at that "
-                    "path (the adapter alone cannot answer)")
+    raise ChatError(
+        f"{run_dir}: its base model {str(folder)!r} is not on this machine; put the base model back at that "
+        "path (the adapter alone cannot answer)"
+    )
 
 
 def _rebuilt_run_model(record: dict[str, Any], device, weights: Path | None) -> Any:
@@ -205,8 +237,14 @@ def _rebuilt_run_model(record: dict[str, Any], device, weights: Path | None) -> 
     # would slow generation down.
     knobs.update(checkpointing="off", tiling="off")
     config = record["config"]
-    return load_model(record["model_config"], make_spec(**knobs), device, init=config.get("init", "pretrained"),
-                      weights_dir=weights, seed=int(config.get("seed", 0))).model
+    return load_model(
+        record["model_config"],
+        make_spec(**knobs),
+        device,
+        init=config.get("init", "pretrained"),
+        weights_dir=weights,
+        seed=int(config.get("seed", 0)),
+    ).model
 
 
 def _load_adapter_weights(model: Any, adapter_dir: Path, device) -> None:
@@ -242,15 +280,19 @@ def _model_folder(source: str, revision: str | None) -> Path:
     path = Path(source).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ChatError(f"{source}: a folder without config.json or run.json; pass a Hugging Face model folder or a memfit "
-                            "run folder")
+            raise ChatError(
+                f"{source}: a folder without config.json or run.json; pass a Hugging Face model folder or a memfit "
+                "run folder"
+            )
         return path
     if is_hub_id(source):
         try:
             return fetch_model(source, revision, weights=True, suggest=suggestions).folder
         except HubError as err:
             raise ChatError(f"{source}: {err}") from None
-    raise ChatError(f"{source!r} is not a run folder, a model folder or a Hugging Face Hub id (org/name); check the path")
+    raise ChatError(
+        f"{source!r} is not a run folder, a model folder or a Hugging Face Hub id (org/name); check the path"
+    )
 
 
 def _tokenizer(folder: Path, fallback: Path | None):
@@ -258,7 +300,9 @@ def _tokenizer(folder: Path, fallback: Path | None):
     from transformers import AutoTokenizer
 
     for candidate in (folder, fallback):
-        if candidate is not None and any((candidate / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        if candidate is not None and any(
+            (candidate / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")
+        ):
             try:
                 return AutoTokenizer.from_pretrained(str(candidate))
             except (OSError, ValueError) as err:
@@ -267,7 +311,9 @@ def _tokenizer(folder: Path, fallback: Path | None):
     raise ChatError(f"no tokenizer in {where}: save one there (tokenizer.save_pretrained) to chat with this model")
 
 
-def _load_model(source: str, adapter: str | None, device_name: str, dtype: str | None, revision: str | None) -> ChatModel:
+def _load_model(
+    source: str, adapter: str | None, device_name: str, dtype: str | None, revision: str | None
+) -> ChatModel:
     from transformers import AutoModelForCausalLM
 
     from memfit.train.loading import resolve_device
@@ -285,8 +331,10 @@ def _load_model(source: str, adapter: str | None, device_name: str, dtype: str |
     if adapter_dir is not None:
         mismatch = adapter_mismatch(model, adapter_dir)
         if mismatch:
-            raise ChatError(f"--adapter {adapter}: made for another model than {source} ({mismatch}); pass the base model "
-                            "it was trained on")
+            raise ChatError(
+                f"--adapter {adapter}: made for another model than {source} ({mismatch}); pass the base model "
+                "it was trained on"
+            )
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
@@ -298,12 +346,16 @@ def _load_model(source: str, adapter: str | None, device_name: str, dtype: str |
 def _adapter_folder(adapter: str) -> Path:
     path = Path(adapter).expanduser()
     if not path.is_dir():
-        raise ChatError(f"--adapter {adapter!r} is not a folder; pass a PEFT adapter folder (adapter_config.json and "
-                        f"{ADAPTER_WEIGHTS})")
+        raise ChatError(
+            f"--adapter {adapter!r} is not a folder; pass a PEFT adapter folder (adapter_config.json and "
+            f"{ADAPTER_WEIGHTS})"
+        )
     for name in (ADAPTER_CONFIG, ADAPTER_WEIGHTS):
         if not (path / name).is_file():
-            raise ChatError(f"--adapter {adapter!r} has no {name}: not a PEFT LoRA adapter folder (a memfit run keeps its "
-                            "adapter in RUN_DIR/adapter)")
+            raise ChatError(
+                f"--adapter {adapter!r} has no {name}: not a PEFT LoRA adapter folder (a memfit run keeps its "
+                "adapter in RUN_DIR/adapter)"
+            )
     return path
 
 
@@ -325,7 +377,9 @@ def adapter_mismatch(model: Any, adapter_dir: Path) -> str | None:
             module = base_modules.get(name) or modules.get(layer) or base_modules.get(name.replace(".base_layer", ""))
             if module is None:
                 return f"it adapts {name}, which this model does not have"
-            if getattr(module, "parameter_name", None) is None:  # a weight's wrapper (PEFT's ParamWrapper) has its own sizes
+            if (
+                getattr(module, "parameter_name", None) is None
+            ):  # a weight's wrapper (PEFT's ParamWrapper) has its own sizes
                 module = getattr(module, "base_layer", module)
             in_features, out_features = _features(module)
             shape = tuple(weights.get_slice(key).get_shape())

@@ -22,8 +22,15 @@ from memfit.models.catalog import PeftAdapter, peft_adapter
 _PEFT_DEFAULTS = {"r": 8, "lora_alpha": 8, "lora_dropout": 0.0, "use_dora": False, "use_rslora": False}
 
 #: memfit knob -> the adapter_config.json field it comes from.
-ADAPTER_FIELDS = {"rank": "r", "alpha": "lora_alpha", "dropout": "lora_dropout", "targets": "target_modules",
-                  "dora": "use_dora", "rslora": "use_rslora", "modules_to_save": "modules_to_save"}
+ADAPTER_FIELDS = {
+    "rank": "r",
+    "alpha": "lora_alpha",
+    "dropout": "lora_dropout",
+    "targets": "target_modules",
+    "dora": "use_dora",
+    "rslora": "use_rslora",
+    "modules_to_save": "modules_to_save",
+}
 
 
 @dataclass
@@ -43,10 +50,15 @@ class ModelChoice(JsonForm):
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"given_model": self.given, "replaced": self.replaced}
         if self.adapter is not None:
-            out["adapter"] = {"name": self.adapter.name, "base": self.adapter.base, "hub": self.adapter.hub,
-                              "settings": {k: self.adapter.config.get(f) for k, f in ADAPTER_FIELDS.items()
-                                           if f in self.adapter.config},
-                              "taken": list(self.from_adapter)}
+            out["adapter"] = {
+                "name": self.adapter.name,
+                "base": self.adapter.base,
+                "hub": self.adapter.hub,
+                "settings": {
+                    k: self.adapter.config.get(f) for k, f in ADAPTER_FIELDS.items() if f in self.adapter.config
+                },
+                "taken": list(self.from_adapter),
+            }
         return out
 
 
@@ -72,8 +84,10 @@ def choose_model(model: str | None, revision: str | None, given: str | None) -> 
     if adapter is None:
         return choice
     if adapter.base is None:
-        raise ValueError(f"{adapter.name!r} is a PEFT adapter (adapter_config.json) that names no base_model_name_or_path: "
-                         "name its base model there, or plan the base model with --model")
+        raise ValueError(
+            f"{adapter.name!r} is a PEFT adapter (adapter_config.json) that names no base_model_name_or_path: "
+            "name its base model there, or plan the base model with --model"
+        )
     choice.adapter, choice.model, choice.revision = adapter, adapter.base, adapter.base_revision
     return choice
 

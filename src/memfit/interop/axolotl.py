@@ -66,13 +66,19 @@ _ADAPTER_NAMES = ("lora", "qlora", "llama-adapter", "ia3", "null")
 
 def _method(values: Mapping[str, Any], ctx: Any) -> Any:
     adapter = values["adapter"]
-    kind = one_of(_ADAPTERS, "an adapter Axolotl knows", shown=_ADAPTER_NAMES)(adapter) if adapter is not ABSENT else "full"
+    kind = (
+        one_of(_ADAPTERS, "an adapter Axolotl knows", shown=_ADAPTER_NAMES)(adapter)
+        if adapter is not ABSENT
+        else "full"
+    )
     four = value_of(values, "load_in_4bit", as_bool, False)
     eight = value_of(values, "load_in_8bit", as_bool, False)
     gptq = value_of(values, "gptq", as_bool, False)
     if kind == "full" and (four or eight):
         bad = "load_in_4bit" if four else "load_in_8bit"
-        raise KeyProblem(bad, "true needs an adapter (adapter: qlora or lora): quantized weights are not trained in full")
+        raise KeyProblem(
+            bad, "true needs an adapter (adapter: qlora or lora): quantized weights are not trained in full"
+        )
     if kind in ("lora", "qlora") and four:
         return "qlora"
     if kind == "qlora":
@@ -114,13 +120,20 @@ def _checkpointing(values: Mapping[str, Any], ctx: Any) -> Any:
     if offload is not ABSENT and truthy(offload):
         kind = str(offload).lower()
         if kind not in ("true", "legacy", "disk", "hidden_states"):
-            raise KeyProblem("activation_offloading", f"{offload!r} is not one of true, false, legacy, disk, hidden_states")
-        return Planned("offload", f"activation offloading ({kind}): planned as checkpointing with the {_OFFLOADED}", modelled=True)
+            raise KeyProblem(
+                "activation_offloading", f"{offload!r} is not one of true, false, legacy, disk, hidden_states"
+            )
+        return Planned(
+            "offload", f"activation offloading ({kind}): planned as checkpointing with the {_OFFLOADED}", modelled=True
+        )
     if gc is ABSENT or gc is None:
         return "off"
     if isinstance(gc, str) and gc.strip().lower() in ("offload", "offload_disk"):
-        return Planned("offload", f"gradient_checkpointing: {gc}: planned as transformers' offloaded checkpointing ({_OFFLOADED})",
-                       modelled=True)
+        return Planned(
+            "offload",
+            f"gradient_checkpointing: {gc}: planned as transformers' offloaded checkpointing ({_OFFLOADED})",
+            modelled=True,
+        )
     try:
         return "on" if as_bool(gc) else "off"
     except ValueError:
@@ -151,8 +164,12 @@ def _grpo_rule(knob: str) -> Rule:
     def resolve(values: Mapping[str, Any], ctx: Any) -> Any:
         return grpo.knob_value(_trl_block(ctx), knob, prefix="trl.") if _is_grpo(ctx) else None
 
-    return Rule(("trl",), knob, resolve, doc=f"`trl.{grpo.KNOB_KEYS[knob][0]}` with `rl: grpo` (TRL's default "
-                                             f"{grpo.KNOB_KEYS[knob][2]!r})")
+    return Rule(
+        ("trl",),
+        knob,
+        resolve,
+        doc=f"`trl.{grpo.KNOB_KEYS[knob][0]}` with `rl: grpo` (TRL's default {grpo.KNOB_KEYS[knob][2]!r})",
+    )
 
 
 def _grpo_seq_len(values: Mapping[str, Any], ctx: Any) -> Any:
@@ -170,9 +187,13 @@ def _kbit_upcast(values: Mapping[str, Any], ctx: Any) -> Any:
         return None
     if uses_fsdp(ctx) or (ctx.zero is not None and ctx.zero.stage == 3):
         return False  # Axolotl skips PEFT's preparation: every parameter stays in one dtype
-    return Planned(False, "Axolotl runs PEFT's prepare_model_for_kbit_training, which upcasts the parameters that are not "
-                          f"{bits} to fp32, then casts the norms, the embeddings and the output head back to the training "
-                          "dtype: planned with them in the compute dtype", modelled=True)
+    return Planned(
+        False,
+        "Axolotl runs PEFT's prepare_model_for_kbit_training, which upcasts the parameters that are not "
+        f"{bits} to fp32, then casts the norms, the embeddings and the output head back to the training "
+        "dtype: planned with them in the compute dtype",
+        modelled=True,
+    )
 
 
 def _bf16_setting(value: Any) -> Any:
@@ -211,16 +232,28 @@ def _precision(values: Mapping[str, Any], ctx: Any) -> Any:
     settle_zero_precision(ctx, half)
     fsdp = uses_fsdp(ctx)
     if method == "qlora" and fsdp and value_of(values, "float32", as_bool, False):
-        ctx.not_modelled.append(Found("float32", values["float32"], "under FSDP Axolotl loads QLoRA's parameters that are not "
-                                                                    "4-bit in fp32: planned in the compute dtype", "precision"))
+        ctx.not_modelled.append(
+            Found(
+                "float32",
+                values["float32"],
+                "under FSDP Axolotl loads QLoRA's parameters that are not 4-bit in fp32: planned in the compute dtype",
+                "precision",
+            )
+        )
     value = trainer_precision(method, loaded, half, ctx, where="Axolotl's torch_dtype, float32")
     if method == "full" and value in HALVES and not fsdp and not _casts_back(ctx.raw):
         key = next((k for k in _ATTENTION_KEYS[:-2] if ctx.raw.get(k) not in (None, False)), None)
-        ctx.not_modelled.append(Found(key or "attn_implementation (not set)", ctx.raw.get(key) if key else None,
-                                      f"a full fine-tuning under sdpa or eager attention: Axolotl keeps the embeddings, "
-                                      f"the output head and the norms in fp32 (with fp32 gradients and AdamW states; it "
-                                      f"casts them back for other attention implementations, or Cut Cross-Entropy): "
-                                      f"planned all in {value}", "precision"))
+        ctx.not_modelled.append(
+            Found(
+                key or "attn_implementation (not set)",
+                ctx.raw.get(key) if key else None,
+                f"a full fine-tuning under sdpa or eager attention: Axolotl keeps the embeddings, "
+                f"the output head and the norms in fp32 (with fp32 gradients and AdamW states; it "
+                f"casts them back for other attention implementations, or Cut Cross-Entropy): "
+                f"planned all in {value}",
+                "precision",
+            )
+        )
     return value
 
 
@@ -237,12 +270,27 @@ def _casts_back(raw: Mapping[str, Any]) -> bool:
 
 
 #: Axolotl's attention keys: ``attn_implementation``, its older flags, and what runs beside them.
-_ATTENTION_KEYS = ("attn_implementation", "flash_attention", "sdp_attention", "xformers_attention", "eager_attention",
-                   "flex_attention", "sage_attention", "s2_attention", "batch_flattening")
+_ATTENTION_KEYS = (
+    "attn_implementation",
+    "flash_attention",
+    "sdp_attention",
+    "xformers_attention",
+    "eager_attention",
+    "flex_attention",
+    "sage_attention",
+    "s2_attention",
+    "batch_flattening",
+)
 
 #: Axolotl's older attention flags, in the order it reads them (``LEGACY_ATTN_FLAG_TO_IMPL``).
-_ATTENTION_FLAGS = (("xformers_attention", "xformers"), ("sage_attention", "sage"), ("flex_attention", "flex_attention"),
-                    ("flash_attention", "flash_attention_2"), ("sdp_attention", "sdpa"), ("eager_attention", "eager"))
+_ATTENTION_FLAGS = (
+    ("xformers_attention", "xformers"),
+    ("sage_attention", "sage"),
+    ("flex_attention", "flex_attention"),
+    ("flash_attention", "flash_attention_2"),
+    ("sdp_attention", "sdpa"),
+    ("eager_attention", "eager"),
+)
 
 
 def _attention_name(values: Mapping[str, Any]) -> str | None:
@@ -257,12 +305,19 @@ def _attention_name(values: Mapping[str, Any]) -> str | None:
 def _attention(values: Mapping[str, Any], ctx: Any) -> Any:
     name = _attention_name(values)
     if name is not None and name.lower() == "fp8":
-        return Planned(None, "Axolotl's fp8 attention (the model loaded with sdpa, its attention patched to fp8 kernels): "
-                             "planned as SDPA with padded batches")
+        return Planned(
+            None,
+            "Axolotl's fp8 attention (the model loaded with sdpa, its attention patched to fp8 kernels): "
+            "planned as SDPA with padded batches",
+        )
     if name is not None:
         return attention(name)
     if value_of(values, "s2_attention", as_bool, False):
-        return Planned("on", "shifted sparse attention (LongLoRA): planned as flash attention over the whole sequence", modelled=True)
+        return Planned(
+            "on",
+            "shifted sparse attention (LongLoRA): planned as flash attention over the whole sequence",
+            modelled=True,
+        )
     if values["batch_flattening"] is not ABSENT and truthy(values["batch_flattening"]):
         return "on"  # the micro-batch's examples in one row, as flash attention's varlen path takes them
     return None
@@ -270,14 +325,24 @@ def _attention(values: Mapping[str, Any], ctx: Any) -> Any:
 
 def _hf_loss(values: Mapping[str, Any], ctx: Any) -> Any:
     plugins = [str(p) for p in (values["plugins"] if isinstance(values["plugins"], list) else [])]
-    if any("liger" in p.lower() for p in plugins) and value_of(values, "liger_fused_linear_cross_entropy", as_bool, False):
+    if any("liger" in p.lower() for p in plugins) and value_of(
+        values, "liger_fused_linear_cross_entropy", as_bool, False
+    ):
         return "liger"
     if value_of(values, "cut_cross_entropy", as_bool, False):
-        return Planned("liger", "Cut Cross-Entropy (the loss a block of the vocabulary at a time, no whole logits): planned as "
-                                "Liger's fused linear cross-entropy, which keeps a little more", modelled=True)
+        return Planned(
+            "liger",
+            "Cut Cross-Entropy (the loss a block of the vocabulary at a time, no whole logits): planned as "
+            "Liger's fused linear cross-entropy, which keeps a little more",
+            modelled=True,
+        )
     if value_of(values, "chunked_cross_entropy", as_bool, False):
-        return Planned("model", "Axolotl's chunked cross-entropy upcasts the whole logits a chunk at a time: planned as the "
-                                "model's own loss", modelled=True)
+        return Planned(
+            "model",
+            "Axolotl's chunked cross-entropy upcasts the whole logits a chunk at a time: planned as the "
+            "model's own loss",
+            modelled=True,
+        )
     return None
 
 
@@ -313,7 +378,16 @@ def _max_grad_norm(values: Mapping[str, Any], ctx: Any) -> Any:
 RL_TYPES = ("dpo", "gdpo", "grpo", "ipo", "orpo", "kto", "simpo", "ebft")
 #: Axolotl's ``attn_implementation`` names (``CANONICAL_ATTN_IMPLS`` at 067b021; a Hub kernel's path
 #: with a "/" too; the short forms flash, flex, sdp are refused).
-ATTENTION_NAMES = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention", "xformers", "sage", "fp8")
+ATTENTION_NAMES = (
+    "eager",
+    "sdpa",
+    "flash_attention_2",
+    "flash_attention_3",
+    "flex_attention",
+    "xformers",
+    "sage",
+    "fp8",
+)
 
 #: Axolotl's ``rl`` trainers memfit plans; ipo is DPO's step with another loss.
 _RL_OBJECTIVES = {"dpo": "dpo", "ipo": "dpo", "orpo": "orpo", "simpo": "simpo", "grpo": "grpo"}
@@ -326,8 +400,11 @@ def _objective(values: Mapping[str, Any], ctx: Any) -> Any:
     name = str(getattr(rl, "value", rl)).lower()
     if name in _RL_OBJECTIVES:
         return _RL_OBJECTIVES[name]
-    return Planned(None, f"rl: {name} trains with another trainer (its own completions, reward or reference models): "
-                         "planned as supervised fine-tuning")
+    return Planned(
+        None,
+        f"rl: {name} trains with another trainer (its own completions, reward or reference models): "
+        "planned as supervised fine-tuning",
+    )
 
 
 def _precompute_reference(values: Mapping[str, Any], ctx: Any) -> Any:
@@ -344,139 +421,304 @@ def _other_overrides(values: Mapping[str, Any]) -> bool:
 
 
 RULES: tuple[Rule, ...] = (
-    model_rule("base_model_config", "base_model",
-               doc="the model: `base_model` (a Hub id or a folder); its config.json from `base_model_config` when set"),
+    model_rule(
+        "base_model_config",
+        "base_model",
+        doc="the model: `base_model` (a Hub id or a folder); its config.json from `base_model_config` when set",
+    ),
     revision_rule("revision_of_model"),
     deepspeed_rule(),
-    Rule(("fsdp", "fsdp_config", "fsdp_version"), "shard", _fsdp,
-         doc="FSDP (`fsdp: [full_shard, auto_wrap]`, `fsdp_version: 2` with `fsdp_config`): `fsdp`; `offload_params` as "
-             "`fsdp-offload`; `reshard_after_forward: false` as `zero2`"),
-    Rule(("adapter", "load_in_4bit", "load_in_8bit", "gptq"), "method", _method, _write_method,
-         doc="the method: no adapter is `full`, `lora`, `qlora` (or `lora` with `load_in_4bit`); `lora` with `load_in_8bit` "
-             "is `lora-8bit` (bitsandbytes LLM.int8); a GPTQ base is planned as a 16-bit one and listed"),
-    Rule(("load_in_4bit", "load_in_8bit"), "kbit_upcast", _kbit_upcast,
-         doc="4-bit and 8-bit weights go through PEFT's prepare_model_for_kbit_training (not with FSDP or ZeRO-3), which "
-             "upcasts the parameters that are not quantized to fp32; Axolotl then casts the norms, the embeddings and the output head back "
-             "to the training dtype (`loaders/model.py`): planned as `kbit_upcast: false`"),
-    Rule(("lora_r", "lora_rank"), "rank", lambda v, ctx: value_of(v, "lora_r", as_int, None) or value_of(v, "lora_rank", as_int, None),
-         doc="LoRA rank"),
+    Rule(
+        ("fsdp", "fsdp_config", "fsdp_version"),
+        "shard",
+        _fsdp,
+        doc="FSDP (`fsdp: [full_shard, auto_wrap]`, `fsdp_version: 2` with `fsdp_config`): `fsdp`; `offload_params` as "
+        "`fsdp-offload`; `reshard_after_forward: false` as `zero2`",
+    ),
+    Rule(
+        ("adapter", "load_in_4bit", "load_in_8bit", "gptq"),
+        "method",
+        _method,
+        _write_method,
+        doc="the method: no adapter is `full`, `lora`, `qlora` (or `lora` with `load_in_4bit`); `lora` with `load_in_8bit` "
+        "is `lora-8bit` (bitsandbytes LLM.int8); a GPTQ base is planned as a 16-bit one and listed",
+    ),
+    Rule(
+        ("load_in_4bit", "load_in_8bit"),
+        "kbit_upcast",
+        _kbit_upcast,
+        doc="4-bit and 8-bit weights go through PEFT's prepare_model_for_kbit_training (not with FSDP or ZeRO-3), which "
+        "upcasts the parameters that are not quantized to fp32; Axolotl then casts the norms, the embeddings and the output head back "
+        "to the training dtype (`loaders/model.py`): planned as `kbit_upcast: false`",
+    ),
+    Rule(
+        ("lora_r", "lora_rank"),
+        "rank",
+        lambda v, ctx: value_of(v, "lora_r", as_int, None) or value_of(v, "lora_rank", as_int, None),
+        doc="LoRA rank",
+    ),
     Rule(("lora_alpha",), "alpha", lambda v, ctx: value_of(v, "lora_alpha", as_float, None), doc="LoRA alpha"),
     Rule(("lora_dropout",), "dropout", lambda v, ctx: value_of(v, "lora_dropout", _dropout, None), doc="LoRA dropout"),
-    targets_rule("lora_target_linear", "lora_target_modules",
-                 doc="LoRA targets: `lora_target_linear: true` is every linear layer (`all-linear`), or the modules listed"),
-    modules_to_save_rule("lora_modules_to_save", "peft_ensure_weight_tying",
-                         doc="modules trained whole (often embed_tokens and lm_head): PEFT's trainable copies, with their "
-                             "gradients and optimizer states; a tied embedding and head named both: one shared copy "
-                             "(`peft_ensure_weight_tying: true`; without it PEFT trains two, listed)"),
+    targets_rule(
+        "lora_target_linear",
+        "lora_target_modules",
+        doc="LoRA targets: `lora_target_linear: true` is every linear layer (`all-linear`), or the modules listed",
+    ),
+    modules_to_save_rule(
+        "lora_modules_to_save",
+        "peft_ensure_weight_tying",
+        doc="modules trained whole (often embed_tokens and lm_head): PEFT's trainable copies, with their "
+        "gradients and optimizer states; a tied embedding and head named both: one shared copy "
+        "(`peft_ensure_weight_tying: true`; without it PEFT trains two, listed)",
+    ),
     dora_rule("peft_use_dora"),
     rslora_rule("peft_use_rslora"),
-    int_rule("sequence_len", "seq_len", 512, doc="tokens per sequence (Axolotl's default 512); memfit plans the longest"),
-    Rule(("max_prompt_len",), "seq_len", _grpo_seq_len,
-         doc="`rl: grpo`: the prompt's length (`max_prompt_len`, else `sequence_len`) plus `trl.max_completion_length`"),
+    int_rule(
+        "sequence_len", "seq_len", 512, doc="tokens per sequence (Axolotl's default 512); memfit plans the longest"
+    ),
+    Rule(
+        ("max_prompt_len",),
+        "seq_len",
+        _grpo_seq_len,
+        doc="`rl: grpo`: the prompt's length (`max_prompt_len`, else `sequence_len`) plus `trl.max_completion_length`",
+    ),
     int_rule("micro_batch_size", "batch_size", 1, doc="sequences per GPU in one forward pass"),
-    Rule(("gradient_accumulation_steps", "batch_size", "micro_batch_size"), "grad_accum", _grad_accum,
-         lambda v, values: {"gradient_accumulation_steps": int(v)},
-         doc="micro-batches per optimizer step (or `batch_size` / `micro_batch_size`)"),
-    Rule(("gradient_checkpointing", "gradient_checkpointing_kwargs", "activation_offloading"), "checkpointing", _checkpointing,
-         _write_checkpointing,
-         doc="`gradient_checkpointing: true` is `on`; `offload` / `offload_disk` and `activation_offloading` are `offload` "
-             "(layer inputs in host memory); `use_reentrant` keeps the same layer inputs either way"),
-    optimizer_rule("optimizer", {
-        "optimi_adamw": Planned("adamw", "optimi's AdamW keeps AdamW's two states", modelled=True),
-        "ao_adamw_8bit": Planned("adamw8bit", "torchao's 8-bit AdamW: planned as bitsandbytes' (two 8-bit states)", modelled=True),
-        "ao_adamw_4bit": Planned("adamw8bit", "torchao's 4-bit AdamW (two 4-bit states): planned as 8-bit AdamW"),
-        "ao_adamw_fp8": Planned("adamw8bit", "torchao's fp8 AdamW (two fp8 states): planned as 8-bit AdamW", modelled=True),
-        "adopt_adamw": Planned("adamw", "ADOPT keeps AdamW's two states", modelled=True),
-        "came_pytorch": Planned("adamw", "CAME (factored states): planned as AdamW"),
-        "muon": Planned("adamw", "Muon (one momentum state for matrices): planned as AdamW"),
-        "dion": Planned("adamw", "Dion (low-rank momentum): planned as AdamW"),
-        "sinkgd": Planned("adamw", "SinkGD: planned as AdamW"),
-        "flash_adamw": Planned("adamw", "FlashAdamW (compressed states): planned as AdamW"),
-        "flash_adam": Planned("adamw", "FlashAdam (compressed states): planned as AdamW"),
-        "flash_sgd": Planned("sgd", "FlashSGD: planned as SGD", modelled=True),
-        "flash_sgdw": Planned("sgd", "FlashSGDW: planned as SGD", modelled=True),
-        "flash_lion": Planned("adamw", "FlashLion (one state): planned as AdamW"),
-        "q_galore_adamw8bit": Planned("adamw8bit", "Q-GaLore (low-rank projected 8-bit states): planned as 8-bit AdamW"),
-    }),
-    Rule(("bf16", "fp16", "bfloat16", "float16", "float32"), "precision", _precision,
-         doc="the dtype Axolotl loads the model in: bf16 (`bf16: true`, `auto` (unless `fp16`), `full`, or `bfloat16`), "
-             "fp16, otherwise fp32; the Trainer's autocast on it (`bf16: full` without). A full fine-tuning trains that "
-             "dtype: `bf16` is pure bf16 (weights, gradients and AdamW states; the embeddings, head and norms Axolotl "
-             "keeps in fp32 under sdpa or eager attention are listed), `bf16-mixed` under DeepSpeed (fp32 master "
-             "weights) and FSDP (which upcasts trained parameters to fp32); LoRA and QLoRA a base in that dtype with "
-             "fp32 adapters; `float32` matters only to QLoRA under FSDP (listed); `tf32` does not change memory"),
+    Rule(
+        ("gradient_accumulation_steps", "batch_size", "micro_batch_size"),
+        "grad_accum",
+        _grad_accum,
+        lambda v, values: {"gradient_accumulation_steps": int(v)},
+        doc="micro-batches per optimizer step (or `batch_size` / `micro_batch_size`)",
+    ),
+    Rule(
+        ("gradient_checkpointing", "gradient_checkpointing_kwargs", "activation_offloading"),
+        "checkpointing",
+        _checkpointing,
+        _write_checkpointing,
+        doc="`gradient_checkpointing: true` is `on`; `offload` / `offload_disk` and `activation_offloading` are `offload` "
+        "(layer inputs in host memory); `use_reentrant` keeps the same layer inputs either way",
+    ),
+    optimizer_rule(
+        "optimizer",
+        {
+            "optimi_adamw": Planned("adamw", "optimi's AdamW keeps AdamW's two states", modelled=True),
+            "ao_adamw_8bit": Planned(
+                "adamw8bit", "torchao's 8-bit AdamW: planned as bitsandbytes' (two 8-bit states)", modelled=True
+            ),
+            "ao_adamw_4bit": Planned("adamw8bit", "torchao's 4-bit AdamW (two 4-bit states): planned as 8-bit AdamW"),
+            "ao_adamw_fp8": Planned(
+                "adamw8bit", "torchao's fp8 AdamW (two fp8 states): planned as 8-bit AdamW", modelled=True
+            ),
+            "adopt_adamw": Planned("adamw", "ADOPT keeps AdamW's two states", modelled=True),
+            "came_pytorch": Planned("adamw", "CAME (factored states): planned as AdamW"),
+            "muon": Planned("adamw", "Muon (one momentum state for matrices): planned as AdamW"),
+            "dion": Planned("adamw", "Dion (low-rank momentum): planned as AdamW"),
+            "sinkgd": Planned("adamw", "SinkGD: planned as AdamW"),
+            "flash_adamw": Planned("adamw", "FlashAdamW (compressed states): planned as AdamW"),
+            "flash_adam": Planned("adamw", "FlashAdam (compressed states): planned as AdamW"),
+            "flash_sgd": Planned("sgd", "FlashSGD: planned as SGD", modelled=True),
+            "flash_sgdw": Planned("sgd", "FlashSGDW: planned as SGD", modelled=True),
+            "flash_lion": Planned("adamw", "FlashLion (one state): planned as AdamW"),
+            "q_galore_adamw8bit": Planned(
+                "adamw8bit", "Q-GaLore (low-rank projected 8-bit states): planned as 8-bit AdamW"
+            ),
+        },
+    ),
+    Rule(
+        ("bf16", "fp16", "bfloat16", "float16", "float32"),
+        "precision",
+        _precision,
+        doc="the dtype Axolotl loads the model in: bf16 (`bf16: true`, `auto` (unless `fp16`), `full`, or `bfloat16`), "
+        "fp16, otherwise fp32; the Trainer's autocast on it (`bf16: full` without). A full fine-tuning trains that "
+        "dtype: `bf16` is pure bf16 (weights, gradients and AdamW states; the embeddings, head and norms Axolotl "
+        "keeps in fp32 under sdpa or eager attention are listed), `bf16-mixed` under DeepSpeed (fp32 master "
+        "weights) and FSDP (which upcasts trained parameters to fp32); LoRA and QLoRA a base in that dtype with "
+        "fp32 adapters; `float32` matters only to QLoRA under FSDP (listed); `tf32` does not change memory",
+    ),
     Rule(("max_grad_norm",), "max_grad_norm", _max_grad_norm, doc="gradient clipping (0 or null: none)"),
-    Rule(_ATTENTION_KEYS, "padding_free", _attention,
-         doc="attention: flash attention (and xformers, sage, flex; `batch_flattening`) as `padding_free: on` (each "
-             "example's attention on its own tokens, no [seq x seq] mask); sdpa as padded batches; eager and fp8 listed"),
-    Rule(("sample_packing",), "packing", lambda v, ctx: value_of(v, "sample_packing", as_bool, None),
-         doc="packed rows of `sequence_len` tokens (planned full)"),
-    Rule(("plugins", "liger_fused_linear_cross_entropy", "cut_cross_entropy", "chunked_cross_entropy"), "hf_loss", _hf_loss,
-         doc="the loss: Liger's fused linear cross-entropy (the Liger plugin with `liger_fused_linear_cross_entropy`) as "
-             "`hf_loss: liger`; Cut Cross-Entropy planned as Liger's"),
-    not_modelled("liger_rms_norm", "liger_glu_activation", "liger_swiglu", "liger_rope", "liger_layer_norm",
-                 "liger_cross_entropy", "liger_rms_norm_gated",
-                 why="Liger's fused RMSNorm / SwiGLU / RoPE / cross-entropy kernels keep less for backward than the model's "
-                     "own modules, which are planned"),
-    Rule(("rl",), "objective", _objective, matters=lambda values: truthy(values["rl"]),
-         unmodelled="preference training runs chosen and rejected completions, and for DPO a reference pass; planned as "
-                    "supervised fine-tuning",
-         doc="preference training: `rl: dpo` (and `ipo`, DPO's loss on the same step) as `dpo`, `orpo`, `simpo`; `rl: "
-             "grpo` as `grpo` (its `trl:` block's GRPOConfig keys, `micro_batch_size` counting completions, planned with "
-             "memfit's step); other trainers (`kto`, `gdpo`, `ebft`) listed and planned as supervised fine-tuning; "
-             "`micro_batch_size` counts pairs"),
-    Rule(("rl",), "recipe", lambda values, ctx: Planned("memfit", grpo.RECIPE_NOTE, modelled=True) if _is_grpo(ctx) else None,
-         doc="`rl: grpo` planned with memfit's step"),
+    Rule(
+        _ATTENTION_KEYS,
+        "padding_free",
+        _attention,
+        doc="attention: flash attention (and xformers, sage, flex; `batch_flattening`) as `padding_free: on` (each "
+        "example's attention on its own tokens, no [seq x seq] mask); sdpa as padded batches; eager and fp8 listed",
+    ),
+    Rule(
+        ("sample_packing",),
+        "packing",
+        lambda v, ctx: value_of(v, "sample_packing", as_bool, None),
+        doc="packed rows of `sequence_len` tokens (planned full)",
+    ),
+    Rule(
+        ("plugins", "liger_fused_linear_cross_entropy", "cut_cross_entropy", "chunked_cross_entropy"),
+        "hf_loss",
+        _hf_loss,
+        doc="the loss: Liger's fused linear cross-entropy (the Liger plugin with `liger_fused_linear_cross_entropy`) as "
+        "`hf_loss: liger`; Cut Cross-Entropy planned as Liger's",
+    ),
+    not_modelled(
+        "liger_rms_norm",
+        "liger_glu_activation",
+        "liger_swiglu",
+        "liger_rope",
+        "liger_layer_norm",
+        "liger_cross_entropy",
+        "liger_rms_norm_gated",
+        why="Liger's fused RMSNorm / SwiGLU / RoPE / cross-entropy kernels keep less for backward than the model's "
+        "own modules, which are planned",
+    ),
+    Rule(
+        ("rl",),
+        "objective",
+        _objective,
+        matters=lambda values: truthy(values["rl"]),
+        unmodelled="preference training runs chosen and rejected completions, and for DPO a reference pass; planned as "
+        "supervised fine-tuning",
+        doc="preference training: `rl: dpo` (and `ipo`, DPO's loss on the same step) as `dpo`, `orpo`, `simpo`; `rl: "
+        "grpo` as `grpo` (its `trl:` block's GRPOConfig keys, `micro_batch_size` counting completions, planned with "
+        "memfit's step); other trainers (`kto`, `gdpo`, `ebft`) listed and planned as supervised fine-tuning; "
+        "`micro_batch_size` counts pairs",
+    ),
+    Rule(
+        ("rl",),
+        "recipe",
+        lambda values, ctx: Planned("memfit", grpo.RECIPE_NOTE, modelled=True) if _is_grpo(ctx) else None,
+        doc="`rl: grpo` planned with memfit's step",
+    ),
     *(_grpo_rule(knob) for knob in grpo.KNOB_KEYS),
-    Rule(("precompute_ref_log_probs",), "precompute_reference", _precompute_reference,
-         doc="DPO's reference log-probs computed once before training: no reference pass, and no frozen copy for full "
-             "fine-tuning"),
-    not_modelled("dpo_use_liger_kernel", why="Liger's fused preference loss: planned as the trainer's log-probs over the whole "
-                                             "logits"),
+    Rule(
+        ("precompute_ref_log_probs",),
+        "precompute_reference",
+        _precompute_reference,
+        doc="DPO's reference log-probs computed once before training: no reference pass, and no frozen copy for full "
+        "fine-tuning",
+    ),
+    not_modelled(
+        "dpo_use_liger_kernel",
+        why="Liger's fused preference loss: planned as the trainer's log-probs over the whole logits",
+    ),
     not_modelled("dpo_padding_free", why="a preference batch in one row without padding: planned as padded rows"),
-    not_modelled("kd_trainer", "reward_model", "process_reward_model",
-                 why="a trainer other than supervised, preference or GRPO fine-tuning (distillation, reward modelling)"),
+    not_modelled(
+        "kd_trainer",
+        "reward_model",
+        "process_reward_model",
+        why="a trainer other than supervised, preference or GRPO fine-tuning (distillation, reward modelling)",
+    ),
     not_modelled("torch_compile", why="a compiled step fuses kernels and keeps other tensors for backward"),
-    not_modelled("tiled_mlp", why="Axolotl's tiled MLP runs the MLP a chunk of tokens at a time (memfit's step has its own, the "
-                                  "hf recipe none)"),
-    not_modelled("lora_mlp_kernel", "lora_qkv_kernel", "lora_o_kernel", "lora_embedding_kernel",
-                 why="Axolotl's fused LoRA kernels keep less for backward than PEFT's layers, which are planned"),
-    not_modelled("use_kernels", "use_scattermoe", "use_sonicmoe", "fused_attn_kernel", "flash_attn_fuse_mlp",
-                 "flash_attn_rms_norm", "flash_attn_cross_entropy", "use_dsv4_kernels", "use_glm_dsa_kernels",
-                 why="custom kernels in place of the model's modules"),
-    not_modelled("fp8", "fp8_enable_fsdp_float8_all_gather", "qat", "model_quantization_config", "quantize_moe_experts",
-                 "nonexpert_quantization", "use_onebitllms",
-                 why="fp8 or quantization-aware training: other weight and activation dtypes"),
-    not_modelled("tensor_parallel_size", "context_parallel_size", "sequence_parallel_degree", "expert_parallel_size",
-                 "dp_shard_size", "dp_replicate_size",
-                 when=lambda v: truthy(v) and str(v) not in ("1", "1.0"),
-                 why="tensor, context, sequence or expert parallelism splits the model or the sequence across GPUs"),
-    not_modelled("relora", "lisa_n_layers", "unfrozen_parameters", "peft_layers_to_transform", "lora_target_parameters",
-                 "spectrum_top_fraction", "lora_rank_pattern", "lora_alpha_pattern", "peft_layer_replication", "use_mora",
-                 "optim_target_modules",
-                 why="trains another set of parameters than the method's (some layers, some modules, experts, or with another "
-                     "rank)"),
-    not_modelled("layer_offloading", "lora_on_cpu", "max_memory", "gpu_memory_limit", "device_map",
-                 when=lambda v: truthy(v) and str(v).lower() not in ("auto",),
-                 why="places parts of the model in host memory or on other devices"),
-    not_modelled("embeddings_skip_upcast", "fp32_norms", "fp32_norm_classes", "peft_autocast_adapter_dtype",
-                 when=lambda v: v is not None,
-                 why="keeps other modules in another dtype than the training dtype"),
-    not_modelled("processor_type", "image_size", "freeze_mm_modules",
-                 why="a vision (or audio) tower and its inputs: memfit plans text models"),
+    not_modelled(
+        "tiled_mlp",
+        why="Axolotl's tiled MLP runs the MLP a chunk of tokens at a time (memfit's step has its own, the "
+        "hf recipe none)",
+    ),
+    not_modelled(
+        "lora_mlp_kernel",
+        "lora_qkv_kernel",
+        "lora_o_kernel",
+        "lora_embedding_kernel",
+        why="Axolotl's fused LoRA kernels keep less for backward than PEFT's layers, which are planned",
+    ),
+    not_modelled(
+        "use_kernels",
+        "use_scattermoe",
+        "use_sonicmoe",
+        "fused_attn_kernel",
+        "flash_attn_fuse_mlp",
+        "flash_attn_rms_norm",
+        "flash_attn_cross_entropy",
+        "use_dsv4_kernels",
+        "use_glm_dsa_kernels",
+        why="custom kernels in place of the model's modules",
+    ),
+    not_modelled(
+        "fp8",
+        "fp8_enable_fsdp_float8_all_gather",
+        "qat",
+        "model_quantization_config",
+        "quantize_moe_experts",
+        "nonexpert_quantization",
+        "use_onebitllms",
+        why="fp8 or quantization-aware training: other weight and activation dtypes",
+    ),
+    not_modelled(
+        "tensor_parallel_size",
+        "context_parallel_size",
+        "sequence_parallel_degree",
+        "expert_parallel_size",
+        "dp_shard_size",
+        "dp_replicate_size",
+        when=lambda v: truthy(v) and str(v) not in ("1", "1.0"),
+        why="tensor, context, sequence or expert parallelism splits the model or the sequence across GPUs",
+    ),
+    not_modelled(
+        "relora",
+        "lisa_n_layers",
+        "unfrozen_parameters",
+        "peft_layers_to_transform",
+        "lora_target_parameters",
+        "spectrum_top_fraction",
+        "lora_rank_pattern",
+        "lora_alpha_pattern",
+        "peft_layer_replication",
+        "use_mora",
+        "optim_target_modules",
+        why="trains another set of parameters than the method's (some layers, some modules, experts, or with another "
+        "rank)",
+    ),
+    not_modelled(
+        "layer_offloading",
+        "lora_on_cpu",
+        "max_memory",
+        "gpu_memory_limit",
+        "device_map",
+        when=lambda v: truthy(v) and str(v).lower() not in ("auto",),
+        why="places parts of the model in host memory or on other devices",
+    ),
+    not_modelled(
+        "embeddings_skip_upcast",
+        "fp32_norms",
+        "fp32_norm_classes",
+        "peft_autocast_adapter_dtype",
+        when=lambda v: v is not None,
+        why="keeps other modules in another dtype than the training dtype",
+    ),
+    not_modelled(
+        "processor_type",
+        "image_size",
+        "freeze_mm_modules",
+        why="a vision (or audio) tower and its inputs: memfit plans text models",
+    ),
     routing_rule("overrides_of_model_config"),
-    Rule(("overrides_of_model_config", "overrides_of_model_kwargs", "rope_scaling"), None, matters=_other_overrides,
-         unmodelled="changes the model's config.json, which is planned as published (but for the routing loss's fields)"),
-    not_modelled("selective_checkpointing", "dynamic_checkpoint",
-                 why="checkpoints some of the layers: planned with every layer as gradient_checkpointing says"),
-    not_modelled("deepcompile", "relora_cpu_offload", "llmcompressor", "diffusion", "ebft", "dense_mixer", "mora",
-                 "lisa_layers_attribute", "moe_grouped_backend", "moe_dequant_chunk_size", "expert_backend",
-                 "experts_implementation",
-                 why="changes the step in ways memfit does not simulate"),
+    Rule(
+        ("overrides_of_model_config", "overrides_of_model_kwargs", "rope_scaling"),
+        None,
+        matters=_other_overrides,
+        unmodelled="changes the model's config.json, which is planned as published (but for the routing loss's fields)",
+    ),
+    not_modelled(
+        "selective_checkpointing",
+        "dynamic_checkpoint",
+        why="checkpoints some of the layers: planned with every layer as gradient_checkpointing says",
+    ),
+    not_modelled(
+        "deepcompile",
+        "relora_cpu_offload",
+        "llmcompressor",
+        "diffusion",
+        "ebft",
+        "dense_mixer",
+        "mora",
+        "lisa_layers_attribute",
+        "moe_grouped_backend",
+        "moe_dequant_chunk_size",
+        "expert_backend",
+        "experts_implementation",
+        why="changes the step in ways memfit does not simulate",
+    ),
 )
 
 #: Every top-level key of Axolotl's config (the schema and its plugins' arguments at 067b021).
-ALL_KEYS = frozenset("""
+ALL_KEYS = frozenset(
+    """
 accelerator_config activation_offloading adam_beta1 adam_beta2 adam_beta3 adam_epsilon adam_epsilon2 adapter
 added_tokens_overrides api_key attn_implementation auto_find_batch_size auto_resume_from_checkpoints axolotl_config_path
 backend base_model base_model_config base_url batch_flattening batch_size bench_dataset bench_split bf16 bfloat16
@@ -553,15 +795,26 @@ train_on_inputs train_unembed trainer_cls trl trust_remote_code type_of_model un
 use_eaft use_glm_dsa_kernels use_kernels use_mlflow use_mora use_onebitllms use_otel_metrics use_pose use_ray use_scattermoe
 use_sonicmoe use_swanlab use_tensorboard use_trackio use_wandb val_set_size vllm wandb_entity wandb_log_model wandb_mode
 wandb_name wandb_project wandb_run_id wandb_watch warmup_ratio warmup_steps weight_decay world_size xformers_attention
-""".split())
+""".split()
+)
 
 #: Keys whose values Axolotl checks against names (its config schema at 067b021).
 CHOICES: tuple[Choices, ...] = (
     Choices("rl", RL_TYPES, "an RL trainer Axolotl knows", "Axolotl's `RLType`, 067b021"),
-    Choices("dpo_loss_type", DPO_LOSSES, "a DPO loss_type TRL's DPOConfig takes", "TRL 1.16's `DPOConfig.loss_type`, which "
-                                                                                 "Axolotl passes on", many=True),
-    Choices("attn_implementation", ATTENTION_NAMES, "an attention implementation Axolotl takes",
-            "Axolotl's `CANONICAL_ATTN_IMPLS`, 067b021, or a Hub kernel's path", also=lambda name: "/" in name),
+    Choices(
+        "dpo_loss_type",
+        DPO_LOSSES,
+        "a DPO loss_type TRL's DPOConfig takes",
+        "TRL 1.16's `DPOConfig.loss_type`, which Axolotl passes on",
+        many=True,
+    ),
+    Choices(
+        "attn_implementation",
+        ATTENTION_NAMES,
+        "an attention implementation Axolotl takes",
+        "Axolotl's `CANONICAL_ATTN_IMPLS`, 067b021, or a Hub kernel's path",
+        also=lambda name: "/" in name,
+    ),
     lr_scheduler_choices("lr_scheduler", "Axolotl", ("one_cycle", "rex")),
 )
 

@@ -19,7 +19,9 @@ def model_rule(*names: str, doc: str = "") -> Rule:
             if value is ABSENT or value is None or (isinstance(value, str) and not value.strip()):
                 continue
             if not isinstance(value, str):
-                raise KeyProblem(name, f"{value!r} is not a model name (a Hub id such as meta-llama/Llama-3.1-8B, or a folder)")
+                raise KeyProblem(
+                    name, f"{value!r} is not a model name (a Hub id such as meta-llama/Llama-3.1-8B, or a folder)"
+                )
             text = value.strip()
             for candidate in (ctx.folder / text, Path.cwd() / text):
                 if not Path(text).is_absolute() and candidate.exists():
@@ -27,7 +29,12 @@ def model_rule(*names: str, doc: str = "") -> Rule:
             return text
         return None
 
-    return Rule(tuple(names), "model", resolve, doc=doc or "the model to plan: a Hub id (its config.json is fetched) or a folder")
+    return Rule(
+        tuple(names),
+        "model",
+        resolve,
+        doc=doc or "the model to plan: a Hub id (its config.json is fetched) or a folder",
+    )
 
 
 def revision_rule(name: str) -> Rule:
@@ -48,8 +55,9 @@ def int_rule(name: str, knob: str, default: Any = ABSENT, *, doc: str, write: bo
     return Rule((name,), knob, resolve, (lambda v, values: {name: int(v)}) if write else None, doc=doc)
 
 
-def targets_rule(all_linear: str | None, modules: str, *, all_words: tuple[str, ...] = ("all", "all-linear", "all_linear"),
-                 doc: str) -> Rule:
+def targets_rule(
+    all_linear: str | None, modules: str, *, all_words: tuple[str, ...] = ("all", "all-linear", "all_linear"), doc: str
+) -> Rule:
     """LoRA targets: ``all_linear`` (a true/false key, if the tool has one) or the module list
     ``modules`` (a list or comma-separated names; ``all_words`` there mean every linear layer)."""
     keys = (all_linear, modules) if all_linear else (modules,)
@@ -77,7 +85,9 @@ def bool_rule(name: str, knob: str, *, doc: str) -> Rule:
 
 def dora_rule(name: str) -> Rule:
     """DoRA on or off from the tool's key ``name`` (PEFT's ``use_dora``)."""
-    return bool_rule(name, "dora", doc="DoRA: a magnitude per output row, and the norm of every adapted weight each forward")
+    return bool_rule(
+        name, "dora", doc="DoRA: a magnitude per output row, and the norm of every adapted weight each forward"
+    )
 
 
 def rslora_rule(name: str) -> Rule:
@@ -86,9 +96,11 @@ def rslora_rule(name: str) -> Rule:
 
 
 #: What a tool's modules_to_save key means, for the tools without a key for weight tying.
-MODULES_TO_SAVE_DOC = ("modules trained whole besides the adapters (PEFT's modules_to_save): trainable copies, with their "
-                       "gradients and optimizer states; a tied embedding and head named both: planned as one shared copy "
-                       "(PEFT trains two, listed)")
+MODULES_TO_SAVE_DOC = (
+    "modules trained whole besides the adapters (PEFT's modules_to_save): trainable copies, with their "
+    "gradients and optimizer states; a tied embedding and head named both: planned as one shared copy "
+    "(PEFT trains two, listed)"
+)
 
 
 def modules_to_save_rule(name: str, tying: str | None = None, *, doc: str = MODULES_TO_SAVE_DOC) -> Rule:
@@ -108,8 +120,10 @@ def modules_to_save_rule(name: str, tying: str | None = None, *, doc: str = MODU
         tied = bool(tying) and value_of(values, tying, as_bool, False)
         both = all(any(n == m or n.endswith("." + m) for n in names) for m in ("embed_tokens", "lm_head"))
         if both and not tied:
-            why = ("on a model whose embeddings and head are tied (tie_word_embeddings), PEFT without ensure_weight_tying "
-                   "trains a copy of each: planned as one shared copy, as memfit trains them")
+            why = (
+                "on a model whose embeddings and head are tied (tie_word_embeddings), PEFT without ensure_weight_tying "
+                "trains a copy of each: planned as one shared copy, as memfit trains them"
+            )
             return Planned(names, why + (f" (as with {tying}: true)" if tying else ""), modelled=True)
         return names
 
@@ -121,8 +135,10 @@ def modules_to_save_rule(name: str, tying: str | None = None, *, doc: str = MODU
 ROUTING_FIELDS = ("output_router_logits", "router_aux_loss_coef")
 
 #: What memfit does with a tool's routing-loss setting, in docs/interop.md.
-ROUTING_DOC = ("the routing loss of a mixture-of-experts model (output_router_logits, router_aux_loss_coef): set in the "
-               "planned model's config, whose step adds the load-balancing loss and keeps the router logits for it")
+ROUTING_DOC = (
+    "the routing loss of a mixture-of-experts model (output_router_logits, router_aux_loss_coef): set in the "
+    "planned model's config, whose step adds the load-balancing loss and keeps the router logits for it"
+)
 
 
 def routing_rule(name: str) -> Rule:

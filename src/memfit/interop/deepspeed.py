@@ -30,18 +30,44 @@ DEFAULT_MAX_REUSE_DISTANCE = 1_000_000_000
 
 #: ``zero_optimization`` keys memfit reads; the others listed here do not decide a step's memory.
 ZERO_MEMORY_KEYS = (
-    "stage", "offload_optimizer", "offload_param", "reduce_bucket_size", "allgather_bucket_size",
-    "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold", "stage3_max_live_parameters",
-    "stage3_max_reuse_distance", "overlap_comm", "contiguous_gradients",
+    "stage",
+    "offload_optimizer",
+    "offload_param",
+    "reduce_bucket_size",
+    "allgather_bucket_size",
+    "stage3_prefetch_bucket_size",
+    "stage3_param_persistence_threshold",
+    "stage3_max_live_parameters",
+    "stage3_max_reuse_distance",
+    "overlap_comm",
+    "contiguous_gradients",
 )
 ZERO_QUIET_KEYS = (
-    "allgather_partitions", "reduce_scatter", "round_robin_gradients", "load_from_fp32_weights",
-    "elastic_checkpoint", "ignore_unused_parameters", "legacy_stage1", "stage3_gather_16bit_weights_on_model_save",
-    "stage3_gather_fp16_weights_on_model_save", "gather_16bit_weights_on_model_save", "use_multi_rank_bucket_allreduce",
-    "stage3_use_all_reduce_for_fetch_params", "stage3_allgather_sequential", "stage3_module_granularity_threshold",
-    "memory_efficient_linear", "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory", "sub_group_size",
-    "log_trace_cache_warnings", "override_module_apply", "pipeline_loading_checkpoint", "use_all_reduce_for_fetch_params",
-    "mics_hierarchical_params_gather", "zeropp_loco_param",
+    "allgather_partitions",
+    "reduce_scatter",
+    "round_robin_gradients",
+    "load_from_fp32_weights",
+    "elastic_checkpoint",
+    "ignore_unused_parameters",
+    "legacy_stage1",
+    "stage3_gather_16bit_weights_on_model_save",
+    "stage3_gather_fp16_weights_on_model_save",
+    "gather_16bit_weights_on_model_save",
+    "use_multi_rank_bucket_allreduce",
+    "stage3_use_all_reduce_for_fetch_params",
+    "stage3_allgather_sequential",
+    "stage3_module_granularity_threshold",
+    "memory_efficient_linear",
+    "cpu_offload",
+    "cpu_offload_param",
+    "cpu_offload_use_pin_memory",
+    "sub_group_size",
+    "log_trace_cache_warnings",
+    "override_module_apply",
+    "pipeline_loading_checkpoint",
+    "use_all_reduce_for_fetch_params",
+    "mics_hierarchical_params_gather",
+    "zeropp_loco_param",
 )
 #: ``zero_optimization`` keys that decide memory and are not modelled, and why.
 ZERO_UNMODELLED = {
@@ -53,12 +79,38 @@ ZERO_UNMODELLED = {
 }
 #: Top-level DeepSpeed keys that do not decide a step's memory (the rest of the file).
 TOP_QUIET_KEYS = (
-    "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "gradient_clipping",
-    "steps_per_print", "wall_clock_breakdown", "zero_allow_untested_optimizer", "scheduler", "prescale_gradients",
-    "gradient_predivide_factor", "communication_data_type", "dump_state", "flops_profiler", "comms_logger",
-    "tensorboard", "wandb", "csv_monitor", "checkpoint", "elasticity", "aio", "amp", "zero_force_ds_cpu_optimizer",
-    "activation_checkpointing", "sparse_gradients", "seq_parallel_communication_data_type", "torch_autocast",
-    "compile", "monitor_config", "timers", "memory_breakdown", "disable_allgather", "autotuning",
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "gradient_clipping",
+    "steps_per_print",
+    "wall_clock_breakdown",
+    "zero_allow_untested_optimizer",
+    "scheduler",
+    "prescale_gradients",
+    "gradient_predivide_factor",
+    "communication_data_type",
+    "dump_state",
+    "flops_profiler",
+    "comms_logger",
+    "tensorboard",
+    "wandb",
+    "csv_monitor",
+    "checkpoint",
+    "elasticity",
+    "aio",
+    "amp",
+    "zero_force_ds_cpu_optimizer",
+    "activation_checkpointing",
+    "sparse_gradients",
+    "seq_parallel_communication_data_type",
+    "torch_autocast",
+    "compile",
+    "monitor_config",
+    "timers",
+    "memory_breakdown",
+    "disable_allgather",
+    "autotuning",
 )
 
 
@@ -100,21 +152,39 @@ class ZeroSettings(JsonForm):
         and 2 transformers leaves the stage-3 keys alone: DeepSpeed does not read them there.)"""
         return replace(
             self,
-            reduce_bucket_elements=self.reduce_bucket_elements if self.reduce_bucket_elements is not None else hidden_size * hidden_size,
-            prefetch_bucket_elements=(self.prefetch_bucket_elements if self.prefetch_bucket_elements is not None
-                                      else int(0.9 * hidden_size * hidden_size) if self.stage == 3 else DEFAULT_PREFETCH_BUCKET),
-            persistence_threshold_elements=(self.persistence_threshold_elements if self.persistence_threshold_elements is not None
-                                            else 10 * hidden_size if self.stage == 3 else DEFAULT_PERSISTENCE_THRESHOLD),
+            reduce_bucket_elements=self.reduce_bucket_elements
+            if self.reduce_bucket_elements is not None
+            else hidden_size * hidden_size,
+            prefetch_bucket_elements=(
+                self.prefetch_bucket_elements
+                if self.prefetch_bucket_elements is not None
+                else int(0.9 * hidden_size * hidden_size)
+                if self.stage == 3
+                else DEFAULT_PREFETCH_BUCKET
+            ),
+            persistence_threshold_elements=(
+                self.persistence_threshold_elements
+                if self.persistence_threshold_elements is not None
+                else 10 * hidden_size
+                if self.stage == 3
+                else DEFAULT_PERSISTENCE_THRESHOLD
+            ),
         )
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "path": self.path, "stage": self.stage, "offload_optimizer": self.offload_optimizer, "offload_param": self.offload_param,
-            "reduce_bucket_size": self.reduce_bucket_elements, "allgather_bucket_size": self.allgather_bucket_elements,
+            "path": self.path,
+            "stage": self.stage,
+            "offload_optimizer": self.offload_optimizer,
+            "offload_param": self.offload_param,
+            "reduce_bucket_size": self.reduce_bucket_elements,
+            "allgather_bucket_size": self.allgather_bucket_elements,
             "stage3_prefetch_bucket_size": self.prefetch_bucket_elements,
             "stage3_param_persistence_threshold": self.persistence_threshold_elements,
-            "stage3_max_live_parameters": self.max_live_parameters, "stage3_max_reuse_distance": self.max_reuse_distance,
-            "overlap_comm": self.overlaps_comm, "contiguous_gradients": self.contiguous_gradients,
+            "stage3_max_live_parameters": self.max_live_parameters,
+            "stage3_max_reuse_distance": self.max_reuse_distance,
+            "overlap_comm": self.overlaps_comm,
+            "contiguous_gradients": self.contiguous_gradients,
         }
 
 
@@ -130,8 +200,10 @@ def find_deepspeed_file(value: str, config_folder: Path) -> Path:
     if folder is not None:
         inside = sorted(p.name for p in folder.glob("*.json"))[:3]
         hint = f" (it holds {', '.join(inside)})" if inside else ""
-        raise DeepSpeedError(f"{value!r} is a folder ({str(folder)!r}){hint}; a DeepSpeed JSON file is expected: point it at "
-                             "the file, e.g. ds_z3_config.json")
+        raise DeepSpeedError(
+            f"{value!r} is a folder ({str(folder)!r}){hint}; a DeepSpeed JSON file is expected: point it at "
+            "the file, e.g. ds_z3_config.json"
+        )
     raise DeepSpeedError(
         f"{value!r} does not exist (looked in {str(config_folder)!r} and the working directory); "
         "point it at your DeepSpeed JSON"
@@ -175,8 +247,10 @@ def read_zero(data: Mapping[str, Any], where: str) -> ZeroSettings:
                 raise ValueError
             return int(number)
         except (TypeError, ValueError):
-            raise DeepSpeedError(f"{where}: zero_optimization.{name}: {value!r} is not a whole number of elements"
-                                 + (' or "auto"' if auto else "")) from None
+            raise DeepSpeedError(
+                f"{where}: zero_optimization.{name}: {value!r} is not a whole number of elements"
+                + (' or "auto"' if auto else "")
+            ) from None
 
     stage = number("stage", 0)
     if stage not in (0, 1, 2, 3):
@@ -191,9 +265,17 @@ def read_zero(data: Mapping[str, Any], where: str) -> ZeroSettings:
         offload[name] = str(device).lower() != "none"
         ratio = block.get("ratio", 1.0) if isinstance(block, Mapping) else 1.0
         if offload[name] and ratio not in (1, 1.0):
-            unmodelled.append((f"zero_optimization.{name}.ratio", ratio, "a part of the optimizer states offloaded: planned as all of them"))
+            unmodelled.append(
+                (
+                    f"zero_optimization.{name}.ratio",
+                    ratio,
+                    "a part of the optimizer states offloaded: planned as all of them",
+                )
+            )
     if offload["offload_param"] and stage != 3:
-        raise DeepSpeedError(f"{where}: zero_optimization.offload_param: DeepSpeed offloads parameters with stage 3 only (stage is {stage})")
+        raise DeepSpeedError(
+            f"{where}: zero_optimization.offload_param: DeepSpeed offloads parameters with stage 3 only (stage is {stage})"
+        )
     for name, why in ZERO_UNMODELLED.items():
         if name in zero and truthy(zero[name]) and zero[name] not in (1, "1"):
             unmodelled.append((f"zero_optimization.{name}", zero[name], why))
@@ -212,9 +294,13 @@ def read_zero(data: Mapping[str, Any], where: str) -> ZeroSettings:
     unknown += [k for k in data if k not in top_known]
     optimizer = data.get("optimizer")
     optimizer_type = str(optimizer.get("type")) if isinstance(optimizer, Mapping) and optimizer.get("type") else None
-    grad_dtype = (data.get("data_types") or {}).get("grad_accum_dtype") if isinstance(data.get("data_types"), Mapping) else None
+    grad_dtype = (
+        (data.get("data_types") or {}).get("grad_accum_dtype") if isinstance(data.get("data_types"), Mapping) else None
+    )
     if grad_dtype:
-        unmodelled.append(("data_types.grad_accum_dtype", grad_dtype, "gradients accumulated in another dtype than the weights'"))
+        unmodelled.append(
+            ("data_types.grad_accum_dtype", grad_dtype, "gradients accumulated in another dtype than the weights'")
+        )
     return ZeroSettings(
         path=where,
         stage=stage,
@@ -223,7 +309,9 @@ def read_zero(data: Mapping[str, Any], where: str) -> ZeroSettings:
         reduce_bucket_elements=number("reduce_bucket_size", DEFAULT_REDUCE_BUCKET, auto=True),
         allgather_bucket_elements=number("allgather_bucket_size", DEFAULT_ALLGATHER_BUCKET, auto=True),
         prefetch_bucket_elements=number("stage3_prefetch_bucket_size", DEFAULT_PREFETCH_BUCKET, auto=True),
-        persistence_threshold_elements=number("stage3_param_persistence_threshold", DEFAULT_PERSISTENCE_THRESHOLD, auto=True),
+        persistence_threshold_elements=number(
+            "stage3_param_persistence_threshold", DEFAULT_PERSISTENCE_THRESHOLD, auto=True
+        ),
         max_live_parameters=number("stage3_max_live_parameters", DEFAULT_MAX_LIVE_PARAMETERS),
         max_reuse_distance=number("stage3_max_reuse_distance", DEFAULT_MAX_REUSE_DISTANCE),
         overlap_comm=flag("overlap_comm", None),

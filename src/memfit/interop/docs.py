@@ -20,14 +20,22 @@ def key_table(keymap: KeyMap) -> str:
     """A Markdown table: every key the tool's map reads, the memfit knob it sets, what memfit does."""
     rows = ["| key | memfit | what memfit does with it |", "| --- | --- | --- |"]
     for rule in keymap.rules:
-        rows.append(f"| {', '.join(f'`{k}`' for k in rule.keys)} | {_target(rule)} | {_cell(rule.doc or rule.unmodelled)} |")
+        rows.append(
+            f"| {', '.join(f'`{k}`' for k in rule.keys)} | {_target(rule)} | {_cell(rule.doc or rule.unmodelled)} |"
+        )
     quiet = len(keymap.quiet_keys)
     rows.append("")
-    rows.append(f"{quiet} more keys of {keymap.title} are known not to decide memory and are ignored quietly; any other key "
-                "is reported once as an unknown key (with the closest known key, for a typo).")
+    rows.append(
+        f"{quiet} more keys of {keymap.title} are known not to decide memory and are ignored quietly; any other key "
+        "is reported once as an unknown key (with the closest known key, for a typo)."
+    )
     if keymap.choices:
-        rows += ["", f"Values checked as {keymap.title} checks them, whether or not they decide memory (a value it would "
-                     "refuse is refused, naming the closest one it takes):", ""]
+        rows += [
+            "",
+            f"Values checked as {keymap.title} checks them, whether or not they decide memory (a value it would "
+            "refuse is refused, naming the closest one it takes):",
+            "",
+        ]
         rows += [f"- `{check.key}`: {_cell(check.described())}" for check in keymap.choices]
     return "\n".join(rows) + "\n"
 

@@ -19,13 +19,39 @@ from typing import Any
 from memfit.interop.keys import ABSENT, KeyProblem, Planned, as_bool, as_float, as_int
 
 #: Keys only GRPOConfig has (beside the ones it shares with DPOConfig: beta, max_completion_length...).
-GRPO_ONLY_KEYS = ("num_generations", "num_generations_eval", "num_iterations", "epsilon", "epsilon_high", "delta",
-                  "scale_rewards", "reward_weights", "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization",
-                  "vllm_enable_sleep_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port",
-                  "vllm_server_timeout", "vllm_tensor_parallel_size", "vllm_max_model_length", "vllm_model_impl",
-                  "vllm_importance_sampling_correction", "generation_batch_size", "steps_per_generation",
-                  "mask_truncated_completions", "top_entropy_quantile", "importance_sampling_level", "multi_objective_aggregation",
-                  "use_bias_correction_kl", "log_completions", "num_completions_to_print", "repetition_penalty", "min_p")
+GRPO_ONLY_KEYS = (
+    "num_generations",
+    "num_generations_eval",
+    "num_iterations",
+    "epsilon",
+    "epsilon_high",
+    "delta",
+    "scale_rewards",
+    "reward_weights",
+    "use_vllm",
+    "vllm_mode",
+    "vllm_gpu_memory_utilization",
+    "vllm_enable_sleep_mode",
+    "vllm_server_base_url",
+    "vllm_server_host",
+    "vllm_server_port",
+    "vllm_server_timeout",
+    "vllm_tensor_parallel_size",
+    "vllm_max_model_length",
+    "vllm_model_impl",
+    "vllm_importance_sampling_correction",
+    "generation_batch_size",
+    "steps_per_generation",
+    "mask_truncated_completions",
+    "top_entropy_quantile",
+    "importance_sampling_level",
+    "multi_objective_aggregation",
+    "use_bias_correction_kl",
+    "log_completions",
+    "num_completions_to_print",
+    "repetition_penalty",
+    "min_p",
+)
 
 #: GRPOConfig's ``loss_type`` names (TRL 1.16); memfit trains grpo, dr_grpo, dapo and bnpo.
 GRPO_LOSSES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
@@ -87,7 +113,9 @@ def _read(block: Mapping[str, Any], key: str, read: Callable[[Any], Any], defaul
         raise KeyProblem(prefix + key, str(err)) from None
 
 
-def seq_len(block: Mapping[str, Any], prompt: Any = ABSENT, *, prefix: str = "", prompt_key: str = "max_prompt_length") -> Any:
+def seq_len(
+    block: Mapping[str, Any], prompt: Any = ABSENT, *, prefix: str = "", prompt_key: str = "max_prompt_length"
+) -> Any:
     """The plan's sequence: the prompt's budget (``prompt``, or ``max_prompt_length`` in ``block``) plus
     ``max_completion_length``; without a prompt length, TRL's former default (listed)."""
     completion = _read(block, "max_completion_length", as_int, 512, prefix)
@@ -95,10 +123,13 @@ def seq_len(block: Mapping[str, Any], prompt: Any = ABSENT, *, prefix: str = "",
         prompt = block.get("max_prompt_length", ABSENT)
         prompt_key = prefix + "max_prompt_length"
     if prompt is ABSENT or prompt is None:
-        return Planned(DEFAULT_PROMPT_TOKENS + completion,
-                       f"no max_prompt_length (TRL 1.16 does not cut prompts): planned with prompts of {DEFAULT_PROMPT_TOKENS} "
-                       "tokens plus max_completion_length; pass --seq-len with the longest prompt's tokens plus it",
-                       modelled=True, key=prefix + "max_completion_length")
+        return Planned(
+            DEFAULT_PROMPT_TOKENS + completion,
+            f"no max_prompt_length (TRL 1.16 does not cut prompts): planned with prompts of {DEFAULT_PROMPT_TOKENS} "
+            "tokens plus max_completion_length; pass --seq-len with the longest prompt's tokens plus it",
+            modelled=True,
+            key=prefix + "max_completion_length",
+        )
     try:
         return as_int(prompt) + completion
     except ValueError as err:
@@ -106,16 +137,22 @@ def seq_len(block: Mapping[str, Any], prompt: Any = ABSENT, *, prefix: str = "",
 
 
 #: What a GRPO config plans with memfit's step, said once.
-RECIPE_NOTE = ("TRL's GRPOTrainer scores completions with its fused LM head (no [tokens x vocabulary] logits), as memfit's "
-               "step does: planned with memfit's step")
+RECIPE_NOTE = (
+    "TRL's GRPOTrainer scores completions with its fused LM head (no [tokens x vocabulary] logits), as memfit's "
+    "step does: planned with memfit's step"
+)
 
 
 def unmodelled(block: Mapping[str, Any]) -> list[tuple[str, str]]:
     """(key, why) for GRPOConfig settings that change memory and that memfit does not model."""
     out = []
     if block.get("generation_batch_size") is not None or block.get("steps_per_generation") is not None:
-        out.append(("generation_batch_size", "a generation batch other than batch_size x gradient_accumulation_steps: "
-                                             "planned as that"))
+        out.append(
+            (
+                "generation_batch_size",
+                "a generation batch other than batch_size x gradient_accumulation_steps: planned as that",
+            )
+        )
     loss = block.get("loss_type")
     if loss is not None and str(loss).lower() not in GRPO_LOSSES[:4]:
         out.append(("loss_type", f"{loss}: planned as dapo's step (the same log-probs; another aggregation)"))

@@ -56,7 +56,8 @@ from memfit.interop.trainer import (
 GRPO_ONLY_KEYS = grpo.GRPO_ONLY_KEYS
 
 #: TRL's own keys (ModelConfig, SFTConfig, DPOConfig, ScriptArguments; with names of TRL 0.x).
-TRL_KEYS = frozenset("""
+TRL_KEYS = frozenset(
+    """
 model_name_or_path model_revision dtype torch_dtype attn_implementation use_peft lora_r lora_alpha lora_dropout
 lora_target_modules lora_target_parameters lora_modules_to_save lora_task_type use_rslora use_dora load_in_4bit load_in_8bit
 bnb_4bit_quant_type bnb_4bit_quant_storage use_bnb_nested_quant trust_remote_code model_init_kwargs ref_model_init_kwargs
@@ -69,12 +70,24 @@ precompute_ref_log_probs precompute_ref_batch_size ref_model_mixup_alpha ref_mod
 use_weighting discopop_tau f_alpha_divergence_coef f_divergence_type ld_alpha disable_dropout model_adapter_name
 ref_adapter_name force_use_ref_model generate_during_eval use_logits_to_keep num_of_sequences chars_per_token env
 use_liger_kernel liger_kernel_config simpo_gamma cpo_alpha temperature top_p top_k
-""".split()) | frozenset(GRPO_ONLY_KEYS)
+""".split()
+) | frozenset(GRPO_ONLY_KEYS)
 
 #: Keys only a preference config has (DPOConfig, ORPOConfig, CPOConfig; a ``loss_type`` of theirs says so too).
-_DPO_KEYS = ("beta", "precompute_ref_log_probs", "ref_model_mixup_alpha", "ref_model_sync_steps", "sync_ref_model",
-             "rpo_alpha", "f_divergence_type", "max_prompt_length", "max_completion_length", "ref_adapter_name",
-             "simpo_gamma", "cpo_alpha")
+_DPO_KEYS = (
+    "beta",
+    "precompute_ref_log_probs",
+    "ref_model_mixup_alpha",
+    "ref_model_sync_steps",
+    "sync_ref_model",
+    "rpo_alpha",
+    "f_divergence_type",
+    "max_prompt_length",
+    "max_completion_length",
+    "ref_adapter_name",
+    "simpo_gamma",
+    "cpo_alpha",
+)
 #: Keys only TRL's CPOConfig has: its trainer keeps no reference, as SimPO's.
 _CPO_KEYS = ("simpo_gamma", "cpo_alpha")
 #: Keys DPOConfig shares with CPOConfig: a config with these alone may be either.
@@ -85,24 +98,43 @@ _SHARED_PREFERENCE_KEYS = ("beta", "max_prompt_length", "max_completion_length")
 #: default at f2cd577, is a deprecated alias of ``nll`` in 1.16), DPOConfig's (a list of them is
 #: combined), CPOConfig's.
 SFT_LOSSES = ("nll", "dft", "chunked_nll")
-DPO_LOSSES = ("sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
-              "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm")
+DPO_LOSSES = (
+    "sigmoid",
+    "hinge",
+    "ipo",
+    "exo_pair",
+    "nca_pair",
+    "robust",
+    "bco_pair",
+    "sppo_hard",
+    "aot",
+    "aot_unpaired",
+    "apo_zero",
+    "apo_down",
+    "discopop",
+    "sft",
+    "sigmoid_norm",
+)
 CPO_LOSSES = ("sigmoid", "hinge", "ipo", "simpo", "alphapo")
 
 
 #: Model and data arguments the Hugging Face example scripts (``run_clm.py``) have too: not TRL's alone.
-SCRIPT_KEYS = frozenset("""
+SCRIPT_KEYS = frozenset(
+    """
 model_name_or_path model_revision model_type config_overrides config_name tokenizer_name cache_dir use_fast_tokenizer token
 trust_remote_code torch_dtype dtype low_cpu_mem_usage attn_implementation dataset_name dataset_config_name dataset_config
 train_file validation_file max_train_samples max_eval_samples block_size streaming overwrite_cache validation_split_percentage
 preprocessing_num_workers keep_linebreaks
-""".split())
+""".split()
+)
 
 
 def _is_trl(ctx: Any) -> bool:
     """Whether the config has keys of TRL's own (TRL's defaults then apply), not only the Trainer's
     and the example scripts'."""
-    return any(k in ctx.raw for k in TRL_KEYS - TRAINER_QUIET_KEYS - SCRIPT_KEYS - {"use_liger_kernel", "liger_kernel_config"})
+    return any(
+        k in ctx.raw for k in TRL_KEYS - TRAINER_QUIET_KEYS - SCRIPT_KEYS - {"use_liger_kernel", "liger_kernel_config"}
+    )
 
 
 def _is_dpo(ctx: Any) -> bool:
@@ -153,8 +185,12 @@ def _targets(values: Mapping[str, Any], ctx: Any) -> Any:
     if chosen is None and weights:
         return weights
     if chosen is None and ctx.knobs.get("method") in ("lora", "qlora", "lora-8bit"):
-        return Planned(("q_proj", "v_proj"), "no lora_target_modules: PEFT's default for the model type, planned as q_proj "
-                                             "and v_proj (its default for Llama, Mistral, Qwen and Gemma)", modelled=True)
+        return Planned(
+            ("q_proj", "v_proj"),
+            "no lora_target_modules: PEFT's default for the model type, planned as q_proj "
+            "and v_proj (its default for Llama, Mistral, Qwen and Gemma)",
+            modelled=True,
+        )
     if not weights or chosen == ("all-linear",):  # all-linear adapts every expert weight already
         return chosen
     return tuple(dict.fromkeys((*chosen, *weights)))
@@ -174,8 +210,10 @@ def _target_parameters(values: Mapping[str, Any]) -> tuple[str, ...]:
         elif weight == "weight" and short:
             out.append(short)
         else:
-            raise KeyProblem("lora_target_parameters", f"{name!r} names no expert weight (…experts.<weight>) or module weight "
-                                                       "(<module>.weight)")
+            raise KeyProblem(
+                "lora_target_parameters",
+                f"{name!r} names no expert weight (…experts.<weight>) or module weight (<module>.weight)",
+            )
     return tuple(out)
 
 
@@ -186,11 +224,16 @@ def _seq_len(values: Mapping[str, Any], ctx: Any) -> Any:
         if values[name] is not ABSENT and values[name] is not None:
             return value_of(values, name, as_int)
     if values["max_length"] is None:
-        return Planned(None, "max_length: null (no truncation): planned at memfit's default length; pass --seq-len with the "
-                             "longest example's tokens")
+        return Planned(
+            None,
+            "max_length: null (no truncation): planned at memfit's default length; pass --seq-len with the "
+            "longest example's tokens",
+        )
     if _is_trl(ctx):
         return 1024  # SFTConfig's and DPOConfig's default
-    return Planned(None, "no sequence length in TrainingArguments: planned at memfit's default; pass --seq-len", modelled=True)
+    return Planned(
+        None, "no sequence length in TrainingArguments: planned at memfit's default; pass --seq-len", modelled=True
+    )
 
 
 def _checkpointing(values: Mapping[str, Any], ctx: Any) -> Any:
@@ -199,22 +242,43 @@ def _checkpointing(values: Mapping[str, Any], ctx: Any) -> Any:
     if on is ABSENT:
         on = value_of(values, "gradient_checkpointing", as_bool, default)
     if value_of(values, "activation_offloading", as_bool, False):
-        return Planned("offload", "TRL's activation offloading: planned as checkpointing with the layer inputs in host memory "
-                                  "(TRL offloads every saved activation it can)", modelled=True)
+        return Planned(
+            "offload",
+            "TRL's activation offloading: planned as checkpointing with the layer inputs in host memory "
+            "(TRL offloads every saved activation it can)",
+            modelled=True,
+        )
     return "on" if on else "off"
 
 
 def _write_checkpointing(value: str, values: Mapping[str, Any]) -> dict[str, Any]:
-    name = "activation_checkpointing" if values.get("activation_checkpointing", ABSENT) is not ABSENT else "gradient_checkpointing"
+    name = (
+        "activation_checkpointing"
+        if values.get("activation_checkpointing", ABSENT) is not ABSENT
+        else "gradient_checkpointing"
+    )
     out: dict[str, Any] = {name: value != "off"}
     if value == "offload" or values.get("activation_offloading", ABSENT) is not ABSENT:
         out["activation_offloading"] = value == "offload"
     return out
 
 
-_DTYPES = one_of({"float32": "fp32", "fp32": "fp32", "float": "fp32", "bfloat16": "bf16", "bf16": "bf16", "float16": "fp16",
-                  "fp16": "fp16", "half": "fp16", "auto": "auto", "null": "auto"}, "a dtype",
-                 shown=("bfloat16", "float16", "float32", "auto"))
+_DTYPES = one_of(
+    {
+        "float32": "fp32",
+        "fp32": "fp32",
+        "float": "fp32",
+        "bfloat16": "bf16",
+        "bf16": "bf16",
+        "float16": "fp16",
+        "fp16": "fp16",
+        "half": "fp16",
+        "auto": "auto",
+        "null": "auto",
+    },
+    "a dtype",
+    shown=("bfloat16", "float16", "float32", "auto"),
+)
 
 #: The keys that say how the model is loaded and trained: the Trainer's bf16 / fp16, TRL's dtype.
 _PRECISION_KEYS = ("bf16", "fp16", "dtype", "torch_dtype", "model_init_kwargs")
@@ -249,14 +313,30 @@ def _loaded(values: Mapping[str, Any], ctx: Any) -> tuple[str, str, Found | None
     elif _is_trl(ctx):
         return "fp32", "TRL's default dtype, float32", None
     else:
-        return "bf16", "the checkpoint's dtype", Found(
-            "dtype (not set)", None, "no dtype: the script's from_pretrained loads the checkpoint's dtype (transformers 5; "
-            "transformers 4 loaded float32): planned as bf16, the dtype of most checkpoints on the Hub", "precision")
+        return (
+            "bf16",
+            "the checkpoint's dtype",
+            Found(
+                "dtype (not set)",
+                None,
+                "no dtype: the script's from_pretrained loads the checkpoint's dtype (transformers 5; "
+                "transformers 4 loaded float32): planned as bf16, the dtype of most checkpoints on the Hub",
+                "precision",
+            ),
+        )
     where = f"{key}: {value}"
     if loaded != "auto":
         return loaded, where, None
-    return "bf16", where, Found(key, value, f"{where} loads the checkpoint's dtype: planned as bf16, the dtype of most "
-                                            "checkpoints on the Hub", "precision")
+    return (
+        "bf16",
+        where,
+        Found(
+            key,
+            value,
+            f"{where} loads the checkpoint's dtype: planned as bf16, the dtype of most checkpoints on the Hub",
+            "precision",
+        ),
+    )
 
 
 def _kbit_upcast(values: Mapping[str, Any], ctx: Any) -> Any:
@@ -272,10 +352,18 @@ def _kbit_upcast(values: Mapping[str, Any], ctx: Any) -> Any:
     if zero_half(ctx) is not None:
         return False  # DeepSpeed casts the parameters that are not quantized to its 16-bit format
     if loaded == "fp32":
-        return Planned(True, f"TRL loads the parameters that are not {bits} in float32 (its dtype): planned as PEFT's "
-                             "prepare_model_for_kbit_training leaves them, in fp32", modelled=True)
-    return Planned(False, f"TRL since 0.26 keeps the parameters that are not {bits} in the compute dtype; earlier versions "
-                          "upcast them to fp32 (pass --kbit-upcast to plan those)", modelled=True)
+        return Planned(
+            True,
+            f"TRL loads the parameters that are not {bits} in float32 (its dtype): planned as PEFT's "
+            "prepare_model_for_kbit_training leaves them, in fp32",
+            modelled=True,
+        )
+    return Planned(
+        False,
+        f"TRL since 0.26 keeps the parameters that are not {bits} in the compute dtype; earlier versions "
+        "upcast them to fp32 (pass --kbit-upcast to plan those)",
+        modelled=True,
+    )
 
 
 def _precision(values: Mapping[str, Any], ctx: Any) -> Any:
@@ -295,11 +383,24 @@ def _qlora_dtypes(loaded: str, half: str | None, ctx: Any) -> None:
     (TRL's dtype) and the adapters, which SFTTrainer and DPOTrainer cast to bf16."""
     if loaded == "fp32" and half is not None and zero_half(ctx) is None:
         named = next((k for k in _PRECISION_KEYS[2:] if k in ctx.raw), None)
-        ctx.approximated.append(Found(named or "dtype (not set)", ctx.raw.get(named) if named else None,
-                                      f"4-bit layers dequantize to float32 (bnb_4bit_compute_dtype is TRL's dtype) and "
-                                      f"{half} autocast computes their matmuls: planned dequantizing to {half}", "precision"))
-    ctx.approximated.append(Found("load_in_4bit", True, "TRL casts QLoRA's adapters to bf16 (with bf16 gradients and AdamW "
-                                                        "states): planned as fp32 adapters, PEFT's default", "precision"))
+        ctx.approximated.append(
+            Found(
+                named or "dtype (not set)",
+                ctx.raw.get(named) if named else None,
+                f"4-bit layers dequantize to float32 (bnb_4bit_compute_dtype is TRL's dtype) and "
+                f"{half} autocast computes their matmuls: planned dequantizing to {half}",
+                "precision",
+            )
+        )
+    ctx.approximated.append(
+        Found(
+            "load_in_4bit",
+            True,
+            "TRL casts QLoRA's adapters to bf16 (with bf16 gradients and AdamW "
+            "states): planned as fp32 adapters, PEFT's default",
+            "precision",
+        )
+    )
 
 
 def _fsdp(values: Mapping[str, Any], ctx: Any) -> Any:
@@ -312,9 +413,13 @@ def _fsdp(values: Mapping[str, Any], ctx: Any) -> Any:
         import json
 
         path = Path(config).expanduser()
-        path = path if path.is_absolute() else (ctx.folder / path if (ctx.folder / path).exists() else Path.cwd() / path)
+        path = (
+            path if path.is_absolute() else (ctx.folder / path if (ctx.folder / path).exists() else Path.cwd() / path)
+        )
         if path.is_dir():
-            raise KeyProblem("fsdp_config", f"{config!r} is a folder ({str(path)!r}); an FSDP config file (JSON) is expected")
+            raise KeyProblem(
+                "fsdp_config", f"{config!r} is a folder ({str(path)!r}); an FSDP config file (JSON) is expected"
+            )
         try:
             config = json.loads(path.read_text())
         except (OSError, ValueError) as err:
@@ -338,19 +443,27 @@ def _padding_free(values: Mapping[str, Any], ctx: Any) -> Any:
 
 def _hf_loss(values: Mapping[str, Any], ctx: Any) -> Any:
     config = values["liger_kernel_config"] if isinstance(values["liger_kernel_config"], Mapping) else {}
-    liger = liger_loss(value_of(values, "use_liger_kernel", as_bool, False), config.get("fused_linear_cross_entropy", ABSENT))
+    liger = liger_loss(
+        value_of(values, "use_liger_kernel", as_bool, False), config.get("fused_linear_cross_entropy", ABSENT)
+    )
     if liger and _is_dpo(ctx):
-        return Planned(None, "Liger's fused preference loss (DPOTrainer with use_liger_kernel): planned as the trainer's "
-                             "log-probs over the whole logits")
+        return Planned(
+            None,
+            "Liger's fused preference loss (DPOTrainer with use_liger_kernel): planned as the trainer's "
+            "log-probs over the whole logits",
+        )
     if liger:
         return liger
     if not _is_trl(ctx) or _is_dpo(ctx) or _is_grpo(ctx) or ctx.knobs.get("objective"):
         return None
     loss = values["loss_type"]
     if loss in (ABSENT, None):
-        return Planned("chunked-nll", "SFTTrainer's default, chunked_nll (TRL 1.x; nll before)", modelled=True, key="loss_type")
-    return {"chunked_nll": "chunked-nll", "nll": "model"}.get(str(loss).lower(), Planned("model", f"loss_type {loss}: planned "
-                                                                                                    "as the model's loss"))
+        return Planned(
+            "chunked-nll", "SFTTrainer's default, chunked_nll (TRL 1.x; nll before)", modelled=True, key="loss_type"
+        )
+    return {"chunked_nll": "chunked-nll", "nll": "model"}.get(
+        str(loss).lower(), Planned("model", f"loss_type {loss}: planned as the model's loss")
+    )
 
 
 def _objective(values: Mapping[str, Any], ctx: Any) -> Any:
@@ -366,8 +479,12 @@ def _objective(values: Mapping[str, Any], ctx: Any) -> Any:
     if "simpo" in losses:
         return "simpo"
     if any(values[k] is not ABSENT for k in _CPO_KEYS):
-        return Planned("simpo", f"CPOConfig's loss_type {', '.join(losses) or 'sigmoid'}: planned as SimPO's step (no "
-                                "reference, the same log-probs and NLL term)", modelled=True)
+        return Planned(
+            "simpo",
+            f"CPOConfig's loss_type {', '.join(losses) or 'sigmoid'}: planned as SimPO's step (no "
+            "reference, the same log-probs and NLL term)",
+            modelled=True,
+        )
     return "dpo"
 
 
@@ -412,24 +529,48 @@ def _loss_names(raw: Mapping[str, Any]) -> tuple[tuple[str, ...], str]:
         return DPO_LOSSES, "a loss_type TRL's DPOConfig takes"
     if own:
         return tuple(dict.fromkeys(DPO_LOSSES + CPO_LOSSES)), "a loss_type TRL's DPOConfig or CPOConfig takes"
-    return tuple(dict.fromkeys(SFT_LOSSES + DPO_LOSSES + CPO_LOSSES)), "a loss_type TRL's SFTConfig, DPOConfig or CPOConfig takes"
+    return tuple(
+        dict.fromkeys(SFT_LOSSES + DPO_LOSSES + CPO_LOSSES)
+    ), "a loss_type TRL's SFTConfig, DPOConfig or CPOConfig takes"
 
 
 #: Keys whose values TRL (1.16) and the Trainer check against names.
 CHOICES: tuple[Choices, ...] = (
-    Choices("loss_type", _loss_names, many=True,
-            doc="SFTConfig's `nll`, `dft`, `chunked_nll`; DPOConfig's `sigmoid`, `hinge`, `ipo`... (a list of them); "
-                "CPOConfig's `sigmoid`, `hinge`, `ipo`, `simpo`, `alphapo`; GRPOConfig's `grpo`, `dr_grpo`, `dapo`, "
-                "`bnpo`... (TRL 1.16), as the config's other keys say which it is"),
-    Choices("f_divergence_type", ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"),
-            "an f-divergence TRL's DPOConfig takes", "TRL 1.16's `DPOConfig`"),
-    Choices("packing_strategy", ("bfd", "bfd_split", "wrapped"), "a packing strategy TRL's SFTConfig takes",
-            "TRL 1.16's `SFTConfig`"),
-    Choices("attn_implementation", ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4",
-                                    "flex_attention", "paged|eager"),
-            "an attention implementation transformers knows",
-            "transformers 5.24's `AttentionInterface`, a `paged|` one, or a Hub kernel's path",
-            also=lambda name: "/" in name or name.startswith("paged|")),
+    Choices(
+        "loss_type",
+        _loss_names,
+        many=True,
+        doc="SFTConfig's `nll`, `dft`, `chunked_nll`; DPOConfig's `sigmoid`, `hinge`, `ipo`... (a list of them); "
+        "CPOConfig's `sigmoid`, `hinge`, `ipo`, `simpo`, `alphapo`; GRPOConfig's `grpo`, `dr_grpo`, `dapo`, "
+        "`bnpo`... (TRL 1.16), as the config's other keys say which it is",
+    ),
+    Choices(
+        "f_divergence_type",
+        ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"),
+        "an f-divergence TRL's DPOConfig takes",
+        "TRL 1.16's `DPOConfig`",
+    ),
+    Choices(
+        "packing_strategy",
+        ("bfd", "bfd_split", "wrapped"),
+        "a packing strategy TRL's SFTConfig takes",
+        "TRL 1.16's `SFTConfig`",
+    ),
+    Choices(
+        "attn_implementation",
+        (
+            "eager",
+            "sdpa",
+            "flash_attention_2",
+            "flash_attention_3",
+            "flash_attention_4",
+            "flex_attention",
+            "paged|eager",
+        ),
+        "an attention implementation transformers knows",
+        "transformers 5.24's `AttentionInterface`, a `paged|` one, or a Hub kernel's path",
+        also=lambda name: "/" in name or name.startswith("paged|"),
+    ),
     lr_scheduler_choices(),
 )
 
@@ -437,77 +578,163 @@ RULES: tuple[Rule, ...] = (
     model_rule("model_name_or_path"),
     revision_rule("model_revision"),
     deepspeed_rule(),
-    Rule(("fsdp", "fsdp_config"), "shard", _fsdp,
-         doc="FSDP (`fsdp: full_shard auto_wrap`, `fsdp_config`): `fsdp`; `offload` as `fsdp-offload`; `shard_grad_op` "
-             "as `zero2`; `hybrid_shard` as `fsdp`"),
-    Rule(("use_peft", "load_in_4bit", "load_in_8bit"), "method", _method, _write_method,
-         doc="the method: `use_peft` is `lora`, with `load_in_4bit` `qlora`, with `load_in_8bit` `lora-8bit` (LLM.int8), "
-             "otherwise `full`"),
-    Rule(("load_in_4bit", "load_in_8bit") + _PRECISION_KEYS[2:], "kbit_upcast", _kbit_upcast,
-         doc="QLoRA (and an 8-bit base) without PEFT's prepare_model_for_kbit_training, as SFTTrainer runs it since TRL 0.26 (earlier: "
-             "`--kbit-upcast`): the parameters that are not 4-bit stay in `dtype`, so in fp32 with TRL's default float32 "
-             "(planned as `kbit_upcast`), and in DeepSpeed's 16-bit format under its bf16 or fp16"),
+    Rule(
+        ("fsdp", "fsdp_config"),
+        "shard",
+        _fsdp,
+        doc="FSDP (`fsdp: full_shard auto_wrap`, `fsdp_config`): `fsdp`; `offload` as `fsdp-offload`; `shard_grad_op` "
+        "as `zero2`; `hybrid_shard` as `fsdp`",
+    ),
+    Rule(
+        ("use_peft", "load_in_4bit", "load_in_8bit"),
+        "method",
+        _method,
+        _write_method,
+        doc="the method: `use_peft` is `lora`, with `load_in_4bit` `qlora`, with `load_in_8bit` `lora-8bit` (LLM.int8), "
+        "otherwise `full`",
+    ),
+    Rule(
+        ("load_in_4bit", "load_in_8bit") + _PRECISION_KEYS[2:],
+        "kbit_upcast",
+        _kbit_upcast,
+        doc="QLoRA (and an 8-bit base) without PEFT's prepare_model_for_kbit_training, as SFTTrainer runs it since TRL 0.26 (earlier: "
+        "`--kbit-upcast`): the parameters that are not 4-bit stay in `dtype`, so in fp32 with TRL's default float32 "
+        "(planned as `kbit_upcast`), and in DeepSpeed's 16-bit format under its bf16 or fp16",
+    ),
     int_rule("lora_r", "rank", 16, doc="LoRA rank (TRL's default 16)"),
-    Rule(("lora_alpha",), "alpha", lambda v, ctx: value_of(v, "lora_alpha", as_float, 32.0), doc="LoRA alpha (TRL's default 32)"),
-    Rule(("lora_dropout",), "dropout", lambda v, ctx: value_of(v, "lora_dropout", _dropout, 0.05), doc="LoRA dropout (0.05)"),
-    Rule(("lora_target_modules", "lora_target_parameters"), "targets", _targets,
-         doc="LoRA targets: the modules listed, `all-linear`; none: PEFT's default for the model type (q_proj, v_proj); "
-             "`lora_target_parameters` adds PEFT's adapters on weights: `mlp.experts.gate_up_proj` as `experts.gate_up_proj`, "
-             "a router's `gate.weight` as `gate`"),
+    Rule(
+        ("lora_alpha",),
+        "alpha",
+        lambda v, ctx: value_of(v, "lora_alpha", as_float, 32.0),
+        doc="LoRA alpha (TRL's default 32)",
+    ),
+    Rule(
+        ("lora_dropout",),
+        "dropout",
+        lambda v, ctx: value_of(v, "lora_dropout", _dropout, 0.05),
+        doc="LoRA dropout (0.05)",
+    ),
+    Rule(
+        ("lora_target_modules", "lora_target_parameters"),
+        "targets",
+        _targets,
+        doc="LoRA targets: the modules listed, `all-linear`; none: PEFT's default for the model type (q_proj, v_proj); "
+        "`lora_target_parameters` adds PEFT's adapters on weights: `mlp.experts.gate_up_proj` as `experts.gate_up_proj`, "
+        "a router's `gate.weight` as `gate`",
+    ),
     routing_rule("model_init_kwargs"),
     modules_to_save_rule("lora_modules_to_save"),
     dora_rule("use_dora"),
     rslora_rule("use_rslora"),
-    Rule(("max_length", "max_seq_length", "block_size"), "seq_len", _seq_len,
-         lambda v, values: {next((k for k in ("max_seq_length", "block_size") if k in values and "max_length" not in values),
-                                 "max_length"): int(v)},
-         doc="tokens per sequence (SFTConfig / DPOConfig `max_length`, 1024 by default; `max_seq_length` before; `block_size` "
-             "of transformers' run_clm.py); memfit plans the longest"),
-    int_rule("per_device_train_batch_size", "batch_size", 8, doc="sequences per GPU in one forward pass (the Trainer's default 8)"),
+    Rule(
+        ("max_length", "max_seq_length", "block_size"),
+        "seq_len",
+        _seq_len,
+        lambda v, values: {
+            next(
+                (k for k in ("max_seq_length", "block_size") if k in values and "max_length" not in values),
+                "max_length",
+            ): int(v)
+        },
+        doc="tokens per sequence (SFTConfig / DPOConfig `max_length`, 1024 by default; `max_seq_length` before; `block_size` "
+        "of transformers' run_clm.py); memfit plans the longest",
+    ),
+    int_rule(
+        "per_device_train_batch_size",
+        "batch_size",
+        8,
+        doc="sequences per GPU in one forward pass (the Trainer's default 8)",
+    ),
     int_rule("gradient_accumulation_steps", "grad_accum", 1, doc="micro-batches per optimizer step"),
-    Rule(("gradient_checkpointing", "activation_checkpointing", "gradient_checkpointing_kwargs", "activation_offloading"),
-         "checkpointing", _checkpointing, _write_checkpointing,
-         doc="checkpointing `on` (TRL's default; the Trainer's is off); TRL's `activation_offloading` as `offload`"),
+    Rule(
+        (
+            "gradient_checkpointing",
+            "activation_checkpointing",
+            "gradient_checkpointing_kwargs",
+            "activation_offloading",
+        ),
+        "checkpointing",
+        _checkpointing,
+        _write_checkpointing,
+        doc="checkpointing `on` (TRL's default; the Trainer's is off); TRL's `activation_offloading` as `offload`",
+    ),
     optimizer_rule("optim"),
-    Rule(_PRECISION_KEYS, "precision", _precision,
-         doc="`bf16` / `fp16` (TRL: bf16 unless fp16; the Trainer: off) is autocast on the dtype the model is loaded in "
-             "(`dtype`: TRL's default float32; a script of the Trainer's arguments alone, the checkpoint's, planned as "
-             "bf16). Full fine-tuning of fp32 weights is `bf16-mixed` / `fp16-mixed`, of 16-bit weights `bf16` / `fp16` "
-             "(mixed under DeepSpeed, whose ZeRO keeps fp32 master weights, and under FSDP, which upcasts trained "
-             "parameters to fp32); LoRA on a 16-bit base `bf16` / `fp16`, on an fp32 base `fp32` without autocast "
-             "(listed); QLoRA in the compute dtype, its adapters cast to bf16 by TRL (listed); `tf32` does not change "
-             "memory"),
+    Rule(
+        _PRECISION_KEYS,
+        "precision",
+        _precision,
+        doc="`bf16` / `fp16` (TRL: bf16 unless fp16; the Trainer: off) is autocast on the dtype the model is loaded in "
+        "(`dtype`: TRL's default float32; a script of the Trainer's arguments alone, the checkpoint's, planned as "
+        "bf16). Full fine-tuning of fp32 weights is `bf16-mixed` / `fp16-mixed`, of 16-bit weights `bf16` / `fp16` "
+        "(mixed under DeepSpeed, whose ZeRO keeps fp32 master weights, and under FSDP, which upcasts trained "
+        "parameters to fp32); LoRA on a 16-bit base `bf16` / `fp16`, on an fp32 base `fp32` without autocast "
+        "(listed); QLoRA in the compute dtype, its adapters cast to bf16 by TRL (listed); `tf32` does not change "
+        "memory",
+    ),
     Rule(("max_grad_norm",), "max_grad_norm", _max_grad_norm, doc="gradient clipping (0 or null: none)"),
-    Rule(("attn_implementation", "padding_free", "packing_strategy", "packing"), "padding_free", _padding_free,
-         doc="flash attention (`attn_implementation: flash_attention_2`), TRL's `padding_free` and `bfd` packing on flash "
-             "attention as `padding_free: on`; sdpa as padded batches; eager listed"),
-    Rule(("packing",), "packing", lambda v, ctx: value_of(v, "packing", as_bool, None), doc="packed rows of `max_length` tokens"),
-    Rule(("use_liger_kernel", "liger_kernel_config", "loss_type"), "hf_loss", _hf_loss,
-         doc="the loss: `use_liger_kernel` as Liger's fused linear cross-entropy; SFT's `loss_type: chunked_nll` (TRL 1.x's "
-             "default) as `chunked-nll`, `nll` as the model's loss"),
-    Rule(_DPO_KEYS + ("loss_type", "num_generations"), "objective", _objective, matters=_dpo_values,
-         unmodelled="preference training (DPO) runs the chosen and the rejected completion of each example, and a reference "
-                    "pass; planned as supervised fine-tuning",
-         doc="a preference config is preference training: DPOConfig's keys or a DPO `loss_type` as `dpo` (the reference "
-             "from the disabled adapters with `use_peft`, else a frozen copy), CPOConfig's (`simpo_gamma`, `cpo_alpha`) "
-             "as `simpo` (`loss_type: simpo`; CPO's own losses planned as SimPO's step); `per_device_train_batch_size` "
-             "counts pairs. A GRPOConfig (`num_generations`, `use_vllm`, `num_iterations`...) is `grpo`, its "
-             "`per_device_train_batch_size` counting completions, planned with memfit's step (TRL's GRPOTrainer's fused "
-             "LM head keeps no whole logits either)"),
-    Rule(("num_generations",), "recipe", lambda values, ctx: Planned("memfit", grpo.RECIPE_NOTE, modelled=True)
-         if _is_grpo(ctx) else None, doc="a GRPOConfig planned with memfit's step"),
+    Rule(
+        ("attn_implementation", "padding_free", "packing_strategy", "packing"),
+        "padding_free",
+        _padding_free,
+        doc="flash attention (`attn_implementation: flash_attention_2`), TRL's `padding_free` and `bfd` packing on flash "
+        "attention as `padding_free: on`; sdpa as padded batches; eager listed",
+    ),
+    Rule(
+        ("packing",),
+        "packing",
+        lambda v, ctx: value_of(v, "packing", as_bool, None),
+        doc="packed rows of `max_length` tokens",
+    ),
+    Rule(
+        ("use_liger_kernel", "liger_kernel_config", "loss_type"),
+        "hf_loss",
+        _hf_loss,
+        doc="the loss: `use_liger_kernel` as Liger's fused linear cross-entropy; SFT's `loss_type: chunked_nll` (TRL 1.x's "
+        "default) as `chunked-nll`, `nll` as the model's loss",
+    ),
+    Rule(
+        _DPO_KEYS + ("loss_type", "num_generations"),
+        "objective",
+        _objective,
+        matters=_dpo_values,
+        unmodelled="preference training (DPO) runs the chosen and the rejected completion of each example, and a reference "
+        "pass; planned as supervised fine-tuning",
+        doc="a preference config is preference training: DPOConfig's keys or a DPO `loss_type` as `dpo` (the reference "
+        "from the disabled adapters with `use_peft`, else a frozen copy), CPOConfig's (`simpo_gamma`, `cpo_alpha`) "
+        "as `simpo` (`loss_type: simpo`; CPO's own losses planned as SimPO's step); `per_device_train_batch_size` "
+        "counts pairs. A GRPOConfig (`num_generations`, `use_vllm`, `num_iterations`...) is `grpo`, its "
+        "`per_device_train_batch_size` counting completions, planned with memfit's step (TRL's GRPOTrainer's fused "
+        "LM head keeps no whole logits either)",
+    ),
+    Rule(
+        ("num_generations",),
+        "recipe",
+        lambda values, ctx: Planned("memfit", grpo.RECIPE_NOTE, modelled=True) if _is_grpo(ctx) else None,
+        doc="a GRPOConfig planned with memfit's step",
+    ),
     *(_grpo_rule(knob) for knob in grpo.KNOB_KEYS),
-    not_modelled("generation_batch_size", "steps_per_generation",
-                 why="a generation batch other than per_device_train_batch_size x gradient_accumulation_steps: planned as that"),
-    Rule(("precompute_ref_log_probs",), "precompute_reference", _precompute_reference,
-         doc="DPO's reference log-probs computed once before training: no reference pass, and no frozen copy for full "
-             "fine-tuning"),
-    not_modelled("force_use_ref_model",
-                 why="a reference model loaded beside the PEFT policy (a second copy of the base): planned with the adapters "
-                     "disabled as the reference"),
+    not_modelled(
+        "generation_batch_size",
+        "steps_per_generation",
+        why="a generation batch other than per_device_train_batch_size x gradient_accumulation_steps: planned as that",
+    ),
+    Rule(
+        ("precompute_ref_log_probs",),
+        "precompute_reference",
+        _precompute_reference,
+        doc="DPO's reference log-probs computed once before training: no reference pass, and no frozen copy for full "
+        "fine-tuning",
+    ),
+    not_modelled(
+        "force_use_ref_model",
+        why="a reference model loaded beside the PEFT policy (a second copy of the base): planned with the adapters "
+        "disabled as the reference",
+    ),
     not_modelled("torch_compile", why="a compiled step fuses kernels and keeps other tensors for backward"),
     not_modelled("optim_target_modules", why="GaLore / APOLLO projected optimizer states on these modules"),
-    not_modelled("parallelism_config", why="tensor or context parallelism splits the model or the sequence across GPUs"),
+    not_modelled(
+        "parallelism_config", why="tensor or context parallelism splits the model or the sequence across GPUs"
+    ),
 )
 
 #: The Trainer's keys and TRL's: everything a config of this kind may hold.

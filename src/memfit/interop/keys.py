@@ -232,7 +232,8 @@ class Choices:
         for item in values:
             text = str(getattr(item, "value", item)).strip()
             if isinstance(item, (bool, int, float, Mapping, list, tuple)) or (
-                    text.lower() not in names and not (self.also is not None and self.also(text))):
+                text.lower() not in names and not (self.also is not None and self.also(text))
+            ):
                 return f"{self.key}: {not_one_of(item, names, what)}"
         return None
 

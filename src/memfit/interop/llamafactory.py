@@ -51,13 +51,19 @@ from memfit.interop.trainer import (
     optimizer_rule,
 )
 
-_TYPES = one_of({
-    "lora": "lora",
-    "full": "full",
-    "freeze": Planned("full", "freeze tuning trains the last layers only (freeze_trainable_layers): planned as full "
-                              "fine-tuning of every layer"),
-    "oft": Planned("lora", "OFT (orthogonal adapters): planned as LoRA adapters"),
-}, "a finetuning_type LLaMA-Factory knows")
+_TYPES = one_of(
+    {
+        "lora": "lora",
+        "full": "full",
+        "freeze": Planned(
+            "full",
+            "freeze tuning trains the last layers only (freeze_trainable_layers): planned as full "
+            "fine-tuning of every layer",
+        ),
+        "oft": Planned("lora", "OFT (orthogonal adapters): planned as LoRA adapters"),
+    },
+    "a finetuning_type LLaMA-Factory knows",
+)
 
 
 def _method(values: Mapping[str, Any], ctx: Any) -> Any:
@@ -71,7 +77,9 @@ def _method(values: Mapping[str, Any], ctx: Any) -> Any:
         raise KeyProblem("quantization_bit", f"{bits} is not a bit width LLaMA-Factory quantizes to (2, 3, 4, 5, 6, 8)")
     base = kind.value if isinstance(kind, Planned) else kind
     if base == "full":
-        raise KeyProblem("quantization_bit", "needs finetuning_type: lora (or oft): a quantized model is trained through adapters")
+        raise KeyProblem(
+            "quantization_bit", "needs finetuning_type: lora (or oft): a quantized model is trained through adapters"
+        )
     if bits == 4 and how in ("bnb", "bitsandbytes"):
         return "qlora"
     if bits == 8 and how in ("bnb", "bitsandbytes"):
@@ -103,8 +111,12 @@ def _checkpointing(values: Mapping[str, Any], ctx: Any) -> Any:
     if value_of(values, "disable_gradient_checkpointing", as_bool, False):
         return "off"
     if value_of(values, "use_unsloth_gc", as_bool, False):
-        return Planned("offload", "Unsloth's offloaded checkpointing (layer inputs in host memory): planned as transformers' "
-                                  "offloaded checkpointing", modelled=True)
+        return Planned(
+            "offload",
+            "Unsloth's offloaded checkpointing (layer inputs in host memory): planned as transformers' "
+            "offloaded checkpointing",
+            modelled=True,
+        )
     return "on"  # LLaMA-Factory enables it unless disable_gradient_checkpointing
 
 
@@ -121,8 +133,11 @@ def _precision(values: Mapping[str, Any], ctx: Any) -> Any:
     settle_zero_precision(ctx, half)
     zero3 = ctx.zero is not None and ctx.zero.stage == 3
     if pure and zero3:
-        raise KeyProblem("pure_bf16", f"true cannot be used with DeepSpeed ZeRO-3 ({ctx.zero.path}): LLaMA-Factory refuses "
-                                      "the pair; drop pure_bf16 (ZeRO-3 keeps fp32 master weights anyway) or use stage 2")
+        raise KeyProblem(
+            "pure_bf16",
+            f"true cannot be used with DeepSpeed ZeRO-3 ({ctx.zero.path}): LLaMA-Factory refuses "
+            "the pair; drop pure_bf16 (ZeRO-3 keeps fp32 master weights anyway) or use stage 2",
+        )
     compute = "bf16" if bf16 or pure else "fp16" if fp16 else None
     # model/adapter.py: the trained parameters are cast to fp32 unless pure_bf16 or BAdam, or (a
     # model that is not quantized) under ZeRO-3, whose fp32 partitions are the master copy.
@@ -132,11 +147,22 @@ def _precision(values: Mapping[str, Any], ctx: Any) -> Any:
     if method == "full" and cast:
         weights = "fp32"
     elif method == "lora" and pure:
-        ctx.approximated.append(Found("pure_bf16", True, "LoRA's adapters stay in bf16 under pure_bf16 (with bf16 gradients "
-                                                         "and AdamW states): planned as fp32 adapters", "precision"))
+        ctx.approximated.append(
+            Found(
+                "pure_bf16",
+                True,
+                "LoRA's adapters stay in bf16 under pure_bf16 (with bf16 gradients "
+                "and AdamW states): planned as fp32 adapters",
+                "precision",
+            )
+        )
     if compute is None and method != "full" and zero_half(ctx) is None:
-        return Planned("bf16", "no bf16 or fp16: LLaMA-Factory computes in the dtype it infers (bf16 on GPUs that have it) "
-                               "on the checkpoint's: planned as bf16", modelled=True)
+        return Planned(
+            "bf16",
+            "no bf16 or fp16: LLaMA-Factory computes in the dtype it infers (bf16 on GPUs that have it) "
+            "on the checkpoint's: planned as bf16",
+            modelled=True,
+        )
     return trainer_precision(method, weights, half, ctx, where="the checkpoint's dtype")
 
 
@@ -161,8 +187,11 @@ def _objective(values: Mapping[str, Any], ctx: Any) -> Any:
     if stage in ("sft", "pt"):
         return None
     if stage != "dpo":
-        return Planned(None, f"stage: {stage} trains with another trainer (reward or value models, unpaired examples): "
-                             "planned as supervised fine-tuning")
+        return Planned(
+            None,
+            f"stage: {stage} trains with another trainer (reward or value models, unpaired examples): "
+            "planned as supervised fine-tuning",
+        )
     loss = str(values["pref_loss"]).lower() if values["pref_loss"] not in (ABSENT, None) else "sigmoid"
     return {"orpo": "orpo", "simpo": "simpo"}.get(loss, "dpo")
 
@@ -203,69 +232,147 @@ RULES: tuple[Rule, ...] = (
     model_rule("model_name_or_path"),
     revision_rule("model_revision"),
     deepspeed_rule(),
-    Rule(("fsdp", "fsdp_config"), "shard", _fsdp, doc="FSDP through the Trainer's `fsdp` (LLaMA-Factory's accelerate configs "
-                                                      "are not read)"),
-    Rule(("finetuning_type", "quantization_bit", "quantization_method"), "method", _method, _write_method,
-         doc="the method: `finetuning_type` (LLaMA-Factory's default lora; freeze planned as full, oft as lora), "
-             "`quantization_bit: 4` with bitsandbytes `qlora`, `quantization_bit: 8` `lora-8bit` (LLM.int8); other bit "
-             "widths planned as a 16-bit base and listed"),
-    Rule(("quantization_bit",), "kbit_upcast", lambda v, ctx: False if ctx.knobs.get("method") in ("qlora", "lora-8bit") else None,
-         doc="LLaMA-Factory quantizes without PEFT's prepare_model_for_kbit_training: the parameters that are not quantized "
-             "stay in the compute dtype"),
+    Rule(
+        ("fsdp", "fsdp_config"),
+        "shard",
+        _fsdp,
+        doc="FSDP through the Trainer's `fsdp` (LLaMA-Factory's accelerate configs are not read)",
+    ),
+    Rule(
+        ("finetuning_type", "quantization_bit", "quantization_method"),
+        "method",
+        _method,
+        _write_method,
+        doc="the method: `finetuning_type` (LLaMA-Factory's default lora; freeze planned as full, oft as lora), "
+        "`quantization_bit: 4` with bitsandbytes `qlora`, `quantization_bit: 8` `lora-8bit` (LLM.int8); other bit "
+        "widths planned as a 16-bit base and listed",
+    ),
+    Rule(
+        ("quantization_bit",),
+        "kbit_upcast",
+        lambda v, ctx: False if ctx.knobs.get("method") in ("qlora", "lora-8bit") else None,
+        doc="LLaMA-Factory quantizes without PEFT's prepare_model_for_kbit_training: the parameters that are not quantized "
+        "stay in the compute dtype",
+    ),
     not_modelled("upcast_layernorm", why="norm weights upcast to fp32 (a few MiB)"),
-    Rule(("moe_aux_loss_coef",), "model_config", _moe_aux_loss,
-         doc=ROUTING_DOC + ": `moe_aux_loss_coef` turns router logits on and sets the coefficient, as LLaMA-Factory does"),
+    Rule(
+        ("moe_aux_loss_coef",),
+        "model_config",
+        _moe_aux_loss,
+        doc=ROUTING_DOC
+        + ": `moe_aux_loss_coef` turns router logits on and sets the coefficient, as LLaMA-Factory does",
+    ),
     int_rule("lora_rank", "rank", 8, doc="LoRA rank (LLaMA-Factory's default 8)"),
-    Rule(("lora_alpha",), "alpha", lambda v, ctx: value_of(v, "lora_alpha", as_float, None), doc="LoRA alpha (default 2 x rank)"),
+    Rule(
+        ("lora_alpha",),
+        "alpha",
+        lambda v, ctx: value_of(v, "lora_alpha", as_float, None),
+        doc="LoRA alpha (default 2 x rank)",
+    ),
     Rule(("lora_dropout",), "dropout", lambda v, ctx: value_of(v, "lora_dropout", _dropout, None), doc="LoRA dropout"),
-    targets_rule(None, "lora_target", doc="LoRA targets: `all` (the default) is every linear layer, or the modules listed"),
+    targets_rule(
+        None, "lora_target", doc="LoRA targets: `all` (the default) is every linear layer, or the modules listed"
+    ),
     modules_to_save_rule("additional_target"),
     dora_rule("use_dora"),
     rslora_rule("use_rslora"),
     int_rule("cutoff_len", "seq_len", 2048, doc="tokens per sequence (default 2048); memfit plans the longest"),
-    int_rule("per_device_train_batch_size", "batch_size", 8, doc="sequences per GPU in one forward pass (the Trainer's default 8)"),
+    int_rule(
+        "per_device_train_batch_size",
+        "batch_size",
+        8,
+        doc="sequences per GPU in one forward pass (the Trainer's default 8)",
+    ),
     int_rule("gradient_accumulation_steps", "grad_accum", 1, doc="micro-batches per optimizer step"),
-    Rule(("disable_gradient_checkpointing", "use_unsloth_gc", "use_reentrant_gc"), "checkpointing", _checkpointing,
-         _write_checkpointing,
-         doc="checkpointing `on` unless `disable_gradient_checkpointing`; `use_unsloth_gc` as `offload`; `use_reentrant_gc` "
-             "keeps the same layer inputs either way"),
+    Rule(
+        ("disable_gradient_checkpointing", "use_unsloth_gc", "use_reentrant_gc"),
+        "checkpointing",
+        _checkpointing,
+        _write_checkpointing,
+        doc="checkpointing `on` unless `disable_gradient_checkpointing`; `use_unsloth_gc` as `offload`; `use_reentrant_gc` "
+        "keeps the same layer inputs either way",
+    ),
     optimizer_rule("optim"),
-    Rule(("bf16", "fp16", "pure_bf16"), "precision", _precision,
-         doc="`bf16` / `fp16`: LoRA on a 16-bit base with fp32 adapters; full fine-tuning as `bf16-mixed` / `fp16-mixed` "
-             "(LLaMA-Factory casts the trained parameters to fp32), without either as `fp32`; `pure_bf16` as `bf16` "
-             "(pure: weights, gradients and AdamW states in bf16; under DeepSpeed ZeRO-1 or 2, whose fp32 partitions are "
-             "master weights, `bf16-mixed`; with ZeRO-3 refused, as LLaMA-Factory refuses it)"),
+    Rule(
+        ("bf16", "fp16", "pure_bf16"),
+        "precision",
+        _precision,
+        doc="`bf16` / `fp16`: LoRA on a 16-bit base with fp32 adapters; full fine-tuning as `bf16-mixed` / `fp16-mixed` "
+        "(LLaMA-Factory casts the trained parameters to fp32), without either as `fp32`; `pure_bf16` as `bf16` "
+        "(pure: weights, gradients and AdamW states in bf16; under DeepSpeed ZeRO-1 or 2, whose fp32 partitions are "
+        "master weights, `bf16-mixed`; with ZeRO-3 refused, as LLaMA-Factory refuses it)",
+    ),
     Rule(("max_grad_norm",), "max_grad_norm", _max_grad_norm, doc="gradient clipping (0 or null: none)"),
-    Rule(("flash_attn",), "padding_free", _padding_free,
-         doc="`flash_attn: fa2` / `fa3` as `padding_free: on` (no [seq x seq] mask); `sdpa`, and `auto` (chosen at run "
-             "time), as padded batches; `disabled` (eager) listed"),
-    Rule(("packing", "neat_packing", "stage"), "packing", _packing,
-         doc="packed rows of `cutoff_len` tokens (`packing`, `neat_packing`; pre-training packs by default)"),
-    Rule(("enable_liger_kernel", "use_liger_kernel"), "hf_loss",
-         lambda v, ctx: liger_loss(value_of(v, "enable_liger_kernel", as_bool, False) or value_of(v, "use_liger_kernel", as_bool, False)),
-         doc="Liger Kernel: its fused linear cross-entropy as `hf_loss: liger`"),
-    Rule(("stage", "pref_loss"), "objective", _objective, matters=_stage_matters,
-         unmodelled="a stage other than supervised fine-tuning (dpo, kto, rm, ppo): preference pairs, a reference or value "
-                    "model; planned as supervised fine-tuning",
-         doc="`stage: dpo` is preference training: `pref_loss` orpo and simpo as such, DPO's losses (sigmoid, hinge, ipo, "
-             "kto_pair) as `dpo`; other stages (kto, rm, ppo) listed and planned as supervised fine-tuning; "
-             "`per_device_train_batch_size` counts pairs"),
-    not_modelled("ref_model", why="a reference model of its own beside the policy (a second model in memory): planned with "
-                                  "the reference memfit takes (the disabled adapters, or a frozen copy)"),
+    Rule(
+        ("flash_attn",),
+        "padding_free",
+        _padding_free,
+        doc="`flash_attn: fa2` / `fa3` as `padding_free: on` (no [seq x seq] mask); `sdpa`, and `auto` (chosen at run "
+        "time), as padded batches; `disabled` (eager) listed",
+    ),
+    Rule(
+        ("packing", "neat_packing", "stage"),
+        "packing",
+        _packing,
+        doc="packed rows of `cutoff_len` tokens (`packing`, `neat_packing`; pre-training packs by default)",
+    ),
+    Rule(
+        ("enable_liger_kernel", "use_liger_kernel"),
+        "hf_loss",
+        lambda v, ctx: liger_loss(
+            value_of(v, "enable_liger_kernel", as_bool, False) or value_of(v, "use_liger_kernel", as_bool, False)
+        ),
+        doc="Liger Kernel: its fused linear cross-entropy as `hf_loss: liger`",
+    ),
+    Rule(
+        ("stage", "pref_loss"),
+        "objective",
+        _objective,
+        matters=_stage_matters,
+        unmodelled="a stage other than supervised fine-tuning (dpo, kto, rm, ppo): preference pairs, a reference or value "
+        "model; planned as supervised fine-tuning",
+        doc="`stage: dpo` is preference training: `pref_loss` orpo and simpo as such, DPO's losses (sigmoid, hinge, ipo, "
+        "kto_pair) as `dpo`; other stages (kto, rm, ppo) listed and planned as supervised fine-tuning; "
+        "`per_device_train_batch_size` counts pairs",
+    ),
+    not_modelled(
+        "ref_model",
+        why="a reference model of its own beside the policy (a second model in memory): planned with "
+        "the reference memfit takes (the disabled adapters, or a frozen copy)",
+    ),
     not_modelled("use_unsloth", why="Unsloth's kernels and its own step"),
-    not_modelled("use_galore", "use_apollo", "use_badam", "use_adam_mini", "use_muon",
-                 why="an optimizer memfit does not plan (projected, block-wise or per-layer states): planned as the optim named"),
-    not_modelled("mixture_of_depths", "shift_attn", "use_llama_pro", "train_from_scratch",
-                 why="changes the model or which layers run"),
+    not_modelled(
+        "use_galore",
+        "use_apollo",
+        "use_badam",
+        "use_adam_mini",
+        "use_muon",
+        why="an optimizer memfit does not plan (projected, block-wise or per-layer states): planned as the optim named",
+    ),
+    not_modelled(
+        "mixture_of_depths",
+        "shift_attn",
+        "use_llama_pro",
+        "train_from_scratch",
+        why="changes the model or which layers run",
+    ),
     not_modelled("rope_scaling", why="changes the model's config.json, which is planned as published"),
-    not_modelled("use_kt", "use_mca", "use_megatron_bridge", "use_hyper_parallel", "use_v1_kernels", "fp8",
-                 why="another trainer or kernels (KTransformers, Megatron, fp8)"),
+    not_modelled(
+        "use_kt",
+        "use_mca",
+        "use_megatron_bridge",
+        "use_hyper_parallel",
+        "use_v1_kernels",
+        "fp8",
+        why="another trainer or kernels (KTransformers, Megatron, fp8)",
+    ),
     not_modelled("torch_compile", why="a compiled step fuses kernels and keeps other tensors for backward"),
     not_modelled("optim_target_modules", why="GaLore / APOLLO projected optimizer states on these modules"),
 )
 
 #: LLaMA-Factory's own arguments (``hparams/``), beside the Trainer's.
-_OWN_KEYS = frozenset("""
+_OWN_KEYS = frozenset(
+    """
 adapter_folder adapter_name_or_path add_special_tokens add_tokens additional_target apollo_layerwise apollo_proj
 apollo_proj_type apollo_rank apollo_scale apollo_scale_front apollo_scale_type apollo_target apollo_update_interval asft_alpha
 audio_sampling_rate badam_mask_mode badam_mode badam_start_block badam_switch_interval badam_switch_mode badam_update_ratio
@@ -300,22 +407,58 @@ use_dft_loss use_dora use_eaft_loss use_fast_tokenizer use_galore use_hyper_para
 use_megatron_bridge use_muon use_reentrant_gc use_rslora use_swanlab use_unsloth use_unsloth_gc use_v1_kernels val_size
 video_fps video_max_pixels video_maxlen video_min_pixels vllm_config vllm_enforce_eager vllm_gpu_util vllm_max_lora_rank
 vllm_maxlen
-""".split())
+""".split()
+)
 
-ALL_KEYS = _OWN_KEYS | TRAINER_QUIET_KEYS | frozenset(k for rule in RULES for k in rule.keys) | frozenset(
-    {"deepspeed", "fsdp", "fsdp_config", "optim", "bf16", "fp16", "max_grad_norm", "per_device_train_batch_size",
-     "gradient_accumulation_steps", "torch_compile", "optim_target_modules", "gradient_checkpointing_kwargs", "use_liger_kernel"})
+ALL_KEYS = (
+    _OWN_KEYS
+    | TRAINER_QUIET_KEYS
+    | frozenset(k for rule in RULES for k in rule.keys)
+    | frozenset(
+        {
+            "deepspeed",
+            "fsdp",
+            "fsdp_config",
+            "optim",
+            "bf16",
+            "fp16",
+            "max_grad_norm",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "torch_compile",
+            "optim_target_modules",
+            "gradient_checkpointing_kwargs",
+            "use_liger_kernel",
+        }
+    )
+)
 
 #: Keys whose values LLaMA-Factory checks against names (``hparams/`` and ``extras/constants.py`` at ff6d4d1).
 CHOICES: tuple[Choices, ...] = (
-    Choices("stage", ("pt", "sft", "rm", "ppo", "dpo", "kto"), "a stage LLaMA-Factory knows",
-            "LLaMA-Factory's `FinetuningArguments.stage`, ff6d4d1"),
-    Choices("pref_loss", ("sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo"), "a pref_loss LLaMA-Factory knows",
-            "LLaMA-Factory's `RLHFArguments.pref_loss`, ff6d4d1"),
-    Choices("flash_attn", ("auto", "disabled", "sdpa", "fa2", "fa3"), "an attention LLaMA-Factory knows",
-            "LLaMA-Factory's `AttentionFunction`, ff6d4d1"),
-    Choices("quantization_method", ("bnb", "gptq", "awq", "aqlm", "quanto", "eetq", "hqq", "mxfp4", "fp8"),
-            "a quantization method LLaMA-Factory knows", "LLaMA-Factory's `QuantizationMethod`, ff6d4d1"),
+    Choices(
+        "stage",
+        ("pt", "sft", "rm", "ppo", "dpo", "kto"),
+        "a stage LLaMA-Factory knows",
+        "LLaMA-Factory's `FinetuningArguments.stage`, ff6d4d1",
+    ),
+    Choices(
+        "pref_loss",
+        ("sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo"),
+        "a pref_loss LLaMA-Factory knows",
+        "LLaMA-Factory's `RLHFArguments.pref_loss`, ff6d4d1",
+    ),
+    Choices(
+        "flash_attn",
+        ("auto", "disabled", "sdpa", "fa2", "fa3"),
+        "an attention LLaMA-Factory knows",
+        "LLaMA-Factory's `AttentionFunction`, ff6d4d1",
+    ),
+    Choices(
+        "quantization_method",
+        ("bnb", "gptq", "awq", "aqlm", "quanto", "eetq", "hqq", "mxfp4", "fp8"),
+        "a quantization method LLaMA-Factory knows",
+        "LLaMA-Factory's `QuantizationMethod`, ff6d4d1",
+    ),
     lr_scheduler_choices(),
 )
 

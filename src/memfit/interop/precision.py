@@ -37,8 +37,11 @@ def settle_zero_precision(ctx: Any, half: str | None) -> None:
     zero = ctx.zero
     if zero is None:
         return
-    ctx.zero = replace(zero, bf16=(half == "bf16") if zero.bf16 == "auto" else zero.bf16,
-                       fp16=(half == "fp16") if zero.fp16 == "auto" else zero.fp16)
+    ctx.zero = replace(
+        zero,
+        bf16=(half == "bf16") if zero.bf16 == "auto" else zero.bf16,
+        fp16=(half == "fp16") if zero.fp16 == "auto" else zero.fp16,
+    )
 
 
 def zero_half(ctx: Any) -> str | None:
@@ -77,9 +80,12 @@ def trainer_precision(method: str, weights: str, half: str | None, ctx: Any, *, 
     if method == "full":
         return _full(weights, half, ctx)
     if weights == "fp32" and half is not None:
-        return Planned("fp32", f"{half} autocast on a LoRA base kept in fp32 ({where}): memfit's precisions keep a "
-                               "frozen base in 16 bits under autocast; planned as fp32 without autocast (the same fp32 "
-                               "base and adapters; activations at twice their 16-bit size; a base loaded in bf16 is planned as it runs)")
+        return Planned(
+            "fp32",
+            f"{half} autocast on a LoRA base kept in fp32 ({where}): memfit's precisions keep a "
+            "frozen base in 16 bits under autocast; planned as fp32 without autocast (the same fp32 "
+            "base and adapters; activations at twice their 16-bit size; a base loaded in bf16 is planned as it runs)",
+        )
     return weights
 
 
@@ -97,8 +103,13 @@ def _full(weights: str, half: str | None, ctx: Any) -> str:
 
 def _zero_masters(ctx: Any, half: str) -> None:
     """Say how DeepSpeed's layout differs from memfit's mixed precision, which it is planned as."""
-    ctx.approximated.append(Found(
-        "deepspeed", ctx.zero.path,
-        f"DeepSpeed keeps the model and its gradients in {half} and fp32 master weights partitioned with the AdamW "
-        f"states: planned as {half}-mixed (fp32 weights and gradients), the same 16 bytes a parameter, spread otherwise "
-        f"across the GPUs", "precision"))
+    ctx.approximated.append(
+        Found(
+            "deepspeed",
+            ctx.zero.path,
+            f"DeepSpeed keeps the model and its gradients in {half} and fp32 master weights partitioned with the AdamW "
+            f"states: planned as {half}-mixed (fp32 weights and gradients), the same 16 bytes a parameter, spread otherwise "
+            f"across the GPUs",
+            "precision",
+        )
+    )

@@ -104,8 +104,15 @@ class ToolConfig(JsonForm):
             if gpus > 1:
                 knobs["shard"] = self.shard
             elif self.shard != "ddp":
-                dropped.append(Found(source, self.shard, f"{self.shard} shards across GPUs: planned on one GPU without sharding "
-                                                         "(and without offload); pass --gpus N to plan one GPU of N", "shard"))
+                dropped.append(
+                    Found(
+                        source,
+                        self.shard,
+                        f"{self.shard} shards across GPUs: planned on one GPU without sharding "
+                        "(and without offload); pass --gpus N to plan one GPU of N",
+                        "shard",
+                    )
+                )
         return knobs, dropped
 
     def to_dict(self, given: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -158,13 +165,22 @@ def detect_tool(raw: Mapping[str, Any], keymaps: tuple[KeyMap, ...], path: Path)
     """The tool whose config ``raw`` is: the one with the most of its own keys (keys no other tool
     has) in the file. A DeepSpeed or accelerate config, or a file with no tool's keys, is refused."""
     if "zero_optimization" in raw:
-        raise ToolConfigError(path, ["is a DeepSpeed config: pass the training config that names it (deepspeed: <this file>)"])
+        raise ToolConfigError(
+            path, ["is a DeepSpeed config: pass the training config that names it (deepspeed: <this file>)"]
+        )
     if "distributed_type" in raw or "compute_environment" in raw:
-        raise ToolConfigError(path, ["is an accelerate config: pass the training config (its deepspeed or fsdp keys are read)"])
+        raise ToolConfigError(
+            path, ["is an accelerate config: pass the training config (its deepspeed or fsdp keys are read)"]
+        )
     if is_memfit_config(raw, keymaps):
-        raise ToolConfigError(path, ["is memfit's own training config (its model is named by `model:`): `memfit plan` and "
-                                     "`memfit fit` plan it as `memfit train` runs it (from Python: "
-                                     "memfit.train.config_plan.plan_train_config)"])
+        raise ToolConfigError(
+            path,
+            [
+                "is memfit's own training config (its model is named by `model:`): `memfit plan` and "
+                "`memfit fit` plan it as `memfit train` runs it (from Python: "
+                "memfit.train.config_plan.plan_train_config)"
+            ],
+        )
     counts = []
     for keymap in keymaps:
         others = frozenset().union(*(other.all_keys for other in keymaps if other is not keymap))
@@ -179,9 +195,18 @@ def detect_tool(raw: Mapping[str, Any], keymaps: tuple[KeyMap, ...], path: Path)
             return generic[0]
     if best[0] == 0 or best[0] == runner_up[0]:
         names = ", ".join(k.title for k in keymaps)
-        what = "none of its keys is one of theirs" if best[0] == 0 else f"its keys fit {best[1].title} and {runner_up[1].title} alike"
-        raise ToolConfigError(path, [f"cannot tell which tool this config is for ({names}): {what}. "
-                                     "memfit plans configs of these tools, or a model (a Hub id, a config.json, a folder)"])
+        what = (
+            "none of its keys is one of theirs"
+            if best[0] == 0
+            else f"its keys fit {best[1].title} and {runner_up[1].title} alike"
+        )
+        raise ToolConfigError(
+            path,
+            [
+                f"cannot tell which tool this config is for ({names}): {what}. "
+                "memfit plans configs of these tools, or a model (a Hub id, a config.json, a folder)"
+            ],
+        )
     return best[1]
 
 
@@ -201,8 +226,12 @@ def read_tool_config(path: str | Path, keymaps: tuple[KeyMap, ...], *, model: st
     if not isinstance(raw, Mapping):
         raise ToolConfigError(path, [f"is not a config of keys and values (it holds a {type(raw).__name__})"])
     keymap = detect_tool(raw, keymaps, path)
-    ctx = Context(path=path, raw=raw, knobs=dict(keymap.base_knobs),
-                  sources={k: ("(the tool's Hugging Face step)",) for k in keymap.base_knobs})
+    ctx = Context(
+        path=path,
+        raw=raw,
+        knobs=dict(keymap.base_knobs),
+        sources={k: ("(the tool's Hugging Face step)",) for k in keymap.base_knobs},
+    )
     problems = _checked_choices(keymap, raw)
     flagged = {p.split(":", 1)[0] for p in problems}
     head = tuple(r for r in keymap.rules if r.knob in (_MODEL, _REVISION))
@@ -222,8 +251,22 @@ def read_tool_config(path: str | Path, keymaps: tuple[KeyMap, ...], *, model: st
     if problems:
         raise ToolConfigError(path, problems)
     chosen.from_adapter = tuple(ctx.from_adapter)
-    return ToolConfig(keymap.tool, keymap.title, str(path), str(chosen.model), chosen.revision, ctx.knobs, ctx.sources, shard,
-                      ctx.zero, ctx.not_modelled, ctx.approximated, ctx.unknown_keys, chosen, model_config)
+    return ToolConfig(
+        keymap.tool,
+        keymap.title,
+        str(path),
+        str(chosen.model),
+        chosen.revision,
+        ctx.knobs,
+        ctx.sources,
+        shard,
+        ctx.zero,
+        ctx.not_modelled,
+        ctx.approximated,
+        ctx.unknown_keys,
+        chosen,
+        model_config,
+    )
 
 
 def _choose_model(keymap: KeyMap, ctx: Context, given: str | None, problems: list[str]) -> ModelChoice:
@@ -233,7 +276,9 @@ def _choose_model(keymap: KeyMap, ctx: Context, given: str | None, problems: lis
     named = ctx.knobs.pop(_MODEL, None)
     revision = ctx.knobs.pop(_REVISION, None)
     if not named and not given and not any(p.startswith(k + ":") for k in model_keys for p in problems):
-        problems.append(f"{model_keys[0]}: not set; name the model to plan ({model_keys[0]}: <Hub id or folder>, or --model)")
+        problems.append(
+            f"{model_keys[0]}: not set; name the model to plan ({model_keys[0]}: <Hub id or folder>, or --model)"
+        )
     try:
         chosen = choose_model(named, revision, given)
     except ValueError as err:
@@ -241,9 +286,15 @@ def _choose_model(keymap: KeyMap, ctx: Context, given: str | None, problems: lis
         return ModelChoice(named, revision)
     ctx.adapter = chosen.adapter
     if chosen.adapter is not None and not is_lora(chosen.adapter):
-        ctx.not_modelled.append(Found("--model" if given else model_keys[0], chosen.adapter.name,
-                                      f"a {chosen.adapter.config.get('peft_type')} adapter: planned as its base "
-                                      f"{chosen.adapter.base}, with the config's method", "method"))
+        ctx.not_modelled.append(
+            Found(
+                "--model" if given else model_keys[0],
+                chosen.adapter.name,
+                f"a {chosen.adapter.config.get('peft_type')} adapter: planned as its base "
+                f"{chosen.adapter.base}, with the config's method",
+                "method",
+            )
+        )
         ctx.adapter = None
     return chosen
 
@@ -355,5 +406,5 @@ def _with_keys(line: str, ctx: Context) -> str:
     for knob in sorted(ctx.knobs, key=len, reverse=True):
         if line.startswith((knob + ":", knob + " ")):
             keys = ", ".join(ctx.sources.get(knob, (knob,)))
-            return f"{keys} (memfit {knob}){line[len(knob):]}"
+            return f"{keys} (memfit {knob}){line[len(knob) :]}"
     return line

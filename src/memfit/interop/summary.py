@@ -15,12 +15,20 @@ def headline(config: dict[str, Any]) -> str:
     """``read Axolotl config qlora.yml: model llama-3.2-1b, planned as the Hugging Face step``."""
     if config.get("tool") == "memfit":
         return _own_headline(config)
-    step = ("memfit's step (recipe memfit, as for grpo)" if (config.get("knobs") or {}).get("recipe") == "memfit"
-            else "the tool's Hugging Face step (recipe hf)")
-    return (f"read {config['title']} config {config['path']}: model {config['model']}{model_origin(config)}, planned as "
-            f"{step}"
-            + (f", DeepSpeed ZeRO stage {config['deepspeed']['stage']} from {config['deepspeed']['path']}"
-               if config.get("deepspeed") else ""))
+    step = (
+        "memfit's step (recipe memfit, as for grpo)"
+        if (config.get("knobs") or {}).get("recipe") == "memfit"
+        else "the tool's Hugging Face step (recipe hf)"
+    )
+    return (
+        f"read {config['title']} config {config['path']}: model {config['model']}{model_origin(config)}, planned as "
+        f"{step}"
+        + (
+            f", DeepSpeed ZeRO stage {config['deepspeed']['stage']} from {config['deepspeed']['path']}"
+            if config.get("deepspeed")
+            else ""
+        )
+    )
 
 
 def _own_headline(config: dict[str, Any]) -> str:
@@ -30,8 +38,10 @@ def _own_headline(config: dict[str, Any]) -> str:
     names = list(overrides)
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     changed = f" with model_overrides ({shown})" if overrides else ""
-    return (f"read memfit training config {config['path']}: model {config['model']}{model_origin(config)}{changed}, planned "
-            "as `memfit train` plans it before loading")
+    return (
+        f"read memfit training config {config['path']}: model {config['model']}{model_origin(config)}{changed}, planned "
+        "as `memfit train` plans it before loading"
+    )
 
 
 def data_line(config: dict[str, Any]) -> str | None:
@@ -40,8 +50,10 @@ def data_line(config: dict[str, Any]) -> str | None:
     if not data:
         return None
     if data["read"]:
-        return (f"data: {data['examples']:,} training examples read; planned at {data['planned_as']}, "
-                f"{data['planned_seq_len']:,} tokens a sequence (seq_len {data['seq_len']:,})")
+        return (
+            f"data: {data['examples']:,} training examples read; planned at {data['planned_as']}, "
+            f"{data['planned_seq_len']:,} tokens a sequence (seq_len {data['seq_len']:,})"
+        )
     return f"data: not read ({data['why_not']}): planned at seq_len {data['seq_len']:,}"
 
 
@@ -64,10 +76,15 @@ def adapter_line(config: dict[str, Any]) -> str | None:
     if not adapter:
         return None
     settings = ", ".join(f"{k} {_short(v)}" for k, v in adapter["settings"].items() if k in adapter["taken"])
-    taken = f"its settings as the method where the config names none: {settings}" if settings else (
-        "the config's own method (it names every setting)")
-    return (f"adapter: {adapter['name']} is a PEFT adapter (adapter_config.json), which transformers loads as its base "
-            f"{adapter['base']} with the adapter on it: planned as {adapter['base']}, with {taken}")
+    taken = (
+        f"its settings as the method where the config names none: {settings}"
+        if settings
+        else ("the config's own method (it names every setting)")
+    )
+    return (
+        f"adapter: {adapter['name']} is a PEFT adapter (adapter_config.json), which transformers loads as its base "
+        f"{adapter['base']} with the adapter on it: planned as {adapter['base']}, with {taken}"
+    )
 
 
 def _short(value: Any) -> str:

@@ -24,8 +24,10 @@ from memfit.interop.keys import (
 )
 
 _ADAMW = "adamw"
-_FOREACH = ("PyTorch's foreach AdamW also holds a temporary as large as the trainable parameters during the optimizer step "
-            "(memfit plans the fused implementation, which updates in place)")
+_FOREACH = (
+    "PyTorch's foreach AdamW also holds a temporary as large as the trainable parameters during the optimizer step "
+    "(memfit plans the fused implementation, which updates in place)"
+)
 _NOT_ADAMW = "planned as AdamW (two fp32 states a trainable parameter)"
 
 
@@ -41,19 +43,32 @@ OPTIMIZERS: dict[str, Any] = {
     "adamw_apex_fused": _ADAMW,
     "adamw_torch_xla": _ADAMW,
     "adamw_torch_npu_fused": _ADAMW,
-    "adamw_anyprecision": Planned(_ADAMW, "AnyPrecisionAdamW keeps its states in the dtype it is given: planned as AdamW", modelled=True),
+    "adamw_anyprecision": Planned(
+        _ADAMW, "AnyPrecisionAdamW keeps its states in the dtype it is given: planned as AdamW", modelled=True
+    ),
     "adamw_bnb_8bit": "adamw8bit",
     "adamw_8bit": "adamw8bit",
     "paged_adamw_8bit": "paged-adamw8bit",
-    "adamw_torch_8bit": Planned("adamw8bit", "torchao's 8-bit AdamW: planned as bitsandbytes' (both keep two 8-bit states with block scales)", modelled=True),
-    "adamw_torch_4bit": Planned("adamw8bit", "torchao's 4-bit AdamW keeps half of 8-bit AdamW's states: planned as bitsandbytes' 8-bit AdamW"),
-    "paged_adamw_32bit": Planned(_ADAMW, "bitsandbytes' paged 32-bit AdamW keeps its states in CUDA unified memory: planned as AdamW on the device"),
+    "adamw_torch_8bit": Planned(
+        "adamw8bit",
+        "torchao's 8-bit AdamW: planned as bitsandbytes' (both keep two 8-bit states with block scales)",
+        modelled=True,
+    ),
+    "adamw_torch_4bit": Planned(
+        "adamw8bit", "torchao's 4-bit AdamW keeps half of 8-bit AdamW's states: planned as bitsandbytes' 8-bit AdamW"
+    ),
+    "paged_adamw_32bit": Planned(
+        _ADAMW,
+        "bitsandbytes' paged 32-bit AdamW keeps its states in CUDA unified memory: planned as AdamW on the device",
+    ),
     "sgd": "sgd",
     "adafactor": _other("Adafactor (factored second moments)"),
     "adagrad": _other("Adagrad (one state)"),
     "rmsprop": _other("RMSprop (one state)"),
     "rmsprop_bnb": _other("bitsandbytes RMSprop"),
-    "rmsprop_bnb_8bit": Planned("adamw8bit", "bitsandbytes' 8-bit RMSprop (one 8-bit state): planned as 8-bit AdamW (two)"),
+    "rmsprop_bnb_8bit": Planned(
+        "adamw8bit", "bitsandbytes' 8-bit RMSprop (one 8-bit state): planned as 8-bit AdamW (two)"
+    ),
     "rmsprop_bnb_32bit": _other("bitsandbytes' 32-bit RMSprop (one state)"),
     "lion_8bit": Planned("adamw8bit", "bitsandbytes' 8-bit Lion (one 8-bit state): planned as 8-bit AdamW (two)"),
     "lion_32bit": _other("Lion (one state)"),
@@ -61,7 +76,9 @@ OPTIMIZERS: dict[str, Any] = {
     "paged_lion_32bit": _other("paged Lion (one state, unified memory)"),
     "ademamix": _other("AdEMAMix (three states)"),
     "ademamix_8bit": Planned("adamw8bit", "8-bit AdEMAMix (three 8-bit states): planned as 8-bit AdamW (two)"),
-    "paged_ademamix_8bit": Planned("paged-adamw8bit", "paged 8-bit AdEMAMix (three states): planned as paged 8-bit AdamW (two)"),
+    "paged_ademamix_8bit": Planned(
+        "paged-adamw8bit", "paged 8-bit AdEMAMix (three states): planned as paged 8-bit AdamW (two)"
+    ),
     "paged_ademamix_32bit": _other("paged AdEMAMix (three states, unified memory)"),
     "galore_adamw": _other("GaLore (low-rank projected states)"),
     "galore_adamw_8bit": _other("8-bit GaLore"),
@@ -92,8 +109,15 @@ def optimizer_rule(name: str, extra: Mapping[str, Any] | None = None, default: s
         if ctx.zero is not None and ctx.zero.optimizer_type:
             kind = ctx.zero.optimizer_type.lower()
             if kind in ("adam", "adamw", "fusedadam", "cpuadam", "deepspeedcpuadam"):
-                return Planned(_ADAMW, f"DeepSpeed's {ctx.zero.optimizer_type} (from {ctx.zero.path}): AdamW's two fp32 states", modelled=True)
-            return Planned(_ADAMW, f"DeepSpeed's {ctx.zero.optimizer_type} (from {ctx.zero.path}): not an optimizer memfit plans; {_NOT_ADAMW}")
+                return Planned(
+                    _ADAMW,
+                    f"DeepSpeed's {ctx.zero.optimizer_type} (from {ctx.zero.path}): AdamW's two fp32 states",
+                    modelled=True,
+                )
+            return Planned(
+                _ADAMW,
+                f"DeepSpeed's {ctx.zero.optimizer_type} (from {ctx.zero.path}): not an optimizer memfit plans; {_NOT_ADAMW}",
+            )
         return value_of(values, name, read, table[default])
 
     def write(value: str, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -103,14 +127,24 @@ def optimizer_rule(name: str, extra: Mapping[str, Any] | None = None, default: s
             return {}
         return {name: WRITE_OPTIMIZER[value]}
 
-    return Rule((name,), "optimizer", resolve, write,
-                doc="the optimizer: AdamW variants as `adamw` (foreach AdamW's step temporary noted), bitsandbytes' 8-bit "
-                    "and paged 8-bit AdamW as `adamw8bit` / `paged-adamw8bit`, `sgd`; any other optimizer is planned as the "
-                    "closest one and listed")
+    return Rule(
+        (name,),
+        "optimizer",
+        resolve,
+        write,
+        doc="the optimizer: AdamW variants as `adamw` (foreach AdamW's step temporary noted), bitsandbytes' 8-bit "
+        "and paged 8-bit AdamW as `adamw8bit` / `paged-adamw8bit`, `sgd`; any other optimizer is planned as the "
+        "closest one and listed",
+    )
 
 
 #: The Trainer's name for each memfit optimizer (``memfit fit --write``).
-WRITE_OPTIMIZER = {"adamw": "adamw_torch_fused", "adamw8bit": "adamw_bnb_8bit", "paged-adamw8bit": "paged_adamw_8bit", "sgd": "sgd"}
+WRITE_OPTIMIZER = {
+    "adamw": "adamw_torch_fused",
+    "adamw8bit": "adamw_bnb_8bit",
+    "paged-adamw8bit": "paged_adamw_8bit",
+    "sgd": "sgd",
+}
 
 
 def _planned_value(entry: Any) -> Any:
@@ -136,11 +170,15 @@ def deepspeed_rule(name: str = "deepspeed") -> Rule:
             ctx.unknown_keys.append(f"{name}: {key}")
         return shard_mode(ctx.zero)
 
-    return Rule((name,), "shard", resolve,
-                doc="a DeepSpeed JSON (relative to the config, then to the working directory): ZeRO stage 1, 2, 3 as "
-                    "`zero1`, `zero2`, `zero3` (stage 3 with parameters and optimizer offloaded as `fsdp-offload`), optimizer "
-                    "offload, and the bucket sizes (`reduce_bucket_size`, `allgather_bucket_size`, "
-                    "`stage3_prefetch_bucket_size`, \"auto\" resolved as transformers resolves it) as named buffers per GPU")
+    return Rule(
+        (name,),
+        "shard",
+        resolve,
+        doc="a DeepSpeed JSON (relative to the config, then to the working directory): ZeRO stage 1, 2, 3 as "
+        "`zero1`, `zero2`, `zero3` (stage 3 with parameters and optimizer offloaded as `fsdp-offload`), optimizer "
+        "offload, and the bucket sizes (`reduce_bucket_size`, `allgather_bucket_size`, "
+        '`stage3_prefetch_bucket_size`, "auto" resolved as transformers resolves it) as named buffers per GPU',
+    )
 
 
 def fsdp_shard(value: Any, fsdp_config: Any, version: Any = ABSENT) -> Any:
@@ -155,12 +193,14 @@ def fsdp_shard(value: Any, fsdp_config: Any, version: Any = ABSENT) -> Any:
     elif isinstance(value, (list, tuple)):
         words = [str(w) for w in value]
     else:
-        raise ValueError(f"{value!r} is not an FSDP setting (e.g. \"full_shard auto_wrap\")")
+        raise ValueError(f'{value!r} is not an FSDP setting (e.g. "full_shard auto_wrap")')
     known = {"full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard", "offload", "auto_wrap"}
     bad = [w for w in words if w.lower() not in known]
     if bad:
-        raise ValueError(f"{bad[0]!r} is not an FSDP option (full_shard, shard_grad_op, hybrid_shard, hybrid_shard_zero2, "
-                         "no_shard, offload, auto_wrap)")
+        raise ValueError(
+            f"{bad[0]!r} is not an FSDP option (full_shard, shard_grad_op, hybrid_shard, hybrid_shard_zero2, "
+            "no_shard, offload, auto_wrap)"
+        )
     words = [w.lower() for w in words]
     config = fsdp_config if isinstance(fsdp_config, Mapping) else {}
     offload = "offload" in words or truthy(config.get("offload_params", config.get("fsdp_offload_params", False)))
@@ -170,12 +210,25 @@ def fsdp_shard(value: Any, fsdp_config: Any, version: Any = ABSENT) -> Any:
         return "ddp"
     if offload:
         return "fsdp-offload"
-    if "shard_grad_op" in words or "hybrid_shard_zero2" in words or strategy == "SHARD_GRAD_OP" or reshard in (False, "false"):
-        return Planned("zero2", "FSDP without resharding after forward (SHARD_GRAD_OP): weights whole through the step, "
-                                "gradients and optimizer states sharded: planned as zero2", modelled=True)
+    if (
+        "shard_grad_op" in words
+        or "hybrid_shard_zero2" in words
+        or strategy == "SHARD_GRAD_OP"
+        or reshard in (False, "false")
+    ):
+        return Planned(
+            "zero2",
+            "FSDP without resharding after forward (SHARD_GRAD_OP): weights whole through the step, "
+            "gradients and optimizer states sharded: planned as zero2",
+            modelled=True,
+        )
     if "hybrid_shard" in words or strategy == "HYBRID_SHARD":
-        return Planned("fsdp", "hybrid sharding shards within a node and replicates across nodes: planned as fsdp over the "
-                               "GPUs given (--gpus: the GPUs of one node)", modelled=True)
+        return Planned(
+            "fsdp",
+            "hybrid sharding shards within a node and replicates across nodes: planned as fsdp over the "
+            "GPUs given (--gpus: the GPUs of one node)",
+            modelled=True,
+        )
     return "fsdp"
 
 
@@ -190,7 +243,8 @@ def liger_loss(on: bool, fused_linear: Any = ABSENT) -> Any:
 
 
 #: The Trainer's keys that do not decide a step's memory (transformers 5.x, and 4.x names).
-TRAINER_QUIET_KEYS = frozenset("""
+TRAINER_QUIET_KEYS = frozenset(
+    """
 accelerator_config adam_beta1 adam_beta2 adam_epsilon auto_find_batch_size average_tokens_across_devices batch_eval_metrics
 bf16_full_eval data_seed dataloader_drop_last dataloader_in_order dataloader_multiprocessing_context dataloader_num_workers
 dataloader_persistent_workers dataloader_pin_memory dataloader_prefetch_factor ddp_backend ddp_broadcast_buffers
@@ -212,20 +266,42 @@ ray_scope push_to_hub_model_id push_to_hub_organization push_to_hub_token includ
 tpu_num_cores tpu_metrics_debug past_index use_legacy_prediction_loop xpu_backend mp_parameters split_batches
 include_inputs_for_metrics dispatch_batches gradient_checkpointing_use_reentrant adafactor
 eval_batch_size logging_steps save_steps eval_steps hub_model_id
-""".split())
+""".split()
+)
 
 
 #: The Trainer's ``lr_scheduler_type`` names: transformers' ``SchedulerType`` (``trainer_utils.py``, 5.24).
-LR_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt",
-                 "reduce_lr_on_plateau", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay", "greedy")
+LR_SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "reduce_lr_on_plateau",
+    "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
+    "warmup_stable_decay",
+    "greedy",
+)
 
 
-def lr_scheduler_choices(key: str = "lr_scheduler_type", tool: str = "the Trainer", extra: tuple[str, ...] = ()) -> Choices:
+def lr_scheduler_choices(
+    key: str = "lr_scheduler_type", tool: str = "the Trainer", extra: tuple[str, ...] = ()
+) -> Choices:
     """``key`` takes the Trainer's schedulers (and a tool's own, ``extra``): another name is refused
     as the Trainer refuses it (``SchedulerType(value)``), though a schedule decides no memory."""
-    source = "transformers 5.24's `SchedulerType`" + (f", and {tool}'s own {', '.join(f'`{e}`' for e in extra)}" if extra else "")
-    return Choices(key, LR_SCHEDULERS + extra, f"a learning-rate scheduler {tool} knows", source,
-                   doc=f"the Trainer's schedulers ({source}: `linear`, `cosine`...)")
+    source = "transformers 5.24's `SchedulerType`" + (
+        f", and {tool}'s own {', '.join(f'`{e}`' for e in extra)}" if extra else ""
+    )
+    return Choices(
+        key,
+        LR_SCHEDULERS + extra,
+        f"a learning-rate scheduler {tool} knows",
+        source,
+        doc=f"the Trainer's schedulers ({source}: `linear`, `cosine`...)",
+    )
 
 
 #: Attention implementations by name (transformers' ``attn_implementation`` and the tools' own
@@ -239,15 +315,25 @@ ATTENTION: dict[str, Any] = {
     "kernels-community/flash-attn2": "on",
     "kernels-community/flash-attn3": "on",
     "kernels-community/vllm-flash-attn3": "on",
-    "xformers": Planned("on", "xformers' memory-efficient attention: planned as flash attention (no [seq x seq] scores)", modelled=True),
+    "xformers": Planned(
+        "on", "xformers' memory-efficient attention: planned as flash attention (no [seq x seq] scores)", modelled=True
+    ),
     "sage": Planned("on", "SageAttention: planned as flash attention (no [seq x seq] scores)", modelled=True),
-    "flex_attention": Planned("on", "FlexAttention with a block mask: planned as flash attention (no [seq x seq] scores)", modelled=True),
+    "flex_attention": Planned(
+        "on", "FlexAttention with a block mask: planned as flash attention (no [seq x seq] scores)", modelled=True
+    ),
     "sdpa": None,
     "auto": Planned(None, "attention chosen at run time: planned as SDPA with padded batches", modelled=True),
-    "eager": Planned(None, "eager attention materialises the [batch x heads x seq x seq] scores and keeps their softmax "
-                           "for backward: planned as SDPA"),
-    "disabled": Planned(None, "eager attention materialises the [batch x heads x seq x seq] scores and keeps their softmax "
-                              "for backward: planned as SDPA"),
+    "eager": Planned(
+        None,
+        "eager attention materialises the [batch x heads x seq x seq] scores and keeps their softmax "
+        "for backward: planned as SDPA",
+    ),
+    "disabled": Planned(
+        None,
+        "eager attention materialises the [batch x heads x seq x seq] scores and keeps their softmax "
+        "for backward: planned as SDPA",
+    ),
 }
 
 
@@ -259,4 +345,6 @@ def attention(value: Any) -> Any:
         return ATTENTION[name.lower()]
     if "flash" in name.lower():  # a Hub kernel of flash attention (kernels-community/...)
         return "on"
-    raise ValueError(f"{value!r} is not an attention implementation (flash_attention_2, sdpa, eager, flex_attention...)")
+    raise ValueError(
+        f"{value!r} is not an attention implementation (flash_attention_2, sdpa, eager, flex_attention...)"
+    )

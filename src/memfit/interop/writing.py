@@ -31,7 +31,9 @@ from memfit.interop.keys import ABSENT, KeyMap
 WRITTEN_KNOBS = ("method", "batch_size", "grad_accum", "checkpointing", "optimizer")
 
 
-def fitted_changes(keymap: KeyMap, raw: dict[str, Any], read_knobs: dict[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
+def fitted_changes(
+    keymap: KeyMap, raw: dict[str, Any], read_knobs: dict[str, Any], spec: dict[str, Any]
+) -> dict[str, Any]:
     """Key -> new value for every knob of :data:`WRITTEN_KNOBS` the fit changed (nothing where the
     config already says it, spelled its own way)."""
     changes: dict[str, Any] = {}
@@ -68,8 +70,14 @@ def write_fitted_config(config: str | Path, spec: dict[str, Any], out: str | Pat
     return write_changes(config, fitted_changes(keymap, dict(raw), tool.knobs, spec), out, overwrite=overwrite)
 
 
-def write_changes(config: str | Path, changes: dict[str, Any], out: str | Path, *, overwrite: bool = False,
-                  spelled: dict[str, str] | None = None) -> str:
+def write_changes(
+    config: str | Path,
+    changes: dict[str, Any],
+    out: str | Path,
+    *,
+    overwrite: bool = False,
+    spelled: dict[str, str] | None = None,
+) -> str:
     """Write ``config`` (a YAML or JSON file) to ``out`` with ``changes`` (key -> new value) made, as
     the user wrote it otherwise (:func:`changed_text`). ``spelled``: the file's spelling of a key,
     where it differs (``grad-accum``). ``out`` is never ``config``, and is written whole to a
@@ -86,8 +94,9 @@ def write_changes(config: str | Path, changes: dict[str, Any], out: str | Path, 
 
     make_folder(out.parent)
     write_atomic(out, new_text)
-    diff = difflib.unified_diff(text.splitlines(keepends=True), new_text.splitlines(keepends=True), fromfile=str(config),
-                                tofile=str(out))
+    diff = difflib.unified_diff(
+        text.splitlines(keepends=True), new_text.splitlines(keepends=True), fromfile=str(config), tofile=str(out)
+    )
     return "".join(diff)
 
 
@@ -180,7 +189,7 @@ def _json_members(text: str) -> tuple[list[tuple[str, int, int, int, int]], int]
     value end), and where its closing brace is."""
     decoder = json.JSONDecoder()
     at = _JSON_SPACE.match(text, 0).end()
-    if text[at:at + 1] != "{":
+    if text[at : at + 1] != "{":
         raise ValueError("not a JSON object")
     at = _JSON_SPACE.match(text, at + 1).end()
     members: list[tuple[str, int, int, int, int]] = []
@@ -204,6 +213,6 @@ def _json_addition(text: str, members: list[tuple[str, int, int, int, int]], add
     if not members:
         return ", ".join(f"{json.dumps(key, ensure_ascii=False)}: {value}" for key, value in added)
     last = members[-1]
-    before = text[members[-2][4]:last[1]] if len(members) > 1 else "," + text[text.index("{") + 1:last[1]]
-    colon = text[last[2]:last[3]]
+    before = text[members[-2][4] : last[1]] if len(members) > 1 else "," + text[text.index("{") + 1 : last[1]]
+    colon = text[last[2] : last[3]]
     return "".join(f"{before}{json.dumps(key, ensure_ascii=False)}{colon}{value}" for key, value in added)

@@ -91,7 +91,9 @@ class LoraPair:
     scale: float
     magnitude_key: str | None = None  # DoRA: the magnitude of each output row (None: plain LoRA)
     parameter: str | None = None  # PEFT's adapter on a weight (target_parameters): the weight's name in `module`
-    experts: int = 1  # a fused expert weight's experts, each with its own pair (A [r x experts, in], B [out, r x experts])
+    experts: int = (
+        1  # a fused expert weight's experts, each with its own pair (A [r x experts, in], B [out, r x experts])
+    )
     swapped: bool = False  # PEFT took the stored [experts, out, in] weight's sizes as (in, out) and swapped them
 
 
@@ -149,7 +151,9 @@ def config_problems(config: dict) -> list[str]:
     problems = []
     peft_type = config.get("peft_type")
     if peft_type != "LORA":
-        problems.append(f"adapter_config.json peft_type is {peft_type!r}: only LoRA adapters (peft_type 'LORA') can be merged.")
+        problems.append(
+            f"adapter_config.json peft_type is {peft_type!r}: only LoRA adapters (peft_type 'LORA') can be merged."
+        )
     bias = config.get("bias", "none")
     if bias != "none":
         problems.append(
@@ -158,7 +162,9 @@ def config_problems(config: dict) -> list[str]:
     for name, off in _UNSUPPORTED_WHEN_SET.items():
         value = config.get(name, off)
         if value not in (off, None, False, [], {}):
-            problems.append(f"adapter_config.json {name}={value!r} is not supported: retrain without it or merge with PEFT.")
+            problems.append(
+                f"adapter_config.json {name}={value!r} is not supported: retrain without it or merge with PEFT."
+            )
     init = config.get("init_lora_weights", True)
     if isinstance(init, str) and init.lower().startswith(_BASE_REWRITING_INITS):
         problems.append(
@@ -199,8 +205,14 @@ def target_module_problems(adapter: Adapter, modules: set[str]) -> list[str]:
 
 def _split_key(key: str) -> tuple[str, str] | None:
     """(module, role) for a LoRA key, role one of A, B, EA, EB, M (DoRA's magnitude); None for any other key."""
-    for suffix, role in ((".lora_A.weight", "A"), (".lora_B.weight", "B"), (".lora_embedding_A", "EA"), (".lora_embedding_B", "EB"),
-                         (".lora_magnitude_vector", "M"), (".lora_magnitude_vector.weight", "M")):
+    for suffix, role in (
+        (".lora_A.weight", "A"),
+        (".lora_B.weight", "B"),
+        (".lora_embedding_A", "EA"),
+        (".lora_embedding_B", "EB"),
+        (".lora_magnitude_vector", "M"),
+        (".lora_magnitude_vector.weight", "M"),
+    ):
         if key.endswith(suffix):
             return key[: -len(suffix)], role
     return None
@@ -229,15 +241,26 @@ def _dora_problem(module: str, kind: str, use_dora: bool, magnitude_key: str | N
     """What is wrong with a LoRA pair's DoRA part (a magnitude where use_dora is off or missing where
     it is on, an embedding, a magnitude of the wrong length), or None."""
     if magnitude_key is None:
-        return (f"adapter module {module!r} has no DoRA magnitude (lora_magnitude_vector) but adapter_config.json "
-                "says use_dora=true: the adapter file is incomplete.") if use_dora else None
+        return (
+            (
+                f"adapter module {module!r} has no DoRA magnitude (lora_magnitude_vector) but adapter_config.json "
+                "says use_dora=true: the adapter file is incomplete."
+            )
+            if use_dora
+            else None
+        )
     if not use_dora:
         return f"adapter module {module!r} has a DoRA magnitude but adapter_config.json says use_dora=false."
     if kind != "linear":
         return f"adapter module {module!r}: DoRA on an embedding layer is not supported: merge this adapter with PEFT."
     magnitude = adapter.tensors[magnitude_key]
-    return None if magnitude.dim() == 1 else (
-        f"adapter module {module!r}: DoRA magnitude of shape {tuple(magnitude.shape)}: only linear (1-D magnitude) DoRA can be merged.")
+    return (
+        None
+        if magnitude.dim() == 1
+        else (
+            f"adapter module {module!r}: DoRA magnitude of shape {tuple(magnitude.shape)}: only linear (1-D magnitude) DoRA can be merged."
+        )
+    )
 
 
 def read_adapter(folder: Path) -> Adapter:
@@ -246,11 +269,19 @@ def read_adapter(folder: Path) -> Adapter:
     config_path = folder / ADAPTER_CONFIG
     weights_path = folder / ADAPTER_WEIGHTS
     if not folder.is_dir():
-        raise MergeError(f"--adapter {folder} is not a folder: pass the folder holding {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}.")
+        raise MergeError(
+            f"--adapter {folder} is not a folder: pass the folder holding {ADAPTER_CONFIG} and {ADAPTER_WEIGHTS}."
+        )
     if not config_path.is_file():
-        raise MergeError(f"--adapter {folder} has no {ADAPTER_CONFIG}: pass a PEFT adapter folder (model.save_pretrained output).")
+        raise MergeError(
+            f"--adapter {folder} has no {ADAPTER_CONFIG}: pass a PEFT adapter folder (model.save_pretrained output)."
+        )
     if not weights_path.is_file():
-        hint = " (found adapter_model.bin: re-save the adapter with safe_serialization=True)" if (folder / "adapter_model.bin").exists() else ""
+        hint = (
+            " (found adapter_model.bin: re-save the adapter with safe_serialization=True)"
+            if (folder / "adapter_model.bin").exists()
+            else ""
+        )
         raise MergeError(f"--adapter {folder} has no {ADAPTER_WEIGHTS}{hint}.")
     try:
         config = json.loads(config_path.read_text())
@@ -275,8 +306,19 @@ def read_adapter(folder: Path) -> Adapter:
     return adapter
 
 
-def make_pair(adapter: Adapter, module: str, kind: str, a_key: str, b_key: str, magnitude_key: str | None, problems: list[str], *,
-              experts: int = 1, parameter: str | None = None, swapped: bool = False) -> LoraPair | None:
+def make_pair(
+    adapter: Adapter,
+    module: str,
+    kind: str,
+    a_key: str,
+    b_key: str,
+    magnitude_key: str | None,
+    problems: list[str],
+    *,
+    experts: int = 1,
+    parameter: str | None = None,
+    swapped: bool = False,
+) -> LoraPair | None:
     """The LoRA pair of ``module`` with its rank, alpha and scale as PEFT gives them (``rank_pattern``
     and ``alpha_pattern`` matched against the module, or for a weight adapter against
     ``<module>.<weight>``), or None with the problem added. A fused expert weight's pair holds a rank-r
@@ -315,7 +357,7 @@ def _parse_keys(adapter: Adapter, problems: list[str]) -> None:
         if not key.startswith(KEY_PREFIX):
             problems.append(f"adapter tensor {key!r} does not start with {KEY_PREFIX!r}: not a PEFT model adapter.")
             continue
-        name = key[len(KEY_PREFIX):]
+        name = key[len(KEY_PREFIX) :]
         split = _split_key(name)
         if split is not None:
             halves.setdefault(split[0], {})[split[1]] = key
@@ -326,7 +368,9 @@ def _parse_keys(adapter: Adapter, problems: list[str]) -> None:
             # older PEFT files keep the wrapper path: <module>.modules_to_save.<adapter name>.<param>
             module, _, rest = name.partition(".modules_to_save.")
             adapter.replacements[f"{module}.{rest.partition('.')[2]}"] = key
-        elif _matches_module_list(name.rpartition(".")[0], config.get("modules_to_save")) or config.get("ensure_weight_tying"):
+        elif _matches_module_list(name.rpartition(".")[0], config.get("modules_to_save")) or config.get(
+            "ensure_weight_tying"
+        ):
             # under ensure_weight_tying PEFT also saves the tied partner (lm_head) of a listed module;
             # the plan checks that such a key names a tied base weight
             adapter.replacements[name] = key
@@ -341,7 +385,9 @@ def _parse_keys(adapter: Adapter, problems: list[str]) -> None:
         elif set(roles) == {"EA", "EB"}:
             kind = "embedding"
         else:
-            problems.append(f"adapter module {module!r} has an incomplete LoRA pair: {sorted(roles) or ['a DoRA magnitude alone']}.")
+            problems.append(
+                f"adapter module {module!r} has an incomplete LoRA pair: {sorted(roles) or ['a DoRA magnitude alone']}."
+            )
             continue
         dora_problem = _dora_problem(module, kind, use_dora, magnitude_key, adapter)
         if dora_problem:
@@ -357,4 +403,6 @@ def _parse_keys(adapter: Adapter, problems: list[str]) -> None:
     for key in adapter.replacements:
         module = key.rpartition(".")[0]
         if module in adapter.pairs:
-            problems.append(f"adapter module {module!r} is both LoRA-targeted and in modules_to_save: PEFT cannot produce that.")
+            problems.append(
+                f"adapter module {module!r} is both LoRA-targeted and in modules_to_save: PEFT cannot produce that."
+            )

@@ -44,7 +44,9 @@ def parse_device(value: str) -> str:
             raise MergeError(f"--device {value!r}: no CUDA GPU is visible to torch. Use --device cpu.")
         index = int(text[5:]) if ":" in text else 0
         if index >= torch.cuda.device_count():
-            raise MergeError(f"--device {value!r}: only {torch.cuda.device_count()} CUDA device(s) visible (cuda:0 ...).")
+            raise MergeError(
+                f"--device {value!r}: only {torch.cuda.device_count()} CUDA device(s) visible (cuda:0 ...)."
+            )
         return f"cuda:{index}"
     raise MergeError(f"--device {value!r} is not supported. Use cpu, cuda or cuda:N.")
 
@@ -90,8 +92,15 @@ def merge(
     out_code = parse_dtype(dtype)
     device_name = parse_device(device)
     base_dir, adapter_dir, out_dir = _input_and_output_folders(
-        base, adapter, Path(out), overwrite=overwrite, revision=revision, adapter_revision=adapter_revision,
-        allow_pickle=allow_pickle_weights, progress=progress)
+        base,
+        adapter,
+        Path(out),
+        overwrite=overwrite,
+        revision=revision,
+        adapter_revision=adapter_revision,
+        allow_pickle=allow_pickle_weights,
+        progress=progress,
+    )
 
     from .adapter import read_adapter
     from .base import model_structure, read_base
@@ -102,28 +111,72 @@ def merge(
     plan = build_plan(checkpoint, lora, model_structure(base_dir), out_code)
     removed, unsure = remove_stale_builds(out_dir)  # before the space check: they may hold a whole model
     check_free_space(out_dir, plan.output_bytes + 2**20)
-    _write_checkpoint(plan, checkpoint, lora, out_dir, base=base, adapter=adapter, base_dir=base_dir,
-                      adapter_dir=adapter_dir, out_code=out_code, device=device_name, safe=safe, progress=progress)
+    _write_checkpoint(
+        plan,
+        checkpoint,
+        lora,
+        out_dir,
+        base=base,
+        adapter=adapter,
+        base_dir=base_dir,
+        adapter_dir=adapter_dir,
+        out_code=out_code,
+        device=device_name,
+        safe=safe,
+        progress=progress,
+    )
     return _merge_result(plan, out_dir, out_code, tokenizer_source(base_dir, adapter_dir), started, removed, unsure)
 
 
-def _input_and_output_folders(base, adapter, out: Path, *, overwrite: bool, revision: str | None,
-                              adapter_revision: str | None, allow_pickle: bool, progress: bool) -> tuple[Path, Path, Path]:
+def _input_and_output_folders(
+    base,
+    adapter,
+    out: Path,
+    *,
+    overwrite: bool,
+    revision: str | None,
+    adapter_revision: str | None,
+    allow_pickle: bool,
+    progress: bool,
+) -> tuple[Path, Path, Path]:
     """The base and adapter folders (Hub ids downloaded first) and the output folder, checked:
     the inputs are folders, and ``out`` is outside the base and free unless ``overwrite``."""
     from .outdir import check_paths
 
-    base_dir, adapter_dir = _inputs_from_hub(base, adapter, out, revision=revision, adapter_revision=adapter_revision,
-                                             allow_pickle=allow_pickle, overwrite=overwrite, progress=progress)
+    base_dir, adapter_dir = _inputs_from_hub(
+        base,
+        adapter,
+        out,
+        revision=revision,
+        adapter_revision=adapter_revision,
+        allow_pickle=allow_pickle,
+        overwrite=overwrite,
+        progress=progress,
+    )
     if not base_dir.is_dir():
-        raise MergeError(f"--base {base} is not a folder: pass a Hugging Face checkpoint folder or a Hub id (org/name).")
+        raise MergeError(
+            f"--base {base} is not a folder: pass a Hugging Face checkpoint folder or a Hub id (org/name)."
+        )
     if not adapter_dir.is_dir():
         raise MergeError(f"--adapter {adapter} is not a folder: pass a PEFT adapter folder or a Hub id (org/name).")
     return base_dir, adapter_dir, check_paths(base_dir, adapter_dir, out, overwrite)
 
 
-def _write_checkpoint(plan: MergePlan, checkpoint, lora, out_dir: Path, *, base, adapter, base_dir: Path,
-                      adapter_dir: Path, out_code: str | None, device: str, safe: bool, progress: bool) -> None:
+def _write_checkpoint(
+    plan: MergePlan,
+    checkpoint,
+    lora,
+    out_dir: Path,
+    *,
+    base,
+    adapter,
+    base_dir: Path,
+    adapter_dir: Path,
+    out_code: str | None,
+    device: str,
+    safe: bool,
+    progress: bool,
+) -> None:
     """Write the merged checkpoint in a build folder next to ``out_dir`` (shards, index, config,
     the tokenizer and other side files, the marker naming ``base`` and ``adapter``), then publish
     it as ``out_dir``."""
@@ -144,8 +197,15 @@ def _write_checkpoint(plan: MergePlan, checkpoint, lora, out_dir: Path, *, base,
         raise
 
 
-def _merge_result(plan: MergePlan, out_dir: Path, out_code: str | None, tokenizer_from: Path, started: float,
-                  removed: list[Path], unsure: list[Path]) -> MergeResult:
+def _merge_result(
+    plan: MergePlan,
+    out_dir: Path,
+    out_code: str | None,
+    tokenizer_from: Path,
+    started: float,
+    removed: list[Path],
+    unsure: list[Path],
+) -> MergeResult:
     """What the merge of ``plan`` wrote, and how long since ``started`` (a ``perf_counter`` reading)
     it took; ``removed`` and ``unsure``: earlier build folders removed, and those that may be leftovers."""
     return MergeResult(
@@ -160,8 +220,11 @@ def _merge_result(plan: MergePlan, out_dir: Path, out_code: str | None, tokenize
         tokenizer_from=tokenizer_from,
         seconds=time.perf_counter() - started,
         removed_leftovers=tuple(removed),
-        notes=tuple(f"{path} may be left by an interrupted merge (it has no process id to check): delete it if no merge "
-                    "to this --out is running" for path in unsure),
+        notes=tuple(
+            f"{path} may be left by an interrupted merge (it has no process id to check): delete it if no merge "
+            "to this --out is running"
+            for path in unsure
+        ),
     )
 
 
@@ -261,7 +324,9 @@ def _check_finite(name: str, value) -> None:
     import torch
 
     if value.dtype.is_floating_point and not bool(torch.isfinite(value).all()):
-        raise MergeError(f"--safe: merged tensor {name!r} has NaN or infinite values; the adapter is broken. Nothing was written to --out.")
+        raise MergeError(
+            f"--safe: merged tensor {name!r} has NaN or infinite values; the adapter is broken. Nothing was written to --out."
+        )
 
 
 def _write_index(plan: MergePlan, build: Path) -> None:
@@ -272,8 +337,17 @@ def _write_index(plan: MergePlan, build: Path) -> None:
     write_json_atomic(build / "model.safetensors.index.json", index)
 
 
-def _inputs_from_hub(base, adapter, out: Path, *, revision: str | None, adapter_revision: str | None, allow_pickle: bool,
-                     overwrite: bool, progress: bool) -> tuple[Path, Path]:
+def _inputs_from_hub(
+    base,
+    adapter,
+    out: Path,
+    *,
+    revision: str | None,
+    adapter_revision: str | None,
+    allow_pickle: bool,
+    overwrite: bool,
+    progress: bool,
+) -> tuple[Path, Path]:
     """The local folders of ``base`` and ``adapter``: themselves, or their Hub snapshots once downloaded.
 
     Local paths win over Hub ids of the same spelling. ``--out`` is checked before anything is
@@ -287,10 +361,15 @@ def _inputs_from_hub(base, adapter, out: Path, *, revision: str | None, adapter_
 
     base_dir, adapter_dir = Path(base).expanduser(), Path(adapter).expanduser()
     base_hub, adapter_hub = is_hub_id(str(base)), is_hub_id(str(adapter))
-    for option, value, is_hub in (("--revision", revision, base_hub), ("--adapter-revision", adapter_revision, adapter_hub)):
+    for option, value, is_hub in (
+        ("--revision", revision, base_hub),
+        ("--adapter-revision", adapter_revision, adapter_hub),
+    ):
         if value is not None and not is_hub:
             which = "--base" if option == "--revision" else "--adapter"
-            raise MergeError(f"{option} {value!r} applies only when {which} is a Hugging Face Hub id (org/name); drop it.")
+            raise MergeError(
+                f"{option} {value!r} applies only when {which} is a Hugging Face Hub id (org/name); drop it."
+            )
     if not (base_hub or adapter_hub):
         return base_dir, adapter_dir
     from .outdir import _is_within, check_paths
@@ -299,18 +378,34 @@ def _inputs_from_hub(base, adapter, out: Path, *, revision: str | None, adapter_
     if _is_within(out_r, cache_dir().expanduser().resolve()):
         raise MergeError(f"--out {out} is inside the Hugging Face cache ({cache_dir()}): choose a folder outside it.")
     # The repos' cache folders stand in for the folders they will be: --out must not overlap them.
-    check_paths(repo_cache_folder(str(base)) if base_hub else base_dir, repo_cache_folder(str(adapter)) if adapter_hub else adapter_dir,
-                out, overwrite)
+    check_paths(
+        repo_cache_folder(str(base)) if base_hub else base_dir,
+        repo_cache_folder(str(adapter)) if adapter_hub else adapter_dir,
+        out,
+        overwrite,
+    )
     try:
         if adapter_hub:
-            adapter_dir = fetch_adapter(str(adapter), adapter_revision, allow_pickle=allow_pickle, opt_in="--allow-pickle-weights",
-                                        progress=progress, suggest=suggestions).folder
+            adapter_dir = fetch_adapter(
+                str(adapter),
+                adapter_revision,
+                allow_pickle=allow_pickle,
+                opt_in="--allow-pickle-weights",
+                progress=progress,
+                suggest=suggestions,
+            ).folder
     except HubError as err:
         raise MergeError(f"--adapter {adapter}: {err}") from None
     try:
         if base_hub:
-            base_dir = fetch_model(str(base), revision, allow_pickle=allow_pickle, opt_in="--allow-pickle-weights", progress=progress,
-                                   suggest=suggestions).folder
+            base_dir = fetch_model(
+                str(base),
+                revision,
+                allow_pickle=allow_pickle,
+                opt_in="--allow-pickle-weights",
+                progress=progress,
+                suggest=suggestions,
+            ).folder
     except HubError as err:
         raise MergeError(f"--base {base}: {err}") from None
     return base_dir, adapter_dir

@@ -79,12 +79,12 @@ def weight_delta(item, tensors, device):
     a = a.reshape(pair.experts, -1, a.shape[-1])
     b = b.reshape(b.shape[0], -1, pair.experts)
     if item.expert is not None:
-        a, b = a[item.expert:item.expert + 1], b[:, :, item.expert:item.expert + 1]
+        a, b = a[item.expert : item.expert + 1], b[:, :, item.expert : item.expert + 1]
     delta = torch.einsum("o r e, e r i -> e o i" if pair.swapped else "o r e, e r i -> e i o", b, a) * pair.scale
     if item.expert is None:
         return delta
     rows = delta.shape[1] // item.parts
-    return delta[0, item.part * rows:(item.part + 1) * rows]
+    return delta[0, item.part * rows : (item.part + 1) * rows]
 
 
 def add_weight_delta(weight, delta):

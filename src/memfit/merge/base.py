@@ -55,7 +55,9 @@ def read_base(folder: Path) -> BaseCheckpoint:
     """Check the base folder and read every shard header; raises MergeError naming the problem."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise MergeError(f"--base {folder} is not a folder: pass a Hugging Face checkpoint folder (config.json + safetensors).")
+        raise MergeError(
+            f"--base {folder} is not a folder: pass a Hugging Face checkpoint folder (config.json + safetensors)."
+        )
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise MergeError(f"--base {folder} has no config.json: pass a Hugging Face checkpoint folder.")
@@ -64,7 +66,11 @@ def read_base(folder: Path) -> BaseCheckpoint:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise MergeError(f"cannot read {config_path}: {exc}") from exc
     if config.get("quantization_config"):
-        method = config["quantization_config"].get("quant_method", "?") if isinstance(config["quantization_config"], dict) else "?"
+        method = (
+            config["quantization_config"].get("quant_method", "?")
+            if isinstance(config["quantization_config"], dict)
+            else "?"
+        )
         raise MergeError(
             f"--base {folder} is quantized (quantization_config.quant_method={method!r}): merge into the unquantized base model."
         )

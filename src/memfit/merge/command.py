@@ -19,16 +19,58 @@ BaseRevision = REVISION.annotated("merge")
 
 @cli_errors
 def merge_command(
-    base: Annotated[str, typer.Option("--base", help="Base model folder (config.json + model.safetensors, or shards + model.safetensors.index.json), or a Hugging Face Hub id (org/name).", show_default=False)],
-    adapter: Annotated[str, typer.Option("--adapter", help="PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors), or a Hub id.", show_default=False)],
-    out: Annotated[Path, typer.Option("--out", help="Folder to write the merged checkpoint to (must be outside --base).", show_default=False)],
-    dtype: Annotated[str | None, typer.Option("--dtype", help="Output dtype for float tensors: bf16, fp16 or fp32. Default: keep the base's dtype.")] = None,
-    device: Annotated[str, typer.Option("--device", help="Where to compute the LoRA products: cpu, cuda or cuda:N.")] = "cpu",
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier merge in --out (only a folder memfit merge wrote, holding nothing else); the old content is deleted only after the new merge is complete.")] = False,
-    safe: Annotated[bool, typer.Option("--safe", help="Check every merged tensor is finite and stop at the first that is not.")] = False,
+    base: Annotated[
+        str,
+        typer.Option(
+            "--base",
+            help="Base model folder (config.json + model.safetensors, or shards + model.safetensors.index.json), or a Hugging Face Hub id (org/name).",
+            show_default=False,
+        ),
+    ],
+    adapter: Annotated[
+        str,
+        typer.Option(
+            "--adapter",
+            help="PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors), or a Hub id.",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", help="Folder to write the merged checkpoint to (must be outside --base).", show_default=False
+        ),
+    ],
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype", help="Output dtype for float tensors: bf16, fp16 or fp32. Default: keep the base's dtype."
+        ),
+    ] = None,
+    device: Annotated[
+        str, typer.Option("--device", help="Where to compute the LoRA products: cpu, cuda or cuda:N.")
+    ] = "cpu",
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Replace an earlier merge in --out (only a folder memfit merge wrote, holding nothing else); the old content is deleted only after the new merge is complete.",
+        ),
+    ] = False,
+    safe: Annotated[
+        bool, typer.Option("--safe", help="Check every merged tensor is finite and stop at the first that is not.")
+    ] = False,
     revision: BaseRevision = None,
-    adapter_revision: Annotated[str | None, typer.Option("--adapter-revision", help="Branch, tag or commit of a Hub --adapter (default: main).")] = None,
-    allow_pickle_weights: Annotated[bool, typer.Option("--allow-pickle-weights", help="Accept a Hub repo whose only weights are pickled .bin files (pickles can run code: trust the repo); they are converted to safetensors once.")] = False,
+    adapter_revision: Annotated[
+        str | None, typer.Option("--adapter-revision", help="Branch, tag or commit of a Hub --adapter (default: main).")
+    ] = None,
+    allow_pickle_weights: Annotated[
+        bool,
+        typer.Option(
+            "--allow-pickle-weights",
+            help="Accept a Hub repo whose only weights are pickled .bin files (pickles can run code: trust the repo); they are converted to safetensors once.",
+        ),
+    ] = False,
 ) -> None:
     """Merge a LoRA adapter into its base model, one shard at a time, into a Hugging Face checkpoint folder.
 
@@ -43,8 +85,19 @@ def merge_command(
     parse_dtype(dtype)  # fail on a typo before importing torch
     from .api import merge
 
-    result = merge(base, adapter, out, dtype=dtype, device=device, overwrite=overwrite, safe=safe, progress=True,
-                   revision=revision, adapter_revision=adapter_revision, allow_pickle_weights=allow_pickle_weights)
+    result = merge(
+        base,
+        adapter,
+        out,
+        dtype=dtype,
+        device=device,
+        overwrite=overwrite,
+        safe=safe,
+        progress=True,
+        revision=revision,
+        adapter_revision=adapter_revision,
+        allow_pickle_weights=allow_pickle_weights,
+    )
     for path in result.removed_leftovers:
         console.print(f"removed {escape(str(path))}: left by an interrupted merge", highlight=False)
     for note in result.notes:

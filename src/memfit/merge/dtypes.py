@@ -47,8 +47,21 @@ FLOAT_CODES = frozenset({"F64", "F32", "F16", "BF16"})
 CONFIG_NAMES: dict[str, str] = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 BYTES_PER_ELEMENT: dict[str, int] = {
-    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1,
-    "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "U16": 2, "U32": 4, "U64": 8, "BOOL": 1,
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "U16": 2,
+    "U32": 4,
+    "U64": 8,
+    "BOOL": 1,
 }
 
 

@@ -64,11 +64,15 @@ def check_paths(base: Path, adapter: Path, out: Path, overwrite: bool) -> Path:
         raise MergeError(clash)
     base_r, adapter_r, out_r = (Path(p).expanduser().resolve() for p in (base, adapter, out))
     if _is_within(out_r, base_r):
-        raise MergeError(f"--out {out} is inside --base {base} (resolved {out_r}): choose a folder outside the base model.")
+        raise MergeError(
+            f"--out {out} is inside --base {base} (resolved {out_r}): choose a folder outside the base model."
+        )
     if _is_within(base_r, out_r):
         raise MergeError(f"--out {out} contains --base {base}: choose a folder that does not hold the base model.")
     if _is_within(adapter_r, out_r):
-        raise MergeError(f"--out {out} is or contains --adapter {adapter}: choose a separate folder for the merged model.")
+        raise MergeError(
+            f"--out {out} is or contains --adapter {adapter}: choose a separate folder for the merged model."
+        )
     if out_r.exists() and not out_r.is_dir():
         raise MergeError(f"--out {out} exists and is not a folder: choose a folder path.")
     if out_r.is_dir() and any(out_r.iterdir()):
@@ -79,8 +83,10 @@ def check_paths(base: Path, adapter: Path, out: Path, overwrite: bool) -> Path:
             )
         problem = replace_problem(out_r)
         if problem:
-            raise MergeError(f"--out {out}: --overwrite replaces only a folder memfit merge wrote, and {problem}. "
-                             "Choose another --out, or delete that folder yourself if it is yours to delete.")
+            raise MergeError(
+                f"--out {out}: --overwrite replaces only a folder memfit merge wrote, and {problem}. "
+                "Choose another --out, or delete that folder yourself if it is yours to delete."
+            )
     if not out_r.parent.is_dir():
         raise MergeError(f"--out {out}: parent folder {out_r.parent} does not exist.")
     check_folder_writable(out_r, "--out")
@@ -101,7 +107,9 @@ def replace_problem(out: Path) -> str | None:
     if not isinstance(marker, dict) or marker.get("generator") != GENERATOR:
         return f"it has no {MARKER} (it was not written by memfit merge)"
     merge_names = {MARKER, "config.json", "model.safetensors.index.json", *MODEL_FILES, *TOKENIZER_FILES}
-    foreign = sorted(p.name for p in out.iterdir() if not (p.is_file() and (p.name in merge_names or _SHARD_NAME.match(p.name))))
+    foreign = sorted(
+        p.name for p in out.iterdir() if not (p.is_file() and (p.name in merge_names or _SHARD_NAME.match(p.name)))
+    )
     if foreign:
         listed = ", ".join(repr(n) for n in foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
         return f"it also holds what a merge does not write ({listed})"
@@ -116,8 +124,17 @@ def write_marker(build: Path, base: str, adapter: str, dtype: str | None) -> Non
         memfit_version = version("memfit")
     except PackageNotFoundError:  # run from a source tree that is not installed
         memfit_version = None
-    write_json_atomic(build / MARKER, {"generator": GENERATOR, "version": memfit_version, "base": base, "adapter": adapter,
-                                       "dtype": dtype, "merged_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    write_json_atomic(
+        build / MARKER,
+        {
+            "generator": GENERATOR,
+            "version": memfit_version,
+            "base": base,
+            "adapter": adapter,
+            "dtype": dtype,
+            "merged_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        },
+    )
 
 
 def check_free_space(out: Path, needed_bytes: int) -> None:
@@ -159,7 +176,6 @@ def remove_stale_builds(out: Path) -> tuple[list[Path], list[Path]]:
         elif not match and re.match(rf"^{re.escape(out.name)}\.partial-[^-]+$", path.name):
             unsure.append(path)
     return removed, unsure
-
 
 
 def tokenizer_source(base: Path, adapter: Path) -> Path:

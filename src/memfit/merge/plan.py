@@ -141,8 +141,13 @@ def _checkpoint_storages(base: BaseCheckpoint, structure: ModelStructure) -> tup
     return binding, tied_alias
 
 
-def _replace_modules_to_save(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure,
-                             binding: dict[str, Storage], tied_alias: dict[str, str]) -> list[str]:
+def _replace_modules_to_save(
+    base: BaseCheckpoint,
+    adapter: Adapter,
+    structure: ModelStructure,
+    binding: dict[str, Storage],
+    tied_alias: dict[str, str],
+) -> list[str]:
     """modules_to_save: a fresh tensor per module, shared by the whole tied group under
     ensure_weight_tying (PEFT then ties the two saved copies back together); the problems found."""
     problems: list[str] = []
@@ -154,7 +159,9 @@ def _replace_modules_to_save(base: BaseCheckpoint, adapter: Adapter, structure: 
         target = base.specs[tied_alias.get(key, key)]
         got = adapter.shape(adapter_key)
         if got != target.shape:
-            problems.append(f"shape mismatch: adapter tensor {adapter_key!r} is {list(got)} but base tensor {key!r} is {list(target.shape)}.")
+            problems.append(
+                f"shape mismatch: adapter tensor {adapter_key!r} is {list(got)} but base tensor {key!r} is {list(target.shape)}."
+            )
             continue
         if id(binding[key]) in tied_by_replacement:
             continue  # already replaced together with its tied partner
@@ -162,7 +169,9 @@ def _replace_modules_to_save(base: BaseCheckpoint, adapter: Adapter, structure: 
         if adapter.ensure_weight_tying and len(group) > 1 and len({id(binding[name]) for name in group}) == 1:
             # one fresh tensor for the whole group, valued as the checkpoint member's saved copy
             source = tied_alias.get(key, key)
-            chosen = next((adapter.replacements[n] for n in group if n == source and n in adapter.replacements), adapter_key)
+            chosen = next(
+                (adapter.replacements[n] for n in group if n == source and n in adapter.replacements), adapter_key
+            )
             fresh = Storage(source, chosen)
             for name in group:
                 binding[name] = fresh
@@ -183,13 +192,17 @@ def _copy_base_layers(base: BaseCheckpoint, adapter: Adapter, binding: dict[str,
         got = adapter.shape(adapter_key)
         want = base.specs[binding[key].base_key].shape
         if got != want:
-            problems.append(f"shape mismatch: adapter tensor {adapter_key!r} is {list(got)} but base tensor {key!r} is {list(want)}.")
+            problems.append(
+                f"shape mismatch: adapter tensor {adapter_key!r} is {list(got)} but base tensor {key!r} is {list(want)}."
+            )
             continue
         storage = binding[key]
         if storage.adapter_key is None:
             storage.adapter_key = adapter_key
         elif not adapter.tensors[storage.adapter_key].equal(adapter.tensors[adapter_key]):
-            problems.append(f"adapter tensors {storage.adapter_key!r} and {adapter_key!r} are different copies of one tied base weight.")
+            problems.append(
+                f"adapter tensors {storage.adapter_key!r} and {adapter_key!r} are different copies of one tied base weight."
+            )
     return problems
 
 
@@ -208,8 +221,13 @@ def _transpose(module: str, pair: LoraPair, adapter: Adapter, structure: ModelSt
     return adapter.fan_in_fan_out
 
 
-def _add_deltas(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructure,
-                binding: dict[str, Storage], tied_alias: dict[str, str]) -> list[str]:
+def _add_deltas(
+    base: BaseCheckpoint,
+    adapter: Adapter,
+    structure: ModelStructure,
+    binding: dict[str, Storage],
+    tied_alias: dict[str, str],
+) -> list[str]:
     """Every LoRA pair as a delta on the storage of its module's weight; the problems found."""
     problems: list[str] = []
     weight_pairs = resolve_weight_pairs(adapter, structure, problems)  # before the plain pairs: it may add some
@@ -237,43 +255,61 @@ def _add_deltas(base: BaseCheckpoint, adapter: Adapter, structure: ModelStructur
             )
             continue
         if base.specs[storage.base_key].dtype not in FLOAT_CODES:
-            problems.append(f"base tensor {key!r} is {base.specs[storage.base_key].dtype}: LoRA can only be merged into float weights.")
+            problems.append(
+                f"base tensor {key!r} is {base.specs[storage.base_key].dtype}: LoRA can only be merged into float weights."
+            )
             continue
         if pair.magnitude_key is not None:
             rows = want[1] if transpose else want[0]
             length = adapter.shape(pair.magnitude_key)
             if length != (rows,):
-                problems.append(f"shape mismatch: adapter DoRA magnitude {pair.magnitude_key!r} is {list(length)} but base tensor "
-                                f"{key!r} has {rows} output rows.")
+                problems.append(
+                    f"shape mismatch: adapter DoRA magnitude {pair.magnitude_key!r} is {list(length)} but base tensor "
+                    f"{key!r} has {rows} output rows."
+                )
                 continue
         if storage.deltas and (pair.magnitude_key is not None or any(d.pair.magnitude_key for d in storage.deltas)):
-            problems.append(f"base tensor {key!r} is shared by tied modules that both get adapters, one of them DoRA: "
-                            "merge this adapter with PEFT.")
+            problems.append(
+                f"base tensor {key!r} is shared by tied modules that both get adapters, one of them DoRA: "
+                "merge this adapter with PEFT."
+            )
             continue
         order = structure.order.get(module, 1 if key in tied_alias else 0)
         storage.deltas.append(Delta(pair, transpose, order))
     return problems
 
 
-def _output_shards(base: BaseCheckpoint, binding: dict[str, Storage], tied_alias: dict[str, str],
-                   out_dtype: str | None) -> tuple[dict[str, list[OutputTensor]], bool]:
+def _output_shards(
+    base: BaseCheckpoint, binding: dict[str, Storage], tied_alias: dict[str, str], out_dtype: str | None
+) -> tuple[dict[str, list[OutputTensor]], bool]:
     """The output tensors of each shard, in input shard order, and whether a tied pair came apart
     (then the alias is written next to the tensor it used to share)."""
     shards: dict[str, list[OutputTensor]] = {shard: [] for shard in base.shards}
     for key in base.specs:
         storage = binding[key]
-        shards[base.shard_of[key]].append(OutputTensor(key, storage, _out_spec(key, base.specs[storage.base_key], out_dtype)))
+        shards[base.shard_of[key]].append(
+            OutputTensor(key, storage, _out_spec(key, base.specs[storage.base_key], out_dtype))
+        )
     untied = False
     for alias, source in tied_alias.items():
         if binding[alias] is not binding[source]:
             untied = True
             storage = binding[alias]
-            shards[base.shard_of[source]].append(OutputTensor(alias, storage, _out_spec(alias, base.specs[storage.base_key], out_dtype)))
+            shards[base.shard_of[source]].append(
+                OutputTensor(alias, storage, _out_spec(alias, base.specs[storage.base_key], out_dtype))
+            )
     return shards, untied
 
 
-def _place_weight_pair(key: str, pair: LoraPair, adapter: Adapter, binding: dict[str, Storage], base: BaseCheckpoint,
-                       structure: ModelStructure, problems: list[str]) -> None:
+def _place_weight_pair(
+    key: str,
+    pair: LoraPair,
+    adapter: Adapter,
+    binding: dict[str, Storage],
+    base: BaseCheckpoint,
+    structure: ModelStructure,
+    problems: list[str],
+) -> None:
     """Give the tensors that hold weight ``key`` the update of PEFT's weight adapter ``pair``: the tensor
     itself (maybe under the checkpoint's older name), or each expert's tensors where the checkpoint
     stores the experts apart (:mod:`memfit.merge.weights`)."""
@@ -284,7 +320,9 @@ def _place_weight_pair(key: str, pair: LoraPair, adapter: Adapter, binding: dict
         want, code = base.specs[binding[stored].base_key].shape, base.specs[binding[stored].base_key].dtype
         got = ((pair.experts,) + update) if pair.experts > 1 else update
         if tuple(want) != got:
-            problems.append(f"shape mismatch: adapter weight {key!r} gives a {list(got)} update but base tensor {stored!r} is {list(want)}.")
+            problems.append(
+                f"shape mismatch: adapter weight {key!r} gives a {list(got)} update but base tensor {stored!r} is {list(want)}."
+            )
         elif code not in FLOAT_CODES:
             problems.append(f"base tensor {stored!r} is {code}: LoRA can only be merged into float weights.")
         else:
@@ -298,8 +336,10 @@ def _place_weight_pair(key: str, pair: LoraPair, adapter: Adapter, binding: dict
         want = base.specs[binding[piece.base_key].base_key].shape
         got = (update[0] // piece.parts, update[1])
         if tuple(want) != got or pair.experts == 1 or piece.expert >= pair.experts:
-            problems.append(f"shape mismatch: adapter weight {key!r} gives expert {piece.expert} a {list(got)} part but base tensor "
-                            f"{piece.base_key!r} is {list(want)}.")
+            problems.append(
+                f"shape mismatch: adapter weight {key!r} gives expert {piece.expert} a {list(got)} part but base tensor "
+                f"{piece.base_key!r} is {list(want)}."
+            )
             continue
         binding[piece.base_key].deltas.append(Delta(pair, False, order, piece.expert, piece.part, piece.parts))
 

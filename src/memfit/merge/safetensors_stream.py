@@ -46,7 +46,11 @@ def build_header(specs: list[TensorSpec], metadata: dict[str, str]) -> bytes:
     header: dict[str, object] = {"__metadata__": dict(metadata)}
     offset = 0
     for spec in data_order(specs):
-        header[spec.name] = {"dtype": spec.dtype, "shape": list(spec.shape), "data_offsets": [offset, offset + spec.nbytes]}
+        header[spec.name] = {
+            "dtype": spec.dtype,
+            "shape": list(spec.shape),
+            "data_offsets": [offset, offset + spec.nbytes],
+        }
         offset += spec.nbytes
     body = json.dumps(header, separators=(",", ":")).encode("utf-8")
     body += b" " * (-(8 + len(body)) % 8)
@@ -84,7 +88,7 @@ class StreamingWriter:
 
     def close(self) -> None:
         """Flush to disk; refuses to leave a file whose header promises tensors never written."""
-        missing = [s.name for s in self.order[self._next:]]
+        missing = [s.name for s in self.order[self._next :]]
         self._file.flush()
         import os
 
@@ -111,7 +115,9 @@ def read_offsets(path: Path) -> tuple[int, dict[str, tuple[int, int]]]:
     return 8 + header_len, offsets
 
 
-def copy_bytes(writer: StreamingWriter, name: str, source: Path, start: int, end: int, chunk_bytes: int = 16 * 2**20) -> None:
+def copy_bytes(
+    writer: StreamingWriter, name: str, source: Path, start: int, end: int, chunk_bytes: int = 16 * 2**20
+) -> None:
     """Write tensor `name` by copying bytes [start, end) of `source` in chunks of `chunk_bytes`."""
     spec = writer.order[writer._next]
     if name != spec.name:

@@ -37,7 +37,9 @@ def resolve_weight_pairs(adapter: Adapter, structure: ModelStructure, problems: 
     for path, (a_key, b_key, magnitude_key) in sorted(adapter.wrapped.items()):
         module = path.replace(".base_layer", "")
         depth = path.count(".base_layer")
-        targeted = [(name, shape) for name, shape in structure.weights.get(module, []) if _targeted(f"{module}.{name}", targets)]
+        targeted = [
+            (name, shape) for name, shape in structure.weights.get(module, []) if _targeted(f"{module}.{name}", targets)
+        ]
         if depth >= len(targeted):
             pair = make_pair(adapter, path, "linear", a_key, b_key, magnitude_key, problems)
             if pair is not None:
@@ -46,8 +48,18 @@ def resolve_weight_pairs(adapter: Adapter, structure: ModelStructure, problems: 
         name, shape = targeted[len(targeted) - 1 - depth]  # the first weight is wrapped first: innermost
         experts = shape[0] if len(shape) == 3 else 1
         swapped = len(shape) == 3 and not structure.transposed.get(module, False)
-        pair = make_pair(adapter, module, "linear", a_key, b_key, magnitude_key, problems, experts=experts, parameter=name,
-                         swapped=swapped)
+        pair = make_pair(
+            adapter,
+            module,
+            "linear",
+            a_key,
+            b_key,
+            magnitude_key,
+            problems,
+            experts=experts,
+            parameter=name,
+            swapped=swapped,
+        )
         if pair is not None:
             resolved[f"{module}.{name}"] = pair
     return resolved
@@ -75,7 +87,9 @@ def checkpoint_pieces(base_keys, structure: ModelStructure) -> dict[str, list[Pi
         if found is None:
             continue
         parts = len(converter.source_patterns)
-        pieces.setdefault(target, []).append(Piece(key, int(found.group(1)), converter.source_patterns.index(pattern), parts))
+        pieces.setdefault(target, []).append(
+            Piece(key, int(found.group(1)), converter.source_patterns.index(pattern), parts)
+        )
     return pieces
 
 

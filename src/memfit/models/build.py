@@ -165,8 +165,12 @@ def _parameters_hidden(owner: nn.Module):
     initializer that would also draw them runs: the loaded weights stay as they are."""
     saved = [(m, m._parameters) for m in owner.modules()]
     for m, parameters in saved:
-        m._parameters = {name: None if p is None else nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
-                         for name, p in parameters.items()}
+        m._parameters = {
+            name: None
+            if p is None
+            else nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"), requires_grad=False)
+            for name, p in parameters.items()
+        }
     try:
         yield
     finally:

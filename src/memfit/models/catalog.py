@@ -27,9 +27,22 @@ from memfit.models.errors import HubError, ModelNotFoundError
 #: 96 characters each) or path one types; a longer one is a mistake (a paste gone wrong).
 MAX_MODEL_CHARS = 1024
 
-__all__ = ["MAX_MODEL_CHARS", "ModelNotFoundError", "ModelSource", "PeftAdapter", "Variant", "catalog_names", "catalog_sources",
-           "catalog_variants", "load_catalog_config", "model_argument_problem", "peft_adapter", "resolve_model", "resolve_source",
-           "suggestions"]
+__all__ = [
+    "MAX_MODEL_CHARS",
+    "ModelNotFoundError",
+    "ModelSource",
+    "PeftAdapter",
+    "Variant",
+    "catalog_names",
+    "catalog_sources",
+    "catalog_variants",
+    "load_catalog_config",
+    "model_argument_problem",
+    "peft_adapter",
+    "resolve_model",
+    "resolve_source",
+    "suggestions",
+]
 
 
 @dataclass(frozen=True)
@@ -68,8 +81,10 @@ def model_argument_problem(text: str) -> str | None:
     than :data:`MAX_MODEL_CHARS`. The page's model names and the command line's arguments alike."""
     if len(text) <= MAX_MODEL_CHARS:
         return None
-    return (f"{shown(text)} is longer than a model name or path can be (at most {MAX_MODEL_CHARS:,} characters); give a "
-            "catalog name (`memfit models`), a Hugging Face Hub id (org/name) or the path to a config.json.")
+    return (
+        f"{shown(text)} is longer than a model name or path can be (at most {MAX_MODEL_CHARS:,} characters); give a "
+        "catalog name (`memfit models`), a Hugging Face Hub id (org/name) or the path to a config.json."
+    )
 
 
 def _local_kind(path: Path) -> str | None:
@@ -100,7 +115,11 @@ def resolve_model(model: str | Path | dict, revision: str | None = None) -> Mode
                 "name or a local path: leave the revision out."
             )
     if isinstance(model, dict):
-        return ModelSource(name=str(model.get("_name_or_path") or model.get("model_type") or "custom"), config=dict(model), origin="dict")
+        return ModelSource(
+            name=str(model.get("_name_or_path") or model.get("model_type") or "custom"),
+            config=dict(model),
+            origin="dict",
+        )
     text = str(model)
     too_long = model_argument_problem(text)
     if too_long:
@@ -119,7 +138,9 @@ def resolve_model(model: str | Path | dict, revision: str | None = None) -> Mode
             )
         return ModelSource(name=path.resolve().name, config=read_config_file(config_path), origin="folder", path=path)
     if local == "file":
-        return ModelSource(name=_name_from_config_path(path), config=read_config_file(path), origin="config.json", path=path)
+        return ModelSource(
+            name=_name_from_config_path(path), config=read_config_file(path), origin="config.json", path=path
+        )
     from memfit.models.hub import looks_like_hub_id
 
     if looks_like_hub_id(text):  # not a local path (checked above): the Hub
@@ -199,16 +220,23 @@ def _stand_in(repo_id: str) -> tuple[dict[str, Any], str] | None:
     cannot answer: the catalog entry copied from it, or the entry whose shape it has."""
     name = catalog_sources().get(repo_id.lower())
     if name is not None:
-        return load_catalog_config(name), f"memfit's shipped copy of {repo_id}'s config.json (catalog name {name}), which needs no network"
+        return load_catalog_config(
+            name
+        ), f"memfit's shipped copy of {repo_id}'s config.json (catalog name {name}), which needs no network"
     variant = catalog_variants().get(repo_id.lower())
     if variant is None:
         return None
     source = dict(_catalog_table())[variant.catalog_name]
-    positions = (f"; max_position_embeddings {variant.max_position_embeddings} is {repo_id}'s"
-                 if variant.max_position_embeddings else "")
-    return variant.config(), (f"memfit's shipped copy of {source}'s config.json (catalog name {variant.catalog_name}), which "
-                              f"needs no network: {repo_id} has its shape (its config.json differs in {variant.differs}"
-                              f"{positions})")
+    positions = (
+        f"; max_position_embeddings {variant.max_position_embeddings} is {repo_id}'s"
+        if variant.max_position_embeddings
+        else ""
+    )
+    return variant.config(), (
+        f"memfit's shipped copy of {source}'s config.json (catalog name {variant.catalog_name}), which "
+        f"needs no network: {repo_id} has its shape (its config.json differs in {variant.differs}"
+        f"{positions})"
+    )
 
 
 def suggestions(repo_id: str) -> list[str]:
@@ -240,8 +268,14 @@ def resolve_source(repo_id: str, revision: str | None = None) -> ModelSource:
         config, what = stand_in
         return ModelSource(name=repo_id, config=config, origin="catalog", note=f"{err.reason}: planned with {what}")
     name = repo_id if revision is None else f"{repo_id}@{revision}"
-    return ModelSource(name=name, config=read_config(snapshot), origin="hub", path=snapshot.folder,
-                       note=snapshot.note, hub=snapshot.record())
+    return ModelSource(
+        name=name,
+        config=read_config(snapshot),
+        origin="hub",
+        path=snapshot.folder,
+        note=snapshot.note,
+        hub=snapshot.record(),
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -310,18 +344,22 @@ def model_type_problem(config: dict[str, Any]) -> str | None:
 
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
-        return f"model_type {model_type!r} is not an architecture name (e.g. \"model_type\": \"llama\")."
+        return f'model_type {model_type!r} is not an architecture name (e.g. "model_type": "llama").'
     if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return _nested_language_model(config, model_type)
     import transformers
 
     if model_type in CONFIG_MAPPING_NAMES:
-        return (f"model_type {model_type!r} has no causal language model in transformers {transformers.__version__} "
-                "(AutoModelForCausalLM): memfit fine-tunes causal LMs (Llama, Qwen, Mistral, Gemma, GPT-2...).")
+        return (
+            f"model_type {model_type!r} has no causal language model in transformers {transformers.__version__} "
+            "(AutoModelForCausalLM): memfit fine-tunes causal LMs (Llama, Qwen, Mistral, Gemma, GPT-2...)."
+        )
     close = difflib.get_close_matches(model_type, sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES), n=3, cutoff=0.6)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-    return (f"model_type {model_type!r} is not an architecture transformers {transformers.__version__} knows.{hint} "
-            "(A new architecture needs a newer transformers: pip install -U transformers.)")
+    return (
+        f"model_type {model_type!r} is not an architecture transformers {transformers.__version__} knows.{hint} "
+        "(A new architecture needs a newer transformers: pip install -U transformers.)"
+    )
 
 
 def _nested_language_model(config: dict[str, Any], model_type: str) -> str | None:
@@ -331,8 +369,10 @@ def _nested_language_model(config: dict[str, Any], model_type: str) -> str | Non
     if not isinstance(text, dict) or "num_hidden_layers" in config:
         return None
     inner = text.get("model_type") or f"{model_type}_text"
-    return (f"model_type {model_type!r} is a multimodal config whose language model is under text_config: memfit "
-            f"fine-tunes the language model alone. Give its text_config as the config (model_type {inner!r}).")
+    return (
+        f"model_type {model_type!r} is a multimodal config whose language model is under text_config: memfit "
+        f"fine-tunes the language model alone. Give its text_config as the config (model_type {inner!r})."
+    )
 
 
 def max_positions(config: dict[str, Any]) -> int | None:
@@ -350,8 +390,10 @@ def seq_len_problem(name: str, config: dict[str, Any], seq_len: int, spelling: s
     limit = max_positions(config)
     if limit is None or seq_len <= limit:
         return None
-    return (f"{spell('seq_len', spelling)}: {seq_len} is beyond {name}'s max_position_embeddings ({limit}). "
-            f"Use {spell_setting('seq_len', limit, spelling)} or less (or extend the context with RoPE scaling in the config).")
+    return (
+        f"{spell('seq_len', spelling)}: {seq_len} is beyond {name}'s max_position_embeddings ({limit}). "
+        f"Use {spell_setting('seq_len', limit, spelling)} or less (or extend the context with RoPE scaling in the config)."
+    )
 
 
 def _name_from_config_path(path: Path) -> str:

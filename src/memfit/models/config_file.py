@@ -27,6 +27,6 @@ def read_config_file(path: Path) -> dict[str, Any]:
     if "model_type" not in data:
         raise ModelNotFoundError(
             f"{path}: no 'model_type' field, so transformers cannot tell which architecture to build. "
-            "Add it (e.g. \"model_type\": \"llama\") or use the model's original config.json."
+            'Add it (e.g. "model_type": "llama") or use the model\'s original config.json.'
         )
     return data

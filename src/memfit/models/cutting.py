@@ -35,7 +35,9 @@ def per_layer_names(config) -> list[str]:
     """Names of the config's per-layer lists (stored fields and properties alike): attributes
     named for layers or blocks whose value has one entry a decoder layer."""
     num_layers = int(config.num_hidden_layers)
-    names = set(_field_names(config)) | {n for n in dir(type(config)) if isinstance(getattr(type(config), n, None), property)}
+    names = set(_field_names(config)) | {
+        n for n in dir(type(config)) if isinstance(getattr(type(config), n, None), property)
+    }
     found = []
     for name in sorted(names):
         if not ("layer" in name or "block" in name) or name.startswith("mtp") or name == "num_hidden_layers":
@@ -88,7 +90,9 @@ def cut_config_data(config_dict: dict[str, Any], full_config, sources: Sequence[
 
 def _layer_count_keys(config, aliases: dict[str, str]) -> list[str]:
     """The keys that say the depth: num_hidden_layers and the names it is also stored under."""
-    keys = {"num_hidden_layers"} | {name for name in DEPTH_SYNONYMS if getattr(config, name, None) == config.num_hidden_layers}
+    keys = {"num_hidden_layers"} | {
+        name for name in DEPTH_SYNONYMS if getattr(config, name, None) == config.num_hidden_layers
+    }
     for alias, target in aliases.items():
         if "num_hidden_layers" in (alias, target):
             keys |= {alias, target}

@@ -94,7 +94,9 @@ class ExpertAssembler:
         converter = next(c for c in self.converters if pattern in c.source_patterns)
         kinds = [type(op).__name__ for op in converter.operations]
         if kinds not in (["MergeModulelist"], ["MergeModulelist", "Concatenate"]):
-            raise ExpertCheckpointError(f"{name}: transformers converts it with {', '.join(kinds)}, which memfit does not load")
+            raise ExpertCheckpointError(
+                f"{name}: transformers converts it with {', '.join(kinds)}, which memfit does not load"
+            )
         fused = self.fused[target]
         fused.pieces = len(converter.source_patterns)
         expert = _expert_index(name, pattern)
@@ -111,7 +113,7 @@ class ExpertAssembler:
         param = _stack(fused, tensor.device)
         rows = tensor.shape[0]
         with torch.no_grad():
-            param[expert, position * rows:(position + 1) * rows].copy_(tensor)
+            param[expert, position * rows : (position + 1) * rows].copy_(tensor)
         fused.waiting.setdefault(expert, {})[position] = None
         if len(fused.waiting[expert]) == fused.pieces:
             del fused.waiting[expert]
@@ -135,7 +137,9 @@ class ExpertAssembler:
             return
         param = _stack(fused, dense.device)
         if tuple(param.shape) != tuple(dense.shape):
-            raise ExpertCheckpointError(f"{target}: MXFP4 tensors of shape {tuple(dense.shape)} but the model expects {tuple(param.shape)}")
+            raise ExpertCheckpointError(
+                f"{target}: MXFP4 tensors of shape {tuple(dense.shape)} but the model expects {tuple(param.shape)}"
+            )
         with torch.no_grad():
             param.copy_(dense)
         fused.done.update(range(param.shape[0]))
@@ -144,10 +148,15 @@ class ExpertAssembler:
         """A fused weight stored whole, for 4-bit experts: quantized expert by expert."""
         fused = self.fused[target]
         weight = next(w for w in fused.module.expert_weights if w.name == fused.name)
-        want = (weight.num_experts, weight.in_features, weight.out_features) if weight.transposed else \
-            (weight.num_experts, weight.out_features, weight.in_features)
+        want = (
+            (weight.num_experts, weight.in_features, weight.out_features)
+            if weight.transposed
+            else (weight.num_experts, weight.out_features, weight.in_features)
+        )
         if tuple(tensor.shape) != want:
-            raise ExpertCheckpointError(f"{target}: checkpoint shape {tuple(tensor.shape)} but the model expects {want}")
+            raise ExpertCheckpointError(
+                f"{target}: checkpoint shape {tuple(tensor.shape)} but the model expects {want}"
+            )
         for expert in range(weight.num_experts):
             quantize_expert(fused.module, fused.name, expert, tensor[expert])
             fused.done.add(expert)
@@ -161,7 +170,9 @@ def _stack(fused: _Fused, device: torch.device) -> torch.Tensor:
     """The 16-bit fused parameter, given empty storage on ``device`` when its first piece comes."""
     param = fused.module._parameters[fused.name]
     if param.is_meta:
-        param = nn.Parameter(torch.empty(param.shape, dtype=param.dtype, device=device), requires_grad=param.requires_grad)
+        param = nn.Parameter(
+            torch.empty(param.shape, dtype=param.dtype, device=device), requires_grad=param.requires_grad
+        )
         fused.module._parameters[fused.name] = param
     return param
 

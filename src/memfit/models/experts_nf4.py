@@ -63,8 +63,12 @@ class NF4Experts:
     compute_dtype: torch.dtype
     lora_factors: dict[str, tuple[torch.Tensor, torch.Tensor, float, bool]]
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor | None = None,
-                top_k_weights: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        top_k_index: torch.Tensor | None = None,
+        top_k_weights: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if top_k_index is None:
             return _every_expert_forward(self, hidden_states)
         return _routed_forward(self, hidden_states, top_k_index, top_k_weights)
@@ -143,8 +147,13 @@ def quantize_expert(module: nn.Module, name: str, index: int, dense: torch.Tenso
     _give_storage(module, weight, dense.device)
     if weight.transposed:
         dense = dense.t()
-    packed, state = bnbf.quantize_4bit(dense.contiguous().to(module.compute_dtype), blocksize=NF4_BLOCKSIZE,
-                                       compress_statistics=True, quant_type="nf4", quant_storage=torch.uint8)
+    packed, state = bnbf.quantize_4bit(
+        dense.contiguous().to(module.compute_dtype),
+        blocksize=NF4_BLOCKSIZE,
+        compress_statistics=True,
+        quant_type="nf4",
+        quant_storage=torch.uint8,
+    )
     with torch.no_grad():
         getattr(module, name)[index].copy_(packed.view(-1))
         getattr(module, f"{name}_absmax")[index].copy_(state.absmax)
@@ -168,8 +177,12 @@ def _give_storage(module: nn.Module, weight: ExpertWeight, device: torch.device)
         module._buffers[ABSMAX_CODE] = torch.zeros(256, dtype=torch.float32, device=device)
 
 
-def fill_random(module: nn.Module, device: torch.device | str | None = None, generator: torch.Generator | None = None,
-                std: float = 0.02) -> None:
+def fill_random(
+    module: nn.Module,
+    device: torch.device | str | None = None,
+    generator: torch.Generator | None = None,
+    std: float = 0.02,
+) -> None:
     """Quantize a random dense weight (normal, ``std``) into every expert of ``module``'s storage, on
     ``device`` (default: where the storage is); a fake module (the planner's) has no values to fill."""
     from torch._subclasses.fake_tensor import FakeTensor
@@ -179,7 +192,11 @@ def fill_random(module: nn.Module, device: torch.device | str | None = None, gen
         if isinstance(packed, FakeTensor):
             continue
         where = torch.device(device) if device is not None else packed.device
-        shape = (weight.in_features, weight.out_features) if weight.transposed else (weight.out_features, weight.in_features)
+        shape = (
+            (weight.in_features, weight.out_features)
+            if weight.transposed
+            else (weight.out_features, weight.in_features)
+        )
         for index in range(weight.num_experts):
             dense = torch.empty(shape, dtype=module.compute_dtype, device=where).normal_(0.0, std, generator=generator)
             quantize_expert(module, weight.name, index, dense)
@@ -196,11 +213,22 @@ def dequantized(module: nn.Module, name: str) -> torch.Tensor:
 
 def _dequantize_expert(module: nn.Module, weight: ExpertWeight, index: int) -> torch.Tensor:
     ops = torch.ops.bitsandbytes
-    absmax = ops.dequantize_blockwise.default(getattr(module, f"{weight.name}_absmax")[index], getattr(module, f"{weight.name}_absmax2")[index],
-                                              getattr(module, ABSMAX_CODE), ABSMAX_BLOCKSIZE, torch.float32)
+    absmax = ops.dequantize_blockwise.default(
+        getattr(module, f"{weight.name}_absmax")[index],
+        getattr(module, f"{weight.name}_absmax2")[index],
+        getattr(module, ABSMAX_CODE),
+        ABSMAX_BLOCKSIZE,
+        torch.float32,
+    )
     absmax = absmax + getattr(module, f"{weight.name}_offset")[index]
-    return ops.dequantize_4bit.default(getattr(module, weight.name)[index], absmax, NF4_BLOCKSIZE, "nf4",
-                                       [weight.out_features, weight.in_features], module.compute_dtype)
+    return ops.dequantize_4bit.default(
+        getattr(module, weight.name)[index],
+        absmax,
+        NF4_BLOCKSIZE,
+        "nf4",
+        [weight.out_features, weight.in_features],
+        module.compute_dtype,
+    )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -215,8 +243,9 @@ def _compute_dtype(module: nn.Module, device: torch.device) -> torch.dtype:
     return module.compute_dtype
 
 
-def _routed_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                    top_k_weights: torch.Tensor) -> torch.Tensor:
+def _routed_forward(
+    self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     """transformers' grouped experts forward (``grouped_mm_experts_forward``), its matmuls in 4 bits."""
     device = hidden_states.device
     num_top_k = top_k_index.size(-1)
@@ -251,7 +280,9 @@ def _every_expert_forward(self: nn.Module, hidden_states: torch.Tensor) -> torch
     return _linear(self, "down_proj", up * self.act_fn(gate), offsets, None)
 
 
-def _linear(self: nn.Module, name: str, x: torch.Tensor, offsets: torch.Tensor, expert_ids: torch.Tensor | None) -> torch.Tensor:
+def _linear(
+    self: nn.Module, name: str, x: torch.Tensor, offsets: torch.Tensor, expert_ids: torch.Tensor | None
+) -> torch.Tensor:
     """Each expert's rows of ``x`` (grouped by ``offsets``) times that expert's 4-bit weight ``name``,
     plus its bias and its LoRA update where it has them."""
     weight = next(w for w in self.expert_weights if w.name == name)
@@ -266,8 +297,15 @@ def _linear(self: nn.Module, name: str, x: torch.Tensor, offsets: torch.Tensor, 
     return out
 
 
-def _lora_update(x: torch.Tensor, offsets: torch.Tensor, weight: ExpertWeight, lora_a: torch.Tensor, lora_b: torch.Tensor,
-                 scale: float, swapped: bool) -> torch.Tensor:
+def _lora_update(
+    x: torch.Tensor,
+    offsets: torch.Tensor,
+    weight: ExpertWeight,
+    lora_a: torch.Tensor,
+    lora_b: torch.Tensor,
+    scale: float,
+    swapped: bool,
+) -> torch.Tensor:
     """The LoRA update of each expert's rows, as PEFT's ``ParamWrapper`` applies it to the 16-bit
     weight (A ``[r x experts, a]``, B ``[b, r x experts]``): ``scale * x A_e^T B_e^T``, or ``scale * x
     B_e A_e`` where PEFT took a transposed weight without the flag for one (Llama 4's: ``swapped``),
@@ -291,12 +329,20 @@ def _lora_update(x: torch.Tensor, offsets: torch.Tensor, weight: ExpertWeight, l
 # The op
 
 
-def nf4_experts_mm(x: torch.Tensor, module: nn.Module, weight: ExpertWeight, offsets: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def nf4_experts_mm(
+    x: torch.Tensor, module: nn.Module, weight: ExpertWeight, offsets: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
     """``x``'s rows of each expert (``offsets``: where each expert's rows end) times that expert's
     dequantized weight, transposed: ``[rows, in] -> [rows, out]``."""
     out, workspace = torch.ops.memfit.nf4_experts_mm(
-        x, getattr(module, weight.name), getattr(module, f"{weight.name}_absmax"), getattr(module, f"{weight.name}_absmax2"),
-        getattr(module, f"{weight.name}_offset"), getattr(module, ABSMAX_CODE), offsets, weight.out_features,
+        x,
+        getattr(module, weight.name),
+        getattr(module, f"{weight.name}_absmax"),
+        getattr(module, f"{weight.name}_absmax2"),
+        getattr(module, f"{weight.name}_offset"),
+        getattr(module, ABSMAX_CODE),
+        offsets,
+        weight.out_features,
     )
     del workspace
     return out
@@ -313,8 +359,18 @@ def _workspace(x: torch.Tensor, out_features: int, in_features: int) -> torch.Te
     return x.new_empty((workspace_bytes(out_features, in_features, x.dtype),), dtype=torch.uint8)
 
 
-def _expert_weight_into(workspace: torch.Tensor, index: int, packed, absmax, absmax2, offset, code, out_features: int,
-                        in_features: int, dtype: torch.dtype) -> torch.Tensor:
+def _expert_weight_into(
+    workspace: torch.Tensor,
+    index: int,
+    packed,
+    absmax,
+    absmax2,
+    offset,
+    code,
+    out_features: int,
+    in_features: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
     """Expert ``index``'s weight ``[out, in]`` in ``dtype``; on CUDA dequantized into ``workspace``."""
     ops = torch.ops.bitsandbytes
     blocks = absmax.shape[1]
@@ -324,9 +380,14 @@ def _expert_weight_into(workspace: torch.Tensor, index: int, packed, absmax, abs
         dense = workspace[start:].view(dtype).view(out_features, in_features)
         ops.dequantize_blockwise.out(absmax[index], absmax2[index], code, ABSMAX_BLOCKSIZE, torch.float32, out=scales)
         scales.add_(offset[index])
-        ops.dequantize_4bit.out(packed[index], scales, NF4_BLOCKSIZE, "nf4", [out_features, in_features], dtype, out=dense)
+        ops.dequantize_4bit.out(
+            packed[index], scales, NF4_BLOCKSIZE, "nf4", [out_features, in_features], dtype, out=dense
+        )
         return dense
-    scales = ops.dequantize_blockwise.default(absmax[index], absmax2[index], code, ABSMAX_BLOCKSIZE, torch.float32) + offset[index]
+    scales = (
+        ops.dequantize_blockwise.default(absmax[index], absmax2[index], code, ABSMAX_BLOCKSIZE, torch.float32)
+        + offset[index]
+    )
     return ops.dequantize_4bit.default(packed[index], scales, NF4_BLOCKSIZE, "nf4", [out_features, in_features], dtype)
 
 
@@ -338,8 +399,9 @@ def _groups(offsets: torch.Tensor):
         start = end
 
 
-def _each_expert(rows: torch.Tensor, state: tuple, offsets: torch.Tensor, out_features: int, in_features: int,
-                 backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _each_expert(
+    rows: torch.Tensor, state: tuple, offsets: torch.Tensor, out_features: int, in_features: int, backward: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Each expert's ``rows`` times its dequantized weight ``[out, in]`` (``state``: the packed bytes and
     quantization state): transposed forward (``[rows, in] -> [rows, out]``), as it is in backward
     (``[rows, out] -> [rows, in]``). Returns the product and the workspace each expert is dequantized into."""
@@ -353,8 +415,16 @@ def _each_expert(rows: torch.Tensor, state: tuple, offsets: torch.Tensor, out_fe
 
 
 @torch.library.custom_op("memfit::nf4_experts_mm", mutates_args=())
-def _forward(x: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, absmax2: torch.Tensor, offset: torch.Tensor,
-             code: torch.Tensor, offsets: torch.Tensor, out_features: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(
+    x: torch.Tensor,
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    absmax2: torch.Tensor,
+    offset: torch.Tensor,
+    code: torch.Tensor,
+    offsets: torch.Tensor,
+    out_features: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     return _each_expert(x, (packed, absmax, absmax2, offset, code), offsets, out_features, x.shape[1], backward=False)
 
 
@@ -364,9 +434,19 @@ def _forward_fake(x, packed, absmax, absmax2, offset, code, offsets, out_feature
 
 
 @torch.library.custom_op("memfit::nf4_experts_mm_backward", mutates_args=())
-def _backward_op(grad: torch.Tensor, packed: torch.Tensor, absmax: torch.Tensor, absmax2: torch.Tensor, offset: torch.Tensor,
-                 code: torch.Tensor, offsets: torch.Tensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return _each_expert(grad, (packed, absmax, absmax2, offset, code), offsets, grad.shape[1], in_features, backward=True)
+def _backward_op(
+    grad: torch.Tensor,
+    packed: torch.Tensor,
+    absmax: torch.Tensor,
+    absmax2: torch.Tensor,
+    offset: torch.Tensor,
+    code: torch.Tensor,
+    offsets: torch.Tensor,
+    in_features: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _each_expert(
+        grad, (packed, absmax, absmax2, offset, code), offsets, grad.shape[1], in_features, backward=True
+    )
 
 
 @_backward_op.register_fake
@@ -382,8 +462,9 @@ def _setup_context(ctx: Any, inputs, output) -> None:
 
 def _backward(ctx: Any, grad_out: torch.Tensor, grad_workspace: torch.Tensor | None):
     packed, absmax, absmax2, offset, code, offsets = ctx.saved_tensors
-    grad_x, workspace = torch.ops.memfit.nf4_experts_mm_backward(grad_out.contiguous(), packed, absmax, absmax2, offset, code,
-                                                                 offsets, ctx.in_features)
+    grad_x, workspace = torch.ops.memfit.nf4_experts_mm_backward(
+        grad_out.contiguous(), packed, absmax, absmax2, offset, code, offsets, ctx.in_features
+    )
     del workspace
     return grad_x, None, None, None, None, None, None, None
 

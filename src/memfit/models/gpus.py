@@ -59,7 +59,7 @@ def normalize_gpu_name(name: str) -> str:
         stripped = False
         for prefix in _PREFIXES:
             if key.startswith(prefix) and len(key) > len(prefix):
-                key = key[len(prefix):]
+                key = key[len(prefix) :]
                 stripped = True
     return key
 
@@ -179,6 +179,4 @@ def get_gpu(name: str) -> Gpu:
     close = difflib.get_close_matches(key, list(index), n=5, cutoff=0.5)
     suggestions = list(dict.fromkeys([*prefixed, *(index[c] for c in close)]))[:4]
     hint = f" Did you mean {' or '.join(repr(s) for s in suggestions)}?" if suggestions else ""
-    raise UnknownGpuError(
-        f"unknown GPU {name!r}.{hint} Known GPUs: {', '.join(sorted(gpus))}."
-    )
+    raise UnknownGpuError(f"unknown GPU {name!r}.{hint} Known GPUs: {', '.join(sorted(gpus))}.")

@@ -69,8 +69,16 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_PICKLE = "adapter_model.bin"
 #: Tokenizer files as transformers saves them (root of the repo only).
 TOKENIZER_PATTERNS = (
-    "tokenizer*", "special_tokens_map.json", "added_tokens.json", "chat_template*", "vocab.json", "vocab.txt",
-    "merges.txt", "spiece.model", "sentencepiece*.model", "*.tiktoken",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template*",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece*.model",
+    "*.tiktoken",
 )
 
 #: Parallel downloads of weight shards (huggingface_hub's own default is 8; a few streams already
@@ -126,7 +134,9 @@ def is_hub_id(text: str) -> bool:
 # What commands call
 
 
-def fetch_config(repo_id: str, revision: str | None = None, *, local_only: bool = False, suggest: Suggest | None = None) -> Snapshot:
+def fetch_config(
+    repo_id: str, revision: str | None = None, *, local_only: bool = False, suggest: Suggest | None = None
+) -> Snapshot:
     """Fetch ``config.json`` of ``repo_id`` at ``revision`` (default ``main``) and nothing else.
 
     ``local_only``: use the cache only. ``suggest``: close names for a repo that does not exist
@@ -230,10 +240,15 @@ def fetch_adapter(
     ``suggest`` as for :func:`fetch_model`. Raises :class:`HubError` (a model repo passed as an
     adapter is named as such).
     """
-    listing = _listing(repo_id, revision, include=(ADAPTER_CONFIG, ADAPTER_WEIGHTS, *TOKENIZER_PATTERNS), suggest=suggest)
+    listing = _listing(
+        repo_id, revision, include=(ADAPTER_CONFIG, ADAPTER_WEIGHTS, *TOKENIZER_PATTERNS), suggest=suggest
+    )
     if ADAPTER_CONFIG not in listing.names:
-        hint = (" It is a model (config.json), not an adapter: pass it as the base model."
-                if CONFIG_FILE in listing.names else " A PEFT adapter repo holds adapter_config.json and adapter_model.safetensors.")
+        hint = (
+            " It is a model (config.json), not an adapter: pass it as the base model."
+            if CONFIG_FILE in listing.names
+            else " A PEFT adapter repo holds adapter_config.json and adapter_model.safetensors."
+        )
         raise HubError(f"{listing.where} has no {ADAPTER_CONFIG}.{hint}", "file")
     if ADAPTER_WEIGHTS in listing.names:
         weights, pickled = [ADAPTER_WEIGHTS], False
@@ -270,7 +285,13 @@ def check_remote_code(config: dict[str, Any], repo_id: str) -> None:
 
     if model_type in CONFIG_MAPPING:
         return
-    modules = sorted({str(v).split(".")[0] + ".py" for v in (auto_map.values() if isinstance(auto_map, dict) else []) if isinstance(v, str)})
+    modules = sorted(
+        {
+            str(v).split(".")[0] + ".py"
+            for v in (auto_map.values() if isinstance(auto_map, dict) else [])
+            if isinstance(v, str)
+        }
+    )
     where = f" ({', '.join(modules)})" if modules else ""
     raise HubError(
         f"{repo_id} needs trust_remote_code: its config.json names model_type {model_type!r}, which transformers does not "
@@ -328,8 +349,14 @@ class _Listing:
         return Snapshot(self.repo_id, self.revision, self.commit, self.folder, note, downloaded_bytes)
 
 
-def _listing(repo_id: str, revision: str | None, *, include: tuple[str, ...], local_only: bool = False,
-             suggest: Suggest | None = None) -> _Listing:
+def _listing(
+    repo_id: str,
+    revision: str | None,
+    *,
+    include: tuple[str, ...],
+    local_only: bool = False,
+    suggest: Suggest | None = None,
+) -> _Listing:
     if not looks_like_hub_id(repo_id):
         raise HubError(f"{repo_id!r} is not a Hugging Face Hub id: write org/name, e.g. Qwen/Qwen2.5-7B.", "not-hub-id")
     revision = revision or "main"
@@ -339,7 +366,9 @@ def _listing(repo_id: str, revision: str | None, *, include: tuple[str, ...], lo
     if blocked is not None:  # before any request: huggingface_hub would fail on it with a message about the server
         raise blocked
     if local_only:
-        return _cached_listing(repo_id, revision, include, reason="the files were fetched by the first process", kind="offline")
+        return _cached_listing(
+            repo_id, revision, include, reason="the files were fetched by the first process", kind="offline"
+        )
     if _offline_mode(constants):
         return _cached_listing(repo_id, revision, include, reason="HF_HUB_OFFLINE=1 is set", kind="offline")
     try:
@@ -363,7 +392,9 @@ def _listing(repo_id: str, revision: str | None, *, include: tuple[str, ...], lo
             digests[name] = digest
     commit = info.sha
     if not commit:
-        raise HubError(f"{_endpoint()} returned no commit for {repo_id}: HF_ENDPOINT may not point to a Hugging Face Hub.", "http")
+        raise HubError(
+            f"{_endpoint()} returned no commit for {repo_id}: HF_ENDPOINT may not point to a Hugging Face Hub.", "http"
+        )
     _remember_revision(repo_id, revision, commit)
     return _Listing(repo_id, revision, commit, sizes, digests, include=include, suggest=suggest)
 
@@ -378,7 +409,9 @@ def _cached_listing(repo_id: str, revision: str, include: tuple[str, ...], *, re
     folder = repo_folder / "snapshots" / commit if commit else None
     if folder is None or not folder.is_dir():
         raise _not_cached(repo_id, revision, include, reason, kind)
-    sizes = {p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()}  # is_file: a dangling link is not a file
+    sizes = {
+        p.name: p.stat().st_size for p in folder.iterdir() if p.is_file()
+    }  # is_file: a dangling link is not a file
     return _Listing(repo_id, revision, commit, sizes, {}, offline=reason, include=include)
 
 
@@ -407,7 +440,10 @@ def _cache_folder_problem() -> HubError | None:
     home = "HF_HOME" if os.environ.get("HF_HOME") else None
     places = (
         (Path(constants.HF_HUB_CACHE).expanduser(), "HF_HUB_CACHE" if os.environ.get("HF_HUB_CACHE") else home),
-        (Path(constants.HF_TOKEN_PATH).expanduser().parent, "HF_TOKEN_PATH" if os.environ.get("HF_TOKEN_PATH") else home),
+        (
+            Path(constants.HF_TOKEN_PATH).expanduser().parent,
+            "HF_TOKEN_PATH" if os.environ.get("HF_TOKEN_PATH") else home,
+        ),
     )
     for folder, variable in places:
         blocker = _file_in_the_way(folder)
@@ -469,8 +505,14 @@ def _weights_layout(listing: _Listing, allow_pickle: bool, opt_in: str) -> _Weig
             return _WeightsLayout([], PICKLE_INDEX, True)
         return _WeightsLayout([PICKLE_SINGLE], None, True)
     if listing.offline:
-        raise _not_cached(listing.repo_id, listing.revision, listing.include, listing.offline,
-                          "offline" if "HF_HUB_OFFLINE" in listing.offline else "network", missing="its weights")
+        raise _not_cached(
+            listing.repo_id,
+            listing.revision,
+            listing.include,
+            listing.offline,
+            "offline" if "HF_HUB_OFFLINE" in listing.offline else "network",
+            missing="its weights",
+        )
     raise HubError(
         f"{listing.where} has no weights memfit can read (model.safetensors or a model.safetensors.index.json with its "
         f"shards; pickled pytorch_model*.bin with the opt-in). Its files: {_some(names)}.",
@@ -484,10 +526,15 @@ def _index_shards(listing: _Listing, index: str) -> list[str]:
         weight_map = json.loads(path.read_text())["weight_map"]
         shards = sorted(set(weight_map.values()))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-        raise HubError(f"{listing.where}: {index} cannot be read ({err}); the repo's weights index is broken.", "file") from None
+        raise HubError(
+            f"{listing.where}: {index} cannot be read ({err}); the repo's weights index is broken.", "file"
+        ) from None
     bad = [s for s in shards if not isinstance(s, str) or "/" in s or s.startswith(".")]
     if bad:
-        raise HubError(f"{listing.where}: {index} names shard {bad[0]!r} outside the repo root; memfit reads root files only.", "file")
+        raise HubError(
+            f"{listing.where}: {index} names shard {bad[0]!r} outside the repo root; memfit reads root files only.",
+            "file",
+        )
     return shards
 
 
@@ -511,8 +558,9 @@ def _download(listing: _Listing, names: list[str], *, progress: _Progress | None
     if listing.offline:
         if missing:
             kind = "offline" if "HF_HUB_OFFLINE" in listing.offline else "network"
-            raise _not_cached(listing.repo_id, listing.revision, listing.include, listing.offline, kind,
-                              missing=", ".join(missing))
+            raise _not_cached(
+                listing.repo_id, listing.revision, listing.include, listing.offline, kind, missing=", ".join(missing)
+            )
         return 0
     if not missing:
         return 0
@@ -564,8 +612,9 @@ def _download_one(listing: _Listing, name: str, bar: _Progress) -> None:
         kind = _kind(err)
         if kind in ("network", "other"):
             kind = "interrupted"
-        raise _error(kind, err, listing.repo_id, listing.revision, listing.include, filename=name,
-                     suggest=listing.suggest) from None
+        raise _error(
+            kind, err, listing.repo_id, listing.revision, listing.include, filename=name, suggest=listing.suggest
+        ) from None
     digest = listing.sha256.get(name)
     if digest is not None:
         bar.note("checking SHA-256")
@@ -651,8 +700,15 @@ class _Progress:
                 TransferSpeedColumn,
             )
 
-            self._bar = Progress(TextColumn("[bold]download[/] {task.description}"), BarColumn(), DownloadColumn(),
-                                 TransferSpeedColumn(), TimeRemainingColumn(), console=self.console, transient=True)
+            self._bar = Progress(
+                TextColumn("[bold]download[/] {task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=self.console,
+                transient=True,
+            )
             self._bar.start()
             self._task = self._bar.add_task(self.label, total=self._total or None)
         else:
@@ -778,8 +834,13 @@ def _kind(err: BaseException) -> str:
         return "http"
     if isinstance(err, (ConnectionError, TimeoutError)):
         return "network"
-    if isinstance(err, PermissionError) or getattr(err, "errno", None) in (errno.EACCES, errno.EROFS, errno.ENOSPC, errno.EDQUOT,
-                                                                          errno.ENOTDIR):
+    if isinstance(err, PermissionError) or getattr(err, "errno", None) in (
+        errno.EACCES,
+        errno.EROFS,
+        errno.ENOSPC,
+        errno.EDQUOT,
+        errno.ENOTDIR,
+    ):
         return "cache"
     module = type(err).__module__.split(".")[0]
     if module in ("httpx", "httpx2", "httpcore", "requests", "urllib3"):
@@ -792,8 +853,16 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def _error(kind: str, err: BaseException, repo_id: str, revision: str, include: tuple[str, ...], *, filename: str | None = None,
-           suggest: Suggest | None = None) -> HubError:
+def _error(
+    kind: str,
+    err: BaseException,
+    repo_id: str,
+    revision: str,
+    include: tuple[str, ...],
+    *,
+    filename: str | None = None,
+    suggest: Suggest | None = None,
+) -> HubError:
     """The HubError for a classified huggingface_hub error (``suggest``: close names for a missing repo)."""
     where = repo_id if revision == "main" else f"{repo_id} (revision {revision})"
     if kind == "missing-repo":
@@ -802,17 +871,22 @@ def _error(kind: str, err: BaseException, repo_id: str, revision: str, include: 
         return HubError(
             f"{repo_id!r} is not a local path and not a model on {_endpoint()}.{hint} If the repo is private, set HF_TOKEN "
             "to a token that can read it (or run `hf auth login`).",
-            kind, reason=f"{repo_id} does not exist on {_endpoint()}",
+            kind,
+            reason=f"{repo_id} does not exist on {_endpoint()}",
         )
     if kind == "gated":
         if _token_in_use():
             reason = f"{repo_id} is gated and the token in use has no access to it"
-            fix = (f"the token in use (HF_TOKEN or `hf auth login`) has no access yet: request access at {_page(repo_id)} "
-                   "with the account the token belongs to, and run again once it is granted.")
+            fix = (
+                f"the token in use (HF_TOKEN or `hf auth login`) has no access yet: request access at {_page(repo_id)} "
+                "with the account the token belongs to, and run again once it is granted."
+            )
         else:
             reason = f"{repo_id} is gated and no Hugging Face token is set"
-            fix = (f"accept its terms at {_page(repo_id)} with your Hugging Face account, then set HF_TOKEN to a token "
-                   "of that account (or run `hf auth login`).")
+            fix = (
+                f"accept its terms at {_page(repo_id)} with your Hugging Face account, then set HF_TOKEN to a token "
+                "of that account (or run `hf auth login`)."
+            )
         return HubError(f"{repo_id} is gated: {fix}", kind, reason=reason)
     if kind == "revision":
         return HubError(
@@ -842,7 +916,8 @@ def _error(kind: str, err: BaseException, repo_id: str, revision: str, include: 
         return HubError(
             f"cannot write {filename or 'the files of ' + repo_id} to the Hugging Face cache at {cache_dir()} ({_short(err)}): "
             "set HF_HOME (or HF_HUB_CACHE) to a writable folder with room for the model.",
-            kind, reason=reason,
+            kind,
+            reason=reason,
         )
     if kind == "interrupted":
         return HubError(
@@ -850,10 +925,14 @@ def _error(kind: str, err: BaseException, repo_id: str, revision: str, include: 
             "downloaded are kept, and a partly downloaded file is never used.",
             kind,
         )
-    return HubError(f"{_endpoint()} could not serve {where}: {_short(err)}. Check HF_ENDPOINT ({_endpoint()}) and try again.", kind)
+    return HubError(
+        f"{_endpoint()} could not serve {where}: {_short(err)}. Check HF_ENDPOINT ({_endpoint()}) and try again.", kind
+    )
 
 
-def _not_cached(repo_id: str, revision: str, include: tuple[str, ...], reason: str, kind: str, *, missing: str | None = None) -> HubError:
+def _not_cached(
+    repo_id: str, revision: str, include: tuple[str, ...], reason: str, kind: str, *, missing: str | None = None
+) -> HubError:
     where = repo_id if revision == "main" else f"{repo_id} (revision {revision})"
     rev = "" if revision == "main" else f" --revision {revision}"
     patterns = " ".join(f"'{p}'" for p in include[:6]) or "'config.json'"
@@ -864,14 +943,18 @@ def _not_cached(repo_id: str, revision: str, include: tuple[str, ...], reason: s
     elif kind == "offline":
         fix = "Run the command again: the first process fetches it."
     else:
-        fix = (f"Connect and run again, or download it where there is network with {command}, copy that cache "
-               "folder here and set HF_HUB_OFFLINE=1.")
+        fix = (
+            f"Connect and run again, or download it where there is network with {command}, copy that cache "
+            "folder here and set HF_HUB_OFFLINE=1."
+        )
     return HubError(f"{reason}, and {where}{what} at {cache_dir()}. {fix}", kind, reason=reason)
 
 
 def _no_config(listing: _Listing) -> HubError:
     if ADAPTER_CONFIG in listing.names:
-        hint = " It is a PEFT adapter (adapter_config.json), not a model: pass it as the adapter (memfit merge --adapter)."
+        hint = (
+            " It is a PEFT adapter (adapter_config.json), not a model: pass it as the adapter (memfit merge --adapter)."
+        )
     else:
         hint = " memfit needs a transformers model repo: config.json and safetensors weights."
     return HubError(f"{listing.where} has no {CONFIG_FILE}.{hint}", "file")

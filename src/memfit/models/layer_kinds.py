@@ -120,7 +120,10 @@ def _signatures(config, names: list[str] | None = None) -> tuple[tuple, bool]:
     if len(layers) != int(config.num_hidden_layers):
         # The longest list of modules is not one layer each (a model that nests or repeats them):
         # the config's per-layer lists alone tell the kinds.
-        return tuple((((), ()), tuple((name, _hashable(value[i])) for name, value in values)) for i in range(config.num_hidden_layers)), False
+        return tuple(
+            (((), ()), tuple((name, _hashable(value[i])) for name, value in values))
+            for i in range(config.num_hidden_layers)
+        ), False
     owners: dict[int, int] = {}
     shared = False
     signatures = []
@@ -134,7 +137,9 @@ def _signatures(config, names: list[str] | None = None) -> tuple[tuple, bool]:
 
 def _structure(layer: nn.Module) -> tuple:
     modules = tuple((name, type(m).__name__) for name, m in layer.named_modules())
-    tensors = tuple((name, tuple(t.shape), str(t.dtype)) for name, t in (*layer.named_parameters(), *layer.named_buffers()))
+    tensors = tuple(
+        (name, tuple(t.shape), str(t.dtype)) for name, t in (*layer.named_parameters(), *layer.named_buffers())
+    )
     return modules, tensors
 
 
@@ -142,8 +147,10 @@ def _names(signatures: list) -> tuple[str, ...]:
     """A short name for each kind: its config entries (``linear_attention``, ``full_attention/moe``),
     else its layer's class; kinds alike by those are told apart by a module class only they hold,
     else by a number."""
-    names = ["/".join(str(v) for _, v in entries if v is not None) or (modules[0][1] if modules else "layer")
-             for (modules, _), entries in signatures]
+    names = [
+        "/".join(str(v) for _, v in entries if v is not None) or (modules[0][1] if modules else "layer")
+        for (modules, _), entries in signatures
+    ]
     classes = [{cls for _, cls in modules} for (modules, _), _ in signatures]
     out = []
     for index, name in enumerate(names):

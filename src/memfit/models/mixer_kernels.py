@@ -47,8 +47,13 @@ def mixer_kernels(config) -> list[MixerKernel]:
     module = _model_module(config)
     if module is None:
         return []
-    return sorted((MixerKernel(name, str(info["package"]), bool(info["is_new_implementation"]))
-                   for name, info in _kernel_functions(module)), key=lambda k: k.name)
+    return sorted(
+        (
+            MixerKernel(name, str(info["package"]), bool(info["is_new_implementation"]))
+            for name, info in _kernel_functions(module)
+        ),
+        key=lambda k: k.name,
+    )
 
 
 def describe(kernels: list[MixerKernel]) -> dict[str, Any] | None:
@@ -58,7 +63,12 @@ def describe(kernels: list[MixerKernel]) -> dict[str, Any] | None:
         return None
     packages = sorted({k.distribution for k in kernels})
     installed = sorted({k.distribution for k in kernels if k.fused})
-    return {"simulated": "pytorch", "run": "fused kernels" if installed else "pytorch", "packages": packages, "installed": installed}
+    return {
+        "simulated": "pytorch",
+        "run": "fused kernels" if installed else "pytorch",
+        "packages": packages,
+        "installed": installed,
+    }
 
 
 @contextlib.contextmanager
@@ -92,7 +102,9 @@ def _binding(value) -> dict | None:
     seen = 0
     while callable(value) and seen < 4:
         code = getattr(value, "__code__", None)
-        if code is not None and {"implementation", "is_new_implementation", "torch_function", "package"} <= set(code.co_freevars):
+        if code is not None and {"implementation", "is_new_implementation", "torch_function", "package"} <= set(
+            code.co_freevars
+        ):
             return inspect.getclosurevars(value).nonlocals
         value, seen = getattr(value, "__wrapped__", None), seen + 1
     return None

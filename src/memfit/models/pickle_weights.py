@@ -27,11 +27,13 @@ def safetensors_name(name: str) -> str:
     """``pytorch_model-00001-of-00002.bin`` -> ``model-00001-of-00002.safetensors``; ``adapter_model.bin`` -> ``adapter_model.safetensors``."""
     stem = name[: -len(".bin")] if name.endswith(".bin") else name
     if stem.startswith("pytorch_model"):
-        stem = "model" + stem[len("pytorch_model"):]
+        stem = "model" + stem[len("pytorch_model") :]
     return stem + ".safetensors"
 
 
-def convert_checkpoint(folder: Path, repo_id: str, commit: str, files: list[str], index: str | None, *, console=None) -> Path:
+def convert_checkpoint(
+    folder: Path, repo_id: str, commit: str, files: list[str], index: str | None, *, console=None
+) -> Path:
     """A folder like ``folder`` with the pickled ``files`` (and their ``index``) as safetensors.
 
     Every other file of ``folder`` (config, tokenizer) is copied beside them. Returns the finished
@@ -50,7 +52,9 @@ def convert_checkpoint(folder: Path, repo_id: str, commit: str, files: list[str]
             if path.is_file() and path.name not in skip:
                 shutil.copyfile(path, build / path.name)
         if console is not None:
-            console.print(f"converting {len(files)} pickled weight file(s) of {repo_id} to safetensors in {dest}", highlight=False)
+            console.print(
+                f"converting {len(files)} pickled weight file(s) of {repo_id} to safetensors in {dest}", highlight=False
+            )
         weight_map: dict[str, str] = {}
         total_bytes = 0
         for name in files:
@@ -63,7 +67,9 @@ def convert_checkpoint(folder: Path, repo_id: str, commit: str, files: list[str]
             total_bytes += sum(t.numel() * t.element_size() for t in tensors.values())
             del tensors
         if index:
-            text = json.dumps({"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}, indent=2)
+            text = json.dumps(
+                {"metadata": {"total_size": total_bytes}, "weight_map": dict(sorted(weight_map.items()))}, indent=2
+            )
             (build / "model.safetensors.index.json").write_text(text + "\n")
         apply_umask(build)  # safetensors writes owner-only files
         try:
@@ -74,8 +80,11 @@ def convert_checkpoint(folder: Path, repo_id: str, commit: str, files: list[str]
             shutil.rmtree(build, ignore_errors=True)
     except OSError as err:  # disk full, read-only cache: say where, not a traceback
         shutil.rmtree(build, ignore_errors=True)
-        raise HubError(f"cannot write the converted weights of {repo_id} to {dest.parent} ({err}): set MEMFIT_CACHE to a "
-                       "writable folder with room for them.", "cache") from None
+        raise HubError(
+            f"cannot write the converted weights of {repo_id} to {dest.parent} ({err}): set MEMFIT_CACHE to a "
+            "writable folder with room for them.",
+            "cache",
+        ) from None
     except BaseException:
         shutil.rmtree(build, ignore_errors=True)
         raise

@@ -93,7 +93,9 @@ def quantize_linears_on_meta(model: nn.Module, compute_dtype: torch.dtype) -> in
         )
         # Hold the packed shape already, so that materialising the model never allocates the
         # dense weights of every layer at once (a real 4-bit load does not either).
-        q.weight.data = torch.empty(packed_nf4_shape(module.out_features, module.in_features), dtype=torch.uint8, device="meta")
+        q.weight.data = torch.empty(
+            packed_nf4_shape(module.out_features, module.in_features), dtype=torch.uint8, device="meta"
+        )
         q.weight.requires_grad_(False)
         if q.bias is not None:
             q.bias.requires_grad_(False)
@@ -115,8 +117,13 @@ def int8_linears_on_meta(model: nn.Module) -> int:
     import bitsandbytes as bnb
 
     def int8(module: nn.Linear) -> nn.Module:
-        q = bnb.nn.Linear8bitLt(module.in_features, module.out_features, bias=module.bias is not None,
-                                has_fp16_weights=False, threshold=INT8_THRESHOLD)
+        q = bnb.nn.Linear8bitLt(
+            module.in_features,
+            module.out_features,
+            bias=module.bias is not None,
+            has_fp16_weights=False,
+            threshold=INT8_THRESHOLD,
+        )
         # The int8 weight's shape from the start, so that materialising never allocates dense weights.
         empty = torch.empty(module.out_features, module.in_features, dtype=torch.int8, device="meta")
         scales = torch.empty(module.out_features, dtype=torch.float32, device="meta")
@@ -150,7 +157,6 @@ def _drop_int8_cast_warning() -> None:
 def packed_nf4_shape(out_features: int, in_features: int) -> tuple[int, int]:
     """Shape of the uint8 tensor bitsandbytes packs an ``[out, in]`` weight into (two 4-bit values a byte)."""
     return ((out_features * in_features + 1) // 2, 1)
-
 
 
 def quantize_on_device(module: nn.Module, dense: torch.Tensor, device: torch.device) -> nn.Parameter:

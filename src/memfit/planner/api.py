@@ -54,13 +54,17 @@ def _attention_note(estimate: StepEstimate) -> str:
     """How the plan's attention runs on CUDA, in one line (``attention:`` in the plan)."""
     implementation = estimate.attention
     if implementation == "memfit_documents":
-        return ("memfit: each micro-batch's examples in one row, attention inside each example (CUDA's variable-length "
-                "flash kernel; example by example with the memory-efficient kernel in fp32 or without flash), no padding, "
-                "no [seq x seq] tensor")
+        return (
+            "memfit: each micro-batch's examples in one row, attention inside each example (CUDA's variable-length "
+            "flash kernel; example by example with the memory-efficient kernel in fp32 or without flash), no padding, "
+            "no [seq x seq] tensor"
+        )
     if implementation == "eager":
         return "eager: this architecture has no SDPA path, the [batch x heads x seq x seq] attention matrix is materialised"
     kernels = [k for k in ("math", "memory-efficient", "flash") if k in estimate.attention_kernels]
-    return f"{implementation}: " + ("; ".join(_KERNEL_NOTES[k] for k in kernels) if kernels else "no attention in the step")
+    return f"{implementation}: " + (
+        "; ".join(_KERNEL_NOTES[k] for k in kernels) if kernels else "no attention in the step"
+    )
 
 
 def _reference_note(spec: RunSpec, categories: dict[str, int], phase_peaks: dict[str, int], placed: str = "") -> str:
@@ -73,12 +77,16 @@ def _reference_note(spec: RunSpec, categories: dict[str, int], phase_peaks: dict
         return f"none: {spec.objective} needs no reference model"
     if source == "precomputed":
         share = f" (each of the {spec.gpus} GPUs its share of the pairs)" if spec.gpus > 1 else ""
-        return (f"precomputed: one forward of every pair under no_grad before training{share} (before the optimizer exists), "
-                "kept in the run folder; the step reads them and runs no reference pass")
-    where = ("the base model with its LoRA adapters disabled (PEFT disable_adapter()): no second copy"
-             if source == "disabled-adapters" else
-             f"a frozen copy of the starting weights, in weights ({format_bytes(categories.get('weights', 0))} with the buffers"
-             f"{placed})")
+        return (
+            f"precomputed: one forward of every pair under no_grad before training{share} (before the optimizer exists), "
+            "kept in the run folder; the step reads them and runs no reference pass"
+        )
+    where = (
+        "the base model with its LoRA adapters disabled (PEFT disable_adapter()): no second copy"
+        if source == "disabled-adapters"
+        else f"a frozen copy of the starting weights, in weights ({format_bytes(categories.get('weights', 0))} with the buffers"
+        f"{placed})"
+    )
     if spec.recipe == "hf":
         return f"{where}; its pass runs under no_grad after the policy's forward, on top of the activations the policy holds"
     top = phase_peaks.get("reference")
@@ -176,25 +184,50 @@ def plan(
     """
     from memfit.interop import is_tool_config
 
-    given = dict(revision=revision, gpu=gpu, budget=budget, target=target, context_bytes=context_bytes,
-                 cublas_workspace_bytes=cublas_workspace_bytes, exact=exact, cache=cache, sampler=sampler,
-                 model_override=model_override, progress=progress)
+    given = dict(
+        revision=revision,
+        gpu=gpu,
+        budget=budget,
+        target=target,
+        context_bytes=context_bytes,
+        cublas_workspace_bytes=cublas_workspace_bytes,
+        exact=exact,
+        cache=cache,
+        sampler=sampler,
+        model_override=model_override,
+        progress=progress,
+    )
     if is_tool_config(model):
         return _plan_tool_config(str(model), **given, **knobs)
     return _plan_model(model, deepspeed=deepspeed, **given, **knobs)
 
 
-def _plan_model(model: str | dict, *, revision: str | None, gpu: str | None, budget: str | int | None,
-                target: Target | None, context_bytes: int | str | None, cublas_workspace_bytes: int | None, exact: bool,
-                cache: bool, deepspeed: Any, sampler: Sampler | None, model_override: str | None,
-                progress: Callable[[str], None] | None, **knobs: Any) -> MemoryPlan:
+def _plan_model(
+    model: str | dict,
+    *,
+    revision: str | None,
+    gpu: str | None,
+    budget: str | int | None,
+    target: Target | None,
+    context_bytes: int | str | None,
+    cublas_workspace_bytes: int | None,
+    exact: bool,
+    cache: bool,
+    deepspeed: Any,
+    sampler: Sampler | None,
+    model_override: str | None,
+    progress: Callable[[str], None] | None,
+    **knobs: Any,
+) -> MemoryPlan:
     """:func:`plan` of a model (not another tool's config)."""
     check_no_override(model, model_override)
     started = time.perf_counter()
     exact = exact_wanted(exact)
     if exact:
         cache, sampler = False, None  # nothing remembered, no worker processes
-    resolved = resolve(model, revision=revision, gpu=gpu, budget=budget, target=target, context_bytes=context_bytes, **knobs)
+    resolved = resolve(
+        model, revision=revision, gpu=gpu, budget=budget, target=target, context_bytes=context_bytes, **knobs
+    )
     if context_bytes is None:
         context_bytes = resolved.target.context_bytes
     elif not resolved.has_problems:
@@ -203,26 +236,47 @@ def _plan_model(model: str | dict, *, revision: str | None, gpu: str | None, bud
     cached = _cached_plan(key, resolved.spec, started) if key is not None else None
     if cached is not None:
         return cached
-    result = _made_plan(resolved, cache=cache, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes,
-                        exact=exact, deepspeed=deepspeed, sampler=sampler, progress=progress)
+    result = _made_plan(
+        resolved,
+        cache=cache,
+        context_bytes=context_bytes,
+        cublas_workspace_bytes=cublas_workspace_bytes,
+        exact=exact,
+        deepspeed=deepspeed,
+        sampler=sampler,
+        progress=progress,
+    )
     result.details["plan_seconds"] = round(time.perf_counter() - started, 3)
     if key is not None:
         _keep_plan(key, result)
     return result
 
 
-def _cache_key(resolved: Resolved, context_bytes: int | None, cublas_workspace_bytes: int | None, deepspeed: Any) -> str | None:
+def _cache_key(
+    resolved: Resolved, context_bytes: int | None, cublas_workspace_bytes: int | None, deepspeed: Any
+) -> str | None:
     """The plan cache's key of these inputs; None for inputs with problems. Looked up before the
     checks that need transformers and torch: an entry exists only for inputs that passed them (with
     the same code and libraries, which are in the key), so a plan from the cache needs neither."""
     if resolved.has_problems:
         return None
-    return _plan_key(resolved, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes,
-                     deepspeed=deepspeed.to_dict() if deepspeed is not None else None)
+    return _plan_key(
+        resolved,
+        context_bytes=context_bytes,
+        cublas_workspace_bytes=cublas_workspace_bytes,
+        deepspeed=deepspeed.to_dict() if deepspeed is not None else None,
+    )
 
 
-def predicted_plan(model: str | dict, sampler: Sampler, *, revision: str | None = None, target: Target | None = None,
-                   deepspeed: Any = None, **knobs: Any) -> MemoryPlan:
+def predicted_plan(
+    model: str | dict,
+    sampler: Sampler,
+    *,
+    revision: str | None = None,
+    target: Target | None = None,
+    deepspeed: Any = None,
+    **knobs: Any,
+) -> MemoryPlan:
     """The plan :func:`plan` makes of these inputs, its step given by ``sampler`` instead of simulated
     (:class:`memfit.planner.shortcuts.lengths.LengthSampler`: the step at any length from two simulated ones).
 
@@ -239,8 +293,16 @@ def predicted_plan(model: str | dict, sampler: Sampler, *, revision: str | None 
     options = dict(context_bytes=resolved.target.context_bytes, cublas_workspace_bytes=None)
     # A search asks the same questions again: its predictions are kept like plans, under their own
     # kind and with the lengths they were learnt from, so that a repeated search learns nothing anew.
-    key = None if resolved.has_problems else _plan_key(
-        resolved, **options, deepspeed=deepspeed.to_dict() if deepspeed is not None else None, learnt_from=list(sampler.lengths))
+    key = (
+        None
+        if resolved.has_problems
+        else _plan_key(
+            resolved,
+            **options,
+            deepspeed=deepspeed.to_dict() if deepspeed is not None else None,
+            learnt_from=list(sampler.lengths),
+        )
+    )
     cached = _cached_plan(key, resolved.spec, started, kind=_PREDICTED)
     if cached is not None:
         return cached
@@ -255,15 +317,26 @@ def predicted_plan(model: str | dict, sampler: Sampler, *, revision: str | None 
 _PREDICTED = "predicted-plan"
 
 
-def _made_plan(resolved: Resolved, *, cache: bool, context_bytes: int, cublas_workspace_bytes: int | None, exact: bool = False,
-               deepspeed: Any, sampler: Sampler | None = None, progress: Callable[[str], None] | None = None) -> MemoryPlan:
+def _made_plan(
+    resolved: Resolved,
+    *,
+    cache: bool,
+    context_bytes: int,
+    cublas_workspace_bytes: int | None,
+    exact: bool = False,
+    deepspeed: Any,
+    sampler: Sampler | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> MemoryPlan:
     """The plan of checked inputs: the step estimated (simulated, or given by ``sampler``), the runtime
     added; ``exact``: with no shortcut."""
     say = progress or (lambda what: None)
     say("checking the model's architecture")
     source, spec, target = checked(resolved, cache=cache)
-    say("building the model from its config and simulating " + ("every layer of one training step, exactly" if exact
-                                                                 else "one training step"))
+    say(
+        "building the model from its config and simulating "
+        + ("every layer of one training step, exactly" if exact else "one training step")
+    )
     runtime = runtime_overhead(target.arch, context_bytes=context_bytes, cublas_workspace_bytes=cublas_workspace_bytes)
     layout = zero = None
     if spec.gpus > 1:
@@ -276,15 +349,28 @@ def _made_plan(resolved: Resolved, *, cache: bool, context_bytes: int, cublas_wo
     if spec.is_grpo:
         from memfit.planner.grpo import with_phases
 
-        say("simulating the generation (transformers generate under fake tensors)" if not spec.use_vllm else "planning vLLM")
+        say(
+            "simulating the generation (transformers generate under fake tensors)"
+            if not spec.use_vllm
+            else "planning vLLM"
+        )
         made = with_phases(made, source.config, spec, target, runtime, exact=exact)
     if exact:
         made.details["exact"] = True
     return made
 
 
-def _estimate(config: dict[str, Any], spec: RunSpec, runtime: RuntimeOverhead, target: Target, *, exact: bool, layout,
-              zero, sampler: Sampler | None = None) -> StepEstimate:
+def _estimate(
+    config: dict[str, Any],
+    spec: RunSpec,
+    runtime: RuntimeOverhead,
+    target: Target,
+    *,
+    exact: bool,
+    layout,
+    zero,
+    sampler: Sampler | None = None,
+) -> StepEstimate:
     """The step as one GPU (or one rank of ``layout``'s sharding) holds it at its peak."""
     reshape = None
     if layout is not None:
@@ -294,10 +380,17 @@ def _estimate(config: dict[str, Any], spec: RunSpec, runtime: RuntimeOverhead, t
 
         # One simulation of one rank's step (the same for every N and mode: it is cached); the
         # sharding arithmetic then decides what each rank holds at every candidate moment.
-        reshape = partial(sharding.per_rank_categories, shard=spec.shard, gpus=spec.gpus, layout=layout, zero=zero,
-                          reference=spec.reference)
-    estimate = estimate_step(config, spec, runtime.cublas_workspace_allocs, exact=exact, reshape=reshape, arch=target.arch,
-                             sampler=sampler)
+        reshape = partial(
+            sharding.per_rank_categories,
+            shard=spec.shard,
+            gpus=spec.gpus,
+            layout=layout,
+            zero=zero,
+            reference=spec.reference,
+        )
+    estimate = estimate_step(
+        config, spec, runtime.cublas_workspace_allocs, exact=exact, reshape=reshape, arch=target.arch, sampler=sampler
+    )
     if layout is not None and estimate.paged_peak_bytes:
         from memfit.planner import sharding
 
@@ -307,8 +400,16 @@ def _estimate(config: dict[str, Any], spec: RunSpec, runtime: RuntimeOverhead, t
     return estimate
 
 
-def _memory_plan(source: ModelSource, spec: RunSpec, target: Target, runtime: RuntimeOverhead, estimate: StepEstimate, *, layout,
-                 zero) -> MemoryPlan:
+def _memory_plan(
+    source: ModelSource,
+    spec: RunSpec,
+    target: Target,
+    runtime: RuntimeOverhead,
+    estimate: StepEstimate,
+    *,
+    layout,
+    zero,
+) -> MemoryPlan:
     """The plan of ``estimate``: reserved memory, the runtime added, compared with ``target``."""
     categories = dict(estimate.categories)
     tracked_runtime = categories.pop("runtime", 0)
@@ -346,7 +447,9 @@ def _memory_plan(source: ModelSource, spec: RunSpec, target: Target, runtime: Ru
     }
     if spec.is_preference or spec.is_grpo:
         details["objective"] = spec.objective
-        details["reference"] = _reference_note(spec, categories, estimate.phase_peaks, _reference_placement(spec, layout, zero))
+        details["reference"] = _reference_note(
+            spec, categories, estimate.phase_peaks, _reference_placement(spec, layout, zero)
+        )
     details["category_help"] = category_help(spec.knobs(), details["adapters"])
     details["notes"].extend(adapter_notes(spec.knobs(), details["adapters"]))
     if layout is not None:
@@ -368,8 +471,14 @@ def _memory_plan(source: ModelSource, spec: RunSpec, target: Target, runtime: Ru
     )
 
 
-def _notes(source: ModelSource, spec: RunSpec, target: Target, runtime: RuntimeOverhead, estimate: StepEstimate,
-           headroom: int | None) -> list[str]:
+def _notes(
+    source: ModelSource,
+    spec: RunSpec,
+    target: Target,
+    runtime: RuntimeOverhead,
+    estimate: StepEstimate,
+    headroom: int | None,
+) -> list[str]:
     """What a plan says beside its figures: how the config was obtained, the runtime's estimates,
     paged states that do not fit, the math attention kernel, a card without bf16."""
     notes = ([source.note] if source.note else []) + list(runtime.notes)
@@ -382,15 +491,19 @@ def _notes(source: ModelSource, spec: RunSpec, target: Target, runtime: RuntimeO
     if "math" in estimate.attention_kernels:
         notes.append(_math_attention_note(source.config, spec))
     if target.supports_bf16 is False and spec.precision in ("bf16", "bf16-mixed"):
-        notes.append(f"{target.card or target.name} has no bf16 support: use --precision fp16 (LoRA/QLoRA), fp16-mixed or fp32")
+        notes.append(
+            f"{target.card or target.name} has no bf16 support: use --precision fp16 (LoRA/QLoRA), fp16-mixed or fp32"
+        )
     stored = checkpoint_note(source.config)
     if stored:
         notes.append(stored)
     mixers = _mixers(source)
     if mixers and mixers["installed"]:
-        notes.append(f"{', '.join(mixers['installed'])} installed: the run's Mamba / linear-attention mixers call their fused "
-                     "kernels, and this plan simulated transformers' PyTorch path for them (the kernels do not run on fake "
-                     "tensors), so the mixers' activations are those of the PyTorch path")
+        notes.append(
+            f"{', '.join(mixers['installed'])} installed: the run's Mamba / linear-attention mixers call their fused "
+            "kernels, and this plan simulated transformers' PyTorch path for them (the kernels do not run on fake "
+            "tensors), so the mixers' activations are those of the PyTorch path"
+        )
     return notes
 
 
@@ -403,8 +516,18 @@ def _mixers(source: ModelSource) -> dict[str, Any] | None:
 
 
 #: The fields of a MemoryPlan the cache keeps (``spec`` is rebuilt from the RunSpec: it holds tuples).
-_CACHED_FIELDS = ("model", "allocated_bytes", "reserved_bytes", "device_total_bytes", "phase", "categories", "gpu", "fits",
-                  "headroom_bytes", "details")
+_CACHED_FIELDS = (
+    "model",
+    "allocated_bytes",
+    "reserved_bytes",
+    "device_total_bytes",
+    "phase",
+    "categories",
+    "gpu",
+    "fits",
+    "headroom_bytes",
+    "details",
+)
 
 
 def _plan_key(resolved: Resolved, **options: Any) -> str | None:
@@ -450,8 +573,9 @@ def _add_per_rank_details(details: dict[str, Any], spec: RunSpec, layout, estima
     from memfit.planner import sharding
 
     shard = sharding.effective_shard(spec.shard, spec.gpus)
-    states = sharding.model_state_bytes(estimate.single_gpu_categories, shard=shard, gpus=spec.gpus, layout=layout, zero=zero,
-                                        reference=spec.reference)
+    states = sharding.model_state_bytes(
+        estimate.single_gpu_categories, shard=shard, gpus=spec.gpus, layout=layout, zero=zero, reference=spec.reference
+    )
     details["per_rank"] = True
     details["shard"] = shard
     details["model_state_bytes"] = states
@@ -468,7 +592,9 @@ def _add_per_rank_details(details: dict[str, Any], spec: RunSpec, layout, estima
             "(details.deepspeed); weights gathered a decoder layer at a time (DeepSpeed fetches module by module)"
         )
     elif shard == "zero3":
-        details["notes"].append("zero3 is planned as fsdp (FSDP2, one decoder layer gathered at a time, next one prefetched)")
+        details["notes"].append(
+            "zero3 is planned as fsdp (FSDP2, one decoder layer gathered at a time, next one prefetched)"
+        )
     details["notes"].append(
         f"per GPU, each of {spec.gpus} ranks; NCCL buffers ({sharding.NCCL_RUNTIME_BYTES // 2**20} MiB in runtime) are an estimate"
     )
@@ -489,8 +615,15 @@ def _zero_plan(settings: Any, config: dict[str, Any], spec: RunSpec, layout):
     sixteen = {True: True, False: False}.get(resolved.bf16 or resolved.fp16, spec.precision != "fp32")
     itemsize = 2 if sixteen else 4
     trainable_itemsize = 4 if spec.uses_adapters or spec.precision == "fp32" else 2
-    terms = zero_terms(resolved, gpus=spec.gpus, layout=layout, num_layers=num_layers, itemsize=itemsize,
-                       trainable_itemsize=trainable_itemsize, reference_pass=_has_reference_pass(spec))
+    terms = zero_terms(
+        resolved,
+        gpus=spec.gpus,
+        layout=layout,
+        num_layers=num_layers,
+        itemsize=itemsize,
+        trainable_itemsize=trainable_itemsize,
+        reference_pass=_has_reference_pass(spec),
+    )
     return ZeroPlan(resolved, tuple(terms))
 
 
@@ -506,19 +639,37 @@ def _has_reference_pass(spec: RunSpec) -> bool:
 def check_no_override(model: Any, model_override: str | None) -> None:
     """``--model`` replaces a config's model: refuse it beside a model."""
     if model_override is not None:
-        raise PlanError([f"--model: replaces the model of a training config (Axolotl, LLaMA-Factory, TRL, or memfit's own "
-                         f"YAML), and {str(model)!r} is a model itself: plan it alone, or pass the config"])
+        raise PlanError(
+            [
+                f"--model: replaces the model of a training config (Axolotl, LLaMA-Factory, TRL, or memfit's own "
+                f"YAML), and {str(model)!r} is a model itself: plan it alone, or pass the config"
+            ]
+        )
 
 
-def _plan_tool_config(path: str, *, revision: str | None = None, model_override: str | None = None, **options: Any) -> MemoryPlan:
+def _plan_tool_config(
+    path: str, *, revision: str | None = None, model_override: str | None = None, **options: Any
+) -> MemoryPlan:
     """:func:`plan` of another tool's config (:func:`memfit.interop.read_tool_config`): its model (or
     ``model_override``) and knobs, the options given here in place of the config's, its DeepSpeed
     settings where they shard the run; the plan says what was read and what is not modelled
     (``details.config``)."""
     from memfit.interop import read_tool_config
 
-    plan_options = {k: options.pop(k) for k in ("gpu", "budget", "target", "context_bytes", "cublas_workspace_bytes", "exact",
-                                                "cache", "sampler", "progress")}
+    plan_options = {
+        k: options.pop(k)
+        for k in (
+            "gpu",
+            "budget",
+            "target",
+            "context_bytes",
+            "cublas_workspace_bytes",
+            "exact",
+            "cache",
+            "sampler",
+            "progress",
+        )
+    }
     tool = read_tool_config(path, model=model_override)
     knobs, dropped = tool.knobs_for(options)
     _check_tool_modes(tool, knobs, given={k for k, v in options.items() if v is not None})
@@ -574,9 +725,13 @@ def _math_attention_note(config: dict[str, Any], spec: RunSpec) -> str:
     why = "fp32 has no flash kernel" if compute == "fp32" else "this GPU has no flash kernel"
     fixes = ["--precision bf16 or bf16-mixed (flash kernel)"] if compute == "fp32" else []
     if spec.recipe == "hf":
-        fixes.append("memfit's step (--recipe memfit: its attention expands grouped-query heads for the memory-efficient kernel)")
+        fixes.append(
+            "memfit's step (--recipe memfit: its attention expands grouped-query heads for the memory-efficient kernel)"
+        )
     else:
-        fixes.append("--padding-free auto (memfit's attention, which expands grouped-query heads for the memory-efficient kernel)")
+        fixes.append(
+            "--padding-free auto (memfit's attention, which expands grouped-query heads for the memory-efficient kernel)"
+        )
     return (
         f"attention falls to CUDA's math kernel ({why}, and the memory-efficient one does not take grouped-query heads): "
         f"{format_bytes(scores)} of [batch x heads x seq x seq] scores a layer, twice that in backward; use "

@@ -71,7 +71,9 @@ def _top_k(model, found: dict) -> int:
 
 def _forward(four_bit: bool, every_token: bool) -> str:
     if every_token:
-        return "every expert on every token (Llama 4's experts), " + ("one expert dequantized at a time" if four_bit else "batched matmuls")
+        return "every expert on every token (Llama 4's experts), " + (
+            "one expert dequantized at a time" if four_bit else "batched matmuls"
+        )
     if four_bit:
         return "transformers' grouped experts forward, one expert's NF4 weight dequantized at a time (forward and backward)"
     return "transformers' grouped matmuls (grouped_mm)"
@@ -92,8 +94,10 @@ def checkpoint_note(config_dict: dict[str, Any]) -> str | None:
     """What a run does with a checkpoint whose experts are stored quantized (gpt-oss's MXFP4)."""
     quantization = config_dict.get("quantization_config")
     if isinstance(quantization, dict) and quantization.get("quant_method") == "mxfp4":
-        return ("the checkpoint stores its experts in MXFP4 (quantization_config): the run dequantizes them as it loads "
-                "them, as transformers does for training (Mxfp4Config(dequantize=True)), and plans and trains them as stored here")
+        return (
+            "the checkpoint stores its experts in MXFP4 (quantization_config): the run dequantizes them as it loads "
+            "them, as transformers does for training (Mxfp4Config(dequantize=True)), and plans and trains them as stored here"
+        )
     return None
 
 
@@ -109,6 +113,8 @@ def _expert_adapters(model, spec: RunSpec) -> dict[str, Any]:
         for weight in expert_weights(module):
             name = f"{EXPERTS}.{weight.name}"
             if name in adapted:
-                rank = next((r for pattern, r in targets.rank_pattern.items() if pattern.endswith(weight.name)), spec.rank)
+                rank = next(
+                    (r for pattern, r in targets.rank_pattern.items() if pattern.endswith(weight.name)), spec.rank
+                )
                 trainable += weight.num_experts * rank * (weight.in_features + weight.out_features)
     return {"weights": sorted(p for p in adapted if p.startswith(f"{EXPERTS}.")), "trainable_params": trainable}

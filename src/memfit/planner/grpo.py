@@ -34,8 +34,12 @@ from memfit.spec import RunSpec
 from memfit.units import format_bytes
 
 #: The knobs that drive each phase's memory, as the plan names them.
-GENERATION_DRIVERS = ("num_generations x prompts (batch_size x grad_accum completions)", "max_completion_length (KV cache)",
-                      "seq_len - max_completion_length (prompt)", "top_p (sampling logits)")
+GENERATION_DRIVERS = (
+    "num_generations x prompts (batch_size x grad_accum completions)",
+    "max_completion_length (KV cache)",
+    "seq_len - max_completion_length (prompt)",
+    "top_p (sampling logits)",
+)
 TRAINING_DRIVERS = ("batch_size x seq_len (activations)", "checkpointing", "beta > 0 (reference pass)")
 VLLM_DRIVERS = ("vllm_gpu_memory_utilization x the card's memory",)
 
@@ -49,13 +53,22 @@ VLLM_SOURCES = (
 )
 
 
-def with_phases(plan: MemoryPlan, config: dict[str, Any], spec: RunSpec, target: Any, runtime: Any, *,
-                exact: bool = False) -> MemoryPlan:
+def with_phases(
+    plan: MemoryPlan, config: dict[str, Any], spec: RunSpec, target: Any, runtime: Any, *, exact: bool = False
+) -> MemoryPlan:
     """``plan`` (the training step's) as a grpo plan: its generation phase planned too, each phase in
     ``details.phases``, and the plan's figures those of the larger (``exact``: the generation
     simulated whole, as the step of an exact plan is)."""
-    training = _phase("training", plan.allocated_bytes, plan.reserved_bytes, plan.device_total_bytes, plan.phase,
-                      plan.categories, "simulated", TRAINING_DRIVERS)
+    training = _phase(
+        "training",
+        plan.allocated_bytes,
+        plan.reserved_bytes,
+        plan.device_total_bytes,
+        plan.phase,
+        plan.categories,
+        "simulated",
+        TRAINING_DRIVERS,
+    )
     notes: list[str] = []
     if spec.use_vllm:
         generation, training = _vllm_phases(spec, target, training, notes)
@@ -66,26 +79,53 @@ def with_phases(plan: MemoryPlan, config: dict[str, Any], spec: RunSpec, target:
     details = dict(plan.details)
     details["phases"] = phases
     helps = dict(details.get("category_help") or {})
-    helps["activations"] = helps.get("activations", "tensors forward keeps for backward") + "; while generating, the KV cache"
+    helps["activations"] = (
+        helps.get("activations", "tensors forward keeps for backward") + "; while generating, the KV cache"
+    )
     if any(p.get("vllm_bytes") for p in phases):
-        helps["runtime"] = helps.get("runtime", "CUDA context and cuBLAS workspaces") + "; vLLM's share of the card (planned only)"
+        helps["runtime"] = (
+            helps.get("runtime", "CUDA context and cuBLAS workspaces") + "; vLLM's share of the card (planned only)"
+        )
     details["category_help"] = helps
     details["objective"] = "grpo"
     details["notes"] = list(details.get("notes", [])) + notes
-    result = dataclasses.replace(plan, allocated_bytes=peak["allocated_bytes"], reserved_bytes=peak["reserved_bytes"],
-                                 device_total_bytes=peak["device_total_bytes"], categories=dict(peak["categories"]),
-                                 phase=f"{peak['name']} ({peak['phase']})", details=details)
+    result = dataclasses.replace(
+        plan,
+        allocated_bytes=peak["allocated_bytes"],
+        reserved_bytes=peak["reserved_bytes"],
+        device_total_bytes=peak["device_total_bytes"],
+        categories=dict(peak["categories"]),
+        phase=f"{peak['name']} ({peak['phase']})",
+        details=details,
+    )
     if plan.gpu is not None:
         result.headroom_bytes = plan.gpu["memory_bytes"] - result.device_total_bytes
         result.fits = result.headroom_bytes >= 0
     return result
 
 
-def _phase(name: str, allocated: int, reserved: int, device_total: int, phase: str, categories: dict[str, int],
-           planned: str, drivers: tuple[str, ...], **extra: Any) -> dict[str, Any]:
-    return {"name": name, "allocated_bytes": int(allocated), "reserved_bytes": int(reserved),
-            "device_total_bytes": int(device_total), "phase": phase, "categories": dict(categories), "planned": planned,
-            "drivers": list(drivers), **extra}
+def _phase(
+    name: str,
+    allocated: int,
+    reserved: int,
+    device_total: int,
+    phase: str,
+    categories: dict[str, int],
+    planned: str,
+    drivers: tuple[str, ...],
+    **extra: Any,
+) -> dict[str, Any]:
+    return {
+        "name": name,
+        "allocated_bytes": int(allocated),
+        "reserved_bytes": int(reserved),
+        "device_total_bytes": int(device_total),
+        "phase": phase,
+        "categories": dict(categories),
+        "planned": planned,
+        "drivers": list(drivers),
+        **extra,
+    }
 
 
 def _generation_phase(config: dict[str, Any], spec: RunSpec, target: Any, runtime: Any, exact: bool) -> dict[str, Any]:
@@ -98,11 +138,20 @@ def _generation_phase(config: dict[str, Any], spec: RunSpec, target: Any, runtim
     tracked_runtime = categories.pop("runtime", 0)
     categories["allocator"] = estimate.reserved_bytes - estimate.allocated_bytes
     categories["runtime"] = tracked_runtime + runtime.context_bytes
-    return _phase("generation", estimate.allocated_bytes, estimate.reserved_bytes, estimate.reserved_bytes + runtime.context_bytes,
-                  estimate.phase, categories, "simulated", GENERATION_DRIVERS,
-                  kv_cache_bytes=int(estimate.kv_cache_bytes),
-                  sub_phases={k: v for k, v in estimate.phase_peaks.items() if k in PHASES},
-                  simulated_layers=estimate.simulated_layers, engine="transformers generate")
+    return _phase(
+        "generation",
+        estimate.allocated_bytes,
+        estimate.reserved_bytes,
+        estimate.reserved_bytes + runtime.context_bytes,
+        estimate.phase,
+        categories,
+        "simulated",
+        GENERATION_DRIVERS,
+        kv_cache_bytes=int(estimate.kv_cache_bytes),
+        sub_phases={k: v for k, v in estimate.phase_peaks.items() if k in PHASES},
+        simulated_layers=estimate.simulated_layers,
+        engine="transformers generate",
+    )
 
 
 def _card_bytes(target: Any) -> int | None:
@@ -119,34 +168,58 @@ def _card_bytes(target: Any) -> int | None:
 
 def _vllm_phases(spec: RunSpec, target: Any, training: dict[str, Any], notes: list[str]):
     """(generation, training) with vLLM: planned from vLLM's and TRL's rules (see the module docstring)."""
-    notes.append("vLLM is planned from its rules, not simulated (memfit train generates with transformers): "
-                 + "; ".join(VLLM_SOURCES))
+    notes.append(
+        "vLLM is planned from its rules, not simulated (memfit train generates with transformers): "
+        + "; ".join(VLLM_SOURCES)
+    )
     states = {k: training["categories"].get(k, 0) for k in ("weights", "trainable", "optimizer")}
     context = training["categories"].get("runtime", 0)
     if spec.vllm_mode == "server":
-        notes.append("vllm_mode server: vLLM runs on GPUs of its own (vllm serve --gpu-memory-utilization, 0.9 by default "
-                     "there); this GPU holds none of it")
+        notes.append(
+            "vllm_mode server: vLLM runs on GPUs of its own (vllm serve --gpu-memory-utilization, 0.9 by default "
+            "there); this GPU holds none of it"
+        )
         return None, training
     card = _card_bytes(target)
     if card is None:
-        notes.append("vLLM colocated takes vllm_gpu_memory_utilization of the card's memory: give --gpu or --budget to plan it")
+        notes.append(
+            "vLLM colocated takes vllm_gpu_memory_utilization of the card's memory: give --gpu or --budget to plan it"
+        )
         return None, training
     share = int(card * spec.vllm_gpu_memory_utilization)
     held = sum(states.values())
-    generation = _phase("generation", held, held, held + context + share, "vLLM",
-                        {**dict.fromkeys(training["categories"], 0), **states, "runtime": context + share}, "planned only",
-                        VLLM_DRIVERS, vllm_bytes=share, engine="vLLM colocated")
+    generation = _phase(
+        "generation",
+        held,
+        held,
+        held + context + share,
+        "vLLM",
+        {**dict.fromkeys(training["categories"], 0), **states, "runtime": context + share},
+        "planned only",
+        VLLM_DRIVERS,
+        vllm_bytes=share,
+        engine="vLLM colocated",
+    )
     if target.memory_bytes is not None and held + context + share > card:
-        notes.append(f"vLLM colocated asks {format_bytes(share)} ({spec.vllm_gpu_memory_utilization:g} of "
-                     f"{format_bytes(card)}) beside the policy's {format_bytes(held)}: vLLM refuses to start with less free "
-                     "memory than its share; lower vllm_gpu_memory_utilization")
+        notes.append(
+            f"vLLM colocated asks {format_bytes(share)} ({spec.vllm_gpu_memory_utilization:g} of "
+            f"{format_bytes(card)}) beside the policy's {format_bytes(held)}: vLLM refuses to start with less free "
+            "memory than its share; lower vllm_gpu_memory_utilization"
+        )
     if spec.vllm_enable_sleep_mode:
-        notes.append("vLLM sleeps while the policy trains (level 2: its weights and KV cache freed); what it keeps asleep "
-                     "(CUDA graphs, buffers) is not planned")
+        notes.append(
+            "vLLM sleeps while the policy trains (level 2: its weights and KV cache freed); what it keeps asleep "
+            "(CUDA graphs, buffers) is not planned"
+        )
         return generation, training
     categories = dict(training["categories"])
     categories["runtime"] = categories.get("runtime", 0) + share
-    kept = dict(training, device_total_bytes=training["device_total_bytes"] + share, categories=categories,
-                planned="simulated, and vLLM's share planned only", drivers=list(TRAINING_DRIVERS) + list(VLLM_DRIVERS),
-                vllm_bytes=share)
+    kept = dict(
+        training,
+        device_total_bytes=training["device_total_bytes"] + share,
+        categories=categories,
+        planned="simulated, and vLLM's share planned only",
+        drivers=list(TRAINING_DRIVERS) + list(VLLM_DRIVERS),
+        vllm_bytes=share,
+    )
     return generation, kept

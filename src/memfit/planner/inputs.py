@@ -42,8 +42,16 @@ class Resolved:
         return self.source_problems + self.spec_problems + self.target_problems
 
 
-def resolve(model: str | dict, *, revision: str | None = None, gpu: str | None = None, budget: str | int | None = None,
-            target: Target | None = None, context_bytes: int | str | None = None, **knobs: Any) -> Resolved:
+def resolve(
+    model: str | dict,
+    *,
+    revision: str | None = None,
+    gpu: str | None = None,
+    budget: str | int | None = None,
+    target: Target | None = None,
+    context_bytes: int | str | None = None,
+    **knobs: Any,
+) -> Resolved:
     """The cheap half of :func:`validate`: resolve the model (its config), the knobs and the target
     (``target``, or the one ``gpu`` / ``budget`` give), and collect what is wrong with each alone
     (and with ``context_bytes``, a plan's CUDA context given instead of the estimate).
@@ -100,15 +108,29 @@ def checked(resolved: Resolved, cache: bool = True) -> tuple[ModelSource, RunSpe
     return source, spec, resolved.target
 
 
-def validate(model: str | dict, *, revision: str | None = None, gpu: str | None = None, budget: str | int | None = None,
-             target: Target | None = None, **knobs: Any) -> tuple[ModelSource, RunSpec, Target]:
+def validate(
+    model: str | dict,
+    *,
+    revision: str | None = None,
+    gpu: str | None = None,
+    budget: str | int | None = None,
+    target: Target | None = None,
+    **knobs: Any,
+) -> tuple[ModelSource, RunSpec, Target]:
     """Check the model, every knob, the GPU and the budget (or ``target``); raise one PlanError
     listing all problems (those found without transformers first, on their own: see :func:`checked`)."""
     return checked(resolve(model, revision=revision, gpu=gpu, budget=budget, target=target, **knobs))
 
 
-def quick_problems(model: str | dict, *, revision: str | None = None, gpu: str | None = None,
-                   budget: str | int | None = None, target: Target | None = None, **knobs: Any) -> list[str]:
+def quick_problems(
+    model: str | dict,
+    *,
+    revision: str | None = None,
+    gpu: str | None = None,
+    budget: str | int | None = None,
+    target: Target | None = None,
+    **knobs: Any,
+) -> list[str]:
     """The problems :func:`validate` finds without importing transformers or torch: the model
     argument, each knob alone and together, the GPU, the budget (a fraction of a second)."""
     return resolve(model, revision=revision, gpu=gpu, budget=budget, target=target, **knobs).problems
@@ -120,12 +142,24 @@ def validation_key(resolved: Resolved) -> str | None:
 
     if resolved.has_problems or not plan_cache.enabled():
         return None
-    return plan_cache.make_key("validated", {"model": {"name": resolved.source.name, "config": resolved.source.config},
-                                             "spec": resolved.spec.model_dump(mode="json")})
+    return plan_cache.make_key(
+        "validated",
+        {
+            "model": {"name": resolved.source.name, "config": resolved.source.config},
+            "spec": resolved.spec.model_dump(mode="json"),
+        },
+    )
 
 
-def validation_state(model: str | dict, *, revision: str | None = None, gpu: str | None = None,
-                     budget: str | int | None = None, target: Target | None = None, **knobs: Any) -> str:
+def validation_state(
+    model: str | dict,
+    *,
+    revision: str | None = None,
+    gpu: str | None = None,
+    budget: str | int | None = None,
+    target: Target | None = None,
+    **knobs: Any,
+) -> str:
     """What is known of these inputs without importing transformers: ``"problems"`` (a check that
     needs no model failed: :func:`validate` will say which), ``"validated"`` (they passed
     :func:`validate` before, with this code and these libraries: the plan cache remembers it, and
@@ -159,7 +193,9 @@ def model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
     targets = targets_problem(source.config, spec)
     if targets:
         problems.append(targets)
-    problems.extend(p for p in (training_mode_problem(source.config, spec), quantized_base_problem(source.config, spec)) if p)
+    problems.extend(
+        p for p in (training_mode_problem(source.config, spec), quantized_base_problem(source.config, spec)) if p
+    )
     if spec.base_bits is not None or spec.optimizer in ("adamw8bit", "paged-adamw8bit"):
         import importlib.util
 
@@ -180,9 +216,11 @@ def training_mode_problem(config: dict[str, Any], spec: RunSpec) -> str | None:
     mode = str(config.get("mode") or "inference")
     if config.get("model_type") != "xlstm" or "train" in mode or spec.weight_precision == "fp32":
         return None
-    return (f"model: xlstm's \"mode\": \"{mode}\" runs xLSTM's inference kernels, which cannot train with "
-            f"{spec.weight_precision} weights. Set \"mode\": \"train\" in the config (memfit train: model_overrides: "
-            "{mode: train}), or use --precision fp32.")
+    return (
+        f'model: xlstm\'s "mode": "{mode}" runs xLSTM\'s inference kernels, which cannot train with '
+        f'{spec.weight_precision} weights. Set "mode": "train" in the config (memfit train: model_overrides: '
+        "{mode: train}), or use --precision fp32."
+    )
 
 
 #: model_type -> the linear layer its PyTorch path multiplies by its weight instead of calling it
@@ -195,9 +233,11 @@ def quantized_base_problem(config: dict[str, Any], spec: RunSpec) -> str | None:
     layer = WEIGHT_READ_DIRECTLY.get(str(config.get("model_type")))
     if layer is None or spec.base_bits is None:
         return None
-    return (f"--method {spec.method}: transformers' {config['model_type']} multiplies by its {layer} weight directly, "
-            f"which a {spec.base_bits}-bit layer does not hold, so its step fails on a quantized base. Use --method lora "
-            "or full.")
+    return (
+        f"--method {spec.method}: transformers' {config['model_type']} multiplies by its {layer} weight directly, "
+        f"which a {spec.base_bits}-bit layer does not hold, so its step fails on a quantized base. Use --method lora "
+        "or full."
+    )
 
 
 def targets_problem(config: dict[str, Any], spec: RunSpec, spelling: str = "flag") -> str | None:
@@ -210,7 +250,9 @@ def targets_problem(config: dict[str, Any], spec: RunSpec, spelling: str = "flag
     from memfit.spec import ALL_LINEAR
 
     # all-linear names nothing to check, unless it puts adapters on expert weights that take no dropout or DoRA
-    if not spec.uses_adapters or (spec.targets == (ALL_LINEAR,) and not spec.modules_to_save and not spec.dropout and not spec.dora):
+    if not spec.uses_adapters or (
+        spec.targets == (ALL_LINEAR,) and not spec.modules_to_save and not spec.dropout and not spec.dora
+    ):
         return None
     from memfit.models.build import DTYPES, build_meta_model, make_config
     from memfit.models.errors import ModelBuildError

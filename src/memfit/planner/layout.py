@@ -28,8 +28,15 @@ def param_layout(config: dict[str, Any], spec: RunSpec, *, remember: bool = True
     is then counted as often as the full model holds its kind. Kept in the memo when ``remember``
     (:mod:`memfit.planner.shortcuts.memo`; not for an exact plan).
     """
-    key = (json.dumps(config, sort_keys=True, default=str), spec.method, spec.rank, tuple(spec.targets), spec.weight_precision,
-           spec.dora, tuple(spec.modules_to_save))
+    key = (
+        json.dumps(config, sort_keys=True, default=str),
+        spec.method,
+        spec.rank,
+        tuple(spec.targets),
+        spec.weight_precision,
+        spec.dora,
+        tuple(spec.modules_to_save),
+    )
     cached = MEMO.layouts.get(key) if remember else None
     if cached is not None:
         return cached
@@ -44,7 +51,9 @@ def param_layout(config: dict[str, Any], spec: RunSpec, *, remember: bool = True
     sampled = len(sources)
     layer_spec = spec.model_copy(update={"checkpointing": "off", "gpus": 1, "shard": "none"})
     with _quiet(), bitsandbytes_only_if_used(layer_spec):
-        model = prepare_for_method(build_meta_model(make_config(config, layers=sources), DTYPES[spec.weight_precision]), layer_spec)
+        model = prepare_for_method(
+            build_meta_model(make_config(config, layers=sources), DTYPES[spec.weight_precision]), layer_spec
+        )
     layers = decoder_layers(model)
     four_bit_experts = unpacked_counts(model)
     in_layer = {}
@@ -61,7 +70,11 @@ def param_layout(config: dict[str, Any], spec: RunSpec, *, remember: bool = True
         # The trainer keeps quantized weights (packed 4-bit, int8; 4-bit experts) whole on every rank, outside FSDP
         # (never gathered).
         whole = type(p).__name__ in ("Params4bit", "Int8Params") or id(p) in four_bit_experts
-        groups.append(ParamGroup(dim0=dim0, row_bytes=nbytes // max(dim0, 1), trainable=p.requires_grad, count=count, sharded=not whole))
+        groups.append(
+            ParamGroup(
+                dim0=dim0, row_bytes=nbytes // max(dim0, 1), trainable=p.requires_grad, count=count, sharded=not whole
+            )
+        )
         if whole:
             continue
         if index is None:
@@ -71,8 +84,13 @@ def param_layout(config: dict[str, Any], spec: RunSpec, *, remember: bool = True
             layer_bytes[index] += nbytes
             layer_grads[index] += nbytes if p.requires_grad else 0
     largest = max(range(sampled), key=layer_bytes.__getitem__)
-    layout = ParamLayout(groups=tuple(groups), layer_param_bytes=layer_bytes[largest], layer_grad_bytes=layer_grads[largest],
-                         root_param_bytes=root_bytes, root_grad_bytes=root_grads)
+    layout = ParamLayout(
+        groups=tuple(groups),
+        layer_param_bytes=layer_bytes[largest],
+        layer_grad_bytes=layer_grads[largest],
+        root_param_bytes=root_bytes,
+        root_grad_bytes=root_grads,
+    )
     return MEMO.keep("layouts", key, layout) if remember else layout
 
 
@@ -100,7 +118,9 @@ def _layers_to_build(config: dict[str, Any]) -> tuple[list[int], list[int]]:
 _STATE_BYTES_PER_ELEMENT_AT_LEAST = {"adamw8bit": 2, "paged-adamw8bit": 2, "sgd": 0}
 
 
-def memory_lower_bound(config: dict[str, Any], spec: RunSpec, context_bytes: int, *, remember: bool = True) -> int | None:
+def memory_lower_bound(
+    config: dict[str, Any], spec: RunSpec, context_bytes: int, *, remember: bool = True
+) -> int | None:
     """A floor under what any plan of ``spec`` needs: device total plus paged optimizer states.
 
     Worked out only where it is easy to prove, full fine-tuning on one GPU: every parameter is on
@@ -126,9 +146,18 @@ def memory_lower_bound(config: dict[str, Any], spec: RunSpec, context_bytes: int
     return weights + gradients + states + context_bytes
 
 
-def proven_over_budget(model: str | dict, *, revision: str | None = None, gpu: str | None = None,
-                       budget: str | int | None = None, target: Target | None = None, context_bytes: int | None = None,
-                       deepspeed: Any = None, exact: bool = False, **knobs: Any) -> bool:
+def proven_over_budget(
+    model: str | dict,
+    *,
+    revision: str | None = None,
+    gpu: str | None = None,
+    budget: str | int | None = None,
+    target: Target | None = None,
+    context_bytes: int | None = None,
+    deepspeed: Any = None,
+    exact: bool = False,
+    **knobs: Any,
+) -> bool:
     """True when the plan of these arguments (:func:`memfit.planner.api.plan`'s) cannot fit its GPU,
     budget or ``target``, proven by :func:`memory_lower_bound` without a simulation; False when it may
     fit, or nothing is proven (the floor is worked out for one GPU, where ``deepspeed`` never applies).
@@ -145,8 +174,14 @@ def proven_over_budget(model: str | dict, *, revision: str | None = None, gpu: s
     # The floor is kept in the plan cache: working it out builds a layer on meta (torch, transformers),
     # which a search answered from the cache would otherwise import for this alone.
     exact = exact_wanted(exact)
-    key = plan_cache.make_key("floor", {"config": resolved.source.config, "spec": resolved.spec.model_dump(mode="json"),
-                                        "context_bytes": context}) if plan_cache.enabled() and not exact else None
+    key = (
+        plan_cache.make_key(
+            "floor",
+            {"config": resolved.source.config, "spec": resolved.spec.model_dump(mode="json"), "context_bytes": context},
+        )
+        if plan_cache.enabled() and not exact
+        else None
+    )
     stored = plan_cache.load("floor", key)
     if isinstance(stored, dict) and set(stored) == {"bytes"}:
         floor = stored["bytes"]

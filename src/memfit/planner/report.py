@@ -33,11 +33,17 @@ def category_help(spec: dict[str, Any], adapters: dict[str, Any] | None) -> dict
     if adapters.get("dora"):
         trained.append("DoRA magnitudes (one per output row)")
     for group in adapters.get("trained_copies", []):
-        trained.append(f"a trainable copy of {' = '.join(group)} (tied: one copy)" if len(group) > 1
-                       else f"a trainable copy of {group[0]}")
+        trained.append(
+            f"a trainable copy of {' = '.join(group)} (tied: one copy)"
+            if len(group) > 1
+            else f"a trainable copy of {group[0]}"
+        )
     helps["trainable"] = " + ".join(trained)
     base = adapters.get("base")
-    stored = {"nf4": "NF4-packed linear layers + quant state", "int8": "int8 linear layers + an fp32 scale per row"}.get(base)
+    stored = {
+        "nf4": "NF4-packed linear layers + quant state",
+        "int8": "int8 linear layers + an fp32 scale per row",
+    }.get(base)
     weights = f"frozen base: {stored}, the rest in its dtype" if stored else f"frozen base weights in {base}"
     if adapters.get("trained_copies"):
         weights += "; the frozen originals of the modules trained whole"
@@ -47,7 +53,9 @@ def category_help(spec: dict[str, Any], adapters: dict[str, Any] | None) -> dict
         extra.append("DoRA: every adapted weight with its update and row norms, each forward (and recomputation)")
     if base == "int8":
         extra.append("int8: inputs quantized, int32 products, the weight dequantized in backward")
-        helps["activations"] = CATEGORY_HELP["activations"] + "; 8-bit layers keep their inputs even under checkpointing"
+        helps["activations"] = (
+            CATEGORY_HELP["activations"] + "; 8-bit layers keep their inputs even under checkpointing"
+        )
     if extra:
         helps["temporaries"] = CATEGORY_HELP["temporaries"] + "; " + "; ".join(extra)
     return helps
@@ -131,11 +139,16 @@ class MemoryPlan(JsonForm):
         # and in a pipe or a file (no terminal, no width) the header must stay one line for grep.
         console.print(title, highlight=False)
         # What the precision means (pure or mixed, which format holds what), on a line of its own.
-        console.print(precision_regime(spec["method"], spec["precision"], spec.get("recipe", "memfit")), highlight=False)
+        console.print(
+            precision_regime(spec["method"], spec["precision"], spec.get("recipe", "memfit")), highlight=False
+        )
         table = Table(show_footer=True)
         table.add_column("category", footer="device total")
-        table.add_column("at peak, per GPU" if self.details.get("per_rank") else "at peak", justify="right",
-                         footer=format_bytes(self.device_total_bytes))
+        table.add_column(
+            "at peak, per GPU" if self.details.get("per_rank") else "at peak",
+            justify="right",
+            footer=format_bytes(self.device_total_bytes),
+        )
         table.add_column("share", justify="right", footer="100%")
         table.add_column("what it is", style="dim")
         helps = {**CATEGORY_HELP, **d.get("category_help", {})}
@@ -148,16 +161,29 @@ class MemoryPlan(JsonForm):
         peaks = Table.grid(padding=(0, 2))
         peaks.add_row("peak allocated", format_bytes(self.allocated_bytes), "torch.cuda.max_memory_allocated")
         peaks.add_row("peak reserved", format_bytes(self.reserved_bytes), "torch.cuda.max_memory_reserved")
-        peaks.add_row("device total", format_bytes(self.device_total_bytes), "what nvidia-smi shows; OOM depends on this")
+        peaks.add_row(
+            "device total", format_bytes(self.device_total_bytes), "what nvidia-smi shows; OOM depends on this"
+        )
         peaks.add_row("peak happens in", self.phase, "")
 
         if d.get("per_rank"):
             states = d["model_state_bytes"]
-            peaks.add_row("model states, 1 GPU", format_bytes(states["before_bytes"]), "weights, gradients, optimizer states unsharded")
-            peaks.add_row("model states per GPU", format_bytes(states["per_rank_device_bytes"] + states["per_rank_host_bytes"]),
-                          "in host memory" if states["per_rank_host_bytes"] else f"after --shard {d['shard']}")
+            peaks.add_row(
+                "model states, 1 GPU",
+                format_bytes(states["before_bytes"]),
+                "weights, gradients, optimizer states unsharded",
+            )
+            peaks.add_row(
+                "model states per GPU",
+                format_bytes(states["per_rank_device_bytes"] + states["per_rank_host_bytes"]),
+                "in host memory" if states["per_rank_host_bytes"] else f"after --shard {d['shard']}",
+            )
         if d.get("host_peak_bytes"):
-            peaks.add_row("host memory", format_bytes(d["host_peak_bytes"]), "pinned CPU memory (offloaded layer inputs, input embeddings, offloaded shards)")
+            peaks.add_row(
+                "host memory",
+                format_bytes(d["host_peak_bytes"]),
+                "pinned CPU memory (offloaded layer inputs, input embeddings, offloaded shards)",
+            )
         if d.get("paged_peak_bytes"):
             peaks.add_row(
                 "paged optimizer states",
@@ -181,7 +207,9 @@ class MemoryPlan(JsonForm):
                 console.print(f"[green]fits[/] {name} ({cap}) with {format_bytes(self.headroom_bytes)} headroom")
             else:
                 tips = ", ".join(suggestions(self.spec))
-                console.print(f"[red]does not fit[/] {name} ({cap}): {format_bytes(-self.headroom_bytes)} over. Try {tips}.")
+                console.print(
+                    f"[red]does not fit[/] {name} ({cap}): {format_bytes(-self.headroom_bytes)} over. Try {tips}."
+                )
         for note in d.get("notes", []):
             console.print(f"[dim]note: {note}[/]")
         if d.get("config"):
@@ -192,8 +220,10 @@ class MemoryPlan(JsonForm):
 
 
 #: What an exact plan says of itself (memfit.planner.shortcuts.switch).
-EXACT_LINE = ("made exact: every decoder layer simulated, every chunk and micro-batch run, nothing replayed, "
-              "nothing from the plan cache")
+EXACT_LINE = (
+    "made exact: every decoder layer simulated, every chunk and micro-batch run, nothing replayed, "
+    "nothing from the plan cache"
+)
 
 #: What a preference objective's batch is, said beside it wherever a plan or a search names one.
 BATCH_COUNTS_PAIRS = "batch counts pairs"
@@ -206,8 +236,10 @@ def objective_words(spec: dict[str, Any]) -> str:
     ('' for sft)."""
     objective = spec.get("objective", "sft")
     if objective == "grpo":
-        return (f"grpo ({BATCH_COUNTS_COMPLETIONS}, {spec.get('num_generations')} a prompt, up to "
-                f"{spec.get('max_completion_length')} tokens each)")
+        return (
+            f"grpo ({BATCH_COUNTS_COMPLETIONS}, {spec.get('num_generations')} a prompt, up to "
+            f"{spec.get('max_completion_length')} tokens each)"
+        )
     return "" if objective == "sft" else f"{objective} ({BATCH_COUNTS_PAIRS})"
 
 
@@ -221,7 +253,8 @@ def plan_headline(model: str, spec: dict[str, Any], details: dict[str, Any]) -> 
     title = (
         f"[bold]{escape(model)}[/] · {spec['method']}"
         + (f" r={spec['rank']}" if spec["method"] != "full" else "")
-        + (" DoRA" if spec.get("dora") else "") + (" rsLoRA" if spec.get("rslora") else "")
+        + (" DoRA" if spec.get("dora") else "")
+        + (" rsLoRA" if spec.get("rslora") else "")
         + (f" + {escape(','.join(spec['modules_to_save']))} trained whole" if spec.get("modules_to_save") else "")
         + f" · {spec['precision']} · {spec['optimizer']} · batch {spec['batch_size']} x {spec['seq_len']} tokens"
         + f" · checkpointing {spec['checkpointing']}"
@@ -270,8 +303,10 @@ def phase_lines(details: dict[str, Any]) -> list[str]:
         held = f", KV cache {format_bytes(p['kv_cache_bytes'])}" if p.get("kv_cache_bytes") else ""
         held += f", vLLM {format_bytes(p['vllm_bytes'])}" if p.get("vllm_bytes") else ""
         mark = " <- peak" if p["device_total_bytes"] == top else ""
-        lines.append(f"{p['name']:<10} {bar:<{BAR_WIDTH}} {format_bytes(p['device_total_bytes'])}{mark} ({p['phase']}{held}; "
-                     f"{p['planned']}; driven by {', '.join(p['drivers'])})")
+        lines.append(
+            f"{p['name']:<10} {bar:<{BAR_WIDTH}} {format_bytes(p['device_total_bytes'])}{mark} ({p['phase']}{held}; "
+            f"{p['planned']}; driven by {', '.join(p['drivers'])})"
+        )
     return lines
 
 
@@ -286,7 +321,11 @@ def layer_lines(details: dict[str, Any]) -> list[str]:
     mixers = details.get("sequence_mixers")
     if mixers:
         missing = [p for p in mixers["packages"] if p not in mixers["installed"]]
-        why = f"{', '.join(missing)} not installed" if not mixers["installed"] else f"the run calls {', '.join(mixers['installed'])}'s kernels"
+        why = (
+            f"{', '.join(missing)} not installed"
+            if not mixers["installed"]
+            else f"the run calls {', '.join(mixers['installed'])}'s kernels"
+        )
         lines.append(f"sequence mixers: simulated on transformers' PyTorch path ({why})")
     return lines
 
@@ -315,8 +354,10 @@ def expert_lines(experts: dict[str, Any] | None) -> list[str]:
         lines.append(f"routing loss: router_aux_loss_coef {aux['coef']:g}, {state}")
     adapters = experts.get("adapters")
     if adapters and adapters["weights"]:
-        lines.append(f"LoRA on experts: {', '.join(adapters['weights'])}, {format_count(adapters['trainable_params'])} trainable "
-                     "(each expert its own pair)")
+        lines.append(
+            f"LoRA on experts: {', '.join(adapters['weights'])}, {format_count(adapters['trainable_params'])} trainable "
+            "(each expert its own pair)"
+        )
     return lines
 
 
@@ -328,9 +369,13 @@ def step_features(spec: dict[str, Any], details: dict[str, Any] | None = None) -
     if recipe == "hf":
         return []
     objective = spec.get("objective", "sft")
-    features = ["fused chunked loss" if objective == "sft" else
-                "fused chunked per-token log-probs of the completions" if objective == "grpo" else
-                "fused chunked log-probs, chosen and rejected in one forward"]
+    features = [
+        "fused chunked loss"
+        if objective == "sft"
+        else "fused chunked per-token log-probs of the completions"
+        if objective == "grpo"
+        else "fused chunked log-probs, chosen and rejected in one forward"
+    ]
     if (details or {}).get("batch_layout") == "documents":
         features.append("padding-free batches (attention inside each example)")
     if tiles_sequence(spec.get("tiling", "auto"), recipe, spec["batch_size"] * spec["seq_len"]):

@@ -176,7 +176,9 @@ def _mode_ratios(shard: str, gpus: int, layout: ParamLayout) -> dict[str, float]
     return ratios
 
 
-def extra_buffers(shard: str, gpus: int, phase: str, layout: ParamLayout, zero=None, reference: str = "none") -> dict[str, int]:
+def extra_buffers(
+    shard: str, gpus: int, phase: str, layout: ParamLayout, zero=None, reference: str = "none"
+) -> dict[str, int]:
     """Device bytes a mode adds to a rank at a moment of ``phase``, by the category they count in
     (DeepSpeed's buffers in place of PyTorch's with ``zero``, a :class:`memfit.planner.zero.ZeroPlan`).
 
@@ -232,8 +234,16 @@ def ddp_bucket_bytes(gradient_bytes: int, bucket_bytes: int = DDP_BUCKET_BYTES) 
     return full * block(bucket_bytes) + (block(rest) if rest else 0)
 
 
-def per_rank_categories(categories: dict[str, int], phase: str, *, shard: str, gpus: int, layout: ParamLayout,
-                        zero=None, reference: str = "none") -> dict[str, int]:
+def per_rank_categories(
+    categories: dict[str, int],
+    phase: str,
+    *,
+    shard: str,
+    gpus: int,
+    layout: ParamLayout,
+    zero=None,
+    reference: str = "none",
+) -> dict[str, int]:
     """One rank's live bytes by category, from the single-GPU categories at a moment of ``phase``
     (``reference``: where a DPO step's reference comes from)."""
     if gpus <= 1:
@@ -247,16 +257,21 @@ def per_rank_categories(categories: dict[str, int], phase: str, *, shard: str, g
     return out
 
 
-def model_state_bytes(categories: dict[str, int], *, shard: str, gpus: int, layout: ParamLayout, zero=None,
-                      reference: str = "none") -> dict[str, int]:
+def model_state_bytes(
+    categories: dict[str, int], *, shard: str, gpus: int, layout: ParamLayout, zero=None, reference: str = "none"
+) -> dict[str, int]:
     """Model states (weights, trainable, all gradients, optimizer) before and after sharding.
 
     ``categories`` are the single-GPU categories at its peak (optimizer states are in place then);
     gradients are counted whole (as large as the trainable parameters), whenever they exist. A DPO
     run's frozen reference copy is in ``weights`` (``reference``: where the reference comes from).
     """
-    states = {"weights": categories.get("weights", 0), "trainable": categories.get("trainable", 0),
-              "gradients": layout.total_bytes(True), "optimizer": categories.get("optimizer", 0)}
+    states = {
+        "weights": categories.get("weights", 0),
+        "trainable": categories.get("trainable", 0),
+        "gradients": layout.total_bytes(True),
+        "optimizer": categories.get("optimizer", 0),
+    }
     before = sum(states.values())
     if effective_shard(shard, gpus) == "fsdp-offload":
         host = sum(int(v * r) for v, r in zip(states.values(), _sharded_ratios(gpus, layout, reference)))

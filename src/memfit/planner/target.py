@@ -62,8 +62,13 @@ class Target:
 
     def key(self) -> dict[str, Any]:
         """What a plan of this Target depends on, besides the CUDA context (the plan cache's key)."""
-        return {"name": self.name, "memory_bytes": self.memory_bytes, "arch": self.arch, "supports_bf16": self.supports_bf16,
-                "card": self.card}
+        return {
+            "name": self.name,
+            "memory_bytes": self.memory_bytes,
+            "arch": self.arch,
+            "supports_bf16": self.supports_bf16,
+            "card": self.card,
+        }
 
 
 #: No GPU, no budget: a plan is made, and compared with nothing.
@@ -79,7 +84,9 @@ def resolve_target(gpu: str | None, budget: str | int | None) -> tuple[Target, l
 
         try:
             card = get_gpu(gpu)
-            target = Target(card.name, card.memory_bytes, None, card.arch, card.supports_bf16, card.name, "gpu", card.name)
+            target = Target(
+                card.name, card.memory_bytes, None, card.arch, card.supports_bf16, card.name, "gpu", card.name
+            )
         except ValueError as err:
             problems.append(f"--gpu: {err}")
     if budget is not None:
@@ -146,8 +153,10 @@ def device_target(reading: DeviceReading) -> Target:
     except ValueError:
         card = None
     others = reading.total_bytes - reading.free_bytes
-    description = (f"{reading.name}: {format_bytes(reading.free_bytes)} free of {format_bytes(reading.total_bytes)} "
-                   f"({format_bytes(others)} held by this process's CUDA context and other processes)")
+    description = (
+        f"{reading.name}: {format_bytes(reading.free_bytes)} free of {format_bytes(reading.total_bytes)} "
+        f"({format_bytes(others)} held by this process's CUDA context and other processes)"
+    )
     return Target(
         name=f"{reading.name} (free memory)",
         memory_bytes=reading.free_bytes,

@@ -49,8 +49,13 @@ class Term(JsonForm):
         return not self.phases or phase in self.phases
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "bytes": self.nbytes, "when": list(self.phases) or "whole run", "category": self.category,
-                "why": self.why}
+        return {
+            "name": self.name,
+            "bytes": self.nbytes,
+            "when": list(self.phases) or "whole run",
+            "category": self.category,
+            "why": self.why,
+        }
 
 
 def uses_zero(zero: Any, shard: str) -> bool:
@@ -58,8 +63,16 @@ def uses_zero(zero: Any, shard: str) -> bool:
     return zero is not None and zero.stage > 0 and shard in ZERO_MODES
 
 
-def zero_terms(zero: Any, *, gpus: int, layout: Any, num_layers: int, itemsize: int, trainable_itemsize: int,
-               reference_pass: bool = False) -> list[Term]:
+def zero_terms(
+    zero: Any,
+    *,
+    gpus: int,
+    layout: Any,
+    num_layers: int,
+    itemsize: int,
+    trainable_itemsize: int,
+    reference_pass: bool = False,
+) -> list[Term]:
     """DeepSpeed's buffers on one of ``gpus`` ranks. ``zero``: resolved settings (no ``"auto"`` left);
     ``itemsize``: bytes of an element in DeepSpeed's buffers (2 with bf16 or fp16, 4 otherwise);
     ``trainable_itemsize``: bytes of an element of the trained parameters as planned.
@@ -79,44 +92,90 @@ def _stage_1_2_terms(zero: Any, *, layout: Any, itemsize: int, trainable_itemsiz
     count = 2 if zero.overlaps_comm else 1
     if zero.contiguous_gradients:
         bucket_bytes = count * zero.reduce_bucket_elements * itemsize
-        bucket_why = (f"{count} reduce bucket{'s' if count > 1 else ''} of {zero.reduce_bucket_elements:,} elements"
-                      + (" (overlap_comm)" if count > 1 else "") + ", the gradients copied in as backward makes them")
+        bucket_why = (
+            f"{count} reduce bucket{'s' if count > 1 else ''} of {zero.reduce_bucket_elements:,} elements"
+            + (" (overlap_comm)" if count > 1 else "")
+            + ", the gradients copied in as backward makes them"
+        )
     else:
         bucket_bytes = 0
         bucket_why = "contiguous_gradients: false: gradients reduced where they are, no bucket"
     terms = [
         Term("reduce_bucket_size", bucket_bytes, ("backward",), "temporaries", bucket_why),
-        Term("allgather_bucket_size", 0, (), "temporaries",
-             "the updated weights are all-gathered in place (all_gather_into_tensor): no bucket is allocated"),
+        Term(
+            "allgather_bucket_size",
+            0,
+            (),
+            "temporaries",
+            "the updated weights are all-gathered in place (all_gather_into_tensor): no bucket is allocated",
+        ),
     ]
     if zero.offload_optimizer:
         # The buffer holds DeepSpeed's elements, as many as the largest trained parameter has.
         largest = max((g.dim0 * g.row_bytes for g in layout.groups if g.trainable), default=0)
-        terms.append(Term("offload_optimizer", largest * itemsize // max(trainable_itemsize, 1), (), "gradients",
-                          "a device buffer as large as the largest trained parameter stages gradients for the host"))
+        terms.append(
+            Term(
+                "offload_optimizer",
+                largest * itemsize // max(trainable_itemsize, 1),
+                (),
+                "gradients",
+                "a device buffer as large as the largest trained parameter stages gradients for the host",
+            )
+        )
     return terms
 
 
-def _stage_3_terms(zero: Any, *, gpus: int, layout: Any, num_layers: int, itemsize: int,
-                   gathering: tuple[str, ...]) -> list[Term]:
+def _stage_3_terms(
+    zero: Any, *, gpus: int, layout: Any, num_layers: int, itemsize: int, gathering: tuple[str, ...]
+) -> list[Term]:
     """Stage 3: the kept reduce bucket, the gathered weights (:func:`_stage_3_live_parameter_terms`),
     the root group, a layer's fresh gradients, and with ``offload_param`` the shard copied in."""
-    terms = [Term("reduce_bucket_size", zero.reduce_bucket_elements * itemsize if zero.contiguous_gradients else 0, (),
-                  "gradients", f"one reduce bucket of {zero.reduce_bucket_elements:,} elements, kept from the optimizer's "
-                               "creation on")]
-    terms += _stage_3_live_parameter_terms(zero, layout=layout, num_layers=num_layers, itemsize=itemsize, gathering=gathering)
-    terms.append(Term("root group", layout.root_param_bytes, gathering, "temporaries",
-                      "the embeddings and the output head, gathered (planned through forward and backward)"))
-    terms.append(Term("fresh gradients", layout.layer_grad_bytes + layout.root_grad_bytes, ("backward",), "temporaries",
-                      "a layer's gradients (and the root group's) before they are copied into the bucket"))
+    terms = [
+        Term(
+            "reduce_bucket_size",
+            zero.reduce_bucket_elements * itemsize if zero.contiguous_gradients else 0,
+            (),
+            "gradients",
+            f"one reduce bucket of {zero.reduce_bucket_elements:,} elements, kept from the optimizer's creation on",
+        )
+    ]
+    terms += _stage_3_live_parameter_terms(
+        zero, layout=layout, num_layers=num_layers, itemsize=itemsize, gathering=gathering
+    )
+    terms.append(
+        Term(
+            "root group",
+            layout.root_param_bytes,
+            gathering,
+            "temporaries",
+            "the embeddings and the output head, gathered (planned through forward and backward)",
+        )
+    )
+    terms.append(
+        Term(
+            "fresh gradients",
+            layout.layer_grad_bytes + layout.root_grad_bytes,
+            ("backward",),
+            "temporaries",
+            "a layer's gradients (and the root group's) before they are copied into the bucket",
+        )
+    )
     if zero.offload_param:
-        terms.append(Term("offload_param", -(-layout.layer_param_bytes // gpus), gathering, "temporaries",
-                          "the rank's shard of the layer copied in from the host before it is gathered"))
+        terms.append(
+            Term(
+                "offload_param",
+                -(-layout.layer_param_bytes // gpus),
+                gathering,
+                "temporaries",
+                "the rank's shard of the layer copied in from the host before it is gathered",
+            )
+        )
     return terms
 
 
-def _stage_3_live_parameter_terms(zero: Any, *, layout: Any, num_layers: int, itemsize: int,
-                                  gathering: tuple[str, ...]) -> list[Term]:
+def _stage_3_live_parameter_terms(
+    zero: Any, *, layout: Any, num_layers: int, itemsize: int, gathering: tuple[str, ...]
+) -> list[Term]:
     """The weights stage 3 holds gathered, which share ``stage3_max_live_parameters``, taken in this
     order: the layer computing, the prefetch, the last layers kept from forward into backward."""
     layer = layout.layer_param_bytes
@@ -130,13 +189,28 @@ def _stage_3_live_parameter_terms(zero: Any, *, layout: Any, num_layers: int, it
     kept_layers = sum(1 for i in range(num_layers) if 2 * i * layer_elements + head_elements < zero.max_reuse_distance)
     kept = min(kept_layers * layer, max(live_cap - current - prefetch, 0))
     return [
-        Term("gathered layer", current, gathering, "temporaries",
-             "the weights of the layer computing, all-gathered (planned a decoder layer at a time)"),
-        Term("stage3_prefetch_bucket_size", prefetch, gathering, "temporaries",
-             f"up to {zero.prefetch_bucket_elements:,} elements of the next modules' weights fetched ahead"),
-        Term("stage3_max_reuse_distance", kept, ("backward",), "temporaries",
-             f"{kept_layers} last layer{'s' if kept_layers != 1 else ''} kept gathered from forward into backward: "
-             f"used again within {zero.max_reuse_distance:,} elements"),
+        Term(
+            "gathered layer",
+            current,
+            gathering,
+            "temporaries",
+            "the weights of the layer computing, all-gathered (planned a decoder layer at a time)",
+        ),
+        Term(
+            "stage3_prefetch_bucket_size",
+            prefetch,
+            gathering,
+            "temporaries",
+            f"up to {zero.prefetch_bucket_elements:,} elements of the next modules' weights fetched ahead",
+        ),
+        Term(
+            "stage3_max_reuse_distance",
+            kept,
+            ("backward",),
+            "temporaries",
+            f"{kept_layers} last layer{'s' if kept_layers != 1 else ''} kept gathered from forward into backward: "
+            f"used again within {zero.max_reuse_distance:,} elements",
+        ),
     ]
 
 

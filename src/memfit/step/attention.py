@@ -57,12 +57,15 @@ def unsupported_reason(config: Any) -> str | None:
     except KeyError:
         return f"{config.model_type} is not a causal LM transformers knows"
     if not getattr(model_class, "_supports_attention_backend", False):
-        return f"{model_class.__name__} computes its attention itself (it does not take transformers' attention backends)"
+        return (
+            f"{model_class.__name__} computes its attention itself (it does not take transformers' attention backends)"
+        )
     if getattr(config, "attn_logit_softcapping", None) is not None:
         return f"{config.model_type} soft-caps its attention logits"
     layer_types = list(getattr(config, "layer_types", None) or [])
     sliding = any("sliding" in str(t) for t in layer_types) or (
-        getattr(config, "sliding_window", None) is not None and getattr(config, "use_sliding_window", True)
+        getattr(config, "sliding_window", None) is not None
+        and getattr(config, "use_sliding_window", True)
         and not layer_types
     )
     if sliding:
@@ -114,7 +117,9 @@ def batch_layout(spec: Any, config: Any) -> str:
             "Set packing: false (batches are then padded)."
         )
     if spec.padding_free == "on":
-        raise ValueError(f"padding_free: on needs attention kept inside each example, and {reason}. Use padding_free: auto or off.")
+        raise ValueError(
+            f"padding_free: on needs attention kept inside each example, and {reason}. Use padding_free: auto or off."
+        )
     return PADDED
 
 
@@ -183,8 +188,10 @@ def attention_forward(
     if documents is None:
         documents = Documents(torch.tensor([0, seq], dtype=torch.int32, device=query.device), (seq,))
     if batch != 1 or documents.total != seq:
-        raise ValueError(f"document attention needs one row of {documents.total} tokens, got a batch of shape {tuple(query.shape)}")
-    scale = float(scaling) if scaling is not None else head_dim ** -0.5
+        raise ValueError(
+            f"document attention needs one row of {documents.total} tokens, got a batch of shape {tuple(query.shape)}"
+        )
+    scale = float(scaling) if scaling is not None else head_dim**-0.5
     dtype = active_autocast_dtype(query.device.type)
     if dtype is not None:
         # Under autocast, as SDPA would be: the kernel computes in the 16-bit format (rotary
@@ -199,14 +206,24 @@ def attention_forward(
         # transformers does for flash attention.
         value = torch.nn.functional.pad(value, (0, head_dim - value_dim))
     out = document_attention(
-        query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
-        documents.cu_seqlens, list(documents.lengths), scale,
+        query[0].transpose(0, 1),
+        key[0].transpose(0, 1),
+        value[0].transpose(0, 1),
+        documents.cu_seqlens,
+        list(documents.lengths),
+        scale,
     )
     return out.unsqueeze(0)[..., :value_dim], None
 
 
-def document_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens: torch.Tensor,
-                       lengths: list[int], scale: float) -> torch.Tensor:
+def document_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    lengths: list[int],
+    scale: float,
+) -> torch.Tensor:
     """Causal attention inside each of the documents ``lengths`` of ``[tokens, heads, head_dim]``
     inputs (key / value may have fewer heads: grouped-query attention). Returns ``[tokens, heads, head_dim]``."""
     out, _, _ = torch.ops.memfit.document_attention(query, key, value, cu_seqlens, lengths, scale)
@@ -252,8 +269,17 @@ def _fold_heads(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return grad[0].reshape(kv_heads, heads // kv_heads, n, d).sum(1).transpose(0, 1)
 
 
-def flash_backward_workspace_bytes(*, batch: int, q_len: int, kv_len: int, heads: int, kv_heads: int, head_dim: int,
-                                   itemsize: int, documents: int | None = None) -> int:
+def flash_backward_workspace_bytes(
+    *,
+    batch: int,
+    q_len: int,
+    kv_len: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    itemsize: int,
+    documents: int | None = None,
+) -> int:
     """Device memory PyTorch's flash attention takes for itself in backward (pure arithmetic).
 
     From PyTorch's flash attention backward (``mha_bwd``, and ``mha_varlen_bwd`` for ``documents``
@@ -272,11 +298,27 @@ def flash_backward_workspace_bytes(*, batch: int, q_len: int, kv_len: int, heads
 
 
 @torch.library.custom_op("memfit::document_attention", mutates_args=())
-def _forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens: torch.Tensor,
-             lengths: list[int], scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _forward(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    lengths: list[int],
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if _uses_flash(query):
         out, lse, rng_state, _, _ = torch.ops.aten._flash_attention_forward(
-            query, key, value, cu_seqlens, cu_seqlens, max(lengths), max(lengths), 0.0, True, False, scale=scale,
+            query,
+            key,
+            value,
+            cu_seqlens,
+            cu_seqlens,
+            max(lengths),
+            max(lengths),
+            0.0,
+            True,
+            False,
+            scale=scale,
         )
         return out, lse, rng_state
     # Example by example, with the kernel of the device: CPU flash, or CUDA's memory-efficient one
@@ -288,7 +330,9 @@ def _forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seq
         q = query[begin:end].transpose(0, 1).unsqueeze(0)
         k, v = _heads_first(key[begin:end], heads), _heads_first(value[begin:end], heads)
         if query.is_cuda:
-            o, doc_lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True, scale=scale)
+            o, doc_lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+                q, k, v, None, True, 0.0, True, scale=scale
+            )
         else:
             o, doc_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
         out[begin:end] = o[0].transpose(0, 1)
@@ -308,17 +352,39 @@ def _forward_fake(query, key, value, cu_seqlens, lengths, scale):
 
 
 @torch.library.custom_op("memfit::document_attention_backward", mutates_args=())
-def _backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor,
-                 lse: torch.Tensor, rng_state: torch.Tensor, cu_seqlens: torch.Tensor, lengths: list[int],
-                 scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward_op(
+    grad_out: torch.Tensor,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    rng_state: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    lengths: list[int],
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(grad query, grad key, grad value, workspace). The workspace stands for what the flash kernel
     allocates for itself (:func:`flash_backward_workspace_bytes`); it is dropped at once, so a plan
     counts it for the moment of the kernel, as CUDA's caching allocator holds it."""
     if _uses_flash(query):
         unused = torch.empty(0, device=query.device)
         grad_query, grad_key, grad_value = torch.ops.aten._flash_attention_backward(
-            grad_out.contiguous(), query, key, value, out, lse, cu_seqlens, cu_seqlens, max(lengths), max(lengths),
-            0.0, True, rng_state, unused, scale=scale,
+            grad_out.contiguous(),
+            query,
+            key,
+            value,
+            out,
+            lse,
+            cu_seqlens,
+            cu_seqlens,
+            max(lengths),
+            max(lengths),
+            0.0,
+            True,
+            rng_state,
+            unused,
+            scale=scale,
         )
         return grad_query, grad_key, grad_value, unused  # the kernel's own workspace is already freed
     heads, kv_heads = query.shape[1], key.shape[1]
@@ -336,10 +402,24 @@ def _backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
             padded[..., : end - begin] = doc_lse
             seed = offset = torch.zeros((), dtype=torch.int64, device=query.device)
             dq, dk, dv, _ = torch.ops.aten._scaled_dot_product_efficient_attention_backward(
-                g, q, k, v, torch.empty(0, device=query.device), o, padded, seed, offset, 0.0, [True, True, True, False], True, scale=scale,
+                g,
+                q,
+                k,
+                v,
+                torch.empty(0, device=query.device),
+                o,
+                padded,
+                seed,
+                offset,
+                0.0,
+                [True, True, True, False],
+                True,
+                scale=scale,
             )
         else:
-            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(g, q, k, v, o, doc_lse, 0.0, True, scale=scale)
+            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                g, q, k, v, o, doc_lse, 0.0, True, scale=scale
+            )
         grad_query[begin:end] = dq[0].transpose(0, 1)
         grad_key[begin:end] = _fold_heads(dk, kv_heads)
         grad_value[begin:end] = _fold_heads(dv, kv_heads)
@@ -348,8 +428,16 @@ def _backward_op(grad_out: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
 
 def _workspace_like(query: torch.Tensor, key: torch.Tensor, lengths: list[int]) -> torch.Tensor:
     tokens, heads, head_dim = (int(n) for n in query.shape)
-    nbytes = flash_backward_workspace_bytes(batch=1, q_len=tokens, kv_len=tokens, heads=heads, kv_heads=int(key.shape[1]),
-                                            head_dim=head_dim, itemsize=query.element_size(), documents=len(lengths))
+    nbytes = flash_backward_workspace_bytes(
+        batch=1,
+        q_len=tokens,
+        kv_len=tokens,
+        heads=heads,
+        kv_heads=int(key.shape[1]),
+        head_dim=head_dim,
+        itemsize=query.element_size(),
+        documents=len(lengths),
+    )
     return query.new_empty((nbytes,), dtype=torch.uint8)
 
 
@@ -368,7 +456,16 @@ def _setup_context(ctx, inputs, output) -> None:
 def _backward(ctx, grad_out, grad_lse, grad_rng):
     query, key, value, out, lse, rng_state, cu_seqlens = ctx.saved_tensors
     grad_query, grad_key, grad_value, workspace = torch.ops.memfit.document_attention_backward(
-        grad_out, query, key, value, out, lse, rng_state, cu_seqlens, ctx.lengths, ctx.scale,
+        grad_out,
+        query,
+        key,
+        value,
+        out,
+        lse,
+        rng_state,
+        cu_seqlens,
+        ctx.lengths,
+        ctx.scale,
     )
     del workspace
     return grad_query, grad_key, grad_value, None, None, None

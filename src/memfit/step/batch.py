@@ -68,7 +68,9 @@ def collate(examples: Sequence[dict[str, Any]], pad_token_id: int, *, layout: st
         )
     for row, example in enumerate(examples):
         if len(example["labels"]) != len(example["input_ids"]):
-            raise ValueError(f"example {row} has {len(example['input_ids'])} input_ids but {len(example['labels'])} labels")
+            raise ValueError(
+                f"example {row} has {len(example['input_ids'])} input_ids but {len(example['labels'])} labels"
+            )
     if layout == DOCUMENTS:
         return _one_row(examples)
     if layout != PADDED:

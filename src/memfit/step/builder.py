@@ -71,15 +71,23 @@ class TrainingStep:
         A preference step appends each micro-batch's per-pair metrics to ``metrics``."""
         # Looked up on the module at each call, so that tests can stand in for the step function.
         return train_step_module.train_step(
-            model, micro_batches, optimizer, loss_fn=self.loss_fn, max_grad_norm=self.max_grad_norm,
-            grad_scaler=grad_scaler, observer=observer, metrics=metrics,
+            model,
+            micro_batches,
+            optimizer,
+            loss_fn=self.loss_fn,
+            max_grad_norm=self.max_grad_norm,
+            grad_scaler=grad_scaler,
+            observer=observer,
+            metrics=metrics,
         )
 
     def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         """The mean loss of one batch (evaluation uses it, under ``no_grad``), its reference pass included."""
         return self.loss_and_metrics(model, batch)[0]
 
-    def loss_and_metrics(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
+    def loss_and_metrics(
+        self, model: torch.nn.Module, batch: Batch
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor] | None]:
         """:meth:`loss`, and the metrics a preference loss sums over the batch's pairs (None for the
         others; :func:`memfit.step.preference.summarize_metrics` averages them)."""
         reference_pass = getattr(self.loss_fn, "reference_pass", None)
@@ -105,7 +113,9 @@ class TrainingStep:
         sharded_reference = None
         if reference_pass is not None:
             root = reference_model(model) or model
-            sharded_reference = _RootCall(root_forward(root, "memfit_reference", lambda _root, batch: reference_pass(model, batch)))
+            sharded_reference = _RootCall(
+                root_forward(root, "memfit_reference", lambda _root, batch: reference_pass(model, batch))
+            )
         return replace(self, loss_fn=_WeightedLoss(run_loss, sharded_reference))
 
 

@@ -32,7 +32,11 @@ class ParamWrapper(PeftParamWrapper):
         weight = next(w for w in self.get_base_layer().expert_weights if w.name == self.parameter_name)
         self.num_experts = weight.num_experts
         self._param_ndim = 3
-        return (weight.in_features, weight.out_features) if weight.transposed else (weight.out_features, weight.in_features)
+        return (
+            (weight.in_features, weight.out_features)
+            if weight.transposed
+            else (weight.out_features, weight.in_features)
+        )
 
     def forward(self, x, *args: Any, **kwargs: Any):
         self._check_forward_args(x, *args, **kwargs)
@@ -44,15 +48,21 @@ class ParamWrapper(PeftParamWrapper):
             raise ValueError("LoRA on 4-bit experts runs one adapter at a time")
         experts = self.get_base_layer()
         name = active[0]
-        experts.lora_factors[self.parameter_name] = (self.lora_A[name].weight, self.lora_B[name].weight, self.scaling[name],
-                                                     self._did_swap_in_out_features)
+        experts.lora_factors[self.parameter_name] = (
+            self.lora_A[name].weight,
+            self.lora_B[name].weight,
+            self.scaling[name],
+            self._did_swap_in_out_features,
+        )
         try:
             return self.base_layer(x, *args, **kwargs)
         finally:
             experts.lora_factors.pop(self.parameter_name, None)
 
     def merge(self, safe_merge: bool = False, adapter_names=None) -> None:
-        raise ValueError("a LoRA adapter on 4-bit experts is merged into the 16-bit weights: memfit merge --base <model> --adapter <run>")
+        raise ValueError(
+            "a LoRA adapter on 4-bit experts is merged into the 16-bit weights: memfit merge --base <model> --adapter <run>"
+        )
 
 
 def register(config) -> None:

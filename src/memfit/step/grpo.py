@@ -42,8 +42,15 @@ from memfit.step.preference import _per_sequence, _shift, reference_model, summa
 
 #: What a grpo step reports from its loss, under TRL's names: each the mean over the step's
 #: micro-batches of the micro-batch's value (``kl`` only with ``beta`` above 0).
-STEP_METRICS = ("kl", "entropy", "clip_ratio/low_mean", "clip_ratio/low_min", "clip_ratio/high_mean",
-                "clip_ratio/high_max", "clip_ratio/region_mean")
+STEP_METRICS = (
+    "kl",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/low_min",
+    "clip_ratio/high_mean",
+    "clip_ratio/high_max",
+    "clip_ratio/region_mean",
+)
 
 #: TRL's floor under a group's reward standard deviation when advantages are scaled by it.
 STD_FLOOR = 1e-4
@@ -53,28 +60,42 @@ STD_FLOOR = 1e-4
 # Completions as the step takes them
 
 
-def completion_example(prompt_ids: Sequence[int], completion_ids: Sequence[int], advantage: float, *,
-                       generation_tokens: int, old_logps: Sequence[float] | None = None) -> dict[str, Any]:
+def completion_example(
+    prompt_ids: Sequence[int],
+    completion_ids: Sequence[int],
+    advantage: float,
+    *,
+    generation_tokens: int,
+    old_logps: Sequence[float] | None = None,
+) -> dict[str, Any]:
     """One completion as a training example: ``input_ids`` (prompt, then completion), ``labels``
     (-100 on the prompt), its ``advantage``, the completion tokens of its whole generation batch
     (dapo's normalizer) and, with ``num_iterations`` above 1, ``old_logps``: one value per position,
     the log-prob of the token that follows it (0 on the prompt), as the step's log-probs are laid out."""
     ids = [int(t) for t in prompt_ids] + [int(t) for t in completion_ids]
-    example: dict[str, Any] = {"input_ids": ids, "labels": [IGNORE_INDEX] * len(prompt_ids) + ids[len(prompt_ids):],
-                               "advantage": float(advantage), "generation_tokens": int(generation_tokens)}
+    example: dict[str, Any] = {
+        "input_ids": ids,
+        "labels": [IGNORE_INDEX] * len(prompt_ids) + ids[len(prompt_ids) :],
+        "advantage": float(advantage),
+        "generation_tokens": int(generation_tokens),
+    }
     if old_logps is not None:
         example["old_logps"] = [float(v) for v in old_logps]
     return example
 
 
-def collate_completions(examples: Sequence[dict[str, Any]], pad_token_id: int, *, layout: str = PADDED) -> dict[str, Any]:
+def collate_completions(
+    examples: Sequence[dict[str, Any]], pad_token_id: int, *, layout: str = PADDED
+) -> dict[str, Any]:
     """One micro-batch of completions (:func:`completion_example`) in ``layout``
     (:func:`memfit.step.batch.collate`), with ``advantages`` (``[completions]`` fp32),
     ``generation_tokens`` and, when every example carries them, ``old_logps`` (``[tokens]`` fp32,
     laid out as the tokens are)."""
     if not examples:
         raise ValueError("collate_completions got an empty batch")
-    batch = collate([{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples], pad_token_id, layout=layout)
+    batch = collate(
+        [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples], pad_token_id, layout=layout
+    )
     batch["advantages"] = torch.tensor([float(e["advantage"]) for e in examples], dtype=torch.float32)
     batch["generation_tokens"] = int(examples[0]["generation_tokens"])
     if all("old_logps" in e for e in examples):
@@ -96,7 +117,7 @@ def per_example(values: torch.Tensor, batch: Batch) -> list[list[float]]:
     rows, seq = batch["input_ids"].shape
     mask = batch.get("attention_mask")
     lengths = mask.sum(1).tolist() if mask is not None else [seq] * rows
-    return [row[:int(n)].tolist() for row, n in zip(values.reshape(rows, seq), lengths)]
+    return [row[: int(n)].tolist() for row, n in zip(values.reshape(rows, seq), lengths)]
 
 
 def longest_completions(spec: RunSpec, layout: str) -> list[dict[str, Any]]:
@@ -107,10 +128,15 @@ def longest_completions(spec: RunSpec, layout: str) -> list[dict[str, Any]]:
     prompt, completion = spec.prompt_budget, spec.max_completion_length
     examples = []
     for index in range(spec.batch_size):
-        length = completion - 1 if layout == PADDED and index == spec.batch_size - 1 and spec.batch_size > 1 else completion
+        length = (
+            completion - 1 if layout == PADDED and index == spec.batch_size - 1 and spec.batch_size > 1 else completion
+        )
         old = [0.0] * (prompt + length) if spec.num_iterations > 1 else None
-        examples.append(completion_example([0] * prompt, [0] * length, 0.0, generation_tokens=spec.generation_batch * completion,
-                                           old_logps=old))
+        examples.append(
+            completion_example(
+                [0] * prompt, [0] * length, 0.0, generation_tokens=spec.generation_batch * completion, old_logps=old
+            )
+        )
     return examples
 
 
@@ -122,7 +148,9 @@ def nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """The standard deviation of ``values`` ignoring NaNs, with Bessel's correction (TRL's ``nanstd``)."""
     keep = dim is not None
     mean = torch.nanmean(values, dim=dim, keepdim=True) if keep else torch.nanmean(values)
-    variance = torch.nanmean((values - mean) ** 2, dim=dim, keepdim=True) if keep else torch.nanmean((values - mean) ** 2)
+    variance = (
+        torch.nanmean((values - mean) ** 2, dim=dim, keepdim=True) if keep else torch.nanmean((values - mean) ** 2)
+    )
     count = torch.sum(~torch.isnan(values), dim=dim, keepdim=True) if keep else torch.sum(~torch.isnan(values))
     count = count.to(values.dtype)
     correction = torch.where(count > 1, count / (count - 1), torch.full_like(count, float("nan")))
@@ -141,8 +169,9 @@ class Advantages:
     zero_std: torch.Tensor  # [completions], bool
 
 
-def group_advantages(rewards_per_func: torch.Tensor, weights: Sequence[float], num_generations: int,
-                     scale_rewards: str) -> Advantages:
+def group_advantages(
+    rewards_per_func: torch.Tensor, weights: Sequence[float], num_generations: int, scale_rewards: str
+) -> Advantages:
     """TRL's advantages (``multi_objective_aggregation="sum_then_normalize"``): the weighted sum of
     each completion's rewards (``[completions, functions]``, NaN where a function returned None),
     less its group's mean, divided by the group's (``group``) or the batch's (``batch``) standard
@@ -168,8 +197,9 @@ def group_advantages(rewards_per_func: torch.Tensor, weights: Sequence[float], n
 # Per-token log-probs
 
 
-def token_logps(model: torch.nn.Module, batch: Batch, *, temperature: float = 1.0,
-                with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logps(
+    model: torch.nn.Module, batch: Batch, *, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``[tokens]`` log-probs of every completion token of ``batch`` under ``model`` at
     ``temperature`` (0 elsewhere), laid out as the batch's positions (position ``t`` scores the token
     at ``t + 1``); with ``with_entropy`` also each position's entropy (no gradient). The fused chunked
@@ -184,8 +214,9 @@ def token_logps(model: torch.nn.Module, batch: Batch, *, temperature: float = 1.
     return out if with_entropy else (out, None)
 
 
-def _logps_from_model_logits(model: torch.nn.Module, batch: Batch, targets: torch.Tensor, temperature: float,
-                             with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _logps_from_model_logits(
+    model: torch.nn.Module, batch: Batch, targets: torch.Tensor, temperature: float, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The plain path (soft-capped or scaled heads): the model's whole logits, upcast to fp32 and
     divided by ``temperature``, then the log-softmax."""
     logits = _wide(model(**_model_inputs(batch), use_cache=False).logits).reshape(targets.shape[0], -1) / temperature
@@ -213,9 +244,16 @@ def _rows_of(values: torch.Tensor, batch: Batch) -> torch.Tensor:
     return values.unsqueeze(1).expand(rows, seq).reshape(-1)
 
 
-def grpo_loss(params: ObjectiveParams, logps: torch.Tensor, batch: Batch, *, entropy: torch.Tensor | None = None,
-              ref: torch.Tensor | None = None, grad_accum: int = 1,
-              max_completion_length: int = 1) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def grpo_loss(
+    params: ObjectiveParams,
+    logps: torch.Tensor,
+    batch: Batch,
+    *,
+    entropy: torch.Tensor | None = None,
+    ref: torch.Tensor | None = None,
+    grad_accum: int = 1,
+    max_completion_length: int = 1,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The micro-batch's loss as memfit's step takes it (its share of the step: the step divides it
     by ``grad_accum``), and its metrics (TRL's names, each the micro-batch's value; ``micro_batches``
     counts 1).
@@ -242,14 +280,28 @@ def grpo_loss(params: ObjectiveParams, logps: torch.Tensor, batch: Batch, *, ent
         # gradient), which makes its gradient the unbiased reverse-KL gradient.
         kl = (torch.exp(ref - logps) - (ref - logps) - 1) * coef_1
         per_token = per_token + params.beta * kl
-    loss = _aggregate(params.loss_type, per_token * mask, mask, batch, grad_accum=grad_accum,
-                      max_completion_length=max_completion_length)
-    return loss, _metrics(coef_1.detach(), advantages, mask, batch, params, entropy=entropy,
-                          kl=None if kl is None else kl.detach())
+    loss = _aggregate(
+        params.loss_type,
+        per_token * mask,
+        mask,
+        batch,
+        grad_accum=grad_accum,
+        max_completion_length=max_completion_length,
+    )
+    return loss, _metrics(
+        coef_1.detach(), advantages, mask, batch, params, entropy=entropy, kl=None if kl is None else kl.detach()
+    )
 
 
-def _aggregate(loss_type: str, losses: torch.Tensor, mask: torch.Tensor, batch: Batch, *, grad_accum: int,
-               max_completion_length: int) -> torch.Tensor:
+def _aggregate(
+    loss_type: str,
+    losses: torch.Tensor,
+    mask: torch.Tensor,
+    batch: Batch,
+    *,
+    grad_accum: int,
+    max_completion_length: int,
+) -> torch.Tensor:
     """The masked per-token ``losses`` reduced as ``loss_type`` says (see :func:`grpo_loss`)."""
     completions = batch["advantages"].shape[0]
     if loss_type == "grpo":
@@ -264,8 +316,16 @@ def _aggregate(loss_type: str, losses: torch.Tensor, mask: torch.Tensor, batch: 
     raise ValueError(f"loss_type: {loss_type!r} is not a grpo loss")
 
 
-def _metrics(coef_1: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, batch: Batch, params: ObjectiveParams, *,
-             entropy: torch.Tensor | None, kl: torch.Tensor | None) -> dict[str, torch.Tensor]:
+def _metrics(
+    coef_1: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    batch: Batch,
+    params: ObjectiveParams,
+    *,
+    entropy: torch.Tensor | None,
+    kl: torch.Tensor | None,
+) -> dict[str, torch.Tensor]:
     """TRL's metrics of one micro-batch: masked token means (``kl``, ``entropy``, the clipped shares),
     and the lowest / highest completion's share clipped below / above."""
     tokens = mask.sum().clamp(min=1.0)
@@ -278,7 +338,8 @@ def _metrics(coef_1: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
     counts = _per_sequence(mask, batch)
     metrics = {
         "entropy": mean(entropy) if entropy is not None else torch.zeros((), device=mask.device),
-        "clip_ratio/low_mean": mean(low), "clip_ratio/high_mean": mean(high),
+        "clip_ratio/low_mean": mean(low),
+        "clip_ratio/high_mean": mean(high),
         "clip_ratio/region_mean": mean(torch.maximum(low, high)),
         "clip_ratio/low_min": (_per_sequence(low * mask, batch) / counts).nan_to_num(nan=float("inf")).min(),
         "clip_ratio/high_max": (_per_sequence(high * mask, batch) / counts).nan_to_num(nan=float("-inf")).max(),
@@ -327,8 +388,15 @@ class GRPOLoss:
     def __call__(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         with self._autocast(batch):
             logps, entropy = token_logps(model, batch, temperature=self.temperature, with_entropy=True)
-        return grpo_loss(self.params, logps, batch, entropy=entropy, ref=batch.get("ref_logps"), grad_accum=self.grad_accum,
-                         max_completion_length=self.max_completion_length)
+        return grpo_loss(
+            self.params,
+            logps,
+            batch,
+            entropy=entropy,
+            ref=batch.get("ref_logps"),
+            grad_accum=self.grad_accum,
+            max_completion_length=self.max_completion_length,
+        )
 
     def _autocast(self, batch: Batch):
         if self.dtype is None:
@@ -345,8 +413,10 @@ def _reference(model: torch.nn.Module, source: str):
         return
     copy = reference_model(model)
     if copy is None:
-        raise RuntimeError("full fine-tuning grpo with beta above 0 needs its frozen reference copy: call "
-                           "keep_reference_copy(model) before training")
+        raise RuntimeError(
+            "full fine-tuning grpo with beta above 0 needs its frozen reference copy: call "
+            "keep_reference_copy(model) before training"
+        )
     yield copy
 
 
@@ -354,5 +424,11 @@ def choose_grpo_loss(spec: RunSpec, params: ObjectiveParams | None = None) -> GR
     """The loss of a grpo ``spec``: its parameters (a plan's: the defaults, beta as the spec says),
     where its reference comes from, the sampling temperature, autocast for a mixed precision."""
     params = params or ObjectiveParams(beta=spec.kl_beta, loss_type="dapo")
-    return GRPOLoss(params=params, reference=spec.reference, dtype=autocast_dtype(spec), temperature=spec.temperature,
-                    grad_accum=spec.grad_accum, max_completion_length=spec.max_completion_length)
+    return GRPOLoss(
+        params=params,
+        reference=spec.reference,
+        dtype=autocast_dtype(spec),
+        temperature=spec.temperature,
+        grad_accum=spec.grad_accum,
+        max_completion_length=spec.max_completion_length,
+    )

@@ -113,8 +113,9 @@ def _trl_chunk(h: torch.Tensor, w: torch.Tensor, labels: torch.Tensor) -> torch.
     return loss, correct, entropy
 
 
-def trl_chunked_nll(hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                    chunk: int = TRL_CHUNK_TOKENS) -> torch.Tensor:
+def trl_chunked_nll(
+    hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = TRL_CHUNK_TOKENS
+) -> torch.Tensor:
     """Mean next-token loss as TRL's ``_chunked_cross_entropy_loss`` computes it: labelled tokens
     moved to the front (a copy of the hidden states), then ``chunk`` of them at a time through a
     non-reentrant checkpoint, so that a chunk's fp32 logits (and the fp32 head it makes) exist only
@@ -136,7 +137,7 @@ def trl_chunked_nll(hidden_states: torch.Tensor, weight: torch.Tensor, labels: t
     loss = hidden.new_zeros((), dtype=torch.float32)
     for start in chunks_to_run(-(-labelled // chunk) * chunk, chunk, hidden):
         part, _, _ = torch.utils.checkpoint.checkpoint(
-            _trl_chunk, hidden[start:start + chunk], weight, targets[start:start + chunk], use_reentrant=False
+            _trl_chunk, hidden[start : start + chunk], weight, targets[start : start + chunk], use_reentrant=False
         )
         loss = loss + part
     return loss / count.clamp(min=1)

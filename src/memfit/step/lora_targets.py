@@ -76,7 +76,9 @@ def unknown_targets(model: nn.Module, names) -> list[str]:
     return [name for name in names if name not in known]
 
 
-def lora_targets(model: nn.Module, targets: tuple[str, ...], rank: int, alpha: float, refused: list[str]) -> LoraTargets:
+def lora_targets(
+    model: nn.Module, targets: tuple[str, ...], rank: int, alpha: float, refused: list[str]
+) -> LoraTargets:
     """The PEFT targets of ``targets`` (already checked) for ``model``; ``refused``: linear names PEFT
     refuses in this model (left out of all-linear)."""
     if not has_experts(model):

@@ -45,8 +45,14 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int,
-                compute_dtype: torch.dtype | None = None) -> torch.Tensor:
+    def forward(
+        ctx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        labels: torch.Tensor,
+        chunk: int,
+        compute_dtype: torch.dtype | None = None,
+    ) -> torch.Tensor:
         # hidden: [N, H]; weight: [V, H]; labels: [N] (IGNORE_INDEX where no loss is taken).
         compute = compute_dtype or weight.dtype
         # The casts are explicit, so nothing here depends on which ops a device's autocast casts.
@@ -123,8 +129,16 @@ class ChunkedLinearLogProbs(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int,
-                compute_dtype: torch.dtype | None = None, temperature: float = 1.0, with_entropy: bool = False):
+    def forward(
+        ctx,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        chunk: int,
+        compute_dtype: torch.dtype | None = None,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+    ):
         compute = compute_dtype or weight.dtype
         with torch.autocast(device_type=hidden.device.type, enabled=False):
             kept, head = hidden.to(compute), weight.to(compute)
@@ -196,15 +210,23 @@ def _entropy_(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     return -(p.mul_(log_p).sum(-1))
 
 
-def chunked_token_logps(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                        chunk: int = DEFAULT_CHUNK_TOKENS, *, temperature: float = 1.0, with_entropy: bool = False):
+def chunked_token_logps(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    chunk: int = DEFAULT_CHUNK_TOKENS,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+):
     """``[N]`` log-probs of ``targets`` (``[N]``, already shifted: position ``t`` holds the token that
     follows it, or -100) from hidden states ``[..., H]`` and the output projection ``[V, H]``, a chunk
     of tokens at a time (:class:`ChunkedLinearLogProbs`). Under autocast the matmuls run in its 16-bit
     format. ``temperature`` divides the logits; ``with_entropy`` returns ``(log-probs, entropy)``."""
     compute = active_autocast_dtype(hidden.device.type)
-    return ChunkedLinearLogProbs.apply(hidden.reshape(-1, hidden.shape[-1]), weight, targets, chunk, compute, temperature,
-                                       with_entropy)
+    return ChunkedLinearLogProbs.apply(
+        hidden.reshape(-1, hidden.shape[-1]), weight, targets, chunk, compute, temperature, with_entropy
+    )
 
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
@@ -212,7 +234,9 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
-def chunked_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = DEFAULT_CHUNK_TOKENS) -> torch.Tensor:
+def chunked_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk: int = DEFAULT_CHUNK_TOKENS
+) -> torch.Tensor:
     """Next-token loss from final hidden states ``[..., H]`` and the output projection ``[V, H]``.
 
     ``labels`` are the input ids (or -100): like transformers' loss, position ``t`` predicts label
@@ -251,7 +275,12 @@ def with_routing_loss(model: torch.nn.Module, loss: torch.Tensor, outputs, batch
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     logits = getattr(outputs, "router_logits", None)
     balance = getattr(sys.modules.get(type(base).__module__), "load_balancing_loss_func", None)
-    if not logits or balance is None or not getattr(base.config, "output_router_logits", False) or not hasattr(base, "num_experts"):
+    if (
+        not logits
+        or balance is None
+        or not getattr(base.config, "output_router_logits", False)
+        or not hasattr(base, "num_experts")
+    ):
         return loss
     aux = balance(logits, base.num_experts, base.num_experts_per_tok, batch.get("attention_mask"))
     return loss + base.router_aux_loss_coef * aux.to(loss.device)
@@ -270,7 +299,11 @@ def _model_inputs(batch: Batch) -> dict:
     """What the model's forward takes from a batch of :func:`memfit.step.batch.collate`: the ids,
     and where present the padding mask, the positions and the bounds of the examples in a row."""
     inputs = {"input_ids": batch["input_ids"]}
-    for key, argument in (("attention_mask", "attention_mask"), ("position_ids", "position_ids"), ("documents", "memfit_documents")):
+    for key, argument in (
+        ("attention_mask", "attention_mask"),
+        ("position_ids", "position_ids"),
+        ("documents", "memfit_documents"),
+    ):
         if batch.get(key) is not None:
             inputs[argument] = batch[key]
     return inputs
@@ -287,7 +320,12 @@ def backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn
     prefix = getattr(base, "base_model_prefix", None)
     backbone = getattr(base, prefix, None) if prefix else None
     head = trained_head(base.get_output_embeddings()) if hasattr(base, "get_output_embeddings") else None
-    if config is None or not isinstance(backbone, torch.nn.Module) or type(head) is not torch.nn.Linear or head.bias is not None:
+    if (
+        config is None
+        or not isinstance(backbone, torch.nn.Module)
+        or type(head) is not torch.nn.Linear
+        or head.bias is not None
+    ):
         return None
     if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
         return None

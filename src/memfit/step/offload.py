@@ -83,7 +83,9 @@ def host_copy(source: torch.Tensor) -> torch.Tensor:
     """An empty host tensor like ``source`` to copy it into: pinned where :func:`pinned_copy_wanted`,
     and allocated under the host placement of :func:`pinned_host_copies` where it cannot be."""
     pinned = pinned_copy_wanted(source)
-    placement = getattr(_PIN_ON_CPU, "placement", None) if getattr(_PIN_ON_CPU, "active", False) and not pinned else None
+    placement = (
+        getattr(_PIN_ON_CPU, "placement", None) if getattr(_PIN_ON_CPU, "active", False) and not pinned else None
+    )
     with placement() if placement is not None else contextlib.nullcontext():
         return torch.empty(source.shape, dtype=source.dtype, device="cpu", pin_memory=pinned)
 
@@ -261,7 +263,8 @@ def _checkpointed_modules(model: nn.Module) -> list[nn.Module]:
     return [
         m
         for m in model.modules()
-        if getattr(m, "gradient_checkpointing", False) is True and callable(getattr(m, "_gradient_checkpointing_func", None))
+        if getattr(m, "gradient_checkpointing", False) is True
+        and callable(getattr(m, "_gradient_checkpointing_func", None))
     ]
 
 

@@ -39,7 +39,9 @@ def build_optimizer(
     if step_in_backward:
         from memfit.step.step_in_backward import OptimizerInBackward
 
-        return OptimizerInBackward(params, lambda ps: build_optimizer(ps, name, lr=lr, weight_decay=weight_decay, betas=betas))
+        return OptimizerInBackward(
+            params, lambda ps: build_optimizer(ps, name, lr=lr, weight_decay=weight_decay, betas=betas)
+        )
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
     if name in ("adamw8bit", "paged-adamw8bit"):

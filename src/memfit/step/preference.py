@@ -46,7 +46,14 @@ REFERENCE_ATTR = "_memfit_reference"
 ADAPTERS_DISABLED = memory_attribute("_disable_adapters")
 
 #: What a preference step reports, under TRL's metric names: each a mean over the step's pairs.
-PAIR_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected")
+PAIR_METRICS = (
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/accuracies",
+    "rewards/margins",
+    "logps/chosen",
+    "logps/rejected",
+)
 #: What DPO reports besides (TRL's DPOTrainer): the mean logit over the vocabulary, averaged over the answer tokens.
 DPO_METRICS = ("logits/chosen", "logits/rejected")
 #: What ORPO reports besides (TRL's ORPOTrainer): ``nll_loss`` and the mean log odds ratio, and its log-sigmoid.
@@ -135,8 +142,14 @@ class SequenceLogps:
     logits: torch.Tensor | None = None  # [sequences], fp32
 
 
-def sequence_logps(model: torch.nn.Module, batch: Batch, *, all_tokens: bool = False, full_logits: bool = False,
-                   mean_logits: bool = False) -> SequenceLogps:
+def sequence_logps(
+    model: torch.nn.Module,
+    batch: Batch,
+    *,
+    all_tokens: bool = False,
+    full_logits: bool = False,
+    mean_logits: bool = False,
+) -> SequenceLogps:
     """The per-sequence log-probs of ``batch``'s answers under ``model`` (the fused chunked path where
     the model's head allows it; ``full_logits``: the model's own logits, as the plain stack computes them).
 
@@ -159,11 +172,15 @@ def sequence_logps(model: torch.nn.Module, batch: Batch, *, all_tokens: bool = F
     if all_tokens:
         every_mask = (targets != IGNORE_INDEX).reshape(-1)
         return SequenceLogps(
-            answer=_per_sequence(token_logps * answer_mask, batch), answer_tokens=_per_sequence(answer_mask, batch),
-            every=_per_sequence(token_logps, batch), every_tokens=_per_sequence(every_mask, batch), logits=logits,
+            answer=_per_sequence(token_logps * answer_mask, batch),
+            answer_tokens=_per_sequence(answer_mask, batch),
+            every=_per_sequence(token_logps, batch),
+            every_tokens=_per_sequence(every_mask, batch),
+            logits=logits,
         )
-    return SequenceLogps(answer=_per_sequence(token_logps, batch), answer_tokens=_per_sequence(answer_mask, batch),
-                         logits=logits)
+    return SequenceLogps(
+        answer=_per_sequence(token_logps, batch), answer_tokens=_per_sequence(answer_mask, batch), logits=logits
+    )
 
 
 @torch.no_grad()
@@ -206,8 +223,9 @@ def _per_sequence(values: torch.Tensor, batch: Batch) -> torch.Tensor:
     return values.reshape(rows, -1).sum(1)
 
 
-def _logps_from_model_logits(model: torch.nn.Module, batch: Batch, targets: torch.Tensor, *,
-                             mean_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _logps_from_model_logits(
+    model: torch.nn.Module, batch: Batch, targets: torch.Tensor, *, mean_logits: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs from the model's whole ``[rows, seq, vocab]`` logits, upcast to fp32 for the
     log-softmax: the plain path (soft-capped or scaled heads; the ``hf`` recipe). With
     ``mean_logits``, also each position's logits averaged over the vocabulary (fp32, detached)."""
@@ -257,19 +275,26 @@ def reference_logps(model: torch.nn.Module, batch: Batch, source: str, *, full_l
     if source == "frozen-copy":
         reference = reference_model(model)
         if reference is None:
-            raise RuntimeError("full fine-tuning DPO needs its frozen reference copy: call keep_reference_copy(model) before training")
+            raise RuntimeError(
+                "full fine-tuning DPO needs its frozen reference copy: call keep_reference_copy(model) before training"
+            )
         return sequence_logps(reference, batch, full_logits=full_logits).answer
     raise ValueError(f"no reference pass for reference source {source!r}")
 
 
 @torch.no_grad()
-def starting_logps(model: torch.nn.Module, batch: Batch, *, adapters: bool, dtype: torch.dtype | None = None) -> torch.Tensor:
+def starting_logps(
+    model: torch.nn.Module, batch: Batch, *, adapters: bool, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """``[2 x pairs]`` log-probs of the batch's answers under the model as training starts (what
     ``precompute_reference`` stores): the base with its adapters disabled, or the model itself (full
     fine-tuning, before any update); under autocast to ``dtype`` when given."""
-    autocast = (torch.autocast(device_type=batch["input_ids"].device.type, dtype=dtype) if dtype is not None
-                else contextlib.nullcontext())
-    with autocast, (model.disable_adapter() if adapters else contextlib.nullcontext()):
+    autocast = (
+        torch.autocast(device_type=batch["input_ids"].device.type, dtype=dtype)
+        if dtype is not None
+        else contextlib.nullcontext()
+    )
+    with autocast, model.disable_adapter() if adapters else contextlib.nullcontext():
         return sequence_logps(model, batch).answer
 
 
@@ -307,15 +332,22 @@ class PreferenceLoss:
 
     def __call__(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         with self._autocast(batch):
-            logps = sequence_logps(model, batch, all_tokens=self.objective == "orpo", full_logits=self.full_logits,
-                                   mean_logits=self.objective == "dpo")
+            logps = sequence_logps(
+                model,
+                batch,
+                all_tokens=self.objective == "orpo",
+                full_logits=self.full_logits,
+                mean_logits=self.objective == "dpo",
+            )
             ref = None
             if self.objective == "dpo":
                 ref = batch.get("ref_logps")
                 if ref is None and self.reference in ("disabled-adapters", "frozen-copy"):
                     ref = reference_logps(model, batch, self.reference, full_logits=self.full_logits)
                 if ref is None:
-                    raise ValueError("dpo with precompute_reference: the batch carries no reference log-probs (ref_logps)")
+                    raise ValueError(
+                        "dpo with precompute_reference: the batch carries no reference log-probs (ref_logps)"
+                    )
         return objective_loss(self.objective, self.params, logps, ref)
 
     def _autocast(self, batch: Batch):
@@ -324,8 +356,9 @@ class PreferenceLoss:
         return torch.autocast(device_type=batch["input_ids"].device.type, dtype=self.dtype)
 
 
-def objective_loss(objective: str, params: ObjectiveParams, logps: SequenceLogps,
-                   ref: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def objective_loss(
+    objective: str, params: ObjectiveParams, logps: SequenceLogps, ref: torch.Tensor | None = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The mean loss over a micro-batch's pairs, and its metrics summed over them (pure tensor arithmetic).
 
     dpo (TRL DPOTrainer): ``-logsigmoid(beta x margin)`` (sigmoid), ``relu(1 - beta x margin)``
@@ -385,9 +418,12 @@ def objective_loss(objective: str, params: ObjectiveParams, logps: SequenceLogps
         rewards = (beta * mean_chosen.detach(), beta * mean_rejected.detach())
         shown = (mean_chosen.detach(), mean_rejected.detach())
     return loss, {
-        "rewards/chosen": rewards[0].sum(), "rewards/rejected": rewards[1].sum(),
-        "rewards/accuracies": (rewards[0] > rewards[1]).sum(), "rewards/margins": (rewards[0] - rewards[1]).sum(),
-        "logps/chosen": shown[0].sum(), "logps/rejected": shown[1].sum(),
+        "rewards/chosen": rewards[0].sum(),
+        "rewards/rejected": rewards[1].sum(),
+        "rewards/accuracies": (rewards[0] > rewards[1]).sum(),
+        "rewards/margins": (rewards[0] - rewards[1]).sum(),
+        "logps/chosen": shown[0].sum(),
+        "logps/rejected": shown[1].sum(),
         **{name: value.sum() for name, value in metrics.items()},
         "pairs": torch.full((), chosen.shape[0], dtype=torch.int64, device=chosen.device),
     }
@@ -398,8 +434,10 @@ def _answer_logits(logps: SequenceLogps) -> dict[str, torch.Tensor]:
     mean logit over its chosen (rejected) answer tokens, as TRL's DPOTrainer logs it, times the pairs."""
     sums, tokens = logps.logits.chunk(2), logps.answer_tokens.chunk(2)
     pairs = sums[0].shape[0]
-    return {f"logits/{side}": total.sum() / count.sum().clamp(min=1) * pairs
-            for side, total, count in zip(("chosen", "rejected"), sums, tokens)}
+    return {
+        f"logits/{side}": total.sum() / count.sum().clamp(min=1) * pairs
+        for side, total, count in zip(("chosen", "rejected"), sums, tokens)
+    }
 
 
 def _log1mexp(x: torch.Tensor) -> torch.Tensor:
@@ -426,6 +464,9 @@ def choose_preference_loss(spec: RunSpec, params: ObjectiveParams | None = None)
     """The loss of a preference ``spec``: its objective, where its reference comes from, autocast for
     a mixed precision, and the plain stack's whole logits for the ``hf`` recipe."""
     return PreferenceLoss(
-        objective=spec.objective, params=params or ObjectiveParams(), reference=spec.reference,
-        dtype=autocast_dtype(spec), full_logits=spec.recipe == "hf",
+        objective=spec.objective,
+        params=params or ObjectiveParams(),
+        reference=spec.reference,
+        dtype=autocast_dtype(spec),
+        full_logits=spec.recipe == "hf",
     )

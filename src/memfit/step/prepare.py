@@ -125,15 +125,26 @@ def check_modules_to_save(model: nn.Module, spec: RunSpec, spelling: str = "flag
     if missing:
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-        known = [key.rsplit(".", 1)[-1] for key, module in model.named_modules() if module is embeddings or module is head]
-        problems.append(f"{', '.join(missing)} match no module of this model (its embeddings and head: {', '.join(known) or 'none found'})")
+        known = [
+            key.rsplit(".", 1)[-1] for key, module in model.named_modules() if module is embeddings or module is head
+        ]
+        problems.append(
+            f"{', '.join(missing)} match no module of this model (its embeddings and head: {', '.join(known) or 'none found'})"
+        )
     adapted = set(all_linear_names(model)) if spec.targets == (ALL_LINEAR,) else set(spec.targets)
     layers = {id(m) for block in decoder_layers(model) for m in block.modules()}
-    both = sorted({key.rsplit(".", 1)[-1] for key, module in modules_named(model, spec.modules_to_save).items()
-                   if key.rsplit(".", 1)[-1] in adapted and (spec.targets != (ALL_LINEAR,) or id(module) in layers)})
+    both = sorted(
+        {
+            key.rsplit(".", 1)[-1]
+            for key, module in modules_named(model, spec.modules_to_save).items()
+            if key.rsplit(".", 1)[-1] in adapted and (spec.targets != (ALL_LINEAR,) or id(module) in layers)
+        }
+    )
     if both:
-        problems.append(f"{', '.join(both)} also get LoRA adapters ({spell('targets', spelling)}); a module either gets adapters or "
-                        "is trained whole: remove it from one of them")
+        problems.append(
+            f"{', '.join(both)} also get LoRA adapters ({spell('targets', spelling)}); a module either gets adapters or "
+            "is trained whole: remove it from one of them"
+        )
     if problems:
         raise ModelBuildError(f"{spell('modules_to_save', spelling)}: " + "; ".join(problems) + ".")
 
@@ -275,7 +286,9 @@ def lean_step_changes(model: nn.Module, before: RunSpec, after: RunSpec) -> list
     changed = []
     order = ("off", "on", "offload")
     if order.index(after.checkpointing) < order.index(before.checkpointing):
-        raise ValueError(f"checkpointing {before.checkpointing} -> {after.checkpointing}: a running model only gets leaner")
+        raise ValueError(
+            f"checkpointing {before.checkpointing} -> {after.checkpointing}: a running model only gets leaner"
+        )
     if after.checkpointing != before.checkpointing:
         enable_checkpointing(model, offload=after.checkpointing == "offload")
         changed.append(f"checkpointing {after.checkpointing}")
@@ -346,9 +359,15 @@ def prepare_given_model(model: nn.Module, spec: RunSpec) -> nn.Module:
 
     refuse_wrapped_model(model)
     for bits in (4, 8):
-        if spec.base_bits == bits and not getattr(model, f"is_loaded_in_{bits}bit", False) and not isinstance(model, PeftModel):
-            raise SetupError(f"method: {spec.method} needs {bits}-bit base weights; let memfit load the model (model: <folder>) "
-                             "or pass a PeftModel")
+        if (
+            spec.base_bits == bits
+            and not getattr(model, f"is_loaded_in_{bits}bit", False)
+            and not isinstance(model, PeftModel)
+        ):
+            raise SetupError(
+                f"method: {spec.method} needs {bits}-bit base weights; let memfit load the model (model: <folder>) "
+                "or pass a PeftModel"
+            )
     if spec.uses_adapters and not isinstance(model, PeftModel):
         model = attach_lora(model, spec)
     elif not spec.uses_adapters:

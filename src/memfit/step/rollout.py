@@ -36,8 +36,12 @@ class Sampling:
     @classmethod
     def of(cls, spec: Any) -> Sampling:
         """The sampling of a grpo :class:`~memfit.spec.RunSpec`."""
-        return cls(num_generations=spec.num_generations, max_completion_length=spec.max_completion_length,
-                   temperature=spec.temperature, top_p=spec.top_p)
+        return cls(
+            num_generations=spec.num_generations,
+            max_completion_length=spec.max_completion_length,
+            temperature=spec.temperature,
+            top_p=spec.top_p,
+        )
 
 
 def _base(model: Any) -> Any:
@@ -65,30 +69,45 @@ def generation_mode(model: Any) -> Iterator[None]:
             model.train()
 
 
-def prompt_batch(prompts: Sequence[Sequence[int]], num_generations: int, pad_token_id: int,
-                 device: Any = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def prompt_batch(
+    prompts: Sequence[Sequence[int]], num_generations: int, pad_token_id: int, device: Any = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(``input_ids``, ``attention_mask``): each prompt ``num_generations`` times, left-padded (int64)."""
     rows = [list(p) for p in prompts for _ in range(num_generations)]
     longest = max(len(r) for r in rows)
     input_ids = torch.full((len(rows), longest), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), longest), dtype=torch.long)
     for index, row in enumerate(rows):
-        input_ids[index, longest - len(row):] = torch.tensor(row, dtype=torch.long)
-        mask[index, longest - len(row):] = 1
+        input_ids[index, longest - len(row) :] = torch.tensor(row, dtype=torch.long)
+        mask[index, longest - len(row) :] = 1
     return input_ids.to(device), mask.to(device)
 
 
-def generate_completion_ids(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: Sampling, *,
-                            pad_token_id: int, eos_token_ids: Sequence[int]) -> torch.Tensor:
+def generate_completion_ids(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    sampling: Sampling,
+    *,
+    pad_token_id: int,
+    eos_token_ids: Sequence[int],
+) -> torch.Tensor:
     """``[completions, new tokens]``: the tokens ``generate`` sampled after each row of ``input_ids``
     (a row that ended early is padded with ``pad_token_id`` after its end token)."""
     with generation_mode(model), torch.no_grad():
         out = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=sampling.max_completion_length,
-            do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0, use_cache=True,
-            pad_token_id=pad_token_id, eos_token_id=list(eos_token_ids),
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=sampling.max_completion_length,
+            do_sample=True,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=0,
+            use_cache=True,
+            pad_token_id=pad_token_id,
+            eos_token_id=list(eos_token_ids),
         )
-    return out[:, input_ids.shape[1]:]
+    return out[:, input_ids.shape[1] :]
 
 
 def completion_lists(completion_ids: torch.Tensor, eos_token_ids: Sequence[int]) -> list[list[int]]:

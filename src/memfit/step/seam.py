@@ -108,7 +108,9 @@ def run_micro_batch(model: Any, fn: Callable[..., Any], batch: Any, totals: Any,
     ``count``, a divisor).
     """
     if _runners and any(_fake(t) for t in _tensors(batch)):
-        unit = Unit(model, "micro-batch", lambda told: fn(model, batch, totals, count, told), (batch, totals), observer, True)
+        unit = Unit(
+            model, "micro-batch", lambda told: fn(model, batch, totals, count, told), (batch, totals), observer, True
+        )
         return _runners[-1].run(unit)
     return fn(model, batch, totals, count, observer)
 

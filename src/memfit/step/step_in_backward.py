@@ -68,7 +68,9 @@ class OptimizerInBackward(torch.optim.Optimizer):
 
     def __init__(self, params: Iterable[torch.nn.Parameter], make_optimizer: OptimizerFactory) -> None:
         if not callable(make_optimizer):
-            raise TypeError(f"make_optimizer: {make_optimizer!r} is not callable; pass e.g. lambda ps: torch.optim.AdamW(ps)")
+            raise TypeError(
+                f"make_optimizer: {make_optimizer!r} is not callable; pass e.g. lambda ps: torch.optim.AdamW(ps)"
+            )
         if isinstance(params, torch.Tensor):
             raise TypeError("params: pass an iterable of parameters (e.g. model.parameters()), not one tensor")
         # These must exist before Optimizer.__init__, which builds the groups through add_param_group.

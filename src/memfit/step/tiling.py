@@ -107,7 +107,9 @@ def _tile(module: nn.Module, chunk_tokens: int) -> None:
 
 def _check_chunk_tokens(chunk_tokens: int) -> None:
     if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens < 1:
-        raise ValueError(f"chunk_tokens must be a positive integer, got {chunk_tokens!r}; pass e.g. {DEFAULT_TILE_TOKENS}")
+        raise ValueError(
+            f"chunk_tokens must be a positive integer, got {chunk_tokens!r}; pass e.g. {DEFAULT_TILE_TOKENS}"
+        )
 
 
 def _is_norm(module: nn.Module) -> bool:
@@ -206,13 +208,23 @@ class TiledMLPFunction(torch.autograd.Function):
         devices = _cuda_devices(x) if rng_states is not None else []
         # fork_rng: replaying the forward's RNG states must not change the RNG stream the rest of
         # the step sees afterwards.
-        with torch.random.fork_rng(devices=devices, enabled=rng_states is not None), same_autocast(x.device.type, ctx.autocast_dtype):
+        with (
+            torch.random.fork_rng(devices=devices, enabled=rng_states is not None),
+            same_autocast(x.device.type, ctx.autocast_dtype),
+        ):
             for index, start in enumerate(chunks_to_run(flat_x.shape[0], ctx.chunk_tokens, flat_x)):
                 stop = start + ctx.chunk_tokens
                 if rng_states is not None:
                     _set_rng_state(rng_states[index], devices)
-                grads = run_region(ctx.run.module, "tiled-backward", functools.partial(_chunk_gradients, ctx.run), need_x,
-                                   flat_x[start:stop], flat_grad[start:stop], *[params[i] for i in wanted])
+                grads = run_region(
+                    ctx.run.module,
+                    "tiled-backward",
+                    functools.partial(_chunk_gradients, ctx.run),
+                    need_x,
+                    flat_x[start:stop],
+                    flat_grad[start:stop],
+                    *[params[i] for i in wanted],
+                )
                 if need_x:
                     grad_x[start:stop] = grads[0]
                     grads = grads[1:]
@@ -231,8 +243,9 @@ class TiledMLPFunction(torch.autograd.Function):
         return (None, None, None, grad_x, *grad_params)
 
 
-def _chunk_gradients(run: _Untiled, need_x: bool, x_rows: torch.Tensor, grad_rows: torch.Tensor,
-                     *params: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+def _chunk_gradients(
+    run: _Untiled, need_x: bool, x_rows: torch.Tensor, grad_rows: torch.Tensor, *params: torch.Tensor
+) -> tuple[torch.Tensor | None, ...]:
     """One chunk of the tiled backward: recompute ``run`` on ``x_rows`` with grad enabled and return
     the gradients of ``x_rows`` (when ``need_x``) and of ``params`` for the output gradient ``grad_rows``."""
     piece = x_rows.detach().requires_grad_(need_x)
@@ -256,7 +269,7 @@ def _chunked_forward(
     devices = _cuda_devices(x) if rng_states is not None else []
     out = None
     for start in chunks_to_run(rows, chunk_tokens, flat):
-        piece = flat[start:start + chunk_tokens]
+        piece = flat[start : start + chunk_tokens]
         if rng_states is not None:
             rng_states.append(_get_rng_state(devices))
         y = run_region(run.module, "tiled-forward", run, piece)
@@ -269,7 +282,7 @@ def _chunked_forward(
         if out is None:
             # Preallocated once: concatenating the chunks would briefly hold the output twice.
             out = y.new_empty((rows, y.shape[1]))
-        out[start:start + piece.shape[0]] = y
+        out[start : start + piece.shape[0]] = y
         del y
     if out is None:  # zero tokens
         return run(x)
@@ -277,9 +290,7 @@ def _chunked_forward(
 
 
 def _dropout_active(mlp: nn.Module) -> bool:
-    return any(
-        isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0 for m in mlp.modules()
-    )
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.training and m.p > 0 for m in mlp.modules())
 
 
 def _cuda_devices(x: torch.Tensor) -> list[int]:

@@ -86,8 +86,16 @@ def train_step(
     return total_loss, grad_norm
 
 
-def _micro_batch(loss_fn: LossFn, reference_pass, grad_scaler, model: torch.nn.Module, batch: Batch, totals,
-                 count: int, observer: StepObserver):
+def _micro_batch(
+    loss_fn: LossFn,
+    reference_pass,
+    grad_scaler,
+    model: torch.nn.Module,
+    batch: Batch,
+    totals,
+    count: int,
+    observer: StepObserver,
+):
     """One micro-batch of ``count``: its reference pass, forward and backward, gradients accumulated
     into the parameters; returns (its loss over ``count``, detached; the metrics summed so far)."""
     if reference_pass is not None:

@@ -64,7 +64,7 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     if not folder.is_dir():
         return []
     found = [p for p in folder.iterdir() if p.is_dir() and p.name.startswith(_PREFIX) and (p / META_FILE).is_file()]
-    return sorted(found, key=lambda p: int(p.name[len(_PREFIX):]))
+    return sorted(found, key=lambda p: int(p.name[len(_PREFIX) :]))
 
 
 def latest_checkpoint(run_dir: str | Path, skipped: list[tuple[Path, str]] | None = None) -> Path | None:
@@ -124,8 +124,14 @@ def _safetensors_problem(path: Path) -> str | None:
         return f"{path.name} is missing"
     except (OSError, ValueError):
         return f"{path.name} has an unreadable header"
-    ends = [entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__" and isinstance(entry, dict)
-            and isinstance(entry.get("data_offsets"), list) and len(entry["data_offsets"]) == 2]
+    ends = [
+        entry["data_offsets"][1]
+        for key, entry in header.items()
+        if key != "__metadata__"
+        and isinstance(entry, dict)
+        and isinstance(entry.get("data_offsets"), list)
+        and len(entry["data_offsets"]) == 2
+    ]
     if 8 + header_len + max(ends, default=0) > size:
         return f"{path.name} is cut short ({size:,} bytes, its header describes more)"
     return None
@@ -342,7 +348,9 @@ def load_checkpoint(
     with torch.no_grad():
         for name, param in params.items():
             if saved[name].shape != param.shape:
-                raise CheckpointError(f"checkpoint {path}: {name} has shape {tuple(saved[name].shape)}, the model {tuple(param.shape)}")
+                raise CheckpointError(
+                    f"checkpoint {path}: {name} has shape {tuple(saved[name].shape)}, the model {tuple(param.shape)}"
+                )
             param.copy_(saved[name])
     del saved
     state = torch.load(path / STATE_FILE, map_location=device, weights_only=True)
@@ -427,8 +435,13 @@ def save_sharded_checkpoint(
             },
             tmp / STATE_FILE,
         )
-        meta = {"step": step, "reason": reason, "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "format": SHARDED_FORMAT, "world_size": world_size}
+        meta = {
+            "step": step,
+            "reason": reason,
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "format": SHARDED_FORMAT,
+            "world_size": world_size,
+        }
         (tmp / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     dist.barrier()
     if rank == 0:
@@ -483,7 +496,13 @@ def load_sharded_checkpoint(
             f"checkpoint {path} does not fit this model ({type(err).__name__}: {str(err)[:300]}). Resume with "
             "the same method, rank, targets and model."
         ) from None
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=_state_dict_options(strict=False))
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=_state_dict_options(strict=False),
+    )
     saved = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     if scheduler is not None and saved["scheduler"] is not None:
         scheduler.load_state_dict(saved["scheduler"])

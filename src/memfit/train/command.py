@@ -48,8 +48,10 @@ def parse_set_options(items: list[str]) -> dict[str, Any]:
         try:
             parsed = yaml.safe_load(value) if value.strip() else None
         except yaml.YAMLError as err:
-            problems.append(f"--set {item!r}: the value is {yaml_problem(err)} "
-                            "(values are read as YAML: quote text, e.g. --set 'key=\"a: b\"')")
+            problems.append(
+                f"--set {item!r}: the value is {yaml_problem(err)} "
+                "(values are read as YAML: quote text, e.g. --set 'key=\"a: b\"')"
+            )
             continue
         if isinstance(parsed, str):
             try:  # YAML 1.1 reads 1e-4 (no dot) as a string
@@ -89,7 +91,17 @@ def relaunch_args(params: list[tuple[Any, Any]], skip: tuple[str, ...] = ("nproc
 def torchrun_command(nproc: int, args: list[str]) -> list[str]:
     """``python -m torch.distributed.run`` starting ``memfit train args`` on ``nproc`` local processes
     (``--standalone``: one machine, a free port picked by torchrun)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "memfit", "train", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "memfit",
+        "train",
+        *args,
+    ]
 
 
 def run_forwarding_signals(command: list[str]) -> int:
@@ -129,18 +141,52 @@ def nproc_problem(nproc: int, gpus: int, env: dict[str, str] | None = None) -> s
 @cli_errors
 @with_options(
     knob_options(TRAINED_KNOBS),
-    field_options(TrainConfig, ("lr", "epochs", "max_steps", "seed", "device", "output_dir", "force",
-                                 "report_to", "loss_type", "simpo_gamma", "cpo_alpha")),
+    field_options(
+        TrainConfig,
+        (
+            "lr",
+            "epochs",
+            "max_steps",
+            "seed",
+            "device",
+            "output_dir",
+            "force",
+            "report_to",
+            "loss_type",
+            "simpo_gamma",
+            "cpo_alpha",
+        ),
+    ),
     command_options("train"),
 )
 def train_command(
     ctx: typer.Context,
-    config: Annotated[Path, typer.Argument(help="YAML training config (see docs/train.md; examples/tiny.yaml is a demo).", show_default=False)],
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in output_dir from its latest checkpoint.")] = False,
-    set_: Annotated[list[str] | None, typer.Option("--set", help="Any other config field: --set KEY=VALUE (repeatable).")] = None,
-    no_progress: Annotated[bool, typer.Option("--no-progress", help="No live progress bar (metrics still go to metrics.jsonl).")] = False,
-    nproc: Annotated[int | None, typer.Option("--nproc", help="Start N processes (one per GPU) with torchrun; must equal gpus in the config.")] = None,
-    fit: Annotated[bool, typer.Option("--fit", help="Before loading, choose the micro-batch split, checkpointing and tiling that fit the device (fit: auto).")] = False,
+    config: Annotated[
+        Path,
+        typer.Argument(
+            help="YAML training config (see docs/train.md; examples/tiny.yaml is a demo).", show_default=False
+        ),
+    ],
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run in output_dir from its latest checkpoint.")
+    ] = False,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Any other config field: --set KEY=VALUE (repeatable).")
+    ] = None,
+    no_progress: Annotated[
+        bool, typer.Option("--no-progress", help="No live progress bar (metrics still go to metrics.jsonl).")
+    ] = False,
+    nproc: Annotated[
+        int | None,
+        typer.Option("--nproc", help="Start N processes (one per GPU) with torchrun; must equal gpus in the config."),
+    ] = None,
+    fit: Annotated[
+        bool,
+        typer.Option(
+            "--fit",
+            help="Before loading, choose the micro-batch split, checkpointing and tiling that fit the device (fit: auto).",
+        ),
+    ] = False,
     **options: Any,
 ) -> None:
     """Fine-tune a model as a YAML config says: plan first, then train, checkpoint and save the adapter.
@@ -242,14 +288,20 @@ def _say_done(result: Any, say: Callable[..., None]) -> None:
     """A finished run's summary: steps, loss from where it began to its end, eval loss, throughput, and
     where its output, metrics and run record are."""
     if result.signal_name:
-        say(f"{result.signal_name} arrived during the last step: the run finished it and wrote its output", highlight=False)
+        say(
+            f"{result.signal_name} arrived during the last step: the run finished it and wrote its output",
+            highlight=False,
+        )
     evals = f", eval loss {result.eval_losses[-1][1]:.4f}" if result.eval_losses else ""
     rate = f", {result.tokens_per_second:.0f} tokens/s" if result.tokens_per_second else ""
     # From where the run began (a resumed run's first step is not it) to its last step. A resume whose
     # checkpoint was the last step (its output had not been written) trains nothing.
     first = result.first_loss or (result.losses[0] if result.losses else None)
-    losses = (f"loss {first[1]:.4f} -> {result.losses[-1][1]:.4f}" if result.losses and first is not None
-              else "none left to train, the output written from the last checkpoint")
+    losses = (
+        f"loss {first[1]:.4f} -> {result.losses[-1][1]:.4f}"
+        if result.losses and first is not None
+        else "none left to train, the output written from the last checkpoint"
+    )
     say(
         f"[green]done[/]: {result.step} steps, {losses}{evals}{rate}\n"
         f"  output  {result.output_dir}\n  metrics {result.run_dir / 'metrics.jsonl'}\n  run     {result.run_dir / 'run.json'}",
@@ -281,8 +333,11 @@ def training_settings() -> dict[str, tuple[str, bool]]:
     app = typer.Typer()
     app.command()(train_command)
     planned = {*KNOBS, *(option.name for option in TARGET_OPTIONS), "model"}
-    settings = {param.name: (param.opts[0], bool(getattr(param, "is_flag", False))) for param in typer.main.get_command(app).params
-                if param.param_type_name == "option" and param.name not in planned}
+    settings = {
+        param.name: (param.opts[0], bool(getattr(param, "is_flag", False)))
+        for param in typer.main.get_command(app).params
+        if param.param_type_name == "option" and param.name not in planned
+    }
     for name, info in TrainConfig.model_fields.items():
         if name not in planned and name not in settings:
             settings[name] = (flag(name), info.annotation is bool)
@@ -302,14 +357,19 @@ def refuse_training_settings(options: dict[str, Any], command: str) -> None:
     given = {name: options.pop(name) for name in list(options) if name in training_settings()}
     problems = [_refusal(name, value, command) for name, value in given.items() if value not in (None, False)]
     if problems:
-        raise UserError(problems[0] if len(problems) == 1 else listed(f"memfit {command} does not take these", problems))
+        raise UserError(
+            problems[0] if len(problems) == 1 else listed(f"memfit {command} does not take these", problems)
+        )
 
 
 def _refusal(name: str, value: Any, command: str) -> str:
     flag = training_settings()[name][0]
     shown = flag if value is True else f"{flag} {value}"
-    what = (f"{name} is a training-config field ({name}: in memfit train's YAML)" if name in TrainConfig.model_fields
-            else "an option of memfit train")
+    what = (
+        f"{name} is a training-config field ({name}: in memfit train's YAML)"
+        if name in TrainConfig.model_fields
+        else "an option of memfit train"
+    )
     instead = PLANNED_INSTEAD.get(name)
     if instead:
         return f"{shown}: {what}, not an option of memfit {command}: {instead}."

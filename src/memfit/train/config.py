@@ -43,28 +43,75 @@ from memfit.train.generation import DEFAULT_EVAL_MAX_NEW_TOKENS, prompt_problem
 PATH_FIELDS = ("model", "tokenizer", "data", "eval_data", "output_dir")
 
 #: Whole-number fields of a training config besides the knobs: counts of steps and the seed.
-COUNT_FIELDS = ("max_steps", "warmup_steps", "eval_every", "save_every", "log_every", "keep_checkpoints", "seed",
-                "max_prompt_length")
+COUNT_FIELDS = (
+    "max_steps",
+    "warmup_steps",
+    "eval_every",
+    "save_every",
+    "log_every",
+    "keep_checkpoints",
+    "seed",
+    "max_prompt_length",
+)
 
 #: What other tools (Hugging Face TrainingArguments, PEFT's LoraConfig, axolotl) call memfit's
 #: fields: an unknown key spelled like this gets "did you mean" even where it looks nothing alike.
 OTHER_NAMES = {
-    "learning_rate": "lr", "num_train_epochs": "epochs", "num_epochs": "epochs", "max_steps_per_epoch": "max_steps",
-    "r": "rank", "lora_r": "rank", "lora_rank": "rank", "lora_alpha": "alpha", "lora_dropout": "dropout",
-    "target_modules": "targets", "lora_target_modules": "targets",
-    "per_device_train_batch_size": "batch_size", "micro_batch_size": "batch_size", "train_batch_size": "batch_size",
-    "gradient_accumulation_steps": "grad_accum", "max_seq_length": "seq_len", "max_length": "seq_len",
-    "sequence_len": "seq_len", "seq_length": "seq_len", "context_length": "seq_len",
-    "gradient_checkpointing": "checkpointing", "activation_checkpointing": "checkpointing",
-    "optim": "optimizer", "lr_scheduler_type": "schedule", "lr_scheduler": "schedule", "warmup": "warmup_steps",
-    "model_name_or_path": "model", "base_model": "model", "model_name": "model",
-    "dataset": "data", "datasets": "data", "train_data": "data", "train_file": "data", "dataset_name": "data",
-    "dataset_config": "data", "dataset_config_name": "data", "dataset_train_split": "data", "dataset_test_split": "eval_data",
-    "dataset_streaming": "streaming", "buffer_size": "shuffle_buffer_size", "interleave_probs": "data",
+    "learning_rate": "lr",
+    "num_train_epochs": "epochs",
+    "num_epochs": "epochs",
+    "max_steps_per_epoch": "max_steps",
+    "r": "rank",
+    "lora_r": "rank",
+    "lora_rank": "rank",
+    "lora_alpha": "alpha",
+    "lora_dropout": "dropout",
+    "target_modules": "targets",
+    "lora_target_modules": "targets",
+    "per_device_train_batch_size": "batch_size",
+    "micro_batch_size": "batch_size",
+    "train_batch_size": "batch_size",
+    "gradient_accumulation_steps": "grad_accum",
+    "max_seq_length": "seq_len",
+    "max_length": "seq_len",
+    "sequence_len": "seq_len",
+    "seq_length": "seq_len",
+    "context_length": "seq_len",
+    "gradient_checkpointing": "checkpointing",
+    "activation_checkpointing": "checkpointing",
+    "optim": "optimizer",
+    "lr_scheduler_type": "schedule",
+    "lr_scheduler": "schedule",
+    "warmup": "warmup_steps",
+    "model_name_or_path": "model",
+    "base_model": "model",
+    "model_name": "model",
+    "dataset": "data",
+    "datasets": "data",
+    "train_data": "data",
+    "train_file": "data",
+    "dataset_name": "data",
+    "dataset_config": "data",
+    "dataset_config_name": "data",
+    "dataset_train_split": "data",
+    "dataset_test_split": "eval_data",
+    "dataset_streaming": "streaming",
+    "buffer_size": "shuffle_buffer_size",
+    "interleave_probs": "data",
     "mix_strategy": "stopping_strategy",
-    "output": "output_dir", "out_dir": "output_dir", "save_steps": "save_every", "logging_steps": "log_every",
-    "eval_steps": "eval_every", "save_total_limit": "keep_checkpoints", "bf16": "precision", "fp16": "precision",
-    "dtype": "precision", "torch_dtype": "precision", "adapter": "method", "peft": "method", "use_peft": "method",
+    "output": "output_dir",
+    "out_dir": "output_dir",
+    "save_steps": "save_every",
+    "logging_steps": "log_every",
+    "eval_steps": "eval_every",
+    "save_total_limit": "keep_checkpoints",
+    "bf16": "precision",
+    "fp16": "precision",
+    "dtype": "precision",
+    "torch_dtype": "precision",
+    "adapter": "method",
+    "peft": "method",
+    "use_peft": "method",
     "precompute_ref_log_probs": "precompute_reference",
 }
 
@@ -102,55 +149,120 @@ class TrainConfig(_run_knobs(), _objective_fields(), JsonForm):
     (docs/train.md)."""
 
     # -- model ------------------------------------------------------------------------------
-    model: str = Field(description="Hugging Face Hub id (org/name: downloaded when the run starts), local Hugging Face model folder (config.json + *.safetensors), a config.json, or a catalog name (with init: random)")
+    model: str = Field(
+        description="Hugging Face Hub id (org/name: downloaded when the run starts), local Hugging Face model folder (config.json + *.safetensors), a config.json, or a catalog name (with init: random)"
+    )
     revision: str | None = Field(None, description=REVISION.help_for("train"))
-    allow_pickle_weights: StrictBool = Field(False, description="a Hub model with only pickled .bin weights: download them, read them with torch.load(weights_only=True) and convert them to safetensors (trust the repo first)")
-    init: Literal["pretrained", "random"] = Field("pretrained", description="pretrained: load the folder's weights; random: random weights (demos, tests, benchmarks)")
-    model_overrides: dict[str, Any] = Field(default_factory=dict, description="config.json fields to change, e.g. {num_hidden_layers: 2} (init: random only)")
-    tokenizer: str | None = Field(None, description="tokenizer folder; default: the model folder (or the Hub model's tokenizer), or the shipped tiny tokenizer with init: random")
+    allow_pickle_weights: StrictBool = Field(
+        False,
+        description="a Hub model with only pickled .bin weights: download them, read them with torch.load(weights_only=True) and convert them to safetensors (trust the repo first)",
+    )
+    init: Literal["pretrained", "random"] = Field(
+        "pretrained",
+        description="pretrained: load the folder's weights; random: random weights (demos, tests, benchmarks)",
+    )
+    model_overrides: dict[str, Any] = Field(
+        default_factory=dict,
+        description="config.json fields to change, e.g. {num_hidden_layers: 2} (init: random only)",
+    )
+    tokenizer: str | None = Field(
+        None,
+        description="tokenizer folder; default: the model folder (or the Hub model's tokenizer), or the shipped tiny tokenizer with init: random",
+    )
 
     # -- data -------------------------------------------------------------------------------
-    data: list[str | DataSource] = Field(description="training data: a local file or folder, a Hugging Face Hub dataset id (org/name), or a list of sources, each a path or {path, subset, split, revision, columns, weight, format} (docs/data.md)")
-    data_format: Literal["auto", "alpaca", "sharegpt", "messages", "text", "prompt_completion", "preference", "prompt"] = Field("auto", description="record format of every source (auto: detected from each source's first record; preference: chosen / rejected pairs, for objective dpo, orpo or simpo; prompt: a prompt and any other fields, for objective grpo, which reads every source so)")
+    data: list[str | DataSource] = Field(
+        description="training data: a local file or folder, a Hugging Face Hub dataset id (org/name), or a list of sources, each a path or {path, subset, split, revision, columns, weight, format} (docs/data.md)"
+    )
+    data_format: Literal[
+        "auto", "alpaca", "sharegpt", "messages", "text", "prompt_completion", "preference", "prompt"
+    ] = Field(
+        "auto",
+        description="record format of every source (auto: detected from each source's first record; preference: chosen / rejected pairs, for objective dpo, orpo or simpo; prompt: a prompt and any other fields, for objective grpo, which reads every source so)",
+    )
     train_on_inputs: StrictBool = Field(False, description="also take the loss on prompt tokens")
     eval_split: float = Field(0.0, description="fraction of the training examples held out for evaluation (0 = none)")
-    eval_data: list[str | DataSource] | None = Field(None, description="evaluation data instead of a split: the same forms as data, read whole (never streamed)")
-    eval_every: int = Field(0, description="evaluate every N optimizer steps (0 = only at the end when there is eval data)")
-    streaming: StrictBool = Field(False, description="read the training data while training, as a stream (data larger than memory; Hub datasets are not downloaded first); needs max_steps")
-    shuffle_buffer_size: int = Field(1000, description="with streaming: rows of the stream shuffled together (0: the stream's order)")
-    stopping_strategy: Literal["all_exhausted", "first_exhausted"] = Field("all_exhausted", description="a mix of weighted sources ends when every source was read whole, the others starting again (all_exhausted), or when the first runs out (first_exhausted)")
-    eval_prompts: list[Any] = Field(default_factory=list, description="prompts (text, or lists of {role, content} messages) whose greedy replies are written to metrics.jsonl at every evaluation and at the end")
-    eval_max_new_tokens: int = Field(DEFAULT_EVAL_MAX_NEW_TOKENS, description="the longest reply to an eval_prompts prompt, in tokens")
+    eval_data: list[str | DataSource] | None = Field(
+        None, description="evaluation data instead of a split: the same forms as data, read whole (never streamed)"
+    )
+    eval_every: int = Field(
+        0, description="evaluate every N optimizer steps (0 = only at the end when there is eval data)"
+    )
+    streaming: StrictBool = Field(
+        False,
+        description="read the training data while training, as a stream (data larger than memory; Hub datasets are not downloaded first); needs max_steps",
+    )
+    shuffle_buffer_size: int = Field(
+        1000, description="with streaming: rows of the stream shuffled together (0: the stream's order)"
+    )
+    stopping_strategy: Literal["all_exhausted", "first_exhausted"] = Field(
+        "all_exhausted",
+        description="a mix of weighted sources ends when every source was read whole, the others starting again (all_exhausted), or when the first runs out (first_exhausted)",
+    )
+    eval_prompts: list[Any] = Field(
+        default_factory=list,
+        description="prompts (text, or lists of {role, content} messages) whose greedy replies are written to metrics.jsonl at every evaluation and at the end",
+    )
+    eval_max_new_tokens: int = Field(
+        DEFAULT_EVAL_MAX_NEW_TOKENS, description="the longest reply to an eval_prompts prompt, in tokens"
+    )
 
     # -- grpo -------------------------------------------------------------------------------
-    reward_funcs: list[str] = Field(default_factory=list, description="grpo: the reward functions (TRL's reward_funcs): each file.py:function (relative to this file's folder), package.module:function, or a built-in: think_format, length (docs/grpo.md)")
-    reward_weights: list[float] | None = Field(None, description="grpo: a weight for each reward function (TRL's reward_weights; default 1 each)")
-    max_prompt_length: int | None = Field(None, description="grpo: the longest prompt, in tokens (longer ones keep their last tokens); seq_len is then this plus max_completion_length unless given (default: seq_len - max_completion_length)")
+    reward_funcs: list[str] = Field(
+        default_factory=list,
+        description="grpo: the reward functions (TRL's reward_funcs): each file.py:function (relative to this file's folder), package.module:function, or a built-in: think_format, length (docs/grpo.md)",
+    )
+    reward_weights: list[float] | None = Field(
+        None, description="grpo: a weight for each reward function (TRL's reward_weights; default 1 each)"
+    )
+    max_prompt_length: int | None = Field(
+        None,
+        description="grpo: the longest prompt, in tokens (longer ones keep their last tokens); seq_len is then this plus max_completion_length unless given (default: seq_len - max_completion_length)",
+    )
 
     # -- schedule ---------------------------------------------------------------------------
-    epochs: float | None = Field(None, description="passes over the training data (default 1 when max_steps is not set)")
+    epochs: float | None = Field(
+        None, description="passes over the training data (default 1 when max_steps is not set)"
+    )
     max_steps: int | None = Field(None, description="optimizer steps; takes precedence over epochs")
     lr: float = Field(2e-4, description="peak learning rate")
     weight_decay: float = Field(0.0, description="AdamW / SGD weight decay")
     schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="learning-rate decay after warmup")
     warmup_steps: int | None = Field(None, description="optimizer steps of linear warmup from 0")
-    warmup_ratio: float | None = Field(None, description="warmup as a fraction of the optimizer steps (instead of warmup_steps)")
+    warmup_ratio: float | None = Field(
+        None, description="warmup as a fraction of the optimizer steps (instead of warmup_steps)"
+    )
     min_lr_ratio: float = Field(0.0, description="lr at the end of a cosine or linear decay, as a fraction of lr")
     seed: int = Field(0, description="random seed (weights of init: random, LoRA init, data order, dropout)")
 
     # -- where and how ----------------------------------------------------------------------
     device: str = Field("auto", description="auto, cpu, cuda or cuda:N")
-    output_dir: str | None = Field(None, description="run folder; default runs/<config file name>", json_schema_extra={"short": "-o"})
+    output_dir: str | None = Field(
+        None, description="run folder; default runs/<config file name>", json_schema_extra={"short": "-o"}
+    )
     log_every: int = Field(1, description="write metrics every N optimizer steps")
-    report_to: list[str] = Field(default_factory=list, description="also send the metrics to: none (default), all (every installed one), or tensorboard, wandb, mlflow (a list, or comma-separated; as the Hugging Face Trainer's report_to)")
-    save_every: int = Field(0, description="save a checkpoint every N optimizer steps (0 = only at the end and on interrupt)")
+    report_to: list[str] = Field(
+        default_factory=list,
+        description="also send the metrics to: none (default), all (every installed one), or tensorboard, wandb, mlflow (a list, or comma-separated; as the Hugging Face Trainer's report_to)",
+    )
+    save_every: int = Field(
+        0, description="save a checkpoint every N optimizer steps (0 = only at the end and on interrupt)"
+    )
     keep_checkpoints: int = Field(2, description="how many recent checkpoints to keep")
     gpu: str | None = Field(None, description=GPU.help_for("train"))
     budget: str | None = Field(None, description=BUDGET.help_for("train"))
     force: StrictBool = Field(False, description="train even when the plan says the run does not fit")
-    fit: Literal["off", "auto"] = Field("off", description="auto: before loading, choose the micro-batch split, checkpointing and tiling that fit the device (or gpu / budget), fastest first; the effective batch, method, rank, lr and data stay")
-    fit_optimizer: StrictBool = Field(False, description="let fit also choose a lighter optimizer (8-bit / paged AdamW)")
-    on_oom: Literal["continue", "stop"] = Field("continue", description="when a step runs out of memory: continue with the next configuration down at the same effective batch and data order, or stop with a checkpoint")
+    fit: Literal["off", "auto"] = Field(
+        "off",
+        description="auto: before loading, choose the micro-batch split, checkpointing and tiling that fit the device (or gpu / budget), fastest first; the effective batch, method, rank, lr and data stay",
+    )
+    fit_optimizer: StrictBool = Field(
+        False, description="let fit also choose a lighter optimizer (8-bit / paged AdamW)"
+    )
+    on_oom: Literal["continue", "stop"] = Field(
+        "continue",
+        description="when a step runs out of memory: continue with the next configuration down at the same effective batch and data order, or stop with a checkpoint",
+    )
 
     @field_validator("data", "eval_data", mode="before")
     @classmethod
@@ -160,8 +272,10 @@ class TrainConfig(_run_knobs(), _objective_fields(), JsonForm):
             return None
         items = [value] if isinstance(value, (str, Path, dict, DataSource)) else value
         if not isinstance(items, list):
-            raise ValueError(f"{info.field_name}: expected a path, a Hub dataset id (org/name), a mapping with path: or a "
-                             f"list of them, got {type(value).__name__}")
+            raise ValueError(
+                f"{info.field_name}: expected a path, a Hub dataset id (org/name), a mapping with path: or a "
+                f"list of them, got {type(value).__name__}"
+            )
         sources, problems = [], []
         for index, item in enumerate(items):
             try:
@@ -248,7 +362,9 @@ def field_kind(annotation: Any) -> str | None:
 def boolean_problem(field: str, kind: str, default: Any = None) -> str:
     """What follows ``field: true`` where a number belongs (see :func:`type_problem`)."""
     number = "whole number" if kind == "int" else "number"
-    example = f" (e.g. {field}: {default})" if isinstance(default, (int, float)) and not isinstance(default, bool) else ""
+    example = (
+        f" (e.g. {field}: {default})" if isinstance(default, (int, float)) and not isinstance(default, bool) else ""
+    )
     return f"is true or false, not a {number}: write a {number}{example}"
 
 
@@ -257,10 +373,19 @@ def type_problem(field: str, value: Any, message: str, error_type: str = "") -> 
     type the field takes: a boolean field refuses text and numbers (pydantic's strict booleans: YAML
     reads yes and on as true, but 'yes' quoted is text, and 1 is a number), a number field refuses
     true and false."""
-    shown = {True: "true", False: "false"}[value] if isinstance(value, bool) else "null" if value is None else repr(value)
+    shown = (
+        {True: "true", False: "false"}[value] if isinstance(value, bool) else "null" if value is None else repr(value)
+    )
     if error_type == "bool_type":
-        what = ("text" if isinstance(value, str) else "a number" if isinstance(value, (int, float)) else
-                "null" if value is None else f"a {'list' if isinstance(value, list) else type(value).__name__}")
+        what = (
+            "text"
+            if isinstance(value, str)
+            else "a number"
+            if isinstance(value, (int, float))
+            else "null"
+            if value is None
+            else f"a {'list' if isinstance(value, list) else type(value).__name__}"
+        )
         return f"{field}: {shown} is not true or false but {what}: write {field}: true or {field}: false (unquoted)"
     if message.startswith("is true or false"):
         return f"{field}: {shown} {message}"
@@ -279,7 +404,9 @@ def _one_source(field: str, index: int, count: int, item: Any) -> str | DataSour
     if not isinstance(item, dict):
         raise ValueError(f"{name}: expected a path, a Hub dataset id (org/name) or a mapping with path:, got {item!r}")
     if "path" not in item:
-        raise ValueError(f"{name}: a source given as a mapping needs path: (a local file or folder, or a Hub dataset id org/name)")
+        raise ValueError(
+            f"{name}: a source given as a mapping needs path: (a local file or folder, or a Hub dataset id org/name)"
+        )
     try:
         return DataSource(**item)
     except ValidationError as err:
@@ -287,7 +414,11 @@ def _one_source(field: str, index: int, count: int, item: Any) -> str | DataSour
         for e in err.errors():
             where = ".".join(str(p) for p in e.get("loc", ()))
             message = str(e.get("msg", "")).removeprefix("Value error, ")
-            details.append(type_problem(f"{name}.{where}", e.get("input"), message, e.get("type", "")) if where else f"{name}: {message}")
+            details.append(
+                type_problem(f"{name}.{where}", e.get("input"), message, e.get("type", ""))
+                if where
+                else f"{name}: {message}"
+            )
         raise ValueError("\n".join(details)) from None
 
 
@@ -295,7 +426,9 @@ def _one_source(field: str, index: int, count: int, item: Any) -> str | DataSour
 # Reading
 
 
-def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None, *, base_dir: str | Path | None = None) -> TrainConfig:
+def load_config(
+    path: str | Path | None = None, overrides: dict[str, Any] | None = None, *, base_dir: str | Path | None = None
+) -> TrainConfig:
     """Read the YAML at ``path`` (or none), apply ``overrides`` on top, validate everything.
 
     ``None`` values in ``overrides`` are ignored (an unset flag). Raises :class:`ConfigError`.
@@ -310,7 +443,9 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
-            raise ConfigError([f"the file must hold a mapping of settings (key: value), not a {type(loaded).__name__}"], source)
+            raise ConfigError(
+                [f"the file must hold a mapping of settings (key: value), not a {type(loaded).__name__}"], source
+            )
         data = {str(k).replace("-", "_"): v for k, v in loaded.items()}
         yaml_dir = path.resolve().parent
         data = _resolve_paths(data, yaml_dir)
@@ -365,7 +500,8 @@ def _strict_loader():
             line = key_node.start_mark.line + 1
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"{key!r} is given twice (lines {seen[key]} and {line}): keep one", key_node.start_mark)
+                    None, None, f"{key!r} is given twice (lines {seen[key]} and {line}): keep one", key_node.start_mark
+                )
             seen[key] = line
         return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
 
@@ -376,8 +512,10 @@ def _strict_loader():
 def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
     out = dict(data)
     if isinstance(out.get("reward_funcs"), (str, list)):
-        out["reward_funcs"] = [_resolve_reward(entry, folder) for entry in
-                               ([out["reward_funcs"]] if isinstance(out["reward_funcs"], str) else out["reward_funcs"])]
+        out["reward_funcs"] = [
+            _resolve_reward(entry, folder)
+            for entry in ([out["reward_funcs"]] if isinstance(out["reward_funcs"], str) else out["reward_funcs"])
+        ]
     for key in PATH_FIELDS:
         value = out.get(key)
         if isinstance(value, (str, Path)):
@@ -385,8 +523,10 @@ def _resolve_paths(data: dict[str, Any], folder: Path) -> dict[str, Any]:
         elif isinstance(value, dict):
             out[key] = _resolve_source(key, value, folder)
         elif isinstance(value, list):
-            out[key] = [_resolve_one(key, str(v), folder) if isinstance(v, (str, Path)) else _resolve_source(key, v, folder)
-                        for v in value]
+            out[key] = [
+                _resolve_one(key, str(v), folder) if isinstance(v, (str, Path)) else _resolve_source(key, v, folder)
+                for v in value
+            ]
     return out
 
 
@@ -435,7 +575,11 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
                 )
             continue  # false: what memfit does anyway
         if key not in fields:
-            close = [OTHER_NAMES[key]] if key in OTHER_NAMES else difflib.get_close_matches(key, sorted(fields), n=1, cutoff=0.6)
+            close = (
+                [OTHER_NAMES[key]]
+                if key in OTHER_NAMES
+                else difflib.get_close_matches(key, sorted(fields), n=1, cutoff=0.6)
+            )
             hint = f" Did you mean {close[0]!r}?" if close else ""
             problems.append(f"{key}: unknown setting.{hint}")
         else:
@@ -449,8 +593,11 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
     for key in [k for k in specs.TRAINED_KNOBS if k in clean and specs.value_kind(k) == "bool"]:
         if not isinstance(clean[key], bool):  # make_spec reads a flag's text; a YAML file writes true or false
             problems.append(type_problem(key, clean.pop(key), "", "bool_type"))
-    knobs = {k: ("none" if clean[k] is None and specs.default(k) is not None else clean[k])
-             for k in specs.TRAINED_KNOBS if k in clean}
+    knobs = {
+        k: ("none" if clean[k] is None and specs.default(k) is not None else clean[k])
+        for k in specs.TRAINED_KNOBS
+        if k in clean
+    }
     prompt_cap = clean.get("max_prompt_length")
     if isinstance(prompt_cap, int) and not isinstance(prompt_cap, bool) and "seq_len" not in knobs:
         completion = knobs.get("max_completion_length", specs.default("max_completion_length"))
@@ -481,9 +628,15 @@ def validate_config(data: dict[str, Any], source: str | None = None) -> TrainCon
             if item.get("loc", ("",))[0] in specs.TRAINED_KNOBS:
                 continue  # make_spec above names the knob and its allowed values better
             if item.get("loc", ("",))[0] in ("data", "eval_data") and item.get("type") == "value_error":
-                problems.extend(str(item.get("msg")).removeprefix("Value error, ").splitlines())  # each names its source
+                problems.extend(
+                    str(item.get("msg")).removeprefix("Value error, ").splitlines()
+                )  # each names its source
                 continue
-            problems.append(type_problem(loc, item.get("input"), str(item.get("msg")).removeprefix("Value error, "), item.get("type", "")))
+            problems.append(
+                type_problem(
+                    loc, item.get("input"), str(item.get("msg")).removeprefix("Value error, "), item.get("type", "")
+                )
+            )
     if config is not None:
         problems.extend(_size_problems({k: getattr(config, k) for k in COUNT_FIELDS}))
         problems.extend(_semantic_problems(config, knobs_valid=knobs_valid))
@@ -502,9 +655,12 @@ MAX_WHOLE_NUMBER = 2**63 - 1
 
 def _size_problems(values: dict[str, Any]) -> list[str]:
     """Whole numbers beyond what the run can take, one line each naming the field."""
-    return [f"{name}: {value} is beyond the largest whole number a run takes (2**63 - 1: PyTorch's sizes "
-            f"are 64-bit); give the {name} you mean" for name, value in values.items()
-            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_WHOLE_NUMBER]
+    return [
+        f"{name}: {value} is beyond the largest whole number a run takes (2**63 - 1: PyTorch's sizes "
+        f"are 64-bit); give the {name} you mean"
+        for name, value in values.items()
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_WHOLE_NUMBER
+    ]
 
 
 def _semantic_problems(c: TrainConfig, *, knobs_valid: bool = True) -> list[str]:
@@ -580,28 +736,43 @@ def _grpo_problems(c: TrainConfig) -> list[str]:
 
     if c.objective != "grpo":
         given = [f for f in ("reward_funcs", "reward_weights", "max_prompt_length") if getattr(c, f) not in (None, [])]
-        return [f"{f}: applies to objective: grpo, and this run's objective is {c.objective}. Remove {f}, or set objective: grpo."
-                for f in given]
+        return [
+            f"{f}: applies to objective: grpo, and this run's objective is {c.objective}. Remove {f}, or set objective: grpo."
+            for f in given
+        ]
     problems = []
     if not c.reward_funcs:
-        problems.append("reward_funcs: objective: grpo needs reward functions: e.g. reward_funcs: [rewards.py:my_reward] "
-                        "(file.py:function, package.module:function, or a built-in: think_format, length; docs/grpo.md)")
+        problems.append(
+            "reward_funcs: objective: grpo needs reward functions: e.g. reward_funcs: [rewards.py:my_reward] "
+            "(file.py:function, package.module:function, or a built-in: think_format, length; docs/grpo.md)"
+        )
     problems.extend(spec_problems(c.reward_funcs, c.reward_weights))
     if c.max_prompt_length is not None:
         if c.max_prompt_length < 1:
-            problems.append(f"max_prompt_length: {c.max_prompt_length!r} must be 1 or more (e.g. max_prompt_length: 512)")
-        elif isinstance(c.seq_len, int) and isinstance(c.max_completion_length, int) and \
-                c.max_prompt_length + c.max_completion_length > c.seq_len:
-            problems.append(f"max_prompt_length: {c.max_prompt_length} + max_completion_length: {c.max_completion_length} is "
-                            f"more than seq_len: {c.seq_len}: drop seq_len (it is then their sum), or lower one of them")
+            problems.append(
+                f"max_prompt_length: {c.max_prompt_length!r} must be 1 or more (e.g. max_prompt_length: 512)"
+            )
+        elif (
+            isinstance(c.seq_len, int)
+            and isinstance(c.max_completion_length, int)
+            and c.max_prompt_length + c.max_completion_length > c.seq_len
+        ):
+            problems.append(
+                f"max_prompt_length: {c.max_prompt_length} + max_completion_length: {c.max_completion_length} is "
+                f"more than seq_len: {c.seq_len}: drop seq_len (it is then their sum), or lower one of them"
+            )
     if c.eval_split > 0 or c.eval_data is not None:
-        problems.append("eval_split / eval_data: objective: grpo has no evaluation loss (its loss needs completions and "
-                        "rewards); drop them (eval_prompts still shows greedy replies)")
+        problems.append(
+            "eval_split / eval_data: objective: grpo has no evaluation loss (its loss needs completions and "
+            "rewards); drop them (eval_prompts still shows greedy replies)"
+        )
     if c.streaming:
         problems.append("streaming: true with objective: grpo: its prompts are read in memory. Remove streaming.")
     if c.data_format not in ("auto", "prompt"):
-        problems.append(f"data_format: {c.data_format!r} with objective: grpo, which reads every source as prompts "
-                        "(data_format: prompt, or auto)")
+        problems.append(
+            f"data_format: {c.data_format!r} with objective: grpo, which reads every source as prompts "
+            "(data_format: prompt, or auto)"
+        )
     return problems
 
 
@@ -613,11 +784,16 @@ def _output_problems(c: TrainConfig, source: str | None) -> list[str]:
 
     if c.output_dir is None:
         return []
-    inputs: dict[str, Any] = {"config file": source, "model folder": c.model if Path(c.model).exists() else None,
-                              "tokenizer folder": c.tokenizer}
+    inputs: dict[str, Any] = {
+        "config file": source,
+        "model folder": c.model if Path(c.model).exists() else None,
+        "tokenizer folder": c.tokenizer,
+    }
     for field in ("data", "eval_data"):
         sources = as_sources(getattr(c, field) or [])
-        inputs.update({f"{field_name(field, i, len(sources))} source": s.path for i, s in enumerate(sources) if not s.is_hub})
+        inputs.update(
+            {f"{field_name(field, i, len(sources))} source": s.path for i, s in enumerate(sources) if not s.is_hub}
+        )
     clash = input_clash(c.output_dir, "output_dir", inputs)
     return [clash] if clash else []
 
@@ -632,8 +808,10 @@ def _model_problems(c: TrainConfig) -> list[str]:
     problems: list[str] = []
     hub = is_hub_id(c.model)  # fetched once validation passed (pretrained) or now, config only (random)
     if c.revision is not None and not hub:
-        problems.append(f"revision: {c.revision!r} applies only to a Hugging Face Hub model (model: org/name); "
-                        f"{c.model!r} is a local path or a catalog name. Remove revision.")
+        problems.append(
+            f"revision: {c.revision!r} applies only to a Hugging Face Hub model (model: org/name); "
+            f"{c.model!r} is a local path or a catalog name. Remove revision."
+        )
     model = None  # the model's config when it is on this machine (a Hub model's is checked once fetched)
     if c.init == "pretrained":
         folder = Path(c.model)
@@ -689,14 +867,20 @@ def _data_problems(c: TrainConfig) -> list[str]:
 
     problems = source_problems("data", c.data, mixing=True) + source_problems("eval_data", c.eval_data, mixing=False)
     if c.streaming and c.max_steps is None:
-        problems.append("streaming: true needs max_steps: a stream has no length to count epochs in. Add max_steps: N "
-                        "(optimizer steps).")
+        problems.append(
+            "streaming: true needs max_steps: a stream has no length to count epochs in. Add max_steps: N "
+            "(optimizer steps)."
+        )
     if c.streaming and c.objective in specs.PREFERENCE_OBJECTIVES:
-        problems.append(f"streaming: true with objective: {c.objective}: preference pairs are read in memory (their "
-                        "longest pair sets the plan, and precompute_reference reads them twice). Remove streaming.")
+        problems.append(
+            f"streaming: true with objective: {c.objective}: preference pairs are read in memory (their "
+            "longest pair sets the plan, and precompute_reference reads them twice). Remove streaming."
+        )
     if c.streaming and c.eval_split > 0:
-        problems.append(f"eval_split: {c.eval_split!r} with streaming: true: a stream's length is not known, so it cannot be "
-                        "split. Give eval_data instead (e.g. eval_data: {path: org/name, split: test}).")
+        problems.append(
+            f"eval_split: {c.eval_split!r} with streaming: true: a stream's length is not known, so it cannot be "
+            "split. Give eval_data instead (e.g. eval_data: {path: org/name, split: test})."
+        )
     if c.shuffle_buffer_size < 0:
         problems.append(f"shuffle_buffer_size: {c.shuffle_buffer_size!r} must be 0 or more (0: the stream's order)")
     return problems
@@ -704,13 +888,20 @@ def _data_problems(c: TrainConfig) -> list[str]:
 
 def _eval_prompt_problems(c: TrainConfig) -> list[str]:
     """What ``eval_prompts`` and ``eval_max_new_tokens`` cannot be."""
-    problems = [f"eval_prompts[{index}]: {problem}" for index, prompt in enumerate(c.eval_prompts)
-                if (problem := prompt_problem(prompt))]
+    problems = [
+        f"eval_prompts[{index}]: {problem}"
+        for index, prompt in enumerate(c.eval_prompts)
+        if (problem := prompt_problem(prompt))
+    ]
     if c.eval_max_new_tokens < 1:
-        problems.append(f"eval_max_new_tokens: {c.eval_max_new_tokens!r} must be 1 or more (e.g. eval_max_new_tokens: 64)")
+        problems.append(
+            f"eval_max_new_tokens: {c.eval_max_new_tokens!r} must be 1 or more (e.g. eval_max_new_tokens: 64)"
+        )
     if c.eval_prompts and c.gpus > 1:
-        problems.append(f"eval_prompts with gpus: {c.gpus}: replies are generated by one process. Remove eval_prompts and "
-                        "ask the finished run with memfit generate RUN_DIR --prompts FILE.")
+        problems.append(
+            f"eval_prompts with gpus: {c.gpus}: replies are generated by one process. Remove eval_prompts and "
+            "ask the finished run with memfit generate RUN_DIR --prompts FILE."
+        )
     return problems
 
 
@@ -718,9 +909,13 @@ def _fit_problems(c: TrainConfig) -> list[str]:
     """What ``fit: auto`` cannot do (the search itself runs at the start of the run)."""
     problems = []
     if c.fit == "auto" and c.gpus > 1:
-        problems.append(f"fit: auto chooses for one process, not gpus: {c.gpus}. Use fit: off, or memfit fit --gpus {c.gpus} --write.")
+        problems.append(
+            f"fit: auto chooses for one process, not gpus: {c.gpus}. Use fit: off, or memfit fit --gpus {c.gpus} --write."
+        )
     if c.fit_optimizer and c.fit != "auto":
-        problems.append("fit_optimizer: true only means something with fit: auto. Add fit: auto, or drop fit_optimizer.")
+        problems.append(
+            "fit_optimizer: true only means something with fit: auto. Add fit: auto, or drop fit_optimizer."
+        )
     return problems
 
 
@@ -752,14 +947,25 @@ def _multi_gpu_problems(c: TrainConfig) -> list[str]:
             "reduction, not when autograd makes them. Set step_in_backward: false."
         )
     if c.device.strip().lower().startswith("cuda:"):
-        problems.append(f"device: {c.device!r} with gpus: {c.gpus}: each process takes the GPU of its LOCAL_RANK; use device: auto or cuda.")
+        problems.append(
+            f"device: {c.device!r} with gpus: {c.gpus}: each process takes the GPU of its LOCAL_RANK; use device: auto or cuda."
+        )
     # The sharded trainer keeps 4-bit weights outside FSDP; int8 weights, DoRA's magnitudes and the
     # copies of modules_to_save have no such path yet (the planner still plans them per GPU).
-    one_process = [text for on, text in ((c.method == "lora-8bit", "method: lora-8bit"), (c.dora, "dora: true"),
-                                         (bool(c.modules_to_save), "modules_to_save")) if on]
+    one_process = [
+        text
+        for on, text in (
+            (c.method == "lora-8bit", "method: lora-8bit"),
+            (c.dora, "dora: true"),
+            (bool(c.modules_to_save), "modules_to_save"),
+        )
+        if on
+    ]
     if one_process:
-        problems.append(f"{', '.join(one_process)} with gpus: {c.gpus}: memfit train runs {'these' if len(one_process) > 1 else 'this'} "
-                        "on one process; set gpus: 1 (memfit plan --gpus still plans it per GPU).")
+        problems.append(
+            f"{', '.join(one_process)} with gpus: {c.gpus}: memfit train runs {'these' if len(one_process) > 1 else 'this'} "
+            "on one process; set gpus: 1 (memfit plan --gpus still plans it per GPU)."
+        )
     return problems
 
 

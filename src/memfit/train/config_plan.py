@@ -75,17 +75,34 @@ class ConfigRun:
     def details(self, planned: int, what: str) -> dict[str, Any]:
         """``details.config`` of a plan or a fit of this config (:mod:`memfit.interop.summary` says it)."""
         config = self.config
-        return {"tool": "memfit", "title": "memfit training", "path": self.path, "model": self.model["_name_or_path"],
-                "revision": config.revision, "knobs": config.knobs(), "given": {k: getattr(config, k) for k in self.given},
-                "given_model": self.model_given, "replaced": self.replaced,
-                "model_overrides": dict(config.model_overrides),
-                "data": {"read": not self.unread, "why_not": self.unread, "examples": len(self.examples),
-                         "seq_len": config.seq_len, "planned_seq_len": planned, "planned_as": what},
-                "not_modelled": [], "approximated": [], "unknown_keys": []}
+        return {
+            "tool": "memfit",
+            "title": "memfit training",
+            "path": self.path,
+            "model": self.model["_name_or_path"],
+            "revision": config.revision,
+            "knobs": config.knobs(),
+            "given": {k: getattr(config, k) for k in self.given},
+            "given_model": self.model_given,
+            "replaced": self.replaced,
+            "model_overrides": dict(config.model_overrides),
+            "data": {
+                "read": not self.unread,
+                "why_not": self.unread,
+                "examples": len(self.examples),
+                "seq_len": config.seq_len,
+                "planned_seq_len": planned,
+                "planned_as": what,
+            },
+            "not_modelled": [],
+            "approximated": [],
+            "unknown_keys": [],
+        }
 
 
-def read_config_run(path: str | Path, *, model_override: str | None = None, revision: str | None = None,
-                    **knobs: Any) -> ConfigRun:
+def read_config_run(
+    path: str | Path, *, model_override: str | None = None, revision: str | None = None, **knobs: Any
+) -> ConfigRun:
     """Read the training config at ``path`` as ``memfit train`` does, with ``knobs`` (the command
     line's) on top and ``model_override`` (``--model``) in place of its model; its model checked
     against it (:func:`memfit.train.preflight.check_model`); its data read when at hand."""
@@ -128,7 +145,9 @@ def _unread(config: TrainConfig) -> str | None:
         return f"{', '.join(remote)} is not a local file or folder (a plan fetches no data)"
     tokenizer = tokenizer_path(config)
     if not Path(tokenizer).expanduser().exists():
-        return f"the tokenizer ({tokenizer}) is not on this machine (a plan fetches nothing but the model's config.json)"
+        return (
+            f"the tokenizer ({tokenizer}) is not on this machine (a plan fetches nothing but the model's config.json)"
+        )
     return None
 
 
@@ -148,8 +167,15 @@ def _read_data(run: ConfigRun) -> None:
     run.layout = build_step(config.spec, make_config(model), config.objective_params).layout
 
 
-def plan_train_config(path: str | Path, *, model_override: str | None = None, revision: str | None = None,
-                      gpu: str | None = None, budget: str | None = None, **options: Any):
+def plan_train_config(
+    path: str | Path,
+    *,
+    model_override: str | None = None,
+    revision: str | None = None,
+    gpu: str | None = None,
+    budget: str | None = None,
+    **options: Any,
+):
     """The plan of the run the training config at ``path`` describes, as its preflight plans it: at
     the data's longest micro-batch when the data is at hand. ``options``: the command line's knobs
     and :func:`memfit.planner.api.plan`'s own (``context_bytes``, ``exact``, ``cache``)."""
@@ -160,8 +186,13 @@ def plan_train_config(path: str | Path, *, model_override: str | None = None, re
     run = read_config_run(path, model_override=model_override, revision=revision, **options)
     config = run.config
     seq_len = run.seq_len_for(config.batch_size)
-    result = plan(run.model, gpu=gpu or config.gpu, budget=budget or config.budget, **own,
-                  **dict(config.knobs(), seq_len=seq_len, **planner_only))
+    result = plan(
+        run.model,
+        gpu=gpu or config.gpu,
+        budget=budget or config.budget,
+        **own,
+        **dict(config.knobs(), seq_len=seq_len, **planner_only),
+    )
     what = "the data's longest micro-batch" if run.examples else "seq_len"
     result.details = dict(result.details, config=run.details(seq_len, what))
     result.details["config"]["given"].update(planner_only)
@@ -179,18 +210,32 @@ def fit_train_config(request: FitRequest, events: FitEvents | None = None) -> Fi
 
     given = dict(request.knobs, **({"gpus": request.gpus} if request.gpus is not None else {}))
     planner_only = _planner_only(given)
-    run = read_config_run(request.model, model_override=request.model_override, revision=request.revision,
-                          seq_len=request.seq_len, **given)
+    run = read_config_run(
+        request.model,
+        model_override=request.model_override,
+        revision=request.revision,
+        seq_len=request.seq_len,
+        **given,
+    )
     config = run.config
     longest = run.seq_len_for(1)  # no micro-batch of the data has longer examples, on average, than its longest one
     fixed = {k: v for k, v in config.knobs().items() if k not in SEARCHED and k not in ("method", "seq_len")}
     fixed.update(planner_only)
     kept = None if config.fit_optimizer else {m: (config.optimizer,) for m in ("full", "lora", "qlora", "lora-8bit")}
     search = dataclasses.replace(
-        request, model=run.model, model_override=None, revision=None, gpu=request.gpu or config.gpu,
-        budget=request.budget or config.budget, seq_len=longest, methods=request.methods or (config.method,),
+        request,
+        model=run.model,
+        model_override=None,
+        revision=None,
+        gpu=request.gpu or config.gpu,
+        budget=request.budget or config.budget,
+        seq_len=longest,
+        methods=request.methods or (config.method,),
         batch_size=config.batch_size * config.grad_accum if request.batch_size is None else request.batch_size,
-        gpus=fixed.pop("gpus", None), knobs=fixed, optimizers=kept)
+        gpus=fixed.pop("gpus", None),
+        knobs=fixed,
+        optimizers=kept,
+    )
     result = fit(search, events)
     result.config = run.details(longest, "the data's longest example" if run.examples else "seq_len")
     result.config["given"].update(planner_only)
@@ -208,7 +253,9 @@ def _planner_only(options: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k in names if (v := options.pop(k)) is not None}
 
 
-def write_fitted_train_config(path: str | Path, spec: dict[str, Any], out: str | Path, *, overwrite: bool = False) -> str:
+def write_fitted_train_config(
+    path: str | Path, spec: dict[str, Any], out: str | Path, *, overwrite: bool = False
+) -> str:
     """Write the training config at ``path`` to ``out`` with the keys the fit chose (:data:`WRITTEN`)
     changed where they differ from the config's, comments and order kept; return the unified diff."""
     from memfit.interop.writing import write_changes

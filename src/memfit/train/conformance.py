@@ -37,57 +37,166 @@ from memfit.json_form import JsonForm
 #: untied head in the Llama one and a tied one in the Qwen2 one.
 TINY_MODELS: dict[str, dict[str, Any]] = {
     "llama": {
-        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 2048,
-        "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 2,
     },
     "qwen2": {
-        "model_type": "qwen2", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 2048,
-        "tie_word_embeddings": True, "use_sliding_window": False, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+        "model_type": "qwen2",
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 2,
     },
     "mamba2": {
-        "model_type": "mamba2", "hidden_size": 64, "num_heads": 8, "head_dim": 16, "n_groups": 2, "state_size": 16,
-        "num_hidden_layers": 3, "vocab_size": 512, "chunk_size": 16, "time_step_rank": 8,
-        "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+        "model_type": "mamba2",
+        "hidden_size": 64,
+        "num_heads": 8,
+        "head_dim": 16,
+        "n_groups": 2,
+        "state_size": 16,
+        "num_hidden_layers": 3,
+        "vocab_size": 512,
+        "chunk_size": 16,
+        "time_step_rank": 8,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 2,
     },
     "falcon_h1": {
-        "model_type": "falcon_h1", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 512, "max_position_embeddings": 2048,
-        "mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 16,
-        "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+        "model_type": "falcon_h1",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 512,
+        "max_position_embeddings": 2048,
+        "mamba_d_ssm": 128,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 16,
+        "mamba_d_state": 16,
+        "mamba_chunk_size": 16,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 2,
     },
     # Mixture-of-experts models, one of each layout of the experts' weights: [experts, out, in] on
     # transformers' grouped matmuls (Qwen3-MoE with a dense first layer, Mixtral), [experts, in, out]
     # with biases and interleaved gate and up (gpt-oss), every expert on every token (Llama 4), and
     # multi-head latent attention beside shared experts (DeepSeek-V2).
     "qwen3_moe": {
-        "model_type": "qwen3_moe", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "num_experts": 4,
-        "num_experts_per_tok": 2, "mlp_only_layers": [0], "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "vocab_size": 512, "max_position_embeddings": 2048, "tie_word_embeddings": False,
-        "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+        "model_type": "qwen3_moe",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 32,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "mlp_only_layers": [0],
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 512,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 2,
     },
     "mixtral": {
-        "model_type": "mixtral", "hidden_size": 64, "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
-        "max_position_embeddings": 2048, "sliding_window": None, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+        "model_type": "mixtral",
+        "hidden_size": 64,
+        "intermediate_size": 64,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 512,
+        "max_position_embeddings": 2048,
+        "sliding_window": None,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 2,
     },
     "gpt_oss": {
-        "model_type": "gpt_oss", "hidden_size": 64, "intermediate_size": 64, "num_local_experts": 4, "num_experts_per_tok": 2,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "sliding_window": 32,
-        "vocab_size": 512, "max_position_embeddings": 2048, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+        "model_type": "gpt_oss",
+        "hidden_size": 64,
+        "intermediate_size": 64,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "sliding_window": 32,
+        "vocab_size": 512,
+        "max_position_embeddings": 2048,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 2,
     },
     "llama4_text": {
-        "model_type": "llama4_text", "hidden_size": 64, "intermediate_size": 64, "intermediate_size_mlp": 128, "num_local_experts": 4,
-        "num_experts_per_tok": 1, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "vocab_size": 512, "max_position_embeddings": 2048, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+        "model_type": "llama4_text",
+        "hidden_size": 64,
+        "intermediate_size": 64,
+        "intermediate_size_mlp": 128,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 1,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 512,
+        "max_position_embeddings": 2048,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 2,
     },
     "deepseek_v2": {
-        "model_type": "deepseek_v2", "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32, "n_routed_experts": 4,
-        "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "num_hidden_layers": 3,
-        "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 16, "q_lora_rank": None, "qk_rope_head_dim": 8,
-        "qk_nope_head_dim": 16, "v_head_dim": 16, "topk_method": "greedy", "n_group": 1, "topk_group": 1, "vocab_size": 512,
-        "max_position_embeddings": 2048, "bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2,
+        "model_type": "deepseek_v2",
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 32,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "kv_lora_rank": 16,
+        "q_lora_rank": None,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 16,
+        "v_head_dim": 16,
+        "topk_method": "greedy",
+        "n_group": 1,
+        "topk_group": 1,
+        "vocab_size": 512,
+        "max_position_embeddings": 2048,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 2,
     },
 }
 
@@ -121,7 +230,9 @@ class Cell(JsonForm):
 
     @property
     def agrees(self) -> bool:
-        phases_agree = all(abs(measured - planned) <= self.tolerance_bytes for planned, measured in self.phase_bytes.values())
+        phases_agree = all(
+            abs(measured - planned) <= self.tolerance_bytes for planned, measured in self.phase_bytes.values()
+        )
         return not self.error and abs(self.difference_bytes) <= self.tolerance_bytes and phases_agree
 
     def to_dict(self) -> dict[str, Any]:
@@ -154,54 +265,230 @@ MATRIX: list[tuple[str, dict[str, Any]]] = [
     _cell("llama qlora bf16", model="llama", method="qlora", precision="bf16"),
     _cell("llama qlora fp16 offload", model="llama", method="qlora", precision="fp16", checkpointing="offload"),
     _cell("llama full fp32", model="llama", method="full", precision="fp32"),
-    _cell("llama full bf16 no-ckpt accum3", model="llama", method="full", precision="bf16", checkpointing="off", grad_accum=3),
+    _cell(
+        "llama full bf16 no-ckpt accum3",
+        model="llama",
+        method="full",
+        precision="bf16",
+        checkpointing="off",
+        grad_accum=3,
+    ),
     _cell("llama full step-in-backward", model="llama", method="full", precision="fp32", step_in_backward=True),
-    _cell("llama full padded tiling", model="llama", method="full", precision="bf16", padding_free="off", batch_size=2, tiling="on"),
+    _cell(
+        "llama full padded tiling",
+        model="llama",
+        method="full",
+        precision="bf16",
+        padding_free="off",
+        batch_size=2,
+        tiling="on",
+    ),
     _cell("qwen2 lora bf16", model="qwen2", method="lora", precision="bf16"),
-    _cell("qwen2 lora fp32 padded no-clip", model="qwen2", method="lora", precision="fp32", padding_free="off", batch_size=2, max_grad_norm=None),
-    _cell("qwen2 qlora bf16 accum3 packing", model="qwen2", method="qlora", precision="bf16", grad_accum=3, packing=True),
+    _cell(
+        "qwen2 lora fp32 padded no-clip",
+        model="qwen2",
+        method="lora",
+        precision="fp32",
+        padding_free="off",
+        batch_size=2,
+        max_grad_norm=None,
+    ),
+    _cell(
+        "qwen2 qlora bf16 accum3 packing", model="qwen2", method="qlora", precision="bf16", grad_accum=3, packing=True
+    ),
     _cell("qwen2 full bf16 offload", model="qwen2", method="full", precision="bf16", checkpointing="offload"),
     _cell("qwen2 full fp32 tiling resume", model="qwen2", method="full", precision="fp32", tiling="on", resume=True),
-    _cell("qwen2 full step-in-backward no-ckpt", model="qwen2", method="full", precision="bf16", step_in_backward=True, checkpointing="off"),
+    _cell(
+        "qwen2 full step-in-backward no-ckpt",
+        model="qwen2",
+        method="full",
+        precision="bf16",
+        step_in_backward=True,
+        checkpointing="off",
+    ),
     # Mixed precision: fp32 weights (a 16-bit frozen LoRA base), forward under autocast.
     _cell("llama full bf16-mixed", model="llama", method="full", precision="bf16-mixed"),
-    _cell("llama full fp16-mixed scaler accum3 no-ckpt", model="llama", method="full", precision="fp16-mixed", grad_accum=3, checkpointing="off"),
-    _cell("llama full bf16-mixed step-in-backward", model="llama", method="full", precision="bf16-mixed", step_in_backward=True),
+    _cell(
+        "llama full fp16-mixed scaler accum3 no-ckpt",
+        model="llama",
+        method="full",
+        precision="fp16-mixed",
+        grad_accum=3,
+        checkpointing="off",
+    ),
+    _cell(
+        "llama full bf16-mixed step-in-backward",
+        model="llama",
+        method="full",
+        precision="bf16-mixed",
+        step_in_backward=True,
+    ),
     _cell("llama lora bf16-mixed", model="llama", method="lora", precision="bf16-mixed"),
     _cell("llama lora fp16-mixed scaler", model="llama", method="lora", precision="fp16-mixed"),
-    _cell("qwen2 full bf16-mixed tiling offload", model="qwen2", method="full", precision="bf16-mixed", tiling="on", checkpointing="offload"),
-    _cell("qwen2 qlora bf16-mixed padded", model="qwen2", method="qlora", precision="bf16-mixed", padding_free="off", batch_size=2),
+    _cell(
+        "qwen2 full bf16-mixed tiling offload",
+        model="qwen2",
+        method="full",
+        precision="bf16-mixed",
+        tiling="on",
+        checkpointing="offload",
+    ),
+    _cell(
+        "qwen2 qlora bf16-mixed padded",
+        model="qwen2",
+        method="qlora",
+        precision="bf16-mixed",
+        padding_free="off",
+        batch_size=2,
+    ),
     # Preference objectives: pairs of sequences in one forward; DPO's reference pass (adapters
     # disabled, or a frozen copy of the model), or log-probs precomputed before training.
-    _cell("llama dpo lora padded", model="llama", objective="dpo", method="lora", precision="fp32", padding_free="off", batch_size=2),
-    _cell("llama dpo lora padding-free bf16", model="llama", objective="dpo", method="lora", precision="bf16", batch_size=2),
+    _cell(
+        "llama dpo lora padded",
+        model="llama",
+        objective="dpo",
+        method="lora",
+        precision="fp32",
+        padding_free="off",
+        batch_size=2,
+    ),
+    _cell(
+        "llama dpo lora padding-free bf16",
+        model="llama",
+        objective="dpo",
+        method="lora",
+        precision="bf16",
+        batch_size=2,
+    ),
     _cell("llama dpo full padding-free frozen copy", model="llama", objective="dpo", method="full", precision="fp32"),
-    _cell("llama dpo full padded bf16", model="llama", objective="dpo", method="full", precision="bf16", padding_free="off"),
-    _cell("llama dpo lora precomputed accum3", model="llama", objective="dpo", method="lora", precision="bf16", precompute_reference=True, grad_accum=3),
-    _cell("qwen2 dpo qlora bf16-mixed padded", model="qwen2", objective="dpo", method="qlora", precision="bf16-mixed", padding_free="off"),
-    _cell("llama orpo lora padded", model="llama", objective="orpo", method="lora", precision="fp32", padding_free="off"),
-    _cell("qwen2 orpo full padding-free", model="qwen2", objective="orpo", method="full", precision="bf16", batch_size=2),
-    _cell("llama simpo lora padding-free", model="llama", objective="simpo", method="lora", precision="bf16", batch_size=2),
-    _cell("qwen2 simpo full padded no-ckpt", model="qwen2", objective="simpo", method="full", precision="fp32", padding_free="off", checkpointing="off"),
+    _cell(
+        "llama dpo full padded bf16",
+        model="llama",
+        objective="dpo",
+        method="full",
+        precision="bf16",
+        padding_free="off",
+    ),
+    _cell(
+        "llama dpo lora precomputed accum3",
+        model="llama",
+        objective="dpo",
+        method="lora",
+        precision="bf16",
+        precompute_reference=True,
+        grad_accum=3,
+    ),
+    _cell(
+        "qwen2 dpo qlora bf16-mixed padded",
+        model="qwen2",
+        objective="dpo",
+        method="qlora",
+        precision="bf16-mixed",
+        padding_free="off",
+    ),
+    _cell(
+        "llama orpo lora padded", model="llama", objective="orpo", method="lora", precision="fp32", padding_free="off"
+    ),
+    _cell(
+        "qwen2 orpo full padding-free", model="qwen2", objective="orpo", method="full", precision="bf16", batch_size=2
+    ),
+    _cell(
+        "llama simpo lora padding-free", model="llama", objective="simpo", method="lora", precision="bf16", batch_size=2
+    ),
+    _cell(
+        "qwen2 simpo full padded no-ckpt",
+        model="qwen2",
+        objective="simpo",
+        method="full",
+        precision="fp32",
+        padding_free="off",
+        checkpointing="off",
+    ),
     # grpo: each step's completions generated (transformers generate, a KV cache), then trained on;
     # the generation phase and the training phase each equal their plan. Padded rows: the prompts of
     # a generation batch are of unequal lengths, as the plan assumes.
-    _cell("llama grpo lora bf16 padded", model="llama", objective="grpo", method="lora", precision="bf16", padding_free="off"),
-    _cell("llama grpo full fp32 beta top_p", model="llama", objective="grpo", method="full", precision="fp32", padding_free="off",
-          beta=0.1, top_p=0.9, temperature=0.7),
-    _cell("qwen2 grpo qlora bf16 num_iterations 2", model="qwen2", objective="grpo", method="qlora", precision="bf16",
-          padding_free="off", num_iterations=2),
+    _cell(
+        "llama grpo lora bf16 padded",
+        model="llama",
+        objective="grpo",
+        method="lora",
+        precision="bf16",
+        padding_free="off",
+    ),
+    _cell(
+        "llama grpo full fp32 beta top_p",
+        model="llama",
+        objective="grpo",
+        method="full",
+        precision="fp32",
+        padding_free="off",
+        beta=0.1,
+        top_p=0.9,
+        temperature=0.7,
+    ),
+    _cell(
+        "qwen2 grpo qlora bf16 num_iterations 2",
+        model="qwen2",
+        objective="grpo",
+        method="qlora",
+        precision="bf16",
+        padding_free="off",
+        num_iterations=2,
+    ),
     # The adapter options: DoRA, rsLoRA, modules trained whole (tied and untied), an 8-bit base.
     _cell("llama lora dora bf16", model="llama", method="lora", precision="bf16", dora=True),
-    _cell("llama lora dora fp32 no-ckpt accum3", model="llama", method="lora", precision="fp32", dora=True, checkpointing="off", grad_accum=3),
+    _cell(
+        "llama lora dora fp32 no-ckpt accum3",
+        model="llama",
+        method="lora",
+        precision="fp32",
+        dora=True,
+        checkpointing="off",
+        grad_accum=3,
+    ),
     _cell("llama lora rslora", model="llama", method="lora", precision="bf16", rslora=True),
-    _cell("llama lora embed+head saved", model="llama", method="lora", precision="bf16", modules_to_save=["embed_tokens", "lm_head"]),
-    _cell("qwen2 lora tied head saved bf16-mixed", model="qwen2", method="lora", precision="bf16-mixed", modules_to_save=["lm_head"]),
+    _cell(
+        "llama lora embed+head saved",
+        model="llama",
+        method="lora",
+        precision="bf16",
+        modules_to_save=["embed_tokens", "lm_head"],
+    ),
+    _cell(
+        "qwen2 lora tied head saved bf16-mixed",
+        model="qwen2",
+        method="lora",
+        precision="bf16-mixed",
+        modules_to_save=["lm_head"],
+    ),
     _cell("llama lora-8bit bf16", model="llama", method="lora-8bit", precision="bf16"),
     _cell("llama lora-8bit fp16 offload", model="llama", method="lora-8bit", precision="fp16", checkpointing="offload"),
-    _cell("qwen2 lora-8bit padded accum3", model="qwen2", method="lora-8bit", precision="bf16", padding_free="off", batch_size=2, grad_accum=3),
-    _cell("qwen2 lora dora bf16-mixed padded", model="qwen2", method="lora", precision="bf16-mixed", dora=True, padding_free="off", batch_size=2),
-    _cell("qwen2 lora-8bit embed saved no-ckpt", model="qwen2", method="lora-8bit", precision="fp32", modules_to_save=["embed_tokens"], checkpointing="off"),
+    _cell(
+        "qwen2 lora-8bit padded accum3",
+        model="qwen2",
+        method="lora-8bit",
+        precision="bf16",
+        padding_free="off",
+        batch_size=2,
+        grad_accum=3,
+    ),
+    _cell(
+        "qwen2 lora dora bf16-mixed padded",
+        model="qwen2",
+        method="lora",
+        precision="bf16-mixed",
+        dora=True,
+        padding_free="off",
+        batch_size=2,
+    ),
+    _cell(
+        "qwen2 lora-8bit embed saved no-ckpt",
+        model="qwen2",
+        method="lora-8bit",
+        precision="fp32",
+        modules_to_save=["embed_tokens"],
+        checkpointing="off",
+    ),
     # Mamba layers (in_proj adapted, out_proj left to itself as PEFT requires), alone and beside
     # attention; their recurrence keeps a hybrid's batches padded.
     _cell("mamba2 lora bf16", model="mamba2", method="lora", precision="bf16"),
@@ -212,30 +499,70 @@ MATRIX: list[tuple[str, dict[str, Any]]] = [
     # Mixture-of-experts models: LoRA on every expert (PEFT's weight adapters), on attention alone,
     # 4-bit experts, full fine-tuning.
     _cell("qwen3_moe lora bf16", model="qwen3_moe", method="lora", precision="bf16"),
-    _cell("qwen3_moe lora fp32 experts padded", model="qwen3_moe", method="lora", precision="fp32", targets=["experts"],
-          padding_free="off", batch_size=2),
+    _cell(
+        "qwen3_moe lora fp32 experts padded",
+        model="qwen3_moe",
+        method="lora",
+        precision="fp32",
+        targets=["experts"],
+        padding_free="off",
+        batch_size=2,
+    ),
     _cell("mixtral lora bf16-mixed accum3", model="mixtral", method="lora", precision="bf16-mixed", grad_accum=3),
     _cell("mixtral full bf16", model="mixtral", method="full", precision="bf16"),
-    _cell("mixtral lora fp32 routing loss padded", model="mixtral", method="lora", precision="fp32", padding_free="off", batch_size=2,
-          model_overrides={"output_router_logits": True}),
+    _cell(
+        "mixtral lora fp32 routing loss padded",
+        model="mixtral",
+        method="lora",
+        precision="fp32",
+        padding_free="off",
+        batch_size=2,
+        model_overrides={"output_router_logits": True},
+    ),
     _cell("gpt_oss lora bf16", model="gpt_oss", method="lora", precision="bf16", batch_size=2),
     _cell("llama4_text lora fp32", model="llama4_text", method="lora", precision="fp32"),
     _cell("deepseek_v2 lora bf16", model="deepseek_v2", method="lora", precision="bf16"),
     _cell("qwen3_moe qlora bf16", model="qwen3_moe", method="qlora", precision="bf16"),
-    _cell("mixtral qlora fp16 experts accum3", model="mixtral", method="qlora", precision="fp16", targets=["experts", "q_proj"], grad_accum=3),
+    _cell(
+        "mixtral qlora fp16 experts accum3",
+        model="mixtral",
+        method="qlora",
+        precision="fp16",
+        targets=["experts", "q_proj"],
+        grad_accum=3,
+    ),
     _cell("gpt_oss qlora bf16-mixed", model="gpt_oss", method="qlora", precision="bf16-mixed", batch_size=2),
     _cell("llama4_text qlora bf16", model="llama4_text", method="qlora", precision="bf16"),
-    _cell("deepseek_v2 qlora bf16 padded", model="deepseek_v2", method="qlora", precision="bf16", padding_free="off", batch_size=2),
+    _cell(
+        "deepseek_v2 qlora bf16 padded",
+        model="deepseek_v2",
+        method="qlora",
+        precision="bf16",
+        padding_free="off",
+        batch_size=2,
+    ),
     _cell("qwen3_moe qlora offload", model="qwen3_moe", method="qlora", precision="bf16", checkpointing="offload"),
     _cell("deepseek_v2 dpo lora", model="deepseek_v2", objective="dpo", method="lora", precision="bf16", batch_size=2),
 ]
 
 #: The rest of a cell's settings, unless it says otherwise.
-DEFAULTS: dict[str, Any] = {"batch_size": 1, "seq_len": 96, "grad_accum": 1, "rank": 8, "checkpointing": "on", "tiling": "off"}
+DEFAULTS: dict[str, Any] = {
+    "batch_size": 1,
+    "seq_len": 96,
+    "grad_accum": 1,
+    "rank": 8,
+    "checkpointing": "on",
+    "tiling": "off",
+}
 
 #: The rest of a grpo cell's settings: two prompts a step, two completions each, up to 16 tokens.
-GRPO_DEFAULTS: dict[str, Any] = {"batch_size": 4, "num_generations": 2, "max_completion_length": 16, "seq_len": 40,
-                                 "reward_funcs": ["length"]}
+GRPO_DEFAULTS: dict[str, Any] = {
+    "batch_size": 4,
+    "num_generations": 2,
+    "max_completion_length": 16,
+    "seq_len": 40,
+    "reward_funcs": ["length"],
+}
 
 #: Steps measured (the plan simulates two: the first creates the optimizer states).
 STEPS = 3
@@ -263,19 +590,40 @@ def measure(name: str, settings: dict[str, Any], work_dir: str | Path) -> Cell:
     knobs = dict(options)
     eval_every = int(knobs.get("eval_every", 0))
     if knobs.get("objective") == "grpo":
-        data = write_prompts(work_dir / "data.jsonl", budget=int(knobs["seq_len"]) - int(knobs["max_completion_length"]),
-                             prompts=int(knobs["batch_size"]) * int(knobs["grad_accum"]) // int(knobs["num_generations"]),
-                             steps=2 * STEPS)
+        data = write_prompts(
+            work_dir / "data.jsonl",
+            budget=int(knobs["seq_len"]) - int(knobs["max_completion_length"]),
+            prompts=int(knobs["batch_size"]) * int(knobs["grad_accum"]) // int(knobs["num_generations"]),
+            steps=2 * STEPS,
+        )
     elif knobs.get("objective", "sft") != "sft":
-        data = write_pairs(work_dir / "data.jsonl", seq_len=int(knobs["seq_len"]), batch_size=int(knobs["batch_size"]),
-                           grad_accum=int(knobs["grad_accum"]), steps=2 * STEPS, padded=knobs.get("padding_free") == "off")
+        data = write_pairs(
+            work_dir / "data.jsonl",
+            seq_len=int(knobs["seq_len"]),
+            batch_size=int(knobs["batch_size"]),
+            grad_accum=int(knobs["grad_accum"]),
+            steps=2 * STEPS,
+            padded=knobs.get("padding_free") == "off",
+        )
     else:
-        data = write_data(work_dir / "data.jsonl", seq_len=int(knobs["seq_len"]), batch_size=int(knobs["batch_size"]),
-                          grad_accum=int(knobs["grad_accum"]), steps=2 * STEPS, packing=bool(knobs.get("packing")),
-                          padded=_padded(TINY_MODELS[model], knobs))
+        data = write_data(
+            work_dir / "data.jsonl",
+            seq_len=int(knobs["seq_len"]),
+            batch_size=int(knobs["batch_size"]),
+            grad_accum=int(knobs["grad_accum"]),
+            steps=2 * STEPS,
+            packing=bool(knobs.get("packing")),
+            padded=_padded(TINY_MODELS[model], knobs),
+        )
     common = {
-        "model": str(config_path), "init": "random", "data": str(data), "device": "cpu",
-        "output_dir": str(work_dir / "run"), "log_every": 1, "seed": 0, **knobs,
+        "model": str(config_path),
+        "init": "random",
+        "data": str(data),
+        "device": "cpu",
+        "output_dir": str(work_dir / "run"),
+        "log_every": 1,
+        "seed": 0,
+        **knobs,
     }
     if eval_every:
         common["eval_split"] = 0.1
@@ -299,8 +647,12 @@ def measure(name: str, settings: dict[str, Any], work_dir: str | Path) -> Cell:
         if config.spec.is_grpo:
             # Each phase against its plan; the cell's peak is the larger phase's (allocated bytes).
             cell.phase_bytes = _grpo_phases(planned, attribution)
-            cell.planned_phase, cell.planned_bytes = max(((k, v[0]) for k, v in cell.phase_bytes.items()), key=lambda kv: kv[1])
-            cell.measured_phase, cell.measured_bytes = max(((k, v[1]) for k, v in cell.phase_bytes.items()), key=lambda kv: kv[1])
+            cell.planned_phase, cell.planned_bytes = max(
+                ((k, v[0]) for k, v in cell.phase_bytes.items()), key=lambda kv: kv[1]
+            )
+            cell.measured_phase, cell.measured_bytes = max(
+                ((k, v[1]) for k, v in cell.phase_bytes.items()), key=lambda kv: kv[1]
+            )
     except Exception as err:  # noqa: BLE001 - a cell that cannot run is a finding, reported with the others
         cell.error = f"{type(err).__name__}: {err}"
     cell.seconds = round(time.perf_counter() - started, 2)
@@ -317,8 +669,10 @@ def _grpo_phases(planned: Any, attribution: dict[str, Any]) -> dict[str, list[in
     measured_generation = max((v for k, v in peaks.items() if k in GENERATION_PHASES), default=0)
     measured_training = max((v for k, v in peaks.items() if k not in GENERATION_PHASES and k != "setup"), default=0)
     by_name = {p["name"]: p["allocated_bytes"] for p in planned.details.get("phases", [])}
-    return {"generation": [int(by_name.get("generation", 0)), int(measured_generation)],
-            "training": [int(by_name.get("training", 0)), int(measured_training)]}
+    return {
+        "generation": [int(by_name.get("generation", 0)), int(measured_generation)],
+        "training": [int(by_name.get("training", 0)), int(measured_training)],
+    }
 
 
 def _padded(model_config: dict[str, Any], knobs: dict[str, Any]) -> bool:
@@ -333,8 +687,9 @@ def _padded(model_config: dict[str, Any], knobs: dict[str, Any]) -> bool:
     return knobs.get("padding_free") == "off" or unsupported_reason(make_config(model_config)) is not None
 
 
-def run_matrix(cells: list[tuple[str, dict[str, Any]]], work_dir: str | Path,
-               progress: Callable[[Cell], None] | None = None) -> list[Cell]:
+def run_matrix(
+    cells: list[tuple[str, dict[str, Any]]], work_dir: str | Path, progress: Callable[[Cell], None] | None = None
+) -> list[Cell]:
     """:func:`measure` every cell, each in a folder of its own under ``work_dir``."""
     out = []
     for index, (name, settings) in enumerate(cells):
@@ -349,8 +704,17 @@ def run_matrix(cells: list[tuple[str, dict[str, Any]]], work_dir: str | Path,
 # Data of exact lengths
 
 
-def write_data(path: Path, *, seq_len: int, batch_size: int, grad_accum: int, steps: int, packing: bool, padded: bool,
-               seed: int = 0) -> Path:
+def write_data(
+    path: Path,
+    *,
+    seq_len: int,
+    batch_size: int,
+    grad_accum: int,
+    steps: int,
+    packing: bool,
+    padded: bool,
+    seed: int = 0,
+) -> Path:
     """A JSONL of text records whose micro-batches take the shapes the plan assumes (see the module doc).
 
     Every example has ``seq_len`` tokens (BOS, characters, EOS); packed rows then hold one example
@@ -373,7 +737,9 @@ def write_data(path: Path, *, seq_len: int, batch_size: int, grad_accum: int, st
     return path
 
 
-def write_pairs(path: Path, *, seq_len: int, batch_size: int, grad_accum: int, steps: int, padded: bool, seed: int = 0) -> Path:
+def write_pairs(
+    path: Path, *, seq_len: int, batch_size: int, grad_accum: int, steps: int, padded: bool, seed: int = 0
+) -> Path:
     """A JSONL of text preference pairs whose micro-batches take the shapes the plan assumes
     (:func:`memfit.step.preference.longest_pairs`): every chosen and rejected sequence ``seq_len``
     tokens (BOS, a prompt and an answer of one-token characters, EOS), and with ``padded`` the

@@ -86,18 +86,24 @@ def full_disk_message(folder: Path, what: str, needed_bytes: int | None, then: s
     free = free_bytes(folder)
     free_text = f"{format_bytes(free)} is free there" if free is not None else "the free space could not be read"
     need = f"it needs at least {format_bytes(needed_bytes)}, " if needed_bytes is not None else ""
-    return f"no space left on the disk mounted at {mount_point(folder)} for {what} in {folder}: {need}{free_text}. {then}"
+    return (
+        f"no space left on the disk mounted at {mount_point(folder)} for {what} in {folder}: {need}{free_text}. {then}"
+    )
 
 
-def after_full_disk(run_dir: Path, checkpoint: Path | None, *, named: str = "The run's last checkpoint", then: str = "") -> str:
+def after_full_disk(
+    run_dir: Path, checkpoint: Path | None, *, named: str = "The run's last checkpoint", then: str = ""
+) -> str:
     """What the user does after a full disk stopped the run in ``run_dir``: free some space and
     continue from ``checkpoint`` with ``--resume`` (``then``: what the resume does next), or, with no
     checkpoint saved, start again: a ``--resume`` would have nothing to start from, and a new run
     does not start in a folder that holds one which saved none."""
     if checkpoint is not None:
         return f"{named}, {checkpoint}, is whole: free some space there and run the same command with --resume{then}."
-    return (f"No checkpoint was saved yet, so there is nothing to resume: free some space there (or choose an output_dir "
-            f"on a larger disk) and start the run again in a new output_dir, or delete {run_dir} first.")
+    return (
+        f"No checkpoint was saved yet, so there is nothing to resume: free some space there (or choose an output_dir "
+        f"on a larger disk) and start the run again in a new output_dir, or delete {run_dir} first."
+    )
 
 
 def free_bytes(path: Path) -> int | None:

@@ -70,7 +70,9 @@ def placement_from_env(env: Mapping[str, str] | None = None) -> Placement:
         except ValueError:
             raise DistributedError(f"environment: {name}={text!r} is not a whole number (torchrun sets it)") from None
 
-    placement = Placement(rank=number("RANK", 0), local_rank=number("LOCAL_RANK", 0), world_size=number("WORLD_SIZE", 1))
+    placement = Placement(
+        rank=number("RANK", 0), local_rank=number("LOCAL_RANK", 0), world_size=number("WORLD_SIZE", 1)
+    )
     if placement.world_size < 1 or not 0 <= placement.rank < placement.world_size:
         raise DistributedError(f"environment: RANK={placement.rank} does not fit WORLD_SIZE={placement.world_size}")
     return placement
@@ -143,7 +145,9 @@ def init_distributed(world: Placement, device_name: str):
     wanted = str(device_name).strip().lower()
     use_cuda = wanted != "cpu" and torch.cuda.is_available()
     if wanted.startswith("cuda") and not torch.cuda.is_available():
-        raise DistributedError(f"device: {device_name!r} asked for, but this PyTorch sees no CUDA device; use device: cpu")
+        raise DistributedError(
+            f"device: {device_name!r} asked for, but this PyTorch sees no CUDA device; use device: cpu"
+        )
     if use_cuda:
         count = torch.cuda.device_count()
         if world.local_rank >= count:
@@ -263,8 +267,14 @@ def check_placed(model, device) -> None:
 
     reference = reference_model(model)
     modules = [("", model)] + ([("reference.", reference)] if reference is not None else [])
-    stray = sorted({prefix + name for prefix, module in modules
-                    for name, t in list(module.named_parameters()) + list(module.named_buffers()) if _local(t).device != device})
+    stray = sorted(
+        {
+            prefix + name
+            for prefix, module in modules
+            for name, t in list(module.named_parameters()) + list(module.named_buffers())
+            if _local(t).device != device
+        }
+    )
     if stray:
         raise DistributedError(
             f"after sharding, {len(stray)} tensors are not on {device} (e.g. {', '.join(stray[:3])}); "

@@ -17,8 +17,9 @@ LossAndMetrics = Callable[[Any, dict[str, Any]], tuple[torch.Tensor, dict[str, t
 
 
 @torch.no_grad()
-def evaluation_metrics(model, examples: list, batch_size: int, collate: Collate, device: torch.device,
-                       loss_and_metrics: LossAndMetrics) -> dict[str, float]:
+def evaluation_metrics(
+    model, examples: list, batch_size: int, collate: Collate, device: torch.device, loss_and_metrics: LossAndMetrics
+) -> dict[str, float]:
     """``eval_loss``, the mean loss over every trained token (every pair, for a preference objective)
     of ``examples`` (dropout off, no gradients), and, for a preference objective, each of its metrics
     as a mean over the pairs, named as TRL names them in evaluation: ``eval_`` before the training
@@ -45,8 +46,10 @@ def evaluation_metrics(model, examples: list, batch_size: int, collate: Collate,
             sums.append(metrics)
     if was_training:
         model.train()
-    return {"eval_loss": total_loss / max(total_count, 1),
-            **{f"eval_{name}": value for name, value in summarize_metrics(sums).items()}}
+    return {
+        "eval_loss": total_loss / max(total_count, 1),
+        **{f"eval_{name}": value for name, value in summarize_metrics(sums).items()},
+    }
 
 
 def evaluate(model, examples: list, batch_size: int, collate: Collate, device: torch.device, loss) -> float:
@@ -56,4 +59,6 @@ def evaluate(model, examples: list, batch_size: int, collate: Collate, device: t
     ``loss`` is the step's loss (:meth:`memfit.step.builder.TrainingStep.loss`); batches are made as
     the step makes them.
     """
-    return evaluation_metrics(model, examples, batch_size, collate, device, lambda m, b: (loss(m, b), None))["eval_loss"]
+    return evaluation_metrics(model, examples, batch_size, collate, device, lambda m, b: (loss(m, b), None))[
+        "eval_loss"
+    ]

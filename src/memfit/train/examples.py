@@ -80,7 +80,9 @@ class RunData:
         from memfit.train.data.tokenization import Packer
 
         packer = Packer(config.seq_len, eos_id) if config.packing else None
-        return self.stream.batches(batch_size, seed=config.seed, shuffle_buffer_size=config.shuffle_buffer_size, packer=packer)
+        return self.stream.batches(
+            batch_size, seed=config.seed, shuffle_buffer_size=config.shuffle_buffer_size, packer=packer
+        )
 
 
 def prepare_data(config: TrainConfig, tokenizer, *, console=None, resume_from: Path | None = None) -> RunData:
@@ -99,15 +101,22 @@ def prepare_data(config: TrainConfig, tokenizer, *, console=None, resume_from: P
     pinned = recorded_commits(resume_from) if resume_from is not None else {}
     eval_records: list = []
     if eval_sources:
-        eval_loaded = load_sources(eval_sources, "eval_data", format=config.data_format,
-                                   commits=_pins(eval_sources, pinned.get("eval_data")))
+        eval_loaded = load_sources(
+            eval_sources, "eval_data", format=config.data_format, commits=_pins(eval_sources, pinned.get("eval_data"))
+        )
         eval_records = eval_loaded.records
         _say_notes(console, eval_loaded.notes)
-    common = dict(format=config.data_format, seed=config.seed, stopping_strategy=config.stopping_strategy,
-                  commits=_pins(sources, pinned.get("data")))
+    common = dict(
+        format=config.data_format,
+        seed=config.seed,
+        stopping_strategy=config.stopping_strategy,
+        commits=_pins(sources, pinned.get("data")),
+    )
     kwargs = dict(seq_len=config.seq_len, train_on_inputs=config.train_on_inputs, packing=config.packing)
     if config.spec.is_preference:
-        return _prepare_pairs(config, tokenizer, sources, eval_sources, common, eval_loaded if eval_sources else None, console)
+        return _prepare_pairs(
+            config, tokenizer, sources, eval_sources, common, eval_loaded if eval_sources else None, console
+        )
     if config.spec.is_grpo:
         return _prepare_prompts(config, tokenizer, sources, {**common, "format": "prompt"}, console)
     if eval_sources:
@@ -115,6 +124,7 @@ def prepare_data(config: TrainConfig, tokenizer, *, console=None, resume_from: P
     eval_examples = tokenize_records(eval_records, tokenizer, **kwargs) if eval_records else []
     if config.streaming:
         check_tokenization(tokenizer, config.seq_len)
+
         def tokenize(record):
             if "pair" in record:  # a pairs source: refused below, once every source's format is known
                 return None
@@ -124,8 +134,11 @@ def prepare_data(config: TrainConfig, tokenizer, *, console=None, resume_from: P
         refuse_other_kinds(config, "data", sources, stream.formats)
         _say_notes(console, stream.notes)
         if console is not None:
-            console.print(f"streaming {_names(sources)}: planned at seq_len {config.seq_len} (a stream's longest example is "
-                          "not known before it is read)", highlight=False)
+            console.print(
+                f"streaming {_names(sources)}: planned at seq_len {config.seq_len} (a stream's longest example is "
+                "not known before it is read)",
+                highlight=False,
+            )
         record = _data_record(sources, stream.commits, eval_sources, eval_loaded.commits if eval_sources else [], True)
         return RunData([], eval_examples, stream, record)
     loaded = load_sources(sources, "data", **common)
@@ -147,20 +160,26 @@ def refuse_other_kinds(config: TrainConfig, name: str, sources, formats: list[st
     from memfit.train.data.sources import field_name
 
     if "prompt" in formats:
-        raise TrainError(f"{name}: {_names(sources)} holds prompts alone (no completion, no pair), which objective: "
-                         f"{config.objective} does not train on. Set objective: grpo and reward_funcs (docs/grpo.md), or "
-                         "give completions.")
+        raise TrainError(
+            f"{name}: {_names(sources)} holds prompts alone (no completion, no pair), which objective: "
+            f"{config.objective} does not train on. Set objective: grpo and reward_funcs (docs/grpo.md), or "
+            "give completions."
+        )
     pairs = config.spec.is_preference
     wrong = [index for index, fmt in enumerate(formats) if (fmt == "preference") != pairs]
     if not wrong:
         return
     if len(wrong) < len(formats):
-        held = "; ".join(f"{field_name(name, i, len(sources))} ({s.label()}) holds {_kind(fmt)}"
-                         for i, (s, fmt) in enumerate(zip(sources, formats)))
+        held = "; ".join(
+            f"{field_name(name, i, len(sources))} ({s.label()}) holds {_kind(fmt)}"
+            for i, (s, fmt) in enumerate(zip(sources, formats))
+        )
         out = ", ".join(field_name(name, i, len(sources)) for i in wrong)
         trains, other = ("preference pairs", "sft") if pairs else ("records that are not pairs", "dpo, orpo or simpo")
-        raise TrainError(f"{name}: {held}: they cannot be mixed in one objective, and objective: {config.objective} trains "
-                         f"on {trains}. Leave out {out}, or train on it in a run of its own with objective: {other}.")
+        raise TrainError(
+            f"{name}: {held}: they cannot be mixed in one objective, and objective: {config.objective} trains "
+            f"on {trains}. Leave out {out}, or train on it in a run of its own with objective: {other}."
+        )
     if pairs:
         others = sorted(set(formats))
         raise TrainError(
@@ -185,7 +204,9 @@ def _say_notes(console, notes: list[str]) -> None:
         console.print(f"note: {note}", highlight=False)
 
 
-def _prepare_pairs(config: TrainConfig, tokenizer, sources, eval_sources, common: dict, eval_loaded, console=None) -> RunData:
+def _prepare_pairs(
+    config: TrainConfig, tokenizer, sources, eval_sources, common: dict, eval_loaded, console=None
+) -> RunData:
     """A dpo, orpo or simpo run's data: preference pairs from every source (local files, Hub
     datasets, mixes), tokenized as TRL's DPOTrainer splits them and cut to ``seq_len``; the
     evaluation pairs split off or loaded. ``pair_stats`` says what the cut took."""
@@ -202,7 +223,9 @@ def _prepare_pairs(config: TrainConfig, tokenizer, sources, eval_sources, common
         records, eval_records = _split_off(records, config.eval_split, config.seed)
     train_pairs, stats = tokenize_pairs(records, tokenizer, config.seq_len)
     eval_pairs = tokenize_pairs(eval_records, tokenizer, config.seq_len)[0] if eval_records else []
-    record = _data_record(sources, loaded.commits, eval_sources, eval_loaded.commits if eval_loaded is not None else [], False)
+    record = _data_record(
+        sources, loaded.commits, eval_sources, eval_loaded.commits if eval_loaded is not None else [], False
+    )
     return RunData(train_pairs, eval_pairs, None, record, pair_stats=stats)
 
 
@@ -243,9 +266,12 @@ def _names(sources) -> str:
 
 def _data_record(sources, commits, eval_sources, eval_commits, streaming: bool) -> dict[str, Any]:
     """What run.json keeps of the data: each source with the Hub commit it was read at."""
+
     def entries(items, used):
-        return [{"path": s.path, "subset": s.subset, "split": s.split, "revision": s.revision, "commit": c}
-                for s, c in zip(items, used)]
+        return [
+            {"path": s.path, "subset": s.subset, "split": s.split, "revision": s.revision, "commit": c}
+            for s, c in zip(items, used)
+        ]
 
     return {"streaming": streaming, "data": entries(sources, commits), "eval_data": entries(eval_sources, eval_commits)}
 

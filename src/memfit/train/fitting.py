@@ -59,7 +59,9 @@ def planned_seq_len(examples: list[dict[str, Any]], batch_size: int, seq_len: in
     return max(1, min(seq_len, longest))
 
 
-def fit_configuration(config: TrainConfig, planner: RunPlanner, seq_len: int, console: Any) -> tuple[TrainConfig, dict[str, Any]]:
+def fit_configuration(
+    config: TrainConfig, planner: RunPlanner, seq_len: int, console: Any
+) -> tuple[TrainConfig, dict[str, Any]]:
     """Search the knobs ``fit: auto`` may set; return the config with the chosen ones and the record."""
     target = planner.target
     if not target.has_memory:
@@ -68,8 +70,11 @@ def fit_configuration(config: TrainConfig, planner: RunPlanner, seq_len: int, co
             "(e.g. --gpu rtx-4090 or --budget 24GiB)."
         )
     knobs = {**config.spec.knobs(), "seq_len": seq_len}
-    console.print(f"fit: searching micro-batch x accumulation, checkpointing and tiling"
-                  f"{' and the optimizer' if config.fit_optimizer else ''} on {target.description}", highlight=False)
+    console.print(
+        f"fit: searching micro-batch x accumulation, checkpointing and tiling"
+        f"{' and the optimizer' if config.fit_optimizer else ''} on {target.description}",
+        highlight=False,
+    )
     result = planner.fit(knobs, allow_optimizer=config.fit_optimizer)
     if result is None:
         from memfit.train.preflight import oom_advice
@@ -79,9 +84,16 @@ def fit_configuration(config: TrainConfig, planner: RunPlanner, seq_len: int, co
             f"and seq_len {seq_len} with method {config.method}. To use less memory: " + "; ".join(oom_advice(knobs))
         )
     chosen = result.knobs()
-    console.print(f"fit: chose {describe(chosen)} (plan {format_bytes(result.chosen.device_total_bytes)}): {result.why}",
-                  highlight=False)
-    record = {**result.to_dict(), "target": target.description, "planned_seq_len": seq_len, "given": {k: config.spec.knobs()[k] for k in SEARCHED}}
+    console.print(
+        f"fit: chose {describe(chosen)} (plan {format_bytes(result.chosen.device_total_bytes)}): {result.why}",
+        highlight=False,
+    )
+    record = {
+        **result.to_dict(),
+        "target": target.description,
+        "planned_seq_len": seq_len,
+        "given": {k: config.spec.knobs()[k] for k in SEARCHED},
+    }
     return config.model_copy(update=chosen), record
 
 

@@ -72,7 +72,9 @@ class Sampling:
         if self.max_new_tokens < 1:
             found.append(f"--max-new-tokens {self.max_new_tokens}: must be 1 or more (e.g. --max-new-tokens 256)")
         if not 0 <= self.min_new_tokens <= max(self.max_new_tokens, 0):
-            found.append(f"--min-new-tokens {self.min_new_tokens}: must be from 0 to --max-new-tokens ({self.max_new_tokens})")
+            found.append(
+                f"--min-new-tokens {self.min_new_tokens}: must be from 0 to --max-new-tokens ({self.max_new_tokens})"
+            )
         if not self.temperature > 0:
             found.append(f"--temperature {self.temperature}: must be more than 0 (e.g. --temperature 0.7)")
         if not 0 < self.top_p <= 1:
@@ -114,8 +116,11 @@ def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
     model's generation config."""
     ids = []
     config_ids = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    candidates = [turn_end_token_id(tokenizer), tokenizer.eos_token_id,
-                  *(config_ids if isinstance(config_ids, list) else [config_ids])]
+    candidates = [
+        turn_end_token_id(tokenizer),
+        tokenizer.eos_token_id,
+        *(config_ids if isinstance(config_ids, list) else [config_ids]),
+    ]
     for value in candidates:
         if isinstance(value, int) and value not in ids:
             ids.append(value)
@@ -130,11 +135,13 @@ def turn_end_token_id(tokenizer: Any) -> int | None:
 
     reply = "Reply."
     try:
-        text, spans = render_chat(tokenizer, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": reply}])
+        text, spans = render_chat(
+            tokenizer, [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": reply}]
+        )
     except ChatTemplateError:
         return None
-    turn = text[spans[0][0]:spans[0][1]] if spans else ""
-    after = turn[turn.find(reply) + len(reply):] if reply in turn else ""
+    turn = text[spans[0][0] : spans[0][1]] if spans else ""
+    after = turn[turn.find(reply) + len(reply) :] if reply in turn else ""
     ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
     return ids[0] if ids and ids[0] in set(tokenizer.all_special_ids) else None
 
@@ -146,8 +153,9 @@ def prompt_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int
     return list(tokenizer(render_prompt(tokenizer, messages), add_special_tokens=False)["input_ids"])
 
 
-def generate_reply(model: Any, tokenizer: Any, messages: list[dict[str, str]], sampling: Sampling, device: Any,
-                   *, streamer: Any = None) -> Reply:
+def generate_reply(
+    model: Any, tokenizer: Any, messages: list[dict[str, str]], sampling: Sampling, device: Any, *, streamer: Any = None
+) -> Reply:
     """The model's reply to ``messages`` (the tokens are also handed to ``streamer`` as they come:
     transformers' ``TextStreamer`` or ``TextIteratorStreamer``)."""
     import torch
@@ -157,15 +165,22 @@ def generate_reply(model: Any, tokenizer: Any, messages: list[dict[str, str]], s
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops[0] if stops else None)
     with generation_mode(model), torch.no_grad():
         output = model.generate(
-            input_ids=input_ids, attention_mask=torch.ones_like(input_ids), eos_token_id=stops or None,
-            pad_token_id=pad_id, use_cache=True, streamer=streamer, **sampling.generate_kwargs(),
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            eos_token_id=stops or None,
+            pad_token_id=pad_id,
+            use_cache=True,
+            streamer=streamer,
+            **sampling.generate_kwargs(),
         )
-    new = output[0, input_ids.shape[1]:].tolist()
+    new = output[0, input_ids.shape[1] :].tolist()
     stopped = "eos" if new and new[-1] in stops else "max_new_tokens"
     return Reply(text=tokenizer.decode(new, skip_special_tokens=True), new_tokens=len(new), stopped=stopped)
 
 
-def eval_generations(model: Any, tokenizer: Any, prompts: list, *, step: int, max_new_tokens: int, device: Any) -> dict[str, Any]:
+def eval_generations(
+    model: Any, tokenizer: Any, prompts: list, *, step: int, max_new_tokens: int, device: Any
+) -> dict[str, Any]:
     """The ``metrics.jsonl`` record of the greedy replies to ``prompts`` at ``step``::
 
         {"step": 40, "max_new_tokens": 64, "generations": [
@@ -179,6 +194,7 @@ def eval_generations(model: Any, tokenizer: Any, prompts: list, *, step: int, ma
     for prompt in prompts:
         messages = prompt_messages(prompt)
         reply = generate_reply(model, tokenizer, messages, sampling, device)
-        generations.append({"messages": messages, "generation": reply.text, "new_tokens": reply.new_tokens,
-                            "stopped": reply.stopped})
+        generations.append(
+            {"messages": messages, "generation": reply.text, "new_tokens": reply.new_tokens, "stopped": reply.stopped}
+        )
     return {"step": step, "max_new_tokens": max_new_tokens, "generations": generations}

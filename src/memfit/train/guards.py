@@ -73,8 +73,11 @@ def handle_oom(
     if step_in_backward:
         # Some parameters were already updated inside the failed backward: the weights are neither
         # before nor after this step, so they are not saved; the last regular checkpoint stands.
-        console.print("step_in_backward: the failed step had already updated some weights; no emergency checkpoint "
-                      "is saved (continue from the last checkpoint with --resume)", highlight=False)
+        console.print(
+            "step_in_backward: the failed step had already updated some weights; no emergency checkpoint "
+            "is saved (continue from the last checkpoint with --resume)",
+            highlight=False,
+        )
     else:
         try:
             path = save_before_step()
@@ -90,7 +93,9 @@ def handle_oom(
         plan.render(console)
     lines = [f"out of device memory at step {step + 1} on {device}."]
     if path is not None:
-        lines.append(f"Saved the run as it was before this step to {path}; after changing the config, continue with --resume")
+        lines.append(
+            f"Saved the run as it was before this step to {path}; after changing the config, continue with --resume"
+        )
         lines.append("(keep batch_size x grad_accum, the examples a step takes: the data order then stays the same).")
     if plan is not None:
         lines.append(f"The plan predicts {format_bytes(plan.device_total_bytes)} at the peak ({plan.phase}).")

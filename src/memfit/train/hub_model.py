@@ -24,7 +24,9 @@ from memfit.models.hub import HubError, Snapshot, fetch_config, fetch_model, is_
 from memfit.train.config import TrainConfig
 
 
-def fetch_small_files(config: TrainConfig, *, world, console, resume: bool, run_dir: Path) -> tuple[TrainConfig, Snapshot | None]:
+def fetch_small_files(
+    config: TrainConfig, *, world, console, resume: bool, run_dir: Path
+) -> tuple[TrainConfig, Snapshot | None]:
     """The config with ``model`` pointing at the Hub snapshot, and the snapshot (None for a local model).
 
     ``init: random`` needs config.json alone; it is fetched once here, so the run reads the
@@ -35,20 +37,32 @@ def fetch_small_files(config: TrainConfig, *, world, console, resume: bool, run_
     revision = config.revision
     pinned = recorded_commit(run_dir, config.model) if resume else None
     if pinned is not None and pinned != revision:
-        console.print(f"resuming on {config.model} at commit {pinned[:12]}, the commit this run started from", highlight=False)
+        console.print(
+            f"resuming on {config.model} at commit {pinned[:12]}, the commit this run started from", highlight=False
+        )
         revision = pinned
 
     def fetch(local_only: bool) -> Snapshot:
         if config.init != "pretrained":
             return fetch_config(config.model, revision, local_only=local_only, suggest=suggestions)
-        return fetch_model(config.model, revision, weights=False, allow_pickle=config.allow_pickle_weights,
-                           opt_in="allow_pickle_weights: true", local_only=local_only, console=console, suggest=suggestions)
+        return fetch_model(
+            config.model,
+            revision,
+            weights=False,
+            allow_pickle=config.allow_pickle_weights,
+            opt_in="allow_pickle_weights: true",
+            local_only=local_only,
+            console=console,
+            suggest=suggestions,
+        )
 
     snapshot = _rank_zero_first(world, fetch)
     if snapshot.note:
         console.print(f"[yellow]note:[/] {snapshot.note}", highlight=False)
     if pinned is not None:  # the record keeps the revision the config asked for
-        snapshot = Snapshot(snapshot.repo_id, config.revision or "main", snapshot.commit, snapshot.folder, snapshot.note)
+        snapshot = Snapshot(
+            snapshot.repo_id, config.revision or "main", snapshot.commit, snapshot.folder, snapshot.note
+        )
     return config.model_copy(update={"model": str(snapshot.folder), "revision": None}), snapshot
 
 
@@ -56,9 +70,16 @@ def fetch_weights(config: TrainConfig, snapshot: Snapshot, *, world, console, pr
     """Download the weights of ``snapshot``'s commit; return the folder the loader reads."""
 
     def fetch(local_only: bool) -> Snapshot:
-        return fetch_model(snapshot.repo_id, snapshot.commit, weights=True, allow_pickle=config.allow_pickle_weights,
-                           opt_in="allow_pickle_weights: true", local_only=local_only, console=console,
-                           progress=True if progress else "plain")
+        return fetch_model(
+            snapshot.repo_id,
+            snapshot.commit,
+            weights=True,
+            allow_pickle=config.allow_pickle_weights,
+            opt_in="allow_pickle_weights: true",
+            local_only=local_only,
+            console=console,
+            progress=True if progress else "plain",
+        )
 
     return _rank_zero_first(world, fetch).folder
 

@@ -133,7 +133,9 @@ def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
     return (model.get_submodule(module_name) if module_name else model), attr
 
 
-def place_parameter(model: nn.Module, name: str, value: torch.Tensor, device: torch.device, tied: dict[str, list[str]]) -> None:
+def place_parameter(
+    model: nn.Module, name: str, value: torch.Tensor, device: torch.device, tied: dict[str, list[str]]
+) -> None:
     """Replace meta parameter ``name`` (and those tied to it) with ``value`` on ``device``.
 
     Floating tensors take the dtype the meta parameter has (the run's precision); the weight of a
@@ -148,7 +150,9 @@ def place_parameter(model: nn.Module, name: str, value: torch.Tensor, device: to
         param = quantize_on_device(module, value.to(device), device)
     else:
         if tuple(value.shape) != tuple(current.shape):
-            raise LoadError(f"{name}: checkpoint shape {tuple(value.shape)} but the model expects {tuple(current.shape)}")
+            raise LoadError(
+                f"{name}: checkpoint shape {tuple(value.shape)} but the model expects {tuple(current.shape)}"
+            )
         dtype = current.dtype if value.is_floating_point() else value.dtype
         param = nn.Parameter(value.to(device=device, dtype=dtype), requires_grad=False)
     for alias in tied.get(name, [name]):
@@ -202,15 +206,22 @@ def load_checkpoint_into(model: nn.Module, folder: str | Path, device: torch.dev
         del tensor
     loaded |= experts.loaded()
     missing = sorted((set(params) | persistent) - loaded)
-    problems = [f"expert weights with some experts missing: {', '.join(experts.incomplete()[:5])}"] if experts.incomplete() else []
+    problems = (
+        [f"expert weights with some experts missing: {', '.join(experts.incomplete()[:5])}"]
+        if experts.incomplete()
+        else []
+    )
     if unexpected:
-        problems.append(f"{len(unexpected)} tensors in the checkpoint that the model does not have (first: {', '.join(unexpected[:5])})")
+        problems.append(
+            f"{len(unexpected)} tensors in the checkpoint that the model does not have (first: {', '.join(unexpected[:5])})"
+        )
     if missing:
         problems.append(f"{len(missing)} model tensors not in the checkpoint (first: {', '.join(missing[:5])})")
     if problems:
         raise LoadError(
             f"the checkpoint in {folder} does not match the model built from its config.json: "
-            + "; ".join(problems) + ". Check that model_overrides do not change the architecture."
+            + "; ".join(problems)
+            + ". Check that model_overrides do not change the architecture."
         )
     return {"tensors": len(loaded)}
 
@@ -239,7 +250,9 @@ def init_random_into(model: nn.Module, device: torch.device, initializer_range: 
             continue
         module, attr = _owner(model, name)
         if is_nf4_experts(module) and attr in {w.name for w in module.expert_weights}:
-            fill_random(module, device, generator, std=initializer_range)  # every weight of the module, expert by expert
+            fill_random(
+                module, device, generator, std=initializer_range
+            )  # every weight of the module, expert by expert
             done.update(f"{name.rpartition('.')[0]}.{w.name}" for w in module.expert_weights)
             continue
         if is_quantized_linear(module) and attr == "weight":
@@ -312,7 +325,9 @@ class LoadedModel:
     setup: dict[str, Any]
 
 
-def make_weight_loader(init: str, weights_dir: str | Path | None, device: torch.device, initializer_range: float, seed: int) -> Callable[[nn.Module], None]:
+def make_weight_loader(
+    init: str, weights_dir: str | Path | None, device: torch.device, initializer_range: float, seed: int
+) -> Callable[[nn.Module], None]:
     """The ``load_weights`` callback :func:`prepare_for_method` calls between quantizing and adapters."""
 
     def load(model: nn.Module) -> None:
@@ -320,7 +335,9 @@ def make_weight_loader(init: str, weights_dir: str | Path | None, device: torch.
             init_random_into(model, device, initializer_range, seed)
         else:
             if weights_dir is None:
-                raise LoadError("model: pretrained weights need a local model folder; use init: random for a catalog name")
+                raise LoadError(
+                    "model: pretrained weights need a local model folder; use init: random for a catalog name"
+                )
             load_checkpoint_into(model, weights_dir, device)
         rebuild_nonpersistent_buffers(model, device)
         assert_no_meta(model)
@@ -378,7 +395,11 @@ def verify_setup(model: nn.Module, spec: RunSpec) -> dict[str, Any]:
         problems.append(f"{len(with_grad)} parameters already hold gradients (first: {with_grad[0]})")
     if spec.uses_adapters:
         expected = expected_adapter_parameters(model)
-        not_lora = [n for n, p in model.named_parameters() if p.requires_grad and "lora_" not in n and ".modules_to_save." not in n]
+        not_lora = [
+            n
+            for n, p in model.named_parameters()
+            if p.requires_grad and "lora_" not in n and ".modules_to_save." not in n
+        ]
         if not_lora:
             problems.append(f"base weights are trainable with {spec.method}: {', '.join(not_lora[:3])}")
         if expected == 0:

@@ -33,14 +33,20 @@ def override_problems(base: dict[str, Any], overrides: dict[str, Any]) -> list[s
     model_type = base.get("model_type", "this")
     if len(blamed) == 1:
         (key,) = blamed
-        return [f"model_overrides.{key}: {overrides[key]!r}: transformers refuses it ({reason}). Give {key} a value "
-                f"a {model_type} config takes, or remove it from model_overrides."]
+        return [
+            f"model_overrides.{key}: {overrides[key]!r}: transformers refuses it ({reason}). Give {key} a value "
+            f"a {model_type} config takes, or remove it from model_overrides."
+        ]
     if blamed:
         named = " with ".join(f"model_overrides.{key}: {overrides[key]!r}" for key in blamed)
-        return [f"{named}: transformers refuses them together ({reason}). Change one so that they agree, or remove "
-                "them from model_overrides."]
-    return [f"model_overrides: transformers cannot build the model with them ({reason}). Check each value against "
-            "the model's config.json."]
+        return [
+            f"{named}: transformers refuses them together ({reason}). Change one so that they agree, or remove "
+            "them from model_overrides."
+        ]
+    return [
+        f"model_overrides: transformers cannot build the model with them ({reason}). Check each value against "
+        "the model's config.json."
+    ]
 
 
 def build_problem(model_config: dict[str, Any]) -> str | None:

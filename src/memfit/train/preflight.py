@@ -41,8 +41,10 @@ def fits_advice(fitting: list[Any]) -> list[str]:
     """One line per configuration that fits, in the config's words, then how to take the fastest (pure)."""
     if not fitting:
         return []
-    lines = [f"fits ({format_bytes(p.device_total_bytes)} at the peak): " + ", ".join(f"{k}: {p.spec[k]}" for k in SEARCHED)
-             for p in fitting]
+    lines = [
+        f"fits ({format_bytes(p.device_total_bytes)} at the peak): " + ", ".join(f"{k}: {p.spec[k]}" for k in SEARCHED)
+        for p in fitting
+    ]
     return lines + ["or let the run choose the fastest that fits: fit: auto (train --fit)"]
 
 
@@ -74,7 +76,9 @@ def oom_advice(knobs: dict[str, Any]) -> list[str]:
     if knobs.get("dora"):
         advice.append("plain LoRA, without DoRA's weight norms in every forward (dora: false)")
     if knobs.get("modules_to_save"):
-        advice.append("fewer modules trained whole (modules_to_save): each is a full copy with its gradients and optimizer states")
+        advice.append(
+            "fewer modules trained whole (modules_to_save): each is a full copy with its gradients and optimizer states"
+        )
     if method in ADAPTER_METHODS and int(knobs.get("rank", 16)) > 16:
         advice.append("a smaller LoRA rank (rank: 16)")
     advice.append("check the options with `memfit plan` and its --budget")
@@ -107,7 +111,9 @@ def check_model(config, model_config: dict[str, Any]) -> None:
         raise ConfigError(problems)
 
 
-def preflight_run(config, planner: RunPlanner, console, seq_len: int | None = None, fit_seq_len: int | None = None) -> Preflight:
+def preflight_run(
+    config, planner: RunPlanner, console, seq_len: int | None = None, fit_seq_len: int | None = None
+) -> Preflight:
     """Preflight of a training config (:meth:`RunPlanner.preflight`), with the plan's one-line summary
     printed (per GPU for several GPUs) and a warning when ``force`` overrides a refusal; raise
     :class:`PreflightError` when the run does not fit and is not forced. The model is checked against
@@ -122,11 +128,18 @@ def preflight_run(config, planner: RunPlanner, console, seq_len: int | None = No
         raise refusal(preflight, knobs)
     if preflight.plan is not None:
         per = " per GPU" if config.gpus > 1 else ""
-        longest = f", the data's longest micro-batch: {seq_len} tokens a sequence" if seq_len is not None and seq_len < config.seq_len else ""
+        longest = (
+            f", the data's longest micro-batch: {seq_len} tokens a sequence"
+            if seq_len is not None and seq_len < config.seq_len
+            else ""
+        )
         console.print(
             f"plan: {format_bytes(preflight.plan.device_total_bytes)} at the peak{per}{longest}, "
-            f"{format_bytes(preflight.target_bytes)} available ({preflight.target_name})", highlight=False,
+            f"{format_bytes(preflight.target_bytes)} available ({preflight.target_name})",
+            highlight=False,
         )
     if preflight.forced:
-        console.print("[yellow]warning:[/] the plan says this run does not fit; training anyway (force)", highlight=False)
+        console.print(
+            "[yellow]warning:[/] the plan says this run does not fit; training anyway (force)", highlight=False
+        )
     return preflight

@@ -48,7 +48,9 @@ class Throughput:
         return self.tokens / self.seconds if self.seconds > 0 else None
 
 
-def end_of_run_metrics(*, runtime_s: float, samples: int, steps: int, loss_sum: float | None, steps_done: int) -> dict[str, float]:
+def end_of_run_metrics(
+    *, runtime_s: float, samples: int, steps: int, loss_sum: float | None, steps_done: int
+) -> dict[str, float]:
     """The figures the Hugging Face Trainer logs when training ends, named and rounded as it does
     (``speed_metrics``): ``train_runtime`` (``runtime_s``), ``train_samples_per_second`` and
     ``train_steps_per_second`` (the ``samples`` and ``steps`` trained in those seconds), and
@@ -95,8 +97,13 @@ class MetricsLog:
 
     epoch: float | None = None
 
-    def __init__(self, run_dir: Path, report_to: Iterable[str] = (), run_config: dict[str, Any] | None = None,
-                 console: Any = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        report_to: Iterable[str] = (),
+        run_config: dict[str, Any] | None = None,
+        console: Any = None,
+    ):
         self.path = run_dir / METRICS_FILE
         self._file = None
         self._trackers = None
@@ -114,7 +121,9 @@ class MetricsLog:
             self._trackers = Trackers(self._run_dir, names, self._run_config, say=self._say, warn=self._warn)
             self._trackers.start()
         elif self._report_to == ["all"]:
-            self._say("report_to: all, but none of tensorboard, wandb, mlflow is installed: metrics go to metrics.jsonl only")
+            self._say(
+                "report_to: all, but none of tensorboard, wandb, mlflow is installed: metrics go to metrics.jsonl only"
+            )
         return self
 
     def write(self, record: dict[str, Any]) -> None:
@@ -162,8 +171,14 @@ class LiveProgress:
         )
 
         self._progress = Progress(
-            TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(), TimeRemainingColumn(), console=self.console, transient=False,
+            TextColumn("[bold]train"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
         )
         self._progress.__enter__()
         self._task = self._progress.add_task("train", total=self.total, completed=self.start, info="")

@@ -146,16 +146,29 @@ def train(
         run_dir = Path(config.output_dir or "runs/train")
         done = finished_run(run_dir, config)
         if done is not None:  # nothing left to train: the checkpoints and the output stay as they are
-            return TrainResult(status="finished", step=done["step"], total_steps=done["total_steps"], run_dir=run_dir,
-                               output_dir=done["output_dir"])
+            return TrainResult(
+                status="finished",
+                step=done["step"],
+                total_steps=done["total_steps"],
+                run_dir=run_dir,
+                output_dir=done["output_dir"],
+            )
     try:
         world = make_world()
         check_world(config.spec.gpus, config.spec.shard, world.placement)
     except DistributedError as err:
         raise TrainError(str(err)) from None
     try:
-        return _run(config, world, resume=resume, model=model, console=console, progress=progress,
-                    conformance_steps=conformance_steps, clock=clock)
+        return _run(
+            config,
+            world,
+            resume=resume,
+            model=model,
+            console=console,
+            progress=progress,
+            conformance_steps=conformance_steps,
+            clock=clock,
+        )
     except OSError as err:
         world.discard_run_dir()
         run_dir = Path(config.output_dir or "runs/train")
@@ -259,21 +272,38 @@ class _Run:
     def write_generations(self, log, step: int) -> None:
         """The greedy replies to ``eval_prompts`` at ``step``, one ``metrics.jsonl`` record (none without prompts)."""
         if self.config.eval_prompts:
-            log.write(eval_generations(self.model, self.data.tokenizer, self.config.eval_prompts, step=step,
-                                       max_new_tokens=self.config.eval_max_new_tokens, device=self.device))
+            log.write(
+                eval_generations(
+                    self.model,
+                    self.data.tokenizer,
+                    self.config.eval_prompts,
+                    step=step,
+                    max_new_tokens=self.config.eval_max_new_tokens,
+                    device=self.device,
+                )
+            )
 
     def checkpoint_now(self, step: int, reason: str, data_state=None, rng_state=None) -> Path:
         """A checkpoint of the run at ``step`` (the data position and RNG now, unless given)."""
         training = self.training
         data = data_state if data_state is not None else training.batches.state_dict()
         # Examples per optimizer step: a resume may cut them into other micro-batches, never other steps.
-        data = {**data, "examples_per_step": data["batch_size"] * self.record.fields["active_knobs"]["grad_accum"],
-                "train_loss_sum": self.loss_sum}
+        data = {
+            **data,
+            "examples_per_step": data["batch_size"] * self.record.fields["active_knobs"]["grad_accum"],
+            "train_loss_sum": self.loss_sum,
+        }
         return self.world.save_checkpoint(
-            self.run_dir, step, model=self.model, optimizer=training.optimizer, scheduler=training.scheduler,
-            grad_scaler=training.grad_scaler, data_state=data,
+            self.run_dir,
+            step,
+            model=self.model,
+            optimizer=training.optimizer,
+            scheduler=training.scheduler,
+            grad_scaler=training.grad_scaler,
+            data_state=data,
             rng_state=rng_state if rng_state is not None else capture_rng(self.device),
-            reason=reason, keep=self.config.keep_checkpoints,
+            reason=reason,
+            keep=self.config.keep_checkpoints,
         )
 
 
@@ -281,8 +311,17 @@ class _Run:
 # The phases
 
 
-def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: bool, conformance_steps: int | None,
-         clock: Callable[[], float]) -> TrainResult:
+def _run(
+    config: TrainConfig,
+    world,
+    *,
+    resume: bool,
+    model,
+    console,
+    progress: bool,
+    conformance_steps: int | None,
+    clock: Callable[[], float],
+) -> TrainResult:
     run = _start(config, world, resume=resume, model=model, console=console, progress=progress)
     run.conformance_steps, run.clock = conformance_steps, clock
     run.data = _data(run)
@@ -292,12 +331,22 @@ def _run(config: TrainConfig, world, *, resume: bool, model, console, progress: 
     start_step, checkpoint = _resume(run)
     run.record = _record(run, start_step)
     _reference(run, may_compute=checkpoint is None)
-    result = TrainResult(status="completed", step=start_step, total_steps=run.training.steps, run_dir=run.run_dir,
-                         setup=run.setup, model=run.model)
+    result = TrainResult(
+        status="completed",
+        step=start_step,
+        total_steps=run.training.steps,
+        run_dir=run.run_dir,
+        setup=run.setup,
+        model=run.model,
+    )
     _loop_and_outputs(run, result)
     result.first_loss = first_logged_loss(run.run_dir) if start_step else (result.losses[0] if result.losses else None)
-    run.record.write(status=result.status, step=result.step, tokens_per_second=result.tokens_per_second,
-                     peak=step_peak_reading(run.device))
+    run.record.write(
+        status=result.status,
+        step=result.step,
+        tokens_per_second=result.tokens_per_second,
+        peak=step_peak_reading(run.device),
+    )
     return result
 
 
@@ -314,8 +363,16 @@ def _start(config: TrainConfig, world, *, resume: bool, model, console, progress
     for leftover in world.prepare_run_dir(run_dir, resume):
         console.print(f"removed {leftover}: the temporary folder of a save that was interrupted", highlight=False)
     config, hub = fetch_small_files(config, world=world, console=console, resume=resume, run_dir=run_dir)
-    return _Run(world=world, device=device, run_dir=run_dir, console=console, progress=progress, resume=resume,
-                start_config=config, hub=hub)
+    return _Run(
+        world=world,
+        device=device,
+        run_dir=run_dir,
+        console=console,
+        progress=progress,
+        resume=resume,
+        start_config=config,
+        hub=hub,
+    )
 
 
 def _data(run: _Run) -> _Data:
@@ -332,7 +389,9 @@ def _data(run: _Run) -> _Data:
         run.console.print(f"data: {data.prompt_stats.summary()}", highlight=False)
     check_vocab(data.checked_examples, int(model_dict.get("vocab_size") or 0), tokenizer)
     rewards = _rewards(config, data) if config.spec.is_grpo else []
-    return _Data(model_config=model_dict, tokenizer=tokenizer, prepared=data, pad_id=pad_token_id(tokenizer), rewards=rewards)
+    return _Data(
+        model_config=model_dict, tokenizer=tokenizer, prepared=data, pad_id=pad_token_id(tokenizer), rewards=rewards
+    )
 
 
 def _rewards(config: TrainConfig, data: RunData) -> list:
@@ -354,7 +413,9 @@ def _configuration(run: _Run) -> _Configuration:
     kept, first_given = recorded_knobs(run.run_dir) if run.resume else (None, None)
     if kept is not None and first_given not in (None, given):
         kept = None  # the config was changed on purpose since the run began: it wins
-        console.print(f"resuming with the config's {describe(given)}, not the run's {describe(first_given)}", highlight=False)
+        console.print(
+            f"resuming with the config's {describe(given)}, not the run's {describe(first_given)}", highlight=False
+        )
     elif kept is not None and kept != given:
         config = config.model_copy(update=kept)
         console.print(f"resuming with the configuration the run was training with: {describe(kept)}", highlight=False)
@@ -381,8 +442,17 @@ def _configuration(run: _Run) -> _Configuration:
         step_fn = build_step(config.spec, make_config(model_dict), config.objective_params)
     planned_len = length_for(config.batch_size)
     preflight = preflight_run(config, planner, console, seq_len=planned_len, fit_seq_len=longest_len)
-    return _Configuration(config=config, step_fn=step_fn, planner=planner, given=given, fit_record=fit_record,
-                          longest_len=longest_len, planned_len=planned_len, preflight=preflight, plan=preflight.plan)
+    return _Configuration(
+        config=config,
+        step_fn=step_fn,
+        planner=planner,
+        given=given,
+        fit_record=fit_record,
+        longest_len=longest_len,
+        planned_len=planned_len,
+        preflight=preflight,
+        plan=preflight.plan,
+    )
 
 
 def _model(run: _Run, model) -> tuple[Any, dict[str, Any], Any]:
@@ -394,8 +464,14 @@ def _model(run: _Run, model) -> tuple[Any, dict[str, Any], Any]:
         weights = config.model if config.init == "pretrained" else None
         if run.hub is not None and weights is not None:
             weights = fetch_weights(config, run.hub, world=world, console=run.console, progress=run.progress)
-        loaded = load_model(run.data.model_config, spec, world.load_device(spec, device), init=config.init, weights_dir=weights,
-                            seed=config.seed)
+        loaded = load_model(
+            run.data.model_config,
+            spec,
+            world.load_device(spec, device),
+            init=config.init,
+            weights_dir=weights,
+            seed=config.seed,
+        )
         model, setup = loaded.model, loaded.setup
     else:
         model = prepare_given_model(model, spec)
@@ -411,8 +487,11 @@ def _model(run: _Run, model) -> tuple[Any, dict[str, Any], Any]:
         # The reference of full fine-tuning (DPO, grpo with beta): the starting weights, kept before any update.
         keep_reference_copy(model)
         keeps_none = "beta: 0 keeps none" if spec.is_grpo else "precompute_reference: true keeps none"
-        run.console.print(f"reference: a frozen copy of the model's {setup['total_params']:,} parameters "
-                          f"({spec.objective}, full fine-tuning; {keeps_none})", highlight=False)
+        run.console.print(
+            f"reference: a frozen copy of the model's {setup['total_params']:,} parameters "
+            f"({spec.objective}, full fine-tuning; {keeps_none})",
+            highlight=False,
+        )
     model = world.shard(model, spec, device, run.console)
     return model, setup, world.training_step(run.configuration.step_fn, model)
 
@@ -420,8 +499,13 @@ def _model(run: _Run, model) -> tuple[Any, dict[str, Any], Any]:
 def _optimizer(run: _Run) -> _Training:
     """Optimizer, schedule, data order and the loss scaler fp16 needs."""
     config, spec = run.config, run.spec
-    optimizer = build_optimizer(run.model.parameters(), spec.optimizer, lr=config.lr, weight_decay=config.weight_decay,
-                                step_in_backward=spec.step_in_backward)
+    optimizer = build_optimizer(
+        run.model.parameters(),
+        spec.optimizer,
+        lr=config.lr,
+        weight_decay=config.weight_decay,
+        step_in_backward=spec.step_in_backward,
+    )
     if spec.is_grpo:
         batches = _completion_batches(run)
     else:
@@ -429,10 +513,16 @@ def _optimizer(run: _Run) -> _Training:
     steps = total_steps(config, batches.batches_per_epoch())
     warmup = warmup_steps(config, steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: lr_factor(s, total=steps, warmup=warmup, schedule=config.schedule, min_ratio=config.min_lr_ratio)
+        optimizer,
+        lambda s: lr_factor(s, total=steps, warmup=warmup, schedule=config.schedule, min_ratio=config.min_lr_ratio),
     )
-    return _Training(optimizer=optimizer, scheduler=scheduler, grad_scaler=run.configuration.step_fn.grad_scaler(run.device),
-                     batches=batches, steps=steps)
+    return _Training(
+        optimizer=optimizer,
+        scheduler=scheduler,
+        grad_scaler=run.configuration.step_fn.grad_scaler(run.device),
+        batches=batches,
+        steps=steps,
+    )
 
 
 def _completion_batches(run: _Run):
@@ -444,12 +534,25 @@ def _completion_batches(run: _Run):
     from memfit.train.rollouts import CompletionBatches, Rollout, prompts_per_step
 
     config, spec = run.config, run.spec
-    rollout = Rollout(sampling=Sampling.of(spec), rewards=run.data.rewards, scale_rewards=config.objective_params.scale_rewards,
-                      num_iterations=spec.num_iterations, tokenizer=run.data.tokenizer, step=run.configuration.step_fn,
-                      pad_id=run.data.pad_id, eos_ids=stop_token_ids(run.model, run.data.tokenizer), micro_batch=spec.batch_size)
+    rollout = Rollout(
+        sampling=Sampling.of(spec),
+        rewards=run.data.rewards,
+        scale_rewards=config.objective_params.scale_rewards,
+        num_iterations=spec.num_iterations,
+        tokenizer=run.data.tokenizer,
+        step=run.configuration.step_fn,
+        pad_id=run.data.pad_id,
+        eos_ids=stop_token_ids(run.model, run.data.tokenizer),
+        micro_batch=spec.batch_size,
+    )
     order = BatchIterator(run.data.prepared.train_examples, batch_size=prompts_per_step(spec), seed=config.seed)
-    return CompletionBatches(order=order, rollout=rollout, batch_size=spec.batch_size, num_iterations=spec.num_iterations,
-                             grad_accum=spec.grad_accum)
+    return CompletionBatches(
+        order=order,
+        rollout=rollout,
+        batch_size=spec.batch_size,
+        num_iterations=spec.num_iterations,
+        grad_accum=spec.grad_accum,
+    )
 
 
 def _resume(run: _Run) -> tuple[int, Path | None]:
@@ -461,8 +564,14 @@ def _resume(run: _Run) -> tuple[int, Path | None]:
     if checkpoint is None:
         return 0, None
     try:
-        state = run.world.load_checkpoint(checkpoint, model=run.model, optimizer=training.optimizer,
-                                          scheduler=training.scheduler, grad_scaler=training.grad_scaler, device=run.device)
+        state = run.world.load_checkpoint(
+            checkpoint,
+            model=run.model,
+            optimizer=training.optimizer,
+            scheduler=training.scheduler,
+            grad_scaler=training.grad_scaler,
+            device=run.device,
+        )
         per_step = run.world.global_batch_size(run.spec) * run.spec.grad_accum
         training.batches.load_state_dict(state.data, rebatch=state.data.get("examples_per_step") == per_step)
     except ValueError as err:  # CheckpointError, or data / batch settings that changed
@@ -479,15 +588,29 @@ def _record(run: _Run, start_step: int) -> RunRecord:
     """The run's ``run.json``, written now: the checkpoints written from here on say how many
     examples a step takes (see :meth:`_Run.checkpoint_now`)."""
     configuration, spec, pair_stats = run.configuration, run.spec, run.data.prepared.pair_stats
-    extra = {**run.world.run_fields(spec), **({"hub": run.hub.record()} if run.hub is not None else {}),
-             "data": run.data.prepared.record, "planned_seq_len": configuration.planned_len, "fit": configuration.fit_record,
-             **({"pairs": pair_stats.to_dict()} if pair_stats is not None else {}),
-             **({"prompts": run.data.prepared.prompt_stats.to_dict()} if run.data.prepared.prompt_stats is not None else {}),
-             "active_knobs": {k: spec.knobs()[k] for k in SEARCHED}, "given_knobs": configuration.given,
-             "config_changes": _recorded_changes(run.run_dir) if run.resume else []}
-    record = RunRecord.for_run(run.run_dir, config=run.config, model_config=run.data.model_config,
-                               preflight=configuration.preflight, setup=run.setup, device=run.device,
-                               total_steps=run.training.steps, enabled=run.world.is_main, extra=extra)
+    extra = {
+        **run.world.run_fields(spec),
+        **({"hub": run.hub.record()} if run.hub is not None else {}),
+        "data": run.data.prepared.record,
+        "planned_seq_len": configuration.planned_len,
+        "fit": configuration.fit_record,
+        **({"pairs": pair_stats.to_dict()} if pair_stats is not None else {}),
+        **({"prompts": run.data.prepared.prompt_stats.to_dict()} if run.data.prepared.prompt_stats is not None else {}),
+        "active_knobs": {k: spec.knobs()[k] for k in SEARCHED},
+        "given_knobs": configuration.given,
+        "config_changes": _recorded_changes(run.run_dir) if run.resume else [],
+    }
+    record = RunRecord.for_run(
+        run.run_dir,
+        config=run.config,
+        model_config=run.data.model_config,
+        preflight=configuration.preflight,
+        setup=run.setup,
+        device=run.device,
+        total_steps=run.training.steps,
+        enabled=run.world.is_main,
+        extra=extra,
+    )
     record.write(status="running", step=start_step)
     return record
 
@@ -503,10 +626,20 @@ def _reference(run: _Run, *, may_compute: bool) -> None:
     dtype = autocast_dtype(spec)
     for split, pairs in (("train", run.data.prepared.train_examples), ("eval", run.data.prepared.eval_examples)):
         if pairs:
-            precompute_reference(pairs, split=split, run_dir=run.run_dir, model=run.model, collate=run.collate,
-                                 batch_size=spec.batch_size, device=run.device, adapters=spec.uses_adapters, dtype=dtype,
-                                 may_compute=may_compute, world=run.world,
-                                 say=lambda line: run.console.print(line, highlight=False))
+            precompute_reference(
+                pairs,
+                split=split,
+                run_dir=run.run_dir,
+                model=run.model,
+                collate=run.collate,
+                batch_size=spec.batch_size,
+                device=run.device,
+                adapters=spec.uses_adapters,
+                dtype=dtype,
+                may_compute=may_compute,
+                world=run.world,
+                say=lambda line: run.console.print(line, highlight=False),
+            )
 
 
 # ------------------------------------------------------------------------------------------------
@@ -533,7 +666,9 @@ def _outputs(run: _Run, result: TrainResult, stop: StopOnSignal) -> None:
     trained model's own attention back (document attention is for training rows)."""
     restore_attention(run.model)
     if result.status == "completed":
-        result.output_dir = run.world.save_outputs(run.model, run.data.tokenizer, result.run_dir, run.spec.uses_adapters)
+        result.output_dir = run.world.save_outputs(
+            run.model, run.data.tokenizer, result.run_dir, run.spec.uses_adapters
+        )
         result.signal_name = stop.signal_name  # arrived once there was nothing left to stop
 
 
@@ -566,8 +701,11 @@ def _loop(run: _Run, result: TrainResult, stop: StopOnSignal) -> None:
     started = run.clock()
     session = _Session()
     # One voice: rank 0 writes metrics.jsonl and reports to the trackers, with what run.json holds.
-    metrics_log = (MetricsLog(result.run_dir, report_to=run.config.report_to, run_config=run.record.fields, console=run.console)
-                   if run.world.is_main else NullLog())
+    metrics_log = (
+        MetricsLog(result.run_dir, report_to=run.config.report_to, run_config=run.record.fields, console=run.console)
+        if run.world.is_main
+        else NullLog()
+    )
     stopping = False  # asked to stop by the end of the last step (several processes: as they all agreed at its end)
     with recorder, metrics_log as log, LiveProgress(run.console, steps, result.step, enabled=run.progress) as bar:
         log.epoch = _epoch(run, result.step, steps)
@@ -597,10 +735,17 @@ def _memory_recorder(run: _Run, result: TrainResult) -> MemoryRecorder:
     """What watches the loop's memory, compared with the plan of the configuration in effect; the
     model inspected for what the plan assumed, memory attributed where the world can."""
     world, spec, model, device = run.world, run.spec, run.model, run.device
-    recorder = MemoryRecorder(result.run_dir, plan=run.configuration.preflight.plan, expected_device=device,
-                              total_steps=result.total_steps, spec=spec, source="memfit-train",
-                              resumed_from_step=result.step or None, file_name=memory_file_name(world.rank),
-                              rank=world.recorder_rank)
+    recorder = MemoryRecorder(
+        result.run_dir,
+        plan=run.configuration.preflight.plan,
+        expected_device=device,
+        total_steps=result.total_steps,
+        spec=spec,
+        source="memfit-train",
+        resumed_from_step=result.step or None,
+        file_name=memory_file_name(world.rank),
+        rank=world.recorder_rank,
+    )
     for finding in recorder.inspect(model, spec):
         warn(run.console, finding)
     if run.conformance_steps is not None:
@@ -630,9 +775,14 @@ def _step(run: _Run, step: int, recorder: MemoryRecorder, meter: Throughput, sto
     longest = longest_sequence(micro_batches) if run.spec.is_grpo else None
     pair_metrics: list = []  # a preference step's per-pair rewards and log-probs (grpo's: its loss metrics)
     try:
-        loss, grad_norm = run.configuration.step_fn(run.model, micro_batches, training.optimizer,
-                                                    grad_scaler=training.grad_scaler, observer=recorder.observer,
-                                                    metrics=pair_metrics)
+        loss, grad_norm = run.configuration.step_fn(
+            run.model,
+            micro_batches,
+            training.optimizer,
+            grad_scaler=training.grad_scaler,
+            observer=recorder.observer,
+            metrics=pair_metrics,
+        )
     except torch.OutOfMemoryError:
         del micro_batches
         if _step_down(run, step, data_before, rng_before):
@@ -641,7 +791,9 @@ def _step(run: _Run, step: int, recorder: MemoryRecorder, meter: Throughput, sto
         raise _out_of_memory(run, step, lambda: run.checkpoint_now(step, "oom", data_before, rng_before)) from None
     step_lr = training.optimizer.param_groups[0]["lr"]  # what this step used: scheduler.step() sets the next one's
     training.scheduler.step()
-    loss_value, tokens, stop_requested, grad_norm = world.step_totals(loss, tokens, stop.signal_name is not None, grad_norm, device)
+    loss_value, tokens, stop_requested, grad_norm = world.step_totals(
+        loss, tokens, stop.signal_name is not None, grad_norm, device
+    )
     pair_metrics = world.metric_totals(pair_metrics, device)
     if stop_requested and stop.signal_name is None:
         stop.signal_name = "SIGTERM"  # another rank was asked to stop
@@ -649,13 +801,22 @@ def _step(run: _Run, step: int, recorder: MemoryRecorder, meter: Throughput, sto
     del micro_batches, loss  # nothing of this step is held into the next
     # On several processes only what they agreed on counts (a signal may reach one rank later
     # than the others); one process also stops for a signal that came after the step's end.
-    return _Taken(loss=loss_value, tokens=tokens, grad_norm=float(grad_norm) if grad_norm is not None else None, lr=step_lr,
-                  stopping=stop_requested if world.distributed else stop.signal_name is not None, pair_metrics=pair_metrics,
-                  samples=samples, rollout_metrics=rollout_metrics, longest=longest)
+    return _Taken(
+        loss=loss_value,
+        tokens=tokens,
+        grad_norm=float(grad_norm) if grad_norm is not None else None,
+        lr=step_lr,
+        stopping=stop_requested if world.distributed else stop.signal_name is not None,
+        pair_metrics=pair_metrics,
+        samples=samples,
+        rollout_metrics=rollout_metrics,
+        longest=longest,
+    )
 
 
-def _after_step(run: _Run, result: TrainResult, taken: _Taken, recorder: MemoryRecorder, log, bar, meter: Throughput,
-                started: float) -> None:
+def _after_step(
+    run: _Run, result: TrainResult, taken: _Taken, recorder: MemoryRecorder, log, bar, meter: Throughput, started: float
+) -> None:
     """The bookkeeping of a step taken: the divergence check, metrics, the memory findings, the
     evaluations and checkpoints due at this step."""
     config, steps = run.config, result.total_steps
@@ -684,7 +845,11 @@ def _after_step(run: _Run, result: TrainResult, taken: _Taken, recorder: MemoryR
     }
     taken.pair_metrics.clear()  # nothing of this step is held into the next
     result.losses.append((done, taken.loss))
-    extra = {"loss": taken.loss, "tokens": taken.tokens, **({"longest_sequence": taken.longest} if taken.longest else {})}
+    extra = {
+        "loss": taken.loss,
+        "tokens": taken.tokens,
+        **({"longest_sequence": taken.longest} if taken.longest else {}),
+    }
     for finding in recorder.end_step(done, extra):
         warn(run.console, finding)
     if done % config.log_every == 0 or done == steps:
@@ -706,8 +871,11 @@ def _final_evaluation(run: _Run, result: TrainResult, log, stopped_by: str | Non
     if not eval_examples and not run.config.eval_prompts:
         return
     if stopped_by is not None:
-        run.console.print(f"{stopped_by} during the last step: the step is done, so the run completes; "
-                          "its final evaluation is skipped", highlight=False)
+        run.console.print(
+            f"{stopped_by} during the last step: the step is done, so the run completes; "
+            "its final evaluation is skipped",
+            highlight=False,
+        )
         return
     if eval_examples:
         _evaluate(run, result, log, result.step)
@@ -717,8 +885,14 @@ def _final_evaluation(run: _Run, result: TrainResult, log, stopped_by: str | Non
 def _evaluate(run: _Run, result: TrainResult, log, step: int) -> None:
     """One evaluation at ``step``: ``eval_loss`` and, for a preference objective, its metrics under
     TRL's evaluation names (``eval_rewards/accuracies``...), one ``metrics.jsonl`` record."""
-    record = evaluation_metrics(run.model, run.data.prepared.eval_examples, run.spec.batch_size, run.collate, run.device,
-                                run.configuration.step_fn.loss_and_metrics)
+    record = evaluation_metrics(
+        run.model,
+        run.data.prepared.eval_examples,
+        run.spec.batch_size,
+        run.collate,
+        run.device,
+        run.configuration.step_fn.loss_and_metrics,
+    )
     result.eval_losses.append((step, record["eval_loss"]))
     log.write({"step": step, **record})
 
@@ -744,8 +918,13 @@ def _end_of_run(run: _Run, result: TrainResult, session: _Session, log, started:
     """The end-of-run record of a completed run, as the Trainer logs it when training ends (after the
     final evaluation and checkpoint): ``train_runtime`` and the speeds of this process's part of the
     run, and ``train_loss``, the mean step loss of the whole run (:func:`memfit.train.progress.end_of_run_metrics`)."""
-    figures = end_of_run_metrics(runtime_s=run.clock() - started, samples=session.samples, steps=session.steps,
-                                 loss_sum=run.loss_sum, steps_done=result.step)
+    figures = end_of_run_metrics(
+        runtime_s=run.clock() - started,
+        samples=session.samples,
+        steps=session.steps,
+        loss_sum=run.loss_sum,
+        steps_done=result.step,
+    )
     log.write({"step": result.step, **figures})
     return figures
 
@@ -768,8 +947,11 @@ def _step_down(run: _Run, step: int, data_before: dict[str, Any], rng_before: di
     if config.on_oom != "continue" or run.world.distributed:
         return False
     if config.spec.step_in_backward:
-        console.print("out of memory: the optimizer step in backward had already updated some weights, so the step "
-                      "cannot be taken again with another configuration", highlight=False)
+        console.print(
+            "out of memory: the optimizer step in backward had already updated some weights, so the step "
+            "cannot be taken again with another configuration",
+            highlight=False,
+        )
         return False
     # The configurations down are planned at the longest example (micro-batch sizes change), so the
     # one that failed is compared at that length too.
@@ -785,21 +967,31 @@ def _step_down(run: _Run, step: int, data_before: dict[str, Any], rng_before: di
     training.batches.batch_size = run.world.global_batch_size(new_config.spec)
     training.batches.load_state_dict(data_before, rebatch=True)
     restore_rng(rng_before, device)
-    step_fn = run.world.training_step(build_step(new_config.spec, make_config(run.data.model_config), new_config.objective_params),
-                                      run.model)
-    run.configuration = dataclasses.replace(configuration, config=new_config, step_fn=step_fn, plan=found.plan,
-                                            planned_len=configuration.longest_len)
+    step_fn = run.world.training_step(
+        build_step(new_config.spec, make_config(run.data.model_config), new_config.objective_params), run.model
+    )
+    run.configuration = dataclasses.replace(
+        configuration, config=new_config, step_fn=step_fn, plan=found.plan, planned_len=configuration.longest_len
+    )
     active = {k: new_config.spec.knobs()[k] for k in SEARCHED}
     record = run.record
-    change = {"step": step + 1, "reason": "out of memory", "moves": found.moves, "from": record.fields["active_knobs"],
-              "to": active, "plan_bytes": found.plan.device_total_bytes}
+    change = {
+        "step": step + 1,
+        "reason": "out of memory",
+        "moves": found.moves,
+        "from": record.fields["active_knobs"],
+        "to": active,
+        "plan_bytes": found.plan.device_total_bytes,
+    }
     record.fields["config_changes"] = list(record.fields.get("config_changes") or []) + [change]
     record.fields["active_knobs"] = active
     record.write(status="running", step=step)
     run.checkpoint_now(step, "oom", {**data_before, "batch_size": training.batches.batch_size}, rng_before)
-    console.print(f"[yellow]out of memory[/] at step {step + 1}: continuing with {describe(active)} "
-                  f"({'; '.join(found.moves)}; plan {format_bytes(found.plan.device_total_bytes)}), the same examples in the same order",
-                  highlight=False)
+    console.print(
+        f"[yellow]out of memory[/] at step {step + 1}: continuing with {describe(active)} "
+        f"({'; '.join(found.moves)}; plan {format_bytes(found.plan.device_total_bytes)}), the same examples in the same order",
+        highlight=False,
+    )
     return True
 
 
@@ -807,9 +999,15 @@ def _out_of_memory(run: _Run, step: int, save_before_step) -> OutOfMemory:
     """Free, save (where the world can), explain; record the run as ended by running out of memory."""
     config, world = run.config, run.world
     error = handle_oom(
-        optimizer=run.training.optimizer, step=step, save_before_step=save_before_step if world.saves_on_oom else (lambda: None),
-        knobs=config.spec.knobs(), step_in_backward=config.spec.step_in_backward, preflight=run.configuration.preflight,
-        replan=lambda: run.configuration.planner.replan(config.knobs()), device=run.device, console=run.console,
+        optimizer=run.training.optimizer,
+        step=step,
+        save_before_step=save_before_step if world.saves_on_oom else (lambda: None),
+        knobs=config.spec.knobs(),
+        step_in_backward=config.spec.step_in_backward,
+        preflight=run.configuration.preflight,
+        replan=lambda: run.configuration.planner.replan(config.knobs()),
+        device=run.device,
+        console=run.console,
     )
     run.record.write(status="oom", step=step)
     return error
@@ -822,7 +1020,12 @@ def _resume_checkpoint(run_dir: Path, spec, console) -> Path | None:
     checkpoint = latest_checkpoint(run_dir, damaged)
     for path, why in damaged:
         console.print(f"[yellow]skipping[/] damaged checkpoint {path}: {why}", highlight=False)
-    if checkpoint is None and not damaged and spec.reference == "precomputed" and reference_file(run_dir, "train").is_file():
+    if (
+        checkpoint is None
+        and not damaged
+        and spec.reference == "precomputed"
+        and reference_file(run_dir, "train").is_file()
+    ):
         console.print("resuming the reference pass: training starts once it is done", highlight=False)
         return None
     if checkpoint is None:
@@ -843,7 +1046,6 @@ def _recorded_changes(run_dir: Path) -> list:
     except (OSError, ValueError, AttributeError):
         return []
     return list(changes) if isinstance(changes, list) else []
-
 
 
 def _warn_slow_on_cpu(config: TrainConfig, device: torch.device, console) -> None:

@@ -68,10 +68,21 @@ def stored_logps(path: Path, pairs: list[dict[str, Any]]) -> dict[int, tuple[flo
     return found
 
 
-def precompute_reference(pairs: list[dict[str, Any]], *, split: str, run_dir: Path, model: torch.nn.Module,
-                         collate: Callable[[list], dict[str, Any]], batch_size: int, device: torch.device,
-                         adapters: bool, dtype: torch.dtype | None, may_compute: bool = True,
-                         world: Any, say: Callable[[str], None] = print) -> int:
+def precompute_reference(
+    pairs: list[dict[str, Any]],
+    *,
+    split: str,
+    run_dir: Path,
+    model: torch.nn.Module,
+    collate: Callable[[list], dict[str, Any]],
+    batch_size: int,
+    device: torch.device,
+    adapters: bool,
+    dtype: torch.dtype | None,
+    may_compute: bool = True,
+    world: Any,
+    say: Callable[[str], None] = print,
+) -> int:
     """Give every pair its ``ref_logps`` (chosen, rejected): read from the run folder, the rest
     computed with ``model`` as it starts (``adapters``: with them disabled) and stored. Returns how
     many pairs were computed now. ``may_compute`` is False once training changed the weights: then
@@ -91,12 +102,28 @@ def precompute_reference(pairs: list[dict[str, Any]], *, split: str, run_dir: Pa
             "weights have moved since they were computed. Start a new run in another output_dir."
         )
     if missing:
-        say(f"reference log-probs: computing {len(missing)} of {len(pairs)} {split} pairs before training"
-            + (f" ({len(stored)} already in {path.name})" if stored else ""))
-        logps = world.root_forward(model, "memfit_starting_logps",
-                                   lambda root, batch: starting_logps(root, batch, adapters=adapters, dtype=dtype))
-        _compute(pairs, missing, path=path, fresh=not stored, model=model, logps=logps, collate=collate,
-                 batch_size=batch_size, device=device, stored=stored, world=world)
+        say(
+            f"reference log-probs: computing {len(missing)} of {len(pairs)} {split} pairs before training"
+            + (f" ({len(stored)} already in {path.name})" if stored else "")
+        )
+        logps = world.root_forward(
+            model,
+            "memfit_starting_logps",
+            lambda root, batch: starting_logps(root, batch, adapters=adapters, dtype=dtype),
+        )
+        _compute(
+            pairs,
+            missing,
+            path=path,
+            fresh=not stored,
+            model=model,
+            logps=logps,
+            collate=collate,
+            batch_size=batch_size,
+            device=device,
+            stored=stored,
+            world=world,
+        )
     for index, pair in enumerate(pairs):
         pair["ref_logps"] = stored[index]
     return len(missing)
@@ -106,12 +133,14 @@ def _compute(pairs, missing, *, path, fresh, model, logps, collate, batch_size, 
     was_training = model.training
     model.eval()  # the starting model as a reference: no dropout
     try:
-        with (open(path, "w" if fresh else "a", encoding="utf-8") if world.is_main else contextlib.nullcontext()) as handle:
+        with (
+            open(path, "w" if fresh else "a", encoding="utf-8") if world.is_main else contextlib.nullcontext()
+        ) as handle:
             if fresh and handle is not None:
                 handle.write(json.dumps({"fingerprint": fingerprint(pairs), "pairs": len(pairs)}) + "\n")
             per_round = batch_size * world.world_size
             for start in range(0, len(missing), per_round):
-                indices = missing[start:start + per_round]
+                indices = missing[start : start + per_round]
                 mine = rank_slice(indices, world.rank, world.world_size)
                 # A rank without pairs in the last round still runs the forward (a collective), on a
                 # pair whose values it drops.

@@ -83,23 +83,31 @@ def spec_problems(specs: Sequence[Any], weights: Sequence[Any] | None, base_dir:
     for index, spec in enumerate(specs):
         name = f"reward_funcs[{index}]"
         if not isinstance(spec, str) or not spec.strip():
-            problems.append(f"{name}: {spec!r} is not a reward function: write file.py:function, package.module:function, "
-                            f"or one of {', '.join(BUILTINS)}")
+            problems.append(
+                f"{name}: {spec!r} is not a reward function: write file.py:function, package.module:function, "
+                f"or one of {', '.join(BUILTINS)}"
+            )
             continue
         path, _, function = spec.rpartition(":")
         if not path:
             if spec not in BUILTINS:
-                problems.append(f"{name}: {spec!r} is not a built-in reward ({', '.join(BUILTINS)}); name a function as "
-                                "file.py:function or package.module:function")
+                problems.append(
+                    f"{name}: {spec!r} is not a built-in reward ({', '.join(BUILTINS)}); name a function as "
+                    "file.py:function or package.module:function"
+                )
             continue
         if not function.isidentifier():
             problems.append(f"{name}: {spec!r}: {function!r} is not a function name (file.py:function)")
         elif path.endswith(".py") and not _resolve(path, base_dir).is_file():
-            problems.append(f"{name}: {spec!r}: {str(_resolve(path, base_dir))!r} is not a file (a path is relative to the "
-                            "config's folder)")
+            problems.append(
+                f"{name}: {spec!r}: {str(_resolve(path, base_dir))!r} is not a file (a path is relative to the "
+                "config's folder)"
+            )
     if weights is not None:
         if len(weights) != len(specs):
-            problems.append(f"reward_weights: {len(weights)} weights for {len(specs)} reward_funcs: give one weight each")
+            problems.append(
+                f"reward_weights: {len(weights)} weights for {len(specs)} reward_funcs: give one weight each"
+            )
         for index, weight in enumerate(weights):
             if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
                 problems.append(f"reward_weights[{index}]: {weight!r} is not a number (e.g. 1.0)")
@@ -111,7 +119,9 @@ def _resolve(path: str, base_dir: Path | None) -> Path:
     return candidate if candidate.is_absolute() or base_dir is None else base_dir / candidate
 
 
-def load_rewards(specs: Sequence[str], weights: Sequence[float] | None = None, base_dir: Path | None = None) -> list[Reward]:
+def load_rewards(
+    specs: Sequence[str], weights: Sequence[float] | None = None, base_dir: Path | None = None
+) -> list[Reward]:
     """The reward functions ``specs`` name, with their weights; raises :class:`RewardError`."""
     problems = spec_problems(specs, weights, base_dir)
     if problems:
@@ -120,8 +130,14 @@ def load_rewards(specs: Sequence[str], weights: Sequence[float] | None = None, b
     rewards = []
     for index, (spec, weight) in enumerate(zip(specs, weights)):
         function = _load(f"reward_funcs[{index}]", spec, base_dir)
-        rewards.append(Reward(name=getattr(function, "__name__", type(function).__name__), function=function,
-                              weight=float(weight), entry=spec))
+        rewards.append(
+            Reward(
+                name=getattr(function, "__name__", type(function).__name__),
+                function=function,
+                weight=float(weight),
+                entry=spec,
+            )
+        )
     return rewards
 
 
@@ -142,14 +158,21 @@ def _load(name: str, spec: str, base_dir: Path | None) -> Callable[..., Any]:
     found = getattr(module, function, None)
     if found is None:
         defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
-        raise RewardError(f"{name}: {spec!r}: {path} defines no {function!r} (it defines {', '.join(defined) or 'no function'})")
+        raise RewardError(
+            f"{name}: {spec!r}: {path} defines no {function!r} (it defines {', '.join(defined) or 'no function'})"
+        )
     if not callable(found):
         raise RewardError(f"{name}: {spec!r}: {function} is a {type(found).__name__}, not a function")
     return found
 
 
-def score(rewards: Sequence[Reward], prompts: list[Any], completions: list[Any], completion_ids: list[list[int]],
-          columns: dict[str, list[Any]]):
+def score(
+    rewards: Sequence[Reward],
+    prompts: list[Any],
+    completions: list[Any],
+    completion_ids: list[list[int]],
+    columns: dict[str, list[Any]],
+):
     """``[completions, functions]`` float32 rewards (NaN where a function returned None), each
     function called as TRL calls it; raises :class:`RewardError` for a return that is not one number
     (or None) a completion."""
@@ -160,8 +183,10 @@ def score(rewards: Sequence[Reward], prompts: list[Any], completions: list[Any],
         try:
             values = reward.function(prompts=prompts, completions=completions, completion_ids=completion_ids, **columns)
         except Exception as err:  # noqa: BLE001 - the user's function: its error is shown as it raised it, in one line
-            raise RewardError(f"reward_funcs[{index}]: {reward.entry!r} raised {type(err).__name__}: {err} (called as TRL calls "
-                              "it: prompts, completions, completion_ids and the dataset's other columns as keywords)") from None
+            raise RewardError(
+                f"reward_funcs[{index}]: {reward.entry!r} raised {type(err).__name__}: {err} (called as TRL calls "
+                "it: prompts, completions, completion_ids and the dataset's other columns as keywords)"
+            ) from None
         out[:, index] = torch.tensor(_checked(index, reward, values, len(completions)), dtype=torch.float32)
     return out
 
@@ -170,7 +195,9 @@ def _checked(index: int, reward: Reward, values: Any, count: int) -> list[float]
     """``values`` as floats (None as NaN), or :class:`RewardError` naming what is wrong with them."""
     where = f"reward_funcs[{index}]: {reward.entry!r}"
     if not isinstance(values, (list, tuple)):
-        raise RewardError(f"{where} returned a {type(values).__name__}: return a list of {count} numbers, one a completion")
+        raise RewardError(
+            f"{where} returned a {type(values).__name__}: return a list of {count} numbers, one a completion"
+        )
     if len(values) != count:
         raise RewardError(f"{where} returned {len(values)} rewards for {count} completions: return one a completion")
     out = []
@@ -178,7 +205,9 @@ def _checked(index: int, reward: Reward, values: Any, count: int) -> list[float]
         if value is None:
             out.append(float("nan"))
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(float(value)):
-            raise RewardError(f"{where} returned {value!r} among its rewards: each must be a finite number (or None: not scored)")
+            raise RewardError(
+                f"{where} returned {value!r} among its rewards: each must be a finite number (or None: not scored)"
+            )
         else:
             out.append(float(value))
     return out

@@ -46,26 +46,33 @@ class Rollout:
     eos_ids: list[int]
     micro_batch: int
 
-    def __call__(self, model: Any, prompts: list[dict[str, Any]], device: torch.device, observer: Any) -> tuple[list, dict]:
+    def __call__(
+        self, model: Any, prompts: list[dict[str, Any]], device: torch.device, observer: Any
+    ) -> tuple[list, dict]:
         """The completion examples of ``prompts`` (their advantages set) and the generation's metrics."""
         generations = self.sampling.num_generations
         observer.on_phase("generation")
         input_ids, mask = prompt_batch([p["input_ids"] for p in prompts], generations, self.pad_id, device)
-        sampled = generate_completion_ids(model, input_ids, mask, self.sampling, pad_token_id=self.pad_id,
-                                          eos_token_ids=self.eos_ids)
+        sampled = generate_completion_ids(
+            model, input_ids, mask, self.sampling, pad_token_id=self.pad_id, eos_token_ids=self.eos_ids
+        )
         del input_ids, mask
         completion_ids = completion_lists(sampled, self.eos_ids)
         del sampled
         rows = [p for p in prompts for _ in range(generations)]
         texts = self.tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
-        completions = [[{"role": "assistant", "content": t}] if isinstance(r["prompt"], list) else t for r, t in zip(rows, texts)]
+        completions = [
+            [{"role": "assistant", "content": t}] if isinstance(r["prompt"], list) else t for r, t in zip(rows, texts)
+        ]
         keys = sorted({key for r in rows for key in r.get("columns", {})})
         columns = {key: [r.get("columns", {}).get(key) for r in rows] for key in keys}
         per_function = score(self.rewards, [r["prompt"] for r in rows], completions, completion_ids, columns)
         advantages = group_advantages(per_function, [r.weight for r in self.rewards], generations, self.scale_rewards)
         tokens = sum(len(c) for c in completion_ids)
-        examples = [completion_example(r["input_ids"], c, float(a), generation_tokens=tokens)
-                    for r, c, a in zip(rows, completion_ids, advantages.advantages)]
+        examples = [
+            completion_example(r["input_ids"], c, float(a), generation_tokens=tokens)
+            for r, c, a in zip(rows, completion_ids, advantages.advantages)
+        ]
         metrics = {**self._reward_metrics(per_function, advantages), **self._length_metrics(completion_ids)}
         del per_function, advantages  # host tensors: none is held while the policy scores the completions
         if self.num_iterations > 1:
@@ -78,7 +85,7 @@ class Rollout:
         """The policy's log-probs of each completion now, kept with it (``old_logps``) for the
         ``num_iterations`` steps on this generation batch; a micro-batch at a time, no graph."""
         for start in range(0, len(examples), self.micro_batch):
-            part = examples[start:start + self.micro_batch]
+            part = examples[start : start + self.micro_batch]
             batch = to_device(self.step.collate(part, self.pad_id), device)
             values = self.step.loss_fn.old_logps(model, batch)
             for example, row in zip(part, per_example(values.detach().cpu(), batch)):
@@ -100,12 +107,15 @@ class Rollout:
         ends = set(self.eos_ids) | {self.pad_id}
         ended = [len(c) for c in completion_ids if c and c[-1] in ends]
         terminated = ended or [0]
-        return {"completions/mean_length": sum(lengths) / len(lengths), "completions/min_length": float(min(lengths)),
-                "completions/max_length": float(max(lengths)),
-                "completions/clipped_ratio": 1 - len(ended) / len(lengths),
-                "completions/mean_terminated_length": sum(terminated) / len(terminated),
-                "completions/min_terminated_length": float(min(terminated)),
-                "completions/max_terminated_length": float(max(terminated))}
+        return {
+            "completions/mean_length": sum(lengths) / len(lengths),
+            "completions/min_length": float(min(lengths)),
+            "completions/max_length": float(max(lengths)),
+            "completions/clipped_ratio": 1 - len(ended) / len(lengths),
+            "completions/mean_terminated_length": sum(terminated) / len(terminated),
+            "completions/min_terminated_length": float(min(terminated)),
+            "completions/max_terminated_length": float(max(terminated)),
+        }
 
 
 @dataclass
@@ -142,7 +152,7 @@ class CompletionBatches:
         return self
 
     def __next__(self) -> list[dict[str, Any]]:
-        part = self.buffer[self.position:self.position + self.batch_size]
+        part = self.buffer[self.position : self.position + self.batch_size]
         if not part:
             raise RuntimeError("no completions left in this generation batch: call before_step first")
         self.position += len(part)

@@ -101,8 +101,19 @@ class RunRecord:
         self.enabled = enabled
 
     @classmethod
-    def for_run(cls, run_dir: Path, *, config, model_config: dict[str, Any], preflight, setup: dict[str, Any],
-                device, total_steps: int, extra: dict[str, Any], enabled: bool) -> RunRecord:
+    def for_run(
+        cls,
+        run_dir: Path,
+        *,
+        config,
+        model_config: dict[str, Any],
+        preflight,
+        setup: dict[str, Any],
+        device,
+        total_steps: int,
+        extra: dict[str, Any],
+        enabled: bool,
+    ) -> RunRecord:
         import torch
         import transformers
 
@@ -115,7 +126,11 @@ class RunRecord:
             "setup": setup,
             "preflight": preflight.to_dict(),
             "plan": preflight.plan.to_dict() if preflight.plan is not None else None,
-            "versions": {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__},
+            "versions": {
+                "python": platform.python_version(),
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+            },
             **extra,
         }
         return cls(run_dir, fields, enabled=enabled)

@@ -67,8 +67,10 @@ def parse_report_to(value: Any) -> Any:
         for part in item.split(","):
             name = part.strip().lower()
             if not name:
-                raise ValueError("has an empty name (two commas in a row, or one at an end): write names separated "
-                                 "by commas, e.g. report_to: tensorboard,wandb, or report_to: none")
+                raise ValueError(
+                    "has an empty name (two commas in a row, or one at an end): write names separated "
+                    "by commas, e.g. report_to: tensorboard,wandb, or report_to: none"
+                )
             if name not in names:
                 names.append(name)
     return [] if names == ["none"] else names
@@ -114,14 +116,18 @@ def report_to_problems(names: list[str], env: Mapping[str, str] | None = None) -
             hint = f" Did you mean {close[0]!r}?" if close else ""
             problems.append(f"report_to: {name!r} is not one of {', '.join(known)}.{hint}")
     if len(names) > 1 and set(names) & set(_WORDS):
-        problems.append(f"report_to: {names}: none and all stand alone; write report_to: all, or list the "
-                        "integrations, e.g. report_to: [tensorboard, wandb]")
+        problems.append(
+            f"report_to: {names}: none and all stand alone; write report_to: all, or list the "
+            "integrations, e.g. report_to: [tensorboard, wandb]"
+        )
     for name in names:
         missing = missing_modules(name, env) if name in INTEGRATIONS else []
         if missing:
-            problems.append(f"report_to: {name} needs {', '.join(missing)}, which is not installed: "
-                            f"{required_modules(name, env)[1]} (memfit's extra: pip install 'memfit[{name}]'), "
-                            "or remove it from report_to")
+            problems.append(
+                f"report_to: {name} needs {', '.join(missing)}, which is not installed: "
+                f"{required_modules(name, env)[1]} (memfit's extra: pip install 'memfit[{name}]'), "
+                "or remove it from report_to"
+            )
     return problems
 
 
@@ -155,9 +161,9 @@ def prefixed(metrics: Mapping[str, float]) -> dict[str, float]:
     out = {}
     for key, value in metrics.items():
         if key.startswith("eval_"):
-            out["eval/" + key[len("eval_"):]] = value
+            out["eval/" + key[len("eval_") :]] = value
         elif key.startswith("test_"):
-            out["test/" + key[len("test_"):]] = value
+            out["test/" + key[len("test_") :]] = value
         else:
             out["train/" + key] = value
     return out
@@ -249,8 +255,14 @@ class WandbTracker:
         # A new run takes WANDB_RUN_ID, else an id wandb makes; a resumed one the id it had.
         run_id = (state or {}).get("id")
         where = {} if os.environ.get("WANDB_DIR") else {"dir": str(run_dir)}
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "memfit"), name=run_dir.name, id=run_id,
-                              resume="allow", reinit="create_new", **where)
+        self.run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "memfit"),
+            name=run_dir.name,
+            id=run_id,
+            resume="allow",
+            reinit="create_new",
+            **where,
+        )
         self.run.config.update(_jsonable(config), allow_val_change=True)  # a resume may change some
         # The Trainer's x-axis: every metric against train/global_step.
         self.run.define_metric("train/global_step")
@@ -291,7 +303,7 @@ class MlflowTracker:
         logged = self.client.get_run(self.run_id).data.params
         params = [Param(key, value) for key, value in flat_params(_jsonable(config)).items() if key not in logged]
         for first in range(0, len(params), _MLFLOW_BATCH):
-            self.client.log_batch(self.run_id, params=params[first:first + _MLFLOW_BATCH], synchronous=True)
+            self.client.log_batch(self.run_id, params=params[first : first + _MLFLOW_BATCH], synchronous=True)
         return {"tracking_uri": self.uri, "run_id": self.run_id}
 
     def _experiment_id(self) -> str:
@@ -316,7 +328,9 @@ class MlflowTracker:
 
 
 TRACKER_CLASSES: dict[str, Callable[[], Any]] = {
-    "tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": MlflowTracker,
+    "tensorboard": TensorBoardTracker,
+    "wandb": WandbTracker,
+    "mlflow": MlflowTracker,
 }
 
 
@@ -331,9 +345,16 @@ class Trackers:
     ``say`` prints a line (where each tracker writes); ``warn`` one about a tracker that failed and
     was dropped. ``classes`` replaces the integrations (tests)."""
 
-    def __init__(self, run_dir: Path, names: Iterable[str], run_config: Mapping[str, Any], *,
-                 say: Callable[[str], None] = print, warn: Callable[[str], None] = print,
-                 classes: Mapping[str, Callable[[], Any]] | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        names: Iterable[str],
+        run_config: Mapping[str, Any],
+        *,
+        say: Callable[[str], None] = print,
+        warn: Callable[[str], None] = print,
+        classes: Mapping[str, Callable[[], Any]] | None = None,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.names = tuple(names)
         self.run_config = run_config
@@ -355,8 +376,10 @@ class Trackers:
                 ids = tracker.start(self.run_dir, self.run_config, before or None)
                 where = tracker.where(self.run_dir)
             except Exception as err:  # noqa: BLE001 - any library error: the run goes on without it
-                self.warn(f"report_to: {name} did not start ({_one_line(err)}); metrics.jsonl has every record, "
-                          "and --resume sends this tracker the ones it missed")
+                self.warn(
+                    f"report_to: {name} did not start ({_one_line(err)}); metrics.jsonl has every record, "
+                    "and --resume sends this tracker the ones it missed"
+                )
                 continue
             continued = all(before.get(key) == value for key, value in ids.items())
             self.state[name] = {**ids, "reported": before.get("reported") if continued else None}
@@ -398,8 +421,10 @@ class Trackers:
         self.active.clear()
 
     def _drop(self, name: str, why: str) -> None:
-        self.warn(f"report_to: {name} {why}; it gets nothing more in this process (metrics.jsonl has every "
-                  "record, and --resume sends it the ones it missed)")
+        self.warn(
+            f"report_to: {name} {why}; it gets nothing more in this process (metrics.jsonl has every "
+            "record, and --resume sends it the ones it missed)"
+        )
         tracker = self.active.pop(name)
         try:
             tracker.finish(True)

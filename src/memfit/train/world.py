@@ -100,15 +100,18 @@ class World:
         """This process's micro-batches of the next step, on ``device``."""
         return micro_batches(batches, grad_accum, collate, device)
 
-    def step_totals(self, loss: torch.Tensor, tokens: int, stop_requested: bool, grad_norm: Any,
-                    device: torch.device) -> tuple[float, int, bool, Any]:
+    def step_totals(
+        self, loss: torch.Tensor, tokens: int, stop_requested: bool, grad_norm: Any, device: torch.device
+    ) -> tuple[float, int, bool, Any]:
         """(loss, tokens, stop, grad norm) of the step over every process.
 
         Reading the loss syncs with the device: once a step is cheap next to the step itself.
         """
         return float(loss), tokens, stop_requested, grad_norm
 
-    def metric_totals(self, totals: list[dict[str, torch.Tensor]], device: torch.device) -> list[dict[str, torch.Tensor]]:
+    def metric_totals(
+        self, totals: list[dict[str, torch.Tensor]], device: torch.device
+    ) -> list[dict[str, torch.Tensor]]:
         """A step's metric sums (a preference step's, over its pairs) over every process."""
         return totals
 
@@ -144,16 +147,41 @@ class World:
         """Whether an emergency checkpoint can be saved after running out of memory."""
         return True
 
-    def save_checkpoint(self, run_dir: Path, step: int, *, model, optimizer, scheduler, grad_scaler,
-                        data_state: dict[str, Any], rng_state: dict[str, Any], reason: str, keep: int) -> Path:
+    def save_checkpoint(
+        self,
+        run_dir: Path,
+        step: int,
+        *,
+        model,
+        optimizer,
+        scheduler,
+        grad_scaler,
+        data_state: dict[str, Any],
+        rng_state: dict[str, Any],
+        reason: str,
+        keep: int,
+    ) -> Path:
         return checkpointing.save_checkpoint(
-            run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler,
-            data_state=data_state, rng_state=rng_state, reason=reason, keep=keep,
+            run_dir,
+            step,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            grad_scaler=grad_scaler,
+            data_state=data_state,
+            rng_state=rng_state,
+            reason=reason,
+            keep=keep,
         )
 
     def load_checkpoint(self, path: Path, *, model, optimizer, scheduler, grad_scaler, device: torch.device):
         return checkpointing.load_checkpoint(
-            path, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=grad_scaler, device=device,
+            path,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            grad_scaler=grad_scaler,
+            device=device,
         )
 
     def save_outputs(self, model, tokenizer, run_dir: Path, adapters: bool) -> Path:
@@ -173,7 +201,9 @@ class ShardedWorld(World):
         import torch.distributed as dist
 
         if model is not None:
-            raise TrainError("train(model=...): a given model trains on one process only; let memfit load it for gpus > 1")
+            raise TrainError(
+                "train(model=...): a given model trains on one process only; let memfit load it for gpus > 1"
+            )
         self._owns_group = not dist.is_initialized()
         return distributed.init_distributed(self.placement, device_name)
 
@@ -205,7 +235,10 @@ class ShardedWorld(World):
         model = distributed.shard_model(model, spec, device, self.placement)
         distributed.check_placed(model, device)
         if distributed.frozen_4bit_params(model):
-            console.print("note: the 4-bit base weights stay whole on every rank; adapters and the rest are sharded", highlight=False)
+            console.print(
+                "note: the 4-bit base weights stay whole on every rank; adapters and the rest are sharded",
+                highlight=False,
+            )
         return model
 
     def training_step(self, step: TrainingStep, model: torch.nn.Module) -> TrainingStep:
@@ -274,15 +307,31 @@ class ShardedWorld(World):
         # no checkpoint then (torchrun stops them when this rank exits).
         return False
 
-    def save_checkpoint(self, run_dir, step, *, model, optimizer, scheduler, grad_scaler, data_state, rng_state, reason, keep):
+    def save_checkpoint(
+        self, run_dir, step, *, model, optimizer, scheduler, grad_scaler, data_state, rng_state, reason, keep
+    ):
         return checkpointing.save_sharded_checkpoint(
-            run_dir, step, model=model, optimizer=optimizer, scheduler=scheduler, data_state=data_state,
-            rng_state=rng_state, reason=reason, keep=keep, rank=self.rank, world_size=self.world_size,
+            run_dir,
+            step,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            data_state=data_state,
+            rng_state=rng_state,
+            reason=reason,
+            keep=keep,
+            rank=self.rank,
+            world_size=self.world_size,
         )
 
     def load_checkpoint(self, path, *, model, optimizer, scheduler, grad_scaler, device):
         return checkpointing.load_sharded_checkpoint(
-            path, model=model, optimizer=optimizer, scheduler=scheduler, rank=self.rank, world_size=self.world_size,
+            path,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            rank=self.rank,
+            world_size=self.world_size,
         )
 
     def save_outputs(self, model, tokenizer, run_dir: Path, adapters: bool) -> Path:

@@ -206,7 +206,9 @@ async def explain(request):
     try:
         answer = words(data)
     except (KeyError, TypeError, AttributeError, ValueError) as err:
-        raise UploadError(f"plan: not a plan memfit made ({type(err).__name__}: {err}); send the JSON /api/plan answered.") from None
+        raise UploadError(
+            f"plan: not a plan memfit made ({type(err).__name__}: {err}); send the JSON /api/plan answered."
+        ) from None
     return JSONResponse(answer)
 
 
@@ -230,8 +232,13 @@ async def export(request):
         # A dropped tool config is trained on the model it names; a dropped config.json by its file.
         tool = upload.tool if upload else None
         model = tool.model if tool else upload.filename if upload else call.model
-        answer["yaml"] = train_yaml(model, spec, gpu=call.options.get("gpu"), budget=call.options.get("budget"),
-                                    model_is_file=upload is not None and tool is None)
+        answer["yaml"] = train_yaml(
+            model,
+            spec,
+            gpu=call.options.get("gpu"),
+            budget=call.options.get("budget"),
+            model_is_file=upload is not None and tool is None,
+        )
     return JSONResponse(answer)
 
 
@@ -253,7 +260,9 @@ async def model_upload(request):
         data = json.loads(await _body(request, MAX_FILES * MAX_UPLOAD_BYTES, "the dropped files") or b"{}")
         given = data.get("files") if isinstance(data, dict) else None
         if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
-            raise UploadError("the dropped files: send {\"files\": {<file name>: <its text>}}, or one file as the body with ?filename=.")
+            raise UploadError(
+                'the dropped files: send {"files": {<file name>: <its text>}}, or one file as the body with ?filename=.'
+            )
         files = {file_name(str(name)): text.encode() for name, text in given.items()}
     upload = await run_in_threadpool(uploads.add_files, files)
     return JSONResponse(upload.describe())
@@ -281,17 +290,25 @@ async def run_upload(request):
         if not isinstance(data, dict) or not (isinstance(data.get("memory"), str) or data.get("folder") is True):
             raise ValueError("no memory text")
     except ValueError:
-        raise UploadError("the dropped run: send {\"memory\": <memory.jsonl text>, \"run\": <run.json text>}.") from None
+        raise UploadError('the dropped run: send {"memory": <memory.jsonl text>, "run": <run.json text>}.') from None
     run = data.get("run")
     plan_on_page = data.get("plan") if isinstance(data.get("plan"), dict) else None
     if data.get("folder") is True:  # the --run folder (never one the page names), against the page's plan
         run_dir = request.app.state.run_dir
         if run_dir is None:
-            return _error("no run folder: start the page with `memfit ui --run RUN_DIR`, or drop a run's memory.jsonl on the page.", 404)
+            return _error(
+                "no run folder: start the page with `memfit ui --run RUN_DIR`, or drop a run's memory.jsonl on the page.",
+                404,
+            )
         return JSONResponse(await run_in_threadpool(from_folder, run_dir, plan_on_page))
     result = await run_in_threadpool(
-        from_uploads, data["memory"].encode(), run.encode() if isinstance(run, str) else None, plan_on_page,
-        str(data.get("memory_name") or "memory.jsonl"), str(data.get("run_name") or "run.json"))
+        from_uploads,
+        data["memory"].encode(),
+        run.encode() if isinstance(run, str) else None,
+        plan_on_page,
+        str(data.get("memory_name") or "memory.jsonl"),
+        str(data.get("run_name") or "run.json"),
+    )
     return JSONResponse(result)
 
 
@@ -303,7 +320,10 @@ async def run_folder(request):
 
     run_dir = request.app.state.run_dir
     if run_dir is None:
-        return _error("no run folder: start the page with `memfit ui --run RUN_DIR`, or drop a run's memory.jsonl on the page.", 404)
+        return _error(
+            "no run folder: start the page with `memfit ui --run RUN_DIR`, or drop a run's memory.jsonl on the page.",
+            404,
+        )
     return JSONResponse(await run_in_threadpool(from_folder, run_dir))
 
 
@@ -342,8 +362,10 @@ def create_app(service: PlannerService | None = None, *, run_dir: str | Path | N
         Route("/api/run", run_folder, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    app = Starlette(routes=routes, exception_handlers={UserError: _user_error, json.JSONDecodeError: _bad_json,
-                                                       Exception: _server_error})
+    app = Starlette(
+        routes=routes,
+        exception_handlers={UserError: _user_error, json.JSONDecodeError: _bad_json, Exception: _server_error},
+    )
     app.state.service = service or PlannerService()
     app.state.run_dir = run_dir
     return app

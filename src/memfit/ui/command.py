@@ -33,11 +33,15 @@ def open_socket(host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port`` (port 0: any free port), or a :class:`ServeError` that
     says why not and what to use instead."""
     if not 0 <= port <= 65535:
-        raise ServeError(f"--port: {port} is not a port number; use 1 to 65535 (e.g. --port {DEFAULT_PORT}), or 0 for any free port.")
+        raise ServeError(
+            f"--port: {port} is not a port number; use 1 to 65535 (e.g. --port {DEFAULT_PORT}), or 0 for any free port."
+        )
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as err:
-        raise ServeError(f"--host: {host!r} is not an address of this machine ({err.strerror}); use e.g. --host {DEFAULT_HOST}.") from None
+        raise ServeError(
+            f"--host: {host!r} is not an address of this machine ({err.strerror}); use e.g. --host {DEFAULT_HOST}."
+        ) from None
     family, _, _, _, address = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -46,8 +50,12 @@ def open_socket(host: str, port: int) -> socket.socket:
     except OSError as err:
         sock.close()
         if err.errno in (98, 48):  # EADDRINUSE on Linux, macOS
-            raise ServeError(f"--port: {port} is in use on {host}; choose another (e.g. --port {port + 1}), or --port 0 for any free port.") from None
-        raise ServeError(f"--host {host} --port {port}: cannot listen there ({err.strerror}); use e.g. --host {DEFAULT_HOST}.") from None
+            raise ServeError(
+                f"--port: {port} is in use on {host}; choose another (e.g. --port {port + 1}), or --port 0 for any free port."
+            ) from None
+        raise ServeError(
+            f"--host {host} --port {port}: cannot listen there ({err.strerror}); use e.g. --host {DEFAULT_HOST}."
+        ) from None
     sock.listen(128)
     return sock
 
@@ -61,10 +69,16 @@ def page_url(sock: socket.socket, host: str) -> str:
 @cli_errors
 def ui_command(
     port: int = typer.Option(DEFAULT_PORT, "--port", help="Port to serve the page on (0: any free port)."),
-    host: str = typer.Option(DEFAULT_HOST, "--host", help="Address to listen on. The default keeps the page to this machine; "
-                                                          "another address makes it reachable from the network, with no password."),
+    host: str = typer.Option(
+        DEFAULT_HOST,
+        "--host",
+        help="Address to listen on. The default keeps the page to this machine; "
+        "another address makes it reachable from the network, with no password.",
+    ),
     open_browser: bool = typer.Option(False, "--open", help="Open the page in the default web browser."),
-    run: Path | None = typer.Option(None, "--run", help="A run folder (memfit train's output_dir) to show against its plan."),
+    run: Path | None = typer.Option(
+        None, "--run", help="A run folder (memfit train's output_dir) to show against its plan."
+    ),
 ) -> None:
     """Plan, fit and compare on a local web page: the planner behind a browser form.
 
@@ -77,13 +91,20 @@ def ui_command(
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as err:
-        raise ServeError(f"memfit ui needs {err.name}, which is not installed: pip install starlette uvicorn.") from None
+        raise ServeError(
+            f"memfit ui needs {err.name}, which is not installed: pip install starlette uvicorn."
+        ) from None
     sock = open_socket(host, port)
     url = page_url(sock, host)
     if not is_loopback(host):
-        typer.secho(f"warning: memfit ui listens on {host}: anyone who can reach this machine on port {sock.getsockname()[1]} "
-                    f"can use the page and make the server plan (no password, no TLS). Use --host {DEFAULT_HOST} to keep "
-                    "it to this machine.", fg="yellow", bold=True, err=True)
+        typer.secho(
+            f"warning: memfit ui listens on {host}: anyone who can reach this machine on port {sock.getsockname()[1]} "
+            f"can use the page and make the server plan (no password, no TLS). Use --host {DEFAULT_HOST} to keep "
+            "it to this machine.",
+            fg="yellow",
+            bold=True,
+            err=True,
+        )
     _serve(sock, url, run_dir, open_browser)
 
 

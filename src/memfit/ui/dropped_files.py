@@ -24,7 +24,7 @@ class UploadError(UserError, ValueError):
 
 def is_upload_name(model: str) -> bool:
     """Whether ``model`` names a dropped config (``upload-`` and twelve hex digits)."""
-    digits = model[len(UPLOAD_PREFIX):]
+    digits = model[len(UPLOAD_PREFIX) :]
     return model.startswith(UPLOAD_PREFIX) and len(digits) == 12 and all(c in "0123456789abcdef" for c in digits)
 
 
@@ -33,15 +33,19 @@ def file_name(name: str) -> str:
     refused when no file can be named so (too long, a NUL character)."""
     base = PurePath(name).name
     if len(base) > MAX_FILE_NAME_CHARS or "\x00" in base:
-        raise UploadError(f"file name {shown(base)} is not a file's name (at most {MAX_FILE_NAME_CHARS} characters, no NUL); "
-                          "drop the file as it is named on your disk.")
+        raise UploadError(
+            f"file name {shown(base)} is not a file's name (at most {MAX_FILE_NAME_CHARS} characters, no NUL); "
+            "drop the file as it is named on your disk."
+        )
     return base
 
 
 def check_size(data: bytes, filename: str) -> None:
     """Refuse a file over :data:`MAX_UPLOAD_BYTES` (the body is read no further than that)."""
     if len(data) > MAX_UPLOAD_BYTES:
-        raise UploadError(f"{filename}: more than {MAX_UPLOAD_BYTES // 2**20} MiB; the page takes files up to that size.")
+        raise UploadError(
+            f"{filename}: more than {MAX_UPLOAD_BYTES // 2**20} MiB; the page takes files up to that size."
+        )
 
 
 def decode_text(data: bytes, filename: str, what: str) -> str:

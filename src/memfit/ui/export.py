@@ -62,8 +62,14 @@ def command_line(command: str, params: Mapping[str, list[str]], model_file: str 
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def train_yaml(model: str, spec: Mapping[str, Any], *, gpu: str | None = None, budget: str | None = None,
-               model_is_file: bool = False) -> str:
+def train_yaml(
+    model: str,
+    spec: Mapping[str, Any],
+    *,
+    gpu: str | None = None,
+    budget: str | None = None,
+    model_is_file: bool = False,
+) -> str:
     """A ``memfit train`` YAML that trains ``spec`` (a plan's or a fit's ``spec``) on ``model``.
 
     As ``memfit fit --write`` writes it: the trained knobs, the GPU or budget, the demo dataset
@@ -79,7 +85,9 @@ def train_yaml(model: str, spec: Mapping[str, Any], *, gpu: str | None = None, b
     header = "# Written by memfit ui: the configuration on the page.\n"
     if model_is_file or not looks_like_hub_id(model):
         values["init"] = "random"
-        header += "# init: random trains random weights; point model: at your local Hugging Face folder and delete it.\n"
+        header += (
+            "# init: random trains random weights; point model: at your local Hugging Face folder and delete it.\n"
+        )
     values["data"] = str(demo_dataset_path())
     header += "# data: the demo dataset; put your training data here.\n"
     multi_gpu = int(spec.get("gpus", 1) or 1) > 1

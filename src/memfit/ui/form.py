@@ -24,16 +24,18 @@ def knob_fields() -> list[dict[str, Any]]:
         declared = default(name)
         if isinstance(declared, tuple):
             declared = ",".join(declared)
-        fields.append({
-            "name": name,
-            "flag": flag(name),
-            "kind": value_kind(name),
-            "choices": list(choices(name)),
-            "default": declared,
-            "help": help_text(name),
-            "main": name in MAIN_KNOBS,
-            "trained": name in TRAINED_KNOBS,
-        })
+        fields.append(
+            {
+                "name": name,
+                "flag": flag(name),
+                "kind": value_kind(name),
+                "choices": list(choices(name)),
+                "default": declared,
+                "help": help_text(name),
+                "main": name in MAIN_KNOBS,
+                "trained": name in TRAINED_KNOBS,
+            }
+        )
     return fields
 
 
@@ -45,10 +47,25 @@ def catalogs() -> dict[str, Any]:
     models = []
     for name in catalog_names():
         config = load_catalog_config(name)
-        models.append({"name": name, "model_type": config.get("model_type"), "layers": config.get("num_hidden_layers"),
-                       "hidden_size": config.get("hidden_size"), "max_position_embeddings": config.get("max_position_embeddings")})
-    gpus = [{"name": g.name, "display_name": g.display_name, "memory_bytes": g.memory_bytes, "arch": g.arch,
-             "supports_bf16": g.supports_bf16} for g in load_gpus().values()]
+        models.append(
+            {
+                "name": name,
+                "model_type": config.get("model_type"),
+                "layers": config.get("num_hidden_layers"),
+                "hidden_size": config.get("hidden_size"),
+                "max_position_embeddings": config.get("max_position_embeddings"),
+            }
+        )
+    gpus = [
+        {
+            "name": g.name,
+            "display_name": g.display_name,
+            "memory_bytes": g.memory_bytes,
+            "arch": g.arch,
+            "supports_bf16": g.supports_bf16,
+        }
+        for g in load_gpus().values()
+    ]
     return {"models": models, "gpus": gpus}
 
 

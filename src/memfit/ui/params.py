@@ -30,14 +30,28 @@ DEFAULT_MODEL = "smollm2-135m"
 PLAN_OPTIONS = ("revision", "gpu", "budget", "context_bytes", "exact", "no_cache")
 
 #: ``--model`` (``model_override``: a config's model replaced) on the page: the model field is the model.
-MODEL_OVERRIDE_REFUSED = "the page's model field names the model: put it there, or edit the config's model before dropping it"
+MODEL_OVERRIDE_REFUSED = (
+    "the page's model field names the model: put it there, or edit the config's model before dropping it"
+)
 #: ``memfit plan`` options the page refuses, with why.
 PLAN_REFUSED = {"model_override": MODEL_OVERRIDE_REFUSED}
 
 #: ``memfit fit``'s options besides its knobs (:data:`memfit.options.FIT_KNOBS`, the command line's
 #: own) that the page's search takes (``--write``, ``--data`` and ``--overwrite`` write files: the
 #: page never names a server path; see :data:`FIT_REFUSED`).
-FIT_OPTIONS = ("revision", "gpu", "budget", "batch_size", "seq_len", "method", "precision", "gpus", "shard", "max", "exact")
+FIT_OPTIONS = (
+    "revision",
+    "gpu",
+    "budget",
+    "batch_size",
+    "seq_len",
+    "method",
+    "precision",
+    "gpus",
+    "shard",
+    "max",
+    "exact",
+)
 #: ``memfit fit`` options the page's search refuses, with why.
 FIT_REFUSED = {
     "write": "the page writes no file on the server: use 'copy as YAML', or run the command it gives",
@@ -67,7 +81,9 @@ def _key(name: str) -> str:
     return name.strip().lstrip("-").replace("-", "_")
 
 
-def _single(params: Mapping[str, list[str]], known: tuple[str, ...], command: str, repeatable: tuple[str, ...] = ()) -> dict[str, Any]:
+def _single(
+    params: Mapping[str, list[str]], known: tuple[str, ...], command: str, repeatable: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Parameter name -> value (a list for ``repeatable``), names normalised, unknown names refused."""
     values: dict[str, Any] = {}
     for raw_name, raw_values in params.items():
@@ -79,7 +95,11 @@ def _single(params: Mapping[str, list[str]], known: tuple[str, ...], command: st
             if refusal:
                 raise QueryError(f"{flag(name)}: not taken here: {refusal}.")
             close = difflib.get_close_matches(name, known, n=1)
-            hint = f" Did you mean {flag(close[0])}?" if close else f" memfit {command} takes {', '.join(flag(k) for k in known)}."
+            hint = (
+                f" Did you mean {flag(close[0])}?"
+                if close
+                else f" memfit {command} takes {', '.join(flag(k) for k in known)}."
+            )
             raise QueryError(f"unknown option {flag(name)} for memfit {command}.{hint}")
         given = [v for v in raw_values if v.strip() != ""] if name not in _flags(command) else list(raw_values)
         if not given:
@@ -189,9 +209,11 @@ def plan_spec(text: str) -> dict[str, Any]:
         spec = json.loads(text)
     except (ValueError, RecursionError) as err:
         reason = err.msg if isinstance(err, json.JSONDecodeError) else "nested too deep"
-        raise QueryError(f"spec: {text!r} is not valid JSON ({reason}); send a plan's spec (its \"spec\" object).") from None
+        raise QueryError(
+            f'spec: {text!r} is not valid JSON ({reason}); send a plan\'s spec (its "spec" object).'
+        ) from None
     if not isinstance(spec, dict):
-        raise QueryError(f"spec: {text!r} is not a JSON object; send a plan's spec (its \"spec\" object).")
+        raise QueryError(f'spec: {text!r} is not a JSON object; send a plan\'s spec (its "spec" object).')
     try:
         make_spec(spelling="field", **{k: v for k, v in spec.items() if k in KNOBS})
     except SpecError as err:

@@ -17,10 +17,15 @@ from memfit.ui.uploads import UploadError, check_size, read_json_object
 
 
 def _rows(rows) -> list[dict[str, Any]]:
-    return [{"name": r.name, "predicted_bytes": r.predicted_bytes, "measured_bytes": r.measured_bytes, "ratio": r.ratio} for r in rows]
+    return [
+        {"name": r.name, "predicted_bytes": r.predicted_bytes, "measured_bytes": r.measured_bytes, "ratio": r.ratio}
+        for r in rows
+    ]
 
 
-def comparison(timeline, run: dict[str, Any] | None, source: str, fallback_plan: dict[str, Any] | None = None) -> dict[str, Any]:
+def comparison(
+    timeline, run: dict[str, Any] | None, source: str, fallback_plan: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Predicted against measured for a parsed run: categories, the three peaks, and step by step.
 
     The plan is the run's own (its start record or ``run.json``); without one, ``fallback_plan``
@@ -40,19 +45,23 @@ def comparison(timeline, run: dict[str, Any] | None, source: str, fallback_plan:
         # temporaries and its missing allocator reserve and CUDA context would read as misses.
         plan, plan_source = None, None
         steps_measured = (timeline.attribution or {}).get("steps", "?")
-        reason = (f"a CPU run: the plan is of GPU memory, so the categories are what the tensors of the first "
-                  f"{steps_measured} steps held on the CPU (the planner's tracker on the real tensors); a GPU would "
-                  "hold the same tensors, plus its allocator's reserve and the CUDA context")
+        reason = (
+            f"a CPU run: the plan is of GPU memory, so the categories are what the tensors of the first "
+            f"{steps_measured} steps held on the CPU (the planner's tracker on the real tensors); a GPU would "
+            "hold the same tensors, plus its allocator's reserve and the CUDA context"
+        )
     steps = []
     for record in timeline.steps:
         reading = (record.get("devices") or {}).get(device, {}) if device else {}
-        steps.append({
-            "step": record.get("step"),
-            "peak_allocated_bytes": reading.get("peak_allocated_bytes"),
-            "peak_reserved_bytes": reading.get("peak_reserved_bytes"),
-            "device_total_bytes": reading.get("process_bytes"),
-            "rss_bytes": record.get("rss_bytes"),
-        })
+        steps.append(
+            {
+                "step": record.get("step"),
+                "peak_allocated_bytes": reading.get("peak_allocated_bytes"),
+                "peak_reserved_bytes": reading.get("peak_reserved_bytes"),
+                "device_total_bytes": reading.get("process_bytes"),
+                "rss_bytes": record.get("rss_bytes"),
+            }
+        )
     peak, peak_source = measured_peak_allocated(timeline)
     return {
         "source": source,
@@ -69,8 +78,13 @@ def comparison(timeline, run: dict[str, Any] | None, source: str, fallback_plan:
     }
 
 
-def from_uploads(memory: bytes, run_json: bytes | None, fallback_plan: dict[str, Any] | None = None,
-                 memory_name: str = "memory.jsonl", run_name: str = "run.json") -> dict[str, Any]:
+def from_uploads(
+    memory: bytes,
+    run_json: bytes | None,
+    fallback_plan: dict[str, Any] | None = None,
+    memory_name: str = "memory.jsonl",
+    run_name: str = "run.json",
+) -> dict[str, Any]:
     """:func:`comparison` for a dropped ``memory.jsonl`` (and ``run.json``), read as data."""
     from memfit.watch.timeline import TimelineError, parse_timeline
 

@@ -39,8 +39,13 @@ log = logging.getLogger("memfit.ui")
 
 #: What a plan imports; imported once when the server starts, so that the first plan does not wait
 #: for them (bitsandbytes last, where it is installed: see the module's docstring).
-WARM_IMPORTS = ("memfit.planner.api", "memfit.planner.search.driver", "memfit.planner.exact.simulate",
-                "transformers.modeling_utils", "peft")
+WARM_IMPORTS = (
+    "memfit.planner.api",
+    "memfit.planner.search.driver",
+    "memfit.planner.exact.simulate",
+    "transformers.modeling_utils",
+    "peft",
+)
 
 #: Searches at most at once (each runs worker processes); one more is refused until one ends.
 MAX_SEARCHES = 2
@@ -70,8 +75,13 @@ def result_dict(result: Any) -> dict[str, Any]:
 class PlannerService:
     """Plans, sweeps and searches for the page, with the planner's imports done ahead."""
 
-    def __init__(self, uploads: UploadStore | None = None, *, clock: Callable[[], float] = time.perf_counter,
-                 depth_workers: int = 0) -> None:
+    def __init__(
+        self,
+        uploads: UploadStore | None = None,
+        *,
+        clock: Callable[[], float] = time.perf_counter,
+        depth_workers: int = 0,
+    ) -> None:
         self.uploads = uploads or UploadStore()
         # Where a plan's sampled depths are simulated: side by side in ``depth_workers`` worker
         # processes that import what this process imports to warm (the server's), or here, one
@@ -184,7 +194,9 @@ class PlannerService:
                 raise
         return self.public(call.model, result_dict(result))
 
-    def sweep(self, call: Call, max_positions: int | None, first: dict[str, Any] | None = None) -> Iterator[dict[str, Any]]:
+    def sweep(
+        self, call: Call, max_positions: int | None, first: dict[str, Any] | None = None
+    ) -> Iterator[dict[str, Any]]:
         """Plans of ``call`` at increasing sequence lengths, one point at a time, then where the
         card's memory is crossed (``{"longest": ...}``). ``first``: the plan of ``call`` itself,
         already made (not planned again, not yielded again). The lock is taken plan by plan, so
@@ -228,7 +240,9 @@ class PlannerService:
         from memfit.planner.search.request import FitEvents, FitRequest
 
         if not self._searches.acquire(blocking=False):
-            raise BusyError(f"the server is running {MAX_SEARCHES} searches already; wait for one to end and ask again.")
+            raise BusyError(
+                f"the server is running {MAX_SEARCHES} searches already; wait for one to end and ask again."
+            )
         with self._count_lock:
             self._running += 1
         try:
@@ -240,14 +254,22 @@ class PlannerService:
                 emit({"event": "progress", "plans": count[0], "message": message})
 
             def found(method: str, fits: list) -> None:
-                emit({"event": "found", "method": method, "fits": [self.public(call.model, result_dict(f)) for f in fits]})
+                emit(
+                    {
+                        "event": "found",
+                        "method": method,
+                        "fits": [self.public(call.model, result_dict(f)) for f in fits],
+                    }
+                )
 
             def expected(plans: int) -> None:
                 emit({"event": "expected", "plans": plans})
 
             try:
                 request = FitRequest(self.model_argument(call.model), knobs=call.knobs, **call.options)
-                result = fit(request, FitEvents(progress=progress, plans_expected=expected, found=found, stop=self._stopping))
+                result = fit(
+                    request, FitEvents(progress=progress, plans_expected=expected, found=found, stop=self._stopping)
+                )
             except SearchCancelled:
                 raise ServerStopping(STOPPING) from None
             except UserError as err:

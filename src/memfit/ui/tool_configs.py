@@ -75,20 +75,25 @@ def write_dropped(folder: Path, main: tuple[str, Any], companions: Mapping[str, 
     them by its base name (``deepspeed: /home/me/ds_z3.json`` is the dropped ``ds_z3.json``)."""
     filename, raw = main
     if not isinstance(raw, Mapping):
-        raise UploadError(f"{filename}: holds a {type(raw).__name__}, not a config of keys and values; drop a training "
-                          "config (Axolotl, LLaMA-Factory, TrainingArguments / TRL) or a model's config.json.")
+        raise UploadError(
+            f"{filename}: holds a {type(raw).__name__}, not a config of keys and values; drop a training "
+            "config (Axolotl, LLaMA-Factory, TrainingArguments / TRL) or a model's config.json."
+        )
     names = named_files(raw)
     rewritten = dict(raw)
     files: dict[str, bytes] = {}
     for key, value in names.items():
         base = base_name(value)
         if base not in companions:
-            raise UploadError(f"{filename}: {key}: names {value!r}; drop that file together with {filename} (select both): "
-                              "the page reads no file on the server.")
+            raise UploadError(
+                f"{filename}: {key}: names {value!r}; drop that file together with {filename} (select both): "
+                "the page reads no file on the server."
+            )
         rewritten[key] = base
         files[base] = companions[base]
-    digest = hashlib.sha256(json.dumps([filename, sorted(rewritten.items(), key=str), sorted(files.items())],
-                                       default=repr).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(
+        json.dumps([filename, sorted(rewritten.items(), key=str), sorted(files.items())], default=repr).encode()
+    ).hexdigest()[:12]
     own = folder / digest
     own.mkdir(parents=True, exist_ok=True)
     try:
@@ -96,8 +101,10 @@ def write_dropped(folder: Path, main: tuple[str, Any], companions: Mapping[str, 
     except UploadError:
         shutil.rmtree(own, ignore_errors=True)
         raise
-    knobs = {k: ",".join(v) if isinstance(v, (tuple, list)) else str(v).lower() if isinstance(v, bool) else str(v)
-             for k, v in tool.knobs.items()}
+    knobs = {
+        k: ",".join(v) if isinstance(v, (tuple, list)) else str(v).lower() if isinstance(v, bool) else str(v)
+        for k, v in tool.knobs.items()
+    }
     return ToolUpload(own / base_name(filename), filename, tool.tool, tool.title, tool.model, knobs)
 
 
@@ -119,8 +126,10 @@ def _read(own: Path, filename: str, raw: Mapping[str, Any], files: Mapping[str, 
         check_page_model(tool.model)
     except QueryError:
         keys = ", ".join(tool.sources.get("model", ("model",)))
-        raise UploadError(f"{filename}: {keys}: {tool.model!r} is a folder on this machine, which the page does not read; "
-                          f"name the model by its Hub id there, or run `memfit plan {filename}`.") from None
+        raise UploadError(
+            f"{filename}: {keys}: {tool.model!r} is a folder on this machine, which the page does not read; "
+            f"name the model by its Hub id there, or run `memfit plan {filename}`."
+        ) from None
     return tool
 
 

@@ -44,8 +44,17 @@ MAX_KEPT = 64
 #: Files dropped at once: a training config and the DeepSpeed or FSDP JSON it names.
 MAX_FILES = 4
 
-__all__ = ["MAX_FILES", "MAX_KEPT", "MAX_UPLOAD_BYTES", "ModelUpload", "UploadError", "UploadStore", "check_size",
-           "is_upload_name", "read_json_object"]
+__all__ = [
+    "MAX_FILES",
+    "MAX_KEPT",
+    "MAX_UPLOAD_BYTES",
+    "ModelUpload",
+    "UploadError",
+    "UploadStore",
+    "check_size",
+    "is_upload_name",
+    "read_json_object",
+]
 
 
 @dataclass(frozen=True)
@@ -70,9 +79,15 @@ class ModelUpload:
 
     def describe(self) -> dict[str, Any]:
         """What the page shows of it (``POST /api/model``'s answer)."""
-        answer: dict[str, Any] = {"model": self.name, "filename": self.filename, "model_type": self.config.get("model_type")}
+        answer: dict[str, Any] = {
+            "model": self.name,
+            "filename": self.filename,
+            "model_type": self.config.get("model_type"),
+        }
         if self.tool is not None:
-            answer.update(tool=self.tool.tool, tool_title=self.tool.title, base_model=self.tool.model, knobs=self.tool.knobs)
+            answer.update(
+                tool=self.tool.tool, tool_title=self.tool.title, base_model=self.tool.model, knobs=self.tool.knobs
+            )
         return answer
 
 
@@ -84,7 +99,9 @@ def read_json_object(data: bytes, filename: str) -> dict[str, Any]:
     except ValueError as err:
         raise UploadError(f"{filename}: not valid JSON ({err}); drop the model's config.json.") from None
     if not isinstance(value, dict):
-        raise UploadError(f"{filename}: holds a JSON {type(value).__name__}, not an object; drop the model's config.json.")
+        raise UploadError(
+            f"{filename}: holds a JSON {type(value).__name__}, not an object; drop the model's config.json."
+        )
     return value
 
 
@@ -106,7 +123,7 @@ def config_json_reader(data: bytes, filename: str) -> dict[str, Any] | None:
     config = read_json_object(data, filename)
     if "model_type" not in config:
         raise UploadError(
-            f"{filename}: has no model_type, so it is not a model's config.json (e.g. \"model_type\": \"llama\"); "
+            f'{filename}: has no model_type, so it is not a model\'s config.json (e.g. "model_type": "llama"); '
             "drop the config.json from the model's folder or its Hub page."
         )
     return config
@@ -139,19 +156,27 @@ class UploadStore:
         if not files:
             raise UploadError("no file: drop a model's config.json or a training config.")
         if len(files) > MAX_FILES:
-            raise UploadError(f"{len(files)} files at once: drop one config (with the DeepSpeed JSON it names), at most {MAX_FILES} files.")
+            raise UploadError(
+                f"{len(files)} files at once: drop one config (with the DeepSpeed JSON it names), at most {MAX_FILES} files."
+            )
         for filename, data in files.items():
             check_size(data, filename)
         configs = [name for name in files if name.lower().endswith(CONFIG_SUFFIXES)]
         if len(files) == 1 and not configs:
             return self._model_config(*next(iter(files.items())))
         # A file named config.json is a model's (its own reader says what is wrong with it).
-        parsed = {name: None if base_name(name).lower() == "config.json" else parse(files[name], name) for name in configs}
-        named = {base_name(value) for raw in parsed.values() if isinstance(raw, dict) for value in named_files(raw).values()}
+        parsed = {
+            name: None if base_name(name).lower() == "config.json" else parse(files[name], name) for name in configs
+        }
+        named = {
+            base_name(value) for raw in parsed.values() if isinstance(raw, dict) for value in named_files(raw).values()
+        }
         mains = [name for name in configs if base_name(name) not in named]
         if len(mains) != 1 or (len(files) > 1 and is_model_config(parsed[mains[0]], mains[0])):
-            raise UploadError(f"{', '.join(mains or files)}: drop one config at a time (a model's config.json, or a training "
-                              "config with the DeepSpeed JSON it names).")
+            raise UploadError(
+                f"{', '.join(mains or files)}: drop one config at a time (a model's config.json, or a training "
+                "config with the DeepSpeed JSON it names)."
+            )
         main = mains[0]
         if is_model_config(parsed[main], main):
             return self._model_config(main, files[main])
@@ -165,8 +190,10 @@ class UploadStore:
             if config is not None:
                 break
         else:
-            raise UploadError(f"{filename}: not a file the page can plan; drop a model's config.json or a training "
-                              "config (Axolotl, LLaMA-Factory, TrainingArguments / TRL: .yaml, .yml or .json).")
+            raise UploadError(
+                f"{filename}: not a file the page can plan; drop a model's config.json or a training "
+                "config (Axolotl, LLaMA-Factory, TrainingArguments / TRL: .yaml, .yml or .json)."
+            )
         digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
         return self._keep(ModelUpload(UPLOAD_PREFIX + digest, config, filename))
 

@@ -25,13 +25,27 @@ MARKERS_BELOW_POINTS = 40
 MIN_POINTS = 2
 
 #: Chart names and the titles the page gives them (also the PNG files' suffixes).
-TITLES = {"loss": "Loss", "rewards": "Preference rewards", "grpo-rewards": "GRPO rewards", "lr": "Learning rate",
-          "memory-host": "Host memory", "categories": "Plan vs measured"}
+TITLES = {
+    "loss": "Loss",
+    "rewards": "Preference rewards",
+    "grpo-rewards": "GRPO rewards",
+    "lr": "Learning rate",
+    "memory-host": "Host memory",
+    "categories": "Plan vs measured",
+}
 
 #: A grpo run's metrics, under TRL's names, that the report shows first and last (with each reward
 #: function's ``rewards/<name>/mean``).
-GRPO_METRICS = ("reward", "reward_std", "frac_reward_zero_std", "completions/mean_length", "completions/clipped_ratio", "kl",
-                "entropy", "clip_ratio/region_mean")
+GRPO_METRICS = (
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "kl",
+    "entropy",
+    "clip_ratio/region_mean",
+)
 
 
 def grpo_reward_names(metrics: list) -> list[str]:
@@ -42,6 +56,7 @@ def grpo_reward_names(metrics: list) -> list[str]:
             if name.startswith("rewards/") and name.endswith("/mean"):
                 names[name] = None
     return list(names)
+
 
 #: A preference run's metrics, under TRL's names (memfit train and TRL's trainers log them alike).
 REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
@@ -60,7 +75,9 @@ def render_charts(diagnosis: Diagnosis, plan_compared: bool) -> list[tuple[str, 
     try:
         import matplotlib
     except ImportError:
-        raise ChartError("memfit report draws its charts with matplotlib, which is not installed: pip install matplotlib") from None
+        raise ChartError(
+            "memfit report draws its charts with matplotlib, which is not installed: pip install matplotlib"
+        ) from None
     matplotlib.use("Agg", force=True)  # files only, no display
     from matplotlib.figure import Figure
 
@@ -75,7 +92,9 @@ def render_charts(diagnosis: Diagnosis, plan_compared: bool) -> list[tuple[str, 
         charts.append(("rewards", _rewards_chart(Figure, rewards)))
     if len(metric_curve(metrics, "reward")) >= MIN_POINTS:
         charts.append(("grpo-rewards", _grpo_rewards_chart(Figure, metrics)))
-    rates = metric_curve(metrics, "lr") or metric_curve(metrics, "learning_rate")  # memfit train's name, then the Trainer's
+    rates = metric_curve(metrics, "lr") or metric_curve(
+        metrics, "learning_rate"
+    )  # memfit train's name, then the Trainer's
     if len(rates) >= MIN_POINTS:
         charts.append(("lr", _lr_chart(Figure, rates)))
     for name in timeline.device_names():
@@ -130,9 +149,13 @@ def _device_chart(Figure, timeline, name: str, plan: dict[str, Any] | None, find
         entry = record.get("devices", {}).get(name)
         if not entry:
             continue
-        for key, label in (("allocated_bytes", "allocated after step"), ("reserved_bytes", "reserved"),
-                           ("peak_allocated_bytes", "peak allocated (so far)"), ("nvml_used_bytes", "device used (NVML)"),
-                           ("process_bytes", "this process (NVML)")):
+        for key, label in (
+            ("allocated_bytes", "allocated after step"),
+            ("reserved_bytes", "reserved"),
+            ("peak_allocated_bytes", "peak allocated (so far)"),
+            ("nvml_used_bytes", "device used (NVML)"),
+            ("process_bytes", "this process (NVML)"),
+        ):
             if key in entry:
                 lines.setdefault(label, []).append((record["step"], entry[key]))
     if max((len(points) for points in lines.values()), default=0) < MIN_POINTS:
@@ -147,10 +170,20 @@ def _device_chart(Figure, timeline, name: str, plan: dict[str, Any] | None, find
     for label, pts in lines.items():
         ax.plot([s for s, _ in pts], [v / scale for _, v in pts], label=label, linewidth=1.4, **_style(pts))
     if planned:
-        ax.axhline(planned / scale, color="crimson", linestyle="--", linewidth=1.2, label=f"planned peak allocated ({format_bytes(planned)})")
+        ax.axhline(
+            planned / scale,
+            color="crimson",
+            linestyle="--",
+            linewidth=1.2,
+            label=f"planned peak allocated ({format_bytes(planned)})",
+        )
     for step in _leak_steps(findings, name):
         ax.axvline(step, color="crimson", linestyle=":", linewidth=1, label=f"climb detected from step {step}")
-    title = f"{name} memory" + ("" if name in timeline.expected_devices or not timeline.expected_devices else " (not a device this run should use)")
+    title = f"{name} memory" + (
+        ""
+        if name in timeline.expected_devices or not timeline.expected_devices
+        else " (not a device this run should use)"
+    )
     return _memory_png(fig, ax, title, unit)
 
 
@@ -172,14 +205,32 @@ def _host_chart(Figure, timeline, findings) -> bytes:
     scale, unit = _unit(max(p.value for p in points + peak))
     fig = Figure(figsize=(9, 3.2))
     ax = fig.subplots()
-    ax.plot([p.step for p in points], [p.value / scale for p in points], color="tab:purple", linewidth=1.4,
-            label="process RSS after step", **_style(points))
+    ax.plot(
+        [p.step for p in points],
+        [p.value / scale for p in points],
+        color="tab:purple",
+        linewidth=1.4,
+        label="process RSS after step",
+        **_style(points),
+    )
     if peak:  # drawn over the RSS, which it often equals
-        ax.plot([p.step for p in peak], [p.value / scale for p in peak], color="tab:red", linewidth=1.2, linestyle="--",
-                label="process peak RSS so far (OS, ru_maxrss)")
+        ax.plot(
+            [p.step for p in peak],
+            [p.value / scale for p in peak],
+            color="tab:red",
+            linewidth=1.2,
+            linestyle="--",
+            label="process peak RSS so far (OS, ru_maxrss)",
+        )
     if heap:
-        ax.plot([p.step for p in heap], [p.value / scale for p in heap], color="tab:brown", linewidth=1.2,
-                label="malloc heap in use", **_style(heap))
+        ax.plot(
+            [p.step for p in heap],
+            [p.value / scale for p in heap],
+            color="tab:brown",
+            linewidth=1.2,
+            label="malloc heap in use",
+            **_style(heap),
+        )
     for step in _leak_steps(findings, HOST):
         ax.axvline(step, color="crimson", linestyle=":", linewidth=1, label=f"climb detected from step {step}")
     return _memory_png(fig, ax, "host memory of the training process", unit)
@@ -189,10 +240,24 @@ def _loss_chart(Figure, losses: list[tuple[int, float]], evals: list[tuple[int, 
     fig = Figure(figsize=(9, 3.2))
     ax = fig.subplots()
     if losses:
-        ax.plot([s for s, _ in losses], [v for _, v in losses], color="tab:green", linewidth=1.4, label="training loss", **_style(losses))
+        ax.plot(
+            [s for s, _ in losses],
+            [v for _, v in losses],
+            color="tab:green",
+            linewidth=1.4,
+            label="training loss",
+            **_style(losses),
+        )
     if evals:
-        ax.plot([s for s, _ in evals], [v for _, v in evals], color="tab:blue", linewidth=1.2, marker="o", markersize=5,
-                label="eval loss")
+        ax.plot(
+            [s for s, _ in evals],
+            [v for _, v in evals],
+            color="tab:blue",
+            linewidth=1.2,
+            marker="o",
+            markersize=5,
+            label="eval loss",
+        )
     ax.set_title("loss (metrics.jsonl)")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
@@ -250,11 +315,21 @@ def _rewards_chart(Figure, curves: dict[str, list[tuple[int, float]]]) -> bytes:
     evaluations' margin and share, where the run has them, are dots on the same axes."""
     fig = Figure(figsize=(9, 3.0))
     left, right = fig.subplots(1, 2, width_ratios=(3, 2))
-    for name, color in (("rewards/chosen", "tab:green"), ("rewards/rejected", "tab:red"), ("rewards/margins", "tab:blue")):
+    for name, color in (
+        ("rewards/chosen", "tab:green"),
+        ("rewards/rejected", "tab:red"),
+        ("rewards/margins", "tab:blue"),
+    ):
         points = curves[name]
         if points:
-            left.plot([s for s, _ in points], [v for _, v in points], color=color, linewidth=1.2, label=name.split("/")[1],
-                      **_style(points))
+            left.plot(
+                [s for s, _ in points],
+                [v for _, v in points],
+                color=color,
+                linewidth=1.2,
+                label=name.split("/")[1],
+                **_style(points),
+            )
     _eval_dots(left, curves.get("eval_rewards/margins"), "tab:blue", "eval margins")
     left.axhline(0, color="0.6", linewidth=0.8)
     left.set_title("rewards (metrics.jsonl)")
@@ -262,8 +337,14 @@ def _rewards_chart(Figure, curves: dict[str, list[tuple[int, float]]]) -> bytes:
     left.legend(loc="best", fontsize="small")
     left.grid(alpha=0.3)
     accuracies = curves["rewards/accuracies"]
-    right.plot([s for s, _ in accuracies], [v for _, v in accuracies], color="tab:purple", linewidth=1.2, label="training",
-               **_style(accuracies))
+    right.plot(
+        [s for s, _ in accuracies],
+        [v for _, v in accuracies],
+        color="tab:purple",
+        linewidth=1.2,
+        label="training",
+        **_style(accuracies),
+    )
     if _eval_dots(right, curves.get("eval_rewards/accuracies"), "tab:purple", "eval"):
         right.legend(loc="best", fontsize="small")
     right.axhline(0.5, color="0.6", linewidth=0.8, linestyle="--")
@@ -279,8 +360,16 @@ def _eval_dots(ax, points: list[tuple[int, float]] | None, color: str, label: st
     """Evaluation values as open dots (whether there were any)."""
     if not points:
         return False
-    ax.plot([s for s, _ in points], [v for _, v in points], linestyle="none", marker="o", markersize=5,
-            markerfacecolor="white", color=color, label=label)
+    ax.plot(
+        [s for s, _ in points],
+        [v for _, v in points],
+        linestyle="none",
+        marker="o",
+        markersize=5,
+        markerfacecolor="white",
+        color=color,
+        label=label,
+    )
     return True
 
 
@@ -291,7 +380,9 @@ def _categories_chart(Figure, rows) -> bytes:
     ax = fig.subplots()
     y = list(range(len(rows)))
     ax.barh([i - 0.2 for i in y], [r.predicted_bytes / scale for r in rows], height=0.4, label="plan", color="tab:blue")
-    ax.barh([i + 0.2 for i in y], [r.measured_bytes / scale for r in rows], height=0.4, label="measured", color="tab:orange")
+    ax.barh(
+        [i + 0.2 for i in y], [r.measured_bytes / scale for r in rows], height=0.4, label="measured", color="tab:orange"
+    )
     ax.set_yticks(y, [r.name for r in rows])
     ax.invert_yaxis()
     ax.set_xlabel(unit)

@@ -33,7 +33,12 @@ class CategoryRow(JsonForm):
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "predicted_bytes": self.predicted_bytes, "measured_bytes": self.measured_bytes, "ratio": self.ratio}
+        return {
+            "name": self.name,
+            "predicted_bytes": self.predicted_bytes,
+            "measured_bytes": self.measured_bytes,
+            "ratio": self.ratio,
+        }
 
 
 def measured_categories(timeline: Timeline) -> dict[str, int]:
@@ -55,7 +60,9 @@ def measured_categories(timeline: Timeline) -> dict[str, int]:
         if peak_reserved and peak_allocated:
             measured["allocator"] = peak_reserved - peak_allocated
         # The context is what NVML sees of this process beyond what PyTorch reserved.
-        contexts = [e["process_bytes"] - e["reserved_bytes"] for e in records if "process_bytes" in e and "reserved_bytes" in e]
+        contexts = [
+            e["process_bytes"] - e["reserved_bytes"] for e in records if "process_bytes" in e and "reserved_bytes" in e
+        ]
         if contexts:
             measured["runtime"] = min(contexts)
     return measured
@@ -90,7 +97,9 @@ def measured_peak_allocated(timeline: Timeline) -> tuple[int | None, str]:
     """The run's peak allocated bytes and where it was read: the device counters, else the attribution."""
     device = run_device(timeline)
     if device is not None:
-        peaks = [r["devices"][device].get("peak_allocated_bytes") for r in timeline.steps if device in r.get("devices", {})]
+        peaks = [
+            r["devices"][device].get("peak_allocated_bytes") for r in timeline.steps if device in r.get("devices", {})
+        ]
         peaks = [p for p in peaks if p]
         if peaks:
             return max(peaks), f"torch.cuda.max_memory_allocated on {device}"
@@ -132,7 +141,9 @@ _CATEGORY_FIX = {
 }
 
 
-def detect_above_plan(timeline: Timeline, plan: dict[str, Any] | None, thresholds: Thresholds = Thresholds()) -> list[Finding]:
+def detect_above_plan(
+    timeline: Timeline, plan: dict[str, Any] | None, thresholds: Thresholds = Thresholds()
+) -> list[Finding]:
     """Measured categories (and the peak) well above what the plan predicted."""
     if not plan:
         return []
@@ -150,25 +161,36 @@ def detect_above_plan(timeline: Timeline, plan: dict[str, Any] | None, threshold
             f"{format_bytes(row.predicted_bytes)} (+{format_bytes(excess)})"
         )
         if row.name == "activations" and spec.get("checkpointing") in ("on", "offload"):
-            message += f": the plan assumed checkpointing {spec['checkpointing']}, and the run behaves as if it were off"
-        findings.append(Finding(
-            severity="error",
-            code=f"{row.name}_above_plan",
-            message=message + ".",
-            fix=_CATEGORY_FIX[row.name],
-            step=timeline.attribution.get("first_step") if timeline.attribution else None,
-            data={"category": row.name, "measured_bytes": row.measured_bytes, "predicted_bytes": row.predicted_bytes, "ratio": row.ratio},
-        ))
+            message += (
+                f": the plan assumed checkpointing {spec['checkpointing']}, and the run behaves as if it were off"
+            )
+        findings.append(
+            Finding(
+                severity="error",
+                code=f"{row.name}_above_plan",
+                message=message + ".",
+                fix=_CATEGORY_FIX[row.name],
+                step=timeline.attribution.get("first_step") if timeline.attribution else None,
+                data={
+                    "category": row.name,
+                    "measured_bytes": row.measured_bytes,
+                    "predicted_bytes": row.predicted_bytes,
+                    "ratio": row.ratio,
+                },
+            )
+        )
     peak, source = measured_peak_allocated(timeline)
     planned = (plan.get("peak") or {}).get("allocated_bytes")
     if peak is not None and planned and peak >= t.peak_ratio * planned and peak - planned >= t.peak_min_excess_bytes:
-        findings.append(Finding(
-            severity="warning",
-            code="peak_above_plan",
-            message=f"peak allocated memory is {format_bytes(peak)} ({source}), {peak / planned:.2f}x the plan's {format_bytes(planned)}.",
-            fix="Compare the categories in `memfit report` to see which part grew; re-plan with the run's real batch_size, seq_len and method.",
-            data={"measured_bytes": peak, "predicted_bytes": planned, "source": source},
-        ))
+        findings.append(
+            Finding(
+                severity="warning",
+                code="peak_above_plan",
+                message=f"peak allocated memory is {format_bytes(peak)} ({source}), {peak / planned:.2f}x the plan's {format_bytes(planned)}.",
+                fix="Compare the categories in `memfit report` to see which part grew; re-plan with the run's real batch_size, seq_len and method.",
+                data={"measured_bytes": peak, "predicted_bytes": planned, "source": source},
+            )
+        )
     return findings
 
 

@@ -136,7 +136,9 @@ def detect_leak(timeline: Timeline, thresholds: Thresholds = Thresholds()) -> li
     return findings
 
 
-def _leak_finding(timeline: Timeline, where: str, key: str, window: list[Point], slope: float, growth: float, t: Thresholds) -> Finding:
+def _leak_finding(
+    timeline: Timeline, where: str, key: str, window: list[Point], slope: float, growth: float, t: Thresholds
+) -> Finding:
     last = timeline.steps[-1]
     last_step = window[-1].step
     if where == HOST:
@@ -219,29 +221,43 @@ def detect_stray_device(timeline: Timeline, thresholds: Thresholds = Thresholds(
             f"or hide the other GPUs (CUDA_VISIBLE_DEVICES) so the process cannot reach {name}."
         )
         if first_tensor is not None:
-            findings.append(Finding(
-                severity="error" if max_allocated >= thresholds.stray_error_bytes else "warning",
-                code="stray_device",
-                message=(
-                    f"PyTorch holds tensors on {name} (up to {format_bytes(max_allocated)}, from step {first_tensor}), "
-                    f"but the run is on {run_on}: some tensors or a library put memory on the wrong GPU."
-                ),
-                fix=fix,
-                step=first_tensor,
-                data={"device": name, "max_allocated_bytes": max_allocated, "max_process_bytes": max_process, "expected": sorted(expected)},
-            ))
+            findings.append(
+                Finding(
+                    severity="error" if max_allocated >= thresholds.stray_error_bytes else "warning",
+                    code="stray_device",
+                    message=(
+                        f"PyTorch holds tensors on {name} (up to {format_bytes(max_allocated)}, from step {first_tensor}), "
+                        f"but the run is on {run_on}: some tensors or a library put memory on the wrong GPU."
+                    ),
+                    fix=fix,
+                    step=first_tensor,
+                    data={
+                        "device": name,
+                        "max_allocated_bytes": max_allocated,
+                        "max_process_bytes": max_process,
+                        "expected": sorted(expected),
+                    },
+                )
+            )
         elif first_context is not None:
-            findings.append(Finding(
-                severity="warning",
-                code="stray_device",
-                message=(
-                    f"this process holds {format_bytes(max_process)} on {name} (a CUDA context: no tensors), "
-                    f"but the run is on {run_on}: something initialised CUDA on {name}."
-                ),
-                fix=fix,
-                step=first_context,
-                data={"device": name, "max_allocated_bytes": 0, "max_process_bytes": max_process, "expected": sorted(expected)},
-            ))
+            findings.append(
+                Finding(
+                    severity="warning",
+                    code="stray_device",
+                    message=(
+                        f"this process holds {format_bytes(max_process)} on {name} (a CUDA context: no tensors), "
+                        f"but the run is on {run_on}: something initialised CUDA on {name}."
+                    ),
+                    fix=fix,
+                    step=first_context,
+                    data={
+                        "device": name,
+                        "max_allocated_bytes": 0,
+                        "max_process_bytes": max_process,
+                        "expected": sorted(expected),
+                    },
+                )
+            )
     return findings
 
 
@@ -251,18 +267,23 @@ def detect_other_processes(timeline: Timeline, thresholds: Thresholds = Threshol
     for name in timeline.device_names():
         if timeline.expected_devices and name not in timeline.expected_devices:
             continue
-        held = [(r.get("step"), int(r.get("devices", {}).get(name, {}).get("other_processes_bytes") or 0)) for r in timeline.steps]
+        held = [
+            (r.get("step"), int(r.get("devices", {}).get(name, {}).get("other_processes_bytes") or 0))
+            for r in timeline.steps
+        ]
         worst_step, worst = max(held, key=lambda x: x[1], default=(None, 0))
         if worst < thresholds.other_processes_bytes:
             continue
-        findings.append(Finding(
-            severity="warning",
-            code="other_processes",
-            message=f"other processes hold up to {format_bytes(worst)} on {name} (step {worst_step}); the plan's headroom is smaller by that much.",
-            fix="Stop the other jobs on this GPU (nvidia-smi lists them), or plan against a --budget that leaves their memory out.",
-            step=worst_step,
-            data={"device": name, "other_processes_bytes": worst},
-        ))
+        findings.append(
+            Finding(
+                severity="warning",
+                code="other_processes",
+                message=f"other processes hold up to {format_bytes(worst)} on {name} (step {worst_step}); the plan's headroom is smaller by that much.",
+                fix="Stop the other jobs on this GPU (nvidia-smi lists them), or plan against a --budget that leaves their memory out.",
+                step=worst_step,
+                data={"device": name, "other_processes_bytes": worst},
+            )
+        )
     return findings
 
 
@@ -293,22 +314,24 @@ def detect_fragmentation(timeline: Timeline, thresholds: Thresholds = Thresholds
         if len(best_run) < t.fragmentation_min_steps:
             continue
         worst = max(best_run, key=lambda x: x[2])
-        findings.append(Finding(
-            severity="warning",
-            code="fragmentation",
-            message=(
-                f"{name}: the allocator reserved up to {format_bytes(worst[2])} more than the peak ever allocated "
-                f"({format_bytes(worst[1])} reserved at step {worst[0]}) for {len(best_run)} steps in a row "
-                f"(steps {best_run[0][0]}-{best_run[-1][0]}): memory lost to fragmentation."
-            ),
-            fix=(
-                "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow instead of splitting); "
-                "make batch shapes repeat (pack sequences, or pad to a few fixed lengths); do not call "
-                "torch.cuda.empty_cache() inside the loop."
-            ),
-            step=best_run[0][0],
-            data={"device": name, "steps": len(best_run), "max_excess_bytes": worst[2], "reserved_bytes": worst[1]},
-        ))
+        findings.append(
+            Finding(
+                severity="warning",
+                code="fragmentation",
+                message=(
+                    f"{name}: the allocator reserved up to {format_bytes(worst[2])} more than the peak ever allocated "
+                    f"({format_bytes(worst[1])} reserved at step {worst[0]}) for {len(best_run)} steps in a row "
+                    f"(steps {best_run[0][0]}-{best_run[-1][0]}): memory lost to fragmentation."
+                ),
+                fix=(
+                    "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments grow instead of splitting); "
+                    "make batch shapes repeat (pack sequences, or pad to a few fixed lengths); do not call "
+                    "torch.cuda.empty_cache() inside the loop."
+                ),
+                step=best_run[0][0],
+                data={"device": name, "steps": len(best_run), "max_excess_bytes": worst[2], "reserved_bytes": worst[1]},
+            )
+        )
     return findings
 
 
@@ -321,8 +344,11 @@ def detect_longer_completions(timeline: Timeline, thresholds: Thresholds = Thres
     (``longest_sequence``) is longer than any before it: the step's memory follows its longest
     sequence, up to ``seq_len``, which the plan holds; memory that is not a leak, said so (info).
     A rise at a step without a longer sequence is left to :func:`detect_leak`."""
-    lengths = {r["step"]: r["extra"]["longest_sequence"] for r in timeline.steps
-               if isinstance(r.get("extra"), dict) and isinstance(r["extra"].get("longest_sequence"), int)}
+    lengths = {
+        r["step"]: r["extra"]["longest_sequence"]
+        for r in timeline.steps
+        if isinstance(r.get("extra"), dict) and isinstance(r["extra"].get("longest_sequence"), int)
+    }
     if not lengths:
         return []
     findings = []
@@ -349,19 +375,30 @@ def detect_longer_completions(timeline: Timeline, thresholds: Thresholds = Thres
 def _longer_completions_finding(where: str, first: tuple[int, int, int], rises: list[tuple[int, int, int]]) -> Finding:
     step, value, length = rises[-1]
     return Finding(
-        severity="info", code="longer_completions",
-        message=(f"{where}'s peak memory rose at {len(rises)} steps, from {format_bytes(first[1])} to {format_bytes(value)} "
-                 f"(steps {rises[0][0]}-{step}), each time with a longer prompt and completion than before ({first[2]} to "
-                 f"{length} tokens): this is not a leak, the step's memory follows its longest completion"),
+        severity="info",
+        code="longer_completions",
+        message=(
+            f"{where}'s peak memory rose at {len(rises)} steps, from {format_bytes(first[1])} to {format_bytes(value)} "
+            f"(steps {rises[0][0]}-{step}), each time with a longer prompt and completion than before ({first[2]} to "
+            f"{length} tokens): this is not a leak, the step's memory follows its longest completion"
+        ),
         fix="Nothing to fix: the plan's training phase is for the longest, seq_len (prompt budget + max_completion_length). "
-            "To keep the peak lower, lower max_completion_length (memfit plan shows the generation and the training at it).",
+        "To keep the peak lower, lower max_completion_length (memfit plan shows the generation and the training at it).",
         step=rises[0][0],
-        data={"device": where, "rises": len(rises), "from_bytes": first[1], "to_bytes": value,
-              "from_tokens": first[2], "to_tokens": length},
+        data={
+            "device": where,
+            "rises": len(rises),
+            "from_bytes": first[1],
+            "to_bytes": value,
+            "from_tokens": first[2],
+            "to_tokens": length,
+        },
     )
 
 
-def detect_all(timeline: Timeline, plan: dict[str, Any] | None = None, thresholds: Thresholds = Thresholds()) -> list[Finding]:
+def detect_all(
+    timeline: Timeline, plan: dict[str, Any] | None = None, thresholds: Thresholds = Thresholds()
+) -> list[Finding]:
     """Every timeline detector, plus plan-versus-measured when a plan is known; most important first."""
     from memfit.watch.compare import detect_above_plan
 
@@ -440,8 +477,11 @@ def _inactive_checkpointing_finding(model: Any, inner: Any, want: Any) -> Findin
     not_training = [layer for layer in on if not layer.training]
     if not (off_count or not_training):
         return None
-    why = (f"off in {off_count} of {len(layers)} decoder layers" if off_count
-           else f"flagged on, but {len(not_training)} of {len(layers)} decoder layers are in eval mode (checkpointing only runs in training mode)")
+    why = (
+        f"off in {off_count} of {len(layers)} decoder layers"
+        if off_count
+        else f"flagged on, but {len(not_training)} of {len(layers)} decoder layers are in eval mode (checkpointing only runs in training mode)"
+    )
     return Finding(
         severity="error",
         code="checkpointing_inactive",
@@ -479,7 +519,9 @@ def _trainable_finding(model: Any, params: list[tuple[str, Any]], method: str | 
     trainable = sum(p.numel() for _, p in params if p.requires_grad)
     if method in ADAPTER_METHODS:
         # Copies PEFT trains for modules_to_save are the adapter's own, not base weights.
-        base_trainable = [(n, p) for n, p in params if p.requires_grad and "lora_" not in n and ".modules_to_save." not in n]
+        base_trainable = [
+            (n, p) for n, p in params if p.requires_grad and "lora_" not in n and ".modules_to_save." not in n
+        ]
         if base_trainable:
             return _frozen_trainable_finding(method, base_trainable)
         expected = expected_adapter_parameters(model)

@@ -50,7 +50,12 @@ def diagnose(run_dir: str | Path, thresholds: Thresholds = Thresholds()) -> Diag
     found = detect_all(timeline, run.plan, thresholds)
     found += _status_findings(run)
     findings = merge_findings(found, timeline.findings)
-    return Diagnosis(run=run, findings=findings, comparison=compare_categories(run.plan, timeline) if run.plan else [], facts=run_facts(run))
+    return Diagnosis(
+        run=run,
+        findings=findings,
+        comparison=compare_categories(run.plan, timeline) if run.plan else [],
+        facts=run_facts(run),
+    )
 
 
 def _status_findings(run: RunFolder) -> list[Finding]:
@@ -59,13 +64,15 @@ def _status_findings(run: RunFolder) -> list[Finding]:
     if status != "oom":
         return []
     step = (run.run or {}).get("step")
-    return [Finding(
-        severity="error",
-        code="oom",
-        message=f"the run ran out of device memory at step {step + 1 if isinstance(step, int) else '?'}.",
-        fix="See the other findings for the cause; `memfit plan` with the run's settings shows what to lower (the run saved a checkpoint to resume from).",
-        step=step,
-    )]
+    return [
+        Finding(
+            severity="error",
+            code="oom",
+            message=f"the run ran out of device memory at step {step + 1 if isinstance(step, int) else '?'}.",
+            fix="See the other findings for the cause; `memfit plan` with the run's settings shows what to lower (the run saved a checkpoint to resume from).",
+            step=step,
+        )
+    ]
 
 
 def run_facts(run: RunFolder) -> list[tuple[str, str]]:
@@ -81,7 +88,9 @@ def run_facts(run: RunFolder) -> list[tuple[str, str]]:
     if timeline.end is not None:
         facts.append(("ended", str(timeline.end.get("status", "?"))))
     else:
-        facts.append(("ended", "no end record: the process stopped without closing the recorder (crash, kill, or still running)"))
+        facts.append(
+            ("ended", "no end record: the process stopped without closing the recorder (crash, kill, or still running)")
+        )
     facts.append(("expected devices", ", ".join(timeline.expected_devices) or "unknown"))
     rss = [r.get("rss_bytes", 0) for r in timeline.steps]
     peak = host_peak(timeline)
@@ -100,7 +109,12 @@ def run_facts(run: RunFolder) -> list[tuple[str, str]]:
     plan = run.plan
     if plan:
         peak = plan.get("peak") or {}
-        facts.append(("plan", f"peak allocated {format_bytes(peak.get('allocated_bytes', 0))}, device total {format_bytes(peak.get('device_total_bytes', 0))} ({peak.get('phase', '?')})"))
+        facts.append(
+            (
+                "plan",
+                f"peak allocated {format_bytes(peak.get('allocated_bytes', 0))}, device total {format_bytes(peak.get('device_total_bytes', 0))} ({peak.get('phase', '?')})",
+            )
+        )
     return facts
 
 
@@ -131,8 +145,11 @@ def render(diagnosis: Diagnosis, console: Any = None) -> None:
     styles = {"error": "bold red", "warning": "yellow", "info": "cyan"}
     for number, finding in enumerate(diagnosis.findings, 1):
         where = f" (step {finding.step})" if finding.step is not None else ""
-        console.print(f"{number}. [{styles[finding.severity]}]{finding.severity}[/] [bold]{finding.code}[/]{where}: {escape(finding.message)}",
-                      highlight=False, soft_wrap=soft)
+        console.print(
+            f"{number}. [{styles[finding.severity]}]{finding.severity}[/] [bold]{finding.code}[/]{where}: {escape(finding.message)}",
+            highlight=False,
+            soft_wrap=soft,
+        )
         console.print(f"   [green]fix:[/] {escape(finding.fix)}", highlight=False, soft_wrap=soft)
     if diagnosis.comparison:
         console.print()
@@ -150,5 +167,6 @@ def render(diagnosis: Diagnosis, console: Any = None) -> None:
             )
         console.print(table)
         if diagnosis.run.timeline.attribution is None:
-            console.print("[dim]no first-step attribution was recorded, so categories were not measured[/]", soft_wrap=soft)
-
+            console.print(
+                "[dim]no first-step attribution was recorded, so categories were not measured[/]", soft_wrap=soft
+            )

@@ -187,10 +187,25 @@ def _trainer_devices(args) -> list[str]:
 
 #: The TrainingArguments ``memfit report`` shows, under their own names (where transformers renamed
 #: one, the newer name first).
-TRAINER_SETTINGS = ("per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate", "lr_scheduler_type",
-                    "warmup_steps", "warmup_ratio", "weight_decay", "max_grad_norm", "num_train_epochs", "max_steps",
-                    "optim", "bf16", "fp16", ("activation_checkpointing", "gradient_checkpointing"),
-                    ("eval_strategy", "evaluation_strategy"), "eval_steps", "seed")
+TRAINER_SETTINGS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "warmup_ratio",
+    "weight_decay",
+    "max_grad_norm",
+    "num_train_epochs",
+    "max_steps",
+    "optim",
+    "bf16",
+    "fp16",
+    ("activation_checkpointing", "gradient_checkpointing"),
+    ("eval_strategy", "evaluation_strategy"),
+    "eval_steps",
+    "seed",
+)
 
 
 def trainer_config(args, model: Any = None) -> dict[str, Any]:

@@ -39,7 +39,11 @@ class HostPeak:
     @property
     def source(self) -> str:
         """``os`` when the OS's high-water mark is the peak, else ``sampled``."""
-        return "os" if self.os is not None and (self.sampled is None or self.os.peak_bytes >= self.sampled.peak_bytes) else "sampled"
+        return (
+            "os"
+            if self.os is not None and (self.sampled is None or self.os.peak_bytes >= self.sampled.peak_bytes)
+            else "sampled"
+        )
 
     def describe(self) -> str:
         """The peak, the reading it comes from and when; the other reading after it."""
@@ -47,7 +51,11 @@ class HostPeak:
         sampled_text = f"the highest RSS the recorder read; {self.sampled.when}" if self.sampled else ""
         if self.source == "os":
             text = f"{format_bytes(self.os.peak_bytes)} ({os_text})"
-            other = f"the recorder's highest reading {format_bytes(self.sampled.peak_bytes)} ({self.sampled.when})" if self.sampled else ""
+            other = (
+                f"the recorder's highest reading {format_bytes(self.sampled.peak_bytes)} ({self.sampled.when})"
+                if self.sampled
+                else ""
+            )
         else:
             text = f"{format_bytes(self.sampled.peak_bytes)} ({sampled_text})"
             other = f"ru_maxrss {format_bytes(self.os.peak_bytes)} ({self.os.when})" if self.os else ""
@@ -89,4 +97,6 @@ def _os_peak(timeline: Timeline) -> Reading | None:
         return None
     peak = max(v for v, _ in values)
     first = next(step for v, step in values if v == peak)
-    return Reading(peak, "reached before the first step (loading)" if first is None else f"reached by the end of step {first}")
+    return Reading(
+        peak, "reached before the first step (loading)" if first is None else f"reached by the end of step {first}"
+    )

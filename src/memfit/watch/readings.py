@@ -23,7 +23,11 @@ def host_reading() -> dict[str, int]:
 
     rss_bytes = psutil.Process().memory_info().rss
     vm = psutil.virtual_memory()
-    reading = {"rss_bytes": int(rss_bytes), "host_available_bytes": int(vm.available), "host_total_bytes": int(vm.total)}
+    reading = {
+        "rss_bytes": int(rss_bytes),
+        "host_available_bytes": int(vm.available),
+        "host_total_bytes": int(vm.total),
+    }
     peak = peak_rss_bytes()
     if peak is not None:
         reading["peak_rss_bytes"] = peak
@@ -76,8 +80,21 @@ def _load_mallinfo2():
         import ctypes
 
         class Mallinfo2(ctypes.Structure):
-            _fields_ = [(name, ctypes.c_size_t) for name in (
-                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+            _fields_ = [
+                (name, ctypes.c_size_t)
+                for name in (
+                    "arena",
+                    "ordblks",
+                    "smblks",
+                    "hblks",
+                    "hblkhd",
+                    "usmblks",
+                    "fsmblks",
+                    "uordblks",
+                    "fordblks",
+                    "keepcost",
+                )
+            ]
 
         function = ctypes.CDLL(None).mallinfo2  # glibc 2.33+
         function.restype = Mallinfo2
@@ -135,7 +152,10 @@ def phase_reading(cuda_count: int) -> dict[str, Any]:
         import torch
 
         reading["devices"] = {
-            f"cuda:{i}": {"allocated_bytes": int(torch.cuda.memory_allocated(i)), "reserved_bytes": int(torch.cuda.memory_reserved(i))}
+            f"cuda:{i}": {
+                "allocated_bytes": int(torch.cuda.memory_allocated(i)),
+                "reserved_bytes": int(torch.cuda.memory_reserved(i)),
+            }
             for i in range(cuda_count)
         }
     return reading

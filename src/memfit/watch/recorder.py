@@ -209,7 +209,9 @@ class MemoryRecorder:
     def _check(self) -> list[Finding]:
         from memfit.watch.detectors import detect_all
 
-        timeline = Timeline(start=self._timeline.start, steps=list(self._timeline.steps), attribution=self._timeline.attribution)
+        timeline = Timeline(
+            start=self._timeline.start, steps=list(self._timeline.steps), attribution=self._timeline.attribution
+        )
         fresh = []
         for finding in detect_all(timeline, self._plan, self.thresholds):
             known = self._reported.get(finding.key)
@@ -232,7 +234,9 @@ class MemoryRecorder:
 
         if self._plan is None:
             return []
-        timeline = Timeline(start=self._timeline.start, steps=list(self._timeline.steps), attribution=self._timeline.attribution)
+        timeline = Timeline(
+            start=self._timeline.start, steps=list(self._timeline.steps), attribution=self._timeline.attribution
+        )
         return compare_categories(self._plan, timeline)
 
     # ------------------------------------------------------------------------------ the model
@@ -250,7 +254,9 @@ class MemoryRecorder:
             found.append(finding)
         return sort_findings(found)
 
-    def attribute(self, model: Any, optimizer: Any = None, steps: int = 2, device: Any = None, cuda_parity: bool = False) -> None:
+    def attribute(
+        self, model: Any, optimizer: Any = None, steps: int = 2, device: Any = None, cuda_parity: bool = False
+    ) -> None:
         """Measure memory by category on the next ``steps`` steps, for predicted-versus-measured.
 
         Runs the planner's :class:`~memfit.planner.exact.tracker.MemoryTracker` on the real tensors
@@ -269,7 +275,9 @@ class MemoryRecorder:
             raise RuntimeError("attribute: an attribution is already running")
         if steps < 1:
             raise ValueError(f"attribute: steps={steps} must be 1 or more")
-        self._attribution = _Attribution(model, optimizer, steps, device, first_step=self._steps_seen + 1, cuda_parity=cuda_parity)
+        self._attribution = _Attribution(
+            model, optimizer, steps, device, first_step=self._steps_seen + 1, cuda_parity=cuda_parity
+        )
 
     def _finish_attribution(self) -> None:
         attribution, self._attribution = self._attribution, None
@@ -308,7 +316,9 @@ class MemoryRecorder:
 class _Attribution:
     """A MemoryTracker running over the first steps on real tensors."""
 
-    def __init__(self, model: Any, optimizer: Any, steps: int, device: Any, first_step: int, cuda_parity: bool = False) -> None:
+    def __init__(
+        self, model: Any, optimizer: Any, steps: int, device: Any, first_step: int, cuda_parity: bool = False
+    ) -> None:
         import contextlib
 
         import torch
@@ -324,7 +334,9 @@ class _Attribution:
             # Count the run's device only: a CUDA run's CPU tensors (the batch before it is moved,
             # loss.item()) are not device memory.
             def _note(self, tensor, func=None):
-                if tensor.device.type != device.type or (device.index is not None and tensor.device.index != device.index):
+                if tensor.device.type != device.type or (
+                    device.index is not None and tensor.device.index != device.index
+                ):
                     return None
                 return super()._note(tensor, func)
 
@@ -336,7 +348,9 @@ class _Attribution:
         self._modes = contextlib.ExitStack()
         if cuda_parity:
             if device.type != "cpu":
-                raise ValueError(f"attribute: cuda_parity is for a CPU run (the rewrites make a CPU count as CUDA), not {device}")
+                raise ValueError(
+                    f"attribute: cuda_parity is for a CPU run (the rewrites make a CPU count as CUDA), not {device}"
+                )
             from memfit.planner.exact.cuda_parity import CudaParityMode
             from memfit.step.offload import pinned_host_copies
 

@@ -52,8 +52,10 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, thresholds:
     for name, _ in charts:
         png = _chart_path(out, name)
         if png.exists() and not _written_by_report(png, companion=ours):
-            raise ReportError(f"--out: {str(png)!r} (a chart of the report) already exists and was not written by memfit "
-                              "report; choose another --out (memfit never overwrites other files)")
+            raise ReportError(
+                f"--out: {str(png)!r} (a chart of the report) already exists and was not written by memfit "
+                "report; choose another --out (memfit never overwrites other files)"
+            )
     for name, png in charts:
         write_atomic(_chart_path(out, name), png)
     write_atomic(out, render_html(diagnosis, charts, section).encode("utf-8"))
@@ -71,7 +73,9 @@ def check_report_path(out: Path) -> None:
     written at ``out``: not a folder, not a file someone else wrote, in a folder that exists and may
     be written."""
     if out.is_dir():
-        raise ReportError(f"--out: {str(out)!r} is a folder; pass the HTML file to write (e.g. {str(out / REPORT_FILE)!r})")
+        raise ReportError(
+            f"--out: {str(out)!r} is a folder; pass the HTML file to write (e.g. {str(out / REPORT_FILE)!r})"
+        )
     if out.exists() and not _written_by_report(out):
         raise ReportError(
             f"--out: {str(out)!r} already exists and was not written by memfit report; choose another path "
@@ -119,28 +123,42 @@ def plan_section(diagnosis: Diagnosis) -> PlanSection:
     timeline, plan = diagnosis.run.timeline, diagnosis.run.plan
     attribution = timeline.attribution
     measured = compare_categories(plan, timeline) if attribution or plan else []
-    gpu_run = any("cuda" in d for d in timeline.expected_devices) or (not timeline.expected_devices and timeline.device_names())
+    gpu_run = any("cuda" in d for d in timeline.expected_devices) or (
+        not timeline.expected_devices and timeline.device_names()
+    )
     if not gpu_run:
         where = "the plan is of GPU memory" if plan else "memfit plans GPU memory, and no plan was made for this run"
         section = PlanSection(reason=f"CPU run: {where}; the measured host memory is shown instead (Memory, above).")
         if attribution:
             # Measured only: next to a GPU plan, a CPU's temporaries and missing allocator would read as misses.
             section.categories = compare_categories(None, timeline)
-            section.note = (f"What the tensors of the first {attribution.get('steps', '?')} steps held on the CPU, by category "
-                            "(the planner's tracker on the real tensors): a GPU would hold the same tensors, plus its "
-                            "allocator's reserve and the CUDA context.")
+            section.note = (
+                f"What the tensors of the first {attribution.get('steps', '?')} steps held on the CPU, by category "
+                "(the planner's tracker on the real tensors): a GPU would hold the same tensors, plus its "
+                "allocator's reserve and the CUDA context."
+            )
         return section
     if not plan:
-        return PlanSection(categories=measured, reason=(
-            "No plan was recorded for this run, so there is nothing to compare: memfit train plans every GPU run "
-            "before it loads a weight; give MemoryCallback or MemoryRecorder plan=memfit.plan(...)."))
-    section = PlanSection(peaks=compare_peaks(plan, timeline), categories=measured, compared=run_device(timeline) is not None)
+        return PlanSection(
+            categories=measured,
+            reason=(
+                "No plan was recorded for this run, so there is nothing to compare: memfit train plans every GPU run "
+                "before it loads a weight; give MemoryCallback or MemoryRecorder plan=memfit.plan(...)."
+            ),
+        )
+    section = PlanSection(
+        peaks=compare_peaks(plan, timeline), categories=measured, compared=run_device(timeline) is not None
+    )
     if not section.compared:
-        section.reason = ("The plan is of one GPU and this run's memory is on several (or its device was not recorded): "
-                          "the categories measured on the first steps are compared, the peaks are not.")
+        section.reason = (
+            "The plan is of one GPU and this run's memory is on several (or its device was not recorded): "
+            "the categories measured on the first steps are compared, the peaks are not."
+        )
     if attribution is None:
-        section.note = ("No first-step attribution was recorded, so the categories were not measured "
-                        "(memfit train measures its first 2 steps; MemoryCallback(attribute_steps=2) does too).")
+        section.note = (
+            "No first-step attribution was recorded, so the categories were not measured "
+            "(memfit train measures its first 2 steps; MemoryCallback(attribute_steps=2) does too)."
+        )
     return section
 
 
@@ -170,18 +188,23 @@ def render_html(diagnosis: Diagnosis, charts: list[tuple[str, bytes]], section: 
     section = section if section is not None else plan_section(diagnosis)
     images = {name: _img(name, png) for name, png in charts}
     parts = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
         f'<meta name="generator" content="{GENERATOR}">',
         f"<title>memfit report: {e(diagnosis.run.path.name)}</title><style>{_CSS}</style></head><body>",
         f"<h1>memfit report: {e(diagnosis.run.path.name)}</h1>",
         _table(diagnosis.facts),
         "<h2>Run configuration</h2>",
         _table(configuration_rows(diagnosis.run)) or f'<p class="note">{e(NO_CONFIGURATION)}.</p>',
-        "<h2>Findings</h2>", *_findings_html(diagnosis),
-        "<h2>Training</h2>", *_training_html(diagnosis, images),
+        "<h2>Findings</h2>",
+        *_findings_html(diagnosis),
+        "<h2>Training</h2>",
+        *_training_html(diagnosis, images),
         *_replies_html(diagnosis),
-        "<h2>Memory</h2>", *_memory_html(diagnosis, images),
-        "<h2>Plan vs measured</h2>", *_plan_html(section, images),
+        "<h2>Memory</h2>",
+        *_memory_html(diagnosis, images),
+        "<h2>Plan vs measured</h2>",
+        *_plan_html(section, images),
         "</body></html>",
     ]
     return "\n".join(parts) + "\n"
@@ -221,24 +244,35 @@ def _training_html(diagnosis: Diagnosis, images: dict[str, str]) -> list[str]:
     parts = []
     if losses:
         (first_step, first), (last_step, last) = losses[0], losses[-1]
-        parts.append(f"<p>training loss {first:.4f} at step {first_step} &rarr; {last:.4f} at step {last_step} "
-                     f"({len(losses):,} logged steps)</p>")
+        parts.append(
+            f"<p>training loss {first:.4f} at step {first_step} &rarr; {last:.4f} at step {last_step} "
+            f"({len(losses):,} logged steps)</p>"
+        )
     if evals:
         shown = evals if len(evals) <= MAX_LISTED_EVALS else _eval_summary(evals)
-        label = "eval loss" if len(shown) == len(evals) else f"eval loss ({len(evals):,} evaluations: first, lowest, last)"
-        parts.append(f"<table><tr><th>step</th><th class=num>{e(label)}</th></tr>"
-                     + "".join(f"<tr><td>{step}</td><td class=num>{value:.4f}</td></tr>" for step, value in shown) + "</table>")
+        label = (
+            "eval loss" if len(shown) == len(evals) else f"eval loss ({len(evals):,} evaluations: first, lowest, last)"
+        )
+        parts.append(
+            f"<table><tr><th>step</th><th class=num>{e(label)}</th></tr>"
+            + "".join(f"<tr><td>{step}</td><td class=num>{value:.4f}</td></tr>" for step, value in shown)
+            + "</table>"
+        )
     elif losses:
-        parts.append('<p class="note">no eval loss in metrics.jsonl: the run had no eval data, or ended before its first '
-                     "evaluation.</p>")
+        parts.append(
+            '<p class="note">no eval loss in metrics.jsonl: the run had no eval data, or ended before its first '
+            "evaluation.</p>"
+        )
     parts += _end_of_run_html(metrics)
     parts += _rewards_html(metrics, REWARD_METRICS, "preference metric")
     parts += _rewards_html(metrics, EVAL_REWARD_METRICS, "preference metric (evaluation)")
     parts += _grpo_html(metrics)
     parts += [images[name] for name in ("loss", "rewards", "grpo-rewards", "lr") if name in images]
     if not parts:
-        parts.append('<p class="note">metrics.jsonl holds no loss, eval loss or learning rate '
-                     f'({"it is missing" if not metrics else f"{len(metrics):,} records without them"}).</p>')
+        parts.append(
+            '<p class="note">metrics.jsonl holds no loss, eval loss or learning rate '
+            f"({'it is missing' if not metrics else f'{len(metrics):,} records without them'}).</p>"
+        )
     return parts
 
 
@@ -250,8 +284,11 @@ def _end_of_run_html(metrics: list) -> list[str]:
     end = ends[-1]
     parts = [f"{name} {end[name]:.4f}" for name in ("train_loss",) if _finite(end.get(name))]
     parts.append(f"train_runtime {end['train_runtime']:,.1f} s")
-    parts += [f"{end[name]:,.3f} {unit}" for name, unit in (("train_samples_per_second", "samples/s"),
-                                                          ("train_steps_per_second", "steps/s")) if _finite(end.get(name))]
+    parts += [
+        f"{end[name]:,.3f} {unit}"
+        for name, unit in (("train_samples_per_second", "samples/s"), ("train_steps_per_second", "steps/s"))
+        if _finite(end.get(name))
+    ]
     return [f"<p>end of run (step {end.get('step', '?')}): {html.escape(', '.join(parts))}</p>"]
 
 
@@ -266,10 +303,15 @@ def _rewards_html(metrics: list, names: tuple[str, ...], title: str) -> list[str
     accuracies = next(name for name in names if name.endswith("rewards/accuracies"))  # the table's steps
     if accuracies not in shown:
         return []
-    rows = "".join(f"<tr><td>{html.escape(name)}</td><td class=num>{curves[name][0][1]:.4f}</td>"
-                   f"<td class=num>{curves[name][-1][1]:.4f}</td></tr>" for name in shown)
+    rows = "".join(
+        f"<tr><td>{html.escape(name)}</td><td class=num>{curves[name][0][1]:.4f}</td>"
+        f"<td class=num>{curves[name][-1][1]:.4f}</td></tr>"
+        for name in shown
+    )
     first, last = curves[accuracies][0][0], curves[accuracies][-1][0]
-    return [f"<table><tr><th>{html.escape(title)}</th><th class=num>step {first}</th><th class=num>step {last}</th></tr>{rows}</table>"]
+    return [
+        f"<table><tr><th>{html.escape(title)}</th><th class=num>step {first}</th><th class=num>step {last}</th></tr>{rows}</table>"
+    ]
 
 
 def _grpo_html(metrics: list) -> list[str]:
@@ -281,10 +323,16 @@ def _grpo_html(metrics: list) -> list[str]:
     curves = {name: metric_curve(metrics, name) for name in names}
     if not curves["reward"]:
         return []
-    rows = "".join(f"<tr><td>{html.escape(name)}</td><td class=num>{curves[name][0][1]:.4f}</td>"
-                   f"<td class=num>{curves[name][-1][1]:.4f}</td></tr>" for name in names if curves[name])
+    rows = "".join(
+        f"<tr><td>{html.escape(name)}</td><td class=num>{curves[name][0][1]:.4f}</td>"
+        f"<td class=num>{curves[name][-1][1]:.4f}</td></tr>"
+        for name in names
+        if curves[name]
+    )
     first, last = curves["reward"][0][0], curves["reward"][-1][0]
-    return [f"<table><tr><th>grpo metric</th><th class=num>step {first}</th><th class=num>step {last}</th></tr>{rows}</table>"]
+    return [
+        f"<table><tr><th>grpo metric</th><th class=num>step {first}</th><th class=num>step {last}</th></tr>{rows}</table>"
+    ]
 
 
 def _replies_html(diagnosis: Diagnosis) -> list[str]:
@@ -307,10 +355,12 @@ def _replies_html(diagnosis: Diagnosis) -> list[str]:
             reply = generations[index].get("generation", "") if index < len(generations) else ""
             replies.append(f"<td>{e(str(reply))}</td>")
         rows.append(f"<tr><td>{e(str(prompt))}</td>{''.join(replies)}</tr>")
-    return ["<h2>Replies to eval_prompts</h2>",
-            f'<p class="note">greedy, at most {e(str(last.get("max_new_tokens", "")))} new tokens; '
-            f"{len(records):,} evaluations in metrics.jsonl</p>",
-            f"<table><tr><th>prompt</th>{header}</tr>{''.join(rows)}</table>"]
+    return [
+        "<h2>Replies to eval_prompts</h2>",
+        f'<p class="note">greedy, at most {e(str(last.get("max_new_tokens", "")))} new tokens; '
+        f"{len(records):,} evaluations in metrics.jsonl</p>",
+        f"<table><tr><th>prompt</th>{header}</tr>{''.join(rows)}</table>",
+    ]
 
 
 def _eval_summary(evals: list[tuple[int, float]]) -> list[tuple[int, float]]:
@@ -322,7 +372,10 @@ def _memory_html(diagnosis: Diagnosis, images: dict[str, str]) -> list[str]:
     parts = [img for name, img in images.items() if name.startswith("memory-")]
     if not parts:
         steps = len(diagnosis.run.timeline.steps)
-        why = {0: "no step was recorded", 1: "one step was recorded, too few for a timeline: its readings are at the top of the page"}
+        why = {
+            0: "no step was recorded",
+            1: "one step was recorded, too few for a timeline: its readings are at the top of the page",
+        }
         parts.append(f'<p class="note">{why.get(steps, "no step record holds a memory reading")}.</p>')
     return parts
 
@@ -351,7 +404,10 @@ def _comparison_table(rows: list[CategoryRow], heading: str) -> str:
     for r in rows:
         cells = [format_bytes(r.measured_bytes) if r.measured_bytes is not None else "not measured"]
         if planned:
-            cells = [format_bytes(r.predicted_bytes) if r.predicted_bytes is not None else "-", *cells,
-                     f"{r.ratio:.2f}" if r.ratio is not None else "-"]
+            cells = [
+                format_bytes(r.predicted_bytes) if r.predicted_bytes is not None else "-",
+                *cells,
+                f"{r.ratio:.2f}" if r.ratio is not None else "-",
+            ]
         lines.append(f"<tr><td>{e(r.name)}</td>" + "".join(f"<td class=num>{e(c)}</td>" for c in cells) + "</tr>")
     return "".join(lines) + "</table>"

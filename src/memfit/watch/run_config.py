@@ -14,12 +14,25 @@ from typing import Any
 from memfit.watch.timeline import RunFolder
 
 #: Why a run folder shows no configuration.
-NO_CONFIGURATION = ("no configuration was recorded: there is no run.json (memfit train writes one) and the recorder was "
-                    "given none (MemoryCallback records the Trainer's settings; MemoryRecorder takes spec=)")
+NO_CONFIGURATION = (
+    "no configuration was recorded: there is no run.json (memfit train writes one) and the recorder was "
+    "given none (MemoryCallback records the Trainer's settings; MemoryRecorder takes spec=)"
+)
 
 #: The knobs shown one per row, in this order (the others share a row).
-HEADLINE_KNOBS = ("method", "rank", "alpha", "dropout", "targets", "precision", "optimizer", "batch_size", "grad_accum",
-                  "seq_len", "checkpointing")
+HEADLINE_KNOBS = (
+    "method",
+    "rank",
+    "alpha",
+    "dropout",
+    "targets",
+    "precision",
+    "optimizer",
+    "batch_size",
+    "grad_accum",
+    "seq_len",
+    "checkpointing",
+)
 #: Knobs that only mean something with adapters.
 ADAPTER_KNOBS = ("rank", "alpha", "dropout", "targets")
 
@@ -63,8 +76,16 @@ def _memfit_train_rows(record: dict[str, Any]) -> list[tuple[str, str]]:
     setup = record.get("setup") if isinstance(record.get("setup"), dict) else {}
     if isinstance(setup.get("total_params"), int):
         trainable = setup.get("trainable_params")
-        share = f", {setup['trainable_percent']:.2f}%" if isinstance(setup.get("trainable_percent"), (int, float)) else ""
-        rows.append(("parameters", f"{setup['total_params']:,}" + (f" ({trainable:,} trainable{share})" if isinstance(trainable, int) else "")))
+        share = (
+            f", {setup['trainable_percent']:.2f}%" if isinstance(setup.get("trainable_percent"), (int, float)) else ""
+        )
+        rows.append(
+            (
+                "parameters",
+                f"{setup['total_params']:,}"
+                + (f" ({trainable:,} trainable{share})" if isinstance(trainable, int) else ""),
+            )
+        )
     for name in HEADLINE_KNOBS:
         if name in knobs and knobs[name] is not None and (adapters or name not in ADAPTER_KNOBS):
             rows.append((name, format_value(knobs[name])))
@@ -135,13 +156,23 @@ def _fit_rows(record: dict[str, Any], spec: dict[str, Any]) -> list[tuple[str, s
     rows = []
     fit = record.get("fit")
     if isinstance(fit, dict) and isinstance(fit.get("given"), dict):
-        chosen = [f"{k} {format_value(spec.get(k))}" + ("" if spec.get(k) == v else f" (given {format_value(v)})")
-                  for k, v in fit["given"].items() if k in spec]
+        chosen = [
+            f"{k} {format_value(spec.get(k))}" + ("" if spec.get(k) == v else f" (given {format_value(v)})")
+            for k, v in fit["given"].items()
+            if k in spec
+        ]
         rows.append(("fit: auto chose", ", ".join(chosen)))
     for change in record.get("config_changes") or []:
         if not isinstance(change, dict):
             continue
         before, after = change.get("from") or {}, change.get("to") or {}
-        moved = [f"{k} {format_value(before.get(k))} -> {format_value(v)}" for k, v in after.items() if before.get(k) != v]
-        rows.append((f"from step {change.get('step', '?')}", f"{change.get('reason', 'changed')}: " + (", ".join(moved) or "same knobs")))
+        moved = [
+            f"{k} {format_value(before.get(k))} -> {format_value(v)}" for k, v in after.items() if before.get(k) != v
+        ]
+        rows.append(
+            (
+                f"from step {change.get('step', '?')}",
+                f"{change.get('reason', 'changed')}: " + (", ".join(moved) or "same knobs"),
+            )
+        )
     return rows

@@ -63,8 +63,12 @@ class Finding(JsonForm):
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Finding:
         return cls(
-            severity=data["severity"], code=data["code"], message=data["message"], fix=data.get("fix", ""),
-            step=data.get("step"), data=dict(data.get("data") or {}),
+            severity=data["severity"],
+            code=data["code"],
+            message=data["message"],
+            fix=data.get("fix", ""),
+            step=data.get("step"),
+            data=dict(data.get("data") or {}),
         )
 
 
@@ -142,9 +146,17 @@ def _field_problem(value: Any, where: str) -> str | None:
             path = f"{where}.{key}" if where else str(key)
             if str(key).endswith("_bytes") and item is not None and not _number(item) and not isinstance(item, dict):
                 return f"{path} is {item!r}, not a number of bytes"
-            if key in ("step", "first_step", "total_steps", "resumed_from_step") and item is not None and not _whole(item):
+            if (
+                key in ("step", "first_step", "total_steps", "resumed_from_step")
+                and item is not None
+                and not _whole(item)
+            ):
                 return f"{path} is {item!r}, not a whole number"
-            if key in ("devices", "categories", "device_capacity_bytes") and item is not None and not isinstance(item, dict):
+            if (
+                key in ("devices", "categories", "device_capacity_bytes")
+                and item is not None
+                and not isinstance(item, dict)
+            ):
                 return f"{path} is {item!r}, not a mapping"
             if key == "devices" and isinstance(item, dict):
                 bad = next((name for name, entry in item.items() if not isinstance(entry, dict)), None)
@@ -205,8 +217,10 @@ def parse_timeline(lines: list[str], source: str = MEMORY_FILE) -> Timeline:
             raise TimelineError(f"{source} line {number} is not a JSON object ({err}); the file is damaged") from None
         problem = _record_problem(record)
         if problem:
-            raise TimelineError(f"{source} line {number}: {problem}; the file was edited or damaged "
-                                "(memfit's recorder writes it, see docs/watch.md for its fields)")
+            raise TimelineError(
+                f"{source} line {number}: {problem}; the file was edited or damaged "
+                "(memfit's recorder writes it, see docs/watch.md for its fields)"
+            )
         kind = record.get("kind")
         if kind == "start":
             # A later start record is a resumed run (records after its resume step are replaced)
@@ -255,8 +269,10 @@ def load_timeline(path: str | Path) -> Timeline:
         except UnicodeDecodeError as err:
             if number - 1 == last:
                 break  # cut short by a crash
-            raise TimelineError(f"{path} line {number} is not UTF-8 text (byte {err.start}): not a memory.jsonl memfit "
-                                "wrote, or the file is damaged") from None
+            raise TimelineError(
+                f"{path} line {number} is not UTF-8 text (byte {err.start}): not a memory.jsonl memfit "
+                "wrote, or the file is damaged"
+            ) from None
     return parse_timeline(lines, source=str(path))
 
 
@@ -326,7 +342,9 @@ def load_run(run_dir: str | Path) -> RunFolder:
         try:
             run = json.loads(run_file.read_text(encoding="utf-8"))
         except ValueError as err:  # UnicodeDecodeError too
-            raise TimelineError(f"{run_file} is not valid JSON ({err}); it is rewritten atomically, so it was edited by hand") from None
+            raise TimelineError(
+                f"{run_file} is not valid JSON ({err}); it is rewritten atomically, so it was edited by hand"
+            ) from None
         if not isinstance(run, dict):
             raise TimelineError(f"{run_file} holds a {type(run).__name__}, not a JSON object; it was edited by hand")
         problem = _record_problem({key: run.get(key) for key in ("plan", "spec", "total_steps", "step") if key in run})
@@ -380,4 +398,6 @@ def merge_rank(timeline: Timeline, other: Timeline, rank: int) -> None:
         data = dict(finding.data)
         if "device" in data:
             data["device"] = rank_device_name(rank, str(data["device"]))
-        timeline.findings.append(Finding(finding.severity, finding.code, f"rank {rank}: {finding.message}", finding.fix, finding.step, data))
+        timeline.findings.append(
+            Finding(finding.severity, finding.code, f"rank {rank}: {finding.message}", finding.fix, finding.step, data)
+        )

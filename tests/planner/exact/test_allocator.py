@@ -173,8 +173,12 @@ def test_best_fit_takes_the_smallest_fitting_block():
     # MiB one (remainder 2 MiB is split off), leaving the 40 MiB one for a 40
     # MiB request
     r = run(
-        alloc(1, 40 * MiB), alloc(2, 30 * MiB), free(1), free(2),
-        alloc(3, 28 * MiB), alloc(4, 40 * MiB),
+        alloc(1, 40 * MiB),
+        alloc(2, 30 * MiB),
+        free(1),
+        free(2),
+        alloc(3, 28 * MiB),
+        alloc(4, 40 * MiB),
     )
     assert r.final_reserved_bytes == 70 * MiB
     assert r.final_allocated_bytes == 68 * MiB
@@ -184,8 +188,7 @@ def test_freed_neighbours_coalesce():
     # three 4 MiB blocks carved out of one 20 MiB segment; freeing the middle
     # one then its neighbours must give back one 20 MiB free block, which a
     # 19 MiB request can then use without a new segment
-    events = [alloc(1, 4 * MiB), alloc(2, 4 * MiB), alloc(3, 4 * MiB),
-              free(2), free(1), free(3), alloc(4, 19 * MiB)]
+    events = [alloc(1, 4 * MiB), alloc(2, 4 * MiB), alloc(3, 4 * MiB), free(2), free(1), free(3), alloc(4, 19 * MiB)]
     r = run(*events)
     assert r.final_reserved_bytes == 20 * MiB
     assert r.final_allocated_bytes == 20 * MiB  # 1 MiB remainder: not split
@@ -203,9 +206,12 @@ def test_fragmentation_grows_reserved_below_previous_allocated_peak():
     # so 22 MiB are free but split 11/11 MiB: a 12 MiB request needs a new
     # segment although 18 + 12 = 30 MiB is below the old 40 MiB peak.
     events = [
-        alloc(1, 9 * MiB), alloc(2, 9 * MiB),  # segment A: 9 + 9 (+2 free)
-        alloc(3, 9 * MiB), alloc(4, 9 * MiB),  # segment B: 9 + 9 (+2 free)
-        free(2), free(4),  # A and B each: 9 live, 11 free
+        alloc(1, 9 * MiB),
+        alloc(2, 9 * MiB),  # segment A: 9 + 9 (+2 free)
+        alloc(3, 9 * MiB),
+        alloc(4, 9 * MiB),  # segment B: 9 + 9 (+2 free)
+        free(2),
+        free(4),  # A and B each: 9 live, 11 free
         alloc(5, 12 * MiB),
     ]
     r = run(*events)
@@ -223,10 +229,13 @@ def test_fragmentation_grows_reserved_below_previous_allocated_peak():
 
 def test_empty_cache_releases_only_whole_free_segments():
     events = [
-        alloc(1, 4 * MiB), alloc(2, 4 * MiB),  # one 20 MiB segment, split
+        alloc(1, 4 * MiB),
+        alloc(2, 4 * MiB),  # one 20 MiB segment, split
         alloc(3, 30 * MiB),  # own 30 MiB segment
         alloc(4, 1000),  # small segment
-        free(1), free(3), free(4),
+        free(1),
+        free(3),
+        free(4),
         EMPTY,
     ]
     r = run(*events)

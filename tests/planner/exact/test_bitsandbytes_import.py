@@ -43,8 +43,13 @@ print(json.dumps(out))
 
 def _plans_in_one_process(config: dict, runs: list[dict]) -> list[tuple[dict, bool]]:
     env = dict(os.environ, PYTHONPATH=str(SRC), MEMFIT_PLAN_CACHE="0")
-    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(config), json.dumps(runs)], env=env,
-                          capture_output=True, text=True, timeout=1800)  # a hang guard only
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, json.dumps(config), json.dumps(runs)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )  # a hang guard only
     assert done.returncode == 0, done.stderr[-3000:]
     return [tuple(row) for row in json.loads(done.stdout.strip().splitlines()[-1])]
 

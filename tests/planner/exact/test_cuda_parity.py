@@ -63,7 +63,11 @@ def test_the_int8_product_is_an_int32_tensor_dequantized_to_fp16_then_cast():
     with torch.no_grad():
         CA, SCA, _ = ops.int8_vectorwise_quant.default(x.to(torch.float16), 0.0)
         product = ops.int8_linear_matmul.default(CA, layer.state.CB)
-        want = ops.int8_mm_dequant.default(product, SCA, layer.state.SCB, dtype=torch.float16).add_(layer.bias).to(torch.bfloat16)
+        want = (
+            ops.int8_mm_dequant.default(product, SCA, layer.state.SCB, dtype=torch.float16)
+            .add_(layer.bias)
+            .to(torch.bfloat16)
+        )
     assert torch.equal(out, want)
 
 

@@ -53,9 +53,7 @@ def test_runtime_overhead_defaults():
 
 
 def test_runtime_overhead_overrides():
-    o = runtime_overhead(
-        "ampere", context_bytes=300 * MiB, cublas_workspace_bytes=4 * MiB, num_cublas_workspaces=1
-    )
+    o = runtime_overhead("ampere", context_bytes=300 * MiB, cublas_workspace_bytes=4 * MiB, num_cublas_workspaces=1)
     assert (o.context_bytes, o.cublas_workspace_allocs) == (300 * MiB, (4 * MiB,))
     assert not any("estimate" in n for n in o.notes)
     o = runtime_overhead("ampere", cublas_workspace_config=":4096:8")

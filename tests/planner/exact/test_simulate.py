@@ -23,7 +23,9 @@ def _model_params(config: dict, spec) -> list[tuple[int, torch.dtype, bool]]:
 def _model_buffers(config: dict, spec) -> list[torch.Tensor]:
     from memfit.models.build import DTYPES
 
-    return list(prepare_for_method(build_meta_model(make_config(config), DTYPES[spec.weight_precision]), spec).buffers())
+    return list(
+        prepare_for_method(build_meta_model(make_config(config), DTYPES[spec.weight_precision]), spec).buffers()
+    )
 
 
 def _at_phase_start(tracker_result, phase: str, occurrence: int = -1) -> dict[str, int]:
@@ -55,11 +57,15 @@ def test_full_bf16_is_eight_bytes_a_parameter(tiny_llama):
     # bf16 states (pure bf16 training): 2 x 2 bytes a parameter, plus the step counts.
     assert at_step["optimizer"] == sum(2 * round_block_bytes(2 * n) + 512 for n, _, _ in params)
     # Buffers (rotary frequencies) are the only frozen storage.
-    assert at_step["weights"] == sum(round_block_bytes(b.numel() * b.element_size()) for b in _model_buffers(tiny_llama, spec))
+    assert at_step["weights"] == sum(
+        round_block_bytes(b.numel() * b.element_size()) for b in _model_buffers(tiny_llama, spec)
+    )
 
 
 def test_sgd_keeps_no_state(tiny_llama):
-    at_step = _at_phase_start(simulate(tiny_llama, make_spec(method="full", optimizer="sgd", seq_len=32)).tracker, "optimizer")
+    at_step = _at_phase_start(
+        simulate(tiny_llama, make_spec(method="full", optimizer="sgd", seq_len=32)).tracker, "optimizer"
+    )
     assert at_step["optimizer"] == 0
 
 
@@ -76,11 +82,22 @@ def test_checkpointing_cuts_activations(tiny_llama):
 def _bnb_linear4bit_storage_bytes(out_features: int, in_features: int) -> list[int]:
     """Rounded storage sizes of a real bitsandbytes Linear4bit quantized on the CPU."""
     bnb = pytest.importorskip("bitsandbytes")
-    layer = bnb.nn.Linear4bit(in_features, out_features, bias=False, compute_dtype=torch.bfloat16,
-                              compress_statistics=True, quant_type="nf4", quant_storage=torch.uint8)
-    layer.weight = bnb.nn.Params4bit(torch.randn(out_features, in_features, dtype=torch.bfloat16),
-                                     requires_grad=False, compress_statistics=True, quant_type="nf4",
-                                     quant_storage=torch.uint8)
+    layer = bnb.nn.Linear4bit(
+        in_features,
+        out_features,
+        bias=False,
+        compute_dtype=torch.bfloat16,
+        compress_statistics=True,
+        quant_type="nf4",
+        quant_storage=torch.uint8,
+    )
+    layer.weight = bnb.nn.Params4bit(
+        torch.randn(out_features, in_features, dtype=torch.bfloat16),
+        requires_grad=False,
+        compress_statistics=True,
+        quant_type="nf4",
+        quant_storage=torch.uint8,
+    )
     layer = layer.to("cpu")
     qs = layer.weight.quant_state
     tensors = [layer.weight, qs.absmax, qs.code, qs.offset, qs.state2.absmax, qs.state2.code]
@@ -107,14 +124,25 @@ def test_nf4_storage_equals_bitsandbytes(tiny_llama):
         for layer in layers:
             qs = layer.weight.quant_state
             tensors = [layer.weight, qs.absmax, qs.code, qs.offset, qs.state2.absmax, qs.state2.code]
-            planned.append(((layer.out_features, layer.in_features), sorted(round_block_bytes(t.untyped_storage().nbytes()) for t in tensors)))
-        dense_bytes = sum(round_block_bytes(p.untyped_storage().nbytes()) for p in model.parameters() if p.dtype != torch.uint8)
+            planned.append(
+                (
+                    (layer.out_features, layer.in_features),
+                    sorted(round_block_bytes(t.untyped_storage().nbytes()) for t in tensors),
+                )
+            )
+        dense_bytes = sum(
+            round_block_bytes(p.untyped_storage().nbytes()) for p in model.parameters() if p.dtype != torch.uint8
+        )
         buffer_bytes = sum(round_block_bytes(b.untyped_storage().nbytes()) for b in model.buffers())
     assert len(planned) == 7  # q, k, v, o, gate, up, down
     real = [_bnb_linear4bit_storage_bytes(*shape) for shape, _ in planned]
     assert [sizes for _, sizes in planned] == real
     # Every quantization-state tensor is counted as weights (the LoRA adapters are trainable).
-    weights = sum(a.nbytes for a in tracker.result().allocations if a.category in ("weights", "trainable") and a.free_event is None)
+    weights = sum(
+        a.nbytes
+        for a in tracker.result().allocations
+        if a.category in ("weights", "trainable") and a.free_event is None
+    )
     assert weights == sum(map(sum, real)) + dense_bytes + buffer_bytes
 
 
@@ -132,8 +160,15 @@ def test_qlora_plans_the_dequantized_weight(tiny_llama):
 
     def forward_peak(parity: bool) -> int:
         with torch.device("meta"):
-            layer = bnb.nn.Linear4bit(in_features, out_features, bias=False, compute_dtype=torch.bfloat16,
-                                      compress_statistics=True, quant_type="nf4", quant_storage=torch.uint8)
+            layer = bnb.nn.Linear4bit(
+                in_features,
+                out_features,
+                bias=False,
+                compute_dtype=torch.bfloat16,
+                compress_statistics=True,
+                quant_type="nf4",
+                quant_storage=torch.uint8,
+            )
         tracker = MemoryTracker()
         modes = [tracker, CudaParityMode(tracker)] if parity else [tracker]
         with _bitsandbytes_tables(), FakeTensorMode(allow_non_fake_inputs=True):
@@ -161,7 +196,11 @@ def test_qlora_plans_the_dequantized_weight(tiny_llama):
 
 @pytest.mark.parametrize(
     "knobs",
-    [dict(method="lora", checkpointing="off"), dict(method="qlora", checkpointing="on"), dict(method="full", checkpointing="on")],
+    [
+        dict(method="lora", checkpointing="off"),
+        dict(method="qlora", checkpointing="on"),
+        dict(method="full", checkpointing="on"),
+    ],
     ids=lambda k: "-".join(k.values()),
 )
 def test_extrapolation_matches_full_simulation(knobs):
@@ -189,8 +228,16 @@ def test_extrapolation_matches_full_simulation(knobs):
 def test_8bit_adamw_states_are_bitsandbytes_layout():
     """uint8 states plus an fp32 absmax per 256-element block; 32-bit states under 4096 elements."""
     pytest.importorskip("bitsandbytes")
-    config = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024, "max_position_embeddings": 512}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1024,
+        "max_position_embeddings": 512,
+    }
     spec = make_spec(method="full", precision="bf16", optimizer="adamw8bit", seq_len=32)
     at_step = _at_phase_start(simulate(config, spec).tracker, "optimizer")
     expected = 2 * round_block_bytes(256 * 4)  # the signed and unsigned quantization maps, once
@@ -204,8 +251,16 @@ def test_8bit_adamw_states_are_bitsandbytes_layout():
 
 def test_paged_states_live_outside_the_allocator():
     pytest.importorskip("bitsandbytes")
-    config = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 2,
-              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1024, "max_position_embeddings": 512}
+    config = {
+        "model_type": "llama",
+        "hidden_size": 512,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1024,
+        "max_position_embeddings": 512,
+    }
     spec = make_spec(method="full", optimizer="paged-adamw8bit", seq_len=32)
     result = simulate(config, spec).tracker
     paged = sum(2 * round_block_bytes(n) for n, _, _ in _model_params(config, spec) if n >= 100_000)

@@ -14,15 +14,18 @@ from memfit.spec import make_spec
 from memfit.train.conformance import TINY_MODELS
 
 
-@pytest.mark.parametrize("name, knobs", [
-    ("qwen3_moe", {"method": "lora", "precision": "fp32"}),
-    ("mixtral", {"method": "lora", "precision": "fp16"}),
-    ("gpt_oss", {"method": "full", "precision": "fp32", "padding_free": "off", "batch_size": 2}),
-    ("llama4_text", {"method": "lora", "precision": "bf16", "targets": ("experts", "router")}),
-    ("qwen3_moe", {"method": "qlora", "precision": "bf16"}),
-    # rank 4 in fp16: the LoRA pairs are padded to the 16 bytes a grouped matmul's rows take
-    ("llama4_text", {"method": "qlora", "precision": "fp16", "rank": 4, "padding_free": "off", "batch_size": 2}),
-])
+@pytest.mark.parametrize(
+    "name, knobs",
+    [
+        ("qwen3_moe", {"method": "lora", "precision": "fp32"}),
+        ("mixtral", {"method": "lora", "precision": "fp16"}),
+        ("gpt_oss", {"method": "full", "precision": "fp32", "padding_free": "off", "batch_size": 2}),
+        ("llama4_text", {"method": "lora", "precision": "bf16", "targets": ("experts", "router")}),
+        ("qwen3_moe", {"method": "qlora", "precision": "bf16"}),
+        # rank 4 in fp16: the LoRA pairs are padded to the 16 bytes a grouped matmul's rows take
+        ("llama4_text", {"method": "qlora", "precision": "fp16", "rank": 4, "padding_free": "off", "batch_size": 2}),
+    ],
+)
 def test_fake_and_real_expert_steps_count_the_same_bytes(name, knobs):
     spec = make_spec(seq_len=32, **knobs)
     fake = simulate(TINY_MODELS[name], spec, fake=True).tracker

@@ -17,11 +17,15 @@ def _spec(**knobs):
     return make_spec(**{**base, **knobs})
 
 
-@pytest.mark.parametrize("config, knobs", [
-    (LLAMA, dict(method="lora", precision="bf16")),
-    (LLAMA, dict(method="full", precision="fp32", beta=0.1, top_p=0.9, temperature=0.7)),
-    (QWEN2, dict(method="qlora", precision="bf16", num_iterations=2)),
-], ids=["llama lora", "llama full reference top_p", "qwen2 qlora old logps"])
+@pytest.mark.parametrize(
+    "config, knobs",
+    [
+        (LLAMA, dict(method="lora", precision="bf16")),
+        (LLAMA, dict(method="full", precision="fp32", beta=0.1, top_p=0.9, temperature=0.7)),
+        (QWEN2, dict(method="qlora", precision="bf16", num_iterations=2)),
+    ],
+    ids=["llama lora", "llama full reference top_p", "qwen2 qlora old logps"],
+)
 def test_fake_generation_counts_what_a_real_one_counts(config, knobs):
     spec = _spec(**knobs)
     fake = whole_generation(config, spec, new_tokens=6)

@@ -14,10 +14,15 @@ def _peak_gradients(result) -> int:
 def test_step_in_backward_never_holds_every_gradient(tiny_llama):
     config = dict(tiny_llama, num_hidden_layers=4)
     normal = simulate(config, make_spec(method="full", precision="fp32", seq_len=64)).tracker
-    in_backward = simulate(config, make_spec(method="full", precision="fp32", seq_len=64, step_in_backward=True)).tracker
+    in_backward = simulate(
+        config, make_spec(method="full", precision="fp32", seq_len=64, step_in_backward=True)
+    ).tracker
     trainable = normal.categories_at(len(normal.events) - 1)["trainable"]
     assert _peak_gradients(normal) == trainable  # every gradient exists at the optimizer step
     # One parameter's gradient at a time (the largest: the embedding or the head), not all of them.
     assert _peak_gradients(in_backward) <= trainable // 4
     # Same optimizer states: the update is the same, only its timing moves.
-    assert in_backward.categories_at(len(in_backward.events) - 1)["optimizer"] == normal.categories_at(len(normal.events) - 1)["optimizer"]
+    assert (
+        in_backward.categories_at(len(in_backward.events) - 1)["optimizer"]
+        == normal.categories_at(len(normal.events) - 1)["optimizer"]
+    )

@@ -26,7 +26,9 @@ def _at_optimizer_start(result) -> dict[str, int]:
 
 
 def _params(config: dict, spec) -> list[torch.nn.Parameter]:
-    return list(prepare_for_method(build_meta_model(make_config(config), DTYPES[spec.weight_precision]), spec).parameters())
+    return list(
+        prepare_for_method(build_meta_model(make_config(config), DTYPES[spec.weight_precision]), spec).parameters()
+    )
 
 
 def test_full_bf16_mixed_is_sixteen_bytes_a_parameter(tiny_llama):
@@ -84,12 +86,42 @@ def test_fake_and_real_mixed_precision_runs_count_the_same_bytes(tiny_llama, kno
 #: dispatcher sees them (``softmax`` arrives as ``_softmax``, ``layer_norm`` as
 #: ``native_layer_norm``). The CPU's autocast leaves most of them in 16 bits: a 16-bit input to one
 #: of them inside an autocast forward is where a plan made on the CPU would differ from CUDA.
-CUDA_AUTOCAST_FP32_OPS = frozenset({
-    "acos", "asin", "cosh", "sinh", "tan", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal",
-    "rsqrt", "pow", "softplus", "native_layer_norm", "native_group_norm", "norm", "linalg_vector_norm", "logsumexp",
-    "_softmax", "_log_softmax", "sum", "prod", "cumsum", "cumprod", "nll_loss_forward", "mse_loss", "l1_loss",
-    "binary_cross_entropy_with_logits", "kl_div",
-})
+CUDA_AUTOCAST_FP32_OPS = frozenset(
+    {
+        "acos",
+        "asin",
+        "cosh",
+        "sinh",
+        "tan",
+        "erfinv",
+        "exp",
+        "expm1",
+        "log",
+        "log10",
+        "log2",
+        "log1p",
+        "reciprocal",
+        "rsqrt",
+        "pow",
+        "softplus",
+        "native_layer_norm",
+        "native_group_norm",
+        "norm",
+        "linalg_vector_norm",
+        "logsumexp",
+        "_softmax",
+        "_log_softmax",
+        "sum",
+        "prod",
+        "cumsum",
+        "cumprod",
+        "nll_loss_forward",
+        "mse_loss",
+        "l1_loss",
+        "binary_cross_entropy_with_logits",
+        "kl_div",
+    }
+)
 
 
 class _CudaAutocastDifferences(TorchDispatchMode):
@@ -108,8 +140,15 @@ class _CudaAutocastDifferences(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-_SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-              vocab_size=256, max_position_embeddings=512)
+_SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    max_position_embeddings=512,
+)
 
 #: One tiny model of each architecture in memfit's catalog.
 _ARCHITECTURES = {

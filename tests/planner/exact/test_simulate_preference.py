@@ -9,12 +9,16 @@ from memfit.planner.exact.simulate import simulate
 from memfit.spec import make_spec
 
 
-@pytest.mark.parametrize("knobs", [
-    {"objective": "dpo", "method": "lora", "padding_free": "off"},
-    {"objective": "dpo", "method": "full"},
-    {"objective": "orpo", "method": "lora"},
-    {"objective": "simpo", "method": "full", "padding_free": "off"},
-], ids=["dpo lora padded", "dpo full frozen copy", "orpo lora", "simpo full padded"])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"objective": "dpo", "method": "lora", "padding_free": "off"},
+        {"objective": "dpo", "method": "full"},
+        {"objective": "orpo", "method": "lora"},
+        {"objective": "simpo", "method": "full", "padding_free": "off"},
+    ],
+    ids=["dpo lora padded", "dpo full frozen copy", "orpo lora", "simpo full padded"],
+)
 def test_fake_and_real_runs_count_the_same_bytes(tiny_llama, knobs):
     spec = make_spec(seq_len=24, batch_size=2, precision="fp32", **knobs)
     fake, real = simulate(tiny_llama, spec), simulate(tiny_llama, spec, fake=False)
@@ -26,11 +30,14 @@ def test_fake_and_real_runs_count_the_same_bytes(tiny_llama, knobs):
 
 def test_full_dpo_plans_a_frozen_copy_and_precompute_reference_plans_none(tiny_llama):
     copy = simulate(tiny_llama, make_spec(objective="dpo", method="full", precision="fp32", seq_len=16)).tracker.peak
-    none = simulate(tiny_llama, make_spec(objective="dpo", method="full", precision="fp32", seq_len=16,
-                                          precompute_reference=True)).tracker.peak
+    none = simulate(
+        tiny_llama, make_spec(objective="dpo", method="full", precision="fp32", seq_len=16, precompute_reference=True)
+    ).tracker.peak
     sft = simulate(tiny_llama, make_spec(method="full", precision="fp32", seq_len=16)).tracker.peak
     # The copy is every parameter once more (the weights of full fine-tuning are its trainable ones).
-    assert copy.categories["weights"] - none.categories["weights"] == pytest.approx(copy.categories["trainable"], rel=0.01)
+    assert copy.categories["weights"] - none.categories["weights"] == pytest.approx(
+        copy.categories["trainable"], rel=0.01
+    )
     assert none.categories["weights"] == sft.categories["weights"]
 
 

@@ -83,8 +83,10 @@ def test_hf_recipe_with_flash_attention_keeps_attention_inside_each_example(tiny
     # Every other tensor grows with the tokens, a mask with their square: long enough to tell apart.
     tiny_llama = dict(tiny_llama, vocab_size=64, max_position_embeddings=tokens)
     masked = simulate(tiny_llama, make_spec(method="lora", seq_len=tokens, batch_size=batch, recipe="hf", packing=True))
-    varlen = simulate(tiny_llama, make_spec(method="lora", seq_len=tokens, batch_size=batch, recipe="hf", packing=True,
-                                            padding_free="on"))
+    varlen = simulate(
+        tiny_llama,
+        make_spec(method="lora", seq_len=tokens, batch_size=batch, recipe="hf", packing=True, padding_free="on"),
+    )
     assert varlen.batch_layout == "documents" and varlen.attention == "memfit_documents"
     square = batch * tokens * tokens  # one byte a [seq x seq] element: the smallest a mask can be
     forward = lambda result: max(a.nbytes for a in result.tracker.allocations if a.phase == "forward")  # noqa: E731

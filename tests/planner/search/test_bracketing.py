@@ -19,13 +19,17 @@ def _curve(base: int, slope: int, bend: float, memory: int):
     def check(index: int):
         asked.append(index)
         total = base + int(slope * index**bend)
-        return SimpleNamespace(index=index, fits=total <= memory, headroom_bytes=memory - total, device_total_bytes=total)
+        return SimpleNamespace(
+            index=index, fits=total <= memory, headroom_bytes=memory - total, device_total_bytes=total
+        )
 
     return check, asked
 
 
-@pytest.mark.parametrize(("slope", "bend", "memory", "guess", "interpolate"),
-                         list(itertools.product((3, 50, 400), (0.7, 1.0, 1.6), (1_000, 9_000), (None, 1, 40, 199), (False, True))))
+@pytest.mark.parametrize(
+    ("slope", "bend", "memory", "guess", "interpolate"),
+    list(itertools.product((3, 50, 400), (0.7, 1.0, 1.6), (1_000, 9_000), (None, 1, 40, 199), (False, True))),
+)
 def test_the_answer_is_the_last_index_that_fits(slope, bend, memory, guess, interpolate):
     check, asked = _curve(100, slope, bend, memory)
     hi = 200  # one past the end: not planned, or planned where it does not fit

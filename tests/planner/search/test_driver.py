@@ -16,7 +16,9 @@ def test_every_fit_plans_under_the_budget():
     result = fit(FitRequest("smollm2-135m", budget="4GiB", batch_size=4, seq_len=1024, max_seq_len=False))
     assert result.fits
     for f in result.fits:
-        again = memfit.plan("smollm2-135m", budget="4GiB", **{k: v for k, v in f.spec.items() if k not in ("gpus", "shard")})
+        again = memfit.plan(
+            "smollm2-135m", budget="4GiB", **{k: v for k, v in f.spec.items() if k not in ("gpus", "shard")}
+        )
         assert again.fits and again.device_total_bytes <= 4 * 2**30
         assert f.spec["batch_size"] * f.spec["grad_accum"] == 4  # the effective batch is kept
     speeds = [f.relative_speed for f in result.fits]
@@ -30,14 +32,22 @@ def test_full_fine_tuning_of_8b_does_not_fit_a_24gb_card():
 
 
 def test_8b_long_context_on_a_24gb_card_needs_qlora_with_offloaded_checkpointing():
-    result = fit(FitRequest("llama-3.1-8b", gpu="rtx-4090", batch_size=1, seq_len=98304, methods=("lora", "qlora"),
-                            max_seq_len=False))
+    result = fit(
+        FitRequest(
+            "llama-3.1-8b", gpu="rtx-4090", batch_size=1, seq_len=98304, methods=("lora", "qlora"), max_seq_len=False
+        )
+    )
     assert [(f.spec["method"], f.spec["checkpointing"]) for f in result.fits] == [("qlora", "offload")]
-    assert {(m.spec["method"], m.spec["checkpointing"]) for m in result.misses} >= {("lora", "offload"), ("qlora", "on")}
+    assert {(m.spec["method"], m.spec["checkpointing"]) for m in result.misses} >= {
+        ("lora", "offload"),
+        ("qlora", "on"),
+    }
 
 
 def test_long_sequences_need_checkpointing():
-    result = fit(FitRequest("llama-3.2-1b", gpu="a100-40gb", batch_size=1, seq_len=131072, methods=("lora",), max_seq_len=False))
+    result = fit(
+        FitRequest("llama-3.2-1b", gpu="a100-40gb", batch_size=1, seq_len=131072, methods=("lora",), max_seq_len=False)
+    )
     assert result.fits
     assert all(f.spec["checkpointing"] in ("on", "offload") for f in result.fits)
     assert any(m.spec["checkpointing"] == "off" for m in result.misses)
@@ -53,11 +63,22 @@ def test_a_given_mixed_precision_is_kept_by_every_plan_of_the_search(tiny_llama)
 
     from memfit.planner.search.report import render_fit
 
-    result = fit(FitRequest(tiny_llama, budget="2GiB", batch_size=2, seq_len=64, methods=("full", "lora"), max_seq_len=False,
-                            workers=1, knobs={"precision": "bf16-mixed"}))
+    result = fit(
+        FitRequest(
+            tiny_llama,
+            budget="2GiB",
+            batch_size=2,
+            seq_len=64,
+            methods=("full", "lora"),
+            max_seq_len=False,
+            workers=1,
+            knobs={"precision": "bf16-mixed"},
+        )
+    )
     assert result.fits and {f.spec["precision"] for f in result.fits} == {"bf16-mixed"}
     assert {f.plan.details["precision_regime"] for f in result.fits if f.spec["method"] == "full"} == {
-        "bf16 mixed: fp32 weights, gradients and optimizer states, bf16 autocast"}
+        "bf16 mixed: fp32 weights, gradients and optimizer states, bf16 autocast"
+    }
     console = Console(record=True, width=120)
     render_fit(result, console)
     assert "2.0 GiB), bf16-mixed" in console.export_text()
@@ -79,7 +100,10 @@ def test_json_contract():
         ({}, "fit needs --gpu NAME or --budget SIZE"),
         ({"gpu": "rtx-4090", "methods": ("dora",)}, "--method: dora is not one of"),
         ({"gpu": "rtx-4090", "knobs": {"checkpointing": "on"}}, "--checkpointing is chosen by the search"),
-        ({"gpu": "rtx-4090", "methods": ("full", "lora"), "knobs": {"dora": True}}, "--dora: only with adapters (--method lora"),
+        (
+            {"gpu": "rtx-4090", "methods": ("full", "lora"), "knobs": {"dora": True}},
+            "--dora: only with adapters (--method lora",
+        ),
         ({"gpu": "rtx-4090", "methods": ("qlora",), "knobs": {"dora": True}}, "--dora: not with --method qlora"),
         ({"gpu": "rtx-4091"}, "Did you mean 'rtx-4090'"),
     ],
@@ -91,15 +115,22 @@ def test_bad_input(fields, message):
 
 
 def test_every_problem_is_said_at_once_in_the_order_the_search_checks_them():
-    request = FitRequest("smollm2-135m", methods=("nope", "full"), batch_size="x", gpus=-2,
-                         knobs={"dora": True, "optimizer": "adamw", "rank": 0})
+    request = FitRequest(
+        "smollm2-135m",
+        methods=("nope", "full"),
+        batch_size="x",
+        gpus=-2,
+        knobs={"dora": True, "optimizer": "adamw", "rank": 0},
+    )
     with pytest.raises(PlanError) as info:
         fit(request)
     problems = info.value.problems
-    assert problems[:4] == ["fit needs --gpu NAME or --budget SIZE (e.g. --gpu rtx-4090 or --budget 24GiB)",
-                            "--method: nope is not one of " + ", ".join(METHODS),
-                            next(p for p in problems if p.startswith("--dora: only with adapters")),
-                            "--optimizer is chosen by the search; leave it out"]
+    assert problems[:4] == [
+        "fit needs --gpu NAME or --budget SIZE (e.g. --gpu rtx-4090 or --budget 24GiB)",
+        "--method: nope is not one of " + ", ".join(METHODS),
+        next(p for p in problems if p.startswith("--dora: only with adapters")),
+        "--optimizer is chosen by the search; leave it out",
+    ]
     # Then each plan's own checks: the knobs the request holds, its batch and its GPU count.
     assert [p.split(":")[0] for p in problems[4:]] == ["--batch-size", "--rank", "--gpus"]
 
@@ -127,16 +158,20 @@ def test_worker_processes_report_every_plan_as_it_is_made(tiny_llama):
     lines: list[str] = []
     options = dict(budget="2GiB", batch_size=2, seq_len=64, methods=("full", "lora"), max_seq_len=False)
     found: list[tuple[str, int]] = []
-    parallel = fit(FitRequest(tiny_llama, workers=2, **options),
-                   FitEvents(progress=lines.append, found=lambda m, fits: found.append((m, len(fits)))))
+    parallel = fit(
+        FitRequest(tiny_llama, workers=2, **options),
+        FitEvents(progress=lines.append, found=lambda m, fits: found.append((m, len(fits)))),
+    )
     assert len(lines) == parallel.plans_made > 2
     assert {line.split(" ")[0] for line in lines} == {"full", "lora"}
     # Each method's fits are told as its search ends, before the ranking.
     assert sorted(found) == sorted((m, sum(f.spec["method"] == m for f in parallel.fits)) for m in ("full", "lora"))
     one_process: list[str] = []
     found_alone: list[tuple[str, int]] = []
-    alone = fit(FitRequest(tiny_llama, workers=1, **options),
-                FitEvents(progress=one_process.append, found=lambda m, fits: found_alone.append((m, len(fits)))))
+    alone = fit(
+        FitRequest(tiny_llama, workers=1, **options),
+        FitEvents(progress=one_process.append, found=lambda m, fits: found_alone.append((m, len(fits)))),
+    )
     assert sorted(one_process) == sorted(lines)
     assert [m for m, _ in found_alone] == ["full", "lora"] and sorted(found_alone) == sorted(found)
     assert [f.spec for f in alone.fits] == [f.spec for f in parallel.fits]
@@ -154,8 +189,17 @@ def test_adapter_options_are_searched_only_when_asked():
 
 
 def test_every_fit_of_a_dora_search_trains_dora_and_the_modules_asked_for(tiny_llama):
-    result = fit(FitRequest(tiny_llama, budget="1GiB", batch_size=2, seq_len=64, max_seq_len=False, workers=1,
-                            knobs={"dora": True, "modules_to_save": "lm_head"}))
+    result = fit(
+        FitRequest(
+            tiny_llama,
+            budget="1GiB",
+            batch_size=2,
+            seq_len=64,
+            max_seq_len=False,
+            workers=1,
+            knobs={"dora": True, "modules_to_save": "lm_head"},
+        )
+    )
     assert result.fits and {f.spec["method"] for f in result.fits} == {"lora"}
     for f in result.fits:
         assert f.spec["dora"] is True and f.spec["modules_to_save"] == ["lm_head"]

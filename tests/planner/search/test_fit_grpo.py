@@ -11,8 +11,16 @@ TINY = dict(TINY_MODELS["llama"], _name_or_path="tiny-llama")
 
 
 def test_a_grpo_fit_searches_the_split_and_the_longest_completion():
-    result = fit(FitRequest(TINY, budget="600MiB", seq_len=48, methods=("lora",), workers=1,
-                            knobs=dict(objective="grpo", num_generations=4, max_completion_length=16)))
+    result = fit(
+        FitRequest(
+            TINY,
+            budget="600MiB",
+            seq_len=48,
+            methods=("lora",),
+            workers=1,
+            knobs=dict(objective="grpo", num_generations=4, max_completion_length=16),
+        )
+    )
     assert result.fits
     for found in result.fits:
         spec = found.spec

@@ -11,8 +11,19 @@ from memfit.planner.search.driver import expected_plans
 from memfit.planner.search.report import FitProgress, format_duration, progress_line, recent_seconds_per_plan
 
 
-@pytest.mark.parametrize(("seconds", "said"), [(0.2, "0 s"), (41.4, "41 s"), (59.4, "59 s"), (59.6, "1 min"), (89, "1 min"),
-                                               (91, "2 min"), (3599, "60 min"), (5400, "1.5 h")])
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [
+        (0.2, "0 s"),
+        (41.4, "41 s"),
+        (59.4, "59 s"),
+        (59.6, "1 min"),
+        (89, "1 min"),
+        (91, "2 min"),
+        (3599, "60 min"),
+        (5400, "1.5 h"),
+    ],
+)
 def test_durations_read_as_people_say_them(seconds, said):
     assert format_duration(seconds) == said
 
@@ -21,9 +32,16 @@ def test_what_is_left_is_the_recent_pace_times_the_plans_to_make():
     # Plan 7 starts at a pace of 6 s a plan: it and 19 more are left, 20 x 6 s.
     assert progress_line(7, 26, elapsed_s=41.0, seconds_per_plan=6.0) == "plan 7 of ~26, 41 s elapsed, about 2 min left"
     assert progress_line(2, 26, elapsed_s=9.0, seconds_per_plan=2.4) == "plan 2 of ~26, 9 s elapsed, about 1 min left"
-    assert progress_line(1, 26, elapsed_s=3.0, seconds_per_plan=None) == "plan 1 of ~26, 3 s elapsed"  # nothing measured yet
-    assert progress_line(26, 26, elapsed_s=130.0, seconds_per_plan=5.0) == "plan 26 of ~26, 2 min elapsed, about 5 s left"
-    assert progress_line(27, 26, elapsed_s=140.0, seconds_per_plan=5.0) == "plan 27 (more than the ~26 expected), 2 min elapsed"
+    assert (
+        progress_line(1, 26, elapsed_s=3.0, seconds_per_plan=None) == "plan 1 of ~26, 3 s elapsed"
+    )  # nothing measured yet
+    assert (
+        progress_line(26, 26, elapsed_s=130.0, seconds_per_plan=5.0) == "plan 26 of ~26, 2 min elapsed, about 5 s left"
+    )
+    assert (
+        progress_line(27, 26, elapsed_s=140.0, seconds_per_plan=5.0)
+        == "plan 27 (more than the ~26 expected), 2 min elapsed"
+    )
     assert progress_line(3, None, elapsed_s=12.0, seconds_per_plan=4.0) == "plan 3, 12 s elapsed"
 
 

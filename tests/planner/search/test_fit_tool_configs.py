@@ -16,8 +16,10 @@ def _trl(tmp_path, tiny_llama) -> str:
     folder.mkdir(exist_ok=True)
     (folder / "config.json").write_text(json.dumps(tiny_llama))
     path = tmp_path / "sft.yaml"
-    path.write_text(f"model_name_or_path: {folder}\nuse_peft: true\nlora_r: 8\nmax_length: 128\n"
-                    "per_device_train_batch_size: 2\ngradient_accumulation_steps: 2\ngradient_checkpointing: true\n")
+    path.write_text(
+        f"model_name_or_path: {folder}\nuse_peft: true\nlora_r: 8\nmax_length: 128\n"
+        "per_device_train_batch_size: 2\ngradient_accumulation_steps: 2\ngradient_checkpointing: true\n"
+    )
     return str(path)
 
 
@@ -27,7 +29,15 @@ def test_the_config_s_method_batch_length_and_knobs_are_kept(tmp_path, tiny_llam
     assert search.model == str(tmp_path / "tiny") and search.methods == ("lora",)
     assert search.batch_size == 4 and search.seq_len == 128  # micro-batch x accumulation: the effective batch
     assert search.knobs["rank"] == 8 and search.knobs["recipe"] == "hf"
-    assert not set(search.knobs) & {"method", "checkpointing", "optimizer", "grad_accum", "batch_size", "seq_len", "tiling"}
+    assert not set(search.knobs) & {
+        "method",
+        "checkpointing",
+        "optimizer",
+        "grad_accum",
+        "batch_size",
+        "seq_len",
+        "tiling",
+    }
     assert (search.budget, search.max_seq_len, search.workers, search.exact) == ("2GiB", False, 1, True)
     assert search.gpus is None and search.deepspeed is None
     # An adapter's optimizer states are small: the config's optimizer (the Trainer's default here) is
@@ -38,8 +48,17 @@ def test_the_config_s_method_batch_length_and_knobs_are_kept(tmp_path, tiny_llam
 
 def test_what_the_request_gives_replaces_the_config_s(tmp_path, tiny_llama):
     config = _trl(tmp_path, tiny_llama)
-    search, read = tool_config_request(FitRequest(config, budget="2GiB", batch_size=8, seq_len=256, methods=("qlora",),
-                                                  gpus=2, knobs={"rank": 16, "shard": "fsdp"}))
+    search, read = tool_config_request(
+        FitRequest(
+            config,
+            budget="2GiB",
+            batch_size=8,
+            seq_len=256,
+            methods=("qlora",),
+            gpus=2,
+            knobs={"rank": 16, "shard": "fsdp"},
+        )
+    )
     assert (search.batch_size, search.seq_len, search.methods, search.gpus) == (8, 256, ("qlora",), 2)
     assert search.knobs["rank"] == 16 and search.knobs["shard"] == "fsdp"
     assert read["given"] == {"rank": 16, "shard": "fsdp", "gpus": 2}

@@ -39,11 +39,22 @@ def test_fit_tries_only_modes_the_trainer_runs():
 
 
 def test_fit_searches_a_preference_run_on_several_gpus():
-    common = dict(budget="1700MiB", batch_size=1, seq_len=128, methods=("full",), max_seq_len=False, workers=1,
-                  knobs={"objective": "dpo"})
-    assert fit(FitRequest("smollm2-135m", **common)).fits == []  # one GPU holds the model, its states and a whole reference copy
+    common = dict(
+        budget="1700MiB",
+        batch_size=1,
+        seq_len=128,
+        methods=("full",),
+        max_seq_len=False,
+        workers=1,
+        knobs={"objective": "dpo"},
+    )
+    assert (
+        fit(FitRequest("smollm2-135m", **common)).fits == []
+    )  # one GPU holds the model, its states and a whole reference copy
     result = fit(FitRequest("smollm2-135m", gpus=4, **common))
     assert result.fits
     best = result.fits[0]
     assert best.spec["gpus"] > 1 and best.spec["objective"] == "dpo" and best.plan.details["per_rank"]
-    assert "reference" in best.plan.details["phase_peaks_allocated_bytes"] and best.plan.device_total_bytes <= 1700 * 2**20
+    assert (
+        "reference" in best.plan.details["phase_peaks_allocated_bytes"] and best.plan.device_total_bytes <= 1700 * 2**20
+    )

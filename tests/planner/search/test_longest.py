@@ -27,8 +27,13 @@ class _LinePlanner:
 
     def _plan(self, knobs):
         total = self.states + knobs["seq_len"] * self.per_token
-        return SimpleNamespace(spec=dict(knobs), fits=total <= self.memory, headroom_bytes=self.memory - total,
-                               device_total_bytes=total, details={})
+        return SimpleNamespace(
+            spec=dict(knobs),
+            fits=total <= self.memory,
+            headroom_bytes=self.memory - total,
+            device_total_bytes=total,
+            details={},
+        )
 
     def __call__(self, **knobs):
         self.count += 1
@@ -52,7 +57,12 @@ def test_the_longest_length_is_the_one_every_length_planned_finds(per_token, lim
     planner = _LinePlanner(states=2 * 2**30, per_token=per_token, memory=3 * 2**30, exact=exact)
     longest, spec = longest_sequence(planner, "lora", limit, effective_batch=4)
     assert longest == planner.longest_by_hand(limit) and spec["seq_len"] == longest
-    assert spec["batch_size"] == 1 and spec["grad_accum"] == 4 and spec["checkpointing"] == "offload" and spec["tiling"] == "on"
+    assert (
+        spec["batch_size"] == 1
+        and spec["grad_accum"] == 4
+        and spec["checkpointing"] == "offload"
+        and spec["tiling"] == "on"
+    )
     if exact:
         assert planner.predicted == []  # no prediction: every length asked about is planned
     elif limit > 4 * 8192 and longest < limit:
@@ -92,6 +102,8 @@ def test_an_exact_search_asks_every_plan_exact(monkeypatch, tiny_llama):
     plain = fit(request)
     assert asked and not any(asked)
     asked.clear()
-    exact = fit(FitRequest(tiny_llama, budget="2GiB", batch_size=2, seq_len=64, methods=("lora",), workers=1, exact=True))
+    exact = fit(
+        FitRequest(tiny_llama, budget="2GiB", batch_size=2, seq_len=64, methods=("lora",), workers=1, exact=True)
+    )
     assert len(asked) == exact.plans_made and all(asked)
     assert [f.spec for f in exact.fits] == [f.spec for f in plain.fits] and exact.max_seq_len == plain.max_seq_len

@@ -19,8 +19,14 @@ from memfit.spec import make_spec
 #: Wide enough that the model states weigh something beside the CUDA context; six layers, so that
 #: plans extrapolate over depth (2 and 3 layers simulated).
 WIDE = {
-    "model_type": "llama", "hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 6,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 32768, "max_position_embeddings": 2048,
+    "model_type": "llama",
+    "hidden_size": 512,
+    "intermediate_size": 1376,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 32768,
+    "max_position_embeddings": 2048,
     "tie_word_embeddings": False,
 }
 
@@ -30,22 +36,27 @@ def _needs(plan) -> int:
     return plan.device_total_bytes + int(plan.details.get("paged_peak_bytes") or 0)
 
 
-@pytest.mark.parametrize("knobs", [
-    dict(optimizer="adamw", precision="bf16"),
-    dict(optimizer="adamw", precision="fp32", checkpointing="on"),
-    dict(optimizer="adamw8bit", precision="bf16", checkpointing="offload"),
-    dict(optimizer="paged-adamw8bit", precision="bf16", grad_accum=3),
-    dict(optimizer="paged-adamw8bit", precision="fp32", tiling="on"),
-    dict(optimizer="sgd", precision="bf16"),
-    dict(optimizer="adamw", precision="bf16", step_in_backward=True),
-    dict(optimizer="adamw", precision="bf16", recipe="hf", checkpointing="on"),
-    dict(optimizer="adamw", precision="bf16-mixed"),
-    dict(optimizer="adamw8bit", precision="fp16-mixed", tiling="on"),
-])
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        dict(optimizer="adamw", precision="bf16"),
+        dict(optimizer="adamw", precision="fp32", checkpointing="on"),
+        dict(optimizer="adamw8bit", precision="bf16", checkpointing="offload"),
+        dict(optimizer="paged-adamw8bit", precision="bf16", grad_accum=3),
+        dict(optimizer="paged-adamw8bit", precision="fp32", tiling="on"),
+        dict(optimizer="sgd", precision="bf16"),
+        dict(optimizer="adamw", precision="bf16", step_in_backward=True),
+        dict(optimizer="adamw", precision="bf16", recipe="hf", checkpointing="on"),
+        dict(optimizer="adamw", precision="bf16-mixed"),
+        dict(optimizer="adamw8bit", precision="fp16-mixed", tiling="on"),
+    ],
+)
 @pytest.mark.parametrize("exact", [False, True])
 def test_floor_is_under_every_full_plan(knobs, exact):
     plan = memfit.plan(WIDE, method="full", seq_len=128, batch_size=2, exact=exact, **knobs)
-    floor = memory_lower_bound(WIDE, make_spec(method="full", seq_len=128, batch_size=2, **knobs), DEFAULT_CUDA_CONTEXT_BYTES)
+    floor = memory_lower_bound(
+        WIDE, make_spec(method="full", seq_len=128, batch_size=2, **knobs), DEFAULT_CUDA_CONTEXT_BYTES
+    )
     assert floor <= _needs(plan)
     # And it is the model states: at least weights + states (+ gradients), not just the context.
     assert floor - DEFAULT_CUDA_CONTEXT_BYTES >= plan.categories["trainable"]
@@ -56,7 +67,10 @@ def test_floor_of_mixed_precision_is_sixteen_bytes_a_parameter():
     config = resolve_model("llama-3.1-8b").config
     assert memory_lower_bound(config, make_spec(method="full", precision="bf16-mixed"), 0) == 16 * 8_030_261_248
     # 8-bit AdamW keeps at least 2 bytes an element whatever the parameters' format.
-    assert memory_lower_bound(config, make_spec(method="full", precision="bf16-mixed", optimizer="adamw8bit"), 0) == 10 * 8_030_261_248
+    assert (
+        memory_lower_bound(config, make_spec(method="full", precision="bf16-mixed", optimizer="adamw8bit"), 0)
+        == 10 * 8_030_261_248
+    )
 
 
 def test_floor_only_where_it_is_proven():

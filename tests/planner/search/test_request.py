@@ -38,17 +38,47 @@ def test_the_request_s_own_fields_are_not_knobs():
 
 def test_keywords_are_fields_events_and_knobs():
     stop = threading.Event()
-    request, events = keyword_request("smollm2-135m", gpu="rtx-4090", batch_size=4, seq_len=512, gpus=2, methods=("lora",),
-                                      workers=1, exact=True, rank=16, shard="fsdp", progress=print, stop=stop)
-    assert request == FitRequest("smollm2-135m", gpu="rtx-4090", batch_size=4, seq_len=512, gpus=2, methods=("lora",),
-                                 workers=1, exact=True, knobs={"rank": 16, "shard": "fsdp"})
+    request, events = keyword_request(
+        "smollm2-135m",
+        gpu="rtx-4090",
+        batch_size=4,
+        seq_len=512,
+        gpus=2,
+        methods=("lora",),
+        workers=1,
+        exact=True,
+        rank=16,
+        shard="fsdp",
+        progress=print,
+        stop=stop,
+    )
+    assert request == FitRequest(
+        "smollm2-135m",
+        gpu="rtx-4090",
+        batch_size=4,
+        seq_len=512,
+        gpus=2,
+        methods=("lora",),
+        workers=1,
+        exact=True,
+        knobs={"rank": 16, "shard": "fsdp"},
+    )
     assert events == FitEvents(progress=print, stop=stop)
 
 
 def test_memfit_fit_takes_keywords(tiny_llama):
     lines: list[str] = []
-    result = memfit.fit(tiny_llama, budget="2GiB", batch_size=2, seq_len=64, methods=("lora",), max_seq_len=False, workers=1,
-                        rank=4, progress=lines.append)
+    result = memfit.fit(
+        tiny_llama,
+        budget="2GiB",
+        batch_size=2,
+        seq_len=64,
+        methods=("lora",),
+        max_seq_len=False,
+        workers=1,
+        rank=4,
+        progress=lines.append,
+    )
     assert result.fits and {f.spec["rank"] for f in result.fits} == {4}
     assert len(lines) == result.plans_made > 0
     with pytest.raises(SpecError, match="unknown knob 'rnak'"):

@@ -154,8 +154,12 @@ def test_keys_need_canonical_inputs():
 def test_unreadable_entries_are_misses_and_replaced(cache_on, count_estimates, tiny_llama):
     fresh = memfit.plan(tiny_llama, seq_len=64)
     (entry,) = _entries(cache_on)
-    for garbage in ("{not json", "", json.dumps({"format": plan_cache.FORMAT, "kind": "plan", "key": "other", "value": {}}),
-                    json.dumps({"format": plan_cache.FORMAT, "kind": "plan", "key": entry.stem, "value": {"model": "x"}})):
+    for garbage in (
+        "{not json",
+        "",
+        json.dumps({"format": plan_cache.FORMAT, "kind": "plan", "key": "other", "value": {}}),
+        json.dumps({"format": plan_cache.FORMAT, "kind": "plan", "key": entry.stem, "value": {"model": "x"}}),
+    ):
         entry.write_text(garbage)
         again = memfit.plan(tiny_llama, seq_len=64)
         assert _without_time(again) == _without_time(fresh)
@@ -209,11 +213,19 @@ def test_least_recently_used_entries_go_first(cache_on, monkeypatch):
 def test_cached_plan_imports_no_torch(tmp_path):
     """The second process answers from the cache without importing torch, transformers or PEFT."""
     env = dict(os.environ, MEMFIT_PLAN_CACHE="1", MEMFIT_CACHE=str(tmp_path), PYTHONPATH=str(SRC))
-    code = ("import json, sys, memfit; p = memfit.plan('smollm2-135m', seq_len=64, gpu='t4').to_dict(); "
-            "p['details'].pop('plan_seconds'); "
-            "print(json.dumps([p, [m for m in ('torch', 'transformers', 'peft', 'bitsandbytes') if m in sys.modules]]))")
-    runs = [json.loads(subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
-                       .stdout.strip().splitlines()[-1]) for _ in range(2)]
+    code = (
+        "import json, sys, memfit; p = memfit.plan('smollm2-135m', seq_len=64, gpu='t4').to_dict(); "
+        "p['details'].pop('plan_seconds'); "
+        "print(json.dumps([p, [m for m in ('torch', 'transformers', 'peft', 'bitsandbytes') if m in sys.modules]]))"
+    )
+    runs = [
+        json.loads(
+            subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        for _ in range(2)
+    ]
     assert runs[0][0] == runs[1][0]
     assert {"torch", "transformers", "peft"} <= set(runs[0][1])
     assert runs[1][1] == []

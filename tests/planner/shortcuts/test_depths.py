@@ -6,8 +6,15 @@ from fractions import Fraction
 
 from memfit.planner.shortcuts.depths import DepthPlan, _by_kind, _by_period, plan_depths
 
-LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "vocab_size": 256, "max_position_embeddings": 512}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+}
 L, F = "linear_attention", "full_attention"
 
 
@@ -43,23 +50,53 @@ def test_a_periodic_pattern_falls_back_to_whole_periods():
 
 
 def test_hybrid_configs_are_cut_by_kind():
-    granite = {**LLAMA, "model_type": "granitemoehybrid", "num_hidden_layers": 8, "layer_types": [L, L, L, F, L, L, L, F],
-               "num_local_experts": 4, "num_experts_per_tok": 2, "shared_intermediate_size": 64, "mamba_n_heads": 8,
-               "mamba_d_head": 16, "mamba_d_state": 16, "mamba_chunk_size": 16}
+    granite = {
+        **LLAMA,
+        "model_type": "granitemoehybrid",
+        "num_hidden_layers": 8,
+        "layer_types": [L, L, L, F, L, L, L, F],
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "shared_intermediate_size": 64,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 16,
+        "mamba_d_state": 16,
+        "mamba_chunk_size": 16,
+    }
     assert plan_depths(granite).samples == ((0, 1, 3), (0, 1, 1, 3), (0, 1, 3, 3))
 
 
 def test_jamba_is_cut_by_whole_periods():
     """Jamba computes its kinds from the depth (attention every attn_layer_period layers): no other cut
     keeps them, so two and three periods are simulated."""
-    jamba = {**LLAMA, "model_type": "jamba", "num_hidden_layers": 16, "num_experts": 4, "num_experts_per_tok": 2,
-             "attn_layer_period": 4, "attn_layer_offset": 2, "expert_layer_period": 2, "expert_layer_offset": 1,
-             "mamba_d_state": 8, "mamba_dt_rank": 8}
+    jamba = {
+        **LLAMA,
+        "model_type": "jamba",
+        "num_hidden_layers": 16,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "attn_layer_period": 4,
+        "attn_layer_offset": 2,
+        "expert_layer_period": 2,
+        "expert_layer_offset": 1,
+        "mamba_d_state": 8,
+        "mamba_dt_rank": 8,
+    }
     assert plan_depths(jamba) == DepthPlan(samples=(tuple(range(8)), tuple(range(12))), weights=(Fraction(2),))
 
 
 def test_layers_that_share_weights_are_simulated_whole():
-    zamba = {**LLAMA, "model_type": "zamba", "num_hidden_layers": 7, "attn_layer_period": 3, "attn_layer_offset": 2,
-             "num_key_value_heads": 4, "attention_head_dim": 32, "attention_hidden_size": 128, "n_mamba_heads": 2,
-             "mamba_d_state": 8, "mamba_dt_rank": 8}
+    zamba = {
+        **LLAMA,
+        "model_type": "zamba",
+        "num_hidden_layers": 7,
+        "attn_layer_period": 3,
+        "attn_layer_offset": 2,
+        "num_key_value_heads": 4,
+        "attention_head_dim": 32,
+        "attention_hidden_size": 128,
+        "n_mamba_heads": 2,
+        "mamba_d_state": 8,
+        "mamba_dt_rank": 8,
+    }
     assert plan_depths(zamba) is None

@@ -18,8 +18,11 @@ def _spec(**knobs):
     return make_spec(**{**base, **knobs})
 
 
-@pytest.mark.parametrize("knobs", [dict(method="lora", precision="bf16", top_p=0.9),
-                                   dict(method="qlora", precision="bf16", num_iterations=2)], ids=["lora top_p", "qlora old logps"])
+@pytest.mark.parametrize(
+    "knobs",
+    [dict(method="lora", precision="bf16", top_p=0.9), dict(method="qlora", precision="bf16", num_iterations=2)],
+    ids=["lora top_p", "qlora old logps"],
+)
 def test_any_completion_length_is_written_exactly_from_two_short_generations(knobs):
     spec = _spec(max_completion_length=14, **knobs)
     short, long = simulate_generation(LLAMA, spec, new_tokens=4), simulate_generation(LLAMA, spec, new_tokens=5)
@@ -28,13 +31,16 @@ def test_any_completion_length_is_written_exactly_from_two_short_generations(kno
     whole = whole_generation(LLAMA, spec, new_tokens=14)
     assert written.peak.allocated_bytes == whole.peak.allocated_bytes
     assert written.peak.categories == whole.peak.categories
-    assert {k: v for k, v in written.phase_peaks.items() if k != "idle"} == {k: v for k, v in whole.phase_peaks.items() if k != "idle"}
+    assert {k: v for k, v in written.phase_peaks.items() if k != "idle"} == {
+        k: v for k, v in whole.phase_peaks.items() if k != "idle"
+    }
 
 
 def test_the_kv_cache_grows_with_the_completion_length_and_is_named():
     shorter = estimate_generation(LLAMA, _spec(method="lora", precision="bf16", max_completion_length=8), exact=True)
-    longer = estimate_generation(LLAMA, _spec(method="lora", precision="bf16", max_completion_length=40, seq_len=76),
-                                 exact=True)
+    longer = estimate_generation(
+        LLAMA, _spec(method="lora", precision="bf16", max_completion_length=40, seq_len=76), exact=True
+    )
     # The decode step's cache: 2 (keys, values) x 2 layers x 4 completions x 2 heads x 16 dims x 2 bytes a token.
     per_token = 2 * 2 * 4 * 2 * 16 * 2
     assert longer.phase_peaks["decode"] - shorter.phase_peaks["decode"] >= 32 * per_token

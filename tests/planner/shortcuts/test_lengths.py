@@ -25,8 +25,15 @@ def _compare(model: str, budget: str, lengths: list[int], **knobs) -> None:
         predicted = predicted_plan(model, sampler, target=target, seq_len=seq_len, **knobs)
         assert predicted.details["predicted"]
         assert (predicted.device_total_bytes, predicted.allocated_bytes, predicted.reserved_bytes) == (
-            simulated.device_total_bytes, simulated.allocated_bytes, simulated.reserved_bytes), seq_len
-        assert (predicted.phase, predicted.categories, predicted.fits) == (simulated.phase, simulated.categories, simulated.fits)
+            simulated.device_total_bytes,
+            simulated.allocated_bytes,
+            simulated.reserved_bytes,
+        ), seq_len
+        assert (predicted.phase, predicted.categories, predicted.fits) == (
+            simulated.phase,
+            simulated.categories,
+            simulated.fits,
+        )
         assert predicted.details["phase_peaks_allocated_bytes"] == simulated.details["phase_peaks_allocated_bytes"]
 
 

@@ -7,8 +7,16 @@ from memfit.planner.shortcuts import cache as plan_cache
 from memfit.planner.shortcuts.memo import LIMITS, MEMO, Memo
 from memfit.spec import make_spec
 
-TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512}
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+}
 
 
 def test_a_plan_fills_the_stores_and_clear_empties_every_one(monkeypatch, tmp_path):

@@ -38,7 +38,7 @@ def _fake_run(fn, *shapes, probe=frozenset):
         marks.append(len(tracker.events))
         result = tracker.result()
     events = _events(result)
-    return events[marks[0]:marks[1]], events[marks[1]:marks[2]], replay.replayed == 1, outputs
+    return events[marks[0] : marks[1]], events[marks[1] : marks[2]], replay.replayed == 1, outputs
 
 
 def test_a_pure_region_is_replayed_with_the_same_events_and_outputs_of_the_same_layout():

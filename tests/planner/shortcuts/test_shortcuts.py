@@ -27,14 +27,33 @@ from memfit.planner.shortcuts.lengths import LengthSampler
 from memfit.planner.shortcuts.replay import Replay
 from memfit.spec import make_spec
 
-LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 16384, "tie_word_embeddings": False}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 16384,
+    "tie_word_embeddings": False,
+}
 #: Deep enough to be cut: two and three layers simulated, six planned.
 DEEP = dict(LLAMA, num_hidden_layers=6)
 #: Two kinds of layer (sliding and global attention, alternating): a base of each kind and one more of each.
-GEMMA = {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4,
-         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 256, "max_position_embeddings": 16384, "sliding_window": 64,
-         "query_pre_attn_scalar": 16}
+GEMMA = {
+    "model_type": "gemma2",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 256,
+    "max_position_embeddings": 16384,
+    "sliding_window": 64,
+    "query_pre_attn_scalar": 16,
+}
 
 #: (name, config, knobs): every kind of step a plan simulates, each planned both ways.
 TABLE = [
@@ -46,7 +65,11 @@ TABLE = [
     ("dpo", LLAMA, dict(method="lora", objective="dpo", batch_size=2, seq_len=256, checkpointing="on", grad_accum=2)),
     ("hf-packed", LLAMA, dict(method="lora", recipe="hf", packing=True, batch_size=2, seq_len=256, grad_accum=4)),
     # (Their micro-batches make state, so they run: the tiled layers' chunks are replayed.)
-    ("step-in-backward", LLAMA, dict(method="full", seq_len=4500, tiling="on", checkpointing="on", step_in_backward=True)),
+    (
+        "step-in-backward",
+        LLAMA,
+        dict(method="full", seq_len=4500, tiling="on", checkpointing="on", step_in_backward=True),
+    ),
     ("fp16", LLAMA, dict(method="lora", precision="fp16", seq_len=4500, tiling="on", grad_accum=4)),
     ("offload-tiled", LLAMA, dict(method="lora", seq_len=9000, tiling="on", checkpointing="offload", grad_accum=3)),
     ("full-offload-tiled-deep", DEEP, dict(method="full", seq_len=5000, tiling="on", checkpointing="offload")),
@@ -58,7 +81,9 @@ TABLE = [
 def _figures(plan) -> dict:
     """Every figure of a plan (flat: ``peak.reserved_bytes``), without what says how it was made."""
     data = plan.to_dict()
-    data["details"] = {k: v for k, v in data["details"].items() if k not in ("plan_seconds", "simulated_layers", "exact")}
+    data["details"] = {
+        k: v for k, v in data["details"].items() if k not in ("plan_seconds", "simulated_layers", "exact")
+    }
 
     def flat(value, prefix=""):
         if not isinstance(value, dict):
@@ -129,7 +154,10 @@ def test_every_event_is_the_same_with_and_without_replay(config, knobs):
         ran, every = _simulated(config, spec, cut, _EveryUnit())
         replayed_any += replay.replayed
         assert _frees_in_any_order(events_of(replayed.tracker)) == _frees_in_any_order(events_of(ran.tracker))
-        outside = [[(a.place, a.nbytes, a.role, a.phase) for a in r.tracker.allocations if a.place != "device"] for r in (replayed, ran)]
+        outside = [
+            [(a.place, a.nbytes, a.role, a.phase) for a in r.tracker.allocations if a.place != "device"]
+            for r in (replayed, ran)
+        ]
         assert outside[0] == outside[1]
         for name in ("peak", "phase_peaks", "phase_marks", "outside_peaks"):
             assert getattr(replayed.tracker, name) == getattr(ran.tracker, name), name
@@ -147,6 +175,10 @@ def test_a_length_the_length_model_predicts_is_the_exact_plan():
     exact = memfit.plan(dict(LLAMA), budget="8GiB", exact=True, **knobs)
     assert predicted.details["predicted"]
     assert (predicted.allocated_bytes, predicted.reserved_bytes, predicted.device_total_bytes, predicted.phase) == (
-        exact.allocated_bytes, exact.reserved_bytes, exact.device_total_bytes, exact.phase)
+        exact.allocated_bytes,
+        exact.reserved_bytes,
+        exact.device_total_bytes,
+        exact.phase,
+    )
     assert predicted.categories == exact.categories
     assert predicted.details["phase_peaks_allocated_bytes"] == exact.details["phase_peaks_allocated_bytes"]

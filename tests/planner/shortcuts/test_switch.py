@@ -22,8 +22,16 @@ from memfit.planner.shortcuts.switch import ENV_SWITCH, exact_wanted
 
 runner = CliRunner()
 
-TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512}
+TINY = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+}
 
 
 @pytest.fixture
@@ -82,9 +90,19 @@ def test_an_exact_search_plans_exact_plans_in_one_process(monkeypatch):
     real = plans.plan
     monkeypatch.setattr(plans, "plan", lambda *a, **k: asked.append(k.get("exact")) or real(*a, **k))
     monkeypatch.setattr(driver, "run_parallel", lambda *a, **k: pytest.fail("an exact search starts no worker process"))
-    monkeypatch.setattr(longest, "_predicted_boundary", lambda *a, **k: pytest.fail("an exact search predicts no length"))
-    result = driver.fit(FitRequest(dict(TINY, max_position_embeddings=32768), budget="1GiB", batch_size=2,
-                                   methods=("lora", "full"), max_seq_len=True, exact=True))
+    monkeypatch.setattr(
+        longest, "_predicted_boundary", lambda *a, **k: pytest.fail("an exact search predicts no length")
+    )
+    result = driver.fit(
+        FitRequest(
+            dict(TINY, max_position_embeddings=32768),
+            budget="1GiB",
+            batch_size=2,
+            methods=("lora", "full"),
+            max_seq_len=True,
+            exact=True,
+        )
+    )
     assert result.fits and asked and all(asked)
 
 

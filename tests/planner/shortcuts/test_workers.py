@@ -18,7 +18,10 @@ def _without_time(plan) -> dict:
 def test_a_plan_whose_depths_are_simulated_side_by_side_is_the_same_plan():
     pool = DepthPool(2)
     try:
-        for knobs in (dict(method="lora", seq_len=256), dict(method="full", seq_len=128, batch_size=2, checkpointing="on")):
+        for knobs in (
+            dict(method="lora", seq_len=256),
+            dict(method="full", seq_len=128, batch_size=2, checkpointing="on"),
+        ):
             side_by_side = memfit.plan("smollm2-135m", budget="2GiB", cache=False, sampler=pool, **knobs)
             here = memfit.plan("smollm2-135m", budget="2GiB", cache=False, **knobs)
             assert side_by_side.details["simulated_layers"] == [2, 3]  # two depths: each in a worker
@@ -31,7 +34,9 @@ def test_a_search_split_into_parts_answers_as_one_process_does(tiny_llama):
     # On one GPU each method's micro-batch search and longest-sequence search are jobs of their own.
     options = dict(budget="2GiB", batch_size=2, seq_len=64, methods=("full", "lora"))
     found: list[str] = []
-    parallel = fit(FitRequest(tiny_llama, workers=2, **options), FitEvents(found=lambda method, fits: found.append(method)))
+    parallel = fit(
+        FitRequest(tiny_llama, workers=2, **options), FitEvents(found=lambda method, fits: found.append(method))
+    )
     alone = fit(FitRequest(tiny_llama, workers=1, **options))
     assert sorted(found) == ["full", "lora"]  # once a method, when its micro-batch search ends
     assert [f.spec for f in parallel.fits] == [f.spec for f in alone.fits]

@@ -58,8 +58,13 @@ def tiny_llama(vocab_size: int):
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
     )
     config._attn_implementation = "sdpa"
     return LlamaForCausalLM(config)

@@ -51,7 +51,7 @@ configs:
 
 
 def demo_rows(count: int, start: int = 0) -> list[dict]:
-    lines = DEMO_DATA.read_text(encoding="utf-8").splitlines()[start:start + count]
+    lines = DEMO_DATA.read_text(encoding="utf-8").splitlines()[start : start + count]
     return [json.loads(line) for line in lines]
 
 
@@ -89,14 +89,27 @@ def add_dataset_repos(server: LocalHub) -> dict[str, str]:
     chat = {"data/train.jsonl": jsonl(demo_rows(64)), "data/test.jsonl": jsonl(demo_rows(8, start=64))}
     return {
         CHAT: server.add_commit(CHAT, chat, repo_type="dataset"),
-        PAIRS: server.add_commit(PAIRS, {"README.md": PAIRS_README, "easy/train_sft.parquet": parquet(pairs(40, "")),
-                                         "hard/train_sft.parquet": parquet(pairs(40, "Think hard: "))}, repo_type="dataset"),
-        PREFERENCES: server.add_commit(PREFERENCES, {"data/train.parquet": parquet(demo_pairs(48))}, repo_type="dataset"),
-        GATED_DATA: server.add_commit(GATED_DATA, chat, repo_type="dataset", gated=True, granted_tokens=(GRANTED_TOKEN,)),
+        PAIRS: server.add_commit(
+            PAIRS,
+            {
+                "README.md": PAIRS_README,
+                "easy/train_sft.parquet": parquet(pairs(40, "")),
+                "hard/train_sft.parquet": parquet(pairs(40, "Think hard: ")),
+            },
+            repo_type="dataset",
+        ),
+        PREFERENCES: server.add_commit(
+            PREFERENCES, {"data/train.parquet": parquet(demo_pairs(48))}, repo_type="dataset"
+        ),
+        GATED_DATA: server.add_commit(
+            GATED_DATA, chat, repo_type="dataset", gated=True, granted_tokens=(GRANTED_TOKEN,)
+        ),
     }
 
 
-def point_datasets_at(monkeypatch, endpoint: str, home: Path, *, token: str | None = None, offline: bool = False) -> None:
+def point_datasets_at(
+    monkeypatch, endpoint: str, home: Path, *, token: str | None = None, offline: bool = False
+) -> None:
     """huggingface_hub and datasets pointed at ``endpoint``, with their caches in ``home``."""
     import datasets
 
@@ -148,7 +161,9 @@ class FailingHub:
             with connection:
                 if self.mode == "503":
                     connection.recv(65536)
-                    connection.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                    connection.sendall(
+                        b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                    )
 
     def close(self) -> None:
         self._socket.close()

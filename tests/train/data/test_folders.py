@@ -78,8 +78,10 @@ def test_a_stream_of_a_repository_folder_reads_its_split(tmp_path):
 @pytest.mark.parametrize("split", ["train[:2]", "train[-40%:]", "train+test", "test[1:]+train[:1]"])
 def test_slices_and_sums_of_splits_are_those_datasets_reads(tmp_path, split):
     folder = parquet_repo(tmp_path / "repo")
-    assert texts(load_sources([DataSource(path=str(folder), split=split)]).records) == \
-        datasets.load_dataset(str(folder), split=split)["text"]
+    assert (
+        texts(load_sources([DataSource(path=str(folder), split=split)]).records)
+        == datasets.load_dataset(str(folder), split=split)["text"]
+    )
 
 
 def test_a_readme_declares_subsets_and_their_splits(tmp_path):
@@ -90,7 +92,9 @@ def test_a_readme_declares_subsets_and_their_splits(tmp_path):
     (folder / "README.md").write_text(README_SUBSETS)
     with pytest.raises(DataError) as err:
         load_sources([DataSource(path=str(folder))])
-    assert str(err.value) == f"data: {folder}: the dataset has several subsets (easy, hard); choose one, e.g. subset: easy"
+    assert (
+        str(err.value) == f"data: {folder}: the dataset has several subsets (easy, hard); choose one, e.g. subset: easy"
+    )
     valid = load_sources([DataSource(path=str(folder), subset="easy", split="validation")]).records
     assert len(valid) == 1 and valid[0]["source"] == f"{folder / 'easy' / 'va.jsonl'}, line 1"  # memfit's reader: lines
     assert texts(load_sources([DataSource(path=str(folder), subset="hard")]).records) == texts(TRAIN)
@@ -119,11 +123,20 @@ def test_a_run_takes_its_eval_data_from_a_split_of_the_same_folder(tmp_path):
     from memfit.train.examples import load_tokenizer, prepare_data
 
     folder = tmp_path / "repo"
-    rows = [{"messages": [{"role": "user", "content": f"Q{i}"}, {"role": "assistant", "content": f"A{i}"}]} for i in range(6)]
+    rows = [
+        {"messages": [{"role": "user", "content": f"Q{i}"}, {"role": "assistant", "content": f"A{i}"}]}
+        for i in range(6)
+    ]
     write_jsonl(folder / "data" / "train.jsonl", rows[:4])
     write_jsonl(folder / "data" / "validation.jsonl", rows[4:])
-    config = validate_config({"model": "smollm2-135m", "init": "random", "data": str(folder),
-                              "eval_data": {"path": str(folder), "split": "validation"}})
+    config = validate_config(
+        {
+            "model": "smollm2-135m",
+            "init": "random",
+            "data": str(folder),
+            "eval_data": {"path": str(folder), "split": "validation"},
+        }
+    )
     data = prepare_data(config, load_tokenizer(config))
     assert (len(data.train_examples), len(data.eval_examples)) == (4, 2)
     assert json.loads(json.dumps(data.record["eval_data"]))[0]["split"] == "validation"

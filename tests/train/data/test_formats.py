@@ -51,7 +51,9 @@ def test_parquet_chat_records_load(tmp_path):
 def test_missing_datasets_library_says_how_to_install_it(tmp_path, monkeypatch):
     (tmp_path / "d.parquet").write_bytes(b"PAR1")
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` raise ImportError
-    assert "d.parquet: reading Parquet files needs the datasets library: pip install datasets" in data_error(tmp_path / "d.parquet")
+    assert "d.parquet: reading Parquet files needs the datasets library: pip install datasets" in data_error(
+        tmp_path / "d.parquet"
+    )
 
 
 def test_a_damaged_parquet_file_is_named(tmp_path):
@@ -62,8 +64,11 @@ def test_a_damaged_parquet_file_is_named(tmp_path):
 
 def test_sharegpt_roles_map_onto_chat_roles(tmp_path):
     turns = [
-        {"from": "system", "value": "S"}, {"from": "human", "value": "H"}, {"from": "gpt", "value": "G"},
-        {"from": "user", "value": "U"}, {"from": "assistant", "value": "A"},
+        {"from": "system", "value": "S"},
+        {"from": "human", "value": "H"},
+        {"from": "gpt", "value": "G"},
+        {"from": "user", "value": "U"},
+        {"from": "assistant", "value": "A"},
     ]
     records, fmt = load_records(write_jsonl(tmp_path / "s.jsonl", [{"conversations": turns}]))
     assert fmt == "sharegpt"
@@ -155,18 +160,33 @@ def test_ambiguous_and_unknown_keys_are_clear_errors(tmp_path):
         ),
         (
             "sys.jsonl",
-            json.dumps({"messages": [
-                {"role": "user", "content": "u"}, {"role": "system", "content": "s"},
-                {"role": "assistant", "content": "a"},
-            ]}),
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": "u"},
+                        {"role": "system", "content": "s"},
+                        {"role": "assistant", "content": "a"},
+                    ]
+                }
+            ),
             "auto",
             "sys.jsonl, line 1: messages[1].role: a system turn may only come first",
         ),
-        ("out.json", json.dumps([{"instruction": "i", "output": 3}]), "auto", "out.json, record 1: output: expected a string"),
-        ("noout.json", json.dumps([{"instruction": "i", "output": None}]), "alpaca", "noout.json, record 1: output: missing"),
+        (
+            "out.json",
+            json.dumps([{"instruction": "i", "output": 3}]),
+            "auto",
+            "out.json, record 1: output: expected a string",
+        ),
+        (
+            "noout.json",
+            json.dumps([{"instruction": "i", "output": None}]),
+            "alpaca",
+            "noout.json, record 1: output: missing",
+        ),
         ("list.jsonl", '["text"]\n', "text", "list.jsonl, line 1: record is a list; expected an object"),
         ("chat.csv", "messages\nhello\n", "messages", "chat.csv: CSV columns hold flat text"),
-        ("rows.csv", "text,extra\na,b\n\"c\",d,e\n", "auto", "rows.csv, line 3: row has more fields than the header"),
+        ("rows.csv", 'text,extra\na,b\n"c",d,e\n', "auto", "rows.csv, line 3: row has more fields than the header"),
         ("notes.txt", "hello", "auto", "notes.txt: unsupported file type '.txt'"),
     ],
 )
@@ -208,7 +228,9 @@ def test_prompt_completion_text_and_conversational_records(tmp_path):
     rows = [{"prompt": "The capital of France is", "completion": " Paris."}]
     records, fmt = load_records(write_jsonl(tmp_path / "pc.jsonl", rows))
     assert fmt == "prompt_completion"
-    assert records == [{"prompt": "The capital of France is", "completion": " Paris.", "source": f"{tmp_path / 'pc.jsonl'}, line 1"}]
+    assert records == [
+        {"prompt": "The capital of France is", "completion": " Paris.", "source": f"{tmp_path / 'pc.jsonl'}, line 1"}
+    ]
     chat = [{"prompt": CHAT[:4], "completion": CHAT[4:]}]
     records, fmt = load_records(write_jsonl(tmp_path / "chat.jsonl", chat))
     assert fmt == "prompt_completion"
@@ -218,10 +240,21 @@ def test_prompt_completion_text_and_conversational_records(tmp_path):
 @pytest.mark.parametrize(
     "row, expected",
     [
-        ({"prompt": "p", "completion": [{"role": "assistant", "content": "c"}]}, "prompt: expected a list of messages like the other field, got a string"),
-        ({"prompt": [{"role": "user", "content": "p"}], "completion": [{"role": "user", "content": "c"}]}, "completion: has no assistant turn"),
-        ({"prompt": [{"role": "user", "content": "p"}], "completion": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "c"}]},
-         "completion[0].role: a system turn may only come first"),
+        (
+            {"prompt": "p", "completion": [{"role": "assistant", "content": "c"}]},
+            "prompt: expected a list of messages like the other field, got a string",
+        ),
+        (
+            {"prompt": [{"role": "user", "content": "p"}], "completion": [{"role": "user", "content": "c"}]},
+            "completion: has no assistant turn",
+        ),
+        (
+            {
+                "prompt": [{"role": "user", "content": "p"}],
+                "completion": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "c"}],
+            },
+            "completion[0].role: a system turn may only come first",
+        ),
         ({"prompt": "p", "completion": 3}, "completion: expected a string, got a number"),
         ({"prompt": "", "completion": "c"}, "prompt: empty text"),
     ],
@@ -241,21 +274,35 @@ def test_columns_map_a_files_fields_onto_memfits(tmp_path):
     assert load_records(path, columns={"text": "body"})[0][0]["text"] == "new"
     # A column no record of the file has: one line naming the entry, the column and the file's columns.
     message = data_error(path, "messages", columns={"messages": "conversation"})
-    assert message == (f"{path}: columns: messages: no column 'conversation' in the file (its columns: text, body); "
-                       "map messages to one of them, e.g. columns: {messages: text}")
+    assert message == (
+        f"{path}: columns: messages: no column 'conversation' in the file (its columns: text, body); "
+        "map messages to one of them, e.g. columns: {messages: text}"
+    )
 
 
-@pytest.mark.parametrize("row, columns, fix", [
-    # SFT: the file's own messages would be trained, the mapping ignored.
-    ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}, {"messages": "conversation"},
-     "(its columns: messages); remove the entry to read its own 'messages' column, or map messages to another column"),
-    # Pairs: the file's own chosen / rejected would be trained.
-    ({"prompt": "Hi", "chosen": " a", "rejected": " b"}, {"chosen": "good", "rejected": "bad"},
-     "(its columns: prompt, chosen, rejected); remove the entry to read its own 'chosen' column, or map chosen to another column"),
-    # SFT without the field: the format could not be told, and the message never named the column.
-    ({"query": "Hi", "response": "Hello"}, {"instruction": "question", "output": "response"},
-     "(its columns: query, response); map instruction to one of them, e.g. columns: {instruction: query}"),
-])
+@pytest.mark.parametrize(
+    "row, columns, fix",
+    [
+        # SFT: the file's own messages would be trained, the mapping ignored.
+        (
+            {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]},
+            {"messages": "conversation"},
+            "(its columns: messages); remove the entry to read its own 'messages' column, or map messages to another column",
+        ),
+        # Pairs: the file's own chosen / rejected would be trained.
+        (
+            {"prompt": "Hi", "chosen": " a", "rejected": " b"},
+            {"chosen": "good", "rejected": "bad"},
+            "(its columns: prompt, chosen, rejected); remove the entry to read its own 'chosen' column, or map chosen to another column",
+        ),
+        # SFT without the field: the format could not be told, and the message never named the column.
+        (
+            {"query": "Hi", "response": "Hello"},
+            {"instruction": "question", "output": "response"},
+            "(its columns: query, response); map instruction to one of them, e.g. columns: {instruction: query}",
+        ),
+    ],
+)
 def test_a_column_the_mapping_names_and_the_file_lacks_is_refused_in_one_line(tmp_path, row, columns, fix):
     path = write_jsonl(tmp_path / "f.jsonl", [row, row])
     with pytest.raises(DataError) as err:

@@ -35,7 +35,9 @@ def test_first_exhausted_stops_when_a_source_runs_out():
 
 def test_records_of_any_form_mix():
     texts = [{"text": f"t{i}"} for i in range(5)]
-    chats = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": f"a{i}"}]} for i in range(5)]
+    chats = [
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": f"a{i}"}]} for i in range(5)
+    ]
     mixed = mix_records([texts, chats], [0.5, 0.5], seed=3)
     assert all(r in texts or r in chats for r in mixed)
     assert all(r in mixed for r in texts + chats)

@@ -54,5 +54,8 @@ def test_batch_iterator_counts_epochs_as_the_trainer_and_the_examples_it_handed_
 
 def test_batch_iterator_refuses_a_state_from_other_data():
     state = BatchIterator(list(range(10)), batch_size=4, seed=1).state_dict()
-    with pytest.raises(ValueError, match="num_examples: saved 10, now 11; seed: saved 1, now 2|seed: saved 1, now 2; num_examples: saved 10, now 11"):
+    with pytest.raises(
+        ValueError,
+        match="num_examples: saved 10, now 11; seed: saved 1, now 2|seed: saved 1, now 2; num_examples: saved 10, now 11",
+    ):
         BatchIterator(list(range(11)), batch_size=4, seed=2).load_state_dict(state)

@@ -27,14 +27,26 @@ GOOD = {"role": "assistant", "content": "2 + 2 = 4."}
 BAD = {"role": "assistant", "content": "No idea."}
 
 
-@pytest.mark.parametrize("row, prompt, chat", [
-    ({"prompt": "Q: 2 + 2?\nA:", "chosen": " 4", "rejected": " 5"}, "Q: 2 + 2?\nA:", False),
-    ({"chosen": "Q: 2 + 2?\nA: 4", "rejected": "Q: 2 + 2?\nA: 5"}, "Q: 2 + 2?\nA:", False),  # implicit: the shared text
-    ({"prompt": [USER], "chosen": [GOOD], "rejected": [BAD]}, [USER], True),
-    ({"prompt": "What is 2 + 2?", "chosen": [GOOD], "rejected": [BAD]}, [USER], True),  # a string prompt is a user turn
-    ({"chosen": [USER, GOOD], "rejected": [USER, BAD]}, [USER], True),  # whole conversations: the shared turns
-    ({"prompt": "What is 2 + 2?", "chosen": [USER, GOOD], "rejected": [USER, BAD]}, [USER], True),
-], ids=["text", "text implicit", "chat", "chat string prompt", "conversations", "conversations with their prompt"])
+@pytest.mark.parametrize(
+    "row, prompt, chat",
+    [
+        ({"prompt": "Q: 2 + 2?\nA:", "chosen": " 4", "rejected": " 5"}, "Q: 2 + 2?\nA:", False),
+        (
+            {"chosen": "Q: 2 + 2?\nA: 4", "rejected": "Q: 2 + 2?\nA: 5"},
+            "Q: 2 + 2?\nA:",
+            False,
+        ),  # implicit: the shared text
+        ({"prompt": [USER], "chosen": [GOOD], "rejected": [BAD]}, [USER], True),
+        (
+            {"prompt": "What is 2 + 2?", "chosen": [GOOD], "rejected": [BAD]},
+            [USER],
+            True,
+        ),  # a string prompt is a user turn
+        ({"chosen": [USER, GOOD], "rejected": [USER, BAD]}, [USER], True),  # whole conversations: the shared turns
+        ({"prompt": "What is 2 + 2?", "chosen": [USER, GOOD], "rejected": [USER, BAD]}, [USER], True),
+    ],
+    ids=["text", "text implicit", "chat", "chat string prompt", "conversations", "conversations with their prompt"],
+)
 def test_pair_formats_are_detected_and_normalized(tmp_path, row, prompt, chat):
     records, fmt = load_records(_write(tmp_path / "pairs.jsonl", [row]))
     assert fmt == "preference"
@@ -66,30 +78,44 @@ def test_a_broken_pair_names_the_file_line_and_field(tmp_path):
 def test_a_prompt_that_ends_with_an_assistant_turn_is_refused_as_generate_refuses_it(tmp_path):
     from memfit.train.generation import prompt_problem
 
-    rows = [{"prompt": [USER, GOOD], "chosen": [GOOD], "rejected": [BAD]},  # two assistant turns in a row
-            {"prompt": [USER, GOOD, USER], "chosen": [GOOD], "rejected": [BAD]}]  # an earlier assistant turn is context
+    rows = [
+        {"prompt": [USER, GOOD], "chosen": [GOOD], "rejected": [BAD]},  # two assistant turns in a row
+        {"prompt": [USER, GOOD, USER], "chosen": [GOOD], "rejected": [BAD]},
+    ]  # an earlier assistant turn is context
     with pytest.raises(DataError) as err:
         load_records(_write(tmp_path / "p.jsonl", rows))
     assert str(err.value) == f"{tmp_path / 'p.jsonl'}, line 1: prompt: {prompt_problem([USER, GOOD])}"
-    assert prompt_problem([USER, GOOD]).startswith("ends with an assistant message, so the reply would be a second assistant turn")
+    assert prompt_problem([USER, GOOD]).startswith(
+        "ends with an assistant message, so the reply would be a second assistant turn"
+    )
 
 
-@pytest.mark.parametrize("row, what", [
-    ({"chosen": "Yes, it is.", "rejected": "No."}, "chosen and rejected start with no text in common"),
-    ({"chosen": [USER, GOOD], "rejected": [{"role": "user", "content": "What is 3 + 3?"}, BAD]},
-     "the conversations chosen and rejected start with no turn in common"),
-], ids=["text", "conversations"])
+@pytest.mark.parametrize(
+    "row, what",
+    [
+        ({"chosen": "Yes, it is.", "rejected": "No."}, "chosen and rejected start with no text in common"),
+        (
+            {"chosen": [USER, GOOD], "rejected": [{"role": "user", "content": "What is 3 + 3?"}, BAD]},
+            "the conversations chosen and rejected start with no turn in common",
+        ),
+    ],
+    ids=["text", "conversations"],
+)
 def test_an_implicit_prompt_with_nothing_in_common_is_refused(tmp_path, row, what):
     """TRL's extract_prompt takes an empty prompt here (and DPO then trains answers to nothing)."""
     with pytest.raises(DataError) as err:
         load_records(_write(tmp_path / "p.jsonl", [{"chosen": "Q: 2 + 2? A: 4", "rejected": "Q: 2 + 2? A: 5"}, row]))
-    assert str(err.value) == (f"{tmp_path / 'p.jsonl'}, line 2: prompt: missing, and {what} to take as "
-                                              "the prompt (the implicit prompt); give the prompt, or start both "
-                                              + ("answers with it" if isinstance(row["chosen"], str) else "with its turns"))
+    assert str(err.value) == (
+        f"{tmp_path / 'p.jsonl'}, line 2: prompt: missing, and {what} to take as "
+        "the prompt (the implicit prompt); give the prompt, or start both "
+        + ("answers with it" if isinstance(row["chosen"], str) else "with its turns")
+    )
 
 
 def test_pairs_tokenize_with_the_prompt_unscored_and_an_eos_after_text_answers(tmp_path, tokenizer):
-    records, _ = load_records(_write(tmp_path / "p.jsonl", [{"prompt": "Is it?", "chosen": " Yes.", "rejected": " No."}]))
+    records, _ = load_records(
+        _write(tmp_path / "p.jsonl", [{"prompt": "Is it?", "chosen": " Yes.", "rejected": " No."}])
+    )
     (pair,), stats = tokenize_pairs(records, tokenizer, seq_len=64)
     prompt = list(tokenizer("Is it?")["input_ids"])
     for name, answer in (("chosen", " Yes."), ("rejected", " No.")):
@@ -97,7 +123,7 @@ def test_pairs_tokenize_with_the_prompt_unscored_and_an_eos_after_text_answers(t
         assert seq["input_ids"] == list(tokenizer("Is it?" + answer + tokenizer.eos_token)["input_ids"])
         assert seq["input_ids"][-1] == tokenizer.eos_token_id
         assert seq["labels"][: len(prompt)] == [IGNORE_INDEX] * len(prompt)
-        assert seq["labels"][len(prompt):] == seq["input_ids"][len(prompt):]
+        assert seq["labels"][len(prompt) :] == seq["input_ids"][len(prompt) :]
     assert stats.pairs == 1 and stats.prompts_cut == stats.answers_cut == 0
 
 
@@ -124,12 +150,18 @@ def test_a_pair_longer_than_seq_len_keeps_the_end_of_its_prompt_and_the_start_of
 
 def test_cuts_are_counted_in_the_summary(tmp_path, tokenizer):
     long_prompt = "word " * 60
-    rows = [{"prompt": long_prompt, "chosen": " yes " * 30, "rejected": " no"}, {"prompt": "Hi", "chosen": " a", "rejected": " b"}]
+    rows = [
+        {"prompt": long_prompt, "chosen": " yes " * 30, "rejected": " no"},
+        {"prompt": "Hi", "chosen": " a", "rejected": " b"},
+    ]
     records, _ = load_records(_write(tmp_path / "l.jsonl", rows))
     examples, stats = tokenize_pairs(records, tokenizer, seq_len=32)
     assert max(len(s["input_ids"]) for e in examples for s in (e["chosen"], e["rejected"])) <= 32
     assert (stats.pairs, stats.prompts_cut, stats.answers_cut) == (2, 1, 1)
-    assert "1 prompts cut from the left (their end kept), 1 with an answer cut at the end (its start kept)" in stats.summary(32)
+    assert (
+        "1 prompts cut from the left (their end kept), 1 with an answer cut at the end (its start kept)"
+        in stats.summary(32)
+    )
 
 
 def test_a_preference_run_refuses_sft_data_in_one_line(tmp_path):
@@ -142,13 +174,18 @@ def test_a_preference_run_refuses_sft_data_in_one_line(tmp_path):
     config = validate_config({"model": "smollm2-135m", "init": "random", "data": str(data), "objective": "dpo"})
     with pytest.raises(TrainError, match=r"^data: objective: dpo trains on preference pairs .* holds messages records"):
         prepare_data(config, load_tokenizer(config))
-    config = validate_config({"model": "smollm2-135m", "init": "random", "data": str(pairs), "eval_data": str(data),
-                              "objective": "dpo"})
-    with pytest.raises(TrainError, match=r"^eval_data: objective: dpo trains on preference pairs .* holds messages records"):
+    config = validate_config(
+        {"model": "smollm2-135m", "init": "random", "data": str(pairs), "eval_data": str(data), "objective": "dpo"}
+    )
+    with pytest.raises(
+        TrainError, match=r"^eval_data: objective: dpo trains on preference pairs .* holds messages records"
+    ):
         prepare_data(config, load_tokenizer(config))
 
 
-@pytest.mark.parametrize("objective, left_out, other", [("sft", "data[1]", "dpo, orpo or simpo"), ("dpo", "data[0]", "sft")])
+@pytest.mark.parametrize(
+    "objective, left_out, other", [("sft", "data[1]", "dpo, orpo or simpo"), ("dpo", "data[0]", "sft")]
+)
 def test_a_mix_of_pairs_and_other_records_names_each_source_with_its_format(tmp_path, objective, left_out, other):
     from memfit.train.config import validate_config
     from memfit.train.errors import TrainError
@@ -156,14 +193,17 @@ def test_a_mix_of_pairs_and_other_records_names_each_source_with_its_format(tmp_
 
     sft = _write(tmp_path / "sft.jsonl", [{"messages": [USER, GOOD]}])
     pairs = _write(tmp_path / "pairs.jsonl", [{"prompt": "Hi", "chosen": " a", "rejected": " b"}])
-    config = validate_config({"model": "smollm2-135m", "init": "random", "data": [str(sft), str(pairs)], "objective": objective})
+    config = validate_config(
+        {"model": "smollm2-135m", "init": "random", "data": [str(sft), str(pairs)], "objective": objective}
+    )
     with pytest.raises(TrainError) as err:
         prepare_data(config, load_tokenizer(config))
     trains = "preference pairs" if objective == "dpo" else "records that are not pairs"
     assert str(err.value) == (
         f"data: data[0] ({sft}) holds messages records; data[1] ({pairs}) holds preference pairs (chosen and rejected): they "
         f"cannot be mixed in one objective, and objective: {objective} trains on {trains}. Leave out {left_out}, or train on "
-        f"it in a run of its own with objective: {other}.")
+        f"it in a run of its own with objective: {other}."
+    )
 
 
 def test_a_streamed_mix_of_pairs_and_other_records_names_each_source(tmp_path):
@@ -173,10 +213,14 @@ def test_a_streamed_mix_of_pairs_and_other_records_names_each_source(tmp_path):
 
     sft = _write(tmp_path / "sft.jsonl", [{"messages": [USER, GOOD]}])
     pairs = _write(tmp_path / "pairs.jsonl", [{"prompt": "Hi", "chosen": " a", "rejected": " b"}])
-    config = validate_config({"model": "smollm2-135m", "init": "random", "data": [str(pairs), str(sft)], "streaming": True,
-                              "max_steps": 1})
-    with pytest.raises(TrainError, match=r"^data: data\[0\] \(.*pairs.jsonl\) holds preference pairs \(chosen and rejected\); "
-                                         r"data\[1\] \(.*sft.jsonl\) holds messages records: they cannot be mixed"):
+    config = validate_config(
+        {"model": "smollm2-135m", "init": "random", "data": [str(pairs), str(sft)], "streaming": True, "max_steps": 1}
+    )
+    with pytest.raises(
+        TrainError,
+        match=r"^data: data\[0\] \(.*pairs.jsonl\) holds preference pairs \(chosen and rejected\); "
+        r"data\[1\] \(.*sft.jsonl\) holds messages records: they cannot be mixed",
+    ):
         prepare_data(config, load_tokenizer(config))
 
 
@@ -187,7 +231,9 @@ def test_a_next_token_run_refuses_pairs_in_one_line(tmp_path):
 
     data = _write(tmp_path / "pairs.jsonl", [{"prompt": "Hi", "chosen": " a", "rejected": " b"}])
     config = validate_config({"model": "smollm2-135m", "init": "random", "data": str(data)})
-    with pytest.raises(TrainError, match=r"holds preference pairs .* objective: sft does not train on. Set objective: dpo"):
+    with pytest.raises(
+        TrainError, match=r"holds preference pairs .* objective: sft does not train on. Set objective: dpo"
+    ):
         prepare_examples(config, load_tokenizer(config))
 
 
@@ -196,8 +242,16 @@ def test_a_preference_run_is_not_streamed(tmp_path):
 
     pairs = _write(tmp_path / "pairs.jsonl", [{"prompt": "Hi", "chosen": " a", "rejected": " b"}])
     with pytest.raises(ConfigError, match=r"streaming: true with objective: dpo: preference pairs are read in memory"):
-        validate_config({"model": "smollm2-135m", "init": "random", "data": str(pairs), "objective": "dpo",
-                         "streaming": True, "max_steps": 2})
+        validate_config(
+            {
+                "model": "smollm2-135m",
+                "init": "random",
+                "data": str(pairs),
+                "objective": "dpo",
+                "streaming": True,
+                "max_steps": 2,
+            }
+        )
 
 
 def test_pairs_load_from_a_hub_dataset_id(data_hub, tmp_path):
@@ -206,8 +260,16 @@ def test_pairs_load_from_a_hub_dataset_id(data_hub, tmp_path):
     from memfit.train.config import validate_config
     from memfit.train.examples import load_tokenizer, prepare_data
 
-    config = validate_config({"model": "smollm2-135m", "init": "random", "data": PREFERENCES, "objective": "dpo",
-                              "seq_len": 96, "eval_split": 0.25})
+    config = validate_config(
+        {
+            "model": "smollm2-135m",
+            "init": "random",
+            "data": PREFERENCES,
+            "objective": "dpo",
+            "seq_len": 96,
+            "eval_split": 0.25,
+        }
+    )
     data = prepare_data(config, load_tokenizer(config))
     assert (len(data.train_examples), len(data.eval_examples), data.pair_stats.pairs) == (36, 12, 36)
     assert all(set(e) == {"chosen", "rejected"} for e in data.train_examples)
@@ -220,14 +282,28 @@ def test_columns_map_a_files_fields_onto_a_pair_mixed_with_a_hub_dataset(data_hu
     from memfit.train.config import validate_config
     from memfit.train.examples import load_tokenizer, prepare_data
 
-    rows = [{"question": f"Is {n} even?", "good": " yes" if n % 2 == 0 else " no", "bad": " no" if n % 2 == 0 else " yes"}
-            for n in range(20)]
-    local = {"path": str(_write(tmp_path / "mine.jsonl", rows)), "columns": {"prompt": "question", "chosen": "good",
-                                                                                "rejected": "bad"}, "weight": 0.5}
-    config = validate_config({"model": "smollm2-135m", "init": "random", "objective": "simpo", "seq_len": 96,
-                              "data": [local, {"path": PREFERENCES, "weight": 0.5}]})
+    rows = [
+        {"question": f"Is {n} even?", "good": " yes" if n % 2 == 0 else " no", "bad": " no" if n % 2 == 0 else " yes"}
+        for n in range(20)
+    ]
+    local = {
+        "path": str(_write(tmp_path / "mine.jsonl", rows)),
+        "columns": {"prompt": "question", "chosen": "good", "rejected": "bad"},
+        "weight": 0.5,
+    }
+    config = validate_config(
+        {
+            "model": "smollm2-135m",
+            "init": "random",
+            "objective": "simpo",
+            "seq_len": 96,
+            "data": [local, {"path": PREFERENCES, "weight": 0.5}],
+        }
+    )
     data = prepare_data(config, load_tokenizer(config))
-    assert data.pair_stats.pairs == len(data.train_examples) >= 48  # every pair of both drawn at least once (all_exhausted)
+    assert (
+        data.pair_stats.pairs == len(data.train_examples) >= 48
+    )  # every pair of both drawn at least once (all_exhausted)
     tokenizer = load_tokenizer(config)
     decoded = [tokenizer.decode(e["chosen"]["input_ids"]) for e in data.train_examples]
     mine = [text for text in decoded if "even?" in text]
@@ -243,8 +319,10 @@ def test_a_dpo_run_trains_on_a_hub_dataset_id(data_hub, tmp_path):
 
     from memfit.train.recipe import train
 
-    result = train(tiny_config(tmp_path / "run", data=PREFERENCES, objective="dpo", batch_size=2, max_steps=2, seq_len=96),
-                   progress=False)
+    result = train(
+        tiny_config(tmp_path / "run", data=PREFERENCES, objective="dpo", batch_size=2, max_steps=2, seq_len=96),
+        progress=False,
+    )
     record = json.loads((result.run_dir / "run.json").read_text())
     assert result.status == "completed" and record["pairs"]["pairs"] == 48
     assert record["data"]["data"][0]["commit"] == data_hub.commits[PREFERENCES]

@@ -17,8 +17,10 @@ def _jsonl(path, rows):
 
 
 def test_prompt_records_are_detected_and_keep_their_other_fields(tmp_path):
-    path = _jsonl(tmp_path / "p.jsonl", [{"prompt": "2+2?", "answer": "4"},
-                                         {"prompt": [{"role": "user", "content": "Hi"}], "answer": "hello"}])
+    path = _jsonl(
+        tmp_path / "p.jsonl",
+        [{"prompt": "2+2?", "answer": "4"}, {"prompt": [{"role": "user", "content": "Hi"}], "answer": "hello"}],
+    )
     records, fmt = load_records(path)
     assert fmt == "prompt"
     assert records[0]["rollout"] == {"prompt": "2+2?", "columns": {"answer": "4"}}
@@ -28,7 +30,9 @@ def test_prompt_records_are_detected_and_keep_their_other_fields(tmp_path):
 
 
 def test_a_prompt_ending_with_the_assistant_is_refused(tmp_path):
-    path = _jsonl(tmp_path / "p.jsonl", [{"prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "yo"}]}])
+    path = _jsonl(
+        tmp_path / "p.jsonl", [{"prompt": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "yo"}]}]
+    )
     with pytest.raises(DataError, match="ends with an assistant turn"):
         load_records(path, format="prompt")
 
@@ -36,7 +40,9 @@ def test_a_prompt_ending_with_the_assistant_is_refused(tmp_path):
 def test_prompts_tokenize_as_trl_does_and_keep_their_last_tokens(tmp_path, tokenizer):
     from memfit.train.generation import prompt_token_ids
 
-    records, _ = load_records(_jsonl(tmp_path / "p.jsonl", [{"prompt": "abcdefghij"}, {"prompt": [{"role": "user", "content": "Hi"}]}]))
+    records, _ = load_records(
+        _jsonl(tmp_path / "p.jsonl", [{"prompt": "abcdefghij"}, {"prompt": [{"role": "user", "content": "Hi"}]}])
+    )
     examples, stats = tokenize_prompts(records, tokenizer, budget=6)
     whole = tokenizer("abcdefghij")["input_ids"]
     assert examples[0]["input_ids"] == whole[-6:] and examples[0]["prompt"] == "abcdefghij"

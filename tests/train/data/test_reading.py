@@ -19,10 +19,14 @@ from memfit.train.data.sources import DataSource
 def test_sources_of_different_formats_are_read_each_in_its_own(tmp_path):
     alpaca = write_jsonl(tmp_path / "alpaca.jsonl", ALPACA)
     pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"q": "2 + 2?", "a": "4"}])
-    loaded = load_sources([DataSource(path=str(alpaca)), DataSource(path=str(pairs), columns={"prompt": "q", "completion": "a"})])
+    loaded = load_sources(
+        [DataSource(path=str(alpaca)), DataSource(path=str(pairs), columns={"prompt": "q", "completion": "a"})]
+    )
     assert loaded.formats == ["alpaca", "prompt_completion"] and loaded.commits == [None, None]
     assert [("messages" in r, "prompt" in r) for r in loaded.records] == [(True, False), (True, False), (False, True)]
-    explicit = load_sources([DataSource(path=str(write_jsonl(tmp_path / "both.jsonl", [{"text": "t", "messages": CHAT}])), format="text")])
+    explicit = load_sources(
+        [DataSource(path=str(write_jsonl(tmp_path / "both.jsonl", [{"text": "t", "messages": CHAT}])), format="text")]
+    )
     assert explicit.formats == ["text"]
 
 
@@ -44,11 +48,15 @@ def test_the_first_source_with_problems_lists_them_all(tmp_path):
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"messages": [{"role": "bot", "content": "x"}]}, {"messages": "x"}])
     with pytest.raises(DataError) as info:
         load_sources([DataSource(path=str(DEMO_FILE)), DataSource(path=str(bad))])
-    assert "found 2 problems" in str(info.value) and "bad.jsonl, line 2: messages: expected a list of turns" in str(info.value)
+    assert "found 2 problems" in str(info.value) and "bad.jsonl, line 2: messages: expected a list of turns" in str(
+        info.value
+    )
 
 
 def stream_of(*sources: DataSource, **kwargs):
-    return open_stream(list(sources), "data", tokenize=lambda record: {"input_ids": [len(json.dumps(record))], "labels": [1]}, **kwargs)
+    return open_stream(
+        list(sources), "data", tokenize=lambda record: {"input_ids": [len(json.dumps(record))], "labels": [1]}, **kwargs
+    )
 
 
 def test_a_local_file_streams_and_its_first_rows_are_checked(tmp_path):
@@ -58,8 +66,12 @@ def test_a_local_file_streams_and_its_first_rows_are_checked(tmp_path):
     rows = [json.dumps([0, {"messages": CHAT}]), json.dumps([0, {"messages": [{"role": "bot", "content": "x"}]}])]
     assert stream.to_example(rows[0])[1] is None
     example, problem = stream.to_example(rows[1])
-    assert example is None and problem.startswith(f"{DEMO_FILE}, a row of the stream: messages[0].role: unknown role 'bot'")
-    bad = write_jsonl(tmp_path / "bad.jsonl", [{"messages": CHAT}, {"text": "x"}, {"messages": [{"role": "user", "content": "u"}]}])
+    assert example is None and problem.startswith(
+        f"{DEMO_FILE}, a row of the stream: messages[0].role: unknown role 'bot'"
+    )
+    bad = write_jsonl(
+        tmp_path / "bad.jsonl", [{"messages": CHAT}, {"text": "x"}, {"messages": [{"role": "user", "content": "u"}]}]
+    )
     with pytest.raises(DataError) as info:
         stream_of(DataSource(path=str(bad)))
     message = str(info.value)
@@ -70,15 +82,19 @@ def test_a_local_file_streams_and_its_first_rows_are_checked(tmp_path):
 
 
 def test_reading_local_json_files_does_not_import_datasets():
-    code = ("import sys; from memfit.train.data.reading import load_sources; from memfit.train.data.sources import DataSource; "
-            f"load_sources([DataSource(path={str(DEMO_FILE)!r})]); print('datasets' in sys.modules)")
+    code = (
+        "import sys; from memfit.train.data.reading import load_sources; from memfit.train.data.sources import DataSource; "
+        f"load_sources([DataSource(path={str(DEMO_FILE)!r})]); print('datasets' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
 
 
 def test_a_folder_written_by_save_to_disk_is_read_with_its_split(tmp_path):
     datasets = pytest.importorskip("datasets")
-    splits = datasets.DatasetDict({"train": datasets.Dataset.from_list(ALPACA), "test": datasets.Dataset.from_list(ALPACA[:1])})
+    splits = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(ALPACA), "test": datasets.Dataset.from_list(ALPACA[:1])}
+    )
     splits.save_to_disk(str(tmp_path / "saved"))
     loaded = load_sources([DataSource(path=str(tmp_path / "saved"), split="test")])
     assert loaded.formats == ["alpaca"] and len(loaded.records) == 1
@@ -96,11 +112,26 @@ def _empty_parquet(path):
     pq.write_table(pa.table({"text": pa.array([], pa.string())}), path)
 
 
-@pytest.mark.parametrize("name, make, problem", [
-    ("empty.parquet", _empty_parquet, "no records (a Parquet file of 0 rows): give a file with records, or leave it out of data"),
-    ("empty.jsonl", lambda path: path.write_bytes(b""), "empty file (0 bytes): give a file with records, or leave it out of data"),
-    ("blank.jsonl", lambda path: path.write_text("\n \n"), "no records: give a source that holds records, or leave it out of data"),
-])
+@pytest.mark.parametrize(
+    "name, make, problem",
+    [
+        (
+            "empty.parquet",
+            _empty_parquet,
+            "no records (a Parquet file of 0 rows): give a file with records, or leave it out of data",
+        ),
+        (
+            "empty.jsonl",
+            lambda path: path.write_bytes(b""),
+            "empty file (0 bytes): give a file with records, or leave it out of data",
+        ),
+        (
+            "blank.jsonl",
+            lambda path: path.write_text("\n \n"),
+            "no records: give a source that holds records, or leave it out of data",
+        ),
+    ],
+)
 def test_an_empty_file_is_named_in_one_line_streamed_or_not(tmp_path, name, make, problem):
     pytest.importorskip("datasets")
     path = tmp_path / name
@@ -110,6 +141,12 @@ def test_an_empty_file_is_named_in_one_line_streamed_or_not(tmp_path, name, make
     assert str(info.value) == f"data: {path}: {problem}"
     with pytest.raises(DataError) as info:
         load_sources([DataSource(path=str(path))])
-    assert str(info.value) == f"{path}: " + {"empty.parquet": "no records (a Parquet file of 0 rows)",
-                                                                "empty.jsonl": "empty file (0 bytes)",
-                                                                "blank.jsonl": "empty file"}[name]
+    assert (
+        str(info.value)
+        == f"{path}: "
+        + {
+            "empty.parquet": "no records (a Parquet file of 0 rows)",
+            "empty.jsonl": "empty file (0 bytes)",
+            "blank.jsonl": "empty file",
+        }[name]
+    )

@@ -36,8 +36,15 @@ def decoded(encoded: str):
 
 
 def batches(buffer: int = 8, batch_size: int = 3, packer=None, to_example=decoded, **kwargs) -> StreamBatches:
-    return StreamBatches(stream(**kwargs), to_example, batch_size, seed=1, shuffle_buffer_size=buffer, packer=packer,
-                         settings={"sources": ["a", "b"]})
+    return StreamBatches(
+        stream(**kwargs),
+        to_example,
+        batch_size,
+        seed=1,
+        shuffle_buffer_size=buffer,
+        packer=packer,
+        settings={"sources": ["a", "b"]},
+    )
 
 
 def through_a_checkpoint(state: dict) -> dict:
@@ -128,7 +135,9 @@ def test_a_state_from_other_data_or_settings_is_refused():
     with pytest.raises(ValueError, match=r"seed: saved 1, now 2"):
         other.load_state_dict(state)
     with pytest.raises(ValueError, match="settings: saved"):
-        StreamBatches(stream(), decoded, 3, seed=1, shuffle_buffer_size=8, settings={"sources": ["a", "c"]}).load_state_dict(state)
+        StreamBatches(
+            stream(), decoded, 3, seed=1, shuffle_buffer_size=8, settings={"sources": ["a", "c"]}
+        ).load_state_dict(state)
     with pytest.raises(ValueError, match="batch_size: saved 3, now 4"):
         batches(batch_size=4).load_state_dict(state)
     rebatched = batches(batch_size=4)
@@ -154,8 +163,11 @@ def test_a_streamed_run_peaks_at_its_plan(settings, tmp_path):
     # made at seq_len, and every example of the harness's data is seq_len tokens long.
     from memfit.train.conformance import measure
 
-    cell = measure("llama lora streaming", {"model": "llama", "method": "lora", "precision": "bf16", "streaming": True,
-                                            **settings}, tmp_path)
+    cell = measure(
+        "llama lora streaming",
+        {"model": "llama", "method": "lora", "precision": "bf16", "streaming": True, **settings},
+        tmp_path,
+    )
     assert not cell.error, cell.error
     assert cell.measured_bytes > 0 and cell.difference_bytes == 0, (cell.measured_categories, cell.planned_categories)
     assert cell.measured_phase == cell.planned_phase

@@ -32,7 +32,8 @@ def test_default_template_masks_by_turn(plain_tokenizer):
     assert [text[a:b] for a, b in spans] == ["2 + 2 = 4.<|eos|>", "3 + 3 = 6.<|eos|>"]
     example = tokenize_records([{"messages": CHAT}], plain_tokenizer, seq_len=128)[0]
     assert [plain_tokenizer.decode(r) for r in labelled_runs(example["labels"])] == [
-        "2 + 2 = 4.<|eos|>", "3 + 3 = 6.<|eos|>"
+        "2 + 2 = 4.<|eos|>",
+        "3 + 3 = 6.<|eos|>",
     ]
 
 

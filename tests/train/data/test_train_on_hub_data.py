@@ -44,12 +44,22 @@ def test_a_new_user_trains_on_a_hub_dataset_id(data_hub, tmp_path):
     assert result.exit_code == 0, result.output
     run = run_record(tmp_path)
     assert run["status"] == "completed" and run["step"] == 2
-    assert run["data"]["data"] == [{"path": CHAT, "subset": None, "split": None, "revision": None, "commit": data_hub.commits[CHAT]}]
+    assert run["data"]["data"] == [
+        {"path": CHAT, "subset": None, "split": None, "revision": None, "commit": data_hub.commits[CHAT]}
+    ]
 
 
 def test_a_mix_of_a_hub_dataset_and_a_local_file(data_hub, tmp_path):
-    pairs = {"path": PAIRS, "subset": "easy", "split": "train_sft", "columns": {"prompt": "question", "completion": "answer"}, "weight": 0.7}
-    result = train_cli(tmp_path, data=[pairs, {"path": str(DEMO_DATA), "weight": 0.3}], eval_data={"path": CHAT, "split": "test"})
+    pairs = {
+        "path": PAIRS,
+        "subset": "easy",
+        "split": "train_sft",
+        "columns": {"prompt": "question", "completion": "answer"},
+        "weight": 0.7,
+    }
+    result = train_cli(
+        tmp_path, data=[pairs, {"path": str(DEMO_DATA), "weight": 0.3}], eval_data={"path": CHAT, "split": "test"}
+    )
     assert result.exit_code == 0, result.output
     record = run_record(tmp_path)["data"]
     assert [entry["commit"] for entry in record["data"]] == [data_hub.commits[PAIRS], None]
@@ -73,8 +83,18 @@ def _interrupt_after(monkeypatch, n_steps: int, real_step):
 def test_a_streamed_run_resumes_exactly(data_hub, tmp_path, monkeypatch):
     # 8 examples a step from a stream of 64 rows: the stream ends after step 8 and starts again.
     # The second interruption (after step 9) comes after that, with the shuffle buffer part full.
-    settings = dict(data=CHAT, streaming=True, max_steps=10, batch_size=4, grad_accum=2, shuffle_buffer_size=16,
-                    dropout=0.1, warmup_steps=2, eval_data={"path": CHAT, "split": "test"}, eval_every=4)
+    settings = dict(
+        data=CHAT,
+        streaming=True,
+        max_steps=10,
+        batch_size=4,
+        grad_accum=2,
+        shuffle_buffer_size=16,
+        dropout=0.1,
+        warmup_steps=2,
+        eval_data={"path": CHAT, "split": "test"},
+        eval_every=4,
+    )
     clean = train(tiny_config(tmp_path / "clean", **settings), progress=False)
     assert clean.status == "completed"
 
@@ -95,7 +115,9 @@ def test_a_streamed_run_resumes_exactly(data_hub, tmp_path, monkeypatch):
         assert abs(got[step] - want[step]) <= 1e-6, (step, got[step], want[step])
     evals = lambda d: [(r["step"], r["eval_loss"]) for r in read_metrics(d) if "eval_loss" in r]  # noqa: E731
     assert [s for s, _ in evals(tmp_path / "run")] == [s for s, _ in evals(tmp_path / "clean")] == [4, 8, 10]
-    assert [loss for _, loss in evals(tmp_path / "run")] == pytest.approx([loss for _, loss in evals(tmp_path / "clean")], abs=1e-6)
+    assert [loss for _, loss in evals(tmp_path / "run")] == pytest.approx(
+        [loss for _, loss in evals(tmp_path / "clean")], abs=1e-6
+    )
     state = torch.load(tmp_path / "run" / "checkpoints" / "step-00000009" / "state.pt", weights_only=True)
     assert state["data"]["stream"] and state["data"]["epoch"] == 1 and len(state["data"]["buffer"]) > 0
     # A stream has no length: its epoch is the share of max_steps done, as the Trainer counts it for such data.
@@ -111,21 +133,31 @@ def test_the_cache_serves_a_second_run_offline(data_hub, tmp_path, monkeypatch):
     set_datasets_offline(monkeypatch)
     result = train_cli(tmp_path, "offline", data=CHAT)
     assert result.exit_code == 0, result.output
-    assert run_record(tmp_path, "offline")["data"]["data"][0]["commit"] is None  # read from the cache, the Hub not asked
+    assert (
+        run_record(tmp_path, "offline")["data"]["data"][0]["commit"] is None
+    )  # read from the cache, the Hub not asked
 
 
 @pytest.mark.parametrize(
     "data, expected",
     [
         ("memfit-test/no-such-data", "data: 'memfit-test/no-such-data' is not a dataset on"),
-        ({"path": CHAT, "split": "train_sft"}, f"data: {CHAT}: no split 'train_sft'; its splits are train, test: set split: train"),
-        ({"path": CHAT, "columns": {"messages": "conversation"}}, f"data: {CHAT}: columns: messages: no column 'conversation'"),
+        (
+            {"path": CHAT, "split": "train_sft"},
+            f"data: {CHAT}: no split 'train_sft'; its splits are train, test: set split: train",
+        ),
+        (
+            {"path": CHAT, "columns": {"messages": "conversation"}},
+            f"data: {CHAT}: columns: messages: no column 'conversation'",
+        ),
         (GATED_DATA, f"data: {GATED_DATA} is gated: accept its terms at"),
     ],
     ids=["unknown-id", "missing-split", "missing-column", "gated-without-token"],
 )
 @pytest.mark.parametrize("streaming", [False, True], ids=["in-memory", "streaming"])
-def test_dataset_problems_stop_the_run_before_the_model_is_loaded(data_hub, tmp_path, monkeypatch, data, expected, streaming):
+def test_dataset_problems_stop_the_run_before_the_model_is_loaded(
+    data_hub, tmp_path, monkeypatch, data, expected, streaming
+):
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
@@ -144,12 +176,16 @@ def test_a_stream_without_max_steps_is_refused_in_one_line(tmp_path):
     path.write_text(yaml.safe_dump(settings))
     result = runner.invoke(app, ["train", str(path)])
     assert result.exit_code == 2
-    assert "streaming: true needs max_steps: a stream has no length to count epochs in. Add max_steps: N" in result.output
+    assert (
+        "streaming: true needs max_steps: a stream has no length to count epochs in. Add max_steps: N" in result.output
+    )
 
 
 def test_planning_imports_no_datasets():
-    code = ("import sys; from typer.testing import CliRunner; from memfit.cli import app; "
-            "result = CliRunner().invoke(app, ['plan', 'smollm2-135m', '--seq-len', '64']); "
-            "assert result.exit_code == 0, result.output; print('datasets' in sys.modules)")
+    code = (
+        "import sys; from typer.testing import CliRunner; from memfit.cli import app; "
+        "result = CliRunner().invoke(app, ['plan', 'smollm2-135m', '--seq-len', '64']); "
+        "assert result.exit_code == 0, result.output; print('datasets' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip().splitlines()[-1] == "False"

@@ -102,8 +102,12 @@ class CudaParityMode(TorchDispatchMode):
             return device
         kwargs = kwargs or {}
         if func.namespace == "bitsandbytes":
-            rewrite = {_BNB_GEMM_4BIT: self._gemm_4bit_as_cuda, _BNB_INT8_QUANT: _int8_quant_as_cuda,
-                       _BNB_INT8_MIXED_MM: _int8_mixed_mm_as_cuda, _BNB_INT8_DEQUANT: _int8_dequant_as_cuda}.get(func.name())
+            rewrite = {
+                _BNB_GEMM_4BIT: self._gemm_4bit_as_cuda,
+                _BNB_INT8_QUANT: _int8_quant_as_cuda,
+                _BNB_INT8_MIXED_MM: _int8_mixed_mm_as_cuda,
+                _BNB_INT8_DEQUANT: _int8_dequant_as_cuda,
+            }.get(func.name())
             if rewrite is not None:
                 return rewrite(*args, **kwargs)
         if func is torch.ops.aten._grouped_mm.default and _is_fake(args[0]):
@@ -120,8 +124,13 @@ class CudaParityMode(TorchDispatchMode):
         query, key = args[0], args[1]
         mask = kwargs.get("attn_mask", args[5] if len(args) > 5 else None)
         gqa = query.shape[1] != key.shape[1]
-        kernel = sdpa_kernel(arch=self.arch, dtype=str(query.dtype).removeprefix("torch."), head_dim=int(query.shape[-1]),
-                             has_mask=mask is not None, gqa=gqa)
+        kernel = sdpa_kernel(
+            arch=self.arch,
+            dtype=str(query.dtype).removeprefix("torch."),
+            head_dim=int(query.shape[-1]),
+            has_mask=mask is not None,
+            gqa=gqa,
+        )
         self.kernels.add(kernel)
         out, lse = func(*args, **kwargs)
         # Only a forward that records for backward keeps anything (not, e.g., the no-grad forward
@@ -130,14 +139,19 @@ class CudaParityMode(TorchDispatchMode):
             batch, heads, q_len, head_dim = (int(n) for n in query.shape)
             kv_len, itemsize = int(key.shape[2]), query.element_size()
             # The scores before the softmax live next to it for a moment; the rest stays for backward.
-            transient = query.new_empty((math_transient_bytes(batch, heads, q_len, kv_len, itemsize),), dtype=torch.uint8)
-            kept = query.new_empty((math_saved_bytes(batch, heads, q_len, kv_len, head_dim, itemsize, gqa),), dtype=torch.uint8)
+            transient = query.new_empty(
+                (math_transient_bytes(batch, heads, q_len, kv_len, itemsize),), dtype=torch.uint8
+            )
+            kept = query.new_empty(
+                (math_saved_bytes(batch, heads, q_len, kv_len, head_dim, itemsize, gqa),), dtype=torch.uint8
+            )
             del transient
             self._math_kept[out.untyped_storage()._cdata] = kept
         elif kernel == MATH:  # its scores exist for the moment of the kernel all the same
             batch, heads, q_len, _ = (int(n) for n in query.shape)
-            transient = query.new_empty((math_transient_bytes(batch, heads, q_len, int(key.shape[2]), query.element_size()),),
-                                        dtype=torch.uint8)
+            transient = query.new_empty(
+                (math_transient_bytes(batch, heads, q_len, int(key.shape[2]), query.element_size()),), dtype=torch.uint8
+            )
             del transient
         return out, lse
 
@@ -149,16 +163,28 @@ class CudaParityMode(TorchDispatchMode):
             # Flash and memory-efficient backward: the kernel's own workspace (modelled on flash's)
             # is on the device while it runs.
             batch, heads, q_len, head_dim = (int(n) for n in query.shape)
-            workspace = query.new_empty((flash_backward_workspace_bytes(
-                batch=batch, q_len=q_len, kv_len=int(key.shape[2]), heads=heads, kv_heads=int(key.shape[1]),
-                head_dim=head_dim, itemsize=query.element_size()),), dtype=torch.uint8)
+            workspace = query.new_empty(
+                (
+                    flash_backward_workspace_bytes(
+                        batch=batch,
+                        q_len=q_len,
+                        kv_len=int(key.shape[2]),
+                        heads=heads,
+                        kv_heads=int(key.shape[1]),
+                        head_dim=head_dim,
+                        itemsize=query.element_size(),
+                    ),
+                ),
+                dtype=torch.uint8,
+            )
             grads = func(*args, **kwargs)
             del workspace
             return grads
         batch, heads, q_len, _ = (int(n) for n in query.shape)
         # The gradients of the softmax and of the scores, beside what forward kept.
-        transient = query.new_empty((2 * math_transient_bytes(batch, heads, q_len, int(key.shape[2]), query.element_size()),),
-                                    dtype=torch.uint8)
+        transient = query.new_empty(
+            (2 * math_transient_bytes(batch, heads, q_len, int(key.shape[2]), query.element_size()),), dtype=torch.uint8
+        )
         grads = func(*args, **kwargs)
         del transient, kept
         return grads
@@ -201,9 +227,17 @@ def _grouped_mm_as_cuda(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     dtype = out_dtype or mat_a.dtype
     a_2d, b_2d = mat_a.dim() == 2, mat_b.dim() == 2
     if a_2d:
-        size = [int(offs.shape[0]), int(mat_a.shape[0]), int(mat_b.shape[1])] if b_2d else [int(mat_a.shape[0]), int(mat_b.shape[-1])]
+        size = (
+            [int(offs.shape[0]), int(mat_a.shape[0]), int(mat_b.shape[1])]
+            if b_2d
+            else [int(mat_a.shape[0]), int(mat_b.shape[-1])]
+        )
     else:
-        size = [int(mat_a.shape[1]), int(mat_b.shape[1])] if b_2d else [int(mat_a.shape[0]), int(mat_a.shape[1]), int(mat_b.shape[-1])]
+        size = (
+            [int(mat_a.shape[1]), int(mat_b.shape[1])]
+            if b_2d
+            else [int(mat_a.shape[0]), int(mat_a.shape[1]), int(mat_b.shape[-1])]
+        )
     alignment = 16 // dtype.itemsize
     padded = -(-size[-1] // alignment) * alignment
     stride = [padded, 1] if a_2d != b_2d else [size[1] * padded, padded, 1]

@@ -68,9 +68,16 @@ class GenerationTrace:
     new_tokens: int
 
 
-def simulate_generation(config_dict: dict[str, Any], spec: RunSpec, *, layers: tuple[int, ...] | None = None,
-                        new_tokens: int, workspace_allocs: tuple[int, ...] = (), fake: bool = True,
-                        arch: str | None = None) -> GenerationTrace:
+def simulate_generation(
+    config_dict: dict[str, Any],
+    spec: RunSpec,
+    *,
+    layers: tuple[int, ...] | None = None,
+    new_tokens: int,
+    workspace_allocs: tuple[int, ...] = (),
+    fake: bool = True,
+    arch: str | None = None,
+) -> GenerationTrace:
     """Generate ``new_tokens`` tokens for the planned generation batch as the run does, between two
     optimizer steps, and record its memory (``fake=False``: real CPU tensors, random weights)."""
     config = make_config(config_dict, layers=layers)
@@ -78,21 +85,38 @@ def simulate_generation(config_dict: dict[str, Any], spec: RunSpec, *, layers: t
         model = prepare_for_method(build_meta_model(config, DTYPES[spec.weight_precision]), spec)
     tracker = MemoryTracker()
     forwards: list[int] = []
-    with (_simulable(config), _bitsandbytes_tables() if _uses_bitsandbytes(spec) else contextlib.nullcontext(),
-          _fake_mode() if fake else contextlib.nullcontext(), offload_parity(), pinned_host_copies(), tracker,
-          CudaParityMode(tracker, arch)):
+    with (
+        _simulable(config),
+        _bitsandbytes_tables() if _uses_bitsandbytes(spec) else contextlib.nullcontext(),
+        _fake_mode() if fake else contextlib.nullcontext(),
+        offload_parity(),
+        pinned_host_copies(),
+        tracker,
+        CudaParityMode(tracker, arch),
+    ):
         model = materialize(model, SIM_DEVICE, random_values=not fake)
         held = _between_steps(model, spec, tracker, workspace_allocs, fake)  # noqa: F841 (held through the generation)
         tracker.reset_peak()
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        hooks = [base.register_forward_pre_hook(lambda module, args: _forward_started(tracker, forwards)),
-                 base.register_forward_hook(lambda module, args, output: _mark_cache(tracker, output))]
+        hooks = [
+            base.register_forward_pre_hook(lambda module, args: _forward_started(tracker, forwards)),
+            base.register_forward_hook(lambda module, args, output: _mark_cache(tracker, output)),
+        ]
         prompts = planned_prompts(spec)
         input_ids, mask = prompt_batch(prompts, spec.num_generations, _PAD, SIM_DEVICE)
         sampling = dataclasses.replace(Sampling.of(spec), max_completion_length=new_tokens)
-        with _quiet(), _answered(fake, input_ids.shape[1] + new_tokens, padded=len({len(p) for p in prompts}) > 1,
-                                 on_stop=lambda: tracker.set_phase("idle")):
-            completions = generate_completion_ids(model, input_ids, mask, sampling, pad_token_id=_PAD, eos_token_ids=[_EOS])
+        with (
+            _quiet(),
+            _answered(
+                fake,
+                input_ids.shape[1] + new_tokens,
+                padded=len({len(p) for p in prompts}) > 1,
+                on_stop=lambda: tracker.set_phase("idle"),
+            ),
+        ):
+            completions = generate_completion_ids(
+                model, input_ids, mask, sampling, pad_token_id=_PAD, eos_token_ids=[_EOS]
+            )
         for hook in hooks:
             hook.remove()
         end = len(tracker.events) - 1
@@ -132,7 +156,9 @@ def _mark_cache(tracker: MemoryTracker, output: Any) -> None:
                 tracker.assign(tensor, "activations")
 
 
-def _between_steps(model: Any, spec: RunSpec, tracker: MemoryTracker, workspace_allocs: tuple[int, ...], fake: bool) -> tuple:
+def _between_steps(
+    model: Any, spec: RunSpec, tracker: MemoryTracker, workspace_allocs: tuple[int, ...], fake: bool
+) -> tuple:
     """The model as the run holds it when it generates (from the second step on): placed for
     training, its optimizer states made by a step, its gradients freed, cuBLAS's workspaces made.
     Returns what must stay alive through the generation (the optimizer, the workspaces)."""
@@ -197,8 +223,10 @@ def _answered(fake: bool, final_length: int, *, padded: bool, on_stop) -> Iterat
         return 0 if padded else 1
 
     answers = {torch.ops.aten._local_scalar_dense.default: answer} if fake else {}
-    with (mock.patch.dict(fake_impls.op_implementations_dict, answers),
-          mock.patch.object(generation_utils.StopCheck, "__call__", stop)):
+    with (
+        mock.patch.dict(fake_impls.op_implementations_dict, answers),
+        mock.patch.object(generation_utils.StopCheck, "__call__", stop),
+    ):
         yield
 
 
@@ -210,7 +238,9 @@ def with_peak(result: TrackerResult) -> TrackerResult:
     start = max(result.peak_from_event, 0)
     index = max(range(start, len(live)), key=live.__getitem__)
     phase = result.allocations[result.events[index][1]].phase
-    result.peak = Snapshot(event_index=index, phase=phase, allocated_bytes=live[index], categories=result.categories_at(index))
+    result.peak = Snapshot(
+        event_index=index, phase=phase, allocated_bytes=live[index], categories=result.categories_at(index)
+    )
     peaks: dict[str, int] = {}
     for segment in result.segments():
         if segment.end_event > start:

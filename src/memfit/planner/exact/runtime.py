@@ -58,7 +58,9 @@ def context_bytes_problem(value: int | str | None) -> str | None:
         return f"--context-bytes: {shown(value)} is not a whole number of bytes {example}."
     if not 0 <= number <= MAX_CONTEXT_BYTES:
         said = number if isinstance(number, int) else shown(value)
-        return f"--context-bytes: {said} must be 0 to {MAX_CONTEXT_BYTES} ({format_bytes(MAX_CONTEXT_BYTES)}) {example}."
+        return (
+            f"--context-bytes: {said} must be 0 to {MAX_CONTEXT_BYTES} ({format_bytes(MAX_CONTEXT_BYTES)}) {example}."
+        )
     return None
 
 
@@ -151,8 +153,7 @@ def parse_cublas_workspace_config(config: str) -> int:
     pairs = re.findall(r":([0-9]+):([0-9]+)", config)
     if not pairs:
         raise ValueError(
-            f"CUBLAS_WORKSPACE_CONFIG {config!r} has no ':SIZE:COUNT' pair; "
-            "expected e.g. ':4096:8' or ':4096:2:16:8'"
+            f"CUBLAS_WORKSPACE_CONFIG {config!r} has no ':SIZE:COUNT' pair; expected e.g. ':4096:8' or ':4096:2:16:8'"
         )
     return sum(int(size) * KiB * int(count) for size, count in pairs)
 

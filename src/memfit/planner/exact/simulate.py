@@ -122,7 +122,9 @@ def simulate(
         offload_parity(),
         pinned_host_copies(),
         # Work seen before may be replayed, not run (what it notes besides memory: the attention kernels met).
-        seam.running(runner(tracker, lambda: parity.kernels, not step_fn.scales_loss)) if runner else contextlib.nullcontext(),
+        seam.running(runner(tracker, lambda: parity.kernels, not step_fn.scales_loss))
+        if runner
+        else contextlib.nullcontext(),
         tracker,
         parity,
     ):
@@ -174,8 +176,13 @@ def _run_steps(model, spec: RunSpec, step_fn, optimizer, tracker: MemoryTracker,
         # runs with gradients held).
         held = [step_fn.collate(examples, 0) for _ in range(spec.grad_accum)]
         with _quiet():
-            step_fn(model, held[: min(spec.grad_accum, 2) if step == SIM_STEPS - 1 else 1], optimizer,
-                    grad_scaler=grad_scaler, observer=observer)
+            step_fn(
+                model,
+                held[: min(spec.grad_accum, 2) if step == SIM_STEPS - 1 else 1],
+                optimizer,
+                grad_scaler=grad_scaler,
+                observer=observer,
+            )
         del held
         tracker.mark_optimizer(optimizer)
     return observer, grad_scaler

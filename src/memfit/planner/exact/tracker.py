@@ -119,7 +119,6 @@ class TrackerResult:
             totals[a.category] += a.nbytes
         return totals
 
-
     def live_bytes(self) -> list[int]:
         """Live device bytes just after each event (worked out once: a result is not changed once made)."""
         if self._live is None or len(self._live) != len(self.events):
@@ -280,9 +279,17 @@ class MemoryTracker(TorchDispatchMode):
         :mod:`memfit.planner.shortcuts.micro_batches`), rather than in the place
         new storages go now and with no role yet."""
         place = like.place if as_made else self._places[-1] if self._places else "device"
-        alloc = Allocation(alloc_id=len(self.allocations), nbytes=like.nbytes, phase=self.phase,
-                           alloc_event=len(self.events), place=place, op=like.op,
-                           requested_bytes=like.requested_bytes, shape=like.shape, role=like.role if as_made else None)
+        alloc = Allocation(
+            alloc_id=len(self.allocations),
+            nbytes=like.nbytes,
+            phase=self.phase,
+            alloc_event=len(self.events),
+            place=place,
+            op=like.op,
+            requested_bytes=like.requested_bytes,
+            shape=like.shape,
+            role=like.role if as_made else None,
+        )
         self._record(alloc)
         return alloc
 

@@ -33,8 +33,13 @@ def largest_fitting(
     time; when one end moves twice running, the other end's headroom counts half (the Illinois
     rule), which keeps the bracket closing from both sides. Two plans when the guess is right.
     """
-    ends = _Ends(lo, hi, best, best.headroom_bytes if best is not None else None,
-                 hi_plan.headroom_bytes if hi_plan is not None else None)
+    ends = _Ends(
+        lo,
+        hi,
+        best,
+        best.headroom_bytes if best is not None else None,
+        hi_plan.headroom_bytes if hi_plan is not None else None,
+    )
     index = min(max(guess, lo + 1), hi - 1) if guess is not None else None
     step = 1
     if interpolate and ends.bracketed and hi - lo > 1:

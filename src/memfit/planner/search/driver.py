@@ -95,9 +95,14 @@ def _search(request: FitRequest, events: FitEvents) -> FitResult:
     outcomes = _run_parts(job, methods, workers, progress, events.method_found, events.stop)
     result = _fit_result(job, outcomes, methods, request.max_seq_len, progress)
     gpu = {"name": target.name, "memory_bytes": target.memory_bytes}
-    return dataclasses.replace(result, model=source.name, gpu=gpu,
-                               seconds=time.perf_counter() - started, max_gpus=int(request.gpus or 1),
-                               notes=[source.note] if source.note else [])
+    return dataclasses.replace(
+        result,
+        model=source.name,
+        gpu=gpu,
+        seconds=time.perf_counter() - started,
+        max_gpus=int(request.gpus or 1),
+        notes=[source.note] if source.note else [],
+    )
 
 
 def _method_job(request: FitRequest, source, target) -> MethodJob:
@@ -114,11 +119,18 @@ def _method_job(request: FitRequest, source, target) -> MethodJob:
         seq_len = min(default("seq_len"), max_positions) if max_positions else default("seq_len")
     # Without a precision: bf16 where the card has it (a budget alone is taken to have it).
     supports_bf16 = "precision" in knobs or target.supports_bf16 is not False
-    return MethodJob(model=model, target=target, base=dict(knobs, seq_len=seq_len), supports_bf16=supports_bf16,
-                     effective_batch=_effective_batch(request),
-                     seq_limit=(max_positions or 131072) if request.max_seq_len else 0,
-                     levels=levels, optimizers=dict(OPTIMIZERS_LEAN_FIRST, **(request.optimizers or {})),
-                     deepspeed=request.deepspeed, exact=exact_wanted(request.exact))
+    return MethodJob(
+        model=model,
+        target=target,
+        base=dict(knobs, seq_len=seq_len),
+        supports_bf16=supports_bf16,
+        effective_batch=_effective_batch(request),
+        seq_limit=(max_positions or 131072) if request.max_seq_len else 0,
+        levels=levels,
+        optimizers=dict(OPTIMIZERS_LEAN_FIRST, **(request.optimizers or {})),
+        deepspeed=request.deepspeed,
+        exact=exact_wanted(request.exact),
+    )
 
 
 def _effective_batch(request: FitRequest) -> int | str:
@@ -150,14 +162,26 @@ def _plan_inputs(request: FitRequest) -> dict[str, Any]:
     """What every plan of the search is validated with: :func:`memfit.planner.inputs.validate`'s
     arguments (without a length, any valid one: the model's longest is taken once the model is known)."""
     gpus = {} if request.gpus is None else {"gpus": request.gpus}
-    return dict(revision=request.revision, gpu=request.gpu, budget=request.budget, target=request.target,
-                batch_size=_effective_batch(request),
-                seq_len=_placeholder_length(request.knobs) if request.seq_len is None else request.seq_len,
-                **request.knobs, **gpus)
+    return dict(
+        revision=request.revision,
+        gpu=request.gpu,
+        budget=request.budget,
+        target=request.target,
+        batch_size=_effective_batch(request),
+        seq_len=_placeholder_length(request.knobs) if request.seq_len is None else request.seq_len,
+        **request.knobs,
+        **gpus,
+    )
 
 
-def _run_parts(job: MethodJob, methods: tuple[str, ...], workers: int, progress: Callable[[str], None] | None,
-               found: Callable[[str, list[Fit]], None], stop: threading.Event | None = None) -> list[MethodOutcome]:
+def _run_parts(
+    job: MethodJob,
+    methods: tuple[str, ...],
+    workers: int,
+    progress: Callable[[str], None] | None,
+    found: Callable[[str, list[Fit]], None],
+    stop: threading.Event | None = None,
+) -> list[MethodOutcome]:
     """Each method's outcome, its parts searched in ``workers`` processes (or here, with one);
     ``found`` is called with a method's fits as soon as its batch search ends; ``stop``: see
     :class:`~memfit.planner.search.request.FitEvents`."""
@@ -174,8 +198,10 @@ def _run_parts(job: MethodJob, methods: tuple[str, ...], workers: int, progress:
         for part in parts:
             results[part] = job.run(part, progress)
             finished(part, results[part])
-    return [merged_outcome(method, [o for part, o in results.items() if part.partition(":")[0] == method])
-            for method in methods]
+    return [
+        merged_outcome(method, [o for part, o in results.items() if part.partition(":")[0] == method])
+        for method in methods
+    ]
 
 
 def _validated(request: FitRequest, refused: list[str], *, start_workers: bool):
@@ -219,8 +245,10 @@ def _search_problems(request: FitRequest, inputs: dict[str, Any], refused: list[
     batch_size, most = inputs["batch_size"], upper_bound("grad_accum")
     if _over_fits_bound(batch_size):
         # Every method's search starts at micro-batch 1 with the whole batch accumulated.
-        problems.append(f"--batch-size: {batch_size} must be at most {most}: fit plans micro-batch 1 with the whole "
-                        f"effective batch accumulated, and --grad-accum is at most {most} (e.g. --batch-size 8)")
+        problems.append(
+            f"--batch-size: {batch_size} must be at most {most}: fit plans micro-batch 1 with the whole "
+            f"effective batch accumulated, and --grad-accum is at most {most} (e.g. --batch-size 8)"
+        )
     bad = [m for m in request.methods or () if m not in METHODS]
     if bad:
         problems.append(f"--method: {', '.join(map(shown_name, bad))} is not one of {', '.join(METHODS)}")
@@ -231,8 +259,13 @@ def _search_problems(request: FitRequest, inputs: dict[str, Any], refused: list[
     return problems
 
 
-def _fit_result(job: MethodJob, outcomes: list[MethodOutcome], methods: tuple[str, ...], max_seq_len: bool,
-                progress: Callable[[str], None] | None) -> FitResult:
+def _fit_result(
+    job: MethodJob,
+    outcomes: list[MethodOutcome],
+    methods: tuple[str, ...],
+    max_seq_len: bool,
+    progress: Callable[[str], None] | None,
+) -> FitResult:
     """The fits of every method, fastest first, the faster settings that miss, the longest sequences."""
     fits = [f for o in outcomes for f in o.fits]
     misses = [m for o in outcomes for m in o.misses]
@@ -250,8 +283,15 @@ def _fit_result(job: MethodJob, outcomes: list[MethodOutcome], methods: tuple[st
             longest[o.method] = o.longest
         if o.longest_spec is not None:
             longest_specs[o.method] = o.longest_spec
-    return FitResult(model="", gpu={}, fits=fits, misses=misses, max_seq_len=longest, max_seq_len_specs=longest_specs,
-                     plans_made=sum(o.plans for o in outcomes) + planned_misses)
+    return FitResult(
+        model="",
+        gpu={},
+        fits=fits,
+        misses=misses,
+        max_seq_len=longest,
+        max_seq_len_specs=longest_specs,
+        plans_made=sum(o.plans for o in outcomes) + planned_misses,
+    )
 
 
 def _methods_for(asked: tuple[str, ...] | None, knobs: dict[str, Any]) -> tuple[tuple[str, ...], list[str]]:

@@ -65,8 +65,9 @@ class MethodJob:
     deepspeed: Any = None  # a DeepSpeed config's settings, for the plans on several GPUs it shards
     exact: bool = False  # every plan made the long way
 
-    def planner(self, progress: Callable[[str], None] | None = None, gpus: int = 1,
-                shard: str = "none") -> SearchPlanner:
+    def planner(
+        self, progress: Callable[[str], None] | None = None, gpus: int = 1, shard: str = "none"
+    ) -> SearchPlanner:
         """The planner of this job's plans on ``gpus`` GPUs sharded by ``shard``."""
         base = dict(self.base)
         if gpus > 1:

@@ -24,8 +24,9 @@ from memfit.spec import TILING_AUTO_TOKENS
 SEQ_STEP = 128
 
 
-def longest_sequence(planner: SearchPlanner, method: str, limit: int,
-                     effective_batch: int) -> tuple[int, dict[str, Any] | None]:
+def longest_sequence(
+    planner: SearchPlanner, method: str, limit: int, effective_batch: int
+) -> tuple[int, dict[str, Any] | None]:
     """Longest sequence (a multiple of SEQ_STEP, at most ``limit``) that ``method`` fits, and its spec.
 
     Micro-batch 1 (with gradient accumulation for the effective batch), the method's leanest
@@ -71,19 +72,28 @@ def longest_sequence(planner: SearchPlanner, method: str, limit: int,
 
 def _leanest(planner: SearchPlanner, method: str, effective_batch: int) -> dict[str, Any]:
     """The knobs of the method's leanest setting at micro-batch 1, the effective batch accumulated."""
-    lean = [o for o in planner.optimizers[method]
-            if not mode_problems(planner.base.get("shard", "none"), planner.base.get("gpus", 1), o)]
+    lean = [
+        o
+        for o in planner.optimizers[method]
+        if not mode_problems(planner.base.get("shard", "none"), planner.base.get("gpus", 1), o)
+    ]
     # Tiling on at every length: the leanest setting, and it keeps memory monotonic in the length
     # (with auto, lengths just below TILING_AUTO_TOKENS can need more than the threshold itself).
-    knobs = {"method": method, "optimizer": lean[0], "checkpointing": "offload",
-             "batch_size": 1, "grad_accum": effective_batch}
+    knobs = {
+        "method": method,
+        "optimizer": lean[0],
+        "checkpointing": "offload",
+        "batch_size": 1,
+        "grad_accum": effective_batch,
+    }
     if planner.base.get("recipe", "memfit") == "memfit":
         knobs["tiling"] = "on"  # the hf recipe has no tiling to turn on
     return knobs
 
 
-def _interpolated(check: Callable[[int], MemoryPlan], bracket: _Bracket, top: int,
-                  guess: int) -> tuple[int, dict[str, Any]]:
+def _interpolated(
+    check: Callable[[int], MemoryPlan], bracket: _Bracket, top: int, guess: int
+) -> tuple[int, dict[str, Any]]:
     """The longest length in ``bracket`` that fits, from ``guess`` (in SEQ_STEPs), with plans."""
     lo, hi, best, hi_plan = bracket.lo, bracket.hi, bracket.best, bracket.hi_plan
     if guess >= top and hi > top and lo < top:
@@ -119,8 +129,9 @@ class _Bracket:
             self.hi, self.hi_plan = steps, result
 
 
-def _predicted_boundary(planner: SearchPlanner, knobs: dict[str, Any], first_plan: MemoryPlan,
-                        bracket: _Bracket) -> MemoryPlan | None:
+def _predicted_boundary(
+    planner: SearchPlanner, knobs: dict[str, Any], first_plan: MemoryPlan, bracket: _Bracket
+) -> MemoryPlan | None:
     """The plan of the longest sequence, found from a model of the step over lengths
     (:mod:`memfit.planner.shortcuts.lengths`), with ``bracket.lo`` its length; None when the search must go on
     without one (``bracket`` narrowed by the plans made here).
@@ -161,8 +172,9 @@ def _predicted_boundary(planner: SearchPlanner, knobs: dict[str, Any], first_pla
     return None
 
 
-def _predicted_longest(predict: Callable[[int], MemoryPlan], bracket: _Bracket,
-                       guess: int) -> tuple[int, MemoryPlan | None]:
+def _predicted_longest(
+    predict: Callable[[int], MemoryPlan], bracket: _Bracket, guess: int
+) -> tuple[int, MemoryPlan | None]:
     """The length to check the predictions with (in SEQ_STEPs) and its predicted plan: the predicted
     longest length, or the next one when that was planned already; None for the plan when the next
     one is ``bracket.hi`` (planned: it does not fit). Raises ``Unpredictable`` as ``predict`` does."""
@@ -175,8 +187,9 @@ def _predicted_longest(predict: Callable[[int], MemoryPlan], bracket: _Bracket,
     else:
         if at_top is not None:
             hi, hi_plan = hi - 1, at_top
-        steps, predicted = largest_fitting(predict, bracket.lo, hi, guess, bracket.best, interpolate=True,
-                                           hi_plan=hi_plan)
+        steps, predicted = largest_fitting(
+            predict, bracket.lo, hi, guess, bracket.best, interpolate=True, hi_plan=hi_plan
+        )
     check = steps if predicted is not bracket.best else steps + 1
     if check == bracket.hi:
         return check, None

@@ -28,8 +28,9 @@ def micro_batches(effective_batch: int) -> list[int]:
     return [b for b in range(1, effective_batch + 1) if effective_batch % b == 0]
 
 
-def largest_micro_batch(plan_at: Callable[[int, int], MemoryPlan], options: list[int], effective_batch: int,
-                        at_one: MemoryPlan) -> MemoryPlan:
+def largest_micro_batch(
+    plan_at: Callable[[int, int], MemoryPlan], options: list[int], effective_batch: int, at_one: MemoryPlan
+) -> MemoryPlan:
     """The plan with the largest micro-batch in ``options`` (ascending divisors of ``effective_batch``)
     that fits; ``at_one``, micro-batch 1's plan, fits. ``plan_at(micro_batch, grad_accum)`` plans one.
 
@@ -70,8 +71,12 @@ def search_method(planner: SearchPlanner, method: str, effective_batch: int) -> 
         if chosen is None:
             continue  # leaner checkpointing may still fit
         knobs = {"method": method, "optimizer": chosen.spec["optimizer"], "checkpointing": checkpointing}
-        best = largest_micro_batch(lambda b, accum, knobs=knobs: planner(**knobs, batch_size=b, grad_accum=accum),
-                                   options, effective_batch, chosen)
+        best = largest_micro_batch(
+            lambda b, accum, knobs=knobs: planner(**knobs, batch_size=b, grad_accum=accum),
+            options,
+            effective_batch,
+            chosen,
+        )
         fits.append(Fit(spec=best.spec, plan=best))
         if best.spec["batch_size"] == options[-1]:
             break
@@ -81,17 +86,22 @@ def search_method(planner: SearchPlanner, method: str, effective_batch: int) -> 
 def _runnable_optimizers(planner: SearchPlanner, method: str) -> list[str]:
     """The method's optimizers, 32-bit AdamW first (exact), then lighter states, leanest last; those
     the shard mode cannot run left out."""
-    return [optimizer for optimizer in planner.optimizers[method][::-1]
-            if not mode_problems(planner.base.get("shard", "none"), planner.base.get("gpus", 1), optimizer)]
+    return [
+        optimizer
+        for optimizer in planner.optimizers[method][::-1]
+        if not mode_problems(planner.base.get("shard", "none"), planner.base.get("gpus", 1), optimizer)
+    ]
 
 
-def _first_fitting_optimizer(planner: SearchPlanner, method: str, checkpointing: str, effective_batch: int,
-                             misses: list[Miss]) -> MemoryPlan | None:
+def _first_fitting_optimizer(
+    planner: SearchPlanner, method: str, checkpointing: str, effective_batch: int, misses: list[Miss]
+) -> MemoryPlan | None:
     """Micro-batch 1's plan with the first optimizer that fits (:func:`_runnable_optimizers`' order),
     or None; each that does not fit is added to ``misses``."""
     for optimizer in _runnable_optimizers(planner, method):
-        knobs = dict(method=method, optimizer=optimizer, checkpointing=checkpointing, batch_size=1,
-                     grad_accum=effective_batch)
+        knobs = dict(
+            method=method, optimizer=optimizer, checkpointing=checkpointing, batch_size=1, grad_accum=effective_batch
+        )
         if planner.cannot_fit(**knobs):
             # Full fine-tuning of a model whose states alone are over the target (8B on 24 GB):
             # a plan could only say that it does not fit.
@@ -104,8 +114,9 @@ def _first_fitting_optimizer(planner: SearchPlanner, method: str, checkpointing:
     return None
 
 
-def _whole_batch_at_once(planner: SearchPlanner, method: str, checkpointing: str,
-                         effective_batch: int) -> MemoryPlan | None:
+def _whole_batch_at_once(
+    planner: SearchPlanner, method: str, checkpointing: str, effective_batch: int
+) -> MemoryPlan | None:
     """The plan of the whole effective batch in one micro-batch with the optimizer the search tries
     first, when it fits; else None (one plan made, or none when that optimizer is ruled out).
 
@@ -116,8 +127,9 @@ def _whole_batch_at_once(planner: SearchPlanner, method: str, checkpointing: str
     not fit, the search goes on from micro-batch 1 as if this plan had not been made.
     """
     for optimizer in _runnable_optimizers(planner, method)[:1]:
-        knobs = dict(method=method, optimizer=optimizer, checkpointing=checkpointing, batch_size=effective_batch,
-                     grad_accum=1)
+        knobs = dict(
+            method=method, optimizer=optimizer, checkpointing=checkpointing, batch_size=effective_batch, grad_accum=1
+        )
         # Only the first optimizer the search would plan: a leaner one would leave misses to report.
         if planner.cannot_fit(**knobs):
             return None

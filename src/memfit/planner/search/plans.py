@@ -14,8 +14,12 @@ from memfit.planner.search.results import Miss
 from memfit.planner.target import Target
 
 #: The optimizers tried for each method, leanest first.
-OPTIMIZERS_LEAN_FIRST = {"full": ("paged-adamw8bit", "adamw8bit", "adamw"), "lora": ("adamw",), "qlora": ("adamw",),
-                         "lora-8bit": ("adamw",)}
+OPTIMIZERS_LEAN_FIRST = {
+    "full": ("paged-adamw8bit", "adamw8bit", "adamw"),
+    "lora": ("adamw",),
+    "qlora": ("adamw",),
+    "lora-8bit": ("adamw",),
+}
 
 
 class SearchPlanner:
@@ -24,8 +28,16 @@ class SearchPlanner:
     ``exact``: every plan made the long way (``plan(..., exact=True)``).
     """
 
-    def __init__(self, model: str | dict, target: Target, base: dict[str, Any], progress: Callable[[str], None] | None,
-                 deepspeed: Any = None, *, exact: bool = False):
+    def __init__(
+        self,
+        model: str | dict,
+        target: Target,
+        base: dict[str, Any],
+        progress: Callable[[str], None] | None,
+        deepspeed: Any = None,
+        *,
+        exact: bool = False,
+    ):
         self.model = model
         self.target = target
         self.deepspeed = {"deepspeed": deepspeed} if deepspeed is not None else {}
@@ -52,8 +64,10 @@ class SearchPlanner:
         if merged.get("objective") == "grpo" and "seq_len" in knobs and "max_completion_length" in self.base:
             from memfit.spec import whole_number_value
 
-            base_len, completion, length = (whole_number_value(v) for v in (self.base.get("seq_len"),
-                                                                             self.base["max_completion_length"], merged["seq_len"]))
+            base_len, completion, length = (
+                whole_number_value(v)
+                for v in (self.base.get("seq_len"), self.base["max_completion_length"], merged["seq_len"])
+            )
             if all(isinstance(v, int) for v in (base_len, completion, length)):
                 merged["max_completion_length"] = max(length - (base_len - completion), 1)
         return merged
@@ -71,8 +85,9 @@ class SearchPlanner:
         not counted, not reported: it only steers the search."""
         from memfit.planner.api import predicted_plan
 
-        return room_for_paged_states(predicted_plan(self.model, sampler, target=self.target, **self.deepspeed,
-                                                    **self.knobs_for(**knobs)))
+        return room_for_paged_states(
+            predicted_plan(self.model, sampler, target=self.target, **self.deepspeed, **self.knobs_for(**knobs))
+        )
 
     def cannot_fit(self, **knobs: Any) -> bool:
         """Whether what the model states alone need (weights, gradients, optimizer states: a floor
@@ -91,8 +106,11 @@ class SearchPlanner:
 def planned_miss(candidate: MemoryPlan) -> Miss:
     """The miss a plan that does not fit is: what it needs (the device total, plus paged optimizer
     states where the search counts them) and by how much it is over."""
-    return Miss(candidate.spec, candidate.device_total_bytes + int(candidate.details.get("paged_peak_bytes") or 0),
-                -candidate.headroom_bytes)
+    return Miss(
+        candidate.spec,
+        candidate.device_total_bytes + int(candidate.details.get("paged_peak_bytes") or 0),
+        -candidate.headroom_bytes,
+    )
 
 
 def room_for_paged_states(result: MemoryPlan) -> MemoryPlan:
@@ -107,14 +125,19 @@ def room_for_paged_states(result: MemoryPlan) -> MemoryPlan:
     if not paged or result.headroom_bytes is None:
         return result
     headroom = result.headroom_bytes - paged
-    details = dict(result.details, notes=list(result.details.get("notes", [])) + [
-        "fit counts the paged optimizer states against the headroom (paged to the host every step otherwise)"])
+    details = dict(
+        result.details,
+        notes=list(result.details.get("notes", []))
+        + ["fit counts the paged optimizer states against the headroom (paged to the host every step otherwise)"],
+    )
     return dataclasses.replace(result, headroom_bytes=headroom, fits=headroom >= 0, details=details)
 
 
 def describe(knobs: dict[str, Any]) -> str:
     """A plan's line in the search's progress:
     ``lora · checkpointing off · adamw · micro-batch 1 · 2048 tokens``."""
-    return (f"{knobs.get('method')} · checkpointing {knobs.get('checkpointing')} · {knobs.get('optimizer')} · "
-            f"micro-batch {knobs.get('batch_size')} · {knobs.get('seq_len')} tokens"
-            + (f" · {knobs['gpus']} GPUs, {knobs.get('shard')}" if knobs.get("gpus", 1) > 1 else ""))
+    return (
+        f"{knobs.get('method')} · checkpointing {knobs.get('checkpointing')} · {knobs.get('optimizer')} · "
+        f"micro-batch {knobs.get('batch_size')} · {knobs.get('seq_len')} tokens"
+        + (f" · {knobs['gpus']} GPUs, {knobs.get('shard')}" if knobs.get("gpus", 1) > 1 else "")
+    )

@@ -20,8 +20,10 @@ def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
     title = _title(result)
     if not focus_max_seq_len:
         _print_fits(result, console, title)
-    console.print(f"longest sequence, micro-batch 1 ({title})" if focus_max_seq_len else "longest sequence, micro-batch 1",
-                  highlight=False)
+    console.print(
+        f"longest sequence, micro-batch 1 ({title})" if focus_max_seq_len else "longest sequence, micro-batch 1",
+        highlight=False,
+    )
     console.print(_longest_table(result))
     for note in getattr(result, "notes", []):
         console.print(f"[yellow]note:[/] {note}", highlight=False)
@@ -84,10 +86,13 @@ def _fits_table(result, *, per_row_length: bool):
     multi = _multi_gpu(result)
     precisions = {f.spec["precision"] for f in result.fits}
     table = Table(box=None, padding=(0, 1), pad_edge=False, collapse_padding=True)
-    columns = [("#", "right"), ("method", "left")] + ([("gpus", "left")] if multi else []) + [
-        ("check-\npointing", "left"), ("optimizer", "left"), ("batch x\naccum", "left")] + (
-        [("seq", "right")] if per_row_length else []) + [
-        ("peak\nper GPU" if multi else "peak", "right"), ("head-\nroom", "right"), ("speed\n(est.)", "right")]
+    columns = (
+        [("#", "right"), ("method", "left")]
+        + ([("gpus", "left")] if multi else [])
+        + [("check-\npointing", "left"), ("optimizer", "left"), ("batch x\naccum", "left")]
+        + ([("seq", "right")] if per_row_length else [])
+        + [("peak\nper GPU" if multi else "peak", "right"), ("head-\nroom", "right"), ("speed\n(est.)", "right")]
+    )
     for column, justify in columns:
         table.add_column(column, justify=justify, no_wrap=True, header_style="bold")
     for rank, f in enumerate(result.fits, 1):
@@ -96,9 +101,16 @@ def _fits_table(result, *, per_row_length: bool):
         # Where the methods got different precisions (a card without bf16), each row says its own.
         method = s["method"] if len(precisions) == 1 else f"{s['method']} {s['precision']}"
         table.add_row(
-            str(rank), method, *placement, s["checkpointing"], s["optimizer"], f"{s['batch_size']} x {s['grad_accum']}",
-            *([f"{s['seq_len']:,}"] if per_row_length else []), format_bytes(f.plan.device_total_bytes),
-            format_bytes(f.plan.headroom_bytes), f"{f.relative_speed:.2f}",
+            str(rank),
+            method,
+            *placement,
+            s["checkpointing"],
+            s["optimizer"],
+            f"{s['batch_size']} x {s['grad_accum']}",
+            *([f"{s['seq_len']:,}"] if per_row_length else []),
+            format_bytes(f.plan.device_total_bytes),
+            format_bytes(f.plan.headroom_bytes),
+            f"{f.relative_speed:.2f}",
         )
     return table
 
@@ -109,7 +121,9 @@ def _longest_table(result):
 
     longest = Table(box=None, padding=(0, 1), pad_edge=False, collapse_padding=True)
     for column in ("method", "tokens", "with"):
-        longest.add_column(column, justify="right" if column == "tokens" else "left", no_wrap=column != "with", header_style="bold")
+        longest.add_column(
+            column, justify="right" if column == "tokens" else "left", no_wrap=column != "with", header_style="bold"
+        )
     for method, tokens in result.max_seq_len.items():
         spec = result.max_seq_len_specs.get(method)
         how = f"checkpointing {spec['checkpointing']}, {spec['optimizer']}" if spec else "does not fit"
@@ -201,7 +215,9 @@ class FitProgress:
         now = self._clock()
         self._starts.append(now)
         self.count += 1
-        where = progress_line(self.count, self.expected, now - self._started, recent_seconds_per_plan(self._starts, now))
+        where = progress_line(
+            self.count, self.expected, now - self._started, recent_seconds_per_plan(self._starts, now)
+        )
         line = f"{where}: {message}"
         if self.console.is_terminal:
             self._line.update(line)

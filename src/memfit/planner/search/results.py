@@ -20,9 +20,15 @@ class Fit(JsonForm):
 
     def to_dict(self) -> dict[str, Any]:
         shard = self.plan.details.get("shard", self.spec.get("shard", "none"))
-        return {"spec": self.spec, "gpus": self.spec.get("gpus", 1), "shard": shard,
-                "per_rank": bool(self.plan.details.get("per_rank")), "peak": self.plan.to_dict()["peak"],
-                "relative_speed": round(self.relative_speed, 4), "headroom_bytes": self.plan.headroom_bytes}
+        return {
+            "spec": self.spec,
+            "gpus": self.spec.get("gpus", 1),
+            "shard": shard,
+            "per_rank": bool(self.plan.details.get("per_rank")),
+            "peak": self.plan.to_dict()["peak"],
+            "relative_speed": round(self.relative_speed, 4),
+            "headroom_bytes": self.plan.headroom_bytes,
+        }
 
 
 @dataclass
@@ -67,8 +73,10 @@ class FitResult(JsonForm):
                 "max_gpus": self.max_gpus,
                 "per_rank": self.max_gpus > 1,
                 "max_seq_len_specs": self.max_seq_len_specs,
-                "not_fitting": [{"spec": m.spec, "device_total_bytes": m.device_total_bytes, "over_bytes": m.over_bytes}
-                                for m in self.misses],
+                "not_fitting": [
+                    {"spec": m.spec, "device_total_bytes": m.device_total_bytes, "over_bytes": m.over_bytes}
+                    for m in self.misses
+                ],
                 "plans_made": self.plans_made,
                 "seconds": round(self.seconds, 2),
                 "relative_speed": "an estimate (memfit.planner.throughput), not a measurement",

@@ -48,8 +48,10 @@ REFUSAL_FITS = 3
 
 def describe(knobs: dict[str, Any]) -> str:
     """``micro-batch 2 x 4 accumulated, checkpointing on, tiling off, adamw``."""
-    return (f"micro-batch {knobs['batch_size']} x {knobs['grad_accum']} accumulated, checkpointing {knobs['checkpointing']}, "
-            f"tiling {knobs['tiling']}, {knobs['optimizer']}")
+    return (
+        f"micro-batch {knobs['batch_size']} x {knobs['grad_accum']} accumulated, checkpointing {knobs['checkpointing']}, "
+        f"tiling {knobs['tiling']}, {knobs['optimizer']}"
+    )
 
 
 @dataclass
@@ -71,11 +73,18 @@ class RunFit(JsonForm):
         def summary(plan: MemoryPlan | None) -> dict[str, Any] | None:
             if plan is None:
                 return None
-            return {**{k: plan.spec[k] for k in SEARCHED}, "device_total_bytes": plan.device_total_bytes,
-                    "headroom_bytes": plan.headroom_bytes}
+            return {
+                **{k: plan.spec[k] for k in SEARCHED},
+                "device_total_bytes": plan.device_total_bytes,
+                "headroom_bytes": plan.headroom_bytes,
+            }
 
-        return {"chosen": summary(self.chosen), "runner_up": summary(self.runner_up), "candidates": self.candidates,
-                "why": self.why}
+        return {
+            "chosen": summary(self.chosen),
+            "runner_up": summary(self.runner_up),
+            "candidates": self.candidates,
+            "why": self.why,
+        }
 
 
 @dataclass
@@ -144,8 +153,14 @@ class RunPlanner:
         """The plan of a configuration that ran without one (planning is advice then)."""
         return self.check(knobs)
 
-    def preflight(self, knobs: dict[str, Any], *, force: bool = False, fit_knobs: dict[str, Any] | None = None,
-                  allow_optimizer: bool = False) -> Preflight:
+    def preflight(
+        self,
+        knobs: dict[str, Any],
+        *,
+        force: bool = False,
+        fit_knobs: dict[str, Any] | None = None,
+        allow_optimizer: bool = False,
+    ) -> Preflight:
         """The run checked before loading. Nothing is planned when the Target has no memory. A run that
         does not fit and is not ``force``\\ d gets the configurations that do: :meth:`fit` of
         ``fit_knobs`` (default ``knobs``; a search over micro-batch sizes plans at the data's longest
@@ -193,7 +208,10 @@ class RunPlanner:
             for changes, what in _moves(current):
                 candidate = {**current, **changes}
                 result = self.check(candidate)
-                if (result.device_total_bytes, result.allocated_bytes) < (current_plan.device_total_bytes, current_plan.allocated_bytes):
+                if (result.device_total_bytes, result.allocated_bytes) < (
+                    current_plan.device_total_bytes,
+                    current_plan.allocated_bytes,
+                ):
                     step = (candidate, result, what)
                     break
             if step is None:
@@ -224,8 +242,12 @@ def _settings(knobs: dict[str, Any], allow_optimizer: bool) -> list[dict[str, st
     if allow_optimizer:
         optimizers += [o for o in OPTIMIZERS_LEAN_FIRST[knobs.get("method", "lora")][::-1] if o not in optimizers]
     tilings = ["off", "on"] if knobs.get("tiling", "auto") == "auto" else [knobs["tiling"]]
-    return [dict(checkpointing=checkpointing, tiling=tiling, optimizer=optimizer)
-            for optimizer in optimizers for checkpointing in CHECKPOINTING_FAST_FIRST for tiling in tilings]
+    return [
+        dict(checkpointing=checkpointing, tiling=tiling, optimizer=optimizer)
+        for optimizer in optimizers
+        for checkpointing in CHECKPOINTING_FAST_FIRST
+        for tiling in tilings
+    ]
 
 
 def _largest_fitting_split(planned: _Counted, knobs: dict[str, Any], settings: dict[str, str]) -> MemoryPlan | None:
@@ -251,15 +273,21 @@ def _chosen(fitting: list[MemoryPlan], candidates: int) -> RunFit:
     speeds = relative_speeds([p.spec for p in fitting])
     # A configuration slower than another that needs no less memory is no choice at all (tiling at a
     # length where it saves nothing, say): only the others are ranked.
-    useful = [(p, v) for p, v in zip(fitting, speeds)
-              if not any(w > v and q.device_total_bytes <= p.device_total_bytes for q, w in zip(fitting, speeds))]
+    useful = [
+        (p, v)
+        for p, v in zip(fitting, speeds)
+        if not any(w > v and q.device_total_bytes <= p.device_total_bytes for q, w in zip(fitting, speeds))
+    ]
     ranked = sorted(useful, key=lambda pair: (-pair[1], -(pair[0].headroom_bytes or 0)))
     chosen, runner_up = ranked[0][0], (ranked[1][0] if len(ranked) > 1 else None)
-    why = (f"the fastest (estimated) of {len(ranked)} that fit, {format_bytes(chosen.headroom_bytes or 0)} to spare")
+    why = f"the fastest (estimated) of {len(ranked)} that fit, {format_bytes(chosen.headroom_bytes or 0)} to spare"
     if runner_up is not None:
         slower = 1.0 - ranked[1][1] / ranked[0][1]
-        why += (f"; runner-up {describe({k: runner_up.spec[k] for k in SEARCHED})}, about {slower:.0%} slower"
-                if slower > 0.005 else f"; runner-up {describe({k: runner_up.spec[k] for k in SEARCHED})}, as fast, less headroom")
+        why += (
+            f"; runner-up {describe({k: runner_up.spec[k] for k in SEARCHED})}, about {slower:.0%} slower"
+            if slower > 0.005
+            else f"; runner-up {describe({k: runner_up.spec[k] for k in SEARCHED})}, as fast, less headroom"
+        )
     return RunFit(chosen=chosen, runner_up=runner_up, candidates=candidates, why=why, fitting=[p for p, _ in ranked])
 
 
@@ -268,9 +296,13 @@ def _moves(knobs: dict[str, Any]) -> list[tuple[dict[str, Any], str]]:
     moves: list[tuple[dict[str, Any], str]] = []
     batch, accum = int(knobs["batch_size"]), int(knobs["grad_accum"])
     if batch > 1 and batch % 2 == 0:
-        moves.append(({"batch_size": batch // 2, "grad_accum": accum * 2},
-                      f"micro-batch {batch} -> {batch // 2}, accumulation {accum} -> {accum * 2}"))
-    leaner = CHECKPOINTING_FAST_FIRST[CHECKPOINTING_FAST_FIRST.index(knobs["checkpointing"]) + 1:]
+        moves.append(
+            (
+                {"batch_size": batch // 2, "grad_accum": accum * 2},
+                f"micro-batch {batch} -> {batch // 2}, accumulation {accum} -> {accum * 2}",
+            )
+        )
+    leaner = CHECKPOINTING_FAST_FIRST[CHECKPOINTING_FAST_FIRST.index(knobs["checkpointing"]) + 1 :]
     for checkpointing in leaner:
         moves.append(({"checkpointing": checkpointing}, f"checkpointing {knobs['checkpointing']} -> {checkpointing}"))
     if knobs.get("tiling") != "on":

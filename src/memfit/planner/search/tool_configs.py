@@ -32,11 +32,18 @@ def tool_config_request(request: FitRequest) -> tuple[FitRequest, dict[str, Any]
     count = whole_number_value(gpus or 1)  # not a whole number: the search's checks name it
     sharded = isinstance(count, int) and count > 1 and fixed.get("shard") == tool.shard
     search = dataclasses.replace(
-        request, model=tool.model, model_override=None, revision=request.revision or tool.revision,
+        request,
+        model=tool.model,
+        model_override=None,
+        revision=request.revision or tool.revision,
         batch_size=config_batch if request.batch_size is None else request.batch_size,
         seq_len=knobs.get("seq_len") if request.seq_len is None else request.seq_len,
-        methods=request.methods or (knobs.get("method", "lora"),), gpus=gpus, knobs=fixed, optimizers=optimizers,
-        deepspeed=tool.zero if sharded else None)
+        methods=request.methods or (knobs.get("method", "lora"),),
+        gpus=gpus,
+        knobs=fixed,
+        optimizers=optimizers,
+        deepspeed=tool.zero if sharded else None,
+    )
     config = tool.to_dict(given=given)
     config["not_modelled"] += [f.to_dict() for f in dropped]
     return search, config

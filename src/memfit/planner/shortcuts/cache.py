@@ -46,8 +46,19 @@ MAX_ENTRIES = 4096
 #: Bumped whenever what an entry holds, or how keys are made, changes.
 FORMAT = 1
 #: Libraries whose version is part of every key: the code a plan runs, besides memfit's own.
-LIBRARIES = ("torch", "transformers", "peft", "bitsandbytes", "accelerate", "pydantic", "numpy", "safetensors",
-             "mamba-ssm", "causal-conv1d", "flash-linear-attention")  # the last three: which path sequence mixers take
+LIBRARIES = (
+    "torch",
+    "transformers",
+    "peft",
+    "bitsandbytes",
+    "accelerate",
+    "pydantic",
+    "numpy",
+    "safetensors",
+    "mamba-ssm",
+    "causal-conv1d",
+    "flash-linear-attention",
+)  # the last three: which path sequence mixers take
 #: Temporary files of writes that were killed are removed once they are this old.
 _STALE_TMP_SECONDS = 3600.0
 
@@ -74,8 +85,13 @@ def folder_digest(root: Path) -> str:
     """sha256 over the relative paths and contents of the ``.py``, ``.json`` and ``.yaml`` files
     under ``root`` (its ``assets`` folder aside: demo data and a tokenizer, which plans never read)."""
     digest = hashlib.sha256()
-    files = sorted(p for p in root.rglob("*") if p.suffix in (".py", ".json", ".yaml") and p.is_file()
-                   and not {"__pycache__", "assets"} & set(p.relative_to(root).parts))
+    files = sorted(
+        p
+        for p in root.rglob("*")
+        if p.suffix in (".py", ".json", ".yaml")
+        and p.is_file()
+        and not {"__pycache__", "assets"} & set(p.relative_to(root).parts)
+    )
     for path in files:
         digest.update(path.relative_to(root).as_posix().encode())
         digest.update(b"\0")
@@ -110,8 +126,12 @@ def make_key(kind: str, inputs: dict[str, Any]) -> str | None:
     inputs have no canonical JSON form (then nothing is cached: a key that loses information could
     hand one input another's plan)."""
     try:
-        text = json.dumps({"format": FORMAT, "kind": kind, "environment": environment(), "inputs": inputs},
-                          sort_keys=True, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(
+            {"format": FORMAT, "kind": kind, "environment": environment(), "inputs": inputs},
+            sort_keys=True,
+            separators=(",", ":"),
+            allow_nan=False,
+        )
     except (TypeError, ValueError):
         return None
     return hashlib.sha256(text.encode()).hexdigest()
@@ -130,7 +150,12 @@ def load(kind: str, key: str | None) -> Any | None:
         entry = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("kind") != kind or entry.get("key") != key:
+    if (
+        not isinstance(entry, dict)
+        or entry.get("format") != FORMAT
+        or entry.get("kind") != kind
+        or entry.get("key") != key
+    ):
         return None
     try:
         os.utime(path)  # recently used: the last to be deleted when the cache is full

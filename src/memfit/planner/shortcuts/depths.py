@@ -75,7 +75,11 @@ def _plan(config_dict: dict[str, Any]) -> DepthPlan | None:
     if len(set(pattern.kinds)) == 1:
         return None if num_layers <= 3 else DepthPlan(samples=((0, 1), (0, 1, 2)), weights=(Fraction(num_layers - 2),))
     for plan in (_by_kind(pattern.kinds), _by_period(pattern.kinds, pattern.period())):
-        if plan is not None and max(plan.sizes) < num_layers and all(cut_keeps_kinds(config_dict, s) for s in plan.samples):
+        if (
+            plan is not None
+            and max(plan.sizes) < num_layers
+            and all(cut_keeps_kinds(config_dict, s) for s in plan.samples)
+        ):
             return plan
     return None
 
@@ -105,5 +109,7 @@ def _by_period(kinds: tuple[int, ...], period: int) -> DepthPlan | None:
     num_layers = len(kinds)
     if num_layers % period or num_layers <= 3 * period:
         return None
-    return DepthPlan(samples=(tuple(range(2 * period)), tuple(range(3 * period))),
-                     weights=(Fraction(num_layers - 2 * period, period),))
+    return DepthPlan(
+        samples=(tuple(range(2 * period)), tuple(range(3 * period))),
+        weights=(Fraction(num_layers - 2 * period, period),),
+    )

@@ -78,7 +78,9 @@ class StepEstimate(StepFigures):
     simulated_layers: list[int]
     num_layers: int
     single_gpu_categories: dict[str, int]
-    layer_kinds: list[dict] = dataclasses.field(default_factory=list)  # {"kind", "layers"} of each kind of decoder layer
+    layer_kinds: list[dict] = dataclasses.field(
+        default_factory=list
+    )  # {"kind", "layers"} of each kind of decoder layer
     adapted: tuple[str, ...] = ()  # short names of the modules carrying LoRA adapters
 
 
@@ -117,15 +119,24 @@ def estimate_step(
     sample = exact_step if exact else sampler or sample_step
     many = getattr(sample, "sample_many", None)  # a sampler that simulates the depths side by side
     cuts = list(depths.samples) if depths else [None]
-    points = many(config, spec, cuts, workspace_allocs, arch) if many else [sample(config, spec, cut, workspace_allocs, arch)
-                                                                              for cut in cuts]
+    points = (
+        many(config, spec, cuts, workspace_allocs, arch)
+        if many
+        else [sample(config, spec, cut, workspace_allocs, arch) for cut in cuts]
+    )
     if depths is not None and len({len(p.result.segments()) for p in points}) > 1:
         depths, points = None, [sample(config, spec, None, workspace_allocs, arch)]  # no common structure
     last = points[-1]
-    shared = dict(simulated_layers=depths.sizes if depths else [num_layers], attention=last.attention,
-                  attention_kernels=last.attention_kernels, batch_layout=last.batch_layout,
-                  embeddings_on_host=last.embeddings_on_host, trained_copies=last.trained_copies,
-                  layer_kinds=_kind_counts(pattern), adapted=last.adapted)
+    shared = dict(
+        simulated_layers=depths.sizes if depths else [num_layers],
+        attention=last.attention,
+        attention_kernels=last.attention_kernels,
+        batch_layout=last.batch_layout,
+        embeddings_on_host=last.embeddings_on_host,
+        trained_copies=last.trained_copies,
+        layer_kinds=_kind_counts(pattern),
+        adapted=last.adapted,
+    )
     if depths is None:
         return _whole(points[0], reshape, num_layers, remember=not exact, **shared)
     return _extrapolated(depths, points, num_layers, reshape, **shared)
@@ -136,7 +147,9 @@ def _kind_counts(pattern) -> list[dict[str, Any]]:
     return [{"kind": pattern.names[kind], "layers": count} for kind, count in pattern.counts().items()]
 
 
-def _whole(point: SampledStep, reshape: Reshape | None, num_layers: int, *, remember: bool = True, **shared: Any) -> StepEstimate:
+def _whole(
+    point: SampledStep, reshape: Reshape | None, num_layers: int, *, remember: bool = True, **shared: Any
+) -> StepEstimate:
     """The step simulated at full depth (reshaped for one rank, with ``reshape``; ``remember``: its
     category series kept in the memo)."""
     phase, categories, phase_peaks = point.phase, point.categories, dict(point.phase_peaks)
@@ -146,14 +159,25 @@ def _whole(point: SampledStep, reshape: Reshape | None, num_layers: int, *, reme
         phase, categories, phase_peaks = reshaped_peak(point.result, reshape, remember)
         allocated = sum(categories.values())
         reserved = allocated + overhead
-    return StepEstimate(allocated_bytes=allocated, reserved_bytes=reserved, host_peak_bytes=point.host_peak_bytes,
-                        paged_peak_bytes=point.paged_peak_bytes, categories=categories, phase=phase, phase_peaks=phase_peaks,
-                        total_params=point.total_params, trainable_params=point.trainable_params,
-                        single_gpu_categories=dict(point.categories), num_layers=num_layers, **shared)
+    return StepEstimate(
+        allocated_bytes=allocated,
+        reserved_bytes=reserved,
+        host_peak_bytes=point.host_peak_bytes,
+        paged_peak_bytes=point.paged_peak_bytes,
+        categories=categories,
+        phase=phase,
+        phase_peaks=phase_peaks,
+        total_params=point.total_params,
+        trainable_params=point.trainable_params,
+        single_gpu_categories=dict(point.categories),
+        num_layers=num_layers,
+        **shared,
+    )
 
 
-def _extrapolated(depths: DepthPlan, points: list[SampledStep], num_layers: int, reshape: Reshape | None,
-                  **shared: Any) -> StepEstimate:
+def _extrapolated(
+    depths: DepthPlan, points: list[SampledStep], num_layers: int, reshape: Reshape | None, **shared: Any
+) -> StepEstimate:
     """The step at ``num_layers`` from the steps simulated at the cuts of ``depths``."""
 
     def line(values: list[int]) -> int:
@@ -179,12 +203,20 @@ def _extrapolated(depths: DepthPlan, points: list[SampledStep], num_layers: int,
     # step's at the moment the deeper sample is highest.)
     phase_peaks = {k: max(line([peaks.get(k, 0) for peaks in sampled]), moments.get(k, 0)) for k in sampled[-1]}
     allocated = sum(categories.values())
-    return StepEstimate(allocated_bytes=allocated, reserved_bytes=allocated + overhead,
-                        host_peak_bytes=line([p.host_peak_bytes for p in points]),
-                        paged_peak_bytes=line([p.paged_peak_bytes for p in points]), categories=categories, phase=phase,
-                        phase_peaks=phase_peaks, total_params=line([p.total_params for p in points]),
-                        trainable_params=line([p.trainable_params for p in points]), single_gpu_categories=single,
-                        num_layers=num_layers, **shared)
+    return StepEstimate(
+        allocated_bytes=allocated,
+        reserved_bytes=allocated + overhead,
+        host_peak_bytes=line([p.host_peak_bytes for p in points]),
+        paged_peak_bytes=line([p.paged_peak_bytes for p in points]),
+        categories=categories,
+        phase=phase,
+        phase_peaks=phase_peaks,
+        total_params=line([p.total_params for p in points]),
+        trainable_params=line([p.trainable_params for p in points]),
+        single_gpu_categories=single,
+        num_layers=num_layers,
+        **shared,
+    )
 
 
 def _highest_moment(depths: DepthPlan, points: list[SampledStep], reshape: Reshape | None = None):
@@ -214,8 +246,13 @@ def extrapolate_peak(depths: DepthPlan, points: list) -> tuple[str, dict[str, in
     return phase, categories
 
 
-def sample_step(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
-                arch: str | None = None) -> SampledStep:
+def sample_step(
+    config: dict[str, Any],
+    spec: RunSpec,
+    layers: tuple[int, ...] | None,
+    workspace_allocs: tuple[int, ...],
+    arch: str | None = None,
+) -> SampledStep:
     """Simulate (or recall, from the memo) the step of the model cut to copies of its ``layers``
     (None: all of them), work seen before replayed (:mod:`memfit.planner.shortcuts.replay`), and
     summarise it: peaks, categories, counts."""
@@ -226,15 +263,24 @@ def sample_step(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] |
     cached = MEMO.samples.get(key)
     if cached is None:
         replay = Replay(MEMO.templates_for(config, spec, arch))
-        simulated = simulate(config, spec, layers=layers, workspace_allocs=workspace_allocs, arch=arch, runner=replay.bind)
+        simulated = simulate(
+            config, spec, layers=layers, workspace_allocs=workspace_allocs, arch=arch, runner=replay.bind
+        )
         cached = MEMO.keep("samples", key, _summarise(simulated, frozenset(replay.loops)))
     # Callers must not change the tracker result; the dicts around it they may.
-    return dataclasses.replace(cached, **{f.name: copy.deepcopy(getattr(cached, f.name))
-                                          for f in dataclasses.fields(cached) if f.name != "result"})
+    return dataclasses.replace(
+        cached,
+        **{f.name: copy.deepcopy(getattr(cached, f.name)) for f in dataclasses.fields(cached) if f.name != "result"},
+    )
 
 
-def exact_step(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
-               arch: str | None = None) -> SampledStep:
+def exact_step(
+    config: dict[str, Any],
+    spec: RunSpec,
+    layers: tuple[int, ...] | None,
+    workspace_allocs: tuple[int, ...],
+    arch: str | None = None,
+) -> SampledStep:
     """The step of the model cut to copies of its ``layers`` (None: all of them), simulated with no
     shortcut (every chunk, region and micro-batch run) and nothing remembered, summarised."""
     from memfit.planner.exact.simulate import simulate
@@ -242,14 +288,24 @@ def exact_step(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | 
     return _summarise(simulate(config, spec, layers=layers, workspace_allocs=workspace_allocs, arch=arch), frozenset())
 
 
-def cached_sample(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
-                  arch: str | None = None) -> SampledStep | None:
+def cached_sample(
+    config: dict[str, Any],
+    spec: RunSpec,
+    layers: tuple[int, ...] | None,
+    workspace_allocs: tuple[int, ...],
+    arch: str | None = None,
+) -> SampledStep | None:
     """The step :func:`sample_step` simulated already in this process for these inputs, or None (nothing is simulated)."""
     return MEMO.samples.get(_sample_key(config, spec, layers, workspace_allocs, arch))
 
 
-def _sample_key(config: dict[str, Any], spec: RunSpec, layers: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
-                arch: str | None) -> tuple:
+def _sample_key(
+    config: dict[str, Any],
+    spec: RunSpec,
+    layers: tuple[int, ...] | None,
+    workspace_allocs: tuple[int, ...],
+    arch: str | None,
+) -> tuple:
     cut = None if layers is None else tuple(layers)
     return (json.dumps(config, sort_keys=True, default=str), spec.model_dump_json(), cut, tuple(workspace_allocs), arch)
 

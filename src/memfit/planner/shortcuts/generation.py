@@ -52,22 +52,31 @@ def trace_at(short: GenerationTrace, long: GenerationTrace, completion_tokens: i
     if long.new_tokens != short.new_tokens + 1 or short.new_tokens < 4:
         raise ValueError("trace_at needs generations of n and n + 1 tokens, n at least 4")
     if completion_tokens <= long.new_tokens:
-        raise ValueError(f"completion_tokens {completion_tokens} is within the simulated {long.new_tokens}: simulate it")
+        raise ValueError(
+            f"completion_tokens {completion_tokens} is within the simulated {long.new_tokens}: simulate it"
+        )
     inner = _allocs(long, len(long.forwards) - 3), _allocs(long, len(long.forwards) - 2)
     last = _allocs(short, len(short.forwards) - 1), _allocs(long, len(long.forwards) - 1)
     result = long.result
     allocations, events = list(result.allocations), list(result.events)
-    for (before, after), step, at in ((inner, len(long.forwards) - 2, completion_tokens - 2),
-                                      (last, len(long.forwards) - 1, completion_tokens - 1)):
+    for (before, after), step, at in (
+        (inner, len(long.forwards) - 2, completion_tokens - 2),
+        (last, len(long.forwards) - 1, completion_tokens - 1),
+    ):
         for a, b in zip(before, after):
             requested = b.requested_bytes + (at - step) * (b.requested_bytes - a.requested_bytes)
             grown = dataclasses.replace(b, requested_bytes=requested, nbytes=round_size(requested))
             allocations[b.alloc_id] = grown
             if grown.place == "device":
                 events[grown.alloc_event] = ("alloc", grown.alloc_id, grown.nbytes)
-    grown_result = TrackerResult(allocations=allocations, events=events, peak=result.peak,
-                                 outside_peaks=dict(result.outside_peaks), phase_marks=list(result.phase_marks),
-                                 peak_from_event=result.peak_from_event)
+    grown_result = TrackerResult(
+        allocations=allocations,
+        events=events,
+        peak=result.peak,
+        outside_peaks=dict(result.outside_peaks),
+        phase_marks=list(result.phase_marks),
+        peak_from_event=result.peak_from_event,
+    )
     return with_peak(grown_result)
 
 
@@ -76,17 +85,18 @@ def _allocs(trace: GenerationTrace, step: int) -> list[Allocation]:
     first = trace.forwards[step]
     stop = trace.forwards[step + 1] if step + 1 < len(trace.forwards) else trace.end_event
     allocations = trace.result.allocations
-    return [allocations[alloc_id] for kind, alloc_id, _ in trace.result.events[first + 1:stop + 1] if kind == "alloc"]
+    return [allocations[alloc_id] for kind, alloc_id, _ in trace.result.events[first + 1 : stop + 1] if kind == "alloc"]
 
 
 def check_same_steps(short: GenerationTrace, long: GenerationTrace) -> None:
     """Raise ValueError unless the decode steps line up: the same operations, in the same order."""
-    pairs = [(_allocs(long, len(long.forwards) - 3), _allocs(long, len(long.forwards) - 2)),
-             (_allocs(short, len(short.forwards) - 1), _allocs(long, len(long.forwards) - 1))]
+    pairs = [
+        (_allocs(long, len(long.forwards) - 3), _allocs(long, len(long.forwards) - 2)),
+        (_allocs(short, len(short.forwards) - 1), _allocs(long, len(long.forwards) - 1)),
+    ]
     for before, after in pairs:
         if [(a.op, a.role, a.place) for a in before] != [(b.op, b.role, b.place) for b in after]:
             raise ValueError("the decode steps of this model's generation differ from one another")
-
 
 
 @dataclass(frozen=True)
@@ -116,8 +126,14 @@ class _Point:
     kv_cache: int = 0
 
 
-def estimate_generation(config: dict[str, Any], spec: RunSpec, workspace_allocs: tuple[int, ...] = (), *,
-                        exact: bool = False, arch: str | None = None) -> GenerationEstimate:
+def estimate_generation(
+    config: dict[str, Any],
+    spec: RunSpec,
+    workspace_allocs: tuple[int, ...] = (),
+    *,
+    exact: bool = False,
+    arch: str | None = None,
+) -> GenerationEstimate:
     """The generation phase of ``spec``'s run on the model of ``config``, at full depth (``exact``:
     the whole model's whole generation simulated, nothing remembered)."""
     from memfit.planner.shortcuts.depths import plan_depths
@@ -126,24 +142,42 @@ def estimate_generation(config: dict[str, Any], spec: RunSpec, workspace_allocs:
     workspace_allocs = tuple(workspace_allocs)
     depths = None if exact else plan_depths(config)
     if depths is None:  # the model simulated whole
-        point = (_simulated_point(config, spec, None, workspace_allocs, arch, whole=True) if exact
-                 else _point(config, spec, None, workspace_allocs, arch))
-        return GenerationEstimate(allocated_bytes=point.result.peak.allocated_bytes,
-                                  reserved_bytes=point.result.peak.allocated_bytes + point.overhead,
-                                  categories=dict(point.categories), phase=point.phase, phase_peaks=dict(point.phase_peaks),
-                                  simulated_layers=[make_config(config).num_hidden_layers], kv_cache_bytes=point.kv_cache)
+        point = (
+            _simulated_point(config, spec, None, workspace_allocs, arch, whole=True)
+            if exact
+            else _point(config, spec, None, workspace_allocs, arch)
+        )
+        return GenerationEstimate(
+            allocated_bytes=point.result.peak.allocated_bytes,
+            reserved_bytes=point.result.peak.allocated_bytes + point.overhead,
+            categories=dict(point.categories),
+            phase=point.phase,
+            phase_peaks=dict(point.phase_peaks),
+            simulated_layers=[make_config(config).num_hidden_layers],
+            kv_cache_bytes=point.kv_cache,
+        )
     points = [_point(config, spec, cut, workspace_allocs, arch) for cut in depths.samples]
     phase, categories = extrapolate_peak(depths, points)
     phase_peaks = {k: depths.combine([p.phase_peaks.get(k, 0) for p in points]) for k in points[-1].phase_peaks}
     allocated = sum(categories.values())
-    return GenerationEstimate(allocated_bytes=allocated, reserved_bytes=allocated + max(p.overhead for p in points),
-                              categories=categories, phase=phase, phase_peaks=phase_peaks,
-                              simulated_layers=[len(c) for c in depths.samples],
-                              kv_cache_bytes=depths.combine([p.kv_cache for p in points]))
+    return GenerationEstimate(
+        allocated_bytes=allocated,
+        reserved_bytes=allocated + max(p.overhead for p in points),
+        categories=categories,
+        phase=phase,
+        phase_peaks=phase_peaks,
+        simulated_layers=[len(c) for c in depths.samples],
+        kv_cache_bytes=depths.combine([p.kv_cache for p in points]),
+    )
 
 
-def _point(config: dict[str, Any], spec: RunSpec, cut: tuple[int, ...] | None, workspace_allocs: tuple[int, ...],
-           arch: str | None) -> _Point:
+def _point(
+    config: dict[str, Any],
+    spec: RunSpec,
+    cut: tuple[int, ...] | None,
+    workspace_allocs: tuple[int, ...],
+    arch: str | None,
+) -> _Point:
     """One depth's generation, from the memo when it was planned before."""
     key = (json.dumps(config, sort_keys=True, default=str), spec.model_dump_json(), cut, workspace_allocs, arch)
     kept = MEMO.generations.get(key)
@@ -152,8 +186,15 @@ def _point(config: dict[str, Any], spec: RunSpec, cut: tuple[int, ...] | None, w
     return kept
 
 
-def _simulated_point(config: dict[str, Any], spec: RunSpec, cut: tuple[int, ...] | None,
-                     workspace_allocs: tuple[int, ...], arch: str | None, *, whole: bool = False) -> _Point:
+def _simulated_point(
+    config: dict[str, Any],
+    spec: RunSpec,
+    cut: tuple[int, ...] | None,
+    workspace_allocs: tuple[int, ...],
+    arch: str | None,
+    *,
+    whole: bool = False,
+) -> _Point:
     """The generation of ``max_completion_length`` tokens at one depth: written from two short ones
     (:func:`trace_at`), or simulated whole where it is short, where its decode steps differ, or
     where asked (``whole``)."""
@@ -172,6 +213,11 @@ def _simulated_point(config: dict[str, Any], spec: RunSpec, cut: tuple[int, ...]
     reserved = allocator.simulate(result.events).peak_reserved_bytes
     decode = [s for s in result.segments() if s.phase == "decode"]
     kv_cache = result.categories_at(decode[-1].top_event)["activations"] if decode else 0
-    return _Point(result=result, phase=result.peak.phase, categories=dict(result.peak.categories),
-                  phase_peaks=dict(result.phase_peaks), overhead=max(reserved - result.peak.allocated_bytes, 0),
-                  kv_cache=kv_cache)
+    return _Point(
+        result=result,
+        phase=result.peak.phase,
+        categories=dict(result.peak.categories),
+        phase_peaks=dict(result.phase_peaks),
+        overhead=max(reserved - result.peak.allocated_bytes, 0),
+        kv_cache=kv_cache,
+    )

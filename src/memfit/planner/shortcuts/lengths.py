@@ -55,14 +55,19 @@ class LengthModel:
 
     def explains(self, sample, seq_len: int) -> bool:
         """Whether ``sample``, simulated at ``seq_len``, is this model's prediction, storage by storage."""
-        return (self.holds_at(seq_len) and _same_structure(self.sample.result, sample.result)
-                and all(rule(seq_len) == a.requested_bytes for rule, a in zip(self.rules, sample.result.allocations)))
+        return (
+            self.holds_at(seq_len)
+            and _same_structure(self.sample.result, sample.result)
+            and all(rule(seq_len) == a.requested_bytes for rule, a in zip(self.rules, sample.result.allocations))
+        )
 
     def sample_at(self, seq_len: int):
         """The SampledStep a simulation at ``seq_len`` makes, for device memory (host peaks: the shorter length's)."""
         if not self.holds_at(seq_len):
-            raise ValueError(f"seq_len {seq_len} is outside the lengths this model holds for "
-                             f"({self.min_seq_len} to {self.max_seq_len})")
+            raise ValueError(
+                f"seq_len {seq_len} is outside the lengths this model holds for "
+                f"({self.min_seq_len} to {self.max_seq_len})"
+            )
         from memfit.planner.exact.tracker import Allocation, TrackerResult
 
         base = self.sample.result
@@ -71,17 +76,39 @@ class LengthModel:
         for index in self.varying:
             a, requested = allocations[index], self.rules[index](seq_len)
             # (Made directly: dataclasses.replace costs more than the rest of a prediction.)
-            a = allocations[index] = Allocation(a.alloc_id, round_size(requested), a.phase, a.alloc_event, a.free_event,
-                                                a.role, a.place, a.op, requested, a.shape)
+            a = allocations[index] = Allocation(
+                a.alloc_id,
+                round_size(requested),
+                a.phase,
+                a.alloc_event,
+                a.free_event,
+                a.role,
+                a.place,
+                a.op,
+                requested,
+                a.shape,
+            )
             if a.place == "device":  # (storages outside the device allocator have no events)
                 events[a.alloc_event] = ("alloc", a.alloc_id, a.nbytes)
-        result = TrackerResult(allocations=allocations, events=events, peak=base.peak, outside_peaks=dict(base.outside_peaks),
-                               phase_marks=list(base.phase_marks), peak_from_event=base.peak_from_event)
+        result = TrackerResult(
+            allocations=allocations,
+            events=events,
+            peak=base.peak,
+            outside_peaks=dict(base.outside_peaks),
+            phase_marks=list(base.phase_marks),
+            peak_from_event=base.peak_from_event,
+        )
         result.peak, phase_peaks = _peaks(result)
         replay = allocator.simulate(events)
-        return dataclasses.replace(self.sample, result=result, allocated_bytes=result.peak.allocated_bytes,
-                                   reserved_bytes=replay.peak_reserved_bytes, categories=dict(result.peak.categories),
-                                   phase=result.peak.phase, phase_peaks=phase_peaks)
+        return dataclasses.replace(
+            self.sample,
+            result=result,
+            allocated_bytes=result.peak.allocated_bytes,
+            reserved_bytes=replay.peak_reserved_bytes,
+            categories=dict(result.peak.categories),
+            phase=result.peak.phase,
+            phase_peaks=phase_peaks,
+        )
 
 
 def learn(samples: dict[int, Any]) -> LengthModel | None:
@@ -94,7 +121,10 @@ def learn(samples: dict[int, Any]) -> LengthModel | None:
     (len_a, a), (len_b, b) = ordered[:2]
     if not all(_same_structure(a.result, other.result) for _, other in ordered[1:]):
         return None
-    if any(dict(a.result.outside_peaks).get("paged", 0) != dict(o.result.outside_peaks).get("paged", 0) for _, o in ordered[1:]):
+    if any(
+        dict(a.result.outside_peaks).get("paged", 0) != dict(o.result.outside_peaks).get("paged", 0)
+        for _, o in ordered[1:]
+    ):
         return None  # paged states that follow the length are not modelled
     loops = _loops(a.chunk_loops, len_a, [(o.chunk_loops, n) for n, o in ordered[1:]])
     if loops is None:
@@ -105,9 +135,18 @@ def learn(samples: dict[int, Any]) -> LengthModel | None:
         if rule is None:
             return None
         rules.append(rule)
-    varying = tuple(i for i, (x, y) in enumerate(zip(a.result.allocations, b.result.allocations)) if x.requested_bytes != y.requested_bytes)
-    model = LengthModel(sample=a, rules=tuple(rules), min_seq_len=len_a, max_seq_len=_longest_same_structure(loops, len_a),
-                        varying=varying)
+    varying = tuple(
+        i
+        for i, (x, y) in enumerate(zip(a.result.allocations, b.result.allocations))
+        if x.requested_bytes != y.requested_bytes
+    )
+    model = LengthModel(
+        sample=a,
+        rules=tuple(rules),
+        min_seq_len=len_a,
+        max_seq_len=_longest_same_structure(loops, len_a),
+        varying=varying,
+    )
     # The two shortest are the rules' own (each rule is checked against their sizes as it is made,
     # their structures above); the model must hold at both, and explain any other.
     if not model.holds_at(len_b) or not all(model.explains(sample, length) for length, sample in ordered[2:]):
@@ -146,8 +185,11 @@ def _same_structure(x: TrackerResult, y: TrackerResult) -> bool:
     if any(e[:2] != f[:2] for e, f in zip(x.events, y.events)):
         return False
     # (Frees are compared as events: ``free_event`` is also set later, when the model is torn down.)
-    return all((p.op, p.role, p.place, p.phase, p.alloc_event, len(p.shape))
-               == (q.op, q.role, q.place, q.phase, q.alloc_event, len(q.shape)) for p, q in zip(x.allocations, y.allocations))
+    return all(
+        (p.op, p.role, p.place, p.phase, p.alloc_event, len(p.shape))
+        == (q.op, q.role, q.place, q.phase, q.alloc_event, len(q.shape))
+        for p, q in zip(x.allocations, y.allocations)
+    )
 
 
 def _loops(first: frozenset, length: int, others: list[tuple[frozenset, int]]) -> list[tuple[int, int]] | None:
@@ -254,17 +296,31 @@ class LengthSampler:
         self.models: dict[Any, LengthModel | None] = {}
         self._inputs: dict[Any, tuple] = {}  # what each model was learnt for: (config, spec, depth, workspaces, arch)
 
-    def __call__(self, config: dict[str, Any], spec, depth: tuple[int, ...] | None, workspace_allocs: tuple[int, ...], arch: str | None):
+    def __call__(
+        self,
+        config: dict[str, Any],
+        spec,
+        depth: tuple[int, ...] | None,
+        workspace_allocs: tuple[int, ...],
+        arch: str | None,
+    ):
         from memfit.planner.shortcuts.extrapolate import sample_step
 
         if spec.seq_len < min(self.lengths):
             raise Unpredictable(f"{spec.seq_len} tokens is below the lengths {self.lengths} the step is learnt from")
         # One sampler serves one configuration; the key keeps a model from answering for another.
-        key = (depth, spec.model_copy(update={"seq_len": 1}).model_dump_json(), tuple(workspace_allocs), arch,
-               json.dumps(config, sort_keys=True, default=str))
+        key = (
+            depth,
+            spec.model_copy(update={"seq_len": 1}).model_dump_json(),
+            tuple(workspace_allocs),
+            arch,
+            json.dumps(config, sort_keys=True, default=str),
+        )
         if key not in self.models:
-            samples = {n: sample_step(config, spec.model_copy(update={"seq_len": n}), depth, workspace_allocs, arch)
-                       for n in self.lengths}
+            samples = {
+                n: sample_step(config, spec.model_copy(update={"seq_len": n}), depth, workspace_allocs, arch)
+                for n in self.lengths
+            }
             self.models[key] = learn(samples)
             self._inputs[key] = (config, spec, depth, tuple(workspace_allocs), arch)
         model = self.models[key]

@@ -56,8 +56,11 @@ class Memo:
     def templates_for(self, config_dict: dict[str, Any], spec, arch: str | None) -> dict:
         """The replay templates the simulations of one kind of plan share (their depths, lengths and
         micro-batches), most recently used last."""
-        scope = (json.dumps(config_dict, sort_keys=True, default=str),
-                 json.dumps(spec.model_dump(mode="json", exclude=SHAPE_KNOBS), sort_keys=True), arch)
+        scope = (
+            json.dumps(config_dict, sort_keys=True, default=str),
+            json.dumps(spec.model_dump(mode="json", exclude=SHAPE_KNOBS), sort_keys=True),
+            arch,
+        )
         templates = self.templates.pop(scope, None)
         return self.keep("templates", scope, {} if templates is None else templates)
 

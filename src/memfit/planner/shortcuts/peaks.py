@@ -86,7 +86,9 @@ def _inserted(depths: DepthPlan, results: list, segments, coefficients: list[Fra
                 course = ((k, before[k], Fraction(-1)), (k, before[k] + 1 + offset, Fraction(1)))
                 moments.append(insertion + added + repeats + course)
         added += tuple((s, e, c * copies) for s, e, c in one)
-    moments += [tuple((s, starts[s] + t + ([0] + blocks)[s], c) for s, c in enumerate(coefficients)) for t in range(cut, length)]
+    moments += [
+        tuple((s, starts[s] + t + ([0] + blocks)[s], c) for s, c in enumerate(coefficients)) for t in range(cut, length)
+    ]
     return moments
 
 
@@ -97,8 +99,9 @@ def _head_and_tail(results: list, segments, coefficients: list[Fraction]) -> lis
     tail = min(_common_prefix(sigs[0][::-1], other[::-1]) for other in sigs)
     firsts = [seg.start_event + 1 for seg in segments]
     lasts = [seg.end_event + 1 - tail for seg in segments]
-    return ([tuple((s, firsts[s] + t, c) for s, c in enumerate(coefficients)) for t in range(head)]
-            + [tuple((s, lasts[s] + t, c) for s, c in enumerate(coefficients)) for t in range(tail)])
+    return [tuple((s, firsts[s] + t, c) for s, c in enumerate(coefficients)) for t in range(head)] + [
+        tuple((s, lasts[s] + t, c) for s, c in enumerate(coefficients)) for t in range(tail)
+    ]
 
 
 def _highest(results: list, moments: list[Moment], phase: str, reshape: Reshape | None):

@@ -101,7 +101,9 @@ class Replay:
         self.probe: Callable[[], frozenset] = frozenset
         self.micro_batches = True
 
-    def bind(self, tracker: MemoryTracker, probe: Callable[[], frozenset] = frozenset, micro_batches: bool = True) -> Replay:
+    def bind(
+        self, tracker: MemoryTracker, probe: Callable[[], frozenset] = frozenset, micro_batches: bool = True
+    ) -> Replay:
         """This runner for the simulation ``tracker`` counts: ``probe`` returns what the simulation
         has noted outside memory (a set that only grows); ``micro_batches`` False runs every
         micro-batch (a loss scaler's first scaling makes its scale)."""
@@ -251,10 +253,16 @@ def saved_tensors_hooked() -> bool:
 
 def dispatch_modes(grad: bool) -> tuple:
     """The global modes a unit's ops depend on."""
-    return (grad, torch.is_inference_mode_enabled(),
-            torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu"),
-            torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"),
-            torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack())
+    return (
+        grad,
+        torch.is_inference_mode_enabled(),
+        torch.is_autocast_enabled("cpu"),
+        torch.get_autocast_dtype("cpu"),
+        torch.is_autocast_enabled("cuda"),
+        torch.get_autocast_dtype("cuda"),
+        torch._C._len_torch_function_stack(),
+        torch._C._len_torch_dispatch_stack(),
+    )
 
 
 def module_state(owner: Any) -> tuple:
@@ -267,7 +275,15 @@ def module_state(owner: Any) -> tuple:
         return (type(owner),)
     declared = memory_attributes()
     modules = tuple(
-        (name, type(m), m.training, _settings(m, declared), _adapter_state(m), len(m._forward_hooks), len(m._forward_pre_hooks))
+        (
+            name,
+            type(m),
+            m.training,
+            _settings(m, declared),
+            _adapter_state(m),
+            len(m._forward_hooks),
+            len(m._forward_pre_hooks),
+        )
         for name, m in owner.named_modules()
     )
     tensors = tuple(
@@ -299,7 +315,12 @@ def _plain(value: Any) -> Hashable:
     if isinstance(value, PLAIN):
         return value
     if isinstance(value, (list, tuple, set, frozenset)):
-        return (type(value), tuple(_plain(v) for v in value) if not isinstance(value, (set, frozenset)) else frozenset(map(_plain, value)))
+        return (
+            type(value),
+            tuple(_plain(v) for v in value)
+            if not isinstance(value, (set, frozenset))
+            else frozenset(map(_plain, value)),
+        )
     if isinstance(value, dict):
         return (dict, tuple((_plain(k), _plain(v)) for k, v in value.items()))
     if callable(value):
@@ -311,7 +332,11 @@ def _adapter_state(module: torch.nn.Module) -> tuple:
     """A PEFT layer's switches (adapters disabled, merged, which are active); () for other modules."""
     if not hasattr(module, "active_adapters") or not hasattr(module, "merged_adapters"):
         return ()
-    return (bool(getattr(module, "disable_adapters", False)), tuple(module.merged_adapters), tuple(module.active_adapters))
+    return (
+        bool(getattr(module, "disable_adapters", False)),
+        tuple(module.merged_adapters),
+        tuple(module.active_adapters),
+    )
 
 
 def _shapes(value: Any) -> Hashable | None:
@@ -364,8 +389,9 @@ def _watch_accumulation(tracker: MemoryTracker, model: torch.nn.Module, arrived:
     return handles
 
 
-def _template(tracker: MemoryTracker, unit: Unit, journal: list, arrived: dict[int, int], out: Any,
-              notes: tuple[frozenset, ...]) -> Template | None:
+def _template(
+    tracker: MemoryTracker, unit: Unit, journal: list, arrived: dict[int, int], out: Any, notes: tuple[frozenset, ...]
+) -> Template | None:
     """The template of a unit that just ran, or None when it cannot be replayed."""
     from torch.utils._pytree import tree_flatten
 

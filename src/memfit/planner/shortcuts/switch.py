@@ -29,6 +29,8 @@ def exact_wanted(exact: bool = False) -> bool:
     """
     value = os.environ.get(ENV_SWITCH, "").strip().lower()
     if value not in _ON + _OFF:
-        raise UserError(f"{ENV_SWITCH}={shown(os.environ[ENV_SWITCH])}: set it to 1 (or true, yes, on) to make every plan "
-                        f"exact, or to 0 (false, no, off) or leave it unset for plans with shortcuts.")
+        raise UserError(
+            f"{ENV_SWITCH}={shown(os.environ[ENV_SWITCH])}: set it to 1 (or true, yes, on) to make every plan "
+            f"exact, or to 0 (false, no, off) or leave it unset for plans with shortcuts."
+        )
     return bool(exact) or value in _ON

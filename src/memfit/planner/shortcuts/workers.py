@@ -114,8 +114,12 @@ def worker_count(num_methods: int) -> int:
 
 
 #: What a plan imports, imported once by the server the search's workers are forked from.
-_WORKER_PRELOAD = ["memfit.planner.shortcuts.server_exit", "memfit.planner.exact.simulate", "transformers.models.auto.configuration_auto",
-                   "transformers.modeling_utils"]
+_WORKER_PRELOAD = [
+    "memfit.planner.shortcuts.server_exit",
+    "memfit.planner.exact.simulate",
+    "transformers.models.auto.configuration_auto",
+    "transformers.modeling_utils",
+]
 
 _worker_server_started = False
 
@@ -152,8 +156,14 @@ def _worker_context():
     return multiprocessing.get_context("forkserver" if _worker_server_started else "spawn")
 
 
-def run_parallel(job: MethodJob, parts: tuple[str, ...], workers: int, progress: Callable[[str], None] | None,
-                 finished: Callable[[str, Any], None] | None = None, stop: threading.Event | None = None) -> list[Any]:
+def run_parallel(
+    job: MethodJob,
+    parts: tuple[str, ...],
+    workers: int,
+    progress: Callable[[str], None] | None,
+    finished: Callable[[str, Any], None] | None = None,
+    stop: threading.Event | None = None,
+) -> list[Any]:
     """``job.run(part)`` for each part, in ``workers`` processes (forked from the worker server, or
     spawned: a clean interpreter either way as far as torch is concerned), heaviest first; the
     outcomes in the order of ``parts``. ``progress`` is called here with what the workers report,
@@ -165,8 +175,9 @@ def run_parallel(job: MethodJob, parts: tuple[str, ...], workers: int, progress:
     # Workers report each plan as they make it, so that a search of a minute shows its progress
     # plan by plan, as the one-process search does.
     reports = context.Queue() if progress is not None else None
-    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_start_worker,
-                             initargs=(owner_of_workers(), reports)) as pool:
+    with ProcessPoolExecutor(
+        max_workers=workers, mp_context=context, initializer=_start_worker, initargs=(owner_of_workers(), reports)
+    ) as pool:
         order = sorted(parts, key=job.heaviest_first)
         futures = {part: pool.submit(_run_method_job, job, part) for part in order}
         try:
@@ -230,8 +241,12 @@ class DepthPool:
             from concurrent.futures import ProcessPoolExecutor
 
             start_worker_server(self.imports)
-            self._executor = ProcessPoolExecutor(max_workers=self.workers, mp_context=_worker_context(),
-                                                 initializer=_start_worker, initargs=(owner_of_workers(), None, self.imports))
+            self._executor = ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=_worker_context(),
+                initializer=_start_worker,
+                initargs=(owner_of_workers(), None, self.imports),
+            )
         return self._executor
 
     def start(self) -> None:
@@ -240,13 +255,29 @@ class DepthPool:
         for future in [pool.submit(os.getpid) for _ in range(self.workers)]:
             future.result()
 
-    def sample_many(self, config: dict[str, Any], spec, depths: list[tuple[int, ...] | None], workspace_allocs: tuple[int, ...],
-                    arch: str | None) -> list[Any]:
+    def sample_many(
+        self,
+        config: dict[str, Any],
+        spec,
+        depths: list[tuple[int, ...] | None],
+        workspace_allocs: tuple[int, ...],
+        arch: str | None,
+    ) -> list[Any]:
         """The step simulated at each of ``depths``, each in a worker process, side by side."""
-        futures = [self._pool().submit(_sample_in_worker, config, spec, depth, tuple(workspace_allocs), arch) for depth in depths]
+        futures = [
+            self._pool().submit(_sample_in_worker, config, spec, depth, tuple(workspace_allocs), arch)
+            for depth in depths
+        ]
         return [future.result() for future in futures]
 
-    def __call__(self, config: dict[str, Any], spec, depth: tuple[int, ...] | None, workspace_allocs: tuple[int, ...], arch: str | None):
+    def __call__(
+        self,
+        config: dict[str, Any],
+        spec,
+        depth: tuple[int, ...] | None,
+        workspace_allocs: tuple[int, ...],
+        arch: str | None,
+    ):
         return self.sample_many(config, spec, [depth], workspace_allocs, arch)[0]
 
     def close(self) -> None:
@@ -285,7 +316,9 @@ def _import_in_worker(modules: tuple[str, ...]) -> None:
             pass
 
 
-def _sample_in_worker(config: dict[str, Any], spec, depth: tuple[int, ...] | None, workspace_allocs: tuple[int, ...], arch: str | None):
+def _sample_in_worker(
+    config: dict[str, Any], spec, depth: tuple[int, ...] | None, workspace_allocs: tuple[int, ...], arch: str | None
+):
     _one_core()
     from memfit.planner.shortcuts.extrapolate import sample_step
 

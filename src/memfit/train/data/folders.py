@@ -54,8 +54,10 @@ def folder_splits(folder: Path, subset: str | None, name: str) -> dict[str, list
     found = _patterns(folder, subset, name)
     if found is None:
         if subset is not None:
-            raise DataError(f"{name}: subset: {subset!r}: {folder} declares no subsets (no configs: in the front matter of "
-                            f"a {README}); remove subset, or declare it as datasets reads it (docs/data.md)")
+            raise DataError(
+                f"{name}: subset: {subset!r}: {folder} declares no subsets (no configs: in the front matter of "
+                f"a {README}); remove subset, or declare it as datasets reads it (docs/data.md)"
+            )
         return {DEFAULT_SPLIT: [folder]}
     base, patterns = found
     from datasets.data_files import DataFilesDict
@@ -63,8 +65,10 @@ def folder_splits(folder: Path, subset: str | None, name: str) -> dict[str, list
     try:
         resolved = DataFilesDict.from_patterns(patterns, base_path=str(base), allowed_extensions=list(SUFFIXES))
     except FileNotFoundError as err:
-        raise DataError(f"{name}: {folder}: {_first_line(str(err))}; the files of each split must be data files memfit "
-                        f"reads ({', '.join(SUFFIXES)})") from None
+        raise DataError(
+            f"{name}: {folder}: {_first_line(str(err))}; the files of each split must be data files memfit "
+            f"reads ({', '.join(SUFFIXES)})"
+        ) from None
     return {str(split): [Path(p) for p in files] for split, files in resolved.items()}
 
 
@@ -78,8 +82,10 @@ def split_files(source: DataSource, name: str) -> dict[str, list[Path]]:
     wanted = split_names(spec)
     for split in wanted:
         if split not in splits:
-            raise DataError(f"{name}: {source.path}: no split {split!r}; its splits are {', '.join(splits)}: set split: "
-                            f"{next(iter(splits))}")
+            raise DataError(
+                f"{name}: {source.path}: no split {split!r}; its splits are {', '.join(splits)}: set split: "
+                f"{next(iter(splits))}"
+            )
     return {split: splits[split] for split in dict.fromkeys(wanted)}
 
 
@@ -124,21 +130,27 @@ def _configs(folder: Path, name: str) -> dict[str, dict[str, Any]]:
             data = DatasetCardData(**{**data.to_dict(), **extra})
         return dict(MetadataConfigs.from_dataset_card_data(data))
     except (ValueError, TypeError, yaml.YAMLError) as err:
-        raise DataError(f"{name}: {folder}: the configs: of its {README} cannot be read as datasets reads them: "
-                        f"{_first_line(str(err))}") from None
+        raise DataError(
+            f"{name}: {folder}: the configs: of its {README} cannot be read as datasets reads them: "
+            f"{_first_line(str(err))}"
+        ) from None
 
 
 def _subset(configs: dict[str, dict[str, Any]], subset: str | None, folder: Path, name: str) -> str:
     """The subset read: the one asked for, else the only one, the one named default, or the one marked ``default: true``."""
     if subset is not None:
         if subset not in configs:
-            raise DataError(f"{name}: {folder}: no subset {subset!r}; its subsets are {', '.join(configs)}: set subset: "
-                            f"{next(iter(configs))}")
+            raise DataError(
+                f"{name}: {folder}: no subset {subset!r}; its subsets are {', '.join(configs)}: set subset: "
+                f"{next(iter(configs))}"
+            )
         return subset
     defaults = [c for c, params in configs.items() if len(configs) == 1 or c == "default" or params.get("default")]
     if len(defaults) != 1:
-        raise DataError(f"{name}: {folder}: the dataset has several subsets ({', '.join(configs)}); choose one, e.g. subset: "
-                        f"{next(iter(configs))}")
+        raise DataError(
+            f"{name}: {folder}: the dataset has several subsets ({', '.join(configs)}); choose one, e.g. subset: "
+            f"{next(iter(configs))}"
+        )
     return defaults[0]
 
 

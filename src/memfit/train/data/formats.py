@@ -48,8 +48,11 @@ SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "a
 
 
 def load_records(
-    paths: str | Path | list[str | Path], format: str = "auto", columns: Mapping[str, str] | None = None,
-    *, name: str | None = None,
+    paths: str | Path | list[str | Path],
+    format: str = "auto",
+    columns: Mapping[str, str] | None = None,
+    *,
+    name: str | None = None,
 ) -> tuple[list[dict[str, Any]], str]:
     """Read, validate and normalize training records from local files.
 
@@ -170,7 +173,9 @@ def column_problem(columns: Mapping[str, str], have: Iterable[str], what: str = 
         if field_name in have:
             fix = f"remove the entry to read its own {field_name!r} column, or map {field_name} to another column"
         else:
-            fix = f"map {field_name} to one of them, e.g. columns: {{{field_name}: {(others or have or ['column'])[0]}}}"
+            fix = (
+                f"map {field_name} to one of them, e.g. columns: {{{field_name}: {(others or have or ['column'])[0]}}}"
+            )
         return f"columns: {field_name}: no column {column!r} in {what} (its columns: {listed}); {fix}"
     return None
 
@@ -215,9 +220,7 @@ def detect_format(raw: RawRecord, problems: Problems) -> str | None:
     return None
 
 
-def _check_string(
-    value: Any, raw: RawRecord, field: str, problems: Problems, *, required: bool = True
-) -> str | None:
+def _check_string(value: Any, raw: RawRecord, field: str, problems: Problems, *, required: bool = True) -> str | None:
     """Return ``value`` if it is a non-empty string; add a problem naming ``field`` otherwise.
     Optional fields may be missing, null or empty."""
     if value is None:
@@ -260,7 +263,11 @@ def _normalize_alpaca(raw: RawRecord, problems: Problems) -> dict[str, Any] | No
 
 
 def _normalize_turns(
-    raw: RawRecord, problems: Problems, list_key: str, role_key: str, content_key: str,
+    raw: RawRecord,
+    problems: Problems,
+    list_key: str,
+    role_key: str,
+    content_key: str,
     role_names: dict[str, str],
 ) -> dict[str, Any] | None:
     """Shared by sharegpt (conversations/from/value) and messages (messages/role/content)."""
@@ -277,8 +284,14 @@ def _normalize_turns(
 
 
 def _check_turns(
-    turns: Any, raw: RawRecord, problems: Problems, list_key: str, role_key: str, content_key: str,
-    role_names: dict[str, str], first_index: int = 0,
+    turns: Any,
+    raw: RawRecord,
+    problems: Problems,
+    list_key: str,
+    role_key: str,
+    content_key: str,
+    role_names: dict[str, str],
+    first_index: int = 0,
 ) -> list[dict[str, str]] | None:
     """The turns of ``list_key`` as chat messages, or None with the problems added.
     ``first_index``: where these turns start in the whole conversation (a system turn may only come first)."""
@@ -296,7 +309,11 @@ def _check_turns(
     for index, turn in enumerate(turns):
         field = f"{list_key}[{index}]"
         if not isinstance(turn, dict):
-            problems.add(raw.where, f"expected an object with {role_key!r} and {content_key!r}, got {json_type_name(turn)}", field)
+            problems.add(
+                raw.where,
+                f"expected an object with {role_key!r} and {content_key!r}, got {json_type_name(turn)}",
+                field,
+            )
             continue
         role_value = turn.get(role_key)
         role = role_names.get(role_value) if isinstance(role_value, str) else None
@@ -353,8 +370,12 @@ def _normalize_prompt_completion(raw: RawRecord, problems: Problems) -> dict[str
     if isinstance(prompt, list) or isinstance(completion, list):
         if not (isinstance(prompt, list) and isinstance(completion, list)):
             text_field = "completion" if isinstance(prompt, list) else "prompt"
-            problems.add(raw.where, f"expected a list of messages like the other field, got {json_type_name(value.get(text_field))}; "
-                         "give prompt and completion both as text or both as message lists", text_field)
+            problems.add(
+                raw.where,
+                f"expected a list of messages like the other field, got {json_type_name(value.get(text_field))}; "
+                "give prompt and completion both as text or both as message lists",
+                text_field,
+            )
             return None
         roles = {r: r for r in ROLES}
         before = problems.count
@@ -384,13 +405,18 @@ def _normalize_prompt(raw: RawRecord, problems: Problems) -> dict[str, Any] | No
     if isinstance(prompt, list):
         prompt = _check_turns(prompt, raw, problems, "prompt", "role", "content", {r: r for r in ROLES})
         if prompt is not None and prompt[-1]["role"] == "assistant":
-            problems.add(raw.where, "ends with an assistant turn: a prompt ends with the turn the model answers", "prompt")
+            problems.add(
+                raw.where, "ends with an assistant turn: a prompt ends with the turn the model answers", "prompt"
+            )
             return None
     else:
         prompt = _check_string(prompt, raw, "prompt", problems)
     if prompt is None:
         return None
-    return {"rollout": {"prompt": prompt, "columns": {k: v for k, v in value.items() if k != "prompt"}}, "source": raw.where}
+    return {
+        "rollout": {"prompt": prompt, "columns": {k: v for k, v in value.items() if k != "prompt"}},
+        "source": raw.where,
+    }
 
 
 _NORMALIZERS = {

@@ -44,7 +44,11 @@ class HubRevision:
 
     def note(self, source: DataSource, name: str) -> str | None:
         """The line a run prints when it reads this source from the cache (None: the Hub answered)."""
-        return f"{name}: {source.path}: {self.cache_only}: reading the copy in the datasets cache" if self.cache_only else None
+        return (
+            f"{name}: {source.path}: {self.cache_only}: reading the copy in the datasets cache"
+            if self.cache_only
+            else None
+        )
 
 
 def open_dataset(source: DataSource, name: str, *, streaming: bool, revision: HubRevision | None = None):
@@ -60,8 +64,13 @@ def open_dataset(source: DataSource, name: str, *, streaming: bool, revision: Hu
     try:
         if source.is_hub:
             with _cache_only(revision.cache_only is not None):
-                dataset = datasets.load_dataset(source.path, name=source.subset, split=split_spec(source),
-                                                revision=revision.commit or source.revision, streaming=streaming)
+                dataset = datasets.load_dataset(
+                    source.path,
+                    name=source.subset,
+                    split=split_spec(source),
+                    revision=revision.commit or source.revision,
+                    streaming=streaming,
+                )
         elif source.is_saved_dataset:
             dataset = _saved_split(datasets.load_from_disk(source.path), source, name, split_spec(source))
             if streaming:
@@ -86,24 +95,34 @@ def local_files(source: DataSource, name: str):
 
     spec = split_spec(source)
     if not is_plain_split(spec):
-        raise DataError(f"{name}: split: {spec!r}: a stream reads whole splits; read a slice or a sum of splits in memory "
-                        "(remove streaming), or give one split's name")
+        raise DataError(
+            f"{name}: split: {spec!r}: a stream reads whole splits; read a slice or a sum of splits in memory "
+            "(remove streaming), or give one split's name"
+        )
     files = []
     for path in (p for paths in split_files(source, name).values() for p in paths):
-        found = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in SUFFIXES) if path.is_dir() else [path]
+        found = (
+            sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in SUFFIXES)
+            if path.is_dir()
+            else [path]
+        )
         if not found:
             raise DataError(f"{name}: {path} holds no data files ({', '.join(SUFFIXES)})")
         files += found
     for path in files:
         if path.suffix.lower() not in SUFFIXES:
-            raise DataError(f"{name}: {path}: unsupported file type {path.suffix or '(no suffix)'!r}; use one of {', '.join(SUFFIXES)}")
+            raise DataError(
+                f"{name}: {path}: unsupported file type {path.suffix or '(no suffix)'!r}; use one of {', '.join(SUFFIXES)}"
+            )
         empty = emptiness(path, SUFFIXES[path.suffix.lower()])
         if empty is not None:
             raise DataError(f"{name}: {path}: {empty}: give a file with records, or leave it out of {name}")
     kinds = sorted({SUFFIXES[p.suffix.lower()] for p in files})
     if len(kinds) > 1:
-        raise DataError(f"{name}: {source.path} holds files of several types ({', '.join(kinds)}); a stream reads one type: "
-                        "give each type as a source of its own")
+        raise DataError(
+            f"{name}: {source.path} holds files of several types ({', '.join(kinds)}); a stream reads one type: "
+            "give each type as a source of its own"
+        )
     return datasets.load_dataset(BUILDERS[kinds[0]], data_files=[str(p) for p in files], split="train", streaming=True)
 
 
@@ -112,8 +131,10 @@ def _saved_split(saved, source: DataSource, name: str, split: str):
     if not hasattr(saved, "keys"):
         return saved
     if split not in saved:
-        raise DataError(f"{name}: {source.path}: no split {split!r}; its splits are {', '.join(saved)}: set split: "
-                        f"{next(iter(saved), 'train')}")
+        raise DataError(
+            f"{name}: {source.path}: no split {split!r}; its splits are {', '.join(saved)}: set split: "
+            f"{next(iter(saved), 'train')}"
+        )
     return saved[split]
 
 
@@ -185,9 +206,18 @@ def _hub_kind(err: BaseException) -> str:
         return "missing"
     if "OfflineModeIsEnabled" in names or "HF_HUB_OFFLINE" in text:
         return "offline"
-    if names & {"ConnectionError", "ConnectError", "ConnectTimeout", "ReadTimeout", "TimeoutException", "LocalEntryNotFoundError"}:
+    if names & {
+        "ConnectionError",
+        "ConnectError",
+        "ConnectTimeout",
+        "ReadTimeout",
+        "TimeoutException",
+        "LocalEntryNotFoundError",
+    }:
         return "network"
-    if any(type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "requests", "urllib3") for e in _chain(err)):
+    if any(
+        type(e).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "requests", "urllib3") for e in _chain(err)
+    ):
         return "network"  # the transport's own errors: a connection reset, a server that closed before answering
     status = getattr(getattr(err, "response", None), "status_code", None)
     if status == 401:
@@ -215,7 +245,9 @@ def load_error(err: BaseException, source: DataSource, name: str, *, cache_only:
     builder = _builder_error(err, source, name)
     if builder is None and cache_only:
         return not_cached(source, name, cache_only)
-    return builder or DataError(f"{name}: {source.path}: datasets could not load it ({type(err).__name__}: {_first_line(str(err))}).")
+    return builder or DataError(
+        f"{name}: {source.path}: datasets could not load it ({type(err).__name__}: {_first_line(str(err))})."
+    )
 
 
 def _hub_error(err: BaseException, source: DataSource, name: str, cache_only: str | None = None) -> DataError | None:
@@ -225,24 +257,36 @@ def _hub_error(err: BaseException, source: DataSource, name: str, cache_only: st
     kind = _hub_kind(err)
     if kind == "gated":
         if _token_in_use():
-            fix = (f"the token in use (HF_TOKEN or `hf auth login`) has no access yet: request access at {page} with the "
-                   "account the token belongs to, and run again once it is granted")
+            fix = (
+                f"the token in use (HF_TOKEN or `hf auth login`) has no access yet: request access at {page} with the "
+                "account the token belongs to, and run again once it is granted"
+            )
         else:
-            fix = (f"accept its terms at {page} with your Hugging Face account, then set HF_TOKEN to a token of that "
-                   "account (or run `hf auth login`)")
+            fix = (
+                f"accept its terms at {page} with your Hugging Face account, then set HF_TOKEN to a token of that "
+                "account (or run `hf auth login`)"
+            )
         return DataError(f"{name}: {path} is gated: {fix}.")
     if kind == "revision":
-        return DataError(f"{name}: {path}: revision {source.revision!r} does not exist: give a branch, a tag or a full "
-                         f"commit sha from {page}/commits/main, or leave revision out for main.")
+        return DataError(
+            f"{name}: {path}: revision {source.revision!r} does not exist: give a branch, a tag or a full "
+            f"commit sha from {page}/commits/main, or leave revision out for main."
+        )
     if kind == "missing":
-        return DataError(f"{name}: {path!r} is not a dataset on {endpoint}: check the id (org/name, as in the dataset "
-                         f"page's address {endpoint}/datasets/org/name), or for a private dataset set HF_TOKEN to a "
-                         "token that can read it (or run `hf auth login`).")
+        return DataError(
+            f"{name}: {path!r} is not a dataset on {endpoint}: check the id (org/name, as in the dataset "
+            f"page's address {endpoint}/datasets/org/name), or for a private dataset set HF_TOKEN to a "
+            "token that can read it (or run `hf auth login`)."
+        )
     if kind == "token":
-        return DataError(f"{name}: {endpoint} rejected the token in use (HF_TOKEN or `hf auth login`) for {path}: it is "
-                         f"invalid or expired. Create a new one at {endpoint}/settings/tokens and set HF_TOKEN to it.")
+        return DataError(
+            f"{name}: {endpoint} rejected the token in use (HF_TOKEN or `hf auth login`) for {path}: it is "
+            f"invalid or expired. Create a new one at {endpoint}/settings/tokens and set HF_TOKEN to it."
+        )
     if kind in ("offline", "network"):
-        reason = cache_only or (f"{_offline_variable()} is set" if _offline_mode() else f"cannot reach the Hub at {endpoint}")
+        reason = cache_only or (
+            f"{_offline_variable()} is set" if _offline_mode() else f"cannot reach the Hub at {endpoint}"
+        )
         return not_cached(source, name, reason)
     return None
 
@@ -253,27 +297,37 @@ def not_cached(source: DataSource, name: str, reason: str) -> DataError:
     if "OFFLINE" in reason:
         variable = reason.split("=")[0]
         return DataError(f"{where}: unset {variable} to download it once.")
-    return DataError(f"{where}: connect to the network and run again; or load it once where there is network, copy that "
-                     "cache here and set HF_HUB_OFFLINE=1 (or HF_DATASETS_OFFLINE=1) to read it without asking the Hub; or "
-                     "give a local path (the dataset's files, or a folder of them).")
+    return DataError(
+        f"{where}: connect to the network and run again; or load it once where there is network, copy that "
+        "cache here and set HF_HUB_OFFLINE=1 (or HF_DATASETS_OFFLINE=1) to read it without asking the Hub; or "
+        "give a local path (the dataset's files, or a folder of them)."
+    )
 
 
 def _builder_error(err: BaseException, source: DataSource, name: str) -> DataError | None:
     """The line for a split, a subset or data files ``datasets`` did not find (None: none of these)."""
     path, text = source.path, str(err)
-    found = re.search(r"(?:Unknown split \"[^\"]*\"\. Should be one of|Bad split: .*?\. Available splits:) \[(.*?)\]", text)
+    found = re.search(
+        r"(?:Unknown split \"[^\"]*\"\. Should be one of|Bad split: .*?\. Available splits:) \[(.*?)\]", text
+    )
     if found:
         splits = _names(found.group(1))
-        return DataError(f"{name}: {path}: no split {source.split or DEFAULT_SPLIT!r}; its splits are {', '.join(splits)}: "
-                         f"set split: {splits[0] if splits else 'train'}")
+        return DataError(
+            f"{name}: {path}: no split {source.split or DEFAULT_SPLIT!r}; its splits are {', '.join(splits)}: "
+            f"set split: {splits[0] if splits else 'train'}"
+        )
     found = re.search(r"Config name is missing.*?available configs: \[(.*?)\]", text, re.S)
     if found:
         subsets = _names(found.group(1))
-        return DataError(f"{name}: {path}: the dataset has several subsets ({', '.join(subsets)}); choose one, e.g. subset: {subsets[0]}")
+        return DataError(
+            f"{name}: {path}: the dataset has several subsets ({', '.join(subsets)}); choose one, e.g. subset: {subsets[0]}"
+        )
     found = re.search(r"BuilderConfig '(.*?)' not found\. Available: \[(.*?)\]", text)
     if found:
         subsets = _names(found.group(2))
-        return DataError(f"{name}: {path}: no subset {found.group(1)!r}; its subsets are {', '.join(subsets)}: set subset: {subsets[0]}")
+        return DataError(
+            f"{name}: {path}: no subset {found.group(1)!r}; its subsets are {', '.join(subsets)}: set subset: {subsets[0]}"
+        )
     if type(err).__name__ in ("DataFilesNotFoundError", "EmptyDatasetError"):
         return DataError(f"{name}: {path}: no data files that datasets can read ({_first_line(text)}).")
     return None
@@ -291,8 +345,10 @@ def _import_datasets(name: str):
     try:
         import datasets
     except ImportError:
-        raise DataError(f"{name}: reading Hub datasets, Parquet and Arrow files and streams needs the datasets library: "
-                        "pip install datasets") from None
+        raise DataError(
+            f"{name}: reading Hub datasets, Parquet and Arrow files and streams needs the datasets library: "
+            "pip install datasets"
+        ) from None
     return datasets
 
 
@@ -302,14 +358,21 @@ def _offline_mode() -> bool:
     from huggingface_hub import constants
 
     datasets = sys.modules.get("datasets")  # imported by the load that failed, if it got that far
-    return bool(getattr(constants, "HF_HUB_OFFLINE", False) or (datasets is not None and datasets.config.HF_HUB_OFFLINE))
+    return bool(
+        getattr(constants, "HF_HUB_OFFLINE", False) or (datasets is not None and datasets.config.HF_HUB_OFFLINE)
+    )
 
 
 def _offline_variable() -> str:
     """The setting that makes datasets offline, as the user wrote it."""
     from huggingface_hub import constants
 
-    if not getattr(constants, "HF_HUB_OFFLINE", False) and os.environ.get("HF_DATASETS_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE"):
+    if not getattr(constants, "HF_HUB_OFFLINE", False) and os.environ.get("HF_DATASETS_OFFLINE", "").upper() in (
+        "1",
+        "ON",
+        "YES",
+        "TRUE",
+    ):
         return "HF_DATASETS_OFFLINE=1"
     return "HF_HUB_OFFLINE=1"
 

@@ -17,8 +17,9 @@ from typing import Any
 STOPPING_STRATEGIES = ("all_exhausted", "first_exhausted")
 
 
-def mix_order(lengths: Sequence[int], probabilities: Sequence[float], seed: int,
-              stopping_strategy: str = "all_exhausted") -> list[tuple[int, int]]:
+def mix_order(
+    lengths: Sequence[int], probabilities: Sequence[float], seed: int, stopping_strategy: str = "all_exhausted"
+) -> list[tuple[int, int]]:
     """(source, row) of every example of the mix of sources of ``lengths`` rows, in mix order.
 
     Only the indices go through ``datasets`` (one column each), so the mix of sources of any
@@ -26,21 +27,30 @@ def mix_order(lengths: Sequence[int], probabilities: Sequence[float], seed: int,
     """
     from datasets import Dataset, interleave_datasets
 
-    parts = [Dataset.from_dict({"source": [index] * length, "row": list(range(length))})
-             for index, length in enumerate(lengths)]
-    mixed = interleave_datasets(parts, probabilities=list(probabilities), seed=seed, stopping_strategy=stopping_strategy)
+    parts = [
+        Dataset.from_dict({"source": [index] * length, "row": list(range(length))})
+        for index, length in enumerate(lengths)
+    ]
+    mixed = interleave_datasets(
+        parts, probabilities=list(probabilities), seed=seed, stopping_strategy=stopping_strategy
+    )
     return list(zip(mixed["source"], mixed["row"]))
 
 
-def mix_records(per_source: Sequence[Sequence[Any]], probabilities: Sequence[float], seed: int,
-                stopping_strategy: str = "all_exhausted") -> list[Any]:
+def mix_records(
+    per_source: Sequence[Sequence[Any]],
+    probabilities: Sequence[float],
+    seed: int,
+    stopping_strategy: str = "all_exhausted",
+) -> list[Any]:
     """The records of a mix of sources (``per_source``: each source's records), in mix order."""
     order = mix_order([len(records) for records in per_source], probabilities, seed, stopping_strategy)
     return [per_source[source][row] for source, row in order]
 
 
-def mix_streams(streams: Sequence[Any], probabilities: Sequence[float] | None, seed: int,
-                stopping_strategy: str = "all_exhausted"):
+def mix_streams(
+    streams: Sequence[Any], probabilities: Sequence[float] | None, seed: int, stopping_strategy: str = "all_exhausted"
+):
     """One IterableDataset drawing from ``streams`` (IterableDatasets of one shared schema) with
     ``probabilities`` (None: the streams concatenated, one after the other)."""
     from datasets import concatenate_datasets, interleave_datasets
@@ -49,4 +59,6 @@ def mix_streams(streams: Sequence[Any], probabilities: Sequence[float] | None, s
         return streams[0]
     if probabilities is None:
         return concatenate_datasets(list(streams))
-    return interleave_datasets(list(streams), probabilities=list(probabilities), seed=seed, stopping_strategy=stopping_strategy)
+    return interleave_datasets(
+        list(streams), probabilities=list(probabilities), seed=seed, stopping_strategy=stopping_strategy
+    )

@@ -102,19 +102,25 @@ class BatchIterator:
         come in the same order, cut into batches of the new size; the caller keeps the examples per
         optimizer step the same (micro-batch x accumulation).
         """
-        settings = [("seed", self.seed), ("shuffle", self.shuffle), ("drop_last", self.drop_last),
-                    ("num_examples", len(self.examples))]
+        settings = [
+            ("seed", self.seed),
+            ("shuffle", self.shuffle),
+            ("drop_last", self.drop_last),
+            ("num_examples", len(self.examples)),
+        ]
         if not rebatch:
             settings.append(("batch_size", self.batch_size))
         mismatches = [f"{key}: saved {state.get(key)!r}, now {now!r}" for key, now in settings if state.get(key) != now]
         if mismatches:
             raise ValueError(
-                "cannot resume the batch order: " + "; ".join(mismatches)
+                "cannot resume the batch order: "
+                + "; ".join(mismatches)
                 + ". Resume with the same data and batch settings"
             )
         epoch, position = state["epoch"], state["position"]
-        if not (isinstance(epoch, int) and epoch >= 0 and isinstance(position, int)
-                and 0 <= position <= len(self.examples)):
+        if not (
+            isinstance(epoch, int) and epoch >= 0 and isinstance(position, int) and 0 <= position <= len(self.examples)
+        ):
             raise ValueError(f"invalid batch iterator state: epoch={epoch!r}, position={position!r}")
         self.epoch, self.position = epoch, position
         self._order = self._epoch_order(epoch)

@@ -48,7 +48,9 @@ def normalize_pair(raw: RawRecord, problems: Problems) -> dict[str, Any] | None:
         if answer is None:
             problems.add(raw.where, "missing (required)", name)
         elif chat and not isinstance(answer, list):
-            problems.add(raw.where, f"expected a list of messages like the other answer, got {json_type_name(answer)}", name)
+            problems.add(
+                raw.where, f"expected a list of messages like the other answer, got {json_type_name(answer)}", name
+            )
         elif not chat and not isinstance(answer, str):
             problems.add(raw.where, f"expected a string or a list of messages, got {json_type_name(answer)}", name)
         elif isinstance(answer, str) and not answer.strip():
@@ -66,14 +68,22 @@ def normalize_pair(raw: RawRecord, problems: Problems) -> dict[str, Any] | None:
 
 def _text_pair(raw: RawRecord, problems: Problems, prompt: Any, chosen: str, rejected: str) -> dict[str, Any] | None:
     if isinstance(prompt, list):
-        problems.add(raw.where, "a list of messages, but chosen and rejected are text; give all three as text or as messages", "prompt")
+        problems.add(
+            raw.where,
+            "a list of messages, but chosen and rejected are text; give all three as text or as messages",
+            "prompt",
+        )
         return None
     if prompt is None:
         prompt, chosen, rejected = _shared_text_prefix(chosen, rejected)
         if not prompt:
             # TRL's extract_prompt would train this pair on an empty prompt: nothing says what it answers.
-            problems.add(raw.where, "missing, and chosen and rejected start with no text in common to take as the prompt "
-                         "(the implicit prompt); give the prompt, or start both answers with it", "prompt")
+            problems.add(
+                raw.where,
+                "missing, and chosen and rejected start with no text in common to take as the prompt "
+                "(the implicit prompt); give the prompt, or start both answers with it",
+                "prompt",
+            )
             return None
     if chosen == rejected:
         problems.add(raw.where, "chosen and rejected are the same answer: the pair prefers nothing", "rejected")
@@ -111,19 +121,32 @@ def _chat_pair(raw: RawRecord, problems: Problems, prompt: Any, chosen: list, re
     if problems.count > before:
         return None
     shared = 0
-    while (shared < min(len(chosen_turns), len(rejected_turns)) and chosen_turns[shared] == rejected_turns[shared]
-           and chosen_turns[shared]["role"] != "assistant"):
+    while (
+        shared < min(len(chosen_turns), len(rejected_turns))
+        and chosen_turns[shared] == rejected_turns[shared]
+        and chosen_turns[shared]["role"] != "assistant"
+    ):
         shared += 1
     if shared:
         # Whole conversations: their shared first turns are the prompt (a given prompt must agree).
         implicit = chosen_turns[:shared]
-        if prompt_turns is not None and prompt_turns != implicit and prompt_turns != [t for t in implicit if t["role"] == "user"][:1]:
-            problems.add(raw.where, "differs from the turns chosen and rejected start with; give one of the two", "prompt")
+        if (
+            prompt_turns is not None
+            and prompt_turns != implicit
+            and prompt_turns != [t for t in implicit if t["role"] == "user"][:1]
+        ):
+            problems.add(
+                raw.where, "differs from the turns chosen and rejected start with; give one of the two", "prompt"
+            )
             return None
         prompt_turns, chosen_turns, rejected_turns = implicit, chosen_turns[shared:], rejected_turns[shared:]
     elif prompt_turns is None and chosen_turns[0]["role"] != "assistant":
-        problems.add(raw.where, "missing, and the conversations chosen and rejected start with no turn in common to take as "
-                     "the prompt (the implicit prompt); give the prompt, or start both with its turns", "prompt")
+        problems.add(
+            raw.where,
+            "missing, and the conversations chosen and rejected start with no turn in common to take as "
+            "the prompt (the implicit prompt); give the prompt, or start both with its turns",
+            "prompt",
+        )
         return None
     for name, turns in (("chosen", chosen_turns), ("rejected", rejected_turns)):
         if not turns or turns[0]["role"] != "assistant":
@@ -134,7 +157,9 @@ def _chat_pair(raw: RawRecord, problems: Problems, prompt: Any, chosen: list, re
         problems.add(raw.where, "chosen and rejected are the same answer: the pair prefers nothing", "rejected")
         return None
     if prompt_turns is None:
-        problems.add(raw.where, "missing: give the prompt's turns, or whole conversations that start with them", "prompt")
+        problems.add(
+            raw.where, "missing: give the prompt's turns, or whole conversations that start with them", "prompt"
+        )
         return None
     return {"prompt": prompt_turns, "chosen": chosen_turns, "rejected": rejected_turns, "chat": True}
 
@@ -190,11 +215,17 @@ class PairStats(JsonForm):
 
     def to_dict(self) -> dict[str, Any]:
         """What ``run.json`` keeps (``pairs``): the counts."""
-        return {"pairs": self.pairs, "prompts_cut": self.prompts_cut, "answers_cut": self.answers_cut,
-                "dropped": len(self.dropped)}
+        return {
+            "pairs": self.pairs,
+            "prompts_cut": self.prompts_cut,
+            "answers_cut": self.answers_cut,
+            "dropped": len(self.dropped),
+        }
 
 
-def tokenize_pairs(records: Sequence[dict[str, Any]], tokenizer: Any, seq_len: int) -> tuple[list[dict[str, Any]], PairStats]:
+def tokenize_pairs(
+    records: Sequence[dict[str, Any]], tokenizer: Any, seq_len: int
+) -> tuple[list[dict[str, Any]], PairStats]:
     """Pair examples (``{"chosen": {"input_ids", "labels"}, "rejected": {...}}``, labels -100 on the
     prompt) from normalized pair records, and what was cut.
 
@@ -232,7 +263,9 @@ def tokenize_pairs(records: Sequence[dict[str, Any]], tokenizer: Any, seq_len: i
     problems.raise_if_any("the records")
     stats.pairs = len(examples)
     if not examples:
-        raise DataError(f"no preference pair has an answer token within seq_len={seq_len} ({len(records)} records); raise seq_len")
+        raise DataError(
+            f"no preference pair has an answer token within seq_len={seq_len} ({len(records)} records); raise seq_len"
+        )
     return examples, stats
 
 
@@ -263,7 +296,9 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def fit_pair(prompt: list[int], chosen: list[int], rejected: list[int], seq_len: int) -> tuple[list[int], list[int], list[int], tuple[int, int]]:
+def fit_pair(
+    prompt: list[int], chosen: list[int], rejected: list[int], seq_len: int
+) -> tuple[list[int], list[int], list[int], tuple[int, int]]:
     """(prompt, chosen, rejected, (prompt cut, answer cut)) with the prompt plus either answer at most
     ``seq_len`` tokens: the prompt keeps its last tokens, up to half of ``seq_len`` when the longer
     answer needs the rest; the answers keep their first tokens."""
@@ -273,7 +308,7 @@ def fit_pair(prompt: list[int], chosen: list[int], rejected: list[int], seq_len:
     keep = min(len(prompt), max(seq_len - longest, seq_len // 2))
     budget = seq_len - keep
     prompt_cut = int(keep < len(prompt))
-    new_prompt = prompt[len(prompt) - keep:] if keep else []
+    new_prompt = prompt[len(prompt) - keep :] if keep else []
     return new_prompt, chosen[:budget], rejected[:budget], (prompt_cut, int(longest > budget))
 
 

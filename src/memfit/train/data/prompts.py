@@ -31,12 +31,20 @@ class PromptStats(JsonForm):
         return {"prompts": self.prompts, "longest": self.longest, "truncated": self.truncated, "budget": self.budget}
 
     def summary(self) -> str:
-        cut = (f"; {self.truncated} longer than the prompt budget of {self.budget} tokens (seq_len - max_completion_length) "
-               "keep their last tokens") if self.truncated else ""
+        cut = (
+            (
+                f"; {self.truncated} longer than the prompt budget of {self.budget} tokens (seq_len - max_completion_length) "
+                "keep their last tokens"
+            )
+            if self.truncated
+            else ""
+        )
         return f"{self.prompts} prompts, the longest {self.longest} tokens{cut}"
 
 
-def tokenize_prompts(records: Sequence[dict[str, Any]], tokenizer: Any, budget: int) -> tuple[list[dict[str, Any]], PromptStats]:
+def tokenize_prompts(
+    records: Sequence[dict[str, Any]], tokenizer: Any, budget: int
+) -> tuple[list[dict[str, Any]], PromptStats]:
     """The prompt examples of ``records`` (normalized prompt records): ``input_ids`` (at most ``budget``
     tokens), the ``prompt`` as written (the reward functions see it) and its ``columns``."""
     from memfit.train.generation import prompt_token_ids
@@ -49,7 +57,9 @@ def tokenize_prompts(records: Sequence[dict[str, Any]], tokenizer: Any, budget: 
         longest = max(longest, len(ids))
         if len(ids) > budget:
             ids, truncated = ids[-budget:], truncated + 1
-        examples.append({"input_ids": ids, "prompt": prompt, "columns": dict(rollout["columns"]), "source": record.get("source")})
+        examples.append(
+            {"input_ids": ids, "prompt": prompt, "columns": dict(rollout["columns"]), "source": record.get("source")}
+        )
     return examples, PromptStats(prompts=len(examples), longest=longest, truncated=truncated, budget=budget)
 
 

@@ -22,7 +22,14 @@ from typing import Any
 
 from memfit.train.data.errors import Problems
 
-SUFFIXES = {".json": "json", ".jsonl": "jsonl", ".ndjson": "jsonl", ".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
+SUFFIXES = {
+    ".json": "json",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+    ".csv": "csv",
+}
 
 
 @dataclass(frozen=True)
@@ -54,8 +61,7 @@ def expand_paths(paths: str | Path | list[str | Path] | tuple[str | Path, ...], 
         elif path.suffix.lower() not in SUFFIXES:
             problems.add(
                 str(path),
-                f"unsupported file type {path.suffix or '(no suffix)'!r}; "
-                f"use one of {', '.join(SUFFIXES)}",
+                f"unsupported file type {path.suffix or '(no suffix)'!r}; use one of {', '.join(SUFFIXES)}",
             )
         else:
             files.append(path)
@@ -191,7 +197,10 @@ def _read_columnar(path: Path, problems: Problems, kind: str) -> list[RawRecord]
         return []
     except Exception as exc:  # noqa: BLE001 - pyarrow and datasets raise several types for damaged files
         cause = exc.__cause__ or exc
-        problems.add(str(path), f"cannot read {title} file: {str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__}")
+        problems.add(
+            str(path),
+            f"cannot read {title} file: {str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__}",
+        )
         return []
     return [RawRecord(f"{path}, row {i}", row, kind) for i, row in enumerate(rows, start=1)]
 

@@ -40,12 +40,22 @@ class Loaded:
 
 def hub_record(sources: Sequence[DataSource], commits: Sequence[str | None]) -> list[dict[str, Any]]:
     """What a run records of its Hub sources to be reproduced: path, subset, split, revision, commit."""
-    return [{"path": s.path, "subset": s.subset, "split": s.split, "revision": s.revision, "commit": c}
-            for s, c in zip(sources, commits) if s.is_hub]
+    return [
+        {"path": s.path, "subset": s.subset, "split": s.split, "revision": s.revision, "commit": c}
+        for s, c in zip(sources, commits)
+        if s.is_hub
+    ]
 
 
-def load_sources(sources: Sequence[DataSource], field: str = "data", *, format: str = "auto", seed: int = 0,
-                 stopping_strategy: str = "all_exhausted", commits: Sequence[str | None] | None = None) -> Loaded:
+def load_sources(
+    sources: Sequence[DataSource],
+    field: str = "data",
+    *,
+    format: str = "auto",
+    seed: int = 0,
+    stopping_strategy: str = "all_exhausted",
+    commits: Sequence[str | None] | None = None,
+) -> Loaded:
     """Read every source in memory; with weights, mix them (:mod:`~memfit.train.data.mixing`).
 
     ``commits``: read each Hub source at this commit (a resumed run's), instead of asking the Hub.
@@ -71,7 +81,9 @@ def load_sources(sources: Sequence[DataSource], field: str = "data", *, format: 
     return Loaded(records, formats, used, notes)
 
 
-def read_source(source: DataSource, name: str, *, format: str = "auto", revision=None) -> tuple[list[dict[str, Any]], str]:
+def read_source(
+    source: DataSource, name: str, *, format: str = "auto", revision=None
+) -> tuple[list[dict[str, Any]], str]:
     """One source's records, normalized, and its format. ``revision``: a Hub source's
     (:class:`~memfit.train.data.hf_datasets.HubRevision`). Raises DataError listing its problems."""
     if not (source.is_hub or source.is_saved_dataset):
@@ -80,7 +92,10 @@ def read_source(source: DataSource, name: str, *, format: str = "auto", revision
 
     dataset = open_dataset(source, name, streaming=False, revision=revision)
     label = source.label()
-    raw = [map_columns(RawRecord(f"{label}, row {i}", row, "hub"), source.columns) for i, row in enumerate(dataset, start=1)]
+    raw = [
+        map_columns(RawRecord(f"{label}, row {i}", row, "hub"), source.columns)
+        for i, row in enumerate(dataset, start=1)
+    ]
     problems = Problems()
     if not raw:
         raise _no_records(source, name)
@@ -104,14 +119,20 @@ def _read_local(source: DataSource, name: str, format: str) -> tuple[list[dict[s
     kinds = {split: fmt for split, (_, fmt) in parts.items()}
     if len(set(kinds.values())) > 1:
         held = ", ".join(f"{split} holds {fmt}" for split, fmt in kinds.items())
-        raise DataError(f"{name}: split: {spec!r}: the splits hold records of different formats ({held}); read one split")
+        raise DataError(
+            f"{name}: split: {spec!r}: the splits hold records of different formats ({held}); read one split"
+        )
     from datasets import ReadInstruction
 
     try:
-        cuts = ReadInstruction.from_spec(spec).to_absolute({split: len(records) for split, (records, _) in parts.items()})
+        cuts = ReadInstruction.from_spec(spec).to_absolute(
+            {split: len(records) for split, (records, _) in parts.items()}
+        )
     except (ValueError, AssertionError) as err:
-        raise DataError(f"{name}: split: {spec!r}: {err} (e.g. split: train[:1000], train[:5%] or train+test)") from None
-    records = [record for cut in cuts for record in parts[cut.splitname][0][cut.from_:cut.to]]
+        raise DataError(
+            f"{name}: split: {spec!r}: {err} (e.g. split: train[:1000], train[:5%] or train+test)"
+        ) from None
+    records = [record for cut in cuts for record in parts[cut.splitname][0][cut.from_ : cut.to]]
     if not records:
         raise DataError(f"{name}: split: {spec!r} selects no record of {source.path}: widen the slice")
     return records, next(iter(kinds.values()))
@@ -163,12 +184,28 @@ class Stream:
         from memfit.train.data.stream import StreamBatches
 
         settings = {**self.settings, "packing": packer is not None}
-        return StreamBatches(self.dataset, self.to_example, batch_size, seed=seed, shuffle_buffer_size=shuffle_buffer_size,
-                             packer=packer, settings=settings, examples=self.examples)
+        return StreamBatches(
+            self.dataset,
+            self.to_example,
+            batch_size,
+            seed=seed,
+            shuffle_buffer_size=shuffle_buffer_size,
+            packer=packer,
+            settings=settings,
+            examples=self.examples,
+        )
 
 
-def open_stream(sources: Sequence[DataSource], field: str = "data", *, tokenize, format: str = "auto", seed: int = 0,
-                stopping_strategy: str = "all_exhausted", commits: Sequence[str | None] | None = None) -> Stream:
+def open_stream(
+    sources: Sequence[DataSource],
+    field: str = "data",
+    *,
+    tokenize,
+    format: str = "auto",
+    seed: int = 0,
+    stopping_strategy: str = "all_exhausted",
+    commits: Sequence[str | None] | None = None,
+) -> Stream:
     """Open every source as a stream and mix them into one; check the first :data:`CHECK_ROWS`
     rows of each (format, columns, fields, tokenization) before anything else runs.
 
@@ -193,18 +230,26 @@ def open_stream(sources: Sequence[DataSource], field: str = "data", *, tokenize,
         examples += checked
         labels.append(source.label())
     mixed = mix_streams(encoded, normalized_weights(list(sources)), seed, stopping_strategy)
-    settings = {"sources": [s.model_dump(mode="json") for s in sources], "formats": formats, "stopping_strategy": stopping_strategy}
+    settings = {
+        "sources": [s.model_dump(mode="json") for s in sources],
+        "formats": formats,
+        "stopping_strategy": stopping_strategy,
+    }
     return Stream(mixed, formats, used, examples, settings, tokenize, labels, notes)
 
 
-def _check_first_rows(dataset, source: DataSource, name: str, *, format: str, tokenize) -> tuple[str, list[dict[str, Any]]]:
+def _check_first_rows(
+    dataset, source: DataSource, name: str, *, format: str, tokenize
+) -> tuple[str, list[dict[str, Any]]]:
     """(the source's format, the examples of its first rows), or DataError for their problems."""
     from memfit.train.data.chat import ChatTemplateError
 
     label = source.label()
     try:
-        raw = [map_columns(RawRecord(f"{label}, row {i}", row, "hub"), source.columns)
-               for i, row in enumerate(_first(dataset, CHECK_ROWS), start=1)]
+        raw = [
+            map_columns(RawRecord(f"{label}, row {i}", row, "hub"), source.columns)
+            for i, row in enumerate(_first(dataset, CHECK_ROWS), start=1)
+        ]
     except Exception as err:  # noqa: BLE001 - pyarrow and datasets raise many types for a file they cannot read
         text = str(err).strip().splitlines()[0] if str(err).strip() else "no message"
         raise DataError(f"{name}: {label}: cannot read its first rows ({type(err).__name__}: {text})") from None
@@ -229,7 +274,9 @@ def _check_first_rows(dataset, source: DataSource, name: str, *, format: str, to
 
 def _no_records(source: DataSource, name: str) -> DataError:
     split = f" in split {split_spec(source)!r}" if source.is_hub or source.split else ""
-    return DataError(f"{name}: {source.label()}: no records{split}: give a source that holds records, or leave it out of {name}")
+    return DataError(
+        f"{name}: {source.label()}: no records{split}: give a source that holds records, or leave it out of {name}"
+    )
 
 
 def _first(dataset, count: int) -> Iterable[dict[str, Any]]:

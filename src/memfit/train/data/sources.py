@@ -32,7 +32,19 @@ from memfit.train.data.formats import FORMATS
 #: Suffixes of data files: a name ending like this is a file, never a Hub dataset id.
 DATA_SUFFIXES = (".json", ".jsonl", ".ndjson", ".csv", ".parquet", ".arrow", ".txt", ".tsv", ".gz", ".zst")
 #: The record fields memfit reads, by format; ``columns`` maps dataset columns onto these.
-FIELDS = ("messages", "conversations", "instruction", "input", "output", "system", "text", "prompt", "completion", "chosen", "rejected")
+FIELDS = (
+    "messages",
+    "conversations",
+    "instruction",
+    "input",
+    "output",
+    "system",
+    "text",
+    "prompt",
+    "completion",
+    "chosen",
+    "rejected",
+)
 #: Files ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk`` write: a folder holding one is read
 #: with ``datasets.load_from_disk``.
 SAVED_DATASET_FILES = ("state.json", "dataset_dict.json")
@@ -44,11 +56,19 @@ class DataSource(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     path: str = Field(description="a local file or folder, or a Hugging Face Hub dataset id (org/name)")
-    subset: str | None = Field(None, description="the dataset's subset (its config name, as in load_dataset(path, name))")
-    split: str | None = Field(None, description="the split to read (default train); slices such as train[:1000] without streaming")
+    subset: str | None = Field(
+        None, description="the dataset's subset (its config name, as in load_dataset(path, name))"
+    )
+    split: str | None = Field(
+        None, description="the split to read (default train); slices such as train[:1000] without streaming"
+    )
     revision: str | None = Field(None, description="branch, tag or commit of a Hub dataset (default main)")
-    columns: dict[str, str] = Field(default_factory=dict, description="memfit field <- dataset column, e.g. {messages: conversation}")
-    weight: float | None = Field(None, description="share of this source in a mix of sources (any positive numbers; normalized)")
+    columns: dict[str, str] = Field(
+        default_factory=dict, description="memfit field <- dataset column, e.g. {messages: conversation}"
+    )
+    weight: float | None = Field(
+        None, description="share of this source in a mix of sources (any positive numbers; normalized)"
+    )
     format: str | None = Field(None, description="record format of this source (default: data_format)")
 
     @model_validator(mode="before")
@@ -59,7 +79,9 @@ class DataSource(BaseModel):
             for key in value:
                 if key not in known:
                     close = difflib.get_close_matches(str(key), sorted(known), n=1, cutoff=0.6)
-                    hint = f"; did you mean {close[0]!r}?" if close else f"; a source takes {', '.join(cls.model_fields)}"
+                    hint = (
+                        f"; did you mean {close[0]!r}?" if close else f"; a source takes {', '.join(cls.model_fields)}"
+                    )
                     raise ValueError(f"unknown setting {key!r}{hint}")
         return value
 
@@ -84,7 +106,11 @@ class DataSource(BaseModel):
 
     def label(self) -> str:
         """How messages name this source: the path, with the subset and split of a Hub dataset."""
-        details = [f"{key} {value}" for key, value in (("subset", self.subset), ("split", self.split), ("revision", self.revision)) if value]
+        details = [
+            f"{key} {value}"
+            for key, value in (("subset", self.subset), ("split", self.split), ("revision", self.revision))
+            if value
+        ]
         return f"{self.path} ({', '.join(details)})" if details else self.path
 
 
@@ -126,13 +152,19 @@ def source_problems(field: str, value: Any, *, mixing: bool) -> list[str]:
     weighted = [s.weight is not None for s in sources]
     if any(weighted):
         if not mixing:
-            problems.append(f"{field}: weight mixes training sources; evaluation reads every example of each source. Remove weight.")
+            problems.append(
+                f"{field}: weight mixes training sources; evaluation reads every example of each source. Remove weight."
+            )
         elif len(sources) < 2:
-            problems.append(f"{field}: weight only means something in a list of two or more sources. Remove it, or add a source.")
+            problems.append(
+                f"{field}: weight only means something in a list of two or more sources. Remove it, or add a source."
+            )
         elif not all(weighted):
             missing = [field_name(field, i, len(sources)) for i, w in enumerate(weighted) if not w]
-            problems.append(f"{', '.join(missing)}: no weight, while other sources have one: give every source a weight "
-                            "(e.g. 0.7 and 0.3) or none (every example of each, concatenated).")
+            problems.append(
+                f"{', '.join(missing)}: no weight, while other sources have one: give every source a weight "
+                "(e.g. 0.7 and 0.3) or none (every example of each, concatenated)."
+            )
     return problems
 
 
@@ -140,27 +172,40 @@ def _one_source_problems(name: str, source: DataSource) -> list[str]:
     problems = []
     local = Path(source.path).expanduser()
     if not source.is_hub and not local.exists():
-        problems.append(f"{name}: {source.path!r} does not exist: give a local file or folder, or a Hub dataset id (org/name)")
+        problems.append(
+            f"{name}: {source.path!r} does not exist: give a local file or folder, or a Hub dataset id (org/name)"
+        )
     elif not source.is_hub:
         # A local folder has splits (and subsets) as datasets finds them (memfit.train.data.folders), a
         # folder written by save_to_disk splits only; a file is one split of its own, and only a Hub
         # dataset has revisions.
-        kind, takes = (("a folder written by save_to_disk", ("split",)) if source.is_saved_dataset else
-                       ("a folder", ("subset", "split")) if local.is_dir() else ("a file", ()))
+        kind, takes = (
+            ("a folder written by save_to_disk", ("split",))
+            if source.is_saved_dataset
+            else ("a folder", ("subset", "split"))
+            if local.is_dir()
+            else ("a file", ())
+        )
         for option in ("subset", "split", "revision"):
             if getattr(source, option) is not None and option not in takes:
-                where = "a Hub dataset (org/name)" if option == "revision" else "a Hub dataset (org/name) or a local folder"
+                where = (
+                    "a Hub dataset (org/name)" if option == "revision" else "a Hub dataset (org/name) or a local folder"
+                )
                 problems.append(f"{name}.{option}: applies to {where}; {source.path!r} is {kind}. Remove {option}.")
     for target, column in source.columns.items():
         if target not in FIELDS:
             close = difflib.get_close_matches(target, FIELDS, n=1, cutoff=0.6)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            problems.append(f"{name}.columns: {target!r} is not a field memfit reads ({', '.join(FIELDS)}); write "
-                            f"{{field: dataset column}}, e.g. {{messages: {column}}}.{hint}")
+            problems.append(
+                f"{name}.columns: {target!r} is not a field memfit reads ({', '.join(FIELDS)}); write "
+                f"{{field: dataset column}}, e.g. {{messages: {column}}}.{hint}"
+            )
         elif not isinstance(column, str) or not column:
             problems.append(f"{name}.columns.{target}: {column!r} must be the name of a column of the dataset")
     if source.weight is not None and not (source.weight > 0 and math.isfinite(source.weight)):
-        problems.append(f"{name}.weight: {source.weight!r} must be a positive number (weights are normalized: 0.7 and 0.3, or 7 and 3)")
+        problems.append(
+            f"{name}.weight: {source.weight!r} must be a positive number (weights are normalized: 0.7 and 0.3, or 7 and 3)"
+        )
     if source.format is not None:
         if source.format not in FORMATS:
             problems.append(f"{name}.format: {source.format!r} is not one of {', '.join(FORMATS)}")

@@ -75,9 +75,18 @@ class StreamBatches:
             example of its own in a batch).
     """
 
-    def __init__(self, dataset, to_example: Callable[[str], tuple[dict | None, str | None]], batch_size: int, *, seed: int = 0,
-                 shuffle_buffer_size: int = 1000, packer=None, settings: dict[str, Any] | None = None,
-                 examples: Sequence[Any] = ()) -> None:
+    def __init__(
+        self,
+        dataset,
+        to_example: Callable[[str], tuple[dict | None, str | None]],
+        batch_size: int,
+        *,
+        seed: int = 0,
+        shuffle_buffer_size: int = 1000,
+        packer=None,
+        settings: dict[str, Any] | None = None,
+        examples: Sequence[Any] = (),
+    ) -> None:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
         self.dataset = dataset
@@ -166,8 +175,10 @@ class StreamBatches:
         if self.rows_read == 0:
             raise DataError("the training data stream has no rows: check the sources' split and data files")
         if self.made == 0:
-            raise DataError(f"no row of the training data stream ({self.rows_read} rows) makes an example with a trained "
-                            "token: raise seq_len, or check the rows (the warnings say why rows were skipped)")
+            raise DataError(
+                f"no row of the training data stream ({self.rows_read} rows) makes an example with a trained "
+                "token: raise seq_len, or check the rows (the warnings say why rows were skipped)"
+            )
         self.epoch, self.rows_read, self.made, self.ended, self._rows = self.epoch + 1, 0, 0, False, None
 
     def _skipped(self, message: str) -> None:
@@ -204,14 +215,20 @@ class StreamBatches:
         from the run that saved it. ``rebatch``: the batch size may differ (the examples come in the
         same order, cut into batches of the new size)."""
         if not state.get("stream"):
-            raise ValueError("the checkpoint's data position is of data read in memory, not of a stream: "
-                             "resume with the same streaming setting")
+            raise ValueError(
+                "the checkpoint's data position is of data read in memory, not of a stream: "
+                "resume with the same streaming setting"
+            )
         now = {"seed": self.seed, "shuffle_buffer_size": self.shuffle_buffer_size, "settings": _plain(self.settings)}
         if not rebatch:
             now["batch_size"] = self.batch_size
-        mismatches = [f"{key}: saved {state.get(key)!r}, now {value!r}" for key, value in now.items() if state.get(key) != value]
+        mismatches = [
+            f"{key}: saved {state.get(key)!r}, now {value!r}" for key, value in now.items() if state.get(key) != value
+        ]
         if mismatches:
-            raise ValueError("cannot resume the stream: " + "; ".join(mismatches) + ". Resume with the same data and batch settings")
+            raise ValueError(
+                "cannot resume the stream: " + "; ".join(mismatches) + ". Resume with the same data and batch settings"
+            )
         self.epoch, self.rows_read, self.made = int(state["epoch"]), int(state["rows_read"]), int(state["made"])
         self.ended, self.skipped = bool(state["ended"]), int(state["skipped"])
         self.buffer = list(state["buffer"])

@@ -109,7 +109,9 @@ def tokenize_record(
     elif "text" in record:
         input_ids, labels = _tokenize_text(record["text"], tokenizer, eos_id)
     elif "prompt" in record:
-        input_ids, labels = _tokenize_prompt_completion(record["prompt"], record["completion"], tokenizer, eos_id, train_on_inputs)
+        input_ids, labels = _tokenize_prompt_completion(
+            record["prompt"], record["completion"], tokenizer, eos_id, train_on_inputs
+        )
     else:
         raise ValueError("neither 'messages', 'text' nor 'prompt'; pass records from load_records()")
     input_ids, labels = truncate(input_ids, labels, seq_len)
@@ -184,9 +186,7 @@ def mask_outside_spans(
     return labels
 
 
-def pack_examples(
-    examples: Sequence[dict[str, list[int]]], seq_len: int, eos_id: int
-) -> list[dict[str, list[int]]]:
+def pack_examples(examples: Sequence[dict[str, list[int]]], seq_len: int, eos_id: int) -> list[dict[str, list[int]]]:
     """Concatenate examples into rows of exactly ``seq_len`` tokens (the last row may be shorter).
 
     - An EOS separator follows every example that does not already end with EOS; it is never
