@@ -26,7 +26,6 @@ from memfit.models.quantize import int8_linears_on_meta, quantize_linears_on_met
 from memfit.spec import ALL_LINEAR, RunSpec, spell, spell_setting
 from memfit.step.attention import batch_layout, use_document_attention
 from memfit.step.batch import DOCUMENTS
-from memfit.step.expert_adapters import register as register_expert_adapters
 from memfit.step.host_embeddings import keep_input_embeddings_on_host
 from memfit.step.lora_inputs import keep_lora_inputs_low_precision
 from memfit.step.lora_targets import (
@@ -191,6 +190,10 @@ def attach_lora(model: nn.Module, spec: RunSpec) -> nn.Module:
         ensure_weight_tying=ties_saved_modules(model, spec.modules_to_save),
     )
     if nf4_expert_modules(model):
+        # Imported here: it subclasses PEFT's wrapper, whose import a plan without 4-bit weights
+        # makes without bitsandbytes (memfit.planner.exact.simulate.bitsandbytes_only_if_used).
+        from memfit.step.expert_adapters import register as register_expert_adapters
+
         register_expert_adapters(config)
     with warnings.catch_warnings():
         # PEFT checks rank and alpha patterns against the modules it adapts, not the weights: the
