@@ -35,13 +35,16 @@ from memfit.planner.shortcuts.memo import MEMO
 #: Maps single-GPU categories at a moment of a phase to one rank's categories.
 Reshape = Callable[[dict[str, int], str], dict[str, int]]
 #: A moment of the full depth: the samples' readings it adds up, (sample, event, coefficient).
-Moment = tuple[tuple[int, int, Fraction], ...]
+Moment = tuple[tuple[int, int, int | Fraction], ...]
 
 
 def highest_moment(depths: DepthPlan, results: list, reshape: Reshape | None = None):
     """The phase and categories of the full depth's highest moment, and each phase's highest (live
     bytes, or one rank's bytes with ``reshape``); None when the samples share no phase."""
     coefficients = [1 - sum(depths.weights, Fraction(0)), *depths.weights]
+    if all(c.denominator == 1 for c in coefficients):
+        # Whole weights (the usual depth plan): plain integers, much cheaper to add up than fractions.
+        coefficients = [int(c) for c in coefficients]
     best: tuple[int, str, dict[str, int]] | None = None
     phases: dict[str, int] = {}
     for segments in zip(*(r.segments() for r in results)):
@@ -78,14 +81,14 @@ def _inserted(depths: DepthPlan, results: list, segments, coefficients: list[Fra
     insertion = tuple((s, before[s], c) for s, c in enumerate(coefficients))
     added: tuple = ()  # what the blocks so far add
     for k, (extra, copies) in enumerate(zip(blocks, depths.weights), start=1):
-        one = ((k, before[k] + extra, Fraction(1)), (k, before[k], Fraction(-1)))  # what one copy adds
+        one = ((k, before[k] + extra, 1), (k, before[k], -1))  # what one copy adds
         for copy in sorted({1, int(copies)}):
             repeats = tuple((s, e, c * (copy - 1)) for s, e, c in one)
             for offset in range(extra):
                 # (The reading of the event that makes the moment last: it says whether it is an allocation.)
-                course = ((k, before[k], Fraction(-1)), (k, before[k] + 1 + offset, Fraction(1)))
+                course = ((k, before[k], -1), (k, before[k] + 1 + offset, 1))
                 moments.append(insertion + added + repeats + course)
-        added += tuple((s, e, c * copies) for s, e, c in one)
+        added += tuple((s, e, c * int(copies)) for s, e, c in one)
     moments += [
         tuple((s, starts[s] + t + ([0] + blocks)[s], c) for s, c in enumerate(coefficients)) for t in range(cut, length)
     ]
@@ -134,10 +137,10 @@ def _highest(results: list, moments: list[Moment], phase: str, reshape: Reshape 
 
 def _categories_at(results: list, moment: Moment) -> dict[str, int]:
     """The categories at ``moment``, each extrapolated (and never below 0)."""
-    totals: dict[str, Fraction] = {}
+    totals: dict[str, int | Fraction] = {}
     for s, e, c in moment:
         for name, value in results[s].categories_at(e).items():
-            totals[name] = totals.get(name, Fraction(0)) + c * value
+            totals[name] = totals.get(name, 0) + c * value
     return {name: max(round(value), 0) for name, value in totals.items()}
 
 
