@@ -8,7 +8,9 @@ import pytest
 from moe_configs import MOE_CONFIGS
 
 import memfit
+from memfit.models.catalog import load_catalog_config
 from memfit.planner.report import expert_lines
+from memfit.units import format_bytes
 
 KNOBS = {"seq_len": 64, "batch_size": 2, "budget": "10GiB", "cache": False}
 
@@ -53,6 +55,43 @@ def test_the_plan_counts_active_parameters_and_balanced_tokens():
     assert lines[0].startswith(f"experts: {layers} layers of {count}, top 2 a token:") and "stored in NF4" in lines[0]
     assert "an imbalanced batch adds no memory" in lines[1]
     assert lines[2].startswith("routing loss: router_aux_loss_coef 0.001, off")
+
+
+def test_the_plan_says_what_the_experts_adapters_cost_as_its_categories_count_them():
+    plan = memfit.plan(MOE_CONFIGS["mixtral"], method="lora", targets="all-linear", **KNOBS)
+    adapters, categories = plan.details["experts"]["adapters"], plan.categories
+    experts, rest = adapters["bytes"], adapters["rest"]["bytes"]
+    assert adapters["trainable_params"] + adapters["rest"]["trainable_params"] == plan.details["trainable_params"]
+    assert 0 < adapters["rest"]["trainable_params"] < adapters["trainable_params"]
+    # every trainable parameter sits on the experts or in the rest; the peak (in backward) holds every
+    # weight and optimizer state, each in its own allocator block (fp32 adapters: 4 bytes an element at least)
+    assert experts["weights"] + rest["weights"] == categories["trainable"]
+    assert experts["optimizer"] + rest["optimizer"] == categories["optimizer"]
+    assert experts["weights"] >= 4 * adapters["trainable_params"] and experts["gradients"] == experts["weights"]
+    assert 2 * experts["weights"] <= experts["optimizer"]  # AdamW's two states (and its step counters)
+    line = expert_lines(plan.details["experts"])[-1]
+    assert format_bytes(sum(experts.values())) in line and format_bytes(rest["optimizer"]) in line
+    # the full depth's figures are the simulations' extrapolated: those of the whole model simulated
+    exact = memfit.plan(MOE_CONFIGS["mixtral"], method="lora", targets="all-linear", exact=True, **KNOBS)
+    assert exact.details["experts"]["adapters"] == adapters
+
+
+@pytest.mark.slow
+def test_qwen3_30b_a3b_lora_on_every_linear_map_keeps_more_in_its_experts_adapters_than_in_attentions():
+    plan = memfit.plan("qwen3-30b-a3b", method="lora", rank=16, targets="all-linear", seq_len=2048, cache=False)
+    adapters = plan.details["experts"]["adapters"]
+    assert 0.8e9 < plan.details["trainable_params"] < 1.0e9
+    # every MLP of Qwen3-30B-A3B is a mixture of experts and all-linear adapts no router: the rest is attention
+    config, rank = load_catalog_config("qwen3-30b-a3b"), 16
+    heads, kv_heads, head_dim, hidden = (
+        config["num_attention_heads"],
+        config["num_key_value_heads"],
+        config["head_dim"],
+        config["hidden_size"],
+    )
+    per_layer = rank * (2 * (hidden + heads * head_dim) + 2 * (hidden + kv_heads * head_dim))
+    assert adapters["rest"]["trainable_params"] == config["num_hidden_layers"] * per_layer
+    assert sum(adapters["bytes"].values()) > 10 * sum(adapters["rest"]["bytes"].values())
 
 
 def test_a_model_without_experts_has_no_expert_details(tiny_llama):

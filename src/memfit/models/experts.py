@@ -126,6 +126,13 @@ def router_ids(model: nn.Module) -> set[int]:
     return ids
 
 
+def on_experts(name: str) -> bool:
+    """Whether the parameter of full name ``name`` lies in an experts module: an expert weight, or an
+    adapter on one (PEFT's ``...mlp.experts.lora_A.default.weight``, nested wrappers' ``...experts.base_layer...``).
+    A shared expert (``shared_expert``, ``shared_experts``) is a dense MLP, not one of the experts."""
+    return EXPERTS in name.split(".")
+
+
 def has_experts(model: nn.Module) -> bool:
     """Whether ``model`` has any fused experts module."""
     return any(is_experts(m) for m in model.modules())

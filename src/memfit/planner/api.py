@@ -442,7 +442,7 @@ def _memory_plan(
         "input_embeddings": "host" if estimate.embeddings_on_host else "device",
         "precision_regime": spec.precision_regime,
         "adapters": _adapter_details(spec, estimate.trained_copies, estimate.adapted) if spec.uses_adapters else None,
-        "experts": expert_details(source.config, spec),
+        "experts": expert_details(source.config, spec, estimate.adapter_bytes),
         "notes": _notes(source, spec, target, runtime, estimate, headroom),
     }
     if spec.is_preference or spec.is_grpo:

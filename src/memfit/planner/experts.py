@@ -18,9 +18,19 @@ from memfit.spec import RunSpec
 #: every token anyway. An imbalanced batch changes the time, not the memory.
 IMBALANCE_BYTES = 0
 
+#: What a trainable parameter holds on the device, as the plan's categories name them: itself, its
+#: gradient, its optimizer states.
+STATE_KINDS = ("weights", "gradients", "optimizer")
 
-def expert_details(config_dict: dict[str, Any], spec: RunSpec) -> dict[str, Any] | None:
-    """``details.experts`` of a plan of the model in ``config_dict`` (None for a model without experts)."""
+
+def expert_details(
+    config_dict: dict[str, Any], spec: RunSpec, adapter_bytes: dict[str, dict[str, int]] | None = None
+) -> dict[str, Any] | None:
+    """``details.experts`` of a plan of the model in ``config_dict`` (None for a model without experts).
+
+    ``adapter_bytes``: the step's trainable parameters on the experts and on the rest, as the plan's
+    simulation counted them at full depth (:attr:`memfit.planner.shortcuts.extrapolate.StepEstimate.adapter_bytes`).
+    """
     from memfit.models.build import DTYPES, build_meta_model, count_parameters, make_config
     from memfit.models.experts import expert_modules, expert_parameter_count, expert_weights, routers
     from memfit.models.experts_nf4 import unsupported_reason
@@ -54,7 +64,7 @@ def expert_details(config_dict: dict[str, Any], spec: RunSpec) -> dict[str, Any]
         "checkpoint": checkpoint_note(config_dict),
     }
     if spec.uses_adapters:
-        details["adapters"] = _expert_adapters(model, spec)
+        details["adapters"] = _expert_adapters(model, spec, adapter_bytes or {})
     return details
 
 
@@ -101,20 +111,22 @@ def checkpoint_note(config_dict: dict[str, Any]) -> str | None:
     return None
 
 
-def _expert_adapters(model, spec: RunSpec) -> dict[str, Any]:
-    """Where LoRA sits on the experts (``experts.<weight>``) and what it trains there."""
-    from memfit.models.experts import EXPERTS, expert_modules, expert_weights
+def _expert_adapters(model, spec: RunSpec, adapter_bytes: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """Where LoRA sits on the experts (``experts.<weight>``), what it trains there and what that costs in
+    weights, gradients and optimizer states; beside it, the same of the adapters on the rest of the model."""
+    from memfit.models.experts import EXPERTS
     from memfit.step.prepare import model_lora_targets
 
-    targets = model_lora_targets(model, spec)
-    adapted = set(targets.parameters)
-    trainable = 0
-    for module in expert_modules(model).values():
-        for weight in expert_weights(module):
-            name = f"{EXPERTS}.{weight.name}"
-            if name in adapted:
-                rank = next(
-                    (r for pattern, r in targets.rank_pattern.items() if pattern.endswith(weight.name)), spec.rank
-                )
-                trainable += weight.num_experts * rank * (weight.in_features + weight.out_features)
-    return {"weights": sorted(p for p in adapted if p.startswith(f"{EXPERTS}.")), "trainable_params": trainable}
+    adapted = model_lora_targets(model, spec).parameters
+
+    def part(counts: dict[str, int]) -> dict[str, Any]:
+        return {
+            "trainable_params": counts.get("params", 0),
+            "bytes": {key: counts.get(key, 0) for key in STATE_KINDS},
+        }
+
+    return {
+        "weights": sorted(p for p in adapted if p.startswith(f"{EXPERTS}.")),
+        **part(adapter_bytes.get("experts", {})),
+        "rest": part(adapter_bytes.get("rest", {})),
+    }

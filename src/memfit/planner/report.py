@@ -356,9 +356,18 @@ def expert_lines(experts: dict[str, Any] | None) -> list[str]:
     if adapters and adapters["weights"]:
         lines.append(
             f"LoRA on experts: {', '.join(adapters['weights'])}, {format_count(adapters['trainable_params'])} trainable "
-            "(each expert its own pair)"
+            f"(each expert its own pair): {_state_bytes(adapters['bytes'])}; the adapters on the rest: "
+            f"{format_count(adapters['rest']['trainable_params'])} trainable, {_state_bytes(adapters['rest']['bytes'])}"
         )
     return lines
+
+
+def _state_bytes(counts: dict[str, int]) -> str:
+    """Trainable parameters' bytes, as a plan's adapters line says them (whole model, before any sharding)."""
+    return (
+        f"{format_bytes(sum(counts.values()))} ({format_bytes(counts['weights'])} weights, "
+        f"{format_bytes(counts['gradients'])} gradients, {format_bytes(counts['optimizer'])} optimizer states)"
+    )
 
 
 def step_features(spec: dict[str, Any], details: dict[str, Any] | None = None) -> list[str]:

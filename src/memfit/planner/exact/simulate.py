@@ -17,7 +17,7 @@ import contextlib
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -68,6 +68,9 @@ class SimulationResult:
     embeddings_on_host: bool = False  # frozen input embeddings kept in host memory
     trained_copies: tuple[dict, ...] = ()  # modules_to_save copies: the modules using each, its parameters
     adapted: tuple[str, ...] = ()  # short names of the modules carrying LoRA adapters
+    #: With adapters: the trainable parameters on the experts and off them ("experts", "rest"), each
+    #: their element count and bytes as the tracker counts them (MemoryTracker.state_bytes).
+    adapter_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 #: Makes the step's seam runner (:class:`memfit.step.seam.Runner`) for one simulation, from its
@@ -143,6 +146,7 @@ def simulate(
         for inner in getattr(optimizer, "inner_optimizers", [optimizer]):
             plan_bitsandbytes_optimizer(inner, tracker)
         observer, grad_scaler = _run_steps(model, spec, step_fn, optimizer, tracker, workspace_allocs)
+        adapter_bytes = _adapter_bytes(model, optimizer, tracker) if spec.uses_adapters else {}
         for h in hooks:
             h.remove()
         result = tracker.result()
@@ -158,7 +162,20 @@ def simulate(
         embeddings_on_host=embeddings_on_host,
         trained_copies=copies,
         adapted=adapted,
+        adapter_bytes=adapter_bytes,
     )
+
+
+def _adapter_bytes(model, optimizer, tracker: MemoryTracker) -> dict[str, dict[str, int]]:
+    """The trainable parameters' bytes, those on the experts apart from the rest: what the experts'
+    adapters cost in weights, gradients and optimizer states, counted from the step's own tensors."""
+    from memfit.models.experts import on_experts
+
+    groups: dict[str, list] = {"experts": [], "rest": []}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            groups["experts" if on_experts(name) else "rest"].append(p)
+    return {group: tracker.state_bytes(params, optimizer) for group, params in groups.items()}
 
 
 def _run_steps(model, spec: RunSpec, step_fn, optimizer, tracker: MemoryTracker, workspace_allocs: tuple[int, ...]):

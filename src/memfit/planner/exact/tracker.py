@@ -181,6 +181,9 @@ class MemoryTracker(TorchDispatchMode):
         #: While a list: every allocation and free, device or not, in order, as (is an allocation,
         #: Allocation). A replayed micro-batch is recorded this way (:mod:`memfit.planner.shortcuts.micro_batches`).
         self.journal: list[tuple[bool, Allocation]] | None = None
+        #: id() of each trainable parameter -> the bytes of its gradient when autograd last accumulated it
+        #: (0 where an optimizer stepping inside backward had already freed it).
+        self.gradient_bytes: dict[int, int] = {}
 
     # ----------------------------------------------------------------- recording
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -383,6 +386,8 @@ class MemoryTracker(TorchDispatchMode):
         # An optimizer that steps inside backward may already have used and freed the gradient.
         if param.grad is not None:
             self.assign(param.grad, "gradients")
+        alloc = self.allocation_of(param.grad) if param.grad is not None else None
+        self.gradient_bytes[id(param)] = alloc.nbytes if alloc is not None else 0
 
     def mark_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Label every tensor held in ``optimizer.state`` as optimizer state."""
@@ -392,6 +397,35 @@ class MemoryTracker(TorchDispatchMode):
                     self.assign(value, "optimizer")
                 for t in _quant_state_tensors(value):
                     self.assign(t, "optimizer")
+
+    def state_bytes(self, params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> dict[str, int]:
+        """The bytes ``params`` hold as the tracker counts them: their own storages (``weights``), their
+        gradients as autograd last accumulated them (``gradients``) and their optimizer states
+        (``optimizer``, every tensor of ``optimizer.state`` of each, bitsandbytes' quantization states too)."""
+        seen: set[int] = set()
+
+        def counted(tensors) -> int:
+            total = 0
+            for t in tensors:
+                alloc = self.allocation_of(t)
+                if alloc is not None and alloc.alloc_id not in seen:
+                    seen.add(alloc.alloc_id)
+                    total += alloc.nbytes
+            return total
+
+        states = {}
+        for inner in getattr(optimizer, "inner_optimizers", [optimizer]):
+            states.update({id(p): state for p, state in inner.state.items()})
+        optimizer_tensors = []
+        for p in params:
+            for value in states.get(id(p), {}).values():
+                optimizer_tensors.extend([value] if isinstance(value, torch.Tensor) else _quant_state_tensors(value))
+        return {
+            "params": sum(p.numel() for p in params),
+            "weights": counted(params),
+            "gradients": sum(self.gradient_bytes.get(id(p), 0) for p in params),
+            "optimizer": counted(optimizer_tensors),
+        }
 
     @contextlib.contextmanager
     def outside_device(self, place: str) -> Iterator[None]:

@@ -58,6 +58,7 @@ class SampledStep(StepFigures):
     result: Any  # memfit.planner.exact.tracker's result: the events and allocations
     chunk_loops: frozenset = frozenset()  # (rows, chunk) of the step's chunked loops
     adapted: tuple[str, ...] = ()  # short names of the modules carrying LoRA adapters
+    adapter_bytes: dict = dataclasses.field(default_factory=dict)  # the simulation's (SimulationResult.adapter_bytes)
 
 
 #: Simulates (or predicts) the step of one cut (the full model's layer indices it copies, None for
@@ -82,6 +83,9 @@ class StepEstimate(StepFigures):
         default_factory=list
     )  # {"kind", "layers"} of each kind of decoder layer
     adapted: tuple[str, ...] = ()  # short names of the modules carrying LoRA adapters
+    #: With adapters: the trainable parameters on the experts and off them, their elements and bytes
+    #: (weights, gradients, optimizer states) in the full model: the simulations' counts, extrapolated.
+    adapter_bytes: dict = dataclasses.field(default_factory=dict)
 
 
 def estimate_step(
@@ -169,6 +173,7 @@ def _whole(
         phase_peaks=phase_peaks,
         total_params=point.total_params,
         trainable_params=point.trainable_params,
+        adapter_bytes=copy.deepcopy(point.adapter_bytes),
         single_gpu_categories=dict(point.categories),
         num_layers=num_layers,
         **shared,
@@ -213,6 +218,10 @@ def _extrapolated(
         phase_peaks=phase_peaks,
         total_params=line([p.total_params for p in points]),
         trainable_params=line([p.trainable_params for p in points]),
+        adapter_bytes={
+            group: {key: line([p.adapter_bytes[group][key] for p in points]) for key in counts}
+            for group, counts in points[-1].adapter_bytes.items()
+        },
         single_gpu_categories=single,
         num_layers=num_layers,
         **shared,
@@ -332,4 +341,5 @@ def _summarise(sim, chunk_loops: frozenset) -> SampledStep:
         trainable_params=sim.trainable_params,
         chunk_loops=chunk_loops,
         adapted=sim.adapted,
+        adapter_bytes=copy.deepcopy(sim.adapter_bytes),
     )
