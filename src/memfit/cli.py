@@ -338,12 +338,13 @@ def models_command(as_json: bool = typer.Option(False, "--json", help="Print as 
         return
     table = Table(title="models", title_justify="left")
     # Names are typed back by users: never cut or wrapped, whatever the width (the numbers give way).
-    for col in ("name", "type", "layers", "hidden", "vocab", "max positions"):
+    for col in ("name", "type", "layers", "hidden", "vocab", "context"):
         table.add_column(
             col,
             justify="left" if col in ("name", "type") else "right",
             no_wrap=col == "name",
             min_width=max(len(m["name"]) for m in models) if col == "name" else None,
+            overflow="fold",  # on a narrow terminal the other columns wrap, never cut with an ellipsis
         )
     for m in models:
         table.add_row(
