@@ -50,6 +50,7 @@ FIT_KNOBS = (
     "vllm_mode",
     "vllm_gpu_memory_utilization",
     "vllm_enable_sleep_mode",
+    "adamw_impl",
 )
 
 

@@ -230,6 +230,11 @@ class RunSpec(BaseModel):
         "The hf recipe's QLoRA and lora-8bit through PEFT's prepare_model_for_kbit_training, which upcasts every parameter that is not quantized to fp32 (as TRL before 0.26 ran it); off: they stay in the compute dtype (LLaMA-Factory, TRL since 0.26, and Axolotl, which casts them back after PEFT's upcast).",
         planner_only=True,
     )
+    adamw_impl: Literal["fused", "foreach"] = knob(
+        "fused",
+        "The hf recipe's AdamW implementation: fused (PyTorch's fused kernel, updating in place: the Trainer's adamw_torch_fused, its default optim from torch 2.8, and memfit's step) or foreach (torch.optim.AdamW's default on CUDA, the Trainer's adamw_torch, its default before torch 2.8: its step holds a temporary as large as the trainable parameters).",
+        planner_only=True,
+    )
     hf_loss: Literal["model", "liger", "chunked-nll"] = knob(
         "model",
         "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy) or chunked-nll (TRL SFTTrainer's chunked loss).",
@@ -299,6 +304,11 @@ class RunSpec(BaseModel):
             problems.append(
                 f"{name('kbit_upcast')}: off is a choice of the hf recipe's QLoRA and lora-8bit (memfit's step never upcasts the base). "
                 f"Use {setting('recipe', 'hf')}, or drop it."
+            )
+        if self.adamw_impl != "fused" and (self.recipe != "hf" or self.optimizer != "adamw"):
+            problems.append(
+                f"{name('adamw_impl')}: {self.adamw_impl} is an AdamW of the hf recipe (memfit's step always runs the fused "
+                f"one). Use {setting('recipe', 'hf')} with {setting('optimizer', 'adamw')}, or drop {name('adamw_impl')}."
             )
         if self.hf_loss != "model" and self.recipe != "hf":
             problems.append(

@@ -30,7 +30,18 @@ def test_trl_defaults_are_planned_when_keys_are_absent(write_config):
         "hf_loss": "chunked-nll",
     }
     assert config.not_modelled == []
-    assert [f.key for f in config.approximated] == ["loss_type (not set)"]
+    # The optimizer the Trainer picks depends on torch's version: the plan says which it assumed.
+    assert [f.key for f in config.approximated] == ["optim (not set)", "loss_type (not set)"]
+    assert "torch 2.8" in config.approximated[0].why and "adamw_torch" in config.approximated[0].why
+
+
+def test_the_trainers_adamw_torch_is_planned_as_foreach_adamw(write_config):
+    foreach = _read(write_config, "optim: adamw_torch\n")
+    fused = _read(write_config, "optim: adamw_torch_fused\n")
+    assert foreach.knobs["adamw_impl"] == "foreach" and "adamw_impl" not in fused.knobs
+    assert "optim" not in {f.key for f in foreach.approximated + foreach.not_modelled}
+    lora = _read(write_config, "use_peft: true\n")
+    assert "adamw_impl" not in lora.knobs and not any(f.key.startswith("optim") for f in lora.approximated)
 
 
 def test_an_sft_lora_config_maps_every_memory_key(write_config):

@@ -42,6 +42,7 @@ from memfit.interop.keys import (
 )
 from memfit.interop.precision import HALVES, settle_zero_precision, trainer_precision, uses_fsdp
 from memfit.interop.trainer import (
+    adamw_impl_rule,
     attention,
     deepspeed_rule,
     fsdp_shard,
@@ -524,6 +525,7 @@ RULES: tuple[Rule, ...] = (
             ),
         },
     ),
+    adamw_impl_rule("optimizer", tool_default="adamw_torch_fused"),
     Rule(
         ("bf16", "fp16", "bfloat16", "float16", "float32"),
         "precision",

@@ -45,6 +45,7 @@ from memfit.interop.keys import (
 from memfit.interop.precision import settle_zero_precision, trainer_precision, zero_half
 from memfit.interop.trainer import (
     TRAINER_QUIET_KEYS,
+    adamw_impl_rule,
     attention,
     deepspeed_rule,
     fsdp_shard,
@@ -659,6 +660,7 @@ RULES: tuple[Rule, ...] = (
         doc="checkpointing `on` (TRL's default; the Trainer's is off); TRL's `activation_offloading` as `offload`",
     ),
     optimizer_rule("optim"),
+    adamw_impl_rule("optim"),
     Rule(
         _PRECISION_KEYS,
         "precision",

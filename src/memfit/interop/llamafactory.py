@@ -43,6 +43,7 @@ from memfit.interop.keys import (
 from memfit.interop.precision import settle_zero_precision, trainer_precision, zero_half
 from memfit.interop.trainer import (
     TRAINER_QUIET_KEYS,
+    adamw_impl_rule,
     attention,
     deepspeed_rule,
     fsdp_shard,
@@ -293,6 +294,7 @@ RULES: tuple[Rule, ...] = (
         "keeps the same layer inputs either way",
     ),
     optimizer_rule("optim"),
+    adamw_impl_rule("optim"),
     Rule(
         ("bf16", "fp16", "pure_bf16"),
         "precision",

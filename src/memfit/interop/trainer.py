@@ -24,10 +24,6 @@ from memfit.interop.keys import (
 )
 
 _ADAMW = "adamw"
-_FOREACH = (
-    "PyTorch's foreach AdamW also holds a temporary as large as the trainable parameters during the optimizer step "
-    "(memfit plans the fused implementation, which updates in place)"
-)
 _NOT_ADAMW = "planned as AdamW (two fp32 states a trainable parameter)"
 
 
@@ -38,8 +34,8 @@ def _other(what: str) -> Planned:
 #: The Trainer's ``optim`` names, as memfit plans each: a memfit optimizer, or one planned in its place.
 OPTIMIZERS: dict[str, Any] = {
     "adamw_torch_fused": _ADAMW,
-    "adamw_torch": Planned(_ADAMW, _FOREACH, modelled=True),
-    "adamw_hf": Planned(_ADAMW, _FOREACH, modelled=True),
+    "adamw_torch": _ADAMW,  # foreach: adamw_impl_rule
+    "adamw_hf": _ADAMW,
     "adamw_apex_fused": _ADAMW,
     "adamw_torch_xla": _ADAMW,
     "adamw_torch_npu_fused": _ADAMW,
@@ -135,6 +131,52 @@ def optimizer_rule(name: str, extra: Mapping[str, Any] | None = None, default: s
         doc="the optimizer: AdamW variants as `adamw` (foreach AdamW's step temporary noted), bitsandbytes' 8-bit "
         "and paged 8-bit AdamW as `adamw8bit` / `paged-adamw8bit`, `sgd`; any other optimizer is planned as the "
         "closest one and listed",
+    )
+
+
+#: The Trainer's ``optim`` names that build ``torch.optim.AdamW`` without naming an implementation
+#: (PyTorch runs foreach on CUDA); ``adamw_hf``, transformers' own AdamW, is now that one too.
+FOREACH_OPTIMIZERS = ("adamw_torch", "adamw_hf")
+
+#: The Trainer's default ``optim`` from torch 2.8 (``TrainingArguments``: ``adamw_torch`` before it).
+TRAINER_DEFAULT_OPTIM = "adamw_torch_fused"
+
+
+def adamw_impl_rule(name: str, tool_default: str | None = None) -> Rule:
+    """The AdamW implementation the optimizer key ``name`` runs (the knob ``adamw_impl``): foreach for
+    the Trainer's ``adamw_torch``, fused for ``adamw_torch_fused`` and DeepSpeed's FusedAdam. Without
+    the key the Trainer's default is planned, and said: ``adamw_torch_fused`` since torch 2.8, which
+    full fine-tuning feels (for adapters the difference is their own small size). ``tool_default``: a
+    tool that sets the key itself when it is absent (Axolotl: ``adamw_torch_fused``), so that no
+    version decides it."""
+
+    def resolve(values: Mapping[str, Any], ctx: Any) -> Any:
+        if ctx.knobs.get("optimizer", _ADAMW) != _ADAMW or (ctx.zero is not None and ctx.zero.optimizer_type):
+            return None
+        value = values[name]
+        if (value is ABSENT or value is None) and tool_default is not None:
+            value = tool_default
+        if value is ABSENT or value is None:
+            if ctx.knobs.get("method") != "full":
+                return None
+            return Planned(
+                None,
+                f"{name} not set: planned as the Trainer's default with torch 2.8 or later "
+                f"({TRAINER_DEFAULT_OPTIM}); with an older torch the default is adamw_torch, PyTorch's foreach "
+                f"AdamW, whose step holds a temporary as large as the trained parameters: set {name}: "
+                "adamw_torch to plan that",
+                modelled=True,
+                key=name,
+            )
+        return "foreach" if str(value).lower() in FOREACH_OPTIMIZERS else None
+
+    return Rule(
+        (name,),
+        "adamw_impl",
+        resolve,
+        doc="the AdamW implementation: `adamw_torch` (the Trainer's default before torch 2.8) as PyTorch's foreach "
+        "AdamW (`adamw_impl: foreach`, a step temporary as large as the trained parameters), the fused ones as "
+        "`fused`; unset, the default of torch 2.8 and later (`adamw_torch_fused`) is planned and said",
     )
 
 

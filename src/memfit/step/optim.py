@@ -19,6 +19,7 @@ def build_optimizer(
     weight_decay: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.999),
     step_in_backward: bool = False,
+    adamw_impl: str = "fused",
 ) -> torch.optim.Optimizer:
     """Make optimizer ``name`` over ``params``.
 
@@ -29,6 +30,10 @@ def build_optimizer(
     - ``adamw``: PyTorch's fused AdamW. The fused kernel updates every parameter in place, so unlike
       the default foreach implementation it needs no temporary copy of all gradients; it exists for
       CUDA and CPU alike, which keeps planner (fake CPU) and trainer (CUDA) on the same code path.
+    - ``adamw`` with ``adamw_impl="foreach"``: ``torch.optim.AdamW`` with PyTorch's defaults, as the
+      Hugging Face Trainer's ``adamw_torch`` builds it: on CUDA that is the foreach implementation,
+      whose step makes ``sqrt(exp_avg_sq)`` for every parameter at once (a temporary as large as the
+      trainable parameters) before it updates them.
     - ``adamw8bit`` / ``paged-adamw8bit``: bitsandbytes' 8-bit AdamW (block-wise quantized states),
       the paged one keeps its states in CUDA unified memory.
     - ``sgd``: plain SGD without momentum (no state at all).
@@ -42,6 +47,10 @@ def build_optimizer(
         return OptimizerInBackward(
             params, lambda ps: build_optimizer(ps, name, lr=lr, weight_decay=weight_decay, betas=betas)
         )
+    if name == "adamw" and adamw_impl == "foreach":
+        # No implementation named: PyTorch picks foreach for CUDA parameters (the planner answers its
+        # question as CUDA does: memfit.planner.exact.cuda_parity).
+        return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=True)
     if name in ("adamw8bit", "paged-adamw8bit"):

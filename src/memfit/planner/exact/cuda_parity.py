@@ -37,6 +37,13 @@ explained and tested:
   Hopper kernel), while CUDA runs fp32 and fp16 too, through its fallback (one matmul per expert
   into the output). The rewrite allocates what CUDA allocates for any of the three: the output, its
   rows padded to 16 bytes as CUDA lays them out.
+- PyTorch's optimizers left to choose their implementation (``torch.optim.AdamW`` without ``fused``
+  or ``foreach``: the Hugging Face Trainer's ``adamw_torch``): PyTorch picks foreach when every
+  parameter is a plain tensor on CUDA, and the for-loop implementation on a CPU, or for fake
+  tensors anywhere. Their memory differs: foreach makes ``sqrt(exp_avg_sq)`` of every parameter at
+  once, a temporary as large as the parameters, where the for-loop makes one parameter's at a time.
+  While the mode is active PyTorch's choice is made as on CUDA (:func:`optimizer_defaults_as_cuda`);
+  foreach's ops run on the fake CPU device as lists of the same tensors.
 - bitsandbytes 8-bit optimizers: their state initialisation (uint8 states, fp32 block absmax, 32-bit
   states for small tensors) runs as is; the update is one in-place CUDA kernel that allocates
   nothing, while the CPU implementation reads values (impossible on fake tensors), so the planner
@@ -88,6 +95,7 @@ class CudaParityMode(TorchDispatchMode):
     def __enter__(self):
         self._int8_path.enter_context(int8_matmul_as_cuda())
         self._int8_path.enter_context(four_bit_weights_as_cuda())
+        self._int8_path.enter_context(optimizer_defaults_as_cuda())
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -284,6 +292,24 @@ def four_bit_weights_as_cuda() -> Iterator[None]:
         return weight, quant_state
 
     with mock.patch.object(modules, "_convert_weight_packed_for_cpu", kept):
+        yield
+
+
+@contextlib.contextmanager
+def optimizer_defaults_as_cuda() -> Iterator[None]:
+    """While active, PyTorch's Adam and AdamW left to choose (``foreach=None``, ``fused=None``) choose
+    as for parameters on CUDA: foreach (the fused kernel only when asked for, as on CUDA)."""
+    from unittest import mock
+
+    import torch.optim.adam as adam
+
+    def as_on_cuda(params, differentiable: bool, use_fused: bool = False) -> tuple[bool, bool]:
+        if torch.jit.is_scripting() or differentiable:
+            return False, False
+        # CUDA supports both for floating-point tensors; PyTorch prefers foreach unless fused is asked.
+        return use_fused, not use_fused
+
+    with mock.patch.object(adam, "_default_to_fused_or_foreach", as_on_cuda):
         yield
 
 

@@ -142,7 +142,9 @@ def simulate(
         tracker.mark_model(model)
         hooks = tracker.watch_gradients(model)
         total, trainable = count_parameters(model)
-        optimizer = build_optimizer(model.parameters(), spec.optimizer, step_in_backward=spec.step_in_backward)
+        optimizer = build_optimizer(
+            model.parameters(), spec.optimizer, step_in_backward=spec.step_in_backward, adamw_impl=spec.adamw_impl
+        )
         for inner in getattr(optimizer, "inner_optimizers", [optimizer]):
             plan_bitsandbytes_optimizer(inner, tracker)
         observer, grad_scaler = _run_steps(model, spec, step_fn, optimizer, tracker, workspace_allocs)
