@@ -159,11 +159,19 @@ def load_model(config_dict: dict[str, Any], spec, device, *, init: str = "random
     return _load_model(config_dict, spec, device, init=init, seed=seed)
 
 
-def build_optimizer(params, name: str, *, step_in_backward: bool = False):
-    """The optimizer the trainer builds for ``--optimizer name``."""
+def build_optimizer(params, name: str, *, step_in_backward: bool = False, adamw_impl: str = "fused"):
+    """The optimizer the trainer builds for ``--optimizer name`` (``adamw_impl``: the hf recipe's AdamW)."""
     from memfit.step.optim import build_optimizer as _build_optimizer
 
-    return _build_optimizer(params, name, step_in_backward=step_in_backward)
+    return _build_optimizer(params, name, step_in_backward=step_in_backward, adamw_impl=adamw_impl)
+
+
+def keep_reference(model, spec) -> None:
+    """Full fine-tuning's DPO reference, a frozen copy of the model, kept as the trainer keeps it."""
+    from memfit.step.preference import keep_reference_copy, needs_reference_copy
+
+    if needs_reference_copy(spec):
+        keep_reference_copy(model)
 
 
 def training_step(spec, config_dict: dict[str, Any]):
@@ -175,12 +183,18 @@ def training_step(spec, config_dict: dict[str, Any]):
     return build_step(spec, make_config(config_dict))
 
 
-def step_batches(step, rows, device, count: int = 1) -> list[dict[str, Any]]:
+def step_batches(step, rows, device, count: int = 1, spec=None) -> list[dict[str, Any]]:
     """``count`` micro-batches of ``rows`` (lists of token ids, labels the same) made as the trainer
-    makes them (the step's collate), on ``device``."""
+    makes them (the step's collate), on ``device``; a preference ``spec``'s are its longest pairs
+    (the planner's, chosen and rejected of ``seq_len`` tokens each)."""
     from memfit.step.batch import to_device
 
-    examples = [{"input_ids": list(r), "labels": list(r)} for r in rows]
+    if spec is not None and spec.is_preference:
+        from memfit.step.preference import longest_pairs
+
+        examples = longest_pairs(spec, step.layout)
+    else:
+        examples = [{"input_ids": list(r), "labels": list(r)} for r in rows]
     return [to_device(step.collate(examples, 0), device) for _ in range(count)]
 
 

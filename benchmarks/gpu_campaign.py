@@ -7,7 +7,7 @@ a unit of it (a configuration, a length, a run) ends, so that a run cut off stil
 measured, and a later run goes on from there:
 
 1. ``tests``: the CUDA tests (``pytest -m gpu``), with the failures' tracebacks;
-2. ``accuracy``: planned vs measured peak allocated, peak reserved and device total on 48
+2. ``accuracy``: planned vs measured peak allocated, peak reserved and device total on 61
    configurations, each in a fresh process (benchmarks/planner_accuracy.py);
 3. ``context``: the longest context under a 24 GB card's cap, Llama-3.1-8B QLoRA r=32, memfit's step
    and the hf recipe, next to what ``memfit fit --max seq-len`` planned (benchmarks/max_context.py);

@@ -7,7 +7,7 @@ training step (the ``hf`` recipe's step for ``recipe="hf"``), for three steps. R
 (``torch.cuda.mem_get_info``), next to the plan and the error of each. Goal: median error <= 3%
 and p95 <= 8% on peak reserved.
 
-    python benchmarks/planner_accuracy.py                 # needs a CUDA GPU; 48 configurations
+    python benchmarks/planner_accuracy.py                 # needs a CUDA GPU; 61 configurations
     python benchmarks/planner_accuracy.py --list          # show the configurations
     python benchmarks/planner_accuracy.py --tiny --device cpu   # check the harness on a CPU
 
@@ -30,8 +30,10 @@ import _memfit_api as api
 from _machine import describe_in_subprocess, run_json_child
 
 # (model, knobs), in priority order: the first twelve cover every method and technique once, so a
-# run cut short still says something about each; then sizes 1B to 8B, batch and length spread, the
-# hf recipe on a quarter. All plan below 62 GiB on an 80 GB card.
+# run cut short still says something about each; the next thirteen what landed after them (preference
+# objectives, adapter variants, the 8-bit base, mixed precision, the hf recipe as peers run it), so
+# that the first GPU measures those too; then sizes 1B to 8B, batch and length spread, the hf recipe
+# on a quarter. All plan below 62 GiB on an 80 GB card.
 CASES: list[tuple[str, dict]] = [
     ("llama-3.2-1b", dict(method="lora", checkpointing="on", batch_size=4, seq_len=2048)),
     ("llama-3.1-8b", dict(method="qlora", checkpointing="on", batch_size=2, seq_len=4096)),
@@ -45,6 +47,35 @@ CASES: list[tuple[str, dict]] = [
     ("llama-3.1-8b", dict(method="qlora", checkpointing="on", batch_size=1, seq_len=4096, recipe="hf")),
     ("llama-3.2-1b", dict(method="lora", checkpointing="off", batch_size=8, seq_len=1024, recipe="hf")),
     ("gemma-2-2b", dict(method="lora", checkpointing="on", batch_size=2, seq_len=2048)),
+    # what landed since the first twelve, once each: preference objectives (DPO's reference as the
+    # base with adapters disabled and as a frozen copy, ORPO, SimPO), adapter variants, the 8-bit
+    # base, mixed precision, and the hf recipe as peers run it (Liger's loss, TRL's chunked loss,
+    # the base in the compute dtype, PyTorch's foreach AdamW)
+    ("llama-3.2-1b", dict(method="lora", checkpointing="on", batch_size=2, seq_len=1024, objective="dpo")),
+    ("llama-3.2-1b", dict(method="full", checkpointing="on", batch_size=1, seq_len=1024, objective="dpo")),
+    ("llama-3.2-1b", dict(method="lora", checkpointing="on", batch_size=2, seq_len=1024, objective="orpo")),
+    ("qwen2.5-1.5b", dict(method="lora", checkpointing="on", batch_size=2, seq_len=1024, objective="simpo")),
+    ("llama-3.2-1b", dict(method="lora", checkpointing="on", batch_size=2, seq_len=2048, dora=True)),
+    ("llama-3.2-1b", dict(method="lora", checkpointing="on", batch_size=2, seq_len=2048, rslora=True, rank=64)),
+    (
+        "qwen2.5-1.5b",
+        dict(method="lora", checkpointing="on", batch_size=2, seq_len=2048, modules_to_save="embed_tokens,lm_head"),
+    ),
+    ("llama-3.2-3b", dict(method="lora-8bit", checkpointing="on", batch_size=2, seq_len=2048)),
+    ("llama-3.2-1b", dict(method="full", checkpointing="on", batch_size=2, seq_len=2048, precision="bf16-mixed")),
+    ("llama-3.2-1b", dict(method="lora", checkpointing="on", batch_size=2, seq_len=4096, recipe="hf", hf_loss="liger")),
+    (
+        "llama-3.2-1b",
+        dict(method="lora", checkpointing="on", batch_size=2, seq_len=4096, recipe="hf", hf_loss="chunked-nll"),
+    ),
+    (
+        "llama-3.2-3b",
+        dict(method="qlora", checkpointing="on", batch_size=2, seq_len=2048, recipe="hf", kbit_upcast=False),
+    ),
+    (
+        "llama-3.2-1b",
+        dict(method="full", checkpointing="on", batch_size=2, seq_len=1024, recipe="hf", adamw_impl="foreach"),
+    ),
     # the spread
     ("llama-3.2-1b", dict(method="full", checkpointing="off", batch_size=1, seq_len=1024)),
     ("llama-3.2-1b", dict(method="qlora", checkpointing="on", batch_size=4, seq_len=2048)),
@@ -118,9 +149,14 @@ def case_id(model: str | dict, knobs: dict) -> str:
     ]
     if knobs.get("grad_accum", 1) != 1:
         parts.append(f"ga{knobs['grad_accum']}")
-    for key in ("optimizer", "tiling", "precision", "rank"):
+    for key in ("optimizer", "tiling", "precision", "rank", "objective", "hf_loss", "adamw_impl", "modules_to_save"):
         if key in knobs:
             parts.append(f"{key}-{knobs[key]}")
+    for flag in ("dora", "rslora"):
+        if knobs.get(flag):
+            parts.append(flag)
+    if knobs.get("kbit_upcast") is False:
+        parts.append("no-kbit-upcast")
     if knobs.get("step_in_backward"):
         parts.append("step-in-backward")
     if knobs.get("recipe", "memfit") != "memfit":
@@ -173,7 +209,10 @@ def measure_one(model: str | dict, knobs: dict, device: str, steps: int = STEPS)
     cuda = dev.type == "cuda"
     started = time.perf_counter()
     loaded = api.load_model(config_dict, spec, dev, init="random", seed=0)
-    optimizer = api.build_optimizer(loaded.model.parameters(), spec.optimizer, step_in_backward=spec.step_in_backward)
+    api.keep_reference(loaded.model, spec)
+    optimizer = api.build_optimizer(
+        loaded.model.parameters(), spec.optimizer, step_in_backward=spec.step_in_backward, adamw_impl=spec.adamw_impl
+    )
     step = api.training_step(spec, config_dict)
     grad_scaler = step.grad_scaler(dev)
     load_seconds = time.perf_counter() - started
@@ -182,7 +221,7 @@ def measure_one(model: str | dict, knobs: dict, device: str, steps: int = STEPS)
     rows = torch.randint(0, vocab, (spec.batch_size, spec.seq_len), generator=generator).tolist()
     # As the trainer makes them: the step's layout (one row of examples, or padded rows), grad_accum
     # micro-batches held through the step.
-    micro_batches = api.step_batches(step, rows, dev, spec.grad_accum)
+    micro_batches = api.step_batches(step, rows, dev, spec.grad_accum, spec=spec)
     tracker = None
     if cuda:
         # Loading leaves cached blocks the step never needs; the trainer starts from a clean cache too.

@@ -32,3 +32,35 @@ def test_harness_on_cpu(tmp_path):
     assert all(case["measured"]["status"] == "ok" for case in result["cases"])
     # Real CPU tensors, measured by the same tracker: the plan is within 1%.
     assert result["summary"]["allocated"]["median_abs_error"] < 0.01
+
+
+def _accuracy_module():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import planner_accuracy
+
+    return planner_accuracy
+
+
+def test_what_landed_after_the_first_cases_is_measured_early():
+    from memfit.spec import make_spec
+
+    bench = _accuracy_module()
+    ids = [bench.case_id(m, k) for m, k in bench.CASES]
+    assert len(set(ids)) == len(ids)
+    early = [make_spec(**knobs) for _, knobs in bench.CASES[:25]]
+    assert {s.reference for s in early} >= {"disabled-adapters", "frozen-copy"}
+    assert {s.objective for s in early} >= {"dpo", "orpo", "simpo"}
+    assert any(s.dora for s in early) and any(s.rslora for s in early) and any(s.modules_to_save for s in early)
+    assert {s.method for s in early} >= {"lora-8bit"} and {s.precision for s in early} >= {"bf16-mixed"}
+    hf = [s for s in early if s.recipe == "hf"]
+    assert {s.hf_loss for s in hf} >= {"liger", "chunked-nll"} and any(not s.kbit_upcast for s in hf)
+    assert any(s.adamw_impl == "foreach" for s in hf)
+
+
+def test_a_preference_case_is_measured_on_its_pairs_with_its_reference_copy():
+    bench = _accuracy_module()
+    knobs = dict(method="full", checkpointing="off", batch_size=1, seq_len=32, objective="dpo")
+    planned = bench.plan_case(bench.TINY_MODEL, knobs, None, "cpu")
+    measured = bench.measure_one(bench.TINY_MODEL, knobs, "cpu", steps=2)
+    assert measured["status"] == "ok"
+    assert abs(measured["allocated_bytes"] / planned["allocated_bytes"] - 1) < 0.01
