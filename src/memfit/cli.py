@@ -374,11 +374,12 @@ from memfit.infer.command import chat_command, generate_command  # noqa: E402
 from memfit.merge.command import merge_command  # noqa: E402
 from memfit.train.command import train_command  # noqa: E402
 from memfit.ui.command import ui_command  # noqa: E402
-from memfit.watch.command import doctor_command, report_command  # noqa: E402
+from memfit.watch.command import calibrate_command, doctor_command, report_command  # noqa: E402
 
 app.command("train")(train_command)  # each wrapped in cli_errors where it is defined
 app.command("merge")(merge_command)
 app.command("doctor")(doctor_command)
+app.command("calibrate")(calibrate_command)
 app.command("report")(report_command)
 app.command("chat")(chat_command)
 app.command("generate")(generate_command)

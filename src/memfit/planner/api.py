@@ -228,11 +228,14 @@ def _plan_model(
     resolved = resolve(
         model, revision=revision, gpu=gpu, budget=budget, target=target, context_bytes=context_bytes, **knobs
     )
+    calibration = _calibration(resolved.target)
     if context_bytes is None:
         context_bytes = resolved.target.context_bytes
+        if context_bytes is None and calibration is not None and calibration.context_bytes is not None:
+            context_bytes = calibration.context_bytes  # measured on this card (memfit calibrate)
     elif not resolved.has_problems:
         context_bytes = int(context_bytes)  # the command line's text, checked
-    key = _cache_key(resolved, context_bytes, cublas_workspace_bytes, deepspeed) if cache else None
+    key = _cache_key(resolved, context_bytes, cublas_workspace_bytes, deepspeed, calibration) if cache else None
     cached = _cached_plan(key, resolved.spec, started) if key is not None else None
     if cached is not None:
         return cached
@@ -246,6 +249,8 @@ def _plan_model(
         sampler=sampler,
         progress=progress,
     )
+    if calibration is not None:
+        _apply_calibration(result, calibration)
     result.details["plan_seconds"] = round(time.perf_counter() - started, 3)
     if key is not None:
         _keep_plan(key, result)
@@ -253,7 +258,11 @@ def _plan_model(
 
 
 def _cache_key(
-    resolved: Resolved, context_bytes: int | None, cublas_workspace_bytes: int | None, deepspeed: Any
+    resolved: Resolved,
+    context_bytes: int | None,
+    cublas_workspace_bytes: int | None,
+    deepspeed: Any,
+    calibration: Any = None,
 ) -> str | None:
     """The plan cache's key of these inputs; None for inputs with problems. Looked up before the
     checks that need transformers and torch: an entry exists only for inputs that passed them (with
@@ -265,6 +274,7 @@ def _cache_key(
         context_bytes=context_bytes,
         cublas_workspace_bytes=cublas_workspace_bytes,
         deepspeed=deepspeed.to_dict() if deepspeed is not None else None,
+        calibration=calibration.to_dict() if calibration is not None else None,
     )
 
 
@@ -311,6 +321,31 @@ def predicted_plan(
     if key is not None:
         _keep_plan(key, result, kind=_PREDICTED)
     return result
+
+
+def _calibration(target: Target):
+    """The constants ``memfit calibrate`` measured on the target's card, or None (a live device
+    measures its own free memory: nothing to calibrate)."""
+    if target.source == "device" or not target.card:
+        return None
+    from memfit.planner.calibration import for_card
+
+    return for_card(target.card)
+
+
+def _apply_calibration(result: MemoryPlan, calibration) -> None:
+    """The calibrated allocator reserve added to ``result``, and the plan saying where its constants come from."""
+    from memfit.planner.calibration import extra_reserved_bytes
+
+    extra = extra_reserved_bytes(calibration, result.allocated_bytes)
+    result.reserved_bytes += extra
+    result.device_total_bytes += extra
+    result.categories["allocator"] = result.categories.get("allocator", 0) + extra
+    if result.headroom_bytes is not None:
+        result.headroom_bytes -= extra
+        result.fits = result.headroom_bytes >= 0
+    result.details["calibration"] = calibration.to_dict()
+    result.details["notes"].insert(0, calibration.describe())
 
 
 #: The plan cache's kind for :func:`predicted_plan`'s plans (never mistaken for simulated ones).

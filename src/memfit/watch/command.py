@@ -1,4 +1,4 @@
-"""``memfit doctor`` and ``memfit report``: typed command functions for the CLI to register.
+"""``memfit doctor``, ``memfit report`` and ``memfit calibrate``: typed command functions for the CLI to register.
 
 No torch (or matplotlib) import happens when this module is imported. Errors are printed by
 :func:`memfit.errors.cli_errors`, which wraps each command.
@@ -43,3 +43,41 @@ def report_command(
 
     path = write_report(run_dir, out)
     make_console().print(f"wrote {path}", highlight=False, markup=False, soft_wrap=True)
+
+
+@cli_errors
+def calibrate_command(
+    run_dir: Path = typer.Argument(
+        ...,
+        help="A run folder (memory.jsonl with its plan), or a folder with a "
+        "torch.cuda.memory_stats() dump (memory_stats.json) and the run's plan (plan.json).",
+    ),
+    gpu: Optional[str] = typer.Option(
+        None, "--gpu", help="The card the run ran on (memfit models), when its plan names none."
+    ),
+) -> None:
+    """Measure the CUDA context and the allocator's reserve of a run on its card, and keep them for
+    later plans of that card (shown in them as "calibrated on <card> from <run>").
+
+    Exit code 0: kept; 2: not a run that can calibrate a card."""
+    from memfit.console import make_console
+    from memfit.planner.calibration import save
+    from memfit.units import format_bytes
+    from memfit.watch.calibrate import calibrate
+
+    calibration = calibrate(run_dir, gpu)
+    path = save(calibration)
+    context = (
+        "not measured (a memory_stats dump)"
+        if calibration.context_bytes is None
+        else format_bytes(calibration.context_bytes)
+    )
+    lines = [
+        f"{calibration.describe()}: CUDA context {context}, allocator reserve beyond the plan's "
+        f"{calibration.allocator_extra_fraction:.2%} of the allocated peak",
+        f"measured peak allocated {format_bytes(calibration.measured['allocated_bytes'])}, reserved "
+        f"{format_bytes(calibration.measured['reserved_bytes'])}; planned {format_bytes(calibration.planned['allocated_bytes'])}, "
+        f"{format_bytes(calibration.planned['reserved_bytes'])}",
+        f"kept in {path}",
+    ]
+    make_console().print("\n".join(lines), highlight=False, markup=False, soft_wrap=True)
