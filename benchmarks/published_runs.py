@@ -1,0 +1,591 @@
+"""memfit's plans against the GPU memory other people published for their own fine-tuning runs.
+
+Each case is one published measurement of a real run, with where it was published (repository,
+path, commit), the tool that ran it, the configuration as it was run, the versions where the
+publication names them, and the counter it reports, compared like for like:
+
+- ``reserved``: ``torch.cuda.max_memory_reserved`` (ms-swift logs it as ``memory(GiB)``), compared
+  with the plan's peak reserved;
+- ``allocated``: ``torch.cuda.max_memory_allocated`` or the allocator's peak active bytes
+  (torchtune's "Peak Memory Active"), compared with the plan's peak allocated;
+- ``card``: the longest run that fits a card of that size (its peak is the card's memory, give or
+  take the next step the publisher tried), compared with the plan's device total;
+- ``nvidia-smi``: memory in use as nvidia-smi shows it, compared with the plan's device total.
+
+A published "GB" is read as GiB (nvidia-smi's MiB / 1024). What the publication leaves open is
+planned as the case's ``assumed`` entries say; a key of the run memfit cannot plan is named in
+``unplannable``. Nothing here is tuned to these figures: every case is planned with
+``memfit.plan`` as any user's config would be.
+
+    python benchmarks/published_runs.py             # writes benchmarks/results/published_runs.json
+    python benchmarks/published_runs.py --only 3    # the first three cases (a quick look)
+    python benchmarks/published_runs.py --list      # the cases, planned nothing
+
+The summary (cases, tools, median and p95 of |planned / published - 1|, the worst case under its
+measurement) is the ``published-runs`` block of README.md and docs/plan.md (benchmarks/figures.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "results" / "published_runs.json"
+GIB = 2**30
+
+# --- sources -------------------------------------------------------------------------------------
+
+UNSLOTH_README = {
+    "repository": "unslothai/unsloth",
+    "path": "README.md",
+    "commit": None,
+    "quote": "We tested Llama 3.1 (8B) Instruct and did 4bit QLoRA on all linear layers (Q, K, V, O, gate, up and "
+    "down) with rank = 32 with a batch size of 1. We padded all sequences to a certain maximum sequence "
+    "length ... | GPU VRAM | Unsloth context length | Hugging Face + FA2 |",
+}
+AXOLOTL_LLAMA2 = {
+    "repository": "axolotl-ai-cloud/axolotl",
+    "path": "examples/llama-2/README.md",
+    "commit": "15d3a654b",
+    "quote": "The 7b variant fits on any 24GB VRAM GPU and will take up about 17 GB of VRAM during training if "
+    "using qlora and 20 GB if using lora.",
+}
+AXOLOTL_LLAMA3 = {
+    "repository": "axolotl-ai-cloud/axolotl",
+    "path": "examples/llama-3/README.md",
+    "commit": "067b021",
+    "quote": "[Full Fine Tune](./fft-8b.yaml) - Single GPU @ 48GB VRAM",
+}
+TORCHTUNE_FLAGS = {
+    "repository": "pytorch/torchtune",
+    "path": "README.md",
+    "commit": "1814feb17",
+    "quote": "Baseline uses Recipe=full_finetune_single_device, Model=Llama 3.2 3B, Batch size=2, Max sequence "
+    "length=4096, Precision=bf16, Hardware=A100 | + Packed Dataset | 60.0 (Peak Memory Active, GiB)",
+}
+SWIFT_BENCHMARK = {
+    "repository": "modelscope/ms-swift",
+    "path": "docs/source_en/LLM/Benchmark.md",
+    "commit": "cdb169b78",
+    "quote": "A100, CUDA 11.8, torch 2.1.1, flash_attn 2.3.4 ... --max_length 2048 --batch_size 1 "
+    "--gradient_checkpointing true --use_flash_attn true --lora_rank 8 --lora_target_modules DEFAULT ... "
+    "Model Type & Max Length, LoRA: GPU Memory (GiB)",
+}
+
+
+def swift_example(path: str, quote: str) -> dict:
+    return {"repository": "modelscope/ms-swift", "path": path, "commit": "3602360a5", "quote": quote}
+
+
+# --- configurations ------------------------------------------------------------------------------
+
+# Unsloth's Hugging Face + FA2 baseline as TRL ran it in 2024: 4-bit QLoRA r=32 on every linear
+# layer, micro-batch 1, sequences padded to the length tried, the model's own loss.
+_UNSLOTH_HF = """\
+model_name_or_path: {model}
+dtype: bfloat16
+attn_implementation: flash_attention_2
+use_peft: true
+load_in_4bit: true
+lora_r: 32
+lora_alpha: 32
+lora_dropout: 0.0
+lora_target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]
+max_length: {tokens}
+packing: false
+loss_type: nll
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 4
+gradient_checkpointing: true
+bf16: true
+optim: adamw_8bit
+"""
+_UNSLOTH_ASSUMED = [
+    "optim: the post names no optimizer; Unsloth's notebooks' 8-bit AdamW (adamw_8bit)",
+    "kbit_upcast: the TRL of 2024 prepared QLoRA with PEFT's prepare_model_for_kbit_training (fp32 non-4-bit "
+    "parameters)",
+]
+
+_AXOLOTL_LLAMA2 = """\
+base_model: llama-2-7b          # NousResearch/Llama-2-7b-hf in the example
+{quant}
+adapter: {adapter}
+sequence_len: 4096
+sample_packing: true
+pad_to_sequence_len: true
+lora_r: 32
+lora_alpha: 16
+lora_dropout: 0.05
+lora_target_linear: true
+gradient_accumulation_steps: 4
+micro_batch_size: 2
+optimizer: {optimizer}
+bf16: true
+tf32: false
+gradient_checkpointing: true
+flash_attention: true
+"""
+
+_AXOLOTL_FFT_8B = """\
+base_model: llama-3.1-8b        # NousResearch/Meta-Llama-3.1-8B in the example
+sequence_len: 8192
+sample_packing: true
+gradient_accumulation_steps: 8
+micro_batch_size: 1
+optimizer: paged_adamw_8bit
+bf16: auto
+tf32: false
+gradient_checkpointing: true
+gradient_checkpointing_kwargs:
+  use_reentrant: false
+attn_implementation: flash_attention_2
+"""
+
+# Yi's published shapes (01-ai/Yi-6B-Chat, 01-ai/Yi-34B-Chat: LlamaForCausalLM).
+YI_6B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "vocab_size": 64000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 5000000.0,
+    "tie_word_embeddings": False,
+}
+YI_34B = dict(
+    YI_6B,
+    hidden_size=7168,
+    intermediate_size=20480,
+    num_hidden_layers=60,
+    num_attention_heads=56,
+    num_key_value_heads=8,
+    max_position_embeddings=4096,
+)
+# Qwen/Qwen2.5-3B's published shapes (Qwen2ForCausalLM, tied embeddings).
+QWEN25_3B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 2048,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "tie_word_embeddings": True,
+}
+
+# ms-swift 1.x's LoRA benchmark as the Trainer ran it: bf16 base, fp32 adapters on Llama's DEFAULT
+# targets (q, k, v), r=8, alpha 32, dropout 0.05, checkpointing, flash attention, micro-batch 1.
+_SWIFT1_LORA = dict(
+    method="lora",
+    rank=8,
+    alpha=32,
+    dropout=0.05,
+    targets="q_proj,k_proj,v_proj",
+    precision="bf16",
+    batch_size=1,
+    grad_accum=16,
+    checkpointing="on",
+    recipe="hf",
+)
+_SWIFT1_ASSUMED = [
+    "seq_len: ms-swift 1.x drops examples longer than max_length (truncation_strategy delete) and the "
+    "dataset's tokens are 3234 +- 2548 (min 91): its longest batch is planned at max_length",
+    "optim: the Trainer's default of that time (adamw_torch, foreach; adapters only, so a few MiB)",
+]
+_SWIFT1_FLASH = "attention: flash_attn 2.3.4 (the hf recipe's flash path planned)"
+_SWIFT1_LENGTHS = (
+    "batch lengths: the run's batches take every length up to max_length (91 to max_length tokens), and "
+    "the peak reserved memory of a whole run holds what the caching allocator kept from all their shapes; "
+    "memfit plans one step of the longest shape"
+)
+
+# ms-swift 3.x examples: swift sft's defaults (bf16, LoRA r=8 alpha 32 on all-linear, dropout 0.05,
+# gradient checkpointing, micro-batch 1, max_length 2048), the Trainer's AdamW of 2025 (adamw_torch).
+_SWIFT3 = dict(
+    method="lora",
+    rank=8,
+    alpha=32,
+    dropout=0.05,
+    targets="all-linear",
+    precision="bf16",
+    batch_size=1,
+    checkpointing="on",
+    recipe="hf",
+    seq_len=2048,
+    adamw_impl="foreach",
+)
+_SWIFT3_OPTIM = "optim: swift 3.x on transformers 4.4x-4.5x and torch before 2.8: the Trainer's adamw_torch (foreach)"
+_SWIFT3_SHORT = (
+    "seq_len: the examples of swift/self-cognition are short chat turns and their longest is not published: "
+    "planned at max_length 2048 (an upper bound)"
+)
+
+
+def cases() -> list[dict]:
+    """Every published measurement, with its source, its configuration and how it is planned."""
+    out: list[dict] = []
+    for card_gib, tokens in ((12, 932), (16, 2551), (24, 5789), (40, 12264), (48, 15502), (80, 28454)):
+        out.append(
+            dict(
+                id=f"unsloth's hf+fa2 baseline, llama-3.1-8b qlora r32, longest on {card_gib} GB ({tokens:,} tokens)",
+                tool="trl",
+                source=UNSLOTH_README,
+                counter="card",
+                published_gib=card_gib,
+                versions={"note": "2024-2025 (Llama 3.1 / 3.3 posts)"},
+                config=_UNSLOTH_HF.format(model="llama-3.1-8b", tokens=tokens),
+                plan_options={"kbit_upcast": True},
+                assumed=_UNSLOTH_ASSUMED,
+            )
+        )
+    out.append(
+        dict(
+            id="unsloth's hf+fa2 baseline, llama-3.3-70b qlora r32, longest on 80 GB (6,916 tokens)",
+            tool="trl",
+            source=UNSLOTH_README,
+            counter="card",
+            published_gib=80,
+            versions={"note": "December 2024"},
+            config=_UNSLOTH_HF.format(model="llama-3.1-70b", tokens=6916),
+            plan_options={"kbit_upcast": True},
+            assumed=_UNSLOTH_ASSUMED + ["model: Llama 3.3 70B has Llama 3.1 70B's shapes (the catalog's config)"],
+        )
+    )
+    out += [
+        dict(
+            id="axolotl llama-2-7b qlora, rtx 4090",
+            tool="axolotl",
+            source=AXOLOTL_LLAMA2,
+            counter="nvidia-smi",
+            published_gib=17,
+            config=_AXOLOTL_LLAMA2.format(quant="load_in_4bit: true", adapter="qlora", optimizer="paged_adamw_32bit"),
+        ),
+        dict(
+            id="axolotl llama-2-7b lora 8-bit, rtx 4090",
+            tool="axolotl",
+            source=AXOLOTL_LLAMA2,
+            counter="nvidia-smi",
+            published_gib=20,
+            config=_AXOLOTL_LLAMA2.format(quant="load_in_8bit: true", adapter="lora", optimizer="adamw_bnb_8bit"),
+        ),
+        dict(
+            id="axolotl llama-3.1-8b full fine-tuning, single 48 GB card",
+            tool="axolotl",
+            source=AXOLOTL_LLAMA3,
+            counter="card",
+            published_gib=48,
+            config=_AXOLOTL_FFT_8B,
+        ),
+        dict(
+            id="torchtune llama-3.2-3b full, packed 2x4096, a100",
+            tool="torchtune",
+            source=TORCHTUNE_FLAGS,
+            counter="allocated",
+            published_gib=60.0,
+            versions={"torchtune": "1814feb17 (November 2024)"},
+            config={
+                "recipe": "full_finetune_single_device",
+                "model": "Llama 3.2 3B",
+                "batch_size": 2,
+                "max_seq_len": 4096,
+                "dataset.packed": True,
+                "compile": False,
+                "loss": "CrossEntropyLoss (the baseline's)",
+                "enable_activation_checkpointing": False,
+                "optimizer_in_bwd": False,
+                "dtype": "bf16",
+            },
+            plan={
+                "model": "llama-3.2-3b",
+                "knobs": dict(
+                    method="full",
+                    precision="bf16",
+                    batch_size=2,
+                    seq_len=4096,
+                    packing=True,
+                    checkpointing="off",
+                    recipe="hf",
+                ),
+            },
+            assumed=[
+                "optimizer: torchtune's configs' torch.optim.AdamW with fused=True",
+                "loss: torchtune's output projection upcasts the logits to fp32 before the cross-entropy, as "
+                "transformers' loss does (the hf recipe's model loss)",
+            ],
+        ),
+    ]
+    swift1 = (
+        ("yi-6b-chat", YI_6B, ((512, 13.72), (1024, 15.44), (2048, 16.95), (4096, 28.25), (8192, 43.81))),
+        ("yi-34b-chat", YI_34B, ((512, 66.72), (1024, 69.10), (2048, 71.34), (4096, 78.72))),
+    )
+    for name, config, rows in swift1:
+        for tokens, gib in rows:
+            out.append(
+                dict(
+                    id=f"ms-swift 1.x {name} lora r8 (q,k,v), max_length {tokens}, a100",
+                    tool="ms-swift",
+                    source=SWIFT_BENCHMARK,
+                    counter="reserved",
+                    published_gib=gib,
+                    versions={"torch": "2.1.1", "flash_attn": "2.3.4", "cuda": "11.8"},
+                    config={
+                        "model_type": name,
+                        "sft_type": "lora",
+                        "max_length": tokens,
+                        "dataset": "cls-fudan-news-zh",
+                    },
+                    plan={"model": config, "knobs": dict(_SWIFT1_LORA, seq_len=tokens, padding_free="off")},
+                    assumed=_SWIFT1_ASSUMED + [_SWIFT1_FLASH],
+                    unplannable=[_SWIFT1_LENGTHS],
+                )
+            )
+    out += _swift3_cases()
+    return out
+
+
+def _swift3_cases() -> list[dict]:
+    q7 = "qwen2.5-7b"
+    return [
+        dict(
+            id="ms-swift 3.x qwen2.5-7b-instruct lora r8 all-linear, packed 2048",
+            tool="ms-swift",
+            source=swift_example(
+                "examples/train/packing/llm.sh",
+                "# 22GB ... --packing true --attn_impl flash_attn "
+                "--lora_rank 8 --target_modules all-linear --max_length 2048",
+            ),
+            counter="reserved",
+            published_gib=22,
+            config={"swift": "sft", "packing": True, "attn_impl": "flash_attn"},
+            plan={"model": q7, "knobs": dict(_SWIFT3, packing=True, padding_free="on")},
+            assumed=[_SWIFT3_OPTIM],
+        ),
+        dict(
+            id="ms-swift 3.x qwen2.5-3b full, packed 8192, liger",
+            tool="ms-swift",
+            source=swift_example(
+                "examples/train/agent/qwen2_5.sh",
+                "# 35GiB ... --tuner_type full --max_length 8192 "
+                "--packing true --use_liger_kernel true --attn_impl flash_attn",
+            ),
+            counter="reserved",
+            published_gib=35,
+            config={"swift": "sft", "tuner_type": "full", "packing": True, "liger": True},
+            plan={
+                "model": QWEN25_3B,
+                "knobs": dict(
+                    method="full",
+                    precision="bf16",
+                    batch_size=1,
+                    seq_len=8192,
+                    packing=True,
+                    padding_free="on",
+                    checkpointing="on",
+                    recipe="hf",
+                    hf_loss="liger",
+                    adamw_impl="foreach",
+                ),
+            },
+            assumed=[_SWIFT3_OPTIM],
+            unplannable=[
+                "use_liger_kernel: Liger's RMSNorm, SwiGLU and RoPE kernels (its fused linear cross-entropy is planned)"
+            ],
+        ),
+        _swift3_short("tuners/lora/train.sh", "lora r8, swift/self-cognition", 17.2, {}),
+        _swift3_short("tuners/dora/train.sh", "dora r8, swift/self-cognition", 17.2, {"dora": True}),
+        _swift3_short(
+            "multi-gpu/deepspeed/train_zero2.sh",
+            "lora r8, deepspeed zero2 on 2 gpus",
+            18,
+            {"gpus": 2, "shard": "zero2"},
+        ),
+        _swift3_short(
+            "multi-gpu/deepspeed/train_zero3.sh",
+            "lora r8, deepspeed zero3 on 2 gpus",
+            16,
+            {"gpus": 2, "shard": "zero3"},
+        ),
+        _swift3_short("multi-gpu/ddp/train.sh", "lora r8, ddp on 2 gpus", 27.5, {"gpus": 2, "shard": "ddp"}),
+    ]
+
+
+def _swift3_short(path: str, what: str, gib: float, knobs: dict) -> dict:
+    return dict(
+        id=f"ms-swift 3.x qwen2.5-7b-instruct {what}",
+        tool="ms-swift",
+        source=swift_example(
+            f"examples/train/{path}", f"# {gib:g}GiB ... --model Qwen/Qwen2.5-7B-Instruct --lora_rank 8"
+        ),
+        counter="reserved",
+        published_gib=gib,
+        config={"swift": "sft", **knobs},
+        plan={"model": "qwen2.5-7b", "knobs": dict(_SWIFT3, **knobs)},
+        assumed=[_SWIFT3_OPTIM],
+        unplannable=[_SWIFT3_SHORT],
+    )
+
+
+# --- planning ------------------------------------------------------------------------------------
+
+#: The plan's figure each counter is compared with.
+COMPARED = {
+    "reserved": "reserved_bytes",
+    "allocated": "allocated_bytes",
+    "card": "device_total_bytes",
+    "nvidia-smi": "device_total_bytes",
+}
+
+
+def run_case(case: dict, folder: Path) -> dict:
+    """Plan one case; its planned figures beside the published one."""
+    import memfit
+
+    started = time.perf_counter()
+    try:
+        if "plan" in case:
+            plan = memfit.plan(case["plan"]["model"], **case["plan"]["knobs"])
+        else:
+            suffix = ".yml" if case["tool"] == "axolotl" else ".yaml"
+            path = folder / ("".join(c if c.isalnum() else "-" for c in case["id"])[:60] + suffix)
+            path.write_text(case["config"])
+            plan = memfit.plan(str(path), **case.get("plan_options", {}))
+    except memfit.PlanError as err:
+        # A run memfit refuses to plan: listed, with the refusal as its unplannable key.
+        return {
+            "id": case["id"],
+            "tool": case["tool"],
+            "source": case["source"],
+            "counter": case["counter"],
+            "versions": case.get("versions", {}),
+            "config": case["config"],
+            "published_bytes": int(case["published_gib"] * GIB),
+            "planned_bytes": None,
+            "error": None,
+            "assumed": case.get("assumed", []),
+            "unplannable": case.get("unplannable", []) + [f"refused: {err}"],
+            "approximated": [],
+        }
+    data = plan.to_dict()
+    planned = getattr(plan, COMPARED[case["counter"]])
+    published = int(case["published_gib"] * GIB)
+    config = data["details"].get("config") or {"not_modelled": [], "approximated": []}
+    return {
+        "id": case["id"],
+        "tool": case["tool"],
+        "source": case["source"],
+        "counter": case["counter"],
+        "versions": case.get("versions", {}),
+        "config": case["config"],
+        "planned_as": data["spec"],
+        "model": data["model"],
+        "published_bytes": published,
+        "planned_bytes": int(planned),
+        "planned": {k: getattr(plan, k) for k in ("allocated_bytes", "reserved_bytes", "device_total_bytes")},
+        "error": round(planned / published - 1, 4),
+        "assumed": case.get("assumed", []),
+        "unplannable": case.get("unplannable", []) + [f"{f['key']}: {f['why']}" for f in config["not_modelled"]],
+        "approximated": [f"{f['key']}: {f['why']}" for f in config["approximated"]],
+        "plan_seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def summary(rows: list[dict]) -> dict:
+    """Cases, tools, median and p95 of |error|, and the worst case under its measurement (that of
+    a case with an unplannable key apart)."""
+
+    def p95(values: list[float]) -> float:
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+
+    refused = [r for r in rows if r["planned_bytes"] is None]
+    rows = [r for r in rows if r["planned_bytes"] is not None]
+    errors = [abs(r["error"]) for r in rows]
+    plannable = [r for r in rows if not r["unplannable"]]
+    worst = min(plannable, key=lambda r: r["error"], default=None)
+    worst_any = min(rows, key=lambda r: r["error"], default=None)
+    return {
+        "cases": len(rows),
+        "tools": sorted({r["tool"] for r in rows}),
+        "median_abs_error": round(statistics.median(errors), 4) if errors else None,
+        "p95_abs_error": round(p95(errors), 4) if errors else None,
+        "worst_under": {"id": worst["id"], "error": worst["error"]} if worst else None,
+        "worst_under_any": {"id": worst_any["id"], "error": worst_any["error"]} if worst_any else None,
+        "fully_plannable_cases": len(plannable),
+        "median_abs_error_fully_plannable": round(statistics.median([abs(r["error"]) for r in plannable]), 4)
+        if plannable
+        else None,
+        "under_by_more_than_5_percent": [r["id"] for r in plannable if r["error"] < -0.05],
+        "refused": [r["id"] for r in refused],
+    }
+
+
+def summary_block(result: dict) -> str:
+    """The README's and docs/plan.md's lines: the summary, then one row a case."""
+    s = result["summary"]
+    lines = [
+        f"{s['cases']} published runs from {len(s['tools'])} tools ({', '.join(s['tools'])}): median |planned / "
+        f"published - 1| {s['median_abs_error']:.1%}, p95 {s['p95_abs_error']:.1%}; the furthest under its measurement "
+        f"of the cases memfit plans whole: {s['worst_under']['error']:+.1%} ({s['worst_under']['id']}).",
+        "",
+        "| case | tool | counter | published | planned | error | left open |",
+        "| --- | --- | --- | ---: | ---: | ---: | --- |",
+    ]
+    for r in result["cases"]:
+        src = r["source"]
+        link = f"https://github.com/{src['repository']}/blob/{src['commit'] or 'main'}/{src['path']}"
+        open_keys = "; ".join(item.split(":")[0] for item in r["unplannable"])
+        planned = "refused" if r["planned_bytes"] is None else f"{r['planned_bytes'] / GIB:.2f} GiB"
+        error = "" if r["error"] is None else f"{r['error']:+.1%}"
+        lines.append(
+            f"| [{r['id']}]({link}) | {r['tool']} | {r['counter']} | {r['published_bytes'] / GIB:.2f} GiB | "
+            f"{planned} | {error} | {open_keys} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", type=int, default=None, help="plan the first N cases only")
+    parser.add_argument("--list", action="store_true", help="list the cases, plan nothing")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).parent))
+    if args.list:
+        for case in cases():
+            print(f"{case['tool']:10s} {case['counter']:10s} {case['published_gib']:>7} GiB  {case['id']}")
+        return 0
+    from _machine import describe_machine
+
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for case in cases()[: args.only]:
+            row = run_case(case, Path(folder))
+            shown = "refused" if row["error"] is None else f"{row['error']:+7.1%}"
+            print(
+                f"{shown}  {row['id']} (published {row['published_bytes'] / GIB:.2f} GiB, planned "
+                f"{(row['planned_bytes'] or 0) / GIB:.2f} GiB, {row['counter']})",
+                flush=True,
+            )
+            rows.append(row)
+    result = {"machine": describe_machine(), "summary": summary(rows), "cases": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
