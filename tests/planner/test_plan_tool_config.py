@@ -68,9 +68,13 @@ def test_options_given_replace_the_config_s(tmp_path, model_folder):
     result = plan(_axolotl(tmp_path, model_folder), batch_size=1, cache=False)
     assert result.spec["batch_size"] == 1 and result.details["config"]["given"] == {"batch_size": 1}
     # What the config's optimizer is planned as no longer matters once the command line picks one.
-    config = _axolotl(tmp_path, model_folder, "optimizer: adamw_torch\n")
+    config = _axolotl(tmp_path, model_folder, "optimizer: adamw_anyprecision\n")
     assert [f["knob"] for f in plan(config, cache=False).details["config"]["approximated"]] == ["optimizer"]
     assert plan(config, optimizer="sgd", cache=False).details["config"]["approximated"] == []
+    # The Trainer's adamw_torch is foreach AdamW; another optimizer given on the command line replaces it whole.
+    foreach = _axolotl(tmp_path, model_folder, "optimizer: adamw_torch\n")
+    assert plan(foreach, cache=False).spec["adamw_impl"] == "foreach"
+    assert plan(foreach, optimizer="sgd", cache=False).spec["adamw_impl"] == "fused"
 
 
 def test_a_sharded_config_on_one_gpu_is_planned_unsharded_and_says_so(tmp_path, model_folder):

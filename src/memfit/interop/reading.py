@@ -95,6 +95,12 @@ class ToolConfig(JsonForm):
         merge leaves out of the plan (a shard mode on one GPU)."""
         knobs = dict(self.knobs)
         knobs.update({k: v for k, v in given.items() if v is not None})
+        if knobs.get("optimizer", "adamw") != "adamw" and "adamw_impl" not in {
+            k for k, v in given.items() if v is not None
+        }:
+            knobs.pop(
+                "adamw_impl", None
+            )  # the config's AdamW implementation goes with the optimizer the command line replaced
         dropped: list[Found] = []
         # A --gpus that is no whole number is the plan's to refuse, naming it; here it is one GPU.
         number = whole_number_value(knobs.get("gpus") or 1)
