@@ -452,6 +452,7 @@ COMPARED = {
 def run_case(case: dict, folder: Path) -> dict:
     """Plan one case; its planned figures beside the published one."""
     import memfit
+    from memfit.planner.errors import PlanError
 
     started = time.perf_counter()
     try:
@@ -462,7 +463,7 @@ def run_case(case: dict, folder: Path) -> dict:
             path = folder / ("".join(c if c.isalnum() else "-" for c in case["id"])[:60] + suffix)
             path.write_text(case["config"])
             plan = memfit.plan(str(path), **case.get("plan_options", {}))
-    except memfit.PlanError as err:
+    except PlanError as err:
         # A run memfit refuses to plan: listed, with the refusal as its unplannable key.
         return {
             "id": case["id"],
