@@ -509,7 +509,7 @@ def summary(rows: list[dict]) -> dict:
 
     def p95(values: list[float]) -> float:
         ordered = sorted(values)
-        return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+        return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
     refused = [r for r in rows if r["planned_bytes"] is None]
     rows = [r for r in rows if r["planned_bytes"] is not None]

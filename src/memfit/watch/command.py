@@ -52,7 +52,7 @@ def calibrate_command(
         help="A run folder (memory.jsonl with its plan), or a folder with a "
         "torch.cuda.memory_stats() dump (memory_stats.json) and the run's plan (plan.json).",
     ),
-    gpu: Optional[str] = typer.Option(
+    gpu: str | None = typer.Option(
         None, "--gpu", help="The card the run ran on (memfit models), when its plan names none."
     ),
 ) -> None:
