@@ -36,7 +36,7 @@ def test_a_foreach_plan_extrapolated_from_a_few_layers_is_the_whole_models(tiny_
     knobs = dict(
         method="full", seq_len=32, batch_size=1, recipe="hf", precision="bf16", adamw_impl="foreach", cache=False
     )
-    fast, whole = memfit.plan(config, **knobs), memfit.plan(config, extrapolate=False, **knobs)
+    fast, whole = memfit.plan(config, **knobs), memfit.plan(config, exact=True, **knobs)
     assert fast.phase == whole.phase == "optimizer"
     assert fast.allocated_bytes == whole.allocated_bytes
     # (The allocator's overhead is not extrapolated: the larger of the sampled depths' is added.)

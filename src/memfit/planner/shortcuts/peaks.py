@@ -17,7 +17,9 @@ Copies of a block differ only by what each adds, so a moment of a block is highe
 or in its last: every moment of the base and of both copies of every block is a candidate, and the
 highest is the full depth's, with its categories. A phase whose samples are not one insertion apart
 (the optimizer's multi-tensor ops run one op over every layer's parameters, then the next) is
-weighed at its head and tail, the events all samples share at its start and at its end.
+weighed at its head and tail, the events all samples share at its start and at its end, and at its
+top where that lies between them as the same operation in every sample (foreach AdamW's
+temporaries, made for every parameter before any is freed).
 
 On one GPU the moments are those just after an allocation, as the tracker takes its peaks; for one
 rank of several (``reshape``) every moment, weighed by that rank's bytes, as a whole simulation's
@@ -102,9 +104,33 @@ def _head_and_tail(results: list, segments, coefficients: list[Fraction]) -> lis
     tail = min(_common_prefix(sigs[0][::-1], other[::-1]) for other in sigs)
     firsts = [seg.start_event + 1 for seg in segments]
     lasts = [seg.end_event + 1 - tail for seg in segments]
-    return [tuple((s, firsts[s] + t, c) for s, c in enumerate(coefficients)) for t in range(head)] + [
-        tuple((s, lasts[s] + t, c) for s, c in enumerate(coefficients)) for t in range(tail)
-    ]
+    return (
+        [tuple((s, firsts[s] + t, c) for s, c in enumerate(coefficients)) for t in range(head)]
+        + [tuple((s, lasts[s] + t, c) for s, c in enumerate(coefficients)) for t in range(tail)]
+        + _apex(results, firsts, sigs, head, tail, coefficients)
+    )
+
+
+def _apex(
+    results: list, firsts: list[int], sigs: list[list], head: int, tail: int, coefficients: list[Fraction]
+) -> list[Moment]:
+    """The phase's highest event, extrapolated, where it lies between the shared head and tail in
+    every sample and is the same operation in each (else nothing).
+
+    Such a phase rises through every layer and falls again: PyTorch's foreach AdamW makes a
+    temporary of each parameter, one after the other, before it frees any. A further layer adds
+    events to the rise and to the fall, so the top, after the last temporary is made, is the same
+    operation at every depth, and its memory grows with each kind's number like any moment."""
+    tops = []
+    for result, first, sig in zip(results, firsts, sigs):
+        live = result.live_bytes()[first : first + len(sig)]
+        top = max(range(len(live)), key=live.__getitem__) if live else -1
+        if not head <= top < len(sig) - tail:
+            return []
+        tops.append(top)
+    if len({sig[top] for sig, top in zip(sigs, tops)}) != 1:
+        return []
+    return [tuple((s, firsts[s] + tops[s], c) for s, c in enumerate(coefficients))]
 
 
 def _highest(results: list, moments: list[Moment], phase: str, reshape: Reshape | None):
