@@ -72,6 +72,7 @@ PLANNER_LEVELS: dict[str, int] = {
     "throughput": 4,
     "shortcuts": 3,
     "exact": 2,
+    "calibration": 1,
     "categories": 1,
     "errors": 1,
 }
