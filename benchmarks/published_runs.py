@@ -43,22 +43,23 @@ GIB = 2**30
 UNSLOTH_README = {
     "repository": "unslothai/unsloth",
     "path": "README.md",
-    "commit": None,
+    "commit": "e3162dc5bf",
     "quote": "We tested Llama 3.1 (8B) Instruct and did 4bit QLoRA on all linear layers (Q, K, V, O, gate, up and "
     "down) with rank = 32 with a batch size of 1. We padded all sequences to a certain maximum sequence "
     "length ... | GPU VRAM | Unsloth context length | Hugging Face + FA2 |",
 }
+# The README's figures were written with the examples' configs of the same commit (August 2023).
 AXOLOTL_LLAMA2 = {
     "repository": "axolotl-ai-cloud/axolotl",
     "path": "examples/llama-2/README.md",
-    "commit": "15d3a654b",
+    "commit": "dc71d8872",
     "quote": "The 7b variant fits on any 24GB VRAM GPU and will take up about 17 GB of VRAM during training if "
     "using qlora and 20 GB if using lora.",
 }
 AXOLOTL_LLAMA3 = {
     "repository": "axolotl-ai-cloud/axolotl",
     "path": "examples/llama-3/README.md",
-    "commit": "067b021",
+    "commit": "15f7910d3",
     "quote": "[Full Fine Tune](./fft-8b.yaml) - Single GPU @ 48GB VRAM",
 }
 TORCHTUNE_FLAGS = {
@@ -75,6 +76,30 @@ SWIFT_BENCHMARK = {
     "quote": "A100, CUDA 11.8, torch 2.1.1, flash_attn 2.3.4 ... --max_length 2048 --batch_size 1 "
     "--gradient_checkpointing true --use_flash_attn true --lora_rank 8 --lora_target_modules DEFAULT ... "
     "Model Type & Max Length, LoRA: GPU Memory (GiB)",
+}
+
+
+PEFT_DEEPSPEED = {
+    "repository": "huggingface/peft",
+    "path": "docs/source/accelerate/deepspeed.md",
+    "commit": "6008f272a",
+    "quote": "QLoRA and DeepSpeed Stage-3 for finetuning 70B llama model on 2X40GB GPUs ... the memory consumed "
+    "per GPU is **36.6 GB**",
+}
+PEFT_DEEPSPEED_LORA = {
+    "repository": "huggingface/peft",
+    "path": "docs/source/accelerate/deepspeed.md",
+    "commit": "aa2ca83ca",
+    "quote": "SFT of Llama-70B model with LoRA and ZeRO-3 on 8xH100 80GB GPUs ... the memory consumed per "
+    "GPU is 64 GB (80%) as seen in the screenshot below",
+}
+PEFT_FSDP = {
+    "repository": "huggingface/peft",
+    "path": "docs/source/accelerate/fsdp.md",
+    "commit": "6008f272a",
+    "quote": "QLoRA and FSDP for finetuning 70B llama model on 2X24GB GPUs ... the memory consumed per GPU is "
+    "**19.6 GB** while CPU RAM usage is around **107 GB**. When disabling CPU offloading, the GPU memory "
+    "usage is **35.6 GB/ GPU**",
 }
 
 
@@ -116,7 +141,7 @@ base_model: llama-2-7b          # NousResearch/Llama-2-7b-hf in the example
 {quant}
 adapter: {adapter}
 sequence_len: 4096
-sample_packing: true
+sample_packing: true            # max_packed_sequence_len: 4096 in the example (see assumed)
 pad_to_sequence_len: true
 lora_r: 32
 lora_alpha: 16
@@ -128,11 +153,15 @@ optimizer: {optimizer}
 bf16: true
 tf32: false
 gradient_checkpointing: true
-flash_attention: true
+xformers_attention: true
 """
+_AXOLOTL_LLAMA2_ASSUMED = [
+    "packing: the example's max_packed_sequence_len: 4096 (the axolotl of August 2023) concatenates "
+    "examples into rows of 4096 tokens: planned as sample_packing with pad_to_sequence_len"
+]
 
 _AXOLOTL_FFT_8B = """\
-base_model: llama-3.1-8b        # NousResearch/Meta-Llama-3.1-8B in the example
+base_model: llama-3-8b          # meta-llama/Meta-Llama-3-8B in the example
 sequence_len: 8192
 sample_packing: true
 gradient_accumulation_steps: 8
@@ -143,7 +172,7 @@ tf32: false
 gradient_checkpointing: true
 gradient_checkpointing_kwargs:
   use_reentrant: false
-attn_implementation: flash_attention_2
+flash_attention: true
 """
 
 # Yi's published shapes (01-ai/Yi-6B-Chat, 01-ai/Yi-34B-Chat: LlamaForCausalLM).
@@ -272,6 +301,7 @@ def cases() -> list[dict]:
             counter="nvidia-smi",
             published_gib=17,
             config=_AXOLOTL_LLAMA2.format(quant="load_in_4bit: true", adapter="qlora", optimizer="paged_adamw_32bit"),
+            assumed=_AXOLOTL_LLAMA2_ASSUMED,
         ),
         dict(
             id="axolotl llama-2-7b lora 8-bit, rtx 4090",
@@ -280,9 +310,10 @@ def cases() -> list[dict]:
             counter="nvidia-smi",
             published_gib=20,
             config=_AXOLOTL_LLAMA2.format(quant="load_in_8bit: true", adapter="lora", optimizer="adamw_bnb_8bit"),
+            assumed=_AXOLOTL_LLAMA2_ASSUMED,
         ),
         dict(
-            id="axolotl llama-3.1-8b full fine-tuning, single 48 GB card",
+            id="axolotl llama-3-8b full fine-tuning, single 48 GB card",
             tool="axolotl",
             source=AXOLOTL_LLAMA3,
             counter="card",
@@ -353,6 +384,7 @@ def cases() -> list[dict]:
                 )
             )
     out += _swift3_cases()
+    out += _peft_cases()
     return out
 
 
@@ -436,6 +468,115 @@ def _swift3_short(path: str, what: str, gib: float, knobs: dict) -> dict:
         assumed=[_SWIFT3_OPTIM],
         unplannable=[_SWIFT3_SHORT],
     )
+
+
+# Llama-2-70B's shapes (meta-llama/Llama-2-70b-hf: Llama-2-7B's config with these).
+LLAMA2_70B_SHAPES = {
+    "hidden_size": 8192,
+    "intermediate_size": 28672,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+}
+# PEFT's examples/sft/train.py through TRL's SFTTrainer: packed rows of 2048 tokens, LoRA r=8 alpha 16
+# dropout 0.1 on all-linear, bf16, flash attention, gradient checkpointing.
+_PEFT_SFT = dict(
+    rank=8,
+    alpha=16,
+    dropout=0.1,
+    targets="all-linear",
+    precision="bf16",
+    seq_len=2048,
+    packing=True,
+    padding_free="off",
+    checkpointing="on",
+    recipe="hf",
+)
+_PEFT_VERSIONS = {
+    "bitsandbytes": ">=0.43.0",
+    "accelerate": ">=0.28.0",
+    "transformers": ">4.38.2",
+    "trl": ">0.7.11",
+    "peft": ">0.9.0",
+}
+_PEFT_COUNTER = (
+    "counter: 'memory consumed per GPU' (the LoRA section's figure is an nvidia-smi screenshot): read as "
+    "nvidia-smi, compared with the device total"
+)
+_PEFT_OPTIM = "optim: the Trainer's default of March 2024 (adamw_torch, foreach; adapters only, so a few MiB)"
+_PEFT_QLORA = [
+    "use_nested_quant / bnb_4bit_quant_storage_dtype bfloat16: the 4-bit base stored in bf16 words, planned "
+    "as memfit's QLoRA base"
+]
+
+
+def _llama2_70b() -> dict:
+    catalog = Path(__file__).parent.parent / "src" / "memfit" / "models" / "catalog" / "llama-2-7b.json"
+    return dict(json.loads(catalog.read_text()), **LLAMA2_70B_SHAPES)
+
+
+def _peft_case(what: str, source: dict, gib: float, knobs: dict, args: dict, unplannable: list[str]) -> dict:
+    reentrant = args.get("use_reentrant", True)
+    return dict(
+        id=f"peft docs llama-2-70b {what}",
+        tool="peft",
+        source=source,
+        counter="nvidia-smi",
+        published_gib=gib,
+        versions=_PEFT_VERSIONS,
+        config={
+            "script": "examples/sft/train.py",
+            "max_seq_len": 2048,
+            "packing": True,
+            "use_flash_attn": True,
+            "lora_r": 8,
+            "lora_alpha": 16,
+            **args,
+        },
+        plan={"model": _llama2_70b(), "knobs": dict(_PEFT_SFT, **knobs)},
+        assumed=[_PEFT_COUNTER, _PEFT_OPTIM]
+        + (_PEFT_QLORA if knobs["method"] == "qlora" else [])
+        + ([f"use_reentrant: {reentrant}: planned as memfit's checkpointing"] if reentrant else []),
+        unplannable=unplannable,
+    )
+
+
+def _peft_cases() -> list[dict]:
+    fsdp1 = "fsdp_use_orig_params false: the Trainer's FSDP1 with flat parameters (memfit plans FSDP2)"
+    return [
+        _peft_case(
+            "lora r8, deepspeed zero3 on 8 h100",
+            PEFT_DEEPSPEED_LORA,
+            64,
+            dict(method="lora", batch_size=8, gpus=8, shard="zero3"),
+            {"zero_stage": 3, "num_processes": 8, "per_device_train_batch_size": 8, "use_reentrant": False},
+            [],
+        ),
+        _peft_case(
+            "qlora r8, deepspeed zero3 on 2 gpus",
+            PEFT_DEEPSPEED,
+            36.6,
+            dict(method="qlora", batch_size=2, gpus=2, shard="zero3"),
+            {"zero_stage": 3, "num_processes": 2, "per_device_train_batch_size": 2, "use_reentrant": True},
+            [],
+        ),
+        _peft_case(
+            "qlora r8, fsdp with cpu offload on 2 gpus",
+            PEFT_FSDP,
+            19.6,
+            dict(method="qlora", batch_size=2, gpus=2, shard="fsdp-offload"),
+            {"fsdp_offload_params": True, "num_processes": 2, "per_device_train_batch_size": 2, "use_reentrant": True},
+            [fsdp1],
+        ),
+        _peft_case(
+            "qlora r8, fsdp on 2 gpus",
+            PEFT_FSDP,
+            35.6,
+            dict(method="qlora", batch_size=2, gpus=2, shard="fsdp"),
+            {"fsdp_offload_params": False, "num_processes": 2, "per_device_train_batch_size": 2, "use_reentrant": True},
+            [fsdp1],
+        ),
+    ]
 
 
 # --- planning ------------------------------------------------------------------------------------
@@ -524,6 +665,9 @@ def summary(rows: list[dict]) -> dict:
         "p95_abs_error": round(p95(errors), 4) if errors else None,
         "worst_under": {"id": worst["id"], "error": worst["error"]} if worst else None,
         "worst_under_any": {"id": worst_any["id"], "error": worst_any["error"]} if worst_any else None,
+        # How far under (a fraction, never negative), for the docs' figures.
+        "worst_under_by": max(-worst["error"], 0.0) if worst else None,
+        "worst_under_any_by": max(-worst_any["error"], 0.0) if worst_any else None,
         "fully_plannable_cases": len(plannable),
         "median_abs_error_fully_plannable": round(statistics.median([abs(r["error"]) for r in plannable]), 4)
         if plannable
