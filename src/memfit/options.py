@@ -144,7 +144,8 @@ GPU = CommandOption(
     metavar="NAME",
     # train plans before it loads, and without a GPU or budget it plans against the device it runs on.
     per_command={
-        "train": "GPU to plan against before loading (see `memfit models`; default: the CUDA device's free memory)."
+        "train": "GPU to plan against before loading (see `memfit models`; default: the CUDA device's free memory).",
+        "calibrate": "The card the run ran on (see `memfit models`), when its plan names none.",
     },
 )
 BUDGET = CommandOption(

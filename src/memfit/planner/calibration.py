@@ -23,12 +23,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from memfit.json_form import JsonForm
+
 STORE_FILE = "calibration.json"
 SCHEMA = 1
 
 
 @dataclass(frozen=True)
-class Calibration:
+class Calibration(JsonForm):
     """The constants of one card, and where they were measured."""
 
     card: str
@@ -43,6 +45,7 @@ class Calibration:
         return f"calibrated on {self.card} from {self.run}"
 
     def to_dict(self) -> dict[str, Any]:
+        """The calibration as the store keeps it (``to_json()`` its JSON text)."""
         return asdict(self)
 
 

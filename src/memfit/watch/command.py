@@ -7,10 +7,12 @@ No torch (or matplotlib) import happens when this module is imported. Errors are
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from memfit.errors import cli_errors
+from memfit.options import GPU, command_options, with_options
 
 
 @cli_errors
@@ -46,15 +48,14 @@ def report_command(
 
 
 @cli_errors
+@with_options(command_options("calibrate", (GPU,)))
 def calibrate_command(
     run_dir: Path = typer.Argument(
         ...,
         help="A run folder (memory.jsonl with its plan), or a folder with a "
         "torch.cuda.memory_stats() dump (memory_stats.json) and the run's plan (plan.json).",
     ),
-    gpu: str | None = typer.Option(
-        None, "--gpu", help="The card the run ran on (memfit models), when its plan names none."
-    ),
+    **options: Any,
 ) -> None:
     """Measure the CUDA context and the allocator's reserve of a run on its card, and keep them for
     later plans of that card (shown in them as "calibrated on <card> from <run>").
@@ -65,7 +66,7 @@ def calibrate_command(
     from memfit.units import format_bytes
     from memfit.watch.calibrate import calibrate
 
-    calibration = calibrate(run_dir, gpu)
+    calibration = calibrate(run_dir, options["gpu"])
     path = save(calibration)
     context = (
         "not measured (a memory_stats dump)"
