@@ -191,9 +191,10 @@ def _extrapolated(
     phase, categories, moments = _highest_moment(depths, points)
     single = dict(categories)
     # Fragmentation does not grow linearly with depth (it jumps with how blocks happen to fit in
-    # segments), so the allocator's overhead is not extrapolated: the larger of the sampled
-    # overheads is added to the extrapolated allocated peak.
-    overhead = max(p.reserved_bytes - p.allocated_bytes for p in points)
+    # segments), so the allocator's overhead is not extrapolated: the allocator's model replays the
+    # full depth's events, made from the samples'.
+    reserved, full_phase_peaks = _full_depth(depths, points, sum(categories.values()))
+    overhead = reserved - sum(categories.values())
     sampled = [p.phase_peaks for p in points]
     if reshape is not None:
         # One rank's fragmentation is taken to be the single GPU's (an assumption: sharded
@@ -207,6 +208,8 @@ def _extrapolated(
     # second, the samples' highest extrapolated with a weight of one or more, is at most the full
     # step's at the moment the deeper sample is highest.)
     phase_peaks = {k: max(line([peaks.get(k, 0) for peaks in sampled]), moments.get(k, 0)) for k in sampled[-1]}
+    if reshape is None and full_phase_peaks is not None:
+        phase_peaks = full_phase_peaks  # read off the full depth's events: every moment of every phase
     allocated = sum(categories.values())
     return StepEstimate(
         allocated_bytes=allocated,
@@ -226,6 +229,23 @@ def _extrapolated(
         num_layers=num_layers,
         **shared,
     )
+
+
+def _full_depth(
+    depths: DepthPlan, points: list[SampledStep], allocated_bytes: int
+) -> tuple[int, dict[str, int] | None]:
+    """The bytes the caching allocator reserves at its highest over the full depth's events, and
+    each phase's highest live bytes (:mod:`memfit.planner.shortcuts.depth_stream`); where the
+    samples are not the base with blocks inserted, the samples' largest overhead over the full
+    depth's ``allocated_bytes``, and no phase's highest."""
+    from memfit.planner.shortcuts.depth_stream import NotInserted, full_depth_stream
+
+    try:
+        stream = full_depth_stream(depths, [p.result for p in points])
+        return allocator.simulate(stream.events()).peak_reserved_bytes, stream.phase_peaks
+    except NotInserted:
+        overhead = max(p.reserved_bytes - p.allocated_bytes for p in points)
+        return allocated_bytes + overhead, None
 
 
 def _highest_moment(depths: DepthPlan, points: list[SampledStep], reshape: Reshape | None = None):

@@ -71,8 +71,8 @@ def _inserted(depths: DepthPlan, results: list, segments, coefficients: list[Fra
     for other in sigs[1:]:
         if len(other) < length:
             return None
-        cut_low = max(cut_low, length - _common_prefix(base[::-1], other[::-1]))
-        cut_high = min(cut_high, _common_prefix(base, other))
+        cut_low = max(cut_low, length - common_prefix(base[::-1], other[::-1]))
+        cut_high = min(cut_high, common_prefix(base, other))
         blocks.append(len(other) - length)
     if cut_low > cut_high or any(w.denominator != 1 or w < 1 for w in depths.weights):
         return None
@@ -100,8 +100,8 @@ def _inserted(depths: DepthPlan, results: list, segments, coefficients: list[Fra
 def _head_and_tail(results: list, segments, coefficients: list[Fraction]) -> list[Moment]:
     """The moments of a phase that every sample shares at its start and at its end, extrapolated."""
     sigs = [_signatures(r, seg.start_event + 1, seg.end_event + 1) for r, seg in zip(results, segments)]
-    head = min(_common_prefix(sigs[0], other) for other in sigs)
-    tail = min(_common_prefix(sigs[0][::-1], other[::-1]) for other in sigs)
+    head = min(common_prefix(sigs[0], other) for other in sigs)
+    tail = min(common_prefix(sigs[0][::-1], other[::-1]) for other in sigs)
     firsts = [seg.start_event + 1 for seg in segments]
     lasts = [seg.end_event + 1 - tail for seg in segments]
     return (
@@ -219,7 +219,8 @@ def _signatures(result, first: int, stop: int) -> list[tuple[str, int, str]]:
     return out
 
 
-def _common_prefix(a: list, b: list) -> int:
+def common_prefix(a: list, b: list) -> int:
+    """How many items ``a`` and ``b`` share at their start."""
     n = 0
     for x, y in zip(a, b):
         if x != y:
