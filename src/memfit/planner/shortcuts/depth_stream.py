@@ -36,8 +36,6 @@ the result with the plan that simulates every layer.
 
 from __future__ import annotations
 
-import copy
-import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
@@ -64,6 +62,12 @@ class _Aligned:
     stands_for: dict[int, int] = field(default_factory=dict)
     #: base events whose sample counterpart frees a block's storage: base event -> sample id.
     frees_block: dict[int, int] = field(default_factory=dict)
+
+    def copy(self) -> _Aligned:
+        """A copy to go back to (what it holds are numbers: one level of copying is enough)."""
+        return _Aligned(
+            list(self.blocks), dict(self.same), dict(self.made_in), dict(self.stands_for), dict(self.frees_block)
+        )
 
 
 @dataclass(frozen=True)
@@ -130,7 +134,7 @@ def _align(base, samples: list, regions: list) -> list[_Aligned]:
     sample_regions = [_regions(sample) for sample in samples]
     for r, (phase, b0, b1) in enumerate(regions):
         spans = [(b0, b1, sr[r][1], sr[r][2]) for sr in sample_regions]
-        before = copy.deepcopy(aligned)
+        before = [a.copy() for a in aligned]
         if _align_region(base, samples, spans, aligned, r, phase):
             # Which storage each sample's free frees, as the first try lined them up.
             identities = [{**{i: ("new", i) for i in a.made_in}, **a.same} for a in aligned]
@@ -484,44 +488,70 @@ class DepthStream:
     def events(self) -> Iterator[tuple[str, int, int]]:
         """The events, and as they pass, the live bytes' highest in each phase from the base's
         ``peak_from_event`` on (:attr:`phase_peaks`, as the tracker takes them: after allocations)."""
-        base, sizes, live = self.base, {}, 0
+        base, sizes, live, peaks = self.base, {}, 0, self.phase_peaks
         counting = False
         for r, (phase, b0, b1) in enumerate(self.regions):
             # (A region starts where the peak starts to count: :func:`_regions`.)
             counting = counting or b0 > base.peak_from_event
             for b in range(b0, b1 + 1):
-                stream = self.copies_at(r, b) if b in self.blocks_at else ()
+                batch = self.copies_at(r, b) if b in self.blocks_at else []
                 if b < b1:
                     kind, base_id, nbytes = base.events[b]
                     if kind == "free":
                         base_id = self.base_free(b)
                     elif base_id in self.grown:
                         nbytes = self.grown[base_id]
-                    stream = itertools.chain(stream, [(kind, base_id, nbytes)])
-                for kind, key, nbytes in stream:
+                    batch.append((kind, base_id, nbytes))
+                for event in batch:
+                    kind, key, nbytes = event
                     if kind == "alloc":
                         if key in sizes:
                             raise NotInserted(f"a copy of a block makes storage {key} again while it lives")
                         sizes[key] = nbytes
                         live += nbytes
-                        if counting and live > self.phase_peaks.get(phase, 0):
-                            self.phase_peaks[phase] = live
+                        if counting and live > peaks.get(phase, 0):
+                            peaks[phase] = live
                     else:
                         freed = sizes.pop(key, None)
                         if freed is None:
                             raise NotInserted(f"a copy of a block frees storage {key}, which does not live")
                         live -= freed
-                    yield kind, key, nbytes
+                    yield event
 
-    def copies_at(self, r: int, b: int) -> Iterator[tuple[str, int, int]]:
+    def copies_at(self, r: int, b: int) -> list[tuple[str, int, int]]:
         """The copies of the blocks inserted before the base's event ``b`` of region ``r``."""
-        blocks = [(k, first, stop) for k, rr, first, stop in self.blocks_at[b] if rr == r]
+        templates: dict[int, list] = {}  # each kind's blocks here, one after the other
+        for k, rr, first, stop in self.blocks_at[b]:
+            if rr == r:
+                templates.setdefault(k, []).extend(self.template(k, first, stop))
+        out = []
         for layer in self.in_time[r in self.backwards]:
-            for k, first, stop in blocks:
-                if k != layer.kind:
-                    continue
-                for kind, sample_id, nbytes in self.samples[k - 1].events[first:stop]:
-                    if kind == "alloc":
-                        yield kind, self.key(layer, sample_id), nbytes
-                    else:
-                        yield kind, self.seen_by(k, layer, sample_id), 0
+            template = templates.get(layer.kind)
+            if template is None:
+                continue
+            offset = self.key(layer, 0)
+            # Own storages by the copy's offset, the base's as they are, those handed on as seen_by says.
+            out += [
+                (
+                    kind,
+                    offset + value if how == 0 else value if how == 1 else self.seen_by(layer.kind, layer, value),
+                    nbytes,
+                )
+                for kind, value, nbytes, how in template
+            ]
+        return out
+
+    def template(self, k: int, first: int, stop: int) -> list[tuple[str, int, int, int]]:
+        """Sample ``k``'s block of events ``first`` to ``stop - 1``, each with how its key is found
+        in a copy: 0 the copy's own storage (the sample's id), 1 the base's (its id), 2 a storage
+        handed on from copy to copy (:meth:`seen_by` of the sample's id)."""
+        made_in, same = self.aligned[k - 1].made_in, self.aligned[k - 1].same
+        out = []
+        for kind, sample_id, nbytes in self.samples[k - 1].events[first:stop]:
+            if kind == "alloc" or sample_id in made_in:
+                out.append((kind, sample_id, nbytes, 0))
+            elif same[sample_id] in self.taken:
+                out.append((kind, sample_id, 0, 2))
+            else:
+                out.append((kind, same[sample_id], 0, 1))
+        return out
