@@ -95,8 +95,9 @@ attn_implementation: flash_attention_2
 
 # Unsloth's Hugging Face + FA2 baseline as a TRL config: 4-bit QLoRA r=32 on every linear layer,
 # micro-batch 1, sequences padded to the length tried, transformers' gradient checkpointing, the
-# model's own loss (TRL 2024), 8-bit AdamW (Unsloth's notebooks'; the post does not say).
-_UNSLOTH_HF = """\
+# model's own loss (TRL 2024), 8-bit AdamW (Unsloth's notebooks'; the post does not say). Also
+# published_runs.py's Unsloth cases.
+UNSLOTH_HF = """\
 model_name_or_path: {model}
 dtype: bfloat16
 attn_implementation: flash_attention_2
@@ -178,7 +179,7 @@ def cases() -> list[dict]:
             kind="longest",
             published_gib=80,
             source=UNSLOTH,
-            config=_UNSLOTH_HF.format(model="llama-3.1-70b", tokens=6916),
+            config=UNSLOTH_HF.format(model="llama-3.1-70b", tokens=6916),
             options=_TRL_2024,
             note="Llama 3.3 70B has Llama 3.1 70B's shapes (the catalog's config); " + _TRL_2024_NOTE,
         ),
@@ -188,7 +189,7 @@ def cases() -> list[dict]:
             kind="longest",
             published_gib=80,
             source=UNSLOTH,
-            config=_UNSLOTH_HF.format(model="llama-3.1-8b", tokens=28000),
+            config=UNSLOTH_HF.format(model="llama-3.1-8b", tokens=28000),
             options=_TRL_2024,
             note=_TRL_2024_NOTE,
         ),

@@ -35,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from interop_accuracy import UNSLOTH_HF  # the same TRL config of Unsloth's baseline
+
 RESULTS = Path(__file__).parent / "results" / "published_runs.json"
 GIB = 2**30
 
@@ -109,27 +111,7 @@ def swift_example(path: str, quote: str) -> dict:
 
 # --- configurations ------------------------------------------------------------------------------
 
-# Unsloth's Hugging Face + FA2 baseline as TRL ran it in 2024: 4-bit QLoRA r=32 on every linear
-# layer, micro-batch 1, sequences padded to the length tried, the model's own loss.
-_UNSLOTH_HF = """\
-model_name_or_path: {model}
-dtype: bfloat16
-attn_implementation: flash_attention_2
-use_peft: true
-load_in_4bit: true
-lora_r: 32
-lora_alpha: 32
-lora_dropout: 0.0
-lora_target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]
-max_length: {tokens}
-packing: false
-loss_type: nll
-per_device_train_batch_size: 1
-gradient_accumulation_steps: 4
-gradient_checkpointing: true
-bf16: true
-optim: adamw_8bit
-"""
+# Unsloth's Hugging Face + FA2 baseline as TRL ran it in 2024 (UNSLOTH_HF): what its post leaves open.
 _UNSLOTH_ASSUMED = [
     "optim: the post names no optimizer; Unsloth's notebooks' 8-bit AdamW (adamw_8bit)",
     "kbit_upcast: the TRL of 2024 prepared QLoRA with PEFT's prepare_model_for_kbit_training (fp32 non-4-bit "
@@ -275,7 +257,7 @@ def cases() -> list[dict]:
                 counter="card",
                 published_gib=card_gib,
                 versions={"note": "2024-2025 (Llama 3.1 / 3.3 posts)"},
-                config=_UNSLOTH_HF.format(model="llama-3.1-8b", tokens=tokens),
+                config=UNSLOTH_HF.format(model="llama-3.1-8b", tokens=tokens),
                 plan_options={"kbit_upcast": True},
                 assumed=_UNSLOTH_ASSUMED,
             )
@@ -288,7 +270,7 @@ def cases() -> list[dict]:
             counter="card",
             published_gib=80,
             versions={"note": "December 2024"},
-            config=_UNSLOTH_HF.format(model="llama-3.1-70b", tokens=6916),
+            config=UNSLOTH_HF.format(model="llama-3.1-70b", tokens=6916),
             plan_options={"kbit_upcast": True},
             assumed=_UNSLOTH_ASSUMED + ["model: Llama 3.3 70B has Llama 3.1 70B's shapes (the catalog's config)"],
         )
