@@ -32,7 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from memfit.planner.categories import TRACKED_CATEGORIES
-from memfit.planner.exact.allocator import K_MIN_BLOCK_SIZE, round_size
+from memfit.planner.exact.allocator import K_MIN_BLOCK_SIZE, round_size, simulate as allocator_simulate
 from memfit.step.host_embeddings import HOST_RESIDENT_ATTR
 from memfit.step.preference import reference_model
 
@@ -107,6 +107,7 @@ class TrackerResult:
     phase_marks: list[tuple[str, int]] = field(default_factory=list)
     peak_from_event: int = -1  # the peak is the highest moment after this event (set by reset_peak)
     _live: list[int] | None = field(default=None, repr=False, compare=False)  # live_bytes(), once worked out
+    _reserved: tuple[int, int] | None = field(default=None, repr=False, compare=False)  # (events, reserved_bytes())
 
     def categories_at(self, event_index: int) -> dict[str, int]:
         """Live device bytes by category just after event ``event_index``."""
@@ -129,6 +130,14 @@ class TrackerResult:
                 series.append(live)
             self._live = series
         return self._live
+
+    def reserved_bytes(self) -> int:
+        """The bytes the caching allocator's model reserves at its highest over :attr:`events`
+        (replayed once, when first asked: a plan whose depth is extrapolated replays the full depth's
+        events instead, and never needs its samples' own)."""
+        if self._reserved is None or self._reserved[0] != len(self.events):
+            self._reserved = (len(self.events), allocator_simulate(self.events).peak_reserved_bytes)
+        return self._reserved[1]
 
     def segments(self) -> list[Segment]:
         """The step's phases in order, each with its live bytes at start, at end and at its highest."""

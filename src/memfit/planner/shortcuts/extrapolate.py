@@ -40,7 +40,6 @@ class StepFigures:
     embeddings_on_host: bool
     trained_copies: list[dict]
     allocated_bytes: int
-    reserved_bytes: int
     host_peak_bytes: int
     paged_peak_bytes: int
     categories: dict[str, int]
@@ -60,6 +59,12 @@ class SampledStep(StepFigures):
     adapted: tuple[str, ...] = ()  # short names of the modules carrying LoRA adapters
     adapter_bytes: dict = dataclasses.field(default_factory=dict)  # the simulation's (SimulationResult.adapter_bytes)
 
+    @property
+    def reserved_bytes(self) -> int:
+        """What the caching allocator's model reserves at its highest over this depth's events
+        (replayed when first asked, once per result)."""
+        return self.result.reserved_bytes()
+
 
 #: Simulates (or predicts) the step of one cut (the full model's layer indices it copies, None for
 #: all): (config, spec, cut, workspace_allocs, arch).
@@ -76,6 +81,7 @@ class StepEstimate(StepFigures):
     multi-GPU reshape.
     """
 
+    reserved_bytes: int
     simulated_layers: list[int]
     num_layers: int
     single_gpu_categories: dict[str, int]
@@ -342,7 +348,6 @@ def _sample_key(
 def _summarise(sim, chunk_loops: frozenset) -> SampledStep:
     """A simulation's figures, with the chunked loops its step ran (for the length model)."""
     result = sim.tracker
-    replay = allocator.simulate(result.events)
     return SampledStep(
         result=result,
         attention=sim.attention,
@@ -351,7 +356,6 @@ def _summarise(sim, chunk_loops: frozenset) -> SampledStep:
         embeddings_on_host=sim.embeddings_on_host,
         trained_copies=[dict(entry) for entry in sim.trained_copies],
         allocated_bytes=result.peak.allocated_bytes,
-        reserved_bytes=replay.peak_reserved_bytes,
         host_peak_bytes=result.outside_peaks.get("host", 0),
         paged_peak_bytes=result.outside_peaks.get("paged", 0),
         categories=dict(result.peak.categories),

@@ -13,8 +13,9 @@ two lengths whose every loop ends on a different partial chunk (:func:`second_le
 - or, for a flat buffer whose size comes from a formula (a kernel's workspace), affine in the length.
 
 A change of structure between the two means no model (None). From a model, the allocations and
-frees at another length are written out and replayed through the caching-allocator model, giving
-that length's allocated and reserved bytes as a simulation would, in a fraction of its time; a
+frees at another length are written out, giving that length's allocated bytes as a simulation
+would, in a fraction of its time (and its reserved bytes, replayed through the caching-allocator
+model when a plan asks for them rather than for the full depth's); a
 simulation at a third length checks the model storage by storage (:meth:`LengthModel.explains`),
 and tests compare predicted and simulated plans over a sweep of lengths. The model holds from the
 shorter length up to where a loop of three chunks or fewer would gain one (the structure changes
@@ -30,7 +31,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
-from memfit.planner.exact import allocator
 from memfit.planner.exact.allocator import round_size
 
 if TYPE_CHECKING:
@@ -99,12 +99,10 @@ class LengthModel:
             peak_from_event=base.peak_from_event,
         )
         result.peak, phase_peaks = _peaks(result)
-        replay = allocator.simulate(events)
         return dataclasses.replace(
             self.sample,
             result=result,
             allocated_bytes=result.peak.allocated_bytes,
-            reserved_bytes=replay.peak_reserved_bytes,
             categories=dict(result.peak.categories),
             phase=result.peak.phase,
             phase_peaks=phase_peaks,
