@@ -495,3 +495,24 @@ def test_matches_real_cuda_caching_allocator():
     tensors.clear()
     torch.cuda.empty_cache()
     assert not mismatches, f"{len(mismatches)} events differ, first: {mismatches[:3]}"
+
+
+def test_marks_keep_each_stretchs_highest_requested_bytes():
+    events = [
+        ("alloc", 1, 100),  # before the first mark: in no stretch
+        ("alloc", 2, 300),
+        ("free", 2, 0),
+        ("alloc", 3, 50),  # stretch 0 (from event 3): 100 + 50
+        ("free", 3, 0),
+        ("free", 1, 0),  # stretch 1 (from event 5): frees only
+        ("alloc", 4, 0),  # stretch 2 (from event 6): a zero-byte request counts as live bytes unchanged
+    ]
+    result = simulate(events, marks=[3, 5, 6, 9])
+    assert result.stretch_peaks == (150, 0, 0, 0)  # the last mark is past the end: an empty stretch
+    assert simulate(events).stretch_peaks == ()
+
+
+@pytest.mark.parametrize("marks", [[2, 2], [3, 1], [-1, 4]])
+def test_marks_must_be_increasing_event_indices(marks):
+    with pytest.raises(ValueError, match="marks must be increasing"):
+        simulate([("alloc", 1, 8)], marks=marks)

@@ -139,7 +139,9 @@ def test_the_stream_is_the_full_depths_events():
         live += nbytes if kind == "alloc" else -whole.allocations[alloc_id].nbytes
         if kind == "alloc" and index > whole.peak_from_event:  # as the tracker counts, after its reset
             highest[phase] = max(highest.get(phase, 0), live)
-    assert stream.phase_peaks == highest
+    reserved, phase_peaks = stream.replay()
+    assert reserved == allocator.simulate(whole.events).peak_reserved_bytes
+    assert phase_peaks == highest
 
 
 def test_a_run_of_frees_in_another_order_in_one_sample():

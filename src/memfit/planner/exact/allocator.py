@@ -50,8 +50,9 @@ equal size.
 
 from __future__ import annotations
 
+import itertools
 from bisect import bisect_left, insort
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 K_MIN_BLOCK_SIZE = 512  # every block is a multiple of this
@@ -97,6 +98,9 @@ class AllocatorResult:
     peak_requested_bytes: int = 0
     final_requested_bytes: int = 0
     oom_event_index: int | None = None
+    #: With ``marks``: the requested bytes' highest after an allocation in each stretch of events
+    #: (from one mark to the next, the last to the end; 0 where a stretch allocates nothing).
+    stretch_peaks: tuple[int, ...] = ()
 
 
 def round_size(nbytes: int) -> int:
@@ -197,6 +201,7 @@ def simulate(
     *,
     capacity_bytes: int | None = None,
     record_trace: bool = False,
+    marks: Sequence[int] = (),
 ) -> AllocatorResult:
     """Replay allocation events through the caching-allocator model.
 
@@ -210,6 +215,8 @@ def simulate(
             segments are released and the segment is tried again; if it still
             does not fit, the replay stops with ``oom=True``. ``None``: no limit.
         record_trace: keep reserved and allocated bytes after every event.
+        marks: increasing event indices, each the first of a stretch whose highest requested bytes
+            the result keeps (``stretch_peaks``): a phase's highest live bytes, in one replay.
 
     Raises:
         ValueError: on an unknown event kind, a negative size, an alloc of a
@@ -218,10 +225,14 @@ def simulate(
     """
     if capacity_bytes is not None and capacity_bytes <= 0:
         raise ValueError(f"capacity_bytes must be a positive number of bytes or None, got {capacity_bytes!r}")
-    return _replay(events, capacity_bytes, record_trace)
+    if any(b <= a for a, b in itertools.pairwise(marks)) or any(m < 0 for m in marks[:1]):
+        raise ValueError(f"marks must be increasing event indices, got {list(marks)!r}")
+    return _replay(events, capacity_bytes, record_trace, marks)
 
 
-def _replay(events: Iterable[Event], capacity_bytes: int | None, record_trace: bool) -> AllocatorResult:
+def _replay(
+    events: Iterable[Event], capacity_bytes: int | None, record_trace: bool, marks: Sequence[int]
+) -> AllocatorResult:
     """:func:`simulate`'s loop. Every event passes here, so its work is done in this one frame, on
     local names: a call or an attribute look-up per event would cost the replay a tenth of its time."""
     segments = _Segments()
@@ -232,8 +243,14 @@ def _replay(events: Iterable[Event], capacity_bytes: int | None, record_trace: b
     peak_allocated = peak_reserved = peak_requested = allocated_at_peak_reserved = 0
     oom_index: int | None = None
     trace: list[tuple[int, int]] | None = [] if record_trace else None  # (reserved, allocated) after each event
+    stretches, stretch_peak, passed, next_mark = [], 0, 0, marks[0] if marks else -1
     try:
         for index, (kind, key, nbytes) in enumerate(events):
+            if index == next_mark:  # a stretch starts: the one before it (if one was) is over
+                if passed:
+                    stretches.append(stretch_peak)
+                stretch_peak, passed = 0, passed + 1
+                next_mark = marks[passed] if passed < len(marks) else -1
             if kind == ALLOC:
                 if key in live or nbytes < 0:
                     raise _event_error(index, kind, key, nbytes, key in live)
@@ -265,6 +282,8 @@ def _replay(events: Iterable[Event], capacity_bytes: int | None, record_trace: b
                         peak_allocated = allocated
                     if requested > peak_requested:
                         peak_requested = requested
+                if requested > stretch_peak:
+                    stretch_peak = requested
             elif kind == FREE:
                 entry = live.pop(key, None)
                 if entry is None:
@@ -302,6 +321,26 @@ def _replay(events: Iterable[Event], capacity_bytes: int | None, record_trace: b
                 trace.append((reserved, allocated))
     except _OutOfMemory as oom:  # the alloc at ``index`` could not be served: figures as just before it
         oom_index, reserved = index, oom.reserved_bytes
+    if passed:  # the last stretch reached is over
+        stretches.append(stretch_peak)
+    stretches += [0] * (len(marks) - passed)  # those that start past the last event (or the OOM)
+    peaks = (peak_allocated, peak_reserved, allocated_at_peak_reserved, peak_requested)
+    return _result(segments, peaks, (allocated, reserved, requested), num_allocs, oom_index, trace, stretches)
+
+
+def _result(
+    segments: _Segments,
+    peaks: tuple[int, int, int, int],
+    finals: tuple[int, int, int],
+    num_allocs: int,
+    oom_index: int | None,
+    trace: list[tuple[int, int]] | None,
+    stretches: list[int],
+) -> AllocatorResult:
+    """:func:`_replay`'s figures as a result: ``peaks`` (allocated, reserved, allocated at the reserved
+    peak, requested) and ``finals`` (allocated, reserved, requested)."""
+    peak_allocated, peak_reserved, allocated_at_peak_reserved, peak_requested = peaks
+    allocated, reserved, requested = finals
     return AllocatorResult(
         peak_allocated_bytes=peak_allocated,
         peak_reserved_bytes=peak_reserved,
@@ -316,4 +355,5 @@ def _replay(events: Iterable[Event], capacity_bytes: int | None, record_trace: b
         peak_requested_bytes=peak_requested,
         final_requested_bytes=requested,
         oom_event_index=oom_index,
+        stretch_peaks=tuple(stretches),
     )

@@ -36,10 +36,10 @@ the result with the plan that simulates every layer.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
+from memfit.planner.exact import allocator
 from memfit.planner.exact.allocator import round_size
 from memfit.planner.shortcuts.depths import DepthPlan
 from memfit.planner.shortcuts.peaks import common_prefix
@@ -406,7 +406,7 @@ class DepthStream:
 
     def __init__(self, depths: DepthPlan, base, samples: list, aligned: list[_Aligned], regions: list) -> None:
         self.base, self.samples, self.aligned, self.regions = base, samples, aligned, regions
-        self.phase_peaks: dict[str, int] = {}  # filled as :meth:`events` runs
+        self.phase_peaks: dict[str, int] = {}  # filled by :meth:`replay`
         order = _layer_order(depths)
         self.in_time = {False: order, True: order[::-1]}
         self.position = {flag: {layer: i for i, layer in enumerate(seq)} for flag, seq in self.in_time.items()}
@@ -485,38 +485,45 @@ class DepthStream:
         layer = next(layer for layer in (seq if later else reversed(seq)) if layer.kind in kinds)
         return self.key(layer, kinds[layer.kind])
 
-    def events(self) -> Iterator[tuple[str, int, int]]:
-        """The events, and as they pass, the live bytes' highest in each phase from the base's
-        ``peak_from_event`` on (:attr:`phase_peaks`, as the tracker takes them: after allocations)."""
-        base, sizes, live, peaks = self.base, {}, 0, self.phase_peaks
-        counting = False
-        for r, (phase, b0, b1) in enumerate(self.regions):
+    def events(self) -> list[tuple[str, int, int]]:
+        """The events, in one list (:meth:`replay` replays them)."""
+        return self._events_and_starts()[0]
+
+    def replay(self) -> tuple[int, dict[str, int]]:
+        """The bytes the caching allocator's model reserves at its highest over :meth:`events`, and
+        the live bytes' highest in each phase from the base's ``peak_from_event`` on (as the tracker
+        takes them: after allocations; the live bytes are the requests the model holds).
+        :class:`NotInserted` where a copy makes a storage that lives or frees one that does not."""
+        events, starts = self._events_and_starts()
+        try:
+            replayed = allocator.simulate(events, marks=starts)
+        except ValueError as err:
+            raise NotInserted(f"the full depth's events do not replay: {err}") from err
+        base, peaks, counting = self.base, {}, False
+        for (phase, b0, _), highest in zip(self.regions, replayed.stretch_peaks):
             # (A region starts where the peak starts to count: :func:`_regions`.)
             counting = counting or b0 > base.peak_from_event
+            if counting and highest > peaks.get(phase, 0):
+                peaks[phase] = highest
+        self.phase_peaks = peaks
+        return replayed.peak_reserved_bytes, peaks
+
+    def _events_and_starts(self) -> tuple[list[tuple[str, int, int]], list[int]]:
+        """The events, and the index of each region's first."""
+        base, out, starts = self.base, [], []
+        for r, (_, b0, b1) in enumerate(self.regions):
+            starts.append(len(out))
             for b in range(b0, b1 + 1):
-                batch = self.copies_at(r, b) if b in self.blocks_at else []
+                if b in self.blocks_at:
+                    out += self.copies_at(r, b)
                 if b < b1:
                     kind, base_id, nbytes = base.events[b]
                     if kind == "free":
                         base_id = self.base_free(b)
                     elif base_id in self.grown:
                         nbytes = self.grown[base_id]
-                    batch.append((kind, base_id, nbytes))
-                for event in batch:
-                    kind, key, nbytes = event
-                    if kind == "alloc":
-                        if key in sizes:
-                            raise NotInserted(f"a copy of a block makes storage {key} again while it lives")
-                        sizes[key] = nbytes
-                        live += nbytes
-                        if counting and live > peaks.get(phase, 0):
-                            peaks[phase] = live
-                    else:
-                        freed = sizes.pop(key, None)
-                        if freed is None:
-                            raise NotInserted(f"a copy of a block frees storage {key}, which does not live")
-                        live -= freed
-                    yield event
+                    out.append((kind, base_id, nbytes))
+        return out, starts
 
     def copies_at(self, r: int, b: int) -> list[tuple[str, int, int]]:
         """The copies of the blocks inserted before the base's event ``b`` of region ``r``."""
@@ -524,22 +531,44 @@ class DepthStream:
         for k, rr, first, stop in self.blocks_at[b]:
             if rr == r:
                 templates.setdefault(k, []).extend(self.template(k, first, stop))
-        out = []
+        parts = {k: self._parts(k, template) for k, template in templates.items()}
+        out: list[tuple[str, int, int]] = []
         for layer in self.in_time[r in self.backwards]:
-            template = templates.get(layer.kind)
-            if template is None:
+            found = parts.get(layer.kind)
+            if found is None:
                 continue
             offset = self.key(layer, 0)
-            # Own storages by the copy's offset, the base's as they are, those handed on as seen_by says.
-            out += [
-                (
-                    kind,
-                    offset + value if how == 0 else value if how == 1 else self.seen_by(layer.kind, layer, value),
-                    nbytes,
-                )
-                for kind, value, nbytes, how in template
-            ]
+            for fixed, (kind, value, nbytes, how) in found:
+                out += fixed  # (a list extended in C: most of a copy's events are the same in every copy)
+                if kind is None:
+                    continue
+                # Own storages by the copy's offset, the base's as they are, those handed on as seen_by says.
+                key = offset + value if how == 0 else value if how == 1 else self.seen_by(layer.kind, layer, value)
+                out.append((kind, key, nbytes))
         return out
+
+    def _parts(self, k: int, template: list[tuple[str, int, int, int]]) -> list[tuple[list, tuple]]:
+        """``template`` (:meth:`template`) as (events the same in every copy, then one event whose key
+        each copy finds) pairs, the last with no such event (kind None). A storage the template makes
+        and frees itself lives in one copy at a time (the copies run one after the other), so every
+        copy can name it by one key: its kind's, as the copy numbered 0 (no layer is) would."""
+        made, transient = set(), set()
+        for kind, value, _, how in template:
+            if how == 0:
+                if kind == "alloc":
+                    made.add(value)
+                elif value in made:
+                    transient.add(value)
+        fixed_key = self.key(_Layer(k, 0), 0)
+        parts, fixed = [], []
+        for kind, value, nbytes, how in template:
+            if how == 0 and value in transient:
+                fixed.append((kind, fixed_key + value, nbytes))
+            else:
+                parts.append((fixed, (kind, value, nbytes, how)))
+                fixed = []
+        parts.append((fixed, (None, 0, 0, 0)))
+        return parts
 
     def template(self, k: int, first: int, stop: int) -> list[tuple[str, int, int, int]]:
         """Sample ``k``'s block of events ``first`` to ``stop - 1``, each with how its key is found

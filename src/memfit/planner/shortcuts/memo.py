@@ -10,6 +10,8 @@ everything its value depends on, so what it hands back is what working it out wo
   (:mod:`memfit.planner.shortcuts.extrapolate`, for one rank's peak);
 - ``generations``: grpo's generation of one depth at the planned completion length, by config,
   spec, cut, workspaces and architecture (:mod:`memfit.planner.shortcuts.generation`);
+- ``full_depths``: the reserved bytes and phase peaks of the full depth's events, by the depth plan
+  and the samples' results (:func:`memfit.planner.shortcuts.extrapolate._full_depth`);
 - ``depth_plans``: the cuts a config is simulated at (:func:`memfit.planner.shortcuts.depths.plan_depths`);
 - ``layouts``: a model's parameter layout (:func:`memfit.planner.layout.param_layout`);
 - ``templates``: the replay templates of the last few kinds of plan
@@ -28,7 +30,15 @@ from collections.abc import Hashable
 from typing import Any
 
 #: Entries each store keeps at most (the oldest goes first); templates: the kinds of plan kept.
-LIMITS = {"samples": 128, "series": 128, "generations": 64, "depth_plans": 64, "layouts": 256, "templates": 4}
+LIMITS = {
+    "samples": 128,
+    "series": 128,
+    "full_depths": 32,
+    "generations": 64,
+    "depth_plans": 64,
+    "layouts": 256,
+    "templates": 4,
+}
 #: Knobs that change the shapes a step runs on, not what it runs: templates are kept by the rest.
 SHAPE_KNOBS = {"seq_len", "batch_size", "grad_accum"}
 
@@ -39,6 +49,7 @@ class Memo:
     def __init__(self) -> None:
         self.samples: dict[Hashable, Any] = {}
         self.series: dict[Hashable, Any] = {}
+        self.full_depths: dict[Hashable, Any] = {}
         self.generations: dict[Hashable, Any] = {}
         self.depth_plans: dict[Hashable, Any] = {}
         self.layouts: dict[Hashable, Any] = {}
