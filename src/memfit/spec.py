@@ -222,6 +222,30 @@ class RunSpec(BaseModel):
         "dpo: the reference log-probs in one pass before training (kept in the run folder) instead of a reference pass "
         "in every step; full fine-tuning then keeps no frozen copy of the model.",
     )
+    # Vision-language models (memfit.models.vision); a text model takes none of them.
+    images: int = knob(
+        1,
+        "Vision-language models: images in each example (the plan's examples hold this many).",
+        example=4,
+        at_most=1024,
+    )
+    image_max_pixels: int = knob(
+        768 * 768,
+        "Vision-language models: the most pixels an image keeps after the processor resizes it (LLaMA-Factory's "
+        "image_max_pixels; Qwen's max_pixels); its tokens follow from the model's processor rules.",
+        example=589824,
+        at_most=2**28,
+    )
+    freeze_vision: bool = knob(
+        True,
+        "Vision-language models: the vision tower and projector frozen (LLaMA-Factory's freeze_vision_tower); false: "
+        "trained (whole with full, LoRA where targets name their modules).",
+    )
+    vision_checkpointing: Literal["auto", "on", "off"] = knob(
+        "auto",
+        "Vision-language models: activation checkpointing of the vision tower's blocks (auto: as checkpointing; with "
+        "checkpointing even a frozen tower keeps its activations unless its blocks are checkpointed too).",
+    )
     recipe: Literal["memfit", "hf"] = knob(
         "memfit", "memfit's step, or hf: the plain Hugging Face + PEFT step, for comparison.", planner_only=True
     )

@@ -20,6 +20,7 @@ from memfit.models.cutting import cut_config_data
 from memfit.models.errors import ModelBuildError
 from memfit.models.experts_nf4 import fill_random, nf4_expert_modules, unpacked_counts
 from memfit.models.quantize import is_quantized_linear, quantize_fake_or_random
+from memfit.models.vision import is_vision_config, language_config, nested_config
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -27,14 +28,21 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 def make_config(config_dict: dict[str, Any], num_layers: int | None = None, *, layers: Sequence[int] | None = None):
     """A transformers config from a config dict, optionally cut: to its first ``num_layers`` decoder
     layers, or to copies of the layers at the indices ``layers`` (:mod:`memfit.models.cutting`)."""
+    config_dict = nested_config(config_dict)
     config = _config(config_dict)
+    text = language_config(config)
     if num_layers is not None and layers is None:
-        layers = range(min(int(num_layers), int(config.num_hidden_layers)))
+        layers = range(min(int(num_layers), int(text.num_hidden_layers)))
     if layers is None:
         return config
-    cut = _config(cut_config_data(config_dict, config, layers))
-    if int(cut.num_hidden_layers) != len(layers):  # a config that ignored the depth it was given
-        cut.num_hidden_layers = len(layers)
+    if is_vision_config(config_dict):
+        # A vision-language model's decoder is its language model's: the cut is of text_config.
+        cut_text = cut_config_data(config_dict["text_config"], text, layers)
+        cut = _config({**config_dict, "text_config": cut_text})
+    else:
+        cut = _config(cut_config_data(config_dict, config, layers))
+    if int(language_config(cut).num_hidden_layers) != len(layers):  # a config that ignored the depth it was given
+        language_config(cut).num_hidden_layers = len(layers)
     return cut
 
 
@@ -53,8 +61,13 @@ def _config(config_dict: dict[str, Any]):
 
 
 def build_meta_model(config, dtype: torch.dtype) -> nn.Module:
-    """The causal LM of ``config`` on the ``meta`` device, in ``dtype``, with SDPA attention."""
-    from transformers import AutoModelForCausalLM
+    """The causal LM of ``config`` on the ``meta`` device, in ``dtype``, with SDPA attention; a
+    vision-language config's whole model (language model, vision tower and projector:
+    ``AutoModelForImageTextToText``)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    if is_vision_config(config):
+        AutoModelForCausalLM = AutoModelForImageTextToText
 
     try:
         with torch.device("meta"):

@@ -342,9 +342,13 @@ def model_type_problem(config: dict[str, Any]) -> str | None:
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
+    from memfit.models.vision import is_vision_config, supported_families
+
     model_type = config.get("model_type")
     if not isinstance(model_type, str) or not model_type:
         return f'model_type {model_type!r} is not an architecture name (e.g. "model_type": "llama").'
+    if is_vision_config(config) and model_type in supported_families():
+        return None  # a vision-language model memfit plans whole (memfit.models.vision)
     if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return _nested_language_model(config, model_type)
     import transformers
@@ -378,7 +382,8 @@ def _nested_language_model(config: dict[str, Any], model_type: str) -> str | Non
 def max_positions(config: dict[str, Any]) -> int | None:
     """The longest sequence ``config`` says the model takes (``max_position_embeddings``, or GPT-2's
     ``n_positions``), or None when it does not say."""
-    value = config.get("max_position_embeddings") or config.get("n_positions")
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    value = config.get("max_position_embeddings") or config.get("n_positions") or text.get("max_position_embeddings")
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 

@@ -21,7 +21,14 @@ from collections.abc import Sequence
 from typing import Any
 
 #: Fields listing the indices of the layers of one kind: remapped to the cut's positions.
-INDEX_FIELDS = ("attn_layer_indices", "full_attn_idxs", "mlp_only_layers", "hybrid_layer_ids")
+INDEX_FIELDS = (
+    "attn_layer_indices",
+    "full_attn_idxs",
+    "mlp_only_layers",
+    "hybrid_layer_ids",
+    "cross_attention_layers",  # Llama 3.2 Vision's cross-attention layers
+    "moe_layers",  # Llama 4's mixture-of-experts layers
+)
 #: Fields counting leading layers of one kind (dense MLPs before the mixture-of-experts ones).
 LEADING_COUNT_FIELDS = ("first_k_dense_replace", "num_dense_layers")
 #: Fields holding a cycle of kinds the model repeats to its depth (RecurrentGemma's block_types):

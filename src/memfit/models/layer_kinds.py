@@ -27,6 +27,7 @@ from torch import nn
 from memfit.models.build import build_meta_model, make_config
 from memfit.models.cutting import per_layer_names
 from memfit.models.layers import decoder_layers
+from memfit.models.vision import language_config
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,7 @@ def _pattern_and_signatures(config_dict: dict[str, Any]) -> tuple[LayerPattern, 
         signatures, shared = _signatures(config)
         ids: dict[Any, int] = {}
         kinds = tuple(ids.setdefault(sig, len(ids)) for sig in signatures)
-        coupled = shared or any(getattr(config, name, None) for name in CROSS_LAYER_FIELDS)
+        coupled = shared or any(getattr(language_config(config), name, None) for name in CROSS_LAYER_FIELDS)
         found = (LayerPattern(kinds=kinds, names=_names(list(ids)), coupled=coupled), signatures, shared)
         if len(_PATTERNS) >= _PATTERNS_KEPT:
             _PATTERNS.pop(next(iter(_PATTERNS)))
@@ -115,14 +116,15 @@ def _signatures(config, names: list[str] | None = None) -> tuple[tuple, bool]:
     from memfit.models.build import DTYPES
 
     model = build_meta_model(config, DTYPES["bf16"])
-    values = [(name, getattr(config, name)) for name in (per_layer_names(config) if names is None else names)]
+    text = language_config(config)
+    values = [(name, getattr(text, name)) for name in (per_layer_names(text) if names is None else names)]
     layers = decoder_layers(model)
-    if len(layers) != int(config.num_hidden_layers):
+    num_layers = int(language_config(config).num_hidden_layers)
+    if len(layers) != num_layers:
         # The longest list of modules is not one layer each (a model that nests or repeats them):
         # the config's per-layer lists alone tell the kinds.
         return tuple(
-            (((), ()), tuple((name, _hashable(value[i])) for name, value in values))
-            for i in range(config.num_hidden_layers)
+            (((), ()), tuple((name, _hashable(value[i])) for name, value in values)) for i in range(num_layers)
         ), False
     owners: dict[int, int] = {}
     shared = False

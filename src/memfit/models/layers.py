@@ -13,9 +13,12 @@ from memfit.models.experts import router_ids
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The ModuleList of decoder blocks (the longest ModuleList in the model)."""
+    """The ModuleList of decoder blocks (the longest ModuleList in the model; in a vision-language
+    model, in its language model: a vision tower's blocks may be more)."""
+    from memfit.models.vision import language_model
+
     best = None
-    for module in model.modules():
+    for module in language_model(model).modules():
         if isinstance(module, nn.ModuleList) and (best is None or len(module) > len(best)):
             best = module
     if best is None:

@@ -478,6 +478,7 @@ def _memory_plan(
         "precision_regime": spec.precision_regime,
         "adapters": _adapter_details(spec, estimate.trained_copies, estimate.adapted) if spec.uses_adapters else None,
         "experts": expert_details(source.config, spec, estimate.adapter_bytes),
+        "vision": _vision_details(source, spec),
         "notes": _notes(source, spec, target, runtime, estimate, headroom),
     }
     if spec.is_preference or spec.is_grpo:
@@ -540,6 +541,15 @@ def _notes(
             "tensors), so the mixers' activations are those of the PyTorch path"
         )
     return notes
+
+
+def _vision_details(source: ModelSource, spec: RunSpec) -> dict[str, Any] | None:
+    """A vision-language plan's images, their tokens, and the tower's and projector's weights
+    (:func:`memfit.models.vision.vision_details`); None for a text model."""
+    from memfit.models.vision import vision_details
+
+    weight_bytes = 4 if spec.weight_precision == "fp32" else 2  # the tower is never quantized
+    return vision_details(source.config, spec.images, spec.image_max_pixels, weight_bytes)
 
 
 def _mixers(source: ModelSource) -> dict[str, Any] | None:

@@ -194,7 +194,13 @@ def model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
     if targets:
         problems.append(targets)
     problems.extend(
-        p for p in (training_mode_problem(source.config, spec), quantized_base_problem(source.config, spec)) if p
+        p
+        for p in (
+            training_mode_problem(source.config, spec),
+            quantized_base_problem(source.config, spec),
+            vision_problem(source.config, spec),
+        )
+        if p
     )
     if spec.base_bits is not None or spec.optimizer in ("adamw8bit", "paged-adamw8bit"):
         import importlib.util
@@ -207,6 +213,37 @@ def model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
 
         problems.extend(mode_problems(spec.shard, spec.gpus, spec.optimizer))
     return problems
+
+
+def vision_problem(config: dict[str, Any], spec: RunSpec, spelling: str = "flag") -> str | None:
+    """Why a vision-language model cannot be planned with ``spec`` (None when it can, or for a text
+    model): an objective other than sft, or more image tokens than ``seq_len`` holds."""
+    from memfit.models.vision import is_vision_config
+
+    if not is_vision_config(config):
+        return None
+    from memfit.spec import spell, spell_setting
+
+    if spec.objective != "sft":
+        return (
+            f"{spell('objective', spelling)}: {spec.objective} is not planned for vision-language models; "
+            f"use {spell_setting('objective', 'sft', spelling)}."
+        )
+    from memfit.models.build import make_config
+    from memfit.models.vision import image_layout
+
+    layout = image_layout(make_config(config), spec.image_max_pixels)
+    needed = spec.images * layout.sequence_tokens + 1
+    if needed <= spec.seq_len:
+        return None
+    most = max((spec.seq_len - 1) // layout.sequence_tokens, 0)
+    return (
+        f"{spell('images', spelling)}: {spec.images} image(s) of up to {spec.image_max_pixels:,} pixels take "
+        f"{layout.tokens:,} image tokens each ({layout.sequence_tokens:,} with their markers), {needed - 1:,} in all, "
+        f"more than {spell_setting('seq_len', spec.seq_len, spelling)} holds beside a token of text. Use "
+        f"{spell_setting('seq_len', needed, spelling)} or more, {spell_setting('images', most, spelling)} or a smaller "
+        f"{spell('image_max_pixels', spelling)}."
+    )
 
 
 def training_mode_problem(config: dict[str, Any], spec: RunSpec) -> str | None:

@@ -52,6 +52,11 @@ def unsupported_reason(config: Any) -> str | None:
     """
     from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
 
+    from memfit.models.vision import is_vision_config
+
+    if is_vision_config(config):
+        # Image tokens are placed, and Qwen's positions made, by the padded rows' layout.
+        return f"{config.model_type} is a vision-language model (its batches are padded rows)"
     try:
         model_class = MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
     except KeyError:

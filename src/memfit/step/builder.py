@@ -24,6 +24,7 @@ from memfit.step.batch import PADDED, collate
 from memfit.step.grpo import choose_grpo_loss, collate_completions
 from memfit.step.losses import Batch, LossFn, choose_loss
 from memfit.step.preference import choose_preference_loss, collate_pairs, reference_model
+from memfit.step.vision import vision_collate
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class TrainingStep:
     layout: str = PADDED
     pairs: bool = False  # a preference objective: examples are chosen / rejected pairs
     completions: bool = False  # grpo: examples are completions with their advantages
+    vision: Any = None  # a vision-language model's collate (memfit.step.vision.VisionCollate)
 
     def collate(self, examples: Sequence[dict[str, Any]], pad_token_id: int) -> dict[str, Any]:
         """One micro-batch of ``examples`` in this step's layout (see :func:`memfit.step.batch.collate`;
@@ -51,6 +53,8 @@ class TrainingStep:
             return collate_pairs(examples, pad_token_id, layout=self.layout)
         if self.completions:
             return collate_completions(examples, pad_token_id, layout=self.layout)
+        if self.vision is not None:
+            return self.vision.collate(examples, pad_token_id)
         return collate(examples, pad_token_id, layout=self.layout)
 
     def grad_scaler(self, device: torch.device) -> torch.amp.GradScaler | None:
@@ -211,4 +215,5 @@ def build_step(spec: RunSpec, model_config: Any, objective_params: ObjectivePara
         layout=batch_layout(spec, model_config),
         pairs=spec.is_preference,
         completions=spec.is_grpo,
+        vision=vision_collate(model_config, spec.weight_precision),
     )

@@ -298,11 +298,14 @@ def model_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
 def _model_inputs(batch: Batch) -> dict:
     """What the model's forward takes from a batch of :func:`memfit.step.batch.collate`: the ids,
     and where present the padding mask, the positions and the bounds of the examples in a row."""
+    from memfit.step.vision import IMAGE_KEYS
+
     inputs = {"input_ids": batch["input_ids"]}
     for key, argument in (
         ("attention_mask", "attention_mask"),
         ("position_ids", "position_ids"),
         ("documents", "memfit_documents"),
+        *((key, key) for key in IMAGE_KEYS),  # a vision-language batch's images
     ):
         if batch.get(key) is not None:
             inputs[argument] = batch[key]
@@ -327,8 +330,12 @@ def backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn
         or head.bias is not None
     ):
         return None
-    if any(getattr(config, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
-        return None
+    from memfit.models.vision import language_config
+
+    # A vision-language model's logit transforms are its language model's (Gemma 3's text_config).
+    for holder in {id(c): c for c in (config, language_config(config))}.values():
+        if any(getattr(holder, name, None) not in (None, 1, 1.0) for name in _LOGIT_TRANSFORMS):
+            return None
     return backbone, head
 
 

@@ -37,6 +37,13 @@ from memfit.step.lora_targets import (
 )
 from memfit.step.offload import enable_offloaded_checkpointing
 from memfit.step.tiling import tile_mlps, tile_norms
+from memfit.step.vision_training import (
+    freeze_vision,
+    is_vision_model,
+    lora_module_names,
+    set_tower_checkpointing,
+    vision_linear_names,
+)
 
 
 class SetupError(UserError, ValueError):
@@ -52,7 +59,8 @@ def check_targets(model: nn.Module, spec: RunSpec, spelling: str = "flag") -> No
     if not spec.uses_adapters:
         return
     if spec.targets != (ALL_LINEAR,):
-        missing = unknown_targets(model, spec.targets)
+        tower = vision_linear_names(model) if not spec.freeze_vision else []
+        missing = [name for name in unknown_targets(model, spec.targets) if name not in tower]
         if missing:
             raise ModelBuildError(
                 f"{spell('targets', spelling)}: {', '.join(missing)} match no linear layer, expert weight or router of this "
@@ -173,6 +181,10 @@ def attach_lora(model: nn.Module, spec: RunSpec) -> nn.Module:
     # refuses in this model (a Mamba mixer's out_proj) are left out rather than failing the whole run.
     refused = peft_refused_targets(model, linear_names_in_layers(model)) if targets.modules == ALL_LINEAR else []
     modules = targets.modules if isinstance(targets.modules, str) else list(targets.modules)
+    if is_vision_model(model):
+        # The language model's linear layers (and the tower's when it trains), by their full names:
+        # a short name alone would put adapters on the tower's layers of that name too.
+        modules, refused = lora_module_names(model, spec), []
     config = LoraConfig(
         r=spec.rank,
         lora_alpha=spec.lora_alpha,
@@ -258,6 +270,7 @@ def prepare_for_method(
     else:
         for p in model.parameters():
             p.requires_grad_(True)
+        freeze_vision(model, spec)
     apply_lean_step(model, spec)
     return model
 
@@ -277,6 +290,7 @@ def apply_lean_step(model: nn.Module, spec: RunSpec) -> None:
         keep_lora_inputs_low_precision(model)
     if spec.checkpointing != "off":
         enable_checkpointing(model, offload=spec.checkpointing == "offload")
+    set_tower_checkpointing(model, spec, enable_checkpointing)
     if spec.tiles_sequence:
         tile_mlps(model)
         tile_norms(model)

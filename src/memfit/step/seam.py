@@ -169,3 +169,57 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, (list, tuple)):
         return [t for v in value for t in _tensors(v)]
     return []
+
+
+# ------------------------------------------------------------------------------------------------
+# Values a vision-language forward reads: image grids, masks, the image tokens' places
+
+#: The most elements a tensor a simulation keeps the values of may hold (a micro-batch's ids, masks
+#: and image grids): fake tensors keep the values of small tensors only (one element), and a
+#: vision-language model's forward reads these (it counts image tokens, splits the tower's
+#: attention by the images' grids). What is computed from them alone is computed on their values.
+VALUES_KEPT_ELEMENTS = 1 << 24
+
+
+@contextlib.contextmanager
+def values_kept() -> Iterator[None]:
+    """While the block runs, a simulation keeps the values of the tensors made by
+    :func:`values_tensor`, and of what is computed from them alone (up to
+    :data:`VALUES_KEPT_ELEMENTS` elements each)."""
+    from torch._subclasses import fake_tensor
+
+    before = fake_tensor.CONSTANT_NUMEL_LIMIT
+    fake_tensor.CONSTANT_NUMEL_LIMIT = max(before, VALUES_KEPT_ELEMENTS)
+    try:
+        yield
+    finally:
+        fake_tensor.CONSTANT_NUMEL_LIMIT = before
+
+
+def values_tensor(array: Any) -> torch.Tensor:
+    """A micro-batch's tensor of ``array``'s values (ids, masks, image grids), on the host: a run's
+    shares the array's memory; a simulation's is a fake tensor that keeps the values (under
+    :func:`values_kept`), so that a forward that reads them takes the path the run takes."""
+    import numpy as np
+
+    values = np.ascontiguousarray(array)
+    if not _simulating():
+        return torch.from_numpy(values)
+    return torch.tensor(values)  # lifted into the fake mode with its values
+
+
+def on_host_values(fn: Callable[[], Any]) -> Any:
+    """``fn()``, which computes from the host's real values (numpy arrays, host tensors), with a
+    simulation's modes off: what the batch's collate computes on the host is no device memory."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        return fn()
+
+
+def _simulating() -> bool:
+    """Whether a fake tensor mode is active (the planner's simulation)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    return any(isinstance(mode, FakeTensorMode) for mode in _get_current_dispatch_mode_stack())

@@ -31,6 +31,7 @@ from memfit.models.build import (
 )
 from memfit.models.errors import ModelBuildError
 from memfit.models.mixer_kernels import pytorch_mixers
+from memfit.models.vision import language_config
 from memfit.planner.exact.cuda_parity import (
     CudaParityMode,
     offload_parity,
@@ -38,6 +39,7 @@ from memfit.planner.exact.cuda_parity import (
     planned_grad_scaler,
 )
 from memfit.planner.exact.tracker import MemoryTracker, TrackerResult
+from memfit.planner.exact.values import IntegerValues
 from memfit.spec import RunSpec
 from memfit.step import seam
 from memfit.step.batch import PADDED
@@ -122,6 +124,7 @@ def simulate(
         _bitsandbytes_tables() if _uses_bitsandbytes(spec) else contextlib.nullcontext(),
         _fake_mode() if fake else contextlib.nullcontext(),
         _packed_positions(spec.recipe == "hf" and spec.packing and step_fn.layout == PADDED),
+        seam.values_kept() if step_fn.vision is not None else contextlib.nullcontext(),
         offload_parity(),
         pinned_host_copies(),
         # Work seen before may be replayed, not run (what it notes besides memory: the attention kernels met).
@@ -130,6 +133,8 @@ def simulate(
         else contextlib.nullcontext(),
         tracker,
         parity,
+        # A vision-language forward reads its integer tensors' values (memfit.planner.exact.values).
+        IntegerValues() if step_fn.vision is not None and fake else contextlib.nullcontext(),
     ):
         model = materialize(model, SIM_DEVICE, random_values=not fake)
         # Real CPU tensors cannot be pinned without an accelerator: say where the host copies go.
@@ -147,14 +152,14 @@ def simulate(
         )
         for inner in getattr(optimizer, "inner_optimizers", [optimizer]):
             plan_bitsandbytes_optimizer(inner, tracker)
-        observer, grad_scaler = _run_steps(model, spec, step_fn, optimizer, tracker, workspace_allocs)
+        observer, grad_scaler = _run_steps(model, spec, step_fn, optimizer, tracker, workspace_allocs, config)
         adapter_bytes = _adapter_bytes(model, optimizer, tracker) if spec.uses_adapters else {}
         for h in hooks:
             h.remove()
         result = tracker.result()
     del model, base, optimizer, observer, grad_scaler
     return SimulationResult(
-        num_layers=config.num_hidden_layers,
+        num_layers=language_config(config).num_hidden_layers,
         tracker=result,
         total_params=total,
         trainable_params=trainable,
@@ -180,11 +185,13 @@ def _adapter_bytes(model, optimizer, tracker: MemoryTracker) -> dict[str, dict[s
     return {group: tracker.state_bytes(params, optimizer) for group, params in groups.items()}
 
 
-def _run_steps(model, spec: RunSpec, step_fn, optimizer, tracker: MemoryTracker, workspace_allocs: tuple[int, ...]):
+def _run_steps(
+    model, spec: RunSpec, step_fn, optimizer, tracker: MemoryTracker, workspace_allocs: tuple[int, ...], config=None
+):
     """``SIM_STEPS`` steps of ``step_fn`` on the longest examples, the tracker's peak reset first;
     the workspace observer (whose workspaces stay alive, as cuBLAS keeps them) and the grad scaler."""
     grad_scaler = planned_grad_scaler(step_fn, SIM_DEVICE)
-    examples = _planned_examples(spec, step_fn.layout)
+    examples = _planned_examples(spec, step_fn.layout, config if step_fn.vision is not None else None)
     # The step's own peak is what matters; building the model is not part of it.
     tracker.reset_peak()
     observer = _WorkspaceObserver(tracker, workspace_allocs)
@@ -224,8 +231,16 @@ class _WorkspaceObserver:
         self.pending[pending] = []
 
 
-def _planned_examples(spec: RunSpec, layout: str) -> list[dict[str, Any]]:
-    """A micro-batch of the longest examples the run takes: sequences, pairs, or grpo's completions."""
+def _planned_examples(spec: RunSpec, layout: str, vision_config=None) -> list[dict[str, Any]]:
+    """A micro-batch of the longest examples the run takes: sequences, pairs, or grpo's completions;
+    a vision-language model's sequences with ``spec.images`` images of the largest size each."""
+    if vision_config is not None:
+        from memfit.step.vision import planned_vision_example
+
+        return [
+            planned_vision_example(vision_config, example["input_ids"].shape[0], spec.images, spec.image_max_pixels)
+            for example in _longest_examples(spec, layout)
+        ]
     if spec.is_grpo:
         from memfit.step.grpo import longest_completions
 

@@ -1,0 +1,69 @@
+"""Plans of vision-language models: the language model, the vision tower and the projector, with
+images laid out by each family's processor rules."""
+
+from __future__ import annotations
+
+import pytest
+from vision_configs import VISION_CONFIGS, vision_config
+
+import memfit
+from memfit.planner.errors import PlanError
+
+_KNOBS = {"seq_len": 128, "batch_size": 2, "image_max_pixels": 64 * 64, "cache": False}
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+@pytest.mark.parametrize("model_type", sorted(VISION_CONFIGS))
+def test_every_vision_family_plans_lora_and_qlora(model_type, method):
+    one = memfit.plan(vision_config(model_type), method=method, images=1, **_KNOBS)
+    two = memfit.plan(vision_config(model_type), method=method, images=2, **_KNOBS)
+    assert one.details["num_layers"] == VISION_CONFIGS[model_type]["text_config"]["num_hidden_layers"]
+    assert two.allocated_bytes > one.allocated_bytes  # a second image: its pixels and the tower's work
+    assert one.details["vision"]["images"] == 1
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "gemma3", "mllama"])
+def test_the_shortcuts_plan_a_vision_model_as_the_exact_simulation_does(model_type):
+    config = vision_config(model_type, layers=6)
+    knobs = dict(_KNOBS, method="lora", images=2)
+    shortcut, exact = memfit.plan(config, **knobs), memfit.plan(config, exact=True, **knobs)
+    assert shortcut.details["simulated_layers"] != [6]
+    assert (shortcut.reserved_bytes, shortcut.categories) == (exact.reserved_bytes, exact.categories)
+
+
+def test_lora_adapts_the_language_model_and_the_tower_only_when_it_trains():
+    config = vision_config("gemma3")  # its SigLIP tower's attention is q_proj, k_proj, v_proj too
+    frozen = memfit.plan(config, method="lora", images=1, **_KNOBS)
+    trained = memfit.plan(config, method="lora", images=1, freeze_vision=False, **_KNOBS)
+    assert trained.details["trainable_params"] > frozen.details["trainable_params"]
+    full = memfit.plan(config, method="full", images=1, **_KNOBS)
+    full_tower = memfit.plan(config, method="full", images=1, freeze_vision=False, **_KNOBS)
+    assert full_tower.details["trainable_params"] - full.details["trainable_params"] == (
+        full.details["vision"]["tower_params"] + full.details["vision"]["projector_params"]
+    )
+
+
+def test_checkpointing_the_tower_saves_its_activations():
+    config = vision_config("qwen2_5_vl")
+    knobs = dict(_KNOBS, method="lora", images=2)
+    kept = memfit.plan(config, vision_checkpointing="off", **knobs)
+    checkpointed = memfit.plan(config, vision_checkpointing="on", **knobs)
+    assert checkpointed.categories["activations"] < kept.categories["activations"]
+
+
+def test_more_image_tokens_than_seq_len_holds_is_one_clear_refusal():
+    with pytest.raises(PlanError) as err:
+        memfit.plan(vision_config("gemma3"), method="lora", images=40, seq_len=128, cache=False)
+    message = str(err.value)
+    assert "--images: 40 image(s)" in message and "--seq-len 241" in message
+
+
+def test_qwen2_5_vl_7b_plans_more_with_four_images_than_one_and_names_its_tower():
+    knobs = {"method": "lora", "seq_len": 4096, "cache": False}
+    one = memfit.plan("qwen2.5-vl-7b", images=1, **knobs)
+    four = memfit.plan("qwen2.5-vl-7b", images=4, **knobs)
+    assert four.device_total_bytes > one.device_total_bytes
+    assert one.details["num_layers"] == 28  # the language model's, not the tower's 32 blocks
+    assert one.details["vision"]["tower_blocks"] == 32
+    assert one.details["vision"]["tower_weight_bytes"] > 1_000_000_000  # 670 M parameters in bf16
+    assert four.details["vision"]["tokens_per_image"] == (756 // 28) ** 2  # 768 x 768 under max_pixels: 756 x 756
