@@ -62,6 +62,7 @@ PLANNER_LEVELS: dict[str, int] = {
     "__init__": 4,
     "api": 4,
     "experts": 4,
+    "vision": 4,
     "grpo": 4,
     "inputs": 4,
     "report": 4,

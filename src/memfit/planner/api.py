@@ -546,7 +546,7 @@ def _notes(
 def _vision_details(source: ModelSource, spec: RunSpec) -> dict[str, Any] | None:
     """A vision-language plan's images, their tokens, and the tower's and projector's weights
     (:func:`memfit.models.vision.vision_details`); None for a text model."""
-    from memfit.models.vision import vision_details
+    from memfit.planner.vision import vision_details
 
     weight_bytes = 4 if spec.weight_precision == "fp32" else 2  # the tower is never quantized
     return vision_details(source.config, spec.images, spec.image_max_pixels, weight_bytes)
