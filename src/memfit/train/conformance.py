@@ -198,6 +198,41 @@ TINY_MODELS: dict[str, dict[str, Any]] = {
         "eos_token_id": 1,
         "pad_token_id": 2,
     },
+    # A vision-language model (LLaVA: a CLIP tower, its projector, a Llama), the shipped tokenizer
+    # with the tiny processor's image token (512) added; examples/vlm-tiny.yaml trains the same shape.
+    "llava": {
+        "model_type": "llava",
+        "text_config": {
+            "model_type": "llama",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "vocab_size": 513,
+            "max_position_embeddings": 512,
+            "bos_token_id": 0,
+            "eos_token_id": 1,
+            "pad_token_id": 2,
+        },
+        "vision_config": {
+            "model_type": "clip_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": 56,
+            "patch_size": 14,
+            "projection_dim": 32,
+        },
+        "image_token_index": 512,
+        "image_seq_length": 16,
+        "vision_feature_layer": -2,
+        "vision_feature_select_strategy": "default",
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": 2,
+    },
 }
 
 #: Characters the tiny tokenizer keeps one token each (it learned no merge of them): texts of them
@@ -543,6 +578,18 @@ MATRIX: list[tuple[str, dict[str, Any]]] = [
     ),
     _cell("qwen3_moe qlora offload", model="qwen3_moe", method="qlora", precision="bf16", checkpointing="offload"),
     _cell("deepseek_v2 dpo lora", model="deepseek_v2", objective="dpo", method="lora", precision="bf16", batch_size=2),
+    # A vision-language model: each example a picture and a conversation about it, through the
+    # processor and the collate the planner's micro-batch takes; the tower frozen or trained.
+    _cell("llava lora bf16 tower frozen", model="llava", method="lora", precision="bf16"),
+    _cell(
+        "llava lora fp32 tower trained padded",
+        model="llava",
+        method="lora",
+        precision="fp32",
+        freeze_vision=False,
+        batch_size=2,
+    ),
+    _cell("llava full bf16 tower trained", model="llava", method="full", precision="bf16", freeze_vision=False),
 ]
 
 #: The rest of a cell's settings, unless it says otherwise.
@@ -574,6 +621,7 @@ STEPS = 3
 
 def measure(name: str, settings: dict[str, Any], work_dir: str | Path) -> Cell:
     """Run the trainer for the cell in ``work_dir`` on the CPU, measure its steps, plan it, compare."""
+    from memfit.models.vision import is_vision_config
     from memfit.planner.api import plan
     from memfit.train.config import model_config_dict, validate_config
     from memfit.train.recipe import train
@@ -604,6 +652,15 @@ def measure(name: str, settings: dict[str, Any], work_dir: str | Path) -> Cell:
             grad_accum=int(knobs["grad_accum"]),
             steps=2 * STEPS,
             padded=knobs.get("padding_free") == "off",
+        )
+    elif is_vision_config(TINY_MODELS[model]):
+        data = write_vision_data(
+            work_dir / "data.jsonl",
+            seq_len=int(knobs["seq_len"]),
+            batch_size=int(knobs["batch_size"]),
+            grad_accum=int(knobs["grad_accum"]),
+            steps=2 * STEPS,
+            padded=int(knobs["batch_size"]) > 1,
         )
     else:
         data = write_data(
@@ -735,6 +792,61 @@ def write_data(
             text = "".join(rng.choice(_ONE_TOKEN_CHARS) for _ in range(length - 2))  # + BOS + EOS
             handle.write(json.dumps({"text": text}) + "\n")
     return path
+
+
+def write_vision_data(
+    path: Path, *, seq_len: int, batch_size: int, grad_accum: int, steps: int, padded: bool, seed: int = 0
+) -> Path:
+    """A JSONL in TRL's vision format (the tiny LLaVA's) whose micro-batches take the shapes the plan
+    assumes: every record one picture (a PNG beside the file, of the tower's size) and a conversation of
+    one-token characters, ``seq_len`` tokens through the tiny processor, and with ``padded`` one record
+    of each micro-batch, in the order the trainer will draw them (same seed), a token shorter."""
+    from PIL import Image
+
+    from memfit.train.data import BatchIterator
+
+    count = batch_size * grad_accum * steps
+    short = set()
+    if padded:
+        order = BatchIterator(list(range(count)), batch_size=batch_size, seed=seed)
+        short = {next(order)[-1] for _ in range(count // batch_size)}
+    rng = random.Random(f"memfit-conformance-vision-{seed}")
+    answer = seq_len - _vision_overhead_tokens() + 1  # the record of a one-character answer has the overhead
+    with open(path, "w", encoding="utf-8") as handle:
+        for index in range(count):
+            name = f"image-{index}.png"
+            Image.new("RGB", (56, 56), tuple(rng.randrange(256) for _ in range(3))).save(path.parent / name)
+            text = "".join(rng.choice(_ONE_TOKEN_CHARS) for _ in range(answer - (1 if index in short else 0)))
+            handle.write(json.dumps(_vision_record(text, name)) + "\n")
+    return path
+
+
+def _vision_record(answer: str, image: str) -> dict[str, Any]:
+    """A picture, a question of one character and ``answer``, in TRL's vision format."""
+    return {
+        "messages": [
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "~"}]},
+            {"role": "assistant", "content": answer},
+        ],
+        "images": [image],
+    }
+
+
+def _vision_overhead_tokens() -> int:
+    """The tokens of a record with a one-character answer through the tiny LLaVA's processor."""
+    from memfit.models.build import make_config
+    from memfit.train.processor import tiny_processor
+
+    processor = tiny_processor(make_config(TINY_MODELS["llava"]))
+    text = processor.apply_chat_template(_vision_record("~", "")["messages"], tokenize=False)
+    picture = _blank_picture()
+    return len(processor(text=[text], images=[picture], add_special_tokens=False)["input_ids"][0])
+
+
+def _blank_picture():
+    from PIL import Image
+
+    return Image.new("RGB", (56, 56))
 
 
 def write_pairs(

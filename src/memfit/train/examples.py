@@ -45,6 +45,22 @@ def load_tokenizer(config: TrainConfig):
     return tokenizer
 
 
+def load_run_processor(config: TrainConfig):
+    """A vision-language run's processor (:mod:`memfit.train.processor`): the model's own, read from
+    ``tokenizer`` or the pretrained model's folder, or one built for a random tiny model; None for a
+    text model."""
+    from memfit.models.build import make_config
+    from memfit.models.vision import is_vision_config
+    from memfit.train.config import model_config_dict
+    from memfit.train.processor import load_processor
+
+    model_dict = model_config_dict(config)
+    if not is_vision_config(model_dict):
+        return None
+    given = config.tokenizer or (config.model if config.init == "pretrained" else None)
+    return load_processor(given, make_config(model_dict))
+
+
 def pad_token_id(tokenizer) -> int:
     """The id batches are padded with: the pad token, or EOS when the tokenizer has none."""
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -85,9 +101,12 @@ class RunData:
         )
 
 
-def prepare_data(config: TrainConfig, tokenizer, *, console=None, resume_from: Path | None = None) -> RunData:
+def prepare_data(
+    config: TrainConfig, tokenizer, *, console=None, resume_from: Path | None = None, processor=None
+) -> RunData:
     """Load, validate and tokenize the training data (or open its stream and check its first rows);
-    split off (or load) the evaluation set.
+    split off (or load) the evaluation set. A vision-language run's records are tokenized by its
+    ``processor`` (:mod:`memfit.train.data.vision`), their images read and checked now.
 
     ``resume_from``: the folder of a run being resumed; its Hub datasets are read at the commits it
     recorded, so the resumed run reads the same rows. A preference objective (dpo, orpo, simpo)
@@ -113,6 +132,8 @@ def prepare_data(config: TrainConfig, tokenizer, *, console=None, resume_from: P
         commits=_pins(sources, pinned.get("data")),
     )
     kwargs = dict(seq_len=config.seq_len, train_on_inputs=config.train_on_inputs, packing=config.packing)
+    if processor is not None:
+        tokenize_records, tokenize_record = _vision_tokenizers(config, processor)
     if config.spec.is_preference:
         return _prepare_pairs(
             config, tokenizer, sources, eval_sources, common, eval_loaded if eval_sources else None, console
@@ -151,6 +172,36 @@ def prepare_data(config: TrainConfig, tokenizer, *, console=None, resume_from: P
     train_examples = tokenize_records(records, tokenizer, **kwargs)
     record = _data_record(sources, loaded.commits, eval_sources, eval_loaded.commits if eval_sources else [], False)
     return RunData(train_examples, eval_examples, None, record)
+
+
+def _vision_tokenizers(config: TrainConfig, processor):
+    """:func:`tokenize_records`' and :func:`tokenize_record`'s stand-ins for a vision-language run:
+    records through ``processor`` (:mod:`memfit.train.data.vision`), with the run's image knobs."""
+    from memfit.train.data.vision import tokenize_vision_record, tokenize_vision_records
+
+    if config.packing:
+        raise TrainError(
+            "packing: true is not built for vision-language models (their batches are padded rows); remove it"
+        )
+    knobs = dict(
+        max_images=config.spec.images, max_pixels=config.spec.image_max_pixels, model_type=processor_family(processor)
+    )
+
+    def many(records, _tokenizer, *, seq_len, train_on_inputs, packing):
+        return tokenize_vision_records(records, processor, seq_len=seq_len, train_on_inputs=train_on_inputs, **knobs)
+
+    def one(record, _tokenizer, seq_len, train_on_inputs):
+        return tokenize_vision_record(record, processor, seq_len=seq_len, train_on_inputs=train_on_inputs, **knobs)
+
+    return many, one
+
+
+def processor_family(processor) -> str:
+    """The model type a processor serves (``llava`` for LlavaProcessor...), as transformers names it."""
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    name = type(processor).__name__
+    return next((family for family, cls in PROCESSOR_MAPPING_NAMES.items() if cls == name), name.lower())
 
 
 def refuse_other_kinds(config: TrainConfig, name: str, sources, formats: list[str]) -> None:

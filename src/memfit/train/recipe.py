@@ -59,6 +59,7 @@ from memfit.train.evaluation import evaluation_metrics
 from memfit.train.examples import (
     RunData,
     check_vocab,
+    load_run_processor,
     load_tokenizer,
     pad_token_id,
     prepare_data,
@@ -204,6 +205,7 @@ class _Data:
     prepared: RunData
     pad_id: int
     rewards: list = field(default_factory=list)  # grpo: the reward functions, loaded and checked
+    processor: Any = None  # a vision-language model's processor (saved with the deliverable)
 
 
 @dataclass
@@ -381,8 +383,11 @@ def _data(run: _Run) -> _Data:
     config = run.start_config
     model_dict = model_config_dict(config)
     seed_everything(config.seed)
-    tokenizer = load_tokenizer(config)
-    data = prepare_data(config, tokenizer, console=run.console, resume_from=run.run_dir if run.resume else None)
+    processor = load_run_processor(config)  # a vision-language model's; None for a text model
+    tokenizer = processor.tokenizer if processor is not None else load_tokenizer(config)
+    data = prepare_data(
+        config, tokenizer, console=run.console, resume_from=run.run_dir if run.resume else None, processor=processor
+    )
     if data.pair_stats is not None:
         run.console.print(f"data: {data.pair_stats.summary(config.seq_len)}", highlight=False)
     if data.prompt_stats is not None:
@@ -390,7 +395,12 @@ def _data(run: _Run) -> _Data:
     check_vocab(data.checked_examples, int(model_dict.get("vocab_size") or 0), tokenizer)
     rewards = _rewards(config, data) if config.spec.is_grpo else []
     return _Data(
-        model_config=model_dict, tokenizer=tokenizer, prepared=data, pad_id=pad_token_id(tokenizer), rewards=rewards
+        model_config=model_dict,
+        tokenizer=tokenizer,
+        prepared=data,
+        pad_id=pad_token_id(tokenizer),
+        rewards=rewards,
+        processor=processor,
     )
 
 
@@ -667,7 +677,7 @@ def _outputs(run: _Run, result: TrainResult, stop: StopOnSignal) -> None:
     restore_attention(run.model)
     if result.status == "completed":
         result.output_dir = run.world.save_outputs(
-            run.model, run.data.tokenizer, result.run_dir, run.spec.uses_adapters
+            run.model, run.data.processor or run.data.tokenizer, result.run_dir, run.spec.uses_adapters
         )
         result.signal_name = stop.signal_name  # arrived once there was nothing left to stop
 

@@ -147,7 +147,7 @@ def test_ambiguous_and_unknown_keys_are_clear_errors(tmp_path):
             "parts.jsonl",
             json.dumps({"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
             "auto",
-            "messages[0].content: expected a string, got a list (multimodal",
+            "messages[0].content[0].text: expected a string, got null",
         ),
         ("empty.jsonl", "\n\n", "auto", "empty.jsonl: empty file"),
         ("none.json", "[]", "auto", "none.json: no records"),

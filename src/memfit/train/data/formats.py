@@ -4,7 +4,9 @@ Every record becomes one of three normalized forms:
 
 - chat: ``{"messages": [{"role": "system"|"user"|"assistant", "content": str}, ...], "source": where}``,
   with ``"train_from": k`` when only the assistant turns from message ``k`` on are trained (a
-  conversational prompt-completion record: its completion);
+  conversational prompt-completion record: its completion); TRL's vision format keeps a turn's
+  content as its list of parts (``{"type": "image"}``, ``{"type": "text", "text": str}``) and the
+  record's ``images`` beside the messages (:mod:`memfit.train.data.vision_records`);
 - text: ``{"text": str, "source": where}``;
 - prompt-completion text: ``{"prompt": str, "completion": str, "source": where}``;
 - preference pair: ``{"pair": {"prompt", "chosen", "rejected", "chat"}, "source": where}``
@@ -27,6 +29,7 @@ from typing import Any
 from memfit.train.data.errors import DataError, Problems
 from memfit.train.data.pairs import normalize_pair
 from memfit.train.data.readers import RawRecord, expand_paths, json_type_name, read_file
+from memfit.train.data.vision_records import check_content_parts, check_images, resolve_image_paths
 
 # The keys that identify each format, in the order they are listed to users.
 FORMAT_KEYS: dict[str, tuple[str, ...]] = {
@@ -117,7 +120,7 @@ def load_records(
                 "save it as JSON, JSONL or Parquet",
             )
             continue
-        records += normalize_records(raw_records, file_format, problems)
+        records += resolve_image_paths(normalize_records(raw_records, file_format, problems), path.parent)
     problems.raise_if_any()
     assert chosen is not None
     return records, chosen
@@ -280,7 +283,10 @@ def _normalize_turns(
     if not any(m["role"] == "assistant" for m in messages):
         problems.add(raw.where, "conversation has no assistant turn, so nothing would be trained", list_key)
         return None
-    return {"messages": messages, "source": raw.where}
+    images = check_images(value.get("images"), messages, raw, problems, list_key)
+    if images is None:
+        return None
+    return {"messages": messages, **({"images": images} if images else {}), "source": raw.where}
 
 
 def _check_turns(
@@ -329,13 +335,9 @@ def _check_turns(
             problems.add(raw.where, "a system turn may only come first", f"{field}.{role_key}")
         content = turn.get(content_key)
         if isinstance(content, list):
-            problems.add(
-                raw.where,
-                "expected a string, got a list (multimodal content parts are not supported)",
-                f"{field}.{content_key}",
-            )
-            continue
-        content = _check_string(content, raw, f"{field}.{content_key}", problems)
+            content = check_content_parts(content, raw, f"{field}.{content_key}", problems)
+        else:
+            content = _check_string(content, raw, f"{field}.{content_key}", problems)
         if role is not None and content is not None:
             messages.append({"role": role, "content": content})
     if problems.count > before:
