@@ -4,7 +4,9 @@ A line of the prompts file is a JSON string (the user's message), or an object w
 (text, or a list of ``{role, content}`` messages) or ``messages`` (a list of them, as in a
 ``messages``-format training file: a record whose last message is the user's). The output holds
 the same records, in the same order, with ``generation`` (the reply), ``new_tokens`` and ``stopped``
-(``eos`` or ``max_new_tokens``) added; a string line becomes ``{"prompt": ...}``. The file is written
+(``eos`` or ``max_new_tokens``) added; a string line becomes ``{"prompt": ...}``. A vision-language
+model's prompts may hold image parts (``{"type": "image"}``) and an ``images`` list of file paths
+(relative to the prompts file), TRL's vision format, as its training data does. The file is written
 under a temporary name and renamed once complete, and an existing file is replaced only when asked.
 """
 
@@ -54,6 +56,10 @@ def read_prompts(path: Path) -> list[tuple[dict[str, Any], list[dict[str, str]]]
         if problem:
             problems.append(f"line {number}: {problem}")
             continue
+        missing = [i for i in _images(record, path.parent) if not Path(i).is_file()] if isinstance(record, dict) else []
+        if missing:
+            problems.append(f"line {number}: images: no file {missing[0]}; give the path relative to the prompts file")
+            continue
         items.append((record, prompt_messages(prompt)))
     if problems:
         more = [f"... and {len(problems) - SHOWN_PROBLEMS} more"] if len(problems) > SHOWN_PROBLEMS else []
@@ -76,6 +82,11 @@ def _record(value: Any) -> tuple[dict[str, Any], Any]:
     return value, value[keys[0]]
 
 
+def _images(record: dict[str, Any], folder: Path) -> list[str]:
+    """A record's ``images``, relative paths made relative to ``folder`` (the prompts file's)."""
+    return [str(folder / image) for image in record.get("images") or []]
+
+
 def check_out(out: Path, overwrite: bool, inputs: dict[str, str | Path | None] | None = None) -> None:
     """``--out`` must be a file memfit may create, or replace with ``overwrite``, and none of the
     command's ``inputs`` (how each was given -> its path; checked first)."""
@@ -93,14 +104,20 @@ def generate_file(
     out: Path,
     sampling: Sampling,
     progress: Callable[[int, int], None] = lambda done, total: None,
+    prompts_folder: Path = Path("."),
 ) -> int:
-    """Write the reply to every prompt of ``items`` to ``out`` (atomically); return how many."""
+    """Write the reply to every prompt of ``items`` to ``out`` (atomically); return how many. A record's
+    ``images`` are paths relative to ``prompts_folder``."""
     from memfit.files import atomic_file
 
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(out) as file:
         for done, (record, messages) in enumerate(items, start=1):
-            reply = generate_reply(chat_model.model, chat_model.tokenizer, messages, sampling, chat_model.device)
+            processor = getattr(chat_model, "processor", None)
+            vision = {"processor": processor, "images": _images(record, prompts_folder)} if processor else {}
+            reply = generate_reply(
+                chat_model.model, chat_model.tokenizer, messages, sampling, chat_model.device, **vision
+            )
             file.write(
                 json.dumps(
                     {**record, "generation": reply.text, "new_tokens": reply.new_tokens, "stopped": reply.stopped},

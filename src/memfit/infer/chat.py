@@ -22,9 +22,10 @@ HELP = "/reset starts again, /exit (or Ctrl-D) ends the chat, Ctrl-C stops a rep
 class Conversation:
     """The messages so far: the system prompt (which ``/reset`` keeps) and the turns after it."""
 
-    def __init__(self, system: str | None = None) -> None:
+    def __init__(self, system: str | None = None, images: list[str] | None = None) -> None:
         self.system = system
-        self.turns: list[dict[str, str]] = []
+        self.images = list(images or [])  # shown with the conversation's first user turn
+        self.turns: list[dict[str, Any]] = []
 
     @property
     def messages(self) -> list[dict[str, str]]:
@@ -32,6 +33,10 @@ class Conversation:
         return head + self.turns
 
     def add(self, role: str, content: str) -> None:
+        if role == "user" and self.images and not self.turns:
+            parts = [{"type": "image"} for _ in self.images] + [{"type": "text", "text": content}]
+            self.turns.append({"role": role, "content": parts})
+            return
         self.turns.append({"role": role, "content": content})
 
     def drop_unanswered(self) -> None:
@@ -61,12 +66,13 @@ def run_chat(
     sampling: Sampling,
     *,
     system: str | None = None,
+    images: list[str] | None = None,
     read_line: Callable[[str], str] = input,
     out: TextIO = sys.stdout,
 ) -> int:
     """Talk with ``chat_model`` (:class:`memfit.infer.loading.ChatModel`) until ``/exit`` or the end of input;
-    return the exit code (0)."""
-    conversation = Conversation(system)
+    return the exit code (0). ``images`` (file paths) go with the first user turn of each conversation."""
+    conversation = Conversation(system, images)
     out.write(f"chatting with {chat_model.description}\n{HELP}\n")
     out.flush()
     while True:
@@ -98,6 +104,7 @@ def run_chat(
                 sampling,
                 chat_model.device,
                 streamer=make_streamer(chat_model.tokenizer, out),
+                **_vision(chat_model, conversation.images),
             )
         except KeyboardInterrupt:
             conversation.drop_unanswered()
@@ -108,3 +115,9 @@ def run_chat(
         if reply.stopped == "max_new_tokens":
             out.write(f"(cut at --max-new-tokens {sampling.max_new_tokens})\n")
             out.flush()
+
+
+def _vision(chat_model: Any, images: list[str]) -> dict[str, Any]:
+    """What a vision-language model's replies take beside the messages: its processor and the images."""
+    processor = getattr(chat_model, "processor", None)
+    return {"processor": processor, "images": images} if processor is not None else {}

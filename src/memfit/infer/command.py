@@ -100,6 +100,10 @@ def chat_command(
     source: Source,
     adapter: Adapter = None,
     system: Annotated[str | None, typer.Option("--system", help="A system prompt, kept by /reset.")] = None,
+    image: Annotated[
+        list[Path] | None,
+        typer.Option("--image", help="A picture shown with the first message (vision-language models; repeatable)."),
+    ] = None,
     device: Device = "auto",
     dtype: Dtype = None,
     revision: Revision = None,
@@ -119,8 +123,14 @@ def chat_command(
     sampling = _sampling(max_new_tokens, min_new_tokens, do_sample, temperature, top_p)
     if system is not None and not system.strip():
         raise UserError("--system is empty; write the system prompt, or leave the option out")
+    for path in image or []:
+        if not path.is_file():
+            raise UserError(f"--image {str(path)!r} does not exist; pass the path of a picture (PNG, JPEG...)")
     chat_model = _load(source, adapter, device, dtype, revision, seed)
-    raise typer.Exit(code=run_chat(chat_model, sampling, system=system))
+    if image and chat_model.processor is None:
+        raise UserError(f"--image: {source} is a text model; it cannot see pictures. Leave --image out")
+    images = [str(path) for path in image or []]
+    raise typer.Exit(code=run_chat(chat_model, sampling, system=system, images=images))
 
 
 @cli_errors
@@ -167,5 +177,5 @@ def generate_command(
     def progress(done: int, total: int) -> None:
         console.print(f"{done}/{total} prompts", highlight=False)
 
-    count = generate_file(chat_model, items, out, sampling, progress)
+    count = generate_file(chat_model, items, out, sampling, progress, prompts.parent)
     console.print(f"[green]wrote[/] {count} replies to {out}", highlight=False)

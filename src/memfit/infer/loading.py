@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit.errors import UserError
+from memfit.models.vision import is_vision_config
 from memfit.run_files import RUN_FILE
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -41,6 +42,7 @@ class ChatModel:
     tokenizer: Any
     device: Any
     description: str
+    processor: Any = None  # a vision-language model's: renders images into its prompts
 
 
 def is_run_folder(path: str | Path) -> bool:
@@ -163,7 +165,18 @@ def _load_run(run_dir: Path, device_name: str) -> ChatModel:
         else str(weights)
     )
     description = f"{run_dir}: {record['spec'].get('method')} adapter on {base}, on {device}"
-    return ChatModel(model=model, tokenizer=tokenizer, device=device, description=description)
+    processor = _processor(out) if is_vision_config(record["model_config"]) else None
+    return ChatModel(model=model, tokenizer=tokenizer, device=device, description=description, processor=processor)
+
+
+def _processor(folder: Path):
+    """The processor a vision-language run saved beside its adapter or model."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(str(folder))
+    except (OSError, ValueError, TypeError, ImportError) as err:
+        raise ChatError(f"{folder}: its processor cannot be loaded: {str(err).splitlines()[0]}") from None
 
 
 def _run_devices(run_dir: Path, record: dict[str, Any], device_name: str):
@@ -314,11 +327,15 @@ def _tokenizer(folder: Path, fallback: Path | None):
 def _load_model(
     source: str, adapter: str | None, device_name: str, dtype: str | None, revision: str | None
 ) -> ChatModel:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
+    from memfit.models.config_file import read_config_file
     from memfit.train.loading import resolve_device
 
     folder = _model_folder(source, revision)
+    vision = (folder / "config.json").is_file() and is_vision_config(read_config_file(folder / "config.json"))
+    if vision:
+        AutoModelForCausalLM = AutoModelForImageTextToText
     adapter_dir = _adapter_folder(adapter) if adapter is not None else None
     device = resolve_device(device_name)
     tokenizer = _tokenizer(adapter_dir, folder) if adapter_dir is not None else _tokenizer(folder, None)
@@ -340,7 +357,10 @@ def _load_model(
         model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
         description += f" with adapter {adapter}"
     model.eval()
-    return ChatModel(model=model, tokenizer=tokenizer, device=device, description=f"{description}, on {device}")
+    processor = _processor(adapter_dir or folder) if vision else None
+    return ChatModel(
+        model=model, tokenizer=tokenizer, device=device, description=f"{description}, on {device}", processor=processor
+    )
 
 
 def _adapter_folder(adapter: str) -> Path:

@@ -35,8 +35,8 @@ def prompt_problem(prompt: Any) -> str | None:
             return f"message {index} ({_shown(message)}) must be a mapping with exactly role and content"
         if message["role"] not in ROLES:
             return f"message {index}: role {message['role']!r} is not one of {', '.join(ROLES)}"
-        if not isinstance(message["content"], str):
-            return f"message {index}: content must be text, not {type(message['content']).__name__}"
+        if not isinstance(message["content"], (str, list)):
+            return f"message {index}: content must be text or a list of parts, not {type(message['content']).__name__}"
     from memfit.train.data.chat import prompt_end_problem
 
     return prompt_end_problem(prompt)
@@ -154,19 +154,33 @@ def prompt_token_ids(tokenizer: Any, messages: list[dict[str, str]]) -> list[int
 
 
 def generate_reply(
-    model: Any, tokenizer: Any, messages: list[dict[str, str]], sampling: Sampling, device: Any, *, streamer: Any = None
+    model: Any,
+    tokenizer: Any,
+    messages: list[dict[str, str]],
+    sampling: Sampling,
+    device: Any,
+    *,
+    streamer: Any = None,
+    processor: Any = None,
+    images: list | None = None,
 ) -> Reply:
     """The model's reply to ``messages`` (the tokens are also handed to ``streamer`` as they come:
-    transformers' ``TextStreamer`` or ``TextIteratorStreamer``)."""
+    transformers' ``TextStreamer`` or ``TextIteratorStreamer``). A vision-language model's prompt is
+    rendered by its ``processor``, which puts ``images`` (one for each image part of the messages:
+    pictures or file paths) into it."""
     import torch
 
-    input_ids = torch.tensor([prompt_token_ids(tokenizer, messages)], device=device)
+    if processor is not None:
+        inputs = {k: v.to(device) for k, v in vision_prompt(processor, messages, images or []).items()}
+    else:
+        inputs = {"input_ids": torch.tensor([prompt_token_ids(tokenizer, messages)], device=device)}
+    input_ids = inputs.pop("input_ids")
     stops = stop_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (stops[0] if stops else None)
     with generation_mode(model), torch.no_grad():
         output = model.generate(
             input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
+            **{"attention_mask": torch.ones_like(input_ids), **inputs},
             eos_token_id=stops or None,
             pad_token_id=pad_id,
             use_cache=True,
@@ -176,6 +190,17 @@ def generate_reply(
     new = output[0, input_ids.shape[1] :].tolist()
     stopped = "eos" if new and new[-1] in stops else "max_new_tokens"
     return Reply(text=tokenizer.decode(new, skip_special_tokens=True), new_tokens=len(new), stopped=stopped)
+
+
+def vision_prompt(processor: Any, messages: list[dict[str, Any]], images: list) -> dict[str, Any]:
+    """The tensors of a vision-language prompt: ``messages`` rendered with the generation prompt by
+    ``processor``'s chat template, ``images`` (pictures or paths, one for each image part) put in."""
+    from memfit.train.data.chat import render_prompt
+    from memfit.train.data.vision import open_image
+
+    pictures = [open_image(image, index, max_pixels=2**62) for index, image in enumerate(images)]
+    text = render_prompt(processor, messages)
+    return dict(processor(text=[text], images=pictures or None, add_special_tokens=False, return_tensors="pt"))
 
 
 def eval_generations(
