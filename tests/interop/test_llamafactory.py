@@ -242,3 +242,11 @@ def test_other_stages_and_a_reference_model_of_its_own_are_listed(write_config):
         write_config("lf.yaml", "model_name_or_path: org/model\nstage: dpo\nref_model: org/other\n")
     )
     assert [f.key for f in config.not_modelled] == ["ref_model"]
+
+
+def test_vision_keys_set_the_image_size_and_the_tower(write_config):
+    config = _read(write_config, "image_max_pixels: 262144\nfreeze_vision_tower: false\n")
+    assert config.knobs["image_max_pixels"] == 262144 and config.knobs["freeze_vision"] is False
+    assert config.not_modelled == []
+    projector = _read(write_config, "freeze_multi_modal_projector: false\n")
+    assert [found.key for found in projector.not_modelled] == ["freeze_multi_modal_projector"]

@@ -16,6 +16,7 @@ from typing import Any
 
 from memfit.interop.common import (
     ROUTING_DOC,
+    bool_rule,
     dora_rule,
     int_rule,
     model_rule,
@@ -278,6 +279,23 @@ RULES: tuple[Rule, ...] = (
     dora_rule("use_dora"),
     rslora_rule("use_rslora"),
     int_rule("cutoff_len", "seq_len", 2048, doc="tokens per sequence (default 2048); memfit plans the longest"),
+    # Vision-language models (docs/vlm.md)
+    int_rule(
+        "image_max_pixels",
+        "image_max_pixels",
+        doc="the most pixels an image keeps (LLaMA-Factory's default 768 x 768 is memfit's)",
+    ),
+    bool_rule(
+        "freeze_vision_tower",
+        "freeze_vision",
+        doc="the vision tower frozen (the default); false trains it, with its projector",
+    ),
+    not_modelled(
+        "freeze_multi_modal_projector",
+        why="a projector trained while the tower stays frozen: memfit freezes or trains the tower and the projector "
+        "together (freeze_vision)",
+        when=lambda v: not truthy(v),
+    ),
     int_rule(
         "per_device_train_batch_size",
         "batch_size",
