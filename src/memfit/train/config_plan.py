@@ -156,12 +156,13 @@ def _read_data(run: ConfigRun) -> None:
     layout (which decides how a micro-batch's length is counted)."""
     from memfit.models.build import make_config
     from memfit.step.builder import build_step
-    from memfit.train.examples import load_tokenizer, prepare_data
+    from memfit.train.examples import load_run_processor, load_tokenizer, prepare_data
 
     config = run.config
-    tokenizer = load_tokenizer(config)
+    processor = load_run_processor(config)  # a vision-language model's records go through its processor
+    tokenizer = processor.tokenizer if processor is not None else load_tokenizer(config)
     # The evaluation data decides nothing of a training step: not read.
-    data = prepare_data(config.model_copy(update={"eval_data": None}), tokenizer)
+    data = prepare_data(config.model_copy(update={"eval_data": None}), tokenizer, processor=processor)
     run.examples = data.train_examples
     model = {k: v for k, v in run.model.items() if k != "_name_or_path"}
     run.layout = build_step(config.spec, make_config(model), config.objective_params).layout
