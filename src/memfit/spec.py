@@ -139,6 +139,13 @@ class RunSpec(BaseModel):
     shard: Literal["none", "ddp", "zero1", "zero2", "zero3", "fsdp", "fsdp-offload"] = knob(
         "none", "Sharding across GPUs."
     )
+    sequence_parallel: int = knob(
+        1,
+        "Sequence parallelism (DeepSpeed-Ulysses): groups of this many GPUs share each row, each holding 1/N of its "
+        "tokens outside attention and all of them for 1/N of the heads inside it; data-parallel degree gpus / N.",
+        example=2,
+        at_most=65536,
+    )
     tiling: Literal["auto", "on", "off"] = knob(
         "auto", f"Sequence-tiled MLPs and norms (auto: from {TILING_AUTO_TOKENS:,} tokens a micro-batch)."
     )
@@ -352,6 +359,7 @@ class RunSpec(BaseModel):
                 f"{name('grad_accum')} to keep the examples per step)."
             )
         problems.extend(_objective_combinations(self, name, setting))
+        problems.extend(_sequence_parallel_problems(self, name, setting))
         if self.shard != "none" and self.gpus < 2:
             problems.append(
                 f"{name('shard')}: {self.shard} needs {setting('gpus', 2)} or more (got {setting('gpus', self.gpus)})."
@@ -694,6 +702,34 @@ def reference_source(objective: str, method: str, precompute_reference: bool = F
     if precompute_reference:
         return "precomputed"
     return "frozen-copy" if method == "full" else "disabled-adapters"
+
+
+def _sequence_parallel_problems(spec: RunSpec, name, setting) -> list[str]:
+    """What ``sequence_parallel`` asks of the other knobs: GPUs it divides, rows it can cut, the sft
+    objective on memfit's one-row micro-batches."""
+    degree, problems = spec.sequence_parallel, []
+    if degree <= 1:
+        return problems
+    what = setting("sequence_parallel", degree)
+    if spec.gpus % degree:
+        problems.append(
+            f"{what} does not divide {setting('gpus', spec.gpus)}: each group of {degree} GPUs shares a row. "
+            f"Use {setting('gpus', degree * max(1, spec.gpus // degree))} or a {name('sequence_parallel')} that divides {spec.gpus}."
+        )
+    if spec.seq_len % degree or spec.seq_len < degree:
+        problems.append(
+            f"{setting('seq_len', spec.seq_len)} cannot be cut into {degree} equal shards ({what}). "
+            f"Use a multiple of {degree}, e.g. {setting('seq_len', max(degree, spec.seq_len - spec.seq_len % degree))}."
+        )
+    if spec.objective != "sft" or spec.recipe != "memfit" or spec.padding_free == "off":
+        got = setting("objective", spec.objective) if spec.objective != "sft" else ""
+        got = got or (setting("recipe", spec.recipe) if spec.recipe != "memfit" else setting("padding_free", "off"))
+        problems.append(
+            f"{what} runs the sft objective on memfit's one-row micro-batches (got {got}). "
+            f"Use {setting('objective', 'sft')} with {setting('recipe', 'memfit')} and {name('padding_free')} auto or on, "
+            f"or drop {name('sequence_parallel')}."
+        )
+    return problems
 
 
 def _objective_combinations(spec: RunSpec, name, setting) -> list[str]:

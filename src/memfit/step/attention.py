@@ -180,7 +180,18 @@ def attention_forward(
     """transformers' attention interface: ``[batch, heads, seq, head_dim]`` in, ``[batch, seq, heads,
     head_dim]`` out. With ``memfit_documents`` (a :class:`~memfit.step.batch.Documents`), attention
     stays inside each example; a single row without is one document; several rows without (no
-    padding: transformers makes no mask for this implementation) run plain causal SDPA per row."""
+    padding: transformers makes no mask for this implementation) run plain causal SDPA per row.
+    With ``memfit_sequence_group`` (sequence parallelism) the inputs are this rank's tokens of every
+    head, and attention runs on the whole row for its share of the heads
+    (:func:`memfit.step.sequence_parallel.sequence_attention`)."""
+    group = kwargs.pop("memfit_sequence_group", None)
+    if group is not None:
+        from memfit.step.sequence_parallel import sequence_attention
+
+        def whole_row(q, k, v, **rest):
+            return attention_forward(module, q, k, v, attention_mask, dropout, scaling, **rest)
+
+        return sequence_attention(whole_row, group, query, key, value, **kwargs)
     documents = kwargs.pop("memfit_documents", None)
     batch, _heads, seq, head_dim = query.shape
     if documents is None and (batch != 1 or seq == 1):

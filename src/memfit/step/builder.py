@@ -24,6 +24,7 @@ from memfit.step.batch import PADDED, collate
 from memfit.step.grpo import choose_grpo_loss, collate_completions
 from memfit.step.losses import Batch, LossFn, choose_loss
 from memfit.step.preference import choose_preference_loss, collate_pairs, reference_model
+from memfit.step.sequence_parallel import SequenceGroup, heads_problem, layout_problem, shard_batch
 from memfit.step.vision import vision_collate
 
 
@@ -44,6 +45,7 @@ class TrainingStep:
     pairs: bool = False  # a preference objective: examples are chosen / rejected pairs
     completions: bool = False  # grpo: examples are completions with their advantages
     vision: Any = None  # a vision-language model's collate (memfit.step.vision.VisionCollate)
+    sequence: SequenceGroup | None = None  # sequence parallelism: each micro-batch is this rank's shard of its row
 
     def collate(self, examples: Sequence[dict[str, Any]], pad_token_id: int) -> dict[str, Any]:
         """One micro-batch of ``examples`` in this step's layout (see :func:`memfit.step.batch.collate`;
@@ -55,7 +57,17 @@ class TrainingStep:
             return collate_completions(examples, pad_token_id, layout=self.layout)
         if self.vision is not None:
             return self.vision.collate(examples, pad_token_id)
-        return collate(examples, pad_token_id, layout=self.layout)
+        batch = collate(examples, pad_token_id, layout=self.layout)
+        if self.sequence is None:
+            return batch
+        return shard_batch(batch, self.sequence, pad_token_id)
+
+    def in_sequence_group(self, rank: int, group: Any) -> TrainingStep:
+        """This step for rank ``rank`` of its sequence-parallel process group ``group`` (unchanged
+        without sequence parallelism)."""
+        if self.sequence is None:
+            return self
+        return replace(self, sequence=SequenceGroup(self.sequence.degree, rank, group))
 
     def grad_scaler(self, device: torch.device) -> torch.amp.GradScaler | None:
         """The loss scaler this step needs on ``device``, or None."""
@@ -201,19 +213,29 @@ def build_step(spec: RunSpec, model_config: Any, objective_params: ObjectivePara
     loss's value, not its memory.
 
     Raises ValueError when ``spec`` asks for a layout the model cannot run (packing on a model
-    whose attention cannot keep examples apart)."""
+    whose attention cannot keep examples apart), or sequence parallelism it cannot split (heads,
+    padded rows). With ``sequence_parallel`` the step's micro-batches are rank 0's shards
+    (:mod:`memfit.step.sequence_parallel`) until :meth:`TrainingStep.in_sequence_group` places it."""
     if spec.is_preference:
         loss_fn = choose_preference_loss(spec, objective_params)
     elif spec.is_grpo:
         loss_fn = choose_grpo_loss(spec, objective_params)
     else:
         loss_fn = choose_loss(spec)
+    layout = batch_layout(spec, model_config)
+    degree = spec.sequence_parallel
+    problem = layout_problem(layout, degree, "sequence_parallel:") or heads_problem(
+        model_config, degree, "sequence_parallel:"
+    )
+    if problem:
+        raise ValueError(problem)
     return TrainingStep(
         loss_fn=loss_fn,
         max_grad_norm=spec.max_grad_norm,
         scales_loss=spec.scales_loss,
-        layout=batch_layout(spec, model_config),
+        layout=layout,
         pairs=spec.is_preference,
         completions=spec.is_grpo,
         vision=vision_collate(model_config, spec.weight_precision),
+        sequence=SequenceGroup(degree) if degree > 1 else None,
     )

@@ -261,7 +261,15 @@ def causal_lm_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         return model_loss(model, batch)
     backbone, head = parts
     outputs = backbone(**_model_inputs(batch), use_cache=False)
-    loss = chunked_cross_entropy(outputs.last_hidden_state, head.weight, batch["labels"])
+    shifted = batch.get("shift_labels")
+    if shifted is None:
+        loss = chunked_cross_entropy(outputs.last_hidden_state, head.weight, batch["labels"])
+    else:  # a sequence-parallel shard: its labels were shifted over the whole row before it was cut
+        hidden = outputs.last_hidden_state
+        compute = active_autocast_dtype(hidden.device.type)
+        loss = ChunkedLinearCrossEntropy.apply(
+            hidden.reshape(-1, hidden.shape[-1]), head.weight, shifted.reshape(-1), DEFAULT_CHUNK_TOKENS, compute
+        )
     return with_routing_loss(model, loss, outputs, batch)
 
 
@@ -292,7 +300,9 @@ def model_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     transformers computes the whole ``[tokens, vocabulary]`` logits and upcasts them to fp32 for the
     loss; the planner's ``--recipe hf`` uses this to show the plain stack's memory.
     """
-    return model(**_model_inputs(batch), labels=batch["labels"], use_cache=False).loss
+    shifted = {"shift_labels": batch["shift_labels"]} if batch.get("shift_labels") is not None else {}
+    labels = batch["labels"] if not shifted else batch["shift_labels"]
+    return model(**_model_inputs(batch), labels=labels, use_cache=False, **shifted).loss
 
 
 def _model_inputs(batch: Batch) -> dict:
@@ -306,6 +316,7 @@ def _model_inputs(batch: Batch) -> dict:
         ("position_ids", "position_ids"),
         ("documents", "memfit_documents"),
         *((key, key) for key in IMAGE_KEYS),  # a vision-language batch's images
+        ("sequence_group", "memfit_sequence_group"),
     ):
         if batch.get(key) is not None:
             inputs[argument] = batch[key]

@@ -119,6 +119,20 @@ def rank_slice(examples: Sequence[Any], rank: int, world_size: int) -> list[Any]
     return list(examples[rank::world_size])
 
 
+def data_parallel_place(rank: int, world_size: int, sequence_parallel: int) -> tuple[int, int, int]:
+    """(data-parallel rank, data-parallel degree, rank in its sequence-parallel group) of ``rank``.
+
+    Sequence-parallel groups are ``sequence_parallel`` consecutive ranks (on one node, where the
+    all-to-all is fastest); each group trains one data-parallel slice of every global batch.
+    """
+    if sequence_parallel < 1 or world_size % sequence_parallel:
+        raise DistributedError(
+            f"sequence_parallel: {sequence_parallel} does not divide the {world_size} processes started; "
+            f"set sequence_parallel to a divisor of {world_size}"
+        )
+    return rank // sequence_parallel, world_size // sequence_parallel, rank % sequence_parallel
+
+
 def loss_weights(local_tokens: Sequence[int], global_tokens: Sequence[int], world_size: int) -> list[float]:
     """Factor for each micro-batch's mean loss on this rank.
 
@@ -178,6 +192,19 @@ def barrier() -> None:
 
     if dist.is_initialized():
         dist.barrier()
+
+
+def sequence_groups(world: Placement, sequence_parallel: int):
+    """This rank's sequence-parallel process group: its ``sequence_parallel`` consecutive ranks
+    (every rank makes every group, as ``new_group`` requires)."""
+    import torch.distributed as dist
+
+    mine = None
+    for start in range(0, world.world_size, sequence_parallel):
+        group = dist.new_group(list(range(start, start + sequence_parallel)))
+        if start <= world.rank < start + sequence_parallel:
+            mine = group
+    return mine
 
 
 def all_reduce_sum(values: Sequence[float], device) -> list[float]:

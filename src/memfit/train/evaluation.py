@@ -10,6 +10,7 @@ import torch
 
 from memfit.step.batch import labelled_tokens, to_device
 from memfit.step.preference import summarize_metrics
+from memfit.step.sequence_parallel import shard_tokens
 from memfit.train.micro_batches import Collate
 
 #: A step's loss and metrics of one batch (:meth:`memfit.step.builder.TrainingStep.loss_and_metrics`).
@@ -18,7 +19,13 @@ LossAndMetrics = Callable[[Any, dict[str, Any]], tuple[torch.Tensor, dict[str, t
 
 @torch.no_grad()
 def evaluation_metrics(
-    model, examples: list, batch_size: int, collate: Collate, device: torch.device, loss_and_metrics: LossAndMetrics
+    model,
+    examples: list,
+    batch_size: int,
+    collate: Collate,
+    device: torch.device,
+    loss_and_metrics: LossAndMetrics,
+    sum_over_ranks: Callable[[list[float]], list[float]] | None = None,
 ) -> dict[str, float]:
     """``eval_loss``, the mean loss over every trained token (every pair, for a preference objective)
     of ``examples`` (dropout off, no gradients), and, for a preference objective, each of its metrics
@@ -26,7 +33,9 @@ def evaluation_metrics(
     name (``eval_rewards/accuracies``, ``eval_logps/chosen``...).
 
     ``loss_and_metrics`` is the step's (:meth:`memfit.step.builder.TrainingStep.loss_and_metrics`);
-    batches are made as the step makes them.
+    batches are made as the step makes them. ``sum_over_ranks`` sums the loss and its count over
+    the ranks of a run (every rank evaluates every example, or with sequence parallelism its shard
+    of each row: the sums then hold every token once per data-parallel group, their ratio the mean).
     """
     was_training = model.training
     model.eval()
@@ -36,8 +45,8 @@ def evaluation_metrics(
     for start in range(0, len(examples), batch_size):
         batch = to_device(collate(examples[start : start + batch_size]), device)
         # A preference loss is a mean over pairs; a next-token loss a mean over labelled tokens.
-        n = batch["pairs"] if "pairs" in batch else labelled_tokens(batch["labels"])
-        if n == 0:
+        n = batch["pairs"] if "pairs" in batch else _scored_tokens(batch)
+        if n == 0 and "sequence_group" not in batch:  # a shard's forward is a collective: every rank runs it
             continue
         loss, metrics = loss_and_metrics(model, batch)
         total_loss += float(loss) * n
@@ -46,10 +55,18 @@ def evaluation_metrics(
             sums.append(metrics)
     if was_training:
         model.train()
+    if sum_over_ranks is not None:
+        total_loss, total_count = sum_over_ranks([total_loss, total_count])
     return {
         "eval_loss": total_loss / max(total_count, 1),
         **{f"eval_{name}": value for name, value in summarize_metrics(sums).items()},
     }
+
+
+def _scored_tokens(batch: dict[str, Any]) -> int:
+    if "shift_labels" in batch:  # a sequence-parallel shard: its labels already shifted
+        return shard_tokens(batch)
+    return labelled_tokens(batch["labels"])
 
 
 def evaluate(model, examples: list, batch_size: int, collate: Collate, device: torch.device, loss) -> float:

@@ -390,4 +390,8 @@ def scored_count(examples: list[dict[str, Any]], batch: dict[str, Any]) -> int:
 
     if "pairs" in batch:
         return sum(1 for example in examples if not example.get(UNSCORED))
+    if "shift_labels" in batch:  # a sequence-parallel shard: its labels already shifted over the whole row
+        from memfit.step.sequence_parallel import shard_tokens
+
+        return shard_tokens(batch)
     return labelled_tokens(batch["labels"])

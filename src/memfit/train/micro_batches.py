@@ -28,5 +28,6 @@ def micro_batches(batches, grad_accum: int, collate: Collate, device: torch.devi
 
 
 def count_step_tokens(batches: list[dict[str, Any]]) -> int:
-    """Input tokens of a step's micro-batches, padding not counted."""
-    return sum(count_tokens(b) for b in batches)
+    """Input tokens of a step's micro-batches, padding not counted (nor a sequence-parallel shard's
+    filler: its ``input_tokens``)."""
+    return sum(b["input_tokens"] if "input_tokens" in b else count_tokens(b) for b in batches)

@@ -902,6 +902,7 @@ def _evaluate(run: _Run, result: TrainResult, log, step: int) -> None:
         run.collate,
         run.device,
         run.configuration.step_fn.loss_and_metrics,
+        lambda values: run.world.sum_over_ranks(values, run.device),
     )
     result.eval_losses.append((step, record["eval_loss"]))
     log.write({"step": step, **record})

@@ -119,6 +119,10 @@ class World:
         """``value`` of every process, in rank order (every process must call it)."""
         return [value]
 
+    def sum_over_ranks(self, values: list[float], device: torch.device) -> list[float]:
+        """``values`` summed over every process (here: themselves)."""
+        return values
+
     def root_forward(self, model: torch.nn.Module, name: str, fn) -> Any:
         """``batch -> fn(model, batch)``, run as the world runs a pass of the model outside its step
         (here: a plain call)."""
@@ -242,11 +246,30 @@ class ShardedWorld(World):
         return model
 
     def training_step(self, step: TrainingStep, model: torch.nn.Module) -> TrainingStep:
-        return step.sharded(model)
+        """The step of this rank: its loss through the FSDP root, weighted; with sequence
+        parallelism, its micro-batches this rank's shards and attention's all-to-all in its group."""
+        self._sequence_parallel = step.sequence.degree if step.sequence is not None else 1
+        sharded = step.sharded(model)
+        if step.sequence is None:
+            return sharded
+        _, _, rank = distributed.data_parallel_place(self.rank, self.world_size, self._sequence_parallel)
+        groups = self.__dict__.setdefault("_sequence_groups", {})
+        if self._sequence_parallel not in groups:
+            groups[self._sequence_parallel] = distributed.sequence_groups(self.placement, self._sequence_parallel)
+        return sharded.in_sequence_group(rank, groups[self._sequence_parallel])
+
+    def _data_parallel(self) -> tuple[int, int]:
+        """(this rank's data-parallel slice, the number of slices): every rank of a sequence-parallel
+        group trains the same examples."""
+        dp_rank, dp_size, _ = distributed.data_parallel_place(
+            self.rank, self.world_size, getattr(self, "_sequence_parallel", 1)
+        )
+        return dp_rank, dp_size
 
     def global_batch_size(self, spec) -> int:
-        # One global micro-batch of batch_size x world_size examples; each rank takes its slice.
-        return spec.batch_size * self.world_size
+        # One global micro-batch of batch_size x (world_size / sequence_parallel) examples; each
+        # data-parallel slice takes its share.
+        return spec.batch_size * (self.world_size // spec.sequence_parallel)
 
     def micro_batches(self, batches, grad_accum: int, collate: Collate, device: torch.device) -> list[dict[str, Any]]:
         """This rank's slices of the next ``grad_accum`` global micro-batches, each with its ``loss_weight``.
@@ -256,8 +279,9 @@ class ShardedWorld(World):
         whose mean its loss is) are summed over ranks so each slice's loss is weighted by its share.
         """
         slices, local = [], []
+        dp_rank, dp_size = self._data_parallel()
         for _ in range(grad_accum):
-            examples = distributed.rank_slice(next(batches), self.rank, self.world_size)
+            examples = distributed.rank_slice(next(batches), dp_rank, dp_size)
             if not examples:  # fewer examples than ranks at the end of an epoch: a slice that scores nothing
                 examples = [unscored(next(iter(batches.examples)))]
             slices.append(collate(examples))
@@ -281,6 +305,9 @@ class ShardedWorld(World):
     def gather_objects(self, value: Any) -> list[Any]:
         return distributed.gather_objects(value)
 
+    def sum_over_ranks(self, values: list[float], device: torch.device) -> list[float]:
+        return distributed.all_reduce_sum(values, device)
+
     def root_forward(self, model: torch.nn.Module, name: str, fn) -> Any:
         # A forward method of the FSDP root: its hooks gather the embeddings and the head around it.
         return root_forward(model, name, fn)
@@ -299,7 +326,8 @@ class ShardedWorld(World):
         return False
 
     def run_fields(self, spec) -> dict[str, Any]:
-        return {"world_size": self.world_size, "shard": spec.shard}
+        fields = {"world_size": self.world_size, "shard": spec.shard}
+        return fields if spec.sequence_parallel == 1 else {**fields, "sequence_parallel": spec.sequence_parallel}
 
     @property
     def saves_on_oom(self) -> bool:
