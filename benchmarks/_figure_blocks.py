@@ -446,6 +446,28 @@ def adapter_plans(results) -> str:
 
 
 #: Block name -> renderer.
+def sequence_parallel(results) -> str:
+    """The longest sequence per GPU count, FSDP alone and with sequence parallelism (planned)."""
+    data = results.load("sequence_parallel")
+    limit = data["setup"]["max_tokens"]
+    by_count: dict[int, dict[int, dict]] = {}
+    for row in data["rows"]:
+        by_count.setdefault(row["gpus"], {})[row["sequence_parallel"]] = row
+
+    def cell(row: dict | None) -> str:
+        if row is None:
+            return "-"
+        words = f"{row['max_seq_len']:,}" + (" (the positions' limit)" if row["max_seq_len"] >= limit else "")
+        return f"{words}, {_gib(row['device_total_bytes'])}"
+
+    rows = [
+        [str(gpus), cell(rows.get(1)), cell(rows.get(gpus) if gpus > 1 else None)]
+        for gpus, rows in sorted(by_count.items())
+    ]
+    header = ["H100s", "FSDP alone: longest, peak per GPU", "sequence parallel = GPUs: longest, peak per GPU"]
+    return "\n".join(_table(header, rows))
+
+
 BLOCKS: dict[str, Callable] = {
     _campaign_report.README_BLOCK: _campaign_report.summary_block,
     _campaign_report.PAGE_BLOCK: _campaign_report.page_block,
@@ -463,4 +485,5 @@ BLOCKS: dict[str, Callable] = {
     "dpo-vs-trl-cpu": dpo_vs_trl_cpu,
     "plan-dpo-example": plan_dpo_example,
     "adapter-plans": adapter_plans,
+    "sequence-parallel": sequence_parallel,
 }

@@ -51,6 +51,7 @@ FIT_KNOBS = (
     "vllm_gpu_memory_utilization",
     "vllm_enable_sleep_mode",
     "adamw_impl",
+    "sequence_parallel",
 )
 
 

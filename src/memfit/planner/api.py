@@ -640,6 +640,12 @@ def _add_per_rank_details(details: dict[str, Any], spec: RunSpec, layout, estima
         details["notes"].append(
             "zero3 is planned as fsdp (FSDP2, one decoder layer gathered at a time, next one prefetched)"
         )
+    if spec.sequence_parallel > 1:
+        details["notes"].append(
+            f"sequence parallel {spec.sequence_parallel}: each rank's step simulated on its {spec.seq_len // spec.sequence_parallel:,} "
+            f"tokens of every row, attention on the whole row for its share of the heads; the all-to-alls' buffers are "
+            f"simulated as copies of their size; {spec.gpus // spec.sequence_parallel} data-parallel group(s)"
+        )
     details["notes"].append(
         f"per GPU, each of {spec.gpus} ranks; NCCL buffers ({sharding.NCCL_RUNTIME_BYTES // 2**20} MiB in runtime) are an estimate"
     )

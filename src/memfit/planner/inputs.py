@@ -183,10 +183,13 @@ def model_problems(source: ModelSource, spec: RunSpec) -> list[str]:
     from memfit.step.attention import batch_layout
 
     problems = []
+    config = make_config(source.config)
     try:
-        batch_layout(spec, make_config(source.config))  # packing needs attention kept inside each example
+        layout = batch_layout(spec, config)  # packing needs attention kept inside each example
     except ValueError as err:
         problems.append(str(err))
+    else:
+        problems.extend(p for p in sequence_parallel_problems(config, spec, layout) if p)
     too_long = seq_len_problem(source.name, source.config, spec.seq_len)
     if too_long:
         problems.append(too_long)
@@ -244,6 +247,13 @@ def vision_problem(config: dict[str, Any], spec: RunSpec, spelling: str = "flag"
         f"{spell_setting('seq_len', needed, spelling)} or more, {spell_setting('images', most, spelling)} or a smaller "
         f"{spell('image_max_pixels', spelling)}."
     )
+
+
+def sequence_parallel_problems(config: Any, spec: RunSpec, layout: str) -> list[str | None]:
+    """What ``--sequence-parallel`` asks of the model: heads that split over its ranks, rows it can cut."""
+    from memfit.step.sequence_parallel import heads_problem, layout_problem
+
+    return [layout_problem(layout, spec.sequence_parallel), heads_problem(config, spec.sequence_parallel)]
 
 
 def training_mode_problem(config: dict[str, Any], spec: RunSpec) -> str | None:

@@ -263,6 +263,8 @@ def plan_headline(model: str, spec: dict[str, Any], details: dict[str, Any]) -> 
     )
     if details.get("per_rank"):
         title += f" · [bold]per GPU[/], {spec['gpus']} GPUs, shard {details['shard']}"
+        if spec.get("sequence_parallel", 1) > 1:
+            title += f", sequence parallel {spec['sequence_parallel']}"
     return title
 
 

@@ -113,6 +113,9 @@ def _method_job(request: FitRequest, source, target) -> MethodJob:
         model = dict(source.config, _name_or_path=source.name)
     knobs = dict(request.knobs)
     levels = gpu_levels(int(request.gpus or 1), knobs.pop("shard", None))
+    degree = int(knobs.get("sequence_parallel") or 1)
+    # Sequence parallelism shares each row among `degree` GPUs: only the counts it divides.
+    levels = [(gpus, shard) for gpus, shard in levels if gpus % degree == 0] or levels
     max_positions = int(source.config.get("max_position_embeddings") or 0) or None
     seq_len = request.seq_len
     if seq_len is None:
@@ -148,11 +151,14 @@ def _default_batch(knobs: Mapping[str, Any]) -> int:
 
 
 def _placeholder_length(knobs: Mapping[str, Any]) -> int:
-    """A valid length to check the inputs with before the model's is known: 1, or for grpo a token
-    more than its completion (whose prompt needs room)."""
-    if knobs.get("objective") != "grpo":
-        return 1
+    """A valid length to check the inputs with before the model's is known: 1 (with sequence
+    parallelism, a token for each rank), or for grpo a token more than its completion (whose prompt
+    needs room)."""
     from memfit.spec import whole_number_value
+
+    if knobs.get("objective") != "grpo":
+        degree = whole_number_value(knobs.get("sequence_parallel", 1))
+        return degree if isinstance(degree, int) and degree > 1 else 1  # a row every rank has a shard of
 
     completion = whole_number_value(knobs.get("max_completion_length", default("max_completion_length")))
     return completion + 1 if isinstance(completion, int) and completion > 0 else 1
