@@ -90,7 +90,7 @@ def _search(request: FitRequest, events: FitEvents) -> FitResult:
     workers = 1 if exact else worker_count(len(methods)) if request.workers is None else max(1, request.workers)
     source, target = _validated(request, refused, start_workers=workers > 1)
     job = _method_job(request, source, target)
-    events.expect(expected_plans(len(methods), job.effective_batch, longest=bool(job.seq_limit)))
+    events.expect(expected_plans(len(methods), job.effective_batch, longest=bool(job.seq_limit), counts=_counts(job)))
     progress = events.plan_reporter()
     outcomes = _run_parts(job, methods, workers, progress, events.method_found, events.stop)
     result = _fit_result(job, outcomes, methods, request.max_seq_len, progress)
@@ -134,6 +134,12 @@ def _method_job(request: FitRequest, source, target) -> MethodJob:
         deepspeed=request.deepspeed,
         exact=exact_wanted(request.exact),
     )
+
+
+def _counts(job: MethodJob) -> int:
+    """The GPU counts whose longest sequence is searched with and without sequence parallelism."""
+    degree = int(job.base.get("sequence_parallel") or 1)
+    return len(dict(job.levels)) if job.seq_limit and degree > 1 else 0
 
 
 def _effective_batch(request: FitRequest) -> int | str:
@@ -296,6 +302,7 @@ def _fit_result(
         misses=misses,
         max_seq_len=longest,
         max_seq_len_specs=longest_specs,
+        max_seq_len_by_gpus={o.method: o.longest_by_gpus for o in outcomes if o.longest_by_gpus},
         plans_made=sum(o.plans for o in outcomes) + planned_misses,
     )
 
@@ -339,7 +346,7 @@ def _faster(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return speed_a > speed_b
 
 
-def expected_plans(methods: int, effective_batch: int, *, longest: bool = True) -> int:
+def expected_plans(methods: int, effective_batch: int, *, longest: bool = True, counts: int = 0) -> int:
     """About how many plans :func:`fit` makes for ``methods`` methods: an estimate for its progress
     line, not a bound (a search proven short by the model states' floor makes fewer; one that needs
     several GPU counts, more).
@@ -347,8 +354,9 @@ def expected_plans(methods: int, effective_batch: int, *, longest: bool = True) 
     Per method: the first setting that fits at micro-batch 1, often after a faster one that does
     not; the largest micro-batch, a guess confirmed in about log2 of the splits of the effective
     batch; and the longest sequence, two plans to learn the step over lengths from and one to
-    check the answer (:mod:`~memfit.planner.search.longest`).
+    check the answer (:mod:`~memfit.planner.search.longest`); with sequence parallelism, that again
+    at each of ``counts`` GPU counts, with it and without it.
     """
     splits = len(micro_batches(effective_batch))
-    per_method = 2 + math.ceil(math.log2(splits)) + (3 if longest else 0)
+    per_method = 2 + math.ceil(math.log2(splits)) + (3 if longest else 0) + 6 * counts
     return methods * per_method

@@ -48,6 +48,7 @@ class MethodOutcome:
     longest: int
     longest_spec: dict[str, Any] | None
     plans: int
+    longest_by_gpus: list[dict[str, Any]] = field(default_factory=list)  # see MethodJob.longest_by_gpus
 
 
 @dataclass
@@ -66,10 +67,11 @@ class MethodJob:
     exact: bool = False  # every plan made the long way
 
     def planner(
-        self, progress: Callable[[str], None] | None = None, gpus: int = 1, shard: str = "none"
+        self, progress: Callable[[str], None] | None = None, gpus: int = 1, shard: str = "none", **knobs: Any
     ) -> SearchPlanner:
-        """The planner of this job's plans on ``gpus`` GPUs sharded by ``shard``."""
-        base = dict(self.base)
+        """The planner of this job's plans on ``gpus`` GPUs sharded by ``shard`` (``knobs``: in place
+        of the job's own)."""
+        base = dict(self.base, **knobs)
         if gpus > 1:
             base.update(gpus=gpus, shard=shard)
         planner = SearchPlanner(self.model, self.target, base, progress, self.deepspeed, exact=self.exact)
@@ -112,7 +114,28 @@ class MethodJob:
             before = planner.count
             longest, spec = longest_sequence(planner, method, self.seq_limit, self.effective_batch)
             count += planner.count - before
-        return MethodOutcome(method, fits, misses, longest, spec, count)
+        by_gpus, plans = self.longest_by_gpus(method, progress) if which != "batch" else ([], 0)
+        return MethodOutcome(method, fits, misses, longest, spec, count + plans, by_gpus)
+
+    def longest_by_gpus(
+        self, method: str, progress: Callable[[str], None] | None = None
+    ) -> tuple[list[dict[str, Any]], int]:
+        """With sequence parallelism and a longest sequence to search: ``method``'s longest sequence
+        at each GPU count searched (its most sharded mode), with the degree asked and without
+        sequence parallelism; and the plans made. Each count plans the same one-rank simulations
+        (cached), only the sharding arithmetic differs, so the rows after the first cost little."""
+        degree = int(self.base.get("sequence_parallel") or 1)
+        if not self.seq_limit or degree <= 1:
+            return [], 0
+        rows, count = [], 0
+        for gpus, shard in dict(self.levels).items():  # a count's last mode: the most sharded
+            row: dict[str, Any] = {"gpus": gpus, "shard": shard, "sequence_parallel": degree}
+            for key, knobs in (("seq_len", {}), ("without", {"sequence_parallel": 1})):
+                planner = self.planner(progress, gpus, shard, **knobs)
+                row[key], _ = longest_sequence(planner, method, self.seq_limit, self.effective_batch)
+                count += planner.count
+            rows.append(row)
+        return rows, count
 
 
 def merged_outcome(method: str, outcomes: list[MethodOutcome]) -> MethodOutcome:
@@ -120,4 +143,6 @@ def merged_outcome(method: str, outcomes: list[MethodOutcome]) -> MethodOutcome:
     fits = [f for o in outcomes for f in o.fits]
     misses = [m for o in outcomes for m in o.misses]
     longest = max(outcomes, key=lambda o: (o.longest_spec is not None, o.longest))
-    return MethodOutcome(method, fits, misses, longest.longest, longest.longest_spec, sum(o.plans for o in outcomes))
+    by_gpus = [row for o in outcomes for row in o.longest_by_gpus]
+    plans = sum(o.plans for o in outcomes)
+    return MethodOutcome(method, fits, misses, longest.longest, longest.longest_spec, plans, by_gpus)

@@ -25,6 +25,9 @@ def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
         highlight=False,
     )
     console.print(_longest_table(result))
+    if getattr(result, "max_seq_len_by_gpus", None):
+        console.print("longest sequence per GPU count, micro-batch 1", highlight=False)
+        console.print(_by_gpus_table(result))
     for note in getattr(result, "notes", []):
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     if config:
@@ -131,6 +134,20 @@ def _longest_table(result):
             how += f", {spec['gpus']} GPUs, {spec['shard']}"
         longest.add_row(method, f"{tokens:,}", how)
     return longest
+
+
+def _by_gpus_table(result):
+    """Each method's longest sequence at each GPU count searched, with sequence parallelism and without."""
+    from rich.table import Table
+
+    table = Table(box=None, padding=(0, 1), pad_edge=False, collapse_padding=True)
+    rows = [(method, row) for method, method_rows in result.max_seq_len_by_gpus.items() for row in method_rows]
+    degree = rows[0][1]["sequence_parallel"]
+    for column in ("method", "GPUs", "shard", f"sequence parallel {degree}", "without"):
+        table.add_column(column, justify="left" if column in ("method", "shard") else "right", header_style="bold")
+    for method, row in rows:
+        table.add_row(method, str(row["gpus"]), row["shard"], f"{row['seq_len']:,}", f"{row['without']:,}")
+    return table
 
 
 # ------------------------------------------------------------------------------------------------

@@ -56,6 +56,9 @@ class FitResult(JsonForm):
     misses: list[Miss]
     max_seq_len: dict[str, int]
     max_seq_len_specs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: With sequence parallelism: each method's longest sequence at each GPU count searched, with the
+    #: degree asked (``seq_len``) and without sequence parallelism (``without``).
+    max_seq_len_by_gpus: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     plans_made: int = 0
     seconds: float = 0.0
     max_gpus: int = 1
@@ -69,6 +72,7 @@ class FitResult(JsonForm):
             "gpu": self.gpu,
             "fits": [f.to_dict() for f in self.fits],
             "max_seq_len": dict(self.max_seq_len),
+            **({"max_seq_len_by_gpus": dict(self.max_seq_len_by_gpus)} if self.max_seq_len_by_gpus else {}),
             "details": {
                 "max_gpus": self.max_gpus,
                 "per_rank": self.max_gpus > 1,
