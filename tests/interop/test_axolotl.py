@@ -287,3 +287,11 @@ def test_other_rl_trainers_are_listed_and_planned_as_sft(write_config):
     config = _read(write_config, "adapter: lora\nrl: kto\n")
     assert "objective" not in config.knobs
     assert [f.key for f in config.not_modelled] == ["rl"] and "rl: kto" in config.not_modelled[0].why
+
+
+def test_sequence_parallel_degree_is_listed_with_what_memfit_does_instead(write_config):
+    config = _read(write_config, "adapter: lora\nsequence_parallel_degree: 4\n")
+    (found,) = config.not_modelled
+    assert found.key == "sequence_parallel_degree" and "whole rows on each GPU" in found.why
+    assert "--sequence-parallel" in found.why and "sequence_parallel" not in config.knobs
+    assert _read(write_config, "adapter: lora\nsequence_parallel_degree: 1\n").not_modelled == []

@@ -644,12 +644,20 @@ RULES: tuple[Rule, ...] = (
     not_modelled(
         "tensor_parallel_size",
         "context_parallel_size",
-        "sequence_parallel_degree",
         "expert_parallel_size",
         "dp_shard_size",
         "dp_replicate_size",
         when=lambda v: truthy(v) and str(v) not in ("1", "1.0"),
         why="tensor, context, sequence or expert parallelism splits the model or the sequence across GPUs",
+    ),
+    not_modelled(
+        "sequence_parallel_degree",
+        when=lambda v: truthy(v) and str(v) not in ("1", "1.0"),
+        # memfit's own sequence parallelism needs its one-row micro-batches (recipe memfit); an Axolotl
+        # config is planned as the hf recipe runs it, which pads its rows.
+        why="Axolotl's ring attention shares each row among that many GPUs; planned with whole rows on each GPU (memfit "
+        "plans an Axolotl config on the hf recipe, which its sequence_parallel does not run); memfit's own: "
+        "memfit plan MODEL --gpus N --sequence-parallel N",
     ),
     not_modelled(
         "relora",
