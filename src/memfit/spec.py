@@ -129,7 +129,14 @@ class RunSpec(BaseModel):
     batch_size: int = knob(
         1, "Micro-batch size per GPU (sequences in one forward pass).", short="-b", example=4, at_most=65536
     )
-    seq_len: int = knob(2048, "Tokens per sequence.", short="-s", example=2048, at_most=MAX_MICRO_BATCH_TOKENS)
+    seq_len: int = knob(
+        2048,
+        "Tokens per sequence, a vision-language model's image tokens included (plan: without it, such a model's "
+        "rows hold its images beside 2048 tokens of text).",
+        short="-s",
+        example=2048,
+        at_most=MAX_MICRO_BATCH_TOKENS,
+    )
     # A plan makes and holds a step's micro-batches as the trainer does: 4096 of them take minutes.
     grad_accum: int = knob(1, "Micro-batches per optimizer step.", example=8, at_most=4096)
     checkpointing: Literal["off", "on", "offload"] = knob(

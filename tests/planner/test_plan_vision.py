@@ -4,9 +4,11 @@ images laid out by each family's processor rules."""
 from __future__ import annotations
 
 import pytest
+from typer.testing import CliRunner
 from vision_configs import VISION_CONFIGS, vision_config
 
 import memfit
+from memfit.cli import app
 from memfit.planner.errors import PlanError
 
 _KNOBS = {"seq_len": 128, "batch_size": 2, "image_max_pixels": 64 * 64, "cache": False}
@@ -67,3 +69,21 @@ def test_qwen2_5_vl_7b_plans_more_with_four_images_than_one_and_names_its_tower(
     assert one.details["vision"]["tower_blocks"] == 32
     assert one.details["vision"]["tower_weight_bytes"] > 1_000_000_000  # 670 M parameters in bf16
     assert four.details["vision"]["tokens_per_image"] == (756 // 28) ** 2  # 768 x 768 under max_pixels: 756 x 756
+
+
+def test_without_a_seq_len_the_rows_hold_the_images_beside_the_default_text():
+    one = memfit.plan(vision_config("gemma3"), method="lora", images=1, image_max_pixels=64 * 64, cache=False)
+    two = memfit.plan(vision_config("gemma3"), method="lora", images=2, image_max_pixels=64 * 64, cache=False)
+    per_image = one.details["vision"]["sequence_tokens_per_image"]
+    assert one.spec["seq_len"] == 2048 + per_image and two.spec["seq_len"] == 2048 + 2 * per_image
+    assert any(note.startswith(f"seq_len {2048 + per_image:,}: the images'") for note in one.details["notes"])
+    given = memfit.plan(vision_config("gemma3"), method="lora", images=1, seq_len=512, cache=False)
+    assert given.spec["seq_len"] == 512 and not any(n.startswith("seq_len") for n in given.details["notes"])
+
+
+def test_the_report_names_the_tower_and_the_images():
+    result = CliRunner().invoke(app, ["plan", "qwen2.5-vl-7b", "--method", "lora", "--images", "4", "--no-cache"])
+    assert result.exit_code == 0, result.output
+    assert "vision tower: 32 blocks" in result.output and "frozen" in result.output
+    assert "images: 4 an example, up to 756x756 pixels" in result.output
+    assert "batch 1 x 4972 tokens" in result.output  # 2048 of text beside 4 x 731

@@ -392,6 +392,13 @@ def _made_plan(
         made = with_phases(made, source.config, spec, target, runtime, exact=exact)
     if exact:
         made.details["exact"] = True
+    vision = made.details.get("vision")
+    if vision and resolved.knobs.get("seq_len") is None:
+        image_tokens = vision["images"] * vision["sequence_tokens_per_image"]
+        made.details["notes"].append(
+            f"seq_len {spec.seq_len:,}: the images' {image_tokens:,} tokens beside {spec.seq_len - image_tokens:,} "
+            "of text (--seq-len sets it)"
+        )
     return made
 
 

@@ -55,7 +55,8 @@ def resolve(
     """The cheap half of :func:`validate`: resolve the model (its config), the knobs and the target
     (``target``, or the one ``gpu`` / ``budget`` give), and collect what is wrong with each alone
     (and with ``context_bytes``, a plan's CUDA context given instead of the estimate).
-    Imports neither transformers nor torch."""
+    Imports neither transformers nor torch, but for a vision-language model planned without a
+    ``seq_len`` (:func:`with_room_for_images`)."""
     if target is not None and (gpu is not None or budget is not None):
         raise TypeError("give a Target or gpu / budget, not both")
     source = spec = None
@@ -69,6 +70,8 @@ def resolve(
         spec = make_spec(**knobs)
     except SpecError as err:
         spec_problems.extend(err.problems)
+    if source is not None and spec is not None and knobs.get("seq_len") is None:
+        spec = with_room_for_images(source.config, spec, knobs)
     target_problems: list[str] = []
     if target is None:
         target, target_problems = resolve_target(gpu, budget)
@@ -247,6 +250,24 @@ def vision_problem(config: dict[str, Any], spec: RunSpec, spelling: str = "flag"
         f"{spell_setting('seq_len', needed, spelling)} or more, {spell_setting('images', most, spelling)} or a smaller "
         f"{spell('image_max_pixels', spelling)}."
     )
+
+
+def with_room_for_images(config: dict[str, Any], spec: RunSpec, knobs: dict[str, Any]) -> RunSpec:
+    """``spec`` for a model planned without a ``seq_len``: a vision-language model's rows hold its
+    images' tokens beside the default length of text (TRL leaves an image's tokens untruncated);
+    a text model's spec as it is."""
+    from memfit.models.vision import is_vision_config
+
+    if not is_vision_config(config):
+        return spec
+    from memfit.models.build import make_config
+    from memfit.models.vision import image_layout
+
+    try:
+        layout = image_layout(make_config(config), spec.image_max_pixels)
+        return make_spec(**{**knobs, "seq_len": spec.seq_len + spec.images * layout.sequence_tokens})
+    except (ValueError, SpecError):
+        return spec  # an unknown family, or a length past a bound: the checks say which
 
 
 def sequence_parallel_problems(config: Any, spec: RunSpec, layout: str) -> list[str | None]:

@@ -280,6 +280,7 @@ def fact_lines(spec: dict[str, Any], details: dict[str, Any]) -> list[str]:
         lines.append(f"attention: {details['attention']}")
     lines.extend(layer_lines(details))
     lines.extend(expert_lines(details.get("experts")))
+    lines.extend(vision_lines(spec, details.get("vision")))
     if details.get("reference"):
         lines.append(f"reference: {details['reference']}")
     features = step_features(spec, details)
@@ -330,6 +331,23 @@ def layer_lines(details: dict[str, Any]) -> list[str]:
         )
         lines.append(f"sequence mixers: simulated on transformers' PyTorch path ({why})")
     return lines
+
+
+def vision_lines(spec: dict[str, Any], vision: dict[str, Any] | None) -> list[str]:
+    """The report's lines on a vision-language model (``details.vision``): its vision tower and
+    projector, whether they train, and the images each example holds with their tokens."""
+    if not vision:
+        return []
+    trained = "trained" if spec.get("freeze_vision") is False else "frozen"
+    checkpointing = spec.get("vision_checkpointing")
+    height, width = vision["image_size"]
+    return [
+        f"vision tower: {vision['tower_blocks']} blocks, {format_count(vision['tower_params'])} parameters, projector "
+        f"{format_count(vision['projector_params'])}, {format_bytes(vision['tower_weight_bytes'])} of weights, {trained}"
+        + (f", checkpointing {checkpointing}" if checkpointing else ""),
+        f"images: {vision['images']} an example, up to {height}x{width} pixels "
+        f"(image_max_pixels {vision['image_max_pixels']:,}), {vision['tokens_per_image']:,} tokens each",
+    ]
 
 
 def expert_lines(experts: dict[str, Any] | None) -> list[str]:
