@@ -31,10 +31,8 @@ import torch
 from torch import nn
 
 from memfit.models.experts import ExpertWeight, expert_modules, expert_weights
-from memfit.models.quantize import NF4_BLOCKSIZE
+from memfit.models.quantize import ABSMAX_BLOCKSIZE, NF4_BLOCKSIZE
 
-#: bitsandbytes' block of the double-quantized absmax (``quantize_4bit(compress_statistics=True)``).
-ABSMAX_BLOCKSIZE = 256
 #: The absmax code every expert shares (bitsandbytes' dynamic map: 256 fp32 values).
 ABSMAX_CODE = "absmax_code"
 

@@ -23,6 +23,8 @@ from memfit.models.layers import decoder_layers
 #: bitsandbytes NF4 settings memfit uses for QLoRA (the QLoRA paper's: NF4, double quantization,
 #: 64-element blocks, uint8 storage).
 NF4_BLOCKSIZE = 64
+#: bitsandbytes' block of the double-quantized absmax (``quantize_4bit(compress_statistics=True)``).
+ABSMAX_BLOCKSIZE = 256
 
 #: LLM.int8's outlier threshold: input features above it take the 16-bit path (transformers'
 #: ``BitsAndBytesConfig.llm_int8_threshold`` default, which Axolotl's ``load_in_8bit`` uses).
@@ -152,6 +154,14 @@ def _drop_int8_cast_warning() -> None:
     log = logging.getLogger("bitsandbytes.autograd._functions")
     if not any(isinstance(f, _Int8CastWarning) for f in log.filters):
         log.addFilter(_Int8CastWarning())
+
+
+def nf4_quant_state_bytes(elements: int) -> int:
+    """Bytes of the quantization state bitsandbytes keeps beside an NF4 weight of ``elements`` values
+    (double quantization): each 64-value block's absmax in 8 bits, the absmax's own fp32 absmax per
+    256 blocks, and its fp32 offset. The two code tables are shared by every weight (not counted)."""
+    blocks = -(-elements // NF4_BLOCKSIZE)
+    return blocks + 4 * -(-blocks // ABSMAX_BLOCKSIZE) + 4
 
 
 def packed_nf4_shape(out_features: int, in_features: int) -> tuple[int, int]:

@@ -27,6 +27,10 @@ def param_layout(config: dict[str, Any], spec: RunSpec, *, remember: bool = True
     (4-bit packing for QLoRA, LoRA adapters), so the bytes are those of the real parameters; each
     is then counted as often as the full model holds its kind. Kept in the memo when ``remember``
     (:mod:`memfit.planner.shortcuts.memo`; not for an exact plan).
+
+    Packed 4-bit weights are kept whole on every rank by memfit's trainer; the hf recipe's FSDP and
+    ZeRO-3 shard and gather them as any parameter (:func:`shards_4bit_base`). Either way their
+    quantization state (bitsandbytes keeps it beside the parameter, not in it) stays whole.
     """
     key = (
         json.dumps(config, sort_keys=True, default=str),
@@ -36,6 +40,7 @@ def param_layout(config: dict[str, Any], spec: RunSpec, *, remember: bool = True
         spec.weight_precision,
         spec.dora,
         tuple(spec.modules_to_save),
+        shards_4bit_base(spec),
     )
     cached = MEMO.layouts.get(key) if remember else None
     if cached is not None:
@@ -62,19 +67,20 @@ def param_layout(config: dict[str, Any], spec: RunSpec, *, remember: bool = True
             in_layer[id(p)] = index
     groups, layer_bytes, layer_grads = [], [0] * sampled, [0] * sampled
     root_bytes = root_grads = 0
+    state_bytes = _quant_state_bytes(model)
     for p in model.parameters():
         nbytes = p.numel() * p.element_size()
         dim0 = int(p.shape[0]) if p.dim() > 0 else 1
         index = in_layer.get(id(p))
         count = repeats[index] if index is not None else 1
-        # The trainer keeps quantized weights (packed 4-bit, int8; 4-bit experts) whole on every rank, outside FSDP
-        # (never gathered).
-        whole = type(p).__name__ in ("Params4bit", "Int8Params") or id(p) in four_bit_experts
+        whole = _kept_whole(p, spec, four_bit_experts)
         groups.append(
             ParamGroup(
                 dim0=dim0, row_bytes=nbytes // max(dim0, 1), trainable=p.requires_grad, count=count, sharded=not whole
             )
         )
+        if id(p) in state_bytes:
+            groups.append(ParamGroup(dim0=1, row_bytes=state_bytes[id(p)], trainable=False, count=count, sharded=False))
         if whole:
             continue
         if index is None:
@@ -92,6 +98,35 @@ def param_layout(config: dict[str, Any], spec: RunSpec, *, remember: bool = True
         root_grad_bytes=root_grads,
     )
     return MEMO.keep("layouts", key, layout) if remember else layout
+
+
+def shards_4bit_base(spec: RunSpec) -> bool:
+    """Whether a rank holds a shard of the packed 4-bit base rather than all of it: the hf recipe's
+    QLoRA under FSDP or ZeRO-3 on several GPUs. There the base is stored in a float dtype
+    (``bnb_4bit_quant_storage``, which FSDP's and DeepSpeed's guides for QLoRA set) so that FSDP's flat
+    parameters and ZeRO-3's partitions take the packed bytes as any other weight: sharded, gathered a
+    layer at a time, offloaded with the rest. memfit's trainer keeps them whole on every rank."""
+    from memfit.planner.sharding import GATHERING_MODES
+
+    return spec.method == "qlora" and spec.recipe == "hf" and spec.gpus > 1 and spec.shard in GATHERING_MODES
+
+
+def _kept_whole(p, spec: RunSpec, four_bit_experts: dict) -> bool:
+    """Quantized weights every rank keeps whole, outside FSDP and never gathered: int8, 4-bit experts,
+    and packed 4-bit weights unless the run shards them (:func:`shards_4bit_base`)."""
+    kind = type(p).__name__
+    if kind == "Params4bit":
+        return not shards_4bit_base(spec)
+    return kind == "Int8Params" or id(p) in four_bit_experts
+
+
+def _quant_state_bytes(model) -> dict[int, int]:
+    """Each packed 4-bit weight's quantization state, by the weight's id (absent on ``meta``: counted)."""
+    from memfit.models.quantize import is_linear4bit, nf4_quant_state_bytes
+
+    return {
+        id(m.weight): nf4_quant_state_bytes(m.in_features * m.out_features) for m in model.modules() if is_linear4bit(m)
+    }
 
 
 def _layers_to_build(config: dict[str, Any]) -> tuple[list[int], list[int]]:

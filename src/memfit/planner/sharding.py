@@ -36,9 +36,12 @@ Behaviour modelled (PyTorch's documentation of ``fully_shard`` and ``Distributed
   ``param.grad``; the documentation of that flag says setting it saves "the total gradients size".
 - memfit's trainer keeps QLoRA's packed 4-bit weights outside FSDP, whole on every rank (FSDP2
   would lose bitsandbytes' quantization state): they count in full on every rank and are never
-  gathered; the adapters, embeddings, norms and head shard as usual.
+  gathered, nor offloaded; the adapters, embeddings, norms and head shard as usual. The hf recipe's
+  FSDP and ZeRO-3 (the 4-bit base stored in bf16, ``bnb_4bit_quant_storage``) shard, gather and
+  offload the packed bytes as any weight (:func:`memfit.planner.layout.shards_4bit_base`);
+  bitsandbytes' quantization state, beside the parameter, stays whole on every GPU in both.
 - ``CPUOffloadPolicy`` keeps sharded parameters, gradients and optimizer states in pinned host
-  memory and runs the optimizer step on the CPU.
+  memory and runs the optimizer step on the CPU; what FSDP does not manage stays on the GPU.
 
 Where the extra buffers are counted: gathered parameters and reduce-scatter buffers are transient
 tensors of the caching allocator (``temporaries``); DDP's buckets hold gradients for the whole run
@@ -110,6 +113,15 @@ class ParamLayout:
     def shard_bytes(self, trainable: bool, gpus: int) -> int:
         return sum(g.shard_bytes(gpus) for g in self.groups if g.trainable == trainable)
 
+    def whole_bytes(self, trainable: bool) -> int:
+        """Bytes every rank keeps whole, outside FSDP (on the GPU, even with offload)."""
+        return sum(g.count * g.dim0 * g.row_bytes for g in self.groups if g.trainable == trainable and not g.sharded)
+
+    def whole_ratio(self, trainable: bool) -> float:
+        """The part of the bytes kept whole on every rank's GPU."""
+        total = self.total_bytes(trainable)
+        return self.whole_bytes(trainable) / total if total else 0.0
+
     def shard_ratio(self, trainable: bool, gpus: int) -> float:
         """Bytes one rank holds over the unsharded bytes: 1/N, a little more for padding."""
         total = self.total_bytes(trainable)
@@ -173,6 +185,7 @@ def _mode_ratios(shard: str, gpus: int, layout: ParamLayout) -> dict[str, float]
         ratios.update(weights=frozen, trainable=trainable, gradients=trainable, optimizer=trainable)
     elif shard == "fsdp-offload":
         ratios = dict.fromkeys(_STATES, 0.0)
+        ratios["weights"] = layout.whole_ratio(False)  # what FSDP does not manage stays on the GPU
     return ratios
 
 
@@ -274,8 +287,10 @@ def model_state_bytes(
     }
     before = sum(states.values())
     if effective_shard(shard, gpus) == "fsdp-offload":
-        host = sum(int(v * r) for v, r in zip(states.values(), _sharded_ratios(gpus, layout, reference)))
-        return {"before_bytes": before, "per_rank_device_bytes": 0, "per_rank_host_bytes": host}
+        kept = 0.0 if reference == "frozen-copy" else layout.whole_ratio(False)
+        device = int(states["weights"] * kept)
+        host = sum(int(v * r) for v, r in zip(states.values(), _sharded_ratios(gpus, layout, reference))) - device
+        return {"before_bytes": before, "per_rank_device_bytes": device, "per_rank_host_bytes": host}
     ratios = state_ratios(shard, gpus, layout, zero, reference)
     after = sum(int(states[name] * ratios[name]) for name in states)
     # What DeepSpeed's offload moves to the host: the rank's share of those states.
