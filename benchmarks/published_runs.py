@@ -20,6 +20,7 @@ planned as the case's ``assumed`` entries say; a key of the run memfit cannot pl
     python benchmarks/published_runs.py             # writes benchmarks/results/published_runs.json
     python benchmarks/published_runs.py --only 3    # the first three cases (a quick look)
     python benchmarks/published_runs.py --list      # the cases, planned nothing
+    python benchmarks/published_runs.py --case torchtune --out /tmp/t.json   # the cases whose id holds "torchtune"
 
 The summary (cases, tools, median and p95 of |planned / published - 1|, the worst case under its
 measurement) is the ``published-runs`` block of README.md and docs/plan.md (benchmarks/figures.py).
@@ -340,6 +341,7 @@ def cases() -> list[dict]:
             ],
         ),
     ]
+    out += _torchtune_flag_cases()
     swift1 = (
         ("yi-6b-chat", YI_6B, ((512, 13.72), (1024, 15.44), (2048, 16.95), (4096, 28.25), (8192, 43.81))),
         ("yi-34b-chat", YI_34B, ((512, 66.72), (1024, 69.10), (2048, 71.34), (4096, 78.72))),
@@ -367,6 +369,103 @@ def cases() -> list[dict]:
             )
     out += _swift3_cases()
     out += _peft_cases()
+    return out
+
+
+# torchtune's optimization-flags table: each row adds its flag to the rows above (compile on from its
+# third row), LoRA and QLoRA take them all but optimizer_in_bwd and 8-bit AdamW (the README's command).
+_TUNE_COMPILE = "compile: True: torch.compile's fused kernels (what they keep differs from eager PyTorch's)"
+_TUNE_LOSS = (
+    "loss: CEWithChunkedOutputLoss (the output projection in 8 chunks of the sequence, each upcast to fp32 in "
+    "the loss): planned as the hf recipe's chunked-nll"
+)
+_TUNE_FLAGS = dict(
+    precision="bf16", batch_size=2, seq_len=4096, packing=True, recipe="hf", hf_loss="chunked-nll", adamw_impl="fused"
+)
+
+
+_TUNE_MEMFIT_STEP = (
+    "optimizer_in_bwd: memfit's step (the hf recipe has no optimizer step in backward), whose fused chunked "
+    "loss keeps no whole logits where CEWithChunkedOutputLoss keeps the chunks' bf16 logits"
+)
+
+
+def _tune_knobs(knobs: dict) -> dict:
+    """A row's knobs: the hf recipe's, or memfit's step where the optimizer steps in backward."""
+    knobs = dict(_TUNE_FLAGS, **({"method": "full"} | knobs))
+    if knobs.get("step_in_backward"):
+        for hf_only in ("recipe", "hf_loss", "adamw_impl"):
+            knobs.pop(hf_only)
+    return knobs
+
+
+def _torchtune_flag_cases() -> list[dict]:
+    full = [
+        ("+ activation checkpointing", 24.9, dict(checkpointing="on"), {"enable_activation_checkpointing": True}),
+        (
+            "+ optimizer step in backward",
+            23.1,
+            dict(checkpointing="on", step_in_backward=True, max_grad_norm=None),
+            {"optimizer_in_bwd": True},
+        ),
+        (
+            "+ activation offloading",
+            21.8,
+            dict(checkpointing="offload", step_in_backward=True, max_grad_norm=None),
+            {"enable_activation_offloading": True},
+        ),
+    ]
+    adapters = [
+        ("lora", 8.5, dict(method="lora"), {"config": "llama3_2/3B_lora_single_device"}),
+        ("qlora", 4.6, dict(method="qlora"), {"config": "llama3_2/3B_qlora_single_device"}),
+    ]
+    lora = dict(rank=64, alpha=128, dropout=0.0, targets="q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
+    out = []
+    for what, gib, knobs, flags in full + adapters:
+        adapted = "method" in knobs
+        if adapted:
+            knobs = dict(knobs, **lora, checkpointing="offload")
+        out.append(
+            dict(
+                id=f"torchtune llama-3.2-3b {what if adapted else 'full ' + what}, packed 2x4096, compile, a100",
+                tool="torchtune",
+                source=dict(TORCHTUNE_FLAGS, quote=f"| {what} ... | {gib} (Peak Memory Active, GiB)"),
+                counter="allocated",
+                published_gib=gib,
+                versions={"torchtune": "1814feb17 (November 2024)"},
+                config={
+                    "recipe": "lora_finetune_single_device" if adapted else "full_finetune_single_device",
+                    "batch_size": 2,
+                    "tokenizer.max_seq_len": 4096,
+                    "dataset.packed": True,
+                    "compile": True,
+                    "loss": "CEWithChunkedOutputLoss",
+                    **flags,
+                },
+                plan={"model": "llama-3.2-3b", "knobs": _tune_knobs(knobs)},
+                assumed=[_TUNE_MEMFIT_STEP if knobs.get("step_in_backward") else _TUNE_LOSS]
+                + (
+                    [
+                        "lora: the configs' lora_attn_modules q_proj, v_proj, output_proj and the MLP, rank 64, alpha "
+                        "128, no dropout; torch.optim.AdamW (fused), as the README's command sets it",
+                        "activation offloading with checkpointing: the checkpointed layer inputs in host memory",
+                    ]
+                    + (
+                        [
+                            "qlora: torchao's NF4 (64-value blocks, scalers quantized per 256) planned as "
+                            "bitsandbytes' double-quantized NF4"
+                        ]
+                        if knobs["method"] == "qlora"
+                        else []
+                    )
+                    if adapted
+                    else [
+                        "optimizer: torchtune's configs' torch.optim.AdamW with fused=True (8-bit AdamW is a later row)"
+                    ]
+                ),
+                unplannable=[_TUNE_COMPILE],
+            )
+        )
     return out
 
 
@@ -433,10 +532,112 @@ def _swift3_cases() -> list[dict]:
             {"gpus": 2, "shard": "zero3"},
         ),
         _swift3_short("multi-gpu/ddp/train.sh", "lora r8, ddp on 2 gpus", 27.5, {"gpus": 2, "shard": "ddp"}),
+        _swift3_short(
+            "streaming/lazy_tokenize.sh",
+            "lora r8, lazy_tokenize",
+            17,
+            {},
+            assumed=("lazy_tokenize: examples tokenized as the loader reads them (the host's work, not the GPU's)",),
+        ),
+        _swift3_short(
+            "tuners/neftune/train.sh",
+            "lora r8, neftune",
+            17,
+            {},
+            unplannable=(
+                "neftune_noise_alpha: the noise NEFTune adds to the embeddings' output (a tensor of its size)",
+            ),
+        ),
+        _swift3_short(
+            "tuners/olora/train.sh",
+            "lora r8, olora init",
+            17,
+            {},
+            assumed=("init_weights olora: how the adapters start; the step trains the same LoRA",),
+        ),
+        _swift3_short(
+            "tuners/pissa/train.sh",
+            "lora r8, pissa init",
+            17,
+            {},
+            assumed=("init_weights pissa: the base's principal part moves into the adapters once, before training",),
+        ),
+        _swift3_short(
+            "multi-gpu/fsdp2_lora/train.sh",
+            "lora r8, fsdp2 on 2 gpus",
+            14.7,
+            {"gpus": 2, "shard": "fsdp"},
+            assumed=(
+                "gradient_checkpointing false with the accelerate config's fsdp_activation_checkpointing true (FSDP2, "
+                "reshard_after_forward, mixed_precision bf16): each decoder layer checkpointed, planned as checkpointing on",
+            ),
+        ),
+        *_swift3_more(),
     ]
 
 
-def _swift3_short(path: str, what: str, gib: float, knobs: dict) -> dict:
+def _swift3_more() -> list[dict]:
+    """ms-swift 3.x examples on other corpora, other methods and objectives."""
+    longest = (
+        "seq_len: the longest of the examples' alpaca-gpt4 and self-cognition rows is not published: planned at "
+        "max_length 2048 (an upper bound)"
+    )
+    return [
+        dict(
+            id="ms-swift 3.x qwen2.5-7b-instruct full, max_length 2048",
+            tool="ms-swift",
+            source=swift_example(
+                "examples/train/full/train.sh", "# 76GiB ... --model Qwen/Qwen2.5-7B-Instruct --tuner_type full"
+            ),
+            counter="reserved",
+            published_gib=76,
+            config={"swift": "sft", "tuner_type": "full", "torch_dtype": "bfloat16", "max_length": 2048},
+            plan={"model": "qwen2.5-7b", "knobs": dict(_SWIFT3, method="full", targets="all-linear")},
+            assumed=[_SWIFT3_OPTIM, "precision: torch_dtype bfloat16: bf16 weights, gradients and AdamW states"],
+            unplannable=[longest],
+        ),
+        dict(
+            id="ms-swift 3.x qwen2.5-7b-instruct qlora (bnb nf4) r8 all-linear, max_length 2048",
+            tool="ms-swift",
+            source=swift_example(
+                "examples/train/qlora/bnb/train.sh",
+                "# 10GB ... --quant_method bnb --quant_bits 4 --bnb_4bit_use_double_quant true",
+            ),
+            counter="reserved",
+            published_gib=10,
+            config={"swift": "sft", "quant_method": "bnb", "quant_bits": 4, "bnb_4bit_use_double_quant": True},
+            plan={"model": "qwen2.5-7b", "knobs": dict(_SWIFT3, method="qlora", kbit_upcast=False)},
+            assumed=[
+                _SWIFT3_OPTIM,
+                "kbit_upcast: ms-swift loads the base in torch_dtype bfloat16 and never calls PEFT's "
+                "prepare_model_for_kbit_training: the parameters that are not 4-bit stay bf16",
+                "counter: '10GB' read as GiB, as ms-swift's other examples write it",
+            ],
+            unplannable=[longest],
+        ),
+        dict(
+            id="ms-swift 3.x qwen2.5-7b-instruct dpo lora r8 all-linear, max_length 2048",
+            tool="ms-swift",
+            source=swift_example(
+                "examples/train/rlhf/dpo/lora.sh", "# 24GiB ... swift rlhf --rlhf_type dpo --tuner_type lora"
+            ),
+            counter="reserved",
+            published_gib=24,
+            config={"swift": "rlhf", "rlhf_type": "dpo", "rpo_alpha": 0.1, "max_length": 2048},
+            plan={"model": "qwen2.5-7b", "knobs": dict(_SWIFT3, objective="dpo")},
+            assumed=[_SWIFT3_OPTIM, "reference: the model with its adapters disabled (LoRA, no ref_model)"],
+            unplannable=[
+                "seq_len: the longest chosen / rejected pair of hjh0119/shareAI-Llama3-DPO-zh-en-emoji is not "
+                "published: planned at max_length 2048 (an upper bound)",
+                "rpo_alpha: 0.1: the chosen answers' NLL added to the loss (from the same logits)",
+            ],
+        ),
+    ]
+
+
+def _swift3_short(
+    path: str, what: str, gib: float, knobs: dict, assumed: tuple[str, ...] = (), unplannable: tuple[str, ...] = ()
+) -> dict:
     return dict(
         id=f"ms-swift 3.x qwen2.5-7b-instruct {what}",
         tool="ms-swift",
@@ -447,8 +648,8 @@ def _swift3_short(path: str, what: str, gib: float, knobs: dict) -> dict:
         published_gib=gib,
         config={"swift": "sft", **knobs},
         plan={"model": "qwen2.5-7b", "knobs": dict(_SWIFT3, **knobs)},
-        assumed=[_SWIFT3_OPTIM],
-        unplannable=[_SWIFT3_SHORT],
+        assumed=[_SWIFT3_OPTIM, *assumed],
+        unplannable=[_SWIFT3_SHORT, *unplannable],
     )
 
 
@@ -487,8 +688,11 @@ _PEFT_COUNTER = (
 )
 _PEFT_OPTIM = "optim: the Trainer's default of March 2024 (adamw_torch, foreach; adapters only, so a few MiB)"
 _PEFT_QLORA = [
-    "use_nested_quant / bnb_4bit_quant_storage_dtype bfloat16: the 4-bit base stored in bf16 words, planned "
-    "as memfit's QLoRA base"
+    "use_nested_quant / bnb_4bit_quant_storage_dtype bfloat16: the 4-bit base stored in bf16 words, sharded and "
+    "gathered by FSDP and ZeRO-3 as any weight (the hf recipe's sharded QLoRA), its quantization state whole",
+    "kbit_upcast: off: TRL's SFTTrainer skips prepare_model_for_kbit_training for QLoRA under FSDP / ZeRO-3 "
+    "(is_sharded_qlora, trl/trainer/sft_trainer.py), so the model keeps the torch_dtype the example loads it in "
+    "(bf16, the quant storage dtype)",
 ]
 
 
@@ -515,7 +719,10 @@ def _peft_case(what: str, source: dict, gib: float, knobs: dict, args: dict, unp
             "lora_alpha": 16,
             **args,
         },
-        plan={"model": _llama2_70b(), "knobs": dict(_PEFT_SFT, **knobs)},
+        plan={
+            "model": _llama2_70b(),
+            "knobs": dict(_PEFT_SFT, **knobs) | ({"kbit_upcast": False} if knobs["method"] == "qlora" else {}),
+        },
         assumed=[_PEFT_COUNTER, _PEFT_OPTIM]
         + (_PEFT_QLORA if knobs["method"] == "qlora" else [])
         + ([f"use_reentrant: {reentrant}: planned as memfit's checkpointing"] if reentrant else []),
@@ -687,6 +894,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", type=int, default=None, help="plan the first N cases only")
     parser.add_argument("--list", action="store_true", help="list the cases, plan nothing")
+    parser.add_argument(
+        "--case", action="append", default=[], help="plan only the cases whose id holds this text (repeatable)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).parent))
@@ -698,7 +908,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for case in cases()[: args.only]:
+        chosen = [c for c in cases() if not args.case or any(text in c["id"] for text in args.case)]
+        for case in chosen[: args.only]:
             row = run_case(case, Path(folder))
             shown = "refused" if row["error"] is None else f"{row['error']:+7.1%}"
             print(
