@@ -140,6 +140,34 @@ VISION_CONFIGS: dict[str, dict[str, Any]] = {
         },
         "image_token_index": 990,
     },
+    "llama4": {
+        "text_config": {
+            **_TEXT,
+            "intermediate_size_mlp": 128,
+            "num_local_experts": 2,
+            "num_experts_per_tok": 1,
+            "interleave_moe_layer_step": 2,  # a dense layer, then a mixture of experts
+            "no_rope_layer_interval": 2,
+            "attention_chunk_size": 64,
+        },
+        # The tower's pixel shuffle (ratio 0.5) makes 4 x its width: intermediate_size; its adapter's
+        # output (projector dims, vision_output_dim) is what the projector maps to the text width.
+        "vision_config": {
+            "hidden_size": 32,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": 56,
+            "patch_size": 14,
+            "pixel_shuffle_ratio": 0.5,
+            "projector_input_dim": 64,
+            "projector_output_dim": 64,
+            "vision_output_dim": 64,
+        },
+        "image_token_index": 990,
+        "boi_token_index": 991,
+        "eoi_token_index": 992,
+    },
 }
 
 

@@ -39,6 +39,7 @@ from memfit.step.batch import PADDED, collate
 from memfit.step.labels import IGNORE_INDEX
 from memfit.step.losses import Batch, _model_inputs, _wide, backbone_and_head, chunked_token_logps
 from memfit.step.preference import _per_sequence, _shift, reference_model, summarize_metrics as summarize_pair_metrics
+from memfit.step.vision_forward import model_forward
 
 #: What a grpo step reports from its loss, under TRL's names: each the mean over the step's
 #: micro-batches of the micro-batch's value (``kl`` only with ``beta`` above 0).
@@ -219,7 +220,8 @@ def _logps_from_model_logits(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The plain path (soft-capped or scaled heads): the model's whole logits, upcast to fp32 and
     divided by ``temperature``, then the log-softmax."""
-    logits = _wide(model(**_model_inputs(batch), use_cache=False).logits).reshape(targets.shape[0], -1) / temperature
+    outputs = model_forward(model, _model_inputs(batch), use_cache=False)
+    logits = _wide(outputs.logits).reshape(targets.shape[0], -1) / temperature
     log_probs = logits.log_softmax(-1)
     valid = targets != IGNORE_INDEX
     picked = log_probs.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1) * valid

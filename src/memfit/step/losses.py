@@ -25,6 +25,7 @@ from memfit.spec import RunSpec
 from memfit.step.autocast import active_autocast_dtype, autocast_dtype
 from memfit.step.labels import IGNORE_INDEX
 from memfit.step.seam import chunks_to_run
+from memfit.step.vision_forward import model_forward, module_backbone
 
 Batch = Mapping[str, torch.Tensor]
 LossFn = Callable[[torch.nn.Module, Batch], torch.Tensor]
@@ -302,7 +303,7 @@ def model_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """
     shifted = {"shift_labels": batch["shift_labels"]} if batch.get("shift_labels") is not None else {}
     labels = batch["labels"] if not shifted else batch["shift_labels"]
-    return model(**_model_inputs(batch), labels=labels, use_cache=False, **shifted).loss
+    return model_forward(model, _model_inputs(batch), labels=labels, use_cache=False, **shifted).loss
 
 
 def _model_inputs(batch: Batch) -> dict:
@@ -327,19 +328,17 @@ def _model_inputs(batch: Batch) -> dict:
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
-def backbone_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
-    """(decoder stack, output head) of a causal LM whose logits are just ``hidden @ head.weight.T``."""
+def backbone_and_head(model: torch.nn.Module) -> tuple[Callable, torch.nn.Linear] | None:
+    """(decoder stack, output head) of a causal LM whose logits are just ``hidden @ head.weight.T``
+    (a vision-language model's decoder stack takes its images too)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     config = getattr(base, "config", None)
     prefix = getattr(base, "base_model_prefix", None)
     backbone = getattr(base, prefix, None) if prefix else None
+    if not isinstance(backbone, torch.nn.Module):
+        backbone = module_backbone(base)  # Llama 4: its forward run module by module (memfit.step.vision_forward)
     head = trained_head(base.get_output_embeddings()) if hasattr(base, "get_output_embeddings") else None
-    if (
-        config is None
-        or not isinstance(backbone, torch.nn.Module)
-        or type(head) is not torch.nn.Linear
-        or head.bias is not None
-    ):
+    if config is None or backbone is None or type(head) is not torch.nn.Linear or head.bias is not None:
         return None
     from memfit.models.vision import language_config
 

@@ -36,6 +36,7 @@ from memfit.step.batch import PADDED, collate
 from memfit.step.labels import IGNORE_INDEX
 from memfit.step.losses import Batch, _model_inputs, _wide, backbone_and_head, chunked_token_logps
 from memfit.step.seam import memory_attribute
+from memfit.step.vision_forward import model_forward
 
 #: Where a full fine-tuning model keeps its frozen reference copy (not a submodule: it is neither
 #: trained, nor saved, nor in ``parameters()``; the memory tracker marks it as weights).
@@ -229,7 +230,7 @@ def _logps_from_model_logits(
     """Per-token log-probs from the model's whole ``[rows, seq, vocab]`` logits, upcast to fp32 for the
     log-softmax: the plain path (soft-capped or scaled heads; the ``hf`` recipe). With
     ``mean_logits``, also each position's logits averaged over the vocabulary (fp32, detached)."""
-    logits = model(**_model_inputs(batch), use_cache=False).logits
+    logits = model_forward(model, _model_inputs(batch), use_cache=False).logits
     picked = _wide(logits).log_softmax(-1).gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
     token_logps = (picked * (targets != IGNORE_INDEX)).reshape(-1)
     del picked

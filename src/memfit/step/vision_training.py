@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from torch import nn
 
+from memfit.models.experts import routers
 from memfit.models.layers import _is_linear, decoder_layers
 from memfit.models.vision import vision_module_names, vision_parts
 from memfit.spec import ALL_LINEAR, RunSpec
@@ -30,13 +31,17 @@ def is_vision_model(model: nn.Module) -> bool:
 def lora_module_names(model: nn.Module, spec: RunSpec) -> list[str]:
     """The qualified names of the linear modules LoRA adapts in a vision-language ``model``: the
     decoder layers' linear modules that ``spec.targets`` names, and, with ``freeze_vision: false``,
-    the tower's and projector's."""
+    the tower's and projector's. A mixture of experts' routers are not among them: as in a text
+    model, a router is adapted only when ``targets`` names it, through its weight
+    (:func:`memfit.step.lora_targets.lora_targets`), and Llama 4's router, a linear layer that returns
+    its scores and logits, cannot take PEFT's linear adapter."""
     wanted = None if spec.targets == (ALL_LINEAR,) else set(spec.targets)
     layers = {id(m) for block in decoder_layers(model) for m in block.modules()}
     vision = vision_module_names(model) if not spec.freeze_vision else {}
+    routed = set(routers(model))
     names = []
     for name, module in model.named_modules():
-        if not _is_linear(module) or (id(module) not in layers and name not in vision):
+        if not _is_linear(module) or name in routed or (id(module) not in layers and name not in vision):
             continue
         if wanted is None or name.rsplit(".", 1)[-1] in wanted:
             names.append(name)
