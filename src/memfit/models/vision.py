@@ -272,6 +272,23 @@ def image_layout(config, max_pixels: int = DEFAULT_IMAGE_MAX_PIXELS) -> ImageLay
     return rule(config, int(max_pixels), config.model_type)
 
 
+#: The largest square side (pixels) ``memfit fit`` tries for an image.
+MAX_IMAGE_SIDE = 4096
+
+
+def image_sides(config, max_side: int = MAX_IMAGE_SIDE) -> list[int]:
+    """The square sides (pixels, at most ``max_side``) at which ``config``'s processor lays an image
+    out differently, each the smallest side of its layout, smallest first: the ladder ``memfit fit``
+    climbs (a side ``s`` is ``image_max_pixels`` ``s * s``). Sides are multiples of the tower's patch;
+    a family whose processor resizes every image to one size has one rung."""
+    step = int(config.vision_config.patch_size)
+    by_layout: dict[tuple, int] = {}
+    for side in range(step, max_side + 1, step):
+        layout = image_layout(config, side * side)
+        by_layout.setdefault((layout.tokens, layout.pixel_shape), side)
+    return sorted(by_layout.values())
+
+
 def image_token_id(config) -> int:
     """The id of the placeholder token an image's features replace."""
     for name in ("image_token_id", "image_token_index"):

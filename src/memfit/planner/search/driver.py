@@ -34,6 +34,7 @@ from typing import Any
 from memfit.errors import shown_name
 from memfit.planner.errors import PlanError
 from memfit.planner.inputs import quick_problems, validate, validation_state
+from memfit.planner.search.images import image_planner, largest_image
 from memfit.planner.search.jobs import MethodJob, MethodOutcome, gpu_levels, merged_outcome
 from memfit.planner.search.micro_batch import micro_batches
 from memfit.planner.search.plans import OPTIMIZERS_LEAN_FIRST, SearchPlanner, planned_miss
@@ -94,6 +95,7 @@ def _search(request: FitRequest, events: FitEvents) -> FitResult:
     progress = events.plan_reporter()
     outcomes = _run_parts(job, methods, workers, progress, events.method_found, events.stop)
     result = _fit_result(job, outcomes, methods, request.max_seq_len, progress)
+    _add_largest_image(result, job, source.config, progress)
     gpu = {"name": target.name, "memory_bytes": target.memory_bytes}
     return dataclasses.replace(
         result,
@@ -103,6 +105,20 @@ def _search(request: FitRequest, events: FitEvents) -> FitResult:
         max_gpus=int(request.gpus or 1),
         notes=[source.note] if source.note else [],
     )
+
+
+def _add_largest_image(
+    result: FitResult, job: MethodJob, config: dict[str, Any], progress: Callable[[str], None] | None
+) -> None:
+    """A vision-language model's largest image at the fastest fit (``result.max_image``,
+    :mod:`~memfit.planner.search.images`), and the plans it took."""
+    from memfit.models.vision import is_vision_config
+
+    if not result.fits or not is_vision_config(config):
+        return
+    planner = image_planner(job, result.fits[0], progress)
+    result.max_image = largest_image(planner, result.fits[0], config)
+    result.plans_made += planner.count
 
 
 def _method_job(request: FitRequest, source, target) -> MethodJob:

@@ -28,6 +28,8 @@ def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
     if getattr(result, "max_seq_len_by_gpus", None):
         console.print("longest sequence per GPU count, micro-batch 1", highlight=False)
         console.print(_by_gpus_table(result))
+    if getattr(result, "max_image", None):
+        console.print(largest_image_line(result.max_image), highlight=False, markup=False, soft_wrap=True)
     for note in getattr(result, "notes", []):
         console.print(f"[yellow]note:[/] {note}", highlight=False)
     if config:
@@ -38,6 +40,28 @@ def render_fit(result, console, *, focus_max_seq_len: bool = False) -> None:
     console.print(
         f"[dim]{result.plans_made} plans in {result.seconds:.1f} s. Speed is an estimate from FLOPs per token, "
         "recomputation, offload and dequantization costs (memfit.planner.throughput), relative to the fastest fit.[/]"
+    )
+
+
+#: Why a larger image does not fit, as the text report says it.
+_IMAGE_LIMITS = {
+    "memory": "a larger one is over the memory",
+    "seq_len": "a larger one's tokens do not fit seq_len",
+    "processor": "the processor resizes every image to this size",
+    "ladder": "the largest searched",
+}
+
+
+def largest_image_line(found: dict) -> str:
+    """The text line of fit's ``max_image``: ``largest image at the fastest fit (lora, micro-batch 2,
+    2048 tokens, 1 an example): 532x532 pixels (image_max_pixels 283,024, 361 tokens each); a larger
+    one is over the memory``."""
+    height, width = found["image_size"]
+    return (
+        f"largest image at the fastest fit ({found['method']}, micro-batch {found['batch_size']}, "
+        f"{found['seq_len']} tokens, {found['images']} an example): {height}x{width} pixels "
+        f"(image_max_pixels {found['image_max_pixels']:,}, {found['tokens_per_image']:,} tokens each); "
+        f"{_IMAGE_LIMITS[found['limited_by']]}"
     )
 
 

@@ -59,6 +59,8 @@ class FitResult(JsonForm):
     #: With sequence parallelism: each method's longest sequence at each GPU count searched, with the
     #: degree asked (``seq_len``) and without sequence parallelism (``without``).
     max_seq_len_by_gpus: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: A vision-language model's largest image at the fastest fit (:mod:`memfit.planner.search.images`).
+    max_image: dict[str, Any] | None = None
     plans_made: int = 0
     seconds: float = 0.0
     max_gpus: int = 1
@@ -73,6 +75,7 @@ class FitResult(JsonForm):
             "fits": [f.to_dict() for f in self.fits],
             "max_seq_len": dict(self.max_seq_len),
             **({"max_seq_len_by_gpus": dict(self.max_seq_len_by_gpus)} if self.max_seq_len_by_gpus else {}),
+            **({"max_image": dict(self.max_image)} if self.max_image else {}),
             "details": {
                 "max_gpus": self.max_gpus,
                 "per_rank": self.max_gpus > 1,
