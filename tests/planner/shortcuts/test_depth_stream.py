@@ -56,8 +56,9 @@ class _Toy:
         )
 
 
-def _step(layers: int, frees_in_reverse: bool = False) -> TrackerResult:
-    """The toy step of ``layers`` layers: setup, forward, backward, optimizer."""
+def _step(layers: int, frees_in_reverse: bool = False, empty_phase: bool = False) -> TrackerResult:
+    """The toy step of ``layers`` layers: setup, forward, backward, optimizer (``empty_phase``: with
+    a phase between backward and optimizer that allocates and frees nothing)."""
     toy = _Toy()
     toy.alloc(5 * MiB, "embedding")  # the head
     params = []
@@ -93,6 +94,8 @@ def _step(layers: int, frees_in_reverse: bool = False) -> TrackerResult:
             toy.free(layer_input)
         grad = new_grad
     toy.free(saved[0][0]), toy.free(hidden)
+    if empty_phase:
+        toy.set_phase("zero_grad")
     toy.set_phase("optimizer")
     grads.reverse()
     norms = [toy.alloc(512, "norm") for _ in grads]  # one op over every layer, then the next
@@ -142,6 +145,15 @@ def test_the_stream_is_the_full_depths_events():
     reserved, phase_peaks = stream.replay()
     assert reserved == allocator.simulate(whole.events).peak_reserved_bytes
     assert phase_peaks == highest
+
+
+def test_a_phase_with_no_events_is_replayed_as_one():
+    stream = full_depth_stream(ONE_MORE, [_step(2, empty_phase=True), _step(3, empty_phase=True)])
+    whole = _step(10, empty_phase=True)
+    reserved, phase_peaks = stream.replay()
+    assert reserved == allocator.simulate(whole.events).peak_reserved_bytes
+    assert "zero_grad" not in phase_peaks and phase_peaks == stream.phase_peaks
+    assert phase_peaks == full_depth_stream(ONE_MORE, [_step(2), _step(3)]).replay()[1]
 
 
 def test_a_run_of_frees_in_another_order_in_one_sample():

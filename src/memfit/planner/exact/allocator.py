@@ -185,15 +185,20 @@ class _Segments:
         return released
 
 
-def _event_error(index: int, kind: str, key: int, nbytes: int, live: bool) -> ValueError:
+class EventError(ValueError):
+    """An event the replay cannot take: an alloc of a live key or of negative size, a free of a key
+    that is not live, an unknown kind."""
+
+
+def _event_error(index: int, kind: str, key: int, nbytes: int, live: bool) -> EventError:
     """The error of an event the replay cannot take."""
     if kind == ALLOC and live:
-        return ValueError(f"event {index}: alloc of key {key} which is still live; free it first or use a new key")
+        return EventError(f"event {index}: alloc of key {key} which is still live; free it first or use a new key")
     if kind == ALLOC:
-        return ValueError(f"event {index}: alloc of key {key} with negative size {nbytes}")
+        return EventError(f"event {index}: alloc of key {key} with negative size {nbytes}")
     if kind == FREE:
-        return ValueError(f"event {index}: free of key {key} which is not live (never allocated, or freed already)")
-    return ValueError(f"event {index}: unknown event kind {kind!r}; expected {ALLOC!r}, {FREE!r} or {EMPTY_CACHE!r}")
+        return EventError(f"event {index}: free of key {key} which is not live (never allocated, or freed already)")
+    return EventError(f"event {index}: unknown event kind {kind!r}; expected {ALLOC!r}, {FREE!r} or {EMPTY_CACHE!r}")
 
 
 def simulate(
@@ -215,8 +220,9 @@ def simulate(
             segments are released and the segment is tried again; if it still
             does not fit, the replay stops with ``oom=True``. ``None``: no limit.
         record_trace: keep reserved and allocated bytes after every event.
-        marks: increasing event indices, each the first of a stretch whose highest requested bytes
-            the result keeps (``stretch_peaks``): a phase's highest live bytes, in one replay.
+        marks: event indices in order, each the first of a stretch whose highest requested bytes
+            the result keeps (``stretch_peaks``): a phase's highest live bytes, in one replay. Two
+            marks alike: a stretch with no events.
 
     Raises:
         ValueError: on an unknown event kind, a negative size, an alloc of a
@@ -225,8 +231,8 @@ def simulate(
     """
     if capacity_bytes is not None and capacity_bytes <= 0:
         raise ValueError(f"capacity_bytes must be a positive number of bytes or None, got {capacity_bytes!r}")
-    if any(b <= a for a, b in itertools.pairwise(marks)) or any(m < 0 for m in marks[:1]):
-        raise ValueError(f"marks must be increasing event indices, got {list(marks)!r}")
+    if any(b < a for a, b in itertools.pairwise(marks)) or any(m < 0 for m in marks[:1]):
+        raise ValueError(f"marks must be event indices in order, got {list(marks)!r}")
     return _replay(events, capacity_bytes, record_trace, marks)
 
 
@@ -250,6 +256,9 @@ def _replay(
                 if passed:
                     stretches.append(stretch_peak)
                 stretch_peak, passed = 0, passed + 1
+                while passed < len(marks) and marks[passed] == index:  # a stretch with no events
+                    stretches.append(0)
+                    passed += 1
                 next_mark = marks[passed] if passed < len(marks) else -1
             if kind == ALLOC:
                 if key in live or nbytes < 0:

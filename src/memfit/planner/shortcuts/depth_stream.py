@@ -497,7 +497,7 @@ class DepthStream:
         events, starts = self._events_and_starts()
         try:
             replayed = allocator.simulate(events, marks=starts)
-        except ValueError as err:
+        except allocator.EventError as err:
             raise NotInserted(f"the full depth's events do not replay: {err}") from err
         base, peaks, counting = self.base, {}, False
         for (phase, b0, _), highest in zip(self.regions, replayed.stretch_peaks):
