@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import nn
+if TYPE_CHECKING:  # (torch is imported where a model is looked into: a config's questions need none)
+    from torch import nn
 
 #: The attributes a vision-language model keeps its vision tower and projector under.
 TOWER_NAMES = ("visual", "vision_tower", "vision_model")
@@ -60,6 +61,8 @@ def language_config(config):
 def language_model(model: nn.Module) -> nn.Module:
     """The language model of a vision-language ``model`` (PEFT's wrapper seen through), or ``model``
     itself for a text model: the module whose layers are the decoder's."""
+    from torch import nn
+
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not is_vision_config(getattr(base, "config", None)):
         return model
@@ -75,6 +78,8 @@ def vision_parts(model: nn.Module) -> dict[str, nn.Module]:
     """The vision tower and the projector of a vision-language ``model`` by their short names
     (``{"tower": ..., "projector": ...}``; Qwen's projector is the tower's ``merger``); empty for a
     text model."""
+    from torch import nn
+
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not is_vision_config(getattr(base, "config", None)):
         return {}

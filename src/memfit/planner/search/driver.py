@@ -180,7 +180,9 @@ def _placeholder_length(knobs: Mapping[str, Any]) -> int:
 
     if knobs.get("objective") != "grpo":
         degree = whole_number_value(knobs.get("sequence_parallel", 1))
-        return degree if isinstance(degree, int) and degree > 1 else 1  # a row every rank has a shard of
+        # A row every rank has a shard of; a degree past its bound is refused by its own check, and a
+        # placeholder that long would be refused as a length no one gave.
+        return degree if isinstance(degree, int) and 1 < degree <= upper_bound("sequence_parallel") else 1
 
     completion = whole_number_value(knobs.get("max_completion_length", default("max_completion_length")))
     return completion + 1 if isinstance(completion, int) and completion > 0 else 1
