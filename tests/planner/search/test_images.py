@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from vision_configs import vision_config  # noqa: E402
+from vision_configs import vision_config
 
-import memfit  # noqa: E402
-from memfit.planner.errors import PlanError  # noqa: E402
-from memfit.planner.search.driver import fit  # noqa: E402
-from memfit.planner.search.report import largest_image_line  # noqa: E402
-from memfit.planner.search.request import FitRequest  # noqa: E402
+import memfit
+from memfit.planner.errors import PlanError
+from memfit.planner.search.driver import fit
+from memfit.planner.search.report import largest_image_line
+from memfit.planner.search.request import FitRequest
 
 
 def _fit(model_type: str, budget: str, seq_len: int):
@@ -35,7 +35,9 @@ def _fit(model_type: str, budget: str, seq_len: int):
 def _fits_at(result, side: int) -> bool:
     spec = {k: v for k, v in result.fits[0].spec.items() if k not in ("gpus", "shard")}
     try:
-        return memfit.plan(vision_config("qwen2_5_vl"), budget="600MiB", **dict(spec, image_max_pixels=side * side)).fits
+        return memfit.plan(
+            vision_config("qwen2_5_vl"), budget="600MiB", **dict(spec, image_max_pixels=side * side)
+        ).fits
     except PlanError:
         return False
 
