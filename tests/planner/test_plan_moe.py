@@ -162,3 +162,22 @@ def test_the_routing_loss_is_on_where_the_config_asks_for_it_and_the_step_is_sup
     assert sft == {"coef": 0.001, "on": True, "asked": True}
     assert dpo["router_aux_loss"] == {"coef": 0.001, "on": False, "asked": True}
     assert "the preference objectives' losses leave it out" in expert_lines(dpo)[2]
+
+
+def test_a_model_without_experts_is_built_once_to_find_none(monkeypatch):
+    from memfit.models import build
+    from memfit.planner.experts import expert_details
+    from memfit.spec import make_spec
+
+    built = []
+    real = build.build_meta_model
+    monkeypatch.setattr(build, "build_meta_model", lambda *a, **k: built.append(1) or real(*a, **k))
+    dense = {**load_catalog_config("llama-3.2-1b"), "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128}
+    dense["_memfit_marker"] = len(built)  # a config this test alone plans
+    spec = make_spec(method="lora")
+    assert expert_details(dense, spec) is None and expert_details(dense, spec) is None
+    assert len(built) == 1
+    assert expert_details(dense, spec, remember=False) is None and len(built) == 2  # an exact plan looks again
+    moe = MOE_CONFIGS[sorted(MOE_CONFIGS)[0]]
+    assert expert_details(moe, spec) is not None and expert_details(moe, spec) is not None
+    assert len(built) == 4  # a model with experts is read every time (its details depend on the knobs)

@@ -380,7 +380,7 @@ def _made_plan(
         layout = param_layout(source.config, spec, remember=not exact)
         zero = _zero_plan(deepspeed, source.config, spec, layout)
     estimate = _estimate(source.config, spec, runtime, target, exact=exact, layout=layout, zero=zero, sampler=sampler)
-    made = _memory_plan(source, spec, target, runtime, estimate, layout=layout, zero=zero)
+    made = _memory_plan(source, spec, target, runtime, estimate, layout=layout, zero=zero, remember=not exact)
     if spec.is_grpo:
         from memfit.planner.grpo import with_phases
 
@@ -451,8 +451,10 @@ def _memory_plan(
     *,
     layout,
     zero,
+    remember: bool = True,
 ) -> MemoryPlan:
-    """The plan of ``estimate``: reserved memory, the runtime added, compared with ``target``."""
+    """The plan of ``estimate``: reserved memory, the runtime added, compared with ``target``
+    (``remember``: what it works out of the model's config kept in the memo)."""
     categories = dict(estimate.categories)
     tracked_runtime = categories.pop("runtime", 0)
     allocated = estimate.allocated_bytes
@@ -484,7 +486,7 @@ def _memory_plan(
         "input_embeddings": "host" if estimate.embeddings_on_host else "device",
         "precision_regime": spec.precision_regime,
         "adapters": _adapter_details(spec, estimate.trained_copies, estimate.adapted) if spec.uses_adapters else None,
-        "experts": expert_details(source.config, spec, estimate.adapter_bytes),
+        "experts": expert_details(source.config, spec, estimate.adapter_bytes, remember=remember),
         "vision": _vision_details(source, spec),
         "notes": _notes(source, spec, target, runtime, estimate, headroom),
     }

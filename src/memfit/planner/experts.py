@@ -24,20 +24,34 @@ STATE_KINDS = ("weights", "gradients", "optimizer")
 
 
 def expert_details(
-    config_dict: dict[str, Any], spec: RunSpec, adapter_bytes: dict[str, dict[str, int]] | None = None
+    config_dict: dict[str, Any],
+    spec: RunSpec,
+    adapter_bytes: dict[str, dict[str, int]] | None = None,
+    *,
+    remember: bool = True,
 ) -> dict[str, Any] | None:
     """``details.experts`` of a plan of the model in ``config_dict`` (None for a model without experts).
 
     ``adapter_bytes``: the step's trainable parameters on the experts and on the rest, as the plan's
     simulation counted them at full depth (:attr:`memfit.planner.shortcuts.extrapolate.StepEstimate.adapter_bytes`).
+    ``remember``: a model found to have no experts is kept in the memo as such (a search plans one
+    model many times; the full model built on ``meta`` to look costs a dense 8B model 50 ms a plan).
     """
+    import json
+
     from memfit.models.build import DTYPES, build_meta_model, count_parameters, make_config
     from memfit.models.experts import expert_modules, expert_parameter_count, expert_weights, routers
     from memfit.models.experts_nf4 import unsupported_reason
+    from memfit.planner.shortcuts.memo import MEMO
 
+    key = (json.dumps(config_dict, sort_keys=True, default=str), spec.weight_precision)
+    if remember and MEMO.expert_free.get(key):
+        return None
     model = build_meta_model(make_config(config_dict), DTYPES[spec.weight_precision])
     modules = expert_modules(model)
     if not modules:
+        if remember:
+            MEMO.keep("expert_free", key, True)
         return None
     first = next(iter(modules.values()))
     experts = expert_weights(first)[0].num_experts

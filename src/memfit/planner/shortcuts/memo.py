@@ -13,6 +13,7 @@ everything its value depends on, so what it hands back is what working it out wo
 - ``full_depths``: the reserved bytes and phase peaks of the full depth's events, by the depth plan
   and the samples' results (:func:`memfit.planner.shortcuts.extrapolate._full_depth`);
 - ``depth_plans``: the cuts a config is simulated at (:func:`memfit.planner.shortcuts.depths.plan_depths`);
+- ``expert_free``: the configs whose model has no experts (:func:`memfit.planner.experts.expert_details`);
 - ``layouts``: a model's parameter layout (:func:`memfit.planner.layout.param_layout`);
 - ``templates``: the replay templates of the last few kinds of plan
   (:class:`memfit.planner.shortcuts.replay.Replay`), by config, spec but for its shapes, and
@@ -36,6 +37,7 @@ LIMITS = {
     "full_depths": 32,
     "generations": 64,
     "depth_plans": 64,
+    "expert_free": 64,
     "layouts": 256,
     "templates": 4,
 }
@@ -52,6 +54,7 @@ class Memo:
         self.full_depths: dict[Hashable, Any] = {}
         self.generations: dict[Hashable, Any] = {}
         self.depth_plans: dict[Hashable, Any] = {}
+        self.expert_free: dict[Hashable, Any] = {}
         self.layouts: dict[Hashable, Any] = {}
         self.templates: dict[Hashable, dict] = {}
 
