@@ -37,14 +37,12 @@ def expert_details(
     ``remember``: a model found to have no experts is kept in the memo as such (a search plans one
     model many times; the full model built on ``meta`` to look costs a dense 8B model 50 ms a plan).
     """
-    import json
-
     from memfit.models.build import DTYPES, build_meta_model, count_parameters, make_config
     from memfit.models.experts import expert_modules, expert_parameter_count, expert_weights, routers
     from memfit.models.experts_nf4 import unsupported_reason
-    from memfit.planner.shortcuts.memo import MEMO
+    from memfit.planner.shortcuts.memo import MEMO, config_key
 
-    key = (json.dumps(config_dict, sort_keys=True, default=str), spec.weight_precision)
+    key = (config_key(config_dict), spec.weight_precision)
     if remember and MEMO.expert_free.get(key):
         return None
     model = build_meta_model(make_config(config_dict), DTYPES[spec.weight_precision])

@@ -10,12 +10,11 @@ gradients, optimizer states): a floor under any plan of full fine-tuning on one 
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from memfit.planner.exact.runtime import runtime_overhead
 from memfit.planner.inputs import resolve
-from memfit.planner.shortcuts.memo import MEMO
+from memfit.planner.shortcuts.memo import MEMO, config_key
 from memfit.planner.target import Target
 from memfit.spec import RunSpec
 
@@ -33,7 +32,7 @@ def param_layout(config: dict[str, Any], spec: RunSpec, *, remember: bool = True
     quantization state (bitsandbytes keeps it beside the parameter, not in it) stays whole.
     """
     key = (
-        json.dumps(config, sort_keys=True, default=str),
+        config_key(config),
         spec.method,
         spec.rank,
         tuple(spec.targets),

@@ -406,7 +406,6 @@ class DepthStream:
 
     def __init__(self, depths: DepthPlan, base, samples: list, aligned: list[_Aligned], regions: list) -> None:
         self.base, self.samples, self.aligned, self.regions = base, samples, aligned, regions
-        self.phase_peaks: dict[str, int] = {}  # filled by :meth:`replay`
         order = _layer_order(depths)
         self.in_time = {False: order, True: order[::-1]}
         self.position = {flag: {layer: i for i, layer in enumerate(seq)} for flag, seq in self.in_time.items()}
@@ -505,7 +504,6 @@ class DepthStream:
             counting = counting or b0 > base.peak_from_event
             if counting and highest > peaks.get(phase, 0):
                 peaks[phase] = highest
-        self.phase_peaks = peaks
         return replayed.peak_reserved_bytes, peaks
 
     def _events_and_starts(self) -> tuple[list[tuple[str, int, int]], list[int]]:

@@ -23,7 +23,6 @@ attention over earlier layers' outputs), or that is too shallow to gain from cut
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
@@ -57,9 +56,9 @@ def plan_depths(config_dict: dict[str, Any]) -> DepthPlan | None:
     """The cuts that give the step of the model in ``config_dict`` at full depth, or None when it is
     simulated whole. Kept in the memo by config: each is checked by building its cuts, and a search
     plans one model many times."""
-    from memfit.planner.shortcuts.memo import MEMO
+    from memfit.planner.shortcuts.memo import MEMO, config_key
 
-    key = json.dumps(config_dict, sort_keys=True, default=str)
+    key = config_key(config_dict)
     if key not in MEMO.depth_plans:
         MEMO.keep("depth_plans", key, _plan(config_dict))
     return MEMO.depth_plans[key]

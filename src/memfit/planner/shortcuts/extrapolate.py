@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from memfit.planner.shortcuts.depths import DepthPlan
-from memfit.planner.shortcuts.memo import MEMO
+from memfit.planner.shortcuts.memo import MEMO, config_key
 from memfit.planner.shortcuts.peaks import Reshape, highest_moment, reshaped_peak
 from memfit.spec import RunSpec
 
@@ -348,7 +347,7 @@ def _sample_key(
     arch: str | None,
 ) -> tuple:
     cut = None if layers is None else tuple(layers)
-    return (json.dumps(config, sort_keys=True, default=str), spec.model_dump_json(), cut, tuple(workspace_allocs), arch)
+    return (config_key(config), spec.model_dump_json(), cut, tuple(workspace_allocs), arch)
 
 
 def _summarise(sim, chunk_loops: frozenset) -> SampledStep:

@@ -23,7 +23,6 @@ the extrapolated depth against the whole.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +37,7 @@ from memfit.planner.exact.generation import (
     with_peak,
 )
 from memfit.planner.exact.tracker import Allocation, TrackerResult
-from memfit.planner.shortcuts.memo import MEMO
+from memfit.planner.shortcuts.memo import MEMO, config_key
 from memfit.spec import RunSpec
 
 
@@ -179,7 +178,7 @@ def _point(
     arch: str | None,
 ) -> _Point:
     """One depth's generation, from the memo when it was planned before."""
-    key = (json.dumps(config, sort_keys=True, default=str), spec.model_dump_json(), cut, workspace_allocs, arch)
+    key = (config_key(config), spec.model_dump_json(), cut, workspace_allocs, arch)
     kept = MEMO.generations.get(key)
     if kept is None:
         kept = MEMO.keep("generations", key, _simulated_point(config, spec, cut, workspace_allocs, arch))

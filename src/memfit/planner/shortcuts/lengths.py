@@ -25,13 +25,13 @@ there). Only device memory is modelled: host and paged peaks stay those of the s
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from memfit.planner.exact.allocator import round_size
+from memfit.planner.shortcuts.memo import config_key
 
 if TYPE_CHECKING:
     from memfit.planner.exact.tracker import Snapshot, TrackerResult
@@ -312,7 +312,7 @@ class LengthSampler:
             spec.model_copy(update={"seq_len": 1}).model_dump_json(),
             tuple(workspace_allocs),
             arch,
-            json.dumps(config, sort_keys=True, default=str),
+            config_key(config),
         )
         if key not in self.models:
             samples = {

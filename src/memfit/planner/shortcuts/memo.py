@@ -45,6 +45,11 @@ LIMITS = {
 SHAPE_KNOBS = {"seq_len", "batch_size", "grad_accum"}
 
 
+def config_key(config: dict[str, Any]) -> str:
+    """A model config as the stores key it: its JSON, keys sorted (equal configs, one key)."""
+    return json.dumps(config, sort_keys=True, default=str)
+
+
 class Memo:
     """The planner's stores (see the module docstring), each a dict bounded by :data:`LIMITS`."""
 
@@ -71,7 +76,7 @@ class Memo:
         """The replay templates the simulations of one kind of plan share (their depths, lengths and
         micro-batches), most recently used last."""
         scope = (
-            json.dumps(config_dict, sort_keys=True, default=str),
+            config_key(config_dict),
             json.dumps(spec.model_dump(mode="json", exclude=SHAPE_KNOBS), sort_keys=True),
             arch,
         )
