@@ -311,6 +311,7 @@ def predicted_plan(
             **options,
             deepspeed=deepspeed.to_dict() if deepspeed is not None else None,
             learnt_from=list(sampler.lengths),
+            steering=bool(getattr(sampler, "steers_only", False)),
         )
     )
     cached = _cached_plan(key, resolved.spec, started, kind=_PREDICTED)

@@ -156,6 +156,22 @@ def test_a_phase_with_no_events_is_replayed_as_one():
     assert phase_peaks == full_depth_stream(ONE_MORE, [_step(2), _step(3)]).replay()[1]
 
 
+def test_the_same_events_made_from_other_samples_are_replayed_once(monkeypatch):
+    # A search's exact prediction of a length and its plan of it make the same full depth from
+    # samples of their own: the second is handed the first's replay.
+    from memfit.planner.shortcuts.memo import MEMO
+
+    MEMO.streams.clear()
+    replays = []
+    simulate = allocator.simulate
+    monkeypatch.setattr(allocator, "simulate", lambda *a, **k: replays.append(1) or simulate(*a, **k))
+    first = full_depth_stream(ONE_MORE, [_step(2), _step(3)]).replay()
+    second = full_depth_stream(ONE_MORE, [_step(2), _step(3)]).replay()
+    other = full_depth_stream(DepthPlan(samples=ONE_MORE.samples, weights=(Fraction(9),)), [_step(2), _step(3)])
+    assert second == first and len(replays) == 1
+    assert other.replay()[0] == allocator.simulate(_step(11).events).peak_reserved_bytes and len(replays) == 3
+
+
 def test_a_run_of_frees_in_another_order_in_one_sample():
     made = list(full_depth_stream(ONE_MORE, [_step(2), _step(3, frees_in_reverse=True)]).events())
     assert allocator.simulate(made).peak_reserved_bytes == allocator.simulate(_step(10).events).peak_reserved_bytes

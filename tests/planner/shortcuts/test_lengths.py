@@ -53,6 +53,25 @@ def test_a_predicted_plan_of_one_rank_is_the_simulated_plan():
     _compare("llama-3.2-1b", "8GiB", [24704], method="lora", gpus=2, shard="fsdp", **LONG)
 
 
+def test_a_steering_prediction_differs_from_the_exact_one_in_the_allocators_overhead_alone(tmp_path, monkeypatch):
+    # With the plan cache on: a steering prediction is kept apart from the exact one of the same
+    # length (neither is handed out for the other).
+    monkeypatch.setenv("MEMFIT_CACHE", str(tmp_path))
+    monkeypatch.setenv("MEMFIT_PLAN_CACHE", "1")
+    knobs = dict(method="lora", seq_len=24704, **LONG)
+    target = resolve("llama-3.2-1b", budget="8GiB", **knobs).target
+    sampler = LengthSampler(LEARNT_FROM)
+    exact = predicted_plan("llama-3.2-1b", sampler, target=target, **knobs)
+    steering = predicted_plan("llama-3.2-1b", sampler.steering(), target=target, **knobs)
+    again = predicted_plan("llama-3.2-1b", sampler, target=target, **knobs)
+    assert steering.allocated_bytes == exact.allocated_bytes
+    assert {k: v for k, v in steering.categories.items() if k != "allocator"} == {
+        k: v for k, v in exact.categories.items() if k != "allocator"
+    }
+    assert steering.reserved_bytes != exact.reserved_bytes  # the samples' overhead, not the full depth's
+    assert again.reserved_bytes == exact.reserved_bytes
+
+
 def test_lengths_whose_step_differs_in_structure_are_not_predicted():
     # Below four tiles the tiled loops run every chunk: the structure changes with the length.
     sampler = LengthSampler((2048, 3712))
@@ -81,16 +100,20 @@ def test_the_longest_sequence_is_the_same_with_and_without_predictions(monkeypat
 
 def test_the_boundary_is_interpolated_between_the_first_plans_and_the_limit(monkeypatch):
     # Llama-3.1-8B LoRA on 24 GiB: the line through the two plans learnt from points below the
-    # boundary; stepping out from there took fifteen predictions, from both ends it takes seven.
+    # boundary; stepping out from there took fifteen predictions, from both ends it takes seven,
+    # which only steer (no full-depth replay); the rough boundary they find is the exact one, which
+    # then takes two exact predictions (the longest length and the next).
     asked = []
     predict = plans.SearchPlanner.predict
 
     def counted(self, sampler, **knobs):
-        asked.append(knobs["seq_len"])
+        asked.append((knobs["seq_len"], sampler.steers_only))
         return predict(self, sampler, **knobs)
 
     monkeypatch.setattr(plans.SearchPlanner, "predict", counted)
     found = fit(FitRequest("llama-3.1-8b", gpu="rtx-4090", batch_size=1, methods=("lora",), workers=1))
     assert found.max_seq_len["lora"] == 58880  # benchmarks/results/fit_answers.json
-    assert asked[0] == 131072  # the limit first
-    assert len(asked) <= 8, asked
+    assert asked[0] == (131072, True)  # the limit first
+    steering = [length for length, steers in asked if steers]
+    assert len(steering) <= 7, asked
+    assert [length for length, steers in asked if not steers] == [58880, 59008], asked

@@ -4,8 +4,8 @@ leanest settings, lengths in multiples of :data:`SEQ_STEP`.
 Memory grows with the length and is close to linear in it, so the boundary is bracketed and
 interpolated (:func:`~memfit.planner.search.bracketing.largest_fitting`). At long lengths the step
 is learnt from two plans (:mod:`memfit.planner.shortcuts.lengths`): each length the search asks
-about then costs a replay of the allocator instead of a simulation, and one more plan checks the
-answer.
+about then costs a prediction instead of a simulation (a rough one while the boundary is looked
+for, two exact ones at the boundary found), and one more plan checks the answer.
 """
 
 from __future__ import annotations
@@ -153,12 +153,17 @@ def _predicted_boundary(
     if bracket.hi - bracket.lo <= 1:
         return bracket.best
     sampler = LengthSampler((first * SEQ_STEP, second * SEQ_STEP))
+    steering = sampler.steering()
 
     def predict(steps: int) -> MemoryPlan:
         return planner.predict(sampler, **knobs, seq_len=steps * SEQ_STEP)
 
+    def steer(steps: int) -> MemoryPlan:
+        return planner.predict(steering, **knobs, seq_len=steps * SEQ_STEP)
+
     try:
-        check, expected = _predicted_longest(predict, bracket, _boundary_guess(first, first_plan, second, at_second))
+        guess = _boundary_guess(first, first_plan, second, at_second)
+        check, expected = _predicted_longest(predict, steer, bracket, guess)
     except Unpredictable:
         return None
     if expected is None:
@@ -173,23 +178,26 @@ def _predicted_boundary(
 
 
 def _predicted_longest(
-    predict: Callable[[int], MemoryPlan], bracket: _Bracket, guess: int
+    predict: Callable[[int], MemoryPlan], steer: Callable[[int], MemoryPlan], bracket: _Bracket, guess: int
 ) -> tuple[int, MemoryPlan | None]:
     """The length to check the predictions with (in SEQ_STEPs) and its predicted plan: the predicted
     longest length, or the next one when that was planned already; None for the plan when the next
-    one is ``bracket.hi`` (planned: it does not fit). Raises ``Unpredictable`` as ``predict`` does."""
+    one is ``bracket.hi`` (planned: it does not fit). Raises ``Unpredictable`` as ``predict`` does.
+
+    The boundary is found twice: roughly with ``steer`` (predictions that spare the full depth's
+    replay, whose reserved bytes are close), then exactly with ``predict`` from there, which takes
+    two predictions where the rough boundary is the exact one."""
     hi, hi_plan = bracket.hi, bracket.hi_plan
     # The limit predicted first: the boundary is then interpolated from both ends at once (memory
     # is close to linear in the length), in a few predictions instead of steps out from the guess.
-    at_top = predict(hi - 1) if hi_plan is None and hi - 1 > bracket.lo else None
+    at_top = steer(hi - 1) if hi_plan is None and hi - 1 > bracket.lo else None
     if at_top is not None and at_top.fits:
-        steps, predicted = hi - 1, at_top  # every length up to the limit fits
+        rough = hi - 1  # every length up to the limit fits, roughly
     else:
         if at_top is not None:
             hi, hi_plan = hi - 1, at_top
-        steps, predicted = largest_fitting(
-            predict, bracket.lo, hi, guess, bracket.best, interpolate=True, hi_plan=hi_plan
-        )
+        rough, _ = largest_fitting(steer, bracket.lo, hi, guess, bracket.best, interpolate=True, hi_plan=hi_plan)
+    steps, predicted = largest_fitting(predict, bracket.lo, bracket.hi, rough, bracket.best)
     check = steps if predicted is not bracket.best else steps + 1
     if check == bracket.hi:
         return check, None

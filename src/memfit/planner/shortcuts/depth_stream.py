@@ -42,6 +42,7 @@ from difflib import SequenceMatcher
 from memfit.planner.exact import allocator
 from memfit.planner.exact.allocator import round_size
 from memfit.planner.shortcuts.depths import DepthPlan
+from memfit.planner.shortcuts.memo import MEMO
 from memfit.planner.shortcuts.peaks import common_prefix
 
 #: Phases whose layers run from the last to the first.
@@ -494,10 +495,16 @@ class DepthStream:
         takes them: after allocations; the live bytes are the requests the model holds).
         :class:`NotInserted` where a copy makes a storage that lives or frees one that does not."""
         events, starts = self._events_and_starts()
-        try:
-            replayed = allocator.simulate(events, marks=starts)
-        except allocator.EventError as err:
-            raise NotInserted(f"the full depth's events do not replay: {err}") from err
+        key = hash((tuple(events), tuple(starts)))
+        kept = MEMO.streams.get(key)
+        if kept is not None and kept[0] == events and kept[1] == starts:
+            replayed = kept[2]
+        else:
+            try:
+                replayed = allocator.simulate(events, marks=starts)
+            except allocator.EventError as err:
+                raise NotInserted(f"the full depth's events do not replay: {err}") from err
+            MEMO.keep("streams", key, (events, starts, replayed))
         base, peaks, counting = self.base, {}, False
         for (phase, b0, _), highest in zip(self.regions, replayed.stretch_peaks):
             # (A region starts where the peak starts to count: :func:`_regions`.)

@@ -147,7 +147,9 @@ def estimate_step(
     )
     if depths is None:
         return _whole(points[0], reshape, num_layers, remember=not exact, **shared)
-    return _extrapolated(depths, points, num_layers, reshape, **shared)
+    # A sampler that only steers a search (LengthSampler.steering) spares the full depth's replay.
+    replayed = not getattr(sampler, "steers_only", False)
+    return _extrapolated(depths, points, num_layers, reshape, replayed=replayed, **shared)
 
 
 def _kind_counts(pattern) -> list[dict[str, Any]]:
@@ -185,9 +187,16 @@ def _whole(
 
 
 def _extrapolated(
-    depths: DepthPlan, points: list[SampledStep], num_layers: int, reshape: Reshape | None, **shared: Any
+    depths: DepthPlan,
+    points: list[SampledStep],
+    num_layers: int,
+    reshape: Reshape | None,
+    *,
+    replayed: bool = True,
+    **shared: Any,
 ) -> StepEstimate:
-    """The step at ``num_layers`` from the steps simulated at the cuts of ``depths``."""
+    """The step at ``num_layers`` from the steps simulated at the cuts of ``depths``; without
+    ``replayed``, the allocator's overhead is the samples' largest (a search's steering estimate)."""
 
     def line(values: list[int]) -> int:
         return depths.combine(values)
@@ -197,7 +206,11 @@ def _extrapolated(
     # Fragmentation does not grow linearly with depth (it jumps with how blocks happen to fit in
     # segments), so the allocator's overhead is not extrapolated: the allocator's model replays the
     # full depth's events, made from the samples'.
-    reserved, full_phase_peaks = _full_depth(depths, points, sum(categories.values()))
+    reserved, full_phase_peaks = (
+        _full_depth(depths, points, sum(categories.values()))
+        if replayed
+        else _overhead(points, sum(categories.values()))
+    )
     overhead = reserved - sum(categories.values())
     sampled = [p.phase_peaks for p in points]
     if reshape is not None:
@@ -253,10 +266,15 @@ def _full_depth(
     try:
         found = full_depth_stream(depths, list(results)).replay()
     except NotInserted:
-        overhead = max(p.reserved_bytes - p.allocated_bytes for p in points)
-        return allocated_bytes + overhead, None
+        return _overhead(points, allocated_bytes)
     MEMO.keep("full_depths", key, (results, found))  # (the results kept with it: ids are not reused while they live)
     return found[0], dict(found[1])
+
+
+def _overhead(points: list[SampledStep], allocated_bytes: int) -> tuple[int, None]:
+    """Reserved bytes as ``allocated_bytes`` and the samples' largest allocator overhead (no phase's
+    highest): where the full depth is not replayed."""
+    return allocated_bytes + max(p.reserved_bytes - p.allocated_bytes for p in points), None
 
 
 def _highest_moment(depths: DepthPlan, points: list[SampledStep], reshape: Reshape | None = None):

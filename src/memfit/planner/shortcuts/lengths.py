@@ -24,6 +24,7 @@ there). Only device memory is modelled: host and paged peaks stay those of the s
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -289,10 +290,21 @@ class LengthSampler:
     Raises :class:`Unpredictable` where no model can be learnt, or for a length it does not hold at.
     """
 
+    #: Whether the plans made with this sampler only steer a search (:meth:`steering`).
+    steers_only = False
+
     def __init__(self, lengths: tuple[int, ...]) -> None:
         self.lengths = tuple(lengths)
         self.models: dict[Any, LengthModel | None] = {}
         self._inputs: dict[Any, tuple] = {}  # what each model was learnt for: (config, spec, depth, workspaces, arch)
+
+    def steering(self) -> LengthSampler:
+        """This sampler (its models shared), for plans that only steer a search towards the lengths
+        to predict exactly: their reserved bytes are not the full depth's replay (the costly part of a
+        prediction) but the samples' largest allocator overhead over the full depth's allocated bytes."""
+        steering = copy.copy(self)
+        steering.steers_only = True
+        return steering
 
     def __call__(
         self,

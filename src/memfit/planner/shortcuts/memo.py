@@ -12,6 +12,8 @@ everything its value depends on, so what it hands back is what working it out wo
   spec, cut, workspaces and architecture (:mod:`memfit.planner.shortcuts.generation`);
 - ``full_depths``: the reserved bytes and phase peaks of the full depth's events, by the depth plan
   and the samples' results (:func:`memfit.planner.shortcuts.extrapolate._full_depth`);
+- ``streams``: the same, by the full depth's events themselves (a search's exact prediction of a
+  length and its plan of it make the same events from samples of their own); a few, as they are large;
 - ``depth_plans``: the cuts a config is simulated at (:func:`memfit.planner.shortcuts.depths.plan_depths`);
 - ``expert_free``: the configs whose model has no experts (:func:`memfit.planner.experts.expert_details`);
 - ``layouts``: a model's parameter layout (:func:`memfit.planner.layout.param_layout`);
@@ -35,6 +37,7 @@ LIMITS = {
     "samples": 128,
     "series": 128,
     "full_depths": 32,
+    "streams": 4,
     "generations": 64,
     "depth_plans": 64,
     "expert_free": 64,
@@ -57,6 +60,7 @@ class Memo:
         self.samples: dict[Hashable, Any] = {}
         self.series: dict[Hashable, Any] = {}
         self.full_depths: dict[Hashable, Any] = {}
+        self.streams: dict[Hashable, Any] = {}
         self.generations: dict[Hashable, Any] = {}
         self.depth_plans: dict[Hashable, Any] = {}
         self.expert_free: dict[Hashable, Any] = {}
