@@ -295,3 +295,35 @@ def test_sequence_parallel_degree_is_listed_with_what_memfit_does_instead(write_
     assert found.key == "sequence_parallel_degree" and "whole rows on each GPU" in found.why
     assert "--sequence-parallel" in found.why and "sequence_parallel" not in config.knobs
     assert _read(write_config, "adapter: lora\nsequence_parallel_degree: 1\n").not_modelled == []
+
+
+@pytest.mark.parametrize(
+    "text, frozen",
+    [
+        ("processor_type: AutoProcessor\nadapter: lora\nlora_target_linear: true\n", False),
+        ("processor_type: AutoProcessor\nadapter: lora\nlora_target_modules: [q_proj, v_proj]\n", False),
+        (
+            "processor_type: AutoProcessor\nadapter: lora\n"
+            "lora_target_modules: 'model.language_model.layers.[\\d]+.(mlp|self_attn).(up|down|gate|q|k|v|o)_proj'\n",
+            True,
+        ),
+        ("processor_type: AutoProcessor\nadapter: lora\nlora_target_linear: true\nfreeze_mm_modules: true\n", True),
+        ("processor_type: AutoProcessor\n", False),  # a full fine-tuning trains every parameter
+        ("adapter: lora\nlora_target_linear: true\n", None),  # a text model: nothing said of a tower
+    ],
+)
+def test_a_vision_language_config_trains_the_tower_as_axolotl_does(write_config, text, frozen):
+    config = _read(write_config, text)
+    assert config.knobs.get("freeze_vision") is frozen
+
+
+@pytest.mark.parametrize("size, pixels", [("512", 512 * 512), ("[640, 480]", 640 * 480)])
+def test_the_image_size_is_the_most_pixels_an_image_keeps(write_config, size, pixels):
+    config = _read(write_config, f"processor_type: AutoProcessor\nimage_size: {size}\n")
+    assert config.knobs["image_max_pixels"] == pixels
+
+
+def test_a_bad_image_size_is_one_problem_naming_the_key(write_config):
+    with pytest.raises(ToolConfigError) as err:
+        _read(write_config, "image_size: [1, 2, 3]\n")
+    assert "image_size" in str(err.value) and "[width, height]" in str(err.value)

@@ -414,6 +414,31 @@ def _precompute_reference(values: Mapping[str, Any], ctx: Any) -> Any:
     return value_of(values, "precompute_ref_log_probs", as_bool, None)
 
 
+def _image_pixels(value: Any) -> int:
+    """Pixels of an image resized to Axolotl's ``image_size``: a side (a padded square) or ``[width, height]``."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise ValueError(f"{value!r} is not a size; give one side (512) or [width, height]")
+        return as_int(value[0]) * as_int(value[1])
+    return as_int(value) ** 2
+
+
+def _freeze_vision(values: Mapping[str, Any], ctx: Any) -> Any:
+    """Whether a vision-language config leaves the tower and projector frozen (None: not one)."""
+    if value_of(values, "freeze_mm_modules", as_bool, False):
+        return True
+    if not truthy(values["processor_type"]) and not truthy(values["image_size"]):
+        return None  # a text model: nothing to freeze
+    if not truthy(values["adapter"]) or str(values["adapter"]).lower() in ("none", "null"):
+        return False  # a full fine-tuning trains every parameter
+    if value_of(values, "lora_target_linear", as_bool, False):
+        return False  # every linear layer's name, the tower's among them
+    targets = values["lora_target_modules"]
+    if isinstance(targets, str) and "language_model" in targets:
+        return True  # a pattern on the language model's modules alone
+    return False if truthy(targets) else None
+
+
 def _other_overrides(values: Mapping[str, Any]) -> bool:
     """Whether the model config overrides hold more than the routing loss's fields (read as such)."""
     config = values["overrides_of_model_config"]
@@ -691,11 +716,21 @@ RULES: tuple[Rule, ...] = (
         when=lambda v: v is not None,
         why="keeps other modules in another dtype than the training dtype",
     ),
-    not_modelled(
-        "processor_type",
-        "image_size",
-        "freeze_mm_modules",
-        why="a vision (or audio) tower and its inputs: memfit plans text models",
+    Rule(
+        ("image_size",),
+        "image_max_pixels",
+        lambda v, ctx: value_of(v, "image_size", _image_pixels, None),
+        doc="vision-language models: the size images are resized to (`512`: a padded 512 x 512 square; `[width, "
+        "height]`), planned as the most pixels an image keeps",
+    ),
+    Rule(
+        ("freeze_mm_modules", "processor_type", "image_size", "adapter", "lora_target_linear", "lora_target_modules"),
+        "freeze_vision",
+        _freeze_vision,
+        doc="vision-language models (a `processor_type` or an `image_size`): the tower and projector frozen with "
+        "`freeze_mm_modules: true`; otherwise trained as Axolotl trains them: whole by a full fine-tuning, with "
+        "LoRA where `lora_target_linear: true` or the modules listed name their layers (a pattern on "
+        "`language_model` alone leaves them frozen)",
     ),
     routing_rule("overrides_of_model_config"),
     Rule(
