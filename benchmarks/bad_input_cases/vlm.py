@@ -55,6 +55,7 @@ def make_inputs(root: Path) -> None:
         f"{_P}-short.yaml": _train_yaml(root, f"{_P}-two.jsonl", seq_len=12, images=2),
         f"{_P}-two.yaml": _train_yaml(root, f"{_P}-two.jsonl"),
         f"{_P}-mismatch.yaml": _train_yaml(root, f"{_P}-mismatch.jsonl"),
+        f"{_P}-axolotl.yml": "base_model: org/model\nprocessor_type: AutoProcessor\nimage_size: [1, 2, 3]\n",
     }
     for name, text in files.items():
         (root / name).write_text(text)
@@ -88,5 +89,11 @@ CASES = [
         f"train {{d}}/{_P}-mismatch.yaml",
         2,
         says=(f"{_P}-mismatch.jsonl, line 1: images: 1 image(s) but 2 image part(s)",),
+    ),
+    Case(
+        f"plan {{d}}/{_P}-axolotl.yml",
+        2,
+        fast=True,
+        says=("image_size", "give one side (512) or [width, height]"),
     ),
 ]

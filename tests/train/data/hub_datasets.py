@@ -31,6 +31,10 @@ CHAT = "memfit-test/tiny-chat"
 PAIRS = "memfit-test/qa-pairs"
 #: Preference pairs (TRL's prompt / chosen / rejected, message lists) in Parquet: the shipped demo's first 48.
 PREFERENCES = "memfit-test/tiny-preferences"
+#: Questions about the six pictures of examples/vlm-tiny in TRL's vision format, in Parquet: image
+#: parts in the messages, an images column of datasets Image features holding each picture's bytes.
+VISION = "memfit-test/tiny-vision"
+VISION_EXAMPLE = REPO / "examples" / "vlm-tiny"
 #: The chat records again, gated (granted to GRANTED_TOKEN).
 GATED_DATA = "memfit-test/gated-chat"
 GRANTED_TOKEN = "hf_granted_token"
@@ -84,6 +88,23 @@ def parquet(rows: list[dict]) -> bytes:
     return buffer.getvalue()
 
 
+def vision_parquet() -> bytes:
+    """examples/vlm-tiny's records as a Hub dataset holds them: each picture's bytes in the row."""
+    import tempfile
+
+    import datasets
+
+    rows = []
+    for line in (VISION_EXAMPLE / "data.jsonl").read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        pictures = [{"bytes": (VISION_EXAMPLE / path).read_bytes(), "path": Path(path).name} for path in row["images"]]
+        rows.append({"messages": row["messages"], "images": pictures})
+    table = datasets.Dataset.from_list(rows).cast_column("images", datasets.Sequence(datasets.Image()))
+    with tempfile.TemporaryDirectory() as folder:
+        table.to_parquet(f"{folder}/train.parquet")
+        return Path(f"{folder}/train.parquet").read_bytes()
+
+
 def add_dataset_repos(server: LocalHub) -> dict[str, str]:
     """The dataset repos (see the names above); returns each repo's commit on main."""
     chat = {"data/train.jsonl": jsonl(demo_rows(64)), "data/test.jsonl": jsonl(demo_rows(8, start=64))}
@@ -101,6 +122,7 @@ def add_dataset_repos(server: LocalHub) -> dict[str, str]:
         PREFERENCES: server.add_commit(
             PREFERENCES, {"data/train.parquet": parquet(demo_pairs(48))}, repo_type="dataset"
         ),
+        VISION: server.add_commit(VISION, {"data/train.parquet": vision_parquet()}, repo_type="dataset"),
         GATED_DATA: server.add_commit(
             GATED_DATA, chat, repo_type="dataset", gated=True, granted_tokens=(GRANTED_TOKEN,)
         ),

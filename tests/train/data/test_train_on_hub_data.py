@@ -15,7 +15,7 @@ import yaml
 pytest.importorskip("datasets")
 torch = pytest.importorskip("torch")
 
-from hub_datasets import CHAT, GATED_DATA, PAIRS, set_datasets_offline  # noqa: E402
+from hub_datasets import CHAT, GATED_DATA, PAIRS, VISION, VISION_EXAMPLE, set_datasets_offline  # noqa: E402
 from trainer_helpers import DEMO_DATA, read_metrics, step_losses, tiny_config, tiny_settings  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
@@ -47,6 +47,32 @@ def test_a_new_user_trains_on_a_hub_dataset_id(data_hub, tmp_path):
     assert run["data"]["data"] == [
         {"path": CHAT, "subset": None, "split": None, "revision": None, "commit": data_hub.commits[CHAT]}
     ]
+
+
+def test_a_vision_language_model_trains_on_a_hub_dataset_of_pictures(data_hub, tmp_path):
+    # The pictures come in the rows (a datasets Image feature), not as paths next to a local file.
+    settings = {
+        "model": str(VISION_EXAMPLE / "config.json"),
+        "init": "random",
+        "data": VISION,
+        "images": 1,
+        "method": "lora",
+        "rank": 4,
+        "precision": "fp32",
+        "batch_size": 2,
+        "seq_len": 64,
+        "max_steps": 2,
+        "device": "cpu",
+        "output_dir": str(tmp_path / "run"),
+        "seed": 0,
+    }
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(settings))
+    result = runner.invoke(app, ["train", str(path), "--no-progress"])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    run = run_record(tmp_path)
+    assert run["status"] == "completed" and run["step"] == 2
+    assert run["data"]["data"][0]["commit"] == data_hub.commits[VISION]
 
 
 def test_a_mix_of_a_hub_dataset_and_a_local_file(data_hub, tmp_path):
