@@ -109,3 +109,14 @@ def test_first_options_follow_the_arguments():
 )
 def test_whole_number_converts_only_whole_numbers(text, value):
     assert whole_number(text) == value
+
+
+@pytest.mark.parametrize("command", ["plan", "fit", "train"])
+def test_a_yes_no_knob_is_turned_on_and_off_on_the_command_line(command):
+    # --no-freeze-vision turns off a knob that is on by default, --no-step-in-backward one that is off.
+    click_command = typer.main.get_command(app).commands[command]
+    for name in (n for n in spec.KNOBS if isinstance(spec.default(n), bool)):
+        option = next((p for p in click_command.params if p.name == name), None)
+        if option is None:
+            continue  # a knob this command does not take
+        assert spec.flag(name) in option.opts and "--no-" + spec.flag(name)[2:] in option.secondary_opts, name

@@ -73,7 +73,10 @@ def knob_options(
         is_bool = specs.default(name) is False or specs.default(name) is True
         declared = specs.default(name)
         if is_bool:
-            option = typer.Option(None, specs.flag(name), help=text, show_default=False)
+            # Both spellings, whatever the default: --freeze-vision / --no-freeze-vision.
+            option = typer.Option(
+                None, f"{specs.flag(name)}/--no-{specs.flag(name)[2:]}", help=text, show_default=False
+            )
             annotation: Any = bool | None
         else:
             shown = (",".join(declared) or "none") if isinstance(declared, tuple) else declared

@@ -31,6 +31,7 @@ def test_the_shortcuts_plan_a_vision_model_as_the_exact_simulation_does(model_ty
     shortcut, exact = memfit.plan(config, **knobs), memfit.plan(config, exact=True, **knobs)
     assert shortcut.details["simulated_layers"] != [6]
     assert (shortcut.reserved_bytes, shortcut.categories) == (exact.reserved_bytes, exact.categories)
+    assert shortcut.details["vision"]["tower_activation_bytes"] == exact.details["vision"]["tower_activation_bytes"]
 
 
 def test_lora_adapts_the_language_model_and_the_tower_only_when_it_trains():
@@ -51,6 +52,9 @@ def test_checkpointing_the_tower_saves_its_activations():
     kept = memfit.plan(config, vision_checkpointing="off", **knobs)
     checkpointed = memfit.plan(config, vision_checkpointing="on", **knobs)
     assert checkpointed.categories["activations"] < kept.categories["activations"]
+    # Checkpointing the tower changes what the tower keeps, and nothing else: the plan names that part.
+    tower = [p.details["vision"]["tower_activation_bytes"] for p in (kept, checkpointed)]
+    assert tower[0] - tower[1] == kept.categories["activations"] - checkpointed.categories["activations"] > 0
 
 
 def test_more_image_tokens_than_seq_len_holds_is_one_clear_refusal():

@@ -488,7 +488,7 @@ def _memory_plan(
         "precision_regime": spec.precision_regime,
         "adapters": _adapter_details(spec, estimate.trained_copies, estimate.adapted) if spec.uses_adapters else None,
         "experts": expert_details(source.config, spec, estimate.adapter_bytes, remember=remember),
-        "vision": _vision_details(source, spec),
+        "vision": _vision_details(source, spec, estimate),
         "notes": _notes(source, spec, target, runtime, estimate, headroom),
     }
     if spec.is_preference or spec.is_grpo:
@@ -553,13 +553,16 @@ def _notes(
     return notes
 
 
-def _vision_details(source: ModelSource, spec: RunSpec) -> dict[str, Any] | None:
-    """A vision-language plan's images, their tokens, and the tower's and projector's weights
-    (:func:`memfit.models.vision.vision_details`); None for a text model."""
+def _vision_details(source: ModelSource, spec: RunSpec, estimate: StepEstimate) -> dict[str, Any] | None:
+    """A vision-language plan's images, their tokens, the tower's and projector's weights
+    (:func:`memfit.models.vision.vision_details`) and what they keep for backward; None for a text model."""
     from memfit.planner.vision import vision_details
 
     weight_bytes = 4 if spec.weight_precision == "fp32" else 2  # the tower is never quantized
-    return vision_details(source.config, spec.images, spec.image_max_pixels, weight_bytes)
+    details = vision_details(source.config, spec.images, spec.image_max_pixels, weight_bytes)
+    if details is not None:
+        details["tower_activation_bytes"] = estimate.vision_activation_bytes
+    return details
 
 
 def _mixers(source: ModelSource) -> dict[str, Any] | None:

@@ -343,7 +343,13 @@ def vision_lines(spec: dict[str, Any], vision: dict[str, Any] | None) -> list[st
     height, width = vision["image_size"]
     return [
         f"vision tower: {vision['tower_blocks']} blocks, {format_count(vision['tower_params'])} parameters, projector "
-        f"{format_count(vision['projector_params'])}, {format_bytes(vision['tower_weight_bytes'])} of weights, {trained}"
+        f"{format_count(vision['projector_params'])}, {format_bytes(vision['tower_weight_bytes'])} of weights"
+        + (
+            f", {format_bytes(vision['tower_activation_bytes'])} of activations"
+            if vision.get("tower_activation_bytes")
+            else ""
+        )
+        + f", {trained}"
         + (f", checkpointing {checkpointing}" if checkpointing else ""),
         f"images: {vision['images']} an example, up to {height}x{width} pixels "
         f"(image_max_pixels {vision['image_max_pixels']:,}), {vision['tokens_per_image']:,} tokens each",

@@ -31,7 +31,7 @@ from memfit.models.build import (
 )
 from memfit.models.errors import ModelBuildError
 from memfit.models.mixer_kernels import pytorch_mixers
-from memfit.models.vision import language_config
+from memfit.models.vision import language_config, vision_parts
 from memfit.planner.exact.cuda_parity import (
     CudaParityMode,
     offload_parity,
@@ -146,6 +146,8 @@ def simulate(
                 keep_reference_copy(model)  # full fine-tuning's DPO reference: a frozen copy, as the trainer keeps
         tracker.mark_model(model)
         hooks = tracker.watch_gradients(model)
+        if step_fn.vision is not None:
+            hooks += tracker.watch_vision(vision_parts(model).values())
         total, trainable = count_parameters(model)
         optimizer = build_optimizer(
             model.parameters(), spec.optimizer, step_in_backward=spec.step_in_backward, adamw_impl=spec.adamw_impl

@@ -106,6 +106,10 @@ class TrackerResult:
     phase_peaks: dict[str, int] = field(default_factory=dict)
     phase_marks: list[tuple[str, int]] = field(default_factory=list)
     peak_from_event: int = -1  # the peak is the highest moment after this event (set by reset_peak)
+    #: A vision-language step's first forward through its vision tower and projector after the peak
+    #: was reset: (index of the last event before that forward, index of the first event after the
+    #: tower and projector ran); None for a text model.
+    vision_window: tuple[int, int] | None = None
     _live: list[int] | None = field(default=None, repr=False, compare=False)  # live_bytes(), once worked out
     _reserved: tuple[int, int] | None = field(default=None, repr=False, compare=False)  # (events, reserved_bytes())
 
@@ -119,6 +123,18 @@ class TrackerResult:
                 continue
             totals[a.category] += a.nbytes
         return totals
+
+    def vision_activation_bytes(self) -> int:
+        """What the vision tower and projector keep for backward from one forward: the activations
+        made while they ran (:attr:`vision_window`); 0 for a text model."""
+        if self.vision_window is None:
+            return 0
+        first, stop = self.vision_window
+        return sum(
+            a.nbytes
+            for a in self.allocations
+            if a.place == "device" and a.role == "activations" and first < a.alloc_event < stop
+        )
 
     def live_bytes(self) -> list[int]:
         """Live device bytes just after each event (worked out once: a result is not changed once made)."""
@@ -190,6 +206,9 @@ class MemoryTracker(TorchDispatchMode):
         #: While a list: every allocation and free, device or not, in order, as (is an allocation,
         #: Allocation). A replayed micro-batch is recorded this way (:mod:`memfit.planner.shortcuts.micro_batches`).
         self.journal: list[tuple[bool, Allocation]] | None = None
+        #: The event count each time a vision-language model's tower and projector finished a forward
+        #: (:meth:`watch_vision`).
+        self.vision_ends: list[int] = []
         #: id() of each trainable parameter -> the bytes of its gradient when autograd last accumulated it
         #: (0 where an optimizer stepping inside backward had already freed it).
         self.gradient_bytes: dict[int, int] = {}
@@ -457,6 +476,15 @@ class MemoryTracker(TorchDispatchMode):
     def live_device_bytes(self) -> int:
         return self._live_device_bytes
 
+    def watch_vision(self, parts) -> list:
+        """Note when each of ``parts`` (a vision-language model's tower and projector) finishes a
+        forward; returns the hooks (to remove)."""
+
+        def finished(module, args, output) -> None:
+            self.vision_ends.append(len(self.events))
+
+        return [part.register_forward_hook(finished) for part in parts]
+
     def result(self) -> TrackerResult:
         """Everything recorded so far, with the category breakdown at the device peak."""
         partial = TrackerResult(
@@ -467,6 +495,7 @@ class MemoryTracker(TorchDispatchMode):
             phase_peaks=dict(self._phase_peaks),
             phase_marks=list(self.phase_marks),
             peak_from_event=self._peak_from_event,
+            vision_window=_first_vision_forward(self.vision_ends, self.phase_marks, self._peak_from_event),
         )
         index = self._peak_event
         phase = self.allocations[self.events[index][1]].phase if index >= 0 else "setup"
@@ -477,6 +506,21 @@ class MemoryTracker(TorchDispatchMode):
             categories=partial.categories_at(index),
         )
         return partial
+
+
+def _first_vision_forward(
+    vision_ends: list[int], phase_marks: list[tuple[str, int]], after: int
+) -> tuple[int, int] | None:
+    """The first forward through the vision parts after event ``after``: (the last event before that
+    forward began, the event count when the last of the vision parts finished in it)."""
+    ends = [end for end in vision_ends if end > after]
+    forwards = [index for phase, index in phase_marks if phase == "forward"]
+    starts = [index for index in forwards if ends and index < ends[0]]
+    if not starts:
+        return None
+    # The tower and the projector each finish once a forward: the later, before the next forward.
+    bound = next((index + 1 for index in forwards if index >= ends[0]), ends[-1])
+    return starts[-1], max(end for end in ends if end <= bound)
 
 
 def _quant_state_tensors(obj) -> list[torch.Tensor]:

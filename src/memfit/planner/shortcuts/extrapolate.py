@@ -90,6 +90,9 @@ class StepEstimate(StepFigures):
     #: With adapters: the trainable parameters on the experts and off them, their elements and bytes
     #: (weights, gradients, optimizer states) in the full model: the simulations' counts, extrapolated.
     adapter_bytes: dict = dataclasses.field(default_factory=dict)
+    #: What a vision-language model's tower and projector keep for backward from one forward (within
+    #: ``categories["activations"]``; the same at every depth of the language model).
+    vision_activation_bytes: int = 0
 
 
 def estimate_step(
@@ -144,6 +147,7 @@ def estimate_step(
         trained_copies=last.trained_copies,
         layer_kinds=_kind_counts(pattern),
         adapted=last.adapted,
+        vision_activation_bytes=last.result.vision_activation_bytes(),
     )
     if depths is None:
         return _whole(points[0], reshape, num_layers, remember=not exact, **shared)
