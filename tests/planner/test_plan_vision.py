@@ -10,6 +10,7 @@ from vision_configs import VISION_CONFIGS, vision_config
 import memfit
 from memfit.cli import app
 from memfit.planner.errors import PlanError
+from memfit.units import format_bytes
 
 _KNOBS = {"seq_len": 128, "batch_size": 2, "image_max_pixels": 64 * 64, "cache": False}
 
@@ -91,3 +92,13 @@ def test_the_report_names_the_tower_and_the_images():
     assert "vision tower: 32 blocks" in result.output and "frozen" in result.output
     assert "images: 4 an example, up to 756x756 pixels" in result.output
     assert "batch 1 x 4972 tokens" in result.output  # 2048 of text beside 4 x 731
+
+
+def test_the_categories_name_the_towers_share():
+    plan = memfit.plan(vision_config("qwen2_5_vl"), method="lora", images=2, vision_checkpointing="off", **_KNOBS)
+    vision, helps = plan.details["vision"], plan.details["category_help"]
+    assert 0 < vision["tower_activation_bytes"] <= plan.categories["activations"]
+    assert helps["weights"].endswith(
+        f"{format_bytes(vision['tower_weight_bytes'])} of them the vision tower's and projector's"
+    )
+    assert helps["activations"].endswith(f"{format_bytes(vision['tower_activation_bytes'])} of them the vision tower's")

@@ -34,7 +34,7 @@ from memfit.planner.errors import PlanError
 from memfit.planner.exact.runtime import RuntimeOverhead, runtime_overhead
 from memfit.planner.experts import checkpoint_note, expert_details
 from memfit.planner.inputs import Resolved, checked, resolve
-from memfit.planner.report import MemoryPlan, adapter_notes, category_help
+from memfit.planner.report import MemoryPlan, adapter_notes, category_help, with_vision_shares
 from memfit.planner.shortcuts.extrapolate import Sampler, StepEstimate, estimate_step
 from memfit.planner.shortcuts.switch import exact_wanted
 from memfit.planner.target import Target
@@ -496,7 +496,7 @@ def _memory_plan(
         details["reference"] = _reference_note(
             spec, categories, estimate.phase_peaks, _reference_placement(spec, layout, zero)
         )
-    details["category_help"] = category_help(spec.knobs(), details["adapters"])
+    details["category_help"] = with_vision_shares(category_help(spec.knobs(), details["adapters"]), details["vision"])
     details["notes"].extend(adapter_notes(spec.knobs(), details["adapters"]))
     if layout is not None:
         _add_per_rank_details(details, spec, layout, estimate, zero)

@@ -61,6 +61,18 @@ def category_help(spec: dict[str, Any], adapters: dict[str, Any] | None) -> dict
     return helps
 
 
+def with_vision_shares(helps: dict[str, str], vision: dict[str, Any] | None) -> dict[str, str]:
+    """``helps`` (:func:`category_help`) with the vision tower's and projector's shares of the weights
+    and the activations named, for a vision-language plan (``details.vision``)."""
+    if not vision:
+        return helps
+    helps = dict(helps)
+    helps["weights"] += f"; {format_bytes(vision['tower_weight_bytes'])} of them the vision tower's and projector's"
+    if vision.get("tower_activation_bytes"):
+        helps["activations"] += f"; {format_bytes(vision['tower_activation_bytes'])} of them the vision tower's"
+    return helps
+
+
 def adapter_notes(spec: dict[str, Any], adapters: dict[str, Any] | None) -> list[str]:
     """Plain words on what the adapter options mean for this model (tied copies, LLM.int8's outliers)."""
     if adapters is None:
