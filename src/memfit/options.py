@@ -73,10 +73,10 @@ def knob_options(
         is_bool = specs.default(name) is False or specs.default(name) is True
         declared = specs.default(name)
         if is_bool:
-            # Both spellings, whatever the default: --freeze-vision / --no-freeze-vision.
-            option = typer.Option(
-                None, f"{specs.flag(name)}/--no-{specs.flag(name)[2:]}", help=text, show_default=False
-            )
+            # A knob on by default is turned off by its --no- spelling (--no-freeze-vision); one off by
+            # default by its flag alone (a --no- spelling beside it would only crowd the help).
+            decl = f"{specs.flag(name)}/--no-{specs.flag(name)[2:]}" if declared is True else specs.flag(name)
+            option = typer.Option(None, decl, help=text, show_default=False)
             annotation: Any = bool | None
         else:
             shown = (",".join(declared) or "none") if isinstance(declared, tuple) else declared
