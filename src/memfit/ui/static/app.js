@@ -36,7 +36,14 @@ function showError(message) {
   $("error").textContent = message ? `error: ${message}` : "";
 }
 async function answer(response) {
-  const data = await response.json().catch(() => ({ error: `${response.status} ${response.statusText}` }));
+  let data;
+  try {
+    data = await response.json();
+  } catch (err) {
+    // A request replaced while its body was read is aborted, not answered: no error to show.
+    if (err.name === "AbortError") throw err;
+    throw new Error(response.ok ? `an answer that is not JSON (${response.status})` : `${response.status} ${response.statusText}`);
+  }
   if (!response.ok) throw new Error(data.error || response.statusText);
   return data;
 }
