@@ -173,11 +173,12 @@ def test_a_model_without_experts_is_built_once_to_find_none(monkeypatch):
     real = build.build_meta_model
     monkeypatch.setattr(build, "build_meta_model", lambda *a, **k: built.append(1) or real(*a, **k))
     dense = {**load_catalog_config("llama-3.2-1b"), "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128}
-    dense["_memfit_marker"] = len(built)  # a config this test alone plans
     spec = make_spec(method="lora")
-    assert expert_details(dense, spec) is None and expert_details(dense, spec) is None
+    assert expert_details(dense, spec) is None and not built  # its config names no experts: nothing to build
+    named = {**dense, "num_experts": 0, "_memfit_marker": id(built)}  # names experts, holds none; this test's alone
+    assert expert_details(named, spec) is None and expert_details(named, spec) is None
     assert len(built) == 1
-    assert expert_details(dense, spec, remember=False) is None and len(built) == 2  # an exact plan looks again
+    assert expert_details(named, spec, remember=False) is None and len(built) == 2  # an exact plan looks again
     moe = MOE_CONFIGS[sorted(MOE_CONFIGS)[0]]
     assert expert_details(moe, spec) is not None and expert_details(moe, spec) is not None
     assert len(built) == 4  # a model with experts is read every time (its details depend on the knobs)

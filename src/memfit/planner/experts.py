@@ -23,6 +23,18 @@ IMBALANCE_BYTES = 0
 STATE_KINDS = ("weights", "gradients", "optimizer")
 
 
+def _mentions_experts(config: Any) -> bool:
+    """Whether a config (or a config nested in it) has a key that speaks of experts or of a mixture
+    of them (``num_local_experts``, ``n_routed_experts``, ``moe_intermediate_size``...)."""
+    if isinstance(config, dict):
+        return any(
+            "expert" in str(k).lower() or "moe" in str(k).lower() or _mentions_experts(v) for k, v in config.items()
+        )
+    if isinstance(config, list):
+        return any(_mentions_experts(v) for v in config)
+    return False
+
+
 def expert_details(
     config_dict: dict[str, Any],
     spec: RunSpec,
@@ -42,6 +54,8 @@ def expert_details(
     from memfit.models.experts_nf4 import unsupported_reason
     from memfit.planner.shortcuts.memo import MEMO, config_key
 
+    if not _mentions_experts(config_dict):
+        return None  # a dense model's config names no experts: no need to build it to look
     key = (config_key(config_dict), spec.weight_precision)
     if remember and MEMO.expert_free.get(key):
         return None
