@@ -210,12 +210,11 @@ def _extrapolated(
     # Fragmentation does not grow linearly with depth (it jumps with how blocks happen to fit in
     # segments), so the allocator's overhead is not extrapolated: the allocator's model replays the
     # full depth's events, made from the samples'.
+    single_allocated = sum(categories.values())
     reserved, full_phase_peaks = (
-        _full_depth(depths, points, sum(categories.values()))
-        if replayed
-        else _overhead(points, sum(categories.values()))
+        _full_depth(depths, points, single_allocated) if replayed else _overhead(points, single_allocated)
     )
-    overhead = reserved - sum(categories.values())
+    overhead = reserved - single_allocated
     sampled = [p.phase_peaks for p in points]
     if reshape is not None:
         # One rank's fragmentation is taken to be the single GPU's (an assumption: sharded
