@@ -65,18 +65,20 @@ def highest_moment(depths: DepthPlan, results: list, reshape: Reshape | None = N
 def _inserted(depths: DepthPlan, results: list, segments, coefficients: list[Fraction]) -> list[Moment] | None:
     """Every moment of a phase of the full depth, where each further sample is the base with one
     block of events inserted at one point (None where they are not)."""
-    sigs = [_signatures(r, seg.start_event + 1, seg.end_event + 1) for r, seg in zip(results, segments)]
-    base, length = sigs[0], len(sigs[0])
-    cut_low, cut_high, blocks = 0, length, []
-    for other in sigs[1:]:
-        if len(other) < length:
-            return None
-        cut_low = max(cut_low, length - common_prefix(base[::-1], other[::-1]))
-        cut_high = min(cut_high, common_prefix(base, other))
-        blocks.append(len(other) - length)
-    if cut_low > cut_high or any(w.denominator != 1 or w < 1 for w in depths.weights):
+    if any(w.denominator != 1 or w < 1 for w in depths.weights):
         return None
-    cut, starts = cut_low, [seg.start_event + 1 for seg in segments]
+    sigs = [_signatures(r, seg.start_event + 1, seg.end_event + 1) for r, seg in zip(results, segments)]
+    found = _insertion(sigs)
+    if found is None:
+        # A phase may end in a run of frees that every layer adds to (the LLM.int8 layers' inputs, which
+        # bitsandbytes keeps outside non-reentrant checkpointing, all freed with the graph): a second
+        # insertion, but of frees only. Its moments are never the highest (a free lowers the live bytes
+        # and every category), so the phase is weighed up to its last allocation.
+        found = _insertion([sig[: _last_alloc(sig) + 1] for sig in sigs])
+    if found is None:
+        return None
+    cut, length, blocks = found
+    starts = [seg.start_event + 1 for seg in segments]
     # Just before the blocks (the event before the phase's first, where the blocks come first).
     before = [start + cut - 1 for start in starts]
     moments: list[Moment] = [tuple((s, starts[s] + t, c) for s, c in enumerate(coefficients)) for t in range(cut)]
@@ -95,6 +97,26 @@ def _inserted(depths: DepthPlan, results: list, segments, coefficients: list[Fra
         tuple((s, starts[s] + t + ([0] + blocks)[s], c) for s, c in enumerate(coefficients)) for t in range(cut, length)
     ]
     return moments
+
+
+def _insertion(sigs: list[list]) -> tuple[int, int, list[int]] | None:
+    """Where each further sample's block goes in the base's events (``sigs[0]``), the base's length and
+    each block's length, where every sample is the base with one block inserted at one point (None
+    where not)."""
+    base, length = sigs[0], len(sigs[0])
+    cut_low, cut_high, blocks = 0, length, []
+    for other in sigs[1:]:
+        if len(other) < length:
+            return None
+        cut_low = max(cut_low, length - common_prefix(base[::-1], other[::-1]))
+        cut_high = min(cut_high, common_prefix(base, other))
+        blocks.append(len(other) - length)
+    return None if cut_low > cut_high else (cut_low, length, blocks)
+
+
+def _last_alloc(sig: list) -> int:
+    """The index of the last allocation in ``sig`` (-1 where there is none)."""
+    return next((i for i in range(len(sig) - 1, -1, -1) if sig[i][0] == "alloc"), -1)
 
 
 def _head_and_tail(results: list, segments, coefficients: list[Fraction]) -> list[Moment]:
