@@ -268,6 +268,15 @@ class RunSpec(BaseModel):
         "The hf recipe's QLoRA and lora-8bit through PEFT's prepare_model_for_kbit_training, which upcasts every parameter that is not quantized to fp32 (as TRL before 0.26 ran it); off: they stay in the compute dtype (LLaMA-Factory, TRL since 0.26, and Axolotl, which casts them back after PEFT's upcast).",
         planner_only=True,
     )
+    use_reentrant: Literal["auto", "on", "off"] = knob(
+        "auto",
+        "The hf recipe's activation checkpointing: on is torch's reentrant variant (the layer's forward under no_grad, "
+        "nothing an autograd function keeps on its own outlives it; transformers before 5, PEFT's "
+        "prepare_model_for_kbit_training, LLaMA-Factory's use_reentrant_gc), off the non-reentrant one (LLM.int8 layers "
+        "then keep every layer's inputs); auto: as the hf recipe prepares the model (on through "
+        "prepare_model_for_kbit_training, else off). memfit's step is always off.",
+        planner_only=True,
+    )
     adamw_impl: Literal["fused", "foreach"] = knob(
         "fused",
         "The hf recipe's AdamW implementation: fused (PyTorch's fused kernel, updating in place: the Trainer's adamw_torch_fused, its default optim from torch 2.8, and memfit's step) or foreach (torch.optim.AdamW's default on CUDA, the Trainer's adamw_torch, its default before torch 2.8: its step holds a temporary as large as the trainable parameters).",
@@ -343,6 +352,11 @@ class RunSpec(BaseModel):
                 f"{name('kbit_upcast')}: off is a choice of the hf recipe's QLoRA and lora-8bit (memfit's step never upcasts the base). "
                 f"Use {setting('recipe', 'hf')}, or drop it."
             )
+        if self.use_reentrant == "on" and self.recipe != "hf":
+            problems.append(
+                f"{setting('use_reentrant', 'on')} is a choice of the hf recipe (memfit's step checkpoints non-reentrant). "
+                f"Use {setting('recipe', 'hf')}, or drop {name('use_reentrant')}."
+            )
         if self.adamw_impl != "fused" and (self.recipe != "hf" or self.optimizer != "adamw"):
             problems.append(
                 f"{name('adamw_impl')}: {self.adamw_impl} is an AdamW of the hf recipe (memfit's step always runs the fused "
@@ -394,6 +408,17 @@ class RunSpec(BaseModel):
     def precision_regime(self) -> str:
         """What ``precision`` means for this run, in words (see :func:`precision_regime`)."""
         return precision_regime(self.method, self.precision, self.recipe)
+
+    @property
+    def reentrant_checkpointing(self) -> bool:
+        """Whether activation checkpointing runs torch's reentrant variant: ``use_reentrant`` as set, or on auto
+        the hf recipe's way (PEFT's ``prepare_model_for_kbit_training`` calls it without ``use_reentrant``,
+        which torch takes as reentrant); memfit's step never does."""
+        if self.recipe != "hf" or self.checkpointing == "off":
+            return False
+        if self.use_reentrant == "auto":
+            return self.base_bits is not None and self.kbit_upcast
+        return self.use_reentrant == "on"
 
     @property
     def lora_alpha(self) -> float:

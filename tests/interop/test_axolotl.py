@@ -73,6 +73,7 @@ def test_a_qlora_config_maps_every_memory_key(write_config):
         "padding_free": "on",
         "packing": True,
         "kbit_upcast": False,
+        "use_reentrant": "off",
     }
     assert config.sources["method"] == ("adapter", "load_in_4bit")
     assert config.not_modelled == []
@@ -100,6 +101,15 @@ def test_a_qlora_config_maps_every_memory_key(write_config):
         ("batch_flattening: true\n", "padding_free", "on"),
         ("max_grad_norm: 0\n", "max_grad_norm", None),
         ("optimizer: adamw_8bit\n", "optimizer", "adamw8bit"),
+        # Axolotl's normalize_config: reentrant for SFT unless the kwargs say otherwise.
+        ("gradient_checkpointing: true\n", "use_reentrant", "on"),
+        (
+            "gradient_checkpointing: true\ngradient_checkpointing_kwargs: {use_reentrant: false}\n",
+            "use_reentrant",
+            "off",
+        ),
+        ("gradient_checkpointing: true\nunfrozen_parameters: [lm_head]\n", "use_reentrant", "off"),
+        ("gradient_checkpointing: false\n", "use_reentrant", "auto"),
         (
             "plugins: [axolotl.integrations.liger.LigerPlugin]\nliger_fused_linear_cross_entropy: true\n",
             "hf_loss",

@@ -176,6 +176,13 @@ def test_plain_training_arguments_json(write_config):
     [
         ("activation_offloading: true\n", "checkpointing", "offload"),
         ("gradient_checkpointing: false\n", "checkpointing", "off"),
+        ("max_length: 512\ngradient_checkpointing_kwargs: {use_reentrant: true}\n", "use_reentrant", "on"),
+        (
+            "gradient_checkpointing: true\nactivation_checkpointing_kwargs: {use_reentrant: false}\n",
+            "use_reentrant",
+            "off",
+        ),
+        ("use_peft: true\n", "use_reentrant", "auto"),  # transformers 5 and TRL since 0.27: non-reentrant
         ("max_seq_length: 512\n", "seq_len", 512),
         ("loss_type: nll\n", "hf_loss", "model"),
         ("use_peft: true\ndtype: float16\nfp16: true\n", "precision", "fp16"),
@@ -255,3 +262,14 @@ def test_a_bad_dtype_names_its_key(write_config):
         _read(write_config, "max_length: 512\nmodel_init_kwargs: {dtype: float8}\n")
     with pytest.raises(ToolConfigError, match=r"dtype: 'bfloat61' is not a dtype.*Did you mean 'bfloat16'"):
         _read(write_config, "max_length: 512\nuse_peft: true\nload_in_4bit: true\ndtype: bfloat61\n")
+
+
+def test_a_bad_use_reentrant_names_its_key(write_config):
+    from memfit.interop.reading import ToolConfigError
+
+    with pytest.raises(
+        ToolConfigError, match=r"gradient_checkpointing_kwargs: use_reentrant: 'maybe' is not true or false"
+    ):
+        _read(write_config, "max_length: 512\ngradient_checkpointing_kwargs: {use_reentrant: maybe}\n")
+    with pytest.raises(ToolConfigError, match=r"gradient_checkpointing_kwargs: 'yes' is not a mapping"):
+        _read(write_config, "max_length: 512\ngradient_checkpointing_kwargs: 'yes'\n")

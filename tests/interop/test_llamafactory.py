@@ -31,6 +31,7 @@ def test_llama_factory_defaults_are_planned_when_keys_are_absent(write_config):
             batch_size=8,
             grad_accum=1,
             checkpointing="on",
+            use_reentrant="on",  # use_reentrant_gc: true
             optimizer="adamw",
             precision="bf16",
             max_grad_norm=1.0,
@@ -78,6 +79,7 @@ def test_a_qlora_config_maps_every_memory_key(write_config):
         "packing": True,
         "hf_loss": "liger",
         "kbit_upcast": False,  # LLaMA-Factory does not run PEFT's prepare_model_for_kbit_training
+        "use_reentrant": "on",
     }
     assert config.not_modelled == []
 
@@ -87,6 +89,9 @@ def test_a_qlora_config_maps_every_memory_key(write_config):
     [
         ("disable_gradient_checkpointing: true\n", "checkpointing", "off"),
         ("use_unsloth_gc: true\n", "checkpointing", "offload"),
+        ("finetuning_type: lora\n", "use_reentrant", "on"),  # use_reentrant_gc: true by default
+        ("use_reentrant_gc: false\n", "use_reentrant", "off"),
+        ("disable_gradient_checkpointing: true\n", "use_reentrant", "auto"),
         ("lora_target: all\n", "targets", ("all-linear",)),
         ("flash_attn: sdpa\n", "padding_free", "auto"),
         ("packing: true\n", "packing", True),

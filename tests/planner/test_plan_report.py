@@ -129,3 +129,13 @@ def test_a_hybrid_plan_counts_its_kinds_of_layer_and_names_its_mixers_path():
         "sequence mixers: simulated on transformers' PyTorch path (the run calls causal-conv1d, mamba-ssm's kernels)"
     ]
     assert layer_lines({"layer_kinds": [{"kind": "LlamaDecoderLayer", "layers": 16}], "sequence_mixers": None}) == []
+
+
+def test_an_8bit_plan_says_what_its_checkpointing_variant_keeps(tiny_llama):
+    knobs = dict(method="lora-8bit", recipe="hf", kbit_upcast=False, seq_len=64)
+    kept = memfit.plan(tiny_llama, use_reentrant="off", **knobs)
+    reentrant = memfit.plan(tiny_llama, use_reentrant="on", **knobs)
+    assert "8-bit layers keep their inputs even under checkpointing" in kept.details["category_help"]["activations"]
+    assert "8-bit layers" not in reentrant.details["category_help"]["activations"]
+    assert "checkpointing on (reentrant)" in _rendered(reentrant)
+    assert "(reentrant)" not in _rendered(kept) and "reentrant_checkpointing" not in kept.details

@@ -22,6 +22,7 @@ from memfit.interop.common import (
     routing_rule,
     rslora_rule,
     targets_rule,
+    use_reentrant_of,
 )
 from memfit.interop.hf import DPO_LOSSES
 from memfit.interop.keys import (
@@ -139,6 +140,17 @@ def _checkpointing(values: Mapping[str, Any], ctx: Any) -> Any:
         return "on" if as_bool(gc) else "off"
     except ValueError:
         raise KeyProblem("gradient_checkpointing", f"{gc!r} is not one of true, false, offload, offload_disk") from None
+
+
+def _use_reentrant(values: Mapping[str, Any], ctx: Any) -> Any:
+    if ctx.knobs.get("checkpointing") != "on" or _is_grpo(ctx):  # (grpo: memfit's step)
+        return None
+    said = use_reentrant_of(values["gradient_checkpointing_kwargs"], "gradient_checkpointing_kwargs")
+    if said is not None:
+        return said
+    # normalize_config (since 0.5) makes it use_reentrant: true for SFT; with rl or unfrozen_parameters
+    # the trainer builder's false.
+    return "off" if ctx.raw.get("rl") is not None or ctx.raw.get("unfrozen_parameters") is not None else "on"
 
 
 def _write_checkpointing(value: str, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -517,12 +529,20 @@ RULES: tuple[Rule, ...] = (
         doc="micro-batches per optimizer step (or `batch_size` / `micro_batch_size`)",
     ),
     Rule(
-        ("gradient_checkpointing", "gradient_checkpointing_kwargs", "activation_offloading"),
+        ("gradient_checkpointing", "activation_offloading"),
         "checkpointing",
         _checkpointing,
         _write_checkpointing,
         doc="`gradient_checkpointing: true` is `on`; `offload` / `offload_disk` and `activation_offloading` are `offload` "
-        "(layer inputs in host memory); `use_reentrant` keeps the same layer inputs either way",
+        "(layer inputs in host memory)",
+    ),
+    Rule(
+        ("gradient_checkpointing_kwargs",),
+        "use_reentrant",
+        _use_reentrant,
+        doc="`use_reentrant` as the hf recipe's `use_reentrant` (unset: `on`, Axolotl's default for SFT; `off` with `rl` "
+        "or `unfrozen_parameters`); reentrant checkpointing runs each layer's forward under no_grad, so LLM.int8 "
+        "layers keep no inputs of their own",
     ),
     optimizer_rule(
         "optimizer",

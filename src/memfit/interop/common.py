@@ -166,3 +166,19 @@ def _routing(found: Mapping[str, Any], key: str) -> dict[str, Any]:
             raise KeyProblem(key, f"router_aux_loss_coef {coef!r} is not a coefficient (a number of 0 or more)")
         out["router_aux_loss_coef"] = float(coef)
     return out
+
+
+def use_reentrant_of(kwargs: Any, key: str) -> str | None:
+    """The ``use_reentrant`` of a ``gradient_checkpointing_kwargs`` mapping as the ``use_reentrant`` knob's
+    on / off; None where the mapping (or its absence) leaves the variant to the tool's default."""
+    if kwargs is ABSENT or kwargs is None:
+        return None
+    if not isinstance(kwargs, Mapping):
+        raise KeyProblem(key, f"{kwargs!r} is not a mapping of checkpoint arguments (e.g. {{use_reentrant: false}})")
+    said = kwargs.get("use_reentrant")
+    if said is None:
+        return None
+    try:
+        return "on" if as_bool(said) else "off"
+    except ValueError:
+        raise KeyProblem(key, f"use_reentrant: {said!r} is not true or false") from None

@@ -24,6 +24,7 @@ from memfit.interop.common import (
     routing_rule,
     rslora_rule,
     targets_rule,
+    use_reentrant_of,
 )
 from memfit.interop.keys import (
     ABSENT,
@@ -250,6 +251,16 @@ def _checkpointing(values: Mapping[str, Any], ctx: Any) -> Any:
             modelled=True,
         )
     return "on" if on else "off"
+
+
+def _use_reentrant(values: Mapping[str, Any], ctx: Any) -> Any:
+    if ctx.knobs.get("checkpointing") != "on":
+        return None
+    for key in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
+        said = use_reentrant_of(values[key], key)
+        if said is not None:
+            return said
+    return None  # auto: transformers 5 and TRL since 0.27 non-reentrant, PEFT's k-bit preparation reentrant
 
 
 def _write_checkpointing(value: str, values: Mapping[str, Any]) -> dict[str, Any]:
@@ -651,13 +662,19 @@ RULES: tuple[Rule, ...] = (
         (
             "gradient_checkpointing",
             "activation_checkpointing",
-            "gradient_checkpointing_kwargs",
             "activation_offloading",
         ),
         "checkpointing",
         _checkpointing,
         _write_checkpointing,
         doc="checkpointing `on` (TRL's default; the Trainer's is off); TRL's `activation_offloading` as `offload`",
+    ),
+    Rule(
+        ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"),
+        "use_reentrant",
+        _use_reentrant,
+        doc="`use_reentrant` as the hf recipe's `use_reentrant`; unset, as transformers 5 and TRL since 0.27 run it "
+        "(non-reentrant), or reentrant through PEFT's prepare_model_for_kbit_training (`kbit_upcast`)",
     ),
     optimizer_rule("optim"),
     adamw_impl_rule("optim"),

@@ -126,6 +126,12 @@ def _write_checkpointing(value: str, values: Mapping[str, Any]) -> dict[str, Any
     return {"disable_gradient_checkpointing": value == "off", "use_unsloth_gc": value == "offload"}
 
 
+def _use_reentrant(values: Mapping[str, Any], ctx: Any) -> Any:
+    if ctx.knobs.get("checkpointing") != "on":
+        return None
+    return "on" if value_of(values, "use_reentrant_gc", as_bool, True) else "off"  # LLaMA-Factory's default: true
+
+
 def _precision(values: Mapping[str, Any], ctx: Any) -> Any:
     method = ctx.knobs.get("method", "lora")
     pure = value_of(values, "pure_bf16", as_bool, False)
@@ -304,12 +310,18 @@ RULES: tuple[Rule, ...] = (
     ),
     int_rule("gradient_accumulation_steps", "grad_accum", 1, doc="micro-batches per optimizer step"),
     Rule(
-        ("disable_gradient_checkpointing", "use_unsloth_gc", "use_reentrant_gc"),
+        ("disable_gradient_checkpointing", "use_unsloth_gc"),
         "checkpointing",
         _checkpointing,
         _write_checkpointing,
-        doc="checkpointing `on` unless `disable_gradient_checkpointing`; `use_unsloth_gc` as `offload`; `use_reentrant_gc` "
-        "keeps the same layer inputs either way",
+        doc="checkpointing `on` unless `disable_gradient_checkpointing`; `use_unsloth_gc` as `offload`",
+    ),
+    Rule(
+        ("use_reentrant_gc",),
+        "use_reentrant",
+        _use_reentrant,
+        doc="the hf recipe's `use_reentrant` (`on` unless `use_reentrant_gc: false`): reentrant checkpointing runs each "
+        "layer's forward under no_grad, so LLM.int8 layers keep no inputs of their own",
     ),
     optimizer_rule("optim"),
     adamw_impl_rule("optim"),

@@ -491,12 +491,16 @@ def _memory_plan(
         "vision": _vision_details(source, spec, estimate),
         "notes": _notes(source, spec, target, runtime, estimate, headroom),
     }
+    if spec.reentrant_checkpointing:
+        details["reentrant_checkpointing"] = True  # torch's reentrant variant (the hf recipe's use_reentrant)
     if spec.is_preference or spec.is_grpo:
         details["objective"] = spec.objective
         details["reference"] = _reference_note(
             spec, categories, estimate.phase_peaks, _reference_placement(spec, layout, zero)
         )
-    details["category_help"] = with_vision_shares(category_help(spec.knobs(), details["adapters"]), details["vision"])
+    details["category_help"] = with_vision_shares(
+        category_help(spec.knobs(), details["adapters"], reentrant=spec.reentrant_checkpointing), details["vision"]
+    )
     details["notes"].extend(adapter_notes(spec.knobs(), details["adapters"]))
     if layout is not None:
         _add_per_rank_details(details, spec, layout, estimate, zero)

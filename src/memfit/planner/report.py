@@ -21,10 +21,11 @@ CATEGORY_HELP = {
 }
 
 
-def category_help(spec: dict[str, Any], adapters: dict[str, Any] | None) -> dict[str, str]:
+def category_help(spec: dict[str, Any], adapters: dict[str, Any] | None, *, reentrant: bool = False) -> dict[str, str]:
     """What each category holds in this plan, where it says more than :data:`CATEGORY_HELP`: what
     trains (LoRA A/B, DoRA's magnitudes, copies of modules trained whole), how the frozen base is
-    stored, and the transients and kept tensors DoRA and 8-bit layers add."""
+    stored, and the transients and kept tensors DoRA and 8-bit layers add (``reentrant``: the
+    checkpointing is torch's reentrant variant, under which 8-bit layers keep nothing of their own)."""
     helps = dict(CATEGORY_HELP)
     if spec["method"] == "full" or adapters is None:
         helps["trainable"] = "every weight (full fine-tuning)"
@@ -53,9 +54,12 @@ def category_help(spec: dict[str, Any], adapters: dict[str, Any] | None) -> dict
         extra.append("DoRA: every adapted weight with its update and row norms, each forward (and recomputation)")
     if base == "int8":
         extra.append("int8: inputs quantized, int32 products, the weight dequantized in backward")
-        helps["activations"] = (
-            CATEGORY_HELP["activations"] + "; 8-bit layers keep their inputs even under checkpointing"
-        )
+        if spec.get("checkpointing", "on") != "off" and not reentrant:
+            # bitsandbytes keeps them as attributes of its autograd context, where non-reentrant
+            # checkpointing's hooks do not see them.
+            helps["activations"] = (
+                CATEGORY_HELP["activations"] + "; 8-bit layers keep their inputs even under checkpointing"
+            )
     if extra:
         helps["temporaries"] = CATEGORY_HELP["temporaries"] + "; " + "; ".join(extra)
     return helps
@@ -270,6 +274,7 @@ def plan_headline(model: str, spec: dict[str, Any], details: dict[str, Any]) -> 
         + (f" + {escape(','.join(spec['modules_to_save']))} trained whole" if spec.get("modules_to_save") else "")
         + f" · {spec['precision']} · {spec['optimizer']} · batch {spec['batch_size']} x {spec['seq_len']} tokens"
         + f" · checkpointing {spec['checkpointing']}"
+        + (" (reentrant)" if details.get("reentrant_checkpointing") else "")
         + (f" · [bold]{objective_words(spec)}[/]" if spec.get("objective", "sft") != "sft" else "")
         + (" · [bold]recipe hf[/] (plain Hugging Face + PEFT step)" if spec.get("recipe") == "hf" else "")
     )

@@ -339,7 +339,8 @@ def prepare_like_hf(
     differs from :func:`prepare_for_method`: QLoRA and lora-8bit go through PEFT's
     ``prepare_model_for_kbit_training``, which upcasts every parameter that is not quantized (embeddings,
     norms, the output head) to fp32 and enables checkpointing with torch's default (reentrant)
-    variant (unless ``kbit_upcast`` is off: the trainers that skip it keep them in the compute dtype);
+    variant (unless ``kbit_upcast`` is off: the trainers that skip it keep them in the compute dtype;
+    ``use_reentrant`` names the variant either way);
     LoRA and full fine-tuning use transformers' own checkpointing (``offload`` is
     transformers' synchronous ``save_on_cpu`` offload); nothing is tiled. With ``padding_free: on``
     (flash attention) each example's attention runs on its own tokens, as memfit's does.
@@ -349,14 +350,20 @@ def prepare_like_hf(
     quantize_base(model, spec)
     if load_weights is not None:
         load_weights(model)
+    # torch's variant named, as the stack being planned runs it (spec.reentrant_checkpointing).
+    variant = {"use_reentrant": spec.reentrant_checkpointing}
     if spec.base_bits is not None and spec.kbit_upcast:
         from peft import prepare_model_for_kbit_training
 
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=spec.checkpointing != "off")
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=spec.checkpointing != "off", gradient_checkpointing_kwargs=variant
+        )
         if spec.checkpointing == "offload":
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={}, offload=True)
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=variant, offload=True)
     elif spec.checkpointing != "off":
-        model.activation_checkpointing_enable(offload=spec.checkpointing == "offload")
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs=variant, offload=spec.checkpointing == "offload"
+        )
     if getattr(model, "config", None) is not None:
         model.config.use_cache = False
         if batch_layout(spec, model.config) == DOCUMENTS:

@@ -101,3 +101,62 @@ def test_hf_recipe_with_flash_attention_fake_run_counts_the_same_bytes_as_a_real
     real = simulate(tiny_llama, spec, fake=False).tracker
     assert fake.peak.allocated_bytes == real.peak.allocated_bytes
     assert fake.peak.categories == real.peak.categories
+
+
+def test_use_reentrant_auto_follows_how_the_hf_recipe_prepares_the_model():
+    # PEFT's prepare_model_for_kbit_training leaves the variant to torch, whose default is reentrant;
+    # transformers 5 checkpoints non-reentrant; memfit's step always does.
+    assert make_spec(method="qlora", recipe="hf").reentrant_checkpointing
+    assert not make_spec(method="qlora", recipe="hf", kbit_upcast=False).reentrant_checkpointing
+    assert not make_spec(method="lora", recipe="hf").reentrant_checkpointing
+    assert make_spec(method="lora", recipe="hf", use_reentrant="on").reentrant_checkpointing
+    assert not make_spec(method="lora-8bit", recipe="hf", use_reentrant="off").reentrant_checkpointing
+    assert not make_spec(method="lora", recipe="hf", use_reentrant="on", checkpointing="off").reentrant_checkpointing
+    assert not make_spec(method="lora").reentrant_checkpointing
+
+
+def test_use_reentrant_on_is_the_hf_recipe_s_choice():
+    from memfit.spec import SpecError
+
+    with pytest.raises(SpecError, match="--use-reentrant on is a choice of the hf recipe"):
+        make_spec(method="lora", use_reentrant="on")
+
+
+def _checkpointed_functions(model) -> set[bool]:
+    """The ``use_reentrant`` of each decoder layer's checkpoint function."""
+    return {
+        module._gradient_checkpointing_func.keywords.get("use_reentrant")
+        for module in model.modules()
+        if getattr(module, "gradient_checkpointing", False)
+    }
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_hf_recipe_checkpoints_with_the_variant_named(tiny_llama, method):
+    for setting, expected in (("on", True), ("off", False)):
+        spec = make_spec(method=method, recipe="hf", use_reentrant=setting)
+        model = prepare_like_hf(build_meta_model(make_config(tiny_llama), DTYPES[spec.weight_precision]), spec)
+        assert _checkpointed_functions(model) == {expected}
+
+
+def test_8bit_layers_keep_their_inputs_only_under_non_reentrant_checkpointing(tiny_llama):
+    # bitsandbytes' MatMul8bitLt keeps its input as an attribute of its autograd context, which
+    # non-reentrant checkpointing's hooks do not see: every 8-bit layer's input lives until its
+    # backward. Reentrant checkpointing runs the layer's forward under no_grad: no context at all.
+    tokens = 512
+    knobs = dict(method="lora-8bit", recipe="hf", seq_len=tokens, kbit_upcast=False)
+    kept = simulate(tiny_llama, make_spec(**knobs, use_reentrant="off")).tracker
+    dropped = simulate(tiny_llama, make_spec(**knobs, use_reentrant="on")).tracker
+    # Per layer at least the inputs of the attention's and the MLP's projections (two hidden-size
+    # tensors in bf16, q/k/v sharing one) stay under non-reentrant checkpointing.
+    floor = tiny_llama["num_hidden_layers"] * 2 * tokens * tiny_llama["hidden_size"] * 2
+    assert kept.peak.allocated_bytes - dropped.peak.allocated_bytes >= floor
+
+
+@pytest.mark.parametrize("method", ["lora", "full"])
+def test_hf_recipe_reentrant_fake_run_counts_the_same_bytes_as_a_real_run(tiny_llama, method):
+    spec = make_spec(method=method, seq_len=64, batch_size=2, recipe="hf", use_reentrant="on", precision="fp32")
+    fake = simulate(tiny_llama, spec, fake=True).tracker
+    real = simulate(tiny_llama, spec, fake=False).tracker
+    assert fake.peak.allocated_bytes == real.peak.allocated_bytes
+    assert fake.peak.categories == real.peak.categories

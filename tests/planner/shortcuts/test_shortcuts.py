@@ -64,6 +64,8 @@ TABLE = [
     ("dora", LLAMA, dict(method="lora", dora=True, seq_len=256, grad_accum=3)),
     ("dpo", LLAMA, dict(method="lora", objective="dpo", batch_size=2, seq_len=256, checkpointing="on", grad_accum=2)),
     ("hf-packed", LLAMA, dict(method="lora", recipe="hf", packing=True, batch_size=2, seq_len=256, grad_accum=4)),
+    # Reentrant checkpointing: each layer's backward runs its forward again, then a backward of its own.
+    ("hf-reentrant", DEEP, dict(method="lora", recipe="hf", use_reentrant="on", seq_len=256, grad_accum=4)),
     # (Their micro-batches make state, so they run: the tiled layers' chunks are replayed.)
     (
         "step-in-backward",
@@ -99,6 +101,15 @@ def test_a_plan_with_shortcuts_is_the_exact_plan(config, knobs):
     exact = memfit.plan(dict(config), exact=True, **knobs)
     assert exact.details["exact"] and "exact" not in short.details
     assert exact.details["simulated_layers"] == [config["num_hidden_layers"]]
+    assert _figures(short) == _figures(exact)
+
+
+@pytest.mark.parametrize("use_reentrant", ["on", "off"])
+def test_an_8bit_plan_with_shortcuts_is_the_exact_plan_under_either_checkpointing(use_reentrant):
+    # (Not in the table: LLM.int8 layers keep state between micro-batches, so nothing is replayed.)
+    knobs = dict(method="lora-8bit", recipe="hf", kbit_upcast=False, use_reentrant=use_reentrant, seq_len=256)
+    short = memfit.plan(dict(DEEP), cache=False, **knobs)
+    exact = memfit.plan(dict(DEEP), exact=True, **knobs)
     assert _figures(short) == _figures(exact)
 
 
