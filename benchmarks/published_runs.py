@@ -140,7 +140,10 @@ xformers_attention: true
 """
 _AXOLOTL_LLAMA2_ASSUMED = [
     "packing: the example's max_packed_sequence_len: 4096 (the axolotl of August 2023) concatenates "
-    "examples into rows of 4096 tokens: planned as sample_packing with pad_to_sequence_len"
+    "examples into rows of 4096 tokens: planned as sample_packing with pad_to_sequence_len",
+    "gradient_checkpointing: the transformers of August 2023 (4.31) had no checkpoint arguments and ran torch's "
+    "default, reentrant (use_reentrant: on, as the Axolotl rule reads gradient_checkpointing: true without "
+    "gradient_checkpointing_kwargs)",
 ]
 
 _AXOLOTL_FFT_8B = """\
