@@ -30,10 +30,10 @@ import _memfit_api as api
 from _machine import describe_in_subprocess, run_json_child
 
 # (model, knobs), in priority order: the first twelve cover every method and technique once, so a
-# run cut short still says something about each; the next thirteen what landed after them (preference
-# objectives, adapter variants, the 8-bit base, mixed precision, the hf recipe as peers run it), so
-# that the first GPU measures those too; then sizes 1B to 8B, batch and length spread, the hf recipe
-# on a quarter. All plan below 62 GiB on an 80 GB card.
+# run cut short still says something about each; the next fifteen what landed after them (preference
+# objectives, adapter variants, the 8-bit base under either checkpointing variant, mixed precision,
+# the hf recipe as peers run it), so that the first GPU measures those too; then sizes 1B to 8B, batch
+# and length spread, the hf recipe on a quarter. All plan below 62 GiB on an 80 GB card.
 CASES: list[tuple[str, dict]] = [
     ("llama-3.2-1b", dict(method="lora", checkpointing="on", batch_size=4, seq_len=2048)),
     ("llama-3.1-8b", dict(method="qlora", checkpointing="on", batch_size=2, seq_len=4096)),
@@ -62,6 +62,16 @@ CASES: list[tuple[str, dict]] = [
         dict(method="lora", checkpointing="on", batch_size=2, seq_len=2048, modules_to_save="embed_tokens,lm_head"),
     ),
     ("llama-3.2-3b", dict(method="lora-8bit", checkpointing="on", batch_size=2, seq_len=2048)),
+    # the 8-bit base under each checkpointing variant of the hf recipe: non-reentrant keeps every
+    # 8-bit layer's input until the end of backward, reentrant none
+    (
+        "llama-3.2-3b",
+        dict(method="lora-8bit", checkpointing="on", batch_size=2, seq_len=2048, recipe="hf", use_reentrant="on"),
+    ),
+    (
+        "llama-3.2-3b",
+        dict(method="lora-8bit", checkpointing="on", batch_size=2, seq_len=2048, recipe="hf", use_reentrant="off"),
+    ),
     ("llama-3.2-1b", dict(method="full", checkpointing="on", batch_size=2, seq_len=2048, precision="bf16-mixed")),
     ("llama-3.2-1b", dict(method="lora", checkpointing="on", batch_size=2, seq_len=4096, recipe="hf", hf_loss="liger")),
     (
@@ -149,7 +159,17 @@ def case_id(model: str | dict, knobs: dict) -> str:
     ]
     if knobs.get("grad_accum", 1) != 1:
         parts.append(f"ga{knobs['grad_accum']}")
-    for key in ("optimizer", "tiling", "precision", "rank", "objective", "hf_loss", "adamw_impl", "modules_to_save"):
+    for key in (
+        "optimizer",
+        "tiling",
+        "precision",
+        "rank",
+        "objective",
+        "hf_loss",
+        "adamw_impl",
+        "modules_to_save",
+        "use_reentrant",
+    ):
         if key in knobs:
             parts.append(f"{key}-{knobs[key]}")
     for flag in ("dora", "rslora"):
