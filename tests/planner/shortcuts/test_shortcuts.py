@@ -76,6 +76,21 @@ TABLE = [
     ("offload-tiled", LLAMA, dict(method="lora", seq_len=9000, tiling="on", checkpointing="offload", grad_accum=3)),
     ("full-offload-tiled-deep", DEEP, dict(method="full", seq_len=5000, tiling="on", checkpointing="offload")),
     ("fsdp-2-ranks", DEEP, dict(method="full", seq_len=256, gpus=2, shard="fsdp", checkpointing="on")),
+    # A rank's bytes round each category up: a shard of the 4-bit base's odd-sized parts.
+    (
+        "hf-qlora-fsdp",
+        DEEP,
+        dict(
+            method="qlora",
+            recipe="hf",
+            kbit_upcast=False,
+            gpus=2,
+            shard="fsdp",
+            packing=True,
+            batch_size=2,
+            grad_accum=4,
+        ),
+    ),
     ("two-kinds", GEMMA, dict(method="lora", seq_len=256, checkpointing="on", grad_accum=2)),
 ]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from memfit.planner.shortcuts.depths import DepthPlan
 from memfit.planner.shortcuts.memo import MEMO, config_key
-from memfit.planner.shortcuts.peaks import Reshape, highest_moment, reshaped_peak
+from memfit.planner.shortcuts.peaks import Reshape, highest_moment, phase_tops, reshaped_peak
 from memfit.spec import RunSpec
 
 
@@ -205,7 +205,7 @@ def _extrapolated(
     def line(values: list[int]) -> int:
         return depths.combine(values)
 
-    phase, categories, moments = _highest_moment(depths, points)
+    phase, categories, moments, _ = _highest_moment(depths, points)
     single = dict(categories)
     # Fragmentation does not grow linearly with depth (it jumps with how blocks happen to fit in
     # segments), so the allocator's overhead is not extrapolated: the allocator's model replays the
@@ -219,15 +219,20 @@ def _extrapolated(
     if reshape is not None:
         # One rank's fragmentation is taken to be the single GPU's (an assumption: sharded
         # states are smaller blocks, so this errs high).
-        phase, categories, moments = _highest_moment(depths, points, reshape)
-        sampled = [reshaped_peak(p.result, reshape)[2] for p in points]
+        phase, categories, moments, complete = _highest_moment(depths, points, reshape)
+        sampled = _reshaped_phase_peaks(depths, points, reshape)
     # A phase's highest moment (memfit.planner.shortcuts.peaks), or its samples' own highest,
     # extrapolated, where that is higher: in a phase weighed at its head and tail only (the
     # optimizer's multi-tensor ops allocate for every layer in turn, op after op) the highest can
     # lie between them. (With one kind of layer neither is above the full step's highest: the
     # second, the samples' highest extrapolated with a weight of one or more, is at most the full
     # step's at the moment the deeper sample is highest.)
-    phase_peaks = {k: max(line([peaks.get(k, 0) for peaks in sampled]), moments.get(k, 0)) for k in sampled[-1]}
+    if reshape is None:
+        phase_peaks = {k: max(line([peaks.get(k, 0) for peaks in sampled]), moments.get(k, 0)) for k in sampled[-1]}
+    else:  # (sampled: each phase's highest, extrapolated already)
+        phase_peaks = {k: max(sampled[k], moments.get(k, 0)) for k in sampled}
+        # A phase weighed at every moment has its highest read off them.
+        phase_peaks.update({k: moments[k] for k in complete if k in phase_peaks})
     if reshape is None and full_phase_peaks is not None:
         phase_peaks = full_phase_peaks  # read off the full depth's events: every moment of every phase
     allocated = sum(categories.values())
@@ -274,6 +279,19 @@ def _full_depth(
     return found[0], dict(found[1])
 
 
+def _reshaped_phase_peaks(depths: DepthPlan, points: list[SampledStep], reshape: Reshape) -> dict[str, int]:
+    """Each phase's highest for one rank, from the samples' own highest moments: their single-GPU
+    categories extrapolated, then ``reshape``d (a rank's bytes round each category up, a shard of an
+    odd size, which a line through the samples' reshaped bytes would not follow to the byte)."""
+    tops = [phase_tops(p.result, reshape) for p in points]
+    out = {}
+    for phase, (_, _, last) in tops[-1].items():
+        at = [top.get(phase, (0, 0, {}))[2] for top in tops]
+        categories = {name: max(depths.combine([c.get(name, 0) for c in at]), 0) for name in last}
+        out[phase] = sum(reshape(categories, phase).values())
+    return out
+
+
 def _overhead(points: list[SampledStep], allocated_bytes: int) -> tuple[int, None]:
     """Reserved bytes as ``allocated_bytes`` and the samples' largest allocator overhead (no phase's
     highest): where the full depth is not replayed."""
@@ -294,8 +312,8 @@ def _highest_moment(depths: DepthPlan, points: list[SampledStep], reshape: Resha
     if found is not None:
         return found
     if reshape is not None:
-        return reshaped_peak(points[-1].result, reshape)
-    return points[-1].phase, dict(points[-1].categories), dict(points[-1].phase_peaks)
+        return (*reshaped_peak(points[-1].result, reshape), set())
+    return points[-1].phase, dict(points[-1].categories), dict(points[-1].phase_peaks), set()
 
 
 def extrapolate_peak(depths: DepthPlan, points: list) -> tuple[str, dict[str, int]]:
@@ -303,7 +321,7 @@ def extrapolate_peak(depths: DepthPlan, points: list) -> tuple[str, dict[str, in
     cuts of ``depths`` (anything with a tracker ``result``, a ``phase``, ``categories`` and
     ``phase_peaks``): the depth arithmetic of the step (:func:`_highest_moment`), for other simulated
     phases (grpo's generation)."""
-    phase, categories, _ = _highest_moment(depths, points)
+    phase, categories, _, _ = _highest_moment(depths, points)
     return phase, categories
 
 
@@ -328,10 +346,15 @@ def sample_step(
             config, spec, layers=layers, workspace_allocs=workspace_allocs, arch=arch, runner=replay.bind
         )
         cached = MEMO.keep("samples", key, _summarise(simulated, frozenset(replay.loops)))
-    # Callers must not change the tracker result; the dicts around it they may.
+    return handed_out(cached)
+
+
+def handed_out(kept: SampledStep) -> SampledStep:
+    """A kept sample as a caller gets it: the same tracker result (callers must not change it), the
+    dicts around it their own."""
     return dataclasses.replace(
-        cached,
-        **{f.name: copy.deepcopy(getattr(cached, f.name)) for f in dataclasses.fields(cached) if f.name != "result"},
+        kept,
+        **{f.name: copy.deepcopy(getattr(kept, f.name)) for f in dataclasses.fields(kept) if f.name != "result"},
     )
 
 

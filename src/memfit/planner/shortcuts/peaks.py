@@ -41,17 +41,22 @@ Moment = tuple[tuple[int, int, int | Fraction], ...]
 
 
 def highest_moment(depths: DepthPlan, results: list, reshape: Reshape | None = None):
-    """The phase and categories of the full depth's highest moment, and each phase's highest (live
-    bytes, or one rank's bytes with ``reshape``); None when the samples share no phase."""
+    """The phase and categories of the full depth's highest moment, each phase's highest (live
+    bytes, or one rank's bytes with ``reshape``), and the phases weighed at every moment (not at
+    their head and tail only); None when the samples share no phase."""
     coefficients = [1 - sum(depths.weights, Fraction(0)), *depths.weights]
     if all(c.denominator == 1 for c in coefficients):
         # Whole weights (the usual depth plan): plain integers, much cheaper to add up than fractions.
         coefficients = [int(c) for c in coefficients]
     best: tuple[int, str, dict[str, int]] | None = None
     phases: dict[str, int] = {}
+    partly: set[str] = set()  # phases with a stretch weighed at its head and tail only
     for segments in zip(*(r.segments() for r in results)):
         phase = segments[-1].phase
-        moments = _inserted(depths, results, segments, coefficients) or _head_and_tail(results, segments, coefficients)
+        moments = _inserted(depths, results, segments, coefficients)
+        if not moments:
+            partly.add(phase)
+            moments = _head_and_tail(results, segments, coefficients)
         found = _highest(results, moments, phase, reshape)
         if found is None:
             continue
@@ -59,7 +64,7 @@ def highest_moment(depths: DepthPlan, results: list, reshape: Reshape | None = N
         phases[phase] = max(phases.get(phase, 0), value)
         if best is None or value > best[0]:
             best = (value, phase, categories)
-    return None if best is None else (best[1], best[2], phases)
+    return None if best is None else (best[1], best[2], phases, set(phases) - partly)
 
 
 def _inserted(depths: DepthPlan, results: list, segments, coefficients: list[Fraction]) -> list[Moment] | None:
@@ -194,19 +199,25 @@ def _categories_at(results: list, moment: Moment) -> dict[str, int]:
 
 def reshaped_peak(result, reshape: Reshape, remember: bool = True) -> tuple[str, dict[str, int], dict[str, int]]:
     """The highest moment of a whole simulation after ``reshape``: phase, categories, per-phase peaks."""
+    tops = phase_tops(result, reshape, remember)
+    if not tops:
+        return result.peak.phase, reshape(dict(result.peak.categories), result.peak.phase), {}
+    # The first moment at the highest (tops keep each phase's first).
+    phase = max(tops, key=lambda p: (tops[p][0], -tops[p][1]))
+    return phase, reshape(dict(tops[phase][2]), phase), {p: top[0] for p, top in tops.items()}
+
+
+def phase_tops(result, reshape: Reshape, remember: bool = True) -> dict[str, tuple[int, int, dict[str, int]]]:
+    """Each phase's highest moment after ``reshape``: (one rank's bytes, the event, the single-GPU
+    categories there), the first such moment of the phase."""
     series = category_series(result, remember)
-    best: tuple[int, str, dict[str, int]] | None = None
-    phases: dict[str, int] = {}
+    tops: dict[str, tuple[int, int, dict[str, int]]] = {}
     for seg in result.segments():
         for event in range(seg.start_event + 1, seg.end_event + 1):
-            categories = reshape(series[event], seg.phase)
-            total = sum(categories.values())
-            phases[seg.phase] = max(phases.get(seg.phase, 0), total)
-            if best is None or total > best[0]:
-                best = (total, seg.phase, categories)
-    if best is None:
-        return result.peak.phase, reshape(dict(result.peak.categories), result.peak.phase), phases
-    return best[1], best[2], phases
+            total = sum(reshape(series[event], seg.phase).values())
+            if seg.phase not in tops or total > tops[seg.phase][0]:
+                tops[seg.phase] = (total, event, series[event])
+    return tops
 
 
 def category_series(result, remember: bool = True) -> list[dict[str, int]]:
