@@ -273,3 +273,16 @@ def test_a_bad_use_reentrant_names_its_key(write_config):
         _read(write_config, "max_length: 512\ngradient_checkpointing_kwargs: {use_reentrant: maybe}\n")
     with pytest.raises(ToolConfigError, match=r"gradient_checkpointing_kwargs: 'yes' is not a mapping"):
         _read(write_config, "max_length: 512\ngradient_checkpointing_kwargs: 'yes'\n")
+
+
+def test_an_8bit_config_says_which_checkpointing_variant_it_was_planned_with(write_config):
+    config = _read(write_config, "max_length: 512\nuse_peft: true\nload_in_8bit: true\n")
+    assert config.knobs["use_reentrant"] == "off"
+    found = [f for f in config.approximated if f.knob == "use_reentrant"]
+    assert len(found) == 1 and "planned non-reentrant" in found[0].why
+    assert found[0].key == "activation_checkpointing_kwargs (not set)"
+    said = _read(
+        write_config,
+        "max_length: 512\nuse_peft: true\nload_in_8bit: true\ngradient_checkpointing_kwargs: {use_reentrant: true}\n",
+    )
+    assert said.knobs["use_reentrant"] == "on" and not [f for f in said.approximated if f.knob == "use_reentrant"]

@@ -54,6 +54,7 @@ def test_a_config_plans_as_its_knobs_plan_on_the_hugging_face_step(tmp_path, mod
         checkpointing="on",
         precision="fp32",
         recipe="hf",
+        use_reentrant="on",  # Axolotl's default for SFT
         dora=True,
         cache=False,
     )

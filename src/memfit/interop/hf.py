@@ -260,7 +260,16 @@ def _use_reentrant(values: Mapping[str, Any], ctx: Any) -> Any:
         said = use_reentrant_of(values[key], key)
         if said is not None:
             return said
-    return None  # auto: transformers 5 and TRL since 0.27 non-reentrant, PEFT's k-bit preparation reentrant
+    if ctx.knobs.get("method") != "lora-8bit":
+        return None  # auto: transformers 5 and TRL since 0.27 non-reentrant, PEFT's k-bit preparation reentrant
+    # The variant decides what LLM.int8 layers keep, and the versions differ: the plan says which it took.
+    return Planned(
+        "off",
+        "not set: planned non-reentrant, as transformers 5 and TRL since 0.27 checkpoint, under which every 8-bit "
+        "layer keeps its input until the end of backward (transformers 4.38 to 4.57 with TRL before 0.27 checkpoint "
+        "reentrant, keeping none: set {use_reentrant: true} to plan that)",
+        modelled=True,
+    )
 
 
 def _write_checkpointing(value: str, values: Mapping[str, Any]) -> dict[str, Any]:
