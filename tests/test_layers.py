@@ -40,6 +40,7 @@ LAYERS: dict[str, int] = {
     "units": 1,
     "files": 1,
     "exits": 1,
+    "collector": 1,
     "run_files": 1,
     "options": 1,
     "errors": 1,

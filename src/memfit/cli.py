@@ -14,6 +14,7 @@ from typing import Any, Literal, NoReturn
 
 import typer
 
+from memfit.collector import collect_less
 from memfit.console import StatusLine, make_console
 from memfit.errors import EXIT_DOES_NOT_FIT, PathError, cli_errors
 from memfit.exits import end_process
@@ -399,6 +400,7 @@ def main() -> NoReturn:
 
     for name in _QUIET_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
+    collect_less()
     try:
         app()
     except SystemExit as done:

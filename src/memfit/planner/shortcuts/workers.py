@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from memfit.collector import collect_less, freeze_imports
 from memfit.planner.errors import SearchCancelled
 
 
@@ -76,6 +77,9 @@ def _start_worker(owner: tuple[int, float], queue=None, modules: tuple[str, ...]
     _progress_queue = queue
     if modules:
         _import_in_worker(modules)
+    # What the worker imported (in the worker server, or just now) lives as long as it does.
+    freeze_imports()
+    collect_less()
 
 
 def stop_workers(pool) -> None:
