@@ -53,6 +53,15 @@ CASES = [
     ),
     Case("plan {d}/toolcfg_trl_packing.yaml", 2, says=("packing_strategy: 'ffd'", "Did you mean 'bfd'?")),
     Case("plan {d}/toolcfg_trl_scheduler.yaml", 2, says=("lr_scheduler_type: 'cosin'", "the Trainer")),
+    # The checkpointing variant: a word that is not true or false, a string where a mapping belongs.
+    Case(
+        "plan {d}/toolcfg_axolotl_reentrant.yml",
+        2,
+        says=("gradient_checkpointing_kwargs: use_reentrant: 'sometimes' is not true or false",),
+    ),
+    Case(
+        "plan {d}/toolcfg_trl_gc_kwargs.yaml", 2, says=("gradient_checkpointing_kwargs: 'reentrant' is not a mapping",)
+    ),
     # deepspeed: a folder where a JSON file belongs.
     Case(
         "plan {d}/toolcfg_ds_folder.yaml",
@@ -116,6 +125,9 @@ def make_inputs(root: Path) -> None:
         "toolcfg_trl_dpo_loss.yaml": trl + "beta: 0.1\nprecompute_ref_log_probs: true\nloss_type: [sigmoid, simpo]\n",
         "toolcfg_trl_packing.yaml": trl + "packing: true\npacking_strategy: ffd\n",
         "toolcfg_trl_scheduler.yaml": trl + "lr_scheduler_type: cosin\n",
+        "toolcfg_axolotl_reentrant.yml": axolotl
+        + "gradient_checkpointing: true\ngradient_checkpointing_kwargs: {use_reentrant: sometimes}\n",
+        "toolcfg_trl_gc_kwargs.yaml": trl + "gradient_checkpointing_kwargs: reentrant\n",
         "toolcfg_ds_folder.yaml": lf + "finetuning_type: full\ndeepspeed: toolcfg_ds\n",
         "toolcfg_trl.yaml": trl,
         "toolcfg_orphan.yaml": f"model_name_or_path: {orphan}\nuse_peft: true\n",
