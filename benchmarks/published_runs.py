@@ -420,7 +420,8 @@ def _torchtune_flag_cases() -> list[dict]:
     ]
     adapters = [
         ("lora", 8.5, dict(method="lora"), {"config": "llama3_2/3B_lora_single_device"}),
-        ("qlora", 4.6, dict(method="qlora"), {"config": "llama3_2/3B_qlora_single_device"}),
+        # torchtune quantizes the linear layers and leaves every other parameter in bf16 (no upcast).
+        ("qlora", 4.6, dict(method="qlora", kbit_upcast=False), {"config": "llama3_2/3B_qlora_single_device"}),
     ]
     lora = dict(rank=64, alpha=128, dropout=0.0, targets="q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
     out = []
@@ -456,7 +457,8 @@ def _torchtune_flag_cases() -> list[dict]:
                     + (
                         [
                             "qlora: torchao's NF4 (64-value blocks, scalers quantized per 256) planned as "
-                            "bitsandbytes' double-quantized NF4"
+                            "bitsandbytes' double-quantized NF4; the embeddings, norms and tied head stay in bf16 as "
+                            "torchtune loads them (kbit_upcast: false: no prepare_model_for_kbit_training)"
                         ]
                         if knobs["method"] == "qlora"
                         else []
