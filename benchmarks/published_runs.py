@@ -726,11 +726,11 @@ def _peft_case(what: str, source: dict, gib: float, knobs: dict, args: dict, unp
         },
         plan={
             "model": _llama2_70b(),
-            "knobs": dict(_PEFT_SFT, **knobs) | ({"kbit_upcast": False} if knobs["method"] == "qlora" else {}),
+            # The script passes its use_reentrant to the Trainer's gradient_checkpointing_kwargs.
+            "knobs": dict(_PEFT_SFT, **knobs, use_reentrant="on" if reentrant else "off")
+            | ({"kbit_upcast": False} if knobs["method"] == "qlora" else {}),
         },
-        assumed=[_PEFT_COUNTER, _PEFT_OPTIM]
-        + (_PEFT_QLORA if knobs["method"] == "qlora" else [])
-        + ([f"use_reentrant: {reentrant}: planned as memfit's checkpointing"] if reentrant else []),
+        assumed=[_PEFT_COUNTER, _PEFT_OPTIM] + (_PEFT_QLORA if knobs["method"] == "qlora" else []),
         unplannable=unplannable,
     )
 
