@@ -54,7 +54,7 @@ def category_help(spec: dict[str, Any], adapters: dict[str, Any] | None, *, reen
         extra.append("DoRA: every adapted weight with its update and row norms, each forward (and recomputation)")
     if base == "int8":
         extra.append("int8: inputs quantized, int32 products, the weight dequantized in backward")
-        if spec.get("checkpointing", "on") != "off" and not reentrant:
+        if spec["checkpointing"] != "off" and not reentrant:
             # bitsandbytes keeps them as attributes of its autograd context, where non-reentrant
             # checkpointing's hooks do not see them.
             helps["activations"] = (

@@ -215,24 +215,22 @@ def _extrapolated(
         _full_depth(depths, points, single_allocated) if replayed else _overhead(points, single_allocated)
     )
     overhead = reserved - single_allocated
-    sampled = [p.phase_peaks for p in points]
+    complete: set[str] = set()
     if reshape is not None:
         # One rank's fragmentation is taken to be the single GPU's (an assumption: sharded
         # states are smaller blocks, so this errs high).
         phase, categories, moments, complete = _highest_moment(depths, points, reshape)
         sampled = _reshaped_phase_peaks(depths, points, reshape)
+    else:
+        sampled = {k: line([p.phase_peaks.get(k, 0) for p in points]) for k in points[-1].phase_peaks}
     # A phase's highest moment (memfit.planner.shortcuts.peaks), or its samples' own highest,
     # extrapolated, where that is higher: in a phase weighed at its head and tail only (the
     # optimizer's multi-tensor ops allocate for every layer in turn, op after op) the highest can
     # lie between them. (With one kind of layer neither is above the full step's highest: the
     # second, the samples' highest extrapolated with a weight of one or more, is at most the full
-    # step's at the moment the deeper sample is highest.)
-    if reshape is None:
-        phase_peaks = {k: max(line([peaks.get(k, 0) for peaks in sampled]), moments.get(k, 0)) for k in sampled[-1]}
-    else:  # (sampled: each phase's highest, extrapolated already)
-        phase_peaks = {k: max(sampled[k], moments.get(k, 0)) for k in sampled}
-        # A phase weighed at every moment has its highest read off them.
-        phase_peaks.update({k: moments[k] for k in complete if k in phase_peaks})
+    # step's at the moment the deeper sample is highest.) One rank's phase weighed at every moment
+    # has its highest read off them.
+    phase_peaks = {k: moments[k] if k in complete else max(v, moments.get(k, 0)) for k, v in sampled.items()}
     if reshape is None and full_phase_peaks is not None:
         phase_peaks = full_phase_peaks  # read off the full depth's events: every moment of every phase
     allocated = sum(categories.values())
@@ -346,15 +344,10 @@ def sample_step(
             config, spec, layers=layers, workspace_allocs=workspace_allocs, arch=arch, runner=replay.bind
         )
         cached = MEMO.keep("samples", key, _summarise(simulated, frozenset(replay.loops)))
-    return handed_out(cached)
-
-
-def handed_out(kept: SampledStep) -> SampledStep:
-    """A kept sample as a caller gets it: the same tracker result (callers must not change it), the
-    dicts around it their own."""
+    # Callers must not change the tracker result; the dicts around it they may.
     return dataclasses.replace(
-        kept,
-        **{f.name: copy.deepcopy(getattr(kept, f.name)) for f in dataclasses.fields(kept) if f.name != "result"},
+        cached,
+        **{f.name: copy.deepcopy(getattr(cached, f.name)) for f in dataclasses.fields(cached) if f.name != "result"},
     )
 
 

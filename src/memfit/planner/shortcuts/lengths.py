@@ -297,9 +297,6 @@ class LengthSampler:
         self.lengths = tuple(lengths)
         self.models: dict[Any, LengthModel | None] = {}
         self._inputs: dict[Any, tuple] = {}  # what each model was learnt for: (config, spec, depth, workspaces, arch)
-        # Each prediction made, by model and length: the exact prediction of a length the search
-        # steered through is handed the same sample (and what the memo keeps by it).
-        self._predicted: dict[tuple[Any, int], Any] = {}
 
     def steering(self) -> LengthSampler:
         """This sampler (its models shared), for plans that only steer a search towards the lengths
@@ -317,7 +314,7 @@ class LengthSampler:
         workspace_allocs: tuple[int, ...],
         arch: str | None,
     ):
-        from memfit.planner.shortcuts.extrapolate import handed_out, sample_step
+        from memfit.planner.shortcuts.extrapolate import sample_step
 
         if spec.seq_len < min(self.lengths):
             raise Unpredictable(f"{spec.seq_len} tokens is below the lengths {self.lengths} the step is learnt from")
@@ -339,10 +336,7 @@ class LengthSampler:
         model = self.models[key]
         if model is None or not model.holds_at(spec.seq_len):
             raise Unpredictable(f"the step at {spec.seq_len} tokens does not follow the lengths {self.lengths}")
-        predicted = self._predicted.get((key, spec.seq_len))
-        if predicted is None:
-            predicted = self._predicted[(key, spec.seq_len)] = model.sample_at(spec.seq_len)
-        return handed_out(predicted)
+        return model.sample_at(spec.seq_len)
 
     def explains(self, seq_len: int) -> bool | None:
         """Whether the simulations made at ``seq_len`` (in this process) are the models' predictions,
