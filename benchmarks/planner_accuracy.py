@@ -86,6 +86,33 @@ CASES: list[tuple[str, dict]] = [
         "llama-3.2-1b",
         dict(method="full", checkpointing="on", batch_size=2, seq_len=1024, recipe="hf", adamw_impl="foreach"),
     ),
+    # torchtune's step on the hf recipe: its chunked-output loss (compile: false), adapters in bf16,
+    # and the optimizer step in backward
+    (
+        "llama-3.2-1b",
+        dict(
+            method="lora",
+            checkpointing="on",
+            batch_size=2,
+            seq_len=4096,
+            recipe="hf",
+            hf_loss="chunked-output",
+            adapter_dtype="compute",
+        ),
+    ),
+    (
+        "llama-3.2-1b",
+        dict(
+            method="full",
+            checkpointing="on",
+            batch_size=2,
+            seq_len=2048,
+            recipe="hf",
+            hf_loss="chunked-output",
+            step_in_backward=True,
+            max_grad_norm=None,
+        ),
+    ),
     # the spread
     ("llama-3.2-1b", dict(method="full", checkpointing="off", batch_size=1, seq_len=1024)),
     ("llama-3.2-1b", dict(method="qlora", checkpointing="on", batch_size=4, seq_len=2048)),
@@ -169,6 +196,7 @@ def case_id(model: str | dict, knobs: dict) -> str:
         "adamw_impl",
         "modules_to_save",
         "use_reentrant",
+        "adapter_dtype",
     ):
         if key in knobs:
             parts.append(f"{key}-{knobs[key]}")

@@ -379,27 +379,23 @@ def cases() -> list[dict]:
 # third row), LoRA and QLoRA take them all but optimizer_in_bwd and 8-bit AdamW (the README's command).
 _TUNE_COMPILE = "compile: True: torch.compile's fused kernels (what they keep differs from eager PyTorch's)"
 _TUNE_LOSS = (
-    "loss: CEWithChunkedOutputLoss (the output projection in 8 chunks of the sequence, each upcast to fp32 in "
-    "the loss): planned as the hf recipe's chunked-nll"
+    "loss: CEWithChunkedOutputLoss with its cross-entropy compiled (training.compile_loss): the hf recipe's "
+    "chunked-output-compiled"
 )
 _TUNE_FLAGS = dict(
-    precision="bf16", batch_size=2, seq_len=4096, packing=True, recipe="hf", hf_loss="chunked-nll", adamw_impl="fused"
-)
-
-
-_TUNE_MEMFIT_STEP = (
-    "optimizer_in_bwd: memfit's step (the hf recipe has no optimizer step in backward), whose fused chunked "
-    "loss keeps no whole logits where CEWithChunkedOutputLoss keeps the chunks' bf16 logits"
+    precision="bf16",
+    batch_size=2,
+    seq_len=4096,
+    packing=True,
+    recipe="hf",
+    hf_loss="chunked-output-compiled",
+    adamw_impl="fused",
 )
 
 
 def _tune_knobs(knobs: dict) -> dict:
-    """A row's knobs: the hf recipe's, or memfit's step where the optimizer steps in backward."""
-    knobs = dict(_TUNE_FLAGS, **({"method": "full"} | knobs))
-    if knobs.get("step_in_backward"):
-        for hf_only in ("recipe", "hf_loss", "adamw_impl"):
-            knobs.pop(hf_only)
-    return knobs
+    """A row's knobs: the flags of the rows above it, full fine-tuning unless it names adapters."""
+    return dict(_TUNE_FLAGS, **({"method": "full"} | knobs))
 
 
 def _torchtune_flag_cases() -> list[dict]:
@@ -423,7 +419,15 @@ def _torchtune_flag_cases() -> list[dict]:
         # torchtune quantizes the linear layers and leaves every other parameter in bf16 (no upcast).
         ("qlora", 4.6, dict(method="qlora", kbit_upcast=False), {"config": "llama3_2/3B_qlora_single_device"}),
     ]
-    lora = dict(rank=64, alpha=128, dropout=0.0, targets="q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj")
+    # torchtune builds the model, adapters included, in its dtype (bf16): adapters, their gradients
+    # and AdamW's states in bf16.
+    lora = dict(
+        rank=64,
+        alpha=128,
+        dropout=0.0,
+        targets="q_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+        adapter_dtype="compute",
+    )
     out = []
     for what, gib, knobs, flags in full + adapters:
         adapted = "method" in knobs
@@ -447,11 +451,12 @@ def _torchtune_flag_cases() -> list[dict]:
                     **flags,
                 },
                 plan={"model": "llama-3.2-3b", "knobs": _tune_knobs(knobs)},
-                assumed=[_TUNE_MEMFIT_STEP if knobs.get("step_in_backward") else _TUNE_LOSS]
+                assumed=[_TUNE_LOSS]
                 + (
                     [
                         "lora: the configs' lora_attn_modules q_proj, v_proj, output_proj and the MLP, rank 64, alpha "
-                        "128, no dropout; torch.optim.AdamW (fused), as the README's command sets it",
+                        "128, no dropout, in bf16 as torchtune builds them (adapter_dtype: compute); "
+                        "torch.optim.AdamW (fused), as the README's command sets it",
                         "activation offloading with checkpointing: the checkpointed layer inputs in host memory",
                     ]
                     + (

@@ -18,6 +18,7 @@ import difflib
 import math
 import re
 import typing
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import (
@@ -277,14 +278,19 @@ class RunSpec(BaseModel):
         "prepare_model_for_kbit_training, else off). memfit's step is always off.",
         planner_only=True,
     )
+    adapter_dtype: Literal["fp32", "compute"] = knob(
+        "fp32",
+        "The hf recipe's adapter weights, and so their gradients and optimizer states: fp32 (PEFT's autocast_adapter_dtype, its default, as memfit's step keeps them) or compute (the compute dtype, bf16 or fp16: torchtune's LoRA and QLoRA, LLaMA-Factory's LoRA under pure_bf16, PEFT's autocast_adapter_dtype=False over a 16-bit base).",
+        planner_only=True,
+    )
     adamw_impl: Literal["fused", "foreach"] = knob(
         "fused",
         "The hf recipe's AdamW implementation: fused (PyTorch's fused kernel, updating in place: the Trainer's adamw_torch_fused, its default optim from torch 2.8, and memfit's step) or foreach (torch.optim.AdamW's default on CUDA, the Trainer's adamw_torch, its default before torch 2.8: its step holds a temporary as large as the trainable parameters).",
         planner_only=True,
     )
-    hf_loss: Literal["model", "liger", "chunked-nll"] = knob(
+    hf_loss: Literal["model", "liger", "chunked-nll", "chunked-output", "chunked-output-compiled"] = knob(
         "model",
-        "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy) or chunked-nll (TRL SFTTrainer's chunked loss).",
+        "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy), chunked-nll (TRL SFTTrainer's chunked loss), chunked-output (torchtune's CEWithChunkedOutputLoss: 8 chunks of 16-bit logits kept, each chunk's fp32 log-probabilities too) or chunked-output-compiled (the same under torchtune's compile: true, whose fused cross-entropy keeps no fp32 copy).",
         planner_only=True,
     )
 
@@ -343,14 +349,16 @@ class RunSpec(BaseModel):
                 f"is updated before the global gradient norm exists. Use {setting('max_grad_norm', 'none')}, or drop "
                 f"{name('step_in_backward')}."
             )
-        if self.step_in_backward and self.recipe == "hf":
-            problems.append(
-                f"{name('step_in_backward')}: the hf recipe has no optimizer step in backward. Use {setting('recipe', 'memfit')}."
-            )
         if not self.kbit_upcast and self.recipe != "hf":
             problems.append(
                 f"{name('kbit_upcast')}: off is a choice of the hf recipe's QLoRA and lora-8bit (memfit's step never upcasts the base). "
                 f"Use {setting('recipe', 'hf')}, or drop it."
+            )
+        if self.adapter_dtype != "fp32" and (self.recipe != "hf" or not self.uses_adapters):
+            problems.append(
+                f"{setting('adapter_dtype', self.adapter_dtype)} is a choice of the hf recipe's adapters (memfit's step keeps "
+                f"them in fp32). Use {setting('recipe', 'hf')} with {setting('method', 'lora')}, qlora or lora-8bit, or "
+                f"drop {name('adapter_dtype')}."
             )
         if self.use_reentrant == "on" and self.recipe != "hf":
             problems.append(
@@ -407,7 +415,7 @@ class RunSpec(BaseModel):
     @property
     def precision_regime(self) -> str:
         """What ``precision`` means for this run, in words (see :func:`precision_regime`)."""
-        return precision_regime(self.method, self.precision, self.recipe)
+        return precision_regime(self.method, self.precision, self.recipe, self.kbit_upcast, self.adapter_dtype)
 
     @property
     def reentrant_checkpointing(self) -> bool:
@@ -660,7 +668,9 @@ def autocast_precision(precision: str, recipe: str = "memfit") -> str | None:
     return None
 
 
-def precision_regime(method: str, precision: str, recipe: str = "memfit") -> str:
+def precision_regime(
+    method: str, precision: str, recipe: str = "memfit", kbit_upcast: bool = True, adapter_dtype: str = "fp32"
+) -> str:
     """What ``precision`` means for a run of ``method``, in words: which number format holds what.
 
     Full fine-tuning in bf16: "pure bf16: weights, gradients and optimizer states in bf16"; in
@@ -677,12 +687,24 @@ def precision_regime(method: str, precision: str, recipe: str = "memfit") -> str
         return f"{pure}{precision}: weights, gradients and optimizer states in {precision}{tail}"
     base = weight_precision(method, precision)
     # PEFT's k-bit preparation (the hf recipe) upcasts every weight that is not quantized to fp32.
-    kept = ", other weights fp32" if recipe == "hf" else ""
+    kept = ", other weights fp32" if recipe == "hf" and kbit_upcast else ""
+    adapters = f"{base if adapter_dtype == 'compute' else 'fp32'} adapters"
     if method == "qlora":
-        return f"4-bit base ({base} compute{kept}), fp32 adapters{tail}"
+        return f"4-bit base ({base} compute{kept}), {adapters}{tail}"
     if method == "lora-8bit":
-        return f"8-bit base (LLM.int8 matmuls, {base} around them{kept}), fp32 adapters{tail}"
-    return f"{base} base, fp32 adapters{tail}"
+        return f"8-bit base (LLM.int8 matmuls, {base} around them{kept}), {adapters}{tail}"
+    return f"{base} base, {adapters}{tail}"
+
+
+def precision_regime_of(spec: Mapping[str, Any]) -> str:
+    """:func:`precision_regime` of a plan's spec as JSON holds it (keys a plan before them lacks: defaults)."""
+    return precision_regime(
+        spec["method"],
+        spec["precision"],
+        spec.get("recipe", "memfit"),
+        spec.get("kbit_upcast", True),
+        spec.get("adapter_dtype", "fp32"),
+    )
 
 
 def tiles_sequence(tiling: str, recipe: str, tokens: int) -> bool:

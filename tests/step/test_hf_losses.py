@@ -1,5 +1,6 @@
-"""Liger's fused linear cross-entropy and TRL's chunked loss, as the hf recipe runs them: the same
-loss and gradients as the model's own, and the memory each library's code allocates."""
+"""Liger's fused linear cross-entropy, TRL's chunked loss and torchtune's chunked-output loss, as the
+hf recipe runs them: the same loss and gradients as the model's own, and the memory each library's
+code allocates."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import torch.nn.functional as F
 from memfit.planner.exact.simulate import simulate
 from memfit.spec import SpecError, make_spec
 from memfit.step.hf_losses import (
+    COMPILED_CE_ROWS,
+    TORCHTUNE_OUTPUT_CHUNKS,
     TRL_CHUNK_TOKENS,
     liger_chunk_tokens,
     liger_fused_linear_cross_entropy,
+    torchtune_chunked_output_ce,
     trl_chunked_nll,
 )
 from memfit.step.labels import IGNORE_INDEX
@@ -25,7 +29,19 @@ def _reference(hidden, weight, labels):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
 
 
-@pytest.mark.parametrize("loss_fn", [liger_fused_linear_cross_entropy, trl_chunked_nll], ids=["liger", "chunked-nll"])
+def _chunked_output(compiled: bool):
+    return lambda hidden, weight, labels: torchtune_chunked_output_ce(hidden, weight, labels, compiled=compiled)
+
+
+_LOSS_FNS = {
+    "liger": liger_fused_linear_cross_entropy,
+    "chunked-nll": trl_chunked_nll,
+    "chunked-output": _chunked_output(False),
+    "chunked-output-compiled": _chunked_output(True),
+}
+
+
+@pytest.mark.parametrize("loss_fn", list(_LOSS_FNS.values()), ids=list(_LOSS_FNS))
 @pytest.mark.parametrize("train_head", [False, True])
 def test_loss_and_gradients_equal_the_standard_computation(loss_fn, train_head):
     torch.manual_seed(0)
@@ -82,7 +98,7 @@ def _largest(result) -> int:
     return max(a.nbytes for a in result.allocations)
 
 
-@pytest.mark.parametrize("hf_loss", ["liger", "chunked-nll"])
+@pytest.mark.parametrize("hf_loss", ["liger", "chunked-nll", "chunked-output", "chunked-output-compiled"])
 def test_planned_without_the_whole_logits(tiny_llama, hf_loss):
     config = dict(tiny_llama, vocab_size=8192)  # logits large enough to matter
     tokens = 512
@@ -104,10 +120,41 @@ def test_chunked_nll_makes_an_fp32_head_for_each_chunk(tiny_llama):
     assert any(a.nbytes == head_fp32_bytes for a in result.allocations)
 
 
-@pytest.mark.parametrize("hf_loss", ["liger", "chunked-nll"])
+@pytest.mark.parametrize("hf_loss", ["liger", "chunked-nll", "chunked-output", "chunked-output-compiled"])
 def test_fake_run_counts_the_same_bytes_as_a_real_run(tiny_llama, hf_loss):
     spec = make_spec(method="lora", seq_len=300, batch_size=2, recipe="hf", hf_loss=hf_loss, precision="fp32")
     fake = simulate(tiny_llama, spec, fake=True).tracker
     real = simulate(tiny_llama, spec, fake=False).tracker
     assert fake.peak.allocated_bytes == real.peak.allocated_bytes
     assert fake.peak.categories == real.peak.categories
+
+
+def test_chunked_output_keeps_its_16_bit_logits_and_eagerly_their_fp32_log_probabilities(tiny_llama):
+    # torchtune keeps every chunk's bf16 logits until the loss returns; eager cross-entropy keeps each
+    # chunk's fp32 log-softmax on top (the whole logits in fp32 by the end of forward), the compiled one
+    # only a statistic per token.
+    config = dict(tiny_llama, vocab_size=8192)
+    tokens = 512
+    bf16_logits = tokens * config["vocab_size"] * 2
+    eager = simulate(config, make_spec(method="lora", seq_len=tokens, recipe="hf", hf_loss="chunked-output")).tracker
+    compiled = simulate(
+        config, make_spec(method="lora", seq_len=tokens, recipe="hf", hf_loss="chunked-output-compiled")
+    ).tracker
+    chunk = tokens // TORCHTUNE_OUTPUT_CHUNKS * config["vocab_size"]
+    assert sum(a.nbytes == chunk * 2 for a in compiled.allocations) >= TORCHTUNE_OUTPUT_CHUNKS
+    assert sum(a.nbytes == chunk * 4 for a in eager.allocations) >= TORCHTUNE_OUTPUT_CHUNKS
+    assert not any(a.nbytes == chunk * 4 for a in compiled.allocations)  # no chunk upcast whole
+    assert any(a.nbytes == COMPILED_CE_ROWS * config["vocab_size"] * 4 for a in compiled.allocations)
+    # Eager keeps 2 x the bf16 logits more (their fp32 copy) at its peak, give or take one chunk.
+    extra = eager.peak.allocated_bytes - compiled.peak.allocated_bytes
+    assert 2 * bf16_logits - 2 * chunk * 4 <= extra <= 2 * bf16_logits + 2 * chunk * 4
+
+
+def test_compiled_chunked_output_keeps_the_logits_the_chunked_nll_does_not(tiny_llama):
+    config = dict(tiny_llama, vocab_size=8192)
+    tokens = 512
+    compiled = simulate(
+        config, make_spec(method="lora", seq_len=tokens, recipe="hf", hf_loss="chunked-output-compiled")
+    ).tracker
+    # At the peak: all 8 chunks' bf16 logits, as torchtune holds them through forward.
+    assert compiled.peak.allocated_bytes >= tokens * config["vocab_size"] * 2

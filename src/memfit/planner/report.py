@@ -141,7 +141,7 @@ class MemoryPlan(JsonForm):
         from rich.table import Table
 
         from memfit.console import make_console
-        from memfit.spec import precision_regime
+        from memfit.spec import precision_regime_of
 
         console = console or make_console()
         spec = self.spec
@@ -156,7 +156,8 @@ class MemoryPlan(JsonForm):
         console.print(title, highlight=False)
         # What the precision means (pure or mixed, which format holds what), on a line of its own.
         console.print(
-            precision_regime(spec["method"], spec["precision"], spec.get("recipe", "memfit")), highlight=False
+            precision_regime_of(spec),
+            highlight=False,
         )
         table = Table(show_footer=True)
         table.add_column("category", footer="device total")

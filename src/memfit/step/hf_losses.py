@@ -12,11 +12,17 @@ that the planner runs the loss the trainer runs, tensor for tensor:
 - ``chunked-nll``: TRL ``SFTTrainer``'s ``loss_type='chunked_nll'`` (its default since TRL 1.x),
   :func:`trl_chunked_nll`: the labelled tokens first, then 256 of them at a time through a
   checkpointed function that upcasts the chunk *and the output head* to fp32.
+- ``chunked-output`` / ``chunked-output-compiled``: torchtune's ``CEWithChunkedOutputLoss``
+  (:func:`torchtune_chunked_output_ce`): the output projection in 8 chunks of the sequence, every
+  chunk's 16-bit logits kept until backward, each chunk's cross-entropy upcast to fp32, eagerly
+  (torchtune's ``compile: false``: each chunk's fp32 log-probabilities kept too) or as
+  ``torch.compile`` fuses it (``compile: true``: only per-token statistics kept).
 
-Both are written after the libraries' own code (Liger Kernel's ``ops/fused_linear_cross_entropy.py``
-at ead96b6, TRL's ``trainer/sft_trainer.py`` at f2cd577) with PyTorch operations in place of Triton
-kernels; where a kernel works in place or in registers, the note at that line says what the
-simulated one allocates instead.
+They are written after the libraries' own code (Liger Kernel's ``ops/fused_linear_cross_entropy.py``
+at ead96b6, TRL's ``trainer/sft_trainer.py`` at f2cd577, torchtune's
+``modules/loss/ce_chunked_output_loss.py`` at 1814feb17) with PyTorch operations in place of
+generated kernels; where a kernel works in place or in registers, the note at that line says what
+the simulated one allocates instead.
 """
 
 from __future__ import annotations
@@ -141,3 +147,78 @@ def trl_chunked_nll(
         )
         loss = loss + part
     return loss / count.clamp(min=1)
+
+
+#: torchtune's ``CEWithChunkedOutputLoss.num_output_chunks``: chunks of the sequence its output head
+#: and loss run in.
+TORCHTUNE_OUTPUT_CHUNKS = 8
+#: Rows of a chunk the simulated compiled cross-entropy upcasts at a time. Inductor's kernels reduce
+#: each row in registers and never hold a chunk in fp32; this block of ``rows x vocabulary x 4`` bytes
+#: (16 MiB for Llama 3's vocabulary) is the transient the simulation allocates in their place.
+COMPILED_CE_ROWS = 32
+
+
+class CompiledChunkCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of one chunk's 16-bit logits ``[N, V]``, as ``torch.compile`` runs
+    torchtune's ``F.cross_entropy(logits.float(), ...)``: the forward reduces each row to its
+    log-sum-exp, the backward writes the 16-bit gradient in one pass. Kept for backward: the logits
+    (the graph's input) and one fp32 statistic per row, nothing as large as the logits in fp32."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        valid = targets != IGNORE_INDEX
+        picked_targets = targets.clamp(min=0).unsqueeze(1)
+        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        loss = logits.new_zeros((), dtype=torch.float32)
+        for start in chunks_to_run(logits.shape[0], COMPILED_CE_ROWS, logits):
+            rows = slice(start, start + COMPILED_CE_ROWS)
+            wide = logits[rows].float()
+            lse[rows] = torch.logsumexp(wide, dim=-1)
+            picked = wide.gather(1, picked_targets[rows]).squeeze(1)
+            loss = loss + ((lse[rows] - picked) * valid[rows]).sum()
+            del wide
+        ctx.save_for_backward(logits, targets, lse)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor):
+        logits, targets, lse = ctx.saved_tensors
+        valid = (targets != IGNORE_INDEX).to(torch.float32)
+        picked_targets = targets.clamp(min=0).unsqueeze(1)
+        grad = torch.empty_like(logits)
+        for start in chunks_to_run(logits.shape[0], COMPILED_CE_ROWS, logits):
+            rows = slice(start, start + COMPILED_CE_ROWS)
+            # d loss / d logits = (softmax - one_hot(label)) * upstream, zero where no label.
+            wide = logits[rows].float().sub_(lse[rows].unsqueeze(1)).exp_()
+            wide.scatter_add_(1, picked_targets[rows], -torch.ones_like(lse[rows]).unsqueeze(1))
+            wide.mul_((valid[rows] * grad_loss).unsqueeze(1))
+            grad[rows] = wide
+            del wide
+        return grad, None
+
+
+def torchtune_chunked_output_ce(
+    hidden_states: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    compiled: bool,
+    chunks: int = TORCHTUNE_OUTPUT_CHUNKS,
+) -> torch.Tensor:
+    """Mean next-token loss as torchtune's recipes compute it with ``CEWithChunkedOutputLoss``:
+    labels shifted left (an ignored label appended, torchtune's ``ignore_labels_cache``), the output
+    head applied to ``chunks`` chunks of the sequence (``TransformerDecoder.chunked_output``; every
+    chunk's logits live until the loss returns, and are what the compiled loss keeps), then each
+    chunk's summed cross-entropy in fp32 (``compiled``: as ``torch.compile`` fuses it; otherwise
+    eagerly, which keeps each chunk's fp32 log-probabilities for backward)."""
+    ignored = labels.new_full((*labels.shape[:-1], 1), IGNORE_INDEX)
+    targets = torch.cat((labels[..., 1:], ignored), dim=-1)
+    logits = [F.linear(part, weight) for part in hidden_states.chunk(chunks, dim=1)]
+    count = (targets != IGNORE_INDEX).sum()
+    loss = 0.0
+    for part, target in zip(logits, targets.chunk(chunks, dim=1)):
+        part, target = part.reshape(-1, part.shape[-1]), target.reshape(-1)
+        if compiled:
+            loss = loss + CompiledChunkCrossEntropy.apply(part, target)
+        else:
+            loss = loss + F.cross_entropy(part.float(), target, ignore_index=IGNORE_INDEX, reduction="sum")
+    return loss / count

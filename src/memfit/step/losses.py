@@ -378,6 +378,22 @@ def chunked_nll_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return _head_loss(model, batch, trl_chunked_nll)
 
 
+def chunked_output_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The loss as torchtune's recipes compute it with ``CEWithChunkedOutputLoss`` and ``compile:
+    false`` (:mod:`memfit.step.hf_losses`); the model's own where its head is not a plain linear layer."""
+    from memfit.step.hf_losses import torchtune_chunked_output_ce
+
+    return _head_loss(model, batch, partial(torchtune_chunked_output_ce, compiled=False))
+
+
+def compiled_chunked_output_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """:func:`chunked_output_loss` with its cross-entropy as ``torch.compile`` fuses it (torchtune's
+    ``compile: true``)."""
+    from memfit.step.hf_losses import torchtune_chunked_output_ce
+
+    return _head_loss(model, batch, partial(torchtune_chunked_output_ce, compiled=True))
+
+
 def _head_loss(model: torch.nn.Module, batch: Batch, loss: Callable) -> torch.Tensor:
     parts = backbone_and_head(model)
     if parts is None:
@@ -388,7 +404,13 @@ def _head_loss(model: torch.nn.Module, batch: Batch, loss: Callable) -> torch.Te
 
 
 #: The ``hf`` recipe's losses by ``hf_loss``.
-HF_LOSSES: dict[str, LossFn] = {"model": model_loss, "liger": liger_loss, "chunked-nll": chunked_nll_loss}
+HF_LOSSES: dict[str, LossFn] = {
+    "model": model_loss,
+    "liger": liger_loss,
+    "chunked-nll": chunked_nll_loss,
+    "chunked-output": chunked_output_loss,
+    "chunked-output-compiled": compiled_chunked_output_loss,
+}
 
 
 def choose_loss(spec: RunSpec) -> LossFn:

@@ -45,7 +45,8 @@ def build_optimizer(
         from memfit.step.step_in_backward import OptimizerInBackward
 
         return OptimizerInBackward(
-            params, lambda ps: build_optimizer(ps, name, lr=lr, weight_decay=weight_decay, betas=betas)
+            params,
+            lambda ps: build_optimizer(ps, name, lr=lr, weight_decay=weight_decay, betas=betas, adamw_impl=adamw_impl),
         )
     if name == "adamw" and adamw_impl == "foreach":
         # No implementation named: PyTorch picks foreach for CUDA parameters (the planner answers its

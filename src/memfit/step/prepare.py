@@ -370,6 +370,12 @@ def prepare_like_hf(
             use_document_attention(model)  # flash attention's varlen path (padding_free: on)
     if spec.uses_adapters:
         model = attach_lora(model, spec)
+        if spec.adapter_dtype == "compute":
+            # PEFT made them fp32 (autocast_adapter_dtype); the stacks that train them in the compute
+            # dtype cast them back (or build them in it, as torchtune does).
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.data = p.data.to(DTYPES[spec.weight_precision])
     else:
         for p in model.parameters():
             p.requires_grad_(True)

@@ -21,12 +21,12 @@ def explain(plan: dict[str, Any]) -> dict[str, Any]:
     from rich.text import Text
 
     from memfit.planner.report import CATEGORY_HELP, fact_lines, plan_headline, step_features, suggestions
-    from memfit.spec import precision_regime
+    from memfit.spec import precision_regime_of
 
     spec, details = plan.get("spec") or {}, plan.get("details") or {}
     return {
         "headline": Text.from_markup(plan_headline(str(plan.get("model", "")), spec, details)).plain,
-        "precision": precision_regime(spec["method"], spec["precision"], spec.get("recipe", "memfit")),
+        "precision": precision_regime_of(spec),
         "category_help": {**CATEGORY_HELP, **details.get("category_help", {})},
         "lines": fact_lines(spec, details),
         "features": step_features(spec, details),

@@ -69,11 +69,30 @@ def test_hf_recipe_fake_run_counts_the_same_bytes_as_a_real_run(tiny_llama, knob
     assert fake.peak.categories == real.peak.categories
 
 
-def test_hf_recipe_refuses_step_in_backward():
-    from memfit.spec import SpecError
+def test_hf_recipe_steps_in_backward_as_memfit_s_step_does(tiny_llama):
+    # torchtune's optimizer_in_bwd on the hf recipe's model (its row: bf16, checkpointing, its compiled
+    # chunked loss): each parameter's own optimizer runs from its gradient hook, so the gradients never
+    # all exist; a fake run counts what a real one does.
+    config = dict(tiny_llama, num_hidden_layers=4)
+    knobs = dict(method="full", seq_len=64, recipe="hf", checkpointing="on", hf_loss="chunked-output-compiled")
+    spec = make_spec(**knobs, step_in_backward=True, max_grad_norm=None)
+    fake = simulate(config, spec, fake=True).tracker
+    real = simulate(config, spec, fake=False).tracker
+    assert fake.peak.allocated_bytes == real.peak.allocated_bytes
+    assert fake.peak.categories == real.peak.categories
+    normal = simulate(config, make_spec(**knobs)).tracker
+    gradients = [max(r.categories_at(i)["gradients"] for i in range(len(r.events))) for r in (fake, normal)]
+    assert gradients[0] <= gradients[1] // 4
 
-    with pytest.raises(SpecError, match="--step-in-backward"):
-        make_spec(method="full", recipe="hf", step_in_backward=True)
+
+def test_step_in_backward_keeps_the_foreach_adamw_it_is_given():
+    from memfit.step.optim import build_optimizer
+
+    params = [torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(2))]
+    inner = build_optimizer(params, "adamw", step_in_backward=True, adamw_impl="foreach").inner_optimizers
+    assert [o.defaults["fused"] for o in inner] == [None, None]
+    fused = build_optimizer(params, "adamw", step_in_backward=True).inner_optimizers
+    assert [o.defaults["fused"] for o in fused] == [True, True]
 
 
 def test_hf_recipe_with_flash_attention_keeps_attention_inside_each_example(tiny_llama):
@@ -160,3 +179,30 @@ def test_hf_recipe_reentrant_fake_run_counts_the_same_bytes_as_a_real_run(tiny_l
     real = simulate(tiny_llama, spec, fake=False).tracker
     assert fake.peak.allocated_bytes == real.peak.allocated_bytes
     assert fake.peak.categories == real.peak.categories
+
+
+def test_adapters_in_the_compute_dtype_halve_what_they_and_their_states_take(tiny_llama):
+    # torchtune builds its adapters in bf16 (LLaMA-Factory's pure_bf16 keeps them there too): the
+    # adapters, their gradients and AdamW's two states take half of PEFT's fp32.
+    knobs = dict(method="lora", seq_len=64, recipe="hf", precision="bf16")
+    fp32 = simulate(tiny_llama, make_spec(**knobs)).tracker
+    spec = make_spec(**knobs, adapter_dtype="compute")
+    half = simulate(tiny_llama, spec, fake=True).tracker
+    ours, peft = half.categories_at(len(half.events) - 1), fp32.categories_at(len(fp32.events) - 1)
+    assert 2 * ours["trainable"] == peft["trainable"]
+    # AdamW's two states at half size: together as much less as the fp32 adapters take (the step
+    # counters stay fp32).
+    assert peft["optimizer"] - ours["optimizer"] == peft["trainable"]
+    real = simulate(tiny_llama, spec, fake=False).tracker
+    assert half.peak.allocated_bytes == real.peak.allocated_bytes
+    assert half.peak.categories == real.peak.categories
+
+
+def test_adapter_dtype_compute_is_a_choice_of_the_hf_recipe_s_adapters():
+    from memfit.spec import SpecError
+
+    for knobs in (dict(method="lora"), dict(method="full", recipe="hf")):
+        with pytest.raises(SpecError, match="--adapter-dtype compute is a choice of the hf recipe's adapters"):
+            make_spec(adapter_dtype="compute", **knobs)
+    assert "bf16 adapters" in make_spec(method="qlora", recipe="hf", adapter_dtype="compute").precision_regime
+    assert "other weights fp32" not in make_spec(method="qlora", recipe="hf", kbit_upcast=False).precision_regime
