@@ -41,6 +41,16 @@ CASES = [
     Case("plan {d}/cmd_tiny.json --targets ,", 2, says=("--targets: ',' has an empty item",)),
     # A knob of the hf recipe given to memfit's own step
     Case("plan {d}/cmd_tiny.json --use-reentrant on", 2, says=("--use-reentrant on is a choice of the hf recipe",)),
+    Case(
+        "plan {d}/cmd_tiny.json --adapter-dtype compute",
+        2,
+        says=("--adapter-dtype compute is a choice of the hf recipe's adapters",),
+    ),
+    Case(
+        "plan {d}/cmd_tiny.json --recipe hf --method full --adapter-dtype compute",
+        2,
+        says=("--adapter-dtype compute is a choice of the hf recipe's adapters",),
+    ),
     Case("fit {d}/cmd_tiny.json --budget 4GiB --modules-to-save lm_head,", 2, says=("--modules-to-save: 'lm_head,'",)),
     Case("train {d}/good.yaml --report-to tensorboard,,wandb", 2, says=("report_to", "has an empty name")),
     # An output is never an input, --overwrite or not

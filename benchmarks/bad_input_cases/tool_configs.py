@@ -62,6 +62,11 @@ CASES = [
     Case(
         "plan {d}/toolcfg_trl_gc_kwargs.yaml", 2, says=("gradient_checkpointing_kwargs: 'reentrant' is not a mapping",)
     ),
+    Case(
+        "plan {d}/toolcfg_axolotl_autocast.yml",
+        2,
+        says=("peft_autocast_adapter_dtype: 'sometimes' is not true or false",),
+    ),
     # deepspeed: a folder where a JSON file belongs.
     Case(
         "plan {d}/toolcfg_ds_folder.yaml",
@@ -128,6 +133,7 @@ def make_inputs(root: Path) -> None:
         "toolcfg_axolotl_reentrant.yml": axolotl
         + "gradient_checkpointing: true\ngradient_checkpointing_kwargs: {use_reentrant: sometimes}\n",
         "toolcfg_trl_gc_kwargs.yaml": trl + "gradient_checkpointing_kwargs: reentrant\n",
+        "toolcfg_axolotl_autocast.yml": axolotl + "peft_autocast_adapter_dtype: sometimes\n",
         "toolcfg_ds_folder.yaml": lf + "finetuning_type: full\ndeepspeed: toolcfg_ds\n",
         "toolcfg_trl.yaml": trl,
         "toolcfg_orphan.yaml": f"model_name_or_path: {orphan}\nuse_peft: true\n",

@@ -276,6 +276,25 @@ def test_qlora_norms_embeddings_and_head_end_in_the_training_dtype(write_config)
     assert zero3.knobs["kbit_upcast"] is False and not any(f.knob == "kbit_upcast" for f in zero3.approximated)
 
 
+@pytest.mark.parametrize(
+    "method, expected",
+    [
+        ("adapter: lora\n", "compute"),
+        ("adapter: qlora\nload_in_4bit: true\n", "compute"),
+        ("adapter: lora\nload_in_8bit: true\n", "fp32"),
+    ],
+)
+def test_adapters_left_in_the_compute_dtype_by_peft_autocast_adapter_dtype_false(write_config, method, expected):
+    # PEFT then keeps them in the base layer's dtype (a 4-bit layer's compute dtype); LLM.int8's
+    # integer weights have none, so there they stay fp32.
+    config = _read(write_config, method + "peft_autocast_adapter_dtype: false\n")
+    assert config.knobs.get("adapter_dtype", "fp32") == expected
+    assert "peft_autocast_adapter_dtype" not in [f.key for f in config.not_modelled]
+    assert "adapter_dtype" not in _read(write_config, method + "peft_autocast_adapter_dtype: true\n").knobs
+    with pytest.raises(ToolConfigError, match="peft_autocast_adapter_dtype"):
+        _read(write_config, method + "peft_autocast_adapter_dtype: sometimes\n")
+
+
 def test_a_bad_attention_flag_is_one_problem(write_config):
     with pytest.raises(ToolConfigError) as err:
         _read(write_config, "flash_attention: maybe\n")

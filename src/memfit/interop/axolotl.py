@@ -209,6 +209,16 @@ def _kbit_upcast(values: Mapping[str, Any], ctx: Any) -> Any:
     )
 
 
+def _adapter_dtype(values: Mapping[str, Any], ctx: Any) -> Any:
+    # PEFT's autocast_adapter_dtype=False leaves the adapters in the dtype it gave them: the base
+    # layer's (a 4-bit layer's compute dtype); over LLM.int8's integer weights they stay fp32.
+    if value_of(values, "peft_autocast_adapter_dtype", as_bool, True):
+        return None
+    if _is_grpo(ctx) or ctx.knobs.get("method") not in ("lora", "qlora"):
+        return None
+    return "compute"
+
+
 def _bf16_setting(value: Any) -> Any:
     """Axolotl's ``bf16``: true, false, ``auto`` (bf16 where the GPU has it) or ``full``."""
     if isinstance(value, str) and value.strip().lower() in ("auto", "full"):
@@ -490,6 +500,13 @@ RULES: tuple[Rule, ...] = (
         "to the training dtype (`loaders/model.py`): planned as `kbit_upcast: false`",
     ),
     Rule(
+        ("peft_autocast_adapter_dtype",),
+        "adapter_dtype",
+        _adapter_dtype,
+        doc="`false`: LoRA's adapters in the compute dtype, with their gradients and optimizer states (PEFT's "
+        "`autocast_adapter_dtype`; over an 8-bit base they stay fp32)",
+    ),
+    Rule(
         ("lora_r", "lora_rank"),
         "rank",
         lambda v, ctx: value_of(v, "lora_r", as_int, None) or value_of(v, "lora_rank", as_int, None),
@@ -732,7 +749,6 @@ RULES: tuple[Rule, ...] = (
         "embeddings_skip_upcast",
         "fp32_norms",
         "fp32_norm_classes",
-        "peft_autocast_adapter_dtype",
         when=lambda v: v is not None,
         why="keeps other modules in another dtype than the training dtype",
     ),
