@@ -159,8 +159,9 @@ def _precision(values: Mapping[str, Any], ctx: Any) -> Any:
             Found(
                 "pure_bf16",
                 True,
-                "LoRA's adapters stay in bf16 under pure_bf16 (with bf16 gradients "
-                "and AdamW states): planned as fp32 adapters",
+                "pure_bf16 leaves LoRA's adapters as PEFT makes them: fp32 since PEFT 0.12 "
+                "(autocast_adapter_dtype, which LLaMA-Factory leaves on), bf16 before: planned as fp32 adapters "
+                "(adapter_dtype: compute plans bf16 ones)",
                 "precision",
             )
         )
