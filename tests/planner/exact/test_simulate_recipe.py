@@ -206,3 +206,21 @@ def test_adapter_dtype_compute_is_a_choice_of_the_hf_recipe_s_adapters():
             make_spec(adapter_dtype="compute", **knobs)
     assert "bf16 adapters" in make_spec(method="qlora", recipe="hf", adapter_dtype="compute").precision_regime
     assert "other weights fp32" not in make_spec(method="qlora", recipe="hf", kbit_upcast=False).precision_regime
+
+
+@pytest.mark.parametrize("layers", [2, 4])
+def test_what_the_math_kernel_keeps_goes_with_a_checkpointed_forward(tiny_llama, layers):
+    # fp32 with grouped-query heads and no padding mask: CUDA's SDPA runs its math kernel, which keeps
+    # the softmax for backward. A non-reentrant checkpoint's first forward keeps nothing, so that
+    # goes with the layer's output; only the recomputation's is there for backward.
+    config = dict(tiny_llama, num_hidden_layers=layers)
+    spec = make_spec(method="full", precision="fp32", seq_len=64, batch_size=1, recipe="hf", checkpointing="on")
+    fake = simulate(config, spec, fake=True)
+    real = simulate(config, spec, fake=False).tracker
+    assert "math" in fake.attention_kernels
+    assert fake.tracker.peak.allocated_bytes == real.peak.allocated_bytes
+    assert fake.tracker.peak.categories == real.peak.categories
+    # What forward keeps grows by a checkpointed layer's input per layer, not by a softmax.
+    kept = [simulate(dict(config, num_hidden_layers=n), spec).tracker for n in (layers, layers + 1)]
+    growth = kept[1].peak.categories["activations"] - kept[0].peak.categories["activations"]
+    assert growth <= 64 * config["hidden_size"] * 4 + 512

@@ -59,6 +59,7 @@ explained and tested:
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 
 import torch
@@ -154,7 +155,11 @@ class CudaParityMode(TorchDispatchMode):
                 (math_saved_bytes(batch, heads, q_len, kv_len, head_dim, itemsize, gqa),), dtype=torch.uint8
             )
             del transient
-            self._math_kept[out.untyped_storage()._cdata] = kept
+            storage = out.untyped_storage()
+            self._math_kept[storage._cdata] = kept
+            # What the kernel keeps is autograd's, as ``out`` is: it goes when ``out`` goes unsaved (a
+            # non-reentrant checkpoint's first forward discards both at once), else at backward.
+            weakref.finalize(storage, self._math_kept.pop, storage._cdata, None)
         elif kernel == MATH:  # its scores exist for the moment of the kernel all the same
             batch, heads, q_len, _ = (int(n) for n in query.shape)
             transient = query.new_empty(
