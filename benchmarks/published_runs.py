@@ -112,6 +112,51 @@ def swift_example(path: str, quote: str) -> dict:
 
 # --- configurations ------------------------------------------------------------------------------
 
+# The DeepSpeed configs the ZeRO cases ran. ms-swift's own (swift/llm/ds_config/zero2.json and
+# zero3.json: "auto" buckets, filled by transformers from the hidden size); PEFT's guides start
+# DeepSpeed through accelerate's plugin without a file (zero_stage 3, nothing offloaded), which
+# leaves every bucket at DeepSpeed's defaults.
+SWIFT_ZERO2 = {
+    "bf16": {"enabled": "auto"},
+    "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+    "zero_optimization": {
+        "stage": 2,
+        "offload_optimizer": {"device": "none", "pin_memory": True},
+        "allgather_partitions": True,
+        "allgather_bucket_size": 2e8,
+        "overlap_comm": True,
+        "reduce_scatter": True,
+        "reduce_bucket_size": 2e8,
+        "contiguous_gradients": True,
+    },
+}
+SWIFT_ZERO3 = {
+    "bf16": {"enabled": "auto"},
+    "zero_optimization": {
+        "stage": 3,
+        "offload_optimizer": {"device": "none", "pin_memory": True},
+        "offload_param": {"device": "none", "pin_memory": True},
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "sub_group_size": 1e9,
+        "reduce_bucket_size": "auto",
+        "stage3_prefetch_bucket_size": "auto",
+        "stage3_param_persistence_threshold": "auto",
+        "stage3_max_live_parameters": 1e9,
+        "stage3_max_reuse_distance": 1e9,
+        "stage3_gather_16bit_weights_on_model_save": True,
+    },
+}
+ACCELERATE_ZERO3 = {
+    "bf16": {"enabled": True},
+    "zero_optimization": {
+        "stage": 3,
+        "offload_optimizer": {"device": "none"},
+        "offload_param": {"device": "none"},
+        "stage3_gather_16bit_weights_on_model_save": True,
+    },
+}
+
 # Unsloth's Hugging Face + FA2 baseline as TRL ran it in 2024 (UNSLOTH_HF): what its post leaves open.
 _UNSLOTH_ASSUMED = [
     "optim: the post names no optimizer; Unsloth's notebooks' 8-bit AdamW (adamw_8bit)",
@@ -533,13 +578,16 @@ def _swift3_cases() -> list[dict]:
             "multi-gpu/deepspeed/train_zero2.sh",
             "lora r8, deepspeed zero2 on 2 gpus",
             18,
-            {"gpus": 2, "shard": "zero2"},
+            {"gpus": 2, "shard": "zero2", "adamw_impl": "fused"},
+            assumed=("optimizer: zero2.json's AdamW block: DeepSpeed's FusedAdam, which updates in place",),
+            deepspeed=("ms-swift's swift/llm/ds_config/zero2.json", SWIFT_ZERO2),
         ),
         _swift3_short(
             "multi-gpu/deepspeed/train_zero3.sh",
             "lora r8, deepspeed zero3 on 2 gpus",
             16,
             {"gpus": 2, "shard": "zero3"},
+            deepspeed=("ms-swift's swift/llm/ds_config/zero3.json", SWIFT_ZERO3),
         ),
         _swift3_short("multi-gpu/ddp/train.sh", "lora r8, ddp on 2 gpus", 27.5, {"gpus": 2, "shard": "ddp"}),
         _swift3_short(
@@ -646,8 +694,17 @@ def _swift3_more() -> list[dict]:
 
 
 def _swift3_short(
-    path: str, what: str, gib: float, knobs: dict, assumed: tuple[str, ...] = (), unplannable: tuple[str, ...] = ()
+    path: str,
+    what: str,
+    gib: float,
+    knobs: dict,
+    assumed: tuple[str, ...] = (),
+    unplannable: tuple[str, ...] = (),
+    deepspeed: tuple[str, dict] | None = None,
 ) -> dict:
+    plan = {"model": "qwen2.5-7b", "knobs": dict(_SWIFT3, **knobs)}
+    if deepspeed is not None:
+        plan |= {"deepspeed_source": deepspeed[0], "deepspeed": deepspeed[1]}
     return dict(
         id=f"ms-swift 3.x qwen2.5-7b-instruct {what}",
         tool="ms-swift",
@@ -656,8 +713,8 @@ def _swift3_short(
         ),
         counter="reserved",
         published_gib=gib,
-        config={"swift": "sft", **knobs},
-        plan={"model": "qwen2.5-7b", "knobs": dict(_SWIFT3, **knobs)},
+        config={"swift": "sft", **knobs} | ({"deepspeed": deepspeed[0]} if deepspeed else {}),
+        plan=plan,
         assumed=[_SWIFT3_OPTIM, *assumed],
         unplannable=[_SWIFT3_SHORT, *unplannable],
     )
@@ -706,6 +763,13 @@ _PEFT_QLORA = [
 ]
 
 
+_ACCELERATE_ZERO3_NOTE = (
+    "deepspeed: the guides' accelerate config (zero_stage 3, zero3_init_flag) writes no bucket sizes, so DeepSpeed's "
+    "defaults hold: reduce_bucket_size 5e8, stage3_prefetch_bucket_size 5e7, stage3_param_persistence_threshold 1e5, "
+    "stage3_max_live_parameters and stage3_max_reuse_distance 1e9"
+)
+
+
 def _llama2_70b() -> dict:
     catalog = Path(__file__).parent.parent / "src" / "memfit" / "models" / "catalog" / "llama-2-7b.json"
     return dict(json.loads(catalog.read_text()), **LLAMA2_70B_SHAPES)
@@ -713,6 +777,17 @@ def _llama2_70b() -> dict:
 
 def _peft_case(what: str, source: dict, gib: float, knobs: dict, args: dict, unplannable: list[str]) -> dict:
     reentrant = args.get("use_reentrant", True)
+    plan = {
+        "model": _llama2_70b(),
+        # The script passes its use_reentrant to the Trainer's gradient_checkpointing_kwargs.
+        "knobs": dict(_PEFT_SFT, **knobs, use_reentrant="on" if reentrant else "off")
+        | ({"kbit_upcast": False} if knobs["method"] == "qlora" else {}),
+    }
+    if knobs["shard"] == "zero3":
+        plan |= {
+            "deepspeed_source": "accelerate's DeepSpeed plugin (zero_stage 3, no config file)",
+            "deepspeed": ACCELERATE_ZERO3,
+        }
     return dict(
         id=f"peft docs llama-2-70b {what}",
         tool="peft",
@@ -729,13 +804,10 @@ def _peft_case(what: str, source: dict, gib: float, knobs: dict, args: dict, unp
             "lora_alpha": 16,
             **args,
         },
-        plan={
-            "model": _llama2_70b(),
-            # The script passes its use_reentrant to the Trainer's gradient_checkpointing_kwargs.
-            "knobs": dict(_PEFT_SFT, **knobs, use_reentrant="on" if reentrant else "off")
-            | ({"kbit_upcast": False} if knobs["method"] == "qlora" else {}),
-        },
-        assumed=[_PEFT_COUNTER, _PEFT_OPTIM] + (_PEFT_QLORA if knobs["method"] == "qlora" else []),
+        plan=plan,
+        assumed=[_PEFT_COUNTER, _PEFT_OPTIM]
+        + (_PEFT_QLORA if knobs["method"] == "qlora" else [])
+        + ([_ACCELERATE_ZERO3_NOTE] if knobs["shard"] == "zero3" else []),
         unplannable=unplannable,
     )
 
@@ -789,6 +861,14 @@ COMPARED = {
 }
 
 
+def _zero(case: dict):
+    """The case's DeepSpeed config as memfit reads a DeepSpeed JSON (None: the case names none)."""
+    from memfit.interop.deepspeed import read_zero
+
+    data = case["plan"].get("deepspeed")
+    return None if data is None else read_zero(data, case["plan"]["deepspeed_source"])
+
+
 def run_case(case: dict, folder: Path) -> dict:
     """Plan one case; its planned figures beside the published one."""
     import memfit
@@ -797,7 +877,7 @@ def run_case(case: dict, folder: Path) -> dict:
     started = time.perf_counter()
     try:
         if "plan" in case:
-            plan = memfit.plan(case["plan"]["model"], **case["plan"]["knobs"])
+            plan = memfit.plan(case["plan"]["model"], deepspeed=_zero(case), **case["plan"]["knobs"])
         else:
             suffix = ".yml" if case["tool"] == "axolotl" else ".yaml"
             path = folder / ("".join(c if c.isalnum() else "-" for c in case["id"])[:60] + suffix)
