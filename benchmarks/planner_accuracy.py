@@ -113,6 +113,11 @@ CASES: list[tuple[str, dict]] = [
             max_grad_norm=None,
         ),
     ),
+    # Axolotl's chunked_cross_entropy: the model's whole logits, the loss a chunk at a time
+    (
+        "llama-3.2-1b",
+        dict(method="lora", checkpointing="on", batch_size=2, seq_len=4096, recipe="hf", hf_loss="chunked-ce"),
+    ),
     # the spread
     ("llama-3.2-1b", dict(method="full", checkpointing="off", batch_size=1, seq_len=1024)),
     ("llama-3.2-1b", dict(method="qlora", checkpointing="on", batch_size=4, seq_len=2048)),

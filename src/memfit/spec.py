@@ -288,9 +288,9 @@ class RunSpec(BaseModel):
         "The hf recipe's AdamW implementation: fused (PyTorch's fused kernel, updating in place: the Trainer's adamw_torch_fused, its default optim from torch 2.8, and memfit's step) or foreach (torch.optim.AdamW's default on CUDA, the Trainer's adamw_torch, its default before torch 2.8: its step holds a temporary as large as the trainable parameters).",
         planner_only=True,
     )
-    hf_loss: Literal["model", "liger", "chunked-nll", "chunked-output", "chunked-output-compiled"] = knob(
+    hf_loss: Literal["model", "liger", "chunked-nll", "chunked-output", "chunked-output-compiled", "chunked-ce"] = knob(
         "model",
-        "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy), chunked-nll (TRL SFTTrainer's chunked loss), chunked-output (torchtune's CEWithChunkedOutputLoss: 8 chunks of 16-bit logits kept, each chunk's fp32 log-probabilities too) or chunked-output-compiled (the same under torchtune's compile: true, whose fused cross-entropy keeps no fp32 copy).",
+        "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy), chunked-nll (TRL SFTTrainer's chunked loss), chunked-output (torchtune's CEWithChunkedOutputLoss: 8 chunks of 16-bit logits kept, each chunk's fp32 log-probabilities too), chunked-output-compiled (the same under torchtune's compile: true, whose fused cross-entropy keeps no fp32 copy) or chunked-ce (Axolotl's chunked_cross_entropy: that compiled loss over the model's whole 16-bit logits).",
         planner_only=True,
     )
 

@@ -47,13 +47,15 @@ def test_what_landed_after_the_first_cases_is_measured_early():
     bench = _accuracy_module()
     ids = [bench.case_id(m, k) for m, k in bench.CASES]
     assert len(set(ids)) == len(ids)
-    early = [make_spec(**knobs) for _, knobs in bench.CASES[:29]]
+    early = [make_spec(**knobs) for _, knobs in bench.CASES[:30]]
     assert {s.reference for s in early} >= {"disabled-adapters", "frozen-copy"}
     assert {s.objective for s in early} >= {"dpo", "orpo", "simpo"}
     assert any(s.dora for s in early) and any(s.rslora for s in early) and any(s.modules_to_save for s in early)
     assert {s.method for s in early} >= {"lora-8bit"} and {s.precision for s in early} >= {"bf16-mixed"}
     hf = [s for s in early if s.recipe == "hf"]
-    assert {s.hf_loss for s in hf} >= {"liger", "chunked-nll", "chunked-output"} and any(not s.kbit_upcast for s in hf)
+    assert {s.hf_loss for s in hf} >= {"liger", "chunked-nll", "chunked-output", "chunked-ce"} and any(
+        not s.kbit_upcast for s in hf
+    )
     assert any(s.adapter_dtype == "compute" for s in hf) and any(s.step_in_backward for s in hf)
     assert any(s.adamw_impl == "foreach" for s in hf)
     assert {s.reentrant_checkpointing for s in hf if s.method == "lora-8bit"} == {True, False}

@@ -194,6 +194,16 @@ def test_approximations_are_listed(write_config):
     assert config.knobs["optimizer"] == "adamw" and config.knobs["adamw_impl"] == "foreach"
 
 
+def test_chunked_cross_entropy_is_torchtune_s_compiled_loss_over_the_model_s_logits(write_config):
+    config = _read(write_config, "chunked_cross_entropy: true\n")
+    assert config.knobs["hf_loss"] == "chunked-ce" and config.approximated == []
+    other = _read(write_config, "chunked_cross_entropy: true\nchunked_cross_entropy_num_chunks: 16\n")
+    assert other.knobs["hf_loss"] == "chunked-ce"
+    assert [f.why.split(":")[0] for f in other.approximated] == ["16 chunks planned as 8"]
+    # A preference run's log-probs are TRL's own: Axolotl's patch leaves them alone.
+    assert "hf_loss" not in _read(write_config, "chunked_cross_entropy: true\nrl: dpo\n").knobs
+
+
 def test_fsdp_settings_are_the_shard_mode(write_config):
     offload = _read(
         write_config,

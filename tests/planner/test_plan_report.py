@@ -48,6 +48,9 @@ def test_hf_recipe_plan_says_so_and_lists_no_lean_technique():
     text = _rendered(memfit.plan("smollm2-135m", seq_len=256, recipe="hf"))
     assert "recipe hf" in text
     assert "memory-lean step" not in text
+    assert "loss" not in text.splitlines()[0]  # the model's own loss goes unsaid
+    chunked = _rendered(memfit.plan("smollm2-135m", seq_len=256, recipe="hf", hf_loss="chunked-ce"))
+    assert "recipe hf (plain Hugging Face + PEFT step), loss chunked-ce" in chunked.splitlines()[0]
 
 
 def test_features_follow_the_knobs():

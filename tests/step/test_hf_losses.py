@@ -38,6 +38,9 @@ _LOSS_FNS = {
     "chunked-nll": trl_chunked_nll,
     "chunked-output": _chunked_output(False),
     "chunked-output-compiled": _chunked_output(True),
+    "chunked-ce": lambda hidden, weight, labels: torchtune_chunked_output_ce(
+        hidden, weight, labels, compiled=True, whole_head=True
+    ),
 }
 
 
@@ -98,7 +101,7 @@ def _largest(result) -> int:
     return max(a.nbytes for a in result.allocations)
 
 
-@pytest.mark.parametrize("hf_loss", ["liger", "chunked-nll", "chunked-output", "chunked-output-compiled"])
+@pytest.mark.parametrize("hf_loss", ["liger", "chunked-nll", "chunked-output", "chunked-output-compiled", "chunked-ce"])
 def test_planned_without_the_whole_logits(tiny_llama, hf_loss):
     config = dict(tiny_llama, vocab_size=8192)  # logits large enough to matter
     tokens = 512
@@ -120,7 +123,7 @@ def test_chunked_nll_makes_an_fp32_head_for_each_chunk(tiny_llama):
     assert any(a.nbytes == head_fp32_bytes for a in result.allocations)
 
 
-@pytest.mark.parametrize("hf_loss", ["liger", "chunked-nll", "chunked-output", "chunked-output-compiled"])
+@pytest.mark.parametrize("hf_loss", ["liger", "chunked-nll", "chunked-output", "chunked-output-compiled", "chunked-ce"])
 def test_fake_run_counts_the_same_bytes_as_a_real_run(tiny_llama, hf_loss):
     spec = make_spec(method="lora", seq_len=300, batch_size=2, recipe="hf", hf_loss=hf_loss, precision="fp32")
     fake = simulate(tiny_llama, spec, fake=True).tracker
@@ -158,3 +161,18 @@ def test_compiled_chunked_output_keeps_the_logits_the_chunked_nll_does_not(tiny_
     ).tracker
     # At the peak: all 8 chunks' bf16 logits, as torchtune holds them through forward.
     assert compiled.peak.allocated_bytes >= tokens * config["vocab_size"] * 2
+
+
+def test_axolotl_s_chunked_loss_joins_the_chunks_gradients_for_the_whole_head(tiny_llama):
+    # The model's head makes the whole 16-bit logits, then the loss chunks them: backward gathers the
+    # chunks' gradients into one whole gradient for the head's matmul, which torchtune's per-chunk
+    # heads never make.
+    config = dict(tiny_llama, vocab_size=8192)
+    tokens = 512
+    bf16_logits = tokens * config["vocab_size"] * 2
+    knobs = dict(method="lora", seq_len=tokens, recipe="hf")
+    axolotl = simulate(config, make_spec(**knobs, hf_loss="chunked-ce")).tracker
+    torchtune = simulate(config, make_spec(**knobs, hf_loss="chunked-output-compiled")).tracker
+    assert any(a.nbytes == bf16_logits for a in axolotl.allocations)
+    assert not any(a.nbytes == bf16_logits for a in torchtune.allocations)
+    assert axolotl.peak.allocated_bytes >= torchtune.peak.allocated_bytes + bf16_logits // 2

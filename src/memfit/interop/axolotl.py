@@ -359,13 +359,17 @@ def _hf_loss(values: Mapping[str, Any], ctx: Any) -> Any:
             "Liger's fused linear cross-entropy, which keeps a little more",
             modelled=True,
         )
-    if value_of(values, "chunked_cross_entropy", as_bool, False):
-        return Planned(
-            "model",
-            "Axolotl's chunked cross-entropy upcasts the whole logits a chunk at a time: planned as the "
-            "model's own loss",
-            modelled=True,
-        )
+    # Axolotl patches the causal-LM loss: SFT only (the preference trainers take log-probs themselves).
+    if value_of(values, "chunked_cross_entropy", as_bool, False) and not truthy(ctx.raw.get("rl")):
+        chunks = value_of(values, "chunked_cross_entropy_num_chunks", as_int, 8)
+        if chunks != 8:
+            return Planned(
+                "chunked-ce",
+                f"{chunks} chunks planned as 8: the chunks' gradients are joined whole either way, only a "
+                "chunk's transients change",
+                modelled=True,
+            )
+        return "chunked-ce"
     return None
 
 
@@ -614,11 +618,18 @@ RULES: tuple[Rule, ...] = (
         doc="packed rows of `sequence_len` tokens (planned full)",
     ),
     Rule(
-        ("plugins", "liger_fused_linear_cross_entropy", "cut_cross_entropy", "chunked_cross_entropy"),
+        (
+            "plugins",
+            "liger_fused_linear_cross_entropy",
+            "cut_cross_entropy",
+            "chunked_cross_entropy",
+            "chunked_cross_entropy_num_chunks",
+        ),
         "hf_loss",
         _hf_loss,
         doc="the loss: Liger's fused linear cross-entropy (the Liger plugin with `liger_fused_linear_cross_entropy`) as "
-        "`hf_loss: liger`; Cut Cross-Entropy planned as Liger's",
+        "`hf_loss: liger`; Cut Cross-Entropy planned as Liger's; `chunked_cross_entropy` (SFT) as `chunked-ce`, "
+        "torchtune's compiled chunked loss over the model's logits",
     ),
     not_modelled(
         "liger_rms_norm",

@@ -264,7 +264,7 @@ def plan_headline(model: str, spec: dict[str, Any], details: dict[str, Any]) -> 
     """The line a plan starts with, as ``memfit plan`` prints it (Rich markup; ``.plain`` of
     ``rich.text.Text.from_markup`` for the page): the model, the method and its options, the
     precision, optimizer, batch and checkpointing, a preference objective (whose batch counts
-    pairs), the hf recipe, and the GPUs a sharded plan is per GPU of."""
+    pairs), the hf recipe and the loss it runs, and the GPUs a sharded plan is per GPU of."""
     from rich.markup import escape
 
     title = (
@@ -278,6 +278,7 @@ def plan_headline(model: str, spec: dict[str, Any], details: dict[str, Any]) -> 
         + (" (reentrant)" if details.get("reentrant_checkpointing") else "")
         + (f" · [bold]{objective_words(spec)}[/]" if spec.get("objective", "sft") != "sft" else "")
         + (" · [bold]recipe hf[/] (plain Hugging Face + PEFT step)" if spec.get("recipe") == "hf" else "")
+        + (f", loss {spec['hf_loss']}" if spec.get("hf_loss", "model") != "model" else "")
     )
     if details.get("per_rank"):
         title += f" · [bold]per GPU[/], {spec['gpus']} GPUs, shard {details['shard']}"

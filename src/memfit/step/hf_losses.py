@@ -17,6 +17,8 @@ that the planner runs the loss the trainer runs, tensor for tensor:
   chunk's 16-bit logits kept until backward, each chunk's cross-entropy upcast to fp32, eagerly
   (torchtune's ``compile: false``: each chunk's fp32 log-probabilities kept too) or as
   ``torch.compile`` fuses it (``compile: true``: only per-token statistics kept).
+- ``chunked-ce``: Axolotl's ``chunked_cross_entropy``, torchtune's compiled loss over the model's
+  whole 16-bit logits (:func:`torchtune_chunked_output_ce` with ``whole_head``).
 
 They are written after the libraries' own code (Liger Kernel's ``ops/fused_linear_cross_entropy.py``
 at ead96b6, TRL's ``trainer/sft_trainer.py`` at f2cd577, torchtune's
@@ -203,16 +205,24 @@ def torchtune_chunked_output_ce(
     labels: torch.Tensor,
     compiled: bool,
     chunks: int = TORCHTUNE_OUTPUT_CHUNKS,
+    whole_head: bool = False,
 ) -> torch.Tensor:
     """Mean next-token loss as torchtune's recipes compute it with ``CEWithChunkedOutputLoss``:
     labels shifted left (an ignored label appended, torchtune's ``ignore_labels_cache``), the output
     head applied to ``chunks`` chunks of the sequence (``TransformerDecoder.chunked_output``; every
     chunk's logits live until the loss returns, and are what the compiled loss keeps), then each
     chunk's summed cross-entropy in fp32 (``compiled``: as ``torch.compile`` fuses it; otherwise
-    eagerly, which keeps each chunk's fp32 log-probabilities for backward)."""
+    eagerly, which keeps each chunk's fp32 log-probabilities for backward).
+
+    ``whole_head``: Axolotl's ``chunked_cross_entropy``, the same loss (its copy of torchtune's,
+    compiled) over the model's own logits: the head applied to the whole sequence, then chunked,
+    so backward joins the chunks' gradients into one before the head's."""
     ignored = labels.new_full((*labels.shape[:-1], 1), IGNORE_INDEX)
     targets = torch.cat((labels[..., 1:], ignored), dim=-1)
-    logits = [F.linear(part, weight) for part in hidden_states.chunk(chunks, dim=1)]
+    if whole_head:
+        logits = F.linear(hidden_states, weight).chunk(chunks, dim=1)
+    else:
+        logits = [F.linear(part, weight) for part in hidden_states.chunk(chunks, dim=1)]
     count = (targets != IGNORE_INDEX).sum()
     loss = 0.0
     for part, target in zip(logits, targets.chunk(chunks, dim=1)):

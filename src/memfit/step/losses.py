@@ -394,6 +394,14 @@ def compiled_chunked_output_loss(model: torch.nn.Module, batch: Batch) -> torch.
     return _head_loss(model, batch, partial(torchtune_chunked_output_ce, compiled=True))
 
 
+def axolotl_chunked_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The loss as Axolotl computes it with ``chunked_cross_entropy: true``: torchtune's compiled
+    chunked cross-entropy over the model's whole logits (:mod:`memfit.step.hf_losses`)."""
+    from memfit.step.hf_losses import torchtune_chunked_output_ce
+
+    return _head_loss(model, batch, partial(torchtune_chunked_output_ce, compiled=True, whole_head=True))
+
+
 def _head_loss(model: torch.nn.Module, batch: Batch, loss: Callable) -> torch.Tensor:
     parts = backbone_and_head(model)
     if parts is None:
@@ -410,6 +418,7 @@ HF_LOSSES: dict[str, LossFn] = {
     "chunked-nll": chunked_nll_loss,
     "chunked-output": chunked_output_loss,
     "chunked-output-compiled": compiled_chunked_output_loss,
+    "chunked-ce": axolotl_chunked_loss,
 }
 
 
