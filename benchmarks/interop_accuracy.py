@@ -117,10 +117,11 @@ bf16: true
 optim: adamw_8bit
 """
 
-# TRL of 2024 ran QLoRA through PEFT's prepare_model_for_kbit_training (removed in TRL 0.26).
-_TRL_2024 = {"kbit_upcast": True}
+# TRL of 2024 ran QLoRA through PEFT's prepare_model_for_kbit_training (removed in TRL 0.22), with fp32 adapters (TRL casts them to bf16 since 0.26).
+_TRL_2024 = {"kbit_upcast": True, "adapter_dtype": "fp32"}
 _TRL_2024_NOTE = (
-    "planned with --kbit-upcast: the TRL of December 2024 prepared QLoRA with PEFT's prepare_model_for_kbit_training"
+    "planned with --kbit-upcast and fp32 adapters: the TRL of December 2024 prepared QLoRA with PEFT's "
+    "prepare_model_for_kbit_training"
 )
 
 # LLaMA-Factory's table, with the settings of its example configs (micro-batch 1, bf16,

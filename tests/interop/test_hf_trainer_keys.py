@@ -91,8 +91,10 @@ def test_qlora_and_peft_s_default_targets(write_config):
     config = _read(write_config, "use_peft: true\nload_in_4bit: true\ndtype: bfloat16\n")
     assert config.knobs["method"] == "qlora" and config.knobs["targets"] == ("q_proj", "v_proj")
     assert any(f.key == "lora_target_modules (not set)" for f in config.approximated)
-    assert config.knobs["kbit_upcast"] is False and any("TRL since 0.26" in f.why for f in config.approximated)
-    assert config.knobs["precision"] == "bf16" and any("adapters to bf16" in f.why for f in config.approximated)
+    assert config.knobs["kbit_upcast"] is False and any("TRL since 0.22" in f.why for f in config.approximated)
+    # TRL casts the adapters to bf16: planned so, not approximated.
+    assert config.knobs["precision"] == "bf16" and config.knobs["adapter_dtype"] == "compute"
+    assert not any("adapters" in f.why for f in config.approximated)
 
 
 def test_an_8bit_base_and_the_adapter_options(write_config):
@@ -245,8 +247,18 @@ def test_qlora_on_trl_s_float32_default_keeps_the_other_parameters_in_fp32(write
     found = {(f.knob, f.key): f.why for f in config.approximated}
     assert "not 4-bit in float32" in found["kbit_upcast", "load_in_4bit"]
     assert "dequantize to float32" in found["precision", "dtype (not set)"]
-    assert "adapters to bf16" in found["precision", "load_in_4bit"]
+    assert config.knobs["adapter_dtype"] == "compute"
     assert config.not_modelled == []
+
+
+def test_trl_keeps_adapters_in_the_base_dtype_under_zero3_and_plain_lora_in_fp32(write_config):
+    write_config("z3.json", {"bf16": {"enabled": "auto"}, "zero_optimization": {"stage": 3}})
+    assert _read(write_config, "use_peft: true\ndeepspeed: z3.json\n").knobs["adapter_dtype"] == "compute"
+    assert "adapter_dtype" not in _read(write_config, "use_peft: true\ndtype: bfloat16\n").knobs
+    # fp32 compute (no bf16): TRL's bf16 adapters planned in fp32, and said.
+    fp32 = _read(write_config, "use_peft: true\nload_in_8bit: true\nbf16: false\n")
+    assert "adapter_dtype" not in fp32.knobs
+    assert any(f.knob == "adapter_dtype" and "planned as fp32 adapters" in f.why for f in fp32.approximated)
 
 
 def test_dtype_auto_is_planned_as_bf16_and_said(write_config):

@@ -381,8 +381,27 @@ def _kbit_upcast(values: Mapping[str, Any], ctx: Any) -> Any:
         )
     return Planned(
         False,
-        f"TRL since 0.26 keeps the parameters that are not {bits} in the compute dtype; earlier versions "
-        "upcast them to fp32 (pass --kbit-upcast to plan those)",
+        f"TRL since 0.22 keeps the parameters that are not {bits} in the compute dtype; earlier versions "
+        "ran PEFT's prepare_model_for_kbit_training, which upcasts them to fp32, then under bf16 cast the "
+        "embeddings and output head back (pass --kbit-upcast to plan a model prepared so)",
+        modelled=True,
+    )
+
+
+def _adapter_dtype(values: Mapping[str, Any], ctx: Any) -> Any:
+    method = ctx.knobs.get("method")
+    if not _is_trl(ctx) or _is_grpo(ctx) or method not in ("lora", "qlora", "lora-8bit"):
+        return None
+    if method == "lora":
+        zero3 = ctx.zero is not None and ctx.zero.stage == 3
+        half = ctx.knobs.get("precision") in ("bf16", "fp16")
+        return "compute" if zero3 and half else None  # autocast_adapter_dtype=False: the base's dtype
+    if ctx.knobs.get("precision") in ("bf16", "fp16"):
+        return "compute"  # TRL casts a quantized model's adapters to bf16: as large as fp16 ones
+    return Planned(
+        None,
+        "TRL casts a quantized model's adapters to bf16, with their gradients and AdamW states: planned as fp32 "
+        "adapters, the compute dtype of this config",
         modelled=True,
     )
 
@@ -413,15 +432,6 @@ def _qlora_dtypes(loaded: str, half: str | None, ctx: Any) -> None:
                 "precision",
             )
         )
-    ctx.approximated.append(
-        Found(
-            "load_in_4bit",
-            True,
-            "TRL casts QLoRA's adapters to bf16 (with bf16 gradients and AdamW "
-            "states): planned as fp32 adapters, PEFT's default",
-            "precision",
-        )
-    )
 
 
 def _fsdp(values: Mapping[str, Any], ctx: Any) -> Any:
@@ -618,7 +628,7 @@ RULES: tuple[Rule, ...] = (
         ("load_in_4bit", "load_in_8bit") + _PRECISION_KEYS[2:],
         "kbit_upcast",
         _kbit_upcast,
-        doc="QLoRA (and an 8-bit base) without PEFT's prepare_model_for_kbit_training, as SFTTrainer runs it since TRL 0.26 (earlier: "
+        doc="QLoRA (and an 8-bit base) without PEFT's prepare_model_for_kbit_training, as SFTTrainer runs it since TRL 0.22 (earlier: "
         "`--kbit-upcast`): the parameters that are not 4-bit stay in `dtype`, so in fp32 with TRL's default float32 "
         "(planned as `kbit_upcast`), and in DeepSpeed's 16-bit format under its bf16 or fp16",
     ),
@@ -696,8 +706,15 @@ RULES: tuple[Rule, ...] = (
         "bf16). Full fine-tuning of fp32 weights is `bf16-mixed` / `fp16-mixed`, of 16-bit weights `bf16` / `fp16` "
         "(mixed under DeepSpeed, whose ZeRO keeps fp32 master weights, and under FSDP, which upcasts trained "
         "parameters to fp32); LoRA on a 16-bit base `bf16` / `fp16`, on an fp32 base `fp32` without autocast "
-        "(listed); QLoRA in the compute dtype, its adapters cast to bf16 by TRL (listed); `tf32` does not change "
-        "memory",
+        "(listed); QLoRA in the compute dtype; `tf32` does not change memory",
+    ),
+    Rule(
+        ("load_in_4bit", "load_in_8bit", "deepspeed"),
+        "adapter_dtype",
+        _adapter_dtype,
+        doc="TRL's SFT and DPO trainers cast a quantized model's adapters to bf16, and keep a 16-bit base's "
+        "adapters in its dtype under ZeRO-3 (`autocast_adapter_dtype=False`): `adapter_dtype: compute`, their "
+        "gradients and AdamW states with them",
     ),
     Rule(("max_grad_norm",), "max_grad_norm", _max_grad_norm, doc="gradient clipping (0 or null: none)"),
     Rule(

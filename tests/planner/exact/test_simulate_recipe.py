@@ -31,7 +31,7 @@ def test_hf_qlora_without_kbit_preparation_keeps_the_compute_dtype(tiny_llama):
     spec = make_spec(method="qlora", recipe="hf", kbit_upcast=False)
     model = prepare_like_hf(build_meta_model(make_config(tiny_llama), DTYPES[spec.precision]), spec)
     frozen = {p.dtype for p in model.parameters() if type(p).__name__ != "Params4bit" and not p.requires_grad}
-    assert frozen == {torch.bfloat16}  # embeddings, norms and head as loaded (LLaMA-Factory, TRL since 0.26)
+    assert frozen == {torch.bfloat16}  # embeddings, norms and head as loaded (LLaMA-Factory, TRL since 0.22)
     upcast = simulate(tiny_llama, make_spec(method="qlora", recipe="hf", seq_len=64)).tracker
     kept = simulate(tiny_llama, make_spec(method="qlora", recipe="hf", seq_len=64, kbit_upcast=False)).tracker
     assert kept.peak.categories["weights"] < upcast.peak.categories["weights"]
