@@ -160,8 +160,13 @@ ACCELERATE_ZERO3 = {
 # Unsloth's Hugging Face + FA2 baseline as TRL ran it in 2024 (UNSLOTH_HF): what its post leaves open.
 _UNSLOTH_ASSUMED = [
     "optim: the post names no optimizer; Unsloth's notebooks' 8-bit AdamW (adamw_8bit)",
-    "kbit_upcast: the TRL of 2024 prepared QLoRA with PEFT's prepare_model_for_kbit_training (fp32 non-4-bit "
-    "parameters)",
+    "kbit_upcast: the TRL of 2024 (before 0.22) ran QLoRA through PEFT's prepare_model_for_kbit_training (fp32 "
+    "non-4-bit parameters, fp32 adapters); given a PEFT config, its SFTTrainer then cast the embeddings and head "
+    "back to bf16, which a model prepared before SFTTrainer is not. The baseline's script is not published: "
+    "planned in fp32 (with bf16 embeddings and head the plans of these rows would be lower)",
+    "loss: the transformers version is not published: planned with the loss of 4.50 and later (the model's own); "
+    "that of 4.45 and before (hf_loss: model-4.45), whose shifted fp32 logits change the allocator's reserve at "
+    "these lengths, plans the rows from 16 to 48 GB higher",
 ]
 
 _AXOLOTL_LLAMA2 = """\
@@ -189,6 +194,7 @@ _AXOLOTL_LLAMA2_ASSUMED = [
     "gradient_checkpointing: the transformers of August 2023 (4.31) had no checkpoint arguments and ran torch's "
     "default, reentrant (use_reentrant: on, as the Axolotl rule reads gradient_checkpointing: true without "
     "gradient_checkpointing_kwargs)",
+    "loss: transformers 4.31's, fp32 logits returned and a shifted fp32 copy (hf_loss: model-4.45)",
 ]
 
 _AXOLOTL_FFT_8B = """\
@@ -264,6 +270,8 @@ _SWIFT1_ASSUMED = [
     "seq_len: ms-swift 1.x drops examples longer than max_length (truncation_strategy delete) and the "
     "dataset's tokens are 3234 +- 2548 (min 91): its longest batch is planned at max_length",
     "optim: the Trainer's default of that time (adamw_torch, foreach; adapters only, so a few MiB)",
+    "loss: the transformers of torch 2.1.1's time (4.35 to 4.36): fp32 logits returned and a shifted fp32 copy "
+    "(hf_loss: model-4.45)",
 ]
 _SWIFT1_FLASH = "attention: flash_attn 2.3.4 (the hf recipe's flash path planned)"
 _SWIFT1_LENGTHS = (
@@ -307,7 +315,7 @@ def cases() -> list[dict]:
                 published_gib=card_gib,
                 versions={"note": "2024-2025 (Llama 3.1 / 3.3 posts)"},
                 config=UNSLOTH_HF.format(model="llama-3.1-8b", tokens=tokens),
-                plan_options={"kbit_upcast": True},
+                plan_options={"kbit_upcast": True, "adapter_dtype": "fp32"},
                 assumed=_UNSLOTH_ASSUMED,
             )
         )
@@ -320,7 +328,7 @@ def cases() -> list[dict]:
             published_gib=80,
             versions={"note": "December 2024"},
             config=UNSLOTH_HF.format(model="llama-3.1-70b", tokens=6916),
-            plan_options={"kbit_upcast": True},
+            plan_options={"kbit_upcast": True, "adapter_dtype": "fp32"},
             assumed=_UNSLOTH_ASSUMED + ["model: Llama 3.3 70B has Llama 3.1 70B's shapes (the catalog's config)"],
         )
     )
@@ -332,6 +340,7 @@ def cases() -> list[dict]:
             counter="nvidia-smi",
             published_gib=17,
             config=_AXOLOTL_LLAMA2.format(quant="load_in_4bit: true", adapter="qlora", optimizer="paged_adamw_32bit"),
+            plan_options={"hf_loss": "model-4.45"},
             assumed=_AXOLOTL_LLAMA2_ASSUMED,
         ),
         dict(
@@ -341,6 +350,7 @@ def cases() -> list[dict]:
             counter="nvidia-smi",
             published_gib=20,
             config=_AXOLOTL_LLAMA2.format(quant="load_in_8bit: true", adapter="lora", optimizer="adamw_bnb_8bit"),
+            plan_options={"hf_loss": "model-4.45"},
             assumed=_AXOLOTL_LLAMA2_ASSUMED,
         ),
         dict(
@@ -410,7 +420,10 @@ def cases() -> list[dict]:
                         "max_length": tokens,
                         "dataset": "cls-fudan-news-zh",
                     },
-                    plan={"model": config, "knobs": dict(_SWIFT1_LORA, seq_len=tokens, padding_free="off")},
+                    plan={
+                        "model": config,
+                        "knobs": dict(_SWIFT1_LORA, seq_len=tokens, padding_free="off", hf_loss="model-4.45"),
+                    },
                     assumed=_SWIFT1_ASSUMED + [_SWIFT1_FLASH],
                     unplannable=[_SWIFT1_LENGTHS],
                 )
@@ -753,7 +766,10 @@ _PEFT_COUNTER = (
     "counter: 'memory consumed per GPU' (the LoRA section's figure is an nvidia-smi screenshot): read as "
     "nvidia-smi, compared with the device total"
 )
-_PEFT_OPTIM = "optim: the Trainer's default of March 2024 (adamw_torch, foreach; adapters only, so a few MiB)"
+_PEFT_OPTIM = (
+    "optim: the Trainer's default of March 2024 (adamw_torch, foreach; adapters only, so a few MiB); loss: the "
+    "transformers of that time (4.38 to 4.40): fp32 logits returned and a shifted fp32 copy (hf_loss: model-4.45)"
+)
 _PEFT_QLORA = [
     "use_nested_quant / bnb_4bit_quant_storage_dtype bfloat16: the 4-bit base stored in bf16 words, sharded and "
     "gathered by FSDP and ZeRO-3 as any weight (the hf recipe's sharded QLoRA), its quantization state whole",
@@ -780,7 +796,7 @@ def _peft_case(what: str, source: dict, gib: float, knobs: dict, args: dict, unp
     plan = {
         "model": _llama2_70b(),
         # The script passes its use_reentrant to the Trainer's gradient_checkpointing_kwargs.
-        "knobs": dict(_PEFT_SFT, **knobs, use_reentrant="on" if reentrant else "off")
+        "knobs": dict(_PEFT_SFT, **knobs, use_reentrant="on" if reentrant else "off", hf_loss="model-4.45")
         | ({"kbit_upcast": False} if knobs["method"] == "qlora" else {}),
     }
     if knobs["shard"] == "zero3":

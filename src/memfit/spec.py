@@ -266,7 +266,7 @@ class RunSpec(BaseModel):
     )
     kbit_upcast: bool = knob(
         True,
-        "The hf recipe's QLoRA and lora-8bit through PEFT's prepare_model_for_kbit_training, which upcasts every parameter that is not quantized to fp32 (as TRL before 0.26 ran it); off: they stay in the compute dtype (LLaMA-Factory, TRL since 0.26, and Axolotl, which casts them back after PEFT's upcast).",
+        "The hf recipe's QLoRA and lora-8bit through PEFT's prepare_model_for_kbit_training, which upcasts every parameter that is not quantized to fp32 (as TRL before 0.22 prepared it); off: they stay in the compute dtype (LLaMA-Factory, TRL since 0.22, and Axolotl, which casts them back after PEFT's upcast).",
         planner_only=True,
     )
     use_reentrant: Literal["auto", "on", "off"] = knob(
@@ -288,9 +288,18 @@ class RunSpec(BaseModel):
         "The hf recipe's AdamW implementation: fused (PyTorch's fused kernel, updating in place: the Trainer's adamw_torch_fused, its default optim from torch 2.8, and memfit's step) or foreach (torch.optim.AdamW's default on CUDA, the Trainer's adamw_torch, its default before torch 2.8: its step holds a temporary as large as the trainable parameters).",
         planner_only=True,
     )
-    hf_loss: Literal["model", "liger", "chunked-nll", "chunked-output", "chunked-output-compiled", "chunked-ce"] = knob(
+    hf_loss: Literal[
         "model",
-        "The hf recipe's loss: model (the model's own, over the whole logits), liger (Liger Kernel's fused linear cross-entropy), chunked-nll (TRL SFTTrainer's chunked loss), chunked-output (torchtune's CEWithChunkedOutputLoss: 8 chunks of 16-bit logits kept, each chunk's fp32 log-probabilities too), chunked-output-compiled (the same under torchtune's compile: true, whose fused cross-entropy keeps no fp32 copy) or chunked-ce (Axolotl's chunked_cross_entropy: that compiled loss over the model's whole 16-bit logits).",
+        "liger",
+        "chunked-nll",
+        "chunked-output",
+        "chunked-output-compiled",
+        "chunked-ce",
+        "model-4.46",
+        "model-4.45",
+    ] = knob(
+        "model",
+        "The hf recipe's loss: model (the model's own, over the whole logits, as transformers 4.50 and later compute it), model-4.46 (transformers 4.46 to 4.49: a shifted fp32 copy of the logits besides), model-4.45 (transformers 4.45 and before: the model returns fp32 logits, and the shifted copy), liger (Liger Kernel's fused linear cross-entropy), chunked-nll (TRL SFTTrainer's chunked loss), chunked-output (torchtune's CEWithChunkedOutputLoss: 8 chunks of 16-bit logits kept, each chunk's fp32 log-probabilities too), chunked-output-compiled (the same under torchtune's compile: true, whose fused cross-entropy keeps no fp32 copy) or chunked-ce (Axolotl's chunked_cross_entropy: that compiled loss over the model's whole 16-bit logits).",
         planner_only=True,
     )
 

@@ -17,6 +17,7 @@ from memfit.step.hf_losses import (
     liger_chunk_tokens,
     liger_fused_linear_cross_entropy,
     torchtune_chunked_output_ce,
+    transformers_shifted_loss,
     trl_chunked_nll,
 )
 from memfit.step.labels import IGNORE_INDEX
@@ -41,6 +42,8 @@ _LOSS_FNS = {
     "chunked-ce": lambda hidden, weight, labels: torchtune_chunked_output_ce(
         hidden, weight, labels, compiled=True, whole_head=True
     ),
+    "model-4.45": lambda hidden, weight, labels: transformers_shifted_loss(hidden, weight, labels, fp32_logits=True),
+    "model-4.46": lambda hidden, weight, labels: transformers_shifted_loss(hidden, weight, labels, fp32_logits=False),
 }
 
 
@@ -123,7 +126,10 @@ def test_chunked_nll_makes_an_fp32_head_for_each_chunk(tiny_llama):
     assert any(a.nbytes == head_fp32_bytes for a in result.allocations)
 
 
-@pytest.mark.parametrize("hf_loss", ["liger", "chunked-nll", "chunked-output", "chunked-output-compiled", "chunked-ce"])
+@pytest.mark.parametrize(
+    "hf_loss",
+    ["liger", "chunked-nll", "chunked-output", "chunked-output-compiled", "chunked-ce", "model-4.45", "model-4.46"],
+)
 def test_fake_run_counts_the_same_bytes_as_a_real_run(tiny_llama, hf_loss):
     spec = make_spec(method="lora", seq_len=300, batch_size=2, recipe="hf", hf_loss=hf_loss, precision="fp32")
     fake = simulate(tiny_llama, spec, fake=True).tracker
@@ -176,3 +182,19 @@ def test_axolotl_s_chunked_loss_joins_the_chunks_gradients_for_the_whole_head(ti
     assert any(a.nbytes == bf16_logits for a in axolotl.allocations)
     assert not any(a.nbytes == bf16_logits for a in torchtune.allocations)
     assert axolotl.peak.allocated_bytes >= torchtune.peak.allocated_bytes + bf16_logits // 2
+
+
+def test_transformers_before_4_50_hold_a_shifted_fp32_copy_of_the_logits_in_forward(tiny_llama):
+    # Before 4.50 the loss shifts the fp32 logits into a copy (a copy only where the slice is not
+    # contiguous: more than one row); 4.45 and before return the fp32 logits, so the 16-bit ones are
+    # gone by then, where 4.46's stay as the model's output.
+    config = dict(tiny_llama, vocab_size=8192)
+    tokens, rows = 512, 2
+    knobs = dict(method="lora", seq_len=tokens, batch_size=rows, recipe="hf")
+    forward = {
+        loss: simulate(config, make_spec(**knobs, hf_loss=loss)).tracker.phase_peaks["forward"]
+        for loss in ("model", "model-4.46", "model-4.45")
+    }
+    shifted = rows * (tokens - 1) * config["vocab_size"] * 4
+    assert abs(forward["model-4.46"] - forward["model"] - shifted) <= shifted // 100
+    assert forward["model-4.46"] - forward["model-4.45"] == rows * tokens * config["vocab_size"] * 2

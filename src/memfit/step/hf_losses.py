@@ -19,6 +19,9 @@ that the planner runs the loss the trainer runs, tensor for tensor:
   ``torch.compile`` fuses it (``compile: true``: only per-token statistics kept).
 - ``chunked-ce``: Axolotl's ``chunked_cross_entropy``, torchtune's compiled loss over the model's
   whole 16-bit logits (:func:`torchtune_chunked_output_ce` with ``whole_head``).
+- ``model-4.46`` / ``model-4.45``: the model's own loss as transformers before 4.50 computed it
+  (:func:`transformers_shifted_loss`): a shifted fp32 copy of the logits for the cross-entropy, and
+  up to 4.45 fp32 logits returned by the model.
 
 They are written after the libraries' own code (Liger Kernel's ``ops/fused_linear_cross_entropy.py``
 at ead96b6, TRL's ``trainer/sft_trainer.py`` at f2cd577, torchtune's
@@ -232,3 +235,21 @@ def torchtune_chunked_output_ce(
         else:
             loss = loss + F.cross_entropy(part.float(), target, ignore_index=IGNORE_INDEX, reduction="sum")
     return loss / count
+
+
+def transformers_shifted_loss(
+    hidden_states: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, fp32_logits: bool
+) -> torch.Tensor:
+    """Mean next-token loss as transformers before 4.50 computes it in a causal LM's forward: the
+    logits upcast to fp32, then a shifted fp32 copy of them (``logits[..., :-1, :].contiguous()``)
+    for the cross-entropy. ``fp32_logits``: transformers 4.45 and before, whose forward upcasts the
+    logits it returns, so the fp32 logits are the model's output; from 4.46 the loss function upcasts
+    them, and the output keeps the 16-bit ones. Either way both live until the trainer drops the
+    output, after the loss returns and before backward."""
+    logits = F.linear(hidden_states, weight)
+    if fp32_logits:
+        logits = logits.float()
+    wide = logits.float()
+    shifted = wide[..., :-1, :].contiguous()
+    targets = labels[..., 1:].contiguous()
+    return F.cross_entropy(shifted.view(-1, shifted.shape[-1]), targets.view(-1), ignore_index=IGNORE_INDEX)

@@ -402,6 +402,22 @@ def axolotl_chunked_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return _head_loss(model, batch, partial(torchtune_chunked_output_ce, compiled=True, whole_head=True))
 
 
+def transformers_445_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The model's own loss as transformers 4.45 and before computes it: fp32 logits returned, and a
+    shifted fp32 copy for the cross-entropy (:mod:`memfit.step.hf_losses`)."""
+    from memfit.step.hf_losses import transformers_shifted_loss
+
+    return _head_loss(model, batch, partial(transformers_shifted_loss, fp32_logits=True))
+
+
+def transformers_446_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """The model's own loss as transformers 4.46 to 4.49 computes it: the loss function's fp32 upcast
+    and its shifted fp32 copy (:mod:`memfit.step.hf_losses`)."""
+    from memfit.step.hf_losses import transformers_shifted_loss
+
+    return _head_loss(model, batch, partial(transformers_shifted_loss, fp32_logits=False))
+
+
 def _head_loss(model: torch.nn.Module, batch: Batch, loss: Callable) -> torch.Tensor:
     parts = backbone_and_head(model)
     if parts is None:
@@ -419,6 +435,8 @@ HF_LOSSES: dict[str, LossFn] = {
     "chunked-output": chunked_output_loss,
     "chunked-output-compiled": compiled_chunked_output_loss,
     "chunked-ce": axolotl_chunked_loss,
+    "model-4.45": transformers_445_loss,
+    "model-4.46": transformers_446_loss,
 }
 
 
