@@ -195,7 +195,13 @@ _AXOLOTL_LLAMA2_ASSUMED = [
     "default, reentrant (use_reentrant: on, as the Axolotl rule reads gradient_checkpointing: true without "
     "gradient_checkpointing_kwargs)",
     "loss: transformers 4.31's, fp32 logits returned and a shifted fp32 copy (hf_loss: model-4.45)",
+    "kbit_upcast: the Axolotl of August 2023 ran PEFT's prepare_model_for_kbit_training for QLoRA and 8-bit LoRA "
+    "(every parameter that is not quantized in fp32) and cast nothing back for LoRA (src/axolotl/utils/models.py "
+    "at dc71d8872: only its llama-adapter path cast norms, embeddings and head to 16 bits, under flash "
+    "attention): kbit_upcast on, where today's Axolotl casts them back (the rule's off)",
 ]
+# What the Axolotl of August 2023 ran, where today's Axolotl (the config rules) differs.
+_AXOLOTL_2023 = {"hf_loss": "model-4.45", "kbit_upcast": True}
 
 _AXOLOTL_FFT_8B = """\
 base_model: llama-3-8b          # meta-llama/Meta-Llama-3-8B in the example
@@ -294,8 +300,13 @@ _SWIFT3 = dict(
     recipe="hf",
     seq_len=2048,
     adamw_impl="foreach",
+    hf_loss="model-4.46",
 )
 _SWIFT3_OPTIM = "optim: swift 3.x on transformers 4.4x-4.5x and torch before 2.8: the Trainer's adamw_torch (foreach)"
+_SWIFT3_LOSS = (
+    "loss: the examples' figures were written from December 2024 to March 2025 (git log of their first lines), "
+    "with transformers 4.46 to 4.49: the model's loss with its shifted fp32 copy (hf_loss: model-4.46)"
+)
 _SWIFT3_SHORT = (
     "seq_len: the examples of swift/self-cognition are short chat turns and their longest is not published: "
     "planned at max_length 2048 (an upper bound)"
@@ -340,7 +351,7 @@ def cases() -> list[dict]:
             counter="nvidia-smi",
             published_gib=17,
             config=_AXOLOTL_LLAMA2.format(quant="load_in_4bit: true", adapter="qlora", optimizer="paged_adamw_32bit"),
-            plan_options={"hf_loss": "model-4.45"},
+            plan_options=_AXOLOTL_2023,
             assumed=_AXOLOTL_LLAMA2_ASSUMED,
         ),
         dict(
@@ -350,7 +361,7 @@ def cases() -> list[dict]:
             counter="nvidia-smi",
             published_gib=20,
             config=_AXOLOTL_LLAMA2.format(quant="load_in_8bit: true", adapter="lora", optimizer="adamw_bnb_8bit"),
-            plan_options={"hf_loss": "model-4.45"},
+            plan_options=_AXOLOTL_2023,
             assumed=_AXOLOTL_LLAMA2_ASSUMED,
         ),
         dict(
@@ -552,7 +563,7 @@ def _swift3_cases() -> list[dict]:
             published_gib=22,
             config={"swift": "sft", "packing": True, "attn_impl": "flash_attn"},
             plan={"model": q7, "knobs": dict(_SWIFT3, packing=True, padding_free="on")},
-            assumed=[_SWIFT3_OPTIM],
+            assumed=[_SWIFT3_OPTIM, _SWIFT3_LOSS],
         ),
         dict(
             id="ms-swift 3.x qwen2.5-3b full, packed 8192, liger",
@@ -664,7 +675,11 @@ def _swift3_more() -> list[dict]:
             published_gib=76,
             config={"swift": "sft", "tuner_type": "full", "torch_dtype": "bfloat16", "max_length": 2048},
             plan={"model": "qwen2.5-7b", "knobs": dict(_SWIFT3, method="full", targets="all-linear")},
-            assumed=[_SWIFT3_OPTIM, "precision: torch_dtype bfloat16: bf16 weights, gradients and AdamW states"],
+            assumed=[
+                _SWIFT3_OPTIM,
+                _SWIFT3_LOSS,
+                "precision: torch_dtype bfloat16: bf16 weights, gradients and AdamW states",
+            ],
             unplannable=[longest],
         ),
         dict(
@@ -680,6 +695,7 @@ def _swift3_more() -> list[dict]:
             plan={"model": "qwen2.5-7b", "knobs": dict(_SWIFT3, method="qlora", kbit_upcast=False)},
             assumed=[
                 _SWIFT3_OPTIM,
+                _SWIFT3_LOSS,
                 "kbit_upcast: ms-swift loads the base in torch_dtype bfloat16 and never calls PEFT's "
                 "prepare_model_for_kbit_training: the parameters that are not 4-bit stay bf16",
                 "counter: '10GB' read as GiB, as ms-swift's other examples write it",
@@ -695,7 +711,7 @@ def _swift3_more() -> list[dict]:
             counter="reserved",
             published_gib=24,
             config={"swift": "rlhf", "rlhf_type": "dpo", "rpo_alpha": 0.1, "max_length": 2048},
-            plan={"model": "qwen2.5-7b", "knobs": dict(_SWIFT3, objective="dpo")},
+            plan={"model": "qwen2.5-7b", "knobs": dict(_SWIFT3, objective="dpo", hf_loss="model")},
             assumed=[_SWIFT3_OPTIM, "reference: the model with its adapters disabled (LoRA, no ref_model)"],
             unplannable=[
                 "seq_len: the longest chosen / rejected pair of hjh0119/shareAI-Llama3-DPO-zh-en-emoji is not "
@@ -728,7 +744,7 @@ def _swift3_short(
         published_gib=gib,
         config={"swift": "sft", **knobs} | ({"deepspeed": deepspeed[0]} if deepspeed else {}),
         plan=plan,
-        assumed=[_SWIFT3_OPTIM, *assumed],
+        assumed=[_SWIFT3_OPTIM, _SWIFT3_LOSS, *assumed],
         unplannable=[_SWIFT3_SHORT, *unplannable],
     )
 
