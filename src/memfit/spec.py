@@ -280,7 +280,7 @@ class RunSpec(BaseModel):
     )
     adapter_dtype: Literal["fp32", "compute"] = knob(
         "fp32",
-        "The hf recipe's adapter weights, and so their gradients and optimizer states: fp32 (PEFT's autocast_adapter_dtype, its default, as memfit's step keeps them) or compute (the compute dtype, bf16 or fp16: torchtune's LoRA and QLoRA, LLaMA-Factory's LoRA under pure_bf16, PEFT's autocast_adapter_dtype=False over a 16-bit base).",
+        "The hf recipe's adapter weights, and so their gradients and optimizer states: fp32 (PEFT's autocast_adapter_dtype, its default, as memfit's step keeps them) or compute (the compute dtype, bf16 or fp16: torchtune's LoRA and QLoRA, TRL's adapters on a quantized base, PEFT's autocast_adapter_dtype=False over a 16-bit or 4-bit base).",
         planner_only=True,
     )
     adamw_impl: Literal["fused", "foreach"] = knob(
