@@ -303,13 +303,37 @@ _SWIFT3 = dict(
     hf_loss="model-4.46",
 )
 _SWIFT3_OPTIM = "optim: swift 3.x on transformers 4.4x-4.5x and torch before 2.8: the Trainer's adamw_torch (foreach)"
-_SWIFT3_LOSS = (
-    "loss: the examples' figures were written from December 2024 to March 2025 (git log of their first lines), "
-    "with transformers 4.46 to 4.49: the model's loss with its shifted fp32 copy (hf_loss: model-4.46)"
+# ms-swift's dataset table (docs/source_en/Instruction/Supported-models-and-datasets.md, made by
+# scripts/utils/run_dataset_info.py with Qwen2.5-7B-Instruct's template): each corpus's longest row.
+SWIFT_LONGEST = {"swift/self-cognition": 131, "AI-ModelScope/alpaca-gpt4-data-en": 607}
+
+
+def _swift3_dated(commit: str, date: str, loss: str) -> str:
+    """The note on when an example's figure was written (the commit its comment line dates from) and
+    the loss of the transformers of that time."""
+    era = "4.46 to 4.49: its shifted fp32 copy of the logits" if loss == "model-4.46" else "4.50 or later"
+    return f"loss: the figure dates from {commit} ({date}), with transformers {era} (hf_loss: {loss})"
+
+
+def _swift3_longest(dataset: str, tokens: int) -> str:
+    return (
+        f"seq_len: the example as of its figure trains on {dataset}, whose longest row ms-swift's dataset table gives "
+        f"as {tokens} tokens (scripts/utils/run_dataset_info.py, Qwen2.5-7B-Instruct's template): planned at {tokens}"
+    )
+
+
+_SELF_COGNITION = _swift3_longest("swift/self-cognition#1000", SWIFT_LONGEST["swift/self-cognition"])
+_QWEN2 = "model: the example of December 2024 trained Qwen2-7B-Instruct, which has Qwen2.5-7B's shapes"
+# What ms-swift's memory(GiB) holds beyond a training step.
+_SWIFT3_COUNTER = (
+    "counter: ms-swift 3.x's memory(GiB) is torch.cuda.max_memory_reserved since the process started, never reset "
+    "(get_max_cuda_memory in swift/trainers/mixin.py, later callback.py; until mid 2025 summed over every visible "
+    "GPU), so it holds loading the model too, which memfit does not plan"
 )
-_SWIFT3_SHORT = (
-    "seq_len: the examples of swift/self-cognition are short chat turns and their longest is not published: "
-    "planned at max_length 2048 (an upper bound)"
+_SWIFT1_COUNTER = (
+    "counter: ms-swift 1.x's figure is the largest torch.cuda.max_memory_reserved of its log readings, the first of "
+    "which (get_max_cuda_memory in swift/trainers/mixin.py resets the peak after each reading) holds loading the "
+    "model too, which memfit does not plan"
 )
 
 
@@ -436,7 +460,7 @@ def cases() -> list[dict]:
                         "knobs": dict(_SWIFT1_LORA, seq_len=tokens, padding_free="off", hf_loss="model-4.45"),
                     },
                     assumed=_SWIFT1_ASSUMED + [_SWIFT1_FLASH],
-                    unplannable=[_SWIFT1_LENGTHS],
+                    unplannable=[_SWIFT1_LENGTHS, _SWIFT1_COUNTER],
                 )
             )
     out += _swift3_cases()
@@ -563,7 +587,8 @@ def _swift3_cases() -> list[dict]:
             published_gib=22,
             config={"swift": "sft", "packing": True, "attn_impl": "flash_attn"},
             plan={"model": q7, "knobs": dict(_SWIFT3, packing=True, padding_free="on")},
-            assumed=[_SWIFT3_OPTIM, _SWIFT3_LOSS],
+            assumed=[_SWIFT3_OPTIM, _swift3_dated("dbe09322a", "2025-03-31", "model-4.46")],
+            unplannable=[_SWIFT3_COUNTER],
         ),
         dict(
             id="ms-swift 3.x qwen2.5-3b full, packed 8192, liger",
@@ -593,16 +618,32 @@ def _swift3_cases() -> list[dict]:
             },
             assumed=[_SWIFT3_OPTIM],
             unplannable=[
-                "use_liger_kernel: Liger's RMSNorm, SwiGLU and RoPE kernels (its fused linear cross-entropy is planned)"
+                _SWIFT3_COUNTER,
+                "use_liger_kernel: Liger's RMSNorm, SwiGLU and RoPE kernels (its fused linear cross-entropy is planned)",
             ],
         ),
-        _swift3_short("tuners/lora/train.sh", "lora r8, swift/self-cognition", 17.2, {}),
-        _swift3_short("tuners/dora/train.sh", "dora r8, swift/self-cognition", 17.2, {"dora": True}),
+        _swift3_short(
+            "tuners/lora/train.sh",
+            "lora r8, swift/self-cognition",
+            17.2,
+            {},
+            ("b40f31df7", "2024-12-05", "model-4.46"),
+            assumed=(_QWEN2,),
+        ),
+        _swift3_short(
+            "tuners/dora/train.sh",
+            "dora r8, swift/self-cognition",
+            17.2,
+            {"dora": True},
+            ("b40f31df7", "2024-12-05", "model-4.46"),
+            assumed=(_QWEN2,),
+        ),
         _swift3_short(
             "multi-gpu/deepspeed/train_zero2.sh",
             "lora r8, deepspeed zero2 on 2 gpus",
             18,
             {"gpus": 2, "shard": "zero2", "adamw_impl": "fused"},
+            ("a3731f998", "2024-12-23", "model-4.46"),
             assumed=("optimizer: zero2.json's AdamW block: DeepSpeed's FusedAdam, which updates in place",),
             deepspeed=("ms-swift's swift/llm/ds_config/zero2.json", SWIFT_ZERO2),
         ),
@@ -611,14 +652,22 @@ def _swift3_cases() -> list[dict]:
             "lora r8, deepspeed zero3 on 2 gpus",
             16,
             {"gpus": 2, "shard": "zero3"},
+            ("a3731f998", "2024-12-23", "model-4.46"),
             deepspeed=("ms-swift's swift/llm/ds_config/zero3.json", SWIFT_ZERO3),
         ),
-        _swift3_short("multi-gpu/ddp/train.sh", "lora r8, ddp on 2 gpus", 27.5, {"gpus": 2, "shard": "ddp"}),
+        _swift3_short(
+            "multi-gpu/ddp/train.sh",
+            "lora r8, ddp on 2 gpus",
+            27.5,
+            {"gpus": 2, "shard": "ddp"},
+            ("a3731f998", "2024-12-23", "model-4.46"),
+        ),
         _swift3_short(
             "streaming/lazy_tokenize.sh",
             "lora r8, lazy_tokenize",
             17,
             {},
+            ("11a345d41", "2025-07-31", "model"),
             assumed=("lazy_tokenize: examples tokenized as the loader reads them (the host's work, not the GPU's)",),
         ),
         _swift3_short(
@@ -626,6 +675,8 @@ def _swift3_cases() -> list[dict]:
             "lora r8, neftune",
             17,
             {},
+            ("b40f31df7", "2024-12-05", "model-4.46"),
+            assumed=(_QWEN2,),
             unplannable=(
                 "neftune_noise_alpha: the noise NEFTune adds to the embeddings' output (a tensor of its size)",
             ),
@@ -635,20 +686,26 @@ def _swift3_cases() -> list[dict]:
             "lora r8, olora init",
             17,
             {},
-            assumed=("init_weights olora: how the adapters start; the step trains the same LoRA",),
+            ("b40f31df7", "2024-12-05", "model-4.46"),
+            assumed=(_QWEN2, "init_weights olora: how the adapters start; the step trains the same LoRA"),
         ),
         _swift3_short(
             "tuners/pissa/train.sh",
             "lora r8, pissa init",
             17,
             {},
-            assumed=("init_weights pissa: the base's principal part moves into the adapters once, before training",),
+            ("b40f31df7", "2024-12-05", "model-4.46"),
+            assumed=(
+                _QWEN2,
+                "init_weights pissa: the base's principal part moves into the adapters once, before training",
+            ),
         ),
         _swift3_short(
             "multi-gpu/fsdp2_lora/train.sh",
             "lora r8, fsdp2 on 2 gpus",
             14.7,
             {"gpus": 2, "shard": "fsdp"},
+            ("376640797", "2025-11-07", "model"),
             assumed=(
                 "gradient_checkpointing false with the accelerate config's fsdp_activation_checkpointing true (FSDP2, "
                 "reshard_after_forward, mixed_precision bf16): each decoder layer checkpointed, planned as checkpointing on",
@@ -660,10 +717,6 @@ def _swift3_cases() -> list[dict]:
 
 def _swift3_more() -> list[dict]:
     """ms-swift 3.x examples on other corpora, other methods and objectives."""
-    longest = (
-        "seq_len: the longest of the examples' alpaca-gpt4 and self-cognition rows is not published: planned at "
-        "max_length 2048 (an upper bound)"
-    )
     return [
         dict(
             id="ms-swift 3.x qwen2.5-7b-instruct full, max_length 2048",
@@ -674,13 +727,18 @@ def _swift3_more() -> list[dict]:
             counter="reserved",
             published_gib=76,
             config={"swift": "sft", "tuner_type": "full", "torch_dtype": "bfloat16", "max_length": 2048},
-            plan={"model": "qwen2.5-7b", "knobs": dict(_SWIFT3, method="full", targets="all-linear")},
+            plan={
+                "model": "qwen2.5-7b",
+                "knobs": dict(_SWIFT3, method="full", seq_len=SWIFT_LONGEST["swift/self-cognition"]),
+            },
             assumed=[
                 _SWIFT3_OPTIM,
-                _SWIFT3_LOSS,
+                _swift3_dated("b40f31df7", "2024-12-05", "model-4.46"),
+                _SELF_COGNITION,
+                _QWEN2,
                 "precision: torch_dtype bfloat16: bf16 weights, gradients and AdamW states",
             ],
-            unplannable=[longest],
+            unplannable=[_SWIFT3_COUNTER],
         ),
         dict(
             id="ms-swift 3.x qwen2.5-7b-instruct qlora (bnb nf4) r8 all-linear, max_length 2048",
@@ -692,15 +750,29 @@ def _swift3_more() -> list[dict]:
             counter="reserved",
             published_gib=10,
             config={"swift": "sft", "quant_method": "bnb", "quant_bits": 4, "bnb_4bit_use_double_quant": True},
-            plan={"model": "qwen2.5-7b", "knobs": dict(_SWIFT3, method="qlora", kbit_upcast=False)},
+            plan={
+                "model": "qwen2.5-7b",
+                "knobs": dict(
+                    _SWIFT3,
+                    method="qlora",
+                    kbit_upcast=False,
+                    seq_len=SWIFT_LONGEST["AI-ModelScope/alpaca-gpt4-data-en"],
+                    hf_loss="model",
+                ),
+            },
             assumed=[
                 _SWIFT3_OPTIM,
-                _SWIFT3_LOSS,
+                _swift3_dated("74e4831d2", "2025-07-31", "model"),
+                _swift3_longest(
+                    "alpaca-gpt4-data-zh#500, alpaca-gpt4-data-en#500 and swift/self-cognition#500 (the longest: "
+                    "alpaca-gpt4-data-en)",
+                    SWIFT_LONGEST["AI-ModelScope/alpaca-gpt4-data-en"],
+                ),
                 "kbit_upcast: ms-swift loads the base in torch_dtype bfloat16 and never calls PEFT's "
                 "prepare_model_for_kbit_training: the parameters that are not 4-bit stay bf16",
                 "counter: '10GB' read as GiB, as ms-swift's other examples write it",
             ],
-            unplannable=[longest],
+            unplannable=[_SWIFT3_COUNTER],
         ),
         dict(
             id="ms-swift 3.x qwen2.5-7b-instruct dpo lora r8 all-linear, max_length 2048",
@@ -714,6 +786,7 @@ def _swift3_more() -> list[dict]:
             plan={"model": "qwen2.5-7b", "knobs": dict(_SWIFT3, objective="dpo", hf_loss="model")},
             assumed=[_SWIFT3_OPTIM, "reference: the model with its adapters disabled (LoRA, no ref_model)"],
             unplannable=[
+                _SWIFT3_COUNTER,
                 "seq_len: the longest chosen / rejected pair of hjh0119/shareAI-Llama3-DPO-zh-en-emoji is not "
                 "published: planned at max_length 2048 (an upper bound)",
                 "rpo_alpha: 0.1: the chosen answers' NLL added to the loss (from the same logits)",
@@ -727,11 +800,15 @@ def _swift3_short(
     what: str,
     gib: float,
     knobs: dict,
+    dated: tuple[str, str, str],
     assumed: tuple[str, ...] = (),
     unplannable: tuple[str, ...] = (),
     deepspeed: tuple[str, dict] | None = None,
 ) -> dict:
-    plan = {"model": "qwen2.5-7b", "knobs": dict(_SWIFT3, **knobs)}
+    """An example on swift/self-cognition (its short chat turns), planned at their longest row with
+    the loss of its figure's date (``dated``: commit, date, hf_loss)."""
+    tokens = SWIFT_LONGEST["swift/self-cognition"]
+    plan = {"model": "qwen2.5-7b", "knobs": dict(_SWIFT3, seq_len=tokens, hf_loss=dated[2], **knobs)}
     if deepspeed is not None:
         plan |= {"deepspeed_source": deepspeed[0], "deepspeed": deepspeed[1]}
     return dict(
@@ -744,8 +821,8 @@ def _swift3_short(
         published_gib=gib,
         config={"swift": "sft", **knobs} | ({"deepspeed": deepspeed[0]} if deepspeed else {}),
         plan=plan,
-        assumed=[_SWIFT3_OPTIM, _SWIFT3_LOSS, *assumed],
-        unplannable=[_SWIFT3_SHORT, *unplannable],
+        assumed=[_SWIFT3_OPTIM, _swift3_dated(*dated), _SELF_COGNITION, *assumed],
+        unplannable=[_SWIFT3_COUNTER, *unplannable],
     )
 
 
