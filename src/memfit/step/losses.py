@@ -22,6 +22,7 @@ from functools import partial
 import torch
 
 from memfit.spec import RunSpec
+from memfit.step import hf_losses
 from memfit.step.autocast import active_autocast_dtype, autocast_dtype
 from memfit.step.labels import IGNORE_INDEX
 from memfit.step.seam import chunks_to_run
@@ -361,64 +362,10 @@ def trained_head(head: torch.nn.Module | None) -> torch.nn.Module | None:
     return saved[active[0]]
 
 
-def liger_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """The loss with Liger Kernel's fused linear cross-entropy in place of the model's
-    (:mod:`memfit.step.hf_losses`); a model whose logits are more than ``hidden @ head.T`` (soft-capped,
-    scaled, an adapter on the head) computes its own."""
-    from memfit.step.hf_losses import liger_fused_linear_cross_entropy
-
-    return _head_loss(model, batch, liger_fused_linear_cross_entropy)
-
-
-def chunked_nll_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """The loss as TRL's ``SFTTrainer`` computes it with ``loss_type='chunked_nll'``
-    (:mod:`memfit.step.hf_losses`); the model's own where its head is not a plain linear layer."""
-    from memfit.step.hf_losses import trl_chunked_nll
-
-    return _head_loss(model, batch, trl_chunked_nll)
-
-
-def chunked_output_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """The loss as torchtune's recipes compute it with ``CEWithChunkedOutputLoss`` and ``compile:
-    false`` (:mod:`memfit.step.hf_losses`); the model's own where its head is not a plain linear layer."""
-    from memfit.step.hf_losses import torchtune_chunked_output_ce
-
-    return _head_loss(model, batch, partial(torchtune_chunked_output_ce, compiled=False))
-
-
-def compiled_chunked_output_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """:func:`chunked_output_loss` with its cross-entropy as ``torch.compile`` fuses it (torchtune's
-    ``compile: true``)."""
-    from memfit.step.hf_losses import torchtune_chunked_output_ce
-
-    return _head_loss(model, batch, partial(torchtune_chunked_output_ce, compiled=True))
-
-
-def axolotl_chunked_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """The loss as Axolotl computes it with ``chunked_cross_entropy: true``: torchtune's compiled
-    chunked cross-entropy over the model's whole logits (:mod:`memfit.step.hf_losses`)."""
-    from memfit.step.hf_losses import torchtune_chunked_output_ce
-
-    return _head_loss(model, batch, partial(torchtune_chunked_output_ce, compiled=True, whole_head=True))
-
-
-def transformers_445_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """The model's own loss as transformers 4.45 and before computes it: fp32 logits returned, and a
-    shifted fp32 copy for the cross-entropy (:mod:`memfit.step.hf_losses`)."""
-    from memfit.step.hf_losses import transformers_shifted_loss
-
-    return _head_loss(model, batch, partial(transformers_shifted_loss, fp32_logits=True))
-
-
-def transformers_446_loss(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """The model's own loss as transformers 4.46 to 4.49 computes it: the loss function's fp32 upcast
-    and its shifted fp32 copy (:mod:`memfit.step.hf_losses`)."""
-    from memfit.step.hf_losses import transformers_shifted_loss
-
-    return _head_loss(model, batch, partial(transformers_shifted_loss, fp32_logits=False))
-
-
-def _head_loss(model: torch.nn.Module, batch: Batch, loss: Callable) -> torch.Tensor:
+def _head_loss(model: torch.nn.Module, batch: Batch, *, loss: Callable) -> torch.Tensor:
+    """``loss(hidden_states, head_weight, labels)`` over the decoder stack's last hidden states and the
+    output head's weight, in place of the model's own loss; a model whose logits are more than
+    ``hidden @ head.T`` (soft-capped, scaled, an adapter on the head) computes its own."""
     parts = backbone_and_head(model)
     if parts is None:
         return model_loss(model, batch)
@@ -427,16 +374,26 @@ def _head_loss(model: torch.nn.Module, batch: Batch, loss: Callable) -> torch.Te
     return loss(hidden, head.weight, batch["labels"])
 
 
-#: The ``hf`` recipe's losses by ``hf_loss``.
+def _on_head(loss: Callable) -> LossFn:
+    """The hf recipe's loss that runs ``loss`` (:mod:`memfit.step.hf_losses`) on the head (:func:`_head_loss`)."""
+    return partial(_head_loss, loss=loss)
+
+
+#: The ``hf`` recipe's losses by ``hf_loss`` (what each library computes: :mod:`memfit.step.hf_losses`).
 HF_LOSSES: dict[str, LossFn] = {
     "model": model_loss,
-    "liger": liger_loss,
-    "chunked-nll": chunked_nll_loss,
-    "chunked-output": chunked_output_loss,
-    "chunked-output-compiled": compiled_chunked_output_loss,
-    "chunked-ce": axolotl_chunked_loss,
-    "model-4.45": transformers_445_loss,
-    "model-4.46": transformers_446_loss,
+    # Liger Kernel's fused linear cross-entropy.
+    "liger": _on_head(hf_losses.liger_fused_linear_cross_entropy),
+    # TRL SFTTrainer's loss_type='chunked_nll'.
+    "chunked-nll": _on_head(hf_losses.trl_chunked_nll),
+    # torchtune's CEWithChunkedOutputLoss, compile: false and compile: true.
+    "chunked-output": _on_head(partial(hf_losses.torchtune_chunked_output_ce, compiled=False)),
+    "chunked-output-compiled": _on_head(partial(hf_losses.torchtune_chunked_output_ce, compiled=True)),
+    # Axolotl's chunked_cross_entropy: torchtune's compiled loss over the model's whole logits.
+    "chunked-ce": _on_head(partial(hf_losses.torchtune_chunked_output_ce, compiled=True, whole_head=True)),
+    # The model's own loss as transformers 4.45 and before, and 4.46 to 4.49, computed it.
+    "model-4.45": _on_head(partial(hf_losses.transformers_shifted_loss, fp32_logits=True)),
+    "model-4.46": _on_head(partial(hf_losses.transformers_shifted_loss, fp32_logits=False)),
 }
 
 
