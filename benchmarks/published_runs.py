@@ -324,6 +324,9 @@ def _swift3_longest(dataset: str, tokens: int) -> str:
 
 _SELF_COGNITION = _swift3_longest("swift/self-cognition#1000", SWIFT_LONGEST["swift/self-cognition"])
 _QWEN2 = "model: the example of December 2024 trained Qwen2-7B-Instruct, which has Qwen2.5-7B's shapes"
+# When an example's figure was written (its comment line's commit and date) and the loss of that time.
+_DEC_5 = ("b40f31df7", "2024-12-05", "model-4.46")
+_DEC_23 = ("a3731f998", "2024-12-23", "model-4.46")
 # What ms-swift's memory(GiB) holds beyond a training step.
 _SWIFT3_COUNTER = (
     "counter: ms-swift 3.x's memory(GiB) is torch.cuda.max_memory_reserved since the process started, never reset "
@@ -627,7 +630,7 @@ def _swift3_cases() -> list[dict]:
             "lora r8, swift/self-cognition",
             17.2,
             {},
-            ("b40f31df7", "2024-12-05", "model-4.46"),
+            _DEC_5,
             assumed=(_QWEN2,),
         ),
         _swift3_short(
@@ -635,7 +638,7 @@ def _swift3_cases() -> list[dict]:
             "dora r8, swift/self-cognition",
             17.2,
             {"dora": True},
-            ("b40f31df7", "2024-12-05", "model-4.46"),
+            _DEC_5,
             assumed=(_QWEN2,),
         ),
         _swift3_short(
@@ -643,7 +646,7 @@ def _swift3_cases() -> list[dict]:
             "lora r8, deepspeed zero2 on 2 gpus",
             18,
             {"gpus": 2, "shard": "zero2", "adamw_impl": "fused"},
-            ("a3731f998", "2024-12-23", "model-4.46"),
+            _DEC_23,
             assumed=("optimizer: zero2.json's AdamW block: DeepSpeed's FusedAdam, which updates in place",),
             deepspeed=("ms-swift's swift/llm/ds_config/zero2.json", SWIFT_ZERO2),
         ),
@@ -652,7 +655,7 @@ def _swift3_cases() -> list[dict]:
             "lora r8, deepspeed zero3 on 2 gpus",
             16,
             {"gpus": 2, "shard": "zero3"},
-            ("a3731f998", "2024-12-23", "model-4.46"),
+            _DEC_23,
             deepspeed=("ms-swift's swift/llm/ds_config/zero3.json", SWIFT_ZERO3),
         ),
         _swift3_short(
@@ -660,7 +663,7 @@ def _swift3_cases() -> list[dict]:
             "lora r8, ddp on 2 gpus",
             27.5,
             {"gpus": 2, "shard": "ddp"},
-            ("a3731f998", "2024-12-23", "model-4.46"),
+            _DEC_23,
         ),
         _swift3_short(
             "streaming/lazy_tokenize.sh",
@@ -675,7 +678,7 @@ def _swift3_cases() -> list[dict]:
             "lora r8, neftune",
             17,
             {},
-            ("b40f31df7", "2024-12-05", "model-4.46"),
+            _DEC_5,
             assumed=(_QWEN2,),
             unplannable=(
                 "neftune_noise_alpha: the noise NEFTune adds to the embeddings' output (a tensor of its size)",
@@ -686,7 +689,7 @@ def _swift3_cases() -> list[dict]:
             "lora r8, olora init",
             17,
             {},
-            ("b40f31df7", "2024-12-05", "model-4.46"),
+            _DEC_5,
             assumed=(_QWEN2, "init_weights olora: how the adapters start; the step trains the same LoRA"),
         ),
         _swift3_short(
@@ -694,7 +697,7 @@ def _swift3_cases() -> list[dict]:
             "lora r8, pissa init",
             17,
             {},
-            ("b40f31df7", "2024-12-05", "model-4.46"),
+            _DEC_5,
             assumed=(
                 _QWEN2,
                 "init_weights pissa: the base's principal part moves into the adapters once, before training",
@@ -733,7 +736,7 @@ def _swift3_more() -> list[dict]:
             },
             assumed=[
                 _SWIFT3_OPTIM,
-                _swift3_dated("b40f31df7", "2024-12-05", "model-4.46"),
+                _swift3_dated(*_DEC_5),
                 _SELF_COGNITION,
                 _QWEN2,
                 "precision: torch_dtype bfloat16: bf16 weights, gradients and AdamW states",
