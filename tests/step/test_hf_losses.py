@@ -1,8 +1,9 @@
-"""Liger's fused linear cross-entropy, TRL's chunked loss and torchtune's chunked-output loss, as the
-hf recipe runs them: the same loss and gradients as the model's own, and the memory each library's
-code allocates."""
+"""The losses of Liger, TRL, torchtune, Axolotl and older transformers, as the hf recipe runs them:
+the same loss and gradients as the model's own, and the memory each library's code allocates."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 import torch
@@ -30,20 +31,14 @@ def _reference(hidden, weight, labels):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX)
 
 
-def _chunked_output(compiled: bool):
-    return lambda hidden, weight, labels: torchtune_chunked_output_ce(hidden, weight, labels, compiled=compiled)
-
-
 _LOSS_FNS = {
     "liger": liger_fused_linear_cross_entropy,
     "chunked-nll": trl_chunked_nll,
-    "chunked-output": _chunked_output(False),
-    "chunked-output-compiled": _chunked_output(True),
-    "chunked-ce": lambda hidden, weight, labels: torchtune_chunked_output_ce(
-        hidden, weight, labels, compiled=True, whole_head=True
-    ),
-    "model-4.45": lambda hidden, weight, labels: transformers_shifted_loss(hidden, weight, labels, fp32_logits=True),
-    "model-4.46": lambda hidden, weight, labels: transformers_shifted_loss(hidden, weight, labels, fp32_logits=False),
+    "chunked-output": partial(torchtune_chunked_output_ce, compiled=False),
+    "chunked-output-compiled": partial(torchtune_chunked_output_ce, compiled=True),
+    "chunked-ce": partial(torchtune_chunked_output_ce, compiled=True, whole_head=True),
+    "model-4.45": partial(transformers_shifted_loss, fp32_logits=True),
+    "model-4.46": partial(transformers_shifted_loss, fp32_logits=False),
 }
 
 
@@ -159,7 +154,7 @@ def test_chunked_output_keeps_its_16_bit_logits_and_eagerly_their_fp32_log_proba
     assert 2 * bf16_logits - 2 * chunk * 4 <= extra <= 2 * bf16_logits + 2 * chunk * 4
 
 
-def test_compiled_chunked_output_keeps_the_logits_the_chunked_nll_does_not(tiny_llama):
+def test_compiled_chunked_output_holds_all_its_logits_at_the_peak(tiny_llama):
     config = dict(tiny_llama, vocab_size=8192)
     tokens = 512
     compiled = simulate(

@@ -392,11 +392,11 @@ def _adapter_dtype(values: Mapping[str, Any], ctx: Any) -> Any:
     method = ctx.knobs.get("method")
     if not _is_trl(ctx) or _is_grpo(ctx) or method not in ("lora", "qlora", "lora-8bit"):
         return None
+    half = ctx.knobs.get("precision") in ("bf16", "fp16")
     if method == "lora":
         zero3 = ctx.zero is not None and ctx.zero.stage == 3
-        half = ctx.knobs.get("precision") in ("bf16", "fp16")
         return "compute" if zero3 and half else None  # autocast_adapter_dtype=False: the base's dtype
-    if ctx.knobs.get("precision") in ("bf16", "fp16"):
+    if half:
         return "compute"  # TRL casts a quantized model's adapters to bf16: as large as fp16 ones
     return Planned(
         None,

@@ -182,7 +182,7 @@ def test_hf_recipe_reentrant_fake_run_counts_the_same_bytes_as_a_real_run(tiny_l
 
 
 def test_adapters_in_the_compute_dtype_halve_what_they_and_their_states_take(tiny_llama):
-    # torchtune builds its adapters in bf16 (LLaMA-Factory's pure_bf16 keeps them there too): the
+    # torchtune builds its adapters in bf16 (TRL casts a quantized model's to bf16 too): the
     # adapters, their gradients and AdamW's two states take half of PEFT's fp32.
     knobs = dict(method="lora", seq_len=64, recipe="hf", precision="bf16")
     fp32 = simulate(tiny_llama, make_spec(**knobs)).tracker
