@@ -119,13 +119,13 @@ optim: adamw_8bit
 
 # The Axolotl of August 2023 kept PEFT's fp32 upcast of everything not quantized (it cast nothing
 # back for LoRA), on transformers 4.31, whose loss returned fp32 logits.
-_AXOLOTL_2023 = {"kbit_upcast": True, "hf_loss": "model-4.45"}
+AXOLOTL_2023 = {"kbit_upcast": True, "hf_loss": "model-4.45"}
 _AXOLOTL_2023_NOTE = (
     "planned with --kbit-upcast and --hf-loss model-4.45, as the Axolotl and transformers of August 2023 ran it"
 )
 
 # TRL of 2024 ran QLoRA through PEFT's prepare_model_for_kbit_training (removed in TRL 0.22), with fp32 adapters (TRL casts them to bf16 since 0.26).
-_TRL_2024 = {"kbit_upcast": True, "adapter_dtype": "fp32"}
+TRL_2024 = {"kbit_upcast": True, "adapter_dtype": "fp32"}
 _TRL_2024_NOTE = (
     "planned with --kbit-upcast and fp32 adapters: the TRL of December 2024 prepared QLoRA with PEFT's "
     "prepare_model_for_kbit_training"
@@ -164,7 +164,7 @@ def cases() -> list[dict]:
             published_gib=17,
             source=AXOLOTL_README_2023,
             config=_AXOLOTL_LLAMA2.format(quant="load_in_4bit: true", adapter="qlora", optimizer="paged_adamw_32bit"),
-            options=_AXOLOTL_2023,
+            options=AXOLOTL_2023,
             note=_AXOLOTL_2023_NOTE,
         ),
         dict(
@@ -174,7 +174,7 @@ def cases() -> list[dict]:
             published_gib=20,
             source=AXOLOTL_README_2023,
             config=_AXOLOTL_LLAMA2.format(quant="load_in_8bit: true", adapter="lora", optimizer="adamw_bnb_8bit"),
-            options=_AXOLOTL_2023,
+            options=AXOLOTL_2023,
             note=_AXOLOTL_2023_NOTE,
         ),
         dict(
@@ -192,7 +192,7 @@ def cases() -> list[dict]:
             published_gib=80,
             source=UNSLOTH,
             config=UNSLOTH_HF.format(model="llama-3.1-70b", tokens=6916),
-            options=_TRL_2024,
+            options=TRL_2024,
             note="Llama 3.3 70B has Llama 3.1 70B's shapes (the catalog's config); " + _TRL_2024_NOTE,
         ),
         dict(
@@ -202,7 +202,7 @@ def cases() -> list[dict]:
             published_gib=80,
             source=UNSLOTH,
             config=UNSLOTH_HF.format(model="llama-3.1-8b", tokens=28000),
-            options=_TRL_2024,
+            options=TRL_2024,
             note=_TRL_2024_NOTE,
         ),
     ]

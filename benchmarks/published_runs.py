@@ -36,7 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from interop_accuracy import UNSLOTH_HF  # the same TRL config of Unsloth's baseline
+# The same TRL config of Unsloth's baseline, and the versions of their time both benchmarks plan runs with.
+from interop_accuracy import AXOLOTL_2023, TRL_2024, UNSLOTH_HF
 
 RESULTS = Path(__file__).parent / "results" / "published_runs.json"
 GIB = 2**30
@@ -200,8 +201,6 @@ _AXOLOTL_LLAMA2_ASSUMED = [
     "at dc71d8872: only its llama-adapter path cast norms, embeddings and head to 16 bits, under flash "
     "attention): kbit_upcast on, where today's Axolotl casts them back (the rule's off)",
 ]
-# What the Axolotl of August 2023 ran, where today's Axolotl (the config rules) differs.
-_AXOLOTL_2023 = {"hf_loss": "model-4.45", "kbit_upcast": True}
 
 _AXOLOTL_FFT_8B = """\
 base_model: llama-3-8b          # meta-llama/Meta-Llama-3-8B in the example
@@ -353,7 +352,7 @@ def cases() -> list[dict]:
                 published_gib=card_gib,
                 versions={"note": "2024-2025 (Llama 3.1 / 3.3 posts)"},
                 config=UNSLOTH_HF.format(model="llama-3.1-8b", tokens=tokens),
-                plan_options={"kbit_upcast": True, "adapter_dtype": "fp32"},
+                plan_options=TRL_2024,
                 assumed=_UNSLOTH_ASSUMED,
             )
         )
@@ -366,7 +365,7 @@ def cases() -> list[dict]:
             published_gib=80,
             versions={"note": "December 2024"},
             config=UNSLOTH_HF.format(model="llama-3.1-70b", tokens=6916),
-            plan_options={"kbit_upcast": True, "adapter_dtype": "fp32"},
+            plan_options=TRL_2024,
             assumed=_UNSLOTH_ASSUMED + ["model: Llama 3.3 70B has Llama 3.1 70B's shapes (the catalog's config)"],
         )
     )
@@ -378,7 +377,7 @@ def cases() -> list[dict]:
             counter="nvidia-smi",
             published_gib=17,
             config=_AXOLOTL_LLAMA2.format(quant="load_in_4bit: true", adapter="qlora", optimizer="paged_adamw_32bit"),
-            plan_options=_AXOLOTL_2023,
+            plan_options=AXOLOTL_2023,
             assumed=_AXOLOTL_LLAMA2_ASSUMED,
         ),
         dict(
@@ -388,7 +387,7 @@ def cases() -> list[dict]:
             counter="nvidia-smi",
             published_gib=20,
             config=_AXOLOTL_LLAMA2.format(quant="load_in_8bit: true", adapter="lora", optimizer="adamw_bnb_8bit"),
-            plan_options=_AXOLOTL_2023,
+            plan_options=AXOLOTL_2023,
             assumed=_AXOLOTL_LLAMA2_ASSUMED,
         ),
         dict(
